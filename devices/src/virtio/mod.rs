@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+//! virtio devices and the virtio-MMIO transport (virtio 1.1 §4.2).
+//!
+//! The transport ([`mmio::MmioTransport`]) owns everything the specification
+//! puts in the register window: feature negotiation, the status state machine,
+//! queue configuration and the interrupt status register. A device implements
+//! [`VirtioDevice`] and only sees fully configured queues, handed over once in
+//! [`VirtioDevice::activate`] when the driver sets DRIVER_OK.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+pub mod mmio;
+pub mod net;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;
+
+/// Guest memory as every device in minivmm sees it.
+pub type GuestMemory = GuestMemoryMmap<()>;
+
+/// Device status bits (virtio 1.1 §2.1).
+pub mod status {
+    /// The guest noticed the device.
+    pub const ACKNOWLEDGE: u32 = 1;
+    /// The guest knows how to drive the device.
+    pub const DRIVER: u32 = 2;
+    /// The driver is set up and ready to drive the device.
+    pub const DRIVER_OK: u32 = 4;
+    /// The driver has acknowledged the features it understands.
+    pub const FEATURES_OK: u32 = 8;
+    /// The device hit an error from which it cannot recover without a reset.
+    pub const DEVICE_NEEDS_RESET: u32 = 64;
+    /// The guest gave up on the device.
+    pub const FAILED: u32 = 128;
+}
+
+/// Interrupt status bits of the MMIO transport (virtio 1.1 §4.2.2, InterruptStatus).
+pub const VIRTIO_MMIO_INT_VRING: u32 = 0x1;
+/// The device configuration changed.
+pub const VIRTIO_MMIO_INT_CONFIG: u32 = 0x2;
+
+/// How a device raises an interrupt in the guest.
+pub trait Interrupt: Send + Sync {
+    /// Tells the guest that a used ring has new entries.
+    fn signal_used_queue(&self);
+    /// Tells the guest that the device configuration space changed.
+    fn signal_config_change(&self);
+}
+
+/// The MMIO transport's interrupt: sets a bit in the InterruptStatus register
+/// and kicks an `EventFd` that the VMM registers as a KVM irqfd (or a test reads).
+#[derive(Debug)]
+pub struct IrqTrigger {
+    /// The InterruptStatus register, shared with the transport that reads and acks it.
+    pub status: Arc<AtomicU32>,
+    /// Signalled for each interrupt; an irqfd under KVM.
+    pub evt: EventFd,
+}
+
+impl IrqTrigger {
+    /// Creates a trigger with a cleared status register.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(IrqTrigger {
+            status: Arc::new(AtomicU32::new(0)),
+            evt: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    fn raise(&self, bit: u32) {
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        // A failed write means the counter is saturated, i.e. an interrupt is
+        // already pending; the guest will see the status bit either way.
+        if let Err(e) = self.evt.write(1) {
+            log::error!("failed to signal interrupt: {e}");
+        }
+    }
+}
+
+impl Interrupt for IrqTrigger {
+    fn signal_used_queue(&self) {
+        self.raise(VIRTIO_MMIO_INT_VRING);
+    }
+
+    fn signal_config_change(&self) {
+        self.raise(VIRTIO_MMIO_INT_CONFIG);
+    }
+}
+
+/// Why a device refused activation.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    /// The driver configured fewer or more queues than the device needs.
+    #[error("expected {expected} queues, driver set up {got}")]
+    QueueCount {
+        /// Queues the device needs.
+        expected: usize,
+        /// Queues the driver made ready.
+        got: usize,
+    },
+    /// A host resource the device needs could not be set up.
+    #[error("device activation failed: {0}")]
+    Backend(String),
+}
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send {
+    /// Device ID (virtio 1.1 §5): 1 for a network card.
+    fn device_type(&self) -> u32;
+    /// The feature bits the device offers (including VIRTIO_F_VERSION_1).
+    fn avail_features(&self) -> u64;
+    /// Maximum size of each queue; the length of the slice is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Reads the device-specific configuration space at `offset`.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes the device-specific configuration space at `offset`.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// One `EventFd` per queue, signalled when the driver notifies that queue.
+    /// The VMM registers each as an ioeventfd on QueueNotify with the queue
+    /// index as datamatch; the transport writes it itself when a notify
+    /// reaches it as an MMIO exit.
+    fn queue_events(&self) -> &[EventFd];
+    /// Starts the device with the negotiated features and the queues the
+    /// driver made ready (already validated by the transport).
+    fn activate(
+        &mut self,
+        acked_features: u64,
+        queues: Vec<Queue>,
+        interrupt: Arc<dyn Interrupt>,
+    ) -> Result<(), ActivateError>;
+    /// Returns the device to its state before activation (driver wrote 0 to Status).
+    fn reset(&mut self);
+}
