@@ -1,0 +1,1 @@
+//! i8042 keyboard controller (placeholder).

@@ -1,0 +1,1 @@
+//! 8250 UART (placeholder).

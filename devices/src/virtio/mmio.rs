@@ -1,0 +1,1 @@
+//! virtio-MMIO transport (placeholder).

@@ -1,0 +1,1 @@
+//! Driver-side test helpers (placeholder).
