@@ -1,1 +1,1164 @@
-//! virtio-MMIO transport (placeholder).
+// SPDX-License-Identifier: Apache-2.0
+//! virtio-MMIO transport, version 2 (virtio 1.1 §4.2.2).
+//!
+//! [`MmioTransport`] is the register window the guest driver talks to. It owns
+//! feature negotiation, the device status state machine, per-queue
+//! configuration and the InterruptStatus register; the device behind it only
+//! sees the outcome, once, through [`VirtioDevice::activate`] when the driver
+//! sets DRIVER_OK.
+//!
+//! Design points:
+//! - Every value the guest writes is untrusted. Nothing here panics on a
+//!   register value: wrong-width or misaligned accesses, writes in the wrong
+//!   state and out-of-range selectors are ignored with a rate-limited warning.
+//! - Queue parameters are kept raw until DRIVER_OK and validated there in one
+//!   place (size, alignment, ring placement inside guest memory). A queue that
+//!   cannot be used, or a device that refuses activation, moves the device to
+//!   DEVICE_NEEDS_RESET and raises a configuration-change interrupt
+//!   (virtio 1.1 §2.1.2) instead of failing the VMM.
+//! - QueueNotify that arrives as an MMIO exit (no ioeventfd registered) is
+//!   forwarded to the device's queue `EventFd`; the transport keeps duplicates
+//!   of those descriptors so the notify path never takes the device lock.
+//! - The transport sets `event_idx` on each activated queue itself when the
+//!   driver acked VIRTIO_RING_F_EVENT_IDX, so devices get ready-to-use queues.
+
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{status, GuestMemory, Interrupt, IrqTrigger, VirtioDevice};
+
+/// Size of one virtio-MMIO register window (virtio 1.1 §4.2.2: registers up
+/// to 0xfc, device configuration from 0x100; one page per device).
+pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
+/// Offset of QueueNotify; the VMM registers queue ioeventfds at this offset
+/// with the queue index as datamatch.
+pub const QUEUE_NOTIFY_OFFSET: u64 = 0x50;
+
+/// "virt" in little endian (virtio 1.1 §4.2.2, MagicValue).
+pub const MMIO_MAGIC_VALUE: u32 = 0x7472_6976;
+/// Version 2 is the non-legacy (virtio 1.0+) register layout.
+pub const MMIO_VERSION: u32 = 2;
+/// VendorID reported to the guest: "MMVM" read as little-endian ASCII
+/// ("minivmm"). The spec leaves the value to the implementation and Linux only
+/// prints it.
+pub const MMIO_VENDOR_ID: u32 = 0x4d56_4d4d;
+
+/// VIRTIO_F_VERSION_1 (virtio 1.1 §6): a version 2 transport requires it.
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+/// VIRTIO_RING_F_EVENT_IDX (virtio 1.1 §6).
+pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+
+// Register offsets (virtio 1.1 §4.2.2, table "MMIO Device Register Layout").
+const REG_MAGIC_VALUE: u64 = 0x00;
+const REG_VERSION: u64 = 0x04;
+const REG_DEVICE_ID: u64 = 0x08;
+const REG_VENDOR_ID: u64 = 0x0c;
+const REG_DEVICE_FEATURES: u64 = 0x10;
+const REG_DEVICE_FEATURES_SEL: u64 = 0x14;
+const REG_DRIVER_FEATURES: u64 = 0x20;
+const REG_DRIVER_FEATURES_SEL: u64 = 0x24;
+const REG_QUEUE_SEL: u64 = 0x30;
+const REG_QUEUE_NUM_MAX: u64 = 0x34;
+const REG_QUEUE_NUM: u64 = 0x38;
+const REG_QUEUE_READY: u64 = 0x44;
+const REG_QUEUE_NOTIFY: u64 = QUEUE_NOTIFY_OFFSET;
+const REG_INTERRUPT_STATUS: u64 = 0x60;
+const REG_INTERRUPT_ACK: u64 = 0x64;
+const REG_STATUS: u64 = 0x70;
+const REG_QUEUE_DESC_LOW: u64 = 0x80;
+const REG_QUEUE_DESC_HIGH: u64 = 0x84;
+const REG_QUEUE_DRIVER_LOW: u64 = 0x90;
+const REG_QUEUE_DRIVER_HIGH: u64 = 0x94;
+const REG_QUEUE_DEVICE_LOW: u64 = 0xa0;
+const REG_QUEUE_DEVICE_HIGH: u64 = 0xa4;
+const REG_CONFIG_GENERATION: u64 = 0xfc;
+/// Start of the device-specific configuration space.
+pub const CONFIG_SPACE_OFFSET: u64 = 0x100;
+
+// Ring alignment required by virtio 1.1 §2.6 (table "Virtqueue Part Alignment").
+const DESC_TABLE_ALIGN: u64 = 16;
+const AVAIL_RING_ALIGN: u64 = 2;
+const USED_RING_ALIGN: u64 = 4;
+
+/// Logs a warning for a guest-triggerable condition without letting a
+/// misbehaving guest flood the host log: the first 10 hits of each call site
+/// are logged, then only every 1024th, with the running count.
+macro_rules! warn_ratelimited {
+    ($($arg:tt)+) => {{
+        static HITS: ::std::sync::atomic::AtomicU64 = ::std::sync::atomic::AtomicU64::new(0);
+        let n = HITS.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed) + 1;
+        if n <= 10 || n % 1024 == 0 {
+            ::log::warn!("{} (occurrence {})", format_args!($($arg)+), n);
+        }
+    }};
+}
+#[allow(unused_imports)] // Used by the legacy devices.
+pub(crate) use warn_ratelimited;
+
+/// Errors creating a [`MmioTransport`]. Nothing the guest does produces one.
+#[derive(Debug, thiserror::Error)]
+pub enum MmioError {
+    /// The interrupt eventfd could not be created.
+    #[error("failed to create the interrupt eventfd")]
+    CreateIrqTrigger(#[source] io::Error),
+    /// A queue notification eventfd could not be duplicated.
+    #[error("failed to duplicate the notification eventfd of queue {index}")]
+    CloneQueueEvent {
+        /// Queue index.
+        index: usize,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The device reports a different number of queue events than queues.
+    #[error("device has {queues} queues but {events} queue events")]
+    QueueEventCount {
+        /// Entries in `queue_max_sizes()`.
+        queues: usize,
+        /// Entries in `queue_events()`.
+        events: usize,
+    },
+    /// A queue maximum size is zero, not a power of two or above 32768
+    /// (virtio 1.1 §2.6).
+    #[error("queue {index} has an invalid maximum size {size}")]
+    InvalidQueueMaxSize {
+        /// Queue index.
+        index: usize,
+        /// The offending size.
+        size: u16,
+    },
+}
+
+/// Driver-programmed parameters of one queue, kept raw until DRIVER_OK.
+#[derive(Debug, Clone, Copy)]
+struct QueueConfig {
+    max_size: u16,
+    /// As written to QueueNum; may be invalid until checked at DRIVER_OK.
+    size: u32,
+    ready: bool,
+    desc_table: u64,
+    avail_ring: u64,
+    used_ring: u64,
+}
+
+impl QueueConfig {
+    fn new(max_size: u16) -> Self {
+        // QueueNum resets to QueueNumMax so a driver that never writes it
+        // still gets a valid size, as virtio-queue's `Queue::reset` does.
+        QueueConfig {
+            max_size,
+            size: u32::from(max_size),
+            ready: false,
+            desc_table: 0,
+            avail_ring: 0,
+            used_ring: 0,
+        }
+    }
+
+    /// Turns the raw parameters into a ready `Queue`, or says why not.
+    fn build(&self, mem: &GuestMemory, event_idx: bool) -> Result<Queue, String> {
+        if !self.ready {
+            return Err("not ready".into());
+        }
+        let size = u16::try_from(self.size)
+            .ok()
+            .filter(|s| *s != 0 && s.is_power_of_two() && *s <= self.max_size)
+            .ok_or_else(|| format!("invalid size {} (max {})", self.size, self.max_size))?;
+        if self.desc_table & (DESC_TABLE_ALIGN - 1) != 0
+            || self.avail_ring & (AVAIL_RING_ALIGN - 1) != 0
+            || self.used_ring & (USED_RING_ALIGN - 1) != 0
+        {
+            return Err(format!(
+                "misaligned rings desc={:#x} avail={:#x} used={:#x}",
+                self.desc_table, self.avail_ring, self.used_ring
+            ));
+        }
+        let mut q = Queue::new(self.max_size).map_err(|e| e.to_string())?;
+        q.try_set_size(size).map_err(|e| e.to_string())?;
+        q.try_set_desc_table_address(GuestAddress(self.desc_table))
+            .map_err(|e| e.to_string())?;
+        q.try_set_avail_ring_address(GuestAddress(self.avail_ring))
+            .map_err(|e| e.to_string())?;
+        q.try_set_used_ring_address(GuestAddress(self.used_ring))
+            .map_err(|e| e.to_string())?;
+        q.set_ready(true);
+        q.set_event_idx(event_idx);
+        // `is_valid` checks that all three rings lie inside guest memory.
+        if !q.is_valid(mem) {
+            return Err(format!(
+                "rings outside guest memory desc={:#x} avail={:#x} used={:#x} size={size}",
+                self.desc_table, self.avail_ring, self.used_ring
+            ));
+        }
+        Ok(q)
+    }
+}
+
+/// The virtio-MMIO register window of one device.
+pub struct MmioTransport {
+    mem: GuestMemory,
+    device: Arc<Mutex<dyn VirtioDevice>>,
+    interrupt: Arc<IrqTrigger>,
+    /// Duplicates of the device's queue eventfds, for QueueNotify exits.
+    queue_evts: Vec<EventFd>,
+    // Snapshots of the device's constant identity, taken at construction so
+    // plain register reads do not take the device lock.
+    device_id: u32,
+    avail_features: u64,
+    queues: Vec<QueueConfig>,
+    status: u32,
+    activated: bool,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    acked_features: u64,
+    queue_sel: u32,
+    config_generation: u32,
+}
+
+impl std::fmt::Debug for MmioTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MmioTransport")
+            .field("device_id", &self.device_id)
+            .field("status", &self.status)
+            .field("activated", &self.activated)
+            .field("acked_features", &self.acked_features)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MmioTransport {
+    /// Creates the transport for `device`, with a fresh interrupt trigger.
+    pub fn new(mem: GuestMemory, device: Arc<Mutex<dyn VirtioDevice>>) -> Result<Self, MmioError> {
+        let interrupt = Arc::new(IrqTrigger::new().map_err(MmioError::CreateIrqTrigger)?);
+        let (device_id, avail_features, queues, queue_evts) = {
+            let dev = lock(&device);
+            let max_sizes = dev.queue_max_sizes();
+            let events = dev.queue_events();
+            if max_sizes.len() != events.len() {
+                return Err(MmioError::QueueEventCount {
+                    queues: max_sizes.len(),
+                    events: events.len(),
+                });
+            }
+            let mut queues = Vec::with_capacity(max_sizes.len());
+            for (index, &size) in max_sizes.iter().enumerate() {
+                if Queue::new(size).is_err() {
+                    return Err(MmioError::InvalidQueueMaxSize { index, size });
+                }
+                queues.push(QueueConfig::new(size));
+            }
+            let queue_evts = events
+                .iter()
+                .enumerate()
+                .map(|(index, e)| {
+                    e.try_clone()
+                        .map_err(|source| MmioError::CloneQueueEvent { index, source })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (dev.device_type(), dev.avail_features(), queues, queue_evts)
+        };
+        Ok(MmioTransport {
+            mem,
+            device,
+            interrupt,
+            queue_evts,
+            device_id,
+            avail_features,
+            queues,
+            status: 0,
+            activated: false,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            acked_features: 0,
+            queue_sel: 0,
+            config_generation: 0,
+        })
+    }
+
+    /// The interrupt eventfd; the VMM registers it as a KVM irqfd.
+    pub fn interrupt_evt(&self) -> &EventFd {
+        &self.interrupt.evt
+    }
+
+    /// The InterruptStatus register, shared with the device's interrupt.
+    pub fn interrupt_status(&self) -> Arc<AtomicU32> {
+        self.interrupt.status.clone()
+    }
+
+    /// The device behind this transport.
+    pub fn device(&self) -> Arc<Mutex<dyn VirtioDevice>> {
+        self.device.clone()
+    }
+
+    /// The device status register (virtio 1.1 §2.1).
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    /// Whether DRIVER_OK activated the device (and no reset happened since).
+    pub fn is_activated(&self) -> bool {
+        self.activated
+    }
+
+    /// The features the driver acked (meaningful once FEATURES_OK stuck).
+    pub fn acked_features(&self) -> u64 {
+        self.acked_features
+    }
+
+    /// Handles a guest read of `data.len()` bytes at `offset` in the window.
+    pub fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset >= CONFIG_SPACE_OFFSET {
+            // Config space accepts any width; the device bounds-checks.
+            data.fill(0);
+            lock(&self.device).read_config(offset - CONFIG_SPACE_OFFSET, data);
+            return;
+        }
+        let Ok(buf) = <&mut [u8; 4]>::try_from(&mut *data) else {
+            warn_ratelimited!(
+                "virtio-mmio: ignoring {}-byte read at {offset:#x}",
+                data.len()
+            );
+            data.fill(0);
+            return;
+        };
+        if offset & 3 != 0 {
+            warn_ratelimited!("virtio-mmio: ignoring misaligned read at {offset:#x}");
+            *buf = [0; 4];
+            return;
+        }
+        let value = match offset {
+            REG_MAGIC_VALUE => MMIO_MAGIC_VALUE,
+            REG_VERSION => MMIO_VERSION,
+            REG_DEVICE_ID => self.device_id,
+            REG_VENDOR_ID => MMIO_VENDOR_ID,
+            REG_DEVICE_FEATURES => match self.device_features_sel {
+                0 => self.avail_features as u32,
+                1 => (self.avail_features >> 32) as u32,
+                _ => 0,
+            },
+            REG_QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| u32::from(q.max_size)),
+            REG_QUEUE_READY => self.selected_queue().map_or(0, |q| u32::from(q.ready)),
+            REG_INTERRUPT_STATUS => self.interrupt.status.load(Ordering::SeqCst),
+            REG_STATUS => self.status,
+            REG_CONFIG_GENERATION => self.config_generation,
+            _ => {
+                warn_ratelimited!(
+                    "virtio-mmio: read of unknown or write-only register {offset:#x}"
+                );
+                0
+            }
+        };
+        *buf = value.to_le_bytes();
+    }
+
+    /// Handles a guest write of `data` at `offset` in the window.
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= CONFIG_SPACE_OFFSET {
+            lock(&self.device).write_config(offset - CONFIG_SPACE_OFFSET, data);
+            return;
+        }
+        let Ok(buf) = <[u8; 4]>::try_from(data) else {
+            warn_ratelimited!(
+                "virtio-mmio: ignoring {}-byte write at {offset:#x}",
+                data.len()
+            );
+            return;
+        };
+        if offset & 3 != 0 {
+            warn_ratelimited!("virtio-mmio: ignoring misaligned write at {offset:#x}");
+            return;
+        }
+        let value = u32::from_le_bytes(buf);
+        match offset {
+            REG_DEVICE_FEATURES_SEL => self.device_features_sel = value,
+            REG_DRIVER_FEATURES => self.write_driver_features(value),
+            REG_DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            REG_QUEUE_SEL => self.queue_sel = value,
+            REG_QUEUE_NUM => self.update_queue(offset, |q| q.size = value),
+            REG_QUEUE_READY => self.update_queue(offset, |q| q.ready = value == 1),
+            REG_QUEUE_NOTIFY => self.notify(value),
+            REG_INTERRUPT_ACK => {
+                self.interrupt.status.fetch_and(!value, Ordering::SeqCst);
+            }
+            REG_STATUS => self.write_status(value),
+            REG_QUEUE_DESC_LOW => self.update_queue(offset, |q| set_low(&mut q.desc_table, value)),
+            REG_QUEUE_DESC_HIGH => {
+                self.update_queue(offset, |q| set_high(&mut q.desc_table, value))
+            }
+            REG_QUEUE_DRIVER_LOW => {
+                self.update_queue(offset, |q| set_low(&mut q.avail_ring, value))
+            }
+            REG_QUEUE_DRIVER_HIGH => {
+                self.update_queue(offset, |q| set_high(&mut q.avail_ring, value))
+            }
+            REG_QUEUE_DEVICE_LOW => self.update_queue(offset, |q| set_low(&mut q.used_ring, value)),
+            REG_QUEUE_DEVICE_HIGH => {
+                self.update_queue(offset, |q| set_high(&mut q.used_ring, value))
+            }
+            _ => {
+                warn_ratelimited!("virtio-mmio: write to unknown or read-only register {offset:#x}")
+            }
+        }
+    }
+
+    fn selected_queue(&self) -> Option<&QueueConfig> {
+        self.queues.get(usize::try_from(self.queue_sel).ok()?)
+    }
+
+    /// Applies a queue register write if the spec allows it now: after
+    /// FEATURES_OK, before DRIVER_OK, and never to a queue already ready
+    /// (QueueReady itself stays writable so the driver can un-ready it).
+    fn update_queue(&mut self, offset: u64, f: impl FnOnce(&mut QueueConfig)) {
+        let configuring = self.status & (status::FEATURES_OK | status::DRIVER_OK)
+            == status::FEATURES_OK
+            && self.status & (status::FAILED | status::DEVICE_NEEDS_RESET) == 0;
+        if !configuring {
+            warn_ratelimited!(
+                "virtio-mmio: queue register {offset:#x} written in status {:#x}",
+                self.status
+            );
+            return;
+        }
+        let sel = self.queue_sel;
+        let Some(q) = usize::try_from(sel)
+            .ok()
+            .and_then(|i| self.queues.get_mut(i))
+        else {
+            warn_ratelimited!("virtio-mmio: queue register {offset:#x} with bad QueueSel {sel}");
+            return;
+        };
+        if q.ready && offset != REG_QUEUE_READY {
+            warn_ratelimited!("virtio-mmio: queue {sel} register {offset:#x} written while ready");
+            return;
+        }
+        f(q);
+    }
+
+    fn write_driver_features(&mut self, value: u32) {
+        if self.status & (status::DRIVER | status::FEATURES_OK) != status::DRIVER {
+            warn_ratelimited!(
+                "virtio-mmio: DriverFeatures written in status {:#x}",
+                self.status
+            );
+            return;
+        }
+        match self.driver_features_sel {
+            0 => self.acked_features = (self.acked_features & !0xffff_ffff) | u64::from(value),
+            1 => {
+                self.acked_features = (self.acked_features & 0xffff_ffff) | (u64::from(value) << 32)
+            }
+            sel => {
+                // No feature bits above 63 exist; acking one is a driver bug
+                // that FEATURES_OK cannot catch, so only log it.
+                if value != 0 {
+                    warn_ratelimited!("virtio-mmio: driver acked {value:#x} in feature page {sel}");
+                }
+            }
+        }
+    }
+
+    fn notify(&self, value: u32) {
+        let Some(evt) = usize::try_from(value)
+            .ok()
+            .and_then(|i| self.queue_evts.get(i))
+        else {
+            warn_ratelimited!("virtio-mmio: QueueNotify for unknown queue {value}");
+            return;
+        };
+        if let Err(e) = evt.write(1) {
+            log::error!("virtio-mmio: failed to signal queue {value}: {e}");
+        }
+    }
+
+    /// The status state machine (virtio 1.1 §3.1.1). The driver adds one
+    /// step at a time and never clears a bit except by writing 0.
+    fn write_status(&mut self, value: u32) {
+        use status::*;
+        if value == 0 {
+            self.reset();
+            return;
+        }
+        // DEVICE_NEEDS_RESET belongs to the device: drivers write back what
+        // they read, so ignore the bit in the written value.
+        let new = value & !DEVICE_NEEDS_RESET;
+        let old = self.status & !DEVICE_NEEDS_RESET;
+        if new & old != old {
+            warn_ratelimited!("virtio-mmio: status {value:#x} clears bits of {old:#x}");
+            return;
+        }
+        if new & FAILED != 0 {
+            // The driver gave up; record it and accept nothing else until reset.
+            self.status |= FAILED;
+            return;
+        }
+        if self.status & (FAILED | DEVICE_NEEDS_RESET) != 0 {
+            warn_ratelimited!(
+                "virtio-mmio: status {value:#x} ignored, device needs reset (status {:#x})",
+                self.status
+            );
+            return;
+        }
+        let added = new & !old;
+        let expected_next = match old {
+            0 => ACKNOWLEDGE,
+            x if x == ACKNOWLEDGE => DRIVER,
+            x if x == ACKNOWLEDGE | DRIVER => FEATURES_OK,
+            x if x == ACKNOWLEDGE | DRIVER | FEATURES_OK => DRIVER_OK,
+            _ => 0,
+        };
+        if added == 0 {
+            return;
+        }
+        if added != expected_next {
+            warn_ratelimited!("virtio-mmio: invalid status transition {old:#x} -> {new:#x}");
+            return;
+        }
+        match added {
+            FEATURES_OK => {
+                if let Err(why) = self.check_features() {
+                    // The bit does not stick; the driver sees that on read-back
+                    // and gives up (virtio 1.1 §3.1.1 step 6).
+                    warn_ratelimited!("virtio-mmio: refusing FEATURES_OK: {why}");
+                    return;
+                }
+                self.status = new;
+            }
+            DRIVER_OK => {
+                self.status = new;
+                self.activate();
+            }
+            _ => self.status = new,
+        }
+    }
+
+    fn check_features(&self) -> Result<(), String> {
+        let unoffered = self.acked_features & !self.avail_features;
+        if unoffered != 0 {
+            return Err(format!("driver acked unoffered features {unoffered:#x}"));
+        }
+        if self.acked_features & (1 << VIRTIO_F_VERSION_1) == 0 {
+            return Err("driver did not ack VIRTIO_F_VERSION_1".into());
+        }
+        Ok(())
+    }
+
+    fn activate(&mut self) {
+        let event_idx = self.acked_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        let queues = self
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                q.build(&self.mem, event_idx)
+                    .map_err(|e| format!("queue {i}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>();
+        let result = queues.and_then(|queues| {
+            let interrupt: Arc<dyn Interrupt> = self.interrupt.clone();
+            lock(&self.device)
+                .activate(self.acked_features, queues, interrupt)
+                .map_err(|e| e.to_string())
+        });
+        match result {
+            Ok(()) => self.activated = true,
+            Err(why) => {
+                warn_ratelimited!(
+                    "virtio-mmio: device {} not activated: {why}",
+                    self.device_id
+                );
+                self.needs_reset();
+            }
+        }
+    }
+
+    /// Enters DEVICE_NEEDS_RESET and tells the driver (virtio 1.1 §2.1.2).
+    fn needs_reset(&mut self) {
+        self.status |= status::DEVICE_NEEDS_RESET;
+        if self.status & status::DRIVER_OK != 0 {
+            self.interrupt.signal_config_change();
+        }
+    }
+
+    /// Driver wrote 0 to Status: back to the power-on state (virtio 1.1 §2.1.1).
+    fn reset(&mut self) {
+        // The device is reset even if it never activated: a failed
+        // `activate` may have left partial state behind.
+        lock(&self.device).reset();
+        self.activated = false;
+        self.status = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.acked_features = 0;
+        self.queue_sel = 0;
+        for q in &mut self.queues {
+            *q = QueueConfig::new(q.max_size);
+        }
+        self.interrupt.status.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Locks the device, ignoring poisoning: a panicked device thread must not
+/// turn every later guest register access into a panic as well.
+fn lock<'a>(
+    device: &'a Mutex<dyn VirtioDevice + 'static>,
+) -> MutexGuard<'a, dyn VirtioDevice + 'static> {
+    device.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn set_low(reg: &mut u64, value: u32) {
+    *reg = (*reg & !0xffff_ffff) | u64::from(value);
+}
+
+fn set_high(reg: &mut u64, value: u32) {
+    *reg = (*reg & 0xffff_ffff) | (u64::from(value) << 32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::test_utils::{guest_memory, DriverError, DummyDevice, MockDriver};
+    use crate::virtio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+    use status::*;
+
+    const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+    const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+    const MEM_SIZE: usize = 1 << 20;
+
+    struct Fixture {
+        dev: Arc<Mutex<DummyDevice>>,
+        drv: MockDriver,
+    }
+
+    fn fixture() -> Fixture {
+        fixture_with(|_| {})
+    }
+
+    fn fixture_with(f: impl FnOnce(&mut DummyDevice)) -> Fixture {
+        let mem = guest_memory(MEM_SIZE).unwrap();
+        let mut d = DummyDevice::new().unwrap();
+        f(&mut d);
+        let dev = Arc::new(Mutex::new(d));
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        Fixture {
+            dev,
+            drv: MockDriver::new(mem, t).unwrap(),
+        }
+    }
+
+    impl Fixture {
+        fn read(&mut self, off: u64) -> u32 {
+            self.drv.read_reg(off)
+        }
+        fn write(&mut self, off: u64, v: u32) {
+            self.drv.write_reg(off, v)
+        }
+        fn activations(&self) -> usize {
+            self.dev.lock().unwrap().activate_calls
+        }
+        /// Status ACK|DRIVER|FEATURES_OK with VERSION_1 acked.
+        fn reach_features_ok(&mut self) {
+            self.drv.negotiate(VERSION_1).unwrap();
+        }
+        /// Programs queue `sel` fully, with valid rings at `base`.
+        fn program_queue(&mut self, sel: u32, num: u32, base: u64) {
+            self.write(REG_QUEUE_SEL, sel);
+            self.write(REG_QUEUE_NUM, num);
+            self.write(REG_QUEUE_DESC_LOW, base as u32);
+            self.write(REG_QUEUE_DESC_HIGH, (base >> 32) as u32);
+            self.write(REG_QUEUE_DRIVER_LOW, (base + 0x4000) as u32);
+            self.write(REG_QUEUE_DRIVER_HIGH, ((base + 0x4000) >> 32) as u32);
+            self.write(REG_QUEUE_DEVICE_LOW, (base + 0x8000) as u32);
+            self.write(REG_QUEUE_DEVICE_HIGH, ((base + 0x8000) >> 32) as u32);
+            self.write(REG_QUEUE_READY, 1);
+        }
+        fn add_status(&mut self, bit: u32) {
+            self.drv.add_status(bit)
+        }
+    }
+
+    #[test]
+    fn identity_registers() {
+        let mut f = fixture();
+        assert_eq!(f.read(REG_MAGIC_VALUE), 0x7472_6976);
+        assert_eq!(f.read(REG_VERSION), 2);
+        assert_eq!(f.read(REG_DEVICE_ID), 0x1234);
+        assert_eq!(f.read(REG_VENDOR_ID), MMIO_VENDOR_ID);
+        assert_eq!(f.read(REG_CONFIG_GENERATION), 0);
+        assert_eq!(f.read(REG_STATUS), 0);
+    }
+
+    #[test]
+    fn new_rejects_bad_devices() {
+        let mem = guest_memory(MEM_SIZE).unwrap();
+        let mut d = DummyDevice::new().unwrap();
+        d.max_sizes = vec![256, 100];
+        let r = MmioTransport::new(mem.clone(), Arc::new(Mutex::new(d)));
+        assert!(matches!(
+            r,
+            Err(MmioError::InvalidQueueMaxSize {
+                index: 1,
+                size: 100
+            })
+        ));
+        let mut d = DummyDevice::new().unwrap();
+        d.max_sizes = vec![256];
+        let r = MmioTransport::new(mem, Arc::new(Mutex::new(d)));
+        assert!(matches!(
+            r,
+            Err(MmioError::QueueEventCount {
+                queues: 1,
+                events: 2
+            })
+        ));
+    }
+
+    #[test]
+    fn device_features_are_paged_by_selector() {
+        let mut f = fixture_with(|d| d.avail_features = 0x1234_5678_9abc_def0);
+        assert_eq!(f.read(REG_DEVICE_FEATURES), 0x9abc_def0);
+        f.write(REG_DEVICE_FEATURES_SEL, 1);
+        assert_eq!(f.read(REG_DEVICE_FEATURES), 0x1234_5678);
+        f.write(REG_DEVICE_FEATURES_SEL, 2);
+        assert_eq!(f.read(REG_DEVICE_FEATURES), 0);
+        f.write(REG_DEVICE_FEATURES_SEL, u32::MAX);
+        assert_eq!(f.read(REG_DEVICE_FEATURES), 0);
+        assert_eq!(f.drv.device_features(), 0x1234_5678_9abc_def0);
+    }
+
+    #[test]
+    fn driver_features_are_paged_by_selector() {
+        let mut f = fixture_with(|d| d.avail_features = u64::MAX);
+        f.add_status(ACKNOWLEDGE);
+        f.add_status(DRIVER);
+        f.write(REG_DRIVER_FEATURES_SEL, 1);
+        f.write(REG_DRIVER_FEATURES, 0x1);
+        f.write(REG_DRIVER_FEATURES_SEL, 0);
+        f.write(REG_DRIVER_FEATURES, 0x8000_0001);
+        // Pages beyond 1 hold no features; writing them changes nothing.
+        f.write(REG_DRIVER_FEATURES_SEL, 7);
+        f.write(REG_DRIVER_FEATURES, 0xffff_ffff);
+        assert_eq!(f.drv.transport().acked_features(), 0x1_8000_0001);
+    }
+
+    #[test]
+    fn good_sequence_activates_with_configured_queues() {
+        let mut f = fixture();
+        assert_eq!(
+            f.drv.negotiate(VERSION_1 | EVENT_IDX | 1).unwrap(),
+            VERSION_1 | EVENT_IDX | 1
+        );
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER | FEATURES_OK);
+        let l0 = f.drv.setup_queue(0, 128).unwrap();
+        let l1 = f.drv.setup_queue(1, 64).unwrap();
+        assert_eq!(f.activations(), 0);
+        f.drv.driver_ok().unwrap();
+        assert_eq!(
+            f.read(REG_STATUS),
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK
+        );
+        assert!(f.drv.transport().is_activated());
+
+        let d = f.dev.lock().unwrap();
+        assert_eq!(d.activate_calls, 1);
+        assert_eq!(d.acked_features, VERSION_1 | EVENT_IDX | 1);
+        assert_eq!(d.queues.len(), 2);
+        for (q, l) in d.queues.iter().zip([l0, l1]) {
+            assert!(q.ready());
+            assert!(q.event_idx_enabled());
+            assert_eq!(q.size(), l.size);
+            assert_eq!(q.desc_table(), l.desc_table.0);
+            assert_eq!(q.avail_ring(), l.avail_ring.0);
+            assert_eq!(q.used_ring(), l.used_ring.0);
+        }
+        // The interrupt handed to the device drives this transport's register.
+        d.interrupt.as_ref().unwrap().signal_used_queue();
+        drop(d);
+        assert_eq!(f.read(REG_INTERRUPT_STATUS), VIRTIO_MMIO_INT_VRING);
+        assert_eq!(f.drv.take_irq_count(), 1);
+    }
+
+    #[test]
+    fn event_idx_not_set_unless_acked() {
+        let mut f = fixture();
+        f.drv.init(VERSION_1).unwrap();
+        let d = f.dev.lock().unwrap();
+        assert!(d.queues.iter().all(|q| !q.event_idx_enabled()));
+    }
+
+    #[test]
+    fn status_steps_cannot_be_skipped() {
+        let mut f = fixture();
+        // DRIVER before ACKNOWLEDGE.
+        f.write(REG_STATUS, DRIVER);
+        assert_eq!(f.read(REG_STATUS), 0);
+        f.add_status(ACKNOWLEDGE);
+        f.add_status(DRIVER);
+        f.drv.write_driver_features(VERSION_1);
+        // DRIVER_OK without FEATURES_OK.
+        f.add_status(DRIVER_OK);
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER);
+        // Clearing a bit without a reset.
+        f.write(REG_STATUS, ACKNOWLEDGE);
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER);
+        // Two steps at once.
+        f.write(REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER);
+        assert_eq!(f.activations(), 0);
+        // The proper path still works afterwards.
+        f.add_status(FEATURES_OK);
+        f.drv.setup_queues(None).unwrap();
+        f.drv.driver_ok().unwrap();
+        assert_eq!(f.activations(), 1);
+    }
+
+    #[test]
+    fn features_ok_refused_for_unoffered_feature() {
+        let mut f = fixture();
+        let err = f.drv.negotiate(VERSION_1 | (1 << 5)).unwrap_err();
+        assert!(
+            matches!(err, DriverError::FeaturesRejected { status } if status == ACKNOWLEDGE | DRIVER)
+        );
+        // And the device never activates from there.
+        f.add_status(DRIVER_OK);
+        assert_eq!(f.read(REG_STATUS) & DRIVER_OK, 0);
+        assert_eq!(f.activations(), 0);
+    }
+
+    #[test]
+    fn features_ok_refused_without_version_1() {
+        let mut f = fixture();
+        assert!(matches!(
+            f.drv.negotiate(1),
+            Err(DriverError::FeaturesRejected { .. })
+        ));
+        // Fixing the features before FEATURES_OK sticks is allowed.
+        f.drv.write_driver_features(VERSION_1 | 1);
+        f.add_status(FEATURES_OK);
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER | FEATURES_OK);
+    }
+
+    #[test]
+    fn features_frozen_after_features_ok() {
+        let mut f = fixture();
+        f.reach_features_ok();
+        f.drv.write_driver_features(VERSION_1 | EVENT_IDX);
+        assert_eq!(f.drv.transport().acked_features(), VERSION_1);
+        f.drv.setup_queues(None).unwrap();
+        f.drv.driver_ok().unwrap();
+        assert_eq!(f.dev.lock().unwrap().acked_features, VERSION_1);
+    }
+
+    #[test]
+    fn driver_features_before_driver_ignored() {
+        let mut f = fixture();
+        f.drv.write_driver_features(VERSION_1);
+        assert_eq!(f.drv.transport().acked_features(), 0);
+    }
+
+    fn assert_needs_reset_not_activated(f: &mut Fixture) {
+        let s = f.read(REG_STATUS);
+        assert_ne!(s & DEVICE_NEEDS_RESET, 0, "status {s:#x}");
+        assert_eq!(f.activations(), 0);
+        assert!(!f.drv.transport().is_activated());
+        assert_eq!(f.read(REG_INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
+        assert_eq!(f.drv.take_irq_count(), 1);
+    }
+
+    #[test]
+    fn non_power_of_two_queue_num_needs_reset() {
+        let mut f = fixture();
+        f.reach_features_ok();
+        f.program_queue(0, 100, 0x10000);
+        f.program_queue(1, 64, 0x20000);
+        f.add_status(DRIVER_OK);
+        assert_needs_reset_not_activated(&mut f);
+    }
+
+    #[test]
+    fn oversized_or_zero_queue_num_needs_reset() {
+        for num in [512, 0, 0x1_0000 + 64] {
+            let mut f = fixture();
+            f.reach_features_ok();
+            f.program_queue(0, 256, 0x10000);
+            f.program_queue(1, num, 0x20000);
+            f.add_status(DRIVER_OK);
+            assert_needs_reset_not_activated(&mut f);
+        }
+    }
+
+    #[test]
+    fn queue_not_ready_needs_reset() {
+        let mut f = fixture();
+        f.reach_features_ok();
+        f.program_queue(0, 256, 0x10000);
+        f.add_status(DRIVER_OK);
+        assert_needs_reset_not_activated(&mut f);
+    }
+
+    #[test]
+    fn rings_outside_guest_memory_need_reset() {
+        // Entirely outside, straddling the end, and above 4 GiB via the
+        // high register.
+        for base in [MEM_SIZE as u64 + 0x1000, MEM_SIZE as u64 - 0x8010, 1 << 32] {
+            let mut f = fixture();
+            f.reach_features_ok();
+            f.program_queue(0, 256, 0x10000);
+            f.program_queue(1, 64, base);
+            f.add_status(DRIVER_OK);
+            assert_needs_reset_not_activated(&mut f);
+        }
+    }
+
+    #[test]
+    fn misaligned_rings_need_reset() {
+        let mut f = fixture();
+        f.reach_features_ok();
+        f.program_queue(0, 256, 0x10000);
+        f.program_queue(1, 64, 0x20000);
+        f.write(REG_QUEUE_SEL, 1);
+        f.write(REG_QUEUE_READY, 0);
+        f.write(REG_QUEUE_DEVICE_LOW, 0x28002);
+        f.write(REG_QUEUE_READY, 1);
+        f.add_status(DRIVER_OK);
+        assert_needs_reset_not_activated(&mut f);
+    }
+
+    #[test]
+    fn failed_activate_needs_reset_then_reset_recovers() {
+        let mut f = fixture_with(|d| d.fail_activate = true);
+        f.drv.negotiate(VERSION_1).unwrap();
+        f.drv.setup_queues(None).unwrap();
+        assert!(f.drv.driver_ok().is_err());
+        let s = f.read(REG_STATUS);
+        assert_ne!(s & DEVICE_NEEDS_RESET, 0);
+        assert_eq!(f.activations(), 1);
+        assert!(!f.drv.transport().is_activated());
+        assert_eq!(f.read(REG_INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
+        // Nothing but a reset moves it on.
+        f.write(REG_STATUS, s | FAILED);
+        f.write(REG_STATUS, 0);
+        assert_eq!(f.read(REG_STATUS), 0);
+        f.dev.lock().unwrap().fail_activate = false;
+        f.drv.init(VERSION_1).unwrap();
+        assert!(f.drv.transport().is_activated());
+    }
+
+    #[test]
+    fn queue_registers_frozen_after_driver_ok() {
+        let mut f = fixture();
+        f.drv.init(VERSION_1).unwrap();
+        let before = f.drv.layout(0).unwrap();
+        f.write(REG_QUEUE_SEL, 0);
+        f.write(REG_QUEUE_READY, 0);
+        f.write(REG_QUEUE_NUM, 2);
+        f.write(REG_QUEUE_DESC_LOW, 0x5000);
+        assert_eq!(f.read(REG_QUEUE_READY), 1);
+        // Re-activating would show the changes; status writes are ignored too.
+        f.add_status(DRIVER_OK);
+        assert_eq!(f.activations(), 1);
+        let d = f.dev.lock().unwrap();
+        assert_eq!(d.queues[0].size(), before.size);
+        assert_eq!(d.queues[0].desc_table(), before.desc_table.0);
+        drop(d);
+        let t = f.drv.transport();
+        assert_eq!(t.queues[0].size, u32::from(before.size));
+        assert_eq!(t.queues[0].desc_table, before.desc_table.0);
+        assert!(t.queues[0].ready);
+    }
+
+    #[test]
+    fn queue_registers_frozen_while_ready_and_before_features_ok() {
+        let mut f = fixture();
+        // Before FEATURES_OK nothing sticks.
+        f.add_status(ACKNOWLEDGE);
+        f.add_status(DRIVER);
+        f.program_queue(0, 16, 0x10000);
+        assert_eq!(f.read(REG_QUEUE_READY), 0);
+        assert_eq!(f.drv.transport().queues[0].size, 256);
+        assert_eq!(f.drv.transport().queues[0].desc_table, 0);
+
+        f.drv.write_driver_features(VERSION_1);
+        f.add_status(FEATURES_OK);
+        f.program_queue(0, 16, 0x10000);
+        assert_eq!(f.read(REG_QUEUE_READY), 1);
+        // Ready queue: changes ignored until the driver un-readies it.
+        f.write(REG_QUEUE_NUM, 32);
+        assert_eq!(f.drv.transport().queues[0].size, 16);
+        f.write(REG_QUEUE_READY, 0);
+        f.write(REG_QUEUE_NUM, 32);
+        assert_eq!(f.drv.transport().queues[0].size, 32);
+    }
+
+    #[test]
+    fn queue_num_max_per_selector() {
+        let mut f = fixture();
+        assert_eq!(f.drv.queue_num_max(0), 256);
+        assert_eq!(f.drv.queue_num_max(1), 64);
+        assert_eq!(f.drv.queue_num_max(2), 0);
+        assert_eq!(f.drv.queue_num_max(u32::MAX), 0);
+        // Writes with an out-of-range QueueSel are dropped, not a panic.
+        f.reach_features_ok();
+        f.write(REG_QUEUE_SEL, 9);
+        f.write(REG_QUEUE_NUM, 4);
+        f.write(REG_QUEUE_READY, 1);
+        assert_eq!(f.read(REG_QUEUE_READY), 0);
+    }
+
+    #[test]
+    fn reset_returns_to_initial_state() {
+        let mut f = fixture();
+        f.drv.init(VERSION_1 | EVENT_IDX).unwrap();
+        f.write(REG_DEVICE_FEATURES_SEL, 1);
+        f.write(REG_DRIVER_FEATURES_SEL, 1);
+        f.write(REG_QUEUE_SEL, 1);
+        f.dev
+            .lock()
+            .unwrap()
+            .interrupt
+            .as_ref()
+            .unwrap()
+            .signal_used_queue();
+        assert_ne!(f.read(REG_INTERRUPT_STATUS), 0);
+        let resets = f.dev.lock().unwrap().reset_calls;
+
+        f.write(REG_STATUS, 0);
+        assert_eq!(f.dev.lock().unwrap().reset_calls, resets + 1);
+        let t = f.drv.transport();
+        assert_eq!(t.status(), 0);
+        assert!(!t.is_activated());
+        assert_eq!(t.acked_features(), 0);
+        assert_eq!(t.device_features_sel, 0);
+        assert_eq!(t.driver_features_sel, 0);
+        assert_eq!(t.queue_sel, 0);
+        for q in &t.queues {
+            assert!(!q.ready);
+            assert_eq!(q.size, u32::from(q.max_size));
+            assert_eq!((q.desc_table, q.avail_ring, q.used_ring), (0, 0, 0));
+        }
+        assert_eq!(t.interrupt_status().load(Ordering::SeqCst), 0);
+        // Device features read back from page 0 again.
+        assert_eq!(f.read(REG_DEVICE_FEATURES), (EVENT_IDX | 1) as u32);
+        // And the device can be brought up again.
+        f.drv.init(VERSION_1).unwrap();
+        assert_eq!(f.activations(), 2);
+    }
+
+    #[test]
+    fn queue_notify_signals_the_queue_event() {
+        let mut f = fixture();
+        f.drv.init(VERSION_1).unwrap();
+        f.drv.kick(1);
+        f.drv.kick(1);
+        f.drv.kick(0);
+        f.drv.kick(2);
+        f.drv.kick(u32::MAX as usize);
+        let d = f.dev.lock().unwrap();
+        assert_eq!(d.queue_evts[0].read().unwrap(), 1);
+        assert_eq!(d.queue_evts[1].read().unwrap(), 2);
+    }
+
+    #[test]
+    fn interrupt_ack_clears_only_acked_bits() {
+        let mut f = fixture();
+        let status = f.drv.transport().interrupt_status();
+        status.store(
+            VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG,
+            Ordering::SeqCst,
+        );
+        f.drv.ack_interrupt(VIRTIO_MMIO_INT_VRING);
+        assert_eq!(f.read(REG_INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
+        f.drv.ack_interrupt(VIRTIO_MMIO_INT_CONFIG);
+        assert_eq!(f.read(REG_INTERRUPT_STATUS), 0);
+    }
+
+    #[test]
+    fn config_space_is_delegated_at_any_width() {
+        let mut f = fixture();
+        let t = f.drv.transport_mut();
+        let mut b = [0u8; 1];
+        t.read(CONFIG_SPACE_OFFSET + 3, &mut b);
+        assert_eq!(b, [3]);
+        let mut b = [0u8; 2];
+        t.read(CONFIG_SPACE_OFFSET + 6, &mut b);
+        assert_eq!(b, [6, 7]);
+        t.write(CONFIG_SPACE_OFFSET + 8, &[0xaa, 0xbb, 0xcc, 0xdd]);
+        let mut b = [0u8; 8];
+        t.read(CONFIG_SPACE_OFFSET + 8, &mut b);
+        assert_eq!(b, [0xaa, 0xbb, 0xcc, 0xdd, 12, 13, 14, 15]);
+        // Past the device's config the device ignores it and we read zeros.
+        let mut b = [0xffu8; 4];
+        t.read(MMIO_WINDOW_SIZE - 4, &mut b);
+        assert_eq!(b, [0; 4]);
+        t.read(u64::MAX, &mut b);
+        assert_eq!(b, [0; 4]);
+        t.write(u64::MAX, &[1]);
+    }
+
+    #[test]
+    fn odd_width_and_misaligned_register_access_ignored() {
+        let mut f = fixture();
+        let t = f.drv.transport_mut();
+        let mut b = [0xffu8; 2];
+        t.read(REG_MAGIC_VALUE, &mut b);
+        assert_eq!(b, [0, 0]);
+        let mut b = [0xffu8; 8];
+        t.read(REG_MAGIC_VALUE, &mut b);
+        assert_eq!(b, [0; 8]);
+        let mut b = [0xffu8; 4];
+        t.read(REG_MAGIC_VALUE + 1, &mut b);
+        assert_eq!(b, [0; 4]);
+        let mut b = [0xffu8; 0];
+        t.read(REG_STATUS, &mut b);
+
+        t.write(REG_STATUS, &[ACKNOWLEDGE as u8]);
+        t.write(REG_STATUS, &(ACKNOWLEDGE as u16).to_le_bytes());
+        t.write(REG_STATUS, &u64::from(ACKNOWLEDGE).to_le_bytes());
+        t.write(REG_STATUS + 2, &ACKNOWLEDGE.to_le_bytes());
+        t.write(REG_STATUS, &[]);
+        assert_eq!(t.status(), 0);
+        t.write(REG_STATUS, &ACKNOWLEDGE.to_le_bytes());
+        assert_eq!(t.status(), ACKNOWLEDGE);
+    }
+
+    #[test]
+    fn arbitrary_register_traffic_never_panics() {
+        // A small deterministic fuzz over the register window: every offset,
+        // widths 0..=8 and a spread of values, interleaved with status writes.
+        let mut f = fixture();
+        let values = [
+            0u32,
+            1,
+            2,
+            3,
+            4,
+            8,
+            0x40,
+            0x80,
+            0xff,
+            0x1000,
+            0x8000_0000,
+            u32::MAX,
+        ];
+        let mut seed = 0x1234_5678u32;
+        for _ in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            let off = u64::from(seed % 0x120);
+            let v = values[(seed >> 9) as usize % values.len()];
+            let width = (seed >> 20) as usize % 9;
+            let t = f.drv.transport_mut();
+            if seed & 1 == 0 {
+                t.write(off, &v.to_le_bytes().repeat(2)[..width]);
+            } else {
+                let mut b = vec![0; width];
+                t.read(off, &mut b);
+            }
+        }
+    }
+}

@@ -1,1 +1,949 @@
-//! Driver-side test helpers (placeholder).
+// SPDX-License-Identifier: Apache-2.0
+//! Driver-side test helpers: a mock virtio driver that talks to an
+//! [`MmioTransport`] only through register accesses, and a dummy device.
+//!
+//! [`MockDriver`] plays the guest: it negotiates features through the MMIO
+//! registers, lays out split virtqueues (virtio 1.1 §2.6) in guest memory at
+//! addresses it allocates from a bump allocator, posts descriptor chains,
+//! publishes the avail index, kicks through QueueNotify and reads back the used
+//! ring. It knows nothing about any particular device type, so the net device
+//! tests and the benchmark harness in `tools/bench` share it.
+//!
+//! Unlike `virtio_queue::mock::MockSplitQueue`, which borrows the memory and
+//! builds a `Queue` directly, the driver here owns its state (so it can live in
+//! a test fixture or a benchmark thread), recycles descriptors when the device
+//! returns them, and reaches the device only the way a guest would.
+//!
+//! Compiled for unit tests and with the `test-utils` feature.
+//!
+//! ```ignore
+//! let mut drv = MockDriver::new(mem.clone(), MmioTransport::new(mem, device)?)?;
+//! drv.init(1 << VIRTIO_F_VERSION_1)?;
+//! let buf = drv.alloc(1500, 8)?;
+//! drv.submit(0, &[Segment::writable(buf, 1500)])?;
+//! // ... run the device ...
+//! for e in drv.used(0)? { /* e.id, e.len */ }
+//! ```
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError, GuestMemoryRegion,
+};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
+use super::{status, ActivateError, GuestMemory, Interrupt, VirtioDevice};
+
+/// Descriptor flag: the chain continues in `next` (virtio 1.1 §2.6.5).
+pub const VIRTQ_DESC_F_NEXT: u16 = 1;
+/// Descriptor flag: the buffer is device-writable (virtio 1.1 §2.6.5).
+pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+/// Avail ring flag: the driver wants no interrupts (virtio 1.1 §2.6.7).
+pub const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+/// Used ring flag: the device wants no notifications (virtio 1.1 §2.6.8).
+pub const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
+
+// MMIO register offsets the driver uses (virtio 1.1 §4.2.2).
+const REG_DEVICE_FEATURES: u64 = 0x10;
+const REG_DEVICE_FEATURES_SEL: u64 = 0x14;
+const REG_DRIVER_FEATURES: u64 = 0x20;
+const REG_DRIVER_FEATURES_SEL: u64 = 0x24;
+const REG_QUEUE_SEL: u64 = 0x30;
+const REG_QUEUE_NUM_MAX: u64 = 0x34;
+const REG_QUEUE_NUM: u64 = 0x38;
+const REG_QUEUE_READY: u64 = 0x44;
+const REG_INTERRUPT_STATUS: u64 = 0x60;
+const REG_INTERRUPT_ACK: u64 = 0x64;
+const REG_STATUS: u64 = 0x70;
+const REG_QUEUE_DESC_LOW: u64 = 0x80;
+const REG_QUEUE_DESC_HIGH: u64 = 0x84;
+const REG_QUEUE_DRIVER_LOW: u64 = 0x90;
+const REG_QUEUE_DRIVER_HIGH: u64 = 0x94;
+const REG_QUEUE_DEVICE_LOW: u64 = 0xa0;
+const REG_QUEUE_DEVICE_HIGH: u64 = 0xa4;
+
+/// The transport has no more than this many queues worth probing.
+const MAX_PROBED_QUEUES: u32 = 64;
+
+/// Errors of the mock driver. In tests they mean the device (or the test)
+/// did something the driver cannot go on from.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// FEATURES_OK did not stick after writing the driver features.
+    #[error("device refused FEATURES_OK (status {status:#x})")]
+    FeaturesRejected {
+        /// Status read back.
+        status: u32,
+    },
+    /// DRIVER_OK did not activate the device.
+    #[error("device not live after DRIVER_OK (status {status:#x})")]
+    NotLive {
+        /// Status read back.
+        status: u32,
+    },
+    /// The queue index is not one the driver set up.
+    #[error("queue {0} is not set up")]
+    NoSuchQueue(usize),
+    /// QueueNumMax is 0 for this queue, or the requested size is above it.
+    #[error("queue {index} cannot have size {size} (max {max})")]
+    InvalidQueueSize {
+        /// Queue index.
+        index: usize,
+        /// Requested size.
+        size: u16,
+        /// QueueNumMax.
+        max: u16,
+    },
+    /// The bump allocator ran out of guest memory.
+    #[error("cannot allocate {len} bytes of guest memory")]
+    OutOfGuestMemory {
+        /// Requested length.
+        len: u64,
+    },
+    /// A chain needs more descriptors than the queue has free.
+    #[error("queue {queue} has {free} free descriptors, chain needs {needed}")]
+    NoFreeDescriptors {
+        /// Queue index.
+        queue: usize,
+        /// Descriptors needed.
+        needed: usize,
+        /// Descriptors free.
+        free: usize,
+    },
+    /// A chain must have at least one segment.
+    #[error("empty descriptor chain")]
+    EmptyChain,
+    /// A guest memory access failed.
+    #[error("guest memory access failed")]
+    Memory(#[from] GuestMemoryError),
+}
+
+/// One buffer of a descriptor chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// Guest physical address of the buffer.
+    pub addr: GuestAddress,
+    /// Length in bytes.
+    pub len: u32,
+    /// Whether the device may write it (VIRTQ_DESC_F_WRITE).
+    pub device_writable: bool,
+}
+
+impl Segment {
+    /// A buffer the device reads (a TX frame, a request).
+    pub fn readable(addr: GuestAddress, len: u32) -> Self {
+        Segment {
+            addr,
+            len,
+            device_writable: false,
+        }
+    }
+
+    /// A buffer the device writes (an RX buffer, a response).
+    pub fn writable(addr: GuestAddress, len: u32) -> Self {
+        Segment {
+            addr,
+            len,
+            device_writable: true,
+        }
+    }
+}
+
+/// One used-ring entry (virtio 1.1 §2.6.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsedElem {
+    /// Head descriptor index of the returned chain.
+    pub id: u32,
+    /// Bytes the device wrote into the chain.
+    pub len: u32,
+}
+
+/// Guest addresses of one queue's three parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLayout {
+    /// Queue size (number of descriptors).
+    pub size: u16,
+    /// Descriptor table.
+    pub desc_table: GuestAddress,
+    /// Available (driver) ring.
+    pub avail_ring: GuestAddress,
+    /// Used (device) ring.
+    pub used_ring: GuestAddress,
+}
+
+impl QueueLayout {
+    fn avail_idx_addr(&self) -> GuestAddress {
+        self.avail_ring.unchecked_add(2)
+    }
+
+    fn avail_slot_addr(&self, idx: u16) -> GuestAddress {
+        self.avail_ring
+            .unchecked_add(4 + 2 * u64::from(idx % self.size))
+    }
+
+    fn used_event_addr(&self) -> GuestAddress {
+        self.avail_ring.unchecked_add(4 + 2 * u64::from(self.size))
+    }
+
+    fn used_idx_addr(&self) -> GuestAddress {
+        self.used_ring.unchecked_add(2)
+    }
+
+    fn used_slot_addr(&self, idx: u16) -> GuestAddress {
+        self.used_ring
+            .unchecked_add(4 + 8 * u64::from(idx % self.size))
+    }
+
+    fn avail_event_addr(&self) -> GuestAddress {
+        self.used_ring.unchecked_add(4 + 8 * u64::from(self.size))
+    }
+
+    fn desc_addr(&self, index: u16) -> GuestAddress {
+        self.desc_table.unchecked_add(16 * u64::from(index))
+    }
+}
+
+/// Driver-side state of one queue.
+#[derive(Debug)]
+struct DriverQueue {
+    layout: QueueLayout,
+    free: Vec<u16>,
+    /// Descriptors of each outstanding chain, by head index.
+    chains: Vec<Vec<u16>>,
+    /// Next avail index to fill (ahead of the published one until `publish`).
+    next_avail: u16,
+    /// Used index up to which entries were returned by `used`.
+    last_used: u16,
+}
+
+impl DriverQueue {
+    fn new(layout: QueueLayout) -> Self {
+        DriverQueue {
+            layout,
+            // Pop from the end, so hand out descriptors 0, 1, 2, … first.
+            free: (0..layout.size).rev().collect(),
+            chains: vec![Vec::new(); usize::from(layout.size)],
+            next_avail: 0,
+            last_used: 0,
+        }
+    }
+}
+
+/// A bump allocator over guest memory.
+#[derive(Debug, Clone, Copy)]
+struct Bump {
+    next: u64,
+    end: u64,
+}
+
+/// The guest side of a virtio-MMIO device, for tests and benchmarks.
+#[derive(Debug)]
+pub struct MockDriver {
+    mem: GuestMemory,
+    transport: MmioTransport,
+    bump: Bump,
+    queues: Vec<Option<DriverQueue>>,
+}
+
+impl MockDriver {
+    /// Creates a driver that allocates from the whole of the first guest
+    /// memory region.
+    pub fn new(mem: GuestMemory, transport: MmioTransport) -> Result<Self, DriverError> {
+        let (start, len) = mem
+            .iter()
+            .next()
+            .map(|r| (r.start_addr(), r.len()))
+            .ok_or(DriverError::OutOfGuestMemory { len: 0 })?;
+        Ok(Self::with_alloc_range(mem, transport, start, len))
+    }
+
+    /// Creates a driver that allocates rings and buffers only from
+    /// `[start, start + len)`, leaving the rest of guest memory to the test.
+    pub fn with_alloc_range(
+        mem: GuestMemory,
+        transport: MmioTransport,
+        start: GuestAddress,
+        len: u64,
+    ) -> Self {
+        MockDriver {
+            mem,
+            transport,
+            bump: Bump {
+                next: start.raw_value(),
+                end: start.raw_value().saturating_add(len),
+            },
+            queues: Vec::new(),
+        }
+    }
+
+    /// Guest memory.
+    pub fn mem(&self) -> &GuestMemory {
+        &self.mem
+    }
+
+    /// The transport under test.
+    pub fn transport(&self) -> &MmioTransport {
+        &self.transport
+    }
+
+    /// The transport under test, for direct register accesses.
+    pub fn transport_mut(&mut self) -> &mut MmioTransport {
+        &mut self.transport
+    }
+
+    /// Reads a 32-bit register.
+    pub fn read_reg(&mut self, offset: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.transport.read(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    /// Writes a 32-bit register.
+    pub fn write_reg(&mut self, offset: u64, value: u32) {
+        self.transport.write(offset, &value.to_le_bytes());
+    }
+
+    /// The Status register.
+    pub fn status(&mut self) -> u32 {
+        self.read_reg(REG_STATUS)
+    }
+
+    /// Sets `bit` on top of the current status, as Linux's `virtio_add_status`.
+    pub fn add_status(&mut self, bit: u32) {
+        let s = self.status();
+        self.write_reg(REG_STATUS, s | bit);
+    }
+
+    /// Reads the 64 feature bits the device offers.
+    pub fn device_features(&mut self) -> u64 {
+        self.write_reg(REG_DEVICE_FEATURES_SEL, 0);
+        let lo = self.read_reg(REG_DEVICE_FEATURES);
+        self.write_reg(REG_DEVICE_FEATURES_SEL, 1);
+        let hi = self.read_reg(REG_DEVICE_FEATURES);
+        u64::from(lo) | (u64::from(hi) << 32)
+    }
+
+    /// Writes the 64 driver (acked) feature bits.
+    pub fn write_driver_features(&mut self, features: u64) {
+        self.write_reg(REG_DRIVER_FEATURES_SEL, 0);
+        self.write_reg(REG_DRIVER_FEATURES, features as u32);
+        self.write_reg(REG_DRIVER_FEATURES_SEL, 1);
+        self.write_reg(REG_DRIVER_FEATURES, (features >> 32) as u32);
+    }
+
+    /// Steps 1–6 of virtio 1.1 §3.1.1: reset, ACKNOWLEDGE, DRIVER, write
+    /// `features` (as given, not masked) and set FEATURES_OK. Returns the
+    /// device's offered features; fails if FEATURES_OK did not stick.
+    pub fn negotiate(&mut self, features: u64) -> Result<u64, DriverError> {
+        self.reset();
+        self.add_status(status::ACKNOWLEDGE);
+        self.add_status(status::DRIVER);
+        let offered = self.device_features();
+        self.write_driver_features(features);
+        self.add_status(status::FEATURES_OK);
+        let status = self.status();
+        if status & status::FEATURES_OK == 0 {
+            return Err(DriverError::FeaturesRejected { status });
+        }
+        Ok(offered)
+    }
+
+    /// Writes 0 to Status and forgets all driver-side queue state.
+    pub fn reset(&mut self) {
+        self.write_reg(REG_STATUS, 0);
+        self.queues.clear();
+    }
+
+    /// QueueNumMax of queue `index` (0: no such queue).
+    pub fn queue_num_max(&mut self, index: u32) -> u16 {
+        self.write_reg(REG_QUEUE_SEL, index);
+        // QueueNumMax is at most 32768 (virtio 1.1 §2.6); clamp anything else.
+        u16::try_from(self.read_reg(REG_QUEUE_NUM_MAX)).unwrap_or(0)
+    }
+
+    /// Allocates the rings of queue `index` with `size` entries, programs
+    /// them into the transport and sets QueueReady.
+    pub fn setup_queue(&mut self, index: usize, size: u16) -> Result<QueueLayout, DriverError> {
+        let sel = u32::try_from(index).map_err(|_| DriverError::NoSuchQueue(index))?;
+        let max = self.queue_num_max(sel);
+        if size == 0 || size > max {
+            return Err(DriverError::InvalidQueueSize { index, size, max });
+        }
+        let n = u64::from(size);
+        // Sizes and alignments of virtio 1.1 §2.6; the descriptor table is
+        // page-aligned only to keep dumps readable.
+        let layout = QueueLayout {
+            size,
+            desc_table: self.alloc(16 * n, 4096)?,
+            avail_ring: self.alloc(6 + 2 * n, 2)?,
+            used_ring: self.alloc(6 + 8 * n, 4)?,
+        };
+        // Start from a clean ring: the bump allocator may hand out memory a
+        // previous (reset) queue used.
+        self.mem
+            .write_slice(&vec![0; 16 * usize::from(size)], layout.desc_table)?;
+        self.mem
+            .write_slice(&vec![0; 6 + 2 * usize::from(size)], layout.avail_ring)?;
+        self.mem
+            .write_slice(&vec![0; 6 + 8 * usize::from(size)], layout.used_ring)?;
+
+        self.write_reg(REG_QUEUE_SEL, sel);
+        self.write_reg(REG_QUEUE_NUM, u32::from(size));
+        let regs = [
+            (REG_QUEUE_DESC_LOW, REG_QUEUE_DESC_HIGH, layout.desc_table),
+            (
+                REG_QUEUE_DRIVER_LOW,
+                REG_QUEUE_DRIVER_HIGH,
+                layout.avail_ring,
+            ),
+            (
+                REG_QUEUE_DEVICE_LOW,
+                REG_QUEUE_DEVICE_HIGH,
+                layout.used_ring,
+            ),
+        ];
+        for (lo, hi, addr) in regs {
+            self.write_reg(lo, addr.raw_value() as u32);
+            self.write_reg(hi, (addr.raw_value() >> 32) as u32);
+        }
+        self.write_reg(REG_QUEUE_READY, 1);
+
+        if self.queues.len() <= index {
+            self.queues.resize_with(index + 1, || None);
+        }
+        self.queues[index] = Some(DriverQueue::new(layout));
+        Ok(layout)
+    }
+
+    /// Sets up every queue the transport reports (QueueNumMax > 0), each
+    /// with `size` entries or its QueueNumMax if `size` is `None` or larger.
+    pub fn setup_queues(&mut self, size: Option<u16>) -> Result<usize, DriverError> {
+        let mut count = 0;
+        for sel in 0..MAX_PROBED_QUEUES {
+            let max = self.queue_num_max(sel);
+            if max == 0 {
+                break;
+            }
+            let size = size.map_or(max, |s| s.min(max));
+            self.setup_queue(sel as usize, size)?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Sets DRIVER_OK and checks that the device went live.
+    pub fn driver_ok(&mut self) -> Result<(), DriverError> {
+        self.add_status(status::DRIVER_OK);
+        let status = self.status();
+        if status & status::DRIVER_OK == 0 || status & status::DEVICE_NEEDS_RESET != 0 {
+            return Err(DriverError::NotLive { status });
+        }
+        Ok(())
+    }
+
+    /// The whole initialisation (virtio 1.1 §3.1.1) with every queue at its
+    /// maximum size. Returns the device's offered features.
+    pub fn init(&mut self, features: u64) -> Result<u64, DriverError> {
+        self.init_with_queue_size(features, None)
+    }
+
+    /// [`init`](Self::init) with queues of at most `size` entries.
+    pub fn init_with_queue_size(
+        &mut self,
+        features: u64,
+        size: Option<u16>,
+    ) -> Result<u64, DriverError> {
+        let offered = self.negotiate(features)?;
+        self.setup_queues(size)?;
+        self.driver_ok()?;
+        Ok(offered)
+    }
+
+    /// Allocates `len` bytes of guest memory aligned to `align` (a power of
+    /// two). The memory is not zeroed.
+    pub fn alloc(&mut self, len: u64, align: u64) -> Result<GuestAddress, DriverError> {
+        let oom = DriverError::OutOfGuestMemory { len };
+        let align = align.max(1);
+        let start = self
+            .bump
+            .next
+            .checked_next_multiple_of(align)
+            .ok_or(DriverError::OutOfGuestMemory { len })?;
+        let end = start
+            .checked_add(len)
+            .ok_or(DriverError::OutOfGuestMemory { len })?;
+        if end > self.bump.end {
+            return Err(oom);
+        }
+        self.bump.next = end;
+        Ok(GuestAddress(start))
+    }
+
+    /// Writes `data` into guest memory at `addr`.
+    pub fn write_mem(&self, addr: GuestAddress, data: &[u8]) -> Result<(), DriverError> {
+        Ok(self.mem.write_slice(data, addr)?)
+    }
+
+    /// Reads `len` bytes of guest memory at `addr`.
+    pub fn read_mem(&self, addr: GuestAddress, len: usize) -> Result<Vec<u8>, DriverError> {
+        let mut v = vec![0; len];
+        self.mem.read_slice(&mut v, addr)?;
+        Ok(v)
+    }
+
+    /// Where queue `index` lives in guest memory.
+    pub fn layout(&self, index: usize) -> Result<QueueLayout, DriverError> {
+        Ok(self.queue(index)?.layout)
+    }
+
+    /// Descriptors of queue `index` not currently in an outstanding chain.
+    pub fn free_descriptors(&self, index: usize) -> Result<usize, DriverError> {
+        Ok(self.queue(index)?.free.len())
+    }
+
+    fn queue(&self, index: usize) -> Result<&DriverQueue, DriverError> {
+        self.queues
+            .get(index)
+            .and_then(Option::as_ref)
+            .ok_or(DriverError::NoSuchQueue(index))
+    }
+
+    fn queue_mut(&mut self, index: usize) -> Result<&mut DriverQueue, DriverError> {
+        self.queues
+            .get_mut(index)
+            .and_then(Option::as_mut)
+            .ok_or(DriverError::NoSuchQueue(index))
+    }
+
+    /// Writes a descriptor chain of `segments` and puts its head in the next
+    /// avail slot, without publishing it. Returns the head index, which is
+    /// the `id` the device returns in the used ring.
+    pub fn add_chain(&mut self, index: usize, segments: &[Segment]) -> Result<u16, DriverError> {
+        if segments.is_empty() {
+            return Err(DriverError::EmptyChain);
+        }
+        let mem = self.mem.clone();
+        let q = self.queue_mut(index)?;
+        if q.free.len() < segments.len() {
+            return Err(DriverError::NoFreeDescriptors {
+                queue: index,
+                needed: segments.len(),
+                free: q.free.len(),
+            });
+        }
+        let split = q.free.len() - segments.len();
+        // Reversed so the chain uses the descriptors in allocation order.
+        let descs: Vec<u16> = q.free.split_off(split).into_iter().rev().collect();
+        for (i, (seg, &d)) in segments.iter().zip(&descs).enumerate() {
+            let next = descs.get(i + 1).copied();
+            let mut flags = if seg.device_writable {
+                VIRTQ_DESC_F_WRITE
+            } else {
+                0
+            };
+            if next.is_some() {
+                flags |= VIRTQ_DESC_F_NEXT;
+            }
+            // struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }
+            let mut raw = [0u8; 16];
+            raw[0..8].copy_from_slice(&seg.addr.raw_value().to_le_bytes());
+            raw[8..12].copy_from_slice(&seg.len.to_le_bytes());
+            raw[12..14].copy_from_slice(&flags.to_le_bytes());
+            raw[14..16].copy_from_slice(&next.unwrap_or(0).to_le_bytes());
+            mem.write_slice(&raw, q.layout.desc_addr(d))?;
+        }
+        let head = descs[0];
+        mem.write_obj(head.to_le(), q.layout.avail_slot_addr(q.next_avail))?;
+        q.next_avail = q.next_avail.wrapping_add(1);
+        q.chains[usize::from(head)] = descs;
+        Ok(head)
+    }
+
+    /// Makes every chain added so far visible to the device (avail idx store
+    /// with release ordering, after the ring writes).
+    pub fn publish(&mut self, index: usize) -> Result<(), DriverError> {
+        let mem = self.mem.clone();
+        let q = self.queue(index)?;
+        fence(Ordering::SeqCst);
+        mem.store(
+            q.next_avail.to_le(),
+            q.layout.avail_idx_addr(),
+            Ordering::Release,
+        )?;
+        Ok(())
+    }
+
+    /// Notifies queue `index` through the QueueNotify register.
+    pub fn kick(&mut self, index: usize) {
+        self.write_reg(QUEUE_NOTIFY_OFFSET, index as u32);
+    }
+
+    /// [`add_chain`](Self::add_chain), [`publish`](Self::publish) and
+    /// [`kick`](Self::kick) in one call.
+    pub fn submit(&mut self, index: usize, segments: &[Segment]) -> Result<u16, DriverError> {
+        let head = self.add_chain(index, segments)?;
+        self.publish(index)?;
+        self.kick(index);
+        Ok(head)
+    }
+
+    /// The avail idx the driver has published.
+    pub fn avail_idx(&self, index: usize) -> Result<u16, DriverError> {
+        let q = self.queue(index)?;
+        Ok(u16::from_le(
+            self.mem
+                .load(q.layout.avail_idx_addr(), Ordering::Acquire)?,
+        ))
+    }
+
+    /// The device's used idx.
+    pub fn used_idx(&self, index: usize) -> Result<u16, DriverError> {
+        let q = self.queue(index)?;
+        Ok(u16::from_le(
+            self.mem.load(q.layout.used_idx_addr(), Ordering::Acquire)?,
+        ))
+    }
+
+    /// Used-ring entries added since the last call, oldest first. Their
+    /// chains' descriptors become free for reuse.
+    pub fn used(&mut self, index: usize) -> Result<Vec<UsedElem>, DriverError> {
+        let used_idx = self.used_idx(index)?;
+        let mem = self.mem.clone();
+        let q = self.queue_mut(index)?;
+        let mut out = Vec::new();
+        while q.last_used != used_idx {
+            let slot = q.layout.used_slot_addr(q.last_used);
+            let id = u32::from_le(mem.read_obj(slot)?);
+            let len = u32::from_le(mem.read_obj(slot.unchecked_add(4))?);
+            // An id that is not an outstanding head is a device bug; the test
+            // sees it in the returned entry, the driver frees nothing.
+            if let Some(chain) = usize::try_from(id).ok().and_then(|i| q.chains.get_mut(i)) {
+                q.free.append(chain);
+            }
+            out.push(UsedElem { id, len });
+            q.last_used = q.last_used.wrapping_add(1);
+        }
+        Ok(out)
+    }
+
+    /// The used ring's flags (VIRTQ_USED_F_NO_NOTIFY).
+    pub fn used_flags(&self, index: usize) -> Result<u16, DriverError> {
+        let q = self.queue(index)?;
+        Ok(u16::from_le(self.mem.read_obj(q.layout.used_ring)?))
+    }
+
+    /// Sets the avail ring's flags (VIRTQ_AVAIL_F_NO_INTERRUPT).
+    pub fn set_avail_flags(&mut self, index: usize, flags: u16) -> Result<(), DriverError> {
+        let q = self.queue(index)?;
+        Ok(self.mem.write_obj(flags.to_le(), q.layout.avail_ring)?)
+    }
+
+    /// The `avail_event` field the device writes at the end of the used ring
+    /// (EVENT_IDX, virtio 1.1 §2.6.10).
+    pub fn avail_event(&self, index: usize) -> Result<u16, DriverError> {
+        let q = self.queue(index)?;
+        Ok(u16::from_le(
+            self.mem
+                .load(q.layout.avail_event_addr(), Ordering::Acquire)?,
+        ))
+    }
+
+    /// The `used_event` field at the end of the avail ring.
+    pub fn used_event(&self, index: usize) -> Result<u16, DriverError> {
+        let q = self.queue(index)?;
+        Ok(u16::from_le(
+            self.mem
+                .load(q.layout.used_event_addr(), Ordering::Acquire)?,
+        ))
+    }
+
+    /// Sets `used_event`: with EVENT_IDX the driver wants an interrupt only
+    /// once the device's used idx passes this value.
+    pub fn set_used_event(&mut self, index: usize, value: u16) -> Result<(), DriverError> {
+        let q = self.queue(index)?;
+        self.mem
+            .store(value.to_le(), q.layout.used_event_addr(), Ordering::Release)?;
+        Ok(())
+    }
+
+    /// The InterruptStatus register.
+    pub fn interrupt_status(&mut self) -> u32 {
+        self.read_reg(REG_INTERRUPT_STATUS)
+    }
+
+    /// Writes `bits` to InterruptACK.
+    pub fn ack_interrupt(&mut self, bits: u32) {
+        self.write_reg(REG_INTERRUPT_ACK, bits);
+    }
+
+    /// Consumes the interrupt eventfd's counter: how many times the device
+    /// signalled since the last call (0 if none).
+    pub fn take_irq_count(&self) -> u64 {
+        self.transport.interrupt_evt().read().unwrap_or(0)
+    }
+}
+
+/// A device that does nothing but record what the transport did to it.
+pub struct DummyDevice {
+    /// Reported device ID.
+    pub device_type: u32,
+    /// Offered features.
+    pub avail_features: u64,
+    /// QueueNumMax of each queue.
+    pub max_sizes: Vec<u16>,
+    /// One notification eventfd per queue.
+    pub queue_evts: Vec<EventFd>,
+    /// Configuration space contents.
+    pub config: Vec<u8>,
+    /// Make `activate` fail.
+    pub fail_activate: bool,
+    /// Calls to `activate`.
+    pub activate_calls: usize,
+    /// Calls to `reset`.
+    pub reset_calls: usize,
+    /// Features passed to the last `activate`.
+    pub acked_features: u64,
+    /// Queues passed to the last `activate`.
+    pub queues: Vec<Queue>,
+    /// Interrupt passed to the last `activate`.
+    pub interrupt: Option<Arc<dyn Interrupt>>,
+}
+
+impl std::fmt::Debug for DummyDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DummyDevice")
+            .field("device_type", &self.device_type)
+            .field("activate_calls", &self.activate_calls)
+            .field("reset_calls", &self.reset_calls)
+            .field("acked_features", &self.acked_features)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DummyDevice {
+    /// Device ID 0x1234, features VERSION_1 | EVENT_IDX | bit 0, queues of
+    /// 256 and 64 entries, 16 bytes of config space holding 0, 1, 2, ….
+    pub fn new() -> std::io::Result<Self> {
+        let max_sizes = vec![256, 64];
+        let queue_evts = max_sizes
+            .iter()
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK))
+            .collect::<std::io::Result<_>>()?;
+        Ok(DummyDevice {
+            device_type: 0x1234,
+            avail_features: (1 << 32) | (1 << 29) | 1,
+            max_sizes,
+            queue_evts,
+            config: (0..16).collect(),
+            fail_activate: false,
+            activate_calls: 0,
+            reset_calls: 0,
+            acked_features: 0,
+            queues: Vec::new(),
+            interrupt: None,
+        })
+    }
+}
+
+impl VirtioDevice for DummyDevice {
+    fn device_type(&self) -> u32 {
+        self.device_type
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.max_sizes
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let Some(src) = usize::try_from(offset)
+            .ok()
+            .and_then(|o| self.config.get(o..o.checked_add(data.len())?))
+        else {
+            return;
+        };
+        data.copy_from_slice(src);
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        if let Some(dst) = usize::try_from(offset)
+            .ok()
+            .and_then(|o| self.config.get_mut(o..o.checked_add(data.len())?))
+        {
+            dst.copy_from_slice(data);
+        }
+    }
+
+    fn queue_events(&self) -> &[EventFd] {
+        &self.queue_evts
+    }
+
+    fn activate(
+        &mut self,
+        acked_features: u64,
+        queues: Vec<Queue>,
+        interrupt: Arc<dyn Interrupt>,
+    ) -> Result<(), ActivateError> {
+        self.activate_calls += 1;
+        if self.fail_activate {
+            return Err(ActivateError::Backend("dummy told to fail".into()));
+        }
+        self.acked_features = acked_features;
+        self.queues = queues;
+        self.interrupt = Some(interrupt);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.reset_calls += 1;
+        self.queues.clear();
+        self.interrupt = None;
+    }
+}
+
+/// Guest memory of `size` bytes at address 0, for tests.
+pub fn guest_memory(size: usize) -> Result<GuestMemory, vm_memory::mmap::FromRangesError> {
+    GuestMemory::from_ranges(&[(GuestAddress(0), size)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use virtio_queue::{QueueOwnedT, QueueT};
+
+    #[test]
+    fn driver_chain_reaches_device_and_used_ring_comes_back() {
+        let mem = guest_memory(1 << 20).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
+        drv.init_with_queue_size(1 << 32, Some(8)).unwrap();
+
+        let a = drv.alloc(100, 8).unwrap();
+        let b = drv.alloc(200, 8).unwrap();
+        drv.write_mem(a, b"hello").unwrap();
+        let head = drv
+            .submit(1, &[Segment::readable(a, 5), Segment::writable(b, 200)])
+            .unwrap();
+        assert_eq!(drv.free_descriptors(1).unwrap(), 6);
+        assert_eq!(dev.lock().unwrap().queue_evts[1].read().unwrap(), 1);
+
+        // Device side: pop the chain with virtio-queue and return it.
+        let mut d = dev.lock().unwrap();
+        let q = &mut d.queues[1];
+        let chain = q.iter(&mem).unwrap().next().unwrap();
+        let descs: Vec<_> = chain.clone().collect();
+        assert_eq!(descs.len(), 2);
+        assert_eq!(descs[0].addr(), a);
+        assert_eq!(descs[0].len(), 5);
+        assert!(!descs[0].is_write_only());
+        assert_eq!(descs[1].addr(), b);
+        assert!(descs[1].is_write_only());
+        q.add_used(&mem, chain.head_index(), 42).unwrap();
+        drop(d);
+
+        assert_eq!(
+            drv.used(1).unwrap(),
+            vec![UsedElem {
+                id: u32::from(head),
+                len: 42
+            }]
+        );
+        assert!(drv.used(1).unwrap().is_empty());
+        assert_eq!(drv.free_descriptors(1).unwrap(), 8);
+    }
+
+    #[test]
+    fn descriptors_recycle_across_many_chains() {
+        let mem = guest_memory(1 << 20).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
+        drv.init_with_queue_size(1 << 32, Some(4)).unwrap();
+        let buf = drv.alloc(64, 8).unwrap();
+        // 3 × size chains of 2 descriptors wrap the avail and used rings.
+        for i in 0..12u32 {
+            drv.submit(0, &[Segment::readable(buf, 1), Segment::writable(buf, 2)])
+                .unwrap();
+            let mut d = dev.lock().unwrap();
+            let q = &mut d.queues[0];
+            let chain = q.iter(&mem).unwrap().next().unwrap();
+            q.add_used(&mem, chain.head_index(), i).unwrap();
+            drop(d);
+            let used = drv.used(0).unwrap();
+            assert_eq!(used.len(), 1);
+            assert_eq!(used[0].len, i);
+        }
+        assert_eq!(drv.free_descriptors(0).unwrap(), 4);
+        assert_eq!(drv.used_idx(0).unwrap(), 12);
+        assert_eq!(drv.avail_idx(0).unwrap(), 12);
+    }
+
+    #[test]
+    fn chain_larger_than_free_descriptors_is_refused() {
+        let mem = guest_memory(1 << 20).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev).unwrap();
+        let mut drv = MockDriver::new(mem, t).unwrap();
+        drv.init_with_queue_size(1 << 32, Some(2)).unwrap();
+        let s = Segment::readable(GuestAddress(0), 1);
+        assert!(matches!(
+            drv.add_chain(0, &[s, s, s]),
+            Err(DriverError::NoFreeDescriptors {
+                needed: 3,
+                free: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            drv.add_chain(0, &[]),
+            Err(DriverError::EmptyChain)
+        ));
+        assert!(matches!(
+            drv.add_chain(5, &[s]),
+            Err(DriverError::NoSuchQueue(5))
+        ));
+    }
+
+    #[test]
+    fn event_idx_fields_are_where_the_device_looks() {
+        let mem = guest_memory(1 << 20).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
+        drv.init_with_queue_size((1 << 32) | (1 << 29), Some(16))
+            .unwrap();
+        drv.set_used_event(0, 7).unwrap();
+        assert_eq!(drv.used_event(0).unwrap(), 7);
+        let mut d = dev.lock().unwrap();
+        let q = &mut d.queues[0];
+        assert!(q.event_idx_enabled());
+        // With EVENT_IDX, enable_notification writes next_avail to avail_event.
+        q.set_next_avail(5);
+        q.enable_notification(&mem).unwrap();
+        drop(d);
+        assert_eq!(drv.avail_event(0).unwrap(), 5);
+    }
+
+    #[test]
+    fn bump_allocator_aligns_and_runs_out() {
+        let mem = guest_memory(0x10000).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev).unwrap();
+        let mut drv = MockDriver::with_alloc_range(mem, t, GuestAddress(0x1001), 0x2000);
+        assert_eq!(drv.alloc(3, 1).unwrap(), GuestAddress(0x1001));
+        assert_eq!(drv.alloc(8, 64).unwrap(), GuestAddress(0x1040));
+        assert!(matches!(
+            drv.alloc(0x2000, 1),
+            Err(DriverError::OutOfGuestMemory { len: 0x2000 })
+        ));
+        assert!(matches!(drv.alloc(1, 0), Ok(GuestAddress(0x1048))));
+    }
+}
