@@ -97,7 +97,6 @@ macro_rules! warn_ratelimited {
         }
     }};
 }
-#[allow(unused_imports)] // Used by the legacy devices.
 pub(crate) use warn_ratelimited;
 
 /// Errors creating a [`MmioTransport`]. Nothing the guest does produces one.
