@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Per-vCPU CPUID adjustments on top of `KVM_GET_SUPPORTED_CPUID`.
+//!
+//! KVM's supported list describes the host: its APIC ids, core counts and cache sharing are
+//! the host's, identical for every vCPU. Linux derives its CPU topology from these leaves, and
+//! with two vCPUs reporting the same APIC id it refuses to bring up the second one. So each
+//! vCPU gets its own APIC id, and the topology leaves describe one socket with `nr_vcpus`
+//! single-threaded cores, matching the processor entries of the MP table
+//! ([`crate::x86_64::mptable`], where APIC id = vCPU index). Every other leaf is left exactly as
+//! KVM reported it.
+//!
+//! Leaf 1 ECX bit 24 (TSC-deadline timer) is left as KVM reports it. Hosts before Linux 6.14
+//! never report it (it depends on the in-kernel LAPIC; a VMM may set it after checking
+//! `KVM_CAP_TSC_DEADLINE_TIMER`); newer hosts report it unconditionally (KVM commit
+//! 9be4ec35d668), which is correct for minivmm because it always creates the in-kernel
+//! irqchip. Without the bit Linux simply uses the LAPIC one-shot timer, so there is nothing
+//! to clear.
+
+use kvm_bindings::{kvm_cpuid_entry2, CpuId};
+
+/// Leaf 1 ECX bit 31: running under a hypervisor. Linux checks it before probing the
+/// hypervisor leaves at 0x4000_0000 and to pick paravirtual defaults.
+pub const ECX_HYPERVISOR_BIT: u32 = 1 << 31;
+/// Leaf 1 EDX bit 28: EBX bits 23..16 holds a valid logical-processor count.
+pub const EDX_HTT_BIT: u32 = 1 << 28;
+
+/// x2APIC topology level type "SMT" (leaf 0xb/0x1f ECX[15:8]).
+const LEVEL_TYPE_SMT: u32 = 1;
+/// x2APIC topology level type "Core".
+const LEVEL_TYPE_CORE: u32 = 2;
+
+/// "AuthenticAMD" in leaf 0 EBX.
+const AMD_VENDOR_EBX: u32 = 0x6874_7541;
+
+/// Number of APIC-id bits needed to number `count` cores: ceil(log2(count)).
+fn apic_id_bits(count: u32) -> u32 {
+    if count <= 1 {
+        0
+    } else {
+        32 - (count - 1).leading_zeros()
+    }
+}
+
+/// Leaf 1: initial APIC id, logical-processor count, hypervisor bit.
+fn update_leaf1(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8) {
+    // Keep EBX[15:0] (brand index, CLFLUSH line size).
+    entry.ebx =
+        (entry.ebx & 0x0000_ffff) | (u32::from(vcpu_id) << 24) | (u32::from(nr_vcpus) << 16);
+    entry.ecx |= ECX_HYPERVISOR_BIT;
+    if nr_vcpus > 1 {
+        entry.edx |= EDX_HTT_BIT;
+    } else {
+        entry.edx &= !EDX_HTT_BIT;
+    }
+}
+
+/// Leaf 4 (Intel deterministic cache parameters), one entry per cache.
+fn update_leaf4(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
+    // Cache type 0 terminates the list; that entry carries no topology.
+    if entry.eax & 0x1f == 0 {
+        return;
+    }
+    let level = (entry.eax >> 5) & 0x7;
+    let cores_minus_one = u32::from(nr_vcpus - 1).min(0x3f);
+    // One thread per core: L1/L2 are private, L3 is shared by the whole package.
+    let sharing_minus_one = if level >= 3 {
+        u32::from(nr_vcpus - 1)
+    } else {
+        0
+    };
+    entry.eax = (entry.eax & 0x0000_3fff) | (sharing_minus_one << 14) | (cores_minus_one << 26);
+}
+
+/// Leaves 0xb and 0x1f (extended topology): SMT level of one thread, core level of
+/// `nr_vcpus` cores, x2APIC id = vCPU index in every subleaf.
+fn update_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8) {
+    let index = entry.index;
+    match index {
+        0 => {
+            entry.eax = 0;
+            entry.ebx = 1;
+            entry.ecx = (LEVEL_TYPE_SMT << 8) | index;
+        }
+        1 => {
+            entry.eax = apic_id_bits(u32::from(nr_vcpus));
+            entry.ebx = u32::from(nr_vcpus);
+            entry.ecx = (LEVEL_TYPE_CORE << 8) | index;
+        }
+        _ => {
+            // Level type 0: no further levels.
+            entry.eax = 0;
+            entry.ebx = 0;
+            entry.ecx = index & 0xff;
+        }
+    }
+    entry.edx = u32::from(vcpu_id);
+}
+
+/// Leaf 0x8000_0008 on AMD: ECX[7:0] = cores per package - 1; ApicIdSize (ECX[15:12]) is
+/// cleared so Linux derives it from that count.
+fn update_amd_size_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
+    entry.ecx = (entry.ecx & !0xf0ff) | u32::from(nr_vcpus - 1);
+}
+
+/// Leaf 0x8000_001e on AMD (extended APIC id, compute unit id, node id).
+fn update_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8) {
+    entry.eax = u32::from(vcpu_id);
+    // Threads per compute unit - 1 = 0 in EBX[15:8]; compute unit id = vCPU index.
+    entry.ebx = u32::from(vcpu_id);
+    // One node, node id 0.
+    entry.ecx = 0;
+}
+
+/// Adjusts KVM's supported CPUID for vCPU `vcpu_id` of `nr_vcpus` (see the module docs).
+///
+/// `nr_vcpus` of 0 is treated as 1. Subleaves are rewritten only where KVM reported them;
+/// none are added.
+pub fn filter_cpuid(cpuid: &mut CpuId, vcpu_id: u8, nr_vcpus: u8) {
+    let nr_vcpus = nr_vcpus.max(1);
+    let is_amd = cpuid
+        .as_slice()
+        .iter()
+        .any(|e| e.function == 0 && e.ebx == AMD_VENDOR_EBX);
+
+    for entry in cpuid.as_mut_slice() {
+        match entry.function {
+            0x1 => update_leaf1(entry, vcpu_id, nr_vcpus),
+            0x4 => update_leaf4(entry, nr_vcpus),
+            0xb | 0x1f => update_topology_leaf(entry, vcpu_id, nr_vcpus),
+            0x8000_0008 if is_amd => update_amd_size_leaf(entry, nr_vcpus),
+            0x8000_001e if is_amd => update_amd_topology_leaf(entry, vcpu_id),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::KVM_CPUID_FLAG_SIGNIFCANT_INDEX;
+
+    fn leaf(function: u32, index: u32, eax: u32, ebx: u32, ecx: u32, edx: u32) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            flags: if matches!(function, 0x4 | 0xb | 0x1f) {
+                KVM_CPUID_FLAG_SIGNIFCANT_INDEX
+            } else {
+                0
+            },
+            eax,
+            ebx,
+            ecx,
+            edx,
+            ..Default::default()
+        }
+    }
+
+    /// A host-like list: Intel vendor, host APIC id 7 on 16 logical CPUs.
+    fn intel_cpuid() -> CpuId {
+        CpuId::from_entries(&[
+            // "GenuineIntel"
+            leaf(0x0, 0, 0x1f, 0x756e_6547, 0x6c65_746e, 0x4965_6e69),
+            leaf(0x1, 0, 0x000906ea, 0x0710_0800, 0x7ffa_fbff, 0xbfeb_fbff),
+            leaf(0x4, 0, 0x1c00_4121, 0x01c0_003f, 0x3f, 0),
+            leaf(0x4, 1, 0x1c00_4122, 0x01c0_003f, 0x3f, 0),
+            leaf(0x4, 2, 0x1c00_4143, 0x00c0_003f, 0x3ff, 0),
+            leaf(0x4, 3, 0x1c03_c163, 0x03c0_003f, 0x2fff, 0x6),
+            leaf(0x4, 4, 0, 0, 0, 0),
+            leaf(0xb, 0, 1, 2, 0x100, 7),
+            leaf(0xb, 1, 4, 16, 0x201, 7),
+            leaf(0xb, 2, 0, 0, 2, 7),
+            leaf(0x8000_0008, 0, 0x3027, 0, 0, 0),
+        ])
+        .unwrap()
+    }
+
+    fn get(cpuid: &CpuId, function: u32, index: u32) -> kvm_cpuid_entry2 {
+        *cpuid
+            .as_slice()
+            .iter()
+            .find(|e| e.function == function && e.index == index)
+            .unwrap()
+    }
+
+    #[test]
+    fn apic_ids_per_vcpu() {
+        for vcpu in 0..4u8 {
+            let mut cpuid = intel_cpuid();
+            filter_cpuid(&mut cpuid, vcpu, 4);
+            let l1 = get(&cpuid, 1, 0);
+            assert_eq!(l1.ebx >> 24, u32::from(vcpu));
+            assert_eq!((l1.ebx >> 16) & 0xff, 4);
+            // CLFLUSH size kept.
+            assert_eq!(l1.ebx & 0xffff, 0x0800);
+            for sub in 0..3 {
+                assert_eq!(get(&cpuid, 0xb, sub).edx, u32::from(vcpu));
+            }
+        }
+    }
+
+    #[test]
+    fn hypervisor_and_htt_bits() {
+        let mut cpuid = intel_cpuid();
+        filter_cpuid(&mut cpuid, 0, 2);
+        let l1 = get(&cpuid, 1, 0);
+        assert_ne!(l1.ecx & ECX_HYPERVISOR_BIT, 0);
+        assert_ne!(l1.edx & EDX_HTT_BIT, 0);
+        // Other feature bits untouched.
+        assert_eq!(l1.ecx & !ECX_HYPERVISOR_BIT, 0x7ffa_fbff);
+
+        let mut cpuid = intel_cpuid();
+        filter_cpuid(&mut cpuid, 0, 1);
+        assert_eq!(get(&cpuid, 1, 0).edx & EDX_HTT_BIT, 0);
+    }
+
+    #[test]
+    fn extended_topology_levels() {
+        let mut cpuid = intel_cpuid();
+        filter_cpuid(&mut cpuid, 2, 3);
+        let smt = get(&cpuid, 0xb, 0);
+        assert_eq!((smt.eax, smt.ebx, smt.ecx), (0, 1, 0x100));
+        let core = get(&cpuid, 0xb, 1);
+        // 3 cores need 2 APIC-id bits.
+        assert_eq!((core.eax, core.ebx, core.ecx), (2, 3, 0x201));
+        let end = get(&cpuid, 0xb, 2);
+        assert_eq!((end.eax, end.ebx, end.ecx), (0, 0, 2));
+    }
+
+    #[test]
+    fn cache_leaf_cores_and_sharing() {
+        let mut cpuid = intel_cpuid();
+        filter_cpuid(&mut cpuid, 0, 4);
+        for sub in 0..3 {
+            let e = get(&cpuid, 4, sub);
+            assert_eq!(e.eax >> 26, 3, "cores per package - 1, subleaf {sub}");
+            assert_eq!((e.eax >> 14) & 0xfff, 0, "L1/L2 private, subleaf {sub}");
+        }
+        let l3 = get(&cpuid, 4, 3);
+        assert_eq!(l3.eax >> 26, 3);
+        assert_eq!((l3.eax >> 14) & 0xfff, 3);
+        // Cache type/level bits kept.
+        assert_eq!(l3.eax & 0x3fff, 0x0163);
+        // Terminator untouched.
+        assert_eq!(get(&cpuid, 4, 4).eax, 0);
+    }
+
+    #[test]
+    fn amd_leaves_only_on_amd() {
+        // Intel: 0x8000_0008 ECX untouched.
+        let mut cpuid = intel_cpuid();
+        filter_cpuid(&mut cpuid, 1, 4);
+        assert_eq!(get(&cpuid, 0x8000_0008, 0).ecx, 0);
+
+        let mut cpuid = CpuId::from_entries(&[
+            // "AuthenticAMD"
+            leaf(0x0, 0, 0x10, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
+            leaf(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
+            leaf(0x8000_001e, 0, 9, 0x104, 0x300, 0),
+        ])
+        .unwrap();
+        filter_cpuid(&mut cpuid, 1, 4);
+        assert_eq!(get(&cpuid, 0x8000_0008, 0).ecx, 3);
+        let t = get(&cpuid, 0x8000_001e, 0);
+        assert_eq!((t.eax, t.ebx, t.ecx), (1, 1, 0));
+    }
+
+    #[test]
+    fn zero_vcpus_treated_as_one() {
+        let mut cpuid = intel_cpuid();
+        filter_cpuid(&mut cpuid, 0, 0);
+        assert_eq!((get(&cpuid, 1, 0).ebx >> 16) & 0xff, 1);
+        assert_eq!(get(&cpuid, 0xb, 1).ebx, 1);
+    }
+
+    #[test]
+    fn apic_id_bit_counts() {
+        assert_eq!(apic_id_bits(1), 0);
+        assert_eq!(apic_id_bits(2), 1);
+        assert_eq!(apic_id_bits(3), 2);
+        assert_eq!(apic_id_bits(4), 2);
+        assert_eq!(apic_id_bits(5), 3);
+        assert_eq!(apic_id_bits(255), 8);
+    }
+}
