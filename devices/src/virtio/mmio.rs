@@ -681,6 +681,13 @@ mod tests {
     }
 
     #[test]
+    fn transport_and_driver_can_move_to_another_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<MmioTransport>();
+        assert_send::<MockDriver>();
+    }
+
+    #[test]
     fn identity_registers() {
         let mut f = fixture();
         assert_eq!(f.read(REG_MAGIC_VALUE), 0x7472_6976);

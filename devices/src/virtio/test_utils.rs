@@ -511,13 +511,6 @@ impl MockDriver {
             .ok_or(DriverError::NoSuchQueue(index))
     }
 
-    fn queue_mut(&mut self, index: usize) -> Result<&mut DriverQueue, DriverError> {
-        self.queues
-            .get_mut(index)
-            .and_then(Option::as_mut)
-            .ok_or(DriverError::NoSuchQueue(index))
-    }
-
     /// Writes a descriptor chain of `segments` and puts its head in the next
     /// avail slot, without publishing it. Returns the head index, which is
     /// the `id` the device returns in the used ring.
@@ -525,20 +518,26 @@ impl MockDriver {
         if segments.is_empty() {
             return Err(DriverError::EmptyChain);
         }
-        let mem = self.mem.clone();
-        let q = self.queue_mut(index)?;
-        if q.free.len() < segments.len() {
+        // Borrow the fields apart: cloning `mem` would allocate on every
+        // chain, which the benchmark harness would then measure.
+        let mem = &self.mem;
+        let q = queue_in(&mut self.queues, index)?;
+        let Some(&head) = q.free.last().filter(|_| q.free.len() >= segments.len()) else {
             return Err(DriverError::NoFreeDescriptors {
                 queue: index,
                 needed: segments.len(),
                 free: q.free.len(),
             });
+        };
+        // A free head's chain vector is empty but keeps its capacity, so
+        // steady-state submission does not allocate.
+        let mut chain = std::mem::take(&mut q.chains[usize::from(head)]);
+        chain.clear();
+        for _ in segments {
+            chain.extend(q.free.pop());
         }
-        let split = q.free.len() - segments.len();
-        // Reversed so the chain uses the descriptors in allocation order.
-        let descs: Vec<u16> = q.free.split_off(split).into_iter().rev().collect();
-        for (i, (seg, &d)) in segments.iter().zip(&descs).enumerate() {
-            let next = descs.get(i + 1).copied();
+        for (i, (seg, &d)) in segments.iter().zip(&chain).enumerate() {
+            let next = chain.get(i + 1).copied();
             let mut flags = if seg.device_writable {
                 VIRTQ_DESC_F_WRITE
             } else {
@@ -553,22 +552,25 @@ impl MockDriver {
             raw[8..12].copy_from_slice(&seg.len.to_le_bytes());
             raw[12..14].copy_from_slice(&flags.to_le_bytes());
             raw[14..16].copy_from_slice(&next.unwrap_or(0).to_le_bytes());
-            mem.write_slice(&raw, q.layout.desc_addr(d))?;
+            if let Err(e) = mem.write_slice(&raw, q.layout.desc_addr(d)) {
+                // Give the descriptors back so the queue stays consistent.
+                q.free.extend(chain.drain(..).rev());
+                q.chains[usize::from(head)] = chain;
+                return Err(e.into());
+            }
         }
-        let head = descs[0];
+        q.chains[usize::from(head)] = chain;
         mem.write_obj(head.to_le(), q.layout.avail_slot_addr(q.next_avail))?;
         q.next_avail = q.next_avail.wrapping_add(1);
-        q.chains[usize::from(head)] = descs;
         Ok(head)
     }
 
     /// Makes every chain added so far visible to the device (avail idx store
     /// with release ordering, after the ring writes).
     pub fn publish(&mut self, index: usize) -> Result<(), DriverError> {
-        let mem = self.mem.clone();
         let q = self.queue(index)?;
         fence(Ordering::SeqCst);
-        mem.store(
+        self.mem.store(
             q.next_avail.to_le(),
             q.layout.avail_idx_addr(),
             Ordering::Release,
@@ -610,10 +612,22 @@ impl MockDriver {
     /// Used-ring entries added since the last call, oldest first. Their
     /// chains' descriptors become free for reuse.
     pub fn used(&mut self, index: usize) -> Result<Vec<UsedElem>, DriverError> {
-        let used_idx = self.used_idx(index)?;
-        let mem = self.mem.clone();
-        let q = self.queue_mut(index)?;
         let mut out = Vec::new();
+        self.used_into(index, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`used`](Self::used) appending to `out`, for loops that should not
+    /// allocate. Returns how many entries were appended.
+    pub fn used_into(
+        &mut self,
+        index: usize,
+        out: &mut Vec<UsedElem>,
+    ) -> Result<usize, DriverError> {
+        let used_idx = self.used_idx(index)?;
+        let mem = &self.mem;
+        let q = queue_in(&mut self.queues, index)?;
+        let before = out.len();
         while q.last_used != used_idx {
             let slot = q.layout.used_slot_addr(q.last_used);
             let id = u32::from_le(mem.read_obj(slot)?);
@@ -621,12 +635,12 @@ impl MockDriver {
             // An id that is not an outstanding head is a device bug; the test
             // sees it in the returned entry, the driver frees nothing.
             if let Some(chain) = usize::try_from(id).ok().and_then(|i| q.chains.get_mut(i)) {
-                q.free.append(chain);
+                q.free.extend(chain.drain(..).rev());
             }
             out.push(UsedElem { id, len });
             q.last_used = q.last_used.wrapping_add(1);
         }
-        Ok(out)
+        Ok(out.len() - before)
     }
 
     /// The used ring's flags (VIRTQ_USED_F_NO_NOTIFY).
@@ -684,6 +698,16 @@ impl MockDriver {
     pub fn take_irq_count(&self) -> u64 {
         self.transport.interrupt_evt().read().unwrap_or(0)
     }
+}
+
+fn queue_in(
+    queues: &mut [Option<DriverQueue>],
+    index: usize,
+) -> Result<&mut DriverQueue, DriverError> {
+    queues
+        .get_mut(index)
+        .and_then(Option::as_mut)
+        .ok_or(DriverError::NoSuchQueue(index))
 }
 
 /// A device that does nothing but record what the transport did to it.
@@ -884,6 +908,35 @@ mod tests {
         assert_eq!(drv.free_descriptors(0).unwrap(), 4);
         assert_eq!(drv.used_idx(0).unwrap(), 12);
         assert_eq!(drv.avail_idx(0).unwrap(), 12);
+    }
+
+    #[test]
+    fn out_of_order_completion_frees_the_right_descriptors() {
+        let mem = guest_memory(1 << 20).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
+        drv.init_with_queue_size(1 << 32, Some(4)).unwrap();
+        let s = Segment::writable(GuestAddress(0x1000), 1);
+        let a = drv.add_chain(0, &[s, s]).unwrap();
+        let b = drv.add_chain(0, &[s]).unwrap();
+        drv.publish(0).unwrap();
+        assert_eq!((a, b), (0, 2));
+        {
+            let mut d = dev.lock().unwrap();
+            let q = &mut d.queues[0];
+            q.add_used(&mem, b, 1).unwrap();
+        }
+        assert_eq!(drv.used(0).unwrap(), vec![UsedElem { id: 2, len: 1 }]);
+        assert_eq!(drv.free_descriptors(0).unwrap(), 2);
+        // Only descriptors 2 and 3 are free: a 3-descriptor chain must wait.
+        assert!(drv.add_chain(0, &[s, s, s]).is_err());
+        let c = drv.add_chain(0, &[s, s]).unwrap();
+        assert_eq!(c, 2);
+        let desc = drv.layout(0).unwrap().desc_table;
+        // Descriptor 2, returned with `b`, heads the new chain and links to 3.
+        let next: u16 = mem.read_obj(desc.unchecked_add(16 * 2 + 14)).unwrap();
+        assert_eq!(next, 3);
     }
 
     #[test]
