@@ -76,6 +76,12 @@ const REG_QUEUE_DRIVER_LOW: u64 = 0x90;
 const REG_QUEUE_DRIVER_HIGH: u64 = 0x94;
 const REG_QUEUE_DEVICE_LOW: u64 = 0xa0;
 const REG_QUEUE_DEVICE_HIGH: u64 = 0xa4;
+// Shared memory regions (virtio 1.2 §4.2.2); no device here has any.
+const REG_SHM_SEL: u64 = 0xac;
+const REG_SHM_LEN_LOW: u64 = 0xb0;
+const REG_SHM_LEN_HIGH: u64 = 0xb4;
+const REG_SHM_BASE_LOW: u64 = 0xb8;
+const REG_SHM_BASE_HIGH: u64 = 0xbc;
 const REG_CONFIG_GENERATION: u64 = 0xfc;
 /// Start of the device-specific configuration space.
 pub const CONFIG_SPACE_OFFSET: u64 = 0x100;
@@ -345,6 +351,9 @@ impl MmioTransport {
             REG_INTERRUPT_STATUS => self.interrupt.status.load(Ordering::SeqCst),
             REG_STATUS => self.status,
             REG_CONFIG_GENERATION => self.config_generation,
+            // All-ones length and base mean "no such region", which Linux
+            // checks before using one.
+            REG_SHM_LEN_LOW | REG_SHM_LEN_HIGH | REG_SHM_BASE_LOW | REG_SHM_BASE_HIGH => u32::MAX,
             _ => {
                 warn_ratelimited!(
                     "virtio-mmio: read of unknown or write-only register {offset:#x}"
@@ -385,6 +394,7 @@ impl MmioTransport {
                 self.interrupt.status.fetch_and(!value, Ordering::SeqCst);
             }
             REG_STATUS => self.write_status(value),
+            REG_SHM_SEL => {}
             REG_QUEUE_DESC_LOW => self.update_queue(offset, |q| set_low(&mut q.desc_table, value)),
             REG_QUEUE_DESC_HIGH => {
                 self.update_queue(offset, |q| set_high(&mut q.desc_table, value))
@@ -696,6 +706,9 @@ mod tests {
         assert_eq!(f.read(REG_VENDOR_ID), MMIO_VENDOR_ID);
         assert_eq!(f.read(REG_CONFIG_GENERATION), 0);
         assert_eq!(f.read(REG_STATUS), 0);
+        f.write(REG_SHM_SEL, 0);
+        assert_eq!(f.read(REG_SHM_LEN_LOW), u32::MAX);
+        assert_eq!(f.read(REG_SHM_LEN_HIGH), u32::MAX);
     }
 
     #[test]
