@@ -1,2 +1,302 @@
 // SPDX-License-Identifier: Apache-2.0
-fn main() {}
+//! `mvperf`: a netperf-style network load tool, one static binary for host and guest.
+//!
+//! `mvperf server` plays netperf's `netserver`; `mvperf -t TEST -H HOST -l SECONDS` runs one
+//! client test (TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM, UDP_RR) and prints netperf-like text
+//! or, with `--json`, one JSON object. Only std networking is used (no NSS, no async runtime) so
+//! the binary links statically and runs in a busybox initramfs.
+//!
+//! Exit status: 0 when the test completed with traffic, 1 when it did not (server unreachable,
+//! refused, vanished, silent past `-l` + grace, or nothing got through), 2 for a bad command
+//! line. Every failure is one line on stderr.
+#![deny(unsafe_code)]
+
+mod client;
+mod proto;
+mod report;
+mod server;
+mod sockopt;
+mod stats;
+
+use std::net::IpAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{error::ErrorKind, Parser, Subcommand};
+
+use crate::proto::{TestKind, TestParams, DEFAULT_PORT};
+
+const AFTER_HELP: &str = "\
+Tests (-t, netperf names, case-insensitive):
+  TCP_STREAM   client sends a TCP stream to the server; throughput = bytes the server received
+  TCP_MAERTS   server sends a TCP stream to the client (STREAM reversed)
+  TCP_RR       TCP request/response, one transaction in flight; latency per transaction
+  UDP_STREAM   client sends UDP datagrams; throughput = bytes the server received (loss shown)
+  UDP_RR       UDP request/response; a request unanswered within --udp-timeout-ms counts as lost
+
+Server:
+  mvperf server [--port 12865] [--bind 0.0.0.0]
+      Serves clients forever (one thread per test). Prints
+      'mvperf server listening on ADDR:PORT' on stdout once bound; --port 0 picks a free port.
+
+Examples:
+  mvperf server
+  mvperf -t TCP_STREAM -H 10.0.0.2 -l 10
+  mvperf -t TCP_RR -H 10.0.0.2 -l 5 -r 64,1024 --json
+  mvperf -H 10.0.0.2 -t UDP_STREAM -- -m 1024     (netperf-style test-specific options)
+
+--json prints one object: throughput_mbps for STREAM tests; transactions_per_s and
+latency_us {mean,p50,p99,min,max} for RR tests; plus test, bytes, elapsed_s, transactions, ...
+Exit status: 0 test completed with traffic, 1 test failed, 2 bad arguments.";
+
+/// A netperf-style network load tool (client tests and `server` mode).
+#[derive(Debug, Parser)]
+#[command(
+    name = "mvperf",
+    version,
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// Test to run: TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM or UDP_RR.
+    #[arg(
+        short = 't',
+        long = "test",
+        value_name = "TEST",
+        default_value = "TCP_STREAM"
+    )]
+    test: TestKind,
+
+    /// Server host: a numeric IPv4/IPv6 address (names are resolved through libc).
+    #[arg(short = 'H', long = "host", value_name = "HOST", required = true)]
+    host: Option<String>,
+
+    /// Test length in seconds.
+    #[arg(short = 'l', long = "length", value_name = "SECONDS", default_value = "10",
+          value_parser = parse_secs)]
+    length: f64,
+
+    /// Server control port.
+    #[arg(short = 'p', long = "port", value_name = "PORT", default_value_t = DEFAULT_PORT)]
+    port: u16,
+
+    #[command(flatten)]
+    sizes: SizeArgs,
+
+    /// Print one JSON object on stdout instead of netperf-like text.
+    #[arg(long)]
+    json: bool,
+
+    /// Extra seconds allowed beyond -l (and for connecting) before a silent server is an error.
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = parse_secs)]
+    grace: f64,
+
+    /// UDP_RR: milliseconds to wait for a response before counting the transaction as lost.
+    #[arg(long = "udp-timeout-ms", value_name = "MS", default_value_t = 250,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    udp_timeout_ms: u64,
+
+    /// netperf-style test-specific options after `--`: -m SIZE, -r REQ,RESP.
+    #[arg(last = true, value_name = "TEST-OPTIONS", allow_hyphen_values = true)]
+    test_options: Vec<String>,
+}
+
+/// Message and request/response sizes, accepted before or after `--`.
+#[derive(Debug, Clone, Default, clap::Args)]
+struct SizeArgs {
+    /// STREAM tests: bytes per send (default 16384 for TCP, 1472 for UDP: one frame at MTU 1500).
+    #[arg(short = 'm', long = "message-size", value_name = "BYTES", value_parser = parse_size)]
+    msg_size: Option<usize>,
+
+    /// RR tests: request and response sizes in bytes, "REQ,RESP" or "N" for both (default 1,1).
+    #[arg(short = 'r', long = "request-response", value_name = "REQ,RESP",
+          value_parser = parse_rr)]
+    rr: Option<(usize, usize)>,
+}
+
+/// Parser for the options after `--`.
+#[derive(Debug, Parser)]
+#[command(name = "mvperf -- ", no_binary_name = true, disable_help_flag = true)]
+struct TestOptions {
+    #[command(flatten)]
+    sizes: SizeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server (netserver): accept tests from clients forever.
+    Server {
+        /// Control port to listen on (0 = any free port, printed on stdout).
+        #[arg(short = 'p', long, value_name = "PORT", default_value_t = DEFAULT_PORT)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(short = 'b', long, value_name = "ADDR", default_value = "0.0.0.0")]
+        bind: IpAddr,
+    },
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if v > 0.0 && v <= 86_400.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s} seconds is out of range (0 < s <= 86400)"))
+    }
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let v: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size in bytes"))?;
+    if v == 0 {
+        return Err("size must be at least 1 byte".into());
+    }
+    Ok(v)
+}
+
+fn parse_rr(s: &str) -> Result<(usize, usize), String> {
+    match s.split_once(',') {
+        Some((a, b)) => Ok((parse_size(a)?, parse_size(b)?)),
+        None => {
+            let v = parse_size(s)?;
+            Ok((v, v))
+        }
+    }
+}
+
+/// Prints a clap error as one line (exit 2), or help/version as clap would (exit 0).
+fn arg_error(e: clap::Error) -> ExitCode {
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    // clap's message is "error: ...", possibly with indented continuation lines, then a blank
+    // line and usage: keep the part before the blank line, joined into one line.
+    let text = e.to_string();
+    let msg: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let msg = msg.join(" ");
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    eprintln!("mvperf: {msg} (see mvperf --help)");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => return arg_error(e),
+    };
+    match cli.command {
+        Some(Command::Server { port, bind }) => {
+            let cfg = server::ServerConfig { bind, port };
+            if let Err(e) = server::run(&cfg) {
+                eprintln!("mvperf server: {e:#}");
+            }
+            // `run` returns only when it could not start.
+            ExitCode::FAILURE
+        }
+        None => {
+            let extra = if cli.test_options.is_empty() {
+                SizeArgs::default()
+            } else {
+                match TestOptions::try_parse_from(&cli.test_options) {
+                    Ok(t) => t.sizes,
+                    Err(e) => return arg_error(e),
+                }
+            };
+            match client_main(&cli, &extra) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mvperf: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn client_main(cli: &Cli, extra: &SizeArgs) -> Result<()> {
+    let host = cli
+        .host
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("-H HOST is required"))?;
+    let test = cli.test;
+    let default_msg = if test.is_udp() { 1472 } else { 16384 };
+    let (req_size, resp_size) = extra.rr.or(cli.sizes.rr).unwrap_or((1, 1));
+    let params = TestParams {
+        test,
+        duration: Duration::from_secs_f64(cli.length),
+        msg_size: extra.msg_size.or(cli.sizes.msg_size).unwrap_or(default_msg),
+        req_size,
+        resp_size,
+    };
+    params.validate()?;
+    let server = client::resolve(host, cli.port)?;
+    if !cli.json {
+        println!("{}", report::banner(test, host, &server));
+    }
+    let cfg = client::ClientConfig {
+        server,
+        params,
+        grace: Duration::from_secs_f64(cli.grace),
+        udp_timeout: Duration::from_millis(cli.udp_timeout_ms),
+    };
+    let outcome = client::run(&cfg)?;
+    if cli.json {
+        println!("{}", report::json(&outcome, host));
+    } else {
+        print!("{}", report::text(&outcome));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn size_parsers() {
+        assert_eq!(parse_rr("64,1024"), Ok((64, 1024)));
+        assert_eq!(parse_rr("32"), Ok((32, 32)));
+        assert!(parse_rr("1,x").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("-5").is_err());
+        assert!(parse_secs("0").is_err());
+        assert!(parse_secs("abc").is_err());
+        assert_eq!(parse_secs("1.5"), Ok(1.5));
+    }
+
+    #[test]
+    fn test_specific_options_after_double_dash() {
+        let cli = Cli::try_parse_from(["mvperf", "-H", "::1", "-t", "udp_rr", "--", "-r", "8,16"])
+            .expect("parses");
+        assert_eq!(cli.test, TestKind::UdpRr);
+        let t = TestOptions::try_parse_from(&cli.test_options).expect("test options");
+        assert_eq!(t.sizes.rr, Some((8, 16)));
+    }
+
+    #[test]
+    fn server_subcommand_needs_no_host() {
+        let cli = Cli::try_parse_from(["mvperf", "server", "--port", "0"]).expect("parses");
+        assert!(matches!(cli.command, Some(Command::Server { port: 0, .. })));
+        assert!(Cli::try_parse_from(["mvperf", "-t", "TCP_RR"]).is_err());
+    }
+}

@@ -1,0 +1,516 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Client mode: runs one test against an `mvperf server`.
+//!
+//! Honesty rules, which shape every test below:
+//! - Only completed work counts. STREAM throughput uses the bytes the *receiver* got (the server
+//!   reports its count for TCP_STREAM and UDP_STREAM); an RR transaction counts once its whole
+//!   response has arrived.
+//! - Nothing blocks without a timeout. Data-phase reads and writes time out after the grace
+//!   period; everything after the data phase shares one deadline, `-l` + grace. So a silent
+//!   peer costs at most `-l` + grace (+ grace for connecting), never a hang.
+//! - A peer that vanishes is an error with one line naming what was going on, not a result.
+
+use std::io::{self, Read, Write};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket,
+};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams};
+use crate::sockopt;
+use crate::stats::Histogram;
+
+/// Client configuration.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Server control address.
+    pub server: SocketAddr,
+    /// Test and sizes.
+    pub params: TestParams,
+    /// Bounded wait beyond the test length (and for each connect/step).
+    pub grace: Duration,
+    /// How long a UDP_RR request waits for its response before it counts as lost.
+    pub udp_timeout: Duration,
+}
+
+/// Socket buffer sizes of both ends, in bytes as the kernels report them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SockSizes {
+    /// Our send buffer.
+    pub local_send: u64,
+    /// Our receive buffer.
+    pub local_recv: u64,
+    /// The server's send buffer.
+    pub remote_send: u64,
+    /// The server's receive buffer.
+    pub remote_recv: u64,
+}
+
+/// What a STREAM test measured.
+#[derive(Debug, Clone, Default)]
+pub struct StreamResult {
+    /// Bytes the sender handed to its socket.
+    pub bytes_sent: u64,
+    /// Bytes the receiver actually got: the figure throughput is computed from.
+    pub bytes_received: u64,
+    /// Datagrams sent (UDP only).
+    pub messages_sent: u64,
+    /// Datagrams the server received (UDP only).
+    pub messages_received: u64,
+    /// Sends that failed with `ENOBUFS` (UDP only; netperf's "Errors").
+    pub send_errors: u64,
+}
+
+/// What an RR test measured.
+#[derive(Debug, Clone, Default)]
+pub struct RrResult {
+    /// Transactions whose response arrived.
+    pub transactions: u64,
+    /// UDP requests whose response never came within the timeout.
+    pub lost: u64,
+    /// UDP responses that arrived after their request had been given up.
+    pub late: u64,
+    /// Round-trip time of each completed transaction.
+    pub latency: Histogram,
+}
+
+/// Per-test measurements.
+#[derive(Debug, Clone)]
+pub enum Measured {
+    /// TCP_STREAM, TCP_MAERTS, UDP_STREAM.
+    Stream(StreamResult),
+    /// TCP_RR, UDP_RR.
+    Rr(RrResult),
+}
+
+/// The result of one test.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Test parameters as run.
+    pub params: TestParams,
+    /// Control address of the server.
+    pub server: SocketAddr,
+    /// Measured data-phase time (for TCP_STREAM: until the server confirmed receipt).
+    pub elapsed: Duration,
+    /// Socket buffer sizes.
+    pub sizes: SockSizes,
+    /// UDP_RR response timeout.
+    pub udp_timeout: Duration,
+    /// The counts.
+    pub measured: Measured,
+}
+
+/// Resolves `host` to one address. Numeric addresses never touch the resolver, which matters in
+/// a static binary inside a guest without NSS configuration.
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (bare, port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve host '{host}'"))?
+        .next()
+        .ok_or_else(|| anyhow!("host '{host}' has no address"))
+}
+
+/// Time left until `deadline`, or an error saying what we were waiting for.
+fn left(deadline: Instant, what: &str) -> Result<Duration> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d.is_zero() {
+        bail!("{what}: server stopped responding (test length plus grace exceeded)");
+    }
+    Ok(d)
+}
+
+/// Runs one test and returns its outcome. An error means the test did not complete (server
+/// unreachable, refused, vanished or silent, or nothing at all got through).
+pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
+    let g = cfg.grace;
+    let p = &cfg.params;
+    let ctrl_stream = TcpStream::connect_timeout(&cfg.server, g).map_err(|e| {
+        anyhow!(
+            "cannot connect to mvperf server at {}: {}",
+            cfg.server,
+            describe(&e, "server", g)
+        )
+    })?;
+    let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
+    ctrl.send(&p.to_json(), g)
+        .map_err(|e| anyhow!("sending test request: {}", describe(&e, "server", g)))?;
+    let reply = ctrl.recv(g).map_err(|e| {
+        anyhow!(
+            "waiting for the server to accept the test: {}",
+            describe(&e, "server", g)
+        )
+    })?;
+    if reply.get("ok").and_then(Value::as_bool) != Some(true) {
+        let why = reply
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("no reason given");
+        bail!("server refused the {} test: {why}", p.test);
+    }
+    let data_port = reply
+        .get("data_port")
+        .and_then(Value::as_u64)
+        .and_then(|v| u16::try_from(v).ok())
+        .ok_or_else(|| anyhow!("server reply has no valid data port: {reply}"))?;
+    let mut sizes = SockSizes {
+        remote_recv: reply.get("recv_buf").and_then(Value::as_u64).unwrap_or(0),
+        remote_send: reply.get("send_buf").and_then(Value::as_u64).unwrap_or(0),
+        ..SockSizes::default()
+    };
+    let data_addr = SocketAddr::new(cfg.server.ip(), data_port);
+    let (elapsed, measured) = match p.test {
+        TestKind::TcpStream => tcp_stream(cfg, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::TcpMaerts => tcp_maerts(cfg, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::TcpRr => tcp_rr(cfg, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::UdpStream => udp_stream(cfg, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::UdpRr => udp_rr(cfg, &mut ctrl, data_addr, &mut sizes)?,
+    };
+    match &measured {
+        Measured::Stream(s) if s.bytes_received == 0 => bail!(
+            "{}: no data reached the receiver in {:.2} s ({} bytes sent)",
+            p.test,
+            elapsed.as_secs_f64(),
+            s.bytes_sent
+        ),
+        Measured::Rr(r) if r.transactions == 0 => bail!(
+            "{}: no transaction completed in {:.2} s ({} lost)",
+            p.test,
+            elapsed.as_secs_f64(),
+            r.lost
+        ),
+        _ => {}
+    }
+    Ok(Outcome {
+        params: p.clone(),
+        server: cfg.server,
+        elapsed,
+        sizes,
+        udp_timeout: cfg.udp_timeout,
+        measured,
+    })
+}
+
+fn connect_data(cfg: &ClientConfig, addr: SocketAddr) -> Result<TcpStream> {
+    let g = cfg.grace;
+    let s = TcpStream::connect_timeout(&addr, g).map_err(|e| {
+        anyhow!(
+            "opening the data connection to {addr}: {}",
+            describe(&e, "server", g)
+        )
+    })?;
+    s.set_read_timeout(Some(g))?;
+    s.set_write_timeout(Some(g))?;
+    Ok(s)
+}
+
+fn report_u64(report: &Value, key: &str) -> Result<u64> {
+    report
+        .get(key)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| anyhow!("server results lack '{key}': {report}"))
+}
+
+fn tcp_stream(
+    cfg: &ClientConfig,
+    ctrl: &mut Control,
+    addr: SocketAddr,
+    sizes: &mut SockSizes,
+) -> Result<(Duration, Measured)> {
+    let g = cfg.grace;
+    let mut data = connect_data(cfg, addr)?;
+    sizes.local_send = sockopt::send_buf(&data);
+    sizes.local_recv = sockopt::recv_buf(&data);
+    let buf = vec![0x5au8; cfg.params.msg_size];
+    let start = Instant::now();
+    let end = start + cfg.params.duration;
+    let mut sent = 0u64;
+    while Instant::now() < end {
+        match data.write(&buf) {
+            Ok(0) => bail!("sending data: server closed the connection"),
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => bail!("sending data: {}", describe(&e, "server", g)),
+        }
+    }
+    data.shutdown(Shutdown::Write)
+        .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
+    // The server replies once it has read everything up to our FIN, so the elapsed time
+    // includes draining what was still queued: bytes and time describe the same delivery.
+    let hard = end + g;
+    let wait = left(hard, "waiting for results")?;
+    let report = ctrl
+        .recv(wait)
+        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
+    let elapsed = start.elapsed();
+    let received = report_u64(&report, "bytes")?;
+    if received > sent {
+        bail!("server claims {received} bytes but only {sent} were sent");
+    }
+    Ok((
+        elapsed,
+        Measured::Stream(StreamResult {
+            bytes_sent: sent,
+            bytes_received: received,
+            ..StreamResult::default()
+        }),
+    ))
+}
+
+fn tcp_maerts(
+    cfg: &ClientConfig,
+    ctrl: &mut Control,
+    addr: SocketAddr,
+    sizes: &mut SockSizes,
+) -> Result<(Duration, Measured)> {
+    let g = cfg.grace;
+    let mut data = connect_data(cfg, addr)?;
+    sizes.local_send = sockopt::send_buf(&data);
+    sizes.local_recv = sockopt::recv_buf(&data);
+    let mut buf = vec![0u8; cfg.params.msg_size.max(64 * 1024)];
+    let start = Instant::now();
+    let hard = start + cfg.params.duration + g;
+    let mut received = 0u64;
+    loop {
+        match data.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => received += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => bail!("receiving data: {}", describe(&e, "server", g)),
+        }
+        if Instant::now() > hard {
+            bail!("receiving data: server kept sending past the test length plus grace");
+        }
+    }
+    let elapsed = start.elapsed();
+    // A server killed mid-test also ends the stream with a FIN; only its report proves the
+    // stream ended because the test did.
+    let wait = left(hard, "waiting for results")?;
+    let report = ctrl
+        .recv(wait)
+        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
+    let sent = report_u64(&report, "bytes_sent")?;
+    if sent != received {
+        bail!("server sent {sent} bytes but {received} arrived");
+    }
+    Ok((
+        elapsed,
+        Measured::Stream(StreamResult {
+            bytes_sent: sent,
+            bytes_received: received,
+            ..StreamResult::default()
+        }),
+    ))
+}
+
+fn tcp_rr(
+    cfg: &ClientConfig,
+    ctrl: &mut Control,
+    addr: SocketAddr,
+    sizes: &mut SockSizes,
+) -> Result<(Duration, Measured)> {
+    let g = cfg.grace;
+    let mut data = connect_data(cfg, addr)?;
+    data.set_nodelay(true)?;
+    sizes.local_send = sockopt::send_buf(&data);
+    sizes.local_recv = sockopt::recv_buf(&data);
+    let req = vec![0x5au8; cfg.params.req_size];
+    let mut resp = vec![0u8; cfg.params.resp_size];
+    let mut r = RrResult::default();
+    let start = Instant::now();
+    let end = start + cfg.params.duration;
+    while Instant::now() < end {
+        let t = Instant::now();
+        data.write_all(&req)
+            .map_err(|e| anyhow!("sending request: {}", describe(&e, "server", g)))?;
+        match read_full(&mut data, &mut resp) {
+            Ok(true) => {}
+            Ok(false) => bail!("waiting for response: server went away (connection closed)"),
+            Err(e) => bail!("waiting for response: {}", describe(&e, "server", g)),
+        }
+        r.latency.record(t.elapsed());
+        r.transactions += 1;
+    }
+    let elapsed = start.elapsed();
+    data.shutdown(Shutdown::Write)
+        .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
+    let hard = end + g;
+    let wait = left(hard, "waiting for results")?;
+    let report = ctrl
+        .recv(wait)
+        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
+    let served = report_u64(&report, "transactions")?;
+    if served != r.transactions {
+        bail!(
+            "server served {served} transactions but {} completed here",
+            r.transactions
+        );
+    }
+    Ok((elapsed, Measured::Rr(r)))
+}
+
+fn udp_socket(cfg: &ClientConfig, addr: SocketAddr) -> Result<UdpSocket> {
+    let any: IpAddr = if addr.is_ipv6() {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
+    let s = UdpSocket::bind((any, 0)).context("binding the UDP socket")?;
+    // Connected, so an ICMP port unreachable (server gone) comes back as ECONNREFUSED.
+    s.connect(addr).context("connecting the UDP socket")?;
+    s.set_write_timeout(Some(cfg.grace))?;
+    s.set_read_timeout(Some(cfg.grace))?;
+    Ok(s)
+}
+
+/// Tells the server the UDP data phase is over and collects its counts.
+fn udp_finish(ctrl: &mut Control, hard: Instant) -> Result<Value> {
+    let wait = left(hard, "ending the test")?;
+    ctrl.send(&json!({"done": true}), wait)
+        .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
+    let wait = left(hard, "waiting for results")?;
+    ctrl.recv(wait)
+        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))
+}
+
+fn udp_stream(
+    cfg: &ClientConfig,
+    ctrl: &mut Control,
+    addr: SocketAddr,
+    sizes: &mut SockSizes,
+) -> Result<(Duration, Measured)> {
+    let g = cfg.grace;
+    let sock = udp_socket(cfg, addr)?;
+    sizes.local_send = sockopt::send_buf(&sock);
+    sizes.local_recv = sockopt::recv_buf(&sock);
+    let buf = vec![0x5au8; cfg.params.msg_size];
+    let mut s = StreamResult::default();
+    let start = Instant::now();
+    let end = start + cfg.params.duration;
+    while Instant::now() < end {
+        match sock.send(&buf) {
+            Ok(n) => {
+                s.messages_sent += 1;
+                s.bytes_sent += n as u64;
+            }
+            // A full device queue drops the datagram; netperf counts these as send errors.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => s.send_errors += 1,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => bail!("sending datagrams: {}", describe(&e, "server", g)),
+        }
+    }
+    let elapsed = start.elapsed();
+    let report = udp_finish(ctrl, end + g)?;
+    s.messages_received = report_u64(&report, "messages")?;
+    s.bytes_received = report_u64(&report, "bytes")?;
+    Ok((elapsed, Measured::Stream(s)))
+}
+
+fn udp_rr(
+    cfg: &ClientConfig,
+    ctrl: &mut Control,
+    addr: SocketAddr,
+    sizes: &mut SockSizes,
+) -> Result<(Duration, Measured)> {
+    let g = cfg.grace;
+    let p = &cfg.params;
+    let sock = udp_socket(cfg, addr)?;
+    sock.set_read_timeout(Some(cfg.udp_timeout))?;
+    sizes.local_send = sockopt::send_buf(&sock);
+    sizes.local_recv = sockopt::recv_buf(&sock);
+    // The first bytes of each request carry a sequence number that the server echoes, so a
+    // response that arrives after we gave up on it is not mistaken for the current one.
+    let seq_len = p.req_size.min(p.resp_size).min(8);
+    let mut req = vec![0x5au8; p.req_size];
+    let mut resp = vec![0u8; 65536];
+    let mut r = RrResult::default();
+    let start = Instant::now();
+    let end = start + p.duration;
+    let mut seq = 0u64;
+    while Instant::now() < end {
+        seq += 1;
+        let tag = seq.to_le_bytes();
+        req[..seq_len].copy_from_slice(&tag[..seq_len]);
+        let t = Instant::now();
+        match sock.send(&req) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                r.lost += 1;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => bail!("sending request: {}", describe(&e, "server", g)),
+        }
+        loop {
+            match sock.recv(&mut resp) {
+                Ok(n) if n == p.resp_size && resp[..seq_len] == tag[..seq_len] => {
+                    r.latency.record(t.elapsed());
+                    r.transactions += 1;
+                    break;
+                }
+                Ok(_) => {
+                    r.late += 1;
+                    if t.elapsed() >= cfg.udp_timeout {
+                        r.lost += 1;
+                        break;
+                    }
+                }
+                Err(e) if is_timeout(&e) => {
+                    r.lost += 1;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => bail!("waiting for response: {}", describe(&e, "server", g)),
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let report = udp_finish(ctrl, end + g)?;
+    let served = report_u64(&report, "transactions")?;
+    if served < r.transactions {
+        bail!(
+            "server answered {served} requests but {} responses arrived",
+            r.transactions
+        );
+    }
+    Ok((elapsed, Measured::Rr(r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_numeric_addresses_without_dns() {
+        assert_eq!(
+            resolve("127.0.0.1", 5).expect("v4"),
+            "127.0.0.1:5".parse::<SocketAddr>().expect("addr")
+        );
+        assert_eq!(
+            resolve("::1", 6).expect("v6"),
+            "[::1]:6".parse::<SocketAddr>().expect("addr")
+        );
+        assert_eq!(
+            resolve("[::1]", 7).expect("bracketed v6"),
+            "[::1]:7".parse::<SocketAddr>().expect("addr")
+        );
+    }
+
+    #[test]
+    fn left_errors_after_deadline() {
+        assert!(left(Instant::now() + Duration::from_secs(5), "x").is_ok());
+        let past = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let e = left(past, "waiting").expect_err("past");
+        assert!(e.to_string().contains("waiting"));
+    }
+}

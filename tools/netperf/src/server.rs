@@ -1,0 +1,384 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Server mode (`mvperf server`), the counterpart of netperf's `netserver`.
+//!
+//! The server accepts control connections forever and serves each on its own thread, so clients
+//! may run tests concurrently. Every blocking call of a session has a timeout derived from the
+//! test length, and a session's failure (a client that vanishes, a bogus request) ends only that
+//! session: it is logged as one line on stderr and the accept loop carries on.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams};
+use crate::sockopt;
+
+/// How long a client may take for each step that does not depend on the test length: sending
+/// its request, connecting the data socket, any single read or write in the data phase.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Slack beyond the test length before a session is abandoned as stuck.
+const SESSION_SLACK: Duration = Duration::from_secs(30);
+/// More concurrent sessions than this are refused, bounding threads and sockets.
+const MAX_SESSIONS: usize = 64;
+/// UDP receive timeout, the granularity at which a UDP worker notices it should stop.
+const UDP_POLL: Duration = Duration::from_millis(50);
+/// After the client says the UDP data phase is over, datagrams still in flight are counted
+/// until the socket has been idle for `UDP_POLL`, but no longer than this.
+const UDP_MAX_DRAIN: Duration = Duration::from_secs(1);
+/// Read size for stream sinks: larger than any default message so each syscall drains a lot.
+const SINK_BUF: usize = 256 * 1024;
+
+/// Server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub bind: IpAddr,
+    /// Control port (0 picks a free one; the chosen port is printed).
+    pub port: u16,
+}
+
+/// Binds the control port, prints `mvperf server listening on ADDR` on stdout, and serves
+/// forever. Returns only if binding fails.
+pub fn run(cfg: &ServerConfig) -> Result<()> {
+    let listener = TcpListener::bind((cfg.bind, cfg.port))
+        .with_context(|| format!("cannot listen on {}:{}", cfg.bind, cfg.port))?;
+    let addr = listener.local_addr().context("listener address")?;
+    println!("mvperf server listening on {addr}");
+    let sessions = Arc::new(AtomicUsize::new(0));
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and friends: back off rather than spin; the listener itself is fine.
+                eprintln!("mvperf server: accept failed: {e}");
+                thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string());
+        if sessions.fetch_add(1, Ordering::SeqCst) >= MAX_SESSIONS {
+            sessions.fetch_sub(1, Ordering::SeqCst);
+            refuse(stream, "server busy: too many concurrent tests");
+            continue;
+        }
+        let guard = SessionGuard(Arc::clone(&sessions));
+        let spawned = thread::Builder::new()
+            .name(format!("session {peer}"))
+            .spawn(move || {
+                let _guard = guard;
+                match session(stream) {
+                    Ok(summary) => eprintln!("mvperf server: {peer}: {summary}"),
+                    Err(e) => eprintln!("mvperf server: {peer}: {e:#}"),
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("mvperf server: cannot start a session thread: {e}");
+        }
+    }
+}
+
+/// Decrements the session count however the session thread ends.
+struct SessionGuard(Arc<AtomicUsize>);
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn refuse(stream: TcpStream, why: &str) {
+    if let Ok(mut c) = Control::new(stream) {
+        // Best effort: the client may already be gone, and there is nothing else to tell.
+        let _ = c.send(&json!({"ok": false, "error": why}), STEP_TIMEOUT);
+    }
+}
+
+/// Serves one control connection; returns a one-line summary for the log.
+fn session(stream: TcpStream) -> Result<String> {
+    let local_ip = stream.local_addr().context("control local address")?.ip();
+    let peer_ip = stream.peer_addr().context("control peer address")?.ip();
+    let mut ctrl = Control::new(stream).context("control setup")?;
+    let req = ctrl.recv(STEP_TIMEOUT).map_err(|e| {
+        anyhow!(
+            "reading test request: {}",
+            describe(&e, "client", STEP_TIMEOUT)
+        )
+    })?;
+    let params = match TestParams::from_json(&req) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = ctrl.send(
+                &json!({"ok": false, "error": format!("{e:#}")}),
+                STEP_TIMEOUT,
+            );
+            return Err(e.context("bad request"));
+        }
+    };
+    let deadline = Instant::now() + params.duration + SESSION_SLACK;
+    let result = match params.test {
+        TestKind::TcpStream | TestKind::TcpMaerts | TestKind::TcpRr => {
+            tcp_session(&mut ctrl, &params, local_ip, peer_ip, deadline)
+        }
+        TestKind::UdpStream | TestKind::UdpRr => {
+            udp_session(&mut ctrl, &params, local_ip, deadline)
+        }
+    };
+    let report = result.with_context(|| format!("{} failed", params.test))?;
+    ctrl.send(&report, STEP_TIMEOUT)
+        .map_err(|e| anyhow!("sending results: {}", describe(&e, "client", STEP_TIMEOUT)))?;
+    Ok(format!("{} done: {report}", params.test))
+}
+
+fn ok_reply(port: u16, sock: &impl std::os::fd::AsRawFd) -> Value {
+    json!({
+        "ok": true,
+        "data_port": port,
+        "recv_buf": sockopt::recv_buf(sock),
+        "send_buf": sockopt::send_buf(sock),
+    })
+}
+
+/// Waits for the data connection from the same host as the control connection.
+fn accept_data(listener: &TcpListener, peer_ip: IpAddr) -> Result<TcpStream> {
+    // std has no accept timeout: poll a non-blocking listener instead.
+    listener.set_nonblocking(true)?;
+    let give_up = Instant::now() + STEP_TIMEOUT;
+    loop {
+        match listener.accept() {
+            Ok((s, from)) if from.ip() == peer_ip => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            // A stranger on our ephemeral port is dropped; keep waiting for our client.
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= give_up {
+                    bail!("client never opened the data connection");
+                }
+                thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("accepting the data connection"),
+        }
+    }
+}
+
+fn tcp_session(
+    ctrl: &mut Control,
+    p: &TestParams,
+    local_ip: IpAddr,
+    peer_ip: IpAddr,
+    deadline: Instant,
+) -> Result<Value> {
+    let listener = TcpListener::bind(SocketAddr::new(local_ip, 0)).context("data listener")?;
+    let port = listener.local_addr()?.port();
+    ctrl.send(&ok_reply(port, &listener), STEP_TIMEOUT)
+        .map_err(|e| {
+            anyhow!(
+                "sending setup reply: {}",
+                describe(&e, "client", STEP_TIMEOUT)
+            )
+        })?;
+    let mut data = accept_data(&listener, peer_ip)?;
+    drop(listener);
+    data.set_read_timeout(Some(STEP_TIMEOUT))?;
+    data.set_write_timeout(Some(STEP_TIMEOUT))?;
+    let start = Instant::now();
+    let fail =
+        |what: &str, e: io::Error| anyhow!("{what}: {}", describe(&e, "client", STEP_TIMEOUT));
+    match p.test {
+        TestKind::TcpStream => {
+            let mut buf = vec![0u8; SINK_BUF];
+            let mut bytes = 0u64;
+            loop {
+                match data.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => bytes += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(fail("receiving stream", e)),
+                }
+                if Instant::now() > deadline {
+                    bail!("client kept sending past the test length");
+                }
+            }
+            Ok(json!({"bytes": bytes, "elapsed_s": start.elapsed().as_secs_f64()}))
+        }
+        TestKind::TcpMaerts => {
+            let buf = vec![0x5au8; p.msg_size];
+            let end = start + p.duration;
+            let mut bytes = 0u64;
+            while Instant::now() < end {
+                match data.write(&buf) {
+                    Ok(0) => bail!("sending stream: connection closed"),
+                    Ok(n) => bytes += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(fail("sending stream", e)),
+                }
+            }
+            data.shutdown(Shutdown::Write)
+                .map_err(|e| fail("ending stream", e))?;
+            Ok(json!({"bytes_sent": bytes, "elapsed_s": start.elapsed().as_secs_f64()}))
+        }
+        TestKind::TcpRr => {
+            data.set_nodelay(true)?;
+            let mut req = vec![0u8; p.req_size];
+            let resp = vec![0xa5u8; p.resp_size];
+            let mut transactions = 0u64;
+            // The client ends the test with a write shutdown between transactions.
+            while read_full(&mut data, &mut req).map_err(|e| fail("reading request", e))? {
+                data.write_all(&resp)
+                    .map_err(|e| fail("sending response", e))?;
+                transactions += 1;
+                if Instant::now() > deadline {
+                    bail!("client kept sending past the test length");
+                }
+            }
+            Ok(json!({"transactions": transactions, "elapsed_s": start.elapsed().as_secs_f64()}))
+        }
+        TestKind::UdpStream | TestKind::UdpRr => bail!("not a TCP test"),
+    }
+}
+
+/// Counts kept by a UDP worker thread.
+#[derive(Debug, Default)]
+struct UdpCounts {
+    messages: u64,
+    bytes: u64,
+    responses: u64,
+    send_errors: u64,
+}
+
+fn udp_session(
+    ctrl: &mut Control,
+    p: &TestParams,
+    local_ip: IpAddr,
+    deadline: Instant,
+) -> Result<Value> {
+    let sock = UdpSocket::bind(SocketAddr::new(local_ip, 0)).context("data socket")?;
+    sock.set_read_timeout(Some(UDP_POLL))?;
+    sock.set_write_timeout(Some(STEP_TIMEOUT))?;
+    let reply = ok_reply(sock.local_addr()?.port(), &sock);
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let stop = Arc::clone(&stop);
+        let p = p.clone();
+        thread::Builder::new()
+            .name("udp worker".into())
+            .spawn(move || udp_worker(&sock, &p, &stop))
+            .context("starting the UDP worker")?
+    };
+    // The socket is bound before the reply goes out, so no early datagram is refused.
+    let waited = deadline.saturating_duration_since(Instant::now());
+    let outcome = ctrl
+        .send(&reply, STEP_TIMEOUT)
+        .and_then(|()| ctrl.recv(waited));
+    stop.store(true, Ordering::SeqCst);
+    let counts = worker.join().map_err(|_| anyhow!("UDP worker panicked"))?;
+    match outcome {
+        Ok(v) if v.get("done").and_then(Value::as_bool) == Some(true) => {}
+        Ok(v) => bail!("unexpected control message {v}"),
+        Err(e) => bail!(
+            "waiting for the end of the test: {}",
+            describe(&e, "client", waited)
+        ),
+    }
+    Ok(json!({
+        "messages": counts.messages,
+        "bytes": counts.bytes,
+        "transactions": counts.responses,
+        "send_errors": counts.send_errors,
+    }))
+}
+
+fn udp_worker(sock: &UdpSocket, p: &TestParams, stop: &AtomicBool) -> UdpCounts {
+    let mut c = UdpCounts::default();
+    let mut buf = vec![0u8; 65536];
+    let mut resp = vec![0xa5u8; p.resp_size];
+    // RR sequence bytes echoed from the request so the client can match late replies.
+    let seq_len = p.req_size.min(p.resp_size).min(8);
+    let mut drain_until: Option<Instant> = None;
+    loop {
+        if drain_until.is_none() && stop.load(Ordering::SeqCst) {
+            drain_until = Some(Instant::now() + UDP_MAX_DRAIN);
+        }
+        if drain_until.is_some_and(|t| Instant::now() >= t) {
+            break;
+        }
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                c.messages += 1;
+                c.bytes += n as u64;
+                if p.test == TestKind::UdpRr {
+                    let k = seq_len.min(n);
+                    resp[..k].copy_from_slice(&buf[..k]);
+                    match sock.send_to(&resp, from) {
+                        Ok(_) => c.responses += 1,
+                        Err(_) => c.send_errors += 1,
+                    }
+                }
+            }
+            Err(e) if is_timeout(&e) => {
+                if drain_until.is_some() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // ICMP errors from an earlier send (client port gone) surface here; the control
+            // connection decides whether the client is really gone.
+            Err(_) => thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_worker_counts_and_echoes_sequence() {
+        let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
+        let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        client
+            .connect(server.local_addr().expect("addr"))
+            .expect("connect");
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let p = TestParams {
+            test: TestKind::UdpRr,
+            duration: Duration::from_secs(1),
+            msg_size: 1,
+            req_size: 16,
+            resp_size: 4,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let stop = Arc::clone(&stop);
+            thread::spawn(move || udp_worker(&server, &p, &stop))
+        };
+        let mut got = [0u8; 64];
+        for i in 0u8..3 {
+            let mut req = [0u8; 16];
+            req[0] = i;
+            req[1] = 0xee;
+            client.send(&req).expect("send");
+            let n = client.recv(&mut got).expect("reply");
+            assert_eq!(n, 4);
+            assert_eq!(&got[..2], &[i, 0xee]);
+            assert_eq!(&got[2..4], &[0, 0]);
+        }
+        stop.store(true, Ordering::SeqCst);
+        let c = worker.join().expect("worker");
+        assert_eq!((c.messages, c.bytes, c.responses), (3, 48, 3));
+    }
+}
