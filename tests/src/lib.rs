@@ -1,2 +1,323 @@
 // SPDX-License-Identifier: Apache-2.0
-//! harness
+//! Harness for minivmm's integration tests.
+//!
+//! It builds the `minivmm` binary and the guest image (`resources/build.sh`)
+//! once per test binary, spawns the VMM with its serial console captured,
+//! waits for console patterns with deadlines, and creates the network
+//! namespace (with its TAP and addresses) that every networked test runs
+//! inside, deleting it on drop. Tests that need KVM, root or TUN call
+//! [`require`] first, which prints why and returns false where they are missing.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives in the repository")
+        .to_path_buf()
+}
+
+/// What a test needs from the host.
+#[derive(Debug, Clone, Copy)]
+pub enum Need {
+    /// `/dev/kvm` readable and writable.
+    Kvm,
+    /// Running as root (namespaces, TAP creation).
+    Root,
+    /// `/dev/net/tun`.
+    Tun,
+}
+
+/// Returns whether every need is met; prints the reason for a skip otherwise.
+pub fn require(test: &str, needs: &[Need]) -> bool {
+    for need in needs {
+        let missing = match need {
+            Need::Kvm => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+                .err()
+                .map(|e| format!("/dev/kvm is not usable ({e})")),
+            Need::Root => (nix_geteuid() != 0).then(|| "not running as root".to_string()),
+            Need::Tun => (!Path::new("/dev/net/tun").exists())
+                .then(|| "/dev/net/tun is missing".to_string()),
+        };
+        if let Some(why) = missing {
+            eprintln!("SKIP {test}: {why}");
+            return false;
+        }
+    }
+    true
+}
+
+fn nix_geteuid() -> u32 {
+    // /proc/self/status avoids unsafe code for a value we only compare.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+        })
+        .and_then(|uid| uid.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+/// Whether guest userspace can run on this host (not on a PVM-backed KVM,
+/// see the project's HOST-KVM notes).
+pub fn guest_userspace_runs() -> bool {
+    !Path::new("/sys/module/kvm_pvm").exists()
+}
+
+/// Runs `cargo build --release` for one package and returns the path of `bin`.
+fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(repo_root())
+        .args(["build", "--release", "--message-format=json", "-p", package, "--bin", bin])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build")?;
+    if !out.status.success() {
+        bail!("cargo build -p {package} failed");
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if v["reason"] == "compiler-artifact" && v["target"]["name"] == bin {
+            if let Some(exe) = v["executable"].as_str() {
+                return Ok(PathBuf::from(exe));
+            }
+        }
+    }
+    bail!("cargo build did not report the {bin} executable")
+}
+
+/// The release `minivmm` binary, built once per test process.
+pub fn minivmm_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| cargo_build_bin("vmm", "minivmm").expect("building minivmm"))
+        .clone()
+}
+
+/// The release `mvperf` binary (host side of the netperf-style tests).
+pub fn mvperf_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| cargo_build_bin("netperf", "mvperf").expect("building mvperf"))
+        .clone()
+}
+
+/// The guest image from `resources/build.sh`.
+#[derive(Debug, Clone)]
+pub struct GuestImage {
+    /// ELF kernel.
+    pub vmlinux: PathBuf,
+    /// bzImage of the same kernel.
+    pub bzimage: PathBuf,
+    /// Initramfs with busybox, /init, /park and the tool.
+    pub initramfs: PathBuf,
+}
+
+/// Builds (or reuses from the cache) the guest image, once per test process.
+pub fn guest_image() -> GuestImage {
+    static IMAGE: OnceLock<GuestImage> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let script = repo_root().join("resources/build.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("running resources/build.sh");
+            assert!(out.status.success(), "resources/build.sh failed");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = stdout.lines().collect();
+            assert!(lines.len() >= 3, "resources/build.sh printed fewer than 3 lines");
+            let last = &lines[lines.len() - 3..];
+            let image = GuestImage {
+                vmlinux: PathBuf::from(last[0]),
+                bzimage: PathBuf::from(last[1]),
+                initramfs: PathBuf::from(last[2]),
+            };
+            for p in [&image.vmlinux, &image.bzimage, &image.initramfs] {
+                assert!(p.is_absolute() && p.exists(), "build.sh gave a bad path {}", p.display());
+            }
+            image
+        })
+        .clone()
+}
+
+/// A running minivmm with its console captured.
+pub struct Vm {
+    child: Child,
+    console: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    started: Instant,
+}
+
+fn capture<R: Read + Send + 'static>(r: R, sink: Arc<Mutex<String>>, echo: &'static str) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(r);
+        let mut line = Vec::new();
+        while let Ok(n) = reader.read_until(b'\n', &mut line) {
+            if n == 0 {
+                break;
+            }
+            let text = String::from_utf8_lossy(&line).into_owned();
+            if std::env::var_os("MINIVMM_TEST_ECHO").is_some() {
+                eprint!("{echo}{text}");
+            }
+            sink.lock().unwrap().push_str(&text);
+            line.clear();
+        }
+    });
+}
+
+impl Vm {
+    /// Starts minivmm with `args`, inside network namespace `netns` if given.
+    pub fn spawn(args: &[String], netns: Option<&str>) -> Result<Vm> {
+        let bin = minivmm_bin();
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("spawning minivmm")?;
+        let console = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        capture(child.stdout.take().expect("piped stdout"), console.clone(), "guest| ");
+        capture(child.stderr.take().expect("piped stderr"), stderr.clone(), "vmm| ");
+        Ok(Vm { child, console, stderr, started: Instant::now() })
+    }
+
+    /// Everything the guest printed so far.
+    pub fn console(&self) -> String {
+        self.console.lock().unwrap().clone()
+    }
+
+    /// Everything minivmm logged so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits until the console contains `pattern`; false on timeout or exit.
+    pub fn wait_for(&mut self, pattern: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.console().contains(pattern) {
+                return true;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                // Let the reader threads drain what is left.
+                std::thread::sleep(Duration::from_millis(200));
+                return self.console().contains(pattern);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    /// Waits for minivmm to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(200));
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+
+    /// Sends a signal to minivmm (not to `ip netns exec`, which execs it, so
+    /// the pid is minivmm's own).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status();
+    }
+
+    /// Seconds since spawn.
+    pub fn uptime(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// A summary for assertion messages: the tail of the console and the log.
+    pub fn report(&self) -> String {
+        let console = self.console();
+        let tail: String = console.chars().rev().take(3000).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("--- console tail ---\n{tail}\n--- minivmm stderr ---\n{}", self.stderr())
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A network namespace with a TAP and a host address, deleted on drop.
+/// Everything a test sends goes to addresses that exist only inside it.
+pub struct NetNs {
+    /// Namespace name.
+    pub name: String,
+    /// TAP device inside it.
+    pub tap: String,
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip").args(args).output().context("running ip")?;
+    if !out.status.success() {
+        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+impl NetNs {
+    /// Creates namespace `minivmm-<tag>-<pid>` holding TAP `tap` with
+    /// `host_cidr` (e.g. "10.0.2.1/24"), link up.
+    pub fn new(tag: &str, tap: &str, host_cidr: &str) -> Result<NetNs> {
+        let name = format!("minivmm-{tag}-{}", std::process::id());
+        // A leftover from a crashed earlier run of the same pid is harmless to remove.
+        let _ = ip(&["netns", "del", &name]);
+        ip(&["netns", "add", &name])?;
+        let ns = NetNs { name: name.clone(), tap: tap.to_string() };
+        ns.exec_ip(&["link", "set", "lo", "up"])?;
+        ns.exec_ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
+        ns.exec_ip(&["addr", "add", host_cidr, "dev", tap])?;
+        ns.exec_ip(&["link", "set", tap, "up"])?;
+        Ok(ns)
+    }
+
+    /// Runs `ip ARGS` inside the namespace.
+    pub fn exec_ip(&self, args: &[&str]) -> Result<()> {
+        let mut full = vec!["netns", "exec", &self.name, "ip"];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+
+    /// A command that runs `program` inside the namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}

@@ -1,2 +1,88 @@
 // SPDX-License-Identifier: Apache-2.0
-fn main() {}
+//! `minivmm`: boot a Linux guest with a virtio-net card on a host TAP.
+//!
+//! Exit status: 0 when the guest reboots or powers off or minivmm is stopped
+//! by SIGTERM/SIGINT; 1 for a bad configuration or a failure before boot;
+//! 2 when the VM fails at run time; 3 when the guest reset after a kernel panic.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use log::{error, info, LevelFilter, Log, Metadata, Record};
+
+use vmm::cli::Cli;
+use vmm::vm_exit::VmExit;
+
+/// Logs to stderr, one line per record, so that the guest console on stdout
+/// stays clean.
+struct StderrLogger(LevelFilter);
+
+impl Log for StderrLogger {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        metadata.level() <= self.0
+    }
+
+    fn log(&self, record: &Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!("minivmm: {}: {}", record.level().as_str().to_lowercase(), record.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Formats an error and its causes on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    let start = Instant::now();
+    let cli = Cli::parse();
+    let level = cli.log_level;
+    // A second logger cannot be installed in this process; ignore the error.
+    let _ = log::set_logger(Box::leak(Box::new(StderrLogger(level))));
+    log::set_max_level(level);
+
+    let config = match cli.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("minivmm: error: {}", chain(&e));
+            return ExitCode::from(1);
+        }
+    };
+    let vmm = match vmm::builder::build(&config) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("minivmm: error: {}", chain(&e));
+            return ExitCode::from(1);
+        }
+    };
+    match vmm.run(start) {
+        Ok(reason) => {
+            match &reason {
+                VmExit::Fault(_) => error!("{}", reason.describe()),
+                _ => info!("{}", reason.describe()),
+            }
+            if let VmExit::Fault(msg) = &reason {
+                // Faults are reported even at the quietest log level.
+                if level < LevelFilter::Error {
+                    eprintln!("minivmm: error: {msg}");
+                }
+            }
+            ExitCode::from(reason.exit_code() as u8)
+        }
+        Err(e) => {
+            eprintln!("minivmm: error: cannot run the VM: {}", chain(&e));
+            ExitCode::from(2)
+        }
+    }
+}

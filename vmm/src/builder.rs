@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Building a VM from a [`VmmConfig`].
+//!
+//! The order matters and follows what can fail cheapest first: the kernel and
+//! initramfs files are opened and recognised, then KVM is checked, memory
+//! created, devices attached (a bad TAP fails here, before boot), the kernel
+//! and initramfs loaded, the boot tables written, and the vCPUs configured.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use arch::x86_64::boot_params::{
+    configure_zero_page, initrd_load_addr, kernel_entry_point, write_cmdline, ZeroPageConfig,
+};
+use arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, ZERO_PAGE_START};
+use arch::x86_64::{arch_memory_regions, setup_mptable};
+use event_manager::EventManager;
+use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use linux_loader::cmdline::Cmdline;
+use linux_loader::loader::{bzimage::BzImage, elf::Elf, KernelLoader, KernelLoaderResult};
+use log::info;
+use vm_memory::{GuestAddress, GuestMemoryBackend, ReadVolatile};
+
+use crate::config::VmmConfig;
+use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
+use crate::event_loop::Vmm;
+use crate::host;
+use crate::kvm::{self, KvmError};
+use crate::memory::{self, MemoryError};
+use crate::vcpu::{Vcpu, VcpuError};
+use crate::vm_exit::ExitSink;
+
+/// The command line every guest starts from: the console on the UART we
+/// emulate, reset through the keyboard controller (our i8042 ends the VMM),
+/// reboot immediately on panic, and no PCI probing (there is no PCI bus).
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+
+/// Identity map and TSS addresses for Intel hosts: three pages just below
+/// the 4 GiB boundary, inside the MMIO gap so they never shadow RAM.
+const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+
+/// Errors building a VM; each is one line for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The kernel file cannot be opened.
+    #[error("cannot open kernel '{0}'")]
+    OpenKernel(PathBuf, #[source] std::io::Error),
+    /// The kernel file is neither ELF nor bzImage.
+    #[error("kernel '{0}' is neither an ELF vmlinux nor a bzImage")]
+    KernelFormat(PathBuf),
+    /// The kernel could not be loaded (truncated, corrupt, too big for memory).
+    #[error("cannot load kernel '{0}' (truncated image, or too big for guest memory?)")]
+    LoadKernel(PathBuf, #[source] linux_loader::loader::Error),
+    /// The initramfs file cannot be opened.
+    #[error("cannot open initramfs '{0}'")]
+    OpenInitramfs(PathBuf, #[source] std::io::Error),
+    /// The initramfs does not fit in guest memory.
+    #[error("initramfs '{0}' does not fit in guest memory (raise --mem)")]
+    InitramfsFit(PathBuf, #[source] arch::x86_64::boot_params::BootParamsError),
+    /// The initramfs could not be copied into guest memory.
+    #[error("cannot read initramfs '{0}' into guest memory")]
+    ReadInitramfs(PathBuf, #[source] vm_memory::GuestMemoryError),
+    /// KVM is missing or lacks something.
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    /// More vCPUs than KVM supports.
+    #[error("--vcpus {0} exceeds this host's KVM limit of {1}")]
+    TooManyVcpus(u8, usize),
+    /// A VM-level KVM call failed.
+    #[error("KVM refused to {0}")]
+    Vm(&'static str, #[source] kvm_ioctls::Error),
+    /// Guest memory could not be set up.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A device could not be attached.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The kernel command line is invalid or too long.
+    #[error("invalid kernel command line")]
+    Cmdline(#[source] linux_loader::cmdline::Error),
+    /// Writing boot structures failed.
+    #[error("cannot write the boot parameters")]
+    BootParams(#[source] arch::x86_64::boot_params::BootParamsError),
+    /// Writing the MP table failed.
+    #[error("cannot write the MP table")]
+    Mptable(#[source] arch::x86_64::MptableError),
+    /// A vCPU could not be configured.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    /// The event manager or an eventfd could not be created.
+    #[error("cannot create the event loop")]
+    EventLoop(#[source] std::io::Error),
+}
+
+/// What the kernel file turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelFormat {
+    /// An ELF vmlinux, entered at its 64-bit entry point.
+    Elf,
+    /// A bzImage, entered through the 64-bit boot protocol.
+    BzImage,
+}
+
+/// Recognises a kernel image from its first bytes: the ELF magic, or the
+/// "HdrS" boot-protocol signature at offset 0x202 of a bzImage.
+pub fn detect_kernel_format(head: &[u8]) -> Option<KernelFormat> {
+    if head.starts_with(b"\x7fELF") {
+        return Some(KernelFormat::Elf);
+    }
+    if head.get(0x202..0x206) == Some(b"HdrS") {
+        return Some(KernelFormat::BzImage);
+    }
+    None
+}
+
+fn open_kernel(path: &Path) -> Result<(File, KernelFormat), BuildError> {
+    let mut file = File::open(path).map_err(|e| BuildError::OpenKernel(path.into(), e))?;
+    let mut head = [0u8; 0x206];
+    let n = read_up_to(&mut file, &mut head).map_err(|e| BuildError::OpenKernel(path.into(), e))?;
+    let format = detect_kernel_format(&head[..n]).ok_or(BuildError::KernelFormat(path.into()))?;
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| BuildError::OpenKernel(path.into(), e))?;
+    Ok((file, format))
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// Assembles the guest command line: defaults, host recoveries, device
+/// announcements, then the user's words last so they can override.
+pub fn compose_cmdline(
+    quirks: bool,
+    device_words: &[String],
+    extra: Option<&str>,
+) -> Result<Cmdline, linux_loader::cmdline::Error> {
+    let mut cmdline = Cmdline::new(CMDLINE_MAX_SIZE)?;
+    cmdline.insert_str(DEFAULT_CMDLINE)?;
+    if quirks {
+        cmdline.insert_str(host::PVM_CMDLINE)?;
+    }
+    for word in device_words {
+        cmdline.insert_str(word)?;
+    }
+    if let Some(extra) = extra.map(str::trim).filter(|s| !s.is_empty()) {
+        cmdline.insert_str(extra)?;
+    }
+    Ok(cmdline)
+}
+
+/// Builds a ready-to-run VM.
+pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
+    // 0. The files: a typo in a path is the commonest mistake; say so first.
+    let (mut kernel_file, format) = open_kernel(&cfg.kernel)?;
+    let initramfs = match &cfg.initramfs {
+        Some(p) => {
+            let f = File::open(p).map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?;
+            let len = f.metadata().map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?.len();
+            Some((p.clone(), f, len))
+        }
+        None => None,
+    };
+
+    // 1. KVM.
+    let kvm = kvm::open_and_check()?;
+    let max_vcpus = kvm.get_max_vcpus();
+    if usize::from(cfg.vcpus) > max_vcpus {
+        return Err(BuildError::TooManyVcpus(cfg.vcpus, max_vcpus));
+    }
+    let vm = kvm.create_vm().map_err(|e| BuildError::Vm("create a VM", e))?;
+    vm.set_tss_address(KVM_TSS_ADDRESS)
+        .map_err(|e| BuildError::Vm("set the TSS address", e))?;
+    vm.create_irq_chip()
+        .map_err(|e| BuildError::Vm("create the in-kernel irqchip", e))?;
+    // The PIT must exist before vCPUs; its speaker port is a dummy so that a
+    // guest beep is not an exit.
+    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+    vm.create_pit2(pit).map_err(|e| BuildError::Vm("create the PIT", e))?;
+
+    let pvm_host = host::is_pvm_host();
+    let quirks = host::quirks_enabled(cfg.host_quirks, pvm_host);
+    if quirks {
+        info!(
+            "PVM-backed KVM {}: adding '{}' to the guest command line and recovering INT3 \
+             emulation failures (--host-quirks off disables this)",
+            if pvm_host { "detected" } else { "assumed (--host-quirks on)" },
+            host::PVM_CMDLINE
+        );
+    }
+
+    // 2. Memory.
+    let mem_bytes = cfg.mem_mib << 20;
+    let mem = memory::create_guest_memory(&vm, &arch_memory_regions(mem_bytes), cfg.mem_mib)?;
+
+    // 3. Devices.
+    let mut events: Events = EventManager::new().map_err(|e| {
+        BuildError::EventLoop(std::io::Error::other(e.to_string()))
+    })?;
+    let exit = ExitSink::new().map_err(BuildError::EventLoop)?;
+    let panicked = Arc::new(AtomicBool::new(false));
+    let mut devices = DeviceManager::new();
+    let console = ConsoleOut::new(std::io::stdout(), panicked.clone());
+    let serial = devices.attach_serial(&vm, Box::new(console))?;
+    let i8042 = devices.attach_i8042()?;
+    if let Some(net) = &cfg.net {
+        devices.attach_net(&vm, &mem, net, &mut events)?;
+    }
+
+    // 4. Kernel and initramfs.
+    let kernel: KernelLoaderResult = match format {
+        KernelFormat::Elf => {
+            Elf::load(&mem, None, &mut kernel_file, Some(GuestAddress(HIMEM_START)))
+        }
+        KernelFormat::BzImage => {
+            BzImage::load(&mem, None, &mut kernel_file, Some(GuestAddress(HIMEM_START)))
+        }
+    }
+    .map_err(|e| BuildError::LoadKernel(cfg.kernel.clone(), e))?;
+    let entry = kernel_entry_point(&kernel);
+
+    let initrd = match initramfs {
+        Some((path, mut file, len)) => {
+            // Keep the initramfs clear of the kernel, including the room a
+            // bzImage needs to decompress itself into (init_size).
+            let init_size = kernel.setup_header.map_or(0, |h| u64::from(h.init_size));
+            let min = GuestAddress(kernel.kernel_load.0 + kernel.kernel_end.max(init_size));
+            let size = usize::try_from(len).unwrap_or(usize::MAX);
+            let addr = initrd_load_addr(&mem, size, kernel.setup_header.as_ref(), min)
+                .map_err(|e| BuildError::InitramfsFit(path.clone(), e))?;
+            let mut slice = mem
+                .get_slice(addr, size)
+                .map_err(|e| BuildError::ReadInitramfs(path.clone(), e))?;
+            file.read_exact_volatile(&mut slice)
+                .map_err(|e| BuildError::ReadInitramfs(path.clone(), e.into()))?;
+            Some((addr, size))
+        }
+        None => None,
+    };
+
+    // 5. Boot tables.
+    let cmdline = compose_cmdline(quirks, devices.cmdline_words(), cfg.cmdline_extra.as_deref())
+        .map_err(BuildError::Cmdline)?;
+    info!("kernel command line: {}", cmdline.as_cstring().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default());
+    let cmdline_size = write_cmdline(&mem, &cmdline).map_err(BuildError::BootParams)?;
+    configure_zero_page(
+        &mem,
+        &ZeroPageConfig {
+            cmdline_addr: GuestAddress(CMDLINE_START),
+            cmdline_size,
+            initrd,
+            setup_header: kernel.setup_header,
+        },
+    )
+    .map_err(BuildError::BootParams)?;
+    setup_mptable(&mem, cfg.vcpus, devices.max_irq()).map_err(BuildError::Mptable)?;
+
+    // 6. vCPUs.
+    let base_cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| BuildError::Vm("report supported CPUID", e))?;
+    let devices = Arc::new(devices);
+    let mut vcpus = Vec::with_capacity(cfg.vcpus.into());
+    for id in 0..cfg.vcpus {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(|e| VcpuError::Create(id, e))?;
+        let vcpu = Vcpu::new(fd, id, devices.clone(), quirks);
+        let boot = (id == 0).then_some((entry.0, ZERO_PAGE_START));
+        vcpu.configure(&base_cpuid, cfg.vcpus, &mem, boot)?;
+        vcpus.push(vcpu);
+    }
+    info!(
+        "{} kernel at {:#x}, {} MiB, {} vCPU(s)",
+        if format == KernelFormat::Elf { "ELF" } else { "bzImage" },
+        entry.0,
+        cfg.mem_mib,
+        cfg.vcpus
+    );
+
+    Ok(Vmm::new(
+        kvm, vm, mem, devices, events, exit, vcpus, serial, i8042, panicked, cfg.metrics.clone(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_formats_are_recognised_from_their_magic() {
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        assert_eq!(detect_kernel_format(&elf), Some(KernelFormat::Elf));
+        let mut bz = vec![0u8; 0x400];
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        assert_eq!(detect_kernel_format(&bz), Some(KernelFormat::BzImage));
+        assert_eq!(detect_kernel_format(b"#!/bin/sh\necho not a kernel\n"), None);
+        assert_eq!(detect_kernel_format(&[]), None);
+        // A file cut before the signature is not a bzImage.
+        assert_eq!(detect_kernel_format(&bz[..0x204]), None);
+    }
+
+    #[test]
+    fn cmdline_has_defaults_quirks_devices_then_user_words() {
+        let words = vec!["virtio_mmio.device=4K@0xd0000000:5".to_string()];
+        let c = compose_cmdline(true, &words, Some(" rdinit=/park ")).unwrap();
+        let s = c.as_cstring().unwrap().into_string().unwrap();
+        assert!(s.starts_with(DEFAULT_CMDLINE), "{s}");
+        let quirk = s.find("noxsave nopv").unwrap();
+        let dev = s.find("virtio_mmio.device=4K@0xd0000000:5").unwrap();
+        let user = s.find("rdinit=/park").unwrap();
+        assert!(quirk < dev && dev < user, "{s}");
+
+        let plain = compose_cmdline(false, &[], None).unwrap();
+        assert_eq!(plain.as_cstring().unwrap().into_string().unwrap(), DEFAULT_CMDLINE);
+    }
+
+    #[test]
+    fn an_overlong_cmdline_is_an_error() {
+        let long = "x".repeat(CMDLINE_MAX_SIZE + 1);
+        assert!(compose_cmdline(false, &[], Some(&long)).is_err());
+    }
+
+    #[test]
+    fn missing_and_garbage_kernels_fail_before_kvm() {
+        let cfg = |kernel: &str| VmmConfig {
+            kernel: kernel.into(),
+            initramfs: None,
+            cmdline_extra: None,
+            mem_mib: 64,
+            vcpus: 1,
+            net: None,
+            metrics: None,
+            host_quirks: crate::config::HostQuirks::Off,
+        };
+        let err = build(&cfg("/nonexistent/bzImage")).err().unwrap();
+        assert!(matches!(err, BuildError::OpenKernel(..)), "{err}");
+        let dir = std::env::temp_dir().join(format!("minivmm-garbage-{}", std::process::id()));
+        std::fs::write(&dir, b"this is not a kernel").unwrap();
+        let err = build(&cfg(dir.to_str().unwrap())).err().unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        assert!(matches!(err, BuildError::KernelFormat(_)), "{err}");
+        assert!(err.to_string().contains("neither an ELF vmlinux nor a bzImage"));
+    }
+}

@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Device placement and the exit buses.
+//!
+//! The device manager decides where devices live (port ranges, MMIO windows,
+//! IRQ lines), wires their `EventFd`s into KVM (irqfd for interrupts,
+//! ioeventfd for virtqueue notifications) and dispatches vCPU port and MMIO
+//! exits to them. It holds no device logic.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arch::x86_64::layout;
+use devices::legacy::i8042::I8042;
+use devices::legacy::serial::SerialDevice;
+use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE, QUEUE_NOTIFY_OFFSET};
+use devices::virtio::net::{Net, NetMetrics};
+use devices::virtio::{GuestMemory, VirtioDevice};
+use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::{IoEventAddress, VmFd};
+
+use crate::config::NetConfig;
+use crate::vcpu::ExitBus;
+
+/// The event manager every device's backend work runs on.
+pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
+/// The VMM's event manager.
+pub type Events = EventManager<Subscriber>;
+
+/// COM1: the port range and ISA IRQ every PC OS expects.
+const SERIAL_PORT: u16 = 0x3f8;
+const SERIAL_PORT_LEN: u16 = 8;
+const SERIAL_IRQ: u32 = 4;
+/// The IOAPIC has 24 pins; virtio devices take IRQ_BASE upwards.
+const VIRTIO_IRQ_MAX: u32 = 23;
+/// The i8042 data and command/status ports.
+const I8042_DATA_PORT: u16 = 0x60;
+const I8042_CMD_PORT: u16 = 0x64;
+
+/// Errors wiring devices.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The serial port could not be created.
+    #[error("cannot create the serial port")]
+    Serial(#[source] devices::legacy::serial::SerialError),
+    /// The i8042 could not be created.
+    #[error("cannot create the i8042 controller")]
+    I8042(#[source] devices::legacy::i8042::I8042Error),
+    /// The network device could not be created (bad or missing TAP, ...).
+    #[error("cannot attach network device on TAP '{0}'")]
+    Net(String, #[source] devices::virtio::net::NetError),
+    /// The MMIO transport could not be created.
+    #[error("cannot create the virtio-MMIO transport")]
+    Mmio(#[source] devices::virtio::mmio::MmioError),
+    /// KVM refused an irqfd.
+    #[error("cannot register irqfd for IRQ {0}")]
+    Irqfd(u32, #[source] kvm_ioctls::Error),
+    /// KVM refused an ioeventfd.
+    #[error("cannot register ioeventfd at {0:#x}")]
+    Ioeventfd(u64, #[source] kvm_ioctls::Error),
+    /// No IRQ lines left for virtio devices.
+    #[error("no free IRQ line for another virtio device")]
+    NoIrq,
+}
+
+struct MmioSlot {
+    base: u64,
+    transport: Arc<Mutex<MmioTransport>>,
+}
+
+/// A writer for the serial console that also notices a guest kernel panic,
+/// so that the reset which follows can be reported as such.
+pub struct ConsoleOut<W: Write> {
+    out: W,
+    tail: Vec<u8>,
+    panicked: Arc<AtomicBool>,
+}
+
+/// What Linux prints first in every panic.
+const PANIC_MARK: &[u8] = b"Kernel panic - not syncing";
+
+impl<W: Write> ConsoleOut<W> {
+    /// Wraps `out`; `panicked` is set once the panic banner went through.
+    pub fn new(out: W, panicked: Arc<AtomicBool>) -> Self {
+        ConsoleOut { out, tail: Vec::with_capacity(2 * PANIC_MARK.len()), panicked }
+    }
+}
+
+impl<W: Write> Write for ConsoleOut<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        // The UART hands us one byte at a time; keep just enough history to
+        // find the banner across writes.
+        self.tail.extend_from_slice(&buf[..n]);
+        if self.tail.windows(PANIC_MARK.len()).any(|w| w == PANIC_MARK) {
+            self.panicked.store(true, Ordering::SeqCst);
+        }
+        if self.tail.len() >= PANIC_MARK.len() {
+            self.tail.drain(..self.tail.len() + 1 - PANIC_MARK.len());
+        }
+        // Console output is interactive: show each line as soon as it ends.
+        if buf[..n].contains(&b'\n') {
+            self.out.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// All devices of a VM and the buses that reach them.
+#[derive(Default)]
+pub struct DeviceManager {
+    serial: Option<Arc<Mutex<SerialDevice>>>,
+    i8042: Option<Arc<Mutex<I8042>>>,
+    mmio: Vec<MmioSlot>,
+    cmdline_words: Vec<String>,
+    net_metrics: Vec<Arc<NetMetrics>>,
+}
+
+impl DeviceManager {
+    /// An empty device manager.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Puts a 16550A-compatible UART at COM1 with IRQ 4, writing to `out`.
+    pub fn attach_serial(
+        &mut self,
+        vm: &VmFd,
+        out: Box<dyn Write + Send>,
+    ) -> Result<Arc<Mutex<SerialDevice>>, DeviceError> {
+        let serial = SerialDevice::new(out).map_err(DeviceError::Serial)?;
+        vm.register_irqfd(serial.irq_evt(), SERIAL_IRQ)
+            .map_err(|e| DeviceError::Irqfd(SERIAL_IRQ, e))?;
+        let serial = Arc::new(Mutex::new(serial));
+        self.serial = Some(serial.clone());
+        Ok(serial)
+    }
+
+    /// Puts the i8042 at ports 0x60/0x64; its reset `EventFd` ends the VM.
+    pub fn attach_i8042(&mut self) -> Result<Arc<Mutex<I8042>>, DeviceError> {
+        let dev = Arc::new(Mutex::new(I8042::new().map_err(DeviceError::I8042)?));
+        self.i8042 = Some(dev.clone());
+        Ok(dev)
+    }
+
+    /// Creates the virtio-net device on `cfg.tap` (failing now if the TAP
+    /// cannot be opened), places it in the next MMIO window with the next IRQ,
+    /// wires its interrupt and queue notifications into KVM, registers its
+    /// backend with the event manager, and records the `virtio_mmio.device=`
+    /// word that tells the guest where it is.
+    pub fn attach_net(
+        &mut self,
+        vm: &VmFd,
+        mem: &GuestMemory,
+        cfg: &NetConfig,
+        events: &mut Events,
+    ) -> Result<(), DeviceError> {
+        let net_cfg = devices::virtio::net::NetConfig {
+            mac: cfg.mac.0,
+            queue_size: cfg.queue_size,
+            tx_weight_bytes: cfg.tx_weight_bytes,
+            tx_weight_packets: cfg.tx_weight_packets,
+            rx_weight_bytes: cfg.rx_weight_bytes,
+            rx_weight_packets: cfg.rx_weight_packets,
+            offloads: cfg.offloads,
+            mrg_rxbuf: cfg.mrg_rxbuf,
+            ..Default::default()
+        };
+        let net = Net::new(&cfg.tap, net_cfg, mem.clone())
+            .map_err(|e| DeviceError::Net(cfg.tap.clone(), e))?;
+        self.net_metrics.push(net.metrics());
+        let net = Arc::new(Mutex::new(net));
+        self.attach_virtio(vm, mem, net.clone())?;
+        events.add_subscriber(net);
+        Ok(())
+    }
+
+    fn attach_virtio(
+        &mut self,
+        vm: &VmFd,
+        mem: &GuestMemory,
+        device: Arc<Mutex<dyn VirtioDevice>>,
+    ) -> Result<(), DeviceError> {
+        let index = self.mmio.len() as u64;
+        let irq = layout::IRQ_BASE + index as u32;
+        if irq > VIRTIO_IRQ_MAX {
+            return Err(DeviceError::NoIrq);
+        }
+        let base = layout::VIRTIO_MMIO_BASE + index * MMIO_WINDOW_SIZE;
+        let transport = MmioTransport::new(mem.clone(), device.clone()).map_err(DeviceError::Mmio)?;
+        vm.register_irqfd(transport.interrupt_evt(), irq)
+            .map_err(|e| DeviceError::Irqfd(irq, e))?;
+        {
+            let dev = device.lock().expect("device lock poisoned during setup");
+            let notify = base + QUEUE_NOTIFY_OFFSET;
+            for (queue, evt) in dev.queue_events().iter().enumerate() {
+                // Datamatch on the queue index: the driver writes the index
+                // of the queue it kicks (virtio 1.1 §4.2.2, QueueNotify).
+                vm.register_ioevent(evt, &IoEventAddress::Mmio(notify), queue as u32)
+                    .map_err(|e| DeviceError::Ioeventfd(notify, e))?;
+            }
+        }
+        self.cmdline_words.push(format!(
+            "virtio_mmio.device={}K@{:#x}:{}",
+            MMIO_WINDOW_SIZE / 1024,
+            base,
+            irq
+        ));
+        self.mmio.push(MmioSlot { base, transport: Arc::new(Mutex::new(transport)) });
+        Ok(())
+    }
+
+    /// Kernel command-line words announcing the virtio-MMIO devices.
+    pub fn cmdline_words(&self) -> &[String] {
+        &self.cmdline_words
+    }
+
+    /// The highest IRQ in use, for the MP table's interrupt entries.
+    pub fn max_irq(&self) -> u8 {
+        (layout::IRQ_BASE + self.mmio.len() as u32) as u8
+    }
+
+    /// Metrics of every network device, in attach order (`net0`, `net1`...).
+    pub fn net_metrics(&self) -> &[Arc<NetMetrics>] {
+        &self.net_metrics
+    }
+
+    fn mmio_slot(&self, addr: u64) -> Option<(&MmioSlot, u64)> {
+        self.mmio
+            .iter()
+            .find(|s| (s.base..s.base + MMIO_WINDOW_SIZE).contains(&addr))
+            .map(|s| (s, addr - s.base))
+    }
+}
+
+/// Locks a device; a poisoned lock means a device thread panicked, and the
+/// device state is still the best we have, so keep serving it.
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ExitBus for DeviceManager {
+    fn pio_read(&self, port: u16, data: &mut [u8]) {
+        // Unclaimed ports float high on a PC bus.
+        data.fill(0xff);
+        let Some(byte) = data.first_mut() else { return };
+        match port {
+            p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
+                if let Some(s) = &self.serial {
+                    *byte = lock(s).read((p - SERIAL_PORT) as u8);
+                }
+            }
+            I8042_DATA_PORT | I8042_CMD_PORT => {
+                if let Some(d) = &self.i8042 {
+                    *byte = lock(d).read((port - I8042_DATA_PORT) as u8);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn pio_write(&self, port: u16, data: &[u8]) {
+        let Some(&byte) = data.first() else { return };
+        match port {
+            p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
+                if let Some(s) = &self.serial {
+                    lock(s).write((p - SERIAL_PORT) as u8, byte);
+                }
+            }
+            I8042_DATA_PORT | I8042_CMD_PORT => {
+                if let Some(d) = &self.i8042 {
+                    lock(d).write((port - I8042_DATA_PORT) as u8, byte);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        match self.mmio_slot(addr) {
+            Some((slot, offset)) => lock(&slot.transport).read(offset, data),
+            None => data.fill(0xff),
+        }
+    }
+
+    fn mmio_write(&self, addr: u64, data: &[u8]) {
+        if let Some((slot, offset)) = self.mmio_slot(addr) {
+            lock(&slot.transport).write(offset, data);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn console_notices_a_panic_split_across_writes() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let sink = Shared::default();
+        let mut out = ConsoleOut::new(sink.clone(), flag.clone());
+        for b in b"[ 1.0] Run /init as init process\n[ 1.1] Kernel pan".iter() {
+            out.write_all(&[*b]).unwrap();
+        }
+        assert!(!flag.load(Ordering::SeqCst));
+        for b in b"ic - not syncing: Attempted to kill init!\n".iter() {
+            out.write_all(&[*b]).unwrap();
+        }
+        assert!(flag.load(Ordering::SeqCst));
+        assert!(String::from_utf8(sink.0.lock().unwrap().clone()).unwrap().ends_with("init!\n"));
+    }
+
+    #[test]
+    fn console_without_panic_stays_clear() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let mut out = ConsoleOut::new(Vec::new(), flag.clone());
+        out.write_all(b"Kernel panic? not this time - not syncing\n").unwrap();
+        assert!(!flag.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn unclaimed_ports_and_addresses_read_all_ones() {
+        let dm = DeviceManager::new();
+        let mut b = [0u8; 2];
+        dm.pio_read(0x80, &mut b);
+        assert_eq!(b, [0xff, 0xff]);
+        let mut w = [0u8; 4];
+        dm.mmio_read(0xd000_0000, &mut w);
+        assert_eq!(w, [0xff; 4]);
+        // Writes to nothing are ignored rather than fatal.
+        dm.pio_write(0x3f8, b"x");
+        dm.mmio_write(0xd000_0070, &[0; 4]);
+    }
+}

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Running a built VM: vCPU threads plus one event loop on the main thread.
+//!
+//! The main thread runs an event-manager loop that serves every device
+//! backend (virtio-net RX/TX), console input, the i8042 reset line, the
+//! vCPUs' exit notifications and the stop signals. Whatever ends the VM is
+//! recorded once in an [`ExitSink`]; the loop then restores the terminal,
+//! writes the metrics and returns the reason, from which `main` picks the
+//! process exit status.
+
+use std::io::{self, IsTerminal, Read};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use devices::legacy::i8042::I8042;
+use devices::legacy::serial::SerialDevice;
+use event_manager::{EventOps, Events as EpollEvents, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::{Kvm, VmFd};
+use log::{error, info, warn};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::terminal::Terminal;
+
+use crate::device_manager::{DeviceManager, Events};
+use crate::signals::SignalFd;
+use crate::vcpu::Vcpu;
+use crate::vm_exit::{ExitSink, VmExit};
+
+const EXIT_EVENT: u32 = 0;
+const RESET_EVENT: u32 = 1;
+const SIGNAL_EVENT: u32 = 2;
+const STDIN_EVENT: u32 = 3;
+
+/// A built VM, ready to run.
+pub struct Vmm {
+    // KVM objects are kept so the VM outlives its vCPU threads.
+    _kvm: Kvm,
+    _vm: VmFd,
+    _mem: vm_memory::GuestMemoryMmap<()>,
+    devices: Arc<DeviceManager>,
+    events: Events,
+    exit: ExitSink,
+    vcpus: Vec<Vcpu>,
+    serial: Arc<Mutex<SerialDevice>>,
+    i8042: Arc<Mutex<I8042>>,
+    panicked: Arc<AtomicBool>,
+    metrics: Option<PathBuf>,
+}
+
+/// Puts a terminal on stdin into raw mode so keys reach the guest as typed,
+/// and restores canonical mode when dropped.
+struct RawTerminal {
+    active: bool,
+}
+
+impl RawTerminal {
+    fn new() -> Self {
+        let stdin = io::stdin();
+        let active = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
+        RawTerminal { active }
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        if self.active {
+            if let Err(e) = io::stdin().lock().set_canon_mode() {
+                warn!("cannot restore the terminal: {e}");
+            }
+        }
+    }
+}
+
+/// Serves the VM's control events on the main loop.
+struct Control {
+    exit: ExitSink,
+    exit_evt: EventFd,
+    reset_evt: EventFd,
+    signals: SignalFd,
+    serial: Arc<Mutex<SerialDevice>>,
+    panicked: Arc<AtomicBool>,
+    devices: Arc<DeviceManager>,
+    metrics: Option<PathBuf>,
+    stdin_open: bool,
+}
+
+impl Control {
+    fn on_signal(&mut self) {
+        loop {
+            match self.signals.read() {
+                Ok(Some(libc::SIGUSR1)) => write_metrics(&self.devices, self.metrics.as_ref()),
+                Ok(Some(sig)) => self.exit.report(VmExit::Signal(sig)),
+                Ok(None) => break,
+                Err(e) => {
+                    error!("cannot read signalfd: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_stdin(&mut self, ops: &mut EventOps) {
+        let mut buf = [0u8; 64];
+        match io::stdin().lock().read(&mut buf) {
+            Ok(0) => self.close_stdin(ops),
+            Ok(n) => {
+                let mut serial = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+                if let Err(e) = serial.enqueue_input(&buf[..n]) {
+                    warn!("console input dropped: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                warn!("console input closed: {e}");
+                self.close_stdin(ops);
+            }
+        }
+    }
+
+    fn close_stdin(&mut self, ops: &mut EventOps) {
+        if self.stdin_open {
+            self.stdin_open = false;
+            let _ = ops.remove(EpollEvents::new_raw(io::stdin().as_raw_fd(), EventSet::IN));
+        }
+    }
+}
+
+impl MutEventSubscriber for Control {
+    fn process(&mut self, events: EpollEvents, ops: &mut EventOps) {
+        match events.data() {
+            EXIT_EVENT => {
+                let _ = self.exit_evt.read();
+            }
+            RESET_EVENT => {
+                let _ = self.reset_evt.read();
+                let reason = if self.panicked.load(Ordering::SeqCst) {
+                    VmExit::PanicReset
+                } else {
+                    VmExit::Reset
+                };
+                self.exit.report(reason);
+            }
+            SIGNAL_EVENT => self.on_signal(),
+            STDIN_EVENT => {
+                if events.event_set().contains(EventSet::IN) {
+                    self.on_stdin(ops);
+                } else {
+                    // HUP/ERR without data: nothing more will come.
+                    self.close_stdin(ops);
+                }
+            }
+            other => warn!("unexpected control event {other}"),
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        let regs = [
+            (self.exit_evt.as_raw_fd(), EXIT_EVENT),
+            (self.reset_evt.as_raw_fd(), RESET_EVENT),
+            (self.signals.as_raw_fd(), SIGNAL_EVENT),
+        ];
+        for (fd, data) in regs {
+            if let Err(e) = ops.add(EpollEvents::with_data_raw(fd, data, EventSet::IN)) {
+                error!("cannot register control event {data}: {e}");
+            }
+        }
+        // stdin may be /dev/null or a file, which epoll refuses: then the
+        // guest simply gets no console input.
+        let stdin = io::stdin().as_raw_fd();
+        self.stdin_open = ops
+            .add(EpollEvents::with_data_raw(stdin, STDIN_EVENT, EventSet::IN))
+            .is_ok();
+    }
+}
+
+/// Writes `{"net0": {...}, ...}` atomically (temp file + rename) so a reader
+/// never sees half a file.
+pub fn write_metrics(devices: &DeviceManager, path: Option<&PathBuf>) {
+    let Some(path) = path else { return };
+    let mut obj = serde_json::Map::new();
+    for (i, m) in devices.net_metrics().iter().enumerate() {
+        obj.insert(format!("net{i}"), m.to_json());
+    }
+    let text = serde_json::Value::Object(obj).to_string();
+    let tmp = path.with_extension("tmp");
+    let result = std::fs::write(&tmp, text + "\n").and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = result {
+        error!("cannot write metrics to {}: {e}", path.display());
+    }
+}
+
+impl Vmm {
+    /// Assembles a VM from the builder's parts.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        kvm: Kvm,
+        vm: VmFd,
+        mem: vm_memory::GuestMemoryMmap<()>,
+        devices: Arc<DeviceManager>,
+        events: Events,
+        exit: ExitSink,
+        vcpus: Vec<Vcpu>,
+        serial: Arc<Mutex<SerialDevice>>,
+        i8042: Arc<Mutex<I8042>>,
+        panicked: Arc<AtomicBool>,
+        metrics: Option<PathBuf>,
+    ) -> Self {
+        Vmm {
+            _kvm: kvm,
+            _vm: vm,
+            _mem: mem,
+            devices,
+            events,
+            exit,
+            vcpus,
+            serial,
+            i8042,
+            panicked,
+            metrics,
+        }
+    }
+
+    /// Runs the VM until it ends and returns why. `start` is when the
+    /// process started, for the boot-time report.
+    pub fn run(mut self, start: Instant) -> io::Result<VmExit> {
+        // Block the stop signals before any thread exists so every thread
+        // inherits the mask and only the signalfd sees them.
+        let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
+        let reset_evt = self
+            .i8042
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reset_evt()
+            .try_clone()?;
+        let control = Control {
+            exit: self.exit.clone(),
+            exit_evt: self.exit.evt().try_clone()?,
+            reset_evt,
+            signals,
+            serial: self.serial.clone(),
+            panicked: self.panicked.clone(),
+            devices: self.devices.clone(),
+            metrics: self.metrics.clone(),
+            stdin_open: false,
+        };
+        self.events.add_subscriber(Arc::new(Mutex::new(control)));
+        let terminal = RawTerminal::new();
+
+        for vcpu in self.vcpus.drain(..) {
+            let sink = self.exit.clone();
+            let first = vcpu.id() == 0;
+            std::thread::Builder::new()
+                .name(format!("vcpu{}", vcpu.id()))
+                .spawn(move || {
+                    if first {
+                        info!("boot: {} ms from start to first vCPU entry", start.elapsed().as_millis());
+                    }
+                    vcpu.run(sink)
+                })?;
+        }
+
+        while self.exit.reason().is_none() {
+            if let Err(e) = self.events.run() {
+                self.exit.report(VmExit::Fault(format!("event loop failed: {e}")));
+            }
+        }
+        drop(terminal);
+        write_metrics(&self.devices, self.metrics.as_ref());
+        let reason = self.exit.reason().expect("the loop ends only once a reason is recorded");
+        info!("run time: {} ms", start.elapsed().as_millis());
+        Ok(reason)
+    }
+}

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Recoveries for a PVM-backed KVM host.
+//!
+//! On a pagetable-based hypervisor (the `kvm_pvm` module) guest kernel code
+//! is instruction-emulated, and some instructions fail emulation
+//! (../shared/HOST-KVM.md in the project notes). minivmm detects such a host
+//! and (a) adds guest command-line words that keep the kernel off those
+//! instructions and off paravirtual paths, and (b) recovers the INT3 that
+//! Linux executes in an early self-test. On an ordinary VMX/SVM host none of
+//! this is applied unless forced with `--host-quirks on`.
+
+use std::path::Path;
+
+use crate::config::HostQuirks;
+
+/// Where the PVM module shows itself.
+const PVM_MODULE: &str = "/sys/module/kvm_pvm";
+
+/// Guest command-line words for a PVM host: no XSAVE (XRSTOR fails emulation),
+/// no paravirtual hypercalls (a `vmcall` never completes), and CPUID features
+/// hidden whose instructions (clac/stac, popcnt, rdrand...) fail emulation.
+/// Masking them through KVM_SET_CPUID2 was measured not to take effect there,
+/// so the kernel is asked to ignore them.
+pub const PVM_CMDLINE: &str = "noxsave nopv clearcpuid=smap,smep,umip,pku,popcnt,rdrand,rdseed,\
+fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt";
+
+/// Whether this host's KVM is PVM-backed.
+pub fn is_pvm_host() -> bool {
+    Path::new(PVM_MODULE).exists()
+}
+
+/// Resolves the `--host-quirks` switch against the host.
+pub fn quirks_enabled(mode: HostQuirks, pvm_host: bool) -> bool {
+    match mode {
+        HostQuirks::Auto => pvm_host,
+        HostQuirks::On => true,
+        HostQuirks::Off => false,
+    }
+}
+
+/// KVM_INTERNAL_ERROR_EMULATION: the in-kernel emulator gave up.
+pub const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
+/// The INT3 opcode.
+const INT3: u8 = 0xcc;
+
+/// Decodes the instruction bytes KVM reports with an emulation failure:
+/// data[0] holds flags, the low byte of data[1] the instruction length and
+/// the bytes after it the instruction itself.
+pub fn emulation_failure_insn(suberror: u32, ndata: u32, data: &[u64]) -> Option<Vec<u8>> {
+    if suberror != KVM_INTERNAL_ERROR_EMULATION || ndata < 2 {
+        return None;
+    }
+    let ndata = (ndata as usize).min(data.len());
+    let bytes: Vec<u8> = data[..ndata].iter().flat_map(|w| w.to_le_bytes()).collect();
+    let len = usize::from(*bytes.get(8)?);
+    let insn = bytes.get(9..9 + len)?;
+    Some(insn.to_vec())
+}
+
+/// Whether a failed instruction is the INT3 we know how to recover: the
+/// caller skips the byte and injects #BP, which is what the CPU would have done.
+pub fn is_recoverable_int3(insn: &[u8]) -> bool {
+    insn.first() == Some(&INT3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn internal_data(len: u8, insn: &[u8]) -> Vec<u64> {
+        let mut bytes = vec![0u8; 8];
+        bytes.push(len);
+        bytes.extend_from_slice(insn);
+        bytes.resize(bytes.len().div_ceil(8) * 8, 0);
+        bytes
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn decodes_int3_and_other_instructions() {
+        let data = internal_data(1, &[0xcc]);
+        let insn = emulation_failure_insn(1, data.len() as u32, &data).unwrap();
+        assert_eq!(insn, vec![0xcc]);
+        assert!(is_recoverable_int3(&insn));
+
+        // xrstor (0f ae /5) is not recoverable.
+        let data = internal_data(3, &[0x0f, 0xae, 0x2f]);
+        let insn = emulation_failure_insn(1, data.len() as u32, &data).unwrap();
+        assert_eq!(insn, vec![0x0f, 0xae, 0x2f]);
+        assert!(!is_recoverable_int3(&insn));
+    }
+
+    #[test]
+    fn rejects_other_suberrors_and_short_data() {
+        let data = internal_data(1, &[0xcc]);
+        assert_eq!(emulation_failure_insn(2, data.len() as u32, &data), None);
+        assert_eq!(emulation_failure_insn(1, 1, &data), None);
+        // A length that runs past the reported data is not trusted.
+        let data = internal_data(15, &[0xcc]);
+        assert_eq!(emulation_failure_insn(1, 2, &data[..2]), None);
+        assert!(!is_recoverable_int3(&[]));
+    }
+
+    #[test]
+    fn quirk_switch() {
+        assert!(quirks_enabled(HostQuirks::Auto, true));
+        assert!(!quirks_enabled(HostQuirks::Auto, false));
+        assert!(quirks_enabled(HostQuirks::On, false));
+        assert!(!quirks_enabled(HostQuirks::Off, true));
+    }
+}

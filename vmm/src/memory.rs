@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Guest memory: allocation through vm-memory and registration with KVM.
+#![allow(unsafe_code)]
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::VmFd;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+/// Errors creating guest memory.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The host could not map the memory.
+    #[error("cannot allocate {0} MiB of guest memory")]
+    Allocate(u64, #[source] vm_memory::mmap::FromRangesError),
+    /// KVM refused a memory slot.
+    #[error("cannot register guest memory slot {0} with KVM")]
+    Register(u32, #[source] kvm_ioctls::Error),
+}
+
+/// Allocates `regions` of anonymous memory and hands each to KVM as a slot.
+pub fn create_guest_memory(
+    vm: &VmFd,
+    regions: &[(GuestAddress, usize)],
+    mem_mib: u64,
+) -> Result<GuestMemoryMmap<()>, MemoryError> {
+    let mem = GuestMemoryMmap::<()>::from_ranges(regions)
+        .map_err(|e| MemoryError::Allocate(mem_mib, e))?;
+    for (slot, region) in mem.iter().enumerate() {
+        let slot = slot as u32;
+        let host_addr = mem
+            .get_host_address(region.start_addr())
+            .expect("a region's start address is inside the memory it came from");
+        let kvm_region = kvm_userspace_memory_region {
+            slot,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host_addr as u64,
+        };
+        // SAFETY: the host range [userspace_addr, +memory_size) is the mmap
+        // owned by `mem`'s region, which lives as long as the returned
+        // GuestMemoryMmap; the VMM keeps that value (and so the mapping) alive
+        // for as long as the VM fd exists, and slots do not overlap because
+        // vm-memory rejects overlapping ranges.
+        unsafe { vm.set_user_memory_region(kvm_region) }
+            .map_err(|e| MemoryError::Register(slot, e))?;
+    }
+    Ok(mem)
+}

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Why a VM ends, and how that reaches the main thread.
+//!
+//! Any thread (a vCPU, the event loop) may learn that the VM must end. The
+//! first reason reported wins and wakes the event loop through an `EventFd`,
+//! which then tears down in one place: terminal restored, metrics written,
+//! process exit code chosen from the reason.
+
+use std::sync::{Arc, Mutex};
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// Why the VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest reset the machine (i8042 reset pulse or KVM reset event).
+    Reset,
+    /// The guest reset the machine after a kernel panic was seen on its console.
+    PanicReset,
+    /// The guest powered off.
+    PowerOff,
+    /// The host asked us to stop (SIGTERM/SIGINT).
+    Signal(i32),
+    /// A failure the VM cannot survive (KVM error, triple fault, emulation failure).
+    Fault(String),
+}
+
+impl VmExit {
+    /// The process exit status for this reason; documented in the README.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            VmExit::Reset | VmExit::PowerOff | VmExit::Signal(_) => 0,
+            VmExit::Fault(_) => 2,
+            VmExit::PanicReset => 3,
+        }
+    }
+
+    /// One line for the log.
+    pub fn describe(&self) -> String {
+        match self {
+            VmExit::Reset => "guest reset the machine".to_string(),
+            VmExit::PanicReset => "guest reset the machine after a kernel panic".to_string(),
+            VmExit::PowerOff => "guest powered off".to_string(),
+            VmExit::Signal(sig) => format!("stopped by signal {sig}"),
+            VmExit::Fault(msg) => msg.clone(),
+        }
+    }
+}
+
+/// A cloneable handle that records the first exit reason and wakes the loop.
+#[derive(Clone)]
+pub struct ExitSink {
+    reason: Arc<Mutex<Option<VmExit>>>,
+    evt: Arc<EventFd>,
+}
+
+impl ExitSink {
+    /// Creates a sink with its wake-up `EventFd`.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(ExitSink {
+            reason: Arc::new(Mutex::new(None)),
+            evt: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
+        })
+    }
+
+    /// Records `reason` unless one was recorded already, and wakes the loop.
+    pub fn report(&self, reason: VmExit) {
+        let mut slot = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        drop(slot);
+        if let Err(e) = self.evt.write(1) {
+            log::error!("cannot wake the event loop: {e}");
+        }
+    }
+
+    /// The recorded reason, if any.
+    pub fn reason(&self) -> Option<VmExit> {
+        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The wake-up `EventFd` the event loop watches.
+    pub fn evt(&self) -> &EventFd {
+        &self.evt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_reason_wins_and_wakes() {
+        let sink = ExitSink::new().unwrap();
+        assert_eq!(sink.reason(), None);
+        sink.clone().report(VmExit::Reset);
+        sink.report(VmExit::Fault("later".into()));
+        assert_eq!(sink.reason(), Some(VmExit::Reset));
+        assert_eq!(sink.evt().read().unwrap(), 2);
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(VmExit::Reset.exit_code(), 0);
+        assert_eq!(VmExit::PowerOff.exit_code(), 0);
+        assert_eq!(VmExit::Signal(15).exit_code(), 0);
+        assert_eq!(VmExit::Fault("x".into()).exit_code(), 2);
+        assert_eq!(VmExit::PanicReset.exit_code(), 3);
+    }
+}
