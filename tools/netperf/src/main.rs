@@ -216,7 +216,15 @@ fn main() -> ExitCode {
                     Err(e) => return arg_error(e),
                 }
             };
-            match client_main(&cli, &extra) {
+            // Invalid sizes for the chosen test are argument errors too (exit 2).
+            let params = match test_params(&cli, &extra) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("mvperf: {e:#} (see mvperf --help)");
+                    return ExitCode::from(2);
+                }
+            };
+            match client_main(&cli, params) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mvperf: {e:#}");
@@ -227,11 +235,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn client_main(cli: &Cli, extra: &SizeArgs) -> Result<()> {
-    let host = cli
-        .host
-        .as_deref()
-        .ok_or_else(|| anyhow::anyhow!("-H HOST is required"))?;
+/// The test parameters from the command line, validated against the test's transport.
+fn test_params(cli: &Cli, extra: &SizeArgs) -> Result<TestParams> {
     let test = cli.test;
     let default_msg = if test.is_udp() { 1472 } else { 16384 };
     let (req_size, resp_size) = extra.rr.or(cli.sizes.rr).unwrap_or((1, 1));
@@ -243,6 +248,15 @@ fn client_main(cli: &Cli, extra: &SizeArgs) -> Result<()> {
         resp_size,
     };
     params.validate()?;
+    Ok(params)
+}
+
+fn client_main(cli: &Cli, params: TestParams) -> Result<()> {
+    let host = cli
+        .host
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("-H HOST is required"))?;
+    let test = params.test;
     let server = client::resolve(host, cli.port)?;
     if !cli.json {
         println!("{}", report::banner(test, host, &server));
