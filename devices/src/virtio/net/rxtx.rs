@@ -1,0 +1,1312 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The datapath: moving frames between the backend and the virtqueues.
+//!
+//! [`RxVirtio`] and [`TxVirtio`] own one queue each and know nothing about
+//! epoll: a pass is one call to `process`, which returns why it stopped
+//! ([`RxStatus`], [`TxStatus`]) so the event glue can decide what to wait for
+//! next.
+//!
+//! RX is zero copy: the device pops RX chains until their writable capacity
+//! reaches the largest frame the backend may deliver under the negotiated
+//! offloads (12 + 1514 bytes without guest TSO/UFO, 12 + 65550 with them),
+//! then does one `readv` straight into all of them. With MRG_RXBUF the frame
+//! lands in as many chains as it needs; each is returned with the bytes it got
+//! and `num_buffers` in the header says how many (virtio 1.1 §5.1.6.4). The
+//! 12-byte header counts inside the first buffer, so a 1526-byte buffer takes
+//! a whole 1514-byte frame. Chains popped but not filled stay cached for the
+//! next frame instead of being pushed back to the ring, so their descriptors
+//! are walked and checked once. Without MRG_RXBUF a frame must fit one chain;
+//! one that does not is dropped and counted, never split.
+//!
+//! A trailing one-byte host buffer after the guest segments tells a frame
+//! that filled the buffers exactly from one that was truncated (a TAP reports
+//! the full length of a truncated frame anyway; a socket does not).
+//!
+//! TX is zero copy too: each chain goes out with one `writev` of its
+//! descriptors as the guest laid them out, header included. EAGAIN keeps the
+//! chain pending until the backend is writable again.
+//!
+//! Both directions stop a pass after a byte weight or a packet weight
+//! (vhost-net's 0x80000 bytes / 256 packets by default) so that a flood in one
+//! direction cannot delay the other: the event loop gets to serve every other
+//! ready event before the next pass.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress};
+
+use super::iov::{self, IoSeg, IOV_MAX};
+use super::metrics::NetMetrics;
+use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
+use crate::virtio::{GuestMemory, Interrupt};
+
+/// Largest TX chain accepted: a 64 KiB GSO frame plus the vnet header.
+pub const MAX_TX_CHAIN_LEN: usize = VNET_HDR_LEN + MAX_FRAME_GSO;
+/// Size of the bounce buffer of the copying baseline (vmm-reference's 64 KiB,
+/// rounded up so the largest GSO frame fits).
+pub const BOUNCE_BUFFER_LEN: usize = MAX_TX_CHAIN_LEN;
+
+/// Why a descriptor chain from the guest was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// A descriptor points outside guest memory.
+    #[error("descriptor outside guest memory")]
+    OutsideMemory,
+    /// A TX chain has a device-writable descriptor.
+    #[error("write-only descriptor in a TX chain")]
+    WriteOnlyOnTx,
+    /// An RX chain has a device-readable descriptor.
+    #[error("read-only descriptor in an RX chain")]
+    ReadOnlyOnRx,
+    /// The chain loops, is longer than the queue, or a descriptor could not
+    /// be read.
+    #[error("chain loops, is longer than the queue or has an unreadable descriptor")]
+    Unterminated,
+    /// The chain is shorter than the 12-byte `virtio_net_hdr_v1`.
+    #[error("chain shorter than the 12-byte virtio-net header")]
+    TooShort,
+    /// A TX chain is longer than 12 + 65550 bytes.
+    #[error("TX chain longer than 12 + 65550 bytes")]
+    TooLong,
+    /// The chain needs more I/O vectors than one syscall takes.
+    #[error("chain needs more than 1023 I/O vectors")]
+    TooManySegments,
+}
+
+/// A validated chain: its head, its length and where its segments are.
+#[derive(Debug, Clone, Copy)]
+struct ChainInfo {
+    head: u16,
+    len: usize,
+    nsegs: usize,
+    ndescs: usize,
+    /// Guest addresses of the two bytes of `num_buffers` (they may sit in
+    /// different descriptors when the guest splits the header).
+    num_buffers_at: [GuestAddress; 2],
+}
+
+/// Walks `chain`, appending its segments to `segs` and checking every
+/// descriptor; on error `segs` is left as it was.
+fn walk_chain(
+    mem: &GuestMemory,
+    chain: DescriptorChain<&GuestMemory>,
+    writable: bool,
+    segs: &mut Vec<IoSeg>,
+) -> Result<ChainInfo, ChainError> {
+    let start = segs.len();
+    let head = chain.head_index();
+    let res = (|| {
+        let mut len = 0usize;
+        let mut ndescs = 0usize;
+        // A chain that yields nothing had an unreadable head descriptor.
+        let mut last_has_next = true;
+        let mut nb: [Option<GuestAddress>; 2] = [None, None];
+        for desc in chain {
+            ndescs += 1;
+            last_has_next = desc.has_next();
+            if desc.is_write_only() != writable {
+                return Err(if writable {
+                    ChainError::ReadOnlyOnRx
+                } else {
+                    ChainError::WriteOnlyOnTx
+                });
+            }
+            let dlen = desc.len() as usize;
+            for (i, slot) in nb.iter_mut().enumerate() {
+                let off = NUM_BUFFERS_OFFSET + i;
+                if slot.is_none() && off >= len && off < len + dlen {
+                    *slot = desc.addr().checked_add((off - len) as u64);
+                }
+            }
+            if dlen > 0 && !iov::push_guest_range(mem, desc.addr(), dlen, segs) {
+                return Err(ChainError::OutsideMemory);
+            }
+            len += dlen;
+            if segs.len() - start >= IOV_MAX {
+                return Err(ChainError::TooManySegments);
+            }
+            if !writable && len > MAX_TX_CHAIN_LEN {
+                return Err(ChainError::TooLong);
+            }
+        }
+        // The iterator ends silently when the chain loops (its TTL runs out)
+        // or a `next` index is out of range: the last descriptor it gave us
+        // then still says there is more.
+        if last_has_next {
+            return Err(ChainError::Unterminated);
+        }
+        if len < VNET_HDR_LEN {
+            return Err(ChainError::TooShort);
+        }
+        match nb {
+            [Some(a), Some(b)] => Ok(ChainInfo {
+                head,
+                len,
+                nsegs: segs.len() - start,
+                ndescs,
+                num_buffers_at: [a, b],
+            }),
+            // len >= 12 puts both bytes inside the chain unless an address
+            // overflowed, which push_guest_range already refused.
+            _ => Err(ChainError::OutsideMemory),
+        }
+    })();
+    if res.is_err() {
+        segs.truncate(start);
+    }
+    res
+}
+
+/// Pops the next available chain; `Err` when the avail ring is unusable.
+fn pop_chain<'a>(
+    queue: &mut Queue,
+    mem: &'a GuestMemory,
+) -> Result<Option<DescriptorChain<&'a GuestMemory>>, virtio_queue::Error> {
+    Ok(queue.iter(mem)?.next())
+}
+
+/// Returns a refused chain to the guest with length 0 and counts it.
+fn return_malformed(
+    queue: &mut Queue,
+    mem: &GuestMemory,
+    metrics: &NetMetrics,
+    head: u16,
+    err: ChainError,
+    dir: &str,
+) -> Result<(), virtio_queue::Error> {
+    let n = NetMetrics::inc(&metrics.malformed_chains);
+    warn_rate_limited(n, format_args!("{dir} chain {head} refused: {err}"));
+    if head >= queue.size() {
+        // Not a descriptor of this ring: there is nothing to give back.
+        return Ok(());
+    }
+    queue.add_used(mem, head, 0)
+}
+
+/// Raises the used-buffer interrupt unless the driver suppressed it.
+fn signal_used(queue: &mut Queue, mem: &GuestMemory, irq: &dyn Interrupt, metrics: &NetMetrics) {
+    match queue.needs_notification(mem) {
+        Ok(true) => {
+            NetMetrics::inc(&metrics.interrupts);
+            irq.signal_used_queue();
+        }
+        Ok(false) => {
+            NetMetrics::inc(&metrics.interrupts_suppressed);
+        }
+        // The used_event field is unreadable: interrupt rather than stall.
+        Err(_) => {
+            NetMetrics::inc(&metrics.interrupts);
+            irq.signal_used_queue();
+        }
+    }
+}
+
+fn queue_failed(metrics: &NetMetrics, dir: &str, err: &virtio_queue::Error) {
+    let n = NetMetrics::inc(&metrics.queue_errors);
+    warn_rate_limited(
+        n,
+        format_args!("{dir} queue unusable until the driver resets the device: {err}"),
+    );
+}
+
+fn weight_reached(bytes: u64, frames: u64, weight_bytes: u64, weight_frames: u64) -> bool {
+    (weight_bytes != 0 && bytes >= weight_bytes) || (weight_frames != 0 && frames >= weight_frames)
+}
+
+/// How an RX pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxStatus {
+    /// The backend has no more frames (EAGAIN).
+    Drained,
+    /// The guest has not posted enough buffers; reading stopped until the
+    /// next RX queue notification.
+    Starved,
+    /// The pass hit the byte or packet weight; more frames may be waiting.
+    WeightHit,
+    /// The queue is unusable until the driver resets the device.
+    Broken,
+}
+
+/// The receive side: one RX queue filled from the backend.
+#[derive(Debug)]
+pub struct RxVirtio {
+    pub(crate) queue: Queue,
+    mrg_rxbuf: bool,
+    /// Largest frame the backend may deliver, vnet header included.
+    max_frame: usize,
+    weight_bytes: u64,
+    weight_packets: u64,
+    /// Chains popped and validated but not filled yet, in ring order.
+    chains: VecDeque<ChainInfo>,
+    /// Segments of `chains`, in the same order.
+    segs: Vec<IoSeg>,
+    cached_len: usize,
+    cached_descs: usize,
+    /// The I/O vector of one `readv` (a prefix of `segs`).
+    iov: Vec<IoSeg>,
+    /// Catches the first byte past the guest buffers to detect truncation.
+    overflow: [u8; 1],
+    bounce: Option<Vec<u8>>,
+    used_lens: Vec<usize>,
+    /// Guest notifications are enabled (we are waiting for buffers).
+    notify_enabled: bool,
+    starved_since: Option<Instant>,
+    broken: bool,
+}
+
+impl RxVirtio {
+    /// Wraps a ready RX queue; `max_frame` includes the vnet header.
+    pub fn new(
+        queue: Queue,
+        mrg_rxbuf: bool,
+        max_frame: usize,
+        weight_bytes: u64,
+        weight_packets: u64,
+        bounce: bool,
+    ) -> Self {
+        RxVirtio {
+            queue,
+            mrg_rxbuf,
+            max_frame,
+            weight_bytes,
+            weight_packets,
+            chains: VecDeque::new(),
+            segs: Vec::new(),
+            cached_len: 0,
+            cached_descs: 0,
+            iov: Vec::new(),
+            overflow: [0],
+            bounce: bounce.then(|| vec![0u8; BOUNCE_BUFFER_LEN + 1]),
+            used_lens: Vec::new(),
+            notify_enabled: true,
+            starved_since: None,
+            broken: false,
+        }
+    }
+
+    /// Whether the queue is unusable until a reset.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Whether the last pass ended starved (and when that began).
+    pub fn starved_since(&self) -> Option<Instant> {
+        self.starved_since
+    }
+
+    /// Ends a starvation period, adding its length to `rx_starved_ns`.
+    /// Returns whether the device was starved.
+    pub fn end_starvation(&mut self, metrics: &NetMetrics) -> bool {
+        match self.starved_since.take() {
+            Some(t) => {
+                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                NetMetrics::add(&metrics.rx_starved_ns, ns);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the cached chains can take the next frame.
+    fn enough_buffers(&self) -> bool {
+        if self.chains.is_empty() {
+            return false;
+        }
+        // With MRG_RXBUF, read once the cache can hold the largest possible
+        // frame, or once it holds every descriptor of the ring (the guest
+        // cannot post more, so waiting would deadlock; a frame that does not
+        // fit is then dropped), or once one readv could not take more.
+        !self.mrg_rxbuf
+            || self.cached_len >= self.max_frame
+            || self.cached_descs >= usize::from(self.queue.size())
+            || self.segs.len() >= IOV_MAX - 1
+    }
+
+    /// Pops chains into the cache until it can take a frame. Ok(false): the
+    /// ring has no more chains.
+    fn fill_cache(&mut self, mem: &GuestMemory, metrics: &NetMetrics) -> Result<bool, ()> {
+        while !self.enough_buffers() {
+            let chain = match pop_chain(&mut self.queue, mem) {
+                Ok(Some(chain)) => chain,
+                Ok(None) => return Ok(false),
+                Err(e) => {
+                    queue_failed(metrics, "RX", &e);
+                    return Err(());
+                }
+            };
+            let head = chain.head_index();
+            match walk_chain(mem, chain, true, &mut self.segs) {
+                Ok(info) => {
+                    self.cached_len += info.len;
+                    self.cached_descs += info.ndescs;
+                    self.chains.push_back(info);
+                }
+                Err(err) => {
+                    if let Err(e) = return_malformed(&mut self.queue, mem, metrics, head, err, "RX")
+                    {
+                        queue_failed(metrics, "RX", &e);
+                        return Err(());
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads one frame into the cached chains. Ok(None): a frame was read
+    /// but dropped.
+    fn read_frame(
+        &mut self,
+        mem: &GuestMemory,
+        fd: RawFd,
+        metrics: &NetMetrics,
+    ) -> io::Result<Option<usize>> {
+        // Chains offered to this read: without MRG_RXBUF only the first; with
+        // it, as many as the largest frame needs and one syscall takes.
+        let mut nchains = 0;
+        let mut nsegs = 0;
+        let mut cap = 0;
+        for c in &self.chains {
+            if nchains > 0
+                && (!self.mrg_rxbuf || cap >= self.max_frame || nsegs + c.nsegs >= IOV_MAX)
+            {
+                break;
+            }
+            nchains += 1;
+            nsegs += c.nsegs;
+            cap += c.len;
+        }
+
+        let n = match self.bounce.as_mut() {
+            Some(bounce) => {
+                let n = iov::read(fd, bounce)?;
+                if n <= cap {
+                    iov::copy_to_segs(&self.segs[..nsegs], &bounce[..n]);
+                }
+                n
+            }
+            None => {
+                self.iov.clear();
+                self.iov.extend_from_slice(&self.segs[..nsegs]);
+                iov::readv(fd, &mut self.iov, &mut self.overflow)?
+            }
+        };
+        if !(VNET_HDR_LEN..=cap).contains(&n) {
+            // The chains keep their place in the cache for the next frame.
+            let d = NetMetrics::inc(&metrics.rx_dropped);
+            warn_rate_limited(
+                d,
+                format_args!("dropped a {n}-byte RX frame: posted buffers hold {cap} bytes"),
+            );
+            return Ok(None);
+        }
+
+        self.used_lens.clear();
+        let mut left = n;
+        for c in &self.chains {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(c.len);
+            self.used_lens.push(take);
+            left -= take;
+        }
+        let used = self.used_lens.len();
+        // num_buffers (virtio 1.1 §5.1.6.4): 1 without MRG_RXBUF. The backend
+        // leaves these two bytes untouched, so they must always be written.
+        let nb = u16::try_from(used).unwrap_or(u16::MAX).to_le_bytes();
+        let first = self.chains[0];
+        for (byte, addr) in nb.iter().zip(first.num_buffers_at) {
+            // Both addresses were checked to be guest memory when the chain
+            // was cached; a failure here is a host-side mapping problem.
+            if let Err(e) = mem.write_obj(*byte, addr) {
+                NetMetrics::inc(&metrics.host_errors);
+                log::error!("virtio-net: cannot write num_buffers: {e}");
+            }
+        }
+        let mut used_segs = 0;
+        for (c, len) in self.chains.drain(..used).zip(&self.used_lens) {
+            used_segs += c.nsegs;
+            self.cached_len -= c.len;
+            self.cached_descs -= c.ndescs;
+            // Frame lengths are at most 12 + 65550, well within u32.
+            if let Err(e) = self.queue.add_used(mem, c.head, *len as u32) {
+                queue_failed(metrics, "RX", &e);
+                self.broken = true;
+            }
+        }
+        self.segs.drain(..used_segs);
+
+        NetMetrics::inc(&metrics.rx_frames);
+        NetMetrics::add(&metrics.rx_bytes, (n - VNET_HDR_LEN) as u64);
+        NetMetrics::add(&metrics.rx_buffers, used as u64);
+        Ok(Some(n))
+    }
+
+    /// One RX pass: reads frames until the backend is empty, the guest runs
+    /// out of buffers, or the weight is reached.
+    pub fn process(
+        &mut self,
+        mem: &GuestMemory,
+        fd: RawFd,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> RxStatus {
+        if self.broken {
+            return RxStatus::Broken;
+        }
+        NetMetrics::inc(&metrics.rx_passes);
+        let used_before = self.queue.next_used();
+        let mut bytes = 0u64;
+        let mut frames = 0u64;
+        let status = loop {
+            match self.fill_cache(mem, metrics) {
+                Err(()) => {
+                    self.broken = true;
+                    break RxStatus::Broken;
+                }
+                Ok(true) => {
+                    if self.notify_enabled {
+                        // We have buffers: the guest need not kick us for
+                        // more until we run short again.
+                        if self.queue.disable_notification(mem).is_ok() {
+                            self.notify_enabled = false;
+                        }
+                    }
+                }
+                Ok(false) => {
+                    // Ask for a kick when buffers are posted, then look once
+                    // more: some may have arrived before the request landed.
+                    self.notify_enabled = true;
+                    match self.queue.enable_notification(mem) {
+                        Ok(true) => continue,
+                        Ok(false) => {
+                            NetMetrics::inc(&metrics.rx_no_avail_buffer);
+                            self.starved_since = Some(Instant::now());
+                            break RxStatus::Starved;
+                        }
+                        Err(e) => {
+                            queue_failed(metrics, "RX", &e);
+                            self.broken = true;
+                            break RxStatus::Broken;
+                        }
+                    }
+                }
+            }
+            match self.read_frame(mem, fd, metrics) {
+                Ok(n) => {
+                    frames += 1;
+                    bytes += n.unwrap_or(0) as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break RxStatus::Drained,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    NetMetrics::inc(&metrics.host_errors);
+                    log::error!("virtio-net: backend read failed: {e}");
+                    break RxStatus::Drained;
+                }
+            }
+            if self.broken {
+                break RxStatus::Broken;
+            }
+            if weight_reached(bytes, frames, self.weight_bytes, self.weight_packets) {
+                NetMetrics::inc(&metrics.rx_weight_hits);
+                break RxStatus::WeightHit;
+            }
+        };
+        if self.queue.next_used() != used_before {
+            signal_used(&mut self.queue, mem, irq, metrics);
+        }
+        status
+    }
+}
+
+/// How a TX pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxStatus {
+    /// The TX ring is empty and guest notifications are enabled again.
+    Done,
+    /// The pass hit the byte or packet weight with chains still available.
+    WeightHit,
+    /// The backend returned EAGAIN; a chain is pending until it is writable.
+    Blocked,
+    /// The queue is unusable until the driver resets the device.
+    Broken,
+}
+
+/// A TX chain the backend refused with EAGAIN; its segments stay in `segs`.
+#[derive(Debug, Clone, Copy)]
+struct PendingTx {
+    head: u16,
+    len: usize,
+}
+
+/// The transmit side: one TX queue drained into the backend.
+#[derive(Debug)]
+pub struct TxVirtio {
+    pub(crate) queue: Queue,
+    weight_bytes: u64,
+    weight_packets: u64,
+    segs: Vec<IoSeg>,
+    pending: Option<PendingTx>,
+    bounce: Option<Vec<u8>>,
+    broken: bool,
+}
+
+enum Sent {
+    Ok,
+    Again,
+    Dropped,
+}
+
+impl TxVirtio {
+    /// Wraps a ready TX queue.
+    pub fn new(queue: Queue, weight_bytes: u64, weight_packets: u64, bounce: bool) -> Self {
+        TxVirtio {
+            queue,
+            weight_bytes,
+            weight_packets,
+            segs: Vec::new(),
+            pending: None,
+            bounce: bounce.then(|| Vec::with_capacity(BOUNCE_BUFFER_LEN)),
+            broken: false,
+        }
+    }
+
+    /// Whether a chain waits for the backend to become writable.
+    pub fn is_blocked(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn send(&mut self, fd: RawFd, len: usize, metrics: &NetMetrics) -> Sent {
+        loop {
+            let res = match self.bounce.as_mut() {
+                Some(buf) => {
+                    iov::copy_from_segs(&self.segs, buf);
+                    iov::write(fd, buf)
+                }
+                None => iov::writev(fd, &self.segs),
+            };
+            return match res {
+                Ok(_) => {
+                    NetMetrics::inc(&metrics.tx_frames);
+                    NetMetrics::add(&metrics.tx_bytes, (len - VNET_HDR_LEN) as u64);
+                    Sent::Ok
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    NetMetrics::inc(&metrics.tap_eagain);
+                    Sent::Again
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // The TAP refuses frames the guest got wrong (a bad GSO
+                    // header: EINVAL) or cannot take now (interface down:
+                    // EIO). Neither is a host fault; the frame is lost as on
+                    // a real wire.
+                    let n = NetMetrics::inc(&metrics.tx_dropped);
+                    warn_rate_limited(n, format_args!("backend refused a TX frame: {e}"));
+                    Sent::Dropped
+                }
+            };
+        }
+    }
+
+    fn more_available(&self, mem: &GuestMemory) -> bool {
+        self.queue
+            .avail_idx(mem, Ordering::Acquire)
+            .map(|idx| idx.0 != self.queue.next_avail())
+            .unwrap_or(false)
+    }
+
+    /// One TX pass: sends chains until the ring is empty, the backend
+    /// pushes back, or the weight is reached.
+    pub fn process(
+        &mut self,
+        mem: &GuestMemory,
+        fd: RawFd,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> TxStatus {
+        if self.broken {
+            return TxStatus::Broken;
+        }
+        NetMetrics::inc(&metrics.tx_passes);
+        let used_before = self.queue.next_used();
+        let mut bytes = 0u64;
+        let mut frames = 0u64;
+        let status = 'pass: {
+            if let Some(p) = self.pending.take() {
+                NetMetrics::inc(&metrics.tx_eagain_retries);
+                match self.send(fd, p.len, metrics) {
+                    Sent::Again => {
+                        self.pending = Some(p);
+                        break 'pass TxStatus::Blocked;
+                    }
+                    Sent::Ok | Sent::Dropped => {
+                        frames += 1;
+                        bytes += p.len as u64;
+                        if let Err(e) = self.queue.add_used(mem, p.head, 0) {
+                            queue_failed(metrics, "TX", &e);
+                            break 'pass TxStatus::Broken;
+                        }
+                    }
+                }
+            }
+            loop {
+                // The guest need not kick while we are draining the ring.
+                if let Err(e) = self.queue.disable_notification(mem) {
+                    queue_failed(metrics, "TX", &e);
+                    break 'pass TxStatus::Broken;
+                }
+                loop {
+                    if weight_reached(bytes, frames, self.weight_bytes, self.weight_packets) {
+                        if self.more_available(mem) {
+                            NetMetrics::inc(&metrics.tx_weight_hits);
+                            break 'pass TxStatus::WeightHit;
+                        }
+                        break;
+                    }
+                    let chain = match pop_chain(&mut self.queue, mem) {
+                        Ok(Some(chain)) => chain,
+                        Ok(None) => break,
+                        Err(e) => {
+                            queue_failed(metrics, "TX", &e);
+                            break 'pass TxStatus::Broken;
+                        }
+                    };
+                    let head = chain.head_index();
+                    self.segs.clear();
+                    let res = match walk_chain(mem, chain, false, &mut self.segs) {
+                        Ok(info) => match self.send(fd, info.len, metrics) {
+                            Sent::Again => {
+                                self.pending = Some(PendingTx {
+                                    head,
+                                    len: info.len,
+                                });
+                                break 'pass TxStatus::Blocked;
+                            }
+                            Sent::Ok | Sent::Dropped => {
+                                frames += 1;
+                                bytes += info.len as u64;
+                                self.queue.add_used(mem, head, 0)
+                            }
+                        },
+                        Err(err) => {
+                            return_malformed(&mut self.queue, mem, metrics, head, err, "TX")
+                        }
+                    };
+                    if let Err(e) = res {
+                        queue_failed(metrics, "TX", &e);
+                        break 'pass TxStatus::Broken;
+                    }
+                }
+                // Re-enable kicks; if chains arrived meanwhile, keep going.
+                match self.queue.enable_notification(mem) {
+                    Ok(true) => continue,
+                    Ok(false) => break 'pass TxStatus::Done,
+                    Err(e) => {
+                        queue_failed(metrics, "TX", &e);
+                        break 'pass TxStatus::Broken;
+                    }
+                }
+            }
+        };
+        if status == TxStatus::Broken {
+            self.broken = true;
+        }
+        if self.queue.next_used() != used_before {
+            signal_used(&mut self.queue, mem, irq, metrics);
+        }
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_driver::*;
+    use super::super::NetConfig;
+    use super::*;
+
+    fn cfg() -> NetConfig {
+        NetConfig::default()
+    }
+
+    // ---- TX ----
+
+    #[test]
+    fn test_tx_single_descriptor() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let f = frame(1514 + 12, 1);
+        let head = h.post_tx(&f, &[]);
+        h.kick_tx();
+        check_metric_after_block!(h.metrics.tx_frames, 1, h.run_until_idle());
+        assert_eq!(h.peer_frames(), vec![f]);
+        assert_eq!(h.txq.take_used(&h.mem), vec![(u32::from(head), 0)]);
+        assert_eq!(h.metric(|m| &m.tx_bytes), 1514);
+        assert_eq!(h.irq.count(), 1);
+    }
+
+    #[test]
+    fn test_tx_multi_descriptor() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        // Header alone, then the frame in uneven pieces, as Linux lays out
+        // a linear head plus page fragments.
+        let f = frame(12 + 3000, 2);
+        let head = h.post_tx(&f, &[12, 100, 1, 2000]);
+        let f2 = frame(12 + 60, 3);
+        let head2 = h.post_tx(&f2, &[5]);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.peer_frames(), vec![f, f2]);
+        assert_eq!(
+            h.txq.take_used(&h.mem),
+            vec![(u32::from(head), 0), (u32::from(head2), 0)]
+        );
+        assert_eq!(h.metric(|m| &m.tx_bytes), 3000 + 60);
+    }
+
+    #[test]
+    fn test_tx_bounce_buffer_matches() {
+        let mut h = Harness::new(
+            NetConfig {
+                bounce_buffer: true,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        let f = frame(12 + 1400, 4);
+        h.post_tx(&f, &[12, 700]);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.peer_frames(), vec![f]);
+    }
+
+    #[test]
+    fn test_tx_eagain_waits_for_epollout() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        // Room for about two frames (the kernel doubles the value; a
+        // message larger than the buffer would be refused with EMSGSIZE).
+        h.dev().backend().set_send_buffer(40000).unwrap();
+        let frames: Vec<Vec<u8>> = (0..8).map(|i| frame(12 + 30000, i)).collect();
+        for f in &frames {
+            h.post_tx(f, &[12]);
+        }
+        h.kick_tx();
+        h.run_until_idle();
+        let first = h.peer_frames();
+        assert!(first.len() < 8, "the socket never pushed back");
+        assert!(h.metric(|m| &m.tap_eagain) >= 1);
+        // Nothing is lost or reordered, and the retry came from EPOLLOUT
+        // (no further kick).
+        let mut got = first;
+        for _ in 0..100 {
+            h.run_until_idle();
+            got.extend(h.peer_frames());
+            if got.len() == 8 {
+                break;
+            }
+        }
+        assert_eq!(got, frames);
+        assert!(h.metric(|m| &m.tx_eagain_retries) >= 1);
+        assert_eq!(h.txq.take_used(&h.mem).len(), 8);
+        assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
+    }
+
+    // ---- TX malformed chains ----
+
+    /// Posts a bad TX chain followed by a good frame; checks the bad one comes
+    /// back with length 0, is counted, and the device keeps working.
+    fn check_bad_tx(write: impl FnOnce(&mut Harness) -> u16) {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let bad = write(&mut h);
+        let good = frame(100, 9);
+        let good_head = h.post_tx(&good, &[]);
+        h.kick_tx();
+        check_metric_after_block!(h.metrics.malformed_chains, 1, h.run_until_idle());
+        assert_eq!(h.peer_frames(), vec![good]);
+        assert_eq!(
+            h.txq.take_used(&h.mem),
+            vec![(u32::from(bad), 0), (u32::from(good_head), 0)]
+        );
+    }
+
+    #[test]
+    fn test_tx_write_only_descriptor() {
+        check_bad_tx(|h| {
+            let a = h.alloc(100);
+            h.txq.add_chain(&h.mem, &[(a, 12, 0), (a + 12, 88, F_WRITE)])
+        });
+    }
+
+    #[test]
+    fn test_tx_outside_memory() {
+        check_bad_tx(|h| h.txq.add_chain(&h.mem, &[(MEM_SIZE - 10, 100, 0)]));
+        check_bad_tx(|h| h.txq.add_chain(&h.mem, &[(u64::MAX - 5, 100, 0)]));
+    }
+
+    #[test]
+    fn test_tx_shorter_than_header() {
+        check_bad_tx(|h| {
+            let a = h.alloc(16);
+            h.txq.add_chain(&h.mem, &[(a, 4, 0), (a + 4, 4, 0)])
+        });
+    }
+
+    #[test]
+    fn test_tx_oversize_frame() {
+        check_bad_tx(|h| {
+            let a = h.alloc(70000);
+            h.txq.add_chain(&h.mem, &[(a, 12, 0), (a + 12, 65551, 0)])
+        });
+    }
+
+    #[test]
+    fn test_tx_looping_chain() {
+        check_bad_tx(|h| {
+            let a = h.alloc(64);
+            let head = h.txq.write_chain(&h.mem, &[(a, 32, 0), (a + 32, 32, 0)]);
+            // The second descriptor points back to the first.
+            h.txq.write_desc(&h.mem, head + 1, a + 32, 32, F_NEXT, head);
+            h.txq.publish(&h.mem, head);
+            head
+        });
+    }
+
+    #[test]
+    fn test_tx_next_out_of_range() {
+        check_bad_tx(|h| {
+            let a = h.alloc(64);
+            let head = h.txq.write_chain(&h.mem, &[(a, 64, 0)]);
+            h.txq.write_desc(&h.mem, head, a, 64, F_NEXT, 9999);
+            h.txq.publish(&h.mem, head);
+            head
+        });
+    }
+
+    #[test]
+    fn test_tx_head_out_of_range_is_skipped() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        // An avail entry naming descriptor 300 of a 256-entry table cannot
+        // even be returned; it is counted and skipped.
+        h.txq.publish(&h.mem, 300);
+        let good = frame(100, 9);
+        h.post_tx(&good, &[]);
+        h.kick_tx();
+        check_metric_after_block!(h.metrics.malformed_chains, 1, h.run_until_idle());
+        assert_eq!(h.peer_frames(), vec![good]);
+    }
+
+    #[test]
+    fn test_tx_avail_index_too_far_breaks_only_tx() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        // avail idx 1000 ahead of next_avail with a 256-entry ring.
+        h.mem.write_obj(1000u16, GuestAddress(0x80000 + 16 * 256 + 2)).unwrap();
+        h.kick_tx();
+        check_metric_after_block!(h.metrics.queue_errors, 1, h.run_until_idle());
+        // RX still works.
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(100, 1)).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    }
+
+    // ---- RX ----
+
+    /// Reads the num_buffers field of a received header.
+    fn num_buffers(h: &Harness, addr: u64) -> u16 {
+        h.mem.read_obj(GuestAddress(addr + 10)).unwrap()
+    }
+
+    #[test]
+    fn test_rx_one_buffer_header_inclusive() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let bufs = h.post_rx(&[1526; 10]);
+        h.kick_rx();
+        // Stale bytes where num_buffers goes: the device must overwrite them.
+        for (_, a) in &bufs {
+            h.mem.write_obj(0xffffu16, GuestAddress(a + 10)).unwrap();
+        }
+        let frames: Vec<Vec<u8>> = (0..10).map(|i| frame(12 + 1514, i)).collect();
+        for f in &frames {
+            h.peer.send(f).unwrap();
+        }
+        h.run_until_idle();
+        let used = h.rxq.take_used(&h.mem);
+        assert_eq!(used.len(), 10);
+        for (i, ((id, len), (head, addr))) in used.iter().zip(&bufs).enumerate() {
+            assert_eq!((*id, *len), (u32::from(*head), 1526));
+            assert_eq!(num_buffers(&h, *addr), 1);
+            assert_eq!(h.read(addr + 12, 1514), frames[i][12..]);
+        }
+        assert_eq!(h.metric(|m| &m.rx_frames), 10);
+        assert_eq!(h.metric(|m| &m.rx_buffers), 10);
+        assert_eq!(h.metric(|m| &m.rx_bytes), 10 * 1514);
+    }
+
+    #[test]
+    fn test_rx_mtu_sized_buffers_need_two() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let bufs = h.post_rx(&[1500; 20]);
+        h.kick_rx();
+        for i in 0..10 {
+            h.peer.send(&frame(12 + 1514, i)).unwrap();
+        }
+        h.run_until_idle();
+        let used = h.rxq.take_used(&h.mem);
+        assert_eq!(used.len(), 20);
+        for pair in used.chunks(2) {
+            assert_eq!((pair[0].1, pair[1].1), (1500, 26));
+        }
+        assert_eq!(num_buffers(&h, bufs[0].1), 2);
+        assert_eq!(num_buffers(&h, bufs[18].1), 2);
+        assert_eq!(h.metric(|m| &m.rx_frames), 10);
+        assert_eq!(h.metric(|m| &m.rx_buffers), 20);
+    }
+
+    #[test]
+    fn test_rx_two_buffers_data() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let bufs = h.post_rx(&[1000, 1000]);
+        h.kick_rx();
+        let f = frame(12 + 1514, 5);
+        h.peer.send(&f).unwrap();
+        h.run_until_idle();
+        let used = h.rxq.take_used(&h.mem);
+        assert_eq!(
+            used,
+            vec![(u32::from(bufs[0].0), 1000), (u32::from(bufs[1].0), 526)]
+        );
+        assert_eq!(num_buffers(&h, bufs[0].1), 2);
+        let mut got = h.read(bufs[0].1, 1000);
+        got.extend(h.read(bufs[1].1, 526));
+        assert_eq!(got[12..], f[12..]);
+    }
+
+    #[test]
+    fn test_rx_many_buffers_gso() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES | GUEST_GSO);
+        // Page-sized buffers, as Linux posts with big packets.
+        let bufs = h.post_rx(&[4096; 20]);
+        h.kick_rx();
+        let f = frame(12 + 65550, 6);
+        h.peer.send(&f).unwrap();
+        h.run_until_idle();
+        let used = h.rxq.take_used(&h.mem);
+        // 65562 = 16 * 4096 + 26
+        assert_eq!(used.len(), 17);
+        assert!(used[..16].iter().all(|&(_, l)| l == 4096));
+        assert_eq!(used[16].1, 26);
+        assert_eq!(num_buffers(&h, bufs[0].1), 17);
+        let mut got = Vec::new();
+        for (i, (_, l)) in used.iter().enumerate() {
+            got.extend(h.read(bufs[i].1, *l as usize));
+        }
+        assert_eq!(got[12..], f[12..]);
+        assert_eq!(h.metric(|m| &m.rx_buffers), 17);
+        // The 3 buffers left stay cached; a small frame takes the first.
+        h.peer.send(&frame(100, 1)).unwrap();
+        h.post_rx(&[4096; 14]);
+        h.kick_rx();
+        h.run_until_idle();
+        assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[17].0), 100)]);
+    }
+
+    #[test]
+    fn test_rx_small_buffers_many() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let bufs = h.post_rx(&[256; 8]);
+        h.kick_rx();
+        let f = frame(12 + 1514, 7);
+        h.peer.send(&f).unwrap();
+        h.run_until_idle();
+        let used = h.rxq.take_used(&h.mem);
+        // 1526 = 5 * 256 + 246
+        assert_eq!(used.len(), 6);
+        assert_eq!(used[5].1, 246);
+        assert_eq!(num_buffers(&h, bufs[0].1), 6);
+    }
+
+    #[test]
+    fn test_rx_reads_without_waiting_for_64k() {
+        // Without guest GSO one 1526-byte buffer is enough to read.
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 1)).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+
+        // With guest GSO a 64 KiB frame may come: 1526 bytes are not enough.
+        let mut h = Harness::new(cfg(), MRG_FEATURES | GUEST_GSO);
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 1)).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 0);
+        assert!(h.dev().active.as_ref().unwrap().rx.starved_since().is_some());
+        h.post_rx(&[1526; 42]);
+        h.kick_rx();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+        assert_eq!(h.metric(|m| &m.rx_buffers), 1);
+    }
+
+    #[test]
+    fn test_rx_without_mrg_drops_frame_too_big() {
+        let mut h = Harness::new(cfg(), BASE_FEATURES);
+        let bufs = h.post_rx(&[1000]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 1)).unwrap();
+        check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
+        // Not split, not consumed: the chain waits for a frame that fits.
+        assert!(h.rxq.take_used(&h.mem).is_empty());
+        let small = frame(12 + 500, 2);
+        h.peer.send(&small).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 512)]);
+        assert_eq!(num_buffers(&h, bufs[0].1), 1);
+        assert_eq!(h.read(bufs[0].1 + 12, 500), small[12..]);
+    }
+
+    #[test]
+    fn test_rx_without_mrg_exact_fit() {
+        // A frame exactly as long as the chain is not mistaken for a
+        // truncated one.
+        let mut h = Harness::new(cfg(), BASE_FEATURES);
+        let bufs = h.post_rx(&[1526, 1526]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 1)).unwrap();
+        h.peer.send(&frame(12 + 1514, 2)).unwrap();
+        h.run_until_idle();
+        assert_eq!(
+            h.rxq.take_used(&h.mem),
+            vec![(u32::from(bufs[0].0), 1526), (u32::from(bufs[1].0), 1526)]
+        );
+        assert_eq!(h.metric(|m| &m.rx_dropped), 0);
+    }
+
+    #[test]
+    fn test_rx_bounce_buffer_matches() {
+        let mut h = Harness::new(
+            NetConfig {
+                bounce_buffer: true,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        let bufs = h.post_rx(&[1000, 1000]);
+        h.kick_rx();
+        let f = frame(12 + 1514, 8);
+        h.peer.send(&f).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.rxq.take_used(&h.mem).len(), 2);
+        let mut got = h.read(bufs[0].1, 1000);
+        got.extend(h.read(bufs[1].1, 526));
+        assert_eq!(got[12..], f[12..]);
+        assert_eq!(num_buffers(&h, bufs[0].1), 2);
+    }
+
+    #[test]
+    fn test_rx_header_split_across_descriptors() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let a = h.alloc(2000);
+        // num_buffers straddles the first two descriptors (bytes 10 and 11).
+        let head = h
+            .rxq
+            .add_chain(&h.mem, &[(a, 11, F_WRITE), (a + 100, 1515, F_WRITE)]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 3)).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(head), 1526)]);
+        assert_eq!(h.read(a + 10, 1), vec![1]);
+        assert_eq!(h.read(a + 100, 1), vec![0]);
+    }
+
+    // ---- RX malformed chains ----
+
+    fn check_bad_rx(write: impl FnOnce(&mut Harness) -> u16) {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        let bad = write(&mut h);
+        let good = h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 1)).unwrap();
+        check_metric_after_block!(h.metrics.malformed_chains, 1, h.run_until_idle());
+        assert_eq!(
+            h.rxq.take_used(&h.mem),
+            vec![(u32::from(bad), 0), (u32::from(good[0].0), 1526)]
+        );
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    }
+
+    #[test]
+    fn test_rx_read_only_descriptor() {
+        check_bad_rx(|h| {
+            let a = h.alloc(2000);
+            h.rxq.add_chain(&h.mem, &[(a, 1000, F_WRITE), (a + 1000, 1000, 0)])
+        });
+    }
+
+    #[test]
+    fn test_rx_outside_memory() {
+        check_bad_rx(|h| h.rxq.add_chain(&h.mem, &[(MEM_SIZE - 100, 1526, F_WRITE)]));
+    }
+
+    #[test]
+    fn test_rx_shorter_than_header() {
+        check_bad_rx(|h| {
+            let a = h.alloc(16);
+            h.rxq.add_chain(&h.mem, &[(a, 8, F_WRITE)])
+        });
+    }
+
+    #[test]
+    fn test_rx_looping_chain() {
+        check_bad_rx(|h| {
+            let a = h.alloc(64);
+            let head = h.rxq.write_chain(&h.mem, &[(a, 64, F_WRITE)]);
+            h.rxq.write_desc(&h.mem, head, a, 64, F_WRITE | F_NEXT, head);
+            h.rxq.publish(&h.mem, head);
+            head
+        });
+    }
+
+    #[test]
+    fn test_rx_short_backend_frame_is_dropped() {
+        let mut h = Harness::new(cfg(), MRG_FEATURES);
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&[0u8; 5]).unwrap();
+        check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
+        assert!(h.rxq.take_used(&h.mem).is_empty());
+    }
+
+    // ---- weights ----
+
+    #[test]
+    fn test_tx_packet_weight_lets_rx_run_first() {
+        let mut h = Harness::new(
+            NetConfig {
+                tx_weight_packets: 4,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        h.post_rx(&[1526]);
+        let tx: Vec<Vec<u8>> = (0..10).map(|i| frame(12 + 64, i)).collect();
+        for f in &tx {
+            h.post_tx(f, &[]);
+        }
+        h.peer.send(&frame(12 + 100, 0xaa)).unwrap();
+        h.kick_rx();
+        h.kick_tx();
+        // One loop iteration: one TX pass of 4 frames, and the RX frame.
+        h.run_once(0);
+        assert_eq!(h.peer_frames().len(), 4);
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+        assert_eq!(h.metric(|m| &m.tx_weight_hits), 1);
+        h.run_once(0);
+        assert_eq!(h.peer_frames().len(), 4);
+        h.run_until_idle();
+        assert_eq!(h.peer_frames().len(), 2);
+        assert_eq!(h.metric(|m| &m.tx_weight_hits), 2);
+        // The activation pass, then 4 + 4 + 2.
+        assert_eq!(h.metric(|m| &m.tx_passes), 4);
+    }
+
+    #[test]
+    fn test_tx_byte_weight() {
+        let mut h = Harness::new(
+            NetConfig {
+                tx_weight_bytes: 3000,
+                tx_weight_packets: 0,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        for i in 0..10 {
+            h.post_tx(&frame(1012, i), &[]);
+        }
+        h.kick_tx();
+        h.run_once(0);
+        // 2 * 1012 < 3000 <= 3 * 1012
+        assert_eq!(h.peer_frames().len(), 3);
+        h.run_until_idle();
+        assert_eq!(h.peer_frames().len(), 7);
+        assert_eq!(h.metric(|m| &m.tx_weight_hits), 3);
+    }
+
+    #[test]
+    fn test_no_weight_drains_in_one_pass() {
+        let mut h = Harness::new(
+            NetConfig {
+                tx_weight_bytes: 0,
+                tx_weight_packets: 0,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        for i in 0..200 {
+            h.post_tx(&frame(100, i as u8), &[]);
+        }
+        h.kick_tx();
+        h.run_once(0);
+        assert_eq!(h.peer_frames().len(), 200);
+        assert_eq!(h.metric(|m| &m.tx_weight_hits), 0);
+        assert_eq!(h.metric(|m| &m.tx_passes), 2); // activation + this one
+    }
+
+    #[test]
+    fn test_rx_packet_weight() {
+        let mut h = Harness::new(
+            NetConfig {
+                rx_weight_packets: 2,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        h.post_rx(&[1526; 8]);
+        h.kick_rx();
+        for i in 0..5 {
+            h.peer.send(&frame(12 + 100, i)).unwrap();
+        }
+        h.run_once(0);
+        assert_eq!(h.metric(|m| &m.rx_frames), 2);
+        assert_eq!(h.metric(|m| &m.rx_weight_hits), 1);
+        // While deferred, the backend is not polled for reading; the
+        // re-queue event runs the next pass.
+        h.run_once(0);
+        assert_eq!(h.metric(|m| &m.rx_frames), 4);
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 5);
+    }
+
+    #[test]
+    fn test_rx_byte_weight_runs_tx_between_passes() {
+        let mut h = Harness::new(
+            NetConfig {
+                rx_weight_bytes: 2000,
+                rx_weight_packets: 0,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        );
+        h.post_rx(&[1526; 8]);
+        h.kick_rx();
+        for i in 0..6 {
+            h.peer.send(&frame(12 + 1000, i)).unwrap();
+        }
+        h.run_once(0);
+        assert_eq!(h.metric(|m| &m.rx_frames), 2);
+        h.post_tx(&frame(100, 1), &[]);
+        h.kick_tx();
+        h.run_once(0);
+        assert_eq!(h.metric(|m| &m.tx_frames), 1);
+        assert_eq!(h.metric(|m| &m.rx_frames), 4);
+    }
+}
