@@ -1,0 +1,316 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The host side of the TAP: senders that push traffic toward the fake guest
+//! (UDP floods, GSO floods through an `AF_PACKET` socket, timestamped probes),
+//! the UDP sink TX frames are addressed to, and the raw TAP loops that read
+//! and write the TAP with no device: the limit the device is compared to.
+//!
+//! Everything runs inside the benchmark's own network namespace; the only
+//! destination addresses used are the TAP's and the fake guest's.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::frames::{self, GUEST_IP, GUEST_PORT, HOST_IP, HOST_MAC, SINK_PORT};
+use crate::sys;
+
+/// The TAP's name inside the namespace.
+pub const TAP_NAME: &str = "mvb0";
+
+/// What a sender thread pushes toward the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    /// UDP datagrams making Ethernet frames of this many bytes.
+    Udp(usize),
+    /// TCP super-frames of this many bytes with a TSO vnet header, sent on an
+    /// `AF_PACKET` socket so they reach the TAP unsegmented.
+    Gso(usize),
+    /// One timestamped probe every this many microseconds.
+    Probe(u64),
+}
+
+/// A running host-side sender; stops and joins on drop.
+pub struct Sender {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    handle: Option<JoinHandle<Result<()>>>,
+}
+
+impl Sender {
+    /// Starts a sender thread for `traffic`.
+    pub fn start(traffic: Traffic) -> Result<Sender> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let (s, n) = (stop.clone(), sent.clone());
+        let handle = std::thread::Builder::new()
+            .name("host-sender".into())
+            .spawn(move || match traffic {
+                Traffic::Udp(len) => udp_flood(len, &s, &n),
+                Traffic::Gso(len) => gso_flood(len, &s, &n),
+                Traffic::Probe(us) => probes(us, &s, &n),
+            })
+            .context("spawn sender")?;
+        Ok(Sender {
+            stop,
+            sent,
+            handle: Some(handle),
+        })
+    }
+
+    /// Frames sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Stops the thread and returns its result.
+    pub fn finish(mut self) -> Result<()> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| anyhow::anyhow!("sender thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        let _ = self.join();
+    }
+}
+
+fn guest_socket() -> Result<UdpSocket> {
+    let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(HOST_IP), 0)).context("bind sender")?;
+    sock.connect(SocketAddrV4::new(Ipv4Addr::from(GUEST_IP), GUEST_PORT))
+        .context("connect sender")?;
+    sock.set_nonblocking(true)?;
+    Ok(sock)
+}
+
+fn udp_flood(frame_len: usize, stop: &AtomicBool, sent: &AtomicU64) -> Result<()> {
+    let sock = guest_socket()?;
+    let payload = vec![0x5au8; frame_len.saturating_sub(frames::UDP_OVERHEAD).max(1)];
+    let batch: Vec<&[u8]> = (0..32).map(|_| payload.as_slice()).collect();
+    while !stop.load(Ordering::Relaxed) {
+        let n = sys::sendmmsg(&sock, &batch)?;
+        if n == 0 {
+            // The TAP queue or the socket buffer is full: let the reader run.
+            sys::poll_fd(sock.as_raw_fd(), true, Duration::from_millis(1));
+            std::thread::yield_now();
+        }
+        sent.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+fn gso_flood(frame_len: usize, stop: &AtomicBool, sent: &AtomicU64) -> Result<()> {
+    let sock = sys::PacketSocket::bind(TAP_NAME).context("AF_PACKET socket on the TAP")?;
+    let (hdr, frame) = frames::tso_frame(frame_len, HOST_MAC, None, true);
+    let mut msg = hdr.to_bytes().to_vec();
+    msg.extend_from_slice(&frame);
+    while !stop.load(Ordering::Relaxed) {
+        if sock.send(&msg)? {
+            sent.fetch_add(1, Ordering::Relaxed);
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    Ok(())
+}
+
+fn probes(interval_us: u64, stop: &AtomicBool, sent: &AtomicU64) -> Result<()> {
+    let sock = guest_socket()?;
+    let interval = Duration::from_micros(interval_us);
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let p = frames::probe_payload(sys::now_ns());
+        if sock.send(&p).is_ok() {
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
+        next += interval;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            next = now;
+        }
+    }
+    Ok(())
+}
+
+/// The UDP socket TX frames are addressed to. It is never read: once its
+/// small receive buffer is full the kernel drops datagrams silently (no
+/// ICMP goes back into the TAP), after full IP/UDP receive processing.
+pub fn sink() -> Result<UdpSocket> {
+    let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(HOST_IP), SINK_PORT)).context("bind sink")?;
+    sys::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096)?;
+    Ok(sock)
+}
+
+/// Datagrams the namespace's UDP layer accepted (delivered or dropped on a
+/// full buffer), and checksum errors, from /proc/net/snmp.
+pub fn udp_counters() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(h), Some(v)) = (lines.next(), lines.next()) else {
+        return (0, 0);
+    };
+    let get = |name: &str| -> u64 {
+        h.split_whitespace()
+            .position(|k| k == name)
+            .and_then(|i| v.split_whitespace().nth(i))
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("InDatagrams") + get("RcvbufErrors"), get("InCsumErrors"))
+}
+
+/// One measured run: frames and bytes in the window, and CPU time of the
+/// thread doing the work (device thread, or raw-loop thread).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Measured {
+    /// Frames moved in the window.
+    pub frames: u64,
+    /// Frame bytes moved (without vnet headers).
+    pub bytes: u64,
+    /// Length of the window in seconds.
+    pub secs: f64,
+    /// CPU ns the measured thread spent in the window.
+    pub cpu_ns: u64,
+    /// Guest buffers used (RX, device only).
+    pub buffers: u64,
+}
+
+impl Measured {
+    /// Frames per second.
+    pub fn fps(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.frames as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+    /// Gigabits per second of frame bytes.
+    pub fn gbps(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.bytes as f64 * 8.0 / self.secs / 1e9
+        } else {
+            0.0
+        }
+    }
+    /// CPU ns per frame of the measured thread.
+    pub fn cpu_per_frame(&self) -> f64 {
+        if self.frames > 0 {
+            self.cpu_ns as f64 / self.frames as f64
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Window bookkeeping shared by all loops: counting starts after `warmup`
+/// and stops `dur` later.
+#[derive(Debug)]
+pub struct Window {
+    start: Instant,
+    warm_end: Instant,
+    end: Instant,
+    cpu_clock: libc::clockid_t,
+    t0: Option<(u64, u64, u64, u64)>,
+    /// Result once closed.
+    pub out: Measured,
+}
+
+impl Window {
+    /// Opens a window measuring `cpu_clock`.
+    pub fn new(warmup: Duration, dur: Duration, cpu_clock: libc::clockid_t) -> Window {
+        let start = Instant::now();
+        Window {
+            start,
+            warm_end: start + warmup,
+            end: start + warmup + dur,
+            cpu_clock,
+            t0: None,
+            out: Measured::default(),
+        }
+    }
+
+    /// Call often with running totals; returns false once the window closed.
+    pub fn tick(&mut self, frames: u64, bytes: u64, buffers: u64) -> bool {
+        let now = Instant::now();
+        match self.t0 {
+            None if now >= self.warm_end => {
+                self.t0 = Some((frames, bytes, buffers, sys::clock_ns(self.cpu_clock)));
+                self.start = now;
+                true
+            }
+            None => true,
+            Some((f0, b0, u0, c0)) if now >= self.end => {
+                self.out = Measured {
+                    frames: frames - f0,
+                    bytes: bytes - b0,
+                    buffers: buffers - u0,
+                    secs: (now - self.start).as_secs_f64(),
+                    cpu_ns: sys::clock_ns(self.cpu_clock).saturating_sub(c0),
+                };
+                false
+            }
+            Some(_) => true,
+        }
+    }
+}
+
+/// Raw RX limit: reads the TAP (opened with `offloads`) with no device while
+/// the caller's sender floods it.
+pub fn raw_rx(offloads: u32, warmup: Duration, dur: Duration) -> Result<Measured> {
+    let tap = sys::open_tap(TAP_NAME, offloads).context("open TAP for the raw RX loop")?;
+    let fd = tap.as_raw_fd();
+    let mut buf = vec![0u8; 65562 + 64];
+    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock());
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    while w.tick(frames, bytes, 0) {
+        match sys::read_fd(fd, &mut buf) {
+            Ok(n) => {
+                frames += 1;
+                bytes += n.saturating_sub(sys::VNET_HDR_LEN) as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                sys::poll_fd(fd, false, Duration::from_millis(5));
+            }
+            Err(e) => return Err(e).context("raw TAP read"),
+        }
+    }
+    Ok(w.out)
+}
+
+/// Raw TX limit: writes `msg` (vnet header + frame) to the TAP in a loop.
+pub fn raw_tx(msg: &[u8], warmup: Duration, dur: Duration) -> Result<Measured> {
+    let tap = sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
+    let fd = tap.as_raw_fd();
+    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock());
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    let flen = msg.len().saturating_sub(sys::VNET_HDR_LEN) as u64;
+    while w.tick(frames, bytes, 0) {
+        match sys::write_fd(fd, msg) {
+            Ok(_) => {
+                frames += 1;
+                bytes += flen;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                sys::poll_fd(fd, true, Duration::from_millis(5));
+            }
+            Err(e) => return Err(e).context("raw TAP write"),
+        }
+    }
+    Ok(w.out)
+}

@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The device under test with a lean driver in front of it.
+//!
+//! The real `devices::virtio::net::Net` runs on an event-manager loop in its
+//! own thread, as the VMM runs it. Negotiation and queue setup go through the
+//! real `MmioTransport` (via `MockDriver`), so activation is exactly what a
+//! guest triggers. After that the benchmark drives the rings itself: every
+//! descriptor is written once and points at a fixed buffer, so posting a
+//! buffer again is one avail-ring slot plus an index store, and reaping is a
+//! used-index load plus two 32-bit reads. Kicks write the queue's eventfd
+//! directly, as KVM's ioeventfd does; interrupts are the transport's irqfd.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use devices::virtio::mmio::MmioTransport;
+use devices::virtio::net::{Net, NetConfig, NetMetrics, NUM_BUFFERS_OFFSET, RX_INDEX, TX_INDEX};
+use devices::virtio::test_utils::{guest_memory, MockDriver, QueueLayout};
+use devices::virtio::GuestMemory;
+use event_manager::{EventManager, SubscriberOps};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::frames;
+use crate::host::{Measured, Window, TAP_NAME};
+use crate::sys::{self, VNET_HDR_LEN};
+
+/// Feature bits (virtio 1.1 §5.1.3 and §6).
+pub mod feature {
+    /// Device handles packets with partial checksum.
+    pub const CSUM: u64 = 1 << 0;
+    /// Driver handles packets with partial checksum.
+    pub const GUEST_CSUM: u64 = 1 << 1;
+    /// Device has a MAC address.
+    pub const MAC: u64 = 1 << 5;
+    /// Driver can receive TSOv4.
+    pub const GUEST_TSO4: u64 = 1 << 7;
+    /// Driver can receive TSOv6.
+    pub const GUEST_TSO6: u64 = 1 << 8;
+    /// Driver can receive UFO.
+    pub const GUEST_UFO: u64 = 1 << 10;
+    /// Device can receive TSOv4.
+    pub const HOST_TSO4: u64 = 1 << 11;
+    /// Device can receive TSOv6.
+    pub const HOST_TSO6: u64 = 1 << 12;
+    /// Device can receive UFO.
+    pub const HOST_UFO: u64 = 1 << 14;
+    /// Driver can merge receive buffers.
+    pub const MRG_RXBUF: u64 = 1 << 15;
+    /// virtio 1.x.
+    pub const VERSION_1: u64 = 1 << 32;
+    /// Everything the benchmark knows how to drive.
+    pub const ALL: u64 = CSUM
+        | GUEST_CSUM
+        | MAC
+        | GUEST_TSO4
+        | GUEST_TSO6
+        | GUEST_UFO
+        | HOST_TSO4
+        | HOST_TSO6
+        | HOST_UFO
+        | MRG_RXBUF
+        | VERSION_1;
+}
+
+/// virtq_used.flags: the device does not want kicks (virtio 1.1 §2.6.8).
+const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
+/// virtq_desc.flags: device-writable buffer (virtio 1.1 §2.6.5).
+const VIRTQ_DESC_F_WRITE: u16 = 2;
+
+/// How to build one device rig.
+#[derive(Debug, Clone)]
+pub struct RigConfig {
+    /// Device configuration (weights, offloads, MRG_RXBUF, bounce buffer).
+    pub net: NetConfig,
+    /// Size of each posted RX buffer (one descriptor each).
+    pub rx_buf_len: u32,
+    /// The TX frame (vnet header + frame) every TX descriptor points at.
+    pub tx_msg: Vec<u8>,
+}
+
+/// One queue as the lean driver sees it.
+#[derive(Debug)]
+struct Ring {
+    layout: QueueLayout,
+    /// Guest address of each descriptor's buffer.
+    bufs: Vec<GuestAddress>,
+    next_avail: u16,
+    last_used: u16,
+    kick: EventFd,
+}
+
+impl Ring {
+    fn avail_slot(&self, i: u16) -> GuestAddress {
+        GuestAddress(self.layout.avail_ring.0 + 4 + 2 * u64::from(i % self.layout.size))
+    }
+    fn used_slot(&self, i: u16) -> GuestAddress {
+        GuestAddress(self.layout.used_ring.0 + 4 + 8 * u64::from(i % self.layout.size))
+    }
+
+    /// Writes descriptor `id` once: address and length never change.
+    fn write_desc(&self, mem: &GuestMemory, id: u16, len: u32, flags: u16) -> Result<()> {
+        let d = GuestAddress(self.layout.desc_table.0 + 16 * u64::from(id));
+        mem.write_obj(self.bufs[usize::from(id)].0, d)?;
+        mem.write_obj(len, GuestAddress(d.0 + 8))?;
+        mem.write_obj(flags, GuestAddress(d.0 + 12))?;
+        mem.write_obj(0u16, GuestAddress(d.0 + 14))?;
+        Ok(())
+    }
+
+    fn post(&mut self, mem: &GuestMemory, id: u16) -> Result<()> {
+        mem.write_obj(id, self.avail_slot(self.next_avail))?;
+        self.next_avail = self.next_avail.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Makes posted buffers visible and kicks unless the device said not to.
+    fn publish(&mut self, mem: &GuestMemory) -> Result<()> {
+        mem.store(
+            self.next_avail,
+            GuestAddress(self.layout.avail_ring.0 + 2),
+            Ordering::Release,
+        )?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let flags: u16 = mem.load(self.layout.used_ring, Ordering::Acquire)?;
+        if flags & VIRTQ_USED_F_NO_NOTIFY == 0 {
+            self.kick.write(1)?;
+        }
+        Ok(())
+    }
+
+    fn used_idx(&self, mem: &GuestMemory) -> Result<u16> {
+        Ok(mem.load(GuestAddress(self.layout.used_ring.0 + 2), Ordering::Acquire)?)
+    }
+
+    /// The used element at position `i`: (descriptor id, bytes written).
+    fn used_elem(&self, mem: &GuestMemory, i: u16) -> Result<(u16, u32)> {
+        let a = self.used_slot(i);
+        let id: u32 = mem.read_obj(a)?;
+        let len: u32 = mem.read_obj(GuestAddress(a.0 + 4))?;
+        let id = u16::try_from(id).map_err(|_| anyhow!("used id {id} out of range"))?;
+        if id >= self.layout.size {
+            return Err(anyhow!("used id {id} out of range"));
+        }
+        Ok((id, len))
+    }
+}
+
+/// Running RX totals, with MRG_RXBUF continuation tracking.
+#[derive(Debug, Default)]
+struct RxTotals {
+    frames: u64,
+    bytes: u64,
+    buffers: u64,
+    /// Buffers still to come for the current frame.
+    pending: u16,
+}
+
+/// A live device with its driver.
+pub struct Rig {
+    mem: GuestMemory,
+    metrics: Arc<NetMetrics>,
+    rx: Ring,
+    tx: Ring,
+    irq: EventFd,
+    mrg: bool,
+    stop: Arc<AtomicBool>,
+    dev_thread: Option<JoinHandle<Result<()>>>,
+    dev_clock: libc::clockid_t,
+    rx_totals: RxTotals,
+    tx_frames: u64,
+    tx_bytes: u64,
+    tx_len: u64,
+    /// Keeps the transport (and through it the device) alive.
+    _driver: MockDriver,
+}
+
+impl Rig {
+    /// Opens the TAP through `Net::new`, negotiates through MMIO, posts every
+    /// RX buffer and starts the device thread.
+    pub fn new(cfg: &RigConfig) -> Result<Rig> {
+        let qsize = cfg.net.queue_size;
+        let mem_len = 2 * 1024 * 1024
+            + usize::from(qsize) * cfg.rx_buf_len as usize
+            + cfg.tx_msg.len()
+            + 64 * 1024;
+        let mem = guest_memory(mem_len.next_power_of_two()).context("guest memory")?;
+        let net = Net::new(TAP_NAME, cfg.net.clone(), mem.clone()).context("Net::new on the TAP")?;
+        let metrics = net.metrics();
+        let kicks = {
+            use devices::virtio::VirtioDevice;
+            net.queue_events()
+                .iter()
+                .map(|e| e.try_clone())
+                .collect::<std::io::Result<Vec<_>>>()?
+        };
+        let net = Arc::new(Mutex::new(net));
+        let transport = MmioTransport::new(mem.clone(), net.clone()).context("MMIO transport")?;
+        let irq = transport.interrupt_evt().try_clone()?;
+        let mut drv = MockDriver::new(mem.clone(), transport).context("driver")?;
+
+        let offered = drv.device_features();
+        let acked = offered & feature::ALL;
+        drv.negotiate(acked).context("feature negotiation")?;
+        let rx_layout = drv.setup_queue(RX_INDEX, qsize).context("RX queue")?;
+        let tx_layout = drv.setup_queue(TX_INDEX, qsize).context("TX queue")?;
+
+        let mut kicks = kicks.into_iter();
+        let (rx_kick, tx_kick) = match (kicks.next(), kicks.next()) {
+            (Some(r), Some(t)) => (r, t),
+            _ => return Err(anyhow!("device has fewer than two queue eventfds")),
+        };
+        let mut rx = Ring {
+            layout: rx_layout,
+            bufs: Vec::with_capacity(usize::from(qsize)),
+            next_avail: 0,
+            last_used: 0,
+            kick: rx_kick,
+        };
+        for _ in 0..qsize {
+            rx.bufs.push(drv.alloc(u64::from(cfg.rx_buf_len), 64)?);
+        }
+        let tx_buf = drv.alloc(cfg.tx_msg.len() as u64, 64)?;
+        mem.write_slice(&cfg.tx_msg, tx_buf)?;
+        let tx = Ring {
+            layout: tx_layout,
+            bufs: vec![tx_buf; usize::from(qsize)],
+            next_avail: 0,
+            last_used: 0,
+            kick: tx_kick,
+        };
+        for id in 0..qsize {
+            rx.write_desc(&mem, id, cfg.rx_buf_len, VIRTQ_DESC_F_WRITE)?;
+            tx.write_desc(&mem, id, cfg.tx_msg.len() as u32, 0)?;
+            rx.post(&mem, id)?;
+        }
+        drv.driver_ok().context("DRIVER_OK")?;
+
+        // The device thread: the VMM's event loop with only this device on it.
+        let stop = Arc::new(AtomicBool::new(false));
+        let (clk_tx, clk_rx) = std::sync::mpsc::channel();
+        let stop_dev = stop.clone();
+        let dev_thread = std::thread::Builder::new()
+            .name("net-device".into())
+            .spawn(move || -> Result<()> {
+                let _ = clk_tx.send(sys::current_thread_cpu_clock());
+                let mut em = EventManager::<Arc<Mutex<Net>>>::new()
+                    .map_err(|e| anyhow!("event manager: {e:?}"))?;
+                em.add_subscriber(net);
+                while !stop_dev.load(Ordering::Relaxed) {
+                    em.run_with_timeout(20)
+                        .map_err(|e| anyhow!("event loop: {e:?}"))?;
+                }
+                Ok(())
+            })?;
+        let dev_clock = clk_rx.recv().context("device thread start")?;
+
+        let mut rig = Rig {
+            mem,
+            metrics,
+            rx,
+            tx,
+            irq,
+            mrg: acked & feature::MRG_RXBUF != 0,
+            stop,
+            dev_thread: Some(dev_thread),
+            dev_clock,
+            rx_totals: RxTotals::default(),
+            tx_frames: 0,
+            tx_bytes: 0,
+            tx_len: cfg.tx_msg.len().saturating_sub(VNET_HDR_LEN) as u64,
+            _driver: drv,
+        };
+        rig.rx.publish(&rig.mem)?;
+        Ok(rig)
+    }
+
+    /// The device's metrics as JSON.
+    pub fn metrics_json(&self) -> serde_json::Value {
+        self.metrics.to_json()
+    }
+
+    /// The device's metrics.
+    pub fn metrics(&self) -> &NetMetrics {
+        &self.metrics
+    }
+
+    fn wait_irq(&self, timeout: Duration) {
+        if sys::poll_fd(self.irq.as_raw_fd(), false, timeout) {
+            let _ = self.irq.read();
+        }
+    }
+
+    /// Reaps RX used entries, reposts their buffers; calls `probe` with each
+    /// frame's send timestamp if it is a latency probe.
+    fn reap_rx(&mut self, mut probe: impl FnMut(u64)) -> Result<usize> {
+        let used = self.rx.used_idx(&self.mem)?;
+        let mut n = 0;
+        while self.rx.last_used != used {
+            let (id, len) = self.rx.used_elem(&self.mem, self.rx.last_used)?;
+            self.rx.last_used = self.rx.last_used.wrapping_add(1);
+            let buf = self.rx.bufs[usize::from(id)];
+            let t = &mut self.rx_totals;
+            t.buffers += 1;
+            if t.pending > 0 {
+                t.pending -= 1;
+                t.bytes += u64::from(len);
+            } else {
+                t.frames += 1;
+                t.bytes += u64::from(len).saturating_sub(VNET_HDR_LEN as u64);
+                if self.mrg {
+                    let nb: u16 = self
+                        .mem
+                        .read_obj(GuestAddress(buf.0 + NUM_BUFFERS_OFFSET as u64))?;
+                    t.pending = nb.saturating_sub(1);
+                }
+                if len as usize >= VNET_HDR_LEN + frames::UDP_OVERHEAD + 16 {
+                    let mut head = [0u8; VNET_HDR_LEN + frames::UDP_OVERHEAD + 16];
+                    self.mem.read_slice(&mut head, buf)?;
+                    if let Some(ts) = frames::parse_probe(&head) {
+                        probe(ts);
+                    }
+                }
+            }
+            self.rx.post(&self.mem, id)?;
+            n += 1;
+        }
+        if n > 0 {
+            self.rx.publish(&self.mem)?;
+        }
+        Ok(n)
+    }
+
+    fn reap_tx(&mut self) -> Result<usize> {
+        let used = self.tx.used_idx(&self.mem)?;
+        let mut n = 0;
+        while self.tx.last_used != used {
+            let (id, _) = self.tx.used_elem(&self.mem, self.tx.last_used)?;
+            self.tx.last_used = self.tx.last_used.wrapping_add(1);
+            self.tx.post(&self.mem, id)?;
+            n += 1;
+        }
+        self.tx_frames += n as u64;
+        self.tx_bytes += n as u64 * self.tx_len;
+        if n > 0 {
+            self.tx.publish(&self.mem)?;
+        }
+        Ok(n)
+    }
+
+    /// Posts every TX descriptor (once, at the start of a TX run).
+    fn fill_tx(&mut self) -> Result<()> {
+        for id in 0..self.tx.layout.size {
+            self.tx.post(&self.mem, id)?;
+        }
+        self.tx.publish(&self.mem)
+    }
+
+    /// RX throughput while the caller's host sender floods the TAP: the
+    /// driver sleeps on the interrupt like a guest would.
+    pub fn run_rx(&mut self, warmup: Duration, dur: Duration) -> Result<Measured> {
+        let mut w = Window::new(warmup, dur, self.dev_clock);
+        loop {
+            let t = &self.rx_totals;
+            if !w.tick(t.frames, t.bytes, t.buffers) {
+                break;
+            }
+            self.wait_irq(Duration::from_millis(5));
+            self.reap_rx(|_| {})?;
+        }
+        self.check_device()?;
+        Ok(w.out)
+    }
+
+    /// TX throughput: every descriptor carries the frame; the driver reposts
+    /// each as it completes.
+    pub fn run_tx(&mut self, warmup: Duration, dur: Duration) -> Result<Measured> {
+        self.fill_tx()?;
+        let mut w = Window::new(warmup, dur, self.dev_clock);
+        while w.tick(self.tx_frames, self.tx_bytes, 0) {
+            self.wait_irq(Duration::from_millis(5));
+            self.reap_tx()?;
+            self.reap_rx(|_| {})?;
+        }
+        self.check_device()?;
+        Ok(w.out)
+    }
+
+    /// RX probe latency (µs, host send → visible in the used ring) for `dur`,
+    /// with the driver busy-polling both rings and, if `flood`, keeping the
+    /// TX ring full of the configured frame. Returns the samples and the TX
+    /// throughput over the same window.
+    pub fn run_latency(&mut self, dur: Duration, flood: bool) -> Result<(Vec<f64>, Measured)> {
+        if flood {
+            self.fill_tx()?;
+        }
+        let mut samples = Vec::with_capacity(8192);
+        let start = Instant::now();
+        let mut w = Window::new(Duration::ZERO, dur, self.dev_clock);
+        while w.tick(self.tx_frames, self.tx_bytes, 0) {
+            self.reap_rx(|ts| {
+                let now = sys::now_ns();
+                samples.push(now.saturating_sub(ts) as f64 / 1000.0);
+            })?;
+            if flood {
+                self.reap_tx()?;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let _ = start;
+        self.check_device()?;
+        Ok((samples, w.out))
+    }
+
+    /// Fails if the device thread died.
+    fn check_device(&mut self) -> Result<()> {
+        if self.dev_thread.as_ref().is_some_and(|h| h.is_finished()) {
+            if let Some(h) = self.dev_thread.take() {
+                h.join().map_err(|_| anyhow!("device thread panicked"))??;
+            }
+            return Err(anyhow!("device thread stopped"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.dev_thread.take() {
+            let _ = h.join();
+        }
+    }
+}
