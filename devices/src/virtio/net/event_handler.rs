@@ -87,10 +87,13 @@ impl<B: NetBackend> Net<B> {
         if a.rx_deferred || a.rx.starved_since().is_some() {
             return;
         }
-        let status = a.rx.process(&self.mem, fd, &self.metrics, &*a.interrupt);
-        if status == RxStatus::WeightHit {
-            a.rx_deferred = true;
-            Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
+        match a.rx.process(&self.mem, fd, &self.metrics, &*a.interrupt) {
+            RxStatus::WeightHit => {
+                a.rx_deferred = true;
+                Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
+            }
+            RxStatus::HungUp => self.backend_hung_up(),
+            RxStatus::Drained | RxStatus::Starved | RxStatus::Broken => {}
         }
     }
 
@@ -147,10 +150,18 @@ impl<B: NetBackend> Net<B> {
             }
         }
         if set.contains(EventSet::IN) {
+            // Frames sent before a hangup are still delivered; the read
+            // that returns end-of-file reports the hangup.
             self.run_rx();
         } else if set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
-            // A socket peer went away; the level-triggered HUP would fire
-            // forever. A TAP never hangs up.
+            self.backend_hung_up();
+        }
+    }
+
+    /// A socket peer went away (a TAP never hangs up): stop polling the fd,
+    /// whose level-triggered HUP would otherwise fire forever.
+    fn backend_hung_up(&mut self) {
+        if !self.registered.backend_hup {
             self.registered.backend_hup = true;
             NetMetrics::inc(&self.metrics.host_errors);
             log::error!("virtio-net: backend hung up; the device stops using it");
@@ -259,5 +270,222 @@ impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
             }
         }
         self.sync_registrations(ops);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::super::device::features::VIRTIO_RING_F_EVENT_IDX;
+    use super::super::test_driver::*;
+    use super::super::NetConfig;
+    use super::*;
+    use crate::virtio::VirtioDevice;
+    use event_manager::{EventManager, SubscriberOps};
+    use vm_memory::GuestAddress;
+
+    const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+
+    #[test]
+    fn test_rx_starvation_and_resume() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let f = frame(12 + 1514, 1);
+        h.peer.send(&f).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 1);
+        assert_eq!(h.metric(|m| &m.rx_frames), 0);
+        // Reading stopped: the level-triggered backend fd is out of the
+        // epoll set, so the loop sleeps instead of spinning.
+        assert_eq!(h.dev().registered.backend, None);
+        let passes = h.metric(|m| &m.rx_passes);
+        assert_eq!(h.run_once(150), 0);
+        assert_eq!(h.metric(|m| &m.rx_passes), passes);
+
+        let bufs = h.post_rx(&[1526]);
+        h.kick_rx();
+        h.run_until_idle();
+        assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 1526)]);
+        assert_eq!(h.read(bufs[0].1 + 12, 1514), f[12..]);
+        let starved = h.metric(|m| &m.rx_starved_ns);
+        assert!(starved >= 150_000_000, "starved only {starved} ns");
+        assert_eq!(h.dev().registered.backend, Some(EventSet::IN));
+    }
+
+    #[test]
+    fn test_rx_notify_without_starvation_reads_nothing_extra() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        h.post_rx(&[1526; 4]);
+        h.kick_rx();
+        h.run_until_idle();
+        // No frame was waiting: the notify alone does not start a pass.
+        assert_eq!(h.metric(|m| &m.rx_passes), 0);
+        assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 0);
+    }
+
+    #[test]
+    fn test_rx_kicks_suppressed_while_buffers_cached() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        h.post_rx(&[1526; 2]);
+        h.kick_rx();
+        h.peer.send(&frame(100, 1)).unwrap();
+        h.run_until_idle();
+        // One buffer left in the cache: no kicks wanted (VRING_USED_F_NO_NOTIFY).
+        assert_eq!(h.rxq.used_flags(&h.mem), 1);
+        h.peer.send(&frame(100, 2)).unwrap();
+        h.peer.send(&frame(100, 3)).unwrap();
+        h.run_until_idle();
+        // Out of buffers: kicks wanted again.
+        assert_eq!(h.rxq.used_flags(&h.mem), 0);
+        assert_eq!(h.metric(|m| &m.rx_frames), 2);
+    }
+
+    #[test]
+    fn test_event_idx_interrupt_suppression() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
+        // The driver wants an interrupt only once used idx moves past 2.
+        h.txq.set_used_event(&h.mem, 2);
+        h.post_tx(&frame(100, 1), &[]);
+        h.post_tx(&frame(100, 2), &[]);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.peer_frames().len(), 2);
+        assert_eq!(h.irq.count(), 0);
+        assert_eq!(h.metric(|m| &m.interrupts_suppressed), 1);
+        h.post_tx(&frame(100, 3), &[]);
+        h.post_tx(&frame(100, 4), &[]);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.irq.count(), 1);
+        // Kick suppression: the device asks to be kicked at the next entry.
+        assert_eq!(h.txq.avail_event(&h.mem), 4);
+    }
+
+    #[test]
+    fn test_event_idx_rx_requests_kick_when_starved() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
+        h.rxq.set_used_event(&h.mem, 0);
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(100, 1)).unwrap();
+        h.peer.send(&frame(100, 2)).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+        assert_eq!(h.irq.count(), 1);
+        // Starved after one buffer: kick me when avail reaches 1.
+        assert_eq!(h.rxq.avail_event(&h.mem), 1);
+        assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 1);
+    }
+
+    #[test]
+    fn test_reset_and_reactivate() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        h.post_tx(&frame(100, 1), &[]);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.peer_frames().len(), 1);
+
+        h.dev().reset();
+        h.run_until_idle();
+        assert!(!h.dev().registered.queues);
+        assert_eq!(h.dev().registered.backend, None);
+        assert_eq!(h.metrics.features_negotiated.load(Ordering::Relaxed), MRG_FEATURES);
+        // A frame from the peer is not read while the device is reset.
+        h.peer.send(&frame(100, 2)).unwrap();
+        assert_eq!(h.run_once(50), 0);
+
+        // The driver sets the rings up again from scratch.
+        h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
+        h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+        h.activate(BASE_FEATURES);
+        assert_eq!(h.metrics.features_negotiated.load(Ordering::Relaxed), BASE_FEATURES);
+        let bufs = h.post_rx(&[1526]);
+        h.kick_rx();
+        h.post_tx(&frame(200, 3), &[]);
+        h.kick_tx();
+        h.run_until_idle();
+        // The frame that waited in the backend during the reset arrives now.
+        assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 100)]);
+        assert_eq!(h.peer_frames(), vec![frame(200, 3)]);
+    }
+
+    #[test]
+    fn test_activation_before_registration() {
+        let Harness {
+            mem,
+            net,
+            peer,
+            evmgr,
+            irq,
+            ..
+        } = Harness::new_inactive(NetConfig::default());
+        // Forget the harness' event manager: a second one will pick the
+        // device up already activated.
+        drop(evmgr);
+        let rxq = TestQueue::new(&mem, GuestAddress(0x10000), 256);
+        let mut txq = TestQueue::new(&mem, GuestAddress(0x80000), 256);
+        let a = 0x100000u64;
+        vm_memory::Bytes::write_slice(&mem, &frame(100, 7), GuestAddress(a)).unwrap();
+        txq.add_chain(&mem, &[(a, 100, 0)]);
+        net.lock()
+            .unwrap()
+            .activate(MRG_FEATURES, vec![rxq.create_queue(), txq.create_queue()], irq)
+            .unwrap();
+        let mut em = EventManager::new().unwrap();
+        em.add_subscriber(net);
+        while em.run_with_timeout(0).unwrap() > 0 {}
+        let mut buf = [0u8; 200];
+        assert_eq!(peer.recv(&mut buf).unwrap(), 100);
+        assert_eq!(buf[..100], frame(100, 7)[..]);
+    }
+
+    #[test]
+    fn test_tx_blocked_arms_epollout_only_while_blocked() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        assert_eq!(h.dev().registered.backend, Some(EventSet::IN));
+        h.dev().backend().set_send_buffer(40000).unwrap();
+        for i in 0..6 {
+            h.post_tx(&frame(12 + 30000, i), &[]);
+        }
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(
+            h.dev().registered.backend,
+            Some(EventSet::IN | EventSet::OUT)
+        );
+        // A kick while blocked does not retry (it would only hit EAGAIN).
+        let eagain = h.metric(|m| &m.tap_eagain);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.tap_eagain), eagain);
+        let mut n = 0;
+        for _ in 0..100 {
+            n += h.peer_frames().len();
+            h.run_until_idle();
+            if n == 6 {
+                break;
+            }
+        }
+        assert_eq!(n, 6);
+        assert_eq!(h.dev().registered.backend, Some(EventSet::IN));
+    }
+
+    #[test]
+    fn test_backend_hangup_stops_polling() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        h.post_rx(&[1526; 4]);
+        h.kick_rx();
+        h.peer.send(&frame(100, 1)).unwrap();
+        let Harness { peer, .. } = &mut h;
+        // Replace the peer by closing it: swap in a fresh pair's end.
+        let (fresh, _other) = super::super::tap::SeqPacket::pair().unwrap();
+        drop(std::mem::replace(peer, fresh));
+        h.run_until_idle();
+        // The frame sent before the close was delivered, then EOF stopped
+        // the polling: no busy loop on the level-triggered HUP.
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+        assert!(h.dev().registered.backend_hup);
+        assert_eq!(h.dev().registered.backend, None);
+        assert_eq!(h.run_once(50), 0);
     }
 }

@@ -230,6 +230,8 @@ pub enum RxStatus {
     WeightHit,
     /// The queue is unusable until the driver resets the device.
     Broken,
+    /// The backend reached end of file (a socket peer closed).
+    HungUp,
 }
 
 /// The receive side: one RX queue filled from the backend.
@@ -396,6 +398,10 @@ impl RxVirtio {
                 iov::readv(fd, &mut self.iov, &mut self.overflow)?
             }
         };
+        if n == 0 {
+            // A socket whose peer closed; a TAP never reads 0 bytes.
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
         if !(VNET_HDR_LEN..=cap).contains(&n) {
             // The chains keep their place in the cache for the next frame.
             let d = NetMetrics::inc(&metrics.rx_dropped);
@@ -485,6 +491,10 @@ impl RxVirtio {
                     self.notify_enabled = true;
                     match self.queue.enable_notification(mem) {
                         Ok(true) => continue,
+                        // We cannot tell whether another frame waits without
+                        // reading it. Keep polling the backend: if one does,
+                        // the next pass starts without buffers and starves.
+                        Ok(false) if frames > 0 => break RxStatus::Drained,
                         Ok(false) => {
                             NetMetrics::inc(&metrics.rx_no_avail_buffer);
                             self.starved_since = Some(Instant::now());
@@ -504,6 +514,7 @@ impl RxVirtio {
                     bytes += n.unwrap_or(0) as u64;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break RxStatus::Drained,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break RxStatus::HungUp,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     NetMetrics::inc(&metrics.host_errors);
