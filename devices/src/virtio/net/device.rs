@@ -343,3 +343,307 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         self.kick_event_handler();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    use event_manager::{EventManager, SubscriberOps};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    use super::super::tap::{enter_private_netns, SeqPacket};
+    use super::super::test_driver::*;
+    use super::*;
+
+    fn mem() -> GuestMemory {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
+    }
+
+    fn net(cfg: NetConfig) -> Net<SeqPacket> {
+        let (a, _b) = SeqPacket::pair().unwrap();
+        Net::with_backend(a, cfg, mem()).unwrap()
+    }
+
+    #[test]
+    fn test_features_offered() {
+        let n = net(NetConfig::default());
+        assert_eq!(n.device_type(), 1);
+        assert_eq!(n.queue_max_sizes(), &[256, 256]);
+        let f = n.avail_features();
+        for b in [
+            VIRTIO_F_VERSION_1,
+            VIRTIO_NET_F_MAC,
+            VIRTIO_NET_F_STATUS,
+            VIRTIO_NET_F_MRG_RXBUF,
+            VIRTIO_RING_F_EVENT_IDX,
+        ] {
+            assert_ne!(f & bit(b), 0, "feature {b} missing");
+        }
+        assert_eq!(f & OFFLOAD_FEATURES, OFFLOAD_FEATURES);
+
+        let n = net(NetConfig {
+            offloads: false,
+            mrg_rxbuf: false,
+            queue_size: 1024,
+            ..NetConfig::default()
+        });
+        assert_eq!(n.avail_features() & OFFLOAD_FEATURES, 0);
+        assert_eq!(n.avail_features() & bit(VIRTIO_NET_F_MRG_RXBUF), 0);
+        assert_eq!(n.queue_max_sizes(), &[1024, 1024]);
+    }
+
+    #[test]
+    fn test_bad_queue_size() {
+        for qs in [0, 3, 100, 65535] {
+            let (a, _b) = SeqPacket::pair().unwrap();
+            let cfg = NetConfig {
+                queue_size: qs,
+                ..NetConfig::default()
+            };
+            assert!(matches!(
+                Net::with_backend(a, cfg, mem()),
+                Err(NetError::QueueSize(q)) if q == qs
+            ));
+        }
+    }
+
+    #[test]
+    fn test_bad_tap_name_fails_at_creation() {
+        let err = Net::new("no/such\0tap", NetConfig::default(), mem()).unwrap_err();
+        assert!(matches!(err, NetError::Tap(TapError::InvalidName(_))));
+    }
+
+    #[test]
+    fn test_config_space() {
+        let mut n = net(NetConfig {
+            mac: [1, 2, 3, 4, 5, 6],
+            ..NetConfig::default()
+        });
+        let mut buf = [0xffu8; 8];
+        n.read_config(0, &mut buf);
+        assert_eq!(buf, [1, 2, 3, 4, 5, 6, 1, 0]);
+        let mut b2 = [0u8; 2];
+        n.read_config(6, &mut b2);
+        assert_eq!(u16::from_le_bytes(b2), VIRTIO_NET_S_LINK_UP);
+        // Past the end: zeros, no panic.
+        let mut b4 = [0xffu8; 4];
+        n.read_config(6, &mut b4);
+        assert_eq!(b4, [1, 0, 0, 0]);
+        n.read_config(u64::MAX, &mut b4);
+        assert_eq!(b4, [0; 4]);
+        // Writes are ignored.
+        n.write_config(0, &[9; 6]);
+        n.read_config(0, &mut buf);
+        assert_eq!(buf[..6], [1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn test_activate_wrong_queue_count() {
+        let mut n = net(NetConfig::default());
+        let m = mem();
+        let q = TestQueue::new(&m, GuestAddress(0x10000), 256).create_queue();
+        let err = n
+            .activate(MRG_FEATURES, vec![q], std::sync::Arc::new(TestIrq::default()))
+            .unwrap_err();
+        assert!(matches!(err, ActivateError::QueueCount { expected: 2, got: 1 }));
+        assert!(!n.is_activated());
+    }
+
+    #[test]
+    fn test_offload_flags_and_max_frame() {
+        let mut n = net(NetConfig::default());
+        n.acked_features = MRG_FEATURES;
+        assert_eq!(n.tun_offload_flags(), 0);
+        assert_eq!(n.max_rx_frame(), 12 + 1514);
+        n.acked_features = MRG_FEATURES | bit(VIRTIO_NET_F_GUEST_CSUM);
+        assert_eq!(n.tun_offload_flags(), libc::TUN_F_CSUM);
+        assert_eq!(n.max_rx_frame(), 12 + 1514);
+        n.acked_features = MRG_FEATURES | GUEST_GSO | bit(VIRTIO_NET_F_GUEST_UFO);
+        assert_eq!(
+            n.tun_offload_flags(),
+            libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_UFO
+        );
+        assert_eq!(n.max_rx_frame(), 12 + 65550);
+        // TSO without checksum offload is not a valid combination: no GSO.
+        n.acked_features = MRG_FEATURES | bit(VIRTIO_NET_F_GUEST_TSO4);
+        assert_eq!(n.tun_offload_flags(), 0);
+    }
+
+    #[test]
+    fn test_unoffered_features_are_not_acked() {
+        let mut h = Harness::new(
+            NetConfig {
+                offloads: false,
+                ..NetConfig::default()
+            },
+            MRG_FEATURES | GUEST_GSO,
+        );
+        assert_eq!(h.metric(|m| &m.features_negotiated), MRG_FEATURES);
+        // Without guest GSO, reads start with 1526 bytes posted.
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(100, 1)).unwrap();
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    }
+
+    #[test]
+    fn test_metrics_json_after_traffic() {
+        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        h.post_rx(&[1526]);
+        h.kick_rx();
+        h.peer.send(&frame(12 + 1514, 1)).unwrap();
+        h.post_tx(&frame(12 + 100, 2), &[]);
+        h.kick_tx();
+        h.run_until_idle();
+        let json = h.dev().metrics().to_json();
+        assert_eq!(json["rx_frames"], 1);
+        assert_eq!(json["rx_bytes"], 1514);
+        assert_eq!(json["rx_buffers"], 1);
+        assert_eq!(json["tx_frames"], 1);
+        assert_eq!(json["tx_bytes"], 100);
+        assert_eq!(json["features_negotiated"], MRG_FEATURES);
+        assert_eq!(json["malformed_chains"], 0);
+    }
+
+    // ---- a real TAP, inside a private network namespace ----
+
+    const GUEST_MAC: [u8; 6] = [0x06, 0x00, 0xac, 0x10, 0x00, 0x02];
+    const GUEST_IP: [u8; 4] = [10, 77, 0, 2];
+    const HOST_IP: [u8; 4] = [10, 77, 0, 1];
+
+    fn csum(data: &[u8]) -> u16 {
+        let mut sum = 0u32;
+        for c in data.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    fn arp_request() -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend([0xff; 6]);
+        f.extend(GUEST_MAC);
+        f.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        f.extend(GUEST_MAC);
+        f.extend(GUEST_IP);
+        f.extend([0; 6]);
+        f.extend(HOST_IP);
+        f
+    }
+
+    fn icmp_echo(dst_mac: &[u8], payload: usize) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend(dst_mac);
+        f.extend(GUEST_MAC);
+        f.extend([0x08, 0x00]);
+        let total = (20 + 8 + payload) as u16;
+        let mut ip = vec![0x45, 0];
+        ip.extend(total.to_be_bytes());
+        ip.extend([0, 1, 0x40, 0, 64, 1, 0, 0]);
+        ip.extend(GUEST_IP);
+        ip.extend(HOST_IP);
+        let c = csum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+        icmp.extend((0..payload).map(|i| i as u8));
+        let c = csum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        f.extend(ip);
+        f.extend(icmp);
+        f
+    }
+
+    /// Drives a device over a real TAP whose host side is the kernel stack
+    /// of a namespace this test owns: the guest side (this test) ARPs for the
+    /// host and pings it with a full 1500-byte IP packet; the replies come
+    /// back through RX, the echo reply in exactly one 1526-byte buffer.
+    #[test]
+    fn test_real_tap_arp_and_mtu_ping() {
+        if !enter_private_netns("test_real_tap_arp_and_mtu_ping") {
+            return;
+        }
+        let tap = Tap::open_named("mvnet%d").unwrap();
+        let name = tap.if_name().to_string();
+        for args in [
+            vec!["link", "set", "dev", &name, "up"],
+            vec!["addr", "add", "10.77.0.1/24", "dev", &name],
+        ] {
+            let st = Command::new("ip").args(&args).status();
+            if !st.is_ok_and(|s| s.success()) {
+                eprintln!("SKIP test_real_tap_arp_and_mtu_ping: `ip {args:?}` failed");
+                return;
+            }
+        }
+        let m = mem();
+        let net = Arc::new(std::sync::Mutex::new(
+            Net::with_backend(tap, NetConfig::default(), m.clone()).unwrap(),
+        ));
+        let metrics = net.lock().unwrap().metrics();
+        let mut em = EventManager::new().unwrap();
+        em.add_subscriber(net.clone());
+        let mut rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
+        let mut txq = TestQueue::new(&m, GuestAddress(0x80000), 256);
+        let irq = Arc::new(TestIrq::default());
+        net.lock()
+            .unwrap()
+            .activate(MRG_FEATURES, vec![rxq.create_queue(), txq.create_queue()], irq)
+            .unwrap();
+        let mut bufs = HashMap::new();
+        for i in 0..64u64 {
+            let a = 0x100000 + i * 0x800;
+            bufs.insert(rxq.add_chain(&m, &[(a, 1526, F_WRITE)]), a);
+        }
+        net.lock().unwrap().queue_events()[RX_INDEX].write(1).unwrap();
+
+        // Sends a frame from the "guest" and waits for an RX frame that
+        // `pick` accepts; returns (used length, frame without vnet header).
+        let mut tx_addr = 0x200000u64;
+        let mut exchange = |frame: Vec<u8>, pick: &dyn Fn(&[u8]) -> bool| -> (u32, Vec<u8>) {
+            m.write_slice(&frame, GuestAddress(tx_addr)).unwrap();
+            txq.add_chain(&m, &[(tx_addr, frame.len() as u32, 0)]);
+            tx_addr += 0x10000;
+            net.lock().unwrap().queue_events()[TX_INDEX].write(1).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                em.run_with_timeout(50).unwrap();
+                for (id, len) in rxq.take_used(&m) {
+                    let a = bufs[&(id as u16)];
+                    let mut data = vec![0u8; len as usize];
+                    m.read_slice(&mut data, GuestAddress(a)).unwrap();
+                    let nb = u16::from_le_bytes([data[10], data[11]]);
+                    assert_eq!(nb, 1, "every frame fits one 1526-byte buffer");
+                    if pick(&data[12..]) {
+                        return (len, data[12..].to_vec());
+                    }
+                }
+            }
+            panic!("no matching reply from the TAP");
+        };
+
+        let (_, arp) = exchange(arp_request(), &|f| {
+            f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[20..22] == [0, 2]
+        });
+        assert_eq!(arp[28..32], HOST_IP);
+        assert_eq!(arp[38..42], GUEST_IP);
+        let host_mac = arp[22..28].to_vec();
+
+        for payload in [56usize, 1472] {
+            let (len, reply) = exchange(icmp_echo(&host_mac, payload), &|f| {
+                f.len() >= 34 && f[12..14] == [0x08, 0x00] && f[23] == 1 && f[34] == 0
+            });
+            assert_eq!(reply.len(), 14 + 20 + 8 + payload);
+            assert_eq!(len as usize, 12 + 14 + 20 + 8 + payload);
+            assert_eq!(reply[42..], (0..payload).map(|i| i as u8).collect::<Vec<_>>()[..]);
+        }
+        let json = metrics.to_json();
+        assert_eq!(json["tx_frames"], 3);
+        assert_eq!(json["rx_buffers"], json["rx_frames"]);
+        assert_eq!(json["malformed_chains"], 0);
+    }
+}
