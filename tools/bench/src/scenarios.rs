@@ -151,7 +151,7 @@ fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measur
                     bounce_buffer: mode == Mode::Bounce,
                     ..NetConfig::default()
                 },
-                rx_buf_len: if gso { BIG_BUF } else { 2048 },
+                rx_buf_len: std::env::var("NETBENCH_RX_BUF").ok().and_then(|v| v.parse().ok()).unwrap_or(if gso { BIG_BUF } else { 2048 }),
                 tx_msg: tx_msg(size),
             };
             let mut rig = Rig::new(&cfg)?;
