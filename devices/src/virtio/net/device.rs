@@ -223,8 +223,8 @@ impl<B: NetBackend> Net<B> {
     /// offloads, vnet header included: 12 + 1514 unless the backend may
     /// hand us GSO frames.
     fn max_rx_frame(&self) -> usize {
-        let gso = self.tun_offload_flags() & (libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_UFO)
-            != 0;
+        let gso =
+            self.tun_offload_flags() & (libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_UFO) != 0;
         VNET_HDR_LEN + if gso { MAX_FRAME_GSO } else { MAX_FRAME_NO_GSO }
     }
 
@@ -337,7 +337,11 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         }
         self.acked_features = 0;
         // Kicks that were pending belong to the old queues.
-        for evt in self.queue_evts.iter().chain([&self.rx_requeue_evt, &self.tx_requeue_evt]) {
+        for evt in self
+            .queue_evts
+            .iter()
+            .chain([&self.rx_requeue_evt, &self.tx_requeue_evt])
+        {
             let _ = evt.read();
         }
         self.kick_event_handler();
@@ -445,9 +449,19 @@ mod tests {
         let m = mem();
         let q = TestQueue::new(&m, GuestAddress(0x10000), 256).create_queue();
         let err = n
-            .activate(MRG_FEATURES, vec![q], std::sync::Arc::new(TestIrq::default()))
+            .activate(
+                MRG_FEATURES,
+                vec![q],
+                std::sync::Arc::new(TestIrq::default()),
+            )
             .unwrap_err();
-        assert!(matches!(err, ActivateError::QueueCount { expected: 2, got: 1 }));
+        assert!(matches!(
+            err,
+            ActivateError::QueueCount {
+                expected: 2,
+                got: 1
+            }
+        ));
         assert!(!n.is_activated());
     }
 
@@ -592,14 +606,20 @@ mod tests {
         let irq = Arc::new(TestIrq::default());
         net.lock()
             .unwrap()
-            .activate(MRG_FEATURES, vec![rxq.create_queue(), txq.create_queue()], irq)
+            .activate(
+                MRG_FEATURES,
+                vec![rxq.create_queue(), txq.create_queue()],
+                irq,
+            )
             .unwrap();
         let mut bufs = HashMap::new();
         for i in 0..64u64 {
             let a = 0x100000 + i * 0x800;
             bufs.insert(rxq.add_chain(&m, &[(a, 1526, F_WRITE)]), a);
         }
-        net.lock().unwrap().queue_events()[RX_INDEX].write(1).unwrap();
+        net.lock().unwrap().queue_events()[RX_INDEX]
+            .write(1)
+            .unwrap();
 
         // Sends a frame from the "guest" and waits for an RX frame that
         // `pick` accepts; returns (used length, frame without vnet header).
@@ -608,7 +628,9 @@ mod tests {
             m.write_slice(&frame, GuestAddress(tx_addr)).unwrap();
             txq.add_chain(&m, &[(tx_addr, frame.len() as u32, 0)]);
             tx_addr += 0x10000;
-            net.lock().unwrap().queue_events()[TX_INDEX].write(1).unwrap();
+            net.lock().unwrap().queue_events()[TX_INDEX]
+                .write(1)
+                .unwrap();
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
                 em.run_with_timeout(50).unwrap();
@@ -639,7 +661,10 @@ mod tests {
             });
             assert_eq!(reply.len(), 14 + 20 + 8 + payload);
             assert_eq!(len as usize, 12 + 14 + 20 + 8 + payload);
-            assert_eq!(reply[42..], (0..payload).map(|i| i as u8).collect::<Vec<_>>()[..]);
+            assert_eq!(
+                reply[42..],
+                (0..payload).map(|i| i as u8).collect::<Vec<_>>()[..]
+            );
         }
         let json = metrics.to_json();
         assert_eq!(json["tx_frames"], 3);

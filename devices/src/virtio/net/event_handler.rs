@@ -389,7 +389,10 @@ mod tests {
         h.run_until_idle();
         assert!(!h.dev().registered.queues);
         assert_eq!(h.dev().registered.backend, None);
-        assert_eq!(h.metrics.features_negotiated.load(Ordering::Relaxed), MRG_FEATURES);
+        assert_eq!(
+            h.metrics.features_negotiated.load(Ordering::Relaxed),
+            MRG_FEATURES
+        );
         // A frame from the peer is not read while the device is reset.
         h.peer.send(&frame(100, 2)).unwrap();
         assert_eq!(h.run_once(50), 0);
@@ -398,7 +401,10 @@ mod tests {
         h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
         h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
         h.activate(BASE_FEATURES);
-        assert_eq!(h.metrics.features_negotiated.load(Ordering::Relaxed), BASE_FEATURES);
+        assert_eq!(
+            h.metrics.features_negotiated.load(Ordering::Relaxed),
+            BASE_FEATURES
+        );
         let bufs = h.post_rx(&[1526]);
         h.kick_rx();
         h.post_tx(&frame(200, 3), &[]);
@@ -429,7 +435,11 @@ mod tests {
         txq.add_chain(&mem, &[(a, 100, 0)]);
         net.lock()
             .unwrap()
-            .activate(MRG_FEATURES, vec![rxq.create_queue(), txq.create_queue()], irq)
+            .activate(
+                MRG_FEATURES,
+                vec![rxq.create_queue(), txq.create_queue()],
+                irq,
+            )
             .unwrap();
         let mut em = EventManager::new().unwrap();
         em.add_subscriber(net);

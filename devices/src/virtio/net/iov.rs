@@ -79,11 +79,7 @@ fn cvt(ret: isize) -> io::Result<usize> {
 /// One `readv` from `fd` into `segs` and then `tail` (a host buffer used to
 /// detect frames longer than the guest buffers). `segs` is restored before
 /// returning.
-pub(crate) fn readv(
-    fd: RawFd,
-    segs: &mut Vec<IoSeg>,
-    tail: &mut [u8],
-) -> io::Result<usize> {
+pub(crate) fn readv(fd: RawFd, segs: &mut Vec<IoSeg>, tail: &mut [u8]) -> io::Result<usize> {
     segs.push(IoSeg {
         base: tail.as_mut_ptr() as usize,
         len: tail.len(),
@@ -173,13 +169,28 @@ mod tests {
         .unwrap();
         let mut segs = Vec::new();
         // Crosses the boundary between two adjacent regions: two segments.
-        assert!(push_guest_range(&mem, GuestAddress(0xf00), 0x200, &mut segs));
+        assert!(push_guest_range(
+            &mem,
+            GuestAddress(0xf00),
+            0x200,
+            &mut segs
+        ));
         assert_eq!(segs.len(), 2);
         assert_eq!(segs[0].len() + segs[1].len(), 0x200);
         // Runs into the hole at 0x2000: refused, nothing appended.
-        assert!(!push_guest_range(&mem, GuestAddress(0x1f00), 0x200, &mut segs));
+        assert!(!push_guest_range(
+            &mem,
+            GuestAddress(0x1f00),
+            0x200,
+            &mut segs
+        ));
         assert!(!push_guest_range(&mem, GuestAddress(0x8000), 1, &mut segs));
-        assert!(!push_guest_range(&mem, GuestAddress(u64::MAX), 2, &mut segs));
+        assert!(!push_guest_range(
+            &mem,
+            GuestAddress(u64::MAX),
+            2,
+            &mut segs
+        ));
         assert_eq!(segs.len(), 2);
 
         // The bounce copies go through the same segments.

@@ -141,6 +141,9 @@ mod tests {
         // The full 64-bit feature word survives the round trip through JSON.
         let text = serde_json::to_string(&serde_json::json!({ "net0": json })).unwrap();
         let back: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(back["net0"]["features_negotiated"].as_u64(), Some(1 << 63 | 1));
+        assert_eq!(
+            back["net0"]["features_negotiated"].as_u64(),
+            Some(1 << 63 | 1)
+        );
     }
 }

@@ -370,16 +370,12 @@ impl RxVirtio {
     ) -> io::Result<Option<usize>> {
         // Chains offered to this read: without MRG_RXBUF only the first; with
         // it, as many as the largest frame needs and one syscall takes.
-        let mut nchains = 0;
         let mut nsegs = 0;
         let mut cap = 0;
-        for c in &self.chains {
-            if nchains > 0
-                && (!self.mrg_rxbuf || cap >= self.max_frame || nsegs + c.nsegs >= IOV_MAX)
-            {
+        for (i, c) in self.chains.iter().enumerate() {
+            if i > 0 && (!self.mrg_rxbuf || cap >= self.max_frame || nsegs + c.nsegs >= IOV_MAX) {
                 break;
             }
-            nchains += 1;
             nsegs += c.nsegs;
             cap += c.len;
         }
@@ -850,7 +846,8 @@ mod tests {
     fn test_tx_write_only_descriptor() {
         check_bad_tx(|h| {
             let a = h.alloc(100);
-            h.txq.add_chain(&h.mem, &[(a, 12, 0), (a + 12, 88, F_WRITE)])
+            h.txq
+                .add_chain(&h.mem, &[(a, 12, 0), (a + 12, 88, F_WRITE)])
         });
     }
 
@@ -916,7 +913,9 @@ mod tests {
     fn test_tx_avail_index_too_far_breaks_only_tx() {
         let mut h = Harness::new(cfg(), MRG_FEATURES);
         // avail idx 1000 ahead of next_avail with a 256-entry ring.
-        h.mem.write_obj(1000u16, GuestAddress(0x80000 + 16 * 256 + 2)).unwrap();
+        h.mem
+            .write_obj(1000u16, GuestAddress(0x80000 + 16 * 256 + 2))
+            .unwrap();
         h.kick_tx();
         check_metric_after_block!(h.metrics.queue_errors, 1, h.run_until_idle());
         // RX still works.
@@ -1060,7 +1059,14 @@ mod tests {
         h.peer.send(&frame(12 + 1514, 1)).unwrap();
         h.run_until_idle();
         assert_eq!(h.metric(|m| &m.rx_frames), 0);
-        assert!(h.dev().active.as_ref().unwrap().rx.starved_since().is_some());
+        assert!(h
+            .dev()
+            .active
+            .as_ref()
+            .unwrap()
+            .rx
+            .starved_since()
+            .is_some());
         h.post_rx(&[1526; 42]);
         h.kick_rx();
         h.run_until_idle();
@@ -1159,7 +1165,8 @@ mod tests {
     fn test_rx_read_only_descriptor() {
         check_bad_rx(|h| {
             let a = h.alloc(2000);
-            h.rxq.add_chain(&h.mem, &[(a, 1000, F_WRITE), (a + 1000, 1000, 0)])
+            h.rxq
+                .add_chain(&h.mem, &[(a, 1000, F_WRITE), (a + 1000, 1000, 0)])
         });
     }
 
@@ -1181,7 +1188,8 @@ mod tests {
         check_bad_rx(|h| {
             let a = h.alloc(64);
             let head = h.rxq.write_chain(&h.mem, &[(a, 64, F_WRITE)]);
-            h.rxq.write_desc(&h.mem, head, a, 64, F_WRITE | F_NEXT, head);
+            h.rxq
+                .write_desc(&h.mem, head, a, 64, F_WRITE | F_NEXT, head);
             h.rxq.publish(&h.mem, head);
             head
         });

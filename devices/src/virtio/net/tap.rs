@@ -130,7 +130,11 @@ impl Tap {
         }
 
         // The kernel may have completed a name pattern such as "tap%d".
-        let len = ifr.name.iter().position(|&b| b == 0).unwrap_or(ifr.name.len());
+        let len = ifr
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(ifr.name.len());
         let if_name = String::from_utf8_lossy(&ifr.name[..len]).into_owned();
         Ok(Tap { file, if_name })
     }
@@ -324,7 +328,10 @@ mod tests {
             Tap::open_named("a-name-that-is-too-long"),
             Err(TapError::InvalidName(_))
         ));
-        assert!(matches!(Tap::open_named("a\0b"), Err(TapError::InvalidName(_))));
+        assert!(matches!(
+            Tap::open_named("a\0b"),
+            Err(TapError::InvalidName(_))
+        ));
     }
 
     #[test]

@@ -48,7 +48,8 @@ impl TestQueue {
         let avail = desc.unchecked_add(16 * u64::from(size));
         let used = GuestAddress((avail.0 + 6 + 2 * u64::from(size) + 3) & !3);
         let end = used.0 + 6 + 8 * u64::from(size);
-        mem.write_slice(&vec![0u8; (end - base.0) as usize], base).unwrap();
+        mem.write_slice(&vec![0u8; (end - base.0) as usize], base)
+            .unwrap();
         TestQueue {
             size,
             desc,
@@ -72,7 +73,15 @@ impl TestQueue {
     }
 
     /// Writes descriptor `idx` as given.
-    pub fn write_desc(&self, mem: &GuestMemory, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    pub fn write_desc(
+        &self,
+        mem: &GuestMemory,
+        idx: u16,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) {
         let a = self.desc.unchecked_add(16 * u64::from(idx));
         mem.write_obj(addr, a).unwrap();
         mem.write_obj(len, a.unchecked_add(8)).unwrap();
@@ -105,7 +114,8 @@ impl TestQueue {
         mem.write_obj(head, self.avail.unchecked_add(4 + 2 * u64::from(slot)))
             .unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, self.avail.unchecked_add(2)).unwrap();
+        mem.write_obj(self.avail_idx, self.avail.unchecked_add(2))
+            .unwrap();
     }
 
     /// Writes and publishes a chain; returns its head.
@@ -145,7 +155,10 @@ impl TestQueue {
         while self.used_seen != idx {
             let slot = u64::from(self.used_seen % self.size);
             let e = self.used.unchecked_add(4 + 8 * slot);
-            out.push((mem.read_obj(e).unwrap(), mem.read_obj(e.unchecked_add(4)).unwrap()));
+            out.push((
+                mem.read_obj(e).unwrap(),
+                mem.read_obj(e.unchecked_add(4)).unwrap(),
+            ));
             self.used_seen = self.used_seen.wrapping_add(1);
         }
         out
@@ -175,7 +188,8 @@ impl Interrupt for TestIrq {
 }
 
 /// The feature set a modern Linux guest acks with offloads off.
-pub const BASE_FEATURES: u64 = 1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_STATUS;
+pub const BASE_FEATURES: u64 =
+    1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_STATUS;
 /// BASE_FEATURES plus MRG_RXBUF.
 pub const MRG_FEATURES: u64 = BASE_FEATURES | 1 << VIRTIO_NET_F_MRG_RXBUF;
 /// Guest receive offloads that allow 64 KiB frames.
@@ -205,11 +219,14 @@ impl Harness {
 
     /// Builds and registers a device without activating it.
     pub fn new_inactive(cfg: NetConfig) -> Self {
-        let mem: GuestMemory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
+        let mem: GuestMemory =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
         let (dev_end, peer) = SeqPacket::pair().unwrap();
         peer.set_nonblocking(true).unwrap();
         let qs = cfg.queue_size;
-        let net = Arc::new(Mutex::new(Net::with_backend(dev_end, cfg, mem.clone()).unwrap()));
+        let net = Arc::new(Mutex::new(
+            Net::with_backend(dev_end, cfg, mem.clone()).unwrap(),
+        ));
         let metrics = net.lock().unwrap().metrics();
         let mut evmgr = EventManager::new().unwrap();
         evmgr.add_subscriber(net.clone());
@@ -266,9 +283,13 @@ impl Harness {
     pub fn post_tx(&mut self, frame: &[u8], split: &[usize]) -> u16 {
         let mut descs = Vec::new();
         let mut off = 0;
-        for &len in split.iter().chain(std::iter::once(&(frame.len() - split.iter().sum::<usize>()))) {
+        for &len in split.iter().chain(std::iter::once(
+            &(frame.len() - split.iter().sum::<usize>()),
+        )) {
             let addr = self.alloc(len as u64);
-            self.mem.write_slice(&frame[off..off + len], GuestAddress(addr)).unwrap();
+            self.mem
+                .write_slice(&frame[off..off + len], GuestAddress(addr))
+                .unwrap();
             descs.push((addr, len as u32, 0));
             off += len;
         }
@@ -336,7 +357,13 @@ macro_rules! check_metric_after_block {
         let before = $metric.load(std::sync::atomic::Ordering::Relaxed);
         let r = $block;
         let after = $metric.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(after - before, $delta, "{} changed by {}", stringify!($metric), after - before);
+        assert_eq!(
+            after - before,
+            $delta,
+            "{} changed by {}",
+            stringify!($metric),
+            after - before
+        );
         r
     }};
 }
