@@ -301,6 +301,9 @@ mod tests {
         let passes = h.metric(|m| &m.rx_passes);
         assert_eq!(h.run_once(150), 0);
         assert_eq!(h.metric(|m| &m.rx_passes), passes);
+        // The metrics file written now already shows the ongoing starvation.
+        let ongoing = h.metrics.to_json()["rx_starved_ns"].as_u64().unwrap();
+        assert!(ongoing >= 150_000_000, "ongoing starvation {ongoing} ns");
 
         let bufs = h.post_rx(&[1526]);
         h.kick_rx();

@@ -15,6 +15,8 @@
 //! may be renamed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 /// Counters of one network device.
 #[derive(Debug, Default)]
@@ -36,7 +38,8 @@ pub struct NetMetrics {
     /// RX passes cut short by the byte or packet weight.
     pub rx_weight_hits: AtomicU64,
     /// Nanoseconds the device stopped reading the backend because the guest
-    /// had not posted enough RX buffers (updated when a starvation ends).
+    /// had not posted enough RX buffers (updated when a starvation ends;
+    /// [`NetMetrics::to_json`] adds one still in progress).
     pub rx_starved_ns: AtomicU64,
     /// Descriptor chains the guest got back with length 0 because they were
     /// malformed (outside guest memory, looping, wrong direction, too short
@@ -70,6 +73,18 @@ pub struct NetMetrics {
     pub queue_errors: AtomicU64,
     /// Host-side faults (eventfd errors, unexpected backend errors).
     pub host_errors: AtomicU64,
+    /// When the current starvation began ([`mono_ns`]), 0 when not starved;
+    /// lets `to_json` include a starvation still in progress.
+    pub(crate) starved_since_ns: AtomicU64,
+}
+
+/// Nanoseconds on a monotonic clock private to this process, never 0.
+pub(crate) fn mono_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
 }
 
 impl NetMetrics {
@@ -83,6 +98,15 @@ impl NetMetrics {
         counter.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// `rx_starved_ns` including a starvation still in progress.
+    pub fn rx_starved_ns_now(&self) -> u64 {
+        let done = self.rx_starved_ns.load(Ordering::Relaxed);
+        match self.starved_since_ns.load(Ordering::Relaxed) {
+            0 => done,
+            since => done.saturating_add(mono_ns().saturating_sub(since)),
+        }
+    }
+
     /// The counters as one JSON object (see the module docs for the contract).
     pub fn to_json(&self) -> serde_json::Value {
         let get = |c: &AtomicU64| serde_json::Value::from(c.load(Ordering::Relaxed));
@@ -94,7 +118,7 @@ impl NetMetrics {
             "tx_bytes": get(&self.tx_bytes),
             "tx_weight_hits": get(&self.tx_weight_hits),
             "rx_weight_hits": get(&self.rx_weight_hits),
-            "rx_starved_ns": get(&self.rx_starved_ns),
+            "rx_starved_ns": self.rx_starved_ns_now(),
             "malformed_chains": get(&self.malformed_chains),
             "tap_eagain": get(&self.tap_eagain),
             "features_negotiated": get(&self.features_negotiated),
@@ -138,6 +162,10 @@ mod tests {
             assert!(json[field].is_u64(), "{field} missing or not an integer");
         }
         assert_eq!(json["rx_bytes"], 1514);
+        // A starvation in progress counts.
+        m.starved_since_ns.store(mono_ns(), Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(m.to_json()["rx_starved_ns"].as_u64().unwrap() >= 5_000_000);
         // The full 64-bit feature word survives the round trip through JSON.
         let text = serde_json::to_string(&serde_json::json!({ "net0": json })).unwrap();
         let back: serde_json::Value = serde_json::from_str(&text).unwrap();

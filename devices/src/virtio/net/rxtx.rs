@@ -308,6 +308,7 @@ impl RxVirtio {
             Some(t) => {
                 let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 NetMetrics::add(&metrics.rx_starved_ns, ns);
+                metrics.starved_since_ns.store(0, Ordering::Relaxed);
                 true
             }
             None => false,
@@ -494,6 +495,9 @@ impl RxVirtio {
                         Ok(false) => {
                             NetMetrics::inc(&metrics.rx_no_avail_buffer);
                             self.starved_since = Some(Instant::now());
+                            metrics
+                                .starved_since_ns
+                                .store(super::metrics::mono_ns(), Ordering::Relaxed);
                             break RxStatus::Starved;
                         }
                         Err(e) => {
