@@ -113,6 +113,10 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
     if let Ok(ip) = bare.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
     }
+    // A busybox initramfs may have no /etc/hosts; loopback needs no resolver.
+    if bare.eq_ignore_ascii_case("localhost") {
+        return Ok(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port));
+    }
     (bare, port)
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve host '{host}'"))?
@@ -498,6 +502,10 @@ mod tests {
         assert_eq!(
             resolve("::1", 6).expect("v6"),
             "[::1]:6".parse::<SocketAddr>().expect("addr")
+        );
+        assert_eq!(
+            resolve("LocalHost", 8).expect("localhost"),
+            "127.0.0.1:8".parse::<SocketAddr>().expect("addr")
         );
         assert_eq!(
             resolve("[::1]", 7).expect("bracketed v6"),

@@ -18,11 +18,12 @@ mod server;
 mod sockopt;
 mod stats;
 
+use std::io::Write;
 use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{error::ErrorKind, Parser, Subcommand};
 
 use crate::proto::{TestKind, TestParams, DEFAULT_PORT};
@@ -259,7 +260,7 @@ fn client_main(cli: &Cli, params: TestParams) -> Result<()> {
     let test = params.test;
     let server = client::resolve(host, cli.port)?;
     if !cli.json {
-        println!("{}", report::banner(test, host, &server));
+        emit(&format!("{}\n", report::banner(test, host, &server)))?;
     }
     let cfg = client::ClientConfig {
         server,
@@ -269,11 +270,18 @@ fn client_main(cli: &Cli, params: TestParams) -> Result<()> {
     };
     let outcome = client::run(&cfg)?;
     if cli.json {
-        println!("{}", report::json(&outcome, host));
+        emit(&format!("{}\n", report::json(&outcome, host)))
     } else {
-        print!("{}", report::text(&outcome));
+        emit(&report::text(&outcome))
     }
-    Ok(())
+}
+
+/// Writes to stdout; unlike `print!` a closed pipe is an error, not a panic.
+fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing results to stdout")
 }
 
 #[cfg(test)]

@@ -49,7 +49,12 @@ pub fn run(cfg: &ServerConfig) -> Result<()> {
     let listener = TcpListener::bind((cfg.bind, cfg.port))
         .with_context(|| format!("cannot listen on {}:{}", cfg.bind, cfg.port))?;
     let addr = listener.local_addr().context("listener address")?;
-    println!("mvperf server listening on {addr}");
+    // Scripts wait for this line (and learn the port from it when --port 0).
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "mvperf server listening on {addr}").and_then(|()| out.flush()) {
+        eprintln!("mvperf server: listening on {addr} (stdout unusable: {e})");
+    }
+    drop(out);
     let sessions = Arc::new(AtomicUsize::new(0));
     loop {
         let stream = match listener.accept() {
@@ -106,12 +111,20 @@ fn session(stream: TcpStream) -> Result<String> {
     let local_ip = stream.local_addr().context("control local address")?.ip();
     let peer_ip = stream.peer_addr().context("control peer address")?.ip();
     let mut ctrl = Control::new(stream).context("control setup")?;
-    let req = ctrl.recv(STEP_TIMEOUT).map_err(|e| {
-        anyhow!(
-            "reading test request: {}",
-            describe(&e, "client", STEP_TIMEOUT)
-        )
-    })?;
+    let req = match ctrl.recv(STEP_TIMEOUT) {
+        Ok(r) => r,
+        Err(e) => {
+            if e.kind() == io::ErrorKind::InvalidData {
+                // Someone who is not an mvperf client: say so before hanging up.
+                let why = format!("not an mvperf test request: {e}");
+                let _ = ctrl.send(&json!({"ok": false, "error": why}), STEP_TIMEOUT);
+            }
+            bail!(
+                "reading test request: {}",
+                describe(&e, "client", STEP_TIMEOUT)
+            );
+        }
+    };
     let params = match TestParams::from_json(&req) {
         Ok(p) => p,
         Err(e) => {

@@ -21,10 +21,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts a server and waits for its "listening" line.
+    /// Starts a server on 127.0.0.1 and waits for its "listening" line.
     pub fn start() -> Server {
+        Server::start_on("127.0.0.1")
+    }
+
+    /// Starts a server bound to `bind` and waits for its "listening" line.
+    pub fn start_on(bind: &str) -> Server {
         let mut child = Command::new(BIN)
-            .args(["server", "--port", "0", "--bind", "127.0.0.1"])
+            .args(["server", "--port", "0", "--bind", bind])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -36,8 +41,10 @@ impl Server {
             .expect("read server banner");
         let port = line
             .trim()
-            .strip_prefix("mvperf server listening on 127.0.0.1:")
+            .strip_prefix("mvperf server listening on ")
+            .and_then(|a| a.rsplit_once(':'))
             .unwrap_or_else(|| panic!("unexpected server banner {line:?}"))
+            .1
             .parse()
             .expect("port number");
         Server { child, port }
@@ -79,18 +86,13 @@ pub fn run(args: &[&str]) -> (Output, Duration) {
 /// Runs a client test with `--json` against `port` and returns the parsed object, asserting
 /// success and a single JSON object on stdout.
 pub fn run_json(port: u16, test: &str, secs: &str, extra: &[&str]) -> Value {
+    run_json_to("127.0.0.1", port, test, secs, extra)
+}
+
+/// [`run_json`] against `host`.
+pub fn run_json_to(host: &str, port: u16, test: &str, secs: &str, extra: &[&str]) -> Value {
     let port = port.to_string();
-    let mut args = vec![
-        "-t",
-        test,
-        "-H",
-        "127.0.0.1",
-        "-p",
-        &port,
-        "-l",
-        secs,
-        "--json",
-    ];
+    let mut args = vec!["-t", test, "-H", host, "-p", &port, "-l", secs, "--json"];
     args.extend_from_slice(extra);
     let (out, _) = run(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
