@@ -316,6 +316,35 @@ impl NetNs {
     }
 }
 
+impl NetNs {
+    /// Runs `f` on a new thread that has joined this namespace, so sockets it
+    /// opens live there (only that thread switches; the test process stays put).
+    pub fn in_thread<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<Result<T>> {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            enter_netns(&path)?;
+            Ok(f())
+        })
+    }
+}
+
+#[allow(unsafe_code)]
+fn enter_netns(path: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {path}"))?;
+    // SAFETY: the fd is a valid open namespace file for the duration of the
+    // call; setns(CLONE_NEWNET) only changes the calling thread's network
+    // namespace, which is the point of running on a dedicated thread.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        bail!("setns({path}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl Drop for NetNs {
     fn drop(&mut self) {
         let _ = ip(&["netns", "del", &self.name]);
