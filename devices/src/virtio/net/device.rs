@@ -573,90 +573,130 @@ mod tests {
         f
     }
 
-    /// Drives a device over a real TAP whose host side is the kernel stack
-    /// of a namespace this test owns: the guest side (this test) ARPs for the
-    /// host and pings it with a full 1500-byte IP packet; the replies come
-    /// back through RX, the echo reply in exactly one 1526-byte buffer.
-    #[test]
-    fn test_real_tap_arp_and_mtu_ping() {
-        if !enter_private_netns("test_real_tap_arp_and_mtu_ping") {
-            return;
-        }
-        let tap = Tap::open_named("mvnet%d").unwrap();
-        let name = tap.if_name().to_string();
-        for args in [
-            vec!["link", "set", "dev", &name, "up"],
-            vec!["addr", "add", "10.77.0.1/24", "dev", &name],
-        ] {
-            let st = Command::new("ip").args(&args).status();
-            if !st.is_ok_and(|s| s.success()) {
-                eprintln!("SKIP test_real_tap_arp_and_mtu_ping: `ip {args:?}` failed");
-                return;
-            }
-        }
-        let m = mem();
-        let net = Arc::new(std::sync::Mutex::new(
-            Net::with_backend(tap, NetConfig::default(), m.clone()).unwrap(),
-        ));
-        let metrics = net.lock().unwrap().metrics();
-        let mut em = EventManager::new().unwrap();
-        em.add_subscriber(net.clone());
-        let mut rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
-        let mut txq = TestQueue::new(&m, GuestAddress(0x80000), 256);
-        let irq = Arc::new(TestIrq::default());
-        net.lock()
-            .unwrap()
-            .activate(
-                MRG_FEATURES,
-                vec![rxq.create_queue(), txq.create_queue()],
-                irq,
-            )
-            .unwrap();
-        let mut bufs = HashMap::new();
-        for i in 0..64u64 {
-            let a = 0x100000 + i * 0x800;
-            bufs.insert(rxq.add_chain(&m, &[(a, 1526, F_WRITE)]), a);
-        }
-        net.lock().unwrap().queue_events()[RX_INDEX]
-            .write(1)
-            .unwrap();
+    /// A device over a real TAP in a private namespace, driven from the
+    /// driver side; the host side is that namespace's kernel stack.
+    struct TapRig {
+        m: GuestMemory,
+        net: Arc<std::sync::Mutex<Net<Tap>>>,
+        em: EventManager<Arc<std::sync::Mutex<Net<Tap>>>>,
+        rxq: TestQueue,
+        txq: TestQueue,
+        bufs: HashMap<u16, u64>,
+        tx_addr: u64,
+    }
 
-        // Sends a frame from the "guest" and waits for an RX frame that
-        // `pick` accepts; returns (used length, frame without vnet header).
-        let mut tx_addr = 0x200000u64;
-        let mut exchange = |frame: Vec<u8>, pick: &dyn Fn(&[u8]) -> bool| -> (u32, Vec<u8>) {
-            m.write_slice(&frame, GuestAddress(tx_addr)).unwrap();
-            txq.add_chain(&m, &[(tx_addr, frame.len() as u32, 0)]);
-            tx_addr += 0x10000;
-            net.lock().unwrap().queue_events()[TX_INDEX]
+    impl TapRig {
+        /// None (after printing why) when the test must be skipped.
+        fn new(test: &str, features: u64) -> Option<TapRig> {
+            if !enter_private_netns(test) {
+                return None;
+            }
+            let tap = Tap::open_named("mvnet%d").unwrap();
+            let name = tap.if_name().to_string();
+            for args in [
+                vec!["link", "set", "dev", &name, "up"],
+                vec!["addr", "add", "10.77.0.1/24", "dev", &name],
+            ] {
+                let st = Command::new("ip").args(&args).status();
+                if !st.is_ok_and(|s| s.success()) {
+                    eprintln!("SKIP {test}: `ip {args:?}` failed");
+                    return None;
+                }
+            }
+            let m = mem();
+            let net = Arc::new(std::sync::Mutex::new(
+                Net::with_backend(tap, NetConfig::default(), m.clone()).unwrap(),
+            ));
+            let mut em = EventManager::new().unwrap();
+            em.add_subscriber(net.clone());
+            let mut rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
+            let txq = TestQueue::new(&m, GuestAddress(0x80000), 256);
+            net.lock()
+                .unwrap()
+                .activate(
+                    features,
+                    vec![rxq.create_queue(), txq.create_queue()],
+                    Arc::new(TestIrq::default()),
+                )
+                .unwrap();
+            let mut bufs = HashMap::new();
+            for i in 0..64u64 {
+                let a = 0x100000 + i * 0x800;
+                bufs.insert(rxq.add_chain(&m, &[(a, 1526, F_WRITE)]), a);
+            }
+            net.lock().unwrap().queue_events()[RX_INDEX]
+                .write(1)
+                .unwrap();
+            Some(TapRig {
+                m,
+                net,
+                em,
+                rxq,
+                txq,
+                bufs,
+                tx_addr: 0x200000,
+            })
+        }
+
+        fn metrics(&self) -> serde_json::Value {
+            self.net.lock().unwrap().metrics().to_json()
+        }
+
+        /// Sends a frame (vnet header included) from the "guest" and waits
+        /// for an RX frame that `pick` accepts; returns (used length, vnet
+        /// header, frame). Every received frame must fit one buffer.
+        fn exchange(
+            &mut self,
+            frame: Vec<u8>,
+            pick: &dyn Fn(&[u8]) -> bool,
+        ) -> (u32, Vec<u8>, Vec<u8>) {
+            let m = &self.m;
+            m.write_slice(&frame, GuestAddress(self.tx_addr)).unwrap();
+            self.txq
+                .add_chain(m, &[(self.tx_addr, frame.len() as u32, 0)]);
+            self.tx_addr += 0x10000;
+            self.net.lock().unwrap().queue_events()[TX_INDEX]
                 .write(1)
                 .unwrap();
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
-                em.run_with_timeout(50).unwrap();
-                for (id, len) in rxq.take_used(&m) {
-                    let a = bufs[&(id as u16)];
+                self.em.run_with_timeout(50).unwrap();
+                for (id, len) in self.rxq.take_used(m) {
+                    let a = self.bufs[&(id as u16)];
                     let mut data = vec![0u8; len as usize];
                     m.read_slice(&mut data, GuestAddress(a)).unwrap();
                     let nb = u16::from_le_bytes([data[10], data[11]]);
                     assert_eq!(nb, 1, "every frame fits one 1526-byte buffer");
                     if pick(&data[12..]) {
-                        return (len, data[12..].to_vec());
+                        return (len, data[..12].to_vec(), data[12..].to_vec());
                     }
                 }
             }
             panic!("no matching reply from the TAP");
+        }
+
+        /// ARPs for the host; returns the host's MAC.
+        fn arp(&mut self) -> Vec<u8> {
+            let (_, _, arp) = self.exchange(arp_request(), &|f| {
+                f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[20..22] == [0, 2]
+            });
+            assert_eq!(arp[28..32], HOST_IP);
+            assert_eq!(arp[38..42], GUEST_IP);
+            arp[22..28].to_vec()
+        }
+    }
+
+    /// The guest side (this test) ARPs for the host and pings it, up to a
+    /// full 1500-byte IP packet; the echo reply comes back in exactly one
+    /// 1526-byte buffer.
+    #[test]
+    fn test_real_tap_arp_and_mtu_ping() {
+        let Some(mut rig) = TapRig::new("test_real_tap_arp_and_mtu_ping", MRG_FEATURES) else {
+            return;
         };
-
-        let (_, arp) = exchange(arp_request(), &|f| {
-            f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[20..22] == [0, 2]
-        });
-        assert_eq!(arp[28..32], HOST_IP);
-        assert_eq!(arp[38..42], GUEST_IP);
-        let host_mac = arp[22..28].to_vec();
-
+        let host_mac = rig.arp();
         for payload in [56usize, 1472] {
-            let (len, reply) = exchange(icmp_echo(&host_mac, payload), &|f| {
+            let (len, _, reply) = rig.exchange(icmp_echo(&host_mac, payload), &|f| {
                 f.len() >= 34 && f[12..14] == [0x08, 0x00] && f[23] == 1 && f[34] == 0
             });
             assert_eq!(reply.len(), 14 + 20 + 8 + payload);
@@ -666,9 +706,76 @@ mod tests {
                 (0..payload).map(|i| i as u8).collect::<Vec<_>>()[..]
             );
         }
-        let json = metrics.to_json();
+        let json = rig.metrics();
         assert_eq!(json["tx_frames"], 3);
         assert_eq!(json["rx_buffers"], json["rx_frames"]);
         assert_eq!(json["malformed_chains"], 0);
+    }
+
+    /// HOST_TSO4 through a real TAP: one 3000-byte TCP segment handed over
+    /// with a GSO vnet header and a partial checksum is accepted by the
+    /// kernel (a wrong header would be refused with EINVAL), which answers
+    /// the closed port with a RST.
+    #[test]
+    fn test_real_tap_tso_frame_accepted() {
+        let features = MRG_FEATURES
+            | bit(VIRTIO_NET_F_CSUM)
+            | bit(VIRTIO_NET_F_HOST_TSO4)
+            | bit(VIRTIO_NET_F_GUEST_CSUM);
+        let Some(mut rig) = TapRig::new("test_real_tap_tso_frame_accepted", features) else {
+            return;
+        };
+        let host_mac = rig.arp();
+        let payload = 3000usize;
+        // virtio_net_hdr_v1: NEEDS_CSUM, GSO_TCPV4, hdr_len 54, gso_size
+        // 1448, csum_start 34 (the TCP header), csum_offset 16.
+        let mut f = vec![1u8, 1];
+        f.extend(54u16.to_le_bytes());
+        f.extend(1448u16.to_le_bytes());
+        f.extend(34u16.to_le_bytes());
+        f.extend(16u16.to_le_bytes());
+        f.extend([0, 0]);
+        f.extend(&host_mac);
+        f.extend(GUEST_MAC);
+        f.extend([0x08, 0x00]);
+        let tcp_len = 20 + payload;
+        let mut ip = vec![0x45, 0];
+        ip.extend(((20 + tcp_len) as u16).to_be_bytes());
+        ip.extend([0, 2, 0x40, 0, 64, 6, 0, 0]);
+        ip.extend(GUEST_IP);
+        ip.extend(HOST_IP);
+        let c = csum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut tcp = Vec::new();
+        tcp.extend(40000u16.to_be_bytes());
+        tcp.extend(9u16.to_be_bytes());
+        tcp.extend(1000u32.to_be_bytes());
+        tcp.extend(77u32.to_be_bytes());
+        tcp.extend([0x50, 0x18]); // data offset 5, PSH|ACK
+        tcp.extend(64240u16.to_be_bytes());
+        tcp.extend([0, 0, 0, 0]);
+        tcp.extend((0..payload).map(|i| (i % 251) as u8));
+        // CHECKSUM_PARTIAL: the field holds the pseudo-header sum, not
+        // inverted; the receiver of the offload completes it.
+        let mut pseudo = Vec::new();
+        pseudo.extend(GUEST_IP);
+        pseudo.extend(HOST_IP);
+        pseudo.extend([0, 6]);
+        pseudo.extend((tcp_len as u16).to_be_bytes());
+        let partial = !csum(&pseudo);
+        tcp[16..18].copy_from_slice(&partial.to_be_bytes());
+        f.extend(ip);
+        f.extend(tcp);
+        assert!(f.len() > 12 + 1514, "the frame is larger than one MTU");
+
+        let (_, _, rst) = rig.exchange(f, &|r| {
+            r.len() >= 54 && r[12..14] == [0x08, 0x00] && r[23] == 6 && r[47] & 0x04 != 0
+        });
+        assert_eq!(rst[34..36], 9u16.to_be_bytes());
+        assert_eq!(rst[36..38], 40000u16.to_be_bytes());
+        let json = rig.metrics();
+        assert_eq!(json["tx_dropped"], 0);
+        // The ARP request (42 bytes) and the TCP frame.
+        assert_eq!(json["tx_bytes"], (42 + 14 + 20 + tcp_len) as u64);
     }
 }
