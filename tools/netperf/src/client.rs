@@ -5,9 +5,11 @@
 //! - Only completed work counts. STREAM throughput uses the bytes the *receiver* got (the server
 //!   reports its count for TCP_STREAM and UDP_STREAM); an RR transaction counts once its whole
 //!   response has arrived.
-//! - Nothing blocks without a timeout. Data-phase reads and writes time out after the grace
-//!   period; everything after the data phase shares one deadline, `-l` + grace. So a silent
-//!   peer costs at most `-l` + grace (+ grace for connecting), never a hang.
+//! - Nothing blocks without a timeout, and all timeouts come from one budget: the whole run
+//!   ends by (start) + `-l` + grace. Setup steps get the grace period each, cut short by that
+//!   deadline; data-phase reads and writes get whatever of the grace setup left over, so one
+//!   begun just before the data phase ends still finishes by the deadline. A server that goes
+//!   silent in any phase costs at most `-l` + grace.
 //! - A peer that vanishes is an error with one line naming what was going on, not a result.
 
 use std::io::{self, Read, Write};
@@ -133,11 +135,46 @@ fn left(deadline: Instant, what: &str) -> Result<Duration> {
     Ok(d)
 }
 
+/// The time budget of one run (see the module docs).
+struct Budget {
+    hard: Instant,
+    grace: Duration,
+    length: Duration,
+}
+
+impl Budget {
+    fn new(cfg: &ClientConfig) -> Self {
+        Self {
+            hard: Instant::now() + cfg.params.duration + cfg.grace,
+            grace: cfg.grace,
+            length: cfg.params.duration,
+        }
+    }
+
+    /// Timeout for one setup step: the grace period, cut short by the overall deadline.
+    fn step(&self, what: &str) -> Result<Duration> {
+        Ok(left(self.hard, what)?.min(self.grace))
+    }
+
+    /// Starts the data phase now. Returns its start, its end, and the slack: how long one
+    /// blocked operation may take so that one begun before the end still ends by the deadline.
+    fn data_phase(&self) -> Result<(Instant, Instant, Duration)> {
+        let start = Instant::now();
+        let end = start + self.length;
+        let slack = self.hard.saturating_duration_since(end);
+        if slack.is_zero() {
+            bail!("server too slow: setting up the test used up the grace period");
+        }
+        Ok((start, end, slack))
+    }
+}
+
 /// Runs one test and returns its outcome. An error means the test did not complete (server
 /// unreachable, refused, vanished or silent, or nothing at all got through).
 pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
-    let g = cfg.grace;
+    let b = Budget::new(cfg);
     let p = &cfg.params;
+    let g = b.step("connecting")?;
     let ctrl_stream = TcpStream::connect_timeout(&cfg.server, g).map_err(|e| {
         anyhow!(
             "cannot connect to mvperf server at {}: {}",
@@ -146,8 +183,10 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
         )
     })?;
     let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
+    let g = b.step("sending test request")?;
     ctrl.send(&p.to_json(), g)
         .map_err(|e| anyhow!("sending test request: {}", describe(&e, "server", g)))?;
+    let g = b.step("waiting for the server to accept the test")?;
     let reply = ctrl.recv(g).map_err(|e| {
         anyhow!(
             "waiting for the server to accept the test: {}",
@@ -173,11 +212,11 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     };
     let data_addr = SocketAddr::new(cfg.server.ip(), data_port);
     let (elapsed, measured) = match p.test {
-        TestKind::TcpStream => tcp_stream(cfg, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::TcpMaerts => tcp_maerts(cfg, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::TcpRr => tcp_rr(cfg, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::UdpStream => udp_stream(cfg, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::UdpRr => udp_rr(cfg, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::TcpStream => tcp_stream(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::TcpMaerts => tcp_maerts(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::TcpRr => tcp_rr(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::UdpStream => udp_stream(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        TestKind::UdpRr => udp_rr(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
     };
     match &measured {
         Measured::Stream(s) if s.bytes_received == 0 => bail!(
@@ -204,8 +243,8 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     })
 }
 
-fn connect_data(cfg: &ClientConfig, addr: SocketAddr) -> Result<TcpStream> {
-    let g = cfg.grace;
+fn connect_data(b: &Budget, addr: SocketAddr) -> Result<TcpStream> {
+    let g = b.step("opening the data connection")?;
     let s = TcpStream::connect_timeout(&addr, g).map_err(|e| {
         anyhow!(
             "opening the data connection to {addr}: {}",
@@ -217,6 +256,12 @@ fn connect_data(cfg: &ClientConfig, addr: SocketAddr) -> Result<TcpStream> {
     Ok(s)
 }
 
+fn set_tcp_timeouts(s: &TcpStream, t: Duration) -> Result<()> {
+    s.set_read_timeout(Some(t))?;
+    s.set_write_timeout(Some(t))?;
+    Ok(())
+}
+
 fn report_u64(report: &Value, key: &str) -> Result<u64> {
     report
         .get(key)
@@ -226,17 +271,17 @@ fn report_u64(report: &Value, key: &str) -> Result<u64> {
 
 fn tcp_stream(
     cfg: &ClientConfig,
+    b: &Budget,
     ctrl: &mut Control,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
-    let g = cfg.grace;
-    let mut data = connect_data(cfg, addr)?;
+    let mut data = connect_data(b, addr)?;
     sizes.local_send = sockopt::send_buf(&data);
     sizes.local_recv = sockopt::recv_buf(&data);
     let buf = vec![0x5au8; cfg.params.msg_size];
-    let start = Instant::now();
-    let end = start + cfg.params.duration;
+    let (start, end, g) = b.data_phase()?;
+    set_tcp_timeouts(&data, g)?;
     let mut sent = 0u64;
     while Instant::now() < end {
         match data.write(&buf) {
@@ -250,8 +295,7 @@ fn tcp_stream(
         .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
     // The server replies once it has read everything up to our FIN, so the elapsed time
     // includes draining what was still queued: bytes and time describe the same delivery.
-    let hard = end + g;
-    let wait = left(hard, "waiting for results")?;
+    let wait = left(b.hard, "waiting for results")?;
     let report = ctrl
         .recv(wait)
         .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
@@ -272,17 +316,17 @@ fn tcp_stream(
 
 fn tcp_maerts(
     cfg: &ClientConfig,
+    b: &Budget,
     ctrl: &mut Control,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
-    let g = cfg.grace;
-    let mut data = connect_data(cfg, addr)?;
+    let mut data = connect_data(b, addr)?;
     sizes.local_send = sockopt::send_buf(&data);
     sizes.local_recv = sockopt::recv_buf(&data);
     let mut buf = vec![0u8; cfg.params.msg_size.max(64 * 1024)];
-    let start = Instant::now();
-    let hard = start + cfg.params.duration + g;
+    let (start, _, g) = b.data_phase()?;
+    set_tcp_timeouts(&data, g)?;
     let mut received = 0u64;
     loop {
         match data.read(&mut buf) {
@@ -291,14 +335,14 @@ fn tcp_maerts(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => bail!("receiving data: {}", describe(&e, "server", g)),
         }
-        if Instant::now() > hard {
+        if Instant::now() > b.hard {
             bail!("receiving data: server kept sending past the test length plus grace");
         }
     }
     let elapsed = start.elapsed();
     // A server killed mid-test also ends the stream with a FIN; only its report proves the
     // stream ended because the test did.
-    let wait = left(hard, "waiting for results")?;
+    let wait = left(b.hard, "waiting for results")?;
     let report = ctrl
         .recv(wait)
         .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
@@ -318,20 +362,20 @@ fn tcp_maerts(
 
 fn tcp_rr(
     cfg: &ClientConfig,
+    b: &Budget,
     ctrl: &mut Control,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
-    let g = cfg.grace;
-    let mut data = connect_data(cfg, addr)?;
+    let mut data = connect_data(b, addr)?;
     data.set_nodelay(true)?;
     sizes.local_send = sockopt::send_buf(&data);
     sizes.local_recv = sockopt::recv_buf(&data);
     let req = vec![0x5au8; cfg.params.req_size];
     let mut resp = vec![0u8; cfg.params.resp_size];
     let mut r = RrResult::default();
-    let start = Instant::now();
-    let end = start + cfg.params.duration;
+    let (start, end, g) = b.data_phase()?;
+    set_tcp_timeouts(&data, g)?;
     while Instant::now() < end {
         let t = Instant::now();
         data.write_all(&req)
@@ -347,8 +391,7 @@ fn tcp_rr(
     let elapsed = start.elapsed();
     data.shutdown(Shutdown::Write)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
-    let hard = end + g;
-    let wait = left(hard, "waiting for results")?;
+    let wait = left(b.hard, "waiting for results")?;
     let report = ctrl
         .recv(wait)
         .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
@@ -362,7 +405,7 @@ fn tcp_rr(
     Ok((elapsed, Measured::Rr(r)))
 }
 
-fn udp_socket(cfg: &ClientConfig, addr: SocketAddr) -> Result<UdpSocket> {
+fn udp_socket(addr: SocketAddr) -> Result<UdpSocket> {
     let any: IpAddr = if addr.is_ipv6() {
         Ipv6Addr::UNSPECIFIED.into()
     } else {
@@ -371,8 +414,6 @@ fn udp_socket(cfg: &ClientConfig, addr: SocketAddr) -> Result<UdpSocket> {
     let s = UdpSocket::bind((any, 0)).context("binding the UDP socket")?;
     // Connected, so an ICMP port unreachable (server gone) comes back as ECONNREFUSED.
     s.connect(addr).context("connecting the UDP socket")?;
-    s.set_write_timeout(Some(cfg.grace))?;
-    s.set_read_timeout(Some(cfg.grace))?;
     Ok(s)
 }
 
@@ -388,18 +429,18 @@ fn udp_finish(ctrl: &mut Control, hard: Instant) -> Result<Value> {
 
 fn udp_stream(
     cfg: &ClientConfig,
+    b: &Budget,
     ctrl: &mut Control,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
-    let g = cfg.grace;
-    let sock = udp_socket(cfg, addr)?;
+    let sock = udp_socket(addr)?;
     sizes.local_send = sockopt::send_buf(&sock);
     sizes.local_recv = sockopt::recv_buf(&sock);
     let buf = vec![0x5au8; cfg.params.msg_size];
     let mut s = StreamResult::default();
-    let start = Instant::now();
-    let end = start + cfg.params.duration;
+    let (start, end, g) = b.data_phase()?;
+    sock.set_write_timeout(Some(g))?;
     while Instant::now() < end {
         match sock.send(&buf) {
             Ok(n) => {
@@ -413,7 +454,7 @@ fn udp_stream(
         }
     }
     let elapsed = start.elapsed();
-    let report = udp_finish(ctrl, end + g)?;
+    let report = udp_finish(ctrl, b.hard)?;
     s.messages_received = report_u64(&report, "messages")?;
     s.bytes_received = report_u64(&report, "bytes")?;
     Ok((elapsed, Measured::Stream(s)))
@@ -421,14 +462,13 @@ fn udp_stream(
 
 fn udp_rr(
     cfg: &ClientConfig,
+    b: &Budget,
     ctrl: &mut Control,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
-    let g = cfg.grace;
     let p = &cfg.params;
-    let sock = udp_socket(cfg, addr)?;
-    sock.set_read_timeout(Some(cfg.udp_timeout))?;
+    let sock = udp_socket(addr)?;
     sizes.local_send = sockopt::send_buf(&sock);
     sizes.local_recv = sockopt::recv_buf(&sock);
     // The first bytes of each request carry a sequence number that the server echoes, so a
@@ -437,8 +477,11 @@ fn udp_rr(
     let mut req = vec![0x5au8; p.req_size];
     let mut resp = vec![0u8; 65536];
     let mut r = RrResult::default();
-    let start = Instant::now();
-    let end = start + p.duration;
+    let (start, end, g) = b.data_phase()?;
+    sock.set_write_timeout(Some(g))?;
+    // Never wait for one response past the run's deadline, however long --udp-timeout-ms is.
+    let udp_timeout = cfg.udp_timeout.min(g);
+    sock.set_read_timeout(Some(udp_timeout))?;
     let mut seq = 0u64;
     while Instant::now() < end {
         seq += 1;
@@ -463,7 +506,7 @@ fn udp_rr(
                 }
                 Ok(_) => {
                     r.late += 1;
-                    if t.elapsed() >= cfg.udp_timeout {
+                    if t.elapsed() >= udp_timeout {
                         r.lost += 1;
                         break;
                     }
@@ -478,7 +521,7 @@ fn udp_rr(
         }
     }
     let elapsed = start.elapsed();
-    let report = udp_finish(ctrl, end + g)?;
+    let report = udp_finish(ctrl, b.hard)?;
     let served = report_u64(&report, "transactions")?;
     if served < r.transactions {
         bail!(

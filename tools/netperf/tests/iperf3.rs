@@ -53,20 +53,22 @@ fn tcp_stream_agrees_with_iperf3() {
             .spawn()
             .expect("spawn iperf3 -s"),
     );
-    // iperf3 has no ready signal; retry the client briefly while the server binds.
+    // iperf3 has no ready signal; retry the client briefly while the server binds. With -J a
+    // refused connection can still exit 0, with an "error" member in the JSON.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let out = loop {
+    let j = loop {
         let out = Command::new("iperf3")
             .args(["-c", "127.0.0.1", "-p", &port, "-t", "2", "-J"])
             .output()
             .expect("run iperf3 -c");
-        if out.status.success() || Instant::now() > deadline {
-            break out;
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let failed = !out.status.success() || j.get("error").is_some() || j.is_null();
+        if !failed {
+            break j;
         }
+        assert!(Instant::now() < deadline, "iperf3 client failed: {out:?}");
         thread::sleep(Duration::from_millis(100));
     };
-    assert!(out.status.success(), "iperf3 client failed: {out:?}");
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -J output");
     let iperf_mbps = num(&j, &["end", "sum_received", "bits_per_second"]) / 1e6;
 
     let ours = Server::start();
