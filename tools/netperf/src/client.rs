@@ -263,6 +263,9 @@ fn set_tcp_timeouts(s: &TcpStream, t: Duration) -> Result<()> {
 }
 
 fn report_u64(report: &Value, key: &str) -> Result<u64> {
+    if let Some(why) = report.get("error").and_then(Value::as_str) {
+        bail!("the server failed the test: {why}");
+    }
     report
         .get(key)
         .and_then(Value::as_u64)
@@ -554,6 +557,18 @@ mod tests {
             resolve("[::1]", 7).expect("bracketed v6"),
             "[::1]:7".parse::<SocketAddr>().expect("addr")
         );
+    }
+
+    #[test]
+    fn server_reports_are_checked() {
+        assert_eq!(report_u64(&json!({"bytes": 7}), "bytes").expect("ok"), 7);
+        let e = report_u64(&json!({"error": "disk on fire"}), "bytes").expect_err("error");
+        assert!(
+            e.to_string()
+                .contains("server failed the test: disk on fire"),
+            "{e}"
+        );
+        assert!(report_u64(&json!({"bytes": -1}), "bytes").is_err());
     }
 
     #[test]

@@ -144,7 +144,14 @@ fn session(stream: TcpStream) -> Result<String> {
             udp_session(&mut ctrl, &params, local_ip, deadline)
         }
     };
-    let report = result.with_context(|| format!("{} failed", params.test))?;
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // Tell the client why, if it is still listening, so its error names the cause.
+            let _ = ctrl.send(&json!({"error": format!("{e:#}")}), STEP_TIMEOUT);
+            return Err(e.context(format!("{} failed", params.test)));
+        }
+    };
     ctrl.send(&report, STEP_TIMEOUT)
         .map_err(|e| anyhow!("sending results: {}", describe(&e, "client", STEP_TIMEOUT)))?;
     Ok(format!("{} done: {report}", params.test))
