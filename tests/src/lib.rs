@@ -46,8 +46,9 @@ pub fn require(test: &str, needs: &[Need]) -> bool {
                 .err()
                 .map(|e| format!("/dev/kvm is not usable ({e})")),
             Need::Root => (nix_geteuid() != 0).then(|| "not running as root".to_string()),
-            Need::Tun => (!Path::new("/dev/net/tun").exists())
-                .then(|| "/dev/net/tun is missing".to_string()),
+            Need::Tun => {
+                (!Path::new("/dev/net/tun").exists()).then(|| "/dev/net/tun is missing".to_string())
+            }
         };
         if let Some(why) = missing {
             eprintln!("SKIP {test}: {why}");
@@ -81,7 +82,15 @@ fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(repo_root())
-        .args(["build", "--release", "--message-format=json", "-p", package, "--bin", bin])
+        .args([
+            "build",
+            "--release",
+            "--message-format=json",
+            "-p",
+            package,
+            "--bin",
+            bin,
+        ])
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo build")?;
@@ -89,7 +98,9 @@ fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
         bail!("cargo build -p {package} failed");
     }
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         if v["reason"] == "compiler-artifact" && v["target"]["name"] == bin {
             if let Some(exe) = v["executable"].as_str() {
                 return Ok(PathBuf::from(exe));
@@ -138,7 +149,10 @@ pub fn guest_image() -> GuestImage {
             assert!(out.status.success(), "resources/build.sh failed");
             let stdout = String::from_utf8_lossy(&out.stdout);
             let lines: Vec<&str> = stdout.lines().collect();
-            assert!(lines.len() >= 3, "resources/build.sh printed fewer than 3 lines");
+            assert!(
+                lines.len() >= 3,
+                "resources/build.sh printed fewer than 3 lines"
+            );
             let last = &lines[lines.len() - 3..];
             let image = GuestImage {
                 vmlinux: PathBuf::from(last[0]),
@@ -146,7 +160,11 @@ pub fn guest_image() -> GuestImage {
                 initramfs: PathBuf::from(last[2]),
             };
             for p in [&image.vmlinux, &image.bzimage, &image.initramfs] {
-                assert!(p.is_absolute() && p.exists(), "build.sh gave a bad path {}", p.display());
+                assert!(
+                    p.is_absolute() && p.exists(),
+                    "build.sh gave a bad path {}",
+                    p.display()
+                );
             }
             image
         })
@@ -191,13 +209,29 @@ impl Vm {
             }
             None => Command::new(&bin),
         };
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().context("spawning minivmm")?;
         let console = Arc::new(Mutex::new(String::new()));
         let stderr = Arc::new(Mutex::new(String::new()));
-        capture(child.stdout.take().expect("piped stdout"), console.clone(), "guest| ");
-        capture(child.stderr.take().expect("piped stderr"), stderr.clone(), "vmm| ");
-        Ok(Vm { child, console, stderr, started: Instant::now() })
+        capture(
+            child.stdout.take().expect("piped stdout"),
+            console.clone(),
+            "guest| ",
+        );
+        capture(
+            child.stderr.take().expect("piped stderr"),
+            stderr.clone(),
+            "vmm| ",
+        );
+        Ok(Vm {
+            child,
+            console,
+            stderr,
+            started: Instant::now(),
+        })
     }
 
     /// Everything the guest printed so far.
@@ -243,7 +277,9 @@ impl Vm {
     /// Sends a signal to minivmm (not to `ip netns exec`, which execs it, so
     /// the pid is minivmm's own).
     pub fn signal(&self, sig: &str) {
-        let _ = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status();
     }
 
     /// Seconds since spawn.
@@ -254,8 +290,18 @@ impl Vm {
     /// A summary for assertion messages: the tail of the console and the log.
     pub fn report(&self) -> String {
         let console = self.console();
-        let tail: String = console.chars().rev().take(3000).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("--- console tail ---\n{tail}\n--- minivmm stderr ---\n{}", self.stderr())
+        let tail: String = console
+            .chars()
+            .rev()
+            .take(3000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        format!(
+            "--- console tail ---\n{tail}\n--- minivmm stderr ---\n{}",
+            self.stderr()
+        )
     }
 }
 
@@ -278,9 +324,16 @@ pub struct NetNs {
 }
 
 fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output().context("running ip")?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
     if !out.status.success() {
-        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -293,7 +346,10 @@ impl NetNs {
         // A leftover from a crashed earlier run of the same pid is harmless to remove.
         let _ = ip(&["netns", "del", &name]);
         ip(&["netns", "add", &name])?;
-        let ns = NetNs { name: name.clone(), tap: tap.to_string() };
+        let ns = NetNs {
+            name: name.clone(),
+            tap: tap.to_string(),
+        };
         ns.exec_ip(&["link", "set", "lo", "up"])?;
         ns.exec_ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
         ns.exec_ip(&["addr", "add", host_cidr, "dev", tap])?;

@@ -23,23 +23,37 @@ fn s(v: &[&str]) -> Vec<String> {
 fn boot_and_check(vcpus: &str, extra_console: &[&str]) {
     let img = guest_image();
     let args = s(&[
-        "--kernel", img.vmlinux.to_str().unwrap(),
-        "--initramfs", img.initramfs.to_str().unwrap(),
-        "--vcpus", vcpus, "--mem", "256", "--log-level", "info",
+        "--kernel",
+        img.vmlinux.to_str().unwrap(),
+        "--initramfs",
+        img.initramfs.to_str().unwrap(),
+        "--vcpus",
+        vcpus,
+        "--mem",
+        "256",
+        "--log-level",
+        "info",
     ]);
     let mut vm = Vm::spawn(&args, None).unwrap();
     let status = vm.wait_exit(BOOT_TIMEOUT);
     let report = vm.report();
     let console = vm.console();
-    let status = status.unwrap_or_else(|| panic!("minivmm did not exit within {BOOT_TIMEOUT:?}\n{report}"));
-    eprintln!("boot with {vcpus} vCPU(s) ended after {:.1} s: {status}", vm.uptime());
+    let status =
+        status.unwrap_or_else(|| panic!("minivmm did not exit within {BOOT_TIMEOUT:?}\n{report}"));
+    eprintln!(
+        "boot with {vcpus} vCPU(s) ended after {:.1} s: {status}",
+        vm.uptime()
+    );
     assert!(console.contains("Linux version"), "{report}");
     assert!(console.contains("Run /init as init process"), "{report}");
     for want in extra_console {
         assert!(console.contains(want), "missing '{want}'\n{report}");
     }
     let log = vm.stderr();
-    assert!(log.contains("from start to first vCPU entry"), "no boot-time report\n{report}");
+    assert!(
+        log.contains("from start to first vCPU entry"),
+        "no boot-time report\n{report}"
+    );
     assert!(log.contains("run time:"), "no run-time report\n{report}");
     if console.contains("MINIVMM-READY") {
         // Real KVM: init ran, printed its marker and rebooted.
@@ -47,7 +61,10 @@ fn boot_and_check(vcpus: &str, extra_console: &[&str]) {
     } else {
         // PVM host: init cannot run, the kernel panics and resets through
         // the i8042; minivmm says so with status 3.
-        assert!(!guest_userspace_runs(), "init did not run on a host that should run it\n{report}");
+        assert!(
+            !guest_userspace_runs(),
+            "init did not run on a host that should run it\n{report}"
+        );
         assert!(console.contains("Kernel panic"), "{report}");
         assert_eq!(status.code(), Some(3), "{report}");
         assert!(log.contains("after a kernel panic"), "{report}");
@@ -80,26 +97,43 @@ fn bzimage_loads_and_enters() {
     }
     let img = guest_image();
     let args = s(&[
-        "--kernel", img.bzimage.to_str().unwrap(),
-        "--initramfs", img.initramfs.to_str().unwrap(),
-        "--cmdline", "earlyprintk=serial,ttyS0,115200",
-        "--log-level", "info",
+        "--kernel",
+        img.bzimage.to_str().unwrap(),
+        "--initramfs",
+        img.initramfs.to_str().unwrap(),
+        "--cmdline",
+        "earlyprintk=serial,ttyS0,115200",
+        "--log-level",
+        "info",
     ]);
     let mut vm = Vm::spawn(&args, None).unwrap();
     let entered = vm.wait_for("Decompressing Linux", BOOT_TIMEOUT);
-    assert!(entered, "the bzImage decompressor never printed\n{}", vm.report());
+    assert!(
+        entered,
+        "the bzImage decompressor never printed\n{}",
+        vm.report()
+    );
     let booted = vm.wait_for("Linux version", BOOT_TIMEOUT);
-    assert!(booted, "the decompressed kernel never printed\n{}", vm.report());
+    assert!(
+        booted,
+        "the decompressed kernel never printed\n{}",
+        vm.report()
+    );
     eprintln!("bzImage: kernel banner after {:.1} s", vm.uptime());
     vm.signal("TERM");
-    let status = vm.wait_exit(Duration::from_secs(10)).expect("minivmm ignored SIGTERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(10))
+        .expect("minivmm ignored SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", vm.report());
 }
 
 /// Runs minivmm to completion and returns (exit code, stderr).
 fn run_fail(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(minivmm_bin()).args(args).output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn assert_one_line_error(args: &[&str], want: &str) {
@@ -108,7 +142,11 @@ fn assert_one_line_error(args: &[&str], want: &str) {
     assert!(err.contains(want), "{args:?}: want '{want}' in '{err}'");
     // One clear line (clap's usage errors add a usage hint; ours are one line).
     if err.starts_with("minivmm: error:") {
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: more than one line: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: more than one line: {err}"
+        );
     }
 }
 
@@ -135,16 +173,28 @@ fn bad_input_gets_one_clear_line() {
     let p = |p: &Path| p.to_str().unwrap().to_string();
 
     assert_one_line_error(&["--kernel", "/nonexistent/vmlinux"], "cannot open kernel");
-    assert_one_line_error(&["--kernel", &p(&garbage)], "neither an ELF vmlinux nor a bzImage");
+    assert_one_line_error(
+        &["--kernel", &p(&garbage)],
+        "neither an ELF vmlinux nor a bzImage",
+    );
     assert_one_line_error(&["--kernel", &p(&truncated)], "cannot load kernel");
     assert_one_line_error(&["--kernel", &p(&truncated_bz)], "cannot load kernel");
-    assert_one_line_error(&["--kernel", k, "--initramfs", "/nonexistent/initrd"], "cannot open initramfs");
-    assert_one_line_error(&["--kernel", k, "--initramfs", &p(&big), "--mem", "128"], "does not fit");
+    assert_one_line_error(
+        &["--kernel", k, "--initramfs", "/nonexistent/initrd"],
+        "cannot open initramfs",
+    );
+    assert_one_line_error(
+        &["--kernel", k, "--initramfs", &p(&big), "--mem", "128"],
+        "does not fit",
+    );
     assert_one_line_error(&["--kernel", k, "--mem", "16"], "too small");
     assert_one_line_error(&["--kernel", k, "--vcpus", "0"], "at least 1");
     assert_one_line_error(&["--kernel", k, "--vcpus", "4096"], "too many");
     // An interface name longer than IFNAMSIZ cannot be a TAP.
-    assert_one_line_error(&["--kernel", k, "--tap", "this-name-is-far-too-long"], "TAP");
+    assert_one_line_error(
+        &["--kernel", k, "--tap", "this-name-is-far-too-long"],
+        "TAP",
+    );
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 
@@ -160,7 +210,10 @@ fn missing_dev_kvm_is_one_clear_line() {
         minivmm_bin().display(),
         img.vmlinux.display()
     );
-    let out = Command::new("unshare").args(["--mount", "sh", "-c", &script]).output().unwrap();
+    let out = Command::new("unshare")
+        .args(["--mount", "sh", "-c", &script])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot open /dev/kvm"), "{err}");

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use minivmm_tests::{guest_image, guest_userspace_runs, mvperf_bin, repo_root, require, Need, NetNs, Vm};
+use minivmm_tests::{
+    guest_image, guest_userspace_runs, mvperf_bin, repo_root, require, Need, NetNs, Vm,
+};
 
 const HOST_IP: &str = "10.0.2.1";
 const GUEST_IP: &str = "10.0.2.2";
@@ -29,7 +31,17 @@ const VERSION_1_BIT: u64 = 1 << 32;
 fn ping(ns: &NetNs, size: u32) -> String {
     let out = ns
         .command("ping")
-        .args(["-c", "3", "-i", "0.5", "-W", "10", "-s", &size.to_string(), GUEST_IP])
+        .args([
+            "-c",
+            "3",
+            "-i",
+            "0.5",
+            "-W",
+            "10",
+            "-s",
+            &size.to_string(),
+            GUEST_IP,
+        ])
         .output()
         .expect("running ping");
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -41,12 +53,17 @@ fn read_metrics(path: &std::path::Path) -> serde_json::Value {
 }
 
 fn field(m: &serde_json::Value, name: &str) -> u64 {
-    m["net0"][name].as_u64().unwrap_or_else(|| panic!("metrics lack net0.{name}: {m}"))
+    m["net0"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("metrics lack net0.{name}: {m}"))
 }
 
 #[test]
 fn guest_network_end_to_end() {
-    if !require("guest_network_end_to_end", &[Need::Kvm, Need::Root, Need::Tun]) {
+    if !require(
+        "guest_network_end_to_end",
+        &[Need::Kvm, Need::Root, Need::Tun],
+    ) {
         return;
     }
     let img = guest_image();
@@ -61,16 +78,22 @@ fn guest_network_end_to_end() {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let h = ns.in_thread(move || {
             let sock = UdpSocket::bind((HOST_IP, NETCONSOLE_PORT)).expect("bind netconsole port");
-            sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
             ready_tx.send(()).unwrap();
             let mut buf = [0u8; 2048];
             while !stop.load(Ordering::SeqCst) {
                 if let Ok((n, _)) = sock.recv_from(&mut buf) {
-                    lines.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                    lines
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf[..n]).into_owned());
                 }
             }
         });
-        ready_rx.recv_timeout(Duration::from_secs(10)).expect("netconsole listener ready");
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("netconsole listener ready");
         h
     };
 
@@ -90,38 +113,74 @@ fn guest_network_end_to_end() {
          netconsole=6665@{GUEST_IP}/eth0,{NETCONSOLE_PORT}@{HOST_IP}/"
     );
     let args: Vec<String> = [
-        "--kernel", img.vmlinux.to_str().unwrap(),
-        "--initramfs", img.initramfs.to_str().unwrap(),
-        "--tap", "tap0", "--metrics", metrics.to_str().unwrap(),
-        "--cmdline", &cmdline, "--log-level", "info",
+        "--kernel",
+        img.vmlinux.to_str().unwrap(),
+        "--initramfs",
+        img.initramfs.to_str().unwrap(),
+        "--tap",
+        "tap0",
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--cmdline",
+        &cmdline,
+        "--log-level",
+        "info",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
 
-    assert!(vm.wait_for("IP-Config: Complete", BOOT_TIMEOUT), "no IP-Config\n{}", vm.report());
+    assert!(
+        vm.wait_for("IP-Config: Complete", BOOT_TIMEOUT),
+        "no IP-Config\n{}",
+        vm.report()
+    );
     eprintln!("guest configured eth0 after {:.1} s", vm.uptime());
     let console = vm.console();
-    assert!(console.contains("device=eth0"), "eth0 not probed\n{}", vm.report());
-    assert!(console.contains("06:00:ac:10:00:02"), "eth0 lacks our MAC\n{}", vm.report());
+    assert!(
+        console.contains("device=eth0"),
+        "eth0 not probed\n{}",
+        vm.report()
+    );
+    assert!(
+        console.contains("06:00:ac:10:00:02"),
+        "eth0 lacks our MAC\n{}",
+        vm.report()
+    );
 
     for size in [56, 1472, 8000] {
         let out = ping(&ns, size);
-        eprintln!("ping -s {size}: {}", out.lines().filter(|l| l.contains("packets") || l.contains("rtt")).collect::<Vec<_>>().join(" | "));
-        assert!(out.contains("3 packets transmitted, 3 received"), "ping -s {size}:\n{out}\n{}", vm.report());
+        eprintln!(
+            "ping -s {size}: {}",
+            out.lines()
+                .filter(|l| l.contains("packets") || l.contains("rtt"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        assert!(
+            out.contains("3 packets transmitted, 3 received"),
+            "ping -s {size}:\n{out}\n{}",
+            vm.report()
+        );
     }
 
     // A SYN to a port nobody listens on must be refused by the guest kernel.
     let refused = ns
         .in_thread(|| {
             let addr: SocketAddr = format!("{GUEST_IP}:7").parse().unwrap();
-            TcpStream::connect_timeout(&addr, Duration::from_secs(20)).map(|_| ()).map_err(|e| e.kind())
+            TcpStream::connect_timeout(&addr, Duration::from_secs(20))
+                .map(|_| ())
+                .map_err(|e| e.kind())
         })
         .join()
         .unwrap()
         .unwrap();
-    assert_eq!(refused, Err(std::io::ErrorKind::ConnectionRefused), "no RST from the guest");
+    assert_eq!(
+        refused,
+        Err(std::io::ErrorKind::ConnectionRefused),
+        "no RST from the guest"
+    );
 
     if userspace {
         run_guest_netperf(&ns, &mut vm);
@@ -134,7 +193,10 @@ fn guest_network_end_to_end() {
         "no netconsole traffic from the guest (got {} bytes: {got:?})",
         got.len()
     );
-    eprintln!("netconsole delivered {} datagrams", lines.lock().unwrap().len());
+    eprintln!(
+        "netconsole delivered {} datagrams",
+        lines.lock().unwrap().len()
+    );
 
     // Metrics on SIGUSR1, then a clean stop on SIGTERM.
     vm.signal("USR1");
@@ -142,8 +204,16 @@ fn guest_network_end_to_end() {
     let m = read_metrics(&metrics);
     eprintln!("metrics: {m}");
     let features = field(&m, "features_negotiated");
-    assert_ne!(features & MRG_RXBUF_BIT, 0, "guest did not negotiate MRG_RXBUF: {features:#x}");
-    assert_ne!(features & VERSION_1_BIT, 0, "guest did not negotiate VERSION_1: {features:#x}");
+    assert_ne!(
+        features & MRG_RXBUF_BIT,
+        0,
+        "guest did not negotiate MRG_RXBUF: {features:#x}"
+    );
+    assert_ne!(
+        features & VERSION_1_BIT,
+        0,
+        "guest did not negotiate VERSION_1: {features:#x}"
+    );
     let (rx_frames, rx_buffers) = (field(&m, "rx_frames"), field(&m, "rx_buffers"));
     assert!(rx_frames >= 9, "too few frames reached the guest: {m}");
     // Every frame here is at most MTU size, and Linux posts buffers that
@@ -153,7 +223,9 @@ fn guest_network_end_to_end() {
     assert_eq!(field(&m, "malformed_chains"), 0, "{m}");
 
     vm.signal("TERM");
-    let status = vm.wait_exit(Duration::from_secs(20)).expect("minivmm ignored SIGTERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(20))
+        .expect("minivmm ignored SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", vm.report());
     let end = read_metrics(&metrics);
     assert!(field(&end, "rx_frames") >= rx_frames);
@@ -164,7 +236,11 @@ fn guest_network_end_to_end() {
 
 /// The netperf-style tests against the server in the guest (real KVM only).
 fn run_guest_netperf(ns: &NetNs, vm: &mut Vm) {
-    assert!(vm.wait_for("MINIVMM-SERVING", BOOT_TIMEOUT), "guest server never started\n{}", vm.report());
+    assert!(
+        vm.wait_for("MINIVMM-SERVING", BOOT_TIMEOUT),
+        "guest server never started\n{}",
+        vm.report()
+    );
     let tool = mvperf_bin();
     for test in ["TCP_STREAM", "TCP_MAERTS", "TCP_RR", "UDP_RR"] {
         let out = ns
@@ -173,13 +249,23 @@ fn run_guest_netperf(ns: &NetNs, vm: &mut Vm) {
             .output()
             .expect("running mvperf");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{test} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{test} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let v: serde_json::Value = serde_json::from_str(text.trim()).expect("mvperf JSON");
         eprintln!("{test}: {v}");
         if test.ends_with("STREAM") || test.ends_with("MAERTS") {
-            assert!(v["throughput_mbps"].as_f64().unwrap_or(0.0) > 0.0, "{test}: {v}");
+            assert!(
+                v["throughput_mbps"].as_f64().unwrap_or(0.0) > 0.0,
+                "{test}: {v}"
+            );
         } else {
-            assert!(v["transactions_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{test}: {v}");
+            assert!(
+                v["transactions_per_s"].as_f64().unwrap_or(0.0) > 0.0,
+                "{test}: {v}"
+            );
         }
     }
 }
@@ -188,11 +274,20 @@ fn run_guest_netperf(ns: &NetNs, vm: &mut Vm) {
 /// a virtio-net device on a TAP in the script's own namespace.
 #[test]
 fn guest_image_runs_netperf_under_qemu_tcg() {
-    if !require("guest_image_runs_netperf_under_qemu_tcg", &[Need::Root, Need::Tun]) {
+    if !require(
+        "guest_image_runs_netperf_under_qemu_tcg",
+        &[Need::Root, Need::Tun],
+    ) {
         return;
     }
-    if Command::new("qemu-system-x86_64").arg("--version").output().is_err() {
-        eprintln!("SKIP guest_image_runs_netperf_under_qemu_tcg: qemu-system-x86_64 is not installed");
+    if Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!(
+            "SKIP guest_image_runs_netperf_under_qemu_tcg: qemu-system-x86_64 is not installed"
+        );
         return;
     }
     let _ = guest_image();
@@ -203,5 +298,8 @@ fn guest_image_runs_netperf_under_qemu_tcg() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}");
-    assert!(out.status.success(), "qemu-check.sh failed\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "qemu-check.sh failed\n{stdout}\n{stderr}"
+    );
 }

@@ -59,7 +59,10 @@ pub enum BuildError {
     OpenInitramfs(PathBuf, #[source] std::io::Error),
     /// The initramfs does not fit in guest memory.
     #[error("initramfs '{0}' does not fit in guest memory (raise --mem)")]
-    InitramfsFit(PathBuf, #[source] arch::x86_64::boot_params::BootParamsError),
+    InitramfsFit(
+        PathBuf,
+        #[source] arch::x86_64::boot_params::BootParamsError,
+    ),
     /// The initramfs could not be copied into guest memory.
     #[error("cannot read initramfs '{0}' into guest memory")]
     ReadInitramfs(PathBuf, #[source] vm_memory::GuestMemoryError),
@@ -165,7 +168,10 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     let initramfs = match &cfg.initramfs {
         Some(p) => {
             let f = File::open(p).map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?;
-            let len = f.metadata().map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?.len();
+            let len = f
+                .metadata()
+                .map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?
+                .len();
             Some((p.clone(), f, len))
         }
         None => None,
@@ -177,15 +183,21 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     if usize::from(cfg.vcpus) > max_vcpus {
         return Err(BuildError::TooManyVcpus(cfg.vcpus, max_vcpus));
     }
-    let vm = kvm.create_vm().map_err(|e| BuildError::Vm("create a VM", e))?;
+    let vm = kvm
+        .create_vm()
+        .map_err(|e| BuildError::Vm("create a VM", e))?;
     vm.set_tss_address(KVM_TSS_ADDRESS)
         .map_err(|e| BuildError::Vm("set the TSS address", e))?;
     vm.create_irq_chip()
         .map_err(|e| BuildError::Vm("create the in-kernel irqchip", e))?;
     // The PIT must exist before vCPUs; its speaker port is a dummy so that a
     // guest beep is not an exit.
-    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
-    vm.create_pit2(pit).map_err(|e| BuildError::Vm("create the PIT", e))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit)
+        .map_err(|e| BuildError::Vm("create the PIT", e))?;
 
     let pvm_host = host::is_pvm_host();
     let quirks = host::quirks_enabled(cfg.host_quirks, pvm_host);
@@ -193,7 +205,11 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
         info!(
             "PVM-backed KVM {}: adding '{}' to the guest command line and recovering INT3 \
              emulation failures (--host-quirks off disables this)",
-            if pvm_host { "detected" } else { "assumed (--host-quirks on)" },
+            if pvm_host {
+                "detected"
+            } else {
+                "assumed (--host-quirks on)"
+            },
             host::PVM_CMDLINE
         );
     }
@@ -203,9 +219,8 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     let mem = memory::create_guest_memory(&vm, &arch_memory_regions(mem_bytes), cfg.mem_mib)?;
 
     // 3. Devices.
-    let mut events: Events = EventManager::new().map_err(|e| {
-        BuildError::EventLoop(std::io::Error::other(e.to_string()))
-    })?;
+    let mut events: Events = EventManager::new()
+        .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let exit = ExitSink::new().map_err(BuildError::EventLoop)?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut devices = DeviceManager::new();
@@ -218,12 +233,18 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
 
     // 4. Kernel and initramfs.
     let kernel: KernelLoaderResult = match format {
-        KernelFormat::Elf => {
-            Elf::load(&mem, None, &mut kernel_file, Some(GuestAddress(HIMEM_START)))
-        }
-        KernelFormat::BzImage => {
-            BzImage::load(&mem, None, &mut kernel_file, Some(GuestAddress(HIMEM_START)))
-        }
+        KernelFormat::Elf => Elf::load(
+            &mem,
+            None,
+            &mut kernel_file,
+            Some(GuestAddress(HIMEM_START)),
+        ),
+        KernelFormat::BzImage => BzImage::load(
+            &mem,
+            None,
+            &mut kernel_file,
+            Some(GuestAddress(HIMEM_START)),
+        ),
     }
     .map_err(|e| BuildError::LoadKernel(cfg.kernel.clone(), e))?;
     let entry = kernel_entry_point(&kernel);
@@ -248,9 +269,19 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     };
 
     // 5. Boot tables.
-    let cmdline = compose_cmdline(quirks, devices.cmdline_words(), cfg.cmdline_extra.as_deref())
-        .map_err(BuildError::Cmdline)?;
-    info!("kernel command line: {}", cmdline.as_cstring().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default());
+    let cmdline = compose_cmdline(
+        quirks,
+        devices.cmdline_words(),
+        cfg.cmdline_extra.as_deref(),
+    )
+    .map_err(BuildError::Cmdline)?;
+    info!(
+        "kernel command line: {}",
+        cmdline
+            .as_cstring()
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
     let cmdline_size = write_cmdline(&mem, &cmdline).map_err(BuildError::BootParams)?;
     configure_zero_page(
         &mem,
@@ -281,14 +312,28 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     }
     info!(
         "{} kernel at {:#x}, {} MiB, {} vCPU(s)",
-        if format == KernelFormat::Elf { "ELF" } else { "bzImage" },
+        if format == KernelFormat::Elf {
+            "ELF"
+        } else {
+            "bzImage"
+        },
         entry.0,
         cfg.mem_mib,
         cfg.vcpus
     );
 
     Ok(Vmm::new(
-        kvm, vm, mem, devices, events, exit, vcpus, serial, i8042, panicked, cfg.metrics.clone(),
+        kvm,
+        vm,
+        mem,
+        devices,
+        events,
+        exit,
+        vcpus,
+        serial,
+        i8042,
+        panicked,
+        cfg.metrics.clone(),
     ))
 }
 
@@ -304,7 +349,10 @@ mod tests {
         let mut bz = vec![0u8; 0x400];
         bz[0x202..0x206].copy_from_slice(b"HdrS");
         assert_eq!(detect_kernel_format(&bz), Some(KernelFormat::BzImage));
-        assert_eq!(detect_kernel_format(b"#!/bin/sh\necho not a kernel\n"), None);
+        assert_eq!(
+            detect_kernel_format(b"#!/bin/sh\necho not a kernel\n"),
+            None
+        );
         assert_eq!(detect_kernel_format(&[]), None);
         // A file cut before the signature is not a bzImage.
         assert_eq!(detect_kernel_format(&bz[..0x204]), None);
@@ -322,7 +370,10 @@ mod tests {
         assert!(quirk < dev && dev < user, "{s}");
 
         let plain = compose_cmdline(false, &[], None).unwrap();
-        assert_eq!(plain.as_cstring().unwrap().into_string().unwrap(), DEFAULT_CMDLINE);
+        assert_eq!(
+            plain.as_cstring().unwrap().into_string().unwrap(),
+            DEFAULT_CMDLINE
+        );
     }
 
     #[test]
@@ -350,6 +401,8 @@ mod tests {
         let err = build(&cfg(dir.to_str().unwrap())).err().unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert!(matches!(err, BuildError::KernelFormat(_)), "{err}");
-        assert!(err.to_string().contains("neither an ELF vmlinux nor a bzImage"));
+        assert!(err
+            .to_string()
+            .contains("neither an ELF vmlinux nor a bzImage"));
     }
 }

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::config::{
-    validate_mem, validate_queue_size, validate_vcpus, ConfigError, MacAddr,
-    NetConfig, VmmConfig, DEFAULT_MEM_MIB,
+    validate_mem, validate_queue_size, validate_vcpus, ConfigError, MacAddr, NetConfig, VmmConfig,
+    DEFAULT_MEM_MIB,
 };
 
 /// vhost-net's VHOST_NET_WEIGHT: the byte budget of one TX or RX pass.
@@ -154,11 +154,36 @@ mod tests {
     #[test]
     fn every_flag_lands_in_the_config() {
         let cfg = parse(&[
-            "--kernel", "vmlinux", "--initramfs", "initrd.cpio", "--cmdline", "ip=dhcp quiet",
-            "--mem", "512", "--vcpus", "2", "--tap", "t1", "--mac", "02:00:00:00:00:09",
-            "--metrics", "m.json", "--queue-size", "1024", "--tx-weight-bytes", "0",
-            "--tx-weight-packets", "64", "--rx-weight-bytes", "4096", "--rx-weight-packets", "0",
-            "--no-offloads", "--no-mrg-rxbuf", "--host-quirks", "off",
+            "--kernel",
+            "vmlinux",
+            "--initramfs",
+            "initrd.cpio",
+            "--cmdline",
+            "ip=dhcp quiet",
+            "--mem",
+            "512",
+            "--vcpus",
+            "2",
+            "--tap",
+            "t1",
+            "--mac",
+            "02:00:00:00:00:09",
+            "--metrics",
+            "m.json",
+            "--queue-size",
+            "1024",
+            "--tx-weight-bytes",
+            "0",
+            "--tx-weight-packets",
+            "64",
+            "--rx-weight-bytes",
+            "4096",
+            "--rx-weight-packets",
+            "0",
+            "--no-offloads",
+            "--no-mrg-rxbuf",
+            "--host-quirks",
+            "off",
         ])
         .unwrap();
         assert_eq!(cfg.initramfs, Some(PathBuf::from("initrd.cpio")));
@@ -180,12 +205,21 @@ mod tests {
             (&["--kernel", "k", "--vcpus", "0"], "at least 1"),
             (&["--kernel", "k", "--vcpus", "300"], "too many"),
             (&["--kernel", "k", "--mem", "4"], "too small"),
-            (&["--kernel", "k", "--tap", "t", "--mac", "nope"], "invalid MAC"),
-            (&["--kernel", "k", "--tap", "t", "--queue-size", "100"], "power of two"),
+            (
+                &["--kernel", "k", "--tap", "t", "--mac", "nope"],
+                "invalid MAC",
+            ),
+            (
+                &["--kernel", "k", "--tap", "t", "--queue-size", "100"],
+                "power of two",
+            ),
             (&["--kernel", "k", "--host-quirks", "maybe"], "host-quirks"),
             (&["--kernel", "k", "--mem", "lots"], "invalid value"),
             (&["--tap", "t"], "required arguments were not provided"),
-            (&["--kernel", "k", "--mac", "02:00:00:00:00:01"], "required arguments were not provided"),
+            (
+                &["--kernel", "k", "--mac", "02:00:00:00:00:01"],
+                "required arguments were not provided",
+            ),
             (&["--kernel", "k", "--bogus"], "unexpected argument"),
         ];
         for (args, want) in cases {

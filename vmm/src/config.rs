@@ -210,11 +210,20 @@ mod tests {
             assert_eq!(mac.to_string(), s.to_lowercase());
         }
         let bad = [
-            "", "06:00:ac:10:00", "06:00:ac:10:00:02:03", "6:0:ac:10:0:2", "zz:00:00:00:00:00",
-            "06-00-ac-10-00-02", "06:00:ac:10:00:0g",
+            "",
+            "06:00:ac:10:00",
+            "06:00:ac:10:00:02:03",
+            "6:0:ac:10:0:2",
+            "zz:00:00:00:00:00",
+            "06-00-ac-10-00-02",
+            "06:00:ac:10:00:0g",
         ];
         for s in bad {
-            assert_eq!(s.parse::<MacAddr>(), Err(ConfigError::Mac(s.to_string())), "{s}");
+            assert_eq!(
+                s.parse::<MacAddr>(),
+                Err(ConfigError::Mac(s.to_string())),
+                "{s}"
+            );
         }
         assert!(matches!(
             "01:00:5e:00:00:01".parse::<MacAddr>(),
@@ -227,7 +236,10 @@ mod tests {
         assert_eq!(validate_mem(31), Err(ConfigError::MemTooSmall(31)));
         assert_eq!(validate_mem(32), Ok(32));
         assert_eq!(validate_mem(MAX_MEM_MIB), Ok(MAX_MEM_MIB));
-        assert_eq!(validate_mem(MAX_MEM_MIB + 1), Err(ConfigError::MemTooLarge(MAX_MEM_MIB + 1)));
+        assert_eq!(
+            validate_mem(MAX_MEM_MIB + 1),
+            Err(ConfigError::MemTooLarge(MAX_MEM_MIB + 1))
+        );
     }
 
     #[test]

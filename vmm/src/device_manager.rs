@@ -82,7 +82,11 @@ const PANIC_MARK: &[u8] = b"Kernel panic - not syncing";
 impl<W: Write> ConsoleOut<W> {
     /// Wraps `out`; `panicked` is set once the panic banner went through.
     pub fn new(out: W, panicked: Arc<AtomicBool>) -> Self {
-        ConsoleOut { out, tail: Vec::with_capacity(2 * PANIC_MARK.len()), panicked }
+        ConsoleOut {
+            out,
+            tail: Vec::with_capacity(2 * PANIC_MARK.len()),
+            panicked,
+        }
     }
 }
 
@@ -191,7 +195,8 @@ impl DeviceManager {
             return Err(DeviceError::NoIrq);
         }
         let base = layout::VIRTIO_MMIO_BASE + index * MMIO_WINDOW_SIZE;
-        let transport = MmioTransport::new(mem.clone(), device.clone()).map_err(DeviceError::Mmio)?;
+        let transport =
+            MmioTransport::new(mem.clone(), device.clone()).map_err(DeviceError::Mmio)?;
         vm.register_irqfd(transport.interrupt_evt(), irq)
             .map_err(|e| DeviceError::Irqfd(irq, e))?;
         {
@@ -210,7 +215,10 @@ impl DeviceManager {
             base,
             irq
         ));
-        self.mmio.push(MmioSlot { base, transport: Arc::new(Mutex::new(transport)) });
+        self.mmio.push(MmioSlot {
+            base,
+            transport: Arc::new(Mutex::new(transport)),
+        });
         Ok(())
     }
 
@@ -323,14 +331,17 @@ mod tests {
             out.write_all(&[*b]).unwrap();
         }
         assert!(flag.load(Ordering::SeqCst));
-        assert!(String::from_utf8(sink.0.lock().unwrap().clone()).unwrap().ends_with("init!\n"));
+        assert!(String::from_utf8(sink.0.lock().unwrap().clone())
+            .unwrap()
+            .ends_with("init!\n"));
     }
 
     #[test]
     fn console_without_panic_stays_clear() {
         let flag = Arc::new(AtomicBool::new(false));
         let mut out = ConsoleOut::new(Vec::new(), flag.clone());
-        out.write_all(b"Kernel panic? not this time - not syncing\n").unwrap();
+        out.write_all(b"Kernel panic? not this time - not syncing\n")
+            .unwrap();
         assert!(!flag.load(Ordering::SeqCst));
     }
 

@@ -256,7 +256,10 @@ impl Vmm {
                 .name(format!("vcpu{}", vcpu.id()))
                 .spawn(move || {
                     if first {
-                        info!("boot: {} ms from start to first vCPU entry", start.elapsed().as_millis());
+                        info!(
+                            "boot: {} ms from start to first vCPU entry",
+                            start.elapsed().as_millis()
+                        );
                     }
                     vcpu.run(sink)
                 })?;
@@ -264,12 +267,16 @@ impl Vmm {
 
         while self.exit.reason().is_none() {
             if let Err(e) = self.events.run() {
-                self.exit.report(VmExit::Fault(format!("event loop failed: {e}")));
+                self.exit
+                    .report(VmExit::Fault(format!("event loop failed: {e}")));
             }
         }
         drop(terminal);
         write_metrics(&self.devices, self.metrics.as_ref());
-        let reason = self.exit.reason().expect("the loop ends only once a reason is recorded");
+        let reason = self
+            .exit
+            .reason()
+            .expect("the loop ends only once a reason is recorded");
         info!("run time: {} ms", start.elapsed().as_millis());
         Ok(reason)
     }

@@ -13,7 +13,10 @@ const KVM_API_VERSION: i32 = 12;
 const REQUIRED_CAPS: &[(Cap, &str)] = &[
     (Cap::Irqchip, "in-kernel IOAPIC/LAPIC"),
     (Cap::Pit2, "in-kernel PIT"),
-    (Cap::Ioeventfd, "queue notifications without an exit to userspace"),
+    (
+        Cap::Ioeventfd,
+        "queue notifications without an exit to userspace",
+    ),
     (Cap::Irqfd, "device interrupts from the event loop"),
     (Cap::UserMemory, "guest memory"),
     (Cap::SetTssAddr, "the TSS area needed on Intel hosts"),

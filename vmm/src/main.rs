@@ -25,7 +25,11 @@ impl Log for StderrLogger {
 
     fn log(&self, record: &Record) {
         if self.enabled(record.metadata()) {
-            eprintln!("minivmm: {}: {}", record.level().as_str().to_lowercase(), record.args());
+            eprintln!(
+                "minivmm: {}: {}",
+                record.level().as_str().to_lowercase(),
+                record.args()
+            );
         }
     }
 

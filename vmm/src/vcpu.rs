@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use kvm_bindings::{kvm_vcpu_events, CpuId, Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
+use kvm_bindings::{
+    kvm_vcpu_events, CpuId, Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
+};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use log::{debug, info};
 
@@ -71,9 +73,7 @@ pub fn handle_exit(exit: VcpuExit<'_>, bus: &dyn ExitBus) -> ExitAction {
                 "KVM failed to enter the guest on cpu {cpu} (hardware reason {reason:#x})"
             )))
         }
-        other => {
-            return ExitAction::Stop(VmExit::Fault(format!("unexpected vCPU exit {other:?}")))
-        }
+        other => return ExitAction::Stop(VmExit::Fault(format!("unexpected vCPU exit {other:?}"))),
     }
     ExitAction::Continue
 }
@@ -125,7 +125,12 @@ fn set_err(what: &'static str, id: u8) -> impl FnOnce(kvm_ioctls::Error) -> Vcpu
 impl Vcpu {
     /// Wraps a created vCPU fd.
     pub fn new(fd: VcpuFd, id: u8, bus: Arc<dyn ExitBus>, recover_int3: bool) -> Self {
-        Vcpu { fd, id, bus, recover_int3 }
+        Vcpu {
+            fd,
+            id,
+            bus,
+            recover_int3,
+        }
     }
 
     /// This vCPU's index (and APIC id).
@@ -148,10 +153,15 @@ impl Vcpu {
         self.fd.set_cpuid2(&cpuid).map_err(set_err("CPUID", id))?;
 
         let entries = arch::x86_64::boot_msr_entries();
-        let msrs = Msrs::from_entries(&entries).expect("the boot MSR list is far below the FAM limit");
+        let msrs =
+            Msrs::from_entries(&entries).expect("the boot MSR list is far below the FAM limit");
         let set = self.fd.set_msrs(&msrs).map_err(set_err("MSRs", id))?;
         if set != entries.len() {
-            return Err(VcpuError::Msrs { id, set, wanted: entries.len() });
+            return Err(VcpuError::Msrs {
+                id,
+                set,
+                wanted: entries.len(),
+            });
         }
 
         self.fd
@@ -210,8 +220,7 @@ impl Vcpu {
         // the `internal` member of the union; it is plain old data, so reading
         // it as that member is sound.
         let internal = unsafe { run.__bindgen_anon_1.internal };
-        let insn =
-            host::emulation_failure_insn(internal.suberror, internal.ndata, &internal.data);
+        let insn = host::emulation_failure_insn(internal.suberror, internal.ndata, &internal.data);
         let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
         let fatal = |insn: &Option<Vec<u8>>| {
             format!(
@@ -227,16 +236,24 @@ impl Vcpu {
         }
         let mut regs = self.fd.get_regs().map_err(|e| format!("get regs: {e}"))?;
         regs.rip += 1;
-        self.fd.set_regs(&regs).map_err(|e| format!("set regs: {e}"))?;
-        let mut events: kvm_vcpu_events =
-            self.fd.get_vcpu_events().map_err(|e| format!("get events: {e}"))?;
+        self.fd
+            .set_regs(&regs)
+            .map_err(|e| format!("set regs: {e}"))?;
+        let mut events: kvm_vcpu_events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(|e| format!("get events: {e}"))?;
         events.exception.injected = 1;
         events.exception.nr = BP_VECTOR;
         events.exception.has_error_code = 0;
         events.exception.error_code = 0;
-        self.fd.set_vcpu_events(&events).map_err(|e| format!("set events: {e}"))?;
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(|e| format!("set events: {e}"))?;
         static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| info!("PVM host: recovered an INT3 emulation failure by injecting #BP (logged once)"));
+        ONCE.call_once(|| {
+            info!("PVM host: recovered an INT3 emulation failure by injecting #BP (logged once)")
+        });
         Ok(())
     }
 }
@@ -252,17 +269,29 @@ mod tests {
     impl ExitBus for RecordingBus {
         fn pio_read(&self, port: u16, data: &mut [u8]) {
             data.fill(0xab);
-            self.0.lock().unwrap().push(format!("in {port:#x} {}", data.len()));
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("in {port:#x} {}", data.len()));
         }
         fn pio_write(&self, port: u16, data: &[u8]) {
-            self.0.lock().unwrap().push(format!("out {port:#x} {data:?}"));
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("out {port:#x} {data:?}"));
         }
         fn mmio_read(&self, addr: u64, data: &mut [u8]) {
             data.fill(0xcd);
-            self.0.lock().unwrap().push(format!("mmio-r {addr:#x} {}", data.len()));
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("mmio-r {addr:#x} {}", data.len()));
         }
         fn mmio_write(&self, addr: u64, data: &[u8]) {
-            self.0.lock().unwrap().push(format!("mmio-w {addr:#x} {data:?}"));
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("mmio-w {addr:#x} {data:?}"));
         }
     }
 
@@ -270,9 +299,15 @@ mod tests {
     fn io_and_mmio_reach_the_bus() {
         let bus = RecordingBus::default();
         let mut buf = [0u8; 1];
-        assert_eq!(handle_exit(VcpuExit::IoIn(0x3fd, &mut buf), &bus), ExitAction::Continue);
+        assert_eq!(
+            handle_exit(VcpuExit::IoIn(0x3fd, &mut buf), &bus),
+            ExitAction::Continue
+        );
         assert_eq!(buf, [0xab]);
-        assert_eq!(handle_exit(VcpuExit::IoOut(0x3f8, b"A"), &bus), ExitAction::Continue);
+        assert_eq!(
+            handle_exit(VcpuExit::IoOut(0x3f8, b"A"), &bus),
+            ExitAction::Continue
+        );
         let mut word = [0u8; 4];
         assert_eq!(
             handle_exit(VcpuExit::MmioRead(0xd000_0000, &mut word), &bus),
@@ -313,9 +348,15 @@ mod tests {
             handle_exit(VcpuExit::FailEntry(0x21, 0), &bus),
             ExitAction::Stop(VmExit::Fault(m)) if m.contains("0x21")
         ));
-        assert_eq!(handle_exit(VcpuExit::InternalError, &bus), ExitAction::InternalError);
+        assert_eq!(
+            handle_exit(VcpuExit::InternalError, &bus),
+            ExitAction::InternalError
+        );
         assert_eq!(handle_exit(VcpuExit::Hlt, &bus), ExitAction::Continue);
-        assert!(matches!(handle_exit(VcpuExit::Hyperv, &bus), ExitAction::Stop(VmExit::Fault(_))));
+        assert!(matches!(
+            handle_exit(VcpuExit::Hyperv, &bus),
+            ExitAction::Stop(VmExit::Fault(_))
+        ));
         assert!(bus.0.lock().unwrap().is_empty());
     }
 }

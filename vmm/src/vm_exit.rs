@@ -77,7 +77,10 @@ impl ExitSink {
 
     /// The recorded reason, if any.
     pub fn reason(&self) -> Option<VmExit> {
-        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The wake-up `EventFd` the event loop watches.
