@@ -205,6 +205,13 @@ impl SeqPacket {
         Ok((SeqPacket { fd: a }, SeqPacket { fd: b }))
     }
 
+    /// Another handle to the same socket (for a sender or receiver thread).
+    pub fn try_clone(&self) -> Result<SeqPacket, TapError> {
+        Ok(SeqPacket {
+            fd: self.fd.try_clone().map_err(TapError::Socket)?,
+        })
+    }
+
     /// Sends one message (a vnet header followed by a frame, for the device).
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
         // SAFETY: `buf` is a live slice of `buf.len()` readable bytes.

@@ -108,6 +108,11 @@ impl TestQueue {
         idxs[0]
     }
 
+    /// The table slot the next `write_chain` starts at.
+    pub fn next_desc(&self) -> u16 {
+        self.next_desc
+    }
+
     /// Makes `head` available to the device.
     pub fn publish(&mut self, mem: &GuestMemory, head: u16) {
         let slot = self.avail_idx % self.size;
