@@ -21,6 +21,8 @@
 //!   socket backends used by tests and benchmarks.
 //! - [`metrics`]: [`NetMetrics`], lock-free counters with a JSON view whose
 //!   field names are a contract with the VMM's `--metrics` file.
+//! - `iov` (private): I/O vectors over guest memory and the `readv`/`writev`
+//!   calls on them; with `tap`, the only place allowed `unsafe`.
 //!
 //! Threads: everything in this module runs on the thread that drives the
 //! `EventManager`, except [`VirtioDevice::activate`](super::VirtioDevice::activate),
