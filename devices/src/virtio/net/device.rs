@@ -581,9 +581,23 @@ mod tests {
         em: EventManager<Arc<std::sync::Mutex<Net<Tap>>>>,
         rxq: TestQueue,
         txq: TestQueue,
+        /// Buffer address of each posted RX descriptor.
         bufs: HashMap<u16, u64>,
+        /// Used RX entries not yet assembled into frames.
+        used: std::collections::VecDeque<(u32, u32)>,
         tx_addr: u64,
     }
+
+    /// One frame as the driver reassembles it from the used ring.
+    struct Received {
+        num_buffers: u16,
+        lens: Vec<u32>,
+        hdr: Vec<u8>,
+        frame: Vec<u8>,
+    }
+
+    /// RX buffers kept posted: more than the 43 a 64 KiB frame needs.
+    const RIG_RX_BUFS: usize = 64;
 
     impl TapRig {
         /// None (after printing why) when the test must be skipped.
@@ -609,7 +623,7 @@ mod tests {
             ));
             let mut em = EventManager::new().unwrap();
             em.add_subscriber(net.clone());
-            let mut rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
+            let rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
             let txq = TestQueue::new(&m, GuestAddress(0x80000), 256);
             net.lock()
                 .unwrap()
@@ -619,75 +633,169 @@ mod tests {
                     Arc::new(TestIrq::default()),
                 )
                 .unwrap();
-            let mut bufs = HashMap::new();
-            for i in 0..64u64 {
-                let a = 0x100000 + i * 0x800;
-                bufs.insert(rxq.add_chain(&m, &[(a, 1526, F_WRITE)]), a);
-            }
-            net.lock().unwrap().queue_events()[RX_INDEX]
-                .write(1)
-                .unwrap();
-            Some(TapRig {
+            let mut rig = TapRig {
                 m,
                 net,
                 em,
                 rxq,
                 txq,
-                bufs,
+                bufs: HashMap::new(),
+                used: Default::default(),
                 tx_addr: 0x200000,
-            })
+            };
+            rig.post_rx(RIG_RX_BUFS);
+            Some(rig)
+        }
+
+        /// Posts `n` 1526-byte RX buffers and kicks.
+        fn post_rx(&mut self, n: usize) {
+            for _ in 0..n {
+                // One 2 KiB slot per descriptor index, reused with the index.
+                let a = 0x100000 + u64::from(self.rxq.next_desc()) * 0x800;
+                let head = self.rxq.add_chain(&self.m, &[(a, 1526, F_WRITE)]);
+                self.bufs.insert(head, a);
+            }
+            self.net.lock().unwrap().queue_events()[RX_INDEX]
+                .write(1)
+                .unwrap();
         }
 
         fn metrics(&self) -> serde_json::Value {
             self.net.lock().unwrap().metrics().to_json()
         }
 
-        /// Sends a frame (vnet header included) from the "guest" and waits
-        /// for an RX frame that `pick` accepts; returns (used length, vnet
-        /// header, frame). Every received frame must fit one buffer.
-        fn exchange(
-            &mut self,
-            frame: Vec<u8>,
-            pick: &dyn Fn(&[u8]) -> bool,
-        ) -> (u32, Vec<u8>, Vec<u8>) {
+        /// Sends a frame (vnet header included) from the "guest".
+        fn send(&mut self, frame: &[u8]) {
             let m = &self.m;
-            m.write_slice(&frame, GuestAddress(self.tx_addr)).unwrap();
+            m.write_slice(frame, GuestAddress(self.tx_addr)).unwrap();
             self.txq
                 .add_chain(m, &[(self.tx_addr, frame.len() as u32, 0)]);
             self.tx_addr += 0x10000;
+            if self.tx_addr > 0x3000000 {
+                self.tx_addr = 0x200000;
+            }
             self.net.lock().unwrap().queue_events()[TX_INDEX]
                 .write(1)
                 .unwrap();
+        }
+
+        /// Runs the device until a received frame satisfies `pick`.
+        fn wait_for(&mut self, pick: &dyn Fn(&Received) -> bool) -> Received {
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
-                self.em.run_with_timeout(50).unwrap();
-                for (id, len) in self.rxq.take_used(m) {
+                self.em.run_with_timeout(20).unwrap();
+                let m = self.m.clone();
+                self.used.extend(self.rxq.take_used(&m));
+                while let Some(&(id, len)) = self.used.front() {
                     let a = self.bufs[&(id as u16)];
                     let mut data = vec![0u8; len as usize];
                     m.read_slice(&mut data, GuestAddress(a)).unwrap();
                     let nb = u16::from_le_bytes([data[10], data[11]]);
-                    assert_eq!(nb, 1, "every frame fits one 1526-byte buffer");
-                    if pick(&data[12..]) {
-                        return (len, data[..12].to_vec(), data[12..].to_vec());
+                    if self.used.len() < usize::from(nb) {
+                        break;
+                    }
+                    let mut lens = Vec::new();
+                    let mut frame = Vec::new();
+                    for (i, (id, len)) in self.used.drain(..usize::from(nb)).enumerate() {
+                        let a = self.bufs[&(id as u16)];
+                        let mut d = vec![0u8; len as usize];
+                        m.read_slice(&mut d, GuestAddress(a)).unwrap();
+                        frame.extend_from_slice(if i == 0 { &d[12..] } else { &d[..] });
+                        lens.push(len);
+                    }
+                    self.post_rx(usize::from(nb));
+                    let r = Received {
+                        num_buffers: nb,
+                        lens,
+                        hdr: data[..12].to_vec(),
+                        frame,
+                    };
+                    if pick(&r) {
+                        return r;
                     }
                 }
             }
-            panic!("no matching reply from the TAP");
+            panic!("no matching frame from the TAP");
         }
 
         /// ARPs for the host; returns the host's MAC.
         fn arp(&mut self) -> Vec<u8> {
-            let (_, _, arp) = self.exchange(arp_request(), &|f| {
+            self.send(&arp_request());
+            let r = self.wait_for(&|r| {
+                let f = &r.frame;
                 f.len() >= 42 && f[12..14] == [0x08, 0x06] && f[20..22] == [0, 2]
             });
-            assert_eq!(arp[28..32], HOST_IP);
-            assert_eq!(arp[38..42], GUEST_IP);
-            arp[22..28].to_vec()
+            assert_eq!(r.frame[28..32], HOST_IP);
+            assert_eq!(r.frame[38..42], GUEST_IP);
+            r.frame[22..28].to_vec()
         }
     }
 
+    /// A TCP segment from the guest (10.77.0.2:sport) to the host
+    /// (10.77.0.1:dport), vnet header included. With `gso_size` the frame is
+    /// a TSO frame for the device to hand over; the checksum is always left
+    /// to the offload (NEEDS_CSUM with the pseudo-header sum in place).
+    #[allow(clippy::too_many_arguments)]
+    fn tcp_frame(
+        host_mac: &[u8],
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        options: &[u8],
+        payload: &[u8],
+        gso_size: u16,
+    ) -> Vec<u8> {
+        let thl = 20 + options.len();
+        let (gso_type, hdr_len) = if gso_size > 0 {
+            (1u8, 34 + thl)
+        } else {
+            (0, 0)
+        };
+        let mut f = vec![1u8, gso_type];
+        f.extend((hdr_len as u16).to_le_bytes());
+        f.extend(gso_size.to_le_bytes());
+        f.extend(34u16.to_le_bytes());
+        f.extend(16u16.to_le_bytes());
+        f.extend([0, 0]);
+        f.extend(host_mac);
+        f.extend(GUEST_MAC);
+        f.extend([0x08, 0x00]);
+        let tcp_len = thl + payload.len();
+        let mut ip = vec![0x45, 0];
+        ip.extend(((20 + tcp_len) as u16).to_be_bytes());
+        ip.extend([0, 2, 0x40, 0, 64, 6, 0, 0]);
+        ip.extend(GUEST_IP);
+        ip.extend(HOST_IP);
+        let c = csum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut tcp = Vec::new();
+        tcp.extend(sport.to_be_bytes());
+        tcp.extend(dport.to_be_bytes());
+        tcp.extend(seq.to_be_bytes());
+        tcp.extend(ack.to_be_bytes());
+        tcp.extend([((thl / 4) as u8) << 4, flags]);
+        tcp.extend(65535u16.to_be_bytes());
+        tcp.extend([0, 0, 0, 0]);
+        tcp.extend(options);
+        tcp.extend(payload);
+        // CHECKSUM_PARTIAL: the field holds the pseudo-header sum, not
+        // inverted; whoever completes the offload finishes it.
+        let mut pseudo = Vec::new();
+        pseudo.extend(GUEST_IP);
+        pseudo.extend(HOST_IP);
+        pseudo.extend([0, 6]);
+        pseudo.extend((tcp_len as u16).to_be_bytes());
+        let partial = !csum(&pseudo);
+        tcp[16..18].copy_from_slice(&partial.to_be_bytes());
+        f.extend(ip);
+        f.extend(tcp);
+        f
+    }
+
     /// The guest side (this test) ARPs for the host and pings it, up to a
-    /// full 1500-byte IP packet; the echo reply comes back in exactly one
+    /// full 1500-byte IP packet; every reply comes back in exactly one
     /// 1526-byte buffer.
     #[test]
     fn test_real_tap_arp_and_mtu_ping() {
@@ -696,13 +804,16 @@ mod tests {
         };
         let host_mac = rig.arp();
         for payload in [56usize, 1472] {
-            let (len, _, reply) = rig.exchange(icmp_echo(&host_mac, payload), &|f| {
-                f.len() >= 34 && f[12..14] == [0x08, 0x00] && f[23] == 1 && f[34] == 0
+            rig.send(&icmp_echo(&host_mac, payload));
+            let r = rig.wait_for(&|r| {
+                let f = &r.frame;
+                f.len() >= 35 && f[12..14] == [0x08, 0x00] && f[23] == 1 && f[34] == 0
             });
-            assert_eq!(reply.len(), 14 + 20 + 8 + payload);
-            assert_eq!(len as usize, 12 + 14 + 20 + 8 + payload);
+            assert_eq!(r.num_buffers, 1);
+            assert_eq!(r.frame.len(), 14 + 20 + 8 + payload);
+            assert_eq!(r.lens, vec![(12 + 14 + 20 + 8 + payload) as u32]);
             assert_eq!(
-                reply[42..],
+                r.frame[42..],
                 (0..payload).map(|i| i as u8).collect::<Vec<_>>()[..]
             );
         }
@@ -726,56 +837,100 @@ mod tests {
             return;
         };
         let host_mac = rig.arp();
-        let payload = 3000usize;
-        // virtio_net_hdr_v1: NEEDS_CSUM, GSO_TCPV4, hdr_len 54, gso_size
-        // 1448, csum_start 34 (the TCP header), csum_offset 16.
-        let mut f = vec![1u8, 1];
-        f.extend(54u16.to_le_bytes());
-        f.extend(1448u16.to_le_bytes());
-        f.extend(34u16.to_le_bytes());
-        f.extend(16u16.to_le_bytes());
-        f.extend([0, 0]);
-        f.extend(&host_mac);
-        f.extend(GUEST_MAC);
-        f.extend([0x08, 0x00]);
-        let tcp_len = 20 + payload;
-        let mut ip = vec![0x45, 0];
-        ip.extend(((20 + tcp_len) as u16).to_be_bytes());
-        ip.extend([0, 2, 0x40, 0, 64, 6, 0, 0]);
-        ip.extend(GUEST_IP);
-        ip.extend(HOST_IP);
-        let c = csum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut tcp = Vec::new();
-        tcp.extend(40000u16.to_be_bytes());
-        tcp.extend(9u16.to_be_bytes());
-        tcp.extend(1000u32.to_be_bytes());
-        tcp.extend(77u32.to_be_bytes());
-        tcp.extend([0x50, 0x18]); // data offset 5, PSH|ACK
-        tcp.extend(64240u16.to_be_bytes());
-        tcp.extend([0, 0, 0, 0]);
-        tcp.extend((0..payload).map(|i| (i % 251) as u8));
-        // CHECKSUM_PARTIAL: the field holds the pseudo-header sum, not
-        // inverted; the receiver of the offload completes it.
-        let mut pseudo = Vec::new();
-        pseudo.extend(GUEST_IP);
-        pseudo.extend(HOST_IP);
-        pseudo.extend([0, 6]);
-        pseudo.extend((tcp_len as u16).to_be_bytes());
-        let partial = !csum(&pseudo);
-        tcp[16..18].copy_from_slice(&partial.to_be_bytes());
-        f.extend(ip);
-        f.extend(tcp);
+        let payload: Vec<u8> = (0..3000).map(|i| (i % 251) as u8).collect();
+        let f = tcp_frame(&host_mac, 40000, 9, 1000, 77, 0x18, &[], &payload, 1448);
         assert!(f.len() > 12 + 1514, "the frame is larger than one MTU");
-
-        let (_, _, rst) = rig.exchange(f, &|r| {
-            r.len() >= 54 && r[12..14] == [0x08, 0x00] && r[23] == 6 && r[47] & 0x04 != 0
+        rig.send(&f);
+        let r = rig.wait_for(&|r| {
+            let f = &r.frame;
+            f.len() >= 54 && f[12..14] == [0x08, 0x00] && f[23] == 6 && f[47] & 0x04 != 0
         });
-        assert_eq!(rst[34..36], 9u16.to_be_bytes());
-        assert_eq!(rst[36..38], 40000u16.to_be_bytes());
+        assert_eq!(r.frame[34..36], 9u16.to_be_bytes());
+        assert_eq!(r.frame[36..38], 40000u16.to_be_bytes());
         let json = rig.metrics();
         assert_eq!(json["tx_dropped"], 0);
         // The ARP request (42 bytes) and the TCP frame.
-        assert_eq!(json["tx_bytes"], (42 + 14 + 20 + tcp_len) as u64);
+        assert_eq!(json["tx_bytes"], (42 + 14 + 20 + 20 + 3000) as u64);
+    }
+
+    /// GUEST_TSO4 + MRG_RXBUF through a real TAP: the host's TCP stack sends
+    /// its first flight to the guest as one GSO frame larger than a buffer,
+    /// which the device spreads over several 1526-byte buffers with the
+    /// right `num_buffers` (the case Cloud Hypervisor got wrong).
+    #[test]
+    fn test_real_tap_gso_rx_spans_buffers() {
+        let features = MRG_FEATURES
+            | bit(VIRTIO_NET_F_CSUM)
+            | bit(VIRTIO_NET_F_GUEST_CSUM)
+            | bit(VIRTIO_NET_F_GUEST_TSO4);
+        let Some(mut rig) = TapRig::new("test_real_tap_gso_rx_spans_buffers", features) else {
+            return;
+        };
+        let host_mac = rig.arp();
+        const DATA: usize = 60000;
+        // The host connects to the "guest" and writes; a thread created
+        // from this one shares its network namespace.
+        let client = std::thread::spawn(|| {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect_timeout(
+                &"10.77.0.2:5001".parse().unwrap(),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            let data: Vec<u8> = (0..DATA).map(|i| (i % 253) as u8).collect();
+            s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(&data);
+            // Keep the socket open until the test has seen the data.
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let syn = rig.wait_for(&|r| {
+            let f = &r.frame;
+            f.len() >= 54 && f[23] == 6 && f[36..38] == 5001u16.to_be_bytes() && f[47] == 0x02
+        });
+        let f = &syn.frame;
+        let sport = u16::from_be_bytes([f[34], f[35]]);
+        let their_seq = u32::from_be_bytes([f[38], f[39], f[40], f[41]]);
+        // SYN-ACK with MSS 1460, window 65535 (no scaling).
+        let mss = [2u8, 4, 0x05, 0xb4];
+        rig.send(&tcp_frame(
+            &host_mac,
+            5001,
+            sport,
+            5000,
+            their_seq.wrapping_add(1),
+            0x12,
+            &mss,
+            &[],
+            0,
+        ));
+        // Collect data segments until one arrives as a GSO frame.
+        let big = rig.wait_for(&|r| {
+            let f = &r.frame;
+            f.len() > 1514 && f[23] == 6 && f[34..36] == sport.to_be_bytes()
+        });
+        eprintln!(
+            "GSO frame of {} bytes in {} buffers",
+            big.frame.len(),
+            big.num_buffers
+        );
+        assert!(big.num_buffers >= 2, "num_buffers {}", big.num_buffers);
+        assert_eq!(big.lens.len(), usize::from(big.num_buffers));
+        assert!(big.lens[..big.lens.len() - 1].iter().all(|&l| l == 1526));
+        // virtio_net_hdr: GSO_TCPV4 with the MSS we advertised.
+        assert_eq!(big.hdr[1], 1);
+        assert_eq!(u16::from_le_bytes([big.hdr[4], big.hdr[5]]), 1460);
+        let seq = u32::from_be_bytes([big.frame[38], big.frame[39], big.frame[40], big.frame[41]]);
+        let off = seq.wrapping_sub(their_seq.wrapping_add(1)) as usize;
+        let thl = usize::from(big.frame[46] >> 4) * 4;
+        let data = &big.frame[34 + thl..];
+        assert!(data.len() > 1460);
+        for (i, b) in data.iter().enumerate() {
+            assert_eq!(*b, ((off + i) % 253) as u8, "payload byte {i}");
+        }
+        let json = rig.metrics();
+        assert!(json["rx_buffers"].as_u64() > json["rx_frames"].as_u64());
+        assert_eq!(json["rx_dropped"], 0);
+        drop(rig);
+        let _ = client.join();
     }
 }
