@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Builds (or reuses) the minivmm guest image: kernel (vmlinux, bzImage) and
+# initramfs. Works from any directory, on a fresh Debian 12 machine as root
+# (installs the packages it needs) or a warm one (no network work).
+#
+# Contract: the LAST THREE lines of stdout are the absolute paths of vmlinux,
+# bzImage and the initramfs, in that order. Progress goes to stderr.
+#
+# Environment: MINIVMM_CACHE (default ~/.cache/minivmm) holds everything built;
+# MINIVMM_REQUIRE_MVPERF=1 fails when the netperf tool does not build.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LOG_PREFIX=resources/build.sh
+# shellcheck source=common.sh
+. "$HERE/common.sh"
+
+kernel_out=$("$HERE/kernel/build.sh") || die "kernel build failed"
+vmlinux=$(printf '%s\n' "$kernel_out" | tail -n 2 | head -n 1)
+bzimage=$(printf '%s\n' "$kernel_out" | tail -n 1)
+initramfs=$("$HERE/initramfs/build.sh" | tail -n 1) || die "initramfs build failed"
+
+for f in "$vmlinux" "$bzimage" "$initramfs"; do
+    [ -s "$f" ] || die "expected build output $f is missing"
+done
+
+echo "$vmlinux"
+echo "$bzimage"
+echo "$initramfs"

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Builds the minivmm guest initramfs: a gzip'ed newc cpio holding static
+# busybox (and the applet links init uses), /init, /park, /dev/console and,
+# when the netperf crate builds, the static /bin/mvperf.
+#
+# Always rebuilt (seconds); the cargo build of mvperf is incremental in
+# $MINIVMM_CACHE/target. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
+# build an error instead of a warning.
+#
+# Prints one line on stdout: the absolute path of the initramfs.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+LOG_PREFIX=initramfs/build.sh
+# shellcheck source=../common.sh
+. "$HERE/../common.sh"
+
+ensure_packages busybox-static cpio gzip gcc binutils
+
+BUSYBOX=/bin/busybox
+# Debian's dynamic `busybox` package also ships /bin/busybox; the guest has no
+# libc, so insist on the static one.
+if readelf -l "$BUSYBOX" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+    die "$BUSYBOX is dynamically linked; install busybox-static instead of busybox"
+fi
+
+# Applets init uses, plus a few for poking around on a console.
+APPLETS=(sh ash mount umount mkdir cat echo grep sleep sync reboot poweroff halt
+    ip ifconfig ping kill ps ls dmesg uname hostname true false)
+
+OUTDIR=$MINIVMM_CACHE/initramfs
+mkdir -p "$OUTDIR"
+exec 9>"$OUTDIR/.lock"
+flock 9
+
+WORK=$(mktemp -d "$OUTDIR/work.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# park: no libc, no start files, a fixed address so nothing needs relocating.
+gcc -nostdlib -static -no-pie -Wl,--build-id=none -o "$WORK/park" "$HERE/park.S"
+
+# mvperf: static glibc build so it drops into a libc-less image.
+MVPERF=
+mvperf_target=x86_64-unknown-linux-gnu
+if command -v cargo >/dev/null 2>&1; then
+    log "building mvperf (static, $mvperf_target)"
+    if RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$MINIVMM_CACHE/target" \
+        cargo build --release --manifest-path "$REPO/Cargo.toml" -p netperf \
+        --target "$mvperf_target" >&2; then
+        MVPERF=$MINIVMM_CACHE/target/$mvperf_target/release/mvperf
+        if readelf -l "$MVPERF" | grep -q 'Requesting program interpreter'; then
+            die "$MVPERF is not statically linked"
+        fi
+    fi
+else
+    log "cargo not found"
+fi
+if [ -z "$MVPERF" ]; then
+    [ "${MINIVMM_REQUIRE_MVPERF:-0}" = 1 ] && die "mvperf did not build"
+    log "WARNING: mvperf did not build; the initramfs has no /bin/mvperf"
+fi
+
+ROOT=$WORK/root
+mkdir -p "$ROOT"/{bin,sbin,dev,proc,sys,tmp,etc}
+cp "$BUSYBOX" "$ROOT/bin/busybox"
+for applet in "${APPLETS[@]}"; do
+    ln -s busybox "$ROOT/bin/$applet"
+done
+install -m 0755 "$HERE/init" "$ROOT/init"
+install -m 0755 "$WORK/park" "$ROOT/park"
+# The release profile keeps debug info; the guest does not need it.
+if [ -n "$MVPERF" ]; then strip -o "$ROOT/bin/mvperf" "$MVPERF"; fi
+# The kernel opens /dev/console for init before anything can mount devtmpfs.
+# Only root can make the node; init copes without it (it reopens its stdio
+# from devtmpfs).
+if mknod -m 0600 "$ROOT/dev/console" c 5 1 2>/dev/null; then
+    :
+else
+    log "WARNING: cannot mknod /dev/console (not root?); relying on init's devtmpfs fallback"
+fi
+
+# Stable timestamps and ownership make the archive reproducible.
+find "$ROOT" -exec touch -h -d @0 {} +
+OUT=$OUTDIR/minivmm-initramfs.cpio.gz
+(cd "$ROOT" && find . -mindepth 1 | LC_ALL=C sort |
+    cpio --quiet -o -H newc -R 0:0 --reproducible) | gzip -9 -n >"$WORK/initramfs.cpio.gz"
+mv "$WORK/initramfs.cpio.gz" "$OUT"
+log "initramfs $(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}"
+
+echo "$OUT"

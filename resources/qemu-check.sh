@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Proves the minivmm guest image (kernel config, init, mvperf) without minivmm
+# and without KVM: boots it under qemu-system-x86_64 with TCG.
+#
+#  1. Boot without minivmm.mode=serve: init must print MINIVMM-READY and reset
+#     the VM (`reboot=k`); with -no-reboot qemu then exits 0.
+#  2. Boot with minivmm.mode=serve and a virtio-net device on a TAP inside a
+#     network namespace created here (all traffic stays in it, deleted on
+#     exit): wait for MINIVMM-SERVING, ping the guest, then run the mvperf
+#     client tests against the guest's server.
+#
+# Usage: qemu-check.sh [BZIMAGE INITRAMFS]   (default: from resources/build.sh)
+# Exit: 0 all passed, 1 a check failed, 77 skipped (not root, no TUN).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LOG_PREFIX=qemu-check
+# shellcheck source=common.sh
+. "$HERE/common.sh"
+
+BOOT_TIMEOUT=${MINIVMM_QEMU_BOOT_TIMEOUT:-300}
+TEST_SECONDS=${MINIVMM_QEMU_TEST_SECONDS:-3}
+HOST_IP=10.200.0.1
+GUEST_IP=10.200.0.2
+PREFIX=24
+TESTS=(TCP_STREAM TCP_MAERTS TCP_RR UDP_RR)
+
+if [ "$(id -u)" -ne 0 ]; then
+    log "SKIP: needs root for network namespaces and TAP devices"
+    exit 77
+fi
+if [ ! -c /dev/net/tun ]; then
+    log "SKIP: /dev/net/tun is missing"
+    exit 77
+fi
+ensure_packages qemu-system-x86 iproute2 iputils-ping
+
+if [ $# -eq 2 ]; then
+    BZIMAGE=$1
+    INITRAMFS=$2
+elif [ $# -eq 0 ]; then
+    out=$("$HERE/build.sh")
+    BZIMAGE=$(printf '%s\n' "$out" | tail -n 2 | head -n 1)
+    INITRAMFS=$(printf '%s\n' "$out" | tail -n 1)
+else
+    die "usage: $0 [BZIMAGE INITRAMFS]"
+fi
+[ -s "$BZIMAGE" ] || die "no kernel image at $BZIMAGE"
+[ -s "$INITRAMFS" ] || die "no initramfs at $INITRAMFS"
+
+# The host side runs the same static binary the initramfs carries.
+MVPERF=${MVPERF:-$MINIVMM_CACHE/target/x86_64-unknown-linux-gnu/release/mvperf}
+if ! zcat "$INITRAMFS" | cpio -it --quiet 2>/dev/null | grep -qx 'bin/mvperf'; then
+    log "WARNING: the initramfs has no bin/mvperf; only ping is checked"
+    MVPERF=
+elif [ ! -x "$MVPERF" ]; then
+    die "the initramfs has mvperf but there is no host-side $MVPERF"
+fi
+
+NS=minivmm-qemu-$$
+WORK=$(mktemp -d)
+QEMU_PID=
+cleanup() {
+    if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
+        kill "$QEMU_PID" 2>/dev/null || true
+        wait "$QEMU_PID" 2>/dev/null || true
+    fi
+    ip netns delete "$NS" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# microvm has virtio-mmio transports and appends their virtio_mmio.device=
+# words to the command line itself; acpi=off keeps every IRQ on the legacy
+# controllers, which the ACPI-less guest kernel can find.
+QEMU=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 1
+    -display none -monitor none -no-reboot
+    -kernel "$BZIMAGE" -initrd "$INITRAMFS")
+BASE_CMDLINE="console=ttyS0 reboot=k panic=-1"
+
+# wait_for LOG PATTERN PID: waits until LOG has a line matching PATTERN;
+# fails when the process PID ends first or after BOOT_TIMEOUT seconds.
+wait_for() {
+    local log=$1 pattern=$2 pid=$3 waited=0
+    while ! grep -qE "$pattern" "$log"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "qemu ended before '$pattern' appeared"
+            return 1
+        fi
+        if [ "$waited" -ge "$((BOOT_TIMEOUT * 10))" ]; then
+            log "no '$pattern' after $BOOT_TIMEOUT s"
+            return 1
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+}
+
+fail() {
+    local log=${2:-}
+    log "FAIL: $1"
+    if [ -n "$log" ] && [ -f "$log" ]; then
+        log "last serial lines:"
+        tail -n 30 "$log" >&2
+    fi
+    exit 1
+}
+
+now_ms() { date +%s%3N; }
+
+# --- 1. marker and reset --------------------------------------------------
+log "boot 1: init prints MINIVMM-READY and resets the VM"
+LOG1=$WORK/boot1.log
+start=$(now_ms)
+"${QEMU[@]}" -serial "file:$LOG1" -append "$BASE_CMDLINE" </dev/null >"$WORK/qemu1.out" 2>&1 &
+QEMU_PID=$!
+wait_for "$LOG1" 'MINIVMM-READY' "$QEMU_PID" || fail "no ready marker" "$LOG1"
+log "MINIVMM-READY after $(( $(now_ms) - start )) ms"
+# The reset comes right after; give it the same bound as the boot.
+waited=0
+while kill -0 "$QEMU_PID" 2>/dev/null && [ "$waited" -lt "$((BOOT_TIMEOUT * 10))" ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+done
+kill -0 "$QEMU_PID" 2>/dev/null && fail "the guest did not reset after the marker" "$LOG1"
+rc=0
+wait "$QEMU_PID" || rc=$?
+QEMU_PID=
+[ "$rc" -eq 0 ] || fail "qemu exited with status $rc: $(cat "$WORK/qemu1.out")" "$LOG1"
+log "boot 1 passed: reset after $(( $(now_ms) - start )) ms, qemu exited 0"
+
+# --- 2. serve over a TAP in a private namespace ------------------------------
+log "boot 2: serve mode on a TAP in namespace $NS"
+ip netns add "$NS"
+nsx() { ip netns exec "$NS" "$@"; }
+nsx ip link set lo up
+nsx ip tuntap add dev tap0 mode tap
+nsx ip addr add "$HOST_IP/$PREFIX" dev tap0
+nsx ip link set tap0 up
+
+LOG2=$WORK/boot2.log
+CMDLINE="$BASE_CMDLINE minivmm.mode=serve minivmm.ip=$GUEST_IP/$PREFIX"
+CMDLINE="$CMDLINE ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
+start=$(now_ms)
+nsx "${QEMU[@]}" -serial "file:$LOG2" -append "$CMDLINE" \
+    -netdev tap,id=net0,ifname=tap0,script=no,downscript=no \
+    -device virtio-net-device,netdev=net0,mac=52:54:00:00:00:02 \
+    </dev/null >"$WORK/qemu2.out" 2>&1 &
+QEMU_PID=$!
+wait_for "$LOG2" 'MINIVMM-SERVING|MINIVMM-ERROR' "$QEMU_PID" || fail "guest did not start serving" "$LOG2"
+grep -q 'MINIVMM-ERROR' "$LOG2" && fail "init reported an error" "$LOG2"
+log "MINIVMM-SERVING after $(( $(now_ms) - start )) ms"
+grep -m1 'Kernel command line' "$LOG2" >&2 || true
+
+nsx ping -c 3 -W 5 "$GUEST_IP" >&2 || fail "ping $GUEST_IP failed" "$LOG2"
+log "ping passed"
+
+failures=0
+if [ -n "$MVPERF" ]; then
+    for t in "${TESTS[@]}"; do
+        log "mvperf -t $t -H $GUEST_IP -l $TEST_SECONDS --json"
+        if ! nsx timeout "$((TEST_SECONDS + 30))" "$MVPERF" -t "$t" -H "$GUEST_IP" -l "$TEST_SECONDS" \
+            --json >"$WORK/$t.json" 2>"$WORK/$t.err"; then
+            cat "$WORK/$t.err" >&2
+            log "FAIL: $t: mvperf exited non-zero"
+            failures=$((failures + 1))
+            continue
+        fi
+        cat "$WORK/$t.json"
+        case $t in
+            *_RR) field=transactions_per_s ;;
+            *) field=throughput_mbps ;;
+        esac
+        value=$(grep -oE "\"$field\"[[:space:]]*:[[:space:]]*[0-9.eE+-]+" "$WORK/$t.json" | head -n 1 | sed 's/.*://' | tr -d ' ')
+        if [ -z "$value" ] || ! awk -v v="$value" 'BEGIN { exit !(v > 0) }'; then
+            log "FAIL: $t: no traffic ($field=${value:-missing})"
+            failures=$((failures + 1))
+        fi
+    done
+fi
+kill -0 "$QEMU_PID" 2>/dev/null || fail "qemu died during the tests" "$LOG2"
+grep -q 'MINIVMM-ERROR' "$LOG2" && fail "guest reported an error during the tests" "$LOG2"
+[ "$failures" -eq 0 ] || fail "$failures mvperf test(s) failed" "$LOG2"
+log "PASS"
