@@ -23,6 +23,10 @@ pub use super::msr::boot_msr_entries;
 pub const X86_CR0_PE: u64 = 1 << 0;
 /// CR0 bit 4: extension type, hard-wired to 1 on every CPU since the 486.
 pub const X86_CR0_ET: u64 = 1 << 4;
+/// CR0 bit 29: not write-through (set at reset).
+pub const X86_CR0_NW: u64 = 1 << 29;
+/// CR0 bit 30: cache disable (set at reset).
+pub const X86_CR0_CD: u64 = 1 << 30;
 /// CR0 bit 31: paging.
 pub const X86_CR0_PG: u64 = 1 << 31;
 /// CR4 bit 5: physical address extension, required for long mode.
@@ -97,7 +101,10 @@ pub fn setup_sregs(mem: &GuestMemoryMmap<()>, sregs: &mut kvm_sregs) -> Result<(
 
     sregs.cr3 = setup_identity_paging(mem)?;
     sregs.cr4 |= X86_CR4_PAE;
-    sregs.cr0 |= X86_CR0_PE | X86_CR0_ET | X86_CR0_PG;
+    // KVM's reset CR0 (0x6000_0010) has CD and NW set, as real hardware does; firmware would
+    // clear them before handing over, and running the early kernel with caches "disabled"
+    // can make KVM map guest memory uncached, so clear them here.
+    sregs.cr0 = (sregs.cr0 & !(X86_CR0_CD | X86_CR0_NW)) | X86_CR0_PE | X86_CR0_ET | X86_CR0_PG;
     sregs.efer |= EFER_LME | EFER_LMA;
     Ok(())
 }
@@ -163,8 +170,10 @@ mod tests {
     #[test]
     fn sregs_long_mode() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        // As KVM_GET_SREGS returns it after vCPU creation.
         let mut sregs = kvm_sregs {
             apic_base: 0xfee0_0900,
+            cr0: 0x6000_0010,
             ..Default::default()
         };
         setup_sregs(&mem, &mut sregs).unwrap();
