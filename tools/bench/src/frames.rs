@@ -99,7 +99,14 @@ fn pseudo_header_sum(src: [u8; 4], dst: [u8; 4], proto: u8, len: usize) -> u32 {
     acc + len as u32
 }
 
-fn eth_ip(frame: &mut [u8], dst_mac: [u8; 6], src_mac: [u8; 6], proto: u8, src: [u8; 4], dst: [u8; 4]) {
+fn eth_ip(
+    frame: &mut [u8],
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    proto: u8,
+    src: [u8; 4],
+    dst: [u8; 4],
+) {
     frame[0..6].copy_from_slice(&dst_mac);
     frame[6..12].copy_from_slice(&src_mac);
     frame[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
@@ -148,7 +155,12 @@ pub fn udp_frame(frame_len: usize, host_mac: [u8; 6], src_port: u16) -> Vec<u8> 
 /// A TCPv4 frame of `frame_len` bytes for TSO (virtio 1.1 §5.1.6.2): the TCP
 /// checksum field holds the pseudo-header sum the device (kernel) completes,
 /// and the returned header asks for segmentation into `TSO_MSS` segments.
-pub fn tso_frame(frame_len: usize, host_mac: [u8; 6], dst_mac: Option<[u8; 6]>, to_guest: bool) -> (VnetHdr, Vec<u8>) {
+pub fn tso_frame(
+    frame_len: usize,
+    host_mac: [u8; 6],
+    dst_mac: Option<[u8; 6]>,
+    to_guest: bool,
+) -> (VnetHdr, Vec<u8>) {
     let frame_len = frame_len.max(TCP_OVERHEAD + 1);
     let mut f = vec![0u8; frame_len];
     for (i, b) in f[TCP_OVERHEAD..].iter_mut().enumerate() {

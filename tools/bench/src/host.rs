@@ -67,11 +67,6 @@ impl Sender {
         self.sent.load(Ordering::Relaxed)
     }
 
-    /// Stops the thread and returns its result.
-    pub fn finish(mut self) -> Result<()> {
-        self.join()
-    }
-
     fn join(&mut self) -> Result<()> {
         self.stop.store(true, Ordering::Relaxed);
         match self.handle.take() {
@@ -90,7 +85,8 @@ impl Drop for Sender {
 }
 
 fn guest_socket() -> Result<UdpSocket> {
-    let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(HOST_IP), 0)).context("bind sender")?;
+    let sock =
+        UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(HOST_IP), 0)).context("bind sender")?;
     sock.connect(SocketAddrV4::new(Ipv4Addr::from(GUEST_IP), GUEST_PORT))
         .context("connect sender")?;
     sock.set_nonblocking(true)?;
@@ -116,7 +112,9 @@ fn udp_flood(frame_len: usize, stop: &AtomicBool, sent: &AtomicU64) -> Result<()
 fn gso_flood(frame_len: usize, stop: &AtomicBool, sent: &AtomicU64) -> Result<()> {
     let sock = sys::PacketSocket::bind(TAP_NAME).context("AF_PACKET socket on the TAP")?;
     let (hdr, frame) = frames::tso_frame(frame_len, HOST_MAC, None, true);
-    let mut msg = hdr.to_bytes().to_vec();
+    // AF_PACKET's PACKET_VNET_HDR takes the 10-byte `virtio_net_hdr`
+    // (no num_buffers), not the 12-byte v1 header the TAP uses.
+    let mut msg = hdr.to_bytes()[..10].to_vec();
     msg.extend_from_slice(&frame);
     while !stop.load(Ordering::Relaxed) {
         if sock.send(&msg)? {
@@ -152,7 +150,8 @@ fn probes(interval_us: u64, stop: &AtomicBool, sent: &AtomicU64) -> Result<()> {
 /// small receive buffer is full the kernel drops datagrams silently (no
 /// ICMP goes back into the TAP), after full IP/UDP receive processing.
 pub fn sink() -> Result<UdpSocket> {
-    let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(HOST_IP), SINK_PORT)).context("bind sink")?;
+    let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(HOST_IP), SINK_PORT))
+        .context("bind sink")?;
     sys::setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 4096)?;
     Ok(sock)
 }
@@ -172,7 +171,10 @@ pub fn udp_counters() -> (u64, u64) {
             .and_then(|x| x.parse().ok())
             .unwrap_or(0)
     };
-    (get("InDatagrams") + get("RcvbufErrors"), get("InCsumErrors"))
+    (
+        get("InDatagrams") + get("RcvbufErrors"),
+        get("InCsumErrors"),
+    )
 }
 
 /// One measured run: frames and bytes in the window, and CPU time of the
@@ -271,15 +273,27 @@ impl Window {
 }
 
 /// Raw RX limit: reads the TAP (opened with `offloads`) with no device while
-/// the caller's sender floods it.
-pub fn raw_rx(offloads: u32, warmup: Duration, dur: Duration) -> Result<Measured> {
+/// the caller's sender floods it. Frames land in a ring of `nbufs` buffers
+/// of `buf_len` bytes, the same memory footprint as the device's posted RX
+/// buffers, so both sides pay the same cache misses and only the device's
+/// own work differs.
+pub fn raw_rx(
+    offloads: u32,
+    buf_len: usize,
+    nbufs: usize,
+    warmup: Duration,
+    dur: Duration,
+) -> Result<Measured> {
     let tap = sys::open_tap(TAP_NAME, offloads).context("open TAP for the raw RX loop")?;
     let fd = tap.as_raw_fd();
-    let mut buf = vec![0u8; 65562 + 64];
+    let mut ring = vec![0u8; buf_len * nbufs.max(1)];
+    let mut slot = 0usize;
     let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock());
     let (mut frames, mut bytes) = (0u64, 0u64);
     while w.tick(frames, bytes, 0) {
-        match sys::read_fd(fd, &mut buf) {
+        let buf = &mut ring[slot * buf_len..(slot + 1) * buf_len];
+        slot = (slot + 1) % nbufs.max(1);
+        match sys::read_fd(fd, buf) {
             Ok(n) => {
                 frames += 1;
                 bytes += n.saturating_sub(sys::VNET_HDR_LEN) as u64;
@@ -295,7 +309,8 @@ pub fn raw_rx(offloads: u32, warmup: Duration, dur: Duration) -> Result<Measured
 
 /// Raw TX limit: writes `msg` (vnet header + frame) to the TAP in a loop.
 pub fn raw_tx(msg: &[u8], warmup: Duration, dur: Duration) -> Result<Measured> {
-    let tap = sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
+    let tap =
+        sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
     let fd = tap.as_raw_fd();
     let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock());
     let (mut frames, mut bytes) = (0u64, 0u64);
@@ -313,4 +328,34 @@ pub fn raw_tx(msg: &[u8], warmup: Duration, dur: Duration) -> Result<Measured> {
         }
     }
     Ok(w.out)
+}
+
+/// Probe latency with no device: a thread blocked in `poll` on the TAP reads
+/// each probe and stamps it. The floor under the device's idle latency
+/// (same host path, same wake-up, no virtqueue).
+pub fn raw_latency(dur: Duration) -> Result<Vec<f64>> {
+    let tap = sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for raw latency")?;
+    let fd = tap.as_raw_fd();
+    let mut buf = vec![0u8; 65562 + 64];
+    let warm = Duration::from_millis(200);
+    let counted_from = sys::now_ns() + warm.as_nanos() as u64;
+    let end = Instant::now() + warm + dur;
+    let mut samples = Vec::new();
+    while Instant::now() < end {
+        match sys::read_fd(fd, &mut buf) {
+            Ok(n) => {
+                if let Some(ts) = frames::parse_probe(&buf[..n]) {
+                    let now = sys::now_ns();
+                    if ts >= counted_from {
+                        samples.push(now.saturating_sub(ts) as f64 / 1000.0);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                sys::poll_fd(fd, false, Duration::from_millis(5));
+            }
+            Err(e) => return Err(e).context("raw TAP read"),
+        }
+    }
+    Ok(samples)
 }

@@ -11,6 +11,7 @@
 //! and deletes the namespace when the child ends, also on error or Ctrl-C.
 //! No packet leaves that namespace.
 
+mod frames;
 mod host;
 mod netns;
 mod plot;
@@ -19,7 +20,6 @@ mod report;
 mod rig;
 #[cfg(feature = "device")]
 mod scenarios;
-mod frames;
 mod stats;
 mod sys;
 
@@ -134,7 +134,10 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
     if smoke {
         out.insert("limit".into(), scenarios::limit(&t, &[1514])?);
         out.insert("seed000".into(), scenarios::seed000(&t, &[1526])?);
-        out.insert("seed001".into(), scenarios::seed001(&t, &scenarios::WEIGHTS[3..4], 2000)?);
+        out.insert(
+            "seed001".into(),
+            scenarios::seed001(&t, &scenarios::WEIGHTS[3..4], 2000)?,
+        );
     }
     for s in wanted.iter().filter(|s| **s != "smoke") {
         eprintln!("netbench: running {s}");
@@ -151,7 +154,8 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
     let out = Value::Object(out);
     print!("{}", report::table(&out));
     if let Some(p) = &cli.json {
-        std::fs::write(p, serde_json::to_string_pretty(&out)?).with_context(|| format!("write {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&out)?)
+            .with_context(|| format!("write {}", p.display()))?;
     }
     if let Some(d) = &cli.plot {
         plot::charts(&out, d).context("plots")?;

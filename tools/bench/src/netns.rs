@@ -35,7 +35,10 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 fn mac(m: [u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 fn dotted(a: [u8; 4]) -> String {

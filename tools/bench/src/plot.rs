@@ -46,19 +46,35 @@ pub fn charts(out: &Value, dir: &Path) -> Result<()> {
 }
 
 fn latency(out: &Value, path: &Path) -> Result<()> {
-    let rows = out["seed001"]["rows"].as_array().cloned().unwrap_or_default();
+    let rows = out["seed001"]["rows"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let names: Vec<String> = rows
         .iter()
-        .map(|r| r["config"].as_str().unwrap_or("?").replace("weight_", "w").replace("unweighted", "off"))
+        .map(|r| {
+            r["config"]
+                .as_str()
+                .unwrap_or("?")
+                .replace("weight_", "w")
+                .replace("unweighted", "off")
+        })
         .collect();
-    let get = |k: &str| -> Vec<f64> { rows.iter().map(|r| r[k].as_f64().unwrap_or(0.0).max(1.0)).collect() };
+    let get = |k: &str| -> Vec<f64> {
+        rows.iter()
+            .map(|r| r[k].as_f64().unwrap_or(0.0).max(1.0))
+            .collect()
+    };
     let (p99, avg, max) = (get("p99_us"), get("avg_us"), get("max_us"));
     let top = max.iter().cloned().fold(10.0, f64::max) * 2.0;
     let n = names.len() as i32;
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("RX latency under a 1-byte TX flood vs TX weight", ("sans-serif", 22))
+        .caption(
+            "RX latency under a 1-byte TX flood vs TX weight",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(70)
@@ -72,13 +88,23 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
         .y_desc("latency, µs (log)")
         .draw()
         .map_err(err)?;
-    for (vals, color, label) in [(&p99, RED, "p99"), (&avg, BLUE, "avg"), (&max, RGBColor(150, 150, 150), "max")] {
-        let pts: Vec<(i32, f64)> = vals.iter().enumerate().map(|(i, v)| (i as i32, *v)).collect();
+    for (vals, color, label) in [
+        (&p99, RED, "p99"),
+        (&avg, BLUE, "avg"),
+        (&max, RGBColor(150, 150, 150), "max"),
+    ] {
+        let pts: Vec<(i32, f64)> = vals
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as i32, *v))
+            .collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(err)?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
             .map_err(err)?;
@@ -103,11 +129,20 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
             .filter_map(|(i, s)| lim[format!("{k}_{s}")].as_f64().map(|v| (i as i32, v)))
             .collect()
     };
-    let all: Vec<(&str, Vec<(i32, f64)>, RGBColor)> = vec![
+    type Series<'a> = (&'a str, Vec<(i32, f64)>, RGBColor);
+    let all: Vec<Series> = vec![
         ("RX minivmm/raw", series("rx_ratio"), RED),
         ("TX minivmm/raw", series("tx_ratio"), BLUE),
-        ("RX bounce/raw", series("rx_bounce_ratio"), RGBColor(240, 150, 150)),
-        ("TX bounce/raw", series("tx_bounce_ratio"), RGBColor(140, 140, 240)),
+        (
+            "RX bounce/raw",
+            series("rx_bounce_ratio"),
+            RGBColor(240, 150, 150),
+        ),
+        (
+            "TX bounce/raw",
+            series("tx_bounce_ratio"),
+            RGBColor(140, 140, 240),
+        ),
     ];
     let top = all
         .iter()
@@ -117,7 +152,10 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Throughput ratio to the raw TAP loop vs frame size", ("sans-serif", 22))
+        .caption(
+            "Throughput ratio to the raw TAP loop vs frame size",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
@@ -126,13 +164,21 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
     chart
         .configure_mesh()
         .x_labels(3)
-        .x_label_formatter(&|i| labels.get(*i as usize).map(|s| s.to_string()).unwrap_or_default())
+        .x_label_formatter(&|i| {
+            labels
+                .get(*i as usize)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        })
         .x_desc("frame size")
         .y_desc("frames/s ratio")
         .draw()
         .map_err(err)?;
     chart
-        .draw_series(LineSeries::new(vec![(0, 0.9), (2, 0.9)], BLACK.stroke_width(1)))
+        .draw_series(LineSeries::new(
+            vec![(0, 0.9), (2, 0.9)],
+            BLACK.stroke_width(1),
+        ))
         .map_err(err)?
         .label("target 0.90")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
@@ -141,7 +187,9 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(err)?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
             .map_err(err)?;

@@ -17,7 +17,8 @@ pub fn machine() -> Value {
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    json!({ "kernel": kernel.trim(), "cpu": model, "cores": cores })
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    json!({ "kernel": kernel.trim(), "cpu": model, "cores": cores, "loadavg_at_start": load.trim() })
 }
 
 fn f(v: &Value) -> f64 {
@@ -30,42 +31,104 @@ pub fn table(out: &Value) -> String {
     let m = &out["machine"];
     let _ = writeln!(
         s,
-        "\nnetbench: minivmm virtio-net vs raw TAP ({} cores, {}, kernel {}){}",
-        m["cores"], m["cpu"].as_str().unwrap_or("?"), m["kernel"].as_str().unwrap_or("?"),
-        if out["quick"].as_bool() == Some(true) { ", --quick" } else { "" }
+        "\nnetbench: minivmm virtio-net vs raw TAP ({} cores, {}, kernel {}, loadavg {}){}",
+        m["cores"],
+        m["cpu"].as_str().unwrap_or("?"),
+        m["kernel"].as_str().unwrap_or("?"),
+        m["loadavg_at_start"].as_str().unwrap_or("?"),
+        if out["quick"].as_bool() == Some(true) {
+            ", --quick"
+        } else {
+            ""
+        }
     );
     if let Some(rows) = out["limit"]["rows"].as_array() {
         let _ = writeln!(s, "\nLIMIT  (median of rounds; ratio = minivmm / raw)");
-        let _ = writeln!(s, "{:<4} {:>6} {:<8} {:>12} {:>9} {:>12} {:>7}", "dir", "size", "mode", "frames/s", "Gb/s", "cpu ns/frm", "ratio");
+        let _ = writeln!(
+            s,
+            "{:<4} {:>6} {:<8} {:>12} {:>9} {:>12} {:>7}",
+            "dir", "size", "mode", "frames/s", "Gb/s", "cpu ns/frm", "ratio"
+        );
         for r in rows {
             let med = &r["median"];
-            let key = format!("{}_{}ratio_{}", r["dir"].as_str().unwrap_or(""),
-                if r["mode"] == "bounce" { "bounce_" } else { "" }, r["size"]);
-            let ratio = if r["mode"] == "raw" { String::new() } else { format!("{:.3}", f(&out["limit"][key.as_str()])) };
-            let _ = writeln!(s, "{:<4} {:>6} {:<8} {:>12.0} {:>9.3} {:>12.0} {:>7}",
-                r["dir"].as_str().unwrap_or(""), r["size"], r["mode"].as_str().unwrap_or(""),
-                f(&med["frames_per_s"]), f(&med["gbps"]), f(&med["cpu_ns_per_frame"]), ratio);
+            let key = format!(
+                "{}_{}ratio_{}",
+                r["dir"].as_str().unwrap_or(""),
+                if r["mode"] == "bounce" { "bounce_" } else { "" },
+                r["size"]
+            );
+            let ratio = if r["mode"] == "raw" {
+                String::new()
+            } else {
+                format!("{:.3}", f(&out["limit"][key.as_str()]))
+            };
+            let _ = writeln!(
+                s,
+                "{:<4} {:>6} {:<8} {:>12.0} {:>9.3} {:>12.0} {:>7}",
+                r["dir"].as_str().unwrap_or(""),
+                r["size"],
+                r["mode"].as_str().unwrap_or(""),
+                f(&med["frames_per_s"]),
+                f(&med["gbps"]),
+                f(&med["cpu_ns_per_frame"]),
+                ratio
+            );
         }
     }
-    for (name, title) in [("seed000", "SEED000  MTU frames into posted buffers (MRG_RXBUF)"), ("seed002", "SEED002  64 KiB GSO frames into posted buffers (MRG_RXBUF)")] {
+    for (name, title) in [
+        (
+            "seed000",
+            "SEED000  MTU frames into posted buffers (MRG_RXBUF)",
+        ),
+        (
+            "seed002",
+            "SEED002  64 KiB GSO frames into posted buffers (MRG_RXBUF)",
+        ),
+    ] {
         if let Some(rows) = out[name]["rows"].as_array() {
             let _ = writeln!(s, "\n{title}");
-            let _ = writeln!(s, "{:>8} {:>10} {:>10} {:>14} {:>12} {:>9} {:>12}", "buffer", "bufs/frm", "(metrics)", "posted B/frm", "frames/s", "Gb/s", "cpu ns/frm");
+            let _ = writeln!(
+                s,
+                "{:>8} {:>10} {:>10} {:>14} {:>12} {:>9} {:>12}",
+                "buffer", "bufs/frm", "(metrics)", "posted B/frm", "frames/s", "Gb/s", "cpu ns/frm"
+            );
             for r in rows {
                 let med = &r["median"];
-                let _ = writeln!(s, "{:>8} {:>10.2} {:>10.2} {:>14.0} {:>12.0} {:>9.3} {:>12.0}",
-                    r["buffer_bytes"], f(&r["buffers_per_frame"]), f(&r["buffers_per_frame_metrics"]),
-                    f(&r["posted_bytes_per_frame"]), f(&med["frames_per_s"]), f(&med["gbps"]), f(&med["cpu_ns_per_frame"]));
+                let _ = writeln!(
+                    s,
+                    "{:>8} {:>10.2} {:>10.2} {:>14.0} {:>12.0} {:>9.3} {:>12.0}",
+                    r["buffer_bytes"],
+                    f(&r["buffers_per_frame"]),
+                    f(&r["buffers_per_frame_metrics"]),
+                    f(&r["posted_bytes_per_frame"]),
+                    f(&med["frames_per_s"]),
+                    f(&med["gbps"]),
+                    f(&med["cpu_ns_per_frame"])
+                );
             }
         }
     }
     if let Some(rows) = out["seed001"]["rows"].as_array() {
         let _ = writeln!(s, "\nSEED001  RX latency (µs, host send -> used ring) under a TX flood of 1-byte UDP frames");
-        let _ = writeln!(s, "{:<12} {:>7} {:>8} {:>8} {:>8} {:>9} {:>10} {:>11} {:>10}", "tx weight", "n", "min", "avg", "p99", "max", "tx fr/s", "cpu ns/txf", "wt hits");
+        let _ = writeln!(
+            s,
+            "{:<12} {:>7} {:>8} {:>8} {:>8} {:>9} {:>10} {:>11} {:>10}",
+            "tx weight", "n", "min", "avg", "p99", "max", "tx fr/s", "cpu ns/txf", "wt hits"
+        );
         for r in rows {
-            let _ = writeln!(s, "{:<12} {:>7} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>10.0} {:>11.0} {:>10}",
-                r["config"].as_str().unwrap_or(""), r["samples"], f(&r["min_us"]), f(&r["avg_us"]), f(&r["p99_us"]),
-                f(&r["max_us"]), f(&r["tx_frames_per_s"]), f(&r["device_cpu_ns_per_tx_frame"]), r["tx_weight_hits"]);
+            let _ = writeln!(
+                s,
+                "{:<12} {:>7} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>10.0} {:>11.0} {:>10}",
+                r["config"].as_str().unwrap_or(""),
+                r["samples"],
+                f(&r["min_us"]),
+                f(&r["avg_us"]),
+                f(&r["p99_us"]),
+                f(&r["max_us"]),
+                f(&r["tx_frames_per_s"]),
+                f(&r["device_cpu_ns_per_tx_frame"]),
+                r["tx_weight_hits"]
+            );
         }
     }
     if let Some(e) = out["elapsed_s"].as_f64() {

@@ -141,9 +141,15 @@ fn fps_of(v: &Value) -> f64 {
 }
 
 fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measured> {
-    let gso = size > 1514;
+    let rx_buf = if size > 1514 { BIG_BUF } else { 2048 };
     match (mode, dir) {
-        (Mode::Raw, Dir::Rx) => host::raw_rx(sys::TAP_OFFLOADS_GSO, t.warmup, t.window),
+        (Mode::Raw, Dir::Rx) => host::raw_rx(
+            sys::TAP_OFFLOADS_GSO,
+            rx_buf as usize,
+            usize::from(NetConfig::default().queue_size),
+            t.warmup,
+            t.window,
+        ),
         (Mode::Raw, Dir::Tx) => host::raw_tx(&tx_msg(size), t.warmup, t.window),
         (_, _) => {
             let cfg = RigConfig {
@@ -151,7 +157,7 @@ fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measur
                     bounce_buffer: mode == Mode::Bounce,
                     ..NetConfig::default()
                 },
-                rx_buf_len: std::env::var("NETBENCH_RX_BUF").ok().and_then(|v| v.parse().ok()).unwrap_or(if gso { BIG_BUF } else { 2048 }),
+                rx_buf_len: rx_buf,
                 tx_msg: tx_msg(size),
             };
             let mut rig = Rig::new(&cfg)?;
@@ -171,24 +177,49 @@ pub fn limit(t: &Timing, sizes: &[usize]) -> Result<Value> {
     for dir in [Dir::Rx, Dir::Tx] {
         for &size in sizes {
             let frame = if size > 1514 { GSO_FRAME } else { size };
-            let _sender = match dir {
+            let sender = match dir {
                 Dir::Rx if size > 1514 => Some(Sender::start(Traffic::Gso(frame))?),
                 Dir::Rx => Some(Sender::start(Traffic::Udp(frame))?),
                 Dir::Tx => None,
             };
             let _sink = host::sink()?;
+            let offered0 = (
+                sender.as_ref().map_or(0, Sender::sent),
+                std::time::Instant::now(),
+            );
             let mut runs: [Vec<Measured>; 3] = Default::default();
             for _ in 0..t.rounds {
-                for (i, mode) in [Mode::Raw, Mode::Device, Mode::Bounce].into_iter().enumerate() {
+                for (i, mode) in [Mode::Raw, Mode::Device, Mode::Bounce]
+                    .into_iter()
+                    .enumerate()
+                {
                     runs[i].push(one_limit_run(dir, frame, mode, t)?);
                 }
+            }
+            if let Some(snd) = &sender {
+                // What the host sender managed to push, across all rounds
+                // (including set-up gaps): an RX figure near it is sender-bound.
+                let fps = (snd.sent() - offered0.0) as f64 / offered0.1.elapsed().as_secs_f64();
+                out.insert(format!("rx_offered_fps_{size}"), json!(fps));
             }
             let [raw, dev, bounce] = runs.map(|v| med(&v));
             let r = ratio(fps_of(&dev), fps_of(&raw));
             let rb = ratio(fps_of(&bounce), fps_of(&raw));
             out.insert(format!("{}_ratio_{}", dir.name(), size), json!(r));
             out.insert(format!("{}_bounce_ratio_{}", dir.name(), size), json!(rb));
-            for (mode, v) in [(Mode::Raw, raw), (Mode::Device, dev), (Mode::Bounce, bounce)] {
+            // Efficiency: CPU the raw loop spends per frame over what the
+            // device thread spends (1.0 = the device adds nothing). Unlike the
+            // throughput ratio it is not capped by the host sender.
+            let cpu = |v: &Value| v["cpu_ns_per_frame"].as_f64().unwrap_or(0.0);
+            out.insert(
+                format!("{}_cpu_ratio_{}", dir.name(), size),
+                json!(ratio(cpu(&raw), cpu(&dev))),
+            );
+            for (mode, v) in [
+                (Mode::Raw, raw),
+                (Mode::Device, dev),
+                (Mode::Bounce, bounce),
+            ] {
                 rows.push(json!({
                     "dir": dir.name(), "size": size, "frame_bytes": frame,
                     "mode": mode.name(), "median": v,
@@ -198,7 +229,10 @@ pub fn limit(t: &Timing, sizes: &[usize]) -> Result<Value> {
     }
     let (udp_after, csum_after) = host::udp_counters();
     out.insert("host_udp_datagrams".into(), json!(udp_after - udp_before));
-    out.insert("host_udp_csum_errors".into(), json!(csum_after - csum_before));
+    out.insert(
+        "host_udp_csum_errors".into(),
+        json!(csum_after - csum_before),
+    );
     out.insert("rows".into(), Value::Array(rows));
     Ok(Value::Object(out))
 }
@@ -237,7 +271,11 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
     let mut rows = Vec::new();
     for (i, &b) in bufs.iter().enumerate() {
         let ms: Vec<Measured> = runs[i].iter().map(|r| r.0).collect();
-        let bpf = median(&ms.iter().map(|m| ratio(m.buffers as f64, m.frames as f64)).collect::<Vec<_>>());
+        let bpf = median(
+            &ms.iter()
+                .map(|m| ratio(m.buffers as f64, m.frames as f64))
+                .collect::<Vec<_>>(),
+        );
         let dev_bpf = median(&runs[i].iter().map(|r| r.1).collect::<Vec<_>>());
         out.insert(format!("buffers_per_frame_{b}"), json!(bpf));
         rows.push(json!({
@@ -248,7 +286,10 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
             "median": med(&ms),
         }));
     }
-    out.insert("frame_bytes".into(), json!(if gso { GSO_FRAME } else { 1514 }));
+    out.insert(
+        "frame_bytes".into(),
+        json!(if gso { GSO_FRAME } else { 1514 }),
+    );
     out.insert("rows".into(), Value::Array(rows));
     Ok(Value::Object(out))
 }
@@ -276,15 +317,51 @@ pub struct Weight {
 
 /// The weights of the seed's table.
 pub const WEIGHTS: &[Weight] = &[
-    Weight { name: "unweighted", packets: 0, bytes: 0 },
-    Weight { name: "weight_64", packets: 64, bytes: 0 },
-    Weight { name: "weight_128", packets: 128, bytes: 0 },
-    Weight { name: "weight_256", packets: 256, bytes: 0 },
-    Weight { name: "weight_512", packets: 512, bytes: 0 },
-    Weight { name: "weight_1024", packets: 1024, bytes: 0 },
-    Weight { name: "weight_2048", packets: 2048, bytes: 0 },
-    Weight { name: "weight_4096", packets: 4096, bytes: 0 },
-    Weight { name: "bytes_only", packets: 0, bytes: 0x80000 },
+    Weight {
+        name: "unweighted",
+        packets: 0,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_64",
+        packets: 64,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_128",
+        packets: 128,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_256",
+        packets: 256,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_512",
+        packets: 512,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_1024",
+        packets: 1024,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_2048",
+        packets: 2048,
+        bytes: 0,
+    },
+    Weight {
+        name: "weight_4096",
+        packets: 4096,
+        bytes: 0,
+    },
+    Weight {
+        name: "bytes_only",
+        packets: 0,
+        bytes: 0x80000,
+    },
 ];
 
 /// Experiment 3: RX latency under a TX flood of 1-byte UDP frames, per weight.
@@ -294,6 +371,13 @@ pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
     let _sink = host::sink()?;
     let _probes = Sender::start(Traffic::Probe(probe_us))?;
     let tiny = tx_msg(frames::UDP_OVERHEAD + 1);
+    let raw = stats::summarize(&host::raw_latency(t.latency_window)?);
+    out.insert("p99_us_raw_idle".into(), json!(raw.p99));
+    rows.push(json!({
+        "config": "raw_idle", "flood": false, "samples": raw.n,
+        "min_us": raw.min, "avg_us": raw.avg, "p50_us": raw.p50, "p99_us": raw.p99, "max_us": raw.max,
+        "tx_frames_per_s": 0.0, "device_cpu_ns_per_tx_frame": 0.0, "tx_weight_hits": 0,
+    }));
     let mut run = |name: &str, packets: u64, bytes: u64, flood: bool| -> Result<()> {
         let cfg = RigConfig {
             net: NetConfig {

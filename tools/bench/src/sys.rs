@@ -145,7 +145,12 @@ pub fn current_thread_cpu_clock() -> libc::clockid_t {
 }
 
 /// Sets an integer socket option.
-pub fn setsockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> io::Result<()> {
+pub fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: the option value is a live int of the size passed.
     cvt(unsafe {
         libc::setsockopt(
@@ -170,7 +175,9 @@ pub fn sendmmsg(sock: &UdpSocket, msgs: &[&[u8]]) -> io::Result<usize> {
         })
         .collect();
     // SAFETY: mmsghdr is plain data; all-zero is a valid empty header.
-    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len())
+        .map(|_| unsafe { std::mem::zeroed() })
+        .collect();
     for (h, iov) in hdrs.iter_mut().zip(iovs.iter_mut()) {
         h.msg_hdr.msg_iov = iov;
         h.msg_hdr.msg_iovlen = 1;
@@ -217,16 +224,20 @@ impl PacketSocket {
         if ifindex == 0 {
             return Err(io::Error::last_os_error());
         }
-        let proto = (libc::ETH_P_ALL as u16).to_be() as libc::c_int;
+        let proto = 0;
         // SAFETY: plain socket(2); the fd is wrapped in an OwnedFd at once.
-        let raw = cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) })?;
+        let raw = cvt(unsafe {
+            libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto)
+        })?;
         // SAFETY: `raw` is a fresh fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         setsockopt_int(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_VNET_HDR, 1)?;
-        // Keep the socket from also receiving: we only send.
         // SAFETY: sockaddr_ll is plain data; all-zero is valid before filling.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
+        // Protocol 0: the socket receives nothing (no copy of every frame
+        // on the TAP); the kernel takes each sent frame's protocol from its
+        // Ethernet header.
         sll.sll_protocol = 0;
         sll.sll_ifindex = ifindex as libc::c_int;
         // SAFETY: `sll` is a live sockaddr_ll of the size passed.

@@ -41,7 +41,11 @@ fn smoke_scenario_produces_contract_shaped_json() {
         "netbench failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(started.elapsed().as_secs() < 60, "smoke run took {:?}", started.elapsed());
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "smoke run took {:?}",
+        started.elapsed()
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
 
     for key in ["rx_ratio_1514", "tx_ratio_1514", "rx_bounce_ratio_1514"] {
