@@ -210,6 +210,14 @@ impl Measured {
             0.0
         }
     }
+    /// Share of the window the measured thread was on a CPU (1.0 = saturated).
+    pub fn busy(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.cpu_ns as f64 / (self.secs * 1e9)
+        } else {
+            0.0
+        }
+    }
     /// CPU ns per frame of the measured thread.
     pub fn cpu_per_frame(&self) -> f64 {
         if self.frames > 0 {

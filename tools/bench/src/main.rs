@@ -45,6 +45,12 @@ pub struct Cli {
     /// repeatable; default: all but smoke.
     #[arg(long)]
     scenario: Vec<String>,
+    /// Frame sizes of the limit scenario (64, 1514, 65536).
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1514, 65536])]
+    limit_sizes: Vec<usize>,
+    /// Directions of the limit scenario (rx, tx).
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("rx"), String::from("tx")])]
+    limit_dirs: Vec<String>,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -132,7 +138,10 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
     out.insert("namespace".into(), json!(ns));
     let started = std::time::Instant::now();
     if smoke {
-        out.insert("limit".into(), scenarios::limit(&t, &[1514])?);
+        out.insert(
+            "limit".into(),
+            scenarios::limit(&t, &[1514], &["rx".into(), "tx".into()])?,
+        );
         out.insert("seed000".into(), scenarios::seed000(&t, &[1526])?);
         out.insert(
             "seed001".into(),
@@ -142,7 +151,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
     for s in wanted.iter().filter(|s| **s != "smoke") {
         eprintln!("netbench: running {s}");
         let v = match *s {
-            "limit" => scenarios::limit(&t, &[64, 1514, 65536])?,
+            "limit" => scenarios::limit(&t, &cli.limit_sizes, &cli.limit_dirs)?,
             "seed000" => scenarios::seed000(&t, &[1500, 1526, 4096])?,
             "seed001" => scenarios::seed001(&t, scenarios::WEIGHTS, 1000)?,
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,

@@ -58,6 +58,7 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
                 .unwrap_or("?")
                 .replace("weight_", "w")
                 .replace("unweighted", "off")
+                .replace("bytes_only", "bytes")
         })
         .collect();
     let get = |k: &str| -> Vec<f64> {
@@ -148,7 +149,7 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
         .iter()
         .flat_map(|s| s.1.iter().map(|p| p.1))
         .fold(1.2, f64::max);
-    let labels = ["64 B", "1514 B", "64 KiB (GSO)"];
+    let labels = ["64 B", "1514 B", "64 KiB GSO"];
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)

@@ -46,8 +46,8 @@ pub fn table(out: &Value) -> String {
         let _ = writeln!(s, "\nLIMIT  (median of rounds; ratio = minivmm / raw)");
         let _ = writeln!(
             s,
-            "{:<4} {:>6} {:<8} {:>12} {:>9} {:>12} {:>7}",
-            "dir", "size", "mode", "frames/s", "Gb/s", "cpu ns/frm", "ratio"
+            "{:<4} {:>6} {:<8} {:>12} {:>9} {:>11} {:>5} {:>7} {:>8}",
+            "dir", "size", "mode", "frames/s", "Gb/s", "cpu ns/frm", "busy", "ratio", "cpu rat."
         );
         for r in rows {
             let med = &r["median"];
@@ -57,21 +57,32 @@ pub fn table(out: &Value) -> String {
                 if r["mode"] == "bounce" { "bounce_" } else { "" },
                 r["size"]
             );
-            let ratio = if r["mode"] == "raw" {
-                String::new()
-            } else {
-                format!("{:.3}", f(&out["limit"][key.as_str()]))
+            let (ratio, cpu_ratio) = match r["mode"].as_str() {
+                Some("raw") => (String::new(), String::new()),
+                Some("minivmm") => (
+                    format!("{:.3}", f(&out["limit"][key.as_str()])),
+                    format!(
+                        "{:.3}",
+                        f(&out["limit"][key.replace("ratio", "cpu_ratio").as_str()])
+                    ),
+                ),
+                _ => (
+                    format!("{:.3}", f(&out["limit"][key.as_str()])),
+                    String::new(),
+                ),
             };
             let _ = writeln!(
                 s,
-                "{:<4} {:>6} {:<8} {:>12.0} {:>9.3} {:>12.0} {:>7}",
+                "{:<4} {:>6} {:<8} {:>12.0} {:>9.3} {:>11.0} {:>5.2} {:>7} {:>8}",
                 r["dir"].as_str().unwrap_or(""),
                 r["size"],
                 r["mode"].as_str().unwrap_or(""),
                 f(&med["frames_per_s"]),
                 f(&med["gbps"]),
                 f(&med["cpu_ns_per_frame"]),
-                ratio
+                f(&med["thread_busy"]),
+                ratio,
+                cpu_ratio
             );
         }
     }

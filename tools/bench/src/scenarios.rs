@@ -120,6 +120,7 @@ fn row(m: &Measured) -> Value {
         "frames_per_s": m.fps(),
         "gbps": m.gbps(),
         "cpu_ns_per_frame": m.cpu_per_frame(),
+        "thread_busy": m.busy(),
         "frames": m.frames,
         "secs": m.secs,
     })
@@ -132,6 +133,7 @@ fn med(v: &[Measured]) -> Value {
         "frames_per_s": f(Measured::fps),
         "gbps": f(Measured::gbps),
         "cpu_ns_per_frame": f(Measured::cpu_per_frame),
+        "thread_busy": f(Measured::busy),
         "rounds": v.iter().map(row).collect::<Vec<_>>(),
     })
 }
@@ -170,11 +172,14 @@ fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measur
 }
 
 /// Experiment 1: device vs raw TAP loop, RX and TX, three frame sizes.
-pub fn limit(t: &Timing, sizes: &[usize]) -> Result<Value> {
+pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
     let mut out = Map::new();
     let mut rows = Vec::new();
     let (udp_before, csum_before) = host::udp_counters();
     for dir in [Dir::Rx, Dir::Tx] {
+        if !dirs.iter().any(|d| d == dir.name()) {
+            continue;
+        }
         for &size in sizes {
             let frame = if size > 1514 { GSO_FRAME } else { size };
             let sender = match dir {
