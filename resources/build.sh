@@ -14,7 +14,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOG_PREFIX=resources/build.sh
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$HERE/common.sh"
 
 kernel_out=$("$HERE/kernel/build.sh") || die "kernel build failed"

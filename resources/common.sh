@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
 #
 # Helpers sourced by the resources/ build scripts (not executable on its own).
 # Progress goes to stderr so that stdout stays free for the scripts' results.

@@ -17,7 +17,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOG_PREFIX=qemu-check
-# shellcheck source=common.sh
+# shellcheck source-path=SCRIPTDIR source=common.sh
 . "$HERE/common.sh"
 
 BOOT_TIMEOUT=${MINIVMM_QEMU_BOOT_TIMEOUT:-300}
@@ -75,9 +75,12 @@ trap 'exit 1' INT TERM
 
 # microvm has virtio-mmio transports and appends their virtio_mmio.device=
 # words to the command line itself; acpi=off keeps every IRQ on the legacy
-# controllers, which the ACPI-less guest kernel can find.
+# controllers, which the ACPI-less guest kernel can find. microvm has no
+# keyboard controller, so add one: `reboot=k` resets through it (as on minivmm)
+# and -no-reboot turns that reset into qemu exiting 0.
+# shellcheck disable=SC2054 # commas belong to qemu option values
 QEMU=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 1
-    -display none -monitor none -no-reboot
+    -display none -monitor none -no-reboot -device i8042
     -kernel "$BZIMAGE" -initrd "$INITRAMFS")
 BASE_CMDLINE="console=ttyS0 reboot=k panic=-1"
 
@@ -85,7 +88,7 @@ BASE_CMDLINE="console=ttyS0 reboot=k panic=-1"
 # fails when the process PID ends first or after BOOT_TIMEOUT seconds.
 wait_for() {
     local log=$1 pattern=$2 pid=$3 waited=0
-    while ! grep -qE "$pattern" "$log"; do
+    while ! grep -qsE "$pattern" "$log"; do
         if ! kill -0 "$pid" 2>/dev/null; then
             log "qemu ended before '$pattern' appeared"
             return 1
@@ -145,7 +148,9 @@ LOG2=$WORK/boot2.log
 CMDLINE="$BASE_CMDLINE minivmm.mode=serve minivmm.ip=$GUEST_IP/$PREFIX"
 CMDLINE="$CMDLINE ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
 start=$(now_ms)
-nsx "${QEMU[@]}" -serial "file:$LOG2" -append "$CMDLINE" \
+# Not through nsx: a backgrounded function is a subshell, and $! must be the
+# process that becomes qemu (ip netns exec execs it) so cleanup can end it.
+ip netns exec "$NS" "${QEMU[@]}" -serial "file:$LOG2" -append "$CMDLINE" \
     -netdev tap,id=net0,ifname=tap0,script=no,downscript=no \
     -device virtio-net-device,netdev=net0,mac=52:54:00:00:00:02 \
     </dev/null >"$WORK/qemu2.out" 2>&1 &

@@ -15,7 +15,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 LOG_PREFIX=initramfs/build.sh
-# shellcheck source=../common.sh
+# shellcheck source-path=SCRIPTDIR/.. source=common.sh
 . "$HERE/../common.sh"
 
 ensure_packages busybox-static cpio gzip gcc binutils

@@ -15,7 +15,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOG_PREFIX=kernel/build.sh
-# shellcheck source=../common.sh
+# shellcheck source-path=SCRIPTDIR/.. source=common.sh
 . "$HERE/../common.sh"
 
 FRAGMENT=$HERE/minivmm-x86_64.config
@@ -25,7 +25,10 @@ TARBALL=/usr/src/$SRC_PKG.tar.xz
 ensure_packages "$SRC_PKG" gcc make bc flex bison libelf-dev libssl-dev xz-utils lz4
 
 SRC_VERSION=$(dpkg-query -W -f='${Version}' "$SRC_PKG")
-KEY=$( { cat "$FRAGMENT" "$HERE/build.sh"; echo "$SRC_PKG $SRC_VERSION"; } | sha256sum | cut -c1-16)
+# Comment lines of this script do not change the build, so they stay out of
+# the key; the fragment counts whole (its "is not set" lines are settings).
+KEY=$( { cat "$FRAGMENT"; grep -v '^[[:space:]]*#' "$HERE/build.sh"; echo "$SRC_PKG $SRC_VERSION"; } |
+    sha256sum | cut -c1-16)
 OUT=$MINIVMM_CACHE/kernel-$KEY
 
 mkdir -p "$MINIVMM_CACHE"
