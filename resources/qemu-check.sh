@@ -10,6 +10,8 @@
 #     network namespace created here (all traffic stays in it, deleted on
 #     exit): wait for MINIVMM-SERVING, ping the guest, then run the mvperf
 #     client tests against the guest's server.
+#  3. Boot with rdinit=/park (the no-system-call init used on hosts where guest
+#     userspace cannot run): the kernel must stay up and answer ping.
 #
 # Usage: qemu-check.sh [BZIMAGE INITRAMFS]   (default: from resources/build.sh)
 # Exit: 0 all passed, 1 a check failed, 77 skipped (not root, no TUN).
@@ -189,4 +191,24 @@ fi
 kill -0 "$QEMU_PID" 2>/dev/null || fail "qemu died during the tests" "$LOG2"
 grep -q 'MINIVMM-ERROR' "$LOG2" && fail "guest reported an error during the tests" "$LOG2"
 [ "$failures" -eq 0 ] || fail "$failures mvperf test(s) failed" "$LOG2"
+kill "$QEMU_PID"
+wait "$QEMU_PID" 2>/dev/null || true
+QEMU_PID=
+log "boot 2 passed"
+
+# --- 3. /park keeps the kernel alive -----------------------------------------
+log "boot 3: rdinit=/park, the kernel alone answers ping"
+LOG3=$WORK/boot3.log
+CMDLINE="$BASE_CMDLINE rdinit=/park ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
+start=$(now_ms)
+ip netns exec "$NS" "${QEMU[@]}" -serial "file:$LOG3" -append "$CMDLINE" \
+    -netdev tap,id=net0,ifname=tap0,script=no,downscript=no \
+    -device virtio-net-device,netdev=net0,mac=52:54:00:00:00:02 \
+    </dev/null >"$WORK/qemu3.out" 2>&1 &
+QEMU_PID=$!
+wait_for "$LOG3" 'Run /park as init process' "$QEMU_PID" || fail "the kernel did not start /park" "$LOG3"
+log "/park started after $(( $(now_ms) - start )) ms"
+nsx ping -c 3 -W 5 "$GUEST_IP" >&2 || fail "ping $GUEST_IP with /park as init failed" "$LOG3"
+kill -0 "$QEMU_PID" 2>/dev/null || fail "the guest ended while parked" "$LOG3"
+log "boot 3 passed"
 log "PASS"
