@@ -94,12 +94,26 @@ fn run(cli: Cli) -> Result<i32> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.push("--child".into());
     args.push(ns.name().to_string());
-    let status = std::process::Command::new("ip")
+    let mut child = std::process::Command::new("ip")
         .args(["netns", "exec", ns.name()])
         .arg(&exe)
         .args(&args)
-        .status()
+        .spawn()
         .context("run the benchmark inside the namespace")?;
+    // `ip netns exec` execs the benchmark, so the child's pid is the
+    // benchmark's. A Ctrl-C reaches it directly from the terminal; a signal
+    // sent only to this parent (kill, timeout) is forwarded once.
+    let mut forwarded = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().context("wait for the benchmark")? {
+            break st;
+        }
+        if sys::interrupted() && !forwarded {
+            sys::terminate(child.id());
+            forwarded = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     drop(ns);
     if sys::interrupted() {
         eprintln!("netbench: interrupted; namespace removed");

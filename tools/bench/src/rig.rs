@@ -393,9 +393,10 @@ impl Rig {
         Ok(w.out)
     }
 
-    /// RX probe latency (µs, host send → visible in the used ring) for `dur`,
-    /// with the driver busy-polling both rings and, if `flood`, keeping the
-    /// TX ring full of the configured frame. Returns the samples and the TX
+    /// RX probe latency (µs, host send → visible in the used ring) for `dur`.
+    /// With `flood` the driver busy-polls both rings and keeps the TX ring
+    /// full of the configured frame (a vCPU transmitting flat out); without,
+    /// it sleeps on the interrupt like an idle guest. Returns the samples and the TX
     /// throughput over the same window.
     pub fn run_latency(&mut self, dur: Duration, flood: bool) -> Result<(Vec<f64>, Measured)> {
         if flood {
@@ -418,7 +419,8 @@ impl Rig {
             if flood {
                 self.reap_tx()?;
             } else {
-                std::hint::spin_loop();
+                // An idle guest halts until the interrupt: so does the driver.
+                self.wait_irq(Duration::from_millis(5));
             }
         }
         self.check_device()?;

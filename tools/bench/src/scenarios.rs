@@ -370,47 +370,63 @@ pub const WEIGHTS: &[Weight] = &[
 ];
 
 /// Experiment 3: RX latency under a TX flood of 1-byte UDP frames, per weight.
+///
+/// Configurations are interleaved over `t.rounds` rounds (raw, idle, each
+/// weight, then again) and each one's samples are pooled, so a burst of
+/// load from elsewhere on the machine lands on all of them alike.
 pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
-    let mut out = Map::new();
-    let mut rows = Vec::new();
     let _sink = host::sink()?;
     let _probes = Sender::start(Traffic::Probe(probe_us))?;
     let tiny = tx_msg(frames::UDP_OVERHEAD + 1);
-    let raw = stats::summarize(&host::raw_latency(t.latency_window)?);
-    out.insert("p99_us_raw_idle".into(), json!(raw.p99));
-    rows.push(json!({
-        "config": "raw_idle", "flood": false, "samples": raw.n,
-        "min_us": raw.min, "avg_us": raw.avg, "p50_us": raw.p50, "p99_us": raw.p99, "max_us": raw.max,
-        "tx_frames_per_s": 0.0, "device_cpu_ns_per_tx_frame": 0.0, "tx_weight_hits": 0,
-    }));
-    let mut run = |name: &str, packets: u64, bytes: u64, flood: bool| -> Result<()> {
-        let cfg = RigConfig {
-            net: NetConfig {
-                tx_weight_packets: packets,
-                tx_weight_bytes: bytes,
-                ..NetConfig::default()
-            },
-            rx_buf_len: 2048,
-            tx_msg: tiny.clone(),
-        };
-        let mut rig = Rig::new(&cfg)?;
-        let (samples, tx) = rig.run_latency(t.latency_window, flood)?;
-        let s = stats::summarize(&samples);
-        let mx = rig.metrics_json();
+    let rounds = t.rounds.max(1);
+    let window = t.latency_window / rounds as u32;
+    // (name, packets, bytes, flood); "raw_idle" is the TAP with no device.
+    let mut configs: Vec<(&str, u64, u64, bool)> =
+        vec![("raw_idle", 0, 0, false), ("idle", 0, 0, false)];
+    configs.extend(weights.iter().map(|w| (w.name, w.packets, w.bytes, true)));
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut tx: Vec<Vec<Measured>> = vec![Vec::new(); configs.len()];
+    let mut hits = vec![0u64; configs.len()];
+    for _ in 0..rounds {
+        for (i, &(name, packets, bytes, flood)) in configs.iter().enumerate() {
+            if name == "raw_idle" {
+                samples[i].extend(host::raw_latency(window)?);
+                continue;
+            }
+            let cfg = RigConfig {
+                net: NetConfig {
+                    tx_weight_packets: packets,
+                    tx_weight_bytes: bytes,
+                    ..NetConfig::default()
+                },
+                rx_buf_len: 2048,
+                tx_msg: tiny.clone(),
+            };
+            let mut rig = Rig::new(&cfg)?;
+            let (s, m) = rig.run_latency(window, flood)?;
+            samples[i].extend(s);
+            tx[i].push(m);
+            hits[i] += rig
+                .metrics()
+                .tx_weight_hits
+                .load(std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let mut out = Map::new();
+    let mut rows = Vec::new();
+    for (i, &(name, packets, bytes, flood)) in configs.iter().enumerate() {
+        let s = stats::summarize(&samples[i]);
+        let m = med(&tx[i]);
         out.insert(format!("p99_us_{name}"), json!(s.p99));
         out.insert(format!("avg_us_{name}"), json!(s.avg));
         rows.push(json!({
             "config": name, "tx_weight_packets": packets, "tx_weight_bytes": bytes,
             "flood": flood, "samples": s.n,
             "min_us": s.min, "avg_us": s.avg, "p50_us": s.p50, "p99_us": s.p99, "max_us": s.max,
-            "tx_frames_per_s": tx.fps(), "device_cpu_ns_per_tx_frame": tx.cpu_per_frame(),
-            "tx_weight_hits": mx.get("tx_weight_hits").cloned().unwrap_or(Value::Null),
+            "tx_frames_per_s": if flood { fps_of(&m) } else { 0.0 },
+            "device_cpu_ns_per_tx_frame": if flood { m["cpu_ns_per_frame"].as_f64().unwrap_or(0.0) } else { 0.0 },
+            "tx_weight_hits": hits[i],
         }));
-        Ok(())
-    };
-    run("idle", 0, 0, false)?;
-    for w in weights {
-        run(w.name, w.packets, w.bytes, true)?;
     }
     out.insert("rows".into(), Value::Array(rows));
     Ok(Value::Object(out))

@@ -300,6 +300,17 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
+/// Sends SIGTERM to process `pid` (our own child).
+pub fn terminate(pid: u32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) with a pid we spawned and have not reaped yet, so
+        // it cannot name an unrelated process.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
 /// Asks the kernel to send SIGTERM to this process when its parent dies, so
 /// the child never outlives the parent that owns the namespace.
 pub fn die_with_parent() {
