@@ -252,6 +252,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
         Traffic::Udp(1514)
     })?;
     let mut runs: Vec<Vec<(Measured, f64)>> = vec![Vec::new(); bufs.len()];
+    let mut last_metrics = vec![Value::Null; bufs.len()];
     for _ in 0..t.rounds {
         for (i, &b) in bufs.iter().enumerate() {
             let cfg = RigConfig {
@@ -271,6 +272,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
                 mx.rx_frames.load(std::sync::atomic::Ordering::Relaxed) as f64,
             );
             runs[i].push((m, dev_bpf));
+            last_metrics[i] = rig.metrics_json();
         }
     }
     let mut rows = Vec::new();
@@ -289,6 +291,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
             "buffers_per_frame_metrics": dev_bpf,
             "posted_bytes_per_frame": bpf * f64::from(b),
             "median": med(&ms),
+            "device_metrics_last_round": last_metrics[i],
         }));
     }
     out.insert(
