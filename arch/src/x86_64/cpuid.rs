@@ -9,6 +9,12 @@
 //! ([`crate::x86_64::mptable`], where APIC id = vCPU index). Every other leaf is left exactly as
 //! KVM reported it.
 //!
+//! Both vendors' topology paths are covered: Intel-style leaves 1, 4, 0xb and 0x1f, and on AMD
+//! hosts 0x8000_0008 (core count), 0x8000_001d (cache sharing) and 0x8000_001e (core id). On
+//! AMD, KVM reports leaf 0xb as a single all-zero subleaf; it is kept invalid so Linux takes
+//! the AMD path (see `update_topology_leaf`). This was checked by booting Linux 6.1 with two
+//! vCPUs on an AMD EPYC host: one package, two cores.
+//!
 //! Leaf 1 ECX bit 24 (TSC-deadline timer) is left as KVM reports it. Hosts before Linux 6.14
 //! never report it (it depends on the in-kernel LAPIC; a VMM may set it after checking
 //! `KVM_CAP_TSC_DEADLINE_TIMER`); newer hosts report it unconditionally (KVM commit
@@ -73,9 +79,19 @@ fn update_leaf4(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
 
 /// Leaves 0xb and 0x1f (extended topology): SMT level of one thread, core level of
 /// `nr_vcpus` cores, x2APIC id = vCPU index in every subleaf.
-fn update_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8) {
+///
+/// `complete` says whether KVM reported both subleaf 0 and subleaf 1 with a valid level.
+/// If not (an AMD host reports leaf 0xb as one all-zero subleaf), the leaf stays "not
+/// implemented" (EBX = 0): making only subleaf 0 valid would tell Linux that each vCPU is its
+/// own package, because the missing core level reads as zeros.
+fn update_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8, complete: bool) {
     let index = entry.index;
     match index {
+        _ if !complete => {
+            entry.eax = 0;
+            entry.ebx = 0;
+            entry.ecx = index & 0xff;
+        }
         0 => {
             entry.eax = 0;
             entry.ebx = 1;
@@ -102,6 +118,20 @@ fn update_amd_size_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
     entry.ecx = (entry.ecx & !0xf0ff) | u32::from(nr_vcpus - 1);
 }
 
+/// Leaf 0x8000_001d on AMD (cache topology): L1/L2 private to a core, L3 shared by all.
+fn update_amd_cache_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
+    if entry.eax & 0x1f == 0 {
+        return;
+    }
+    let level = (entry.eax >> 5) & 0x7;
+    let sharing_minus_one = if level >= 3 {
+        u32::from(nr_vcpus - 1)
+    } else {
+        0
+    };
+    entry.eax = (entry.eax & !(0xfff << 14)) | (sharing_minus_one << 14);
+}
+
 /// Leaf 0x8000_001e on AMD (extended APIC id, compute unit id, node id).
 fn update_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8) {
     entry.eax = u32::from(vcpu_id);
@@ -117,17 +147,26 @@ fn update_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8) {
 /// none are added.
 pub fn filter_cpuid(cpuid: &mut CpuId, vcpu_id: u8, nr_vcpus: u8) {
     let nr_vcpus = nr_vcpus.max(1);
-    let is_amd = cpuid
-        .as_slice()
+    let entries = cpuid.as_slice();
+    let is_amd = entries
         .iter()
         .any(|e| e.function == 0 && e.ebx == AMD_VENDOR_EBX);
+    let has_level = |function: u32, index: u32| {
+        entries
+            .iter()
+            .any(|e| e.function == function && e.index == index && e.ebx != 0)
+    };
+    let complete_0xb = has_level(0xb, 0) && has_level(0xb, 1);
+    let complete_0x1f = has_level(0x1f, 0) && has_level(0x1f, 1);
 
     for entry in cpuid.as_mut_slice() {
         match entry.function {
             0x1 => update_leaf1(entry, vcpu_id, nr_vcpus),
             0x4 => update_leaf4(entry, nr_vcpus),
-            0xb | 0x1f => update_topology_leaf(entry, vcpu_id, nr_vcpus),
+            0xb => update_topology_leaf(entry, vcpu_id, nr_vcpus, complete_0xb),
+            0x1f => update_topology_leaf(entry, vcpu_id, nr_vcpus, complete_0x1f),
             0x8000_0008 if is_amd => update_amd_size_leaf(entry, nr_vcpus),
+            0x8000_001d if is_amd => update_amd_cache_leaf(entry, nr_vcpus),
             0x8000_001e if is_amd => update_amd_topology_leaf(entry, vcpu_id),
             _ => {}
         }
@@ -255,7 +294,12 @@ mod tests {
         let mut cpuid = CpuId::from_entries(&[
             // "AuthenticAMD"
             leaf(0x0, 0, 0x10, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
+            leaf(0x1, 0, 0x00a00f11, 0x0102_0800, 0x8120_2000, 0x078b_fbff),
+            // What KVM reports on an AMD EPYC host: one all-zero subleaf.
+            leaf(0xb, 0, 0, 0, 0, 1),
             leaf(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
+            leaf(0x8000_001d, 1, 0x0000_0122, 0x01c0_003f, 0x3f, 0),
+            leaf(0x8000_001d, 3, 0x0000_4163, 0x03c0_003f, 0x7fff, 1),
             leaf(0x8000_001e, 0, 9, 0x104, 0x300, 0),
         ])
         .unwrap();
@@ -263,6 +307,35 @@ mod tests {
         assert_eq!(get(&cpuid, 0x8000_0008, 0).ecx, 3);
         let t = get(&cpuid, 0x8000_001e, 0);
         assert_eq!((t.eax, t.ebx, t.ecx), (1, 1, 0));
+        // Leaf 0xb stays "not implemented" so Linux uses the AMD leaves above.
+        let b = get(&cpuid, 0xb, 0);
+        assert_eq!((b.eax, b.ebx, b.ecx), (0, 0, 0));
+        // L2 private, L3 shared by all four vCPUs; the other EAX bits are kept.
+        let l2 = get(&cpuid, 0x8000_001d, 1);
+        assert_eq!(l2.eax, 0x0000_0122);
+        let l3 = get(&cpuid, 0x8000_001d, 3);
+        assert_eq!((l3.eax >> 14) & 0xfff, 3);
+        assert_eq!(l3.eax & 0x3fff, 0x0163);
+        // Leaf 1 is vendor-neutral.
+        assert_eq!(get(&cpuid, 1, 0).ebx >> 24, 1);
+    }
+
+    #[test]
+    fn incomplete_topology_leaf_is_invalidated() {
+        // Subleaf 0 valid but no core level: must not be half-rewritten.
+        let mut cpuid = CpuId::from_entries(&[
+            leaf(0x0, 0, 0x1f, 0x756e_6547, 0x6c65_746e, 0x4965_6e69),
+            leaf(0xb, 0, 1, 2, 0x100, 7),
+            leaf(0x1f, 0, 1, 2, 0x100, 7),
+            leaf(0x1f, 1, 4, 16, 0x201, 7),
+        ])
+        .unwrap();
+        filter_cpuid(&mut cpuid, 3, 4);
+        let b = get(&cpuid, 0xb, 0);
+        assert_eq!((b.ebx, b.ecx), (0, 0));
+        // 0x1f is complete and rewritten independently.
+        let c = get(&cpuid, 0x1f, 1);
+        assert_eq!((c.eax, c.ebx, c.ecx, c.edx), (2, 4, 0x201, 3));
     }
 
     #[test]
