@@ -293,7 +293,8 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
         },
     )
     .map_err(BuildError::BootParams)?;
-    setup_mptable(&mem, cfg.vcpus, devices.max_irq()).map_err(BuildError::Mptable)?;
+    setup_mptable(&mem, cfg.vcpus, arch::x86_64::layout::IRQ_MAX as u8)
+        .map_err(BuildError::Mptable)?;
 
     // 6. vCPUs.
     let base_cpuid = kvm

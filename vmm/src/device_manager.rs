@@ -31,8 +31,6 @@ pub type Events = EventManager<Subscriber>;
 const SERIAL_PORT: u16 = 0x3f8;
 const SERIAL_PORT_LEN: u16 = 8;
 const SERIAL_IRQ: u32 = 4;
-/// The IOAPIC has 24 pins; virtio devices take IRQ_BASE upwards.
-const VIRTIO_IRQ_MAX: u32 = 23;
 /// The i8042 data and command/status ports.
 const I8042_DATA_PORT: u16 = 0x60;
 const I8042_CMD_PORT: u16 = 0x64;
@@ -191,7 +189,7 @@ impl DeviceManager {
     ) -> Result<(), DeviceError> {
         let index = self.mmio.len() as u64;
         let irq = layout::IRQ_BASE + index as u32;
-        if irq > VIRTIO_IRQ_MAX {
+        if irq > layout::IRQ_MAX {
             return Err(DeviceError::NoIrq);
         }
         let base = layout::VIRTIO_MMIO_BASE + index * MMIO_WINDOW_SIZE;
@@ -225,11 +223,6 @@ impl DeviceManager {
     /// Kernel command-line words announcing the virtio-MMIO devices.
     pub fn cmdline_words(&self) -> &[String] {
         &self.cmdline_words
-    }
-
-    /// The highest IRQ in use, for the MP table's interrupt entries.
-    pub fn max_irq(&self) -> u8 {
-        (layout::IRQ_BASE + self.mmio.len() as u32) as u8
     }
 
     /// Metrics of every network device, in attach order (`net0`, `net1`...).
