@@ -81,6 +81,10 @@ pub struct RigConfig {
     pub rx_buf_len: u32,
     /// The TX frame (vnet header + frame) every TX descriptor points at.
     pub tx_msg: Vec<u8>,
+    /// Post the RX buffers. TX-only runs leave RX empty, as the raw TX loop
+    /// never reads the TAP: the host's replies to TSO frames (a RST per
+    /// frame, the fake guest has no TCP peer) must not cost only one side.
+    pub post_rx: bool,
 }
 
 /// One queue as the lean driver sees it.
@@ -237,7 +241,9 @@ impl Rig {
         for id in 0..qsize {
             rx.write_desc(&mem, id, cfg.rx_buf_len, VIRTQ_DESC_F_WRITE)?;
             tx.write_desc(&mem, id, cfg.tx_msg.len() as u32, 0)?;
-            rx.post(&mem, id)?;
+            if cfg.post_rx {
+                rx.post(&mem, id)?;
+            }
         }
         drv.driver_ok().context("DRIVER_OK")?;
 

@@ -161,6 +161,7 @@ fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measur
                 },
                 rx_buf_len: rx_buf,
                 tx_msg: tx_msg(size),
+                post_rx: dir == Dir::Rx,
             };
             let mut rig = Rig::new(&cfg)?;
             match dir {
@@ -263,6 +264,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
                 },
                 rx_buf_len: b,
                 tx_msg: tx_msg(64),
+                post_rx: true,
             };
             let mut rig = Rig::new(&cfg)?;
             let m = rig.run_rx(t.warmup, t.window)?;
@@ -404,6 +406,7 @@ pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
                 },
                 rx_buf_len: 2048,
                 tx_msg: tiny.clone(),
+                post_rx: true,
             };
             let mut rig = Rig::new(&cfg)?;
             let (s, m) = rig.run_latency(window, flood)?;
