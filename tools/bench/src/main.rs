@@ -51,6 +51,10 @@ pub struct Cli {
     /// Directions of the limit scenario (rx, tx).
     #[arg(long, value_delimiter = ',', default_values_t = [String::from("rx"), String::from("tx")])]
     limit_dirs: Vec<String>,
+    /// Redraw the charts of an earlier `--json` file into `--plot DIR` and
+    /// exit; runs nothing, needs no root.
+    #[arg(long, requires = "plot")]
+    replot: Option<PathBuf>,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -75,6 +79,13 @@ fn run(cli: Cli) -> Result<i32> {
         if !ALL.contains(&s.as_str()) && s != "smoke" {
             bail!("unknown scenario {s:?}; known: {}, smoke", ALL.join(", "));
         }
+    }
+    if let (Some(json), Some(dir)) = (&cli.replot, &cli.plot) {
+        let text =
+            std::fs::read_to_string(json).with_context(|| format!("read {}", json.display()))?;
+        let out: serde_json::Value = serde_json::from_str(&text).context("parse the JSON")?;
+        plot::charts(&out, dir)?;
+        return Ok(0);
     }
     if let Some(ns) = cli.child.clone() {
         sys::die_with_parent();
