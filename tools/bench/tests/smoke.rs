@@ -64,8 +64,12 @@ fn smoke_scenario_produces_contract_shaped_json() {
     for r in &rows {
         assert!(r["samples"].as_u64().unwrap_or(0) > 10, "{r}");
     }
-    // The flood really ran and the weight really ended TX passes.
-    assert!(rows[2]["tx_frames_per_s"].as_f64().unwrap_or(0.0) > 0.0, "{}", rows[2]);
+    // The TX flood really ran beside the probes.
+    assert!(
+        rows[2]["tx_frames_per_s"].as_f64().unwrap_or(0.0) > 0.0,
+        "{}",
+        rows[2]
+    );
     assert!(v["seed001"]["p99_us_idle"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(v["seed001"]["p99_us_weight_256"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(stdout.contains("LIMIT"), "{stdout}");
