@@ -54,7 +54,15 @@ fi
 
 # The host side runs the same static binary the initramfs carries.
 MVPERF=${MVPERF:-$MINIVMM_CACHE/target/x86_64-unknown-linux-gnu/release/mvperf}
-if ! zcat "$INITRAMFS" | cpio -it --quiet 2>/dev/null | grep -qx 'bin/mvperf'; then
+# list_initramfs FILE: the archive's member names, gzip'ed or not.
+list_initramfs() {
+    if [ "$(head -c 2 "$1" | od -An -tx1 | tr -d ' ')" = 1f8b ]; then
+        zcat "$1" | cpio -it --quiet
+    else
+        cpio -it --quiet <"$1"
+    fi
+}
+if ! list_initramfs "$INITRAMFS" 2>/dev/null | grep -qx 'bin/mvperf'; then
     log "WARNING: the initramfs has no bin/mvperf; only ping is checked"
     MVPERF=
 elif [ ! -x "$MVPERF" ]; then

@@ -5,6 +5,9 @@
 # busybox (and the applet links init uses), /init, /park, /dev/console and,
 # when the netperf crate builds, the static /bin/mvperf.
 #
+# Also writes minivmm-park.cpio next to it: only /init = /park, for booting a
+# kernel that must stay up without userspace (rdinit=/park works with both).
+#
 # Always rebuilt (seconds); the cargo build of mvperf is incremental in
 # $MINIVMM_CACHE/target. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
 # build an error instead of a warning.
@@ -93,5 +96,20 @@ OUT=$OUTDIR/minivmm-initramfs.cpio
 mv "$WORK/initramfs.cpio" "$OUT"
 rm -f "$OUTDIR/minivmm-initramfs.cpio.gz"
 log "initramfs $(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}"
+
+# A second, minimal image for hosts where guest userspace cannot run
+# (shared/HOST-KVM.md): /init and /park are both the park loop, 10 KiB, so
+# the emulated kernel spends no time unpacking it.
+PARK_ROOT=$WORK/park-root
+mkdir -p "$PARK_ROOT/dev"
+install -m 0755 "$WORK/park" "$PARK_ROOT/park"
+install -m 0755 "$WORK/park" "$PARK_ROOT/init"
+mknod -m 0600 "$PARK_ROOT/dev/console" c 5 1 2>/dev/null || true
+find "$PARK_ROOT" -exec touch -h -d @0 {} +
+PARK_OUT=$OUTDIR/minivmm-park.cpio
+(cd "$PARK_ROOT" && find . -mindepth 1 | LC_ALL=C sort |
+    cpio --quiet -o -H newc -R 0:0 --reproducible) >"$WORK/park.cpio"
+mv "$WORK/park.cpio" "$PARK_OUT"
+log "park-only initramfs $PARK_OUT ($(stat -c %s "$PARK_OUT") bytes)"
 
 echo "$OUT"
