@@ -51,6 +51,10 @@ pub struct Cli {
     /// Directions of the limit scenario (rx, tx).
     #[arg(long, value_delimiter = ',', default_values_t = [String::from("rx"), String::from("tx")])]
     limit_dirs: Vec<String>,
+    /// seed001 TX packet weights to sweep instead of the seed's table
+    /// (0 = unweighted), e.g. `--weights 0,16,32,64,256`.
+    #[arg(long, value_delimiter = ',')]
+    weights: Vec<u64>,
     /// Redraw the charts of an earlier `--json` file into `--plot DIR` and
     /// exit; runs nothing, needs no root.
     #[arg(long, requires = "plot")]
@@ -178,6 +182,23 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
         let v = match *s {
             "limit" => scenarios::limit(&t, &cli.limit_sizes, &cli.limit_dirs)?,
             "seed000" => scenarios::seed000(&t, &[1500, 1526, 4096])?,
+            "seed001" if !cli.weights.is_empty() => {
+                let custom: Vec<scenarios::Weight> = cli
+                    .weights
+                    .iter()
+                    .map(|&p| scenarios::Weight {
+                        name: if p == 0 {
+                            "unweighted"
+                        } else {
+                            // Leaked once per run: names live as long as the report.
+                            Box::leak(format!("weight_{p}").into_boxed_str())
+                        },
+                        packets: p,
+                        bytes: 0,
+                    })
+                    .collect();
+                scenarios::seed001(&t, &custom, 1000)?
+            }
             "seed001" => scenarios::seed001(&t, scenarios::WEIGHTS, 1000)?,
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,
             _ => continue,
