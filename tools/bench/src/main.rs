@@ -10,6 +10,9 @@
 //! it, re-executes itself inside (`ip netns exec NS /proc/self/exe --child`)
 //! and deletes the namespace when the child ends, also on error or Ctrl-C.
 //! No packet leaves that namespace.
+//!
+//! All unsafe code (system calls std does not wrap) is confined to `sys`.
+#![deny(unsafe_code)]
 
 mod frames;
 mod host;
@@ -21,6 +24,7 @@ mod rig;
 #[cfg(feature = "device")]
 mod scenarios;
 mod stats;
+#[allow(unsafe_code)]
 mod sys;
 
 use std::path::PathBuf;

@@ -211,7 +211,6 @@ pub fn sendmmsg(sock: &UdpSocket, msgs: &[&[u8]]) -> io::Result<usize> {
 #[derive(Debug)]
 pub struct PacketSocket {
     fd: OwnedFd,
-    ifindex: libc::c_int,
 }
 
 impl PacketSocket {
@@ -248,15 +247,11 @@ impl PacketSocket {
                 std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
             )
         })?;
-        Ok(PacketSocket {
-            fd,
-            ifindex: ifindex as libc::c_int,
-        })
+        Ok(PacketSocket { fd })
     }
 
     /// Sends one frame (vnet header first). Returns false on ENOBUFS/EAGAIN.
     pub fn send(&self, frame: &[u8]) -> io::Result<bool> {
-        let _ = self.ifindex;
         // SAFETY: `frame` is a live slice the kernel only reads.
         let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
         if n < 0 {
