@@ -19,9 +19,7 @@ mod host;
 mod netns;
 mod plot;
 mod report;
-#[cfg(feature = "device")]
 mod rig;
-#[cfg(feature = "device")]
 mod scenarios;
 mod stats;
 #[allow(unsafe_code)]
@@ -141,12 +139,6 @@ fn run(cli: Cli) -> Result<i32> {
     Ok(status.code().unwrap_or(1))
 }
 
-#[cfg(not(feature = "device"))]
-fn child(_cli: Cli, _ns: &str) -> Result<()> {
-    bail!("built without the `device` feature: only the raw TAP half is available")
-}
-
-#[cfg(feature = "device")]
 fn child(cli: Cli, ns: &str) -> Result<()> {
     use scenarios::Timing;
     use serde_json::{json, Map, Value};
