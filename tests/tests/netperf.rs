@@ -131,23 +131,18 @@ fn guest_network_end_to_end() {
     .collect();
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
 
+    // The kernel prints "IP-Config: Complete:" and, a line later, the device
+    // with its MAC and address: wait for that whole report.
+    let configured = vm.wait_for(&format!("ipaddr={GUEST_IP},"), BOOT_TIMEOUT);
     assert!(
-        vm.wait_for("IP-Config: Complete", BOOT_TIMEOUT),
-        "no IP-Config\n{}",
+        configured,
+        "the guest did not configure eth0\n{}",
         vm.report()
     );
     eprintln!("guest configured eth0 after {:.1} s", vm.uptime());
     let console = vm.console();
-    assert!(
-        console.contains("device=eth0"),
-        "eth0 not probed\n{}",
-        vm.report()
-    );
-    assert!(
-        console.contains("06:00:ac:10:00:02"),
-        "eth0 lacks our MAC\n{}",
-        vm.report()
-    );
+    let probed = console.contains("device=eth0, hwaddr=06:00:ac:10:00:02");
+    assert!(probed, "eth0 is not our virtio-net card\n{}", vm.report());
 
     for size in [56, 1472, 8000] {
         let out = ping(&ns, size);
