@@ -317,6 +317,7 @@ impl MmioTransport {
 
     /// Handles a guest read of `data.len()` bytes at `offset` in the window.
     pub fn read(&mut self, offset: u64, data: &mut [u8]) {
+        self.take_device_error();
         if offset >= CONFIG_SPACE_OFFSET {
             // Config space accepts any width; the device bounds-checks.
             data.fill(0);
@@ -366,6 +367,7 @@ impl MmioTransport {
 
     /// Handles a guest write of `data` at `offset` in the window.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.take_device_error();
         if offset >= CONFIG_SPACE_OFFSET {
             lock(&self.device).write_config(offset - CONFIG_SPACE_OFFSET, data);
             return;
@@ -593,6 +595,14 @@ impl MmioTransport {
         }
     }
 
+    /// Folds an error the device reported from its own thread into the
+    /// status register; the device already raised the config interrupt.
+    fn take_device_error(&mut self) {
+        if self.interrupt.needs_reset.swap(false, Ordering::SeqCst) && self.status != 0 {
+            self.status |= status::DEVICE_NEEDS_RESET;
+        }
+    }
+
     /// Driver wrote 0 to Status: back to the power-on state (virtio 1.1 §2.1.1).
     fn reset(&mut self) {
         // The device is reset even if it never activated: a failed
@@ -608,6 +618,7 @@ impl MmioTransport {
             *q = QueueConfig::new(q.max_size);
         }
         self.interrupt.status.store(0, Ordering::SeqCst);
+        self.interrupt.needs_reset.store(false, Ordering::SeqCst);
     }
 }
 
@@ -1026,6 +1037,27 @@ mod tests {
         f.write(REG_QUEUE_NUM, 4);
         f.write(REG_QUEUE_READY, 1);
         assert_eq!(f.read(REG_QUEUE_READY), 0);
+    }
+
+    #[test]
+    fn a_device_error_sets_needs_reset_until_the_driver_resets() {
+        let mut f = fixture();
+        f.drv.init(VERSION_1).unwrap();
+        let irq = f.dev.lock().unwrap().interrupt.clone().unwrap();
+        irq.signal_device_error();
+        let s = f.read(REG_STATUS);
+        assert_eq!(
+            s,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK | DEVICE_NEEDS_RESET
+        );
+        // The driver learns of it through a configuration-change interrupt.
+        assert_ne!(f.read(REG_INTERRUPT_STATUS) & VIRTIO_MMIO_INT_CONFIG, 0);
+        // Only a reset clears it, and a fresh initialisation works again.
+        f.write(REG_STATUS, 0);
+        assert_eq!(f.read(REG_STATUS), 0);
+        f.drv.init(VERSION_1).unwrap();
+        assert_eq!(f.read(REG_STATUS) & DEVICE_NEEDS_RESET, 0);
+        assert_eq!(f.activations(), 2);
     }
 
     #[test]

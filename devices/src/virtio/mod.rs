@@ -7,7 +7,7 @@
 //! [`VirtioDevice`] and only sees fully configured queues, handed over once in
 //! [`VirtioDevice::activate`] when the driver sets DRIVER_OK.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::Queue;
@@ -49,6 +49,10 @@ pub trait Interrupt: Send + Sync {
     fn signal_used_queue(&self);
     /// Tells the guest that the device configuration space changed.
     fn signal_config_change(&self);
+    /// The device found a queue it cannot use (a corrupt ring): the
+    /// transport sets DEVICE_NEEDS_RESET and notifies the driver with a
+    /// configuration-change interrupt (virtio 1.1 §2.1.2).
+    fn signal_device_error(&self);
 }
 
 /// The MMIO transport's interrupt: sets a bit in the InterruptStatus register
@@ -59,6 +63,9 @@ pub struct IrqTrigger {
     pub status: Arc<AtomicU32>,
     /// Signalled for each interrupt; an irqfd under KVM.
     pub evt: EventFd,
+    /// Set by the device on an unrecoverable error; the transport folds it
+    /// into DEVICE_NEEDS_RESET and clears it on reset.
+    pub needs_reset: AtomicBool,
 }
 
 impl IrqTrigger {
@@ -67,6 +74,7 @@ impl IrqTrigger {
         Ok(IrqTrigger {
             status: Arc::new(AtomicU32::new(0)),
             evt: EventFd::new(libc::EFD_NONBLOCK)?,
+            needs_reset: AtomicBool::new(false),
         })
     }
 
@@ -86,6 +94,11 @@ impl Interrupt for IrqTrigger {
     }
 
     fn signal_config_change(&self) {
+        self.raise(VIRTIO_MMIO_INT_CONFIG);
+    }
+
+    fn signal_device_error(&self) {
+        self.needs_reset.store(true, Ordering::SeqCst);
         self.raise(VIRTIO_MMIO_INT_CONFIG);
     }
 }

@@ -97,6 +97,8 @@ pub(crate) struct Active {
     pub(crate) started: bool,
     /// An RX pass hit its weight: reading waits for the RX re-queue event.
     pub(crate) rx_deferred: bool,
+    /// The transport was told that a queue broke (once per activation).
+    pub(crate) error_signalled: bool,
 }
 
 /// A virtio-net device over a [`NetBackend`] (a TAP by default).
@@ -323,6 +325,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
             interrupt,
             started: false,
             rx_deferred: false,
+            error_signalled: false,
         });
         self.metrics
             .features_negotiated

@@ -29,7 +29,7 @@ use std::io;
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::device::Net;
+use super::device::{Active, Net};
 use super::metrics::NetMetrics;
 use super::rxtx::{RxStatus, TxStatus};
 use super::tap::NetBackend;
@@ -93,7 +93,8 @@ impl<B: NetBackend> Net<B> {
                 Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
             }
             RxStatus::HungUp => self.backend_hung_up(),
-            RxStatus::Drained | RxStatus::Starved | RxStatus::Broken => {}
+            RxStatus::Broken => Self::device_error(a),
+            RxStatus::Drained | RxStatus::Starved => {}
         }
     }
 
@@ -108,9 +109,19 @@ impl<B: NetBackend> Net<B> {
         if a.tx.is_blocked() && !retry {
             return;
         }
-        let status = a.tx.process(&self.mem, fd, &self.metrics, &*a.interrupt);
-        if status == TxStatus::WeightHit {
-            Self::signal(&self.tx_requeue_evt, &self.metrics, "TX re-queue");
+        match a.tx.process(&self.mem, fd, &self.metrics, &*a.interrupt) {
+            TxStatus::WeightHit => Self::signal(&self.tx_requeue_evt, &self.metrics, "TX re-queue"),
+            TxStatus::Broken => Self::device_error(a),
+            TxStatus::Done | TxStatus::Blocked => {}
+        }
+    }
+
+    /// A queue became unusable: tell the driver once that the device needs a
+    /// reset, instead of leaving it waiting on a ring that will never move.
+    fn device_error(a: &mut Active) {
+        if !a.error_signalled {
+            a.error_signalled = true;
+            a.interrupt.signal_device_error();
         }
     }
 

@@ -922,6 +922,12 @@ mod tests {
             .unwrap();
         h.kick_tx();
         check_metric_after_block!(h.metrics.queue_errors, 1, h.run_until_idle());
+        // The driver is told once that the device needs a reset, even when
+        // it keeps kicking the broken queue.
+        assert_eq!(h.irq.device_errors.load(Ordering::SeqCst), 1);
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.irq.device_errors.load(Ordering::SeqCst), 1);
         // RX still works.
         h.post_rx(&[1526]);
         h.kick_rx();

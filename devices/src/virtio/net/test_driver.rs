@@ -170,11 +170,12 @@ impl TestQueue {
     }
 }
 
-/// Counts used-buffer interrupts.
+/// Counts used-buffer interrupts and device-error reports.
 #[derive(Default)]
 pub struct TestIrq {
     pub used: AtomicU64,
     pub config: AtomicU64,
+    pub device_errors: AtomicU64,
 }
 
 impl TestIrq {
@@ -189,6 +190,9 @@ impl Interrupt for TestIrq {
     }
     fn signal_config_change(&self) {
         self.config.fetch_add(1, Ordering::SeqCst);
+    }
+    fn signal_device_error(&self) {
+        self.device_errors.fetch_add(1, Ordering::SeqCst);
     }
 }
 
