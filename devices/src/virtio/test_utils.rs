@@ -34,7 +34,13 @@ use vm_memory::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use super::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
+use super::mmio::{
+    MmioTransport, QUEUE_NOTIFY_OFFSET, REG_DEVICE_FEATURES, REG_DEVICE_FEATURES_SEL,
+    REG_DRIVER_FEATURES, REG_DRIVER_FEATURES_SEL, REG_INTERRUPT_ACK, REG_INTERRUPT_STATUS,
+    REG_QUEUE_DESC_HIGH, REG_QUEUE_DESC_LOW, REG_QUEUE_DEVICE_HIGH, REG_QUEUE_DEVICE_LOW,
+    REG_QUEUE_DRIVER_HIGH, REG_QUEUE_DRIVER_LOW, REG_QUEUE_NUM, REG_QUEUE_NUM_MAX, REG_QUEUE_READY,
+    REG_QUEUE_SEL, REG_STATUS,
+};
 use super::{status, ActivateError, GuestMemory, Interrupt, VirtioDevice};
 
 /// Descriptor flag: the chain continues in `next` (virtio 1.1 §2.6.5).
@@ -45,25 +51,6 @@ pub const VIRTQ_DESC_F_WRITE: u16 = 2;
 pub const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// Used ring flag: the device wants no notifications (virtio 1.1 §2.6.8).
 pub const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
-
-// MMIO register offsets the driver uses (virtio 1.1 §4.2.2).
-const REG_DEVICE_FEATURES: u64 = 0x10;
-const REG_DEVICE_FEATURES_SEL: u64 = 0x14;
-const REG_DRIVER_FEATURES: u64 = 0x20;
-const REG_DRIVER_FEATURES_SEL: u64 = 0x24;
-const REG_QUEUE_SEL: u64 = 0x30;
-const REG_QUEUE_NUM_MAX: u64 = 0x34;
-const REG_QUEUE_NUM: u64 = 0x38;
-const REG_QUEUE_READY: u64 = 0x44;
-const REG_INTERRUPT_STATUS: u64 = 0x60;
-const REG_INTERRUPT_ACK: u64 = 0x64;
-const REG_STATUS: u64 = 0x70;
-const REG_QUEUE_DESC_LOW: u64 = 0x80;
-const REG_QUEUE_DESC_HIGH: u64 = 0x84;
-const REG_QUEUE_DRIVER_LOW: u64 = 0x90;
-const REG_QUEUE_DRIVER_HIGH: u64 = 0x94;
-const REG_QUEUE_DEVICE_LOW: u64 = 0xa0;
-const REG_QUEUE_DEVICE_HIGH: u64 = 0xa4;
 
 /// The transport has no more than this many queues worth probing.
 const MAX_PROBED_QUEUES: u32 = 64;
