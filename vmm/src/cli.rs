@@ -89,17 +89,20 @@ impl Cli {
         let net = match self.tap {
             Some(tap) => Some(NetConfig {
                 tap,
-                mac: match self.mac {
-                    Some(m) => m.parse()?,
-                    None => MacAddr::DEFAULT,
+                device: devices::virtio::net::NetConfig {
+                    mac: match self.mac {
+                        Some(m) => m.parse::<MacAddr>()?.0,
+                        None => MacAddr::DEFAULT.0,
+                    },
+                    queue_size: validate_queue_size(self.queue_size)?,
+                    tx_weight_bytes: self.tx_weight_bytes,
+                    tx_weight_packets: self.tx_weight_packets,
+                    rx_weight_bytes: self.rx_weight_bytes,
+                    rx_weight_packets: self.rx_weight_packets,
+                    offloads: !self.no_offloads,
+                    mrg_rxbuf: !self.no_mrg_rxbuf,
+                    bounce_buffer: false,
                 },
-                queue_size: validate_queue_size(self.queue_size)?,
-                tx_weight_bytes: self.tx_weight_bytes,
-                tx_weight_packets: self.tx_weight_packets,
-                rx_weight_bytes: self.rx_weight_bytes,
-                rx_weight_packets: self.rx_weight_packets,
-                offloads: !self.no_offloads,
-                mrg_rxbuf: !self.no_mrg_rxbuf,
             }),
             None => None,
         };
@@ -142,7 +145,8 @@ mod tests {
         let cfg = parse(&["--kernel", "bzImage", "--tap", "tap0"]).unwrap();
         let net = cfg.net.unwrap();
         assert_eq!(net.tap, "tap0");
-        assert_eq!(net.mac, MacAddr::DEFAULT);
+        let net = net.device;
+        assert_eq!(net.mac, MacAddr::DEFAULT.0);
         assert_eq!(net.queue_size, 256);
         assert_eq!(net.tx_weight_bytes, 0x80000);
         assert_eq!(net.tx_weight_packets, 256);
@@ -191,8 +195,8 @@ mod tests {
         assert_eq!((cfg.mem_mib, cfg.vcpus), (512, 2));
         assert_eq!(cfg.metrics, Some(PathBuf::from("m.json")));
         assert_eq!(cfg.host_quirks, HostQuirks::Off);
-        let net = cfg.net.unwrap();
-        assert_eq!(net.mac, MacAddr([2, 0, 0, 0, 0, 9]));
+        let net = cfg.net.unwrap().device;
+        assert_eq!(net.mac, [2, 0, 0, 0, 0, 9]);
         assert_eq!(net.queue_size, 1024);
         assert_eq!((net.tx_weight_bytes, net.tx_weight_packets), (0, 64));
         assert_eq!((net.rx_weight_bytes, net.rx_weight_packets), (4096, 0));

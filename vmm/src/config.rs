@@ -120,27 +120,14 @@ impl FromStr for HostQuirks {
     }
 }
 
-/// The guest's network card.
+/// The guest's network card: the host TAP and the device's own settings
+/// (MAC, queue size, weights, offered features).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConfig {
     /// Host TAP interface name.
     pub tap: String,
-    /// Guest MAC address.
-    pub mac: MacAddr,
-    /// Maximum queue size offered to the guest.
-    pub queue_size: u16,
-    /// TX pass byte weight (0 disables).
-    pub tx_weight_bytes: u64,
-    /// TX pass packet weight (0 disables).
-    pub tx_weight_packets: u64,
-    /// RX pass byte weight (0 disables).
-    pub rx_weight_bytes: u64,
-    /// RX pass packet weight (0 disables).
-    pub rx_weight_packets: u64,
-    /// Offer checksum and segmentation offloads.
-    pub offloads: bool,
-    /// Offer mergeable RX buffers.
-    pub mrg_rxbuf: bool,
+    /// What the virtio-net device is built with.
+    pub device: devices::virtio::net::NetConfig,
 }
 
 /// Everything needed to build and run one VM.

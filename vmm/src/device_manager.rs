@@ -161,18 +161,7 @@ impl DeviceManager {
         cfg: &NetConfig,
         events: &mut Events,
     ) -> Result<(), DeviceError> {
-        let net_cfg = devices::virtio::net::NetConfig {
-            mac: cfg.mac.0,
-            queue_size: cfg.queue_size,
-            tx_weight_bytes: cfg.tx_weight_bytes,
-            tx_weight_packets: cfg.tx_weight_packets,
-            rx_weight_bytes: cfg.rx_weight_bytes,
-            rx_weight_packets: cfg.rx_weight_packets,
-            offloads: cfg.offloads,
-            mrg_rxbuf: cfg.mrg_rxbuf,
-            ..Default::default()
-        };
-        let net = Net::new(&cfg.tap, net_cfg, mem.clone())
+        let net = Net::new(&cfg.tap, cfg.device.clone(), mem.clone())
             .map_err(|e| DeviceError::Net(cfg.tap.clone(), e))?;
         self.net_metrics.push(net.metrics());
         let net = Arc::new(Mutex::new(net));
