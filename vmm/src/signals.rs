@@ -32,9 +32,8 @@ impl SignalFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: signalfd returned a new fd that nothing else owns.
-        Ok(SignalFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(SignalFd { fd })
     }
 
     /// Reads one pending signal number, or `None` if none is pending.
