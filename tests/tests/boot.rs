@@ -178,7 +178,7 @@ fn bad_input_gets_one_clear_line() {
         "neither an ELF vmlinux nor a bzImage",
     );
     assert_one_line_error(&["--kernel", &p(&truncated)], "cannot load kernel");
-    assert_one_line_error(&["--kernel", &p(&truncated_bz)], "cannot load kernel");
+    assert_one_line_error(&["--kernel", &p(&truncated_bz)], "is truncated");
     assert_one_line_error(
         &["--kernel", k, "--initramfs", "/nonexistent/initrd"],
         "cannot open initramfs",

@@ -51,6 +51,9 @@ pub enum BuildError {
     /// The kernel file is neither ELF nor bzImage.
     #[error("kernel '{0}' is neither an ELF vmlinux nor a bzImage")]
     KernelFormat(PathBuf),
+    /// The bzImage is shorter than its own header says.
+    #[error("kernel '{0}' is truncated: its header promises {1} bytes, the file has {2}")]
+    Truncated(PathBuf, u64, u64),
     /// The kernel could not be loaded (truncated, corrupt, too big for memory).
     #[error("cannot load kernel '{0}' (truncated image, or too big for guest memory?)")]
     LoadKernel(PathBuf, #[source] linux_loader::loader::Error),
@@ -119,11 +122,34 @@ pub fn detect_kernel_format(head: &[u8]) -> Option<KernelFormat> {
     None
 }
 
+/// The size a bzImage must have according to its setup header (Linux boot
+/// protocol: `setup_sects` at 0x1f1, 0 meaning 4, plus the boot sector, then
+/// `syssize` 16-byte paragraphs of protected-mode code at 0x1f4).
+/// linux-loader reads what is there, so a cut image would boot into garbage.
+pub fn bzimage_expected_len(head: &[u8]) -> Option<u64> {
+    let setup_sects = match *head.get(0x1f1)? {
+        0 => 4,
+        n => u64::from(n),
+    };
+    let syssize = u32::from_le_bytes(head.get(0x1f4..0x1f8)?.try_into().ok()?);
+    Some((setup_sects + 1) * 512 + u64::from(syssize) * 16)
+}
+
 fn open_kernel(path: &Path) -> Result<(File, KernelFormat), BuildError> {
     let mut file = File::open(path).map_err(|e| BuildError::OpenKernel(path.into(), e))?;
     let mut head = [0u8; 0x206];
     let n = read_up_to(&mut file, &mut head).map_err(|e| BuildError::OpenKernel(path.into(), e))?;
     let format = detect_kernel_format(&head[..n]).ok_or(BuildError::KernelFormat(path.into()))?;
+    if format == KernelFormat::BzImage {
+        let len = file
+            .metadata()
+            .map_err(|e| BuildError::OpenKernel(path.into(), e))?
+            .len();
+        let want = bzimage_expected_len(&head[..n]).unwrap_or(u64::MAX);
+        if len < want {
+            return Err(BuildError::Truncated(path.into(), want, len));
+        }
+    }
     file.seek(SeekFrom::Start(0))
         .map_err(|e| BuildError::OpenKernel(path.into(), e))?;
     Ok((file, format))
@@ -357,6 +383,19 @@ mod tests {
         assert_eq!(detect_kernel_format(&[]), None);
         // A file cut before the signature is not a bzImage.
         assert_eq!(detect_kernel_format(&bz[..0x204]), None);
+    }
+
+    #[test]
+    fn bzimage_length_comes_from_the_setup_header() {
+        let mut bz = vec![0u8; 0x400];
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        bz[0x1f1] = 27;
+        bz[0x1f4..0x1f8].copy_from_slice(&0x1_0000u32.to_le_bytes());
+        assert_eq!(bzimage_expected_len(&bz), Some(28 * 512 + 0x10_0000));
+        // setup_sects 0 means the historical 4.
+        bz[0x1f1] = 0;
+        assert_eq!(bzimage_expected_len(&bz), Some(5 * 512 + 0x10_0000));
+        assert_eq!(bzimage_expected_len(&bz[..0x1f6]), None);
     }
 
     #[test]
