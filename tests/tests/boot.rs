@@ -87,9 +87,10 @@ fn two_vcpus_come_up() {
     boot_and_check("2", &["Brought up 1 node, 2 CPUs"]);
 }
 
-/// The decompressor runs emulated here, so this one boot checks loading and
-/// entry: the decompressor's early console speaks, then the kernel's first
-/// line appears; then SIGTERM ends minivmm with status 0.
+/// The decompressor runs emulated here (LZ4 keeps it to about half a
+/// minute), so this one boot checks loading and entry: the decompressed
+/// kernel's first line appears on the console; then SIGTERM ends minivmm
+/// with status 0.
 #[test]
 fn bzimage_loads_and_enters() {
     if !require("bzimage_loads_and_enters", &[Need::Kvm]) {
@@ -107,16 +108,11 @@ fn bzimage_loads_and_enters() {
         "info",
     ]);
     let mut vm = Vm::spawn(&args, None).unwrap();
-    let entered = vm.wait_for("Decompressing Linux", BOOT_TIMEOUT);
-    assert!(
-        entered,
-        "the bzImage decompressor never printed\n{}",
-        vm.report()
-    );
     let booted = vm.wait_for("Linux version", BOOT_TIMEOUT);
+    assert!(booted, "the bzImage kernel never printed\n{}", vm.report());
     assert!(
-        booted,
-        "the decompressed kernel never printed\n{}",
+        vm.stderr().contains("bzImage kernel at 0x100200"),
+        "{}",
         vm.report()
     );
     eprintln!("bzImage: kernel banner after {:.1} s", vm.uptime());
