@@ -349,10 +349,10 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
         cfg.vcpus
     );
 
-    Ok(Vmm::new(
-        kvm,
-        vm,
-        mem,
+    Ok(Vmm {
+        _kvm: kvm,
+        _vm: vm,
+        _mem: mem,
         devices,
         events,
         exit,
@@ -360,8 +360,8 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
         serial,
         i8042,
         panicked,
-        cfg.metrics.clone(),
-    ))
+        metrics: cfg.metrics.clone(),
+    })
 }
 
 #[cfg(test)]

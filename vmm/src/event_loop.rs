@@ -36,18 +36,19 @@ const STDIN_EVENT: u32 = 3;
 
 /// A built VM, ready to run.
 pub struct Vmm {
-    // KVM objects are kept so the VM outlives its vCPU threads.
-    _kvm: Kvm,
-    _vm: VmFd,
-    _mem: vm_memory::GuestMemoryMmap<()>,
-    devices: Arc<DeviceManager>,
-    events: Events,
-    exit: ExitSink,
-    vcpus: Vec<Vcpu>,
-    serial: Arc<Mutex<SerialDevice>>,
-    i8042: Arc<Mutex<I8042>>,
-    panicked: Arc<AtomicBool>,
-    metrics: Option<PathBuf>,
+    // Never read, only owned: the VM fd and guest memory must outlive the
+    // vCPU threads, which run until the process exits.
+    pub(crate) _kvm: Kvm,
+    pub(crate) _vm: VmFd,
+    pub(crate) _mem: vm_memory::GuestMemoryMmap<()>,
+    pub(crate) devices: Arc<DeviceManager>,
+    pub(crate) events: Events,
+    pub(crate) exit: ExitSink,
+    pub(crate) vcpus: Vec<Vcpu>,
+    pub(crate) serial: Arc<Mutex<SerialDevice>>,
+    pub(crate) i8042: Arc<Mutex<I8042>>,
+    pub(crate) panicked: Arc<AtomicBool>,
+    pub(crate) metrics: Option<PathBuf>,
 }
 
 /// Puts a terminal on stdin into raw mode so keys reach the guest as typed,
@@ -193,36 +194,6 @@ pub fn write_metrics(devices: &DeviceManager, path: Option<&PathBuf>) {
 }
 
 impl Vmm {
-    /// Assembles a VM from the builder's parts.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        kvm: Kvm,
-        vm: VmFd,
-        mem: vm_memory::GuestMemoryMmap<()>,
-        devices: Arc<DeviceManager>,
-        events: Events,
-        exit: ExitSink,
-        vcpus: Vec<Vcpu>,
-        serial: Arc<Mutex<SerialDevice>>,
-        i8042: Arc<Mutex<I8042>>,
-        panicked: Arc<AtomicBool>,
-        metrics: Option<PathBuf>,
-    ) -> Self {
-        Vmm {
-            _kvm: kvm,
-            _vm: vm,
-            _mem: mem,
-            devices,
-            events,
-            exit,
-            vcpus,
-            serial,
-            i8042,
-            panicked,
-            metrics,
-        }
-    }
-
     /// Runs the VM until it ends and returns why. `start` is when the
     /// process started, for the boot-time report.
     pub fn run(mut self, start: Instant) -> io::Result<VmExit> {
