@@ -42,6 +42,10 @@ pub enum ExitAction {
     Stop(VmExit),
 }
 
+/// How long an AP waiting for its start-up IPI sleeps between KVM_RUN
+/// attempts: far below what Linux allows an AP to come up (seconds).
+const AP_WAIT_BACKOFF: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// #BP, raised by INT3.
 const BP_VECTOR: u8 = 3;
 
@@ -196,7 +200,14 @@ impl Vcpu {
         loop {
             let action = match self.fd.run() {
                 Ok(exit) => handle_exit(exit, self.bus.as_ref()),
-                Err(e) if e.errno() == libc::EAGAIN || e.errno() == libc::EINTR => continue,
+                Err(e) if e.errno() == libc::EINTR => continue,
+                Err(e) if e.errno() == libc::EAGAIN => {
+                    // An AP still waiting for INIT/SIPI (seen on a PVM host,
+                    // where KVM_RUN returns instead of blocking): back off
+                    // briefly rather than spin a core the BSP needs.
+                    std::thread::sleep(AP_WAIT_BACKOFF);
+                    continue;
+                }
                 Err(e) => return VmExit::Fault(format!("KVM_RUN failed on vCPU {}: {e}", self.id)),
             };
             match action {
