@@ -52,6 +52,16 @@ pub(crate) fn push_guest_range(
     len: usize,
     out: &mut Vec<IoSeg>,
 ) -> bool {
+    // Fast path: nearly every buffer lies inside one region, and one region
+    // lookup is far cheaper than the general multi-region iterator (the chain
+    // walk was the largest user-space cost per frame under callgrind).
+    if let Ok(slice) = mem.get_slice(addr, len) {
+        out.push(IoSeg {
+            base: slice.ptr_guard_mut().as_ptr() as usize,
+            len: slice.len(),
+        });
+        return true;
+    }
     let start = out.len();
     for slice in GuestMemoryBackend::get_slices(mem, addr, len) {
         match slice {
