@@ -15,4 +15,10 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # One test binary at a time, tests inside it in parallel: the three boot
 # tests share the two cores.
-cargo test --workspace -- --nocapture
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace -- --nocapture 2>&1 | tee "$log"
+# cargo's last line is often a doc-test binary with nothing in it; close
+# with the totals of every binary instead.
+awk '/^test result:/ { p += $4; f += $6; i += $8 } /^SKIP / { s++ }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i + s }' "$log"
