@@ -51,6 +51,14 @@ pub struct SockSizes {
     pub remote_recv: u64,
 }
 
+impl SockSizes {
+    /// Records our own buffer sizes from the socket a test uses.
+    fn record_local(&mut self, sock: &impl std::os::fd::AsRawFd) {
+        self.local_send = sockopt::send_buf(sock);
+        self.local_recv = sockopt::recv_buf(sock);
+    }
+}
+
 /// What a STREAM test measured.
 #[derive(Debug, Clone, Default)]
 pub struct StreamResult {
@@ -251,8 +259,7 @@ fn connect_data(b: &Budget, addr: SocketAddr) -> Result<TcpStream> {
             describe(&e, "server", g)
         )
     })?;
-    s.set_read_timeout(Some(g))?;
-    s.set_write_timeout(Some(g))?;
+    set_tcp_timeouts(&s, g)?;
     Ok(s)
 }
 
@@ -280,8 +287,7 @@ fn tcp_stream(
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
     let mut data = connect_data(b, addr)?;
-    sizes.local_send = sockopt::send_buf(&data);
-    sizes.local_recv = sockopt::recv_buf(&data);
+    sizes.record_local(&data);
     let buf = vec![0x5au8; cfg.params.msg_size];
     let (start, end, g) = b.data_phase()?;
     set_tcp_timeouts(&data, g)?;
@@ -325,8 +331,7 @@ fn tcp_maerts(
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
     let mut data = connect_data(b, addr)?;
-    sizes.local_send = sockopt::send_buf(&data);
-    sizes.local_recv = sockopt::recv_buf(&data);
+    sizes.record_local(&data);
     let mut buf = vec![0u8; cfg.params.msg_size.max(64 * 1024)];
     let (start, _, g) = b.data_phase()?;
     set_tcp_timeouts(&data, g)?;
@@ -372,8 +377,7 @@ fn tcp_rr(
 ) -> Result<(Duration, Measured)> {
     let mut data = connect_data(b, addr)?;
     data.set_nodelay(true)?;
-    sizes.local_send = sockopt::send_buf(&data);
-    sizes.local_recv = sockopt::recv_buf(&data);
+    sizes.record_local(&data);
     let req = vec![0x5au8; cfg.params.req_size];
     let mut resp = vec![0u8; cfg.params.resp_size];
     let mut r = RrResult::default();
@@ -438,8 +442,7 @@ fn udp_stream(
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
     let sock = udp_socket(addr)?;
-    sizes.local_send = sockopt::send_buf(&sock);
-    sizes.local_recv = sockopt::recv_buf(&sock);
+    sizes.record_local(&sock);
     let buf = vec![0x5au8; cfg.params.msg_size];
     let mut s = StreamResult::default();
     let (start, end, g) = b.data_phase()?;
@@ -472,8 +475,7 @@ fn udp_rr(
 ) -> Result<(Duration, Measured)> {
     let p = &cfg.params;
     let sock = udp_socket(addr)?;
-    sizes.local_send = sockopt::send_buf(&sock);
-    sizes.local_recv = sockopt::recv_buf(&sock);
+    sizes.record_local(&sock);
     // The first bytes of each request carry a sequence number that the server echoes, so a
     // response that arrives after we gave up on it is not mistaken for the current one.
     let seq_len = p.req_size.min(p.resp_size).min(8);
