@@ -280,7 +280,9 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
             // Keep the initramfs clear of the kernel, including the room a
             // bzImage needs to decompress itself into (init_size).
             let init_size = kernel.setup_header.map_or(0, |h| u64::from(h.init_size));
-            let min = GuestAddress(kernel.kernel_load.0 + kernel.kernel_end.max(init_size));
+            // kernel_end is an absolute guest address; init_size counts from
+            // the load address.
+            let min = GuestAddress(kernel.kernel_end.max(kernel.kernel_load.0 + init_size));
             let size = usize::try_from(len).unwrap_or(usize::MAX);
             let addr = initrd_load_addr(&mem, size, kernel.setup_header.as_ref(), min)
                 .map_err(|e| BuildError::InitramfsFit(path.clone(), e))?;
