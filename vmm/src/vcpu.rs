@@ -232,20 +232,19 @@ impl Vcpu {
         // it as that member is sound.
         let internal = unsafe { run.__bindgen_anon_1.internal };
         let insn = host::emulation_failure_insn(internal.suberror, internal.ndata, &internal.data);
-        let rip = self.fd.get_regs().map(|r| r.rip).unwrap_or(0);
-        let fatal = |insn: &Option<Vec<u8>>| {
-            format!(
-                "guest instruction at RIP {rip:#x} failed emulation (suberror {}, bytes {:02x?}); \
-                 on a PVM host the guest command line may need more words, see --host-quirks",
-                internal.suberror,
-                insn.clone().unwrap_or_default()
-            )
-        };
+        let mut regs = self.fd.get_regs().map_err(|e| format!("get regs: {e}"))?;
         match &insn {
             Some(bytes) if self.recover_int3 && host::is_recoverable_int3(bytes) => {}
-            _ => return Err(fatal(&insn)),
+            _ => {
+                return Err(format!(
+                    "guest instruction at RIP {:#x} failed emulation (suberror {}, bytes {:02x?}); \
+                     on a PVM host the guest command line may need more words, see --host-quirks",
+                    regs.rip,
+                    internal.suberror,
+                    insn.unwrap_or_default()
+                ))
+            }
         }
-        let mut regs = self.fd.get_regs().map_err(|e| format!("get regs: {e}"))?;
         regs.rip += 1;
         self.fd
             .set_regs(&regs)
