@@ -12,24 +12,29 @@
 //!   register value: wrong-width or misaligned accesses, writes in the wrong
 //!   state and out-of-range selectors are ignored with a rate-limited warning.
 //! - Queue parameters are kept raw until DRIVER_OK and validated there in one
-//!   place (size, alignment, ring placement inside guest memory). A queue that
-//!   cannot be used, or a device that refuses activation, moves the device to
-//!   DEVICE_NEEDS_RESET and raises a configuration-change interrupt
-//!   (virtio 1.1 §2.1.2) instead of failing the VMM.
+//!   place: size, alignment, each ring area inside one guest memory region
+//!   (then translated to a host pointer once, see [`super::queue`]), and no
+//!   two areas overlapping, within a queue or across the device's queues. A
+//!   queue that cannot be used, overlapping rings, or a device that refuses
+//!   activation move the device to DEVICE_NEEDS_RESET and raise a
+//!   configuration-change interrupt (virtio 1.1 §2.1.2) instead of failing
+//!   the VMM.
 //! - QueueNotify that arrives as an MMIO exit (no ioeventfd registered) is
 //!   forwarded to the device's queue `EventFd`; the transport keeps duplicates
 //!   of those descriptors so the notify path never takes the device lock.
-//! - The transport sets `event_idx` on each activated queue itself when the
-//!   driver acked VIRTIO_RING_F_EVENT_IDX, so devices get ready-to-use queues.
+//! - The transport sets the ring features (VIRTIO_RING_F_EVENT_IDX,
+//!   VIRTIO_RING_F_INDIRECT_DESC) on each activated queue itself from what
+//!   the driver acked, so devices get ready-to-use queues.
 
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::queue::{
+    check_overlaps, GuestRegions, RingAddrs, RingFeatures, SplitQueue, MAX_QUEUE_SIZE,
+};
 use super::{status, GuestMemory, Interrupt, IrqTrigger, VirtioDevice};
 
 /// Size of one virtio-MMIO register window (virtio 1.1 §4.2.2: registers up
@@ -51,7 +56,7 @@ pub const MMIO_VENDOR_ID: u32 = 0x4d56_4d4d;
 /// VIRTIO_F_VERSION_1 (virtio 1.1 §6): a version 2 transport requires it.
 pub const VIRTIO_F_VERSION_1: u32 = 32;
 /// VIRTIO_RING_F_EVENT_IDX (virtio 1.1 §6).
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+pub const VIRTIO_RING_F_EVENT_IDX: u32 = super::queue::VIRTIO_RING_F_EVENT_IDX;
 
 // Register offsets (virtio 1.1 §4.2.2, table "MMIO Device Register Layout").
 pub(crate) const REG_MAGIC_VALUE: u64 = 0x00;
@@ -85,11 +90,6 @@ pub(crate) const REG_SHM_BASE_HIGH: u64 = 0xbc;
 pub(crate) const REG_CONFIG_GENERATION: u64 = 0xfc;
 /// Start of the device-specific configuration space.
 pub const CONFIG_SPACE_OFFSET: u64 = 0x100;
-
-// Ring alignment required by virtio 1.1 §2.6 (table "Virtqueue Part Alignment").
-const DESC_TABLE_ALIGN: u64 = 16;
-const AVAIL_RING_ALIGN: u64 = 2;
-const USED_RING_ALIGN: u64 = 4;
 
 /// Logs a warning for a guest-triggerable condition without letting a
 /// misbehaving guest flood the host log: the first 10 hits of each call site
@@ -165,42 +165,20 @@ impl QueueConfig {
         }
     }
 
-    /// Turns the raw parameters into a ready `Queue`, or says why not.
-    fn build(&self, mem: &GuestMemory, event_idx: bool) -> Result<Queue, String> {
+    /// The ring addresses, once the driver made the queue ready with a size
+    /// that fits in 16 bits (the rest is checked by `SplitQueue::new`).
+    fn addrs(&self) -> Result<RingAddrs, String> {
         if !self.ready {
             return Err("not ready".into());
         }
         let size = u16::try_from(self.size)
-            .ok()
-            .filter(|s| *s != 0 && s.is_power_of_two() && *s <= self.max_size)
-            .ok_or_else(|| format!("invalid size {} (max {})", self.size, self.max_size))?;
-        if self.desc_table & (DESC_TABLE_ALIGN - 1) != 0
-            || self.avail_ring & (AVAIL_RING_ALIGN - 1) != 0
-            || self.used_ring & (USED_RING_ALIGN - 1) != 0
-        {
-            return Err(format!(
-                "misaligned rings desc={:#x} avail={:#x} used={:#x}",
-                self.desc_table, self.avail_ring, self.used_ring
-            ));
-        }
-        let mut q = Queue::new(self.max_size).map_err(|e| e.to_string())?;
-        q.try_set_size(size).map_err(|e| e.to_string())?;
-        q.try_set_desc_table_address(GuestAddress(self.desc_table))
-            .map_err(|e| e.to_string())?;
-        q.try_set_avail_ring_address(GuestAddress(self.avail_ring))
-            .map_err(|e| e.to_string())?;
-        q.try_set_used_ring_address(GuestAddress(self.used_ring))
-            .map_err(|e| e.to_string())?;
-        q.set_ready(true);
-        q.set_event_idx(event_idx);
-        // `is_valid` checks that all three rings lie inside guest memory.
-        if !q.is_valid(mem) {
-            return Err(format!(
-                "rings outside guest memory desc={:#x} avail={:#x} used={:#x} size={size}",
-                self.desc_table, self.avail_ring, self.used_ring
-            ));
-        }
-        Ok(q)
+            .map_err(|_| format!("invalid size {} (max {})", self.size, self.max_size))?;
+        Ok(RingAddrs {
+            size,
+            desc_table: self.desc_table,
+            avail_ring: self.avail_ring,
+            used_ring: self.used_ring,
+        })
     }
 }
 
@@ -252,7 +230,7 @@ impl MmioTransport {
             }
             let mut queues = Vec::with_capacity(max_sizes.len());
             for (index, &size) in max_sizes.iter().enumerate() {
-                if Queue::new(size).is_err() {
+                if size == 0 || !size.is_power_of_two() || size > MAX_QUEUE_SIZE {
                     return Err(MmioError::InvalidQueueMaxSize { index, size });
                 }
                 queues.push(QueueConfig::new(size));
@@ -559,23 +537,12 @@ impl MmioTransport {
     }
 
     fn activate(&mut self) {
-        let event_idx = self.acked_features & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
-        let queues = self
-            .queues
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                q.build(&self.mem, event_idx)
-                    .map_err(|e| format!("queue {i}: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>();
-        let result = queues.and_then(|queues| {
+        match self.build_queues().and_then(|queues| {
             let interrupt: Arc<dyn Interrupt> = self.interrupt.clone();
             lock(&self.device)
                 .activate(self.acked_features, queues, interrupt)
                 .map_err(|e| e.to_string())
-        });
-        match result {
+        }) {
             Ok(()) => self.activated = true,
             Err(why) => {
                 warn_ratelimited!(
@@ -585,6 +552,30 @@ impl MmioTransport {
                 self.needs_reset();
             }
         }
+    }
+
+    /// Validates every queue, refuses overlapping rings and translates them
+    /// against a fresh snapshot of guest memory.
+    fn build_queues(&self) -> Result<Vec<SplitQueue>, String> {
+        let addrs = self
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| q.addrs().map_err(|e| format!("queue {i}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mem = Arc::new(GuestRegions::new(&self.mem).map_err(|e| e.to_string())?);
+        let features = RingFeatures::from_bits(self.acked_features);
+        let queues = addrs
+            .iter()
+            .zip(&self.queues)
+            .enumerate()
+            .map(|(i, (a, q))| {
+                SplitQueue::new(mem.clone(), *a, q.max_size, features)
+                    .map_err(|e| format!("queue {i}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        check_overlaps(&addrs).map_err(|e| e.to_string())?;
+        Ok(queues)
     }
 
     /// Enters DEVICE_NEEDS_RESET and tells the driver (virtio 1.1 §2.1.2).
@@ -798,12 +789,11 @@ mod tests {
         assert_eq!(d.acked_features, VERSION_1 | EVENT_IDX | 1);
         assert_eq!(d.queues.len(), 2);
         for (q, l) in d.queues.iter().zip([l0, l1]) {
-            assert!(q.ready());
-            assert!(q.event_idx_enabled());
+            assert!(q.features().event_idx);
             assert_eq!(q.size(), l.size);
-            assert_eq!(q.desc_table(), l.desc_table.0);
-            assert_eq!(q.avail_ring(), l.avail_ring.0);
-            assert_eq!(q.used_ring(), l.used_ring.0);
+            assert_eq!(q.addrs().desc_table, l.desc_table.0);
+            assert_eq!(q.addrs().avail_ring, l.avail_ring.0);
+            assert_eq!(q.addrs().used_ring, l.used_ring.0);
         }
         // The interrupt handed to the device drives this transport's register.
         d.interrupt.as_ref().unwrap().signal_used_queue();
@@ -817,7 +807,7 @@ mod tests {
         let mut f = fixture();
         f.drv.init(VERSION_1).unwrap();
         let d = f.dev.lock().unwrap();
-        assert!(d.queues.iter().all(|q| !q.event_idx_enabled()));
+        assert!(d.queues.iter().all(|q| !q.features().event_idx));
     }
 
     #[test]
@@ -993,7 +983,7 @@ mod tests {
         assert_eq!(f.activations(), 1);
         let d = f.dev.lock().unwrap();
         assert_eq!(d.queues[0].size(), before.size);
-        assert_eq!(d.queues[0].desc_table(), before.desc_table.0);
+        assert_eq!(d.queues[0].addrs().desc_table, before.desc_table.0);
         drop(d);
         let t = f.drv.transport();
         assert_eq!(t.queues[0].size, u32::from(before.size));

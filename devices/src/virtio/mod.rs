@@ -5,17 +5,20 @@
 //! puts in the register window: feature negotiation, the status state machine,
 //! queue configuration and the interrupt status register. A device implements
 //! [`VirtioDevice`] and only sees fully configured queues, handed over once in
-//! [`VirtioDevice::activate`] when the driver sets DRIVER_OK.
+//! [`VirtioDevice::activate`] when the driver sets DRIVER_OK: validated and
+//! translated to host pointers ([`queue::SplitQueue`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use queue::SplitQueue;
+
 pub mod mmio;
 pub mod net;
+pub mod queue;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 
@@ -137,11 +140,13 @@ pub trait VirtioDevice: Send {
     /// reaches it as an MMIO exit.
     fn queue_events(&self) -> &[EventFd];
     /// Starts the device with the negotiated features and the queues the
-    /// driver made ready (already validated by the transport).
+    /// driver made ready, validated and translated by the transport (sizes,
+    /// alignment, placement in guest memory, no overlaps; see
+    /// [`queue`]), with the ring features (EVENT_IDX, INDIRECT_DESC) set.
     fn activate(
         &mut self,
         acked_features: u64,
-        queues: Vec<Queue>,
+        queues: Vec<SplitQueue>,
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError>;
     /// Returns the device to its state before activation (driver wrote 0 to Status).

@@ -11,15 +11,16 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::NetMetrics;
 use super::rxtx::{RxVirtio, TxVirtio};
 use super::tap::{self, NetBackend, Tap, TapError};
 use super::{
-    NetConfig, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
+    warn_rate_limited, NetConfig, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX, TX_INDEX,
+    VNET_HDR_LEN,
 };
+use crate::virtio::queue::{SplitQueue, VIRTIO_RING_F_INDIRECT_DESC};
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 
 /// Feature bits (virtio 1.1 §5.1.3, §6).
@@ -46,6 +47,8 @@ pub mod features {
     pub const VIRTIO_NET_F_MRG_RXBUF: u32 = 15;
     /// Configuration status field is available.
     pub const VIRTIO_NET_F_STATUS: u32 = 16;
+    /// Indirect descriptor tables.
+    pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = super::VIRTIO_RING_F_INDIRECT_DESC;
     /// used_event/avail_event interrupt and notification suppression.
     pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
     /// Compliance with virtio 1.0 and later.
@@ -86,6 +89,9 @@ pub enum NetError {
     #[error("cannot create an eventfd")]
     EventFd(#[source] std::io::Error),
 }
+
+/// Activation refused: the queues were translated against other memory.
+const FOREIGN_MEMORY: &str = "queues translated against another guest memory";
 
 /// State that exists only between activation and reset.
 pub(crate) struct Active {
@@ -153,7 +159,8 @@ impl<B: NetBackend> Net<B> {
         let mut avail_features = bit(VIRTIO_F_VERSION_1)
             | bit(VIRTIO_NET_F_MAC)
             | bit(VIRTIO_NET_F_STATUS)
-            | bit(VIRTIO_RING_F_EVENT_IDX);
+            | bit(VIRTIO_RING_F_EVENT_IDX)
+            | bit(VIRTIO_RING_F_INDIRECT_DESC);
         if cfg.mrg_rxbuf {
             avail_features |= bit(VIRTIO_NET_F_MRG_RXBUF);
         }
@@ -266,9 +273,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // Every field we expose is read-only for a VERSION_1 driver (the
         // MAC is writable only with the legacy interface or CTRL_MAC_ADDR).
-        log::debug!(
-            "virtio-net: ignored {}-byte config write at {offset:#x}",
-            data.len()
+        let n = NetMetrics::inc(&self.metrics.config_writes_ignored);
+        warn_rate_limited(
+            n,
+            format_args!("ignored {}-byte config write at {offset:#x}", data.len()),
         );
     }
 
@@ -279,7 +287,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
     fn activate(
         &mut self,
         acked_features: u64,
-        queues: Vec<Queue>,
+        queues: Vec<SplitQueue>,
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
         if queues.len() != NUM_QUEUES {
@@ -287,6 +295,11 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
                 expected: NUM_QUEUES,
                 got: queues.len(),
             });
+        }
+        // The queues bring the memory view the datapath translates buffers
+        // with; it must be this device's guest memory.
+        if !queues.iter().all(|q| q.memory().is_snapshot_of(&self.mem)) {
+            return Err(ActivateError::Backend(FOREIGN_MEMORY.into()));
         }
         self.acked_features = acked_features & self.avail_features;
         // Always set the offloads, also to none: a reused TAP keeps those of
@@ -296,13 +309,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
             .set_offload(self.tun_offload_flags())
             .map_err(|e| ActivateError::Backend(e.to_string()))?;
 
-        let event_idx = self.has(VIRTIO_RING_F_EVENT_IDX);
         let mut queues = queues;
         // Remove the higher index first so the lower one does not move.
-        let mut txq = queues.swap_remove(TX_INDEX);
-        let mut rxq = queues.swap_remove(RX_INDEX);
-        rxq.set_event_idx(event_idx);
-        txq.set_event_idx(event_idx);
+        let txq = queues.swap_remove(TX_INDEX);
+        let rxq = queues.swap_remove(RX_INDEX);
         let c = &self.cfg;
         let rx = RxVirtio::new(
             rxq,
@@ -339,6 +349,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
             old.rx.end_starvation(&self.metrics);
         }
         self.acked_features = 0;
+        // A backend that hung up is polled again: a reset is the driver's
+        // way to start over, and a backend that is really gone reports its
+        // hangup again (rate-limited).
+        self.registered.backend_hup = false;
         // Kicks that were pending belong to the old queues.
         for evt in self
             .queue_evts
@@ -450,7 +464,7 @@ mod tests {
     fn test_activate_wrong_queue_count() {
         let mut n = net(NetConfig::default());
         let m = mem();
-        let q = TestQueue::new(&m, GuestAddress(0x10000), 256).create_queue();
+        let q = TestQueue::new(&m, GuestAddress(0x10000), 256).create_queue(&m, MRG_FEATURES);
         let err = n
             .activate(
                 MRG_FEATURES,
@@ -632,7 +646,10 @@ mod tests {
                 .unwrap()
                 .activate(
                     features,
-                    vec![rxq.create_queue(), txq.create_queue()],
+                    vec![
+                        rxq.create_queue(&m, features),
+                        txq.create_queue(&m, features),
+                    ],
                     Arc::new(TestIrq::default()),
                 )
                 .unwrap();

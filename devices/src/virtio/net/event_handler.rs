@@ -33,7 +33,7 @@ use super::device::{Active, Net};
 use super::metrics::NetMetrics;
 use super::rxtx::{RxStatus, TxStatus};
 use super::tap::NetBackend;
-use super::{RX_INDEX, TX_INDEX};
+use super::{warn_rate_limited, RX_INDEX, TX_INDEX};
 
 /// `activate_evt`: activation or reset happened.
 pub const PROCESS_ACTIVATE: u32 = 0;
@@ -55,8 +55,9 @@ pub(crate) struct Registered {
     queues: bool,
     /// Interest registered for the backend fd, if any.
     backend: Option<EventSet>,
-    /// The backend hung up (a socket peer closed); it is never polled again.
-    backend_hup: bool,
+    /// The backend hung up (a socket peer closed); it is not polled again
+    /// until a device reset.
+    pub(crate) backend_hup: bool,
 }
 
 impl<B: NetBackend> Net<B> {
@@ -78,24 +79,23 @@ impl<B: NetBackend> Net<B> {
         }
     }
 
-    /// Runs one RX pass if reading is allowed now.
-    fn run_rx(&mut self) {
+    /// Runs one RX pass if reading is allowed now; returns how it ended.
+    fn run_rx(&mut self) -> Option<RxStatus> {
         let fd = self.backend.as_raw_fd();
-        let Some(a) = self.active.as_mut().filter(|a| a.started) else {
-            return;
-        };
+        let a = self.active.as_mut().filter(|a| a.started)?;
         if a.rx_deferred || a.rx.starved_since().is_some() {
-            return;
+            return None;
         }
-        match a.rx.process(&self.mem, fd, &self.metrics, &*a.interrupt) {
+        let status = a.rx.process(fd, &self.metrics, &*a.interrupt);
+        match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
                 Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
             }
-            RxStatus::HungUp => self.backend_hung_up(),
             RxStatus::Broken => Self::device_error(a),
-            RxStatus::Drained | RxStatus::Starved => {}
+            RxStatus::Drained | RxStatus::Starved | RxStatus::ZeroRead => {}
         }
+        Some(status)
     }
 
     /// Runs one TX pass unless a frame waits for the backend.
@@ -109,7 +109,7 @@ impl<B: NetBackend> Net<B> {
         if a.tx.is_blocked() && !retry {
             return;
         }
-        match a.tx.process(&self.mem, fd, &self.metrics, &*a.interrupt) {
+        match a.tx.process(fd, &self.metrics, &*a.interrupt) {
             TxStatus::WeightHit => Self::signal(&self.tx_requeue_evt, &self.metrics, "TX re-queue"),
             TxStatus::Broken => Self::device_error(a),
             TxStatus::Done | TxStatus::Blocked => {}
@@ -160,22 +160,37 @@ impl<B: NetBackend> Net<B> {
                 self.run_tx(true);
             }
         }
-        if set.contains(EventSet::IN) {
-            // Frames sent before a hangup are still delivered; the read
-            // that returns end-of-file reports the hangup.
-            self.run_rx();
-        } else if set.intersects(EventSet::HANG_UP | EventSet::ERROR) {
-            self.backend_hung_up();
+        let hup = set.intersects(EventSet::HANG_UP | EventSet::ERROR);
+        // Frames sent before a hangup are still delivered: the hangup is
+        // taken once a read comes back empty with EPOLLHUP or EPOLLERR set,
+        // or when there is nothing to read at all. A 0-byte read without
+        // them is a 0-byte message (a runt frame), not end of file.
+        let rx = if set.contains(EventSet::IN) {
+            self.run_rx()
+        } else {
+            None
+        };
+        match rx {
+            Some(RxStatus::ZeroRead) if !hup => {
+                let n = NetMetrics::inc(&self.metrics.rx_dropped);
+                warn_rate_limited(n, format_args!("dropped a 0-byte RX frame"));
+            }
+            Some(RxStatus::ZeroRead) | None if hup => self.backend_hung_up(),
+            _ => {}
         }
     }
 
     /// A socket peer went away (a TAP never hangs up): stop polling the fd,
-    /// whose level-triggered HUP would otherwise fire forever.
+    /// whose level-triggered HUP would otherwise fire forever. A device reset
+    /// polls it again.
     fn backend_hung_up(&mut self) {
         if !self.registered.backend_hup {
             self.registered.backend_hup = true;
-            NetMetrics::inc(&self.metrics.host_errors);
-            log::error!("virtio-net: backend hung up; the device stops using it");
+            let n = NetMetrics::inc(&self.metrics.host_errors);
+            warn_rate_limited(
+                n,
+                format_args!("backend hung up; the device stops polling it until a reset"),
+            );
         }
     }
 
@@ -451,7 +466,10 @@ mod tests {
             .unwrap()
             .activate(
                 MRG_FEATURES,
-                vec![rxq.create_queue(), txq.create_queue()],
+                vec![
+                    rxq.create_queue(&mem, MRG_FEATURES),
+                    txq.create_queue(&mem, MRG_FEATURES),
+                ],
                 irq,
             )
             .unwrap();

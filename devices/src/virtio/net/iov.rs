@@ -1,82 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-//! I/O vectors over guest memory, and the `readv`/`writev` calls that use them.
+//! The system calls and copies on I/O vectors over guest memory.
 //!
-//! This is where the zero-copy datapath touches raw pointers. An [`IoSeg`] is
-//! only ever created by [`push_guest_range`], from a `VolatileSlice` that
-//! vm-memory checked to lie inside one mapped guest memory region, so every
-//! segment the kernel reads or writes is guest RAM. The device keeps its
-//! `GuestMemoryMmap` (which owns the mappings through an `Arc`) for as long as
-//! it holds segments, and guest memory is never unmapped while the VM runs,
-//! so a segment stays valid between the time it is built and the syscall.
+//! This is where the zero-copy datapath hands guest memory to the kernel. An
+//! [`IoSeg`] over guest memory only comes from a checked translation in
+//! [`crate::virtio::queue`], which also explains why it stays mapped: the
+//! device holds the queue's `Arc<GuestRegions>` (and through it the
+//! `GuestMemoryMmap`) for as long as it holds segments. The only other
+//! segments are host buffers built here and borrowed for one call.
 #![allow(unsafe_code)]
 
 use std::io;
 use std::os::fd::RawFd;
 
-use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
+use vm_memory::VolatileSlice;
 
-use crate::virtio::GuestMemory;
-
-/// One contiguous host-virtual range of guest memory, laid out exactly like
-/// `struct iovec` so a slice of segments can be handed to `readv`/`writev`.
-/// The address is kept as an integer so the device stays `Send`; it is only
-/// turned back into a pointer by the kernel during the syscall.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IoSeg {
-    base: usize,
-    len: usize,
-}
-
-const _: () = assert!(std::mem::size_of::<IoSeg>() == std::mem::size_of::<libc::iovec>());
-const _: () = assert!(std::mem::align_of::<IoSeg>() == std::mem::align_of::<libc::iovec>());
-
-impl IoSeg {
-    /// Length of the segment in bytes.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-/// Largest number of segments one `readv`/`writev` accepts (Linux UIO_MAXIOV).
-pub(crate) const IOV_MAX: usize = 1024;
-
-/// Appends the segments covering `len` bytes of guest memory at `addr`
-/// (more than one when the range crosses a memory region boundary).
-/// Returns false, leaving `out` as it was, when any byte of the range is not
-/// guest memory.
-pub(crate) fn push_guest_range(
-    mem: &GuestMemory,
-    addr: GuestAddress,
-    len: usize,
-    out: &mut Vec<IoSeg>,
-) -> bool {
-    // Fast path: nearly every buffer lies inside one region, and one region
-    // lookup is far cheaper than the general multi-region iterator (the chain
-    // walk was the largest user-space cost per frame under callgrind).
-    if let Ok(slice) = mem.get_slice(addr, len) {
-        out.push(IoSeg {
-            base: slice.ptr_guard_mut().as_ptr() as usize,
-            len: slice.len(),
-        });
-        return true;
-    }
-    let start = out.len();
-    for slice in GuestMemoryBackend::get_slices(mem, addr, len) {
-        match slice {
-            Ok(slice) => out.push(IoSeg {
-                base: slice.ptr_guard_mut().as_ptr() as usize,
-                len: slice.len(),
-            }),
-            Err(_) => {
-                out.truncate(start);
-                return false;
-            }
-        }
-    }
-    true
-}
+use crate::virtio::queue::{IoSeg, IOV_MAX};
 
 fn cvt(ret: isize) -> io::Result<usize> {
     if ret < 0 {
@@ -90,17 +28,14 @@ fn cvt(ret: isize) -> io::Result<usize> {
 /// detect frames longer than the guest buffers). `segs` is restored before
 /// returning.
 pub(crate) fn readv(fd: RawFd, segs: &mut Vec<IoSeg>, tail: &mut [u8]) -> io::Result<usize> {
-    segs.push(IoSeg {
-        base: tail.as_mut_ptr() as usize,
-        len: tail.len(),
-    });
+    // SAFETY: `tail` is a live, exclusively borrowed host buffer, and the
+    // segment is popped before the borrow ends.
+    segs.push(unsafe { IoSeg::new(tail.as_mut_ptr() as usize, tail.len()) });
     let count = segs.len().min(IOV_MAX) as libc::c_int;
-    // SAFETY: IoSeg has the layout of `struct iovec` (asserted above). Every
-    // segment but the last was built by `push_guest_range` from a slice
-    // vm-memory checked to be inside a mapped guest region, and the device
-    // holds the `GuestMemoryMmap` (so the mapping) for the whole call; the
-    // last points to `tail`, which is exclusively borrowed for the call. The
-    // kernel writes at most `len` bytes into each.
+    // SAFETY: IoSeg has the layout of `struct iovec` (asserted where it is
+    // defined). Every segment but the last is mapped guest memory (see the
+    // module docs); the last points to `tail`. The kernel writes at most
+    // `len` bytes into each.
     let ret = unsafe { libc::readv(fd, segs.as_ptr().cast::<libc::iovec>(), count) };
     segs.pop();
     cvt(ret)
@@ -109,9 +44,8 @@ pub(crate) fn readv(fd: RawFd, segs: &mut Vec<IoSeg>, tail: &mut [u8]) -> io::Re
 /// One `writev` of `segs` to `fd`.
 pub(crate) fn writev(fd: RawFd, segs: &[IoSeg]) -> io::Result<usize> {
     let count = segs.len().min(IOV_MAX) as libc::c_int;
-    // SAFETY: IoSeg has the layout of `struct iovec`; every segment was built
-    // by `push_guest_range` inside a mapped guest region that stays mapped
-    // while the device holds its `GuestMemoryMmap`. The kernel only reads.
+    // SAFETY: IoSeg has the layout of `struct iovec`; every segment is mapped
+    // guest memory (see the module docs). The kernel only reads.
     let ret = unsafe { libc::writev(fd, segs.as_ptr().cast::<libc::iovec>(), count) };
     cvt(ret)
 }
@@ -131,27 +65,53 @@ pub(crate) fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
 }
 
 fn volatile(seg: &IoSeg) -> VolatileSlice<'_> {
-    // SAFETY: the segment was built by `push_guest_range` from a VolatileSlice
-    // over a mapped guest region that outlives the returned slice (the device
-    // holds the memory), and its length is unchanged.
-    unsafe { VolatileSlice::new(seg.base as *mut u8, seg.len) }
+    // SAFETY: the segment is mapped guest memory that outlives the returned
+    // slice (module docs), and its length is unchanged.
+    unsafe { VolatileSlice::new(seg.base() as *mut u8, seg.len()) }
 }
 
-/// Copies `data` into the segments in order (bounce-buffer baseline);
-/// returns the bytes copied.
-pub(crate) fn copy_to_segs(segs: &[IoSeg], data: &[u8]) -> usize {
+/// Copies `data` into the segments from byte `offset` on, in order; returns
+/// the bytes copied (fewer when the segments end first).
+pub(crate) fn copy_to_segs(segs: &[IoSeg], mut offset: usize, data: &[u8]) -> usize {
     let mut done = 0;
     for seg in segs {
         if done == data.len() {
             break;
         }
-        let n = seg.len.min(data.len() - done);
-        if let Ok(dst) = volatile(seg).subslice(0, n) {
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
+        }
+        let n = (seg.len() - offset).min(data.len() - done);
+        if let Ok(dst) = volatile(seg).subslice(offset, n) {
             dst.copy_from(&data[done..done + n]);
         }
         done += n;
+        offset = 0;
     }
     done
+}
+
+/// Writes a few bytes (a header field) at byte `offset` of the segments.
+/// The same as [`copy_to_segs`] without the bulk-copy machinery.
+pub(crate) fn write_bytes_at(segs: &[IoSeg], mut offset: usize, data: &[u8]) {
+    let mut bytes = data.iter();
+    for seg in segs {
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
+        }
+        for i in offset..seg.len() {
+            let Some(b) = bytes.next() else {
+                return;
+            };
+            // SAFETY: i < len, so the byte is inside the segment: mapped
+            // guest memory (module docs), written volatile because the guest
+            // may access it concurrently.
+            unsafe { std::ptr::write_volatile((seg.base() + i) as *mut u8, *b) };
+        }
+        offset = 0;
+    }
 }
 
 /// Copies the segments in order into `out` (bounce-buffer baseline).
@@ -159,7 +119,7 @@ pub(crate) fn copy_from_segs(segs: &[IoSeg], out: &mut Vec<u8>) {
     out.clear();
     for seg in segs {
         let start = out.len();
-        out.resize(start + seg.len, 0);
+        out.resize(start + seg.len(), 0);
         volatile(seg).copy_to(&mut out[start..]);
     }
 }
@@ -167,48 +127,34 @@ pub(crate) fn copy_from_segs(segs: &[IoSeg], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use crate::virtio::queue::GuestRegions;
+    use crate::virtio::GuestMemory;
+    use vm_memory::{Bytes, GuestAddress};
 
     #[test]
-    fn test_push_guest_range_splits_and_rejects() {
-        let mem: GuestMemory = GuestMemoryMmap::from_ranges(&[
-            (GuestAddress(0), 0x1000),
-            (GuestAddress(0x1000), 0x1000),
-            (GuestAddress(0x4000), 0x1000),
-        ])
-        .unwrap();
+    fn test_copies_go_through_split_segments() {
+        let mem =
+            GuestMemory::from_ranges(&[(GuestAddress(0), 0x1000), (GuestAddress(0x1000), 0x1000)])
+                .unwrap();
+        let regions = GuestRegions::new(&mem).unwrap();
         let mut segs = Vec::new();
-        // Crosses the boundary between two adjacent regions: two segments.
-        assert!(push_guest_range(
-            &mem,
-            GuestAddress(0xf00),
-            0x200,
-            &mut segs
-        ));
+        assert!(regions.push_segments(0xf00, 0x200, &mut segs));
         assert_eq!(segs.len(), 2);
-        assert_eq!(segs[0].len() + segs[1].len(), 0x200);
-        // Runs into the hole at 0x2000: refused, nothing appended.
-        assert!(!push_guest_range(
-            &mem,
-            GuestAddress(0x1f00),
-            0x200,
-            &mut segs
-        ));
-        assert!(!push_guest_range(&mem, GuestAddress(0x8000), 1, &mut segs));
-        assert!(!push_guest_range(
-            &mem,
-            GuestAddress(u64::MAX),
-            2,
-            &mut segs
-        ));
-        assert_eq!(segs.len(), 2);
-
-        // The bounce copies go through the same segments.
-        copy_to_segs(&segs, &[7u8; 0x200]);
+        let data: Vec<u8> = (0..0x200).map(|i| i as u8).collect();
+        assert_eq!(copy_to_segs(&segs, 0, &data), 0x200);
         let mut back = Vec::new();
         copy_from_segs(&segs, &mut back);
-        assert_eq!(back, vec![7u8; 0x200]);
-        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 7);
+        assert_eq!(back, data);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 0xff);
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x1100)).unwrap(), 0);
+        // From an offset across the boundary, and past the end.
+        assert_eq!(copy_to_segs(&segs, 0xff, &[0xaa, 0xbb]), 2);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0xfff)).unwrap(), 0xaa);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 0xbb);
+        assert_eq!(copy_to_segs(&segs, 0x1ff, &[1, 2, 3]), 1);
+        write_bytes_at(&segs, 0xff, &[5, 6]);
+        assert_eq!(mem.read_obj::<u16>(GuestAddress(0xfff)).unwrap(), 0x0605);
+        write_bytes_at(&segs, 0x1ff, &[7, 8]);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 7);
     }
 }

@@ -73,6 +73,17 @@ pub struct NetMetrics {
     pub queue_errors: AtomicU64,
     /// Host-side faults (eventfd errors, unexpected backend errors).
     pub host_errors: AtomicU64,
+    /// Guest writes to the read-only configuration space, ignored.
+    pub config_writes_ignored: AtomicU64,
+    /// Passes (either direction) cut short by the descriptor budget
+    /// (`rxtx::PASS_DESC_BUDGET`) rather than by a weight.
+    pub desc_budget_hits: AtomicU64,
+    /// Ring entries and descriptors read by the datapath, good and refused
+    /// chains alike.
+    pub descs_walked: AtomicU64,
+    /// The most ring entries and descriptors one pass has read (a gauge;
+    /// never above `rxtx::MAX_PASS_READS`).
+    pub max_descs_per_pass: AtomicU64,
     /// When the current starvation began ([`mono_ns`]), 0 when not starved;
     /// lets `to_json` include a starvation still in progress.
     pub(crate) starved_since_ns: AtomicU64,
@@ -132,6 +143,10 @@ impl NetMetrics {
             "tx_passes": get(&self.tx_passes),
             "queue_errors": get(&self.queue_errors),
             "host_errors": get(&self.host_errors),
+            "config_writes_ignored": get(&self.config_writes_ignored),
+            "desc_budget_hits": get(&self.desc_budget_hits),
+            "descs_walked": get(&self.descs_walked),
+            "max_descs_per_pass": get(&self.max_descs_per_pass),
         })
     }
 }

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The datapath: moving frames between the backend and the virtqueues.
 //!
-//! [`RxVirtio`] and [`TxVirtio`] own one queue each and know nothing about
-//! epoll: a pass is one call to `process`, which returns why it stopped
+//! [`RxVirtio`] and [`TxVirtio`] own one [`SplitQueue`] each and know nothing
+//! about epoll: a pass is one call to `process`, which returns why it stopped
 //! ([`RxStatus`], [`TxStatus`]) so the event glue can decide what to wait for
 //! next.
 //!
@@ -26,10 +26,21 @@
 //! descriptors as the guest laid them out, header included. EAGAIN keeps the
 //! chain pending until the backend is writable again.
 //!
-//! Both directions stop a pass after a byte weight or a packet weight
-//! (vhost-net's 0x80000 bytes / 256 packets by default) so that a flood in one
-//! direction cannot delay the other: the event loop gets to serve every other
-//! ready event before the next pass.
+//! **Every pass is bounded.** Both directions stop a pass after a byte weight
+//! or a packet weight (vhost-net's 0x80000 bytes / 256 packets by default) so
+//! that a flood in one direction cannot delay the other. Independently of the
+//! weights, and also when they are 0, a pass stops once it has read
+//! [`PASS_DESC_BUDGET`] ring entries and descriptors: every descriptor read
+//! counts, through indirect tables too, for good and refused chains alike,
+//! and a refused chain counts as one packet against the packet weight. RX
+//! cache filling spends the same budget. A pass cut short either way returns
+//! `WeightHit` and the event glue re-queues it behind every other ready
+//! event. So a pass never reads more than [`MAX_PASS_READS`] entries and
+//! descriptors, whatever the guest writes into its rings and whenever it
+//! writes it; `NetMetrics::max_descs_per_pass` shows the largest seen.
+//!
+//! Used entries are published once per pass (see [`SplitQueue`]), and the
+//! per-frame counters are added to [`NetMetrics`] once per pass as well.
 
 use std::collections::VecDeque;
 use std::io;
@@ -37,185 +48,133 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress};
-
-use super::iov::{self, IoSeg, IOV_MAX};
+use super::iov;
 use super::metrics::NetMetrics;
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
-use crate::virtio::{GuestMemory, Interrupt};
+pub use crate::virtio::queue::ChainError;
+use crate::virtio::queue::{
+    Budget, Chain, ChainRules, IoSeg, Notify, QueueError, SplitQueue, IOV_MAX, MAX_CHAIN_SEGS,
+};
+use crate::virtio::Interrupt;
 
 /// Largest TX chain accepted: a 64 KiB GSO frame plus the vnet header.
 pub const MAX_TX_CHAIN_LEN: usize = VNET_HDR_LEN + MAX_FRAME_GSO;
 /// Size of the bounce buffer of the copying baseline (vmm-reference's 64 KiB,
 /// rounded up so the largest GSO frame fits).
 pub const BOUNCE_BUFFER_LEN: usize = MAX_TX_CHAIN_LEN;
+/// Ring entries and descriptors one pass may read before it yields, whatever
+/// the weights (a fixed hard cap: 0 weights only turn the weights off). Well
+/// above what a weighted pass of real traffic reads: 256 frames of 19
+/// descriptors (a 64 KiB frame in page fragments) are 5,120.
+pub const PASS_DESC_BUDGET: u32 = 8192;
+/// Most ring entries and descriptors a pass can read: the budget is checked
+/// before each chain, and one chain costs at most its avail entry, the
+/// descriptor pointing to an indirect table and `MAX_CHAIN_SEGS + 1`
+/// descriptors (the last one refused).
+pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 2;
 
-/// Why a descriptor chain from the guest was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ChainError {
-    /// A descriptor points outside guest memory.
-    #[error("descriptor outside guest memory")]
-    OutsideMemory,
-    /// A TX chain has a device-writable descriptor.
-    #[error("write-only descriptor in a TX chain")]
-    WriteOnlyOnTx,
-    /// An RX chain has a device-readable descriptor.
-    #[error("read-only descriptor in an RX chain")]
-    ReadOnlyOnRx,
-    /// The chain loops, is longer than the queue, or a descriptor could not
-    /// be read.
-    #[error("chain loops, is longer than the queue or has an unreadable descriptor")]
-    Unterminated,
-    /// The chain is shorter than the 12-byte `virtio_net_hdr_v1`.
-    #[error("chain shorter than the 12-byte virtio-net header")]
-    TooShort,
-    /// A TX chain is longer than 12 + 65550 bytes.
-    #[error("TX chain longer than 12 + 65550 bytes")]
-    TooLong,
-    /// The chain needs more I/O vectors than one syscall takes.
-    #[error("chain needs more than 1023 I/O vectors")]
-    TooManySegments,
+const RX_RULES: ChainRules = ChainRules {
+    device_writes: true,
+    min_len: VNET_HDR_LEN,
+    max_len: usize::MAX,
+};
+const TX_RULES: ChainRules = ChainRules {
+    device_writes: false,
+    min_len: VNET_HDR_LEN,
+    max_len: MAX_TX_CHAIN_LEN,
+};
+
+/// One pass's progress, added to the metrics once at its end.
+#[derive(Debug)]
+struct Pass {
+    budget: Budget,
+    /// Frames and refused chains (the packet weight counts both).
+    packets: u64,
+    /// Frame bytes including the vnet header (the byte weight).
+    bytes: u64,
+    /// Frames delivered or sent, frame bytes without the header, and (RX)
+    /// buffers used: the counters of `NetMetrics`.
+    frames: u64,
+    payload: u64,
+    buffers: u64,
 }
 
-/// A validated chain: its head, its length and where its segments are.
-#[derive(Debug, Clone, Copy)]
-struct ChainInfo {
-    head: u16,
-    len: usize,
-    nsegs: usize,
-    ndescs: usize,
-    /// Guest addresses of the two bytes of `num_buffers` (they may sit in
-    /// different descriptors when the guest splits the header).
-    num_buffers_at: [GuestAddress; 2],
-}
-
-/// Walks `chain`, appending its segments to `segs` and checking every
-/// descriptor; on error `segs` is left as it was.
-fn walk_chain(
-    mem: &GuestMemory,
-    chain: DescriptorChain<&GuestMemory>,
-    writable: bool,
-    segs: &mut Vec<IoSeg>,
-) -> Result<ChainInfo, ChainError> {
-    let start = segs.len();
-    let head = chain.head_index();
-    let res = (|| {
-        let mut len = 0usize;
-        let mut ndescs = 0usize;
-        // A chain that yields nothing had an unreadable head descriptor.
-        let mut last_has_next = true;
-        let mut nb: [Option<GuestAddress>; 2] = [None, None];
-        for desc in chain {
-            ndescs += 1;
-            last_has_next = desc.has_next();
-            if desc.is_write_only() != writable {
-                return Err(if writable {
-                    ChainError::ReadOnlyOnRx
-                } else {
-                    ChainError::WriteOnlyOnTx
-                });
-            }
-            let dlen = desc.len() as usize;
-            for (i, slot) in nb.iter_mut().enumerate() {
-                let off = NUM_BUFFERS_OFFSET + i;
-                if slot.is_none() && off >= len && off < len + dlen {
-                    *slot = desc.addr().checked_add((off - len) as u64);
-                }
-            }
-            if dlen > 0 && !iov::push_guest_range(mem, desc.addr(), dlen, segs) {
-                return Err(ChainError::OutsideMemory);
-            }
-            len += dlen;
-            if segs.len() - start >= IOV_MAX {
-                return Err(ChainError::TooManySegments);
-            }
-            if !writable && len > MAX_TX_CHAIN_LEN {
-                return Err(ChainError::TooLong);
-            }
+impl Pass {
+    fn new() -> Self {
+        Pass {
+            budget: Budget::new(PASS_DESC_BUDGET),
+            packets: 0,
+            bytes: 0,
+            frames: 0,
+            payload: 0,
+            buffers: 0,
         }
-        // The iterator ends silently when the chain loops (its TTL runs out)
-        // or a `next` index is out of range: the last descriptor it gave us
-        // then still says there is more.
-        if last_has_next {
-            return Err(ChainError::Unterminated);
-        }
-        if len < VNET_HDR_LEN {
-            return Err(ChainError::TooShort);
-        }
-        match nb {
-            [Some(a), Some(b)] => Ok(ChainInfo {
-                head,
-                len,
-                nsegs: segs.len() - start,
-                ndescs,
-                num_buffers_at: [a, b],
-            }),
-            // len >= 12 puts both bytes inside the chain unless an address
-            // overflowed, which push_guest_range already refused.
-            _ => Err(ChainError::OutsideMemory),
-        }
-    })();
-    if res.is_err() {
-        segs.truncate(start);
     }
-    res
-}
 
-/// Pops the next available chain; `Err` when the avail ring is unusable.
-fn pop_chain<'a>(
-    queue: &mut Queue,
-    mem: &'a GuestMemory,
-) -> Result<Option<DescriptorChain<&'a GuestMemory>>, virtio_queue::Error> {
-    Ok(queue.iter(mem)?.next())
+    /// Whether the pass must yield: `Some(true)` for the weights,
+    /// `Some(false)` for the descriptor budget.
+    fn must_yield(&self, weight_bytes: u64, weight_packets: u64) -> Option<bool> {
+        if (weight_bytes != 0 && self.bytes >= weight_bytes)
+            || (weight_packets != 0 && self.packets >= weight_packets)
+        {
+            Some(true)
+        } else if self.budget.exhausted() {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Counts why a pass yielded.
+    fn count_yield(weight: bool, weight_hits: &std::sync::atomic::AtomicU64, m: &NetMetrics) {
+        NetMetrics::inc(if weight {
+            weight_hits
+        } else {
+            &m.desc_budget_hits
+        });
+    }
+
+    /// Publishes the pass's used entries, raises the interrupt the driver
+    /// asked for and adds the pass's work to the metrics.
+    fn finish(self, queue: &mut SplitQueue, irq: &dyn Interrupt, m: &NetMetrics) {
+        match queue.publish_used() {
+            Notify::Nothing => {}
+            Notify::Interrupt => {
+                NetMetrics::inc(&m.interrupts);
+                irq.signal_used_queue();
+            }
+            Notify::Suppressed => {
+                NetMetrics::inc(&m.interrupts_suppressed);
+            }
+        }
+        let reads = u64::from(self.budget.spent());
+        NetMetrics::add(&m.descs_walked, reads);
+        m.max_descs_per_pass.fetch_max(reads, Ordering::Relaxed);
+    }
 }
 
 /// Returns a refused chain to the guest with length 0 and counts it.
 fn return_malformed(
-    queue: &mut Queue,
-    mem: &GuestMemory,
+    queue: &mut SplitQueue,
     metrics: &NetMetrics,
     head: u16,
     err: ChainError,
     dir: &str,
-) -> Result<(), virtio_queue::Error> {
+) {
     let n = NetMetrics::inc(&metrics.malformed_chains);
     warn_rate_limited(n, format_args!("{dir} chain {head} refused: {err}"));
-    if head >= queue.size() {
-        // Not a descriptor of this ring: there is nothing to give back.
-        return Ok(());
-    }
-    queue.add_used(mem, head, 0)
-}
-
-/// Raises the used-buffer interrupt unless the driver suppressed it.
-fn signal_used(queue: &mut Queue, mem: &GuestMemory, irq: &dyn Interrupt, metrics: &NetMetrics) {
-    match queue.needs_notification(mem) {
-        Ok(true) => {
-            NetMetrics::inc(&metrics.interrupts);
-            irq.signal_used_queue();
-        }
-        Ok(false) => {
-            NetMetrics::inc(&metrics.interrupts_suppressed);
-        }
-        // The used_event field is unreadable: interrupt rather than stall.
-        Err(_) => {
-            NetMetrics::inc(&metrics.interrupts);
-            irq.signal_used_queue();
-        }
+    // A head outside the table names no chain: there is nothing to give back.
+    if err != ChainError::HeadOutOfRange {
+        queue.add_used(head, 0);
     }
 }
 
-fn queue_failed(metrics: &NetMetrics, dir: &str, err: &virtio_queue::Error) {
+fn queue_failed(metrics: &NetMetrics, dir: &str, err: &QueueError) {
     let n = NetMetrics::inc(&metrics.queue_errors);
     warn_rate_limited(
         n,
         format_args!("{dir} queue unusable until the driver resets the device: {err}"),
     );
-}
-
-fn weight_reached(bytes: u64, frames: u64, weight_bytes: u64, weight_frames: u64) -> bool {
-    (weight_bytes != 0 && bytes >= weight_bytes) || (weight_frames != 0 && frames >= weight_frames)
 }
 
 /// How an RX pass ended.
@@ -226,37 +185,48 @@ pub enum RxStatus {
     /// The guest has not posted enough buffers; reading stopped until the
     /// next RX queue notification.
     Starved,
-    /// The pass hit the byte or packet weight; more frames may be waiting.
+    /// The pass hit the byte or packet weight or the descriptor budget; more
+    /// frames or chains may be waiting.
     WeightHit,
     /// The queue is unusable until the driver resets the device.
     Broken,
-    /// The backend reached end of file (a socket peer closed).
-    HungUp,
+    /// The backend returned 0 bytes: a 0-byte message from a socket peer,
+    /// or end of file once the peer hung up. Only the event glue can tell
+    /// (EPOLLHUP), so the pass stops there.
+    ZeroRead,
+}
+
+/// The result of one read from the backend.
+enum Read {
+    /// A frame of this many bytes (vnet header included) was delivered.
+    Frame(usize),
+    /// A frame was read but dropped (it did not fit, or was a runt).
+    Dropped,
+    /// The read returned 0 bytes.
+    Zero,
 }
 
 /// The receive side: one RX queue filled from the backend.
 #[derive(Debug)]
 pub struct RxVirtio {
-    pub(crate) queue: Queue,
+    pub(crate) queue: SplitQueue,
     mrg_rxbuf: bool,
     /// Largest frame the backend may deliver, vnet header included.
     max_frame: usize,
     weight_bytes: u64,
     weight_packets: u64,
     /// Chains popped and validated but not filled yet, in ring order.
-    chains: VecDeque<ChainInfo>,
-    /// Segments of `chains`, in the same order.
+    chains: VecDeque<Chain>,
+    /// Segments of `chains`, in the same order, from `seg_start` on.
     segs: Vec<IoSeg>,
+    seg_start: usize,
     cached_len: usize,
     cached_descs: usize,
-    /// The I/O vector of one `readv` (a prefix of `segs`).
+    /// The I/O vector of one `readv` (a copy of the first segments).
     iov: Vec<IoSeg>,
     /// Catches the first byte past the guest buffers to detect truncation.
     overflow: [u8; 1],
     bounce: Option<Vec<u8>>,
-    used_lens: Vec<usize>,
-    /// Guest notifications are enabled (we are waiting for buffers).
-    notify_enabled: bool,
     starved_since: Option<Instant>,
     broken: bool,
 }
@@ -264,7 +234,7 @@ pub struct RxVirtio {
 impl RxVirtio {
     /// Wraps a ready RX queue; `max_frame` includes the vnet header.
     pub fn new(
-        queue: Queue,
+        queue: SplitQueue,
         mrg_rxbuf: bool,
         max_frame: usize,
         weight_bytes: u64,
@@ -279,13 +249,12 @@ impl RxVirtio {
             weight_packets,
             chains: VecDeque::new(),
             segs: Vec::new(),
+            seg_start: 0,
             cached_len: 0,
             cached_descs: 0,
             iov: Vec::new(),
             overflow: [0],
             bounce: bounce.then(|| vec![0u8; BOUNCE_BUFFER_LEN + 1]),
-            used_lens: Vec::new(),
-            notify_enabled: true,
             starved_since: None,
             broken: false,
         }
@@ -327,48 +296,39 @@ impl RxVirtio {
         !self.mrg_rxbuf
             || self.cached_len >= self.max_frame
             || self.cached_descs >= usize::from(self.queue.size())
-            || self.segs.len() >= IOV_MAX - 1
+            || self.segs.len() - self.seg_start >= IOV_MAX - 1
     }
 
-    /// Pops chains into the cache until it can take a frame. Ok(false): the
-    /// ring has no more chains.
-    fn fill_cache(&mut self, mem: &GuestMemory, metrics: &NetMetrics) -> Result<bool, ()> {
+    /// Pops chains into the cache until it can take a frame, the ring is
+    /// empty, or the pass must yield.
+    fn fill_cache(&mut self, pass: &mut Pass, metrics: &NetMetrics) -> Result<Fill, QueueError> {
         while !self.enough_buffers() {
-            let chain = match pop_chain(&mut self.queue, mem) {
-                Ok(Some(chain)) => chain,
-                Ok(None) => return Ok(false),
-                Err(e) => {
-                    queue_failed(metrics, "RX", &e);
-                    return Err(());
-                }
+            if let Some(weight) = pass.must_yield(self.weight_bytes, self.weight_packets) {
+                return Ok(Fill::Yield(weight));
+            }
+            let Some(head) = self.queue.pop(&mut pass.budget)? else {
+                return Ok(Fill::Empty);
             };
-            let head = chain.head_index();
-            match walk_chain(mem, chain, true, &mut self.segs) {
-                Ok(info) => {
-                    self.cached_len += info.len;
-                    self.cached_descs += info.ndescs;
-                    self.chains.push_back(info);
+            match self
+                .queue
+                .walk(head, &RX_RULES, &mut self.segs, &mut pass.budget)
+            {
+                Ok(chain) => {
+                    self.cached_len += chain.len;
+                    self.cached_descs += chain.ring_descs;
+                    self.chains.push_back(chain);
                 }
                 Err(err) => {
-                    if let Err(e) = return_malformed(&mut self.queue, mem, metrics, head, err, "RX")
-                    {
-                        queue_failed(metrics, "RX", &e);
-                        return Err(());
-                    }
+                    pass.packets += 1;
+                    return_malformed(&mut self.queue, metrics, head, err, "RX");
                 }
             }
         }
-        Ok(true)
+        Ok(Fill::Enough)
     }
 
-    /// Reads one frame into the cached chains. Ok(None): a frame was read
-    /// but dropped.
-    fn read_frame(
-        &mut self,
-        mem: &GuestMemory,
-        fd: RawFd,
-        metrics: &NetMetrics,
-    ) -> io::Result<Option<usize>> {
+    /// Reads one frame into the cached chains.
+    fn read_frame(&mut self, fd: RawFd, pass: &mut Pass, metrics: &NetMetrics) -> io::Result<Read> {
         // Chains offered to this read: without MRG_RXBUF only the first; with
         // it, as many as the largest frame needs and one syscall takes.
         let mut nsegs = 0;
@@ -380,24 +340,24 @@ impl RxVirtio {
             nsegs += c.nsegs;
             cap += c.len;
         }
+        let segs = &self.segs[self.seg_start..self.seg_start + nsegs];
 
         let n = match self.bounce.as_mut() {
             Some(bounce) => {
                 let n = iov::read(fd, bounce)?;
                 if n <= cap {
-                    iov::copy_to_segs(&self.segs[..nsegs], &bounce[..n]);
+                    iov::copy_to_segs(segs, 0, &bounce[..n]);
                 }
                 n
             }
             None => {
                 self.iov.clear();
-                self.iov.extend_from_slice(&self.segs[..nsegs]);
+                self.iov.extend_from_slice(segs);
                 iov::readv(fd, &mut self.iov, &mut self.overflow)?
             }
         };
         if n == 0 {
-            // A socket whose peer closed; a TAP never reads 0 bytes.
-            return Err(io::ErrorKind::UnexpectedEof.into());
+            return Ok(Read::Zero);
         }
         if !(VNET_HDR_LEN..=cap).contains(&n) {
             // The chains keep their place in the cache for the next frame.
@@ -406,92 +366,79 @@ impl RxVirtio {
                 d,
                 format_args!("dropped a {n}-byte RX frame: posted buffers hold {cap} bytes"),
             );
-            return Ok(None);
+            return Ok(Read::Dropped);
         }
 
-        self.used_lens.clear();
+        // Return the chains the frame filled, each with the bytes it got.
         let mut left = n;
-        for c in &self.chains {
-            if left == 0 {
+        let mut used = 0usize;
+        let mut used_segs = 0;
+        while left > 0 {
+            // n <= cap, the capacity of the chains counted above.
+            let Some(c) = self.chains.pop_front() else {
                 break;
-            }
+            };
             let take = left.min(c.len);
-            self.used_lens.push(take);
             left -= take;
+            used += 1;
+            used_segs += c.nsegs;
+            self.cached_len -= c.len;
+            self.cached_descs -= c.ring_descs;
+            // Frame lengths are at most 12 + 65550, well within u32.
+            self.queue.add_used(c.head, take as u32);
         }
-        let used = self.used_lens.len();
         // num_buffers (virtio 1.1 §5.1.6.4): 1 without MRG_RXBUF. The backend
         // leaves these two bytes untouched, so they must always be written.
         let nb = u16::try_from(used).unwrap_or(u16::MAX).to_le_bytes();
-        let first = self.chains[0];
-        for (byte, addr) in nb.iter().zip(first.num_buffers_at) {
-            // Both addresses were checked to be guest memory when the chain
-            // was cached; a failure here is a host-side mapping problem.
-            if let Err(e) = mem.write_obj(*byte, addr) {
-                NetMetrics::inc(&metrics.host_errors);
-                log::error!("virtio-net: cannot write num_buffers: {e}");
-            }
+        iov::write_bytes_at(segs, NUM_BUFFERS_OFFSET, &nb);
+        self.seg_start += used_segs;
+        if self.seg_start == self.segs.len() {
+            self.segs.clear();
+            self.seg_start = 0;
+        } else if self.seg_start >= IOV_MAX {
+            self.segs.drain(..self.seg_start);
+            self.seg_start = 0;
         }
-        let mut used_segs = 0;
-        for (c, len) in self.chains.drain(..used).zip(&self.used_lens) {
-            used_segs += c.nsegs;
-            self.cached_len -= c.len;
-            self.cached_descs -= c.ndescs;
-            // Frame lengths are at most 12 + 65550, well within u32.
-            if let Err(e) = self.queue.add_used(mem, c.head, *len as u32) {
-                queue_failed(metrics, "RX", &e);
-                self.broken = true;
-            }
-        }
-        self.segs.drain(..used_segs);
 
-        NetMetrics::inc(&metrics.rx_frames);
-        NetMetrics::add(&metrics.rx_bytes, (n - VNET_HDR_LEN) as u64);
-        NetMetrics::add(&metrics.rx_buffers, used as u64);
-        Ok(Some(n))
+        pass.frames += 1;
+        pass.payload += (n - VNET_HDR_LEN) as u64;
+        pass.buffers += used as u64;
+        Ok(Read::Frame(n))
     }
 
     /// One RX pass: reads frames until the backend is empty, the guest runs
-    /// out of buffers, or the weight is reached.
-    pub fn process(
-        &mut self,
-        mem: &GuestMemory,
-        fd: RawFd,
-        metrics: &NetMetrics,
-        irq: &dyn Interrupt,
-    ) -> RxStatus {
+    /// out of buffers, or the pass must yield.
+    pub fn process(&mut self, fd: RawFd, metrics: &NetMetrics, irq: &dyn Interrupt) -> RxStatus {
         if self.broken {
             return RxStatus::Broken;
         }
         NetMetrics::inc(&metrics.rx_passes);
-        let used_before = self.queue.next_used();
-        let mut bytes = 0u64;
-        let mut frames = 0u64;
+        let mut pass = Pass::new();
         let status = loop {
-            match self.fill_cache(mem, metrics) {
-                Err(()) => {
-                    self.broken = true;
+            match self.fill_cache(&mut pass, metrics) {
+                Err(e) => {
+                    queue_failed(metrics, "RX", &e);
                     break RxStatus::Broken;
                 }
-                Ok(true) => {
-                    if self.notify_enabled {
-                        // We have buffers: the guest need not kick us for
-                        // more until we run short again.
-                        if self.queue.disable_notification(mem).is_ok() {
-                            self.notify_enabled = false;
-                        }
-                    }
+                Ok(Fill::Yield(weight)) => {
+                    Pass::count_yield(weight, &metrics.rx_weight_hits, metrics);
+                    break RxStatus::WeightHit;
                 }
-                Ok(false) => {
+                // We have buffers: the guest need not kick us for more until
+                // we run short again.
+                Ok(Fill::Enough) => self.queue.disable_notifications(),
+                Ok(Fill::Empty) => {
                     // Ask for a kick when buffers are posted, then look once
                     // more: some may have arrived before the request landed.
-                    self.notify_enabled = true;
-                    match self.queue.enable_notification(mem) {
-                        Ok(true) => continue,
+                    match self.queue.enable_notifications() {
+                        Ok(true) => {
+                            pass.budget.charge(1);
+                            continue;
+                        }
                         // We cannot tell whether another frame waits without
                         // reading it. Keep polling the backend: if one does,
                         // the next pass starts without buffers and starves.
-                        Ok(false) if frames > 0 => break RxStatus::Drained,
+                        Ok(false) if pass.frames > 0 => break RxStatus::Drained,
                         Ok(false) => {
                             NetMetrics::inc(&metrics.rx_no_avail_buffer);
                             self.starved_since = Some(Instant::now());
@@ -502,39 +449,50 @@ impl RxVirtio {
                         }
                         Err(e) => {
                             queue_failed(metrics, "RX", &e);
-                            self.broken = true;
                             break RxStatus::Broken;
                         }
                     }
                 }
             }
-            match self.read_frame(mem, fd, metrics) {
-                Ok(n) => {
-                    frames += 1;
-                    bytes += n.unwrap_or(0) as u64;
+            match self.read_frame(fd, &mut pass, metrics) {
+                Ok(Read::Frame(n)) => {
+                    pass.packets += 1;
+                    pass.bytes += n as u64;
                 }
+                Ok(Read::Dropped) => pass.packets += 1,
+                Ok(Read::Zero) => break RxStatus::ZeroRead,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break RxStatus::Drained,
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break RxStatus::HungUp,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    NetMetrics::inc(&metrics.host_errors);
-                    log::error!("virtio-net: backend read failed: {e}");
+                    let n = NetMetrics::inc(&metrics.host_errors);
+                    warn_rate_limited(n, format_args!("backend read failed: {e}"));
                     break RxStatus::Drained;
                 }
             }
-            if self.broken {
-                break RxStatus::Broken;
-            }
-            if weight_reached(bytes, frames, self.weight_bytes, self.weight_packets) {
-                NetMetrics::inc(&metrics.rx_weight_hits);
+            if let Some(weight) = pass.must_yield(self.weight_bytes, self.weight_packets) {
+                Pass::count_yield(weight, &metrics.rx_weight_hits, metrics);
                 break RxStatus::WeightHit;
             }
         };
-        if self.queue.next_used() != used_before {
-            signal_used(&mut self.queue, mem, irq, metrics);
+        if status == RxStatus::Broken {
+            self.broken = true;
         }
+        NetMetrics::add(&metrics.rx_frames, pass.frames);
+        NetMetrics::add(&metrics.rx_bytes, pass.payload);
+        NetMetrics::add(&metrics.rx_buffers, pass.buffers);
+        pass.finish(&mut self.queue, irq, metrics);
         status
     }
+}
+
+/// How cache filling ended.
+enum Fill {
+    /// The cache can take a frame.
+    Enough,
+    /// The ring has no more chains.
+    Empty,
+    /// The pass must yield: weight (true) or descriptor budget (false).
+    Yield(bool),
 }
 
 /// How a TX pass ended.
@@ -542,7 +500,8 @@ impl RxVirtio {
 pub enum TxStatus {
     /// The TX ring is empty and guest notifications are enabled again.
     Done,
-    /// The pass hit the byte or packet weight with chains still available.
+    /// The pass hit the byte or packet weight or the descriptor budget with
+    /// chains still available.
     WeightHit,
     /// The backend returned EAGAIN; a chain is pending until it is writable.
     Blocked,
@@ -560,7 +519,7 @@ struct PendingTx {
 /// The transmit side: one TX queue drained into the backend.
 #[derive(Debug)]
 pub struct TxVirtio {
-    pub(crate) queue: Queue,
+    pub(crate) queue: SplitQueue,
     weight_bytes: u64,
     weight_packets: u64,
     segs: Vec<IoSeg>,
@@ -577,7 +536,7 @@ enum Sent {
 
 impl TxVirtio {
     /// Wraps a ready TX queue.
-    pub fn new(queue: Queue, weight_bytes: u64, weight_packets: u64, bounce: bool) -> Self {
+    pub fn new(queue: SplitQueue, weight_bytes: u64, weight_packets: u64, bounce: bool) -> Self {
         TxVirtio {
             queue,
             weight_bytes,
@@ -594,7 +553,7 @@ impl TxVirtio {
         self.pending.is_some()
     }
 
-    fn send(&mut self, fd: RawFd, len: usize, metrics: &NetMetrics) -> Sent {
+    fn send(&mut self, fd: RawFd, len: usize, pass: &mut Pass, metrics: &NetMetrics) -> Sent {
         loop {
             let res = match self.bounce.as_mut() {
                 Some(buf) => {
@@ -605,8 +564,8 @@ impl TxVirtio {
             };
             return match res {
                 Ok(_) => {
-                    NetMetrics::inc(&metrics.tx_frames);
-                    NetMetrics::add(&metrics.tx_bytes, (len - VNET_HDR_LEN) as u64);
+                    pass.frames += 1;
+                    pass.payload += (len - VNET_HDR_LEN) as u64;
                     Sent::Ok
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -627,98 +586,107 @@ impl TxVirtio {
         }
     }
 
-    fn more_available(&self, mem: &GuestMemory) -> bool {
-        self.queue
-            .avail_idx(mem, Ordering::Acquire)
-            .map(|idx| idx.0 != self.queue.next_avail())
-            .unwrap_or(false)
+    /// Sends the chain whose segments are in `segs`. `None` when the
+    /// backend pushed back and the chain is now pending.
+    fn send_chain(
+        &mut self,
+        fd: RawFd,
+        head: u16,
+        len: usize,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Option<()> {
+        match self.send(fd, len, pass, metrics) {
+            Sent::Again => {
+                self.pending = Some(PendingTx { head, len });
+                None
+            }
+            Sent::Ok | Sent::Dropped => {
+                pass.packets += 1;
+                pass.bytes += len as u64;
+                self.queue.add_used(head, 0);
+                Some(())
+            }
+        }
+    }
+
+    /// Sends chains until the ring is empty (`Ok(None)`) or the pass must
+    /// stop (`Ok(Some(status))`).
+    fn drain(
+        &mut self,
+        fd: RawFd,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Result<Option<TxStatus>, QueueError> {
+        loop {
+            if let Some(weight) = pass.must_yield(self.weight_bytes, self.weight_packets) {
+                if !self.queue.has_available()? {
+                    return Ok(None);
+                }
+                Pass::count_yield(weight, &metrics.tx_weight_hits, metrics);
+                return Ok(Some(TxStatus::WeightHit));
+            }
+            let Some(head) = self.queue.pop(&mut pass.budget)? else {
+                return Ok(None);
+            };
+            self.segs.clear();
+            match self
+                .queue
+                .walk(head, &TX_RULES, &mut self.segs, &mut pass.budget)
+            {
+                Ok(chain) => {
+                    if self
+                        .send_chain(fd, head, chain.len, pass, metrics)
+                        .is_none()
+                    {
+                        return Ok(Some(TxStatus::Blocked));
+                    }
+                }
+                Err(err) => {
+                    pass.packets += 1;
+                    return_malformed(&mut self.queue, metrics, head, err, "TX");
+                }
+            }
+        }
     }
 
     /// One TX pass: sends chains until the ring is empty, the backend
-    /// pushes back, or the weight is reached.
-    pub fn process(
-        &mut self,
-        mem: &GuestMemory,
-        fd: RawFd,
-        metrics: &NetMetrics,
-        irq: &dyn Interrupt,
-    ) -> TxStatus {
+    /// pushes back, or the pass must yield.
+    pub fn process(&mut self, fd: RawFd, metrics: &NetMetrics, irq: &dyn Interrupt) -> TxStatus {
         if self.broken {
             return TxStatus::Broken;
         }
         NetMetrics::inc(&metrics.tx_passes);
-        let used_before = self.queue.next_used();
-        let mut bytes = 0u64;
-        let mut frames = 0u64;
+        let mut pass = Pass::new();
         let status = 'pass: {
             if let Some(p) = self.pending.take() {
                 NetMetrics::inc(&metrics.tx_eagain_retries);
-                match self.send(fd, p.len, metrics) {
-                    Sent::Again => {
-                        self.pending = Some(p);
-                        break 'pass TxStatus::Blocked;
-                    }
-                    Sent::Ok | Sent::Dropped => {
-                        frames += 1;
-                        bytes += p.len as u64;
-                        if let Err(e) = self.queue.add_used(mem, p.head, 0) {
-                            queue_failed(metrics, "TX", &e);
-                            break 'pass TxStatus::Broken;
-                        }
-                    }
+                if self
+                    .send_chain(fd, p.head, p.len, &mut pass, metrics)
+                    .is_none()
+                {
+                    break 'pass TxStatus::Blocked;
                 }
             }
+            // The guest need not kick while we are draining the ring.
+            self.queue.disable_notifications();
             loop {
-                // The guest need not kick while we are draining the ring.
-                if let Err(e) = self.queue.disable_notification(mem) {
-                    queue_failed(metrics, "TX", &e);
-                    break 'pass TxStatus::Broken;
-                }
-                loop {
-                    if weight_reached(bytes, frames, self.weight_bytes, self.weight_packets) {
-                        if self.more_available(mem) {
-                            NetMetrics::inc(&metrics.tx_weight_hits);
-                            break 'pass TxStatus::WeightHit;
-                        }
-                        break;
-                    }
-                    let chain = match pop_chain(&mut self.queue, mem) {
-                        Ok(Some(chain)) => chain,
-                        Ok(None) => break,
-                        Err(e) => {
-                            queue_failed(metrics, "TX", &e);
-                            break 'pass TxStatus::Broken;
-                        }
-                    };
-                    let head = chain.head_index();
-                    self.segs.clear();
-                    let res = match walk_chain(mem, chain, false, &mut self.segs) {
-                        Ok(info) => match self.send(fd, info.len, metrics) {
-                            Sent::Again => {
-                                self.pending = Some(PendingTx {
-                                    head,
-                                    len: info.len,
-                                });
-                                break 'pass TxStatus::Blocked;
-                            }
-                            Sent::Ok | Sent::Dropped => {
-                                frames += 1;
-                                bytes += info.len as u64;
-                                self.queue.add_used(mem, head, 0)
-                            }
-                        },
-                        Err(err) => {
-                            return_malformed(&mut self.queue, mem, metrics, head, err, "TX")
-                        }
-                    };
-                    if let Err(e) = res {
+                match self.drain(fd, &mut pass, metrics) {
+                    Ok(Some(status)) => break 'pass status,
+                    Ok(None) => {}
+                    Err(e) => {
                         queue_failed(metrics, "TX", &e);
                         break 'pass TxStatus::Broken;
                     }
                 }
-                // Re-enable kicks; if chains arrived meanwhile, keep going.
-                match self.queue.enable_notification(mem) {
-                    Ok(true) => continue,
+                // Re-enable kicks; if chains arrived meanwhile, keep going
+                // (each such look counts against the budget, so a guest that
+                // keeps moving avail.idx cannot keep the pass here).
+                match self.queue.enable_notifications() {
+                    Ok(true) => {
+                        pass.budget.charge(1);
+                        self.queue.disable_notifications();
+                    }
                     Ok(false) => break 'pass TxStatus::Done,
                     Err(e) => {
                         queue_failed(metrics, "TX", &e);
@@ -730,15 +698,17 @@ impl TxVirtio {
         if status == TxStatus::Broken {
             self.broken = true;
         }
-        if self.queue.next_used() != used_before {
-            signal_used(&mut self.queue, mem, irq, metrics);
-        }
+        NetMetrics::add(&metrics.tx_frames, pass.frames);
+        NetMetrics::add(&metrics.tx_bytes, pass.payload);
+        pass.finish(&mut self.queue, irq, metrics);
         status
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use vm_memory::{Bytes, GuestAddress};
+
     use super::super::test_driver::*;
     use super::super::NetConfig;
     use super::*;

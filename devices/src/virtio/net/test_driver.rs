@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use event_manager::{EventManager, SubscriberOps};
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::device::features::*;
@@ -20,6 +19,7 @@ use super::device::Net;
 use super::metrics::NetMetrics;
 use super::tap::SeqPacket;
 use super::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
+use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
 
 /// VRING_DESC_F_NEXT (virtio 1.1 §2.6.5).
@@ -61,15 +61,20 @@ impl TestQueue {
         }
     }
 
-    /// The device-side `Queue` the transport would hand over.
-    pub fn create_queue(&self) -> Queue {
-        let mut q = Queue::new(self.size).unwrap();
-        q.set_size(self.size);
-        q.set_desc_table_address(Some(self.desc.0 as u32), Some((self.desc.0 >> 32) as u32));
-        q.set_avail_ring_address(Some(self.avail.0 as u32), Some((self.avail.0 >> 32) as u32));
-        q.set_used_ring_address(Some(self.used.0 as u32), Some((self.used.0 >> 32) as u32));
-        q.set_ready(true);
-        q
+    /// Where the rings are.
+    pub fn addrs(&self) -> RingAddrs {
+        RingAddrs {
+            size: self.size,
+            desc_table: self.desc.0,
+            avail_ring: self.avail.0,
+            used_ring: self.used.0,
+        }
+    }
+
+    /// The device-side queue the transport would hand over with `features`
+    /// acked (EVENT_IDX and INDIRECT_DESC are taken from them).
+    pub fn create_queue(&self, mem: &GuestMemory, features: u64) -> SplitQueue {
+        queue_at(mem, self.addrs(), features)
     }
 
     /// Writes descriptor `idx` as given.
@@ -170,6 +175,19 @@ impl TestQueue {
     }
 }
 
+/// A device-side queue at `addrs`, validated as the transport does it
+/// (without the overlap check, so tests can build what it refuses).
+pub fn queue_at(mem: &GuestMemory, addrs: RingAddrs, features: u64) -> SplitQueue {
+    let regions = Arc::new(GuestRegions::new(mem).unwrap());
+    SplitQueue::new(
+        regions,
+        addrs,
+        addrs.size.max(256),
+        RingFeatures::from_bits(features),
+    )
+    .unwrap()
+}
+
 /// Counts used-buffer interrupts and device-error reports.
 #[derive(Default)]
 pub struct TestIrq {
@@ -257,7 +275,10 @@ impl Harness {
     /// Activates the device as the transport does at DRIVER_OK, then lets
     /// the event loop pick the activation up.
     pub fn activate(&mut self, features: u64) {
-        let queues = vec![self.rxq.create_queue(), self.txq.create_queue()];
+        let queues = vec![
+            self.rxq.create_queue(&self.mem, features),
+            self.txq.create_queue(&self.mem, features),
+        ];
         self.dev()
             .activate(features, queues, self.irq.clone())
             .unwrap();

@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Descriptor chains (virtio 1.1 §2.6.5): walking, checking, translating.
+//!
+//! [`SplitQueue::walk`] follows a chain from its head, through at most one
+//! indirect table, and appends the host segments of its buffers to a vector
+//! the caller hands to `readv`/`writev`. Each descriptor is copied out of
+//! guest memory once; every decision is made on that copy.
+//!
+//! A chain is refused ([`ChainError`]) when it:
+//! - has a head or `next` index outside its table, or loops (more
+//!   descriptors than its table has entries; a direct chain is at most the
+//!   queue size long);
+//! - has a buffer that is not guest memory, or one of the wrong direction
+//!   for the caller ([`ChainRules::device_writes`]);
+//! - uses an indirect table without VIRTIO_RING_F_INDIRECT_DESC, sets
+//!   INDIRECT together with NEXT, nests one inside another, or points to a
+//!   table whose length is 0, not a multiple of 16, larger than the queue
+//!   size in entries, or not inside one guest memory region;
+//! - is shorter than [`ChainRules::min_len`] or longer than
+//!   [`ChainRules::max_len`] bytes;
+//! - has more than [`MAX_CHAIN_SEGS`] buffers or host segments, zero-length
+//!   buffers included, which one system call could not take (and with which
+//!   a chain through a large indirect table could otherwise cost tens of
+//!   thousands of reads).
+//!
+//! So a chain costs at most `MAX_CHAIN_SEGS + 2` descriptor reads, good or
+//! refused, whatever the queue size.
+
+use super::{
+    Budget, IoSeg, SplitQueue, IOV_MAX, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT,
+    VIRTQ_DESC_F_WRITE,
+};
+
+/// Most buffers (and host segments) in one chain: one fewer than IOV_MAX so
+/// a receive can add a host byte to detect truncation.
+pub const MAX_CHAIN_SEGS: usize = IOV_MAX - 1;
+
+/// Why a descriptor chain from the guest was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// The avail entry names a descriptor outside the table.
+    #[error("head index outside the descriptor table")]
+    HeadOutOfRange,
+    /// A buffer or indirect table is not guest memory.
+    #[error("descriptor outside guest memory")]
+    OutsideMemory,
+    /// A chain the device only reads (TX) has a device-writable buffer.
+    #[error("device-writable descriptor in a chain the device reads")]
+    WriteOnlyOnTx,
+    /// A chain the device writes (RX) has a device-readable buffer.
+    #[error("device-readable descriptor in a chain the device writes")]
+    ReadOnlyOnRx,
+    /// The chain loops or is longer than its table.
+    #[error("chain loops or is longer than its descriptor table")]
+    Unterminated,
+    /// A `next` index is outside the table.
+    #[error("next index outside the descriptor table")]
+    NextOutOfRange,
+    /// INDIRECT without VIRTIO_RING_F_INDIRECT_DESC negotiated.
+    #[error("indirect descriptor without VIRTIO_RING_F_INDIRECT_DESC")]
+    IndirectNotNegotiated,
+    /// INDIRECT together with NEXT (virtio 1.1 §2.6.5.3.1).
+    #[error("indirect descriptor with the NEXT flag")]
+    IndirectWithNext,
+    /// An indirect table inside an indirect table.
+    #[error("nested indirect descriptor")]
+    NestedIndirect,
+    /// An indirect table of 0 bytes, not a multiple of 16, or with more
+    /// entries than the queue size.
+    #[error("indirect table length invalid")]
+    IndirectTableLength,
+    /// The chain is shorter than the device's minimum (the 12-byte
+    /// `virtio_net_hdr_v1` for the network device).
+    #[error("chain shorter than the device's header")]
+    TooShort,
+    /// The chain is longer than the device accepts.
+    #[error("chain longer than the device accepts")]
+    TooLong,
+    /// More than [`MAX_CHAIN_SEGS`] buffers or host segments.
+    #[error("chain needs more than 1023 I/O vectors")]
+    TooManySegments,
+}
+
+/// What a device accepts in a chain.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainRules {
+    /// Every buffer is device-writable (RX) rather than device-readable (TX).
+    pub device_writes: bool,
+    /// Fewest bytes in a chain.
+    pub min_len: usize,
+    /// Most bytes in a chain.
+    pub max_len: usize,
+}
+
+/// A chain that passed the checks; its segments were appended to the
+/// caller's vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chain {
+    /// Head index: what the used element returns.
+    pub head: u16,
+    /// Bytes in all its buffers.
+    pub len: usize,
+    /// Segments it appended.
+    pub nsegs: usize,
+    /// Descriptors of the ring's own table it holds (an indirect table
+    /// counts one): what the driver cannot reuse until the chain is used.
+    pub ring_descs: usize,
+}
+
+/// One descriptor as copied out of guest memory.
+struct Desc {
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+}
+
+impl Desc {
+    #[inline]
+    fn parse(b: [u8; 16]) -> Self {
+        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, f0, f1, n0, n1] = b;
+        Desc {
+            addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+            len: u32::from_le_bytes([l0, l1, l2, l3]),
+            flags: u16::from_le_bytes([f0, f1]),
+            next: u16::from_le_bytes([n0, n1]),
+        }
+    }
+}
+
+impl SplitQueue {
+    /// Walks the chain at `head`, appending its segments to `segs` and
+    /// charging every descriptor read to `budget`. On error `segs` is left
+    /// as it was.
+    #[inline]
+    pub fn walk(
+        &self,
+        head: u16,
+        rules: &ChainRules,
+        segs: &mut Vec<IoSeg>,
+        budget: &mut Budget,
+    ) -> Result<Chain, ChainError> {
+        let start = segs.len();
+        let res = self.walk_inner(head, rules, segs, budget, start);
+        if res.is_err() {
+            segs.truncate(start);
+        }
+        res
+    }
+
+    #[inline]
+    fn walk_inner(
+        &self,
+        head: u16,
+        rules: &ChainRules,
+        segs: &mut Vec<IoSeg>,
+        budget: &mut Budget,
+        start: usize,
+    ) -> Result<Chain, ChainError> {
+        if head > self.mask {
+            return Err(ChainError::HeadOutOfRange);
+        }
+        // The table being walked: the ring's, then possibly one indirect.
+        let mut table = self.desc;
+        let mut entries = u32::from(self.addrs.size);
+        let mut in_indirect = false;
+        let mut idx = head;
+        let mut read_here = 0u32;
+        let mut ring_descs = 0usize;
+        let mut bufs = 0usize;
+        let mut len = 0u64;
+        loop {
+            read_here += 1;
+            if read_here > entries {
+                return Err(ChainError::Unterminated);
+            }
+            budget.charge(1);
+            // SAFETY: idx < entries (the head was checked above and every
+            // `next` below), and the table is 16 * entries bytes: the ring's
+            // by SplitQueue's invariant, an indirect one as created below.
+            let d = Desc::parse(unsafe { table.read_16(16 * usize::from(idx)) });
+            if !in_indirect {
+                ring_descs += 1;
+            }
+            if d.flags & VIRTQ_DESC_F_INDIRECT != 0 {
+                if in_indirect {
+                    return Err(ChainError::NestedIndirect);
+                }
+                if !self.features.indirect {
+                    return Err(ChainError::IndirectNotNegotiated);
+                }
+                if d.flags & VIRTQ_DESC_F_NEXT != 0 {
+                    return Err(ChainError::IndirectWithNext);
+                }
+                if d.len == 0 || d.len & 15 != 0 || d.len / 16 > u32::from(self.addrs.size) {
+                    return Err(ChainError::IndirectTableLength);
+                }
+                table = self
+                    .mem
+                    .area(d.addr, d.len as usize, 1)
+                    .ok_or(ChainError::OutsideMemory)?;
+                entries = d.len / 16;
+                in_indirect = true;
+                idx = 0;
+                read_here = 0;
+                continue;
+            }
+            if (d.flags & VIRTQ_DESC_F_WRITE != 0) != rules.device_writes {
+                return Err(if rules.device_writes {
+                    ChainError::ReadOnlyOnRx
+                } else {
+                    ChainError::WriteOnlyOnTx
+                });
+            }
+            bufs += 1;
+            len += u64::from(d.len);
+            if len > rules.max_len as u64 {
+                return Err(ChainError::TooLong);
+            }
+            if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
+                return Err(ChainError::OutsideMemory);
+            }
+            if bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
+                return Err(ChainError::TooManySegments);
+            }
+            if d.flags & VIRTQ_DESC_F_NEXT == 0 {
+                break;
+            }
+            if u32::from(d.next) >= entries {
+                return Err(ChainError::NextOutOfRange);
+            }
+            idx = d.next;
+        }
+        if len < rules.min_len as u64 {
+            return Err(ChainError::TooShort);
+        }
+        Ok(Chain {
+            head,
+            // At most MAX_CHAIN_SEGS buffers of u32::MAX bytes, or max_len.
+            len: len as usize,
+            nsegs: segs.len() - start,
+            ring_descs,
+        })
+    }
+}
