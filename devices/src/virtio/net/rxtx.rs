@@ -42,7 +42,6 @@
 //! Used entries are published once per pass (see [`SplitQueue`]), and the
 //! per-frame counters are added to [`NetMetrics`] once per pass as well.
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -216,10 +215,9 @@ pub struct RxVirtio {
     weight_bytes: u64,
     weight_packets: u64,
     /// Chains popped and validated but not filled yet, in ring order.
-    chains: VecDeque<Chain>,
-    /// Segments of `chains`, in the same order, from `seg_start` on.
-    segs: Vec<IoSeg>,
-    seg_start: usize,
+    chains: Fifo<Chain>,
+    /// Segments of `chains`, in the same order.
+    segs: Fifo<IoSeg>,
     cached_len: usize,
     cached_descs: usize,
     /// The I/O vector of one `readv` (a copy of the first segments).
@@ -247,9 +245,8 @@ impl RxVirtio {
             max_frame,
             weight_bytes,
             weight_packets,
-            chains: VecDeque::new(),
-            segs: Vec::new(),
-            seg_start: 0,
+            chains: Fifo::new(),
+            segs: Fifo::new(),
             cached_len: 0,
             cached_descs: 0,
             iov: Vec::new(),
@@ -296,7 +293,7 @@ impl RxVirtio {
         !self.mrg_rxbuf
             || self.cached_len >= self.max_frame
             || self.cached_descs >= usize::from(self.queue.size())
-            || self.segs.len() - self.seg_start >= IOV_MAX - 1
+            || self.segs.len() >= IOV_MAX - 1
     }
 
     /// Pops chains into the cache until it can take a frame, the ring is
@@ -311,12 +308,12 @@ impl RxVirtio {
             };
             match self
                 .queue
-                .walk(head, &RX_RULES, &mut self.segs, &mut pass.budget)
+                .walk(head, &RX_RULES, self.segs.tail(), &mut pass.budget)
             {
                 Ok(chain) => {
                     self.cached_len += chain.len;
                     self.cached_descs += chain.ring_descs;
-                    self.chains.push_back(chain);
+                    self.chains.tail().push(chain);
                 }
                 Err(err) => {
                     pass.packets += 1;
@@ -333,27 +330,34 @@ impl RxVirtio {
         // it, as many as the largest frame needs and one syscall takes.
         let mut nsegs = 0;
         let mut cap = 0;
-        for (i, c) in self.chains.iter().enumerate() {
+        let mut nchains = 0;
+        for (i, c) in self.chains.items().iter().enumerate() {
             if i > 0 && (!self.mrg_rxbuf || cap >= self.max_frame || nsegs + c.nsegs >= IOV_MAX) {
                 break;
             }
             nsegs += c.nsegs;
             cap += c.len;
+            nchains += 1;
         }
-        let segs = &self.segs[self.seg_start..self.seg_start + nsegs];
 
         let n = match self.bounce.as_mut() {
             Some(bounce) => {
                 let n = iov::read(fd, bounce)?;
                 if n <= cap {
-                    iov::copy_to_segs(segs, 0, &bounce[..n]);
+                    iov::copy_to_segs(&self.segs.items()[..nsegs], 0, &bounce[..n]);
                 }
                 n
             }
+            // The usual case: the read may fill every cached segment, so
+            // they are the I/O vector as they lie.
+            None if nsegs == self.segs.len() => {
+                let (v, from) = self.segs.raw();
+                iov::readv(fd, v, from, &mut self.overflow)?
+            }
             None => {
                 self.iov.clear();
-                self.iov.extend_from_slice(segs);
-                iov::readv(fd, &mut self.iov, &mut self.overflow)?
+                self.iov.extend_from_slice(&self.segs.items()[..nsegs]);
+                iov::readv(fd, &mut self.iov, 0, &mut self.overflow)?
             }
         };
         if n == 0 {
@@ -369,15 +373,15 @@ impl RxVirtio {
             return Ok(Read::Dropped);
         }
 
-        // Return the chains the frame filled, each with the bytes it got.
+        // Return the chains the frame filled, each with the bytes it got
+        // (n <= cap, the capacity of the first `nchains`).
         let mut left = n;
         let mut used = 0usize;
         let mut used_segs = 0;
-        while left > 0 {
-            // n <= cap, the capacity of the chains counted above.
-            let Some(c) = self.chains.pop_front() else {
+        for c in &self.chains.items()[..nchains] {
+            if left == 0 {
                 break;
-            };
+            }
             let take = left.min(c.len);
             left -= take;
             used += 1;
@@ -390,15 +394,9 @@ impl RxVirtio {
         // num_buffers (virtio 1.1 §5.1.6.4): 1 without MRG_RXBUF. The backend
         // leaves these two bytes untouched, so they must always be written.
         let nb = u16::try_from(used).unwrap_or(u16::MAX).to_le_bytes();
-        iov::write_bytes_at(segs, NUM_BUFFERS_OFFSET, &nb);
-        self.seg_start += used_segs;
-        if self.seg_start == self.segs.len() {
-            self.segs.clear();
-            self.seg_start = 0;
-        } else if self.seg_start >= IOV_MAX {
-            self.segs.drain(..self.seg_start);
-            self.seg_start = 0;
-        }
+        iov::write_bytes_at(self.segs.items(), NUM_BUFFERS_OFFSET, &nb);
+        self.chains.consume(used);
+        self.segs.consume(used_segs);
 
         pass.frames += 1;
         pass.payload += (n - VNET_HDR_LEN) as u64;
@@ -482,6 +480,58 @@ impl RxVirtio {
         NetMetrics::add(&metrics.rx_buffers, pass.buffers);
         pass.finish(&mut self.queue, irq, metrics);
         status
+    }
+}
+
+/// A FIFO that hands out its contents as one slice (what `readv` needs):
+/// consumed entries are skipped, and reclaimed when it empties or once they
+/// pile up.
+#[derive(Debug)]
+struct Fifo<T> {
+    v: Vec<T>,
+    start: usize,
+}
+
+impl<T> Fifo<T> {
+    fn new() -> Self {
+        Fifo {
+            v: Vec::new(),
+            start: 0,
+        }
+    }
+
+    fn items(&self) -> &[T] {
+        &self.v[self.start..]
+    }
+
+    fn len(&self) -> usize {
+        self.v.len() - self.start
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The vector to append to.
+    fn tail(&mut self) -> &mut Vec<T> {
+        &mut self.v
+    }
+
+    /// The whole vector and where the live entries start.
+    fn raw(&mut self) -> (&mut Vec<T>, usize) {
+        (&mut self.v, self.start)
+    }
+
+    /// Drops the first `n` live entries.
+    fn consume(&mut self, n: usize) {
+        self.start = (self.start + n).min(self.v.len());
+        if self.start == self.v.len() {
+            self.v.clear();
+            self.start = 0;
+        } else if self.start >= IOV_MAX {
+            self.v.drain(..self.start);
+            self.start = 0;
+        }
     }
 }
 

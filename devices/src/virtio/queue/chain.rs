@@ -116,14 +116,15 @@ struct Desc {
 }
 
 impl Desc {
+    /// `struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }`
+    /// as two little-endian words.
     #[inline]
-    fn parse(b: [u8; 16]) -> Self {
-        let [a0, a1, a2, a3, a4, a5, a6, a7, l0, l1, l2, l3, f0, f1, n0, n1] = b;
+    fn parse([addr, rest]: [u64; 2]) -> Self {
         Desc {
-            addr: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
-            len: u32::from_le_bytes([l0, l1, l2, l3]),
-            flags: u16::from_le_bytes([f0, f1]),
-            next: u16::from_le_bytes([n0, n1]),
+            addr,
+            len: rest as u32,
+            flags: (rest >> 32) as u16,
+            next: (rest >> 48) as u16,
         }
     }
 }
@@ -148,7 +149,7 @@ impl SplitQueue {
         res
     }
 
-    #[inline]
+    #[inline(always)]
     fn walk_inner(
         &self,
         head: u16,
