@@ -320,7 +320,7 @@ impl HostArea {
     #[inline]
     pub(crate) unsafe fn read_16(&self, off: usize) -> [u64; 2] {
         let p = self.ptr(off, 16);
-        if p as usize % 8 == 0 {
+        if p as usize & 7 == 0 {
             let p = p.cast::<u64>();
             // SAFETY: in bounds per the contract, 8-aligned (just checked);
             // mapped guest memory.
