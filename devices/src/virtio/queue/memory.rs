@@ -207,13 +207,18 @@ impl IoSeg {
     }
 
     /// Host address of the first byte.
-    pub(crate) fn base(&self) -> usize {
+    pub fn base(&self) -> usize {
         self.base
     }
 
     /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the segment is empty (never, for one made by a translation).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
