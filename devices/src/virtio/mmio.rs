@@ -632,9 +632,13 @@ fn set_high(reg: &mut u64, value: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::virtio::test_utils::{guest_memory, DriverError, DummyDevice, MockDriver};
+    use crate::virtio::test_utils::{
+        adjacent_cases, aliasing_cases, guest_memory, DriverError, DummyDevice, MockDriver,
+        QueueLayout,
+    };
     use crate::virtio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
     use status::*;
+    use vm_memory::GuestAddress;
 
     const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
     const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
@@ -916,6 +920,113 @@ mod tests {
         let mut f = fixture();
         f.reach_features_ok();
         f.program_queue(0, 256, 0x10000);
+        f.add_status(DRIVER_OK);
+        assert_needs_reset_not_activated(&mut f);
+    }
+
+    /// Negotiates `features`, programs both queues as given and sets
+    /// DRIVER_OK; returns whether the device went live.
+    fn bring_up(features: u64, layouts: [QueueLayout; 2]) -> (Fixture, bool) {
+        let mut f = fixture();
+        f.drv.negotiate(features).unwrap();
+        for (i, l) in layouts.into_iter().enumerate() {
+            f.drv.setup_queue_at(i, l).unwrap();
+        }
+        f.add_status(DRIVER_OK);
+        let live = f.drv.transport().is_activated();
+        (f, live)
+    }
+
+    fn layout(size: u16, desc: u64, avail: u64, used: u64) -> QueueLayout {
+        QueueLayout {
+            size,
+            desc_table: GuestAddress(desc),
+            avail_ring: GuestAddress(avail),
+            used_ring: GuestAddress(used),
+        }
+    }
+
+    /// The layout that hung minivmm for good (issue 8): the TX used ring's
+    /// `flags` on the TX avail ring's `idx`, without EVENT_IDX.
+    #[test]
+    fn used_flags_on_avail_idx_is_refused() {
+        let a = 0x50002u64;
+        assert_eq!(a % 4, 2);
+        let rx = layout(256, 0x10000, 0x14000, 0x18000);
+        let tx = layout(64, 0x40000, a, a + 2);
+        let (mut f, live) = bring_up(VERSION_1, [rx, tx]);
+        assert!(!live);
+        assert_needs_reset_not_activated(&mut f);
+        // The same queues apart are fine.
+        let (_, live) = bring_up(VERSION_1, [rx, layout(64, 0x40000, a, a + 0x102)]);
+        assert!(live);
+    }
+
+    /// Every pair of ring fields in different areas, within one queue and
+    /// across RX and TX, made to share at least one byte with every area
+    /// correctly aligned: refused at DRIVER_OK with DEVICE_NEEDS_RESET, with
+    /// and without EVENT_IDX.
+    #[test]
+    fn aliasing_matrix_every_pair_of_ring_fields_is_refused() {
+        let cases = aliasing_cases(16);
+        // 18 fields, minus the pairs inside one area (6 + 6 per queue) and
+        // the 4 that alignment keeps apart (see `aliasing_cases`).
+        assert_eq!(cases.len(), 18 * 17 / 2 - 24 - 4);
+        for c in cases {
+            for features in [VERSION_1, VERSION_1 | EVENT_IDX] {
+                let (mut f, live) = bring_up(features, c.layouts);
+                assert!(!live, "{} accepted ({features:#x})", c.what);
+                assert_needs_reset_not_activated(&mut f);
+            }
+        }
+    }
+
+    /// Every ordered pair of areas (within a queue and across queues) laid
+    /// end to end: accepted.
+    #[test]
+    fn adjacent_areas_are_accepted() {
+        let cases = adjacent_cases(16);
+        assert_eq!(cases.len(), 30);
+        for c in cases {
+            for features in [VERSION_1, VERSION_1 | EVENT_IDX] {
+                let (f, live) = bring_up(features, c.layouts);
+                let status = f.drv.transport().status();
+                assert!(live, "{}: status {status:#x}", c.what);
+            }
+        }
+    }
+
+    #[test]
+    fn avail_ring_at_address_zero_is_accepted() {
+        let rx = layout(256, 0x10000, 0, 0x18000);
+        let tx = layout(64, 0x40000, 0x44000, 0x48000);
+        let (f, live) = bring_up(VERSION_1, [rx, tx]);
+        assert!(live);
+        assert_eq!(f.dev.lock().unwrap().queues[0].addrs().avail_ring, 0);
+    }
+
+    #[test]
+    fn a_ring_across_two_memory_regions_needs_reset() {
+        let mem = GuestMemory::from_ranges(&[
+            (GuestAddress(0), 0x40000),
+            (GuestAddress(0x40000), 0x40000),
+        ])
+        .unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        let mut f = Fixture {
+            dev,
+            drv: MockDriver::new(mem, t).unwrap(),
+        };
+        f.drv.negotiate(VERSION_1).unwrap();
+        f.drv
+            .setup_queue_at(0, layout(256, 0x10000, 0x14000, 0x18000))
+            .unwrap();
+        // The TX descriptor table (1 KiB) starts 512 bytes before the
+        // boundary: inside guest memory, but in two mappings.
+        f.drv
+            .setup_queue_at(1, layout(64, 0x40000 - 0x200, 0x44000, 0x48000))
+            .unwrap();
         f.add_status(DRIVER_OK);
         assert_needs_reset_not_activated(&mut f);
     }

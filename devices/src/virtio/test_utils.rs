@@ -40,7 +40,7 @@ use super::mmio::{
     REG_QUEUE_DRIVER_HIGH, REG_QUEUE_DRIVER_LOW, REG_QUEUE_NUM, REG_QUEUE_NUM_MAX, REG_QUEUE_READY,
     REG_QUEUE_SEL, REG_STATUS,
 };
-use super::queue::SplitQueue;
+use super::queue::{RingArea, SplitQueue};
 use super::{status, ActivateError, GuestMemory, Interrupt, VirtioDevice};
 
 /// Descriptor flag: the chain continues in `next` (virtio 1.1 §2.6.5).
@@ -368,17 +368,30 @@ impl MockDriver {
             avail_ring: self.alloc(6 + 2 * n, 2)?,
             used_ring: self.alloc(6 + 8 * n, 4)?,
         };
+        self.setup_queue_at(index, layout)?;
+        Ok(layout)
+    }
+
+    /// Programs queue `index` with rings wherever `layout` says, valid or
+    /// not (overlapping, misaligned, at address 0...), zeroes the parts of
+    /// them that are guest memory, and sets QueueReady. The driver then uses
+    /// the queue as laid out, so tests can show what the device makes of
+    /// any layout.
+    pub fn setup_queue_at(&mut self, index: usize, layout: QueueLayout) -> Result<(), DriverError> {
+        let sel = u32::try_from(index).map_err(|_| DriverError::NoSuchQueue(index))?;
+        let n = usize::from(layout.size);
         // Start from a clean ring: the bump allocator may hand out memory a
         // previous (reset) queue used.
-        self.mem
-            .write_slice(&vec![0; 16 * usize::from(size)], layout.desc_table)?;
-        self.mem
-            .write_slice(&vec![0; 6 + 2 * usize::from(size)], layout.avail_ring)?;
-        self.mem
-            .write_slice(&vec![0; 6 + 8 * usize::from(size)], layout.used_ring)?;
+        for (addr, len) in [
+            (layout.desc_table, 16 * n),
+            (layout.avail_ring, 6 + 2 * n),
+            (layout.used_ring, 6 + 8 * n),
+        ] {
+            let _ = self.mem.write_slice(&vec![0; len], addr);
+        }
 
         self.write_reg(REG_QUEUE_SEL, sel);
-        self.write_reg(REG_QUEUE_NUM, u32::from(size));
+        self.write_reg(REG_QUEUE_NUM, u32::from(layout.size));
         let regs = [
             (REG_QUEUE_DESC_LOW, REG_QUEUE_DESC_HIGH, layout.desc_table),
             (
@@ -402,7 +415,7 @@ impl MockDriver {
             self.queues.resize_with(index + 1, || None);
         }
         self.queues[index] = Some(DriverQueue::new(layout));
-        Ok(layout)
+        Ok(())
     }
 
     /// Sets up every queue the transport reports (QueueNumMax > 0), each
@@ -816,6 +829,138 @@ impl VirtioDevice for DummyDevice {
         self.queues.clear();
         self.interrupt = None;
     }
+}
+
+/// Two queues' layouts that put two ring parts in contact, for tests of
+/// what the transport must refuse or accept and the datapath must survive.
+#[derive(Debug, Clone)]
+pub struct LayoutCase {
+    /// What touches what, e.g. "q1 used.flags / q1 avail.idx".
+    pub what: String,
+    /// Layouts of queues 0 and 1.
+    pub layouts: [QueueLayout; 2],
+}
+
+/// The fields of a queue of `size` entries: name, area, offset, length.
+fn ring_fields(size: u16) -> [(&'static str, RingArea, u64, u64); 9] {
+    let n = u64::from(size);
+    [
+        ("desc table", RingArea::DescTable, 0, 16 * n),
+        ("avail.flags", RingArea::AvailRing, 0, 2),
+        ("avail.idx", RingArea::AvailRing, 2, 2),
+        ("avail.ring", RingArea::AvailRing, 4, 2 * n),
+        ("used_event", RingArea::AvailRing, 4 + 2 * n, 2),
+        ("used.flags", RingArea::UsedRing, 0, 2),
+        ("used.idx", RingArea::UsedRing, 2, 2),
+        ("used.ring", RingArea::UsedRing, 4, 8 * n),
+        ("avail_event", RingArea::UsedRing, 4 + 8 * n, 2),
+    ]
+}
+
+fn area_align(area: RingArea) -> u64 {
+    match area {
+        RingArea::DescTable => 16,
+        RingArea::AvailRing => 2,
+        RingArea::UsedRing => 4,
+    }
+}
+
+fn area_len(area: RingArea, size: u16) -> u64 {
+    let n = u64::from(size);
+    match area {
+        RingArea::DescTable => 16 * n,
+        RingArea::AvailRing => 6 + 2 * n,
+        RingArea::UsedRing => 6 + 8 * n,
+    }
+}
+
+/// Two queues of `size` (up to 256) entries with every part far from the
+/// others, `moved` parts (queue, area, address) put elsewhere.
+fn two_queues(size: u16, moved: &[(usize, RingArea, u64)]) -> [QueueLayout; 2] {
+    let mut addrs = [[0x40000u64, 0x48000, 0x50000], [0x58000, 0x60000, 0x68000]];
+    for &(q, area, addr) in moved {
+        let i = match area {
+            RingArea::DescTable => 0,
+            RingArea::AvailRing => 1,
+            RingArea::UsedRing => 2,
+        };
+        addrs[q][i] = addr;
+    }
+    addrs.map(|[d, a, u]| QueueLayout {
+        size,
+        desc_table: GuestAddress(d),
+        avail_ring: GuestAddress(a),
+        used_ring: GuestAddress(u),
+    })
+}
+
+/// Every pair of ring fields in different areas, within one queue and
+/// across queues 0 and 1, placed to share at least one byte with every area
+/// correctly aligned (virtio 1.1 §2.6) in the first 1 MiB of guest memory.
+///
+/// Of the 129 pairs, 4 cannot overlap and are left out: used rings are
+/// 4-aligned, so one used ring's `flags` (bytes 0-1 mod 4) never meets
+/// another's `idx` or `avail_event` (bytes 2-3 mod 4).
+pub fn aliasing_cases(size: u16) -> Vec<LayoutCase> {
+    let all: Vec<(usize, (&'static str, RingArea, u64, u64))> = (0..2)
+        .flat_map(|q| ring_fields(size).into_iter().map(move |f| (q, f)))
+        .collect();
+    let mut out = Vec::new();
+    for (i, &(qa, (na, area_a, off_a, len_a))) in all.iter().enumerate() {
+        for &(qb, (nb, area_b, off_b, len_b)) in &all[i + 1..] {
+            if qa == qb && area_a == area_b {
+                continue;
+            }
+            // Area A at an aligned start near 0x20000, area B so that one
+            // byte of field A is one of the bytes of field B.
+            let mut found = None;
+            'search: for pa in (0x20000..0x20010).step_by(area_align(area_a) as usize) {
+                for ta in pa + off_a..pa + off_a + len_a.min(16) {
+                    for db in 0..len_b.min(16) {
+                        let pb = ta - off_b - db;
+                        if pb % area_align(area_b) == 0 {
+                            found = Some((pa, pb));
+                            break 'search;
+                        }
+                    }
+                }
+            }
+            let Some((pa, pb)) = found else {
+                continue;
+            };
+            let what: &'static str = Box::leak(format!("q{qa} {na} / q{qb} {nb}").into_boxed_str());
+            out.push(LayoutCase {
+                what,
+                layouts: two_queues(size, &[(qa, area_a, pa), (qb, area_b, pb)]),
+            });
+        }
+    }
+    out
+}
+
+/// Every ordered pair of ring areas of queues 0 and 1 laid end to end: the
+/// second at the first address after the first that its alignment allows.
+pub fn adjacent_cases(size: u16) -> Vec<LayoutCase> {
+    let areas = [RingArea::DescTable, RingArea::AvailRing, RingArea::UsedRing];
+    let mut out = Vec::new();
+    for qa in 0..2 {
+        for qb in 0..2 {
+            for a in areas {
+                for b in areas {
+                    if qa == qb && a == b {
+                        continue;
+                    }
+                    let pa = 0x20000;
+                    let pb = (pa + area_len(a, size)).next_multiple_of(area_align(b));
+                    out.push(LayoutCase {
+                        what: format!("q{qa} {a} then q{qb} {b}"),
+                        layouts: two_queues(size, &[(qa, a, pa), (qb, b, pb)]),
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Guest memory of `size` bytes at address 0, for tests.
