@@ -928,9 +928,8 @@ pub fn aliasing_cases(size: u16) -> Vec<LayoutCase> {
             let Some((pa, pb)) = found else {
                 continue;
             };
-            let what: &'static str = Box::leak(format!("q{qa} {na} / q{qb} {nb}").into_boxed_str());
             out.push(LayoutCase {
-                what,
+                what: format!("q{qa} {na} / q{qb} {nb}"),
                 layouts: two_queues(size, &[(qa, area_a, pa), (qb, area_b, pb)]),
             });
         }
