@@ -162,6 +162,16 @@ pub struct QueueLayout {
 }
 
 impl QueueLayout {
+    /// The same layout as the transport hands it to the queue code.
+    pub fn ring_addrs(&self) -> crate::virtio::queue::RingAddrs {
+        crate::virtio::queue::RingAddrs {
+            size: self.size,
+            desc_table: self.desc_table.raw_value(),
+            avail_ring: self.avail_ring.raw_value(),
+            used_ring: self.used_ring.raw_value(),
+        }
+    }
+
     fn avail_idx_addr(&self) -> GuestAddress {
         self.avail_ring.unchecked_add(2)
     }
@@ -841,8 +851,11 @@ pub struct LayoutCase {
     pub layouts: [QueueLayout; 2],
 }
 
-/// The fields of a queue of `size` entries: name, area, offset, length.
-fn ring_fields(size: u16) -> [(&'static str, RingArea, u64, u64); 9] {
+/// A ring field: name, area, offset, length.
+type RingField = (&'static str, RingArea, u64, u64);
+
+/// The fields of a queue of `size` entries.
+fn ring_fields(size: u16) -> [RingField; 9] {
     let n = u64::from(size);
     [
         ("desc table", RingArea::DescTable, 0, 16 * n),
@@ -902,7 +915,7 @@ fn two_queues(size: u16, moved: &[(usize, RingArea, u64)]) -> [QueueLayout; 2] {
 /// 4-aligned, so one used ring's `flags` (bytes 0-1 mod 4) never meets
 /// another's `idx` or `avail_event` (bytes 2-3 mod 4).
 pub fn aliasing_cases(size: u16) -> Vec<LayoutCase> {
-    let all: Vec<(usize, (&'static str, RingArea, u64, u64))> = (0..2)
+    let all: Vec<(usize, RingField)> = (0..2)
         .flat_map(|q| ring_fields(size).into_iter().map(move |f| (q, f)))
         .collect();
     let mut out = Vec::new();

@@ -54,7 +54,7 @@ pub(crate) struct Registered {
     /// Queue and re-queue eventfds.
     queues: bool,
     /// Interest registered for the backend fd, if any.
-    backend: Option<EventSet>,
+    pub(crate) backend: Option<EventSet>,
     /// The backend hung up (a socket peer closed); it is not polled again
     /// until a device reset.
     pub(crate) backend_hup: bool,

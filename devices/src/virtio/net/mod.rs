@@ -34,6 +34,8 @@ pub mod device;
 pub mod event_handler;
 mod iov;
 pub mod metrics;
+#[cfg(test)]
+mod robustness;
 pub mod rxtx;
 pub mod tap;
 #[cfg(test)]

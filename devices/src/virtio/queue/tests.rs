@@ -37,6 +37,18 @@ fn queue(m: &GuestMemory, size: u16) -> SplitQueue {
     queue_with(m, addrs(size), RingFeatures::default())
 }
 
+/// Writes descriptor `i` of the table at `table`: (addr, len, flags, next).
+fn desc_at(m: &GuestMemory, table: u64, i: u16, (addr, len, flags, next): (u64, u32, u16, u16)) {
+    let d = table + 16 * u64::from(i);
+    m.write_obj(addr, GuestAddress(d)).unwrap();
+    m.write_obj(len, GuestAddress(d + 8)).unwrap();
+    m.write_obj(flags, GuestAddress(d + 12)).unwrap();
+    m.write_obj(next, GuestAddress(d + 14)).unwrap();
+}
+
+/// Builds a chain layout in guest memory through the driver.
+type Setup<'a> = Box<dyn Fn(&GuestMemory, &mut Driver) + 'a>;
+
 /// The driver's side of a queue laid out by `addrs`.
 struct Driver {
     a: RingAddrs,
@@ -47,24 +59,8 @@ impl Driver {
     fn new(a: RingAddrs) -> Self {
         Driver { a, avail_idx: 0 }
     }
-    fn desc_at(
-        &self,
-        m: &GuestMemory,
-        table: u64,
-        i: u16,
-        addr: u64,
-        len: u32,
-        flags: u16,
-        next: u16,
-    ) {
-        let d = table + 16 * u64::from(i);
-        m.write_obj(addr, GuestAddress(d)).unwrap();
-        m.write_obj(len, GuestAddress(d + 8)).unwrap();
-        m.write_obj(flags, GuestAddress(d + 12)).unwrap();
-        m.write_obj(next, GuestAddress(d + 14)).unwrap();
-    }
     fn desc(&self, m: &GuestMemory, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        self.desc_at(m, self.a.desc_table, i, addr, len, flags, next);
+        desc_at(m, self.a.desc_table, i, (addr, len, flags, next));
     }
     fn publish(&mut self, m: &GuestMemory, head: u16) {
         let slot = u64::from(self.avail_idx % self.a.size);
@@ -553,11 +549,7 @@ fn malformed_chains_are_refused() {
     let plain = RingFeatures::default();
     let w = VIRTQ_DESC_F_WRITE;
     let n = VIRTQ_DESC_F_NEXT;
-    let cases: Vec<(
-        ChainError,
-        &ChainRules,
-        Box<dyn Fn(&GuestMemory, &mut Driver)>,
-    )> = vec![
+    let cases: Vec<(ChainError, &ChainRules, Setup)> = vec![
         (HeadOutOfRange, &TX, Box::new(|m, d| d.publish(m, 16))),
         (
             OutsideMemory,
@@ -669,8 +661,8 @@ fn indirect_tables() {
     let mut d = Driver::new(addrs(16));
     d.desc(&m, 0, BUFS, 12, n, 1);
     d.desc(&m, 1, table, 32, ind | VIRTQ_DESC_F_WRITE, 0);
-    d.desc_at(&m, table, 0, BUFS + 0x100, 100, n, 1);
-    d.desc_at(&m, table, 1, BUFS + 0x200, 50, 0, 0);
+    desc_at(&m, table, 0, (BUFS + 0x100, 100, n, 1));
+    desc_at(&m, table, 1, (BUFS + 0x200, 50, 0, 0));
     d.publish(&m, 0);
     let (r, segs, reads) = pop_walk(&mut q, &TX);
     assert_eq!(
@@ -686,7 +678,7 @@ fn indirect_tables() {
     assert_eq!(reads, 1 + 2 + 2);
 
     use ChainError::*;
-    let cases: Vec<(ChainError, Box<dyn Fn(&GuestMemory, &mut Driver)>)> = vec![
+    let cases: Vec<(ChainError, Setup)> = vec![
         (
             IndirectWithNext,
             Box::new(move |m, d| {
@@ -698,7 +690,7 @@ fn indirect_tables() {
             NestedIndirect,
             Box::new(move |m, d| {
                 d.desc(m, 0, table, 16, ind, 0);
-                d.desc_at(m, table, 0, table, 16, ind, 0);
+                desc_at(m, table, 0, (table, 16, ind, 0));
                 d.publish(m, 0)
             }),
         ),
@@ -736,8 +728,8 @@ fn indirect_tables() {
             Unterminated,
             Box::new(move |m, d| {
                 d.desc(m, 0, table, 32, ind, 0);
-                d.desc_at(m, table, 0, BUFS, 12, n, 1);
-                d.desc_at(m, table, 1, BUFS, 12, n, 0);
+                desc_at(m, table, 0, (BUFS, 12, n, 1));
+                desc_at(m, table, 1, (BUFS, 12, n, 0));
                 d.publish(m, 0)
             }),
         ),
@@ -745,7 +737,7 @@ fn indirect_tables() {
             NextOutOfRange,
             Box::new(move |m, d| {
                 d.desc(m, 0, table, 32, ind, 0);
-                d.desc_at(m, table, 0, BUFS, 12, n, 2);
+                desc_at(m, table, 0, (BUFS, 12, n, 2));
                 d.publish(m, 0)
             }),
         ),
@@ -762,7 +754,7 @@ fn indirect_table_at_an_odd_address() {
     let mut d = Driver::new(addrs(16));
     let table = BUFS + 0x8001;
     d.desc(&m, 0, table, 16, VIRTQ_DESC_F_INDIRECT, 0);
-    d.desc_at(&m, table, 0, BUFS, 40, 0, 0);
+    desc_at(&m, table, 0, (BUFS, 40, 0, 0));
     d.publish(&m, 0);
     assert_eq!(pop_walk(&mut q, &TX).0.unwrap().len, 40);
 }
@@ -784,7 +776,12 @@ fn one_refused_chain_costs_a_bounded_number_of_reads() {
     let mut d = Driver::new(a);
     let table = 0x400000u64;
     for i in 0..size {
-        d.desc_at(&m, table, i, BUFS, 0, VIRTQ_DESC_F_NEXT, i.wrapping_add(1));
+        desc_at(
+            &m,
+            table,
+            i,
+            (BUFS, 0, VIRTQ_DESC_F_NEXT, i.wrapping_add(1)),
+        );
     }
     d.desc(&m, 0, table, u32::from(size) * 16, VIRTQ_DESC_F_INDIRECT, 0);
     d.publish(&m, 0);
