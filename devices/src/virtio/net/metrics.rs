@@ -12,7 +12,8 @@
 //! `rx_frames`, `rx_bytes`, `rx_buffers`, `tx_frames`, `tx_bytes`,
 //! `tx_weight_hits`, `rx_weight_hits`, `rx_starved_ns`, `malformed_chains`,
 //! `tap_eagain`, `features_negotiated`. More fields may be added; none of these
-//! may be renamed.
+//! may be renamed. `max_descs_per_pass` (with `desc_budget_hits` and
+//! `descs_walked`) is what a fuzzer checks the pass bound against.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -12,7 +12,9 @@
 //!   posted chains as it needs when VIRTIO_NET_F_MRG_RXBUF is negotiated);
 //!   `TxVirtio` writes each TX chain with one `writev`. Both stop a pass after
 //!   a byte or packet weight, as vhost-net does, so neither direction can
-//!   starve the other.
+//!   starve the other, and after a fixed descriptor budget whatever the
+//!   weights, so no guest input can make a pass unbounded. The rings are
+//!   [`SplitQueue`](crate::virtio::queue::SplitQueue)s.
 //! - [`event_handler`]: the event-manager glue. Every file descriptor the
 //!   device waits on is registered there with a `u32` token; activation and
 //!   reset only change state and kick an internal `EventFd`, and the handler
@@ -21,8 +23,9 @@
 //!   socket backends used by tests and benchmarks.
 //! - [`metrics`]: [`NetMetrics`], lock-free counters with a JSON view whose
 //!   field names are a contract with the VMM's `--metrics` file.
-//! - `iov` (private): I/O vectors over guest memory and the `readv`/`writev`
-//!   calls on them; with `tap`, the only place allowed `unsafe`.
+//! - `iov` (private): the `readv`/`writev` calls and copies on I/O vectors
+//!   over guest memory; with `tap` (and `virtio::queue` outside this
+//!   module), the only place allowed `unsafe`.
 //!
 //! Threads: everything in this module runs on the thread that drives the
 //! `EventManager`, except [`VirtioDevice::activate`](super::VirtioDevice::activate),

@@ -1111,8 +1111,11 @@ mod tests {
         h.kick_rx();
         h.peer.send(&frame(12 + 1514, 1)).unwrap();
         check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
-        // Not split, not consumed: the chain waits for a frame that fits.
+        // Not split, not consumed: the chain waits for a frame that fits,
+        // and with nothing used the guest gets no interrupt.
         assert!(h.rxq.take_used(&h.mem).is_empty());
+        assert_eq!(h.irq.count(), 0);
+        assert_eq!(h.metric(|m| &m.interrupts_suppressed), 0);
         let small = frame(12 + 500, 2);
         h.peer.send(&small).unwrap();
         h.run_until_idle();
