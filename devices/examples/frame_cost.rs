@@ -6,9 +6,9 @@
 //! the real [`MmioTransport`] by the [`MockDriver`]. The backend is an
 //! `AF_UNIX` `SOCK_SEQPACKET` pair, so no privileges are needed. The driver
 //! runs rounds of `batch` frames: it holds the device lock while it posts the
-//! whole round (TX: chains, then one kick; RX: the frames into the peer
-//! socket, then a kick), so the device sees every round as one batch whatever
-//! the scheduling, then waits for the used entries.
+//! whole round (TX: the chains, RX: the frames into the peer socket), then
+//! kicks, so the device sees every round as one batch whatever the
+//! scheduling, then waits for the used entries.
 //!
 //! Instructions per frame are the device thread's instructions over two runs
 //! that differ only in the number of frames, divided by the difference (which
@@ -212,8 +212,10 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let seen = drv.used_idx(q)?;
                 drv.set_used_event(q, seen.wrapping_add(n as u16 - 1))?;
             }
-            kick.write(1)?;
         }
+        // Kick with the lock released, so a TX pass never starts by waiting
+        // for it (an RX pass may, having woken on the first frame).
+        kick.write(1)?;
         let mut got = 0;
         while got < n {
             wait_irq(irq);
