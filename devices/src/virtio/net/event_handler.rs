@@ -80,7 +80,8 @@ impl<B: NetBackend> Net<B> {
     }
 
     /// Runs one RX pass if reading is allowed now; returns how it ended.
-    fn run_rx(&mut self) -> Option<RxStatus> {
+    /// `hup`: the backend reported EPOLLHUP or EPOLLERR with this event.
+    fn run_rx(&mut self, hup: bool) -> Option<RxStatus> {
         let fd = self.backend.as_raw_fd();
         let a = self.active.as_mut().filter(|a| a.started)?;
         if a.rx_deferred || a.rx.starved_since().is_some() {
@@ -93,7 +94,15 @@ impl<B: NetBackend> Net<B> {
                 Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
             }
             RxStatus::Broken => Self::device_error(a),
-            RxStatus::Drained | RxStatus::Starved | RxStatus::ZeroRead => {}
+            // End of file only with a hangup reported; otherwise a 0-byte
+            // message, a runt frame (a hangup that arrives in a pass started
+            // by another event is taken at the next backend event).
+            RxStatus::ZeroRead if hup => self.backend_hung_up(),
+            RxStatus::ZeroRead => {
+                let n = NetMetrics::inc(&self.metrics.rx_dropped);
+                warn_rate_limited(n, format_args!("dropped a 0-byte RX frame"));
+            }
+            RxStatus::Drained | RxStatus::Starved => {}
         }
         Some(status)
     }
@@ -143,7 +152,7 @@ impl<B: NetBackend> Net<B> {
         // New buffers only matter if we stopped reading for lack of them.
         if let Some(a) = self.active.as_mut() {
             if a.rx.end_starvation(&self.metrics) {
-                self.run_rx();
+                self.run_rx(false);
             }
         }
     }
@@ -160,23 +169,15 @@ impl<B: NetBackend> Net<B> {
                 self.run_tx(true);
             }
         }
-        let hup = set.intersects(EventSet::HANG_UP | EventSet::ERROR);
         // Frames sent before a hangup are still delivered: the hangup is
         // taken once a read comes back empty with EPOLLHUP or EPOLLERR set,
-        // or when there is nothing to read at all. A 0-byte read without
-        // them is a 0-byte message (a runt frame), not end of file.
-        let rx = if set.contains(EventSet::IN) {
-            self.run_rx()
-        } else {
-            None
-        };
-        match rx {
-            Some(RxStatus::ZeroRead) if !hup => {
-                let n = NetMetrics::inc(&self.metrics.rx_dropped);
-                warn_rate_limited(n, format_args!("dropped a 0-byte RX frame"));
-            }
-            Some(RxStatus::ZeroRead) | None if hup => self.backend_hung_up(),
-            _ => {}
+        // or at once when RX cannot read now (it would otherwise fire again
+        // at every iteration). A 0-byte read without them is a 0-byte
+        // message, not end of file.
+        let hup = set.intersects(EventSet::HANG_UP | EventSet::ERROR);
+        let ran = set.contains(EventSet::IN) && self.run_rx(hup).is_some();
+        if hup && !ran {
+            self.backend_hung_up();
         }
     }
 
@@ -199,7 +200,7 @@ impl<B: NetBackend> Net<B> {
         if let Some(a) = self.active.as_mut() {
             a.rx_deferred = false;
         }
-        self.run_rx();
+        self.run_rx(false);
     }
 
     fn process_tx_requeue_event(&mut self) {
