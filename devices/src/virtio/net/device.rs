@@ -20,7 +20,7 @@ use super::{
     warn_rate_limited, NetConfig, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX, TX_INDEX,
     VNET_HDR_LEN,
 };
-use crate::virtio::queue::{SplitQueue, VIRTIO_RING_F_INDIRECT_DESC};
+use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 
 /// Feature bits (virtio 1.1 §5.1.3, §6).
@@ -48,7 +48,7 @@ pub mod features {
     /// Configuration status field is available.
     pub const VIRTIO_NET_F_STATUS: u32 = 16;
     /// Indirect descriptor tables.
-    pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = super::VIRTIO_RING_F_INDIRECT_DESC;
+    pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = crate::virtio::queue::VIRTIO_RING_F_INDIRECT_DESC;
     /// used_event/avail_event interrupt and notification suppression.
     pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
     /// Compliance with virtio 1.0 and later.

@@ -67,10 +67,11 @@ pub const BOUNCE_BUFFER_LEN: usize = MAX_TX_CHAIN_LEN;
 /// descriptors (a 64 KiB frame in page fragments) are 5,120.
 pub const PASS_DESC_BUDGET: u32 = 8192;
 /// Most ring entries and descriptors a pass can read: the budget is checked
-/// before each chain, and one chain costs at most its avail entry, the
+/// before each chain, one chain costs at most its avail entry, the
 /// descriptor pointing to an indirect table and `MAX_CHAIN_SEGS + 1`
-/// descriptors (the last one refused).
-pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 2;
+/// buffer descriptors (the last one refused), and the pass may look at
+/// `avail.idx` once more after re-enabling notifications.
+pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
 
 const RX_RULES: ChainRules = ChainRules {
     device_writes: true,
