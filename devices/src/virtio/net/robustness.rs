@@ -331,6 +331,51 @@ fn indirect_chains_both_ways() {
     assert_eq!(got[12..], r[12..]);
 }
 
+/// Guest memory in two regions (two host mappings) with buffers across the
+/// boundary: each becomes two segments, and the bytes land where the guest
+/// put them both ways.
+#[test]
+fn buffers_across_a_memory_region_boundary() {
+    let half = MEM_SIZE as usize / 2;
+    let mem = crate::virtio::GuestMemory::from_ranges(&[
+        (GuestAddress(0), half),
+        (GuestAddress(half as u64), half),
+    ])
+    .unwrap();
+    let mut h = Harness::new_inactive_with(NetConfig::default(), mem);
+    h.activate(MRG_FEATURES);
+    let boundary = half as u64;
+    let f = frame(12 + 1514, 16);
+    h.mem.write_slice(&f, GuestAddress(boundary - 700)).unwrap();
+    h.txq
+        .add_chain(&h.mem, &[(boundary - 700, f.len() as u32, 0)]);
+    h.kick_tx();
+    let rx = boundary + 0x10000 - 100;
+    let head = h.rxq.add_chain(&h.mem, &[(rx, 1526, F_WRITE)]);
+    h.mem.write_slice(&[0xee; 1526], GuestAddress(rx)).unwrap();
+    h.kick_rx();
+    // This RX buffer is in the second region only; one across the boundary
+    // follows.
+    let across = boundary - 5;
+    let head2 = h.rxq.add_chain(&h.mem, &[(across, 1526, F_WRITE)]);
+    let r1 = frame(12 + 1514, 17);
+    let r2 = frame(12 + 1514, 18);
+    h.peer.send(&r1).unwrap();
+    h.peer.send(&r2).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.peer_frames(), vec![f]);
+    assert_eq!(
+        h.rxq.take_used(&h.mem),
+        vec![(u32::from(head), 1526), (u32::from(head2), 1526)]
+    );
+    assert_eq!(h.read(rx + 12, 1514), r1[12..]);
+    assert_eq!(h.read(across + 12, 1514), r2[12..]);
+    assert_eq!(
+        u16::from_le_bytes([h.read(across + 10, 1)[0], h.read(across + 11, 1)[0]]),
+        1
+    );
+}
+
 /// Without INDIRECT_DESC negotiated an indirect descriptor refuses its
 /// chain (returned with length 0 and counted).
 #[test]

@@ -270,8 +270,15 @@ impl Harness {
 
     /// Builds and registers a device without activating it.
     pub fn new_inactive(cfg: NetConfig) -> Self {
-        let mem: GuestMemory =
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
+        Self::new_inactive_with(
+            cfg,
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap(),
+        )
+    }
+
+    /// [`new_inactive`](Self::new_inactive) over `mem`, which must cover
+    /// the first `MEM_SIZE` bytes of guest addresses (in any regions).
+    pub fn new_inactive_with(cfg: NetConfig, mem: GuestMemory) -> Self {
         let (dev_end, peer) = SeqPacket::pair().unwrap();
         peer.set_nonblocking(true).unwrap();
         let qs = cfg.queue_size;
