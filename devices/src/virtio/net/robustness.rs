@@ -128,19 +128,23 @@ fn rx_buffers_pointing_into_the_rings() {
     }
 }
 
+/// A device with the TX weights off (the fairness benchmark's
+/// "unweighted") and indirect descriptors negotiated.
+fn unweighted_tx() -> Harness {
+    let cfg = NetConfig {
+        tx_weight_packets: 0,
+        tx_weight_bytes: 0,
+        ..NetConfig::default()
+    };
+    Harness::new(cfg, MRG_FEATURES | RING_INDIRECT)
+}
+
 /// A second vCPU rewrites avail.idx of both queues and random descriptor
 /// bytes as fast as it can while passes run; once it stops the loop goes
 /// idle, and no pass ever exceeded its bound.
 #[test]
 fn avail_idx_rewritten_wildly_under_the_device() {
-    let mut h = Harness::new(
-        NetConfig {
-            tx_weight_packets: 0,
-            tx_weight_bytes: 0,
-            ..NetConfig::default()
-        },
-        MRG_FEATURES | RING_INDIRECT,
-    );
+    let mut h = unweighted_tx();
     for _ in 0..64 {
         h.post_rx(&[1526]);
         h.post_tx(&frame(12 + 60, 4), &[]);
@@ -263,14 +267,7 @@ fn write_table(h: &Harness, table: u64, descs: &[(u64, u32, u16, u16)]) {
 /// zero-length buffers and the frame) take several passes.
 #[test]
 fn weights_off_still_bounded_by_the_descriptor_budget() {
-    let mut h = Harness::new(
-        NetConfig {
-            tx_weight_packets: 0,
-            tx_weight_bytes: 0,
-            ..NetConfig::default()
-        },
-        MRG_FEATURES | RING_INDIRECT,
-    );
+    let mut h = unweighted_tx();
     let f = frame(12 + 60, 8);
     let buf = h.alloc(f.len() as u64);
     h.mem.write_slice(&f, GuestAddress(buf)).unwrap();
