@@ -16,8 +16,8 @@
 //!   memory region. Any guest address is fine, 0 included.
 //! - **Read once.** `avail.idx` is loaded with acquire ordering and cached
 //!   until the ring is drained; every descriptor is copied out of guest
-//!   memory in one 16-byte volatile read and never read again, so a second
-//!   vCPU rewriting it mid-walk changes nothing (no TOCTOU).
+//!   memory once (two volatile 8-byte loads) and never read again, so a
+//!   second vCPU rewriting it mid-walk changes nothing (no TOCTOU).
 //! - **Published in batches.** Used elements are written as chains complete;
 //!   `used.idx` is stored (release) once per pass in
 //!   [`publish_used`](SplitQueue::publish_used), which also decides, over the
@@ -57,8 +57,8 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 pub use chain::{Chain, ChainError, ChainRules, MAX_CHAIN_SEGS};
-pub use memory::{GuestRegions, MemoryError, IOV_MAX};
-pub(crate) use memory::{HostArea, IoSeg};
+pub(crate) use memory::HostArea;
+pub use memory::{GuestRegions, IoSeg, MemoryError, IOV_MAX};
 
 /// Descriptor flag: the chain continues in `next` (virtio 1.1 §2.6.5).
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
