@@ -82,12 +82,11 @@ impl<B: NetBackend> Net<B> {
     /// Runs one RX pass if reading is allowed now; returns how it ended.
     /// `hup`: the backend reported EPOLLHUP or EPOLLERR with this event.
     fn run_rx(&mut self, hup: bool) -> Option<RxStatus> {
-        let fd = self.backend.as_raw_fd();
         let a = self.active.as_mut().filter(|a| a.started)?;
         if a.rx_deferred || a.rx.starved_since().is_some() {
             return None;
         }
-        let status = a.rx.process(fd, &self.metrics, &*a.interrupt);
+        let status = a.rx.process(&self.backend, &self.metrics, &*a.interrupt);
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
@@ -109,7 +108,6 @@ impl<B: NetBackend> Net<B> {
 
     /// Runs one TX pass unless a frame waits for the backend.
     fn run_tx(&mut self, retry: bool) {
-        let fd = self.backend.as_raw_fd();
         let Some(a) = self.active.as_mut().filter(|a| a.started) else {
             return;
         };
@@ -118,7 +116,7 @@ impl<B: NetBackend> Net<B> {
         if a.tx.is_blocked() && !retry {
             return;
         }
-        match a.tx.process(fd, &self.metrics, &*a.interrupt) {
+        match a.tx.process(&self.backend, &self.metrics, &*a.interrupt) {
             TxStatus::WeightHit => Self::signal(&self.tx_requeue_evt, &self.metrics, "TX re-queue"),
             TxStatus::Broken => Self::device_error(a),
             TxStatus::Done | TxStatus::Blocked => {}

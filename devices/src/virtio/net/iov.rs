@@ -7,6 +7,10 @@
 //! device holds the queue's `Arc<GuestRegions>` (and through it the
 //! `GuestMemoryMmap`) for as long as it holds segments. The only other
 //! segments are host buffers built here and borrowed for one call.
+//!
+//! A backend sees the segments of one call as [`IoVecs`], which it can
+//! `readv`/`writev` on its fd or fill and read safely (an in-memory test
+//! backend), but not keep past the call.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -30,50 +34,102 @@ fn cvt(ret: isize) -> io::Result<usize> {
 // instructions each frame's system call cost under callgrind. The device
 // thread is never cancelled.
 
-/// One `readv` from `fd` into `segs[from..]` and then `tail` (a host buffer
-/// used to detect frames longer than the guest buffers). `segs` is restored
-/// before returning.
-pub(crate) fn readv(
-    fd: RawFd,
+/// The buffers of one backend call, valid for that call only: guest memory
+/// segments from checked translations and, on receive, a host byte after
+/// them that catches frames longer than the guest buffers. A backend gets
+/// one from the device and can only read or fill it through the methods
+/// here, so it cannot keep a segment past the call.
+#[derive(Debug, Clone, Copy)]
+pub struct IoVecs<'a> {
+    segs: &'a [IoSeg],
+}
+
+impl<'a> IoVecs<'a> {
+    /// Segments of guest memory, kept mapped for `'a` by the `GuestRegions`
+    /// of the queue that translated them (see the module docs).
+    pub(crate) fn guest(segs: &'a [IoSeg]) -> Self {
+        IoVecs { segs }
+    }
+
+    /// The segments, laid out as `struct iovec`, for a backend that makes
+    /// its own system call.
+    pub fn segments(&self) -> &'a [IoSeg] {
+        self.segs
+    }
+
+    /// Bytes in all the segments.
+    pub fn len(&self) -> usize {
+        self.segs.iter().map(IoSeg::len).sum()
+    }
+
+    /// Whether there is no byte to transfer.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One `readv` from `fd` into the segments.
+    pub fn readv(&self, fd: RawFd) -> io::Result<usize> {
+        let count = self.segs.len().min(IOV_MAX) as libc::c_int;
+        // SAFETY: readv(fd, iov, iovcnt): IoSeg has the layout of `struct
+        // iovec` (asserted where it is defined), and every segment is
+        // writable memory that stays mapped for 'a: guest memory (module
+        // docs) or a host buffer borrowed for 'a (`with_tail`, `host_buf`).
+        // The kernel writes at most `len` bytes into each.
+        let ret = unsafe { libc::syscall(libc::SYS_readv, fd, self.segs.as_ptr(), count) } as isize;
+        cvt(ret)
+    }
+
+    /// One `writev` of the segments to `fd`.
+    pub fn writev(&self, fd: RawFd) -> io::Result<usize> {
+        let count = self.segs.len().min(IOV_MAX) as libc::c_int;
+        // SAFETY: writev(fd, iov, iovcnt): IoSeg has the layout of `struct
+        // iovec`; every segment is mapped for 'a (as in `readv`). The kernel
+        // only reads.
+        let ret =
+            unsafe { libc::syscall(libc::SYS_writev, fd, self.segs.as_ptr(), count) } as isize;
+        cvt(ret)
+    }
+
+    /// Copies `data` into the segments in order, as a `readv` of a
+    /// `data.len()`-byte message would; returns the bytes copied.
+    pub fn scatter(&self, data: &[u8]) -> usize {
+        copy_to_segs(self.segs, 0, data)
+    }
+
+    /// The bytes of the segments in order, as a `writev` would send them.
+    pub fn gather(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        copy_from_segs(self.segs, &mut out);
+        out
+    }
+}
+
+/// Calls `f` with `segs[from..]` followed by `tail` (a host buffer used to
+/// detect frames longer than the guest buffers). `segs` is restored before
+/// returning.
+pub(crate) fn with_tail<R>(
     segs: &mut Vec<IoSeg>,
     from: usize,
     tail: &mut [u8],
-) -> io::Result<usize> {
+    f: impl FnOnce(IoVecs<'_>) -> R,
+) -> R {
     // SAFETY: `tail` is a live, exclusively borrowed host buffer, and the
-    // segment is popped before the borrow ends.
+    // segment is popped before the borrow ends (the IoVecs handed to `f`
+    // cannot outlive the call).
     segs.push(unsafe { IoSeg::new(tail.as_mut_ptr() as usize, tail.len()) });
     let live = &segs[from.min(segs.len() - 1)..];
-    let count = live.len().min(IOV_MAX) as libc::c_int;
-    // SAFETY: readv(fd, iov, iovcnt): IoSeg has the layout of `struct
-    // iovec` (asserted where it is defined). Every segment but the last is mapped guest memory (see the
-    // module docs); the last points to `tail`. The kernel writes at most
-    // `len` bytes into each.
-    let ret = unsafe { libc::syscall(libc::SYS_readv, fd, live.as_ptr(), count) } as isize;
+    let r = f(IoVecs { segs: live });
     segs.pop();
-    cvt(ret)
+    r
 }
 
-/// One `writev` of `segs` to `fd`.
-pub(crate) fn writev(fd: RawFd, segs: &[IoSeg]) -> io::Result<usize> {
-    let count = segs.len().min(IOV_MAX) as libc::c_int;
-    // SAFETY: writev(fd, iov, iovcnt): IoSeg has the layout of `struct
-    // iovec`; every segment is mapped guest memory (see the module docs). The kernel only reads.
-    let ret = unsafe { libc::syscall(libc::SYS_writev, fd, segs.as_ptr(), count) } as isize;
-    cvt(ret)
-}
-
-/// `read` into a host buffer (the bounce-buffer baseline).
-pub(crate) fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is a live, exclusively borrowed slice of `buf.len()` bytes.
-    let ret = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    cvt(ret)
-}
-
-/// `write` from a host buffer (the bounce-buffer baseline).
-pub(crate) fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is a live slice of `buf.len()` readable bytes.
-    let ret = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-    cvt(ret)
+/// Calls `f` with a host buffer as the only segment (the bounce-buffer
+/// baseline).
+pub(crate) fn host_buf<R>(buf: &mut [u8], f: impl FnOnce(IoVecs<'_>) -> R) -> R {
+    // SAFETY: `buf` is a live, exclusively borrowed host buffer for the whole
+    // call of `f`, which cannot keep the IoVecs.
+    let seg = [unsafe { IoSeg::new(buf.as_mut_ptr() as usize, buf.len()) }];
+    f(IoVecs { segs: &seg })
 }
 
 fn volatile(seg: &IoSeg) -> VolatileSlice<'_> {

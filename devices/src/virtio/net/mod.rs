@@ -23,8 +23,8 @@
 //!   socket backends used by tests and benchmarks.
 //! - [`metrics`]: [`NetMetrics`], lock-free counters with a JSON view whose
 //!   field names are a contract with the VMM's `--metrics` file.
-//! - `iov` (private): the `readv`/`writev` calls and copies on I/O vectors
-//!   over guest memory; with `tap` (and `virtio::queue` outside this
+//! - `iov` (private, but for [`IoVecs`], what a backend call gets): the
+//!   `readv`/`writev` calls and copies on I/O vectors over guest memory; with `tap` (and `virtio::queue` outside this
 //!   module), the only place allowed `unsafe`.
 //!
 //! Threads: everything in this module runs on the thread that drives the
@@ -45,6 +45,7 @@ pub mod tap;
 mod test_driver;
 
 pub use device::{Net, NetError};
+pub use iov::IoVecs;
 pub use metrics::NetMetrics;
 pub use tap::{NetBackend, SeqPacket, Tap, TapError};
 

@@ -43,12 +43,12 @@
 //! per-frame counters are added to [`NetMetrics`] once per pass as well.
 
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::iov;
+use super::iov::{self, IoVecs};
 use super::metrics::NetMetrics;
+use super::tap::NetBackend;
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 pub use crate::virtio::queue::ChainError;
 use crate::virtio::queue::{
@@ -326,7 +326,12 @@ impl RxVirtio {
     }
 
     /// Reads one frame into the cached chains.
-    fn read_frame(&mut self, fd: RawFd, pass: &mut Pass, metrics: &NetMetrics) -> io::Result<Read> {
+    fn read_frame<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> io::Result<Read> {
         // Chains offered to this read: without MRG_RXBUF only the first; with
         // it, as many as the largest frame needs and one syscall takes.
         let mut nsegs = 0;
@@ -343,7 +348,7 @@ impl RxVirtio {
 
         let n = match self.bounce.as_mut() {
             Some(bounce) => {
-                let n = iov::read(fd, bounce)?;
+                let n = iov::host_buf(bounce, |io| backend.recv_frame(io))?;
                 if n <= cap {
                     iov::copy_to_segs(&self.segs.items()[..nsegs], 0, &bounce[..n]);
                 }
@@ -353,12 +358,14 @@ impl RxVirtio {
             // they are the I/O vector as they lie.
             None if nsegs == self.segs.len() => {
                 let (v, from) = self.segs.raw();
-                iov::readv(fd, v, from, &mut self.overflow)?
+                iov::with_tail(v, from, &mut self.overflow, |io| backend.recv_frame(io))?
             }
             None => {
                 self.iov.clear();
                 self.iov.extend_from_slice(&self.segs.items()[..nsegs]);
-                iov::readv(fd, &mut self.iov, 0, &mut self.overflow)?
+                iov::with_tail(&mut self.iov, 0, &mut self.overflow, |io| {
+                    backend.recv_frame(io)
+                })?
             }
         };
         if n == 0 {
@@ -407,7 +414,12 @@ impl RxVirtio {
 
     /// One RX pass: reads frames until the backend is empty, the guest runs
     /// out of buffers, or the pass must yield.
-    pub fn process(&mut self, fd: RawFd, metrics: &NetMetrics, irq: &dyn Interrupt) -> RxStatus {
+    pub fn process<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> RxStatus {
         if self.broken {
             return RxStatus::Broken;
         }
@@ -453,7 +465,7 @@ impl RxVirtio {
                     }
                 }
             }
-            match self.read_frame(fd, &mut pass, metrics) {
+            match self.read_frame(backend, &mut pass, metrics) {
                 Ok(Read::Frame(n)) => {
                     pass.packets += 1;
                     pass.bytes += n as u64;
@@ -604,14 +616,20 @@ impl TxVirtio {
         self.pending.is_some()
     }
 
-    fn send(&mut self, fd: RawFd, len: usize, pass: &mut Pass, metrics: &NetMetrics) -> Sent {
+    fn send<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        len: usize,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Sent {
         loop {
             let res = match self.bounce.as_mut() {
                 Some(buf) => {
                     iov::copy_from_segs(&self.segs, buf);
-                    iov::write(fd, buf)
+                    iov::host_buf(buf, |io| backend.send_frame(io))
                 }
-                None => iov::writev(fd, &self.segs),
+                None => backend.send_frame(IoVecs::guest(&self.segs)),
             };
             return match res {
                 Ok(_) => {
@@ -639,15 +657,15 @@ impl TxVirtio {
 
     /// Sends the chain whose segments are in `segs`. `None` when the
     /// backend pushed back and the chain is now pending.
-    fn send_chain(
+    fn send_chain<B: NetBackend>(
         &mut self,
-        fd: RawFd,
+        backend: &B,
         head: u16,
         len: usize,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Option<()> {
-        match self.send(fd, len, pass, metrics) {
+        match self.send(backend, len, pass, metrics) {
             Sent::Again => {
                 self.pending = Some(PendingTx { head, len });
                 None
@@ -663,9 +681,9 @@ impl TxVirtio {
 
     /// Sends chains until the ring is empty (`Ok(None)`) or the pass must
     /// stop (`Ok(Some(status))`).
-    fn drain(
+    fn drain<B: NetBackend>(
         &mut self,
-        fd: RawFd,
+        backend: &B,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<Option<TxStatus>, QueueError> {
@@ -687,7 +705,7 @@ impl TxVirtio {
             {
                 Ok(chain) => {
                     if self
-                        .send_chain(fd, head, chain.len, pass, metrics)
+                        .send_chain(backend, head, chain.len, pass, metrics)
                         .is_none()
                     {
                         return Ok(Some(TxStatus::Blocked));
@@ -703,7 +721,12 @@ impl TxVirtio {
 
     /// One TX pass: sends chains until the ring is empty, the backend
     /// pushes back, or the pass must yield.
-    pub fn process(&mut self, fd: RawFd, metrics: &NetMetrics, irq: &dyn Interrupt) -> TxStatus {
+    pub fn process<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> TxStatus {
         if self.broken {
             return TxStatus::Broken;
         }
@@ -713,7 +736,7 @@ impl TxVirtio {
             if let Some(p) = self.pending.take() {
                 NetMetrics::inc(&metrics.tx_eagain_retries);
                 if self
-                    .send_chain(fd, p.head, p.len, &mut pass, metrics)
+                    .send_chain(backend, p.head, p.len, &mut pass, metrics)
                     .is_none()
                 {
                     break 'pass TxStatus::Blocked;
@@ -722,7 +745,7 @@ impl TxVirtio {
             // The guest need not kick while we are draining the ring.
             self.queue.disable_notifications();
             loop {
-                match self.drain(fd, &mut pass, metrics) {
+                match self.drain(backend, &mut pass, metrics) {
                     Ok(Some(status)) => break 'pass status,
                     Ok(None) => {}
                     Err(e) => {

@@ -19,6 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixDatagram;
 
+use super::iov::IoVecs;
 use super::VNET_HDR_LEN;
 
 /// Errors of the TAP and socket backends.
@@ -62,12 +63,30 @@ pub enum TapError {
 /// The fd must keep frame boundaries: one `readv` returns one frame and one
 /// `writev` sends one, each starting with the 12-byte vnet header.
 /// `Net::with_backend` puts the fd in non-blocking mode.
+///
+/// The device polls the fd for readiness and moves frames through
+/// [`recv_frame`](Self::recv_frame) and [`send_frame`](Self::send_frame),
+/// which default to one `readv`/`writev` on it; a test backend overrides them
+/// to inject faults (EAGAIN, EIO, short reads and writes...).
 pub trait NetBackend: AsRawFd + Send {
     /// Tells the backend which offloads the guest accepts on receive, as
     /// TUN_F_* flags (`libc::TUN_F_CSUM`, ...). Backends without offload
     /// state accept anything.
     fn set_offload(&self, _flags: u32) -> Result<(), TapError> {
         Ok(())
+    }
+
+    /// Receives one frame into `bufs`; returns its length (EAGAIN:
+    /// `ErrorKind::WouldBlock` when there is none).
+    #[inline]
+    fn recv_frame(&self, bufs: IoVecs<'_>) -> io::Result<usize> {
+        bufs.readv(self.as_raw_fd())
+    }
+
+    /// Sends the bytes of `bufs` as one frame; returns the bytes taken.
+    #[inline]
+    fn send_frame(&self, bufs: IoVecs<'_>) -> io::Result<usize> {
+        bufs.writev(self.as_raw_fd())
     }
 }
 
