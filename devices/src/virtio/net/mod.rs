@@ -33,6 +33,8 @@
 //! accessors, which the MMIO transport calls from a vCPU thread. The device is
 //! shared as `Arc<Mutex<Net>>`, so the two never run at the same time.
 
+#[cfg(test)]
+mod broken_device;
 pub mod device;
 pub mod event_handler;
 mod iov;

@@ -8,6 +8,7 @@
 //! `SOCK_SEQPACKET` pair to an `EventManager`, activates it the way the
 //! transport does, and gives tests the peer end of the socket.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -17,7 +18,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use super::device::features::*;
 use super::device::Net;
 use super::metrics::NetMetrics;
-use super::tap::SeqPacket;
+use super::tap::{NetBackend, SeqPacket};
 use super::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
 use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
@@ -247,20 +248,24 @@ pub const MRG_FEATURES: u64 = BASE_FEATURES | 1 << VIRTIO_NET_F_MRG_RXBUF;
 pub const GUEST_GSO: u64 =
     1 << VIRTIO_NET_F_GUEST_CSUM | 1 << VIRTIO_NET_F_GUEST_TSO4 | 1 << VIRTIO_NET_F_GUEST_TSO6;
 
-/// A device over a socket pair, driven from the driver side.
-pub struct Harness {
+/// A device over a socket pair (or a backend wrapping one end of it, such
+/// as a fault-injecting one), driven from the driver side.
+pub struct Harness<B: NetBackend = SeqPacket> {
     pub mem: GuestMemory,
-    pub net: Arc<Mutex<Net<SeqPacket>>>,
+    pub net: Arc<Mutex<Net<B>>>,
     pub peer: SeqPacket,
-    pub evmgr: EventManager<Arc<Mutex<Net<SeqPacket>>>>,
+    pub evmgr: EventManager<Arc<Mutex<Net<B>>>>,
     pub rxq: TestQueue,
     pub txq: TestQueue,
     pub irq: Arc<TestIrq>,
     pub metrics: Arc<NetMetrics>,
     next_buf: u64,
+    /// Buffers of each RX chain posted with `post_rx_shaped` and not yet
+    /// returned, by head.
+    pub rx_chains: HashMap<u16, Vec<(u64, u32)>>,
 }
 
-impl Harness {
+impl Harness<SeqPacket> {
     /// Builds, registers and activates a device with `features` acked.
     pub fn new(cfg: NetConfig, features: u64) -> Self {
         let mut h = Self::new_inactive(cfg);
@@ -280,10 +285,18 @@ impl Harness {
     /// the first `MEM_SIZE` bytes of guest addresses (in any regions).
     pub fn new_inactive_with(cfg: NetConfig, mem: GuestMemory) -> Self {
         let (dev_end, peer) = SeqPacket::pair().unwrap();
+        Harness::with_backend(dev_end, peer, cfg, mem)
+    }
+}
+
+impl<B: NetBackend + 'static> Harness<B> {
+    /// Builds and registers a device over `backend`, whose other end is
+    /// `peer`, without activating it.
+    pub fn with_backend(backend: B, peer: SeqPacket, cfg: NetConfig, mem: GuestMemory) -> Self {
         peer.set_nonblocking(true).unwrap();
         let qs = cfg.queue_size;
         let net = Arc::new(Mutex::new(
-            Net::with_backend(dev_end, cfg, mem.clone()).unwrap(),
+            Net::with_backend(backend, cfg, mem.clone()).unwrap(),
         ));
         let metrics = net.lock().unwrap().metrics();
         let mut evmgr = EventManager::new().unwrap();
@@ -300,6 +313,7 @@ impl Harness {
             irq: Arc::new(TestIrq::default()),
             metrics,
             next_buf: 0x100000,
+            rx_chains: HashMap::new(),
         }
     }
 
@@ -338,7 +352,7 @@ impl Harness {
         (0..max).find(|_| self.run_once(0) == 0)
     }
 
-    pub fn dev(&self) -> MutexGuard<'_, Net<SeqPacket>> {
+    pub fn dev(&self) -> MutexGuard<'_, Net<B>> {
         self.net.lock().unwrap()
     }
 
@@ -421,6 +435,204 @@ impl Harness {
 
     pub fn metric(&self, f: impl Fn(&NetMetrics) -> &AtomicU64) -> u64 {
         f(&self.metrics).load(Ordering::Relaxed)
+    }
+}
+
+/// How the buffers of a chain are described to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One ring descriptor per buffer.
+    Direct,
+    /// One ring descriptor pointing to an indirect table of every buffer.
+    Indirect,
+    /// The first `n` buffers in ring descriptors, the rest in an indirect
+    /// table behind them.
+    Mixed(usize),
+}
+
+/// The byte a fresh RX buffer holds at `addr` before the device writes it:
+/// never 0 or 1, and different from its neighbours, so a byte the device
+/// should have written and did not (or wrote in the wrong place) shows.
+pub fn stale_byte(addr: u64) -> u8 {
+    0x80 | (addr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 57) as u8
+}
+
+/// A frame as the backend delivers it with a header of non-zero bytes
+/// (`num_buffers` included, as stale as a TAP leaves it), so a header field
+/// the device must write and does not shows.
+pub fn noisy_frame(len: usize, seed: u8) -> Vec<u8> {
+    let mut f = frame(len, seed);
+    for (i, b) in f.iter_mut().take(VNET_HDR_LEN.min(len)).enumerate() {
+        *b = 0xe0 | i as u8;
+    }
+    f
+}
+
+/// One frame the driver took from the RX used ring.
+#[derive(Debug)]
+pub struct RxFrame {
+    /// Header and frame, gathered from the chains in used-ring order.
+    pub data: Vec<u8>,
+    /// The chains, in the order the device used them.
+    pub heads: Vec<u16>,
+    /// The length the device reported for each.
+    pub lens: Vec<u32>,
+}
+
+impl RxFrame {
+    /// `num_buffers` as the device wrote it.
+    pub fn num_buffers(&self) -> u16 {
+        u16::from_le_bytes([self.data[10], self.data[11]])
+    }
+
+    /// Asserts the frame is `sent` byte for byte, but for `num_buffers`,
+    /// which must say how many chains it took.
+    pub fn assert_is(&self, sent: &[u8]) {
+        assert_eq!(usize::from(self.num_buffers()), self.heads.len());
+        assert_eq!(self.data.len(), sent.len(), "frame length");
+        assert_eq!(self.data[..10], sent[..10], "header");
+        if let Some(i) = (12..sent.len()).find(|&i| self.data[i] != sent[i]) {
+            panic!("frame byte {i} is {:#x}, sent {:#x}", self.data[i], sent[i]);
+        }
+    }
+}
+
+impl<B: NetBackend + 'static> Harness<B> {
+    /// Writes a chain of `bufs` laid out as `layout` (device-writable for
+    /// RX) and publishes it; returns its head.
+    pub fn add_shaped(&mut self, rx: bool, bufs: &[(u64, u32)], layout: Layout) -> u16 {
+        let flag = if rx { F_WRITE } else { 0 };
+        let direct = match layout {
+            Layout::Direct => bufs.len(),
+            Layout::Indirect => 0,
+            Layout::Mixed(n) => n.min(bufs.len()),
+        };
+        let mut descs: Vec<(u64, u32, u16)> =
+            bufs[..direct].iter().map(|&(a, l)| (a, l, flag)).collect();
+        let rest = &bufs[direct..];
+        if !rest.is_empty() {
+            let table = self.alloc(16 * rest.len() as u64);
+            for (i, &(a, l)) in rest.iter().enumerate() {
+                let next = if i + 1 < rest.len() { F_NEXT } else { 0 };
+                let d = GuestAddress(table + 16 * i as u64);
+                self.mem.write_obj(a, d).unwrap();
+                self.mem.write_obj(l, d.unchecked_add(8)).unwrap();
+                self.mem
+                    .write_obj(flag | next, d.unchecked_add(12))
+                    .unwrap();
+                self.mem
+                    .write_obj(i as u16 + 1, d.unchecked_add(14))
+                    .unwrap();
+            }
+            descs.push((table, 16 * rest.len() as u32, F_INDIRECT));
+        }
+        let q = if rx { &mut self.rxq } else { &mut self.txq };
+        q.add_chain(&self.mem, &descs)
+    }
+
+    /// Posts an RX chain of buffers of `lens` bytes, each in its own
+    /// allocation with a gap after it, filled with [`stale_byte`]s.
+    pub fn post_rx_shaped(&mut self, lens: &[u32], layout: Layout) -> u16 {
+        let bufs: Vec<(u64, u32)> = lens
+            .iter()
+            .map(|&l| (self.alloc(u64::from(l) + 48), l))
+            .collect();
+        for &(a, l) in &bufs {
+            self.stain(a, l);
+        }
+        let head = self.add_shaped(true, &bufs, layout);
+        assert!(self.rx_chains.insert(head, bufs).is_none(), "head reused");
+        head
+    }
+
+    /// Fills `len` bytes at `addr` with their stale bytes.
+    fn stain(&self, addr: u64, len: u32) {
+        let v: Vec<u8> = (addr..addr + u64::from(len)).map(stale_byte).collect();
+        self.mem.write_slice(&v, GuestAddress(addr)).unwrap();
+    }
+
+    /// Refills every RX buffer posted and not yet returned with its stale
+    /// bytes (before a frame arrives, so stale bytes show).
+    pub fn restain_rx(&self) {
+        for bufs in self.rx_chains.values() {
+            for &(a, l) in bufs {
+                self.stain(a, l);
+            }
+        }
+    }
+
+    /// Places `frame` in guest memory split into buffers of `lens` bytes
+    /// (which must add up to its length; 0 is allowed), each in its own
+    /// allocation, laid out as `layout`, and publishes the chain.
+    pub fn post_tx_shaped(&mut self, frame: &[u8], lens: &[u32], layout: Layout) -> u16 {
+        assert_eq!(lens.iter().map(|&l| l as usize).sum::<usize>(), frame.len());
+        let mut off = 0;
+        let mut bufs = Vec::new();
+        for &l in lens {
+            let a = self.alloc(u64::from(l) + 48);
+            let l = l as usize;
+            self.mem
+                .write_slice(&frame[off..off + l], GuestAddress(a))
+                .unwrap();
+            bufs.push((a, l as u32));
+            off += l;
+        }
+        self.add_shaped(false, &bufs, layout)
+    }
+
+    /// Takes the frames the device returned in chains posted with
+    /// [`post_rx_shaped`](Self::post_rx_shaped), checking what the driver
+    /// relies on: each used id is an outstanding chain (returned once),
+    /// every chain of a frame but the last is full, and no byte past a used
+    /// length was written.
+    pub fn take_rx_frames(&mut self) -> Vec<RxFrame> {
+        let used = self.rxq.take_used(&self.mem);
+        let mut frames = Vec::new();
+        let mut it = used.into_iter().peekable();
+        while it.peek().is_some() {
+            let mut f = RxFrame {
+                data: Vec::new(),
+                heads: Vec::new(),
+                lens: Vec::new(),
+            };
+            loop {
+                let Some((id, len)) = it.next() else {
+                    panic!("frame of {} buffers cut short", f.num_buffers());
+                };
+                let head = u16::try_from(id).expect("used id above 65535");
+                let bufs = self
+                    .rx_chains
+                    .remove(&head)
+                    .unwrap_or_else(|| panic!("used id {id} is not an outstanding chain"));
+                let cap: u32 = bufs.iter().map(|b| b.1).sum();
+                assert!(len <= cap, "chain {head}: used length {len} > {cap}");
+                let mut left = len;
+                for &(a, l) in &bufs {
+                    let n = left.min(l);
+                    f.data.extend(self.read(a, n as usize));
+                    let stale: Vec<u8> = (a + u64::from(n)..a + u64::from(l))
+                        .map(stale_byte)
+                        .collect();
+                    assert_eq!(
+                        self.read(a + u64::from(n), (l - n) as usize),
+                        stale,
+                        "chain {head}: bytes past the used length were written"
+                    );
+                    left -= n;
+                }
+                f.heads.push(head);
+                f.lens.push(len);
+                if f.data.len() >= 12 && f.heads.len() >= usize::from(f.num_buffers()) {
+                    break;
+                }
+                assert_eq!(
+                    len, cap,
+                    "chain {head} is not the last of its frame but not full"
+                );
+            }
+            frames.push(f);
+        }
+        frames
     }
 }
 
