@@ -446,3 +446,41 @@ fn no_rx_interrupt_when_nothing_was_used() {
         assert_eq!(h.irq.count(), 1, "features {features:#x}");
     }
 }
+
+/// While an RX pass waits behind its weight, the loop wakes for its re-queue
+/// event only, not also for the backend it cannot read yet; while the guest
+/// posts no buffers, it does not wake at all.
+///
+/// Catches: dropping either RX deferral from the backend's epoll interest
+/// (a flood would wake the loop for nothing at every iteration; a starved
+/// device would spin on the level-triggered fd).
+#[test]
+fn rx_deferred_or_starved_does_not_wake_for_the_backend() {
+    let mut h = Harness::new(
+        NetConfig {
+            rx_weight_packets: 2,
+            ..cfg()
+        },
+        MRG_FEATURES,
+    );
+    for _ in 0..3 {
+        h.post_rx_shaped(&[1526], Layout::Direct);
+    }
+    for i in 0..6 {
+        h.peer.send(&frame(12 + 100, i)).unwrap();
+    }
+    // The backend: two frames, then the pass yields to its weight.
+    assert_eq!(h.run_once(0), 1);
+    assert_eq!(h.metric(|m| &m.rx_frames), 2);
+    // The re-queue event alone: the third frame, and the ring is empty.
+    assert_eq!(h.run_once(0), 1);
+    assert_eq!(h.metric(|m| &m.rx_frames), 3);
+    // The backend again: no buffers, starved.
+    assert_eq!(h.run_once(0), 1);
+    assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 1);
+    // Three frames wait, the guest posts nothing: the loop sleeps.
+    for _ in 0..3 {
+        assert_eq!(h.run_once(10), 0);
+    }
+    assert_eq!(h.take_rx_frames().len(), 3);
+}

@@ -18,7 +18,7 @@ use std::os::fd::RawFd;
 
 use vm_memory::VolatileSlice;
 
-use crate::virtio::queue::{IoSeg, IOV_MAX};
+use crate::virtio::queue::IoSeg;
 
 fn cvt(ret: isize) -> io::Result<usize> {
     if ret < 0 {
@@ -67,9 +67,18 @@ impl<'a> IoVecs<'a> {
         self.len() == 0
     }
 
+    /// The vector count for the system call. The chain walk and the RX
+    /// cache keep it within IOV_MAX; should that ever fail the kernel refuses
+    /// the call (EINVAL) rather than a cap here silently dropping vectors
+    /// (on receive the last is the truncation byte, on send the end of the
+    /// frame).
+    fn count(&self) -> libc::c_int {
+        libc::c_int::try_from(self.segs.len()).unwrap_or(libc::c_int::MAX)
+    }
+
     /// One `readv` from `fd` into the segments.
     pub fn readv(&self, fd: RawFd) -> io::Result<usize> {
-        let count = self.segs.len().min(IOV_MAX) as libc::c_int;
+        let count = self.count();
         // SAFETY: readv(fd, iov, iovcnt): IoSeg has the layout of `struct
         // iovec` (asserted where it is defined), and every segment is
         // writable memory that stays mapped for 'a: guest memory (module
@@ -81,7 +90,7 @@ impl<'a> IoVecs<'a> {
 
     /// One `writev` of the segments to `fd`.
     pub fn writev(&self, fd: RawFd) -> io::Result<usize> {
-        let count = self.segs.len().min(IOV_MAX) as libc::c_int;
+        let count = self.count();
         // SAFETY: writev(fd, iov, iovcnt): IoSeg has the layout of `struct
         // iovec`; every segment is mapped for 'a (as in `readv`). The kernel
         // only reads.
@@ -198,6 +207,39 @@ mod tests {
     use crate::virtio::queue::GuestRegions;
     use crate::virtio::GuestMemory;
     use vm_memory::{Bytes, GuestAddress};
+
+    /// More vectors than one system call takes is refused by the kernel,
+    /// with nothing read or sent: never a silent truncation.
+    #[test]
+    fn test_more_than_iov_max_vectors_is_refused_not_truncated() {
+        use crate::virtio::net::SeqPacket;
+        use crate::virtio::queue::IOV_MAX;
+        use std::os::fd::AsRawFd;
+
+        let (a, b) = SeqPacket::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        a.send(&[7u8; 2000]).unwrap();
+        let mut buf = vec![0u8; IOV_MAX + 1];
+        let base = buf.as_mut_ptr() as usize;
+        // SAFETY: every segment is one byte of `buf`, alive for the test.
+        let segs: Vec<IoSeg> = (0..=IOV_MAX)
+            .map(|i| unsafe { IoSeg::new(base + i, 1) })
+            .collect();
+        let v = IoVecs::guest(&segs);
+        let err = v.readv(b.as_raw_fd()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        let err = v.writev(b.as_raw_fd()).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        // The message is still there, whole, and nothing reached the peer.
+        let mut got = [0u8; 4000];
+        assert_eq!(b.recv(&mut got).unwrap(), 2000);
+        a.set_nonblocking(true).unwrap();
+        assert!(a.recv(&mut got).is_err());
+        assert!(buf.iter().all(|&x| x == 0));
+        // IOV_MAX vectors are fine.
+        a.send(&[9u8; 2000]).unwrap();
+        assert_eq!(IoVecs::guest(&segs[..IOV_MAX]).readv(b.as_raw_fd()).unwrap(), IOV_MAX);
+    }
 
     #[test]
     fn test_copies_go_through_split_segments() {
