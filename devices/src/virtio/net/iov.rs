@@ -238,7 +238,12 @@ mod tests {
         assert!(buf.iter().all(|&x| x == 0));
         // IOV_MAX vectors are fine.
         a.send(&[9u8; 2000]).unwrap();
-        assert_eq!(IoVecs::guest(&segs[..IOV_MAX]).readv(b.as_raw_fd()).unwrap(), IOV_MAX);
+        assert_eq!(
+            IoVecs::guest(&segs[..IOV_MAX])
+                .readv(b.as_raw_fd())
+                .unwrap(),
+            IOV_MAX
+        );
     }
 
     #[test]

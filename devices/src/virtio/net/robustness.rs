@@ -513,49 +513,13 @@ fn transport_rig() -> (NetLoop, MockDriver, SeqPacket) {
     (em, drv, peer)
 }
 
-/// Counts log records per thread (tests run in parallel in one process).
-mod counting_logger {
-    use std::cell::Cell;
-    use std::sync::Once;
-
-    struct Counter;
-
-    thread_local! {
-        static RECORDS: Cell<u64> = const { Cell::new(0) };
-    }
-
-    impl log::Log for Counter {
-        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-            true
-        }
-        fn log(&self, _: &log::Record<'_>) {
-            RECORDS.with(|c| c.set(c.get() + 1));
-        }
-        fn flush(&self) {}
-    }
-
-    static COUNTER: Counter = Counter;
-    static INSTALL: Once = Once::new();
-
-    /// Installs the logger (once per process) and returns this thread's
-    /// count so far.
-    pub fn records() -> u64 {
-        INSTALL.call_once(|| {
-            if log::set_logger(&COUNTER).is_ok() {
-                log::set_max_level(log::LevelFilter::Trace);
-            }
-        });
-        RECORDS.with(Cell::get)
-    }
-}
-
 /// A guest repeating everything that makes the transport or the device log
 /// (bad register accesses, refused layouts, malformed chains both ways,
 /// broken rings, config writes) adds a bounded number of log lines, not one
 /// per attempt.
 #[test]
 fn no_log_line_per_guest_attempt() {
-    let base = counting_logger::records();
+    let base = test_log::records();
     let round = |reps: usize| {
         let (mut em, mut drv, peer) = transport_rig();
         let ring = |base: u64| QueueLayout {
@@ -605,9 +569,9 @@ fn no_log_line_per_guest_attempt() {
         while em.run_with_timeout(0).unwrap() > 0 {}
     };
     round(50);
-    let after_first = counting_logger::records() - base;
+    let after_first = test_log::records() - base;
     round(500);
-    let after_second = counting_logger::records() - base - after_first;
+    let after_second = test_log::records() - base - after_first;
     // Ten times the attempts: a few more lines (the rate limiters log the
     // 1st, 2nd, 4th, 8th... occurrence), nowhere near one per attempt.
     eprintln!("log lines: {after_first} for 50 rounds, {after_second} more for 500");

@@ -632,10 +632,22 @@ impl TxVirtio {
                 None => backend.send_frame(IoVecs::guest(&self.segs)),
             };
             return match res {
-                Ok(_) => {
+                Ok(n) if n == len => {
                     pass.frames += 1;
                     pass.payload += (len - VNET_HDR_LEN) as u64;
                     Sent::Ok
+                }
+                // A backend keeps frame boundaries, so a frame it took only
+                // part of (none, with 0) reached the peer cut short or not at
+                // all: dropped, not sent. A TAP or a datagram socket never
+                // does this; a backend in trouble might.
+                Ok(n) => {
+                    let d = NetMetrics::inc(&metrics.tx_dropped);
+                    warn_rate_limited(
+                        d,
+                        format_args!("backend took {n} bytes of a {len}-byte TX frame"),
+                    );
+                    Sent::Dropped
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     NetMetrics::inc(&metrics.tap_eagain);
@@ -870,6 +882,35 @@ mod tests {
         assert!(h.metric(|m| &m.tx_eagain_retries) >= 1);
         assert_eq!(h.txq.take_used(&h.mem).len(), 8);
         assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
+    }
+
+    /// A short or 0-byte write by the backend (a frame-preserving one took
+    /// part of a frame) is a dropped frame, not a sent one; its chain comes
+    /// back like any other.
+    #[test]
+    fn test_tx_short_write_is_a_dropped_frame() {
+        let (b, peer) = FaultBackend::pair();
+        b.script.lock().unwrap().write_fault_at(0, Fault::Short(20));
+        b.script.lock().unwrap().write_fault_at(0, Fault::Zero);
+        let mem = vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+            .unwrap();
+        let mut h = Harness::with_backend(b, peer, cfg(), mem);
+        h.activate(MRG_FEATURES);
+        let frames: Vec<Vec<u8>> = (0..3).map(|i| frame(12 + 100, i)).collect();
+        let heads: Vec<(u32, u32)> = frames
+            .iter()
+            .map(|f| (u32::from(h.post_tx(f, &[12])), 0))
+            .collect();
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.txq.take_used(&h.mem), heads);
+        assert_eq!(
+            h.peer_frames(),
+            vec![frames[0][..20].to_vec(), frames[2].clone()]
+        );
+        assert_eq!(h.metric(|m| &m.tx_frames), 1);
+        assert_eq!(h.metric(|m| &m.tx_bytes), 100);
+        assert_eq!(h.metric(|m| &m.tx_dropped), 2);
     }
 
     // ---- TX malformed chains ----

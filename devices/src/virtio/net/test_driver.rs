@@ -8,7 +8,8 @@
 //! `SOCK_SEQPACKET` pair to an `EventManager`, activates it the way the
 //! transport does, and gives tests the peer end of the socket.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -19,6 +20,7 @@ use super::device::features::*;
 use super::device::Net;
 use super::metrics::NetMetrics;
 use super::tap::{NetBackend, SeqPacket};
+use super::IoVecs;
 use super::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
 use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
@@ -644,6 +646,165 @@ pub fn frame(len: usize, seed: u8) -> Vec<u8> {
         *b = seed.wrapping_add((i * 7) as u8);
     }
     f
+}
+
+/// What one backend call does instead of (or on top of) its system call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Fails with this errno; the socket is not touched.
+    Errno(i32),
+    /// Returns 0; the socket is not touched.
+    Zero,
+    /// RX: reads the next frame but reports only this many bytes. TX: sends
+    /// only this many bytes of the frame and says so.
+    Short(usize),
+    /// Runs `Script::hook` (e.g. a vCPU resetting the device) and then does
+    /// the call as usual.
+    Hook,
+}
+
+/// The faults a [`FaultBackend`] injects, call by call, and what it saw.
+#[derive(Default)]
+pub struct Script {
+    /// What the next receive calls do; `None`: a plain `readv`.
+    pub reads: VecDeque<Option<Fault>>,
+    /// What the next send calls do; `None`: a plain `writev`.
+    pub writes: VecDeque<Option<Fault>>,
+    /// Run by `Fault::Hook`, on the device thread, inside the pass.
+    pub hook: Option<Box<dyn FnMut() + Send>>,
+    /// Receive and send calls so far.
+    pub recv_calls: u64,
+    pub send_calls: u64,
+}
+
+impl Script {
+    /// Queues `fault` for receive call number `n` (0: the next), plain calls
+    /// before it.
+    pub fn read_fault_at(&mut self, n: usize, fault: Fault) {
+        self.reads.extend(std::iter::repeat_n(None, n));
+        self.reads.push_back(Some(fault));
+    }
+
+    /// Queues `fault` for send call number `n` (0: the next).
+    pub fn write_fault_at(&mut self, n: usize, fault: Fault) {
+        self.writes.extend(std::iter::repeat_n(None, n));
+        self.writes.push_back(Some(fault));
+    }
+}
+
+/// A backend over one end of a socket pair that fails on demand (EAGAIN,
+/// EIO, EINVAL, ENOBUFS, 0-byte and short reads and writes) as its
+/// [`Script`] says, call by call.
+pub struct FaultBackend {
+    sock: SeqPacket,
+    pub script: Arc<Mutex<Script>>,
+}
+
+impl FaultBackend {
+    /// A backend and its peer.
+    pub fn pair() -> (FaultBackend, SeqPacket) {
+        let (sock, peer) = SeqPacket::pair().unwrap();
+        let b = FaultBackend {
+            sock,
+            script: Arc::new(Mutex::new(Script::default())),
+        };
+        (b, peer)
+    }
+
+    /// Takes the next fault for a receive (`rx`) or send call, and runs the
+    /// hook if that is it.
+    fn next(&self, rx: bool) -> Option<Fault> {
+        let mut s = self.script.lock().unwrap();
+        let f = if rx {
+            s.recv_calls += 1;
+            s.reads.pop_front().flatten()
+        } else {
+            s.send_calls += 1;
+            s.writes.pop_front().flatten()
+        };
+        if f == Some(Fault::Hook) {
+            if let Some(h) = s.hook.as_mut() {
+                h();
+            }
+        }
+        f
+    }
+}
+
+impl std::os::fd::AsRawFd for FaultBackend {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+impl NetBackend for FaultBackend {
+    fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        match self.next(true) {
+            Some(Fault::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
+            Some(Fault::Zero) => Ok(0),
+            // A genuine short read: only the first `n` bytes land.
+            Some(Fault::Short(n)) => {
+                let mut frame = vec![0u8; bufs.len()];
+                let got = self.sock.recv(&mut frame)?;
+                Ok(bufs.scatter(&frame[..got.min(n)]))
+            }
+            None | Some(Fault::Hook) => bufs.readv(self.as_raw_fd()),
+        }
+    }
+
+    fn send_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        match self.next(false) {
+            Some(Fault::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
+            Some(Fault::Zero) => Ok(0),
+            Some(Fault::Short(n)) => {
+                let bytes = bufs.gather();
+                self.sock.send(&bytes[..n.min(bytes.len())])
+            }
+            None | Some(Fault::Hook) => bufs.writev(self.as_raw_fd()),
+        }
+    }
+}
+
+/// Captures log records per thread (tests run in parallel in one process,
+/// each driving its device from its own thread).
+pub mod test_log {
+    use std::cell::RefCell;
+    use std::sync::Once;
+
+    struct Capture;
+
+    thread_local! {
+        static LINES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    }
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, r: &log::Record<'_>) {
+            LINES.with(|l| l.borrow_mut().push(r.args().to_string()));
+        }
+        fn flush(&self) {}
+    }
+
+    static CAPTURE: Capture = Capture;
+    static INSTALL: Once = Once::new();
+
+    /// Installs the logger (once per process) and returns the lines this
+    /// thread logged so far.
+    pub fn lines() -> Vec<String> {
+        INSTALL.call_once(|| {
+            if log::set_logger(&CAPTURE).is_ok() {
+                log::set_max_level(log::LevelFilter::Trace);
+            }
+        });
+        LINES.with(|l| l.borrow().clone())
+    }
+
+    /// How many lines this thread logged so far.
+    pub fn records() -> u64 {
+        lines().len() as u64
+    }
 }
 
 /// Asserts that a metric changed by `delta` across `block`.
