@@ -85,6 +85,9 @@ pub struct NetMetrics {
     /// The most ring entries and descriptors one pass has read (a gauge;
     /// never above `rxtx::MAX_PASS_READS`).
     pub max_descs_per_pass: AtomicU64,
+    /// Runs of TX frames the backend refused the same way (not exported:
+    /// what rate-limits their log lines across activations).
+    pub(crate) tx_refusal_runs: AtomicU64,
     /// When the current starvation began ([`mono_ns`]), 0 when not starved;
     /// lets `to_json` include a starvation still in progress.
     pub(crate) starved_since_ns: AtomicU64,

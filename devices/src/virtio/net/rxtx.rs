@@ -589,7 +589,15 @@ pub struct TxVirtio {
     pending: Option<PendingTx>,
     bounce: Option<Vec<u8>>,
     broken: bool,
+    /// How the backend refused the last frame (an errno, or
+    /// [`SHORT_WRITE`]) until it takes one: a backend that refuses every
+    /// frame (a TAP set down: EIO; deleted: EBADFD) is logged once, not once
+    /// per frame.
+    refusing: Option<i32>,
 }
+
+/// The kind of refusal of a write that took only part of a frame.
+const SHORT_WRITE: i32 = -1;
 
 enum Sent {
     Ok,
@@ -608,6 +616,7 @@ impl TxVirtio {
             pending: None,
             bounce: bounce.then(|| Vec::with_capacity(BOUNCE_BUFFER_LEN)),
             broken: false,
+            refusing: None,
         }
     }
 
@@ -633,6 +642,7 @@ impl TxVirtio {
             };
             return match res {
                 Ok(n) if n == len => {
+                    self.refusing = None;
                     pass.frames += 1;
                     pass.payload += (len - VNET_HDR_LEN) as u64;
                     Sent::Ok
@@ -642,9 +652,9 @@ impl TxVirtio {
                 // all: dropped, not sent. A TAP or a datagram socket never
                 // does this; a backend in trouble might.
                 Ok(n) => {
-                    let d = NetMetrics::inc(&metrics.tx_dropped);
-                    warn_rate_limited(
-                        d,
+                    self.refused(
+                        metrics,
+                        SHORT_WRITE,
                         format_args!("backend took {n} bytes of a {len}-byte TX frame"),
                     );
                     Sent::Dropped
@@ -659,11 +669,32 @@ impl TxVirtio {
                     // header: EINVAL) or cannot take now (interface down:
                     // EIO). Neither is a host fault; the frame is lost as on
                     // a real wire.
-                    let n = NetMetrics::inc(&metrics.tx_dropped);
-                    warn_rate_limited(n, format_args!("backend refused a TX frame: {e}"));
+                    self.refused(
+                        metrics,
+                        e.raw_os_error().unwrap_or(0),
+                        format_args!("backend refused a TX frame: {e}"),
+                    );
                     Sent::Dropped
                 }
             };
+        }
+    }
+
+    /// Counts a frame the backend refused, and logs the first of a run of
+    /// refusals of one kind. The runs are rate-limited too: a guest that
+    /// alternates good frames and frames the TAP refuses (a bad GSO header)
+    /// must not get a log line for every other frame.
+    fn refused(&mut self, metrics: &NetMetrics, kind: i32, msg: std::fmt::Arguments<'_>) {
+        NetMetrics::inc(&metrics.tx_dropped);
+        if self.refusing != Some(kind) {
+            self.refusing = Some(kind);
+            let n = NetMetrics::inc(&metrics.tx_refusal_runs);
+            warn_rate_limited(
+                n,
+                format_args!(
+                    "{msg}; dropped, as is every frame after it refused the same way (tx_dropped)"
+                ),
+            );
         }
     }
 
@@ -911,6 +942,41 @@ mod tests {
         assert_eq!(h.metric(|m| &m.tx_frames), 1);
         assert_eq!(h.metric(|m| &m.tx_bytes), 100);
         assert_eq!(h.metric(|m| &m.tx_dropped), 2);
+    }
+
+    /// A backend refusing frame after frame the same way (a TAP set down)
+    /// is logged once per run of refusals, not once per frame; every frame is
+    /// counted and its chain returned.
+    #[test]
+    fn test_tx_refusals_logged_once_per_run() {
+        let (b, peer) = FaultBackend::pair();
+        {
+            let mut s = b.script.lock().unwrap();
+            let eio = Some(Fault::Errno(libc::EIO));
+            s.writes.extend(std::iter::repeat_n(eio, 10));
+            s.writes.push_back(None);
+            s.writes.extend(std::iter::repeat_n(eio, 3));
+            s.writes
+                .extend(std::iter::repeat_n(Some(Fault::Errno(libc::EINVAL)), 5));
+        }
+        let mem = vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+            .unwrap();
+        let mut h = Harness::with_backend(b, peer, cfg(), mem);
+        h.activate(MRG_FEATURES);
+        let before = test_log::lines().len();
+        for i in 0..19 {
+            h.post_tx(&frame(12 + 60, i), &[]);
+        }
+        h.kick_tx();
+        h.run_until_idle();
+        assert_eq!(h.txq.take_used(&h.mem).len(), 19);
+        assert_eq!(h.metric(|m| &m.tx_dropped), 18);
+        assert_eq!(h.peer_frames().len(), 1);
+        // Runs 1 (EIO) and 2 (EIO after a frame went through) are logged;
+        // run 3 (EINVAL) is the third run, which the rate limit skips.
+        let lines = test_log::lines()[before..].to_vec();
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(lines.iter().all(|l| l.contains("Input/output error")));
     }
 
     // ---- TX malformed chains ----
