@@ -185,7 +185,10 @@ impl<B: NetBackend> Net<B> {
     fn backend_hung_up(&mut self) {
         if !self.registered.backend_hup {
             self.registered.backend_hup = true;
-            let n = NetMetrics::inc(&self.metrics.host_errors);
+            NetMetrics::inc(&self.metrics.host_errors);
+            // Rate-limited on its own count: keyed on host_errors, the
+            // line would be skipped whenever other host errors came first.
+            let n = NetMetrics::inc(&self.metrics.backend_hangups);
             warn_rate_limited(
                 n,
                 format_args!("backend hung up; the device stops polling it until a reset"),

@@ -74,6 +74,10 @@ pub struct NetMetrics {
     pub queue_errors: AtomicU64,
     /// Host-side faults (eventfd errors, unexpected backend errors).
     pub host_errors: AtomicU64,
+    /// Times the backend hung up or failed for good (a socket peer gone, a
+    /// TAP deleted): the device stops polling it until the driver resets
+    /// the device. Each is also a host error.
+    pub backend_hangups: AtomicU64,
     /// Guest writes to the read-only configuration space, ignored.
     pub config_writes_ignored: AtomicU64,
     /// Passes (either direction) cut short by the descriptor budget
@@ -147,6 +151,7 @@ impl NetMetrics {
             "tx_passes": get(&self.tx_passes),
             "queue_errors": get(&self.queue_errors),
             "host_errors": get(&self.host_errors),
+            "backend_hangups": get(&self.backend_hangups),
             "config_writes_ignored": get(&self.config_writes_ignored),
             "desc_budget_hits": get(&self.desc_budget_hits),
             "descs_walked": get(&self.descs_walked),
