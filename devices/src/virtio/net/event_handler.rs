@@ -161,7 +161,12 @@ impl<B: NetBackend> Net<B> {
     }
 
     fn process_backend_event(&mut self, set: EventSet) {
-        if set.contains(EventSet::OUT) {
+        // A waiting TX chain is retried on writability, and also when the
+        // backend failed (EPOLLERR/EPOLLHUP come without EPOLLOUT from some:
+        // a pipe, a deleted TAP): a backend that is gone refuses the chain,
+        // which returns it to the guest instead of leaving it, and every
+        // chain behind it, waiting for a writability that never comes.
+        if set.intersects(EventSet::OUT | EventSet::HANG_UP | EventSet::ERROR) {
             let blocked = self.active.as_ref().is_some_and(|a| a.tx.is_blocked());
             if blocked {
                 self.run_tx(true);
