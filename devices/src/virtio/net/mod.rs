@@ -37,6 +37,8 @@
 mod broken_device;
 pub mod device;
 pub mod event_handler;
+#[cfg(test)]
+mod fault_injection;
 mod iov;
 pub mod metrics;
 #[cfg(test)]

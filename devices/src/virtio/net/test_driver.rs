@@ -326,9 +326,9 @@ impl<B: NetBackend + 'static> Harness<B> {
             self.rxq.create_queue(&self.mem, features),
             self.txq.create_queue(&self.mem, features),
         ];
-        self.dev()
-            .activate(features, queues, self.irq.clone())
-            .unwrap();
+        if let Err(e) = self.dev().activate(features, queues, self.irq.clone()) {
+            panic!("activation failed: {e:?}");
+        }
         self.run_until_idle();
     }
 
