@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use devices::virtio::net::NetConfig;
+use devices::virtio::net::{NetConfig, Offloads};
 use serde_json::{json, Map, Value};
 
 use crate::frames::{self, HOST_MAC};
@@ -258,7 +258,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
         for (i, &b) in bufs.iter().enumerate() {
             let cfg = RigConfig {
                 net: NetConfig {
-                    offloads: gso,
+                    offloads: if gso { Offloads::ALL } else { Offloads::NONE },
                     mrg_rxbuf: true,
                     ..NetConfig::default()
                 },
