@@ -28,18 +28,24 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(EXIT_CONFIG)
 }
 
-/// clap's own message, cut to its first line: the usage block and tips that
-/// follow it would make a usage error more than the one line every error is.
+/// clap's own message as one line: its first paragraph (which may list the
+/// missing arguments on the lines below the first), without the usage block
+/// and tips that follow.
 fn clap_line(e: &clap::Error) -> String {
     let rendered = e.to_string();
-    let first = rendered
+    let first: Vec<&str> = rendered
         .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("invalid arguments");
-    format!(
-        "{} (see --help)",
-        first.trim_start_matches("error: ").trim_end()
-    )
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let text = first.join(" ");
+    let text = text.trim_start_matches("error: ");
+    if text.is_empty() {
+        "invalid arguments (see --help)".to_string()
+    } else {
+        format!("{text} (see --help)")
+    }
 }
 
 fn main() -> ExitCode {
