@@ -59,7 +59,10 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
     // clap's own errors.
     assert_config_error(&s(&["--bogus"]), "unexpected argument '--bogus'");
     assert_config_error(&s(&[]), "required arguments were not provided: --kernel");
-    assert_config_error(&s(&["--kernel", "k", "--mem", "lots"]), "invalid number 'lots'");
+    assert_config_error(
+        &s(&["--kernel", "k", "--mem", "lots"]),
+        "invalid number 'lots'",
+    );
     assert_config_error(&s(&["--kernel", "k", "--log-level", "loud"]), "loud");
     // --net.
     assert_config_error(
@@ -67,7 +70,12 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
         "TAP 't0' is given to two network interfaces",
     );
     assert_config_error(
-        &s(&["--kernel", "k", "--net", "tap=t0,tx_bw_size=1000,tx_bw_refill_time=0"]),
+        &s(&[
+            "--kernel",
+            "k",
+            "--net",
+            "tap=t0,tx_bw_size=1000,tx_bw_refill_time=0",
+        ]),
         "refill_time must be at least 1 ms",
     );
 
@@ -77,9 +85,7 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
         p
     };
     let boot = r#""boot-source": {"kernel_image_path": "vmlinux"}"#;
-    let iface = |extra: &str| {
-        format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0"{extra}}}"#)
-    };
+    let iface = |extra: &str| format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0"{extra}}}"#);
     let cases = [
         ("json", "{ not json".to_string(), "config file is not valid JSON"),
         (
@@ -169,6 +175,20 @@ fn halting_kernel() -> PathBuf {
     p
 }
 
+/// Arguments for a VM on the halting kernel writing metrics to `metrics`.
+fn halting_vm(kernel: &Path, metrics: &Path, interval: &str) -> Vec<String> {
+    s(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--mem",
+        "64",
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--metrics-interval",
+        interval,
+    ])
+}
+
 fn parse_lines(text: &str) -> Vec<serde_json::Value> {
     text.lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l}: {e}")))
@@ -194,7 +214,10 @@ fn fifo_reader(path: PathBuf) -> mpsc::Receiver<String> {
 
 #[test]
 fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
-    if !require("metrics_lines_on_an_interval_on_sigusr1_and_at_exit", &[Need::Kvm]) {
+    if !require(
+        "metrics_lines_on_an_interval_on_sigusr1_and_at_exit",
+        &[Need::Kvm],
+    ) {
         return;
     }
     let kernel = halting_kernel();
@@ -202,24 +225,21 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     // A FIFO, every second; the reader sees whole JSON lines as they come.
     let fifo = tmp("metrics.fifo");
     let _ = std::fs::remove_file(&fifo);
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let lines = fifo_reader(fifo.clone());
     let log = tmp("fifo-run.log");
     let _ = std::fs::remove_file(&log);
-    let args = s(&[
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--mem",
-        "64",
-        "--metrics",
-        fifo.to_str().unwrap(),
-        "--metrics-interval",
-        "1",
+    let mut args = halting_vm(&kernel, &fifo, "1");
+    args.extend(s(&[
         "--log-path",
         log.to_str().unwrap(),
         "--log-level",
         "info",
-    ]);
+    ]));
     let mut vm = Vm::spawn(&args, None).unwrap();
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -228,7 +248,12 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
             got.push(l);
         }
     }
-    assert!(got.len() >= 3, "{} lines in 20 s\n{}", got.len(), vm.report());
+    assert!(
+        got.len() >= 3,
+        "{} lines in 20 s\n{}",
+        got.len(),
+        vm.report()
+    );
     let parsed = parse_lines(&got.join("\n"));
     for w in parsed.windows(2) {
         let t = |v: &serde_json::Value| v["utc_timestamp_ms"].as_u64().unwrap();
@@ -242,7 +267,9 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     let before = got.len();
     vm.signal("USR1");
     vm.signal("TERM");
-    let status = vm.wait_exit(Duration::from_secs(10)).expect("minivmm exits on SIGTERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(10))
+        .expect("minivmm exits on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", vm.report());
     while let Ok(l) = lines.recv_timeout(Duration::from_millis(500)) {
         got.push(l);
@@ -272,17 +299,7 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     // appended after what the file held.
     let file = tmp("metrics.json");
     std::fs::write(&file, "").unwrap();
-    let args = s(&[
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--mem",
-        "64",
-        "--metrics",
-        file.to_str().unwrap(),
-        "--metrics-interval",
-        "0",
-    ]);
-    let mut vm = Vm::spawn(&args, None).unwrap();
+    let mut vm = Vm::spawn(&halting_vm(&kernel, &file, "0"), None).unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "", "no timer line");
     vm.signal("USR1");
@@ -319,8 +336,10 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     let img = guest_image();
     let ns = NetNs::new("op", "tap0", "10.0.2.1/24").unwrap();
     // The second card's TAP, up, with an address of its own in the namespace.
-    ns.exec_ip(&["tuntap", "add", "dev", "tap1", "mode", "tap"]).unwrap();
-    ns.exec_ip(&["addr", "add", "10.0.3.1/24", "dev", "tap1"]).unwrap();
+    ns.exec_ip(&["tuntap", "add", "dev", "tap1", "mode", "tap"])
+        .unwrap();
+    ns.exec_ip(&["addr", "add", "10.0.3.1/24", "dev", "tap1"])
+        .unwrap();
     ns.exec_ip(&["link", "set", "tap1", "up"]).unwrap();
 
     let metrics = tmp("boot-metrics.json");
@@ -367,10 +386,18 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     });
     let file = tmp("vm.json");
     std::fs::write(&file, serde_json::to_string_pretty(&config).unwrap()).unwrap();
-    let mut vm = Vm::spawn(&s(&["--config-file", file.to_str().unwrap()]), Some(&ns.name)).unwrap();
+    let mut vm = Vm::spawn(
+        &s(&["--config-file", file.to_str().unwrap()]),
+        Some(&ns.name),
+    )
+    .unwrap();
 
     let configured = vm.wait_for("ipaddr=10.0.2.2,", BOOT_TIMEOUT);
-    assert!(configured, "the guest did not configure eth0\n{}", vm.report());
+    assert!(
+        configured,
+        "the guest did not configure eth0\n{}",
+        vm.report()
+    );
     eprintln!("{test}: guest configured eth0 after {:.1} s", vm.uptime());
     let console = vm.console();
     assert!(
@@ -395,14 +422,23 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
         let f = last[id]["features_negotiated"]
             .as_u64()
             .unwrap_or_else(|| panic!("no {id} in {last}"));
-        assert_ne!(f & VERSION_1_BIT, 0, "{id}: driver did not activate: {f:#x}");
+        assert_ne!(
+            f & VERSION_1_BIT,
+            0,
+            "{id}: driver did not activate: {f:#x}"
+        );
     }
     assert!(last["eth0"]["rx_frames"].as_u64() >= Some(3), "{last}");
     assert!(last["eth0"]["tx_frames"].as_u64() >= Some(3), "{last}");
-    assert!(last["vmm"]["vcpu_exits"]["mmio_write"].as_u64() > Some(0), "{last}");
+    assert!(
+        last["vmm"]["vcpu_exits"]["mmio_write"].as_u64() > Some(0),
+        "{last}"
+    );
 
     vm.signal("TERM");
-    let status = vm.wait_exit(Duration::from_secs(20)).expect("minivmm exits on SIGTERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(20))
+        .expect("minivmm exits on SIGTERM");
     assert_eq!(status.code(), Some(0), "{}", vm.report());
     let log_text = std::fs::read_to_string(&log).unwrap();
     // minivmm says what it added to boot_args: one device word per card.
