@@ -258,6 +258,37 @@ impl Limiter {
         Ok(())
     }
 
+    /// For a frame whose size is known only once it has moved (RX: the TAP
+    /// tells the length on read): admits it if every bucket holds at least
+    /// one token, otherwise returns the nanoseconds until each does. The
+    /// caller then moves the frame and pays with [`Limiter::charge`], which
+    /// may leave a debt that later frames wait out, so the long-run rate is
+    /// still exact.
+    pub fn try_admit(&mut self, now_ns: u64) -> Result<(), u64> {
+        let mut wait = 0;
+        for b in [&mut self.bandwidth, &mut self.ops].into_iter().flatten() {
+            b.refill(now_ns);
+            if !b.fits(1) {
+                wait = wait.max(b.wait_ns(1, now_ns));
+            }
+        }
+        if wait > 0 {
+            Err(wait)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Pays for one admitted frame of `bytes`, into debt if need be.
+    pub fn charge(&mut self, bytes: u64, now_ns: u64) {
+        for (bucket, tokens) in [(&mut self.bandwidth, bytes), (&mut self.ops, 1)] {
+            if let Some(b) = bucket {
+                b.refill(now_ns);
+                b.take(tokens);
+            }
+        }
+    }
+
     /// Whether this limiter has no bucket (every frame passes).
     pub fn is_unlimited(&self) -> bool {
         self.bandwidth.is_none() && self.ops.is_none()
@@ -267,10 +298,13 @@ impl Limiter {
 /// A [`Limiter`] on the monotonic clock with the timerfd that wakes the
 /// device's event loop once a blocked frame fits.
 ///
-/// Protocol for the device: call [`RateLimiter::consume`] before moving each
-/// frame. On `false` the frame must wait (TX leaves the chain in the ring, RX
-/// stops reading the backend) until epoll reports [`RateLimiter::as_raw_fd`]
-/// readable; then call [`RateLimiter::on_timer`] and retry. While blocked,
+/// Protocol for the device: TX calls [`RateLimiter::consume`] with the frame
+/// size before writing each chain; RX, which learns a frame's size only by
+/// reading it, calls [`RateLimiter::admit`] before each read and
+/// [`RateLimiter::charge`] after it. On `false` the frame must wait (TX leaves
+/// the chain in the ring, RX stops reading the backend) until epoll reports
+/// [`RateLimiter::as_raw_fd`] readable; then call [`RateLimiter::on_timer`]
+/// and retry. While blocked,
 /// `consume` refuses without looking at the buckets, so a caller that retries
 /// early cannot spin.
 #[derive(Debug)]
@@ -317,15 +351,38 @@ impl RateLimiter {
         let now = self.now_ns();
         match self.limiter.try_pass(bytes, now) {
             Ok(()) => Ok(true),
-            Err(wait_ns) => {
-                self.timer
-                    .reset(Duration::from_nanos(wait_ns), None)
-                    .map_err(|e| RateLimiterError::Timer(e.into()))?;
-                self.blocked_since = Some(now);
-                self.throttled_events += 1;
-                Ok(false)
-            }
+            Err(wait_ns) => self.block(now, wait_ns).map(|()| false),
         }
+    }
+
+    /// RX side of the protocol: whether a frame of yet unknown size may be
+    /// read now (see [`Limiter::try_admit`]); on `false` the limiter is
+    /// blocked until its timer fires. Pay for what was read with
+    /// [`RateLimiter::charge`].
+    pub fn admit(&mut self) -> Result<bool, RateLimiterError> {
+        if self.blocked_since.is_some() {
+            return Ok(false);
+        }
+        let now = self.now_ns();
+        match self.limiter.try_admit(now) {
+            Ok(()) => Ok(true),
+            Err(wait_ns) => self.block(now, wait_ns).map(|()| false),
+        }
+    }
+
+    /// Pays for a frame read after [`RateLimiter::admit`].
+    pub fn charge(&mut self, bytes: u64) {
+        let now = self.now_ns();
+        self.limiter.charge(bytes, now);
+    }
+
+    fn block(&mut self, now: u64, wait_ns: u64) -> Result<(), RateLimiterError> {
+        self.timer
+            .reset(Duration::from_nanos(wait_ns), None)
+            .map_err(|e| RateLimiterError::Timer(e.into()))?;
+        self.blocked_since = Some(now);
+        self.throttled_events += 1;
+        Ok(())
     }
 
     /// Handles the timer's expiry: the limiter is unblocked (the frame that
@@ -511,6 +568,45 @@ mod tests {
     }
 
     #[test]
+    fn rx_admits_on_any_token_and_charges_into_debt() {
+        // 10,000 bytes per 10 ms (1 byte per us); no ops bucket.
+        let mut l = Limiter::new(
+            &RateLimiterConfig {
+                bandwidth: Some(TokenBucketConfig {
+                    size: 10_000,
+                    one_time_burst: 0,
+                    refill_time: 10,
+                }),
+                ops: None,
+            },
+            0,
+        )
+        .unwrap();
+        assert_eq!(l.try_admit(0), Ok(()));
+        l.charge(9_999, 0);
+        // One byte left: a frame of any size is admitted, and its cost
+        // beyond that is a debt the next frame waits out.
+        assert_eq!(l.try_admit(0), Ok(()));
+        l.charge(1_514, 0);
+        assert_eq!(l.try_admit(0), Err(1_514_000));
+        assert_eq!(l.try_admit(1_514_000), Ok(()));
+        // Over 10 simulated seconds a reader that retries when told reads
+        // exactly the configured rate (plus the initial full bucket).
+        let (mut now, mut bytes) = (1_514_000u64, 0u64);
+        while now < 10_000 * MS {
+            match l.try_admit(now) {
+                Ok(()) => {
+                    l.charge(1_514, now);
+                    bytes += 1_514;
+                }
+                Err(wait) => now += wait,
+            }
+        }
+        let rate = bytes as f64 / 10.0;
+        assert!((rate / 1e6 - 1.0).abs() < 0.001, "{rate} B/s");
+    }
+
+    #[test]
     fn long_run_rate_matches_configuration_for_mtu_frames() {
         // 200 Mbit/s as Firecracker users write it: 2.5 MB per 100 ms.
         let mut l = Limiter::new(
@@ -575,5 +671,12 @@ mod tests {
         // A spurious wake-up (nothing pending) neither blocks nor panics.
         rl.on_timer();
         assert!(!rl.is_unlimited());
+        // The RX half: admitted once, then blocked until the frame is due.
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(rl.admit().unwrap());
+        rl.charge(100);
+        assert!(!rl.admit().unwrap());
+        assert!(rl.is_blocked());
+        assert_eq!(rl.throttled_events(), 2);
     }
 }
