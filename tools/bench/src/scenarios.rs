@@ -102,7 +102,8 @@ impl Mode {
     }
 }
 
-fn tx_msg(size: usize) -> Vec<u8> {
+/// The TX message (vnet header + frame) for frames of `size` bytes.
+pub(crate) fn tx_msg(size: usize) -> Vec<u8> {
     if size > 1514 {
         let (hdr, f) = frames::tso_frame(size, HOST_MAC, None, false);
         let mut m = hdr.to_bytes().to_vec();
