@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use devices::virtio::mmio::MmioTransport;
-use devices::virtio::net::{Net, NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
+use devices::virtio::net::{Net, NetConfig, Offloads, SeqPacket, RX_INDEX, TX_INDEX};
 use devices::virtio::test_utils::{guest_memory, MockDriver, Segment};
 use devices::virtio::VirtioDevice;
 use event_manager::{EventManager, SubscriberOps};
@@ -131,7 +131,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     peer.set_nonblocking(true)?;
     let cfg = NetConfig {
         queue_size: QUEUE_SIZE,
-        offloads: false,
+        offloads: Offloads::NONE,
         bounce_buffer: a.bounce,
         ..NetConfig::default()
     };

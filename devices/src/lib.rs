@@ -11,4 +11,5 @@
 #![deny(unsafe_code)]
 
 pub mod legacy;
+pub mod rate_limiter;
 pub mod virtio;

@@ -48,8 +48,10 @@ fn ping(ns: &NetNs, size: u32) -> String {
 }
 
 fn read_metrics(path: &std::path::Path) -> serde_json::Value {
+    // One JSON line per flush (interval, SIGUSR1, exit); the last is the newest.
     let text = std::fs::read_to_string(path).expect("metrics file");
-    serde_json::from_str(&text).expect("metrics JSON")
+    let last = text.lines().last().expect("at least one metrics line");
+    serde_json::from_str(last).expect("metrics JSON")
 }
 
 fn field(m: &serde_json::Value, name: &str) -> u64 {

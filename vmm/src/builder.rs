@@ -6,8 +6,10 @@
 //! created, devices attached (a bad TAP fails here, before boot), the kernel
 //! and initramfs loaded, the boot tables written, and the vCPUs configured.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -17,19 +19,21 @@ use arch::x86_64::boot_params::{
 };
 use arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, ZERO_PAGE_START};
 use arch::x86_64::{arch_memory_regions, setup_mptable};
+use devices::virtio::net::{Tap, TapError};
 use event_manager::EventManager;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::{bzimage::BzImage, elf::Elf, KernelLoader, KernelLoaderResult};
-use log::info;
+use log::{info, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, ReadVolatile};
 
-use crate::config::VmmConfig;
+use crate::config::{NetConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
 use crate::event_loop::Vmm;
 use crate::host;
 use crate::kvm::{self, KvmError};
 use crate::memory::{self, MemoryError};
+use crate::metrics::Metrics;
 use crate::vcpu::{Vcpu, VcpuError};
 use crate::vm_exit::ExitSink;
 
@@ -99,6 +103,117 @@ pub enum BuildError {
     /// The event manager or an eventfd could not be created.
     #[error("cannot create the event loop")]
     EventLoop(#[source] std::io::Error),
+    /// A NIC's TAP could not be opened or adopted.
+    #[error("network interface '{0}'")]
+    Tap(String, #[source] TapError),
+    /// A `fd=N` that is not an open descriptor of this process.
+    #[error(
+        "network interface '{0}': fd={1} is not an open descriptor (inherit it from the parent)"
+    )]
+    TapFd(String, i32),
+    /// A `fd=N` attached to another interface than the `tap=` given with it.
+    #[error("network interface '{id}': fd={fd} is attached to TAP '{actual}', not '{expected}'")]
+    TapFdName {
+        /// The NIC.
+        id: String,
+        /// The descriptor.
+        fd: i32,
+        /// The `tap=` given.
+        expected: String,
+        /// The TAP the descriptor is attached to.
+        actual: String,
+    },
+    /// Two NICs ended up on one TAP (a name and a descriptor of the same one).
+    #[error("TAP '{0}' is given to two network interfaces; each needs its own TAP")]
+    DuplicateTap(String),
+    /// The metrics path cannot be opened.
+    #[error("cannot open metrics path '{0}'")]
+    Metrics(PathBuf, #[source] std::io::Error),
+}
+
+/// TAP descriptors inherited from the parent (`fd=N`), by number.
+pub type TapFds = HashMap<i32, OwnedFd>;
+
+/// Takes ownership of every `fd=N` the configuration names. `main` calls it
+/// before the process opens any file, so each number is either a descriptor
+/// inherited from the parent or closed (checked here), never one of ours.
+#[allow(unsafe_code)]
+pub fn claim_tap_fds(cfg: &VmmConfig) -> Result<TapFds, BuildError> {
+    use std::os::fd::FromRawFd;
+    let mut fds = TapFds::new();
+    for net in &cfg.nets {
+        if let TapBackend::Fd { fd, .. } = net.tap {
+            // SAFETY: F_GETFD only reads the descriptor flags; a closed
+            // number yields EBADF.
+            if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+                return Err(BuildError::TapFd(net.id.clone(), fd));
+            }
+            // SAFETY: `fd` is open (checked above) and, as this runs before
+            // minivmm opens anything, inherited; config validation made each
+            // number unique, so exactly one OwnedFd owns it.
+            fds.insert(fd, unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+    Ok(fds)
+}
+
+/// Opens (or adopts) the TAP of `net`, saying at warn level what an
+/// operator should know: a TAP that had to be created, a TAP that is down,
+/// a host MTU that differs from the guest's.
+fn open_tap(net: &NetConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
+    let tap_err = |e| BuildError::Tap(net.id.clone(), e);
+    let tap = match &net.tap {
+        TapBackend::Named(name) => {
+            let existed = Tap::exists(name).map_err(tap_err)?;
+            let tap = Tap::open_named(name).map_err(tap_err)?;
+            if !existed {
+                warn!(
+                    "network interface '{}': TAP '{}' did not exist and was created; it is down, \
+                     has no address and disappears when minivmm exits",
+                    net.id,
+                    tap.if_name()
+                );
+            }
+            tap
+        }
+        TapBackend::Fd { fd, name } => {
+            let owned = fds
+                .remove(fd)
+                .ok_or_else(|| BuildError::TapFd(net.id.clone(), *fd))?;
+            let tap = Tap::from_fd(owned).map_err(tap_err)?;
+            if let Some(expected) = name.as_ref().filter(|n| *n != tap.if_name()) {
+                return Err(BuildError::TapFdName {
+                    id: net.id.clone(),
+                    fd: *fd,
+                    expected: expected.clone(),
+                    actual: tap.if_name().to_string(),
+                });
+            }
+            tap
+        }
+    };
+    match tap.is_up() {
+        Ok(true) => {}
+        Ok(false) => warn!(
+            "network interface '{}': TAP '{}' is down; the guest's frames are dropped until \
+             `ip link set {} up`",
+            net.id,
+            tap.if_name(),
+            tap.if_name()
+        ),
+        Err(e) => warn!("network interface '{}': {}", net.id, crate::error_line(&e)),
+    }
+    if let (Some(mtu), Ok(host)) = (net.device.mtu, tap.mtu()) {
+        if host != u32::from(mtu) {
+            warn!(
+                "network interface '{}': the guest MTU is {mtu} but TAP '{}' has MTU {host}; \
+                 frames larger than the smaller one are dropped",
+                net.id,
+                tap.if_name()
+            );
+        }
+    }
+    Ok(tap)
 }
 
 /// What the kernel file turned out to be.
@@ -166,31 +281,46 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Assembles the guest command line: defaults, host recoveries, device
-/// announcements, then the user's words last so they can override.
+/// Assembles the guest command line: `base` (the user's whole command line,
+/// Firecracker's `boot_args`, or [`DEFAULT_CMDLINE`]), the host recoveries,
+/// the device announcements, then the user's extra words last so they can
+/// override. Returns the command line and what minivmm added to it.
 pub fn compose_cmdline(
+    base: Option<&str>,
     quirks: bool,
     device_words: &[String],
     extra: Option<&str>,
-) -> Result<Cmdline, linux_loader::cmdline::Error> {
+) -> Result<(Cmdline, Vec<String>), linux_loader::cmdline::Error> {
     let mut cmdline = Cmdline::new(CMDLINE_MAX_SIZE)?;
-    cmdline.insert_str(DEFAULT_CMDLINE)?;
-    if quirks {
-        cmdline.insert_str(host::PVM_CMDLINE)?;
+    let base = base.map(str::trim).unwrap_or(DEFAULT_CMDLINE);
+    if !base.is_empty() {
+        cmdline.insert_str(base)?;
     }
-    for word in device_words {
+    let mut added = Vec::new();
+    if quirks {
+        added.push(host::PVM_CMDLINE.to_string());
+    }
+    added.extend(device_words.iter().cloned());
+    for word in &added {
         cmdline.insert_str(word)?;
     }
     if let Some(extra) = extra.map(str::trim).filter(|s| !s.is_empty()) {
         cmdline.insert_str(extra)?;
     }
-    Ok(cmdline)
+    Ok((cmdline, added))
 }
 
-/// Builds a ready-to-run VM.
-pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
+/// Builds a ready-to-run VM; `tap_fds` are the descriptors
+/// [`claim_tap_fds`] took.
+pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
     // 0. The files: a typo in a path is the commonest mistake; say so first.
     let (mut kernel_file, format) = open_kernel(&cfg.kernel)?;
+    let metrics = match &cfg.metrics {
+        Some(m) => {
+            Some(Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e))?)
+        }
+        None => None,
+    };
     let initramfs = match &cfg.initramfs {
         Some(p) => {
             let f = File::open(p).map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?;
@@ -253,8 +383,22 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     let console = ConsoleOut::new(std::io::stdout(), panicked.clone());
     let serial = devices.attach_serial(&vm, Box::new(console))?;
     let i8042 = devices.attach_i8042()?;
-    if let Some(net) = &cfg.net {
-        devices.attach_net(&vm, &mem, net, &mut events)?;
+    let mut tap_names = HashSet::new();
+    for net in &cfg.nets {
+        let tap = open_tap(net, &mut tap_fds)?;
+        if !tap_names.insert(tap.if_name().to_string()) {
+            return Err(BuildError::DuplicateTap(tap.if_name().to_string()));
+        }
+        let d = &net.device;
+        if !d.rx_rate_limiter.is_unlimited() || !d.tx_rate_limiter.is_unlimited() {
+            // TODO(#11): phase B wires the limiter into the datapath once the
+            // ring stream's rewrite of rxtx.rs is merged.
+            warn!(
+                "network interface '{}': rate limiters are validated but not yet enforced",
+                net.id
+            );
+        }
+        devices.attach_net(&vm, &mem, net, tap, &mut events)?;
     }
 
     // 4. Kernel and initramfs.
@@ -297,12 +441,19 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
     };
 
     // 5. Boot tables.
-    let cmdline = compose_cmdline(
+    let (cmdline, added) = compose_cmdline(
+        cfg.boot_args.as_deref(),
         quirks,
         devices.cmdline_words(),
         cfg.cmdline_extra.as_deref(),
     )
     .map_err(BuildError::Cmdline)?;
+    if !added.is_empty() {
+        info!(
+            "minivmm adds to the kernel command line: {}",
+            added.join(" ")
+        );
+    }
     info!(
         "kernel command line: {}",
         cmdline
@@ -362,7 +513,8 @@ pub fn build(cfg: &VmmConfig) -> Result<Vmm, BuildError> {
         serial,
         i8042,
         panicked,
-        metrics: cfg.metrics.clone(),
+        metrics,
+        metrics_interval_s: cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
     })
 }
 
@@ -403,7 +555,8 @@ mod tests {
     #[test]
     fn cmdline_has_defaults_quirks_devices_then_user_words() {
         let words = vec!["virtio_mmio.device=4K@0xd0000000:5".to_string()];
-        let c = compose_cmdline(true, &words, Some(" rdinit=/park ")).unwrap();
+        let (c, added) = compose_cmdline(None, true, &words, Some(" rdinit=/park ")).unwrap();
+        assert_eq!(added, vec![host::PVM_CMDLINE.to_string(), words[0].clone()]);
         let s = c.as_cstring().unwrap().into_string().unwrap();
         assert!(s.starts_with(DEFAULT_CMDLINE), "{s}");
         let quirk = s.find("noxsave nopv").unwrap();
@@ -411,17 +564,35 @@ mod tests {
         let user = s.find("rdinit=/park").unwrap();
         assert!(quirk < dev && dev < user, "{s}");
 
-        let plain = compose_cmdline(false, &[], None).unwrap();
+        let (plain, added) = compose_cmdline(None, false, &[], None).unwrap();
         assert_eq!(
             plain.as_cstring().unwrap().into_string().unwrap(),
             DEFAULT_CMDLINE
+        );
+        assert!(added.is_empty());
+    }
+
+    #[test]
+    fn boot_args_replace_the_default_as_in_firecracker() {
+        let words = vec!["virtio_mmio.device=4K@0xd0000000:5".to_string()];
+        let (c, _) =
+            compose_cmdline(Some("console=hvc0 quiet"), false, &words, Some("ip=off")).unwrap();
+        assert_eq!(
+            c.as_cstring().unwrap().into_string().unwrap(),
+            "console=hvc0 quiet virtio_mmio.device=4K@0xd0000000:5 ip=off"
+        );
+        // An empty boot_args is an empty command line plus what minivmm adds.
+        let (c, _) = compose_cmdline(Some(""), false, &words, None).unwrap();
+        assert_eq!(
+            c.as_cstring().unwrap().into_string().unwrap(),
+            "virtio_mmio.device=4K@0xd0000000:5"
         );
     }
 
     #[test]
     fn an_overlong_cmdline_is_an_error() {
         let long = "x".repeat(CMDLINE_MAX_SIZE + 1);
-        assert!(compose_cmdline(false, &[], Some(&long)).is_err());
+        assert!(compose_cmdline(None, false, &[], Some(&long)).is_err());
     }
 
     #[test]
@@ -429,18 +600,24 @@ mod tests {
         let cfg = |kernel: &str| VmmConfig {
             kernel: kernel.into(),
             initramfs: None,
+            boot_args: None,
             cmdline_extra: None,
             mem_mib: 64,
             vcpus: 1,
-            net: None,
+            nets: Vec::new(),
             metrics: None,
+            logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
         };
-        let err = build(&cfg("/nonexistent/bzImage")).err().unwrap();
+        let err = build(&cfg("/nonexistent/bzImage"), TapFds::new())
+            .err()
+            .unwrap();
         assert!(matches!(err, BuildError::OpenKernel(..)), "{err}");
         let dir = std::env::temp_dir().join(format!("minivmm-garbage-{}", std::process::id()));
         std::fs::write(&dir, b"this is not a kernel").unwrap();
-        let err = build(&cfg(dir.to_str().unwrap())).err().unwrap();
+        let err = build(&cfg(dir.to_str().unwrap()), TapFds::new())
+            .err()
+            .unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert!(matches!(err, BuildError::KernelFormat(_)), "{err}");
         assert!(err

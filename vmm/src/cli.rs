@@ -1,133 +1,348 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The command line: `minivmm --kernel bzImage --tap tap0 [...]`.
+//! The command line: `minivmm --kernel bzImage --tap tap0 [...]`, or
+//! `minivmm --config-file vm.json [flags]`.
 //!
-//! clap parses strings; [`Cli::into_config`] validates them into a
-//! [`VmmConfig`], so a bad value is one clear line before anything is opened.
+//! clap parses strings; [`Cli::into_config`] turns them into [`Settings`],
+//! layers them over the config file's (a flag given on the command line wins;
+//! `--net`/`--tap` NICs come after the file's; `--cmdline` words are appended
+//! to the file's `boot_args`) and validates the result into a [`VmmConfig`],
+//! so a bad value is one clear line before anything is opened.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use clap::Parser;
+use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use devices::virtio::net::Offloads;
+use log::LevelFilter;
 
 use crate::config::{
-    validate_mem, validate_queue_size, validate_vcpus, ConfigError, MacAddr, NetConfig, VmmConfig,
-    DEFAULT_MEM_MIB,
+    parse_level, parse_number, parse_offloads, ConfigError, MacAddr, NetSpec, Settings, VmmConfig,
 };
 
 /// vhost-net's VHOST_NET_WEIGHT: the byte budget of one TX or RX pass.
-pub const DEFAULT_WEIGHT_BYTES: u64 = 0x80000;
+pub const DEFAULT_WEIGHT_BYTES: u64 = devices::virtio::net::DEFAULT_WEIGHT_BYTES;
 /// vhost-net's VHOST_NET_PKT_WEIGHT: the packet budget of one pass. A byte
 /// budget alone lets a flood of tiny frames starve the other direction.
-pub const DEFAULT_WEIGHT_PACKETS: u64 = 256;
+pub const DEFAULT_WEIGHT_PACKETS: u64 = devices::virtio::net::DEFAULT_WEIGHT_PACKETS;
+
+/// What `--help` says about exit statuses (the README's table).
+const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  the guest rebooted or powered off, or SIGTERM/SIGINT stopped minivmm
+  1  bad usage or configuration, or a failure before boot (one line on stderr)
+  2  the VM failed at run time (KVM error, triple fault, emulation failure)
+  3  the guest reset after a kernel panic
+
+--net keys: tap=NAME id=ID mac=MAC fd=N queue_size=N mtu=N offloads=csum+tso4+tso6+ufo|all|none
+  offload_csum|offload_tso|offload_ufo=on|off mrg_rxbuf=on|off
+  {tx,rx}_weight_{bytes,packets}=N
+  [rx_|tx_]{bw,ops}_{size,one_time_burst,refill_time}=N (no prefix: both directions),
+  e.g. tx_bw_size=2500000,tx_bw_refill_time=100 for 200 Mbit/s out of the guest
+Numbers may be decimal or 0x-prefixed hexadecimal.";
+
+fn number(s: &str) -> Result<u64, String> {
+    parse_number(s).map_err(|e| e.to_string())
+}
+
+fn level(s: &str) -> Result<LevelFilter, String> {
+    parse_level(s).map_err(|e| e.to_string())
+}
 
 /// A small KVM virtual machine monitor with a built-in virtio-net device.
 #[derive(Debug, Parser, PartialEq)]
-#[command(name = "minivmm", version, about, long_about = None)]
+#[command(name = "minivmm", version, about, long_about = None, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
-    /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
+    /// Firecracker-style JSON configuration; flags given here win over it.
     #[arg(long, value_name = "PATH")]
-    pub kernel: PathBuf,
+    pub config_file: Option<PathBuf>,
+    /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
+    #[arg(long, value_name = "PATH", required_unless_present = "config_file")]
+    pub kernel: Option<PathBuf>,
     /// Initramfs (cpio archive, optionally compressed) loaded below the top of low memory.
     #[arg(long, value_name = "PATH")]
     pub initramfs: Option<PathBuf>,
-    /// Words appended to the default kernel command line
-    /// (console=ttyS0 reboot=k panic=-1 pci=off).
+    /// Words appended to the kernel command line (the default
+    /// `console=ttyS0 reboot=k panic=-1 pci=off`, or the file's boot_args).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
-    /// Guest memory in MiB.
-    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MEM_MIB)]
-    pub mem: u64,
-    /// Number of vCPUs; more than one boots SMP through an MP table.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub vcpus: u64,
-    /// Host TAP interface for the guest's virtio-net card (opened, or created if missing).
+    /// Guest memory in MiB [default: 256].
+    #[arg(long, value_name = "MIB", value_parser = number)]
+    pub mem: Option<u64>,
+    /// Number of vCPUs; more than one boots SMP through an MP table [default: 1].
+    #[arg(long, value_name = "N", value_parser = number)]
+    pub vcpus: Option<u64>,
+    /// A network card: `tap=NAME[,mac=MAC][,id=ID][,fd=N][,queue_size=N][,mtu=N][,offloads=...]
+    /// [,rate limiter keys]`; repeatable (keys listed below).
+    #[arg(long = "net", value_name = "KEY=VALUE,...")]
+    pub net: Vec<String>,
+    /// Shorthand for `--net tap=NAME` (opened, or created with a warning if missing).
     #[arg(long, value_name = "NAME")]
     pub tap: Option<String>,
-    /// Guest MAC address.
+    /// Guest MAC address of the `--tap` card [default: 06:00:ac:10:00:02, +1 per card].
     #[arg(long, value_name = "MAC", requires = "tap")]
     pub mac: Option<String>,
-    /// Write device metrics as JSON to this file at exit and on SIGUSR1.
-    #[arg(long, value_name = "PATH")]
-    pub metrics: Option<PathBuf>,
-    /// Largest virtqueue size offered to the guest.
-    #[arg(long, value_name = "N", default_value_t = 256, requires = "tap")]
-    pub queue_size: u64,
-    /// Bytes after which a TX pass yields to other work (0: no byte weight).
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_WEIGHT_BYTES)]
-    pub tx_weight_bytes: u64,
-    /// Frames after which a TX pass yields to other work (0: no packet weight).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_WEIGHT_PACKETS)]
-    pub tx_weight_packets: u64,
-    /// Bytes after which an RX pass yields to other work (0: no byte weight).
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_WEIGHT_BYTES)]
-    pub rx_weight_bytes: u64,
-    /// Frames after which an RX pass yields to other work (0: no packet weight).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_WEIGHT_PACKETS)]
-    pub rx_weight_packets: u64,
-    /// Do not offer checksum/TSO/UFO offloads to the guest.
+    /// Largest virtqueue size offered, for every card without its own [default: 256].
+    #[arg(long, value_name = "N", value_parser = number)]
+    pub queue_size: Option<u64>,
+    /// MTU offered to the guest (VIRTIO_NET_F_MTU), for every card without its own.
+    #[arg(long, value_name = "N", value_parser = number)]
+    pub mtu: Option<u64>,
+    /// Bytes after which a TX pass yields to other work (0: no byte weight) [default: 0x80000].
+    #[arg(long, value_name = "BYTES", value_parser = number)]
+    pub tx_weight_bytes: Option<u64>,
+    /// Frames after which a TX pass yields to other work (0: no packet weight) [default: 256].
+    #[arg(long, value_name = "N", value_parser = number)]
+    pub tx_weight_packets: Option<u64>,
+    /// Bytes after which an RX pass yields to other work (0: no byte weight) [default: 0x80000].
+    #[arg(long, value_name = "BYTES", value_parser = number)]
+    pub rx_weight_bytes: Option<u64>,
+    /// Frames after which an RX pass yields to other work (0: no packet weight) [default: 256].
+    #[arg(long, value_name = "N", value_parser = number)]
+    pub rx_weight_packets: Option<u64>,
+    /// Do not offer checksum/TSO/UFO offloads (every card without its own `offloads=`).
     #[arg(long)]
     pub no_offloads: bool,
     /// Do not offer mergeable RX buffers (every frame must fit one guest buffer).
     #[arg(long)]
     pub no_mrg_rxbuf: bool,
+    /// Append one JSON line of metrics to this file or FIFO per interval, on
+    /// SIGUSR1 and at exit.
+    #[arg(long, value_name = "PATH")]
+    pub metrics: Option<PathBuf>,
+    /// Seconds between metrics lines; 0 writes only on SIGUSR1 and at exit [default: 60].
+    #[arg(long, value_name = "SECS", value_parser = number)]
+    pub metrics_interval: Option<u64>,
+    /// Write log lines to this file or FIFO instead of stderr.
+    #[arg(long, value_name = "PATH")]
+    pub log_path: Option<PathBuf>,
+    /// Log level: off, error, warn, info, debug or trace; RUST_LOG-style module
+    /// filters in RUST_LOG apply on top [default: warn].
+    #[arg(long, value_name = "LEVEL", value_parser = level)]
+    pub log_level: Option<LevelFilter>,
     /// Recoveries for a PVM-backed KVM host (guest command-line words, INT3
-    /// emulation recovery): auto detects the host, on/off force them.
-    #[arg(long, value_name = "auto|on|off", default_value = "auto")]
-    pub host_quirks: String,
-    /// Log level: error, warn, info, debug or trace.
-    #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
-    pub log_level: log::LevelFilter,
-}
-
-fn parse_level(s: &str) -> Result<log::LevelFilter, String> {
-    s.parse()
-        .map_err(|_| format!("'{s}' is not one of off, error, warn, info, debug, trace"))
+    /// emulation recovery): auto detects the host, on/off force them [default: auto].
+    #[arg(long, value_name = "auto|on|off")]
+    pub host_quirks: Option<String>,
 }
 
 impl Cli {
-    /// Validates the parsed command line into a VM configuration.
+    /// Validates the command line (over the config file, if any) into a VM
+    /// configuration.
     pub fn into_config(self) -> Result<VmmConfig, ConfigError> {
-        let net = match self.tap {
-            Some(tap) => Some(NetConfig {
-                tap,
-                device: devices::virtio::net::NetConfig {
-                    mac: match self.mac {
-                        Some(m) => m.parse::<MacAddr>()?.0,
-                        None => MacAddr::DEFAULT.0,
-                    },
-                    queue_size: validate_queue_size(self.queue_size)?,
-                    tx_weight_bytes: self.tx_weight_bytes,
-                    tx_weight_packets: self.tx_weight_packets,
-                    rx_weight_bytes: self.rx_weight_bytes,
-                    rx_weight_packets: self.rx_weight_packets,
-                    offloads: !self.no_offloads,
-                    mrg_rxbuf: !self.no_mrg_rxbuf,
-                    bounce_buffer: false,
-                },
-            }),
-            None => None,
+        let file = match &self.config_file {
+            Some(path) => crate::config_file::load(path)?,
+            None => Settings::default(),
         };
-        Ok(VmmConfig {
+        file.overlay(self.into_settings()?).finish()
+    }
+
+    /// What the command line itself says.
+    fn into_settings(self) -> Result<Settings, ConfigError> {
+        let mut nets = self
+            .net
+            .iter()
+            .map(|s| parse_net(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(tap) = self.tap {
+            nets.push(NetSpec {
+                tap: Some(tap),
+                mac: self.mac.map(|m| m.parse::<MacAddr>()).transpose()?,
+                ..NetSpec::default()
+            });
+        }
+        let net_defaults = NetSpec {
+            queue_size: self.queue_size,
+            mtu: self.mtu,
+            offloads: self.no_offloads.then_some(Offloads::NONE),
+            mrg_rxbuf: self.no_mrg_rxbuf.then_some(false),
+            tx_weight_bytes: self.tx_weight_bytes,
+            tx_weight_packets: self.tx_weight_packets,
+            rx_weight_bytes: self.rx_weight_bytes,
+            rx_weight_packets: self.rx_weight_packets,
+            ..NetSpec::default()
+        };
+        Ok(Settings {
             kernel: self.kernel,
             initramfs: self.initramfs,
+            boot_args: None,
             cmdline_extra: self.cmdline,
-            mem_mib: validate_mem(self.mem)?,
-            vcpus: validate_vcpus(self.vcpus)?,
-            net,
-            metrics: self.metrics,
-            host_quirks: self.host_quirks.parse()?,
+            mem_mib: self.mem,
+            vcpus: self.vcpus,
+            nets,
+            net_defaults,
+            metrics_path: self.metrics,
+            metrics_interval_s: self.metrics_interval,
+            log_path: self.log_path,
+            log_level: self.log_level,
+            log_module: None,
+            log_show_origin: None,
+            host_quirks: self.host_quirks.map(|q| q.parse()).transpose()?,
         })
     }
+}
+
+/// Splits `a=1,fd=[3],b=2` at the commas outside brackets (Cloud
+/// Hypervisor writes lists as `[...]`).
+fn split_items(spec: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in spec.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&spec[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&spec[start..]);
+    items
+}
+
+fn on_off(v: &str) -> Result<bool, String> {
+    match v {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("'{v}' is not on or off")),
+    }
+}
+
+/// The rate limiter keys of one `--net`: [direction][bw, ops] ->
+/// (size, one_time_burst, refill_time).
+type BucketKeys = [[[Option<u64>; 3]; 2]; 2];
+
+fn limiter(keys: &[[Option<u64>; 3]; 2], dir: &str) -> Result<RateLimiterConfig, String> {
+    let mut out = [None, None];
+    for (k, kind) in ["bw", "ops"].iter().enumerate() {
+        out[k] = match keys[k] {
+            [None, None, None] => None,
+            [Some(size), burst, Some(refill_time)] => Some(TokenBucketConfig {
+                size,
+                one_time_burst: burst.unwrap_or(0),
+                refill_time,
+            }),
+            [None, ..] => return Err(format!("{dir}{kind}_size is missing")),
+            [_, _, None] => return Err(format!("{dir}{kind}_refill_time is missing")),
+        };
+    }
+    Ok(RateLimiterConfig {
+        bandwidth: out[0],
+        ops: out[1],
+    })
+}
+
+/// Parses one `--net` value (see the keys in `--help`).
+pub fn parse_net(spec: &str) -> Result<NetSpec, ConfigError> {
+    parse_net_inner(spec).map_err(|reason| ConfigError::NetSpec {
+        spec: spec.to_string(),
+        reason,
+    })
+}
+
+fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
+    let mut n = NetSpec::default();
+    let mut seen = HashSet::new();
+    let mut buckets: BucketKeys = Default::default();
+    let mut any_bucket = [false; 2];
+    let (mut csum, mut tso, mut ufo) = (None, None, None);
+    let num = |v: &str| parse_number(v).map_err(|e| e.to_string());
+    for item in split_items(spec) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        if value.is_empty() {
+            return Err(format!("{key} has no value"));
+        }
+        if !seen.insert(key) {
+            return Err(format!("{key} is given twice"));
+        }
+        match key {
+            "tap" => n.tap = Some(value.to_string()),
+            "id" => n.id = Some(value.to_string()),
+            "mac" => n.mac = Some(value.parse().map_err(|e: ConfigError| e.to_string())?),
+            "fd" => {
+                let inner = value.trim_start_matches('[').trim_end_matches(']');
+                if inner.contains(',') {
+                    return Err("one fd per card (one queue pair)".into());
+                }
+                n.fd = Some(num(inner)?.try_into().map_err(|_| "fd too large")?);
+            }
+            "queue_size" => n.queue_size = Some(num(value)?),
+            "mtu" => n.mtu = Some(num(value)?),
+            "offloads" => n.offloads = Some(parse_offloads(value.split('+'))?),
+            "offload_csum" => csum = Some(on_off(value)?),
+            "offload_tso" => tso = Some(on_off(value)?),
+            "offload_ufo" => ufo = Some(on_off(value)?),
+            "mrg_rxbuf" => n.mrg_rxbuf = Some(on_off(value)?),
+            "tx_weight_bytes" => n.tx_weight_bytes = Some(num(value)?),
+            "tx_weight_packets" => n.tx_weight_packets = Some(num(value)?),
+            "rx_weight_bytes" => n.rx_weight_bytes = Some(num(value)?),
+            "rx_weight_packets" => n.rx_weight_packets = Some(num(value)?),
+            _ => {
+                let (dirs, rest) = match key.split_once('_') {
+                    Some(("rx", rest)) => (&[0usize][..], rest),
+                    Some(("tx", rest)) => (&[1usize][..], rest),
+                    _ => (&[0usize, 1][..], key),
+                };
+                let (kind, field) = match rest.split_once('_') {
+                    Some(("bw", f)) => (0, f),
+                    Some(("ops", f)) => (1, f),
+                    _ => return Err(format!("unknown key '{key}' (see --help)")),
+                };
+                let field = match field {
+                    "size" => 0,
+                    "one_time_burst" => 1,
+                    "refill_time" => 2,
+                    _ => return Err(format!("unknown key '{key}' (see --help)")),
+                };
+                let v = num(value)?;
+                for &d in dirs {
+                    // A per-direction key overrides the shared one.
+                    if dirs.len() == 1 || buckets[d][kind][field].is_none() {
+                        buckets[d][kind][field] = Some(v);
+                    }
+                    any_bucket[d] = true;
+                }
+            }
+        }
+    }
+    if csum.is_some() || tso.is_some() || ufo.is_some() {
+        let mut o = n.offloads.unwrap_or(Offloads::ALL);
+        if let Some(t) = tso {
+            (o.tso4, o.tso6) = (t, t);
+        }
+        if let Some(u) = ufo {
+            o.ufo = u;
+        }
+        match csum {
+            // Cloud Hypervisor's meaning: no checksum offload, so none at all.
+            Some(false) => o = Offloads::NONE,
+            Some(true) => o.csum = true,
+            None => {}
+        }
+        n.offloads = Some(o);
+    }
+    if any_bucket[0] {
+        n.rx_rate_limiter = Some(limiter(&buckets[0], "rx_")?);
+    }
+    if any_bucket[1] {
+        n.tx_rate_limiter = Some(limiter(&buckets[1], "tx_")?);
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HostQuirks;
+    use crate::config::{HostQuirks, TapBackend};
 
     fn parse(args: &[&str]) -> Result<VmmConfig, String> {
         let cli = Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied()))
             .map_err(|e| e.kind().to_string())?;
-        cli.into_config().map_err(|e| e.to_string())
+        cli.into_config().map_err(|e| crate::error_line(&e))
     }
 
     #[test]
@@ -136,23 +351,26 @@ mod tests {
         assert_eq!(cfg.kernel, PathBuf::from("bzImage"));
         assert_eq!(cfg.mem_mib, 256);
         assert_eq!(cfg.vcpus, 1);
-        assert_eq!(cfg.net, None);
+        assert!(cfg.nets.is_empty());
         assert_eq!(cfg.host_quirks, HostQuirks::Auto);
+        assert_eq!(cfg.logger.level, LevelFilter::Warn);
     }
 
     #[test]
     fn the_readme_command_line_works_as_written() {
         let cfg = parse(&["--kernel", "bzImage", "--tap", "tap0"]).unwrap();
-        let net = cfg.net.unwrap();
-        assert_eq!(net.tap, "tap0");
-        let net = net.device;
+        let net = &cfg.nets[0];
+        assert_eq!(net.id, "net0");
+        assert_eq!(net.tap, TapBackend::Named("tap0".into()));
+        let net = &net.device;
         assert_eq!(net.mac, MacAddr::DEFAULT.0);
         assert_eq!(net.queue_size, 256);
         assert_eq!(net.tx_weight_bytes, 0x80000);
         assert_eq!(net.tx_weight_packets, 256);
         assert_eq!(net.rx_weight_bytes, 0x80000);
         assert_eq!(net.rx_weight_packets, 256);
-        assert!(net.offloads && net.mrg_rxbuf);
+        assert!(net.offloads == Offloads::ALL && net.mrg_rxbuf);
+        assert_eq!(net.mtu, None);
     }
 
     #[test]
@@ -165,7 +383,7 @@ mod tests {
             "--cmdline",
             "ip=dhcp quiet",
             "--mem",
-            "512",
+            "0x200",
             "--vcpus",
             "2",
             "--tap",
@@ -174,14 +392,22 @@ mod tests {
             "02:00:00:00:00:09",
             "--metrics",
             "m.json",
+            "--metrics-interval",
+            "5",
+            "--log-path",
+            "l.log",
+            "--log-level",
+            "Info",
             "--queue-size",
             "1024",
+            "--mtu",
+            "9000",
             "--tx-weight-bytes",
             "0",
             "--tx-weight-packets",
             "64",
             "--rx-weight-bytes",
-            "4096",
+            "0x1000",
             "--rx-weight-packets",
             "0",
             "--no-offloads",
@@ -193,14 +419,92 @@ mod tests {
         assert_eq!(cfg.initramfs, Some(PathBuf::from("initrd.cpio")));
         assert_eq!(cfg.cmdline_extra.as_deref(), Some("ip=dhcp quiet"));
         assert_eq!((cfg.mem_mib, cfg.vcpus), (512, 2));
-        assert_eq!(cfg.metrics, Some(PathBuf::from("m.json")));
+        let m = cfg.metrics.unwrap();
+        assert_eq!((m.path, m.interval_s), (PathBuf::from("m.json"), 5));
+        assert_eq!(cfg.logger.path, Some(PathBuf::from("l.log")));
+        assert_eq!(cfg.logger.level, LevelFilter::Info);
         assert_eq!(cfg.host_quirks, HostQuirks::Off);
-        let net = cfg.net.unwrap().device;
+        let net = &cfg.nets[0].device;
         assert_eq!(net.mac, [2, 0, 0, 0, 0, 9]);
         assert_eq!(net.queue_size, 1024);
+        assert_eq!(net.mtu, Some(9000));
         assert_eq!((net.tx_weight_bytes, net.tx_weight_packets), (0, 64));
         assert_eq!((net.rx_weight_bytes, net.rx_weight_packets), (4096, 0));
-        assert!(!net.offloads && !net.mrg_rxbuf);
+        assert!(net.offloads == Offloads::NONE && !net.mrg_rxbuf);
+    }
+
+    #[test]
+    fn repeated_net_gives_several_cards_in_order() {
+        let cfg = parse(&[
+            "--kernel",
+            "k",
+            "--net",
+            "tap=a,id=wan,mac=02:00:00:00:00:01,queue_size=0x400,mtu=1400",
+            "--net",
+            "fd=[7],offloads=csum+tso4,mrg_rxbuf=off",
+            "--tap",
+            "c",
+            "--queue-size",
+            "64",
+        ])
+        .unwrap();
+        let ids: Vec<_> = cfg.nets.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["wan", "net1", "net2"]);
+        assert_eq!(cfg.nets[0].device.queue_size, 1024);
+        assert_eq!(cfg.nets[0].device.mtu, Some(1400));
+        assert_eq!(cfg.nets[1].tap, TapBackend::Fd { fd: 7, name: None });
+        assert_eq!(
+            cfg.nets[1].device.offloads,
+            Offloads {
+                csum: true,
+                tso4: true,
+                ..Offloads::NONE
+            }
+        );
+        assert!(!cfg.nets[1].device.mrg_rxbuf);
+        assert_eq!(cfg.nets[1].device.queue_size, 64);
+        assert_eq!(cfg.nets[2].tap, TapBackend::Named("c".into()));
+        assert_eq!(cfg.nets[2].device.mac, [6, 0, 0xac, 0x10, 0, 4]);
+    }
+
+    #[test]
+    fn rate_limiter_keys_per_direction_and_shared() {
+        let n = parse_net(
+            "tap=t,bw_size=1000,bw_refill_time=10,tx_bw_size=2000,rx_ops_size=5,\
+             rx_ops_refill_time=100,rx_ops_one_time_burst=7",
+        )
+        .unwrap();
+        let rx = n.rx_rate_limiter.unwrap();
+        let tx = n.tx_rate_limiter.unwrap();
+        assert_eq!(rx.bandwidth.unwrap().size, 1000);
+        assert_eq!(tx.bandwidth.unwrap().size, 2000);
+        assert_eq!(tx.bandwidth.unwrap().refill_time, 10);
+        let ops = rx.ops.unwrap();
+        assert_eq!((ops.size, ops.one_time_burst, ops.refill_time), (5, 7, 100));
+        assert!(tx.ops.is_none());
+        let plain = parse_net("tap=t").unwrap();
+        assert!(plain.rx_rate_limiter.is_none() && plain.tx_rate_limiter.is_none());
+    }
+
+    #[test]
+    fn cloud_hypervisor_offload_switches() {
+        let o = |s: &str| parse_net(s).unwrap().offloads.unwrap();
+        assert_eq!(
+            o("tap=t,offload_tso=off"),
+            Offloads {
+                tso4: false,
+                tso6: false,
+                ..Offloads::ALL
+            }
+        );
+        assert_eq!(o("tap=t,offload_csum=off,offload_tso=on"), Offloads::NONE);
+        assert_eq!(
+            o("tap=t,offloads=none,offload_csum=on"),
+            Offloads {
+                csum: true,
+                ..Offloads::NONE
+            }
+        );
     }
 
     #[test]
@@ -217,7 +521,7 @@ mod tests {
                 &["--kernel", "k", "--tap", "t", "--queue-size", "100"],
                 "power of two",
             ),
-            (&["--kernel", "k", "--host-quirks", "maybe"], "host-quirks"),
+            (&["--kernel", "k", "--host-quirks", "maybe"], "host quirks"),
             (&["--kernel", "k", "--mem", "lots"], "invalid value"),
             (&["--tap", "t"], "required arguments were not provided"),
             (
@@ -225,10 +529,91 @@ mod tests {
                 "required arguments were not provided",
             ),
             (&["--kernel", "k", "--bogus"], "unexpected argument"),
+            (
+                &["--kernel", "k", "--net", "tap=a", "--net", "tap=a"],
+                "TAP 'a' is given to two",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,colour=red"],
+                "unknown key 'colour'",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,tap=b"],
+                "tap is given twice",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,mac="],
+                "mac has no value",
+            ),
+            (&["--kernel", "k", "--net", "tap"], "is not key=value"),
+            (
+                &["--kernel", "k", "--net", "tap=a,mac=06:00:00:00:00"],
+                "invalid MAC",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,fd=[3,4]"],
+                "one fd per card",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,mtu=big"],
+                "invalid number 'big'",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,offloads=gro"],
+                "unknown offload 'gro'",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,mrg_rxbuf=maybe"],
+                "not on or off",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,bw_size=100"],
+                "rx_bw_refill_time is missing",
+            ),
+            (
+                &["--kernel", "k", "--net", "tap=a,tx_ops_refill_time=100"],
+                "tx_ops_size is missing",
+            ),
+            (
+                &[
+                    "--kernel",
+                    "k",
+                    "--net",
+                    "tap=a,bw_size=100,bw_refill_time=0",
+                ],
+                "refill_time must be at least 1 ms",
+            ),
+            (&["--kernel", "k", "--net", "fd=2"], "0, 1 and 2"),
+            (
+                &["--kernel", "k", "--metrics-interval", "5"],
+                "needs a metrics path",
+            ),
+            (&["--kernel", "k", "--log-level", "loud"], "invalid value"),
+            (
+                &["--config-file", "/nonexistent/vm.json"],
+                "cannot read config file",
+            ),
         ];
         for (args, want) in cases {
             let err = parse(args).unwrap_err();
             assert!(err.contains(want), "{args:?}: got '{err}', want '{want}'");
+        }
+    }
+
+    #[test]
+    fn help_lists_exit_statuses_and_net_keys() {
+        let help = Cli::try_parse_from(["minivmm", "--help"])
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "Exit status:",
+            "1  bad usage",
+            "--config-file",
+            "--net",
+            "bw_size",
+            "--metrics-interval",
+        ] {
+            assert!(help.contains(want), "--help lacks '{want}'");
         }
     }
 }

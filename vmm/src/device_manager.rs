@@ -14,12 +14,13 @@ use arch::x86_64::layout;
 use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE, QUEUE_NOTIFY_OFFSET};
-use devices::virtio::net::{Net, NetMetrics};
+use devices::virtio::net::{Net, NetMetrics, Tap};
 use devices::virtio::{GuestMemory, VirtioDevice};
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 
 use crate::config::NetConfig;
+use crate::metrics::VcpuExits;
 use crate::vcpu::ExitBus;
 
 /// The event manager every device's backend work runs on.
@@ -44,8 +45,8 @@ pub enum DeviceError {
     /// The i8042 could not be created.
     #[error("cannot create the i8042 controller")]
     I8042(#[source] devices::legacy::i8042::I8042Error),
-    /// The network device could not be created (bad or missing TAP, ...).
-    #[error("cannot attach network device on TAP '{0}'")]
+    /// The network device could not be created.
+    #[error("cannot attach network interface '{0}'")]
     Net(String, #[source] devices::virtio::net::NetError),
     /// The MMIO transport could not be created.
     #[error("cannot create the virtio-MMIO transport")]
@@ -119,7 +120,8 @@ pub struct DeviceManager {
     i8042: Option<Arc<Mutex<I8042>>>,
     mmio: Vec<MmioSlot>,
     cmdline_words: Vec<String>,
-    net_metrics: Vec<Arc<NetMetrics>>,
+    net_metrics: Vec<(String, Arc<NetMetrics>)>,
+    exits: Arc<VcpuExits>,
 }
 
 impl DeviceManager {
@@ -149,21 +151,22 @@ impl DeviceManager {
         Ok(dev)
     }
 
-    /// Creates the virtio-net device on `cfg.tap` (failing now if the TAP
-    /// cannot be opened), places it in the next MMIO window with the next IRQ,
-    /// wires its interrupt and queue notifications into KVM, registers its
-    /// backend with the event manager, and records the `virtio_mmio.device=`
-    /// word that tells the guest where it is.
+    /// Creates the virtio-net device over `tap` (opened by the builder, so a
+    /// bad TAP fails before boot), places it in the next MMIO window with the
+    /// next IRQ, wires its interrupt and queue notifications into KVM,
+    /// registers its backend with the event manager, and records the
+    /// `virtio_mmio.device=` word that tells the guest where it is.
     pub fn attach_net(
         &mut self,
         vm: &VmFd,
         mem: &GuestMemory,
         cfg: &NetConfig,
+        tap: Tap,
         events: &mut Events,
     ) -> Result<(), DeviceError> {
-        let net = Net::new(&cfg.tap, cfg.device.clone(), mem.clone())
-            .map_err(|e| DeviceError::Net(cfg.tap.clone(), e))?;
-        self.net_metrics.push(net.metrics());
+        let net = Net::with_backend(tap, cfg.device.clone(), mem.clone())
+            .map_err(|e| DeviceError::Net(cfg.id.clone(), e))?;
+        self.net_metrics.push((cfg.id.clone(), net.metrics()));
         let net = Arc::new(Mutex::new(net));
         self.attach_virtio(vm, mem, net.clone())?;
         events.add_subscriber(net);
@@ -214,9 +217,14 @@ impl DeviceManager {
         &self.cmdline_words
     }
 
-    /// Metrics of every network device, in attach order (`net0`, `net1`...).
-    pub fn net_metrics(&self) -> &[Arc<NetMetrics>] {
+    /// Metrics of every network device with its id, in attach order.
+    pub fn net_metrics(&self) -> &[(String, Arc<NetMetrics>)] {
         &self.net_metrics
+    }
+
+    /// The vCPU exit counters the exit bus keeps.
+    pub fn vcpu_exits(&self) -> Arc<VcpuExits> {
+        self.exits.clone()
     }
 
     fn mmio_slot(&self, addr: u64) -> Option<(&MmioSlot, u64)> {
@@ -233,8 +241,13 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn count(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
 impl ExitBus for DeviceManager {
     fn pio_read(&self, port: u16, data: &mut [u8]) {
+        count(&self.exits.io_in);
         // Unclaimed ports float high on a PC bus.
         data.fill(0xff);
         let Some(byte) = data.first_mut() else { return };
@@ -254,6 +267,7 @@ impl ExitBus for DeviceManager {
     }
 
     fn pio_write(&self, port: u16, data: &[u8]) {
+        count(&self.exits.io_out);
         let Some(&byte) = data.first() else { return };
         match port {
             p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
@@ -271,6 +285,7 @@ impl ExitBus for DeviceManager {
     }
 
     fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        count(&self.exits.mmio_read);
         match self.mmio_slot(addr) {
             Some((slot, offset)) => lock(&slot.transport).read(offset, data),
             None => data.fill(0xff),
@@ -278,6 +293,7 @@ impl ExitBus for DeviceManager {
     }
 
     fn mmio_write(&self, addr: u64, data: &[u8]) {
+        count(&self.exits.mmio_write);
         if let Some((slot, offset)) = self.mmio_slot(addr) {
             lock(&slot.transport).write(offset, data);
         }
@@ -339,5 +355,12 @@ mod tests {
         // Writes to nothing are ignored rather than fatal.
         dm.pio_write(0x3f8, b"x");
         dm.mmio_write(0xd000_0070, &[0; 4]);
+        // Every exit is counted by kind.
+        let e = dm.vcpu_exits();
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!(
+            (n(&e.io_in), n(&e.io_out), n(&e.mmio_read), n(&e.mmio_write)),
+            (1, 1, 1, 1)
+        );
     }
 }

@@ -5,15 +5,15 @@
 //! backend (virtio-net RX/TX), console input, the i8042 reset line, the
 //! vCPUs' exit notifications and the stop signals. Whatever ends the VM is
 //! recorded once in an [`ExitSink`]; the loop then restores the terminal,
-//! writes the metrics and returns the reason, from which `main` picks the
-//! process exit status.
+//! writes the last metrics line and returns the reason, from which `main`
+//! picks the process exit status. Metrics lines are also written on a
+//! timerfd (every `--metrics-interval` seconds) and on SIGUSR1.
 
 use std::io::{self, IsTerminal, Read};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
@@ -23,8 +23,10 @@ use log::{error, info, warn};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::terminal::Terminal;
+use vmm_sys_util::timerfd::TimerFd;
 
-use crate::device_manager::{DeviceManager, Events};
+use crate::device_manager::Events;
+use crate::metrics::Metrics;
 use crate::signals::SignalFd;
 use crate::vcpu::Vcpu;
 use crate::vm_exit::{ExitSink, VmExit};
@@ -33,6 +35,7 @@ const EXIT_EVENT: u32 = 0;
 const RESET_EVENT: u32 = 1;
 const SIGNAL_EVENT: u32 = 2;
 const STDIN_EVENT: u32 = 3;
+const METRICS_EVENT: u32 = 4;
 
 /// A built VM, ready to run.
 pub struct Vmm {
@@ -41,14 +44,15 @@ pub struct Vmm {
     pub(crate) _kvm: Kvm,
     pub(crate) _vm: VmFd,
     pub(crate) _mem: vm_memory::GuestMemoryMmap<()>,
-    pub(crate) devices: Arc<DeviceManager>,
+    pub(crate) devices: Arc<crate::device_manager::DeviceManager>,
     pub(crate) events: Events,
     pub(crate) exit: ExitSink,
     pub(crate) vcpus: Vec<Vcpu>,
     pub(crate) serial: Arc<Mutex<SerialDevice>>,
     pub(crate) i8042: Arc<Mutex<I8042>>,
     pub(crate) panicked: Arc<AtomicBool>,
-    pub(crate) metrics: Option<PathBuf>,
+    pub(crate) metrics: Option<Metrics>,
+    pub(crate) metrics_interval_s: u64,
 }
 
 /// Puts a terminal on stdin into raw mode so keys reach the guest as typed,
@@ -83,16 +87,27 @@ struct Control {
     signals: SignalFd,
     serial: Arc<Mutex<SerialDevice>>,
     panicked: Arc<AtomicBool>,
-    devices: Arc<DeviceManager>,
-    metrics: Option<PathBuf>,
+    metrics: Option<Arc<Mutex<Metrics>>>,
+    metrics_timer: Option<TimerFd>,
     stdin_open: bool,
 }
 
+/// Locks the metrics writer; a poisoned lock still holds usable counters.
+fn lock_metrics(m: &Mutex<Metrics>) -> std::sync::MutexGuard<'_, Metrics> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Control {
+    fn flush_metrics(&self) {
+        if let Some(m) = &self.metrics {
+            lock_metrics(m).flush();
+        }
+    }
+
     fn on_signal(&mut self) {
         loop {
             match self.signals.read() {
-                Ok(Some(libc::SIGUSR1)) => write_metrics(&self.devices, self.metrics.as_ref()),
+                Ok(Some(libc::SIGUSR1)) => self.flush_metrics(),
                 Ok(Some(sig)) => self.exit.report(VmExit::Signal(sig)),
                 Ok(None) => break,
                 Err(e) => {
@@ -145,6 +160,13 @@ impl MutEventSubscriber for Control {
                 self.exit.report(reason);
             }
             SIGNAL_EVENT => self.on_signal(),
+            METRICS_EVENT => {
+                if let Some(t) = &mut self.metrics_timer {
+                    // Readable, so the read returns the expiry count at once.
+                    let _ = t.wait();
+                }
+                self.flush_metrics();
+            }
             STDIN_EVENT => {
                 if events.event_set().contains(EventSet::IN) {
                     self.on_stdin(ops);
@@ -163,7 +185,11 @@ impl MutEventSubscriber for Control {
             (self.reset_evt.as_raw_fd(), RESET_EVENT),
             (self.signals.as_raw_fd(), SIGNAL_EVENT),
         ];
-        for (fd, data) in regs {
+        let timer = self
+            .metrics_timer
+            .as_ref()
+            .map(|t| (t.as_raw_fd(), METRICS_EVENT));
+        for (fd, data) in regs.into_iter().chain(timer) {
             if let Err(e) = ops.add(EpollEvents::with_data_raw(fd, data, EventSet::IN)) {
                 error!("cannot register control event {data}: {e}");
             }
@@ -174,22 +200,6 @@ impl MutEventSubscriber for Control {
         self.stdin_open = ops
             .add(EpollEvents::with_data_raw(stdin, STDIN_EVENT, EventSet::IN))
             .is_ok();
-    }
-}
-
-/// Writes `{"net0": {...}, ...}` atomically (temp file + rename) so a reader
-/// never sees half a file.
-pub fn write_metrics(devices: &DeviceManager, path: Option<&PathBuf>) {
-    let Some(path) = path else { return };
-    let mut obj = serde_json::Map::new();
-    for (i, m) in devices.net_metrics().iter().enumerate() {
-        obj.insert(format!("net{i}"), m.to_json());
-    }
-    let text = serde_json::Value::Object(obj).to_string();
-    let tmp = path.with_extension("tmp");
-    let result = std::fs::write(&tmp, text + "\n").and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = result {
-        error!("cannot write metrics to {}: {e}", path.display());
     }
 }
 
@@ -206,6 +216,23 @@ impl Vmm {
             .unwrap_or_else(|p| p.into_inner())
             .reset_evt()
             .try_clone()?;
+        let metrics = self.metrics.take().map(|mut m| {
+            m.attach(
+                self.devices.vcpu_exits(),
+                self.devices.net_metrics().to_vec(),
+                start,
+            );
+            Arc::new(Mutex::new(m))
+        });
+        let metrics_timer = match (&metrics, self.metrics_interval_s) {
+            (Some(_), secs) if secs > 0 => {
+                let mut t = TimerFd::new().map_err(io::Error::from)?;
+                let every = Duration::from_secs(secs);
+                t.reset(every, Some(every)).map_err(io::Error::from)?;
+                Some(t)
+            }
+            _ => None,
+        };
         let control = Control {
             exit: self.exit.clone(),
             exit_evt: self.exit.evt().try_clone()?,
@@ -213,8 +240,8 @@ impl Vmm {
             signals,
             serial: self.serial.clone(),
             panicked: self.panicked.clone(),
-            devices: self.devices.clone(),
-            metrics: self.metrics.clone(),
+            metrics: metrics.clone(),
+            metrics_timer,
             stdin_open: false,
         };
         self.events.add_subscriber(Arc::new(Mutex::new(control)));
@@ -243,7 +270,9 @@ impl Vmm {
             }
         }
         drop(terminal);
-        write_metrics(&self.devices, self.metrics.as_ref());
+        if let Some(m) = &metrics {
+            lock_metrics(m).finish();
+        }
         let reason = self
             .exit
             .reason()

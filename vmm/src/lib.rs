@@ -7,11 +7,28 @@
 pub mod builder;
 pub mod cli;
 pub mod config;
+pub mod config_file;
 pub mod device_manager;
 pub mod event_loop;
 pub mod host;
 pub mod kvm;
+pub mod logger;
 pub mod memory;
+pub mod metrics;
 pub mod signals;
+pub mod sink;
 pub mod vcpu;
 pub mod vm_exit;
+
+/// Formats an error and its causes on one line (`a: b: c`): every
+/// configuration or start-up failure is reported this way.
+pub fn error_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}

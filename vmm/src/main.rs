@@ -1,74 +1,81 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `minivmm`: boot a Linux guest with a virtio-net card on a host TAP.
+//! `minivmm`: boot a Linux guest with virtio-net cards on host TAPs.
 //!
 //! Exit status: 0 when the guest reboots or powers off or minivmm is stopped
-//! by SIGTERM/SIGINT; 1 for a bad configuration or a failure before boot;
-//! 2 when the VM fails at run time; 3 when the guest reset after a kernel panic.
+//! by SIGTERM/SIGINT; 1 for bad usage or configuration (the argument parser's
+//! own errors included) or a failure before boot, always one line on stderr;
+//! 2 when the VM fails at run time; 3 when the guest reset after a kernel
+//! panic.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::error::ErrorKind;
 use clap::Parser;
-use log::{error, info, LevelFilter, Log, Metadata, Record};
+use log::{error, info, LevelFilter};
 
 use vmm::cli::Cli;
+use vmm::error_line;
 use vmm::vm_exit::VmExit;
 
-/// Logs to stderr, one line per record, so that the guest console on stdout
-/// stays clean.
-struct StderrLogger(LevelFilter);
+/// Bad usage or configuration, or a failure before the guest runs.
+const EXIT_CONFIG: u8 = 1;
+/// The VM failed at run time (also `VmExit::exit_code` for faults).
+const EXIT_RUNTIME: u8 = 2;
 
-impl Log for StderrLogger {
-    fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= self.0
-    }
-
-    fn log(&self, record: &Record) {
-        if self.enabled(record.metadata()) {
-            eprintln!(
-                "minivmm: {}: {}",
-                record.level().as_str().to_lowercase(),
-                record.args()
-            );
-        }
-    }
-
-    fn flush(&self) {}
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("minivmm: error: {msg}");
+    ExitCode::from(EXIT_CONFIG)
 }
 
-/// Formats an error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
+/// clap's own message as one line: its first paragraph (which may list the
+/// missing arguments on the lines below the first), without the usage block
+/// and tips that follow.
+fn clap_line(e: &clap::Error) -> String {
+    let rendered = e.to_string();
+    let first: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let text = first.join(" ");
+    let text = text.trim_start_matches("error: ");
+    if text.is_empty() {
+        "invalid arguments (see --help)".to_string()
+    } else {
+        format!("{text} (see --help)")
     }
-    s
 }
 
 fn main() -> ExitCode {
     let start = Instant::now();
-    let cli = Cli::parse();
-    let level = cli.log_level;
-    // A second logger cannot be installed in this process; ignore the error.
-    let _ = log::set_logger(Box::leak(Box::new(StderrLogger(level))));
-    log::set_max_level(level);
-
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            // --help and --version print to stdout and succeed.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(&clap_line(&e)),
+    };
     let config = match cli.into_config() {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("minivmm: error: {}", chain(&e));
-            return ExitCode::from(1);
-        }
+        Err(e) => return fail(&error_line(&e)),
     };
-    let vmm = match vmm::builder::build(&config) {
+    // Inherited TAP descriptors are claimed before this process opens any
+    // file, so a number the user names cannot be one of ours.
+    let tap_fds = match vmm::builder::claim_tap_fds(&config) {
+        Ok(fds) => fds,
+        Err(e) => return fail(&error_line(&e)),
+    };
+    if let Err(e) = vmm::logger::init(&config.logger) {
+        return fail(&error_line(&e));
+    }
+    let level = log::max_level();
+    let vmm = match vmm::builder::build(&config, tap_fds) {
         Ok(v) => v,
-        Err(e) => {
-            eprintln!("minivmm: error: {}", chain(&e));
-            return ExitCode::from(1);
-        }
+        Err(e) => return fail(&error_line(&e)),
     };
     match vmm.run(start) {
         Ok(reason) => {
@@ -77,16 +84,16 @@ fn main() -> ExitCode {
                 _ => info!("{}", reason.describe()),
             }
             if let VmExit::Fault(msg) = &reason {
-                // Faults are reported even at the quietest log level.
-                if level < LevelFilter::Error {
+                // Faults reach stderr even when the log is quieter or elsewhere.
+                if level < LevelFilter::Error || config.logger.path.is_some() {
                     eprintln!("minivmm: error: {msg}");
                 }
             }
             ExitCode::from(reason.exit_code() as u8)
         }
         Err(e) => {
-            eprintln!("minivmm: error: cannot run the VM: {}", chain(&e));
-            ExitCode::from(2)
+            eprintln!("minivmm: error: cannot run the VM: {}", error_line(&e));
+            ExitCode::from(EXIT_RUNTIME)
         }
     }
 }

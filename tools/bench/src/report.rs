@@ -142,6 +142,29 @@ pub fn table(out: &Value) -> String {
             );
         }
     }
+    if let Some(rows) = out["ratelimit"]["rows"].as_array() {
+        let _ = writeln!(
+            s,
+            "\nRATELIMIT  achieved / configured under a flood (median of rounds; 0.95..1.05 passes)"
+        );
+        let _ = writeln!(
+            s,
+            "{:<7} {:>6} {:>14} {:>14} {:<9} {:>7}",
+            "case", "frame", "configured", "achieved", "unit", "ratio"
+        );
+        for r in rows {
+            let _ = writeln!(
+                s,
+                "{:<7} {:>6} {:>14.0} {:>14.0} {:<9} {:>7.3}",
+                r["case"].as_str().unwrap_or(""),
+                r["frame_bytes"],
+                f(&r["configured"]),
+                f(&r["achieved_median"]),
+                r["unit"].as_str().unwrap_or(""),
+                f(&r["ratio"])
+            );
+        }
+    }
     if let Some(e) = out["elapsed_s"].as_f64() {
         let _ = writeln!(s, "\nelapsed {e:.1} s");
     }
@@ -166,5 +189,23 @@ mod tests {
         assert!(t.contains("0.500"), "{t}");
         assert!(t.contains("0.250"), "{t}");
         assert!(!t.contains("SEED001"));
+        assert!(!t.contains("RATELIMIT"));
+    }
+
+    #[test]
+    fn table_renders_ratelimit_rows() {
+        let out = json!({
+            "machine": {"cores": 2, "cpu": "x", "kernel": "k"},
+            "ratelimit": {"tx_bw_ratio": 0.998, "rows": [
+                {"case": "tx_bw", "frame_bytes": 1514, "configured": 200e6, "achieved_median": 199.6e6,
+                 "unit": "bit/s", "ratio": 0.998},
+            ]},
+        });
+        let t = table(&out);
+        assert!(t.contains("RATELIMIT"), "{t}");
+        assert!(
+            t.contains("tx_bw") && t.contains("0.998") && t.contains("199600000"),
+            "{t}"
+        );
     }
 }

@@ -29,30 +29,33 @@ use crate::frames;
 use crate::host::{Measured, Window, TAP_NAME};
 use crate::sys::{self, VNET_HDR_LEN};
 
-/// Feature bits (virtio 1.1 §5.1.3 and §6).
+/// Feature bits (virtio 1.1 §5.1.3 and §6) as masks, from the device's
+/// virtio-bindings constants.
 pub mod feature {
+    use devices::virtio::net::device::features as f;
+
     /// Device handles packets with partial checksum.
-    pub const CSUM: u64 = 1 << 0;
+    pub const CSUM: u64 = 1 << f::VIRTIO_NET_F_CSUM;
     /// Driver handles packets with partial checksum.
-    pub const GUEST_CSUM: u64 = 1 << 1;
+    pub const GUEST_CSUM: u64 = 1 << f::VIRTIO_NET_F_GUEST_CSUM;
     /// Device has a MAC address.
-    pub const MAC: u64 = 1 << 5;
+    pub const MAC: u64 = 1 << f::VIRTIO_NET_F_MAC;
     /// Driver can receive TSOv4.
-    pub const GUEST_TSO4: u64 = 1 << 7;
+    pub const GUEST_TSO4: u64 = 1 << f::VIRTIO_NET_F_GUEST_TSO4;
     /// Driver can receive TSOv6.
-    pub const GUEST_TSO6: u64 = 1 << 8;
+    pub const GUEST_TSO6: u64 = 1 << f::VIRTIO_NET_F_GUEST_TSO6;
     /// Driver can receive UFO.
-    pub const GUEST_UFO: u64 = 1 << 10;
+    pub const GUEST_UFO: u64 = 1 << f::VIRTIO_NET_F_GUEST_UFO;
     /// Device can receive TSOv4.
-    pub const HOST_TSO4: u64 = 1 << 11;
+    pub const HOST_TSO4: u64 = 1 << f::VIRTIO_NET_F_HOST_TSO4;
     /// Device can receive TSOv6.
-    pub const HOST_TSO6: u64 = 1 << 12;
+    pub const HOST_TSO6: u64 = 1 << f::VIRTIO_NET_F_HOST_TSO6;
     /// Device can receive UFO.
-    pub const HOST_UFO: u64 = 1 << 14;
+    pub const HOST_UFO: u64 = 1 << f::VIRTIO_NET_F_HOST_UFO;
     /// Driver can merge receive buffers.
-    pub const MRG_RXBUF: u64 = 1 << 15;
+    pub const MRG_RXBUF: u64 = 1 << f::VIRTIO_NET_F_MRG_RXBUF;
     /// virtio 1.x.
-    pub const VERSION_1: u64 = 1 << 32;
+    pub const VERSION_1: u64 = 1 << f::VIRTIO_F_VERSION_1;
     /// Everything the benchmark knows how to drive.
     pub const ALL: u64 = CSUM
         | GUEST_CSUM

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use devices::virtio::net::NetConfig;
+use devices::virtio::net::{NetConfig, Offloads};
 use serde_json::{json, Map, Value};
 
 use crate::frames::{self, HOST_MAC};
@@ -102,7 +102,8 @@ impl Mode {
     }
 }
 
-fn tx_msg(size: usize) -> Vec<u8> {
+/// The TX message (vnet header + frame) for frames of `size` bytes.
+pub(crate) fn tx_msg(size: usize) -> Vec<u8> {
     if size > 1514 {
         let (hdr, f) = frames::tso_frame(size, HOST_MAC, None, false);
         let mut m = hdr.to_bytes().to_vec();
@@ -258,7 +259,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
         for (i, &b) in bufs.iter().enumerate() {
             let cfg = RigConfig {
                 net: NetConfig {
-                    offloads: gso,
+                    offloads: if gso { Offloads::ALL } else { Offloads::NONE },
                     mrg_rxbuf: true,
                     ..NetConfig::default()
                 },

@@ -1,35 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The few system calls the benchmark needs that std does not wrap: a raw TAP
-//! fd for the limit loops, clocks (monotonic and per-thread CPU), batched
+//! The few system calls the benchmark needs that std does not wrap: the raw
+//! TAP loops' reads and writes (on the device's own `Tap`), clocks (monotonic and per-thread CPU), batched
 //! `sendmmsg`, socket options and an `AF_PACKET` socket with a vnet header.
 //!
 //! Every other module is safe code; the unsafe blocks live here, each with
 //! the invariant it relies on.
 
-use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
-/// Length of the vnet header every TAP frame carries (virtio 1.1 §5.1.6,
-/// `virtio_net_hdr_v1`).
-pub const VNET_HDR_LEN: usize = 12;
+use devices::virtio::net::{NetBackend, Tap};
+
+/// Length of the vnet header every TAP frame carries: the device's own.
+pub use devices::virtio::net::VNET_HDR_LEN;
 
 /// TUN_F_* flags the device sets when the guest acks CSUM + TSO4/6 (+UFO,
 /// which Linux accepts and ignores): the raw loop uses the same ones so both
 /// sides see the same frames.
 pub const TAP_OFFLOADS_GSO: u32 =
     libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_UFO;
-
-// `struct ifreq` as TUNSETIFF reads it: name, then the short flags; 40 bytes.
-#[repr(C)]
-struct IfReqFlags {
-    name: [u8; libc::IFNAMSIZ],
-    flags: libc::c_short,
-    _pad: [u8; 22],
-}
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
@@ -39,41 +30,14 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// Opens TAP `name` with IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, a 12-byte vnet
-/// header and the TUN_F_* `offloads`: exactly what the device does, without
-/// the device. The fd is non-blocking; callers poll.
-pub fn open_tap(name: &str, offloads: u32) -> io::Result<File> {
-    let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad TAP name"));
-    }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open("/dev/net/tun")?;
-    let mut ifr = IfReqFlags {
-        name: [0; libc::IFNAMSIZ],
-        flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
-        _pad: [0; 22],
-    };
-    ifr.name[..bytes.len()].copy_from_slice(bytes);
-    // SAFETY: the fd is an open /dev/net/tun; TUNSETIFF reads/writes a 40-byte
-    // `struct ifreq`, and `ifr` is a live, exclusively borrowed 40-byte repr(C)
-    // value with the kernel's layout for name and flags. No reference is kept.
-    cvt(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF as _, &mut ifr) })?;
-    let hdr: libc::c_int = VNET_HDR_LEN as libc::c_int;
-    // SAFETY: TUNSETVNETHDRSZ reads one int through a pointer to a live local.
-    cvt(unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ as _, &hdr) })?;
-    // SAFETY: TUNSETOFFLOAD takes its argument by value and reads no memory.
-    cvt(unsafe {
-        libc::ioctl(
-            file.as_raw_fd(),
-            libc::TUNSETOFFLOAD as _,
-            libc::c_ulong::from(offloads),
-        )
-    })?;
-    Ok(file)
+/// Opens TAP `name` exactly as the device does (the device's own [`Tap`]:
+/// IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, a 12-byte vnet header, non-blocking)
+/// with the TUN_F_* `offloads`, for the raw loops that run without the
+/// device. Callers poll.
+pub fn open_tap(name: &str, offloads: u32) -> io::Result<Tap> {
+    let tap = Tap::open_named(name).map_err(io::Error::other)?;
+    tap.set_offload(offloads).map_err(io::Error::other)?;
+    Ok(tap)
 }
 
 /// Waits until `fd` is readable (or writable if `write`) or `timeout` passes.

@@ -17,44 +17,24 @@ use super::metrics::NetMetrics;
 use super::rxtx::{RxVirtio, TxVirtio};
 use super::tap::{self, NetBackend, Tap, TapError};
 use super::{
-    warn_rate_limited, NetConfig, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX, TX_INDEX,
-    VNET_HDR_LEN,
+    warn_rate_limited, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX,
+    TX_INDEX, VNET_HDR_LEN,
 };
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 
-/// Feature bits (virtio 1.1 §5.1.3, §6).
+/// Feature bits (virtio 1.1 §5.1.3, §6), from `virtio-bindings`.
 pub mod features {
-    /// Device handles packets with partial checksum (host TX offload).
-    pub const VIRTIO_NET_F_CSUM: u32 = 0;
-    /// Driver handles packets with partial checksum (guest RX offload).
-    pub const VIRTIO_NET_F_GUEST_CSUM: u32 = 1;
-    /// Device has a MAC address in its configuration space.
-    pub const VIRTIO_NET_F_MAC: u32 = 5;
-    /// Driver can receive TSOv4.
-    pub const VIRTIO_NET_F_GUEST_TSO4: u32 = 7;
-    /// Driver can receive TSOv6.
-    pub const VIRTIO_NET_F_GUEST_TSO6: u32 = 8;
-    /// Driver can receive UFO.
-    pub const VIRTIO_NET_F_GUEST_UFO: u32 = 10;
-    /// Device can receive TSOv4.
-    pub const VIRTIO_NET_F_HOST_TSO4: u32 = 11;
-    /// Device can receive TSOv6.
-    pub const VIRTIO_NET_F_HOST_TSO6: u32 = 12;
-    /// Device can receive UFO.
-    pub const VIRTIO_NET_F_HOST_UFO: u32 = 14;
-    /// Driver can merge receive buffers.
-    pub const VIRTIO_NET_F_MRG_RXBUF: u32 = 15;
-    /// Configuration status field is available.
-    pub const VIRTIO_NET_F_STATUS: u32 = 16;
-    /// Indirect descriptor tables.
-    pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = crate::virtio::queue::VIRTIO_RING_F_INDIRECT_DESC;
-    /// used_event/avail_event interrupt and notification suppression.
-    pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
-    /// Compliance with virtio 1.0 and later.
-    pub const VIRTIO_F_VERSION_1: u32 = 32;
+    pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+    pub use virtio_bindings::virtio_net::{
+        VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4,
+        VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_GUEST_UFO, VIRTIO_NET_F_HOST_TSO4,
+        VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_HOST_UFO, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
+        VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS,
+    };
+    pub use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
     /// Status field bit: the link is up (virtio 1.1 §5.1.4).
-    pub const VIRTIO_NET_S_LINK_UP: u16 = 1;
+    pub const VIRTIO_NET_S_LINK_UP: u16 = virtio_bindings::virtio_net::VIRTIO_NET_S_LINK_UP as u16;
 }
 use features::*;
 
@@ -62,19 +42,37 @@ const fn bit(b: u32) -> u64 {
     1u64 << b
 }
 
-/// The offload features toggled by `NetConfig::offloads`.
-pub const OFFLOAD_FEATURES: u64 = bit(VIRTIO_NET_F_CSUM)
-    | bit(VIRTIO_NET_F_GUEST_CSUM)
-    | bit(VIRTIO_NET_F_GUEST_TSO4)
-    | bit(VIRTIO_NET_F_GUEST_TSO6)
-    | bit(VIRTIO_NET_F_GUEST_UFO)
-    | bit(VIRTIO_NET_F_HOST_TSO4)
-    | bit(VIRTIO_NET_F_HOST_TSO6)
-    | bit(VIRTIO_NET_F_HOST_UFO);
+/// The feature bits an [`Offloads`] selection offers.
+pub const fn offload_features(o: Offloads) -> u64 {
+    let mut f = 0;
+    if o.csum {
+        f |= bit(VIRTIO_NET_F_CSUM) | bit(VIRTIO_NET_F_GUEST_CSUM);
+    }
+    if o.tso4 {
+        f |= bit(VIRTIO_NET_F_HOST_TSO4) | bit(VIRTIO_NET_F_GUEST_TSO4);
+    }
+    if o.tso6 {
+        f |= bit(VIRTIO_NET_F_HOST_TSO6) | bit(VIRTIO_NET_F_GUEST_TSO6);
+    }
+    if o.ufo {
+        f |= bit(VIRTIO_NET_F_HOST_UFO) | bit(VIRTIO_NET_F_GUEST_UFO);
+    }
+    f
+}
 
-/// Length of the configuration space we expose: `mac` then `status`
-/// (virtio 1.1 §5.1.4).
-const CONFIG_SPACE_LEN: usize = 8;
+/// Every offload feature the device can offer.
+pub const OFFLOAD_FEATURES: u64 = offload_features(Offloads::ALL);
+
+/// Length of the configuration space we expose: `mac`, `status`,
+/// `max_virtqueue_pairs` and `mtu` (virtio 1.1 §5.1.4).
+const CONFIG_SPACE_LEN: usize = 12;
+/// Offset of `max_virtqueue_pairs` in the configuration space.
+const CONFIG_MAX_PAIRS_OFFSET: usize = 8;
+/// Offset of `mtu` in the configuration space.
+const CONFIG_MTU_OFFSET: usize = 10;
+/// The MTU range VIRTIO_NET_F_MTU allows: IPv4's minimum to the largest
+/// IP packet (the range Firecracker accepts too).
+pub const MTU_RANGE: std::ops::RangeInclusive<u16> = 68..=65535;
 
 /// Errors creating a network device.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +83,12 @@ pub enum NetError {
     /// The configured queue size is not a power of two in 1..=32768.
     #[error("queue size {0} is not a power of two between 1 and 32768")]
     QueueSize(u16),
+    /// The configured MTU is outside 68..=65535.
+    #[error("MTU {0} is outside 68..=65535")]
+    Mtu(u16),
+    /// The offload selection is one no driver may negotiate.
+    #[error("invalid offloads: {0}")]
+    Offloads(&'static str),
     /// An eventfd could not be created.
     #[error("cannot create an eventfd")]
     EventFd(#[source] std::io::Error),
@@ -164,12 +168,21 @@ impl<B: NetBackend> Net<B> {
         if cfg.mrg_rxbuf {
             avail_features |= bit(VIRTIO_NET_F_MRG_RXBUF);
         }
-        if cfg.offloads {
-            avail_features |= OFFLOAD_FEATURES;
-        }
+        cfg.offloads.validate().map_err(NetError::Offloads)?;
+        avail_features |= offload_features(cfg.offloads);
         let mut config_space = [0u8; CONFIG_SPACE_LEN];
         config_space[..6].copy_from_slice(&cfg.mac);
         config_space[6..8].copy_from_slice(&VIRTIO_NET_S_LINK_UP.to_le_bytes());
+        config_space[CONFIG_MAX_PAIRS_OFFSET..CONFIG_MAX_PAIRS_OFFSET + 2]
+            .copy_from_slice(&1u16.to_le_bytes());
+        if let Some(mtu) = cfg.mtu {
+            if !MTU_RANGE.contains(&mtu) {
+                return Err(NetError::Mtu(mtu));
+            }
+            avail_features |= bit(VIRTIO_NET_F_MTU);
+            config_space[CONFIG_MTU_OFFSET..CONFIG_MTU_OFFSET + 2]
+                .copy_from_slice(&mtu.to_le_bytes());
+        }
 
         Ok(Net {
             queue_sizes: [qs; NUM_QUEUES],
@@ -229,12 +242,19 @@ impl<B: NetBackend> Net<B> {
     }
 
     /// Largest frame the backend may deliver under the negotiated
-    /// offloads, vnet header included: 12 + 1514 unless the backend may
-    /// hand us GSO frames.
+    /// offloads, vnet header included: 12 + 1514 (or the configured MTU
+    /// plus the Ethernet header, if larger) unless the backend may hand us
+    /// GSO frames.
     fn max_rx_frame(&self) -> usize {
         let gso =
             self.tun_offload_flags() & (libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_UFO) != 0;
-        VNET_HDR_LEN + if gso { MAX_FRAME_GSO } else { MAX_FRAME_NO_GSO }
+        let mtu_frame = self.cfg.mtu.map_or(0, |m| usize::from(m) + 14);
+        VNET_HDR_LEN
+            + if gso {
+                MAX_FRAME_GSO
+            } else {
+                MAX_FRAME_NO_GSO.max(mtu_frame)
+            }
     }
 
     fn kick_event_handler(&self) {
@@ -404,8 +424,10 @@ mod tests {
         }
         assert_eq!(f & OFFLOAD_FEATURES, OFFLOAD_FEATURES);
 
+        assert_eq!(f & bit(VIRTIO_NET_F_MTU), 0, "MTU only when configured");
+
         let n = net(NetConfig {
-            offloads: false,
+            offloads: Offloads::NONE,
             mrg_rxbuf: false,
             queue_size: 1024,
             ..NetConfig::default()
@@ -413,6 +435,78 @@ mod tests {
         assert_eq!(n.avail_features() & OFFLOAD_FEATURES, 0);
         assert_eq!(n.avail_features() & bit(VIRTIO_NET_F_MRG_RXBUF), 0);
         assert_eq!(n.queue_max_sizes(), &[1024, 1024]);
+    }
+
+    #[test]
+    fn test_offloads_toggle_one_by_one() {
+        let only = |o: Offloads| {
+            net(NetConfig {
+                offloads: o,
+                ..NetConfig::default()
+            })
+            .avail_features()
+                & OFFLOAD_FEATURES
+        };
+        let csum = bit(VIRTIO_NET_F_CSUM) | bit(VIRTIO_NET_F_GUEST_CSUM);
+        let c = Offloads {
+            csum: true,
+            ..Offloads::NONE
+        };
+        assert_eq!(only(c), csum);
+        assert_eq!(
+            only(Offloads { tso4: true, ..c }),
+            csum | bit(VIRTIO_NET_F_HOST_TSO4) | bit(VIRTIO_NET_F_GUEST_TSO4)
+        );
+        assert_eq!(
+            only(Offloads { tso6: true, ..c }),
+            csum | bit(VIRTIO_NET_F_HOST_TSO6) | bit(VIRTIO_NET_F_GUEST_TSO6)
+        );
+        assert_eq!(
+            only(Offloads { ufo: true, ..c }),
+            csum | bit(VIRTIO_NET_F_HOST_UFO) | bit(VIRTIO_NET_F_GUEST_UFO)
+        );
+        // TSO without checksum offload is refused.
+        let (a, _b) = SeqPacket::pair().unwrap();
+        let cfg = NetConfig {
+            offloads: Offloads {
+                tso4: true,
+                ..Offloads::NONE
+            },
+            ..NetConfig::default()
+        };
+        assert!(matches!(
+            Net::with_backend(a, cfg, mem()),
+            Err(NetError::Offloads(_))
+        ));
+    }
+
+    #[test]
+    fn test_mtu_is_offered_in_features_and_config_space() {
+        let mut n = net(NetConfig {
+            mtu: Some(9000),
+            ..NetConfig::default()
+        });
+        assert_ne!(n.avail_features() & bit(VIRTIO_NET_F_MTU), 0);
+        let mut b = [0u8; 2];
+        n.read_config(CONFIG_MTU_OFFSET as u64, &mut b);
+        assert_eq!(u16::from_le_bytes(b), 9000);
+        // Without GSO the device takes jumbo frames up to MTU + 14.
+        n.acked_features = bit(VIRTIO_F_VERSION_1) | bit(VIRTIO_NET_F_MTU);
+        assert_eq!(n.max_rx_frame(), 12 + 9014);
+        n.write_config(CONFIG_MTU_OFFSET as u64, &[0, 0]);
+        n.read_config(CONFIG_MTU_OFFSET as u64, &mut b);
+        assert_eq!(u16::from_le_bytes(b), 9000, "read-only");
+        for bad in [0, 67] {
+            let (a, _b) = SeqPacket::pair().unwrap();
+            let cfg = NetConfig {
+                mtu: Some(bad),
+                ..NetConfig::default()
+            };
+            assert!(matches!(
+                Net::with_backend(a, cfg, mem()),
+                Err(NetError::Mtu(m)) if m == bad
+            ));
+        }
     }
 
     #[test]
@@ -448,10 +542,14 @@ mod tests {
         let mut b2 = [0u8; 2];
         n.read_config(6, &mut b2);
         assert_eq!(u16::from_le_bytes(b2), VIRTIO_NET_S_LINK_UP);
-        // Past the end: zeros, no panic.
+        // status, then max_virtqueue_pairs = 1.
         let mut b4 = [0xffu8; 4];
         n.read_config(6, &mut b4);
-        assert_eq!(b4, [1, 0, 0, 0]);
+        assert_eq!(b4, [1, 0, 1, 0]);
+        // Past the end: zeros, no panic.
+        let mut b4 = [0xffu8; 4];
+        n.read_config(CONFIG_SPACE_LEN as u64 - 1, &mut b4);
+        assert_eq!(b4, [0; 4]);
         n.read_config(u64::MAX, &mut b4);
         assert_eq!(b4, [0; 4]);
         // Writes are ignored.
@@ -506,7 +604,7 @@ mod tests {
     fn test_unoffered_features_are_not_acked() {
         let mut h = Harness::new(
             NetConfig {
-                offloads: false,
+                offloads: Offloads::NONE,
                 ..NetConfig::default()
             },
             MRG_FEATURES | GUEST_GSO,

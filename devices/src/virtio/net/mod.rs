@@ -53,6 +53,10 @@ pub use iov::IoVecs;
 pub use metrics::NetMetrics;
 pub use tap::{NetBackend, SeqPacket, Tap, TapError};
 
+use virtio_bindings::virtio_net::virtio_net_hdr_v1;
+
+use crate::rate_limiter::RateLimiterConfig;
+
 /// Index of the receive queue (virtio 1.1 §5.1.2).
 pub const RX_INDEX: usize = 0;
 /// Index of the transmit queue (virtio 1.1 §5.1.2).
@@ -63,9 +67,10 @@ pub const NUM_QUEUES: usize = 2;
 /// Length of `struct virtio_net_hdr_v1` (virtio 1.1 §5.1.6): with
 /// VIRTIO_F_VERSION_1 the header always carries `num_buffers`, so it is 12
 /// bytes whether or not VIRTIO_NET_F_MRG_RXBUF is negotiated.
-pub const VNET_HDR_LEN: usize = 12;
+pub const VNET_HDR_LEN: usize = std::mem::size_of::<virtio_net_hdr_v1>();
 /// Offset of `num_buffers` inside `virtio_net_hdr_v1` (virtio 1.1 §5.1.6).
-pub const NUM_BUFFERS_OFFSET: usize = 10;
+pub const NUM_BUFFERS_OFFSET: usize = std::mem::offset_of!(virtio_net_hdr_v1, num_buffers);
+const _: () = assert!(VNET_HDR_LEN == 12 && NUM_BUFFERS_OFFSET == 10);
 /// Largest Ethernet frame without segmentation offloads: 1500-byte MTU plus a
 /// 14-byte Ethernet header.
 pub const MAX_FRAME_NO_GSO: usize = 1514;
@@ -88,11 +93,17 @@ pub struct NetConfig {
     pub rx_weight_bytes: u64,
     /// Frames after which an RX pass yields to the event loop; 0 disables.
     pub rx_weight_packets: u64,
-    /// Offer checksum and segmentation offloads (CSUM, GUEST_CSUM,
-    /// GUEST/HOST TSO4/TSO6, GUEST/HOST UFO).
-    pub offloads: bool,
+    /// Which checksum and segmentation offloads to offer.
+    pub offloads: Offloads,
     /// Offer VIRTIO_NET_F_MRG_RXBUF.
     pub mrg_rxbuf: bool,
+    /// Offer VIRTIO_NET_F_MTU with this MTU (68 to 65535); frames up to
+    /// MTU + 14 bytes are then accepted from the backend without offloads.
+    pub mtu: Option<u16>,
+    /// Limits on frames from the backend to the guest.
+    pub rx_rate_limiter: RateLimiterConfig,
+    /// Limits on frames from the guest to the backend.
+    pub tx_rate_limiter: RateLimiterConfig,
     /// Benchmark baseline only: copy every frame through a 64 KiB host buffer
     /// (as vmm-reference does) instead of `readv`/`writev` on guest memory.
     pub bounce_buffer: bool,
@@ -116,10 +127,53 @@ impl Default for NetConfig {
             tx_weight_packets: DEFAULT_WEIGHT_PACKETS,
             rx_weight_bytes: DEFAULT_WEIGHT_BYTES,
             rx_weight_packets: DEFAULT_WEIGHT_PACKETS,
-            offloads: true,
+            offloads: Offloads::ALL,
             mrg_rxbuf: true,
+            mtu: None,
+            rx_rate_limiter: RateLimiterConfig::default(),
+            tx_rate_limiter: RateLimiterConfig::default(),
             bounce_buffer: false,
         }
+    }
+}
+
+/// The offloads a device offers, each in both directions (the device's
+/// HOST_* feature and the driver's GUEST_* one). TSO and UFO need checksum
+/// offload (virtio 1.1 §5.1.3.1), which [`Offloads::validate`] checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offloads {
+    /// VIRTIO_NET_F_CSUM and VIRTIO_NET_F_GUEST_CSUM.
+    pub csum: bool,
+    /// VIRTIO_NET_F_HOST_TSO4 and VIRTIO_NET_F_GUEST_TSO4.
+    pub tso4: bool,
+    /// VIRTIO_NET_F_HOST_TSO6 and VIRTIO_NET_F_GUEST_TSO6.
+    pub tso6: bool,
+    /// VIRTIO_NET_F_HOST_UFO and VIRTIO_NET_F_GUEST_UFO.
+    pub ufo: bool,
+}
+
+impl Offloads {
+    /// Every offload (the default).
+    pub const ALL: Offloads = Offloads {
+        csum: true,
+        tso4: true,
+        tso6: true,
+        ufo: true,
+    };
+    /// No offload: every frame is complete and checksummed.
+    pub const NONE: Offloads = Offloads {
+        csum: false,
+        tso4: false,
+        tso6: false,
+        ufo: false,
+    };
+
+    /// Whether the combination is one a driver may negotiate.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        if !self.csum && (self.tso4 || self.tso6 || self.ufo) {
+            return Err("TSO and UFO need checksum offload (csum)");
+        }
+        Ok(())
     }
 }
 
@@ -141,7 +195,7 @@ mod transport_tests {
     use event_manager::{EventManager, SubscriberOps};
     use vm_memory::GuestAddress;
 
-    use super::device::{features::*, OFFLOAD_FEATURES};
+    use super::device::{features::*, offload_features};
     use super::test_driver::frame;
     use super::*;
     use crate::virtio::mmio::MmioTransport;
@@ -168,7 +222,7 @@ mod transport_tests {
             | 1 << VIRTIO_NET_F_STATUS
             | 1 << VIRTIO_NET_F_MRG_RXBUF
             | 1 << VIRTIO_RING_F_EVENT_IDX
-            | OFFLOAD_FEATURES;
+            | offload_features(Offloads::ALL);
         let offered = drv.init(want).unwrap();
         assert_eq!(offered & want, want);
         let mut run = || while em.run_with_timeout(0).unwrap() > 0 {};

@@ -9,7 +9,13 @@
 //! `SOCK_SEQPACKET` socket does it trivially (the peer sees the header as part
 //! of the message), which lets tests and benchmarks run without privileges.
 //!
-//! This module is one of the few allowed to use `unsafe`: the TUN ioctls and
+//! A [`Tap`] is opened by name ([`Tap::open_named`], which creates a missing
+//! interface when the process may) or adopted from a descriptor a privileged
+//! launcher opened ([`Tap::from_fd`], Cloud Hypervisor's `fd=`). The same type
+//! serves the VMM and the datapath benchmark's raw TAP loops.
+//!
+//! This module is one of the few allowed to use `unsafe`: the TUN and
+//! interface ioctls (issued through vmm-sys-util's helpers) and
 //! `socketpair`/`fcntl` have no safe wrapper in our dependencies.
 #![allow(unsafe_code)]
 
@@ -19,8 +25,25 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixDatagram;
 
+use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref, ioctl_with_val};
+
 use super::iov::IoVecs;
 use super::VNET_HDR_LEN;
+
+/// The TUN ioctl numbers (linux/if_tun.h), built with vmm-sys-util's macros.
+mod ioctls {
+    use std::os::raw::{c_int, c_uint};
+
+    const TUNTAP: c_uint = b'T' as c_uint;
+    vmm_sys_util::ioctl_iow_nr!(TUNSETIFF, TUNTAP, 202, c_int);
+    vmm_sys_util::ioctl_iow_nr!(TUNSETOFFLOAD, TUNTAP, 208, c_uint);
+    vmm_sys_util::ioctl_ior_nr!(TUNGETIFF, TUNTAP, 210, c_uint);
+    vmm_sys_util::ioctl_iow_nr!(TUNSETVNETHDRSZ, TUNTAP, 216, c_int);
+}
+
+/// The flags every TAP we use carries: Ethernet frames, no packet-info
+/// prefix, a vnet header in front of every frame.
+const TAP_FLAGS: libc::c_int = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
 
 /// Errors of the TAP and socket backends.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +64,28 @@ pub enum TapError {
         #[source]
         source: io::Error,
     },
+    /// A descriptor handed over as a TAP is not one.
+    #[error("fd {fd} is not a TAP attached to an interface")]
+    NotATap {
+        /// The descriptor.
+        fd: RawFd,
+        /// The ioctl error.
+        #[source]
+        source: io::Error,
+    },
+    /// A TAP descriptor opened without the flags the device needs.
+    #[error(
+        "TAP {name:?} (fd {fd}) was opened with flags {flags:#x}; minivmm needs \
+         IFF_TAP | IFF_NO_PI | IFF_VNET_HDR ({TAP_FLAGS:#x}) and no IFF_MULTI_QUEUE"
+    )]
+    WrongFlags {
+        /// The descriptor.
+        fd: RawFd,
+        /// The interface it is attached to.
+        name: String,
+        /// The flags TUNGETIFF reported.
+        flags: i32,
+    },
     /// TUNSETVNETHDRSZ failed.
     #[error("cannot set the vnet header size of the TAP")]
     SetVnetHdrSize(#[source] io::Error),
@@ -49,6 +94,15 @@ pub enum TapError {
     SetOffload {
         /// The TUN_F_* flags requested.
         flags: u32,
+        /// The ioctl error.
+        #[source]
+        source: io::Error,
+    },
+    /// An interface query (flags, MTU) failed.
+    #[error("cannot query interface {name:?}")]
+    Query {
+        /// The interface.
+        name: String,
         /// The ioctl error.
         #[source]
         source: io::Error,
@@ -90,13 +144,73 @@ pub trait NetBackend: AsRawFd + Send {
     }
 }
 
-// `struct ifreq` as TUNSETIFF reads it: the name, then a union of which only
-// the short `ifr_flags` is used here; padded to the kernel's 40 bytes.
+/// `struct ifreq` (linux/if.h): the name, then a 24-byte union of which
+/// we use the short `ifr_flags` (TUNSETIFF, TUNGETIFF, SIOCGIFFLAGS) or the
+/// int `ifr_mtu` (SIOCGIFMTU), both at its start; 40 bytes on 64-bit Linux.
 #[repr(C)]
-struct IfReqFlags {
+#[derive(Default)]
+struct IfReq {
     name: [u8; libc::IFNAMSIZ],
-    flags: libc::c_short,
-    _pad: [u8; 22],
+    data: [u8; 24],
+}
+
+impl IfReq {
+    fn named(name: &str) -> Result<IfReq, TapError> {
+        let bytes = name.as_bytes();
+        if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+            return Err(TapError::InvalidName(name.to_string()));
+        }
+        let mut ifr = IfReq::default();
+        ifr.name[..bytes.len()].copy_from_slice(bytes);
+        Ok(ifr)
+    }
+
+    fn name(&self) -> String {
+        let len = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.name.len());
+        String::from_utf8_lossy(&self.name[..len]).into_owned()
+    }
+
+    fn flags(&self) -> libc::c_int {
+        libc::c_int::from(i16::from_ne_bytes([self.data[0], self.data[1]]))
+    }
+
+    fn set_flags(&mut self, flags: libc::c_int) {
+        // ifr_flags is a C short; every IFF_* flag we set fits.
+        self.data[..2].copy_from_slice(&(flags as i16).to_ne_bytes());
+    }
+
+    fn int(&self) -> i32 {
+        i32::from_ne_bytes([self.data[0], self.data[1], self.data[2], self.data[3]])
+    }
+}
+
+/// Runs an interface query ioctl (SIOCGIFFLAGS, SIOCGIFMTU) on `name`
+/// through a throw-away datagram socket, which needs no privilege.
+fn query_interface(name: &str, request: libc::c_ulong) -> Result<IfReq, TapError> {
+    let query_err = |source| TapError::Query {
+        name: name.to_string(),
+        source,
+    };
+    let mut ifr = IfReq::named(name)?;
+    // SAFETY: plain socket(2); the fd is wrapped in an OwnedFd at once.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(query_err(io::Error::last_os_error()));
+    }
+    // SAFETY: `raw` is a new fd that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: the interface queries read and write one `struct ifreq`
+    // (40 bytes); `ifr` is a live, exclusively borrowed repr(C) value of
+    // that size and layout. The kernel keeps no reference to it.
+    let ret = unsafe { ioctl_with_mut_ref(&sock, request, &mut ifr) };
+    if ret < 0 {
+        return Err(query_err(io::Error::last_os_error()));
+    }
+    Ok(ifr)
 }
 
 /// A TAP interface opened with IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, a 12-byte
@@ -110,57 +224,110 @@ pub struct Tap {
 impl Tap {
     /// Opens the TAP `name`, creating it if it does not exist (which needs
     /// CAP_NET_ADMIN; attaching to an existing TAP owned by us does not).
+    /// A created TAP is not persistent: it disappears with this process.
     pub fn open_named(name: &str) -> Result<Tap, TapError> {
-        let bytes = name.as_bytes();
-        if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
-            return Err(TapError::InvalidName(name.to_string()));
-        }
+        let mut ifr = IfReq::named(name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/dev/net/tun")
             .map_err(TapError::OpenTun)?;
-
-        let mut ifr = IfReqFlags {
-            name: [0; libc::IFNAMSIZ],
-            flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
-            _pad: [0; 22],
-        };
-        ifr.name[..bytes.len()].copy_from_slice(bytes);
+        ifr.set_flags(TAP_FLAGS);
         // SAFETY: `file` is an open /dev/net/tun fd; TUNSETIFF reads and
-        // writes a `struct ifreq` (40 bytes on Linux), and `ifr` is a live,
-        // exclusively borrowed 40-byte repr(C) value with the same layout for
-        // the name and flags fields. The kernel keeps no reference to it.
-        let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF as _, &mut ifr) };
+        // writes a `struct ifreq` (40 bytes), and `ifr` is a live, exclusively
+        // borrowed repr(C) value of that size and layout. The kernel keeps no
+        // reference to it.
+        let ret = unsafe { ioctl_with_mut_ref(&file, ioctls::TUNSETIFF(), &mut ifr) };
         if ret < 0 {
             return Err(TapError::SetIff {
                 name: name.to_string(),
                 source: io::Error::last_os_error(),
             });
         }
+        // The kernel may have completed a name pattern such as "tap%d".
+        let tap = Tap {
+            file,
+            if_name: ifr.name(),
+        };
+        tap.set_vnet_hdr_size()?;
+        Ok(tap)
+    }
 
-        let hdr_len: libc::c_int = VNET_HDR_LEN as libc::c_int;
-        // SAFETY: TUNSETVNETHDRSZ reads one `int` through the pointer, which
-        // points to a live local; the fd is the TAP attached above.
-        let ret = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ as _, &hdr_len) };
+    /// Adopts a TAP descriptor opened elsewhere (a launcher with the
+    /// privileges minivmm should not need). It must be attached to an
+    /// interface with IFF_TAP | IFF_NO_PI | IFF_VNET_HDR; the vnet header
+    /// size is set here and the descriptor made non-blocking and
+    /// close-on-exec.
+    pub fn from_fd(fd: OwnedFd) -> Result<Tap, TapError> {
+        let raw = fd.as_raw_fd();
+        let mut ifr = IfReq::default();
+        // SAFETY: TUNGETIFF writes one `struct ifreq` (40 bytes) into `ifr`,
+        // a live, exclusively borrowed repr(C) value of that size. On any
+        // other kind of fd the kernel refuses the request without writing.
+        let ret = unsafe { ioctl_with_mut_ref(&fd, ioctls::TUNGETIFF(), &mut ifr) };
+        if ret < 0 {
+            return Err(TapError::NotATap {
+                fd: raw,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let flags = ifr.flags();
+        if flags & TAP_FLAGS != TAP_FLAGS || flags & libc::IFF_MULTI_QUEUE != 0 {
+            return Err(TapError::WrongFlags {
+                fd: raw,
+                name: ifr.name(),
+                flags,
+            });
+        }
+        // SAFETY: F_SETFD only changes the descriptor flags of a fd we own.
+        unsafe { libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC) };
+        set_nonblocking(raw, true)?;
+        let tap = Tap {
+            file: File::from(fd),
+            if_name: ifr.name(),
+        };
+        tap.set_vnet_hdr_size()?;
+        Ok(tap)
+    }
+
+    fn set_vnet_hdr_size(&self) -> Result<(), TapError> {
+        let hdr_len = VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads one `int` through the reference,
+        // which points to a live local; the fd is an attached TAP.
+        let ret = unsafe { ioctl_with_ref(&self.file, ioctls::TUNSETVNETHDRSZ(), &hdr_len) };
         if ret < 0 {
             return Err(TapError::SetVnetHdrSize(io::Error::last_os_error()));
         }
-
-        // The kernel may have completed a name pattern such as "tap%d".
-        let len = ifr
-            .name
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(ifr.name.len());
-        let if_name = String::from_utf8_lossy(&ifr.name[..len]).into_owned();
-        Ok(Tap { file, if_name })
+        Ok(())
     }
 
     /// The interface name the kernel attached us to.
     pub fn if_name(&self) -> &str {
         &self.if_name
+    }
+
+    /// Whether the interface is administratively up (IFF_UP). A TAP that is
+    /// down drops every frame the guest sends.
+    pub fn is_up(&self) -> Result<bool, TapError> {
+        let ifr = query_interface(&self.if_name, libc::SIOCGIFFLAGS as libc::c_ulong)?;
+        Ok(ifr.flags() & libc::IFF_UP != 0)
+    }
+
+    /// The interface's MTU on the host side.
+    pub fn mtu(&self) -> Result<u32, TapError> {
+        let ifr = query_interface(&self.if_name, libc::SIOCGIFMTU as libc::c_ulong)?;
+        Ok(ifr.int().max(0) as u32)
+    }
+
+    /// Whether a network interface called `name` exists in this process's
+    /// network namespace (used to say when opening a TAP creates it).
+    pub fn exists(name: &str) -> Result<bool, TapError> {
+        let ifr = IfReq::named(name)?;
+        let cname = std::ffi::CString::new(&ifr.name[..name.len()])
+            .map_err(|_| TapError::InvalidName(name.to_string()))?;
+        // SAFETY: `cname` is a live NUL-terminated string.
+        Ok(unsafe { libc::if_nametoindex(cname.as_ptr()) } != 0)
     }
 }
 
@@ -172,13 +339,12 @@ impl AsRawFd for Tap {
 
 impl NetBackend for Tap {
     fn set_offload(&self, flags: u32) -> Result<(), TapError> {
-        // TUNSETOFFLOAD takes the flags by value, as an unsigned long.
-        // SAFETY: the ioctl reads no memory (the argument is passed by
-        // value) and the fd is our TAP.
+        // SAFETY: TUNSETOFFLOAD takes the flags by value and reads no
+        // memory; the fd is our TAP.
         let ret = unsafe {
-            libc::ioctl(
-                self.file.as_raw_fd(),
-                libc::TUNSETOFFLOAD as _,
+            ioctl_with_val(
+                &self.file,
+                ioctls::TUNSETOFFLOAD(),
                 libc::c_ulong::from(flags),
             )
         };
@@ -396,6 +562,67 @@ mod tests {
         let mut buf = [0u8; 64];
         let err = nix_read(tap.as_raw_fd(), &mut buf).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn test_from_fd_refuses_what_is_not_a_tap() {
+        let (a, _b) = SeqPacket::pair().unwrap();
+        let fd = a.fd.as_raw_fd();
+        let err = Tap::from_fd(a.fd).unwrap_err();
+        assert!(
+            matches!(err, TapError::NotATap { fd: f, .. } if f == fd),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not a TAP"), "{err}");
+    }
+
+    /// Adopting a TAP fd, the launcher's way: a fd opened with the right
+    /// flags is taken over (vnet header size set, non-blocking), one opened
+    /// without IFF_VNET_HDR is refused naming the flags; the interface's
+    /// state and MTU are read back.
+    #[test]
+    fn test_real_tap_from_fd_and_queries() {
+        if !enter_private_netns("test_real_tap_from_fd_and_queries") {
+            return;
+        }
+        let open = |flags: libc::c_int| -> (OwnedFd, String) {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+                .unwrap();
+            let mut ifr = IfReq::named("mvfd%d").unwrap();
+            ifr.set_flags(flags);
+            // SAFETY: as in `Tap::open_named`.
+            let ret = unsafe { ioctl_with_mut_ref(&file, ioctls::TUNSETIFF(), &mut ifr) };
+            assert_eq!(ret, 0, "{}", io::Error::last_os_error());
+            (OwnedFd::from(file), ifr.name())
+        };
+        let (fd, name) = open(TAP_FLAGS);
+        assert!(Tap::exists(&name).unwrap());
+        assert!(!Tap::exists("mvnosuch0").unwrap());
+        let tap = Tap::from_fd(fd).unwrap();
+        assert_eq!(tap.if_name(), name);
+        assert!(!tap.is_up().unwrap(), "a new TAP is down");
+        assert_eq!(tap.mtu().unwrap(), 1500);
+        let st = std::process::Command::new("ip")
+            .args(["link", "set", "dev", &name, "up", "mtu", "9000"])
+            .status();
+        if st.is_ok_and(|s| s.success()) {
+            assert!(tap.is_up().unwrap());
+            assert_eq!(tap.mtu().unwrap(), 9000);
+        }
+        let mut buf = [0u8; 64];
+        let err = nix_read(tap.as_raw_fd(), &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+
+        let (fd, name) = open(libc::IFF_TAP | libc::IFF_NO_PI);
+        let err = Tap::from_fd(fd).unwrap_err();
+        assert!(
+            matches!(&err, TapError::WrongFlags { name: n, .. } if *n == name),
+            "{err}"
+        );
+        assert!(err.to_string().contains("IFF_VNET_HDR"), "{err}");
     }
 
     fn nix_read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {

@@ -1,0 +1,453 @@
+// SPDX-License-Identifier: Apache-2.0
+//! What an operator coming from Firecracker or Cloud Hypervisor relies on
+//! (issue 11): the config file, several NICs with rate limiters, metrics they
+//! can collect, and exit statuses.
+//!
+//! - Every bad configuration and usage error is one line and exit status 1
+//!   (no KVM needed: all of it is caught before KVM is opened).
+//! - Metrics lines arrive on an interval, on SIGUSR1 and at exit, into a FIFO
+//!   and into a file, from a VM whose "kernel" is a three-byte ELF that halts
+//!   at once (seconds, not a guest boot).
+//! - One real guest boot from a config file with two NICs and rate limiters,
+//!   inside a network namespace this test creates: the guest's virtio-net
+//!   driver activates both NICs (their metrics carry the negotiated features)
+//!   and the guest answers pings on the first.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use minivmm_tests::{guest_image, minivmm_bin, require, Need, NetNs, Vm};
+
+const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
+/// VIRTIO_F_VERSION_1 (virtio 1.1 §6).
+const VERSION_1_BIT: u64 = 1 << 32;
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("minivmm-op-{}-{name}", std::process::id()))
+}
+
+fn s(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+/// Runs minivmm to completion: (exit status, stderr).
+fn run(args: &[String]) -> (Option<i32>, String) {
+    let out = Command::new(minivmm_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running minivmm");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_config_error(args: &[String], want: &str) {
+    let (code, err) = run(args);
+    assert_eq!(code, Some(1), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err}");
+    assert!(err.starts_with("minivmm: error: "), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: want '{want}' in '{err}'");
+}
+
+#[test]
+fn usage_and_config_errors_are_one_line_and_exit_1() {
+    // clap's own errors.
+    assert_config_error(&s(&["--bogus"]), "unexpected argument '--bogus'");
+    assert_config_error(&s(&[]), "required arguments were not provided: --kernel");
+    assert_config_error(
+        &s(&["--kernel", "k", "--mem", "lots"]),
+        "invalid number 'lots'",
+    );
+    assert_config_error(&s(&["--kernel", "k", "--log-level", "loud"]), "loud");
+    // --net.
+    assert_config_error(
+        &s(&["--kernel", "k", "--net", "tap=t0", "--tap", "t0"]),
+        "TAP 't0' is given to two network interfaces",
+    );
+    assert_config_error(
+        &s(&[
+            "--kernel",
+            "k",
+            "--net",
+            "tap=t0,tx_bw_size=1000,tx_bw_refill_time=0",
+        ]),
+        "refill_time must be at least 1 ms",
+    );
+
+    let file = |name: &str, json: &str| {
+        let p = tmp(name);
+        std::fs::write(&p, json).unwrap();
+        p
+    };
+    let boot = r#""boot-source": {"kernel_image_path": "vmlinux"}"#;
+    let iface = |extra: &str| format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0"{extra}}}"#);
+    let cases = [
+        ("json", "{ not json".to_string(), "config file is not valid JSON"),
+        (
+            "unknown-key",
+            format!(r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 128, "turbo": true}}}}"#),
+            "in 'machine-config': unknown field `turbo`",
+        ),
+        (
+            "unknown-section",
+            format!(r#"{{{boot}, "gpu": {{}}}}"#),
+            "unknown section 'gpu'",
+        ),
+        (
+            "vsock",
+            format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "uds_path": "/tmp/v.sock"}}}}"#),
+            "section 'vsock' is not supported by minivmm",
+        ),
+        (
+            "drives",
+            format!(
+                r#"{{{boot}, "drives": [{{"drive_id": "rootfs", "path_on_host": "r.ext4", "is_root_device": true, "is_read_only": false}}]}}"#
+            ),
+            "section 'drives' is not supported by minivmm",
+        ),
+        (
+            "bad-mac",
+            format!(r#"{{{boot}, "network-interfaces": [{}]}}"#, iface(r#", "guest_mac": "06:00:ac:10:00""#)),
+            "invalid MAC address '06:00:ac:10:00'",
+        ),
+        (
+            "zero-refill",
+            format!(
+                r#"{{{boot}, "network-interfaces": [{}]}}"#,
+                iface(r#", "rx_rate_limiter": {"ops": {"size": 100, "refill_time": 0}}"#)
+            ),
+            "network interface 'eth0': rx_rate_limiter: ops bucket: refill_time must be at least 1 ms",
+        ),
+        (
+            "same-tap",
+            format!(
+                r#"{{{boot}, "network-interfaces": [{}, {{"iface_id": "eth1", "host_dev_name": "tap0"}}]}}"#,
+                iface("")
+            ),
+            "TAP 'tap0' is given to two network interfaces",
+        ),
+    ];
+    for (name, json, want) in cases {
+        let p = file(name, &json);
+        assert_config_error(&s(&["--config-file", p.to_str().unwrap()]), want);
+        std::fs::remove_file(&p).unwrap();
+    }
+}
+
+/// A 64-bit ELF "kernel" whose entry point is `hlt; jmp .-1` at 2 MiB: with
+/// interrupts off (as the boot protocol enters) the vCPU halts for good
+/// without using a CPU, so minivmm runs its event loop and nothing else.
+fn halting_kernel() -> PathBuf {
+    const LOAD: u64 = 0x20_0000;
+    const CODE_OFF: u64 = 0x1000;
+    let code = [0xf4u8, 0xeb, 0xfd];
+    let mut f = Vec::new();
+    f.extend_from_slice(b"\x7fELF\x02\x01\x01\x00");
+    f.extend_from_slice(&[0; 8]);
+    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f.extend_from_slice(&0x3eu16.to_le_bytes()); // EM_X86_64
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&LOAD.to_le_bytes()); // e_entry
+    f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
+    f.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
+    f.extend_from_slice(&0u32.to_le_bytes());
+    f.extend_from_slice(&64u16.to_le_bytes()); // e_ehsize
+    f.extend_from_slice(&56u16.to_le_bytes()); // e_phentsize
+    f.extend_from_slice(&1u16.to_le_bytes()); // e_phnum
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    f.extend_from_slice(&5u32.to_le_bytes()); // R X
+    f.extend_from_slice(&CODE_OFF.to_le_bytes());
+    f.extend_from_slice(&LOAD.to_le_bytes()); // p_vaddr
+    f.extend_from_slice(&LOAD.to_le_bytes()); // p_paddr
+    f.extend_from_slice(&(code.len() as u64).to_le_bytes());
+    f.extend_from_slice(&(code.len() as u64).to_le_bytes());
+    f.extend_from_slice(&0x1000u64.to_le_bytes());
+    f.resize(CODE_OFF as usize, 0);
+    f.extend_from_slice(&code);
+    let p = tmp("halt.elf");
+    std::fs::write(&p, f).unwrap();
+    p
+}
+
+/// Arguments for a VM on the halting kernel writing metrics to `metrics`.
+fn halting_vm(kernel: &Path, metrics: &Path, interval: &str) -> Vec<String> {
+    s(&[
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--mem",
+        "64",
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--metrics-interval",
+        interval,
+    ])
+}
+
+fn parse_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l}: {e}")))
+        .collect()
+}
+
+/// Reads a FIFO line by line on a thread (reopening it if a writer closes).
+fn fifo_reader(path: PathBuf) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || loop {
+        let Ok(f) = std::fs::File::open(&path) else {
+            return;
+        };
+        for line in BufReader::new(f).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
+    if !require(
+        "metrics_lines_on_an_interval_on_sigusr1_and_at_exit",
+        &[Need::Kvm],
+    ) {
+        return;
+    }
+    let kernel = halting_kernel();
+
+    // A FIFO, every second; the reader sees whole JSON lines as they come.
+    let fifo = tmp("metrics.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let lines = fifo_reader(fifo.clone());
+    let log = tmp("fifo-run.log");
+    let _ = std::fs::remove_file(&log);
+    let mut args = halting_vm(&kernel, &fifo, "1");
+    args.extend(s(&[
+        "--log-path",
+        log.to_str().unwrap(),
+        "--log-level",
+        "info",
+    ]));
+    let mut vm = Vm::spawn(&args, None).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < 3 && Instant::now() < deadline {
+        if let Ok(l) = lines.recv_timeout(Duration::from_millis(200)) {
+            got.push(l);
+        }
+    }
+    assert!(
+        got.len() >= 3,
+        "{} lines in 20 s\n{}",
+        got.len(),
+        vm.report()
+    );
+    let parsed = parse_lines(&got.join("\n"));
+    for w in parsed.windows(2) {
+        let t = |v: &serde_json::Value| v["utc_timestamp_ms"].as_u64().unwrap();
+        let up = |v: &serde_json::Value| v["vmm"]["uptime_ms"].as_u64().unwrap();
+        let gap = up(&w[1]) - up(&w[0]);
+        assert!((700..=2500).contains(&gap), "interval {gap} ms");
+        assert!(t(&w[1]) >= t(&w[0]));
+        assert!(w[1]["vmm"]["vcpu_exits"]["io_in"].is_u64());
+    }
+    // SIGUSR1 adds a line at once; SIGTERM ends the VM with 0 and a last line.
+    let before = got.len();
+    vm.signal("USR1");
+    vm.signal("TERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(10))
+        .expect("minivmm exits on SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    while let Ok(l) = lines.recv_timeout(Duration::from_millis(500)) {
+        got.push(l);
+    }
+    assert!(got.len() >= before + 2, "no SIGUSR1 and exit lines");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::metadata(&fifo).unwrap().file_type().is_fifo(),
+        "the FIFO was replaced"
+    );
+    // The log went to its file, every line with a timestamp and a level.
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("from start to first vCPU entry"), "{text}");
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        let ts = w.next().unwrap();
+        assert!(ts.len() == 24 && ts.ends_with('Z'), "{line}");
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&w.next().unwrap()),
+            "{line}"
+        );
+    }
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::remove_file(&log).unwrap();
+
+    // A file with interval 0: exactly the SIGUSR1 line and the exit line,
+    // appended after what the file held.
+    let file = tmp("metrics.json");
+    std::fs::write(&file, "").unwrap();
+    let mut vm = Vm::spawn(&halting_vm(&kernel, &file, "0"), None).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "", "no timer line");
+    vm.signal("USR1");
+    std::thread::sleep(Duration::from_millis(300));
+    vm.signal("TERM");
+    let status = vm.wait_exit(Duration::from_secs(10)).expect("exit");
+    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    let lines = parse_lines(&std::fs::read_to_string(&file).unwrap());
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1]["vmm"]["uptime_ms"].as_u64() >= lines[0]["vmm"]["uptime_ms"].as_u64());
+    std::fs::remove_file(&file).unwrap();
+    std::fs::remove_file(&kernel).unwrap();
+}
+
+fn metrics_lines(path: &Path) -> Vec<serde_json::Value> {
+    parse_lines(&std::fs::read_to_string(path).unwrap_or_default())
+}
+
+fn ping(ns: &NetNs, addr: &str) -> String {
+    let out = ns
+        .command("ping")
+        .args(["-c", "3", "-i", "0.5", "-w", "30", addr])
+        .output()
+        .expect("running ping");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn config_file_with_two_nics_and_rate_limiters_boots() {
+    let test = "config_file_with_two_nics_and_rate_limiters_boots";
+    if !require(test, &[Need::Kvm, Need::Root, Need::Tun]) {
+        return;
+    }
+    let img = guest_image();
+    let ns = NetNs::new("op", "tap0", "10.0.2.1/24").unwrap();
+    // The second card's TAP, up, with an address of its own in the namespace.
+    ns.exec_ip(&["tuntap", "add", "dev", "tap1", "mode", "tap"])
+        .unwrap();
+    ns.exec_ip(&["addr", "add", "10.0.3.1/24", "dev", "tap1"])
+        .unwrap();
+    ns.exec_ip(&["link", "set", "tap1", "up"]).unwrap();
+
+    let metrics = tmp("boot-metrics.json");
+    let log = tmp("boot.log");
+    for p in [&metrics, &log] {
+        let _ = std::fs::remove_file(p);
+    }
+    // boot_args is the whole command line, as in Firecracker; the guest
+    // parks after boot (it needs no userspace to answer pings).
+    let config = serde_json::json!({
+        "boot-source": {
+            "kernel_image_path": img.vmlinux,
+            "initrd_path": img.park_initramfs,
+            "boot_args": "console=ttyS0 reboot=k panic=-1 pci=off rdinit=/park \
+                          ip=10.0.2.2::10.0.2.1:255.255.255.0:guest:eth0:off"
+        },
+        "machine-config": { "vcpu_count": 1, "mem_size_mib": 256, "smt": false },
+        "drives": [],
+        "network-interfaces": [
+            {
+                "iface_id": "eth0",
+                "host_dev_name": "tap0",
+                "guest_mac": "06:00:AC:10:00:02",
+                "rx_rate_limiter": {
+                    "bandwidth": { "size": 1_250_000, "one_time_burst": 0, "refill_time": 100 },
+                    "ops": { "size": 1000, "refill_time": 100 }
+                },
+                "tx_rate_limiter": {
+                    "bandwidth": { "size": 1_250_000, "refill_time": 100 }
+                }
+            },
+            {
+                "iface_id": "eth1",
+                "host_dev_name": "tap1",
+                "mtu": 1400,
+                "queue_size": 128,
+                "tx_rate_limiter": { "ops": { "size": 500, "refill_time": 100 } }
+            }
+        ],
+        "metrics": { "metrics_path": metrics, "interval_s": 5 },
+        "logger": { "log_path": log, "level": "Info", "show_level": true },
+        "vsock": null,
+        "balloon": null
+    });
+    let file = tmp("vm.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let mut vm = Vm::spawn(
+        &s(&["--config-file", file.to_str().unwrap()]),
+        Some(&ns.name),
+    )
+    .unwrap();
+
+    let configured = vm.wait_for("ipaddr=10.0.2.2,", BOOT_TIMEOUT);
+    assert!(
+        configured,
+        "the guest did not configure eth0\n{}",
+        vm.report()
+    );
+    eprintln!("{test}: guest configured eth0 after {:.1} s", vm.uptime());
+    let console = vm.console();
+    assert!(
+        console.contains("device=eth0, hwaddr=06:00:ac:10:00:02"),
+        "{}",
+        vm.report()
+    );
+
+    let replies = ping(&ns, "10.0.2.2");
+    eprintln!("{test}: {}", replies.lines().last().unwrap_or(""));
+    assert!(
+        replies.contains(" 0% packet loss") || replies.contains("3 received"),
+        "the guest did not answer on eth0:\n{replies}\n{}",
+        vm.report()
+    );
+
+    vm.signal("USR1");
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = metrics_lines(&metrics);
+    let last = lines.last().expect("a metrics line after SIGUSR1");
+    for id in ["eth0", "eth1"] {
+        let f = last[id]["features_negotiated"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {id} in {last}"));
+        assert_ne!(
+            f & VERSION_1_BIT,
+            0,
+            "{id}: driver did not activate: {f:#x}"
+        );
+    }
+    assert!(last["eth0"]["rx_frames"].as_u64() >= Some(3), "{last}");
+    assert!(last["eth0"]["tx_frames"].as_u64() >= Some(3), "{last}");
+    assert!(
+        last["vmm"]["vcpu_exits"]["mmio_write"].as_u64() > Some(0),
+        "{last}"
+    );
+
+    vm.signal("TERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(20))
+        .expect("minivmm exits on SIGTERM");
+    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    // minivmm says what it added to boot_args: one device word per card.
+    let added = log_text
+        .lines()
+        .find(|l| l.contains("minivmm adds to the kernel command line"))
+        .unwrap_or_else(|| panic!("no command-line note in the log:\n{log_text}"));
+    assert_eq!(added.matches("virtio_mmio.device=").count(), 2, "{added}");
+    for p in [&metrics, &log, &file] {
+        let _ = std::fs::remove_file(p);
+    }
+}

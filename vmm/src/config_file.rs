@@ -1,0 +1,507 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `--config-file`: Firecracker's JSON layout.
+//!
+//! A Firecracker user's file works as written when it uses what minivmm has:
+//! `boot-source`, `machine-config`, `network-interfaces` (with
+//! `rx_rate_limiter`/`tx_rate_limiter`), `metrics` and `logger`; `drives` may
+//! be an empty list and every other Firecracker section may be `null` (as
+//! Firecracker's own example files write them). Anything minivmm does not do,
+//! a non-empty `drives`, a `vsock`, `balloon`, `mmds-config` and so on, or
+//! `smt: true`, is refused with one line naming it rather than ignored, and so
+//! is every unknown key. minivmm's own settings sit beside Firecracker's in
+//! the section they belong to (documented in the README): `host_quirks` in
+//! `machine-config`; `interval_s` in `metrics`; `host_dev_fd`, `queue_size`,
+//! `offloads`, `mrg_rxbuf` and the four weights in each network interface.
+//!
+//! Each section is deserialized on its own (serde, `deny_unknown_fields`) so
+//! that an error names the section it is in.
+
+use std::path::{Path, PathBuf};
+
+use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::config::{parse_level, parse_offloads, ConfigError, HostQuirks, NetSpec, Settings};
+
+/// Errors reading a config file; each names what it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The file cannot be read.
+    #[error("cannot read config file '{0}'")]
+    Read(PathBuf, #[source] std::io::Error),
+    /// The file is not JSON.
+    #[error("config file is not valid JSON")]
+    Json(#[source] serde_json::Error),
+    /// The top level is not an object.
+    #[error("config file: the top level must be a JSON object")]
+    NotObject,
+    /// A section name minivmm (and Firecracker) does not know.
+    #[error("config file: unknown section '{0}'")]
+    UnknownSection(String),
+    /// A Firecracker section minivmm does not implement.
+    #[error("config file: section '{0}' is not supported by minivmm{1}")]
+    Unsupported(String, &'static str),
+    /// A section that does not have the expected shape (unknown key,
+    /// missing field, wrong type).
+    #[error("config file: in '{0}'")]
+    Section(String, #[source] serde_json::Error),
+    /// A value minivmm cannot honour.
+    #[error("config file: {0}: {1}")]
+    Value(String, String),
+}
+
+/// Sections a Firecracker file may carry that minivmm does not implement;
+/// `null` is accepted for each.
+const UNSUPPORTED: &[&str] = &[
+    "balloon",
+    "cpu-config",
+    "entropy",
+    "memory-hotplug",
+    "mmds-config",
+    "pmem",
+    "serial",
+    "vsock",
+];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BootSource {
+    kernel_image_path: PathBuf,
+    initrd_path: Option<PathBuf>,
+    boot_args: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MachineConfig {
+    vcpu_count: u64,
+    mem_size_mib: u64,
+    smt: Option<bool>,
+    track_dirty_pages: Option<bool>,
+    huge_pages: Option<String>,
+    cpu_template: Option<String>,
+    /// minivmm: `auto`, `on` or `off`.
+    host_quirks: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Bucket {
+    size: u64,
+    one_time_burst: Option<u64>,
+    refill_time: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Limiter {
+    bandwidth: Option<Bucket>,
+    ops: Option<Bucket>,
+}
+
+impl From<Limiter> for RateLimiterConfig {
+    fn from(l: Limiter) -> Self {
+        let bucket = |b: Bucket| TokenBucketConfig {
+            size: b.size,
+            one_time_burst: b.one_time_burst.unwrap_or(0),
+            refill_time: b.refill_time,
+        };
+        RateLimiterConfig {
+            bandwidth: l.bandwidth.map(bucket),
+            ops: l.ops.map(bucket),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Interface {
+    iface_id: String,
+    host_dev_name: Option<String>,
+    guest_mac: Option<String>,
+    mtu: Option<u64>,
+    rx_rate_limiter: Option<Limiter>,
+    tx_rate_limiter: Option<Limiter>,
+    // minivmm's own keys.
+    host_dev_fd: Option<i64>,
+    queue_size: Option<u64>,
+    offloads: Option<Vec<String>>,
+    mrg_rxbuf: Option<bool>,
+    tx_weight_bytes: Option<u64>,
+    tx_weight_packets: Option<u64>,
+    rx_weight_bytes: Option<u64>,
+    rx_weight_packets: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Metrics {
+    metrics_path: PathBuf,
+    /// minivmm: seconds between lines.
+    interval_s: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Logger {
+    log_path: Option<PathBuf>,
+    level: Option<String>,
+    /// minivmm always shows the level; accepted for Firecracker files.
+    show_level: Option<bool>,
+    show_log_origin: Option<bool>,
+    module: Option<String>,
+}
+
+fn section<T: DeserializeOwned>(name: &str, v: Value) -> Result<T, FileError> {
+    serde_json::from_value(v).map_err(|e| FileError::Section(name.to_string(), e))
+}
+
+fn unsupported_value(key: &str, why: &str) -> FileError {
+    FileError::Value(key.to_string(), why.to_string())
+}
+
+/// Reads and parses the config file at `path`.
+pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| FileError::Read(path.to_path_buf(), e))?;
+    parse(&text)
+}
+
+/// Parses a config file's text into what it says (no defaults applied).
+pub fn parse(text: &str) -> Result<Settings, ConfigError> {
+    let top: Value = serde_json::from_str(text).map_err(FileError::Json)?;
+    let Value::Object(top) = top else {
+        return Err(FileError::NotObject.into());
+    };
+    let mut s = Settings::default();
+    for (key, value) in top {
+        match key.as_str() {
+            "boot-source" => boot_source(&mut s, value)?,
+            "machine-config" => machine_config(&mut s, value)?,
+            "network-interfaces" => {
+                let list: Vec<Value> = section(&key, value)?;
+                for (i, v) in list.into_iter().enumerate() {
+                    s.nets.push(interface(i, v)?);
+                }
+            }
+            "drives" => match value {
+                Value::Null => {}
+                Value::Array(a) if a.is_empty() => {}
+                _ => {
+                    return Err(FileError::Unsupported(
+                        key,
+                        ": block devices do not exist here (only an empty list is accepted)",
+                    )
+                    .into())
+                }
+            },
+            "metrics" if !value.is_null() => {
+                let m: Metrics = section(&key, value)?;
+                s.metrics_path = Some(m.metrics_path);
+                s.metrics_interval_s = m.interval_s;
+            }
+            "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
+            "metrics" | "logger" => {}
+            k if UNSUPPORTED.contains(&k) => {
+                if !value.is_null() {
+                    return Err(FileError::Unsupported(key, "").into());
+                }
+            }
+            _ => return Err(FileError::UnknownSection(key).into()),
+        }
+    }
+    Ok(s)
+}
+
+fn boot_source(s: &mut Settings, value: Value) -> Result<(), ConfigError> {
+    let b: BootSource = section("boot-source", value)?;
+    s.kernel = Some(b.kernel_image_path);
+    s.initramfs = b.initrd_path;
+    s.boot_args = b.boot_args;
+    Ok(())
+}
+
+fn machine_config(s: &mut Settings, value: Value) -> Result<(), ConfigError> {
+    let m: MachineConfig = section("machine-config", value)?;
+    // Firecracker's defaults are what minivmm does; anything else is not.
+    if m.smt == Some(true) {
+        return Err(unsupported_value("machine-config.smt", "true is not supported").into());
+    }
+    if m.track_dirty_pages == Some(true) {
+        return Err(unsupported_value(
+            "machine-config.track_dirty_pages",
+            "true is not supported (no snapshots)",
+        )
+        .into());
+    }
+    if let Some(h) = m.huge_pages.filter(|h| h != "None") {
+        return Err(unsupported_value(
+            "machine-config.huge_pages",
+            &format!("'{h}' is not supported (only \"None\")"),
+        )
+        .into());
+    }
+    if let Some(t) = m.cpu_template.filter(|t| t != "None") {
+        return Err(unsupported_value(
+            "machine-config.cpu_template",
+            &format!("'{t}' is not supported (only \"None\")"),
+        )
+        .into());
+    }
+    s.vcpus = Some(m.vcpu_count);
+    s.mem_mib = Some(m.mem_size_mib);
+    s.host_quirks = m.host_quirks.map(|q| q.parse::<HostQuirks>()).transpose()?;
+    Ok(())
+}
+
+fn interface(index: usize, value: Value) -> Result<NetSpec, ConfigError> {
+    let name = format!("network-interfaces[{index}]");
+    let i: Interface = section(&name, value)?;
+    let offloads = match i.offloads {
+        Some(list) => Some(
+            parse_offloads(list.iter().map(String::as_str))
+                .map_err(|why| FileError::Value(format!("{name}.offloads"), why))?,
+        ),
+        None => None,
+    };
+    Ok(NetSpec {
+        id: Some(i.iface_id),
+        tap: i.host_dev_name,
+        fd: i.host_dev_fd,
+        mac: i.guest_mac.map(|m| m.parse()).transpose()?,
+        queue_size: i.queue_size,
+        mtu: i.mtu,
+        offloads,
+        mrg_rxbuf: i.mrg_rxbuf,
+        tx_weight_bytes: i.tx_weight_bytes,
+        tx_weight_packets: i.tx_weight_packets,
+        rx_weight_bytes: i.rx_weight_bytes,
+        rx_weight_packets: i.rx_weight_packets,
+        rx_rate_limiter: i.rx_rate_limiter.map(Into::into),
+        tx_rate_limiter: i.tx_rate_limiter.map(Into::into),
+    })
+}
+
+fn logger(s: &mut Settings, l: Logger) -> Result<(), ConfigError> {
+    let _always_shown = l.show_level;
+    s.log_path = l.log_path;
+    s.log_level = l.level.as_deref().map(parse_level).transpose()?;
+    s.log_show_origin = l.show_log_origin;
+    s.log_module = l.module;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{MacAddr, TapBackend};
+    use devices::virtio::net::Offloads;
+    use log::LevelFilter;
+    use serde_json::Map;
+
+    /// The README's complete example.
+    pub const EXAMPLE: &str = r#"{
+      "boot-source": {
+        "kernel_image_path": "vmlinux",
+        "initrd_path": "initramfs.cpio",
+        "boot_args": "console=ttyS0 reboot=k panic=-1 pci=off ip=10.0.2.2::10.0.2.1:255.255.255.0::eth0:off"
+      },
+      "machine-config": { "vcpu_count": 2, "mem_size_mib": 512, "smt": false, "host_quirks": "auto" },
+      "drives": [],
+      "network-interfaces": [
+        {
+          "iface_id": "eth0",
+          "host_dev_name": "tap0",
+          "guest_mac": "06:00:AC:10:00:02",
+          "mtu": 1500,
+          "rx_rate_limiter": {
+            "bandwidth": { "size": 2500000, "one_time_burst": 0, "refill_time": 100 },
+            "ops": { "size": 2000, "refill_time": 100 }
+          },
+          "tx_rate_limiter": { "bandwidth": { "size": 2500000, "refill_time": 100 }, "ops": null }
+        },
+        {
+          "iface_id": "eth1",
+          "host_dev_name": "tap1",
+          "queue_size": 1024,
+          "offloads": ["csum", "tso4", "tso6"],
+          "mrg_rxbuf": true,
+          "tx_weight_packets": 128
+        }
+      ],
+      "metrics": { "metrics_path": "metrics.fifo", "interval_s": 10 },
+      "logger": { "log_path": "minivmm.log", "level": "Info", "show_level": true, "show_log_origin": false },
+      "vsock": null,
+      "balloon": null,
+      "mmds-config": null
+    }"#;
+
+    #[test]
+    fn the_readme_example_parses_into_what_it_says() {
+        let s = parse(EXAMPLE).unwrap();
+        let cfg = s.finish().unwrap();
+        assert_eq!(cfg.kernel, PathBuf::from("vmlinux"));
+        assert_eq!(cfg.initramfs, Some(PathBuf::from("initramfs.cpio")));
+        assert!(cfg.boot_args.as_deref().unwrap().ends_with("eth0:off"));
+        assert_eq!((cfg.vcpus, cfg.mem_mib), (2, 512));
+        assert_eq!(cfg.host_quirks, HostQuirks::Auto);
+        assert_eq!(cfg.nets.len(), 2);
+        let (a, b) = (&cfg.nets[0], &cfg.nets[1]);
+        assert_eq!(a.id, "eth0");
+        assert_eq!(a.tap, TapBackend::Named("tap0".into()));
+        assert_eq!(a.device.mac, MacAddr::DEFAULT.0);
+        assert_eq!(a.device.mtu, Some(1500));
+        let bw = a.device.rx_rate_limiter.bandwidth.unwrap();
+        assert_eq!(
+            (bw.size, bw.one_time_burst, bw.refill_time),
+            (2_500_000, 0, 100)
+        );
+        assert_eq!(a.device.rx_rate_limiter.ops.unwrap().size, 2000);
+        assert!(a.device.tx_rate_limiter.ops.is_none());
+        assert_eq!(b.id, "eth1");
+        assert_eq!(b.device.queue_size, 1024);
+        assert_eq!(
+            b.device.offloads,
+            Offloads {
+                ufo: false,
+                ..Offloads::ALL
+            }
+        );
+        assert_eq!(b.device.tx_weight_packets, 128);
+        assert!(b.device.rx_rate_limiter.is_unlimited());
+        let m = cfg.metrics.unwrap();
+        assert_eq!((m.path, m.interval_s), (PathBuf::from("metrics.fifo"), 10));
+        assert_eq!(cfg.logger.level, LevelFilter::Info);
+        assert_eq!(cfg.logger.path, Some(PathBuf::from("minivmm.log")));
+    }
+
+    /// Firecracker's own test file with a network interface, as it is
+    /// (its rootfs drive removed: minivmm has no block device).
+    #[test]
+    fn a_firecracker_file_works_as_written() {
+        let text = r#"{
+          "boot-source": { "kernel_image_path": "vmlinux.bin", "boot_args": "console=ttyS0 reboot=k panic=1", "initrd_path": null },
+          "drives": [],
+          "machine-config": { "vcpu_count": 2, "mem_size_mib": 1024, "smt": false, "track_dirty_pages": false },
+          "cpu-config": null,
+          "balloon": null,
+          "network-interfaces": [
+            { "iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:c0:a8:00:02",
+              "rx_rate_limiter": null, "tx_rate_limiter": null }
+          ],
+          "vsock": null, "logger": null, "metrics": null, "mmds-config": null, "entropy": null
+        }"#;
+        let cfg = parse(text).unwrap().finish().unwrap();
+        assert_eq!(cfg.nets[0].device.mac, [6, 0, 0xc0, 0xa8, 0, 2]);
+        assert_eq!(
+            cfg.boot_args.as_deref(),
+            Some("console=ttyS0 reboot=k panic=1")
+        );
+        assert_eq!(cfg.metrics, None);
+    }
+
+    #[test]
+    fn every_bad_file_is_one_line_naming_the_problem() {
+        let boot = r#""boot-source": {"kernel_image_path": "k"}"#;
+        let net = |extra: &str| {
+            format!(
+                r#"{{{boot}, "network-interfaces": [{{"iface_id": "a", "host_dev_name": "t0"{extra}}}]}}"#
+            )
+        };
+        let cases: Vec<(String, &str)> = vec![
+            ("{".into(), "not valid JSON"),
+            ("[]".into(), "top level must be a JSON object"),
+            (
+                format!(r#"{{{boot}, "bogus": 1}}"#),
+                "unknown section 'bogus'",
+            ),
+            (
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "uds_path": "v.sock"}}}}"#),
+                "section 'vsock' is not supported",
+            ),
+            (
+                format!(r#"{{{boot}, "mmds-config": {{"network_interfaces": []}}}}"#),
+                "section 'mmds-config' is not supported",
+            ),
+            (
+                format!(r#"{{{boot}, "balloon": {{"amount_mib": 1}}}}"#),
+                "section 'balloon' is not supported",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "drives": [{{"drive_id": "rootfs", "path_on_host": "r.ext4"}}]}}"#
+                ),
+                "section 'drives' is not supported",
+            ),
+            (
+                r#"{"boot-source": {"kernel_image_path": "k", "kernel_args": ""}}"#.to_string(),
+                "in 'boot-source': unknown field `kernel_args`",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "smt": true}}}}"#
+                ),
+                "machine-config.smt: true is not supported",
+            ),
+            (
+                format!(r#"{{{boot}, "machine-config": {{"vcpu_count": 1}}}}"#),
+                "missing field `mem_size_mib`",
+            ),
+            (
+                net(r#", "colour": "red""#),
+                "in 'network-interfaces[0]': unknown field `colour`",
+            ),
+            (
+                net(r#", "guest_mac": "06:00:zz:00:00:01""#),
+                "invalid MAC address '06:00:zz:00:00:01'",
+            ),
+            (
+                net(r#", "tx_rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 0}}"#),
+                "tx_rate_limiter: bandwidth bucket: refill_time must be at least 1 ms",
+            ),
+            (
+                net(r#", "rx_rate_limiter": {"ops": {"size": 10, "refill_time": 10, "burst": 1}}"#),
+                "unknown field `burst`",
+            ),
+            (
+                net(r#", "offloads": ["csum", "gro"]"#),
+                "network-interfaces[0].offloads: unknown offload 'gro'",
+            ),
+            (net(r#", "mtu": 65536"#), "MTU 65536"),
+            (
+                format!(
+                    r#"{{{boot}, "network-interfaces": [{{"iface_id": "a", "host_dev_name": "t0"}}, {{"iface_id": "b", "host_dev_name": "t0"}}]}}"#
+                ),
+                "TAP 't0' is given to two network interfaces",
+            ),
+            (
+                format!(r#"{{{boot}, "logger": {{"level": "Loud"}}}}"#),
+                "invalid log level 'Loud'",
+            ),
+            (
+                format!(r#"{{{boot}, "metrics": {{"path": "m"}}}}"#),
+                "in 'metrics': unknown field `path`",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse(&text).and_then(Settings::finish).unwrap_err();
+            let line = crate::error_line(&err);
+            assert!(line.contains(want), "{text}\ngot '{line}'\nwant '{want}'");
+            assert!(!line.contains('\n'), "{line}");
+        }
+        let missing = load(Path::new("/nonexistent/vm.json")).unwrap_err();
+        assert!(crate::error_line(&missing).contains("cannot read config file"));
+    }
+
+    #[test]
+    fn unsupported_sections_are_the_ones_firecracker_has() {
+        // A null for each is accepted, as Firecracker's own files write them.
+        let mut top = Map::new();
+        for s in UNSUPPORTED {
+            top.insert((*s).to_string(), Value::Null);
+        }
+        let s = parse(&Value::Object(top).to_string()).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+}

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `--metrics`: one JSON object per line, for operators to collect.
+//!
+//! A line is written every `--metrics-interval` seconds (default 60, as
+//! Firecracker flushes; 0 = none on a timer), on SIGUSR1 and at exit:
+//!
+//! ```json
+//! {"utc_timestamp_ms":1764669600123,"vmm":{"uptime_ms":61002,"vcpu_exits":{"io_in":812,...},
+//!  "metrics_lines_dropped":0},"net0":{"rx_frames":...},"net1":{...}}
+//! ```
+//!
+//! `utc_timestamp_ms` is milliseconds since the Unix epoch (Firecracker's
+//! key); `vmm` holds the VMM's own counters; every network card follows under
+//! its id. Unlike Firecracker's, whose counters restart at every flush, every
+//! counter here is cumulative since minivmm started: a reader takes deltas
+//! between lines and a lost line loses nothing. The objects are serde
+//! serializations of the counter structs, so the keys are their field names.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use devices::virtio::net::NetMetrics;
+use serde::Serialize;
+
+use crate::sink::LineSink;
+
+/// How long the exit flush waits for a slow FIFO reader.
+const EXIT_DRAIN: Duration = Duration::from_secs(1);
+
+/// vCPU exits to userspace, by kind (every vCPU together).
+#[derive(Debug, Default, Serialize)]
+pub struct VcpuExits {
+    /// Port reads (`in`).
+    pub io_in: AtomicU64,
+    /// Port writes (`out`).
+    pub io_out: AtomicU64,
+    /// Loads from device (unbacked) addresses.
+    pub mmio_read: AtomicU64,
+    /// Stores to device (unbacked) addresses.
+    pub mmio_write: AtomicU64,
+}
+
+/// The `vmm` object of a line.
+#[derive(Debug, Serialize)]
+struct VmmLine<'a> {
+    uptime_ms: u64,
+    vcpu_exits: &'a VcpuExits,
+    /// Metrics lines a FIFO reader did not take in time.
+    metrics_lines_dropped: u64,
+}
+
+/// One line.
+#[derive(Debug, Serialize)]
+struct Line<'a> {
+    utc_timestamp_ms: u64,
+    vmm: VmmLine<'a>,
+    #[serde(flatten)]
+    nets: BTreeMap<&'a str, serde_json::Value>,
+}
+
+/// The metrics writer: where lines go and what they report.
+#[derive(Debug)]
+pub struct Metrics {
+    sink: LineSink,
+    start: Instant,
+    exits: Arc<VcpuExits>,
+    nets: Vec<(String, Arc<NetMetrics>)>,
+}
+
+impl Metrics {
+    /// Opens the file or FIFO (once, for the life of the process).
+    pub fn open(path: &Path) -> std::io::Result<Metrics> {
+        Ok(Metrics {
+            sink: LineSink::open(path)?,
+            start: Instant::now(),
+            exits: Arc::default(),
+            nets: Vec::new(),
+        })
+    }
+
+    /// Reports `exits` and the cards' counters under their ids, and the
+    /// uptime from `start` (when the process started).
+    pub fn attach(
+        &mut self,
+        exits: Arc<VcpuExits>,
+        nets: Vec<(String, Arc<NetMetrics>)>,
+        start: Instant,
+    ) {
+        self.exits = exits;
+        self.nets = nets;
+        self.start = start;
+    }
+
+    /// The line as it would be written now.
+    pub fn line(&self) -> String {
+        let utc_timestamp_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let line = Line {
+            utc_timestamp_ms,
+            vmm: VmmLine {
+                uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                vcpu_exits: &self.exits,
+                metrics_lines_dropped: self.sink.dropped_lines(),
+            },
+            nets: self
+                .nets
+                .iter()
+                .map(|(id, m)| (id.as_str(), m.to_json()))
+                .collect(),
+        };
+        // Serializing plain structs and counters into a String cannot fail.
+        let mut text = serde_json::to_string(&line).expect("metrics serialize");
+        text.push('\n');
+        text
+    }
+
+    /// Writes one line.
+    pub fn flush(&mut self) {
+        let line = self.line();
+        self.sink.write_line(line.as_bytes());
+    }
+
+    /// Writes the final line and gives a slow FIFO reader a moment to take
+    /// what is pending.
+    pub fn finish(&mut self) {
+        self.flush();
+        self.sink.drain(EXIT_DRAIN);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn lines_carry_time_vmm_and_every_card_by_id() {
+        let p = std::env::temp_dir().join(format!("minivmm-metrics-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let mut m = Metrics::open(&p).unwrap();
+        let exits = Arc::new(VcpuExits::default());
+        let (a, b) = (
+            Arc::new(NetMetrics::default()),
+            Arc::new(NetMetrics::default()),
+        );
+        m.attach(
+            exits.clone(),
+            vec![("net0".into(), a.clone()), ("wan".into(), b.clone())],
+            Instant::now(),
+        );
+        m.flush();
+        exits.io_out.fetch_add(3, Ordering::Relaxed);
+        a.tx_frames.fetch_add(7, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(5));
+        m.flush();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        for l in &lines {
+            let ts = l["utc_timestamp_ms"].as_u64().unwrap();
+            assert!(now - ts < 60_000, "{ts} vs {now}");
+            assert!(l["net0"]["features_negotiated"].is_u64());
+            assert!(l["wan"]["rx_frames"].is_u64());
+            assert!(l["vmm"]["uptime_ms"].is_u64());
+        }
+        // Cumulative: the second line holds the counts since start.
+        assert_eq!(lines[0]["vmm"]["vcpu_exits"]["io_out"], 0);
+        assert_eq!(lines[1]["vmm"]["vcpu_exits"]["io_out"], 3);
+        assert_eq!(lines[1]["net0"]["tx_frames"], 7);
+        assert!(lines[1]["vmm"]["uptime_ms"].as_u64() >= lines[0]["vmm"]["uptime_ms"].as_u64());
+        for key in ["io_in", "io_out", "mmio_read", "mmio_write"] {
+            assert!(lines[1]["vmm"]["vcpu_exits"][key].is_u64(), "{key}");
+        }
+        std::fs::remove_file(&p).unwrap();
+    }
+}

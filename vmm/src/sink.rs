@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A line writer for the log and the metrics: a regular file or a FIFO.
+//!
+//! Operators collect Firecracker's logs and metrics through named pipes, so
+//! the path may be a FIFO. It is opened once, read-write and non-blocking (a
+//! FIFO opened that way needs no reader yet, and the open never blocks) and
+//! kept for the life of the process: never replaced by a file. A regular file
+//! is opened for appending (created if missing).
+//!
+//! Writing must never stall the VMM because a reader is slow or absent: a
+//! line the pipe cannot take now waits in a bounded buffer and goes out with
+//! the next write, ahead of it; whole lines that do not fit the buffer are
+//! dropped and counted. Lines are never interleaved or cut.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Bytes waiting for a slow reader before whole lines are dropped.
+const MAX_PENDING: usize = 1 << 20;
+
+/// A file or FIFO taking whole lines.
+#[derive(Debug)]
+pub struct LineSink {
+    file: File,
+    pending: Vec<u8>,
+    dropped_lines: u64,
+}
+
+impl LineSink {
+    /// Opens `path`: a FIFO as it is, anything else as a file to append to.
+    pub fn open(path: &Path) -> io::Result<LineSink> {
+        let is_fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
+        let file = if is_fifo {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(path)?
+        } else {
+            OpenOptions::new()
+                .append(true)
+                .create(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)?
+        };
+        Ok(LineSink {
+            file,
+            pending: Vec::new(),
+            dropped_lines: 0,
+        })
+    }
+
+    /// Queues `line` (which should end in '\n') and writes as much as the
+    /// file takes without blocking.
+    pub fn write_line(&mut self, line: &[u8]) {
+        if self.pending.len() + line.len() > MAX_PENDING {
+            self.dropped_lines += 1;
+        } else {
+            self.pending.extend_from_slice(line);
+        }
+        // An error other than EAGAIN (EPIPE, EIO) keeps the lines pending;
+        // nothing better can be done with them, and the cap bounds memory.
+        let _ = self.push();
+    }
+
+    /// Writes pending bytes until done or the file would block.
+    fn push(&mut self) -> io::Result<()> {
+        while !self.pending.is_empty() {
+            match self.file.write(&self.pending) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// At exit: keeps trying to hand pending lines to a slow reader for up
+    /// to `timeout`.
+    pub fn drain(&mut self, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while self.push().is_err() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whole lines dropped because a reader did not keep up.
+    pub fn dropped_lines(&self) -> u64 {
+        self.dropped_lines
+    }
+
+    /// Bytes still waiting for the reader.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+/// The logger writes through this: every formatted record is one line.
+impl Write for LineSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_line(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::process::Command;
+
+    fn tmp(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("minivmm-sink-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn a_file_is_appended_to() {
+        let p = tmp("file");
+        std::fs::write(&p, "earlier\n").unwrap();
+        let mut s = LineSink::open(&p).unwrap();
+        s.write_line(b"one\n");
+        s.write_line(b"two\n");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "earlier\none\ntwo\n");
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_stays_a_fifo_and_never_blocks() {
+        let p = tmp("fifo");
+        let _ = std::fs::remove_file(&p);
+        let st = Command::new("mkfifo").arg(&p).status().unwrap();
+        assert!(st.success());
+        // No reader yet: the open does not block.
+        let mut s = LineSink::open(&p).unwrap();
+        let line = vec![b'x'; 1000];
+        let mut line = line;
+        line.push(b'\n');
+        // Far more than the pipe holds: the writer neither blocks nor errs,
+        // lines wait (bounded) and the surplus is counted.
+        for _ in 0..2000 {
+            s.write_line(&line);
+        }
+        assert!(s.pending_bytes() > 0);
+        assert!(s.pending_bytes() <= MAX_PENDING);
+        assert!(s.dropped_lines() > 0);
+        // A reader gets whole lines, in order.
+        let mut reader = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = reader.read(&mut buf).unwrap();
+        assert!(n > 0);
+        assert!(buf[..n].iter().all(|&b| b == b'x' || b == b'\n'));
+        assert!(std::fs::metadata(&p).unwrap().file_type().is_fifo());
+        std::fs::remove_file(&p).unwrap();
+    }
+}
