@@ -47,6 +47,8 @@ use super::{status, ActivateError, GuestMemory, Interrupt, VirtioDevice};
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
 /// Descriptor flag: the buffer is device-writable (virtio 1.1 §2.6.5).
 pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+/// Descriptor flag: the buffer is an indirect table (virtio 1.1 §2.6.5.3).
+pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
 /// Avail ring flag: the driver wants no interrupts (virtio 1.1 §2.6.7).
 pub const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// Used ring flag: the device wants no notifications (virtio 1.1 §2.6.8).
@@ -528,14 +530,88 @@ impl MockDriver {
         if segments.is_empty() {
             return Err(DriverError::EmptyChain);
         }
+        self.add_descs(index, segments.len(), |i| {
+            let s = segments[i];
+            let flags = if s.device_writable {
+                VIRTQ_DESC_F_WRITE
+            } else {
+                0
+            };
+            (s.addr, s.len, flags)
+        })
+    }
+
+    /// [`add_chain`](Self::add_chain) with the segments after the first
+    /// `direct` in an indirect table written at `table` (16 bytes per
+    /// segment; VIRTIO_RING_F_INDIRECT_DESC must be negotiated). The table
+    /// takes one descriptor of the ring; it must stay untouched until the
+    /// chain is used.
+    pub fn add_chain_indirect(
+        &mut self,
+        index: usize,
+        segments: &[Segment],
+        direct: usize,
+        table: GuestAddress,
+    ) -> Result<u16, DriverError> {
+        let direct = direct.min(segments.len());
+        let rest = &segments[direct..];
+        if rest.is_empty() {
+            return self.add_chain(index, segments);
+        }
+        for (i, s) in rest.iter().enumerate() {
+            let mut flags = if s.device_writable {
+                VIRTQ_DESC_F_WRITE
+            } else {
+                0
+            };
+            if i + 1 < rest.len() {
+                flags |= VIRTQ_DESC_F_NEXT;
+            }
+            let next = if i + 1 < rest.len() { i as u16 + 1 } else { 0 };
+            self.mem.write_slice(
+                &desc_bytes(s.addr, s.len, flags, next),
+                table.unchecked_add(16 * i as u64),
+            )?;
+        }
+        // A table too long for the field is one the device refuses anyway.
+        let len = u32::try_from(16 * rest.len()).unwrap_or(u32::MAX);
+        self.add_descs(index, direct + 1, |i| {
+            if i < direct {
+                let s = segments[i];
+                let flags = if s.device_writable {
+                    VIRTQ_DESC_F_WRITE
+                } else {
+                    0
+                };
+                (s.addr, s.len, flags)
+            } else {
+                (table, len, VIRTQ_DESC_F_INDIRECT)
+            }
+        })
+    }
+
+    /// The head the next chain of queue `index` will get (the descriptor
+    /// the driver hands out next), if any is free.
+    pub fn next_head(&self, index: usize) -> Option<u16> {
+        self.queue(index).ok()?.free.last().copied()
+    }
+
+    /// Writes `n` descriptors `desc(0..n)` (address, length, flags; NEXT is
+    /// added) from the free list and puts the head in the next avail slot.
+    fn add_descs(
+        &mut self,
+        index: usize,
+        n: usize,
+        desc: impl Fn(usize) -> (GuestAddress, u32, u16),
+    ) -> Result<u16, DriverError> {
         // Borrow the fields apart: cloning `mem` would allocate on every
         // chain, which the benchmark harness would then measure.
         let mem = &self.mem;
         let q = queue_in(&mut self.queues, index)?;
-        let Some(&head) = q.free.last().filter(|_| q.free.len() >= segments.len()) else {
+        let Some(&head) = q.free.last().filter(|_| q.free.len() >= n) else {
             return Err(DriverError::NoFreeDescriptors {
                 queue: index,
-                needed: segments.len(),
+                needed: n,
                 free: q.free.len(),
             });
         };
@@ -543,25 +619,16 @@ impl MockDriver {
         // steady-state submission does not allocate.
         let mut chain = std::mem::take(&mut q.chains[usize::from(head)]);
         chain.clear();
-        for _ in segments {
+        for _ in 0..n {
             chain.extend(q.free.pop());
         }
-        for (i, (seg, &d)) in segments.iter().zip(&chain).enumerate() {
+        for (i, &d) in chain.iter().enumerate() {
             let next = chain.get(i + 1).copied();
-            let mut flags = if seg.device_writable {
-                VIRTQ_DESC_F_WRITE
-            } else {
-                0
-            };
+            let (addr, len, mut flags) = desc(i);
             if next.is_some() {
                 flags |= VIRTQ_DESC_F_NEXT;
             }
-            // struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }
-            let mut raw = [0u8; 16];
-            raw[0..8].copy_from_slice(&seg.addr.raw_value().to_le_bytes());
-            raw[8..12].copy_from_slice(&seg.len.to_le_bytes());
-            raw[12..14].copy_from_slice(&flags.to_le_bytes());
-            raw[14..16].copy_from_slice(&next.unwrap_or(0).to_le_bytes());
+            let raw = desc_bytes(addr, len, flags, next.unwrap_or(0));
             if let Err(e) = mem.write_slice(&raw, q.layout.desc_addr(d)) {
                 // Give the descriptors back so the queue stays consistent.
                 q.free.extend(chain.drain(..).rev());
@@ -708,6 +775,16 @@ impl MockDriver {
     pub fn take_irq_count(&self) -> u64 {
         self.transport.interrupt_evt().read().unwrap_or(0)
     }
+}
+
+/// `struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }`
+fn desc_bytes(addr: GuestAddress, len: u32, flags: u16, next: u16) -> [u8; 16] {
+    let mut raw = [0u8; 16];
+    raw[0..8].copy_from_slice(&addr.raw_value().to_le_bytes());
+    raw[8..12].copy_from_slice(&len.to_le_bytes());
+    raw[12..14].copy_from_slice(&flags.to_le_bytes());
+    raw[14..16].copy_from_slice(&next.to_le_bytes());
+    raw
 }
 
 fn queue_in(
@@ -1042,6 +1119,44 @@ mod tests {
             }]
         );
         assert!(drv.used(1).unwrap().is_empty());
+        assert_eq!(drv.free_descriptors(1).unwrap(), 8);
+    }
+
+    #[test]
+    fn indirect_chain_reaches_device_and_frees_one_ring_descriptor() {
+        let mem = guest_memory(1 << 20).unwrap();
+        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        dev.lock().unwrap().avail_features |= 1 << 28;
+        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
+        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
+        drv.init_with_queue_size(1 << 32 | 1 << 28, Some(8))
+            .unwrap();
+
+        let bufs: Vec<GuestAddress> = (0..4).map(|_| drv.alloc(64, 8).unwrap()).collect();
+        let table = drv.alloc(48, 16).unwrap();
+        let segs = [
+            Segment::readable(bufs[0], 12),
+            Segment::readable(bufs[1], 20),
+            Segment::readable(bufs[2], 0),
+            Segment::readable(bufs[3], 30),
+        ];
+        assert_eq!(drv.next_head(1), Some(0));
+        let head = drv.add_chain_indirect(1, &segs, 1, table).unwrap();
+        assert_eq!(head, 0);
+        drv.publish(1).unwrap();
+        // One direct descriptor and the one pointing to the table.
+        assert_eq!(drv.free_descriptors(1).unwrap(), 6);
+        assert_eq!(drv.next_head(1), Some(2));
+
+        let d = dev.lock().unwrap();
+        let q = &mut oracle(&d.queues[1]);
+        let chain = q.iter(&mem).unwrap().next().unwrap();
+        let got: Vec<_> = chain.clone().map(|d| (d.addr(), d.len())).collect();
+        let want: Vec<_> = segs.iter().map(|s| (s.addr, s.len)).collect();
+        assert_eq!(got, want);
+        q.add_used(&mem, chain.head_index(), 0).unwrap();
+        drop(d);
+        assert_eq!(drv.used(1).unwrap().len(), 1);
         assert_eq!(drv.free_descriptors(1).unwrap(), 8);
     }
 
