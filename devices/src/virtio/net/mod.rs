@@ -44,6 +44,8 @@ pub mod metrics;
 #[cfg(test)]
 mod robustness;
 pub mod rxtx;
+#[cfg(test)]
+mod soak;
 pub mod tap;
 #[cfg(test)]
 mod test_driver;
