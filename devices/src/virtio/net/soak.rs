@@ -60,7 +60,7 @@ impl Rng {
     }
 
     fn chance(&mut self, one_in: u64) -> bool {
-        self.next() % one_in == 0
+        self.next().checked_rem(one_in) == Some(0)
     }
 }
 
