@@ -77,6 +77,41 @@ pub fn guest_userspace_runs() -> bool {
     !Path::new("/sys/module/kvm_pvm").exists()
 }
 
+/// A 64-bit ELF "kernel" whose entry point is `hlt; jmp .-1` at 2 MiB: with
+/// interrupts off (as the boot protocol enters) the vCPU halts for good
+/// without using a CPU, so minivmm runs its event loop and nothing else.
+/// Written to `path` (no guest boot: a VM on it is up in a second).
+pub fn write_halting_kernel(path: &Path) -> std::io::Result<()> {
+    const LOAD: u64 = 0x20_0000;
+    const CODE_OFF: u64 = 0x1000;
+    let code = [0xf4u8, 0xeb, 0xfd];
+    let mut f = Vec::new();
+    f.extend_from_slice(b"\x7fELF\x02\x01\x01\x00");
+    f.extend_from_slice(&[0; 8]);
+    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f.extend_from_slice(&0x3eu16.to_le_bytes()); // EM_X86_64
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&LOAD.to_le_bytes()); // e_entry
+    f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
+    f.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
+    f.extend_from_slice(&0u32.to_le_bytes());
+    f.extend_from_slice(&64u16.to_le_bytes()); // e_ehsize
+    f.extend_from_slice(&56u16.to_le_bytes()); // e_phentsize
+    f.extend_from_slice(&1u16.to_le_bytes()); // e_phnum
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    f.extend_from_slice(&5u32.to_le_bytes()); // R X
+    f.extend_from_slice(&CODE_OFF.to_le_bytes());
+    f.extend_from_slice(&LOAD.to_le_bytes()); // p_vaddr
+    f.extend_from_slice(&LOAD.to_le_bytes()); // p_paddr
+    f.extend_from_slice(&(code.len() as u64).to_le_bytes());
+    f.extend_from_slice(&(code.len() as u64).to_le_bytes());
+    f.extend_from_slice(&0x1000u64.to_le_bytes());
+    f.resize(CODE_OFF as usize, 0);
+    f.extend_from_slice(&code);
+    std::fs::write(path, f)
+}
+
 /// Runs `cargo build --release` for one package and returns the path of `bin`.
 fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

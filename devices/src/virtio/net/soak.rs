@@ -159,6 +159,7 @@ struct Soak {
     rng: Rng,
     mrg: bool,
     gso: bool,
+    event_idx: bool,
     /// Guest address of each descriptor slot's memory.
     slot_base: [u64; 2],
     /// RX: the buffers of each outstanding chain, by head.
@@ -209,6 +210,7 @@ impl Soak {
             rng: Rng(seed | 1),
             mrg: features & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0,
             gso: features & GUEST_GSO == GUEST_GSO,
+            event_idx: features & RING_EVENT_IDX != 0,
             slot_base,
             rx_bufs: vec![None; usize::from(QUEUE_SIZE)],
             tx_seq: vec![None; usize::from(QUEUE_SIZE)],
@@ -493,6 +495,14 @@ impl Soak {
             let _ = self.drv.take_irq_count();
             self.take_rx();
             self.take_tx();
+            if self.event_idx {
+                // As Linux re-enables callbacks: an interrupt for the next
+                // used entry.
+                for q in [RX_INDEX, TX_INDEX] {
+                    let seen = self.drv.used_idx(q).unwrap();
+                    self.drv.set_used_event(q, seen).unwrap();
+                }
+            }
             if self.rx_got + self.tx_got >= next_tick {
                 tick(self);
                 next_tick += 1 << 16;
@@ -529,6 +539,8 @@ fn assert_clean(s: &Soak, what: &str) {
     assert_eq!(m["rx_frames"], s.rx_got, "{what}");
     assert_eq!(m["tx_frames"], s.tx_got, "{what}");
     assert_eq!(m["rx_buffers"], s.rx_chains, "{what}");
+    // The driver asks for interrupts (EVENT_IDX: for the next used entry).
+    assert!(m["interrupts"].as_u64() > Some(0), "{what}: {m}");
 }
 
 /// Frames each way in the short soaks (`SOAK_SHORT_FRAMES` overrides).
