@@ -15,12 +15,12 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::NetMetrics;
 use super::rxtx::{RxVirtio, TxVirtio};
-use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use super::tap::{self, NetBackend, Tap, TapError};
 use super::{
     warn_rate_limited, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX,
     TX_INDEX, VNET_HDR_LEN,
 };
+use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 

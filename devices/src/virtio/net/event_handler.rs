@@ -66,7 +66,7 @@ pub const PROCESS_TX_RATE_LIMITER: u32 = 7;
 #[derive(Debug, Default)]
 pub(crate) struct Registered {
     /// Queue and re-queue eventfds.
-    queues: bool,
+    pub(crate) queues: bool,
     /// Interest registered for the backend fd, if any.
     pub(crate) backend: Option<EventSet>,
     /// The backend hung up (a socket peer closed); it is not polled again
@@ -109,9 +109,8 @@ impl<B: NetBackend> Net<B> {
         if a.rx_deferred || a.rx.starved_since().is_some() || throttled(&self.rx_limiter) {
             return None;
         }
-        let status = a
-            .rx
-            .process(fd, self.rx_limiter.as_mut(), &self.metrics, &*a.interrupt);
+        let status =
+            a.rx.process(fd, self.rx_limiter.as_mut(), &self.metrics, &*a.interrupt);
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
@@ -319,8 +318,16 @@ impl<B: NetBackend> Net<B> {
         // The timers follow the limiters whatever the activation state: one
         // armed before a reset still has to unblock its limiter.
         let timers = [
-            (&self.rx_limiter, &mut self.registered.rx_timer, PROCESS_RX_RATE_LIMITER),
-            (&self.tx_limiter, &mut self.registered.tx_timer, PROCESS_TX_RATE_LIMITER),
+            (
+                &self.rx_limiter,
+                &mut self.registered.rx_timer,
+                PROCESS_RX_RATE_LIMITER,
+            ),
+            (
+                &self.tx_limiter,
+                &mut self.registered.tx_timer,
+                PROCESS_TX_RATE_LIMITER,
+            ),
         ];
         for (limiter, registered, token) in timers {
             let want = throttled(limiter);
@@ -332,7 +339,9 @@ impl<B: NetBackend> Net<B> {
                 };
                 if let Err(e) = res {
                     NetMetrics::inc(&self.metrics.host_errors);
-                    log::error!("virtio-net: cannot update epoll registration of a rate limiter timer: {e}");
+                    log::error!(
+                        "virtio-net: cannot update epoll registration of a rate limiter timer: {e}"
+                    );
                 }
                 *registered = want;
             }

@@ -60,11 +60,11 @@ use std::time::Instant;
 use super::iov;
 use super::metrics::NetMetrics;
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
+use crate::rate_limiter::{RateLimiter, RateLimiterError};
 pub use crate::virtio::queue::ChainError;
 use crate::virtio::queue::{
     Budget, Chain, ChainRules, IoSeg, Notify, QueueError, SplitQueue, IOV_MAX, MAX_CHAIN_SEGS,
 };
-use crate::rate_limiter::{RateLimiter, RateLimiterError};
 use crate::virtio::Interrupt;
 
 /// Largest TX chain accepted: a 64 KiB GSO frame plus the vnet header.
@@ -710,7 +710,11 @@ impl TxVirtio {
     ) -> Result<(), TxStatus> {
         if let (false, Some(l)) = (p.paid, limiter) {
             let frame = (p.len - VNET_HDR_LEN) as u64;
-            if !admitted(l.consume(frame), &metrics.tx_rate_limiter_throttled, metrics) {
+            if !admitted(
+                l.consume(frame),
+                &metrics.tx_rate_limiter_throttled,
+                metrics,
+            ) {
                 metrics.tx_throttled_ns.start();
                 self.pending = Some(p);
                 return Err(TxStatus::Throttled);
