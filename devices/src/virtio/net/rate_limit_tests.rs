@@ -169,8 +169,8 @@ fn test_tx_ops_limit_sleeps_between_frames() {
 
 #[test]
 fn test_rx_bandwidth_limit_stops_reading_the_backend() {
-    // 3000 bytes per 30 ms: 100 bytes per ms.
-    let mut h = Harness::new(rx_limited(bw(3000, 30)), MRG_FEATURES);
+    // 2500 bytes per 25 ms: 100 bytes per ms.
+    let mut h = Harness::new(rx_limited(bw(2500, 25)), MRG_FEATURES);
     let bufs = h.post_rx(&[1526; 8]);
     h.kick_rx();
     let frames: Vec<Vec<u8>> = (0..6).map(|i| frame(12 + 1000, i)).collect();
@@ -179,8 +179,9 @@ fn test_rx_bandwidth_limit_stops_reading_the_backend() {
     }
     let start = Instant::now();
     h.run_until_idle();
-    // The bucket pays for three frames and is empty: the fourth is not
-    // read, and the backend fd is out of the epoll set.
+    // The third frame is admitted on the 500 bytes left and leaves a debt
+    // of 500 (5 ms): the fourth is not read, and the backend fd is out of
+    // the epoll set.
     assert_eq!(h.metric(|m| &m.rx_frames), 3);
     assert!(rx_throttled(&h));
     assert_eq!(h.dev().registered.backend, None);
@@ -188,10 +189,10 @@ fn test_rx_bandwidth_limit_stops_reading_the_backend() {
     assert_eq!(h.metric(|m| &m.rx_dropped), 0);
 
     run_until(&mut h, |h| h.metric(|m| &m.rx_frames) == 6);
-    // The 4th frame is admitted on the first token and leaves a debt of
-    // about 1000 bytes (10 ms) for each of the next two.
+    // Each of the last three waits for the debt of the one before: 5, 10
+    // and 10 ms.
     let elapsed = start.elapsed();
-    assert!(elapsed >= Duration::from_millis(19), "{elapsed:?}");
+    assert!(elapsed >= Duration::from_millis(24), "{elapsed:?}");
     let used = h.rxq.take_used(&h.mem);
     assert_eq!(used.len(), 6);
     for (i, f) in frames.iter().enumerate() {
