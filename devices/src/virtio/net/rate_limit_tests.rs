@@ -15,7 +15,7 @@ use event_manager::EventSet;
 use vm_memory::GuestAddress;
 
 use super::test_driver::*;
-use super::{Net, NetConfig, NetError, SeqPacket};
+use super::{Net, NetConfig, NetError, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::rate_limiter::{RateLimiterConfig, RateLimiterError, TokenBucketConfig};
 use crate::virtio::VirtioDevice;
 
@@ -77,33 +77,59 @@ fn collect_tx(h: &mut Harness, n: usize, mut got: Vec<Vec<u8>>) -> (Vec<Vec<u8>>
     (got, events)
 }
 
-/// Whether the TX limiter is blocked; checks that its timer is registered
-/// exactly then.
-fn tx_throttled(h: &Harness) -> bool {
+/// Whether the limiter of queue `dir` is blocked; checks that its timer is
+/// registered exactly then.
+fn throttled(h: &Harness, dir: usize) -> bool {
     let dev = h.dev();
-    let blocked = dev.tx_limiter.as_ref().is_some_and(|l| l.is_blocked());
-    assert_eq!(
-        dev.registered.tx_timer, blocked,
-        "timer registered iff throttled"
-    );
+    let (limiter, registered) = if dir == TX_INDEX {
+        (&dev.tx_limiter, dev.registered.tx_timer)
+    } else {
+        (&dev.rx_limiter, dev.registered.rx_timer)
+    };
+    let blocked = limiter.as_ref().is_some_and(|l| l.is_blocked());
+    assert_eq!(registered, blocked, "timer registered iff throttled");
     blocked
 }
 
-/// Whether the RX limiter is blocked; checks that its timer is registered
-/// exactly then.
+fn tx_throttled(h: &Harness) -> bool {
+    throttled(h, TX_INDEX)
+}
+
 fn rx_throttled(h: &Harness) -> bool {
-    let dev = h.dev();
-    let blocked = dev.rx_limiter.as_ref().is_some_and(|l| l.is_blocked());
-    assert_eq!(
-        dev.registered.rx_timer, blocked,
-        "timer registered iff throttled"
-    );
-    blocked
+    throttled(h, RX_INDEX)
 }
 
 /// Whether a TX chain is held back by the limiter.
 fn tx_chain_pending(h: &Harness) -> bool {
     h.dev().active.as_ref().is_some_and(|a| a.tx.is_throttled())
+}
+
+/// A device allowed one TX frame per `period_ms` that has sent the first of
+/// two frames and holds the second back.
+fn tx_second_frame_held(period_ms: u64) -> Harness {
+    let mut h = Harness::new(tx_limited(ops(1, period_ms)), MRG_FEATURES);
+    h.post_tx(&frame(12 + 64, 1), &[]);
+    h.post_tx(&frame(12 + 64, 2), &[]);
+    h.kick_tx();
+    h.run_until_idle();
+    assert_eq!(h.peer_frames().len(), 1);
+    assert!(tx_throttled(&h));
+    h
+}
+
+/// A device allowed one RX frame per `period_ms`, with `bufs` buffers
+/// posted, that has delivered the first of two frames and leaves the
+/// second in the backend.
+fn rx_second_frame_held(period_ms: u64, bufs: usize) -> Harness {
+    let mut h = Harness::new(rx_limited(ops(1, period_ms)), MRG_FEATURES);
+    h.post_rx(&vec![1526; bufs]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 64, 1)).unwrap();
+    h.peer.send(&frame(12 + 64, 2)).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    assert!(rx_throttled(&h));
+    h
 }
 
 #[test]
@@ -291,12 +317,7 @@ fn test_throttled_rx_neither_spins_nor_blocks_tx() {
 #[test]
 fn test_the_timer_alone_wakes_the_device() {
     // TX: one frame per 50 ms.
-    let mut h = Harness::new(tx_limited(ops(1, 50)), MRG_FEATURES);
-    h.post_tx(&frame(12 + 64, 1), &[]);
-    h.post_tx(&frame(12 + 64, 2), &[]);
-    h.kick_tx();
-    h.run_until_idle();
-    assert_eq!(h.peer_frames().len(), 1);
+    let mut h = tx_second_frame_held(50);
     let start = Instant::now();
     // One event, the timer, about 50 ms later; it sends the frame.
     assert_eq!(h.run_once(1000), 1);
@@ -307,13 +328,7 @@ fn test_the_timer_alone_wakes_the_device() {
     assert!(!tx_throttled(&h));
 
     // RX likewise: the second frame is read when the timer fires.
-    let mut h = Harness::new(rx_limited(ops(1, 50)), MRG_FEATURES);
-    h.post_rx(&[1526; 3]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 64, 1)).unwrap();
-    h.peer.send(&frame(12 + 64, 2)).unwrap();
-    h.run_until_idle();
-    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    let mut h = rx_second_frame_held(50, 3);
     let start = Instant::now();
     assert_eq!(h.run_once(1000), 1);
     assert!(start.elapsed() >= Duration::from_millis(40));
@@ -330,11 +345,7 @@ fn test_the_timer_alone_wakes_the_device() {
 
 #[test]
 fn test_metrics_show_throttling_in_progress_and_done() {
-    let mut h = Harness::new(tx_limited(ops(1, 60)), MRG_FEATURES);
-    h.post_tx(&frame(12 + 64, 1), &[]);
-    h.post_tx(&frame(12 + 64, 2), &[]);
-    h.kick_tx();
-    h.run_until_idle();
+    let mut h = tx_second_frame_held(60);
     std::thread::sleep(Duration::from_millis(20));
     // A metrics line written now already counts the wait in progress.
     let json = h.metrics.to_json();
@@ -379,13 +390,7 @@ fn test_throttling_counts_no_weight_hit() {
 
 #[test]
 fn test_tx_reset_while_throttled_leaves_nothing_stuck() {
-    let mut h = Harness::new(tx_limited(ops(1, 50)), MRG_FEATURES);
-    h.post_tx(&frame(12 + 64, 1), &[]);
-    h.post_tx(&frame(12 + 64, 2), &[]);
-    h.kick_tx();
-    h.run_until_idle();
-    assert_eq!(h.peer_frames().len(), 1);
-    assert!(h.dev().registered.tx_timer);
+    let mut h = tx_second_frame_held(50);
 
     h.dev().reset();
     h.run_until_idle();
@@ -413,14 +418,7 @@ fn test_tx_reset_while_throttled_leaves_nothing_stuck() {
 
 #[test]
 fn test_rx_reset_while_throttled_leaves_nothing_stuck() {
-    let mut h = Harness::new(rx_limited(ops(1, 50)), MRG_FEATURES);
-    h.post_rx(&[1526; 2]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 64, 1)).unwrap();
-    h.peer.send(&frame(12 + 64, 2)).unwrap();
-    h.run_until_idle();
-    assert_eq!(h.metric(|m| &m.rx_frames), 1);
-    assert!(rx_throttled(&h));
+    let mut h = rx_second_frame_held(50, 2);
 
     h.dev().reset();
     h.run_until_idle();
