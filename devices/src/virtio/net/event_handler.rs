@@ -39,7 +39,7 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Active, Net};
-use super::metrics::NetMetrics;
+use super::metrics::{NetMetrics, TimeCounter};
 use super::rxtx::{RxStatus, TxStatus};
 use super::tap::NetBackend;
 use super::{warn_rate_limited, RX_INDEX, TX_INDEX};
@@ -281,6 +281,50 @@ impl<B: NetBackend> Net<B> {
         }
     }
 
+    /// Registers a limiter's timerfd while the limiter is blocked, and only
+    /// then. A timer that cannot be registered would never end the wait, so
+    /// the limiter gives the wait up (counted as a host error) and the
+    /// direction is re-queued to retry the frame: an epoll failure may cost
+    /// retries until the frame fits, never a direction stopped for good.
+    fn sync_timer(
+        ops: &mut EventOps,
+        (limiter, registered): (&mut Option<RateLimiter>, &mut bool),
+        token: u32,
+        throttled_ns: &TimeCounter,
+        requeue: &EventFd,
+        metrics: &NetMetrics,
+    ) {
+        let Some(l) = limiter.as_mut() else {
+            return;
+        };
+        let want = l.is_blocked();
+        if want == *registered {
+            return;
+        }
+        let res = if want {
+            ops.add(Events::with_data(l, token, EventSet::IN))
+        } else {
+            ops.remove(Events::empty(l))
+        };
+        match res {
+            Ok(()) => *registered = want,
+            Err(e) => {
+                NetMetrics::inc(&metrics.host_errors);
+                log::error!(
+                    "virtio-net: cannot update epoll registration of a rate limiter timer: {e}"
+                );
+                if want {
+                    l.on_timer();
+                    throttled_ns.stop();
+                    Self::signal(requeue, metrics, "re-queue");
+                } else {
+                    // Still registered; a stray expiry is harmless.
+                    *registered = true;
+                }
+            }
+        }
+    }
+
     /// Brings the epoll registrations in line with the device state.
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.active.as_ref().is_some_and(|a| a.started);
@@ -317,35 +361,23 @@ impl<B: NetBackend> Net<B> {
 
         // The timers follow the limiters whatever the activation state: one
         // armed before a reset still has to unblock its limiter.
-        let timers = [
-            (
-                &self.rx_limiter,
-                &mut self.registered.rx_timer,
-                PROCESS_RX_RATE_LIMITER,
-            ),
-            (
-                &self.tx_limiter,
-                &mut self.registered.tx_timer,
-                PROCESS_TX_RATE_LIMITER,
-            ),
-        ];
-        for (limiter, registered, token) in timers {
-            let want = throttled(limiter);
-            if let (Some(l), true) = (limiter, want != *registered) {
-                let res = if want {
-                    ops.add(Events::with_data(l, token, EventSet::IN))
-                } else {
-                    ops.remove(Events::empty(l))
-                };
-                if let Err(e) = res {
-                    NetMetrics::inc(&self.metrics.host_errors);
-                    log::error!(
-                        "virtio-net: cannot update epoll registration of a rate limiter timer: {e}"
-                    );
-                }
-                *registered = want;
-            }
-        }
+        let m = &*self.metrics;
+        Self::sync_timer(
+            ops,
+            (&mut self.rx_limiter, &mut self.registered.rx_timer),
+            PROCESS_RX_RATE_LIMITER,
+            &m.rx_throttled_ns,
+            &self.rx_requeue_evt,
+            m,
+        );
+        Self::sync_timer(
+            ops,
+            (&mut self.tx_limiter, &mut self.registered.tx_timer),
+            PROCESS_TX_RATE_LIMITER,
+            &m.tx_throttled_ns,
+            &self.tx_requeue_evt,
+            m,
+        );
     }
 }
 
