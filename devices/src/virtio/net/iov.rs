@@ -32,7 +32,9 @@ fn cvt(ret: isize) -> io::Result<usize> {
 
 /// One `readv` from `fd` into `segs[from..]` and then `tail` (a host buffer
 /// used to detect frames longer than the guest buffers). `segs` is restored
-/// before returning.
+/// before returning. Inlined into the RX pass, where the push and pop fold
+/// away (out of line they cost about 30 instructions per frame).
+#[inline]
 pub(crate) fn readv(
     fd: RawFd,
     segs: &mut Vec<IoSeg>,

@@ -38,6 +38,8 @@ pub mod event_handler;
 mod iov;
 pub mod metrics;
 #[cfg(test)]
+mod rate_limit_tests;
+#[cfg(test)]
 mod robustness;
 pub mod rxtx;
 pub mod tap;
