@@ -181,7 +181,23 @@ impl TokenBucket {
     /// at `now_ns`), at least 1 when they do not fit now.
     fn wait_ns(&self, tokens: u64, now_ns: u64) -> u64 {
         let want = i128::from(tokens.min(self.size));
-        let missing = want - i128::from(self.burst) - self.budget;
+        self.until(want - i128::from(self.burst) - self.budget, now_ns)
+    }
+
+    /// Nanoseconds from `now_ns` until the budget is full again (after
+    /// [`Self::refill`] at `now_ns`); 0 when it is full. From then on the
+    /// bucket earns nothing: waiting longer loses tokens.
+    fn full_in_ns(&self, now_ns: u64) -> u64 {
+        let missing = i128::from(self.size) - self.budget;
+        if missing <= 0 {
+            return 0;
+        }
+        self.until(missing, now_ns)
+    }
+
+    /// Nanoseconds from `now_ns` until `missing` more tokens are earned, at
+    /// least 1.
+    fn until(&self, missing: i128, now_ns: u64) -> u64 {
         if missing <= 0 {
             return 1;
         }
@@ -293,7 +309,29 @@ impl Limiter {
     pub fn is_unlimited(&self) -> bool {
         self.bandwidth.is_none() && self.ops.is_none()
     }
+
+    /// When to wake a caller told to wait `wait_ns` at `now_ns`: not before
+    /// the frame fits, and not before [`MIN_WAKE_NS`] either unless a
+    /// bucket fills up sooner (a full bucket earns nothing, so sleeping past
+    /// that would lower the rate). A flood far above the limit then wakes
+    /// the device about once a millisecond for a batch of frames, rather
+    /// than once per frame, and the long-run rate is unchanged.
+    pub fn wake_after_ns(&mut self, wait_ns: u64, now_ns: u64) -> u64 {
+        let mut full_in = u64::MAX;
+        for b in [&mut self.bandwidth, &mut self.ops].into_iter().flatten() {
+            b.refill(now_ns);
+            match b.full_in_ns(now_ns) {
+                0 => {}
+                ns => full_in = full_in.min(ns),
+            }
+        }
+        wait_ns.max(MIN_WAKE_NS.min(full_in))
+    }
 }
+
+/// The shortest sleep of a throttled limiter, unless a bucket fills sooner:
+/// 1 ms, a thousand wake-ups per second at most under a flood.
+pub const MIN_WAKE_NS: u64 = NS_PER_MS;
 
 /// A [`Limiter`] on the monotonic clock with the timerfd that wakes the
 /// device's event loop once a blocked frame fits.
@@ -301,21 +339,23 @@ impl Limiter {
 /// Protocol for the device: TX calls [`RateLimiter::consume`] with the frame
 /// size before writing each chain; RX, which learns a frame's size only by
 /// reading it, calls [`RateLimiter::admit`] before each read and
-/// [`RateLimiter::charge`] after it. On `false` the frame must wait (TX leaves
-/// the chain in the ring, RX stops reading the backend) until epoll reports
+/// [`RateLimiter::charge`] after it. On `false` the frame must wait (TX keeps
+/// the chain, RX stops reading the backend) until epoll reports
 /// [`RateLimiter::as_raw_fd`] readable; then call [`RateLimiter::on_timer`]
-/// and retry. While blocked,
-/// `consume` refuses without looking at the buckets, so a caller that retries
-/// early cannot spin.
+/// and retry. While blocked, `consume` and `admit` refuse without looking at
+/// the buckets or the timer, so a caller that retries early cannot spin.
+///
+/// System calls, for a seccomp filter: `timerfd_create` and `fcntl` in
+/// [`RateLimiter::new`]; `timerfd_settime` when a frame is refused, `read`
+/// in [`RateLimiter::on_timer`], both on the event-loop thread;
+/// `clock_gettime(CLOCK_MONOTONIC)` on every call (normally answered by the
+/// vDSO without a system call); `close` on drop.
 #[derive(Debug)]
 pub struct RateLimiter {
     limiter: Limiter,
     timer: TimerFd,
     epoch: Instant,
-    /// Since when (ns on `epoch`) the limiter is blocked, if it is.
-    blocked_since: Option<u64>,
-    throttled_events: u64,
-    throttled_ns: u64,
+    blocked: bool,
 }
 
 impl RateLimiter {
@@ -331,9 +371,7 @@ impl RateLimiter {
             limiter,
             timer,
             epoch: Instant::now(),
-            blocked_since: None,
-            throttled_events: 0,
-            throttled_ns: 0,
+            blocked: false,
         })
     }
 
@@ -343,9 +381,10 @@ impl RateLimiter {
 
     /// Takes the tokens for one frame of `bytes`, or blocks the limiter and
     /// arms its timer for when the frame will fit. Returns whether the frame
-    /// may go now.
+    /// may go now. On `Err` (the timer could not be armed) the limiter is
+    /// not blocked and nothing was taken.
     pub fn consume(&mut self, bytes: u64) -> Result<bool, RateLimiterError> {
-        if self.blocked_since.is_some() {
+        if self.blocked {
             return Ok(false);
         }
         let now = self.now_ns();
@@ -360,7 +399,7 @@ impl RateLimiter {
     /// blocked until its timer fires. Pay for what was read with
     /// [`RateLimiter::charge`].
     pub fn admit(&mut self) -> Result<bool, RateLimiterError> {
-        if self.blocked_since.is_some() {
+        if self.blocked {
             return Ok(false);
         }
         let now = self.now_ns();
@@ -377,11 +416,11 @@ impl RateLimiter {
     }
 
     fn block(&mut self, now: u64, wait_ns: u64) -> Result<(), RateLimiterError> {
+        let wake = self.limiter.wake_after_ns(wait_ns, now);
         self.timer
-            .reset(Duration::from_nanos(wait_ns), None)
+            .reset(Duration::from_nanos(wake), None)
             .map_err(|e| RateLimiterError::Timer(e.into()))?;
-        self.blocked_since = Some(now);
-        self.throttled_events += 1;
+        self.blocked = true;
         Ok(())
     }
 
@@ -391,32 +430,17 @@ impl RateLimiter {
         // Drain the expiration count; the fd is non-blocking, so nothing
         // pending is EAGAIN, which is fine.
         let _ = self.timer.wait();
-        if let Some(since) = self.blocked_since.take() {
-            self.throttled_ns += self.now_ns().saturating_sub(since);
-        }
+        self.blocked = false;
     }
 
     /// Whether a frame is waiting for the timer.
     pub fn is_blocked(&self) -> bool {
-        self.blocked_since.is_some()
+        self.blocked
     }
 
     /// Whether the limiter has no bucket at all.
     pub fn is_unlimited(&self) -> bool {
         self.limiter.is_unlimited()
-    }
-
-    /// Times a frame had to wait.
-    pub fn throttled_events(&self) -> u64 {
-        self.throttled_events
-    }
-
-    /// Nanoseconds spent blocked, a block in progress included.
-    pub fn throttled_ns(&self) -> u64 {
-        let current = self
-            .blocked_since
-            .map_or(0, |since| self.now_ns().saturating_sub(since));
-        self.throttled_ns + current
     }
 }
 
@@ -651,7 +675,7 @@ mod tests {
         assert!(rl.is_blocked());
         // While blocked, retries refuse without arming again.
         assert!(!rl.consume(100).unwrap());
-        assert_eq!(rl.throttled_events(), 1);
+        assert!(!rl.admit().unwrap());
         let start = Instant::now();
         let mut pfd = libc::pollfd {
             fd: rl.as_raw_fd(),
@@ -666,7 +690,6 @@ mod tests {
         assert!(waited >= Duration::from_millis(15), "{waited:?}");
         rl.on_timer();
         assert!(!rl.is_blocked());
-        assert!(rl.throttled_ns() >= 15 * MS);
         assert!(rl.consume(100).unwrap());
         // A spurious wake-up (nothing pending) neither blocks nor panics.
         rl.on_timer();
@@ -677,6 +700,37 @@ mod tests {
         rl.charge(100);
         assert!(!rl.admit().unwrap());
         assert!(rl.is_blocked());
-        assert_eq!(rl.throttled_events(), 2);
+    }
+
+    #[test]
+    fn a_flood_wakes_once_a_millisecond_without_losing_tokens() {
+        // 20,000 frames/s: a token every 50 us.
+        let ops = |size, refill_time| RateLimiterConfig {
+            bandwidth: None,
+            ops: Some(TokenBucketConfig {
+                size,
+                one_time_burst: 0,
+                refill_time,
+            }),
+        };
+        let take = |l: &mut Limiter, n| (0..n).for_each(|_| l.try_pass(1, 0).unwrap());
+        let mut l = Limiter::new(&ops(2000, 100), 0).unwrap();
+        take(&mut l, 2000);
+        let wait = l.try_pass(64, 0).unwrap_err();
+        assert_eq!(wait, 50_000);
+        // Woken after 1 ms, 20 frames pass at once.
+        assert_eq!(l.wake_after_ns(wait, 0), MIN_WAKE_NS);
+        let passed = (0..100).filter(|_| l.try_pass(64, MS).is_ok()).count();
+        assert_eq!(passed, 20);
+        // A wait longer than the minimum is kept as is.
+        assert_eq!(l.wake_after_ns(5 * MS, MS), 5 * MS);
+        // A bucket about to fill is not slept past: 10 tokens per 1 ms,
+        // 3 short of full, full in 0.3 ms.
+        let mut l = Limiter::new(&ops(10, 1), 0).unwrap();
+        take(&mut l, 3);
+        assert_eq!(l.wake_after_ns(1, 0), 300_000);
+        // Emptied, it is full again after exactly the minimum.
+        take(&mut l, 7);
+        assert_eq!(l.wake_after_ns(100_000, 0), MS);
     }
 }

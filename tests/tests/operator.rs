@@ -400,6 +400,16 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     }
     assert!(last["eth0"]["rx_frames"].as_u64() >= Some(3), "{last}");
     assert!(last["eth0"]["tx_frames"].as_u64() >= Some(3), "{last}");
+    // The limiters' counters are in every card's object (a few pings stay
+    // far below these limits).
+    for key in [
+        "rx_rate_limiter_throttled",
+        "tx_rate_limiter_throttled",
+        "rx_throttled_ns",
+        "tx_throttled_ns",
+    ] {
+        assert!(last["eth0"][key].is_u64(), "{key} missing: {last}");
+    }
     assert!(
         last["vmm"]["vcpu_exits"]["mmio_write"].as_u64() > Some(0),
         "{last}"

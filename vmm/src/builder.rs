@@ -389,15 +389,6 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
         if !tap_names.insert(tap.if_name().to_string()) {
             return Err(BuildError::DuplicateTap(tap.if_name().to_string()));
         }
-        let d = &net.device;
-        if !d.rx_rate_limiter.is_unlimited() || !d.tx_rate_limiter.is_unlimited() {
-            // TODO(#11): phase B wires the limiter into the datapath once the
-            // ring stream's rewrite of rxtx.rs is merged.
-            warn!(
-                "network interface '{}': rate limiters are validated but not yet enforced",
-                net.id
-            );
-        }
         devices.attach_net(&vm, &mem, net, tap, &mut events)?;
     }
 

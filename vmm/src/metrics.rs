@@ -58,7 +58,7 @@ struct Line<'a> {
     utc_timestamp_ms: u64,
     vmm: VmmLine<'a>,
     #[serde(flatten)]
-    nets: BTreeMap<&'a str, serde_json::Value>,
+    nets: BTreeMap<&'a str, &'a NetMetrics>,
 }
 
 /// The metrics writer: where lines go and what they report.
@@ -109,7 +109,7 @@ impl Metrics {
             nets: self
                 .nets
                 .iter()
-                .map(|(id, m)| (id.as_str(), m.to_json()))
+                .map(|(id, m)| (id.as_str(), &**m))
                 .collect(),
         };
         // Serializing plain structs and counters into a String cannot fail.

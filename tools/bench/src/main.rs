@@ -45,7 +45,7 @@ pub struct Cli {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Run only these scenarios (limit, seed000, seed001, seed002, ratelimit,
-    /// smoke); repeatable; default: all but ratelimit and smoke.
+    /// smoke); repeatable; default: all but smoke.
     #[arg(long)]
     scenario: Vec<String>,
     /// Frame sizes of the limit scenario (64, 1514, 65536).
@@ -67,10 +67,9 @@ pub struct Cli {
     child: Option<String>,
 }
 
-const ALL: &[&str] = &["limit", "seed000", "seed001", "seed002"];
-/// Scenarios run only when named. TODO(#11): `ratelimit` joins ALL once the
-/// datapath enforces the limiter (before that its ratios are meaningless).
-const OPT_IN: &[&str] = &["smoke", "ratelimit"];
+const ALL: &[&str] = &["limit", "seed000", "seed001", "seed002", "ratelimit"];
+/// Scenarios run only when named.
+const OPT_IN: &[&str] = &["smoke"];
 
 fn main() {
     let cli = Cli::parse();

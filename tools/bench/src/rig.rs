@@ -299,6 +299,12 @@ impl Rig {
         &self.metrics
     }
 
+    /// The device's metrics, for a thread that samples them while the rig
+    /// runs.
+    pub fn shared_metrics(&self) -> Arc<NetMetrics> {
+        self.metrics.clone()
+    }
+
     fn wait_irq(&self, timeout: Duration) {
         if sys::poll_fd(self.irq.as_raw_fd(), false, timeout) {
             let _ = self.irq.read();

@@ -20,6 +20,7 @@ use super::{
     warn_rate_limited, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX,
     TX_INDEX, VNET_HDR_LEN,
 };
+use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 
@@ -92,6 +93,9 @@ pub enum NetError {
     /// An eventfd could not be created.
     #[error("cannot create an eventfd")]
     EventFd(#[source] std::io::Error),
+    /// A rate limiter is misconfigured or its timer could not be created.
+    #[error("{0} rate limiter")]
+    RateLimiter(&'static str, #[source] RateLimiterError),
 }
 
 /// Activation refused: the queues were translated against other memory.
@@ -125,6 +129,11 @@ pub struct Net<B: NetBackend = Tap> {
     pub(crate) rx_requeue_evt: EventFd,
     pub(crate) tx_requeue_evt: EventFd,
     pub(crate) metrics: Arc<NetMetrics>,
+    /// Limits on frames to the guest; `None` without any bucket. Its
+    /// buckets and timer outlive activations: a reset does not refill them.
+    pub(crate) rx_limiter: Option<RateLimiter>,
+    /// Limits on frames from the guest; `None` without any bucket.
+    pub(crate) tx_limiter: Option<RateLimiter>,
     pub(crate) active: Option<Active>,
     /// What the event handler currently has registered.
     pub(crate) registered: super::event_handler::Registered,
@@ -184,6 +193,16 @@ impl<B: NetBackend> Net<B> {
                 .copy_from_slice(&mtu.to_le_bytes());
         }
 
+        // No bucket, no limiter: the unlimited datapath pays one branch per
+        // frame and owns no timerfd.
+        let limiter = |dir, c: &RateLimiterConfig| {
+            (!c.is_unlimited())
+                .then(|| RateLimiter::new(c).map_err(|e| NetError::RateLimiter(dir, e)))
+                .transpose()
+        };
+        let rx_limiter = limiter("RX", &cfg.rx_rate_limiter)?;
+        let tx_limiter = limiter("TX", &cfg.tx_rate_limiter)?;
+
         Ok(Net {
             queue_sizes: [qs; NUM_QUEUES],
             cfg,
@@ -197,6 +216,8 @@ impl<B: NetBackend> Net<B> {
             rx_requeue_evt: evt()?,
             tx_requeue_evt: evt()?,
             metrics: Arc::new(NetMetrics::default()),
+            rx_limiter,
+            tx_limiter,
             active: None,
             registered: Default::default(),
         })

@@ -9,20 +9,29 @@
 //! | `PROCESS_ACTIVATE` | internal `activate_evt` | always (from `init`) |
 //! | `PROCESS_RX_QUEUE` | RX queue notify eventfd | while activated |
 //! | `PROCESS_TX_QUEUE` | TX queue notify eventfd | while activated |
-//! | `PROCESS_BACKEND` | TAP / socket fd | EPOLLIN unless RX is starved or deferred by its weight; EPOLLOUT only while a TX frame waits after EAGAIN |
+//! | `PROCESS_BACKEND` | TAP / socket fd | EPOLLIN unless RX is starved, deferred by its weight or throttled; EPOLLOUT only while a TX frame waits after EAGAIN |
 //! | `PROCESS_RX_REQUEUE` | RX re-queue eventfd | while activated |
 //! | `PROCESS_TX_REQUEUE` | TX re-queue eventfd | while activated |
+//! | `PROCESS_RX_RATE_LIMITER` | RX limiter's timerfd | while RX is throttled |
+//! | `PROCESS_TX_RATE_LIMITER` | TX limiter's timerfd | while TX is throttled |
 //!
 //! After every event, `sync_registrations` compares what the device state
 //! asks for with what is registered and issues only the differences. That one
 //! function is how activation and reset (which happen on a vCPU thread and
-//! only write `activate_evt`) take effect, how starvation stops the reads of
-//! the level-triggered backend fd without spinning, and how EPOLLOUT is armed
-//! only while TX is blocked.
+//! only write `activate_evt`) take effect, how starvation and throttling stop
+//! the reads of the level-triggered backend fd without spinning, and how
+//! EPOLLOUT is armed only while TX is blocked.
 //!
 //! A pass that hits its weight writes its re-queue eventfd and returns; the
 //! loop then serves every other ready descriptor (the other direction above
 //! all) before the re-queue event starts the next pass.
+//!
+//! A throttled direction sleeps until its limiter's timer fires: queue kicks
+//! and backend events do not start a pass meanwhile (RX is not even polled
+//! for reading), and the other direction runs as usual. A limiter's timer
+//! stays registered across a reset while it is armed, so a limiter blocked
+//! when the driver reset the device is unblocked on time and cannot hold up
+//! the next activation.
 
 use std::io;
 
@@ -30,10 +39,11 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Active, Net};
-use super::metrics::NetMetrics;
+use super::metrics::{NetMetrics, TimeCounter};
 use super::rxtx::{RxStatus, TxStatus};
 use super::tap::NetBackend;
 use super::{warn_rate_limited, RX_INDEX, TX_INDEX};
+use crate::rate_limiter::RateLimiter;
 
 /// `activate_evt`: activation or reset happened.
 pub const PROCESS_ACTIVATE: u32 = 0;
@@ -47,17 +57,29 @@ pub const PROCESS_BACKEND: u32 = 3;
 pub const PROCESS_RX_REQUEUE: u32 = 4;
 /// A TX pass stopped at its weight and asked to run again.
 pub const PROCESS_TX_REQUEUE: u32 = 5;
+/// The RX rate limiter's timer fired: the frame it held back fits now.
+pub const PROCESS_RX_RATE_LIMITER: u32 = 6;
+/// The TX rate limiter's timer fired: the frame it held back fits now.
+pub const PROCESS_TX_RATE_LIMITER: u32 = 7;
 
 /// What the handler currently has in the epoll set.
 #[derive(Debug, Default)]
 pub(crate) struct Registered {
     /// Queue and re-queue eventfds.
-    queues: bool,
+    pub(crate) queues: bool,
     /// Interest registered for the backend fd, if any.
     pub(crate) backend: Option<EventSet>,
     /// The backend hung up (a socket peer closed); it is not polled again
     /// until a device reset.
     pub(crate) backend_hup: bool,
+    /// The RX limiter's timerfd.
+    pub(crate) rx_timer: bool,
+    /// The TX limiter's timerfd.
+    pub(crate) tx_timer: bool,
+}
+
+fn throttled(limiter: &Option<RateLimiter>) -> bool {
+    limiter.as_ref().is_some_and(RateLimiter::is_blocked)
 }
 
 impl<B: NetBackend> Net<B> {
@@ -83,10 +105,15 @@ impl<B: NetBackend> Net<B> {
     /// `hup`: the backend reported EPOLLHUP or EPOLLERR with this event.
     fn run_rx(&mut self, hup: bool) -> Option<RxStatus> {
         let a = self.active.as_mut().filter(|a| a.started)?;
-        if a.rx_deferred || a.rx.starved_since().is_some() {
+        if a.rx_deferred || a.rx.starved_since().is_some() || throttled(&self.rx_limiter) {
             return None;
         }
-        let status = a.rx.process(&self.backend, &self.metrics, &*a.interrupt);
+        let status = a.rx.process(
+            &self.backend,
+            self.rx_limiter.as_mut(),
+            &self.metrics,
+            &*a.interrupt,
+        );
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
@@ -101,7 +128,7 @@ impl<B: NetBackend> Net<B> {
                 let n = NetMetrics::inc(&self.metrics.rx_dropped);
                 warn_rate_limited(n, format_args!("dropped a 0-byte RX frame"));
             }
-            RxStatus::Drained | RxStatus::Starved => {}
+            RxStatus::Drained | RxStatus::Starved | RxStatus::Throttled => {}
         }
         Some(status)
     }
@@ -112,14 +139,20 @@ impl<B: NetBackend> Net<B> {
             return;
         };
         // While blocked, only writability (EPOLLOUT) may resume TX: a kick
-        // would just hit EAGAIN again.
-        if a.tx.is_blocked() && !retry {
+        // would just hit EAGAIN again. While throttled, only the limiter's
+        // timer may.
+        if (a.tx.is_blocked() && !retry) || throttled(&self.tx_limiter) {
             return;
         }
-        match a.tx.process(&self.backend, &self.metrics, &*a.interrupt) {
+        match a.tx.process(
+            &self.backend,
+            self.tx_limiter.as_mut(),
+            &self.metrics,
+            &*a.interrupt,
+        ) {
             TxStatus::WeightHit => Self::signal(&self.tx_requeue_evt, &self.metrics, "TX re-queue"),
             TxStatus::Broken => Self::device_error(a),
-            TxStatus::Done | TxStatus::Blocked => {}
+            TxStatus::Done | TxStatus::Blocked | TxStatus::Throttled => {}
         }
     }
 
@@ -214,6 +247,24 @@ impl<B: NetBackend> Net<B> {
         self.run_tx(false);
     }
 
+    /// The RX limiter's timer: the frame it waited for fits; read again.
+    fn process_rx_rate_limiter_event(&mut self) {
+        if let Some(l) = self.rx_limiter.as_mut() {
+            l.on_timer();
+        }
+        self.metrics.rx_throttled_ns.stop();
+        self.run_rx(false);
+    }
+
+    /// The TX limiter's timer: send the chain it held back, and what follows.
+    fn process_tx_rate_limiter_event(&mut self) {
+        if let Some(l) = self.tx_limiter.as_mut() {
+            l.on_timer();
+        }
+        self.metrics.tx_throttled_ns.stop();
+        self.run_tx(false);
+    }
+
     /// The backend interest the current state asks for.
     fn wanted_backend_interest(&self) -> EventSet {
         let mut set = EventSet::empty();
@@ -221,7 +272,11 @@ impl<B: NetBackend> Net<B> {
             return set;
         }
         if let Some(a) = self.active.as_ref().filter(|a| a.started) {
-            if !a.rx_deferred && a.rx.starved_since().is_none() && !a.rx.is_broken() {
+            if !a.rx_deferred
+                && a.rx.starved_since().is_none()
+                && !a.rx.is_broken()
+                && !throttled(&self.rx_limiter)
+            {
                 set |= EventSet::IN;
             }
             if a.tx.is_blocked() {
@@ -235,6 +290,50 @@ impl<B: NetBackend> Net<B> {
         if let Err(e) = res {
             NetMetrics::inc(&self.metrics.host_errors);
             log::error!("virtio-net: cannot update epoll registration of {what}: {e}");
+        }
+    }
+
+    /// Registers a limiter's timerfd while the limiter is blocked, and only
+    /// then. A timer that cannot be registered would never end the wait, so
+    /// the limiter gives the wait up (counted as a host error) and the
+    /// direction is re-queued to retry the frame: an epoll failure may cost
+    /// retries until the frame fits, never a direction stopped for good.
+    fn sync_timer(
+        ops: &mut EventOps,
+        (limiter, registered): (&mut Option<RateLimiter>, &mut bool),
+        token: u32,
+        throttled_ns: &TimeCounter,
+        requeue: &EventFd,
+        metrics: &NetMetrics,
+    ) {
+        let Some(l) = limiter.as_mut() else {
+            return;
+        };
+        let want = l.is_blocked();
+        if want == *registered {
+            return;
+        }
+        let res = if want {
+            ops.add(Events::with_data(l, token, EventSet::IN))
+        } else {
+            ops.remove(Events::empty(l))
+        };
+        match res {
+            Ok(()) => *registered = want,
+            Err(e) => {
+                NetMetrics::inc(&metrics.host_errors);
+                log::error!(
+                    "virtio-net: cannot update epoll registration of a rate limiter timer: {e}"
+                );
+                if want {
+                    l.on_timer();
+                    throttled_ns.stop();
+                    Self::signal(requeue, metrics, "re-queue");
+                } else {
+                    // Still registered; a stray expiry is harmless.
+                    *registered = true;
+                }
+            }
         }
     }
 
@@ -271,6 +370,26 @@ impl<B: NetBackend> Net<B> {
         };
         self.ctl_result(res, "the backend");
         self.registered.backend = (!want.is_empty()).then_some(want);
+
+        // The timers follow the limiters whatever the activation state: one
+        // armed before a reset still has to unblock its limiter.
+        let m = &*self.metrics;
+        Self::sync_timer(
+            ops,
+            (&mut self.rx_limiter, &mut self.registered.rx_timer),
+            PROCESS_RX_RATE_LIMITER,
+            &m.rx_throttled_ns,
+            &self.rx_requeue_evt,
+            m,
+        );
+        Self::sync_timer(
+            ops,
+            (&mut self.tx_limiter, &mut self.registered.tx_timer),
+            PROCESS_TX_RATE_LIMITER,
+            &m.tx_throttled_ns,
+            &self.tx_requeue_evt,
+            m,
+        );
     }
 }
 
@@ -297,6 +416,8 @@ impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
             PROCESS_BACKEND => self.process_backend_event(events.event_set()),
             PROCESS_RX_REQUEUE => self.process_rx_requeue_event(),
             PROCESS_TX_REQUEUE => self.process_tx_requeue_event(),
+            PROCESS_RX_RATE_LIMITER => self.process_rx_rate_limiter_event(),
+            PROCESS_TX_RATE_LIMITER => self.process_tx_rate_limiter_event(),
             other => {
                 NetMetrics::inc(&self.metrics.host_errors);
                 log::error!("virtio-net: event with unknown token {other}");
@@ -343,7 +464,7 @@ mod tests {
         h.run_until_idle();
         assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 1526)]);
         assert_eq!(h.read(bufs[0].1 + 12, 1514), f[12..]);
-        let starved = h.metric(|m| &m.rx_starved_ns);
+        let starved = h.metrics.rx_starved_ns.ended_ns();
         assert!(starved >= 150_000_000, "starved only {starved} ns");
         assert_eq!(h.dev().registered.backend, Some(EventSet::IN));
     }

@@ -6,21 +6,79 @@
 //! SIGUSR1 handler thread, tests) through the `Arc<NetMetrics>` that
 //! [`Net::metrics`](super::Net::metrics) hands out. Counters never go
 //! backwards, not even across a device reset, so a reader can take deltas.
+//! Times spent in a state (starved, throttled) are [`TimeCounter`]s, which
+//! include a period still in progress when read.
 //!
-//! [`NetMetrics::to_json`] is a contract: the VMM writes it as
-//! `{"net0": <object>}` and the end-to-end tests read these field names:
-//! `rx_frames`, `rx_bytes`, `rx_buffers`, `tx_frames`, `tx_bytes`,
-//! `tx_weight_hits`, `rx_weight_hits`, `rx_starved_ns`, `malformed_chains`,
-//! `tap_eagain`, `features_negotiated`. More fields may be added; none of these
-//! may be renamed. `max_descs_per_pass` (with `desc_budget_hits` and
-//! `descs_walked`) is what a fuzzer checks the pass bound against.
+//! The serialized form (serde, field name = JSON key) is a contract: the VMM
+//! writes it as `{"net0": <object>}` and the end-to-end tests and the
+//! benchmark read these keys: `rx_frames`, `rx_bytes`, `rx_buffers`,
+//! `tx_frames`, `tx_bytes`, `tx_weight_hits`, `rx_weight_hits`,
+//! `rx_starved_ns`, `malformed_chains`, `tap_eagain`, `features_negotiated`,
+//! `{rx,tx}_rate_limiter_throttled`, `{rx,tx}_throttled_ns`. More fields may
+//! be added; none of these may be renamed. `max_descs_per_pass` (with
+//! `desc_budget_hits` and `descs_walked`) is what a fuzzer checks the pass
+//! bound against.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Counters of one network device.
+use serde::{Serialize, Serializer};
+
+/// Nanoseconds spent in a state: the periods that ended plus the one in
+/// progress, if any. Serialized as that sum.
 #[derive(Debug, Default)]
+pub struct TimeCounter {
+    ended: AtomicU64,
+    /// When the current period began ([`mono_ns`], never 0); 0 when none.
+    since: AtomicU64,
+}
+
+impl TimeCounter {
+    /// Starts a period (no-op if one is running).
+    pub(crate) fn start(&self) {
+        let _ = self
+            .since
+            .compare_exchange(0, mono_ns(), Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Ends the running period, if any, and adds its length.
+    pub(crate) fn stop(&self) {
+        let since = self.since.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            self.ended
+                .fetch_add(mono_ns().saturating_sub(since), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a period is running.
+    pub fn is_running(&self) -> bool {
+        self.since.load(Ordering::Relaxed) != 0
+    }
+
+    /// Nanoseconds of the periods that ended.
+    pub fn ended_ns(&self) -> u64 {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    /// Nanoseconds so far, a period in progress included.
+    pub fn total_ns(&self) -> u64 {
+        let ended = self.ended_ns();
+        match self.since.load(Ordering::Relaxed) {
+            0 => ended,
+            since => ended.saturating_add(mono_ns().saturating_sub(since)),
+        }
+    }
+}
+
+impl Serialize for TimeCounter {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.total_ns())
+    }
+}
+
+/// Counters of one network device.
+#[derive(Debug, Default, Serialize)]
 pub struct NetMetrics {
     /// Frames delivered to the guest.
     pub rx_frames: AtomicU64,
@@ -39,9 +97,8 @@ pub struct NetMetrics {
     /// RX passes cut short by the byte or packet weight.
     pub rx_weight_hits: AtomicU64,
     /// Nanoseconds the device stopped reading the backend because the guest
-    /// had not posted enough RX buffers (updated when a starvation ends;
-    /// [`NetMetrics::to_json`] adds one still in progress).
-    pub rx_starved_ns: AtomicU64,
+    /// had not posted enough RX buffers.
+    pub rx_starved_ns: TimeCounter,
     /// Descriptor chains the guest got back with length 0 because they were
     /// malformed (outside guest memory, looping, wrong direction, too short
     /// or too long).
@@ -91,10 +148,17 @@ pub struct NetMetrics {
     pub max_descs_per_pass: AtomicU64,
     /// Runs of TX frames the backend refused the same way (not exported:
     /// what rate-limits their log lines across activations).
+    #[serde(skip)]
     pub(crate) tx_refusal_runs: AtomicU64,
-    /// When the current starvation began ([`mono_ns`]), 0 when not starved;
-    /// lets `to_json` include a starvation still in progress.
-    pub(crate) starved_since_ns: AtomicU64,
+    /// Times the RX rate limiter stopped reading the backend until its
+    /// timer fired.
+    pub rx_rate_limiter_throttled: AtomicU64,
+    /// Times the TX rate limiter held a frame back until its timer fired.
+    pub tx_rate_limiter_throttled: AtomicU64,
+    /// Nanoseconds RX was held back by its rate limiter.
+    pub rx_throttled_ns: TimeCounter,
+    /// Nanoseconds TX was held back by its rate limiter.
+    pub tx_throttled_ns: TimeCounter,
 }
 
 /// Nanoseconds on a monotonic clock private to this process, never 0.
@@ -117,46 +181,10 @@ impl NetMetrics {
         counter.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// `rx_starved_ns` including a starvation still in progress.
-    pub fn rx_starved_ns_now(&self) -> u64 {
-        let done = self.rx_starved_ns.load(Ordering::Relaxed);
-        match self.starved_since_ns.load(Ordering::Relaxed) {
-            0 => done,
-            since => done.saturating_add(mono_ns().saturating_sub(since)),
-        }
-    }
-
     /// The counters as one JSON object (see the module docs for the contract).
     pub fn to_json(&self) -> serde_json::Value {
-        let get = |c: &AtomicU64| serde_json::Value::from(c.load(Ordering::Relaxed));
-        serde_json::json!({
-            "rx_frames": get(&self.rx_frames),
-            "rx_bytes": get(&self.rx_bytes),
-            "rx_buffers": get(&self.rx_buffers),
-            "tx_frames": get(&self.tx_frames),
-            "tx_bytes": get(&self.tx_bytes),
-            "tx_weight_hits": get(&self.tx_weight_hits),
-            "rx_weight_hits": get(&self.rx_weight_hits),
-            "rx_starved_ns": self.rx_starved_ns_now(),
-            "malformed_chains": get(&self.malformed_chains),
-            "tap_eagain": get(&self.tap_eagain),
-            "features_negotiated": get(&self.features_negotiated),
-            "rx_no_avail_buffer": get(&self.rx_no_avail_buffer),
-            "rx_dropped": get(&self.rx_dropped),
-            "tx_dropped": get(&self.tx_dropped),
-            "tx_eagain_retries": get(&self.tx_eagain_retries),
-            "interrupts": get(&self.interrupts),
-            "interrupts_suppressed": get(&self.interrupts_suppressed),
-            "rx_passes": get(&self.rx_passes),
-            "tx_passes": get(&self.tx_passes),
-            "queue_errors": get(&self.queue_errors),
-            "host_errors": get(&self.host_errors),
-            "backend_hangups": get(&self.backend_hangups),
-            "config_writes_ignored": get(&self.config_writes_ignored),
-            "desc_budget_hits": get(&self.desc_budget_hits),
-            "descs_walked": get(&self.descs_walked),
-            "max_descs_per_pass": get(&self.max_descs_per_pass),
-        })
+        // Atomics and time counters serialize to integers; nothing can fail.
+        serde_json::to_value(self).expect("counters serialize")
     }
 }
 
@@ -164,32 +192,53 @@ impl NetMetrics {
 mod tests {
     use super::*;
 
+    /// Every key the JSON had when it was listed by hand, then the
+    /// limiter's: a renamed field fails here.
+    const KEYS: [&str; 30] = [
+        "rx_frames",
+        "rx_bytes",
+        "rx_buffers",
+        "tx_frames",
+        "tx_bytes",
+        "tx_weight_hits",
+        "rx_weight_hits",
+        "rx_starved_ns",
+        "malformed_chains",
+        "tap_eagain",
+        "features_negotiated",
+        "rx_no_avail_buffer",
+        "rx_dropped",
+        "tx_dropped",
+        "tx_eagain_retries",
+        "interrupts",
+        "interrupts_suppressed",
+        "rx_passes",
+        "tx_passes",
+        "queue_errors",
+        "host_errors",
+        "backend_hangups",
+        "config_writes_ignored",
+        "desc_budget_hits",
+        "descs_walked",
+        "max_descs_per_pass",
+        "rx_rate_limiter_throttled",
+        "tx_rate_limiter_throttled",
+        "rx_throttled_ns",
+        "tx_throttled_ns",
+    ];
+
     #[test]
     fn test_json_has_every_contract_field() {
         let m = NetMetrics::default();
         NetMetrics::add(&m.rx_bytes, 1514);
         m.features_negotiated.store(1 << 63 | 1, Ordering::Relaxed);
         let json = m.to_json();
-        for field in [
-            "rx_frames",
-            "rx_bytes",
-            "rx_buffers",
-            "tx_frames",
-            "tx_bytes",
-            "tx_weight_hits",
-            "rx_weight_hits",
-            "rx_starved_ns",
-            "malformed_chains",
-            "tap_eagain",
-            "features_negotiated",
-        ] {
-            assert!(json[field].is_u64(), "{field} missing or not an integer");
+        let obj = json.as_object().unwrap();
+        for key in KEYS {
+            assert!(obj[key].is_u64(), "{key} missing or not an integer");
         }
+        assert_eq!(obj.len(), KEYS.len(), "unexpected keys in {json}");
         assert_eq!(json["rx_bytes"], 1514);
-        // A starvation in progress counts.
-        m.starved_since_ns.store(mono_ns(), Ordering::Relaxed);
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        assert!(m.to_json()["rx_starved_ns"].as_u64().unwrap() >= 5_000_000);
         // The full 64-bit feature word survives the round trip through JSON.
         let text = serde_json::to_string(&serde_json::json!({ "net0": json })).unwrap();
         let back: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -197,5 +246,28 @@ mod tests {
             back["net0"]["features_negotiated"].as_u64(),
             Some(1 << 63 | 1)
         );
+    }
+
+    #[test]
+    fn test_time_counters_include_a_period_in_progress() {
+        let m = NetMetrics::default();
+        m.rx_starved_ns.start();
+        m.tx_throttled_ns.start();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let json = m.to_json();
+        assert!(json["rx_starved_ns"].as_u64().unwrap() >= 5_000_000);
+        assert!(json["tx_throttled_ns"].as_u64().unwrap() >= 5_000_000);
+        assert_eq!(json["rx_throttled_ns"], 0);
+        assert_eq!(m.tx_throttled_ns.ended_ns(), 0);
+        // A second start while running keeps the first start.
+        m.tx_throttled_ns.start();
+        m.tx_throttled_ns.stop();
+        assert!(!m.tx_throttled_ns.is_running());
+        let ended = m.tx_throttled_ns.ended_ns();
+        assert!(ended >= 5_000_000, "{ended}");
+        // Stopping again adds nothing; the total no longer moves.
+        m.tx_throttled_ns.stop();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(m.tx_throttled_ns.total_ns(), ended);
     }
 }

@@ -42,6 +42,8 @@ mod fault_injection;
 mod iov;
 pub mod metrics;
 #[cfg(test)]
+mod rate_limit_tests;
+#[cfg(test)]
 mod robustness;
 pub mod rxtx;
 #[cfg(test)]

@@ -26,6 +26,16 @@
 //! descriptors as the guest laid them out, header included. EAGAIN keeps the
 //! chain pending until the backend is writable again.
 //!
+//! **Rate limiting.** A direction with a [`RateLimiter`] pays for every
+//! frame in the limiter's tokens (frame bytes, vnet header excluded, and one
+//! op). TX pays before the `writev`; a refused chain stays pending, popped
+//! but not used, so nothing is lost and the guest sees no completion. RX
+//! learns a frame's size only from the read, so it asks for admission before
+//! the read and pays after (into debt if need be). Either way the pass ends
+//! with `Throttled`, which counts no weight hit, and the event glue waits for
+//! the limiter's timer. Without a limiter the cost is one predicted branch
+//! per frame.
+//!
 //! **Every pass is bounded.** Both directions stop a pass after a byte weight
 //! or a packet weight (vhost-net's 0x80000 bytes / 256 packets by default) so
 //! that a flood in one direction cannot delay the other. Independently of the
@@ -47,9 +57,10 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::iov::{self, IoVecs};
-use super::metrics::NetMetrics;
+use super::metrics::{NetMetrics, TimeCounter};
 use super::tap::NetBackend;
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
+use crate::rate_limiter::{RateLimiter, RateLimiterError};
 pub use crate::virtio::queue::ChainError;
 use crate::virtio::queue::{
     Budget, Chain, ChainRules, IoSeg, Notify, QueueError, SplitQueue, IOV_MAX, MAX_CHAIN_SEGS,
@@ -169,6 +180,64 @@ fn return_malformed(
     }
 }
 
+// The limiter calls stay out of line (`inline(never)`): inlined, they grew
+// the RX pass enough that the compiler stopped inlining `readv`, and the
+// unlimited datapath paid for the limited one.
+
+/// Whether the RX limiter admits a read now; counts a refusal.
+#[inline(never)]
+fn rx_admit(l: &mut RateLimiter, metrics: &NetMetrics) -> bool {
+    admitted(
+        l.admit(),
+        &metrics.rx_rate_limiter_throttled,
+        &metrics.rx_throttled_ns,
+        metrics,
+    )
+}
+
+/// Pays for an RX frame of `n` bytes, vnet header included.
+#[inline(never)]
+fn rx_charge(l: &mut RateLimiter, n: usize) {
+    l.charge(n.saturating_sub(VNET_HDR_LEN) as u64);
+}
+
+/// Whether the TX limiter lets a chain of `len` bytes, vnet header
+/// included, go now; counts a refusal.
+#[inline(never)]
+fn tx_consume(l: &mut RateLimiter, len: usize, metrics: &NetMetrics) -> bool {
+    admitted(
+        l.consume(len.saturating_sub(VNET_HDR_LEN) as u64),
+        &metrics.tx_rate_limiter_throttled,
+        &metrics.tx_throttled_ns,
+        metrics,
+    )
+}
+
+/// Whether the rate limiter let a frame go; a refusal is counted in
+/// `throttled` and starts `throttled_ns` (the timer's event stops it). A
+/// timer that cannot be armed lets the frame go: blocking without a wake-up
+/// would stop the direction for good.
+fn admitted(
+    res: Result<bool, RateLimiterError>,
+    throttled: &std::sync::atomic::AtomicU64,
+    throttled_ns: &TimeCounter,
+    metrics: &NetMetrics,
+) -> bool {
+    match res {
+        Ok(true) => true,
+        Ok(false) => {
+            NetMetrics::inc(throttled);
+            throttled_ns.start();
+            false
+        }
+        Err(e) => {
+            let n = NetMetrics::inc(&metrics.host_errors);
+            warn_rate_limited(n, format_args!("rate limiter not applied: {e}"));
+            true
+        }
+    }
+}
+
 fn queue_failed(metrics: &NetMetrics, dir: &str, err: &QueueError) {
     let n = NetMetrics::inc(&metrics.queue_errors);
     warn_rate_limited(
@@ -190,6 +259,9 @@ pub enum RxStatus {
     WeightHit,
     /// The queue is unusable until the driver resets the device.
     Broken,
+    /// The rate limiter holds the next frame back; reading waits for its
+    /// timer.
+    Throttled,
     /// The backend returned 0 bytes: a 0-byte message from a socket peer,
     /// or end of file once the peer hung up. Only the event glue can tell
     /// (EPOLLHUP), so the pass stops there.
@@ -271,15 +343,11 @@ impl RxVirtio {
     /// Ends a starvation period, adding its length to `rx_starved_ns`.
     /// Returns whether the device was starved.
     pub fn end_starvation(&mut self, metrics: &NetMetrics) -> bool {
-        match self.starved_since.take() {
-            Some(t) => {
-                let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                NetMetrics::add(&metrics.rx_starved_ns, ns);
-                metrics.starved_since_ns.store(0, Ordering::Relaxed);
-                true
-            }
-            None => false,
+        let starved = self.starved_since.take().is_some();
+        if starved {
+            metrics.rx_starved_ns.stop();
         }
+        starved
     }
 
     /// Whether the cached chains can take the next frame.
@@ -413,10 +481,12 @@ impl RxVirtio {
     }
 
     /// One RX pass: reads frames until the backend is empty, the guest runs
-    /// out of buffers, or the pass must yield.
+    /// out of buffers, the rate limiter (if any) holds the next frame back,
+    /// or the pass must yield.
     pub fn process<B: NetBackend>(
         &mut self,
         backend: &B,
+        mut limiter: Option<&mut RateLimiter>,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
     ) -> RxStatus {
@@ -453,9 +523,7 @@ impl RxVirtio {
                         Ok(false) => {
                             NetMetrics::inc(&metrics.rx_no_avail_buffer);
                             self.starved_since = Some(Instant::now());
-                            metrics
-                                .starved_since_ns
-                                .store(super::metrics::mono_ns(), Ordering::Relaxed);
+                            metrics.rx_starved_ns.start();
                             break RxStatus::Starved;
                         }
                         Err(e) => {
@@ -465,10 +533,21 @@ impl RxVirtio {
                     }
                 }
             }
+            // The frame's size is known only once it is read: admit it on
+            // any token and charge it after, so the debt makes later frames
+            // wait (the long-run rate stays exact).
+            if let Some(l) = limiter.as_deref_mut() {
+                if !rx_admit(l, metrics) {
+                    break RxStatus::Throttled;
+                }
+            }
             match self.read_frame(backend, &mut pass, metrics) {
                 Ok(Read::Frame(n)) => {
                     pass.packets += 1;
                     pass.bytes += n as u64;
+                    if let Some(l) = limiter.as_deref_mut() {
+                        rx_charge(l, n);
+                    }
                 }
                 Ok(Read::Dropped) => pass.packets += 1,
                 Ok(Read::Zero) => break RxStatus::ZeroRead,
@@ -568,15 +647,21 @@ pub enum TxStatus {
     WeightHit,
     /// The backend returned EAGAIN; a chain is pending until it is writable.
     Blocked,
+    /// The rate limiter holds a chain back (no used entry yet); it is
+    /// pending until the limiter's timer fires.
+    Throttled,
     /// The queue is unusable until the driver resets the device.
     Broken,
 }
 
-/// A TX chain the backend refused with EAGAIN; its segments stay in `segs`.
+/// A TX chain held back, by the backend (EAGAIN) or by the rate limiter;
+/// its segments stay in `segs`.
 #[derive(Debug, Clone, Copy)]
 struct PendingTx {
     head: u16,
     len: usize,
+    /// The rate limiter took its tokens: only the backend holds it back.
+    paid: bool,
 }
 
 /// The transmit side: one TX queue drained into the backend.
@@ -622,7 +707,12 @@ impl TxVirtio {
 
     /// Whether a chain waits for the backend to become writable.
     pub fn is_blocked(&self) -> bool {
-        self.pending.is_some()
+        self.pending.is_some_and(|p| p.paid)
+    }
+
+    /// Whether a chain waits for the rate limiter.
+    pub fn is_throttled(&self) -> bool {
+        self.pending.is_some_and(|p| !p.paid)
     }
 
     fn send<B: NetBackend>(
@@ -698,8 +788,32 @@ impl TxVirtio {
         }
     }
 
-    /// Sends the chain whose segments are in `segs`. `None` when the
-    /// backend pushed back and the chain is now pending.
+    /// Pays the rate limiter for the chain `head` of `len` bytes; `false`
+    /// when the limiter holds it back (it is then pending, unpaid).
+    fn pay(
+        &mut self,
+        head: u16,
+        len: usize,
+        limiter: Option<&mut RateLimiter>,
+        metrics: &NetMetrics,
+    ) -> bool {
+        let Some(l) = limiter else {
+            return true;
+        };
+        let ok = tx_consume(l, len, metrics);
+        if !ok {
+            self.pending = Some(PendingTx {
+                head,
+                len,
+                paid: false,
+            });
+        }
+        ok
+    }
+
+    /// Sends the chain whose segments are in `segs` (the limiter has been
+    /// paid). `None` when the backend pushed back and the chain is now
+    /// pending.
     fn send_chain<B: NetBackend>(
         &mut self,
         backend: &B,
@@ -710,7 +824,11 @@ impl TxVirtio {
     ) -> Option<()> {
         match self.send(backend, len, pass, metrics) {
             Sent::Again => {
-                self.pending = Some(PendingTx { head, len });
+                self.pending = Some(PendingTx {
+                    head,
+                    len,
+                    paid: true,
+                });
                 None
             }
             Sent::Ok | Sent::Dropped => {
@@ -727,6 +845,7 @@ impl TxVirtio {
     fn drain<B: NetBackend>(
         &mut self,
         backend: &B,
+        mut limiter: Option<&mut RateLimiter>,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<Option<TxStatus>, QueueError> {
@@ -747,6 +866,9 @@ impl TxVirtio {
                 .walk(head, &TX_RULES, &mut self.segs, &mut pass.budget)
             {
                 Ok(chain) => {
+                    if !self.pay(head, chain.len, limiter.as_deref_mut(), metrics) {
+                        return Ok(Some(TxStatus::Throttled));
+                    }
                     if self
                         .send_chain(backend, head, chain.len, pass, metrics)
                         .is_none()
@@ -763,10 +885,12 @@ impl TxVirtio {
     }
 
     /// One TX pass: sends chains until the ring is empty, the backend
-    /// pushes back, or the pass must yield.
+    /// pushes back, the rate limiter (if any) holds a chain back, or the
+    /// pass must yield.
     pub fn process<B: NetBackend>(
         &mut self,
         backend: &B,
+        mut limiter: Option<&mut RateLimiter>,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
     ) -> TxStatus {
@@ -777,7 +901,11 @@ impl TxVirtio {
         let mut pass = Pass::new();
         let status = 'pass: {
             if let Some(p) = self.pending.take() {
-                NetMetrics::inc(&metrics.tx_eagain_retries);
+                if p.paid {
+                    NetMetrics::inc(&metrics.tx_eagain_retries);
+                } else if !self.pay(p.head, p.len, limiter.as_deref_mut(), metrics) {
+                    break 'pass TxStatus::Throttled;
+                }
                 if self
                     .send_chain(backend, p.head, p.len, &mut pass, metrics)
                     .is_none()
@@ -788,7 +916,7 @@ impl TxVirtio {
             // The guest need not kick while we are draining the ring.
             self.queue.disable_notifications();
             loop {
-                match self.drain(backend, &mut pass, metrics) {
+                match self.drain(backend, limiter.as_deref_mut(), &mut pass, metrics) {
                     Ok(Some(status)) => break 'pass status,
                     Ok(None) => {}
                     Err(e) => {
