@@ -525,6 +525,20 @@ fn close_peer<B: super::NetBackend + 'static>(h: &mut Harness<B>) {
     panic!("the hangup never came: {}", h.metrics.to_json());
 }
 
+/// Runs the loop until TX no longer waits on the backend (which learns the
+/// other end is gone only once every copy of its fd is closed: a test
+/// forking in parallel may hold one until its child execs).
+fn wait_tx_unblocked<B: super::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
+    for _ in 0..200 {
+        idle(h, what);
+        if !h.dev().active.as_ref().unwrap().tx.is_blocked() {
+            return;
+        }
+        h.run_once(10);
+    }
+    panic!("{what}: TX still waits: {}", h.metrics.to_json());
+}
+
 /// A hangup is logged and counted once, whatever host errors came before
 /// it (its log line used to be rate-limited on `host_errors`, so that two
 /// read errors before it made it silent).
@@ -574,7 +588,7 @@ fn peer_gone_while_tx_waits_on_eagain() {
     // learns of it from its own writes.
     let (fresh, _other) = SeqPacket::pair().unwrap();
     drop(std::mem::replace(&mut h.peer, fresh));
-    idle(&mut h, "peer gone");
+    wait_tx_unblocked(&mut h, "peer gone");
     used.extend(h.txq.take_used(&h.mem));
     assert_eq!(used, heads, "{}", h.metrics.to_json());
     assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
@@ -626,7 +640,7 @@ fn backend_error_while_tx_waits_on_eagain() {
     assert!(used.len() < 48);
     child.kill().unwrap();
     child.wait().unwrap();
-    idle(&mut h, "pipe broken");
+    wait_tx_unblocked(&mut h, "pipe broken");
     used.extend(h.txq.take_used(&h.mem));
     assert_eq!(used, heads, "{}", h.metrics.to_json());
     assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
