@@ -99,6 +99,8 @@ impl Cli {
                     tx_weight_packets: self.tx_weight_packets,
                     rx_weight_bytes: self.rx_weight_bytes,
                     rx_weight_packets: self.rx_weight_packets,
+                    // TODO(#11): a --pass-time-budget-us flag (operator stream).
+                    pass_time_budget_us: devices::virtio::net::DEFAULT_PASS_TIME_BUDGET_US,
                     offloads: !self.no_offloads,
                     mrg_rxbuf: !self.no_mrg_rxbuf,
                     bounce_buffer: false,

@@ -321,8 +321,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
             c.rx_weight_bytes,
             c.rx_weight_packets,
             c.bounce_buffer,
-        );
-        let tx = TxVirtio::new(txq, c.tx_weight_bytes, c.tx_weight_packets, c.bounce_buffer);
+        )
+        .with_time_budget(c.pass_time_budget());
+        let tx = TxVirtio::new(txq, c.tx_weight_bytes, c.tx_weight_packets, c.bounce_buffer)
+            .with_time_budget(c.pass_time_budget());
         if let Some(old) = self.active.take() {
             // An activation without a reset in between: account for the old
             // starvation before dropping it.

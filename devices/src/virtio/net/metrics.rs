@@ -79,6 +79,10 @@ pub struct NetMetrics {
     /// Passes (either direction) cut short by the descriptor budget
     /// (`rxtx::PASS_DESC_BUDGET`) rather than by a weight.
     pub desc_budget_hits: AtomicU64,
+    /// Passes (either direction) cut short by the time budget
+    /// (`NetConfig::pass_time_budget_us`) rather than by a weight or the
+    /// descriptor budget.
+    pub time_budget_hits: AtomicU64,
     /// Ring entries and descriptors read by the datapath, good and refused
     /// chains alike.
     pub descs_walked: AtomicU64,
@@ -146,6 +150,7 @@ impl NetMetrics {
             "host_errors": get(&self.host_errors),
             "config_writes_ignored": get(&self.config_writes_ignored),
             "desc_budget_hits": get(&self.desc_budget_hits),
+            "time_budget_hits": get(&self.time_budget_hits),
             "descs_walked": get(&self.descs_walked),
             "max_descs_per_pass": get(&self.max_descs_per_pass),
         })
