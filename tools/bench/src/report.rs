@@ -404,11 +404,12 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
     let _ = writeln!(s, "\nBEFORE / AFTER");
     let _ = writeln!(s, "after:  {}", machine_line(&after));
     if before.is_some() {
+        let rev = std::fs::read_to_string(dir.join("baseline-rev.txt")).unwrap_or_default();
         let _ = writeln!(
             s,
-            "before: {} ({})",
+            "before: {} (commit {})",
             machine_line(b),
-            b["baseline_rev"].as_str().unwrap_or("baseline build")
+            rev.trim()
         );
     }
     let _ = writeln!(
