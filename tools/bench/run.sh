@@ -14,8 +14,9 @@
 # 3. Runs the baseline netbench (limit and seed001), then the new one (every
 #    scenario, start-up included, the baseline minivmm's start-ups
 #    interleaved with the new one's).
-# 4. Writes everything into tools/bench/results/ and prints the summary
-#    (`netbench --report tools/bench/results`), also saved as latest.txt.
+# 4. Writes everything into tools/bench/results/, prints the summary
+#    (`netbench --report tools/bench/results`, also saved as latest.txt) and
+#    puts it into BENCHMARKS.md between the results markers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 quick=()
@@ -74,3 +75,12 @@ target/release/netbench "${quick[@]}" --json "$results/latest.json" --plot "$res
 } >>"$results/machine.txt"
 
 target/release/netbench --report "$results" | tee "$results/latest.txt"
+
+# The results block of BENCHMARKS.md is this run's summary, verbatim, so the
+# figures there always come from one run.
+awk -v f="$results/latest.txt" '
+    /<!-- results:begin -->/ { print; print "```text"; while ((getline l < f) > 0) print l; print "```"; skip = 1; next }
+    /<!-- results:end -->/ { skip = 0 }
+    !skip { print }
+' BENCHMARKS.md >BENCHMARKS.md.tmp && mv BENCHMARKS.md.tmp BENCHMARKS.md
+log "BENCHMARKS.md results block updated from $results/latest.txt"
