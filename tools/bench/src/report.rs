@@ -298,10 +298,10 @@ fn startup_table(s: &mut String, st: &Value) {
             f(&r["spawn_to_boot_line_ms_median"]),
             r["binary"].as_str().unwrap_or("?")
         );
-        if let Some(steps) = r["steps_ms_median"].as_object() {
+        if let Some(steps) = r["steps_ms_median"].as_array() {
             let list: Vec<String> = steps
                 .iter()
-                .map(|(k, v)| format!("{k} {:.2}", f(v)))
+                .map(|p| format!("{} {:.2}", p[0].as_str().unwrap_or("?"), f(&p[1])))
                 .collect();
             if !list.is_empty() {
                 let _ = writeln!(
@@ -405,12 +405,7 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
     let _ = writeln!(s, "after:  {}", machine_line(&after));
     if before.is_some() {
         let rev = std::fs::read_to_string(dir.join("baseline-rev.txt")).unwrap_or_default();
-        let _ = writeln!(
-            s,
-            "before: {} (commit {})",
-            machine_line(b),
-            rev.trim()
-        );
+        let _ = writeln!(s, "before: {} (commit {})", machine_line(b), rev.trim());
     }
     let _ = writeln!(
         s,
@@ -432,7 +427,7 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
                 format!("{v:.prec$}")
             }
         };
-        format!("{} > {}", fmt(x), fmt(y))
+        format!("{} → {}", fmt(x), fmt(y))
     };
     let row_cpu = |v: &Value, dir: &str, size: u64, mode: &str| -> f64 {
         v["limit"]["rows"]
@@ -493,7 +488,7 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
     }
     let _ = writeln!(
         s,
-        "- \"x > y\": before > after. instr/frame: callgrind, device thread, 128 frames per pass (64 and 1514 B only)."
+        "- \"x → y\": before → after. instr/frame: callgrind, device thread, 128 frames per pass (64 and 1514 B only)."
     );
     if let Some(rows) = after["seed001"]["rows"].as_array() {
         let _ = writeln!(s, "\nSEED001 before / after (p99 µs, TX frames/s)");
@@ -525,7 +520,7 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
             let j = f(&la[k("judged_ratio")]);
             let _ = writeln!(
                 s,
-                "limit.{dir}_ratio_{size} = {:.3}; judged by {} = {j:.3} (>= 0.90: {})",
+                "limit.{dir}_ratio_{size} = {:.4}; judged by {} = {j:.4} (>= 0.90: {})",
                 f(&la[k("ratio")]),
                 la[k("judged_by")].as_str().unwrap_or("?"),
                 if j >= 0.9 { "met" } else { "not met" }

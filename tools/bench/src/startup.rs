@@ -130,19 +130,24 @@ fn one_run(a: &StartupArgs, bin: &PathBuf, level: &str) -> Result<Run> {
     result.map(|()| run)
 }
 
-/// Median of each step over runs that logged them.
+/// Median of each step over runs that logged them, as `[name, ms]` pairs
+/// in build order.
 fn median_steps(runs: &[Run]) -> Value {
-    let mut out = Map::new();
-    if let Some(first) = runs.iter().find(|r| !r.steps.is_empty()) {
-        for (i, (name, _)) in first.steps.iter().enumerate() {
+    let Some(first) = runs.iter().find(|r| !r.steps.is_empty()) else {
+        return json!([]);
+    };
+    first
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
             let v: Vec<f64> = runs
                 .iter()
                 .filter_map(|r| r.steps.get(i).map(|s| s.1))
                 .collect();
-            out.insert(name.clone(), json!(median(&v)));
-        }
-    }
-    Value::Object(out)
+            json!([name, median(&v)])
+        })
+        .collect()
 }
 
 fn summary(info: &[Run], debug: &[Run]) -> Value {
@@ -231,7 +236,6 @@ mod tests {
             ..Run::default()
         };
         let m = median_steps(&[r(1.0, 10.0), r(3.0, 30.0), r(2.0, 20.0)]);
-        assert_eq!(m["kvm"], 2.0);
-        assert_eq!(m["kernel"], 20.0);
+        assert_eq!(m, json!([["kvm", 2.0], ["kernel", 20.0]]));
     }
 }

@@ -1360,16 +1360,8 @@ mod tests {
         assert_eq!(h.metric(|m| &m.tx_weight_hits), 3);
     }
 
-    #[test]
-    fn test_no_weight_drains_in_one_pass() {
-        let mut h = Harness::new(
-            NetConfig {
-                tx_weight_bytes: 0,
-                tx_weight_packets: 0,
-                ..cfg()
-            },
-            MRG_FEATURES,
-        );
+    /// 200 TX frames and one kick: one pass sends them all.
+    fn assert_one_pass_drains_200(mut h: Harness) {
         for i in 0..200 {
             h.post_tx(&frame(100, i as u8), &[]);
         }
@@ -1377,7 +1369,20 @@ mod tests {
         h.run_once(0);
         assert_eq!(h.peer_frames().len(), 200);
         assert_eq!(h.metric(|m| &m.tx_weight_hits), 0);
+        assert_eq!(h.metric(|m| &m.time_budget_hits), 0);
         assert_eq!(h.metric(|m| &m.tx_passes), 2); // activation + this one
+    }
+
+    #[test]
+    fn test_no_weight_drains_in_one_pass() {
+        assert_one_pass_drains_200(Harness::new(
+            NetConfig {
+                tx_weight_bytes: 0,
+                tx_weight_packets: 0,
+                ..cfg()
+            },
+            MRG_FEATURES,
+        ));
     }
 
     #[test]
@@ -1505,21 +1510,13 @@ mod tests {
     #[test]
     fn test_time_budget_not_reached_changes_nothing() {
         // A budget no pass reaches: one pass drains the ring, as without it.
-        let mut h = Harness::timed(
+        assert_one_pass_drains_200(Harness::timed(
             NetConfig {
                 pass_time_budget_us: 60_000_000,
                 ..timed_only()
             },
             MRG_FEATURES,
-        );
-        for i in 0..200 {
-            h.post_tx(&frame(100, i as u8), &[]);
-        }
-        h.kick_tx();
-        h.run_once(0);
-        assert_eq!(h.peer_frames().len(), 200);
-        assert_eq!(h.metric(|m| &m.time_budget_hits), 0);
-        assert_eq!(h.metric(|m| &m.tx_passes), 2); // activation + this one
+        ));
     }
 
     #[test]
