@@ -309,6 +309,20 @@ fn startup_table(s: &mut String, st: &Value) {
                     "       build steps, median ms (debug runs): {}",
                     list.join(", ")
                 );
+                // What is not a build step: main() up to build(), and from
+                // the built VM to the vCPU thread's first entry.
+                let build: f64 = steps.iter().map(|p| f(&p[1])).sum();
+                let debug_boot: Vec<f64> = r["debug_boot_ms_runs"]
+                    .as_array()
+                    .map(|v| v.iter().map(f).collect())
+                    .unwrap_or_default();
+                let boot = crate::stats::median(&debug_boot);
+                let _ = writeln!(
+                    s,
+                    "       sum of steps {build:.2} ms; median boot of the debug runs {boot:.0} ms \
+                     (whole ms), so main to build plus build to vCPU entry about {:.1} ms",
+                    boot - build
+                );
             }
         }
     }
