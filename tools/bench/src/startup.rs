@@ -124,8 +124,18 @@ fn one_run(a: &StartupArgs, bin: &PathBuf, level: &str) -> Result<Run> {
             }
         }
     };
+    // SIGTERM stops minivmm cleanly once its event loop runs (it logs the
+    // boot line after that); a run that did not get there is killed.
     sys::terminate(child.id());
-    let _ = child.wait();
+    let stop_by = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().ok().flatten().is_none() {
+        if Instant::now() >= stop_by {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let _ = reader.join();
     result.map(|()| run)
 }
