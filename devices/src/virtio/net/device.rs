@@ -355,6 +355,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         // way to start over, and a backend that is really gone reports its
         // hangup again (rate-limited).
         self.registered.backend_hup = false;
+        self.registered.tx_requeued = false;
         // Kicks that were pending belong to the old queues.
         for evt in self
             .queue_evts
