@@ -1307,6 +1307,22 @@ mod tests {
 
     // ---- weights ----
 
+    /// One RX buffer and `n` tiny TX frames posted, an RX frame waiting in
+    /// the backend, both queues kicked, one loop iteration run; returns the
+    /// TX frames.
+    fn flood_tx_beside_one_rx_frame(h: &mut Harness, n: u8) -> Vec<Vec<u8>> {
+        h.post_rx(&[1526]);
+        let tx: Vec<Vec<u8>> = (0..n).map(|i| frame(12 + 64, i)).collect();
+        for f in &tx {
+            h.post_tx(f, &[]);
+        }
+        h.peer.send(&frame(12 + 100, 0xaa)).unwrap();
+        h.kick_rx();
+        h.kick_tx();
+        h.run_once(0);
+        tx
+    }
+
     #[test]
     fn test_tx_packet_weight_lets_rx_run_first() {
         let mut h = Harness::new(
@@ -1316,16 +1332,8 @@ mod tests {
             },
             MRG_FEATURES,
         );
-        h.post_rx(&[1526]);
-        let tx: Vec<Vec<u8>> = (0..10).map(|i| frame(12 + 64, i)).collect();
-        for f in &tx {
-            h.post_tx(f, &[]);
-        }
-        h.peer.send(&frame(12 + 100, 0xaa)).unwrap();
-        h.kick_rx();
-        h.kick_tx();
         // One loop iteration: one TX pass of 4 frames, and the RX frame.
-        h.run_once(0);
+        flood_tx_beside_one_rx_frame(&mut h, 10);
         assert_eq!(h.peer_frames().len(), 4);
         assert_eq!(h.metric(|m| &m.rx_frames), 1);
         assert_eq!(h.metric(|m| &m.tx_weight_hits), 1);
@@ -1452,15 +1460,7 @@ mod tests {
     #[test]
     fn test_tx_time_budget_ends_the_pass_and_lets_rx_run() {
         let mut h = Harness::timed(timed_only(), MRG_FEATURES);
-        h.post_rx(&[1526]);
-        let tx: Vec<Vec<u8>> = (0..64).map(|i| frame(12 + 64, i)).collect();
-        for f in &tx {
-            h.post_tx(f, &[]);
-        }
-        h.peer.send(&frame(12 + 100, 0xaa)).unwrap();
-        h.kick_rx();
-        h.kick_tx();
-        h.run_once(0);
+        let tx = flood_tx_beside_one_rx_frame(&mut h, 64);
         // The clock is read every CLOCK_STRIDE frames, so the pass ended at
         // one of those looks, long before the ring was empty; RX ran in the
         // same loop iteration.
