@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/host-deps.sh
+bash scripts/host-deps.sh test
 # Build (or reuse from the cache) the guest kernel and initramfs up front so
 # their progress is visible; the tests reuse the cached result.
 bash resources/build.sh >/dev/null
