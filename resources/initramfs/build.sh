@@ -6,7 +6,7 @@
 # netperf crate builds, the static /bin/mvperf.
 #
 # Always rebuilt (seconds); the cargo build of mvperf is incremental in
-# $MINIVMM_CACHE/target. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
+# the checkout's target/. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
 # build an error instead of a warning.
 #
 # The archive is reproducible and named by its content hash, so checkouts that
@@ -48,10 +48,15 @@ MVPERF=
 mvperf_target=x86_64-unknown-linux-gnu
 if command -v cargo >/dev/null 2>&1; then
     log "building mvperf (static, $mvperf_target)"
-    if RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$MINIVMM_CACHE/target" \
+    # The checkout's own target directory, never one shared with other
+    # checkouts: cargo fingerprints workspace members by their path relative
+    # to the workspace, so a shared directory can take another checkout's
+    # build of the same file names for fresh. --target keeps these static
+    # artifacts apart from ordinary builds there.
+    if RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$REPO/target" \
         cargo build --release --manifest-path "$REPO/Cargo.toml" -p netperf \
         --target "$mvperf_target" >&2; then
-        MVPERF=$MINIVMM_CACHE/target/$mvperf_target/release/mvperf
+        MVPERF=$REPO/target/$mvperf_target/release/mvperf
         if readelf -l "$MVPERF" | grep -q 'Requesting program interpreter'; then
             die "$MVPERF is not statically linked"
         fi
