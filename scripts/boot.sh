@@ -16,7 +16,7 @@ KERNEL_KIND=bzImage
 NS=minivmm-demo-$$
 HOST_IP=10.0.2.1
 GUEST_IP=10.0.2.2
-BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-600}
+BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-900}
 TEST_SECONDS=5
 
 log() { echo "boot.sh: $*" >&2; }
@@ -82,7 +82,7 @@ log "guest serving after $((SECONDS - start)) s; pinging it from the host side"
 ip netns exec "$NS" ping -c 3 -w 30 -s 1472 "$GUEST_IP" >&2
 for t in TCP_STREAM TCP_RR; do
     log "mvperf -t $t -H $GUEST_IP -l $TEST_SECONDS (host -> guest through minivmm's virtio-net)"
-    ip netns exec "$NS" "$bin/mvperf" -t "$t" -H "$GUEST_IP" -l "$TEST_SECONDS" --grace 30 \
+    ip netns exec "$NS" "$bin/mvperf" -t "$t" -H "$GUEST_IP" -l "$TEST_SECONDS" --grace 60 \
         >"$workdir/$t.txt"
 done
 kill -USR1 "$vmm_pid"

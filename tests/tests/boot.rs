@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use minivmm_tests::{guest_image, minivmm_bin, require, Need, Vm, READY};
 
-/// Generous: a boot is 30-90 s here, and CI runs up to three at once on 2 cores.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
+/// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
+/// cores, and on the shared development host under load one took 6 minutes.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// From MINIVMM-READY to minivmm's exit: init syncs and resets the VM.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -68,7 +69,7 @@ fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
     assert!(console.contains("Linux version"), "{report}");
     assert!(console.contains("Run /init as init process"), "{report}");
     assert!(
-        console.contains("minivmm-init: no minivmm.mode=serve, rebooting"),
+        console.contains("no minivmm.mode=serve, rebooting"),
         "{report}"
     );
     let log = vm.stderr();
