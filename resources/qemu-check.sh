@@ -170,7 +170,7 @@ grep -q 'MINIVMM-ERROR' "$LOG2" && fail "init reported an error" "$LOG2"
 log "MINIVMM-SERVING after $(( $(now_ms) - start )) ms"
 grep -m1 'Kernel command line' "$LOG2" >&2 || true
 
-nsx ping -c 3 -W 5 "$GUEST_IP" >&2 || fail "ping $GUEST_IP failed" "$LOG2"
+nsx ping -c 3 -w 30 "$GUEST_IP" >&2 || fail "ping $GUEST_IP failed" "$LOG2"
 log "ping passed"
 
 failures=0

@@ -52,8 +52,11 @@ fn ping(ns: &NetNs, size: u32) -> String {
             "3",
             "-i",
             "0.5",
-            "-W",
-            "10",
+            // A deadline, not -W: iputils with -W alone exits before a
+            // late reply (an emulated guest's first 8000-byte reply took
+            // over a second) and counts it lost.
+            "-w",
+            "30",
             "-s",
             &size.to_string(),
             GUEST_IP,
