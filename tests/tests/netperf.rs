@@ -201,16 +201,16 @@ fn guest_network_end_to_end() {
     );
 
     run_guest_netperf(&ns);
-    let console = vm.console();
     for test in ["TCP_STREAM", "TCP_MAERTS", "TCP_RR", "UDP_STREAM", "UDP_RR"] {
-        // The server in the guest logs each session it completed.
+        // The server in the guest logs each session it completed, just after
+        // it sent the client its counts.
         assert!(
-            console.contains(&format!("{test} done")),
+            vm.wait_for(&format!("{test} done"), Duration::from_secs(60)),
             "the guest's server did not log {test} as done\n{}",
             vm.report()
         );
     }
-    assert!(!console.contains("MINIVMM-ERROR"), "{}", vm.report());
+    assert!(!vm.console().contains("MINIVMM-ERROR"), "{}", vm.report());
 
     // netconsole: the guest kernel's own UDP reached the host.
     let got = lines.lock().unwrap().join("");
