@@ -177,7 +177,7 @@ failures=0
 for t in "${TESTS[@]}"; do
     log "mvperf -t $t -H $GUEST_IP -l $TEST_SECONDS --json"
     if ! nsx timeout "$((TEST_SECONDS + 90))" "$MVPERF" -t "$t" -H "$GUEST_IP" -l "$TEST_SECONDS" \
-        --grace 60 --json >"$WORK/$t.json" 2>"$WORK/$t.err"; then
+        --grace 60 --udp-timeout-ms 2000 --json >"$WORK/$t.json" 2>"$WORK/$t.err"; then
         cat "$WORK/$t.err" >&2
         log "FAIL: $t: mvperf exited non-zero"
         failures=$((failures + 1))

@@ -35,6 +35,9 @@ const TEST_SECONDS: &str = "5";
 /// mvperf's wait beyond the test length: an emulated guest takes seconds to
 /// drain what a STREAM test queued before it reaches the control message.
 const TEST_GRACE: &str = "60";
+/// UDP_RR's wait for each response: round trips to the emulated guest were
+/// seen from 40 ms to over 250 ms (mvperf's default) on a loaded host.
+const UDP_TIMEOUT_MS: &str = "2000";
 /// TAP queue length for the served boot. UDP_STREAM sends far faster than an
 /// emulated guest receives; with the default 1000 frames queued ahead of it,
 /// the test's control message reached the guest only after the client had
@@ -279,7 +282,13 @@ fn run_guest_netperf(ns: &NetNs, tool: &Path) {
         let out = ns
             .command(tool)
             .args(["-t", test, "-H", GUEST_IP, "-l", TEST_SECONDS])
-            .args(["--grace", TEST_GRACE, "--json"])
+            .args([
+                "--grace",
+                TEST_GRACE,
+                "--udp-timeout-ms",
+                UDP_TIMEOUT_MS,
+                "--json",
+            ])
             .output()
             .expect("running mvperf");
         let text = String::from_utf8_lossy(&out.stdout);
