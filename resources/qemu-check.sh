@@ -35,7 +35,9 @@ if [ ! -c /dev/net/tun ]; then
     log "SKIP: /dev/net/tun is missing"
     exit 77
 fi
-ensure_packages qemu-system-x86 iproute2 iputils-ping
+ensure_packages iproute2 iputils-ping cpio
+# Any qemu-system-x86_64 on PATH will do (a machine may carry its own build).
+command -v qemu-system-x86_64 >/dev/null || ensure_packages qemu-system-x86
 
 if [ $# -eq 2 ]; then
     BZIMAGE=$1
