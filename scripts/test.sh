@@ -6,15 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/host-deps.sh
+bash scripts/host-deps.sh test
 # Build (or reuse from the cache) the guest kernel and initramfs up front so
 # their progress is visible; the tests reuse the cached result.
 bash resources/build.sh >/dev/null
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
-# One test binary at a time, tests inside it in parallel: the three boot
-# tests share the two cores.
+# One test binary at a time, tests inside it in parallel: the two READY boots
+# share the two cores, then the served boot runs beside the QEMU check.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace -- --nocapture 2>&1 | tee "$log"

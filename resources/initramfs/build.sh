@@ -2,15 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # Builds the minivmm guest initramfs: an uncompressed newc cpio holding static
-# busybox (and the applet links init uses), /init, /park, /dev/console and,
-# when the netperf crate builds, the static /bin/mvperf.
-#
-# Also writes minivmm-park.cpio next to it: only /init = /park, for booting a
-# kernel that must stay up without userspace (rdinit=/park works with both).
+# busybox (and the applet links init uses), /init, /dev/console and, when the
+# netperf crate builds, the static /bin/mvperf.
 #
 # Always rebuilt (seconds); the cargo build of mvperf is incremental in
-# $MINIVMM_CACHE/target. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
+# the checkout's target/. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
 # build an error instead of a warning.
+#
+# The archive is reproducible and named by its content hash, so checkouts that
+# share $MINIVMM_CACHE (with different init scripts or mvperf versions) never
+# overwrite an image another one is booting.
 #
 # Prints one line on stdout: the absolute path of the initramfs.
 set -euo pipefail
@@ -21,7 +22,7 @@ LOG_PREFIX=initramfs/build.sh
 # shellcheck source-path=SCRIPTDIR/.. source=common.sh
 . "$HERE/../common.sh"
 
-ensure_packages busybox-static cpio gcc binutils
+ensure_packages busybox-static cpio binutils
 
 BUSYBOX=/bin/busybox
 # Debian's dynamic `busybox` package also ships /bin/busybox; the guest has no
@@ -42,18 +43,20 @@ flock 9
 WORK=$(mktemp -d "$OUTDIR/work.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-# park: no libc, no start files, a fixed address so nothing needs relocating.
-gcc -nostdlib -static -no-pie -Wl,--build-id=none -o "$WORK/park" "$HERE/park.S"
-
 # mvperf: static glibc build so it drops into a libc-less image.
 MVPERF=
 mvperf_target=x86_64-unknown-linux-gnu
 if command -v cargo >/dev/null 2>&1; then
     log "building mvperf (static, $mvperf_target)"
-    if RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$MINIVMM_CACHE/target" \
+    # The checkout's own target directory, never one shared with other
+    # checkouts: cargo fingerprints workspace members by their path relative
+    # to the workspace, so a shared directory can take another checkout's
+    # build of the same file names for fresh. --target keeps these static
+    # artifacts apart from ordinary builds there.
+    if RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$REPO/target" \
         cargo build --release --manifest-path "$REPO/Cargo.toml" -p netperf \
         --target "$mvperf_target" >&2; then
-        MVPERF=$MINIVMM_CACHE/target/$mvperf_target/release/mvperf
+        MVPERF=$REPO/target/$mvperf_target/release/mvperf
         if readelf -l "$MVPERF" | grep -q 'Requesting program interpreter'; then
             die "$MVPERF is not statically linked"
         fi
@@ -73,7 +76,6 @@ for applet in "${APPLETS[@]}"; do
     ln -s busybox "$ROOT/bin/$applet"
 done
 install -m 0755 "$HERE/init" "$ROOT/init"
-install -m 0755 "$WORK/park" "$ROOT/park"
 # The release profile keeps debug info; the guest does not need it.
 if [ -n "$MVPERF" ]; then strip -o "$ROOT/bin/mvperf" "$MVPERF"; fi
 # The kernel opens /dev/console for init before anything can mount devtmpfs.
@@ -90,26 +92,13 @@ find "$ROOT" -exec touch -h -d @0 {} +
 # Uncompressed on purpose: on a PVM-backed KVM host the guest kernel runs
 # instruction-emulated, and inflating a 2.5 MB gzip archive there took
 # minutes, while copying 4 MB of plain cpio takes seconds.
-OUT=$OUTDIR/minivmm-initramfs.cpio
 (cd "$ROOT" && find . -mindepth 1 | LC_ALL=C sort |
     cpio --quiet -o -H newc -R 0:0 --reproducible) >"$WORK/initramfs.cpio"
+OUT=$OUTDIR/minivmm-initramfs-$(sha256sum "$WORK/initramfs.cpio" | cut -c1-16).cpio
 mv "$WORK/initramfs.cpio" "$OUT"
-rm -f "$OUTDIR/minivmm-initramfs.cpio.gz"
-log "initramfs $(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}"
-
-# A second, minimal image for hosts where guest userspace cannot run
-# (shared/HOST-KVM.md): /init and /park are both the park loop, 10 KiB, so
-# the emulated kernel spends no time unpacking it.
-PARK_ROOT=$WORK/park-root
-mkdir -p "$PARK_ROOT/dev"
-install -m 0755 "$WORK/park" "$PARK_ROOT/park"
-install -m 0755 "$WORK/park" "$PARK_ROOT/init"
-mknod -m 0600 "$PARK_ROOT/dev/console" c 5 1 2>/dev/null || true
-find "$PARK_ROOT" -exec touch -h -d @0 {} +
-PARK_OUT=$OUTDIR/minivmm-park.cpio
-(cd "$PARK_ROOT" && find . -mindepth 1 | LC_ALL=C sort |
-    cpio --quiet -o -H newc -R 0:0 --reproducible) >"$WORK/park.cpio"
-mv "$WORK/park.cpio" "$PARK_OUT"
-log "park-only initramfs $PARK_OUT ($(stat -c %s "$PARK_OUT") bytes)"
+# Images of other versions are a few MB each; a week-old one is nobody's.
+find "$OUTDIR" -maxdepth 1 -name 'minivmm-initramfs-*.cpio' -mtime +7 -delete
+touch "$OUT"
+log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf})"
 
 echo "$OUT"

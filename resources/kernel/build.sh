@@ -2,13 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # Builds the minivmm guest kernel (vmlinux and bzImage) from Debian's
-# linux-source-6.1 package: `make tinyconfig`, merge minivmm-x86_64.config,
-# `make olddefconfig`, check that every wanted option survived, build.
+# linux-source-6.1 package: apply the patches beside this script (*.patch, in
+# name order; each says why it exists), `make tinyconfig`, merge
+# minivmm-x86_64.config, `make olddefconfig`, check that every wanted option
+# survived, build.
 #
 # Results are cached outside the checkout in
 #   $MINIVMM_CACHE/kernel-<key>/{vmlinux,bzImage,config}
-# where <key> hashes the config fragment, this script and the linux-source
-# package version; a second run with the same inputs does no work.
+# where <key> hashes the config fragment, the patches, this script and the
+# linux-source package version; a second run with the same inputs does no work.
 #
 # Prints two lines on stdout: the absolute paths of vmlinux and bzImage.
 set -euo pipefail
@@ -22,13 +24,19 @@ FRAGMENT=$HERE/minivmm-x86_64.config
 SRC_PKG=linux-source-6.1
 TARBALL=/usr/src/$SRC_PKG.tar.xz
 
-ensure_packages "$SRC_PKG" gcc make bc flex bison libelf-dev libssl-dev xz-utils lz4
+shopt -s nullglob
+PATCHES=("$HERE"/*.patch)
+shopt -u nullglob
+
+ensure_packages "$SRC_PKG" gcc make bc flex bison libelf-dev libssl-dev xz-utils lz4 patch
 
 SRC_VERSION=$(dpkg-query -W -f='${Version}' "$SRC_PKG")
 # Comment lines of this script do not change the build, so they stay out of
-# the key; the fragment counts whole (its "is not set" lines are settings).
-KEY=$( { cat "$FRAGMENT"; grep -v '^[[:space:]]*#' "$HERE/build.sh"; echo "$SRC_PKG $SRC_VERSION"; } |
-    sha256sum | cut -c1-16)
+# the key; the fragment counts whole (its "is not set" lines are settings),
+# and so does every patch (name and content, so a rename reorders them).
+PATCH_KEY=$(for p in "${PATCHES[@]}"; do basename "$p"; cat "$p"; done | sha256sum | cut -c1-16)
+KEY=$( { cat "$FRAGMENT"; grep -v '^[[:space:]]*#' "$HERE/build.sh"; echo "$SRC_PKG $SRC_VERSION";
+    echo "patches $PATCH_KEY"; } | sha256sum | cut -c1-16)
 OUT=$MINIVMM_CACHE/kernel-$KEY
 
 mkdir -p "$MINIVMM_CACHE"
@@ -43,14 +51,20 @@ if [ -s "$OUT/vmlinux" ] && [ -s "$OUT/bzImage" ]; then
     exit 0
 fi
 
-# Extract the source once per package version; the rename makes a half-done
-# extraction (interrupted run) invisible.
+# Extract (and patch) the source once per package version and patch set, in
+# a directory of its own: other checkouts may build from the same cache with
+# other patches. The rename makes a half-done extraction invisible.
 SRC=$MINIVMM_CACHE/$SRC_PKG-$SRC_VERSION
+[ ${#PATCHES[@]} -eq 0 ] || SRC=$SRC-patched-$PATCH_KEY
 if [ ! -f "$SRC/Makefile" ]; then
     log "extracting $TARBALL"
     rm -rf "$SRC.tmp"
     mkdir -p "$SRC.tmp"
     tar -xJf "$TARBALL" -C "$SRC.tmp" --strip-components=1
+    for p in "${PATCHES[@]}"; do
+        log "applying $(basename "$p")"
+        patch -d "$SRC.tmp" -p1 --quiet --forward <"$p" >&2 || die "$(basename "$p") does not apply to $SRC_PKG $SRC_VERSION"
+    done
     rm -rf "$SRC"
     mv "$SRC.tmp" "$SRC"
 fi

@@ -71,10 +71,11 @@ fn nix_geteuid() -> u32 {
         .unwrap_or(u32::MAX)
 }
 
-/// Whether guest userspace can run on this host (not on a PVM-backed KVM,
-/// see the project's HOST-KVM notes).
-pub fn guest_userspace_runs() -> bool {
-    !Path::new("/sys/module/kvm_pvm").exists()
+/// Whether this host's KVM is PVM-backed. minivmm then adds its recoveries,
+/// among them the guest kernel's `pvm_syscall_fixup`, without which guest
+/// userspace cannot make a system call here.
+pub fn pvm_host() -> bool {
+    Path::new("/sys/module/kvm_pvm").exists()
 }
 
 /// A 64-bit ELF "kernel" whose entry point is `hlt; jmp .-1` at 2 MiB: with
@@ -111,6 +112,13 @@ pub fn write_halting_kernel(path: &Path) -> std::io::Result<()> {
     f.extend_from_slice(&code);
     std::fs::write(path, f)
 }
+
+/// What the guest kernel logs when `pvm_syscall_fixup` is on
+/// (resources/kernel/pvm-syscall-fixup.patch).
+pub const SYSCALL_FIXUP_ACTIVE: &str = "pvm_syscall_fixup: active";
+
+/// What the guest's init prints once userspace runs.
+pub const READY: &str = "MINIVMM-READY";
 
 /// Runs `cargo build --release` for one package and returns the path of `bin`.
 fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
@@ -166,12 +174,8 @@ pub struct GuestImage {
     pub vmlinux: PathBuf,
     /// bzImage of the same kernel.
     pub bzimage: PathBuf,
-    /// Initramfs with busybox, /init, /park and the tool.
+    /// Initramfs with busybox, /init and mvperf.
     pub initramfs: PathBuf,
-    /// A 10 KB initramfs whose init is the park loop, written beside the
-    /// main one: on a host that emulates the guest kernel, unpacking the
-    /// 4 MB image costs about half a minute that a parked guest does not need.
-    pub park_initramfs: PathBuf,
 }
 
 /// Builds (or reuses from the cache) the guest image, once per test process.
@@ -197,14 +201,8 @@ pub fn guest_image() -> GuestImage {
                 vmlinux: PathBuf::from(last[0]),
                 bzimage: PathBuf::from(last[1]),
                 initramfs: PathBuf::from(last[2]),
-                park_initramfs: Path::new(last[2]).with_file_name("minivmm-park.cpio"),
             };
-            for p in [
-                &image.vmlinux,
-                &image.bzimage,
-                &image.initramfs,
-                &image.park_initramfs,
-            ] {
+            for p in [&image.vmlinux, &image.bzimage, &image.initramfs] {
                 assert!(
                     p.is_absolute() && p.exists(),
                     "build.sh gave a bad path {}",
@@ -330,6 +328,39 @@ impl Vm {
     /// Seconds since spawn.
     pub fn uptime(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
+    }
+
+    /// Asserts that guest userspace ran (init printed its marker, nothing
+    /// panicked) and that the guest kernel's system-call fix-up was on
+    /// exactly where it is needed: on a PVM host, where without it no guest
+    /// process could make a system call, and nowhere else (`--host-quirks
+    /// auto` leaves an ordinary host alone). So a PVM host whose kernel or
+    /// VMM lost the fix fails here, loudly, instead of passing without
+    /// userspace.
+    pub fn assert_userspace_ran(&self) {
+        let console = self.console();
+        let report = self.report();
+        assert!(
+            !console.contains("Kernel panic"),
+            "the guest panicked\n{report}"
+        );
+        if pvm_host() {
+            assert!(
+                console.contains(SYSCALL_FIXUP_ACTIVE),
+                "PVM host, but the guest kernel did not log '{SYSCALL_FIXUP_ACTIVE}': \
+                 the kernel lacks resources/kernel/pvm-syscall-fixup.patch or minivmm did not \
+                 add the word\n{report}"
+            );
+        } else {
+            assert!(
+                !console.contains(SYSCALL_FIXUP_ACTIVE),
+                "the system-call fix-up is on although this host is not PVM-backed\n{report}"
+            );
+        }
+        assert!(
+            console.contains(READY),
+            "guest userspace never printed {READY}\n{report}"
+        );
     }
 
     /// A summary for assertion messages: the tail of the console and the log.

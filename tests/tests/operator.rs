@@ -317,13 +317,14 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     for p in [&metrics, &log] {
         let _ = std::fs::remove_file(p);
     }
-    // boot_args is the whole command line, as in Firecracker; the guest
-    // parks after boot (it needs no userspace to answer pings).
+    // boot_args is the whole command line, as in Firecracker (minivmm adds
+    // only its device words and, on a PVM host, its recoveries); the guest
+    // serves so that it stays up to be pinged.
     let config = serde_json::json!({
         "boot-source": {
             "kernel_image_path": img.vmlinux,
-            "initrd_path": img.park_initramfs,
-            "boot_args": "console=ttyS0 reboot=k panic=-1 pci=off rdinit=/park \
+            "initrd_path": img.initramfs,
+            "boot_args": "console=ttyS0 reboot=k panic=-1 pci=off minivmm.mode=serve \
                           ip=10.0.2.2::10.0.2.1:255.255.255.0:guest:eth0:off"
         },
         "machine-config": { "vcpu_count": 1, "mem_size_mib": 256, "smt": false },

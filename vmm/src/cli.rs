@@ -100,6 +100,10 @@ pub struct Cli {
     /// Frames after which an RX pass yields to other work (0: no packet weight) [default: 256].
     #[arg(long, value_name = "N", value_parser = number)]
     pub rx_weight_packets: Option<u64>,
+    /// Microseconds after which a TX or RX pass yields to other work, whatever
+    /// the weights (0: no time budget) [default: 100].
+    #[arg(long, value_name = "US", value_parser = number)]
+    pub pass_time_budget_us: Option<u64>,
     /// Do not offer checksum/TSO/UFO offloads (every card without its own `offloads=`).
     #[arg(long)]
     pub no_offloads: bool,
@@ -160,6 +164,7 @@ impl Cli {
             tx_weight_packets: self.tx_weight_packets,
             rx_weight_bytes: self.rx_weight_bytes,
             rx_weight_packets: self.rx_weight_packets,
+            pass_time_budget_us: self.pass_time_budget_us,
             ..NetSpec::default()
         };
         Ok(Settings {
@@ -281,6 +286,7 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
             "tx_weight_packets" => n.tx_weight_packets = Some(num(value)?),
             "rx_weight_bytes" => n.rx_weight_bytes = Some(num(value)?),
             "rx_weight_packets" => n.rx_weight_packets = Some(num(value)?),
+            "pass_time_budget_us" => n.pass_time_budget_us = Some(num(value)?),
             _ => {
                 let (dirs, rest) = match key.split_once('_') {
                     Some(("rx", rest)) => (&[0usize][..], rest),
@@ -410,6 +416,8 @@ mod tests {
             "0x1000",
             "--rx-weight-packets",
             "0",
+            "--pass-time-budget-us",
+            "0x32",
             "--no-offloads",
             "--no-mrg-rxbuf",
             "--host-quirks",
@@ -430,6 +438,7 @@ mod tests {
         assert_eq!(net.mtu, Some(9000));
         assert_eq!((net.tx_weight_bytes, net.tx_weight_packets), (0, 64));
         assert_eq!((net.rx_weight_bytes, net.rx_weight_packets), (4096, 0));
+        assert_eq!(net.pass_time_budget_us, 50);
         assert!(net.offloads == Offloads::NONE && !net.mrg_rxbuf);
     }
 
@@ -439,7 +448,7 @@ mod tests {
             "--kernel",
             "k",
             "--net",
-            "tap=a,id=wan,mac=02:00:00:00:00:01,queue_size=0x400,mtu=1400",
+            "tap=a,id=wan,mac=02:00:00:00:00:01,queue_size=0x400,mtu=1400,pass_time_budget_us=0",
             "--net",
             "fd=[7],offloads=csum+tso4,mrg_rxbuf=off",
             "--tap",
@@ -452,6 +461,11 @@ mod tests {
         assert_eq!(ids, ["wan", "net1", "net2"]);
         assert_eq!(cfg.nets[0].device.queue_size, 1024);
         assert_eq!(cfg.nets[0].device.mtu, Some(1400));
+        assert_eq!(cfg.nets[0].device.pass_time_budget_us, 0);
+        assert_eq!(
+            cfg.nets[1].device.pass_time_budget_us,
+            devices::virtio::net::DEFAULT_PASS_TIME_BUDGET_US
+        );
         assert_eq!(cfg.nets[1].tap, TapBackend::Fd { fd: 7, name: None });
         assert_eq!(
             cfg.nets[1].device.offloads,

@@ -17,7 +17,8 @@ use std::str::FromStr;
 use devices::rate_limiter::{RateLimiterConfig, RateLimiterError};
 use devices::virtio::net::device::MTU_RANGE;
 use devices::virtio::net::{
-    Offloads, DEFAULT_QUEUE_SIZE, DEFAULT_WEIGHT_BYTES, DEFAULT_WEIGHT_PACKETS,
+    Offloads, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE, DEFAULT_WEIGHT_BYTES,
+    DEFAULT_WEIGHT_PACKETS,
 };
 use log::LevelFilter;
 
@@ -347,6 +348,8 @@ pub struct NetSpec {
     pub rx_weight_bytes: Option<u64>,
     /// `rx_weight_packets=`.
     pub rx_weight_packets: Option<u64>,
+    /// `pass_time_budget_us=`.
+    pub pass_time_budget_us: Option<u64>,
     /// The receive limiter.
     pub rx_rate_limiter: Option<RateLimiterConfig>,
     /// The transmit limiter.
@@ -369,6 +372,7 @@ impl NetSpec {
             tx_weight_packets: self.tx_weight_packets.or(d.tx_weight_packets),
             rx_weight_bytes: self.rx_weight_bytes.or(d.rx_weight_bytes),
             rx_weight_packets: self.rx_weight_packets.or(d.rx_weight_packets),
+            pass_time_budget_us: self.pass_time_budget_us.or(d.pass_time_budget_us),
             rx_rate_limiter: self.rx_rate_limiter.or(d.rx_rate_limiter),
             tx_rate_limiter: self.tx_rate_limiter.or(d.tx_rate_limiter),
         }
@@ -553,6 +557,7 @@ fn finish_net(index: usize, s: NetSpec) -> Result<NetConfig, ConfigError> {
         tx_weight_packets: s.tx_weight_packets.unwrap_or(DEFAULT_WEIGHT_PACKETS),
         rx_weight_bytes: s.rx_weight_bytes.unwrap_or(DEFAULT_WEIGHT_BYTES),
         rx_weight_packets: s.rx_weight_packets.unwrap_or(DEFAULT_WEIGHT_PACKETS),
+        pass_time_budget_us: s.pass_time_budget_us.unwrap_or(DEFAULT_PASS_TIME_BUDGET_US),
         offloads,
         mrg_rxbuf: s.mrg_rxbuf.unwrap_or(true),
         mtu,

@@ -133,6 +133,7 @@ struct Interface {
     tx_weight_packets: Option<u64>,
     rx_weight_bytes: Option<u64>,
     rx_weight_packets: Option<u64>,
+    pass_time_budget_us: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -278,6 +279,7 @@ fn interface(index: usize, value: Value) -> Result<NetSpec, ConfigError> {
         tx_weight_packets: i.tx_weight_packets,
         rx_weight_bytes: i.rx_weight_bytes,
         rx_weight_packets: i.rx_weight_packets,
+        pass_time_budget_us: i.pass_time_budget_us,
         rx_rate_limiter: i.rx_rate_limiter.map(Into::into),
         tx_rate_limiter: i.tx_rate_limiter.map(Into::into),
     })

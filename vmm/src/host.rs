@@ -5,9 +5,11 @@
 //! is instruction-emulated, and some instructions fail emulation
 //! (../shared/HOST-KVM.md in the project notes). minivmm detects such a host
 //! and (a) adds guest command-line words that keep the kernel off those
-//! instructions and off paravirtual paths, and (b) recovers the INT3 that
-//! Linux executes in an early self-test. On an ordinary VMX/SVM host none of
-//! this is applied unless forced with `--host-quirks on`.
+//! instructions and off paravirtual paths and that switch on the guest
+//! kernel's system-call fix-up (resources/kernel/pvm-syscall-fixup.patch),
+//! and (b) recovers the INT3 that Linux executes in an early self-test. On an
+//! ordinary VMX/SVM host none of this is applied unless forced with
+//! `--host-quirks on`.
 
 use std::path::Path;
 
@@ -17,12 +19,20 @@ use crate::config::HostQuirks;
 const PVM_MODULE: &str = "/sys/module/kvm_pvm";
 
 /// Guest command-line words for a PVM host: no XSAVE (XRSTOR fails emulation),
-/// no paravirtual hypercalls (a `vmcall` never completes), and CPUID features
-/// hidden whose instructions (clac/stac, popcnt, rdrand...) fail emulation.
-/// Masking them through KVM_SET_CPUID2 was measured not to take effect there,
-/// so the kernel is asked to ignore them.
+/// no paravirtual hypercalls (a `vmcall` never completes), CPUID features
+/// hidden whose instructions (clac/stac, popcnt, rdrand...) fail emulation
+/// (masking them through KVM_SET_CPUID2 was measured not to take effect
+/// there, so the kernel is asked to ignore them), and [`PVM_SYSCALL_FIXUP`].
 pub const PVM_CMDLINE: &str = "noxsave nopv clearcpuid=smap,smep,umip,pku,popcnt,rdrand,rdseed,\
-fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt";
+fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup";
+
+/// The word that turns on the guest kernel's system-call fix-up: a guest
+/// user-mode SYSCALL here never reaches CPL0, and the patched kernel then
+/// dispatches it from its page-fault handler. A kernel without the patch
+/// hands the unknown word to init as an argument, as it does with any word
+/// it does not know; a patched kernel on an ordinary host never takes the
+/// fix-up path.
+pub const PVM_SYSCALL_FIXUP: &str = "pvm_syscall_fixup";
 
 /// Whether this host's KVM is PVM-backed.
 pub fn is_pvm_host() -> bool {
@@ -101,6 +111,18 @@ mod tests {
         let data = internal_data(15, &[0xcc]);
         assert_eq!(emulation_failure_insn(1, 2, &data[..2]), None);
         assert!(!is_recoverable_int3(&[]));
+    }
+
+    #[test]
+    fn pvm_words_switch_on_the_guest_syscall_fixup() {
+        let words: Vec<&str> = PVM_CMDLINE.split_whitespace().collect();
+        assert!(words.contains(&PVM_SYSCALL_FIXUP), "{PVM_CMDLINE}");
+        assert!(words.contains(&"noxsave") && words.contains(&"nopv"));
+        // The kernel patch must register and announce the very word we add.
+        let patch = include_str!("../../resources/kernel/pvm-syscall-fixup.patch");
+        let setup = format!("__setup(\"{PVM_SYSCALL_FIXUP}\",");
+        assert!(patch.contains(&setup), "the kernel patch has no {setup}");
+        assert!(patch.contains(&format!("pr_info(\"{PVM_SYSCALL_FIXUP}: active:")));
     }
 
     #[test]

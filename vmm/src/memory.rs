@@ -30,6 +30,23 @@ pub fn create_guest_memory(
         let host_addr = mem
             .get_host_address(region.start_addr())
             .expect("a region's start address is inside the memory it came from");
+        // Transparent huge pages where the host allows them (Cloud
+        // Hypervisor's default too): loading an 8.7 MB vmlinux then takes
+        // five 2 MiB faults instead of 2,150 4 KiB ones (4 to 5 ms of CPU on
+        // the development hosts instead of 9 to 12, most of start-up), and
+        // KVM can map the guest with large pages. Only advice: where THP is
+        // off, or this fails, only speed changes.
+        // SAFETY: the range is exactly the anonymous mapping `region` owns;
+        // MADV_HUGEPAGE only changes how the kernel backs it, not its
+        // contents or permissions.
+        let ret =
+            unsafe { libc::madvise(host_addr.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
+        if ret != 0 {
+            log::debug!(
+                "guest memory slot {slot}: no transparent huge pages: {}",
+                std::io::Error::last_os_error()
+            );
+        }
         let kvm_region = kvm_userspace_memory_region {
             slot,
             flags: 0,

@@ -62,9 +62,10 @@ impl Sender {
         })
     }
 
-    /// Frames sent so far.
-    pub fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
+    /// The running count of frames sent, for a [`Window`] to sample at its
+    /// edges (what the sender offered during exactly that window).
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        self.sent.clone()
     }
 
     fn join(&mut self) -> Result<()> {
@@ -177,6 +178,20 @@ pub fn udp_counters() -> (u64, u64) {
     )
 }
 
+/// Running totals a loop hands to [`Window::tick`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Frames moved: read from the TAP, or accepted by it.
+    pub frames: u64,
+    /// Frame bytes moved (without vnet headers).
+    pub bytes: u64,
+    /// Guest buffers used (RX, device only).
+    pub buffers: u64,
+    /// TX frames the TAP refused (the device returns them used; they are
+    /// not in `frames`).
+    pub dropped: u64,
+}
+
 /// One measured run: frames and bytes in the window, and CPU time of the
 /// thread doing the work (device thread, or raw-loop thread).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -191,6 +206,10 @@ pub struct Measured {
     pub cpu_ns: u64,
     /// Guest buffers used (RX, device only).
     pub buffers: u64,
+    /// TX frames the TAP refused in the window (not counted in `frames`).
+    pub dropped: u64,
+    /// Frames the host sender offered in the window (RX runs).
+    pub offered: u64,
 }
 
 impl Measured {
@@ -226,6 +245,14 @@ impl Measured {
             0.0
         }
     }
+    /// Frames per second the host sender offered during the window.
+    pub fn offered_fps(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.offered as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Window bookkeeping shared by all loops: counting starts after `warmup`
@@ -236,42 +263,59 @@ pub struct Window {
     warm_end: Instant,
     end: Instant,
     cpu_clock: libc::clockid_t,
-    t0: Option<(u64, u64, u64, u64)>,
+    /// The host sender's running count, if one feeds this run.
+    offered: Option<Arc<AtomicU64>>,
+    t0: Option<(Counts, u64, u64)>,
     /// Result once closed.
     pub out: Measured,
 }
 
 impl Window {
-    /// Opens a window measuring `cpu_clock`.
-    pub fn new(warmup: Duration, dur: Duration, cpu_clock: libc::clockid_t) -> Window {
+    /// Opens a window measuring `cpu_clock`; `offered` is the running count
+    /// of a host sender feeding the run, if any.
+    pub fn new(
+        warmup: Duration,
+        dur: Duration,
+        cpu_clock: libc::clockid_t,
+        offered: Option<Arc<AtomicU64>>,
+    ) -> Window {
         let start = Instant::now();
         Window {
             start,
             warm_end: start + warmup,
             end: start + warmup + dur,
             cpu_clock,
+            offered,
             t0: None,
             out: Measured::default(),
         }
     }
 
+    fn offered_now(&self) -> u64 {
+        self.offered
+            .as_ref()
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     /// Call often with running totals; returns false once the window closed.
-    pub fn tick(&mut self, frames: u64, bytes: u64, buffers: u64) -> bool {
+    pub fn tick(&mut self, c: Counts) -> bool {
         let now = Instant::now();
         match self.t0 {
             None if now >= self.warm_end => {
-                self.t0 = Some((frames, bytes, buffers, sys::clock_ns(self.cpu_clock)));
+                self.t0 = Some((c, self.offered_now(), sys::clock_ns(self.cpu_clock)));
                 self.start = now;
                 true
             }
             None => true,
-            Some((f0, b0, u0, c0)) if now >= self.end => {
+            Some((c0, o0, cpu0)) if now >= self.end => {
                 self.out = Measured {
-                    frames: frames - f0,
-                    bytes: bytes - b0,
-                    buffers: buffers - u0,
+                    frames: c.frames - c0.frames,
+                    bytes: c.bytes - c0.bytes,
+                    buffers: c.buffers - c0.buffers,
+                    dropped: c.dropped - c0.dropped,
+                    offered: self.offered_now().saturating_sub(o0),
                     secs: (now - self.start).as_secs_f64(),
-                    cpu_ns: sys::clock_ns(self.cpu_clock).saturating_sub(c0),
+                    cpu_ns: sys::clock_ns(self.cpu_clock).saturating_sub(cpu0),
                 };
                 false
             }
@@ -289,6 +333,7 @@ pub fn raw_rx(
     offloads: u32,
     buf_len: usize,
     nbufs: usize,
+    offered: Arc<AtomicU64>,
     warmup: Duration,
     dur: Duration,
 ) -> Result<Measured> {
@@ -296,9 +341,13 @@ pub fn raw_rx(
     let fd = tap.as_raw_fd();
     let mut ring = vec![0u8; buf_len * nbufs.max(1)];
     let mut slot = 0usize;
-    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock());
+    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock(), Some(offered));
     let (mut frames, mut bytes) = (0u64, 0u64);
-    while w.tick(frames, bytes, 0) {
+    while w.tick(Counts {
+        frames,
+        bytes,
+        ..Counts::default()
+    }) {
         let buf = &mut ring[slot * buf_len..(slot + 1) * buf_len];
         slot = (slot + 1) % nbufs.max(1);
         match sys::read_fd(fd, buf) {
@@ -320,10 +369,17 @@ pub fn raw_tx(msg: &[u8], warmup: Duration, dur: Duration) -> Result<Measured> {
     let tap =
         sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
     let fd = tap.as_raw_fd();
-    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock());
+    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock(), None);
     let (mut frames, mut bytes) = (0u64, 0u64);
     let flen = msg.len().saturating_sub(sys::VNET_HDR_LEN) as u64;
-    while w.tick(frames, bytes, 0) {
+    // Any error but EAGAIN ends the run: unlike the device, which returns
+    // a refused frame to the guest and goes on, the raw loop counts only
+    // frames the TAP took, and so does the device's TX rate.
+    while w.tick(Counts {
+        frames,
+        bytes,
+        ..Counts::default()
+    }) {
         match sys::write_fd(fd, msg) {
             Ok(_) => {
                 frames += 1;

@@ -22,6 +22,7 @@ mod ratelimit;
 mod report;
 mod rig;
 mod scenarios;
+mod startup;
 mod stats;
 #[allow(unsafe_code)]
 mod sys;
@@ -45,7 +46,8 @@ pub struct Cli {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Run only these scenarios (limit, seed000, seed001, seed002, ratelimit,
-    /// smoke); repeatable; default: all but smoke.
+    /// startup, smoke); repeatable; default: all but smoke (startup only
+    /// with --minivmm and --kernel).
     #[arg(long)]
     scenario: Vec<String>,
     /// Frame sizes of the limit scenario (64, 1514, 65536).
@@ -54,10 +56,35 @@ pub struct Cli {
     /// Directions of the limit scenario (rx, tx).
     #[arg(long, value_delimiter = ',', default_values_t = [String::from("rx"), String::from("tx")])]
     limit_dirs: Vec<String>,
-    /// seed001 TX packet weights to sweep instead of the seed's table
-    /// (0 = unweighted), e.g. `--weights 0,16,32,64,256`.
+    /// seed001 TX packet weights to sweep instead of the default table
+    /// (0 = unweighted), e.g. `--weights 0,16,32,64,256`; crossed with
+    /// --time-budgets.
     #[arg(long, value_delimiter = ',')]
     weights: Vec<u64>,
+    /// seed001 pass time budgets in µs (0 = off) crossed with --weights,
+    /// e.g. `--weights 64,256 --time-budgets 0,50,100`.
+    #[arg(long, value_delimiter = ',')]
+    time_budgets: Vec<u64>,
+    /// startup: the minivmm binary to time (a release build).
+    #[arg(long)]
+    minivmm: Option<PathBuf>,
+    /// startup: an older minivmm to time in the same run, interleaved.
+    #[arg(long)]
+    minivmm_baseline: Option<PathBuf>,
+    /// startup: the guest kernel (`bash resources/build.sh` prints it).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// startup: the guest initramfs.
+    #[arg(long)]
+    initramfs: Option<PathBuf>,
+    /// startup: runs per binary (the goal is on the median of 5).
+    #[arg(long, default_value_t = 5)]
+    startup_runs: usize,
+    /// Print the summary of a results directory (latest.json, and where
+    /// present baseline.json, callgrind.txt, callgrind-baseline.txt) and
+    /// exit; runs nothing, needs no root.
+    #[arg(long, conflicts_with = "replot")]
+    report: Option<PathBuf>,
     /// Redraw the charts of an earlier `--json` file into `--plot DIR` and
     /// exit; runs nothing, needs no root.
     #[arg(long, requires = "plot")]
@@ -67,7 +94,14 @@ pub struct Cli {
     child: Option<String>,
 }
 
-const ALL: &[&str] = &["limit", "seed000", "seed001", "seed002", "ratelimit"];
+const ALL: &[&str] = &[
+    "limit",
+    "seed000",
+    "seed001",
+    "seed002",
+    "ratelimit",
+    "startup",
+];
 /// Scenarios run only when named.
 const OPT_IN: &[&str] = &["smoke"];
 
@@ -92,6 +126,10 @@ fn run(cli: Cli) -> Result<i32> {
                 OPT_IN.join(", ")
             );
         }
+    }
+    if let Some(dir) = &cli.report {
+        print!("{}", report::summary(dir)?);
+        return Ok(0);
     }
     if let (Some(json), Some(dir)) = (&cli.replot, &cli.plot) {
         let text =
@@ -151,8 +189,21 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
     use serde_json::{json, Map, Value};
 
     netns::tune_inside().context("namespace sysctls")?;
+    let startup_args = match (&cli.minivmm, &cli.kernel) {
+        (Some(m), Some(k)) => Some(startup::StartupArgs {
+            minivmm: m.clone(),
+            baseline: cli.minivmm_baseline.clone(),
+            kernel: k.clone(),
+            initramfs: cli.initramfs.clone(),
+            runs: cli.startup_runs,
+        }),
+        _ => None,
+    };
     let wanted: Vec<&str> = if cli.scenario.is_empty() {
-        ALL.to_vec()
+        ALL.iter()
+            .copied()
+            .filter(|s| *s != "startup" || startup_args.is_some())
+            .collect()
     } else {
         cli.scenario.iter().map(String::as_str).collect()
     };
@@ -177,7 +228,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
         out.insert("seed000".into(), scenarios::seed000(&t, &[1526])?);
         out.insert(
             "seed001".into(),
-            scenarios::seed001(&t, &scenarios::WEIGHTS[3..4], 2000)?,
+            scenarios::seed001(&t, &[scenarios::Weight::default_config()], 2000)?,
         );
     }
     for s in wanted.iter().filter(|s| **s != "smoke") {
@@ -185,24 +236,21 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
         let v = match *s {
             "limit" => scenarios::limit(&t, &cli.limit_sizes, &cli.limit_dirs)?,
             "seed000" => scenarios::seed000(&t, &[1500, 1526, 4096])?,
-            "seed001" if !cli.weights.is_empty() => {
-                let custom: Vec<scenarios::Weight> = cli
-                    .weights
-                    .iter()
-                    .map(|&p| scenarios::Weight {
-                        name: if p == 0 {
-                            "unweighted"
-                        } else {
-                            // Leaked once per run: names live as long as the report.
-                            Box::leak(format!("weight_{p}").into_boxed_str())
-                        },
-                        packets: p,
-                        bytes: 0,
-                    })
-                    .collect();
+            "seed001" if !cli.weights.is_empty() || !cli.time_budgets.is_empty() => {
+                let or_off = |v: &[u64]| if v.is_empty() { vec![0] } else { v.to_vec() };
+                let mut custom = vec![scenarios::Weight::default_config()];
+                for p in or_off(&cli.weights) {
+                    for t in or_off(&cli.time_budgets) {
+                        custom.push(scenarios::Weight::grid(p, t));
+                    }
+                }
                 scenarios::seed001(&t, &custom, 1000)?
             }
-            "seed001" => scenarios::seed001(&t, scenarios::WEIGHTS, 1000)?,
+            "seed001" => scenarios::seed001(&t, &scenarios::seed001_configs(), 1000)?,
+            "startup" => match &startup_args {
+                Some(a) => startup::startup(a)?,
+                None => bail!("the startup scenario needs --minivmm and --kernel"),
+            },
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,
             "ratelimit" => ratelimit::ratelimit(&t)?,
             _ => continue,
@@ -210,6 +258,9 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
         out.insert((*s).to_string(), v);
     }
     out.insert("elapsed_s".into(), json!(started.elapsed().as_secs_f64()));
+    if let Some(m) = out.get_mut("machine") {
+        m["loadavg_at_end"] = json!(report::loadavg());
+    }
     let out = Value::Object(out);
     print!("{}", report::table(&out));
     if let Some(p) = &cli.json {

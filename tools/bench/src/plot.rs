@@ -59,6 +59,7 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
                 .replace("weight_", "w")
                 .replace("unweighted", "off")
                 .replace("bytes_only", "bytes")
+                .replace("_t", "/")
         })
         .collect();
     let get = |k: &str| -> Vec<f64> {
@@ -69,11 +70,11 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
     let (p99, avg, max) = (get("p99_us"), get("avg_us"), get("max_us"));
     let top = max.iter().cloned().fold(10.0, f64::max) * 2.0;
     let n = names.len() as i32;
-    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1300, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "RX latency under a 1-byte TX flood vs TX weight",
+            "RX latency under a 1-byte TX flood vs TX weight and pass time budget",
             ("sans-serif", 22),
         )
         .margin(15)
@@ -85,7 +86,10 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
         .configure_mesh()
         .x_labels(names.len())
         .x_label_formatter(&|i| names.get(*i as usize).cloned().unwrap_or_default())
-        .x_desc("TX packet weight (off = unweighted, bytes = 0x80000-byte weight alone)")
+        .x_desc(
+            "wN: TX packet weight N; wN/T: and a T µs pass time budget; off: unweighted; \
+             bytes: the 0x80000-byte weight alone; default: NetConfig::default()",
+        )
         .y_desc("latency, µs (log)")
         .draw()
         .map_err(err)?;

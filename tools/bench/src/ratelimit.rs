@@ -159,7 +159,11 @@ struct Round {
     starved_share: f64,
 }
 
-fn one_run(case: &Case, t: &Timing) -> Result<Round> {
+fn one_run(
+    case: &Case,
+    t: &Timing,
+    offered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> Result<Round> {
     // A deep ring keeps the flow going while the driver thread waits for a
     // CPU on a busy machine: 4096 buffers are 200 ms of the limited rate at
     // 20,000 frames/s. With the default 256 (13 ms) a stalled driver left
@@ -194,7 +198,7 @@ fn one_run(case: &Case, t: &Timing) -> Result<Round> {
     let drive = warmup + window + Duration::from_millis(100);
     match case.dir {
         Dir::Tx => rig.run_tx(Duration::ZERO, drive)?,
-        Dir::Rx => rig.run_rx(Duration::ZERO, drive)?,
+        Dir::Rx => rig.run_rx(offered, Duration::ZERO, drive)?,
     };
     let (a, b) = sampler
         .join()
@@ -220,13 +224,14 @@ pub fn ratelimit(t: &Timing) -> Result<Value> {
     let mut rows = Vec::new();
     let _sink = crate::host::sink()?;
     for case in cases() {
-        let _sender = match case.dir {
+        let sender = match case.dir {
             Dir::Rx => Some(Sender::start(Traffic::Udp(case.frame))?),
             Dir::Tx => None,
         };
         let mut rounds = Vec::new();
         for _ in 0..t.rounds.max(1) {
-            rounds.push(one_run(&case, t)?);
+            let offered = sender.as_ref().map(Sender::counter).unwrap_or_default();
+            rounds.push(one_run(&case, t, offered)?);
         }
         let achieved: Vec<f64> = rounds
             .iter()

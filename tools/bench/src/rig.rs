@@ -11,7 +11,7 @@
 //! directly, as KVM's ioeventfd does; interrupts are the transport's irqfd.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -26,7 +26,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::frames;
-use crate::host::{Measured, Window, TAP_NAME};
+use crate::host::{Counts, Measured, Window, TAP_NAME};
 use crate::sys::{self, VNET_HDR_LEN};
 
 /// Feature bits (virtio 1.1 §5.1.3 and §6) as masks, from the device's
@@ -179,8 +179,8 @@ pub struct Rig {
     dev_thread: Option<JoinHandle<Result<()>>>,
     dev_clock: libc::clockid_t,
     rx_totals: RxTotals,
-    tx_frames: u64,
-    tx_bytes: u64,
+    /// TX used entries reaped: frames sent and frames the TAP refused.
+    tx_used: u64,
     tx_len: u64,
     /// Keeps the transport (and through it the device) alive.
     _driver: MockDriver,
@@ -280,8 +280,7 @@ impl Rig {
             dev_thread: Some(dev_thread),
             dev_clock,
             rx_totals: RxTotals::default(),
-            tx_frames: 0,
-            tx_bytes: 0,
+            tx_used: 0,
             tx_len: cfg.tx_msg.len().saturating_sub(VNET_HDR_LEN) as u64,
             _driver: drv,
         };
@@ -360,12 +359,37 @@ impl Rig {
             self.tx.post(&self.mem, id)?;
             n += 1;
         }
-        self.tx_frames += n as u64;
-        self.tx_bytes += n as u64 * self.tx_len;
+        self.tx_used += n as u64;
         if n > 0 {
             self.tx.publish(&self.mem)?;
         }
         Ok(n)
+    }
+
+    /// TX totals: used entries minus the frames the TAP refused (the device
+    /// returns those used too, and counts them in `tx_dropped`), as the raw
+    /// loop counts only frames the TAP took. The device adds `tx_dropped`
+    /// at the end of the pass that publishes the used entries, so the two
+    /// agree whenever the driver sees the entries.
+    fn tx_counts(&self) -> Counts {
+        let dropped = self.metrics.tx_dropped.load(Ordering::Relaxed);
+        let frames = self.tx_used.saturating_sub(dropped);
+        Counts {
+            frames,
+            bytes: frames * self.tx_len,
+            buffers: 0,
+            dropped,
+        }
+    }
+
+    fn rx_counts(&self) -> Counts {
+        let t = &self.rx_totals;
+        Counts {
+            frames: t.frames,
+            bytes: t.bytes,
+            buffers: t.buffers,
+            dropped: 0,
+        }
     }
 
     /// Posts every TX descriptor (once, at the start of a TX run).
@@ -376,13 +400,18 @@ impl Rig {
         self.tx.publish(&self.mem)
     }
 
-    /// RX throughput while the caller's host sender floods the TAP: the
-    /// driver sleeps on the interrupt like a guest would.
-    pub fn run_rx(&mut self, warmup: Duration, dur: Duration) -> Result<Measured> {
-        let mut w = Window::new(warmup, dur, self.dev_clock);
+    /// RX throughput while the caller's host sender (whose running count is
+    /// `offered`) floods the TAP: the driver sleeps on the interrupt like a
+    /// guest would.
+    pub fn run_rx(
+        &mut self,
+        offered: Arc<AtomicU64>,
+        warmup: Duration,
+        dur: Duration,
+    ) -> Result<Measured> {
+        let mut w = Window::new(warmup, dur, self.dev_clock, Some(offered));
         loop {
-            let t = &self.rx_totals;
-            if !w.tick(t.frames, t.bytes, t.buffers) {
+            if !w.tick(self.rx_counts()) {
                 break;
             }
             self.wait_irq(Duration::from_millis(5));
@@ -398,8 +427,8 @@ impl Rig {
     /// thread's CPU and kicks every frame or two, and TX fell to a third.)
     pub fn run_tx(&mut self, warmup: Duration, dur: Duration) -> Result<Measured> {
         self.fill_tx()?;
-        let mut w = Window::new(warmup, dur, self.dev_clock);
-        while w.tick(self.tx_frames, self.tx_bytes, 0) {
+        let mut w = Window::new(warmup, dur, self.dev_clock, None);
+        while w.tick(self.tx_counts()) {
             self.wait_irq(Duration::from_millis(5));
             self.reap_tx()?;
             self.reap_rx(|_| {})?;
@@ -423,8 +452,8 @@ impl Rig {
         // sent after the warm-up count.
         let warmup = Duration::from_millis(200);
         let counted_from = sys::now_ns() + warmup.as_nanos() as u64;
-        let mut w = Window::new(warmup, dur, self.dev_clock);
-        while w.tick(self.tx_frames, self.tx_bytes, 0) {
+        let mut w = Window::new(warmup, dur, self.dev_clock, None);
+        while w.tick(self.tx_counts()) {
             self.reap_rx(|ts| {
                 if ts >= counted_from {
                     let now = sys::now_ns();

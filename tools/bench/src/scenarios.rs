@@ -5,6 +5,8 @@
 //! ...) and each figure is the median over rounds, so machine noise hits
 //! both sides of every ratio alike.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -19,7 +21,14 @@ use crate::sys;
 
 /// Frame size of the "64 KiB" class: a 65000-byte TCP super-frame (44 MSS
 /// segments of 1460 bytes plus headers; the largest IPv4 packet is 65535).
+/// Its JSON keys keep the name 65536 (`limit.rx_ratio_65536`); the report
+/// prints the frame size.
 pub const GSO_FRAME: usize = 65000;
+/// An RX cell is bound by the host sender, not by the reader, when the raw
+/// loop reads at least this share of what the sender offered in the same
+/// window: its frames/s ratio then measures how the threads shared the
+/// cores, and the cell is judged by the CPU ratio instead.
+pub const SENDER_BOUND: f64 = 0.9;
 /// A posted buffer that takes the largest GSO frame plus the vnet header.
 pub const BIG_BUF: u32 = 65562;
 
@@ -122,7 +131,9 @@ fn row(m: &Measured) -> Value {
         "gbps": m.gbps(),
         "cpu_ns_per_frame": m.cpu_per_frame(),
         "thread_busy": m.busy(),
+        "offered_per_s": m.offered_fps(),
         "frames": m.frames,
+        "tx_dropped": m.dropped,
         "secs": m.secs,
     })
 }
@@ -135,6 +146,8 @@ fn med(v: &[Measured]) -> Value {
         "gbps": f(Measured::gbps),
         "cpu_ns_per_frame": f(Measured::cpu_per_frame),
         "thread_busy": f(Measured::busy),
+        "offered_per_s": f(Measured::offered_fps),
+        "tx_dropped": v.iter().map(|m| m.dropped).sum::<u64>(),
         "rounds": v.iter().map(row).collect::<Vec<_>>(),
     })
 }
@@ -143,13 +156,22 @@ fn fps_of(v: &Value) -> f64 {
     v["frames_per_s"].as_f64().unwrap_or(0.0)
 }
 
-fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measured> {
+/// One run of one side of a limit comparison; `offered` is the RX sender's
+/// running count.
+fn one_limit_run(
+    dir: Dir,
+    size: usize,
+    mode: Mode,
+    t: &Timing,
+    offered: &Arc<AtomicU64>,
+) -> Result<Measured> {
     let rx_buf = if size > 1514 { BIG_BUF } else { 2048 };
     match (mode, dir) {
         (Mode::Raw, Dir::Rx) => host::raw_rx(
             sys::TAP_OFFLOADS_GSO,
             rx_buf as usize,
             usize::from(NetConfig::default().queue_size),
+            offered.clone(),
             t.warmup,
             t.window,
         ),
@@ -166,7 +188,7 @@ fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measur
             };
             let mut rig = Rig::new(&cfg)?;
             match dir {
-                Dir::Rx => rig.run_rx(t.warmup, t.window),
+                Dir::Rx => rig.run_rx(offered.clone(), t.warmup, t.window),
                 Dir::Tx => rig.run_tx(t.warmup, t.window),
             }
         }
@@ -174,6 +196,11 @@ fn one_limit_run(dir: Dir, size: usize, mode: Mode, t: &Timing) -> Result<Measur
 }
 
 /// Experiment 1: device vs raw TAP loop, RX and TX, three frame sizes.
+///
+/// Besides the contract ratios it says, per cell, which ratio judges it
+/// (`{dir}_judged_by_{size}`: "frames/s", or "cpu" where the RX sender
+/// bounds the raw loop, see [`SENDER_BOUND`]) and that ratio
+/// (`{dir}_judged_ratio_{size}`).
 pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
     let mut out = Map::new();
     let mut rows = Vec::new();
@@ -189,39 +216,48 @@ pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
                 Dir::Rx => Some(Sender::start(Traffic::Udp(frame))?),
                 Dir::Tx => None,
             };
+            let offered = sender
+                .as_ref()
+                .map_or_else(|| Arc::new(AtomicU64::new(0)), Sender::counter);
             let _sink = host::sink()?;
-            let offered0 = (
-                sender.as_ref().map_or(0, Sender::sent),
-                std::time::Instant::now(),
-            );
             let mut runs: [Vec<Measured>; 3] = Default::default();
             for _ in 0..t.rounds {
                 for (i, mode) in [Mode::Raw, Mode::Device, Mode::Bounce]
                     .into_iter()
                     .enumerate()
                 {
-                    runs[i].push(one_limit_run(dir, frame, mode, t)?);
+                    runs[i].push(one_limit_run(dir, frame, mode, t, &offered)?);
                 }
-            }
-            if let Some(snd) = &sender {
-                // What the host sender managed to push, across all rounds
-                // (including set-up gaps): an RX figure near it is sender-bound.
-                let fps = (snd.sent() - offered0.0) as f64 / offered0.1.elapsed().as_secs_f64();
-                out.insert(format!("rx_offered_fps_{size}"), json!(fps));
             }
             let [raw, dev, bounce] = runs.map(|v| med(&v));
             let r = ratio(fps_of(&dev), fps_of(&raw));
             let rb = ratio(fps_of(&bounce), fps_of(&raw));
-            out.insert(format!("{}_ratio_{}", dir.name(), size), json!(r));
-            out.insert(format!("{}_bounce_ratio_{}", dir.name(), size), json!(rb));
+            let cpu = |v: &Value| v["cpu_ns_per_frame"].as_f64().unwrap_or(0.0);
             // Efficiency: CPU the raw loop spends per frame over what the
             // device thread spends (1.0 = the device adds nothing). Unlike the
             // throughput ratio it is not capped by the host sender.
-            let cpu = |v: &Value| v["cpu_ns_per_frame"].as_f64().unwrap_or(0.0);
-            out.insert(
-                format!("{}_cpu_ratio_{}", dir.name(), size),
-                json!(ratio(cpu(&raw), cpu(&dev))),
-            );
+            let rc = ratio(cpu(&raw), cpu(&dev));
+            let key = |what: &str| format!("{}_{what}_{size}", dir.name());
+            out.insert(key("ratio"), json!(r));
+            out.insert(key("bounce_ratio"), json!(rb));
+            out.insert(key("cpu_ratio"), json!(rc));
+            let mut sender_bound = false;
+            if sender.is_some() {
+                // What the host sender pushed during the raw loop's windows:
+                // when the raw loop read (nearly) all of it, the sender, not
+                // the reader, set the pace.
+                let offered_fps = raw["offered_per_s"].as_f64().unwrap_or(0.0);
+                sender_bound = fps_of(&raw) >= SENDER_BOUND * offered_fps;
+                out.insert(format!("rx_offered_fps_{size}"), json!(offered_fps));
+                out.insert(format!("rx_sender_bound_{size}"), json!(sender_bound));
+            }
+            let (judged_by, judged) = if sender_bound {
+                ("cpu", rc)
+            } else {
+                ("frames/s", r)
+            };
+            out.insert(key("judged_by"), json!(judged_by));
+            out.insert(key("judged_ratio"), json!(judged));
             for (mode, v) in [
                 (Mode::Raw, raw),
                 (Mode::Device, dev),
@@ -248,7 +284,7 @@ pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
 /// MRG_RXBUF; `gso` selects 65000-byte super-frames instead of MTU frames.
 fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
     let mut out = Map::new();
-    let _sender = Sender::start(if gso {
+    let sender = Sender::start(if gso {
         Traffic::Gso(GSO_FRAME)
     } else {
         Traffic::Udp(1514)
@@ -268,7 +304,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
                 post_rx: true,
             };
             let mut rig = Rig::new(&cfg)?;
-            let m = rig.run_rx(t.warmup, t.window)?;
+            let m = rig.run_rx(sender.counter(), t.warmup, t.window)?;
             let mx = rig.metrics();
             let dev_bpf = ratio(
                 mx.rx_buffers.load(std::sync::atomic::Ordering::Relaxed) as f64,
@@ -315,94 +351,117 @@ pub fn seed002(t: &Timing, bufs: &[u32]) -> Result<Value> {
     buffers(t, bufs, true)
 }
 
-/// One TX weight configuration of experiment 3.
-#[derive(Debug, Clone, Copy)]
+/// One device configuration of experiment 3.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Weight {
-    /// Name in the report and JSON.
-    pub name: &'static str,
+    /// Name in the report and JSON (`seed001.p99_us_<name>`).
+    pub name: String,
     /// tx_weight_packets (0: off).
     pub packets: u64,
     /// tx_weight_bytes (0: off).
     pub bytes: u64,
+    /// pass_time_budget_us (0: off).
+    pub time_us: u64,
 }
 
-/// The weights of the seed's table.
-pub const WEIGHTS: &[Weight] = &[
-    Weight {
-        name: "unweighted",
-        packets: 0,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_64",
-        packets: 64,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_128",
-        packets: 128,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_256",
-        packets: 256,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_512",
-        packets: 512,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_1024",
-        packets: 1024,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_2048",
-        packets: 2048,
-        bytes: 0,
-    },
-    Weight {
-        name: "weight_4096",
-        packets: 4096,
-        bytes: 0,
-    },
-    Weight {
-        name: "bytes_only",
+impl Weight {
+    /// A packet weight and a time budget alone (0 = off), named
+    /// `unweighted`, `weight_N`, `time_T` or `wN_tT`.
+    pub fn grid(packets: u64, time_us: u64) -> Weight {
+        let name = match (packets, time_us) {
+            (0, 0) => "unweighted".to_string(),
+            (p, 0) => format!("weight_{p}"),
+            (0, t) => format!("time_{t}"),
+            (p, t) => format!("w{p}_t{t}"),
+        };
+        Weight {
+            name,
+            packets,
+            bytes: 0,
+            time_us,
+        }
+    }
+
+    /// The device's defaults (`NetConfig::default()`), named `default`.
+    pub fn default_config() -> Weight {
+        let d = NetConfig::default();
+        Weight {
+            name: "default".into(),
+            packets: d.tx_weight_packets,
+            bytes: d.tx_weight_bytes,
+            time_us: d.pass_time_budget_us,
+        }
+    }
+}
+
+/// Packet weights of the seed's table (time budget off).
+pub const SEED_WEIGHTS: &[u64] = &[64, 128, 256, 512, 1024, 2048, 4096];
+/// Packet weights crossed with [`TIME_BUDGETS`] to choose the default.
+pub const GRID_WEIGHTS: &[u64] = &[64, 128, 256];
+/// Pass time budgets (µs) crossed with [`GRID_WEIGHTS`].
+pub const TIME_BUDGETS: &[u64] = &[50, 100, 200];
+
+/// The configurations of experiment 3: the device's defaults, unweighted
+/// (only the descriptor budget ends a pass), the seed's packet weights, the
+/// 0x80000-byte weight alone, and weights 64/128/256 with each time budget.
+pub fn seed001_configs() -> Vec<Weight> {
+    let mut v = vec![Weight::default_config(), Weight::grid(0, 0)];
+    v.extend(SEED_WEIGHTS.iter().map(|&p| Weight::grid(p, 0)));
+    v.push(Weight {
+        name: "bytes_only".into(),
         packets: 0,
         bytes: 0x80000,
-    },
-];
+        time_us: 0,
+    });
+    for &p in GRID_WEIGHTS {
+        v.extend(TIME_BUDGETS.iter().map(|&t| Weight::grid(p, t)));
+    }
+    v
+}
 
-/// Experiment 3: RX latency under a TX flood of 1-byte UDP frames, per weight.
+/// Experiment 3: RX latency under a TX flood of 1-byte UDP frames, per
+/// device configuration.
 ///
 /// Configurations are interleaved over `t.rounds` rounds (raw, idle, each
-/// weight, then again) and each one's samples are pooled, so a burst of
-/// load from elsewhere on the machine lands on all of them alike.
+/// configuration, then again) and each one's samples are pooled, so a burst
+/// of load from elsewhere on the machine lands on all of them alike.
 pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
     let _sink = host::sink()?;
     let _probes = Sender::start(Traffic::Probe(probe_us))?;
     let tiny = tx_msg(frames::UDP_OVERHEAD + 1);
     let rounds = t.rounds.max(1);
     let window = t.latency_window / rounds as u32;
-    // (name, packets, bytes, flood); "raw_idle" is the TAP with no device.
-    let mut configs: Vec<(&str, u64, u64, bool)> =
-        vec![("raw_idle", 0, 0, false), ("idle", 0, 0, false)];
-    configs.extend(weights.iter().map(|w| (w.name, w.packets, w.bytes, true)));
+    // "raw_idle" is the TAP with no device; "idle" the default device
+    // without the flood.
+    let idle = Weight {
+        name: "idle".into(),
+        ..Weight::default_config()
+    };
+    let mut configs: Vec<(Weight, bool)> = vec![
+        (
+            Weight {
+                name: "raw_idle".into(),
+                ..Weight::grid(0, 0)
+            },
+            false,
+        ),
+        (idle, false),
+    ];
+    configs.extend(weights.iter().map(|w| (w.clone(), true)));
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     let mut tx: Vec<Vec<Measured>> = vec![Vec::new(); configs.len()];
-    let mut hits = vec![0u64; configs.len()];
+    let mut hits = vec![(0u64, 0u64, 0u64); configs.len()];
     for _ in 0..rounds {
-        for (i, &(name, packets, bytes, flood)) in configs.iter().enumerate() {
-            if name == "raw_idle" {
+        for (i, (w, flood)) in configs.iter().enumerate() {
+            if w.name == "raw_idle" {
                 samples[i].extend(host::raw_latency(window)?);
                 continue;
             }
             let cfg = RigConfig {
                 net: NetConfig {
-                    tx_weight_packets: packets,
-                    tx_weight_bytes: bytes,
+                    tx_weight_packets: w.packets,
+                    tx_weight_bytes: w.bytes,
+                    pass_time_budget_us: w.time_us,
                     ..NetConfig::default()
                 },
                 rx_buf_len: 2048,
@@ -410,30 +469,44 @@ pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
                 post_rx: true,
             };
             let mut rig = Rig::new(&cfg)?;
-            let (s, m) = rig.run_latency(window, flood)?;
+            let (s, m) = rig.run_latency(window, *flood)?;
             samples[i].extend(s);
             tx[i].push(m);
-            hits[i] += rig
-                .metrics()
-                .tx_weight_hits
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let get = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            let mx = rig.metrics();
+            hits[i].0 += get(&mx.tx_weight_hits);
+            hits[i].1 += get(&mx.time_budget_hits);
+            hits[i].2 += get(&mx.desc_budget_hits);
         }
     }
     let mut out = Map::new();
     let mut rows = Vec::new();
-    for (i, &(name, packets, bytes, flood)) in configs.iter().enumerate() {
+    let idle_p99 = stats::summarize(&samples[1]).p99;
+    for (i, (w, flood)) in configs.iter().enumerate() {
         let s = stats::summarize(&samples[i]);
         let m = med(&tx[i]);
+        let name = &w.name;
         out.insert(format!("p99_us_{name}"), json!(s.p99));
         out.insert(format!("avg_us_{name}"), json!(s.avg));
+        if *flood {
+            out.insert(format!("p99_vs_idle_{name}"), json!(ratio(s.p99, idle_p99)));
+            out.insert(format!("tx_fps_{name}"), json!(fps_of(&m)));
+        }
         rows.push(json!({
-            "config": name, "tx_weight_packets": packets, "tx_weight_bytes": bytes,
+            "config": name, "tx_weight_packets": w.packets, "tx_weight_bytes": w.bytes,
+            "pass_time_budget_us": w.time_us,
             "flood": flood, "samples": s.n,
             "min_us": s.min, "avg_us": s.avg, "p50_us": s.p50, "p99_us": s.p99, "max_us": s.max,
-            "tx_frames_per_s": if flood { fps_of(&m) } else { 0.0 },
-            "device_cpu_ns_per_tx_frame": if flood { m["cpu_ns_per_frame"].as_f64().unwrap_or(0.0) } else { 0.0 },
-            "tx_weight_hits": hits[i],
+            "p99_vs_idle": if *flood { ratio(s.p99, idle_p99) } else { 0.0 },
+            "tx_frames_per_s": if *flood { fps_of(&m) } else { 0.0 },
+            "device_cpu_ns_per_tx_frame": if *flood { m["cpu_ns_per_frame"].as_f64().unwrap_or(0.0) } else { 0.0 },
+            "tx_weight_hits": hits[i].0,
+            "time_budget_hits": hits[i].1,
+            "desc_budget_hits": hits[i].2,
         }));
+    }
+    if let Some(p) = out.get("p99_vs_idle_default").and_then(Value::as_f64) {
+        out.insert("goal_default_p99_within_2x_idle".into(), json!(p <= 2.0));
     }
     out.insert("rows".into(), Value::Array(rows));
     Ok(Value::Object(out))
@@ -451,11 +524,37 @@ mod tests {
             secs: 1.0,
             cpu_ns: frames * 10,
             buffers: frames,
+            dropped: 0,
+            offered: frames * 2,
         };
         let v = med(&[m(30), m(10), m(20)]);
         assert_eq!(fps_of(&v), 20.0);
         assert_eq!(v["cpu_ns_per_frame"].as_f64(), Some(10.0));
         assert_eq!(v["rounds"].as_array().map(Vec::len), Some(3));
+        assert_eq!(v["offered_per_s"].as_f64(), Some(40.0));
+    }
+
+    #[test]
+    fn seed001_configs_are_named_for_their_contract_keys() {
+        let c = seed001_configs();
+        let names: Vec<&str> = c.iter().map(|w| w.name.as_str()).collect();
+        for n in [
+            "default",
+            "unweighted",
+            "weight_256",
+            "bytes_only",
+            "w64_t50",
+            "w256_t200",
+        ] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        let unique: std::collections::HashSet<&&str> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+        let d = &c[0];
+        assert_eq!(d.time_us, NetConfig::default().pass_time_budget_us);
+        assert_eq!(Weight::grid(128, 100).name, "w128_t100");
+        assert_eq!(Weight::grid(0, 50).name, "time_50");
+        assert_eq!(Weight::grid(512, 0).time_us, 0);
     }
 
     #[test]

@@ -60,7 +60,7 @@ fn smoke_scenario_produces_contract_shaped_json() {
     assert_eq!(v["seed000"]["buffers_per_frame_1526"].as_f64(), Some(1.0));
     let rows = v["seed001"]["rows"].as_array().cloned().unwrap_or_default();
     let names: Vec<&str> = rows.iter().filter_map(|r| r["config"].as_str()).collect();
-    assert_eq!(names, ["raw_idle", "idle", "weight_256"]);
+    assert_eq!(names, ["raw_idle", "idle", "default"]);
     for r in &rows {
         assert!(r["samples"].as_u64().unwrap_or(0) > 10, "{r}");
     }
@@ -71,8 +71,32 @@ fn smoke_scenario_produces_contract_shaped_json() {
         rows[2]
     );
     assert!(v["seed001"]["p99_us_idle"].as_f64().unwrap_or(0.0) > 0.0);
-    assert!(v["seed001"]["p99_us_weight_256"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(v["seed001"]["p99_us_default"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(v["seed001"]["p99_vs_idle_default"].as_f64().unwrap_or(0.0) > 0.0);
     assert!(stdout.contains("LIMIT"), "{stdout}");
+    assert!(stdout.contains("1514"), "{stdout}");
+    // The RX sender's offer is measured in each window, and every cell
+    // says which ratio judges it.
+    assert!(v["limit"]["rx_offered_fps_1514"].as_f64().unwrap_or(0.0) > 0.0);
+    assert!(v["limit"]["rx_sender_bound_1514"].is_boolean());
+    for dir in ["rx", "tx"] {
+        let by = v["limit"][format!("{dir}_judged_by_1514")].as_str();
+        assert!(matches!(by, Some("cpu") | Some("frames/s")), "{by:?}");
+    }
+
+    // The summary of a results directory reads the same JSON, unprivileged.
+    std::fs::copy(&json, dir.join("latest.json")).unwrap();
+    let report = Command::new(env!("CARGO_BIN_EXE_netbench"))
+        .arg("--report")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success(), "{text}");
+    assert!(
+        text.contains("GOALS") && text.contains("limit.rx_ratio_1514"),
+        "{text}"
+    );
 
     // The namespace was removed.
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();

@@ -13,15 +13,13 @@
 //! - A peer that vanishes is an error with one line naming what was going on, not a result.
 
 use std::io::{self, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams};
+use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams, RR_SEQ_LEN};
 use crate::sockopt;
 use crate::stats::Histogram;
 
@@ -190,9 +188,27 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
             describe(&e, "server", g)
         )
     })?;
+    // A UDP test's data socket exists before the request, which names its port: the server
+    // then counts and answers datagrams from this socket only.
+    let udp = if p.test.is_udp() {
+        let local = ctrl_stream
+            .local_addr()
+            .context("control connection address")?;
+        Some(udp_socket(local.ip())?)
+    } else {
+        None
+    };
     let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
+    let mut request = p.to_json();
+    if let Some(sock) = &udp {
+        request["client_port"] = sock
+            .local_addr()
+            .context("UDP socket address")?
+            .port()
+            .into();
+    }
     let g = b.step("sending test request")?;
-    ctrl.send(&p.to_json(), g)
+    ctrl.send(&request, g)
         .map_err(|e| anyhow!("sending test request: {}", describe(&e, "server", g)))?;
     let g = b.step("waiting for the server to accept the test")?;
     let reply = ctrl.recv(g).map_err(|e| {
@@ -219,12 +235,17 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
         ..SockSizes::default()
     };
     let data_addr = SocketAddr::new(cfg.server.ip(), data_port);
-    let (elapsed, measured) = match p.test {
-        TestKind::TcpStream => tcp_stream(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::TcpMaerts => tcp_maerts(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::TcpRr => tcp_rr(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::UdpStream => udp_stream(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
-        TestKind::UdpRr => udp_rr(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+    let (elapsed, measured) = match (p.test, udp) {
+        (TestKind::TcpStream, _) => tcp_stream(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        (TestKind::TcpMaerts, _) => tcp_maerts(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        (TestKind::TcpRr, _) => tcp_rr(cfg, &b, &mut ctrl, data_addr, &mut sizes)?,
+        (TestKind::UdpStream, Some(sock)) => {
+            udp_stream(cfg, &b, &mut ctrl, sock, data_addr, &mut sizes)?
+        }
+        (TestKind::UdpRr, Some(sock)) => udp_rr(cfg, &b, &mut ctrl, sock, data_addr, &mut sizes)?,
+        (TestKind::UdpStream | TestKind::UdpRr, None) => {
+            bail!("{}: no UDP data socket was set up", p.test)
+        }
     };
     match &measured {
         Measured::Stream(s) if s.bytes_received == 0 => bail!(
@@ -412,16 +433,32 @@ fn tcp_rr(
     Ok((elapsed, Measured::Rr(r)))
 }
 
-fn udp_socket(addr: SocketAddr) -> Result<UdpSocket> {
-    let any: IpAddr = if addr.is_ipv6() {
-        Ipv6Addr::UNSPECIFIED.into()
-    } else {
-        Ipv4Addr::UNSPECIFIED.into()
-    };
-    let s = UdpSocket::bind((any, 0)).context("binding the UDP socket")?;
-    // Connected, so an ICMP port unreachable (server gone) comes back as ECONNREFUSED.
-    s.connect(addr).context("connecting the UDP socket")?;
-    Ok(s)
+/// The UDP data socket, bound on the address the control connection comes from, so that the
+/// server sees the address it was told.
+fn udp_socket(local: IpAddr) -> Result<UdpSocket> {
+    UdpSocket::bind((local, 0)).with_context(|| format!("binding a UDP socket on {local}"))
+}
+
+/// Connects the data socket to the server's, so an ICMP port unreachable (server gone) comes
+/// back as ECONNREFUSED and datagrams from anyone else are dropped.
+fn udp_connect(sock: &UdpSocket, addr: SocketAddr) -> Result<()> {
+    sock.connect(addr)
+        .with_context(|| format!("connecting the UDP socket to {addr}"))
+}
+
+/// The receiver cannot have more than was sent: a server claiming so is broken or counts
+/// someone else's traffic.
+fn check_received_le_sent(s: &StreamResult) -> Result<()> {
+    if s.messages_received > s.messages_sent || s.bytes_received > s.bytes_sent {
+        bail!(
+            "server claims {} datagrams ({} bytes) but only {} ({} bytes) were sent",
+            s.messages_received,
+            s.bytes_received,
+            s.messages_sent,
+            s.bytes_sent
+        );
+    }
+    Ok(())
 }
 
 /// Tells the server the UDP data phase is over and collects its counts.
@@ -438,10 +475,11 @@ fn udp_stream(
     cfg: &ClientConfig,
     b: &Budget,
     ctrl: &mut Control,
+    sock: UdpSocket,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
-    let sock = udp_socket(addr)?;
+    udp_connect(&sock, addr)?;
     sizes.record_local(&sock);
     let buf = vec![0x5au8; cfg.params.msg_size];
     let mut s = StreamResult::default();
@@ -463,23 +501,30 @@ fn udp_stream(
     let report = udp_finish(ctrl, b.hard)?;
     s.messages_received = report_u64(&report, "messages")?;
     s.bytes_received = report_u64(&report, "bytes")?;
+    check_received_le_sent(&s)?;
     Ok((elapsed, Measured::Stream(s)))
+}
+
+/// Whether a UDP_RR datagram is the response to request `seq`: the full 64-bit sequence
+/// number echoed, then `resp_size` bytes.
+fn answers(datagram: &[u8], seq: u64, resp_size: usize) -> bool {
+    datagram.len() == RR_SEQ_LEN + resp_size && datagram[..RR_SEQ_LEN] == seq.to_le_bytes()
 }
 
 fn udp_rr(
     cfg: &ClientConfig,
     b: &Budget,
     ctrl: &mut Control,
+    sock: UdpSocket,
     addr: SocketAddr,
     sizes: &mut SockSizes,
 ) -> Result<(Duration, Measured)> {
     let p = &cfg.params;
-    let sock = udp_socket(addr)?;
+    udp_connect(&sock, addr)?;
     sizes.record_local(&sock);
-    // The first bytes of each request carry a sequence number that the server echoes, so a
-    // response that arrives after we gave up on it is not mistaken for the current one.
-    let seq_len = p.req_size.min(p.resp_size).min(8);
-    let mut req = vec![0x5au8; p.req_size];
+    // Each request starts with a 64-bit sequence number that the server echoes, so a response
+    // that arrives after we gave up on its request is never mistaken for the current one.
+    let mut req = vec![0x5au8; RR_SEQ_LEN + p.req_size];
     let mut resp = vec![0u8; 65536];
     let mut r = RrResult::default();
     let (start, end, g) = b.data_phase()?;
@@ -490,8 +535,7 @@ fn udp_rr(
     let mut seq = 0u64;
     while Instant::now() < end {
         seq += 1;
-        let tag = seq.to_le_bytes();
-        req[..seq_len].copy_from_slice(&tag[..seq_len]);
+        req[..RR_SEQ_LEN].copy_from_slice(&seq.to_le_bytes());
         let t = Instant::now();
         match sock.send(&req) {
             Ok(_) => {}
@@ -504,7 +548,7 @@ fn udp_rr(
         }
         loop {
             match sock.recv(&mut resp) {
-                Ok(n) if n == p.resp_size && resp[..seq_len] == tag[..seq_len] => {
+                Ok(n) if answers(&resp[..n], seq, p.resp_size) => {
                     r.latency.record(t.elapsed());
                     r.transactions += 1;
                     break;
@@ -571,6 +615,50 @@ mod tests {
             "{e}"
         );
         assert!(report_u64(&json!({"bytes": -1}), "bytes").is_err());
+    }
+
+    #[test]
+    fn rr_responses_match_only_their_own_request() {
+        let reply = |seq: u64, len: usize| {
+            let mut d = seq.to_le_bytes().to_vec();
+            d.resize(RR_SEQ_LEN + len, 0xa5);
+            d
+        };
+        assert!(answers(&reply(257, 1), 257, 1));
+        // 256 requests late: a one-byte tag would have matched.
+        assert!(!answers(&reply(1, 1), 257, 1));
+        assert!(!answers(&reply(257 + (1 << 32), 1), 257, 1));
+        assert!(!answers(&reply(257, 2), 257, 1));
+        assert!(!answers(&reply(257, 1)[..RR_SEQ_LEN], 257, 1));
+    }
+
+    #[test]
+    fn udp_stream_receiver_cannot_exceed_sender() {
+        let sent = StreamResult {
+            bytes_sent: 3000,
+            messages_sent: 3,
+            bytes_received: 2000,
+            messages_received: 2,
+            ..StreamResult::default()
+        };
+        assert!(check_received_le_sent(&sent).is_ok());
+        let all = StreamResult {
+            bytes_received: 3000,
+            messages_received: 3,
+            ..sent.clone()
+        };
+        assert!(check_received_le_sent(&all).is_ok());
+        let more_messages = StreamResult {
+            messages_received: 4,
+            ..sent.clone()
+        };
+        let e = check_received_le_sent(&more_messages).expect_err("more datagrams than sent");
+        assert!(e.to_string().contains("only 3"), "{e}");
+        let more_bytes = StreamResult {
+            bytes_received: 3001,
+            ..sent
+        };
+        assert!(check_received_le_sent(&more_bytes).is_err());
     }
 
     #[test]

@@ -4,14 +4,18 @@
 //! Each test opens one TCP control connection to the server's port and exchanges JSON objects,
 //! one per line:
 //!
-//! 1. client → server: `{"proto":1,"test":"TCP_RR","duration_s":10.0,"msg_size":16384,
-//!    "req_size":1,"resp_size":1}`
+//! 1. client → server: `{"proto":2,"test":"TCP_RR","duration_s":10.0,"msg_size":16384,
+//!    "req_size":1,"resp_size":1}`; UDP tests add `"client_port":P`, the port of the UDP
+//!    socket the client has already bound on the address its control connection comes from.
 //! 2. server → client: `{"ok":true,"data_port":P,"recv_buf":N,"send_buf":N}` after it has bound
 //!    a fresh data socket (TCP listener or UDP socket) on the address the control connection
-//!    reached, or `{"ok":false,"error":"..."}`.
+//!    reached, or `{"ok":false,"error":"..."}`. A UDP data socket is connected to the client's
+//!    data socket, and the server counts and answers datagrams from that socket only.
 //! 3. the data phase on that port. TCP tests end it by a write shutdown from the sender
 //!    (client for STREAM/RR, server for MAERTS); UDP tests end it by the client sending
 //!    `{"done":true}` on the control connection, since datagrams carry no end-of-stream.
+//!    Every UDP_RR datagram starts with [`RR_SEQ_LEN`] bytes of sequence number (the request's,
+//!    echoed in its response) ahead of the request or response bytes.
 //! 4. server → client: its counts, e.g. `{"bytes":N,"messages":N,"transactions":N}`, so the
 //!    client reports what the receiver actually got, not what it handed to its own kernel.
 
@@ -24,8 +28,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
-/// Protocol version carried in every request; a mismatch is refused.
-pub const PROTO_VERSION: u64 = 1;
+/// Protocol version carried in every request; a mismatch is refused. Version 2: UDP tests
+/// name the client's data port, UDP_RR datagrams carry a 64-bit sequence number.
+pub const PROTO_VERSION: u64 = 2;
 /// Default control port, netperf's `netserver` port.
 pub const DEFAULT_PORT: u16 = 12865;
 /// Longest control line accepted, so a bogus peer cannot make us buffer without bound.
@@ -34,6 +39,10 @@ const MAX_LINE: u64 = 4096;
 pub const MAX_TCP_MSG: usize = 16 << 20;
 /// Largest UDP payload over IPv4 (65535 - 20 IP - 8 UDP).
 pub const MAX_UDP_MSG: usize = 65507;
+/// Bytes of sequence number ahead of every UDP_RR request and response. 64 bits, so no reply
+/// of a run can carry the tag of another request, however late it comes (the request bytes
+/// themselves are too few for a tag: netperf's default request is one byte).
+pub const RR_SEQ_LEN: usize = 8;
 
 /// The tests, named as netperf names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,10 +129,10 @@ pub struct TestParams {
 impl TestParams {
     /// Checks the sizes against the transport's limits.
     pub fn validate(&self) -> Result<()> {
-        let max = if self.test.is_udp() {
-            MAX_UDP_MSG
-        } else {
-            MAX_TCP_MSG
+        let max = match self.test {
+            TestKind::UdpRr => MAX_UDP_MSG - RR_SEQ_LEN,
+            TestKind::UdpStream => MAX_UDP_MSG,
+            TestKind::TcpStream | TestKind::TcpMaerts | TestKind::TcpRr => MAX_TCP_MSG,
         };
         let check = |what: &str, v: usize| -> Result<()> {
             if v == 0 || v > max {
@@ -337,6 +346,13 @@ mod tests {
         let mut v = params(TestKind::UdpStream).to_json();
         v["msg_size"] = 70_000.into();
         assert!(TestParams::from_json(&v).is_err());
+
+        // The sequence number counts against the datagram size.
+        let mut v = params(TestKind::UdpRr).to_json();
+        v["resp_size"] = (MAX_UDP_MSG - RR_SEQ_LEN + 1).into();
+        assert!(TestParams::from_json(&v).is_err());
+        v["resp_size"] = (MAX_UDP_MSG - RR_SEQ_LEN).into();
+        assert!(TestParams::from_json(&v).is_ok());
 
         let mut v = params(TestKind::TcpRr).to_json();
         v["req_size"] = 0.into();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams};
+use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams, RR_SEQ_LEN};
 use crate::sockopt;
 
 /// How long a client may take for each step that does not depend on the test length: sending
@@ -140,9 +140,16 @@ fn session(stream: TcpStream) -> Result<String> {
         TestKind::TcpStream | TestKind::TcpMaerts | TestKind::TcpRr => {
             tcp_session(&mut ctrl, &params, local_ip, peer_ip, deadline)
         }
-        TestKind::UdpStream | TestKind::UdpRr => {
-            udp_session(&mut ctrl, &params, local_ip, deadline)
-        }
+        TestKind::UdpStream | TestKind::UdpRr => match client_data_port(&req) {
+            Ok(port) => udp_session(
+                &mut ctrl,
+                &params,
+                local_ip,
+                SocketAddr::new(peer_ip, port),
+                deadline,
+            ),
+            Err(e) => Err(e),
+        },
     };
     let report = match result {
         Ok(r) => r,
@@ -267,6 +274,15 @@ fn tcp_session(
     }
 }
 
+/// The port of the client's UDP data socket, from a UDP test request.
+fn client_data_port(req: &Value) -> Result<u16> {
+    req.get("client_port")
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|&p| p != 0)
+        .ok_or_else(|| anyhow!("UDP test request has no valid client_port"))
+}
+
 /// Counts kept by a UDP worker thread.
 #[derive(Debug, Default)]
 struct UdpCounts {
@@ -274,15 +290,25 @@ struct UdpCounts {
     bytes: u64,
     responses: u64,
     send_errors: u64,
+    /// Datagrams from anyone but the test's client socket (queued before the socket was
+    /// connected): neither counted nor answered.
+    foreign: u64,
+    /// UDP_RR datagrams from the client of the wrong size: not answered.
+    malformed: u64,
 }
 
 fn udp_session(
     ctrl: &mut Control,
     p: &TestParams,
     local_ip: IpAddr,
+    peer: SocketAddr,
     deadline: Instant,
 ) -> Result<Value> {
     let sock = UdpSocket::bind(SocketAddr::new(local_ip, 0)).context("data socket")?;
+    // Connected, the kernel drops datagrams from every other source; the worker also checks
+    // each sender for the few that may have queued between bind and connect.
+    sock.connect(peer)
+        .with_context(|| format!("connecting the data socket to the client's {peer}"))?;
     sock.set_read_timeout(Some(UDP_POLL))?;
     sock.set_write_timeout(Some(STEP_TIMEOUT))?;
     let reply = ok_reply(sock.local_addr()?.port(), &sock);
@@ -292,7 +318,7 @@ fn udp_session(
         let p = p.clone();
         thread::Builder::new()
             .name("udp worker".into())
-            .spawn(move || udp_worker(&sock, &p, &stop))
+            .spawn(move || udp_worker(&sock, &p, peer, &stop))
             .context("starting the UDP worker")?
     };
     // The socket is bound before the reply goes out, so no early datagram is refused.
@@ -315,15 +341,16 @@ fn udp_session(
         "bytes": counts.bytes,
         "transactions": counts.responses,
         "send_errors": counts.send_errors,
+        "foreign": counts.foreign,
+        "malformed": counts.malformed,
     }))
 }
 
-fn udp_worker(sock: &UdpSocket, p: &TestParams, stop: &AtomicBool) -> UdpCounts {
+fn udp_worker(sock: &UdpSocket, p: &TestParams, peer: SocketAddr, stop: &AtomicBool) -> UdpCounts {
     let mut c = UdpCounts::default();
     let mut buf = vec![0u8; 65536];
-    let mut resp = vec![0xa5u8; p.resp_size];
-    // RR sequence bytes echoed from the request so the client can match late replies.
-    let seq_len = p.req_size.min(p.resp_size).min(8);
+    // A response is the request's sequence number, then the response bytes.
+    let mut resp = vec![0xa5u8; RR_SEQ_LEN + p.resp_size];
     let mut drain_until: Option<Instant> = None;
     loop {
         if drain_until.is_none() && stop.load(Ordering::SeqCst) {
@@ -333,13 +360,16 @@ fn udp_worker(sock: &UdpSocket, p: &TestParams, stop: &AtomicBool) -> UdpCounts 
             break;
         }
         match sock.recv_from(&mut buf) {
-            Ok((n, from)) => {
+            Ok((_, from)) if from != peer => c.foreign += 1,
+            Ok((n, _)) if p.test == TestKind::UdpRr && n != RR_SEQ_LEN + p.req_size => {
+                c.malformed += 1;
+            }
+            Ok((n, _)) => {
                 c.messages += 1;
                 c.bytes += n as u64;
                 if p.test == TestKind::UdpRr {
-                    let k = seq_len.min(n);
-                    resp[..k].copy_from_slice(&buf[..k]);
-                    match sock.send_to(&resp, from) {
+                    resp[..RR_SEQ_LEN].copy_from_slice(&buf[..RR_SEQ_LEN]);
+                    match sock.send(&resp) {
                         Ok(_) => c.responses += 1,
                         Err(_) => c.send_errors += 1,
                     }
@@ -364,13 +394,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn udp_worker_counts_and_echoes_sequence() {
+    fn udp_worker_counts_and_echoes_only_its_peer() {
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
-        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
         let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
-        client
-            .connect(server.local_addr().expect("addr"))
-            .expect("connect");
+        let stranger = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let peer = client.local_addr().expect("addr");
+        let server_addr = server.local_addr().expect("addr");
+        // Queued before the server connects: only the sender check can keep it out.
+        stranger.send_to(&[7u8; 24], server_addr).expect("send");
+        server.connect(peer).expect("connect");
+        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
+        client.connect(server_addr).expect("connect");
         client
             .set_read_timeout(Some(Duration::from_secs(2)))
             .expect("timeout");
@@ -378,27 +412,38 @@ mod tests {
             test: TestKind::UdpRr,
             duration: Duration::from_secs(1),
             msg_size: 1,
-            req_size: 16,
+            req_size: 1,
             resp_size: 4,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let worker = {
             let stop = Arc::clone(&stop);
-            thread::spawn(move || udp_worker(&server, &p, &stop))
+            thread::spawn(move || udp_worker(&server, &p, peer, &stop))
         };
         let mut got = [0u8; 64];
-        for i in 0u8..3 {
-            let mut req = [0u8; 16];
-            req[0] = i;
-            req[1] = 0xee;
+        for seq in [1u64, 2, 0x0102_0304_0506_0708] {
+            let mut req = seq.to_le_bytes().to_vec();
+            req.push(0xee);
             client.send(&req).expect("send");
             let n = client.recv(&mut got).expect("reply");
-            assert_eq!(n, 4);
-            assert_eq!(&got[..2], &[i, 0xee]);
-            assert_eq!(&got[2..4], &[0, 0]);
+            assert_eq!(n, RR_SEQ_LEN + 4);
+            assert_eq!(&got[..RR_SEQ_LEN], &seq.to_le_bytes());
+            assert_eq!(&got[RR_SEQ_LEN..n], &[0xa5; 4]);
         }
+        // After connect the kernel drops a stranger's datagrams before we see them.
+        stranger.send_to(&[7u8; 9], server_addr).expect("send");
+        // A datagram of the wrong size is neither counted nor answered.
+        client.send(&[1u8; 3]).expect("send");
+        client
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .expect("timeout");
+        assert!(
+            client.recv(&mut got).is_err(),
+            "a malformed request was answered"
+        );
         stop.store(true, Ordering::SeqCst);
         let c = worker.join().expect("worker");
-        assert_eq!((c.messages, c.bytes, c.responses), (3, 48, 3));
+        assert_eq!((c.messages, c.bytes, c.responses), (3, 27, 3));
+        assert_eq!((c.foreign, c.malformed), (1, 1));
     }
 }

@@ -362,8 +362,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
             c.rx_weight_bytes,
             c.rx_weight_packets,
             c.bounce_buffer,
-        );
-        let tx = TxVirtio::new(txq, c.tx_weight_bytes, c.tx_weight_packets, c.bounce_buffer);
+        )
+        .with_time_budget(c.pass_time_budget());
+        let tx = TxVirtio::new(txq, c.tx_weight_bytes, c.tx_weight_packets, c.bounce_buffer)
+            .with_time_budget(c.pass_time_budget());
         if let Some(old) = self.active.take() {
             // An activation without a reset in between: account for the old
             // starvation before dropping it.
@@ -394,6 +396,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         // way to start over, and a backend that is really gone reports its
         // hangup again (rate-limited).
         self.registered.backend_hup = false;
+        self.registered.tx_requeued = false;
         // Kicks that were pending belong to the old queues.
         for evt in self
             .queue_evts

@@ -140,6 +140,10 @@ pub struct NetMetrics {
     /// Passes (either direction) cut short by the descriptor budget
     /// (`rxtx::PASS_DESC_BUDGET`) rather than by a weight.
     pub desc_budget_hits: AtomicU64,
+    /// Passes (either direction) cut short by the time budget
+    /// (`NetConfig::pass_time_budget_us`) rather than by a weight or the
+    /// descriptor budget.
+    pub time_budget_hits: AtomicU64,
     /// Ring entries and descriptors read by the datapath, good and refused
     /// chains alike.
     pub descs_walked: AtomicU64,
@@ -194,7 +198,7 @@ mod tests {
 
     /// Every key the JSON had when it was listed by hand, then the
     /// limiter's: a renamed field fails here.
-    const KEYS: [&str; 30] = [
+    const KEYS: [&str; 31] = [
         "rx_frames",
         "rx_bytes",
         "rx_buffers",
@@ -221,6 +225,7 @@ mod tests {
         "desc_budget_hits",
         "descs_walked",
         "max_descs_per_pass",
+        "time_budget_hits",
         "rx_rate_limiter_throttled",
         "tx_rate_limiter_throttled",
         "rx_throttled_ns",

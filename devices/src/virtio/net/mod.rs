@@ -97,6 +97,10 @@ pub struct NetConfig {
     pub rx_weight_bytes: u64,
     /// Frames after which an RX pass yields to the event loop; 0 disables.
     pub rx_weight_packets: u64,
+    /// Microseconds after which a pass (either direction) yields to the
+    /// event loop, whatever the weights; 0 disables. It bounds how long one
+    /// direction's flood delays the other (see `rxtx`).
+    pub pass_time_budget_us: u64,
     /// Which checksum and segmentation offloads to offer.
     pub offloads: Offloads,
     /// Offer VIRTIO_NET_F_MRG_RXBUF.
@@ -117,6 +121,9 @@ pub struct NetConfig {
 pub const DEFAULT_WEIGHT_BYTES: u64 = 0x80000;
 /// vhost-net's `VHOST_NET_PKT_WEIGHT`: frames per pass before yielding.
 pub const DEFAULT_WEIGHT_PACKETS: u64 = 256;
+/// Default time budget of a pass in µs: chosen with netbench's seed001
+/// experiment (BENCHMARKS.md).
+pub const DEFAULT_PASS_TIME_BUDGET_US: u64 = 100;
 /// Default QueueNumMax: what Firecracker and QEMU offer.
 pub const DEFAULT_QUEUE_SIZE: u16 = 256;
 
@@ -131,6 +138,7 @@ impl Default for NetConfig {
             tx_weight_packets: DEFAULT_WEIGHT_PACKETS,
             rx_weight_bytes: DEFAULT_WEIGHT_BYTES,
             rx_weight_packets: DEFAULT_WEIGHT_PACKETS,
+            pass_time_budget_us: DEFAULT_PASS_TIME_BUDGET_US,
             offloads: Offloads::ALL,
             mrg_rxbuf: true,
             mtu: None,
@@ -178,6 +186,14 @@ impl Offloads {
             return Err("TSO and UFO need checksum offload (csum)");
         }
         Ok(())
+    }
+}
+
+impl NetConfig {
+    /// The time budget of a pass, if any.
+    pub fn pass_time_budget(&self) -> Option<std::time::Duration> {
+        (self.pass_time_budget_us != 0)
+            .then(|| std::time::Duration::from_micros(self.pass_time_budget_us))
     }
 }
 

@@ -285,7 +285,29 @@ impl Harness<SeqPacket> {
 
     /// [`new_inactive`](Self::new_inactive) over `mem`, which must cover
     /// the first `MEM_SIZE` bytes of guest addresses (in any regions).
+    ///
+    /// The time budget of a pass is off: how many frames a pass moves must
+    /// not depend on how fast the test machine runs ([`Harness::timed`]
+    /// keeps it).
     pub fn new_inactive_with(cfg: NetConfig, mem: GuestMemory) -> Self {
+        Self::build(
+            NetConfig {
+                pass_time_budget_us: 0,
+                ..cfg
+            },
+            mem,
+        )
+    }
+
+    /// [`new`](Self::new) with `cfg`'s time budget kept.
+    pub fn timed(cfg: NetConfig, features: u64) -> Self {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
+        let mut h = Self::build(cfg, mem);
+        h.activate(features);
+        h
+    }
+
+    fn build(cfg: NetConfig, mem: GuestMemory) -> Self {
         let (dev_end, peer) = SeqPacket::pair().unwrap();
         Harness::with_backend(dev_end, peer, cfg, mem)
     }
