@@ -11,17 +11,15 @@
 //! the log grows by a bounded amount whatever the guest repeats.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::rxtx::{MAX_PASS_READS, PASS_DESC_BUDGET};
 use super::test_driver::*;
 use super::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
-use crate::virtio::mmio::MmioTransport;
 use crate::virtio::queue::RingAddrs;
-use crate::virtio::test_utils::{aliasing_cases, MockDriver, QueueLayout, Segment};
+use crate::virtio::test_utils::{aliasing_cases, QueueLayout, Segment};
 use crate::virtio::VirtioDevice;
 
 /// Event-loop iterations within which the device must go idle once the
@@ -462,7 +460,12 @@ fn a_reset_polls_the_backend_again() {
 /// ways.
 #[test]
 fn avail_ring_at_address_zero_end_to_end() {
-    let (mut em, mut drv, peer) = transport_rig();
+    let TransportRig {
+        mut em,
+        mut drv,
+        peer,
+        ..
+    } = TransportRig::new(4 << 20);
     drv.negotiate(MRG_FEATURES).unwrap();
     let rx = QueueLayout {
         size: 256,
@@ -494,25 +497,6 @@ fn avail_ring_at_address_zero_end_to_end() {
     assert_eq!(buf[..t.len()], t[..]);
 }
 
-type NetLoop = EventManager<Arc<Mutex<super::Net<SeqPacket>>>>;
-
-/// A device on 4 MiB of guest memory behind the real MMIO transport, its
-/// event loop, a driver allocating from 1 MiB up, and the backend's peer.
-fn transport_rig() -> (NetLoop, MockDriver, SeqPacket) {
-    let mem = crate::virtio::test_utils::guest_memory(4 << 20).unwrap();
-    let (dev_end, peer) = SeqPacket::pair().unwrap();
-    peer.set_nonblocking(true).unwrap();
-    let net = Arc::new(Mutex::new(
-        super::Net::with_backend(dev_end, NetConfig::default(), mem.clone()).unwrap(),
-    ));
-    let mut em = EventManager::new().unwrap();
-    em.add_subscriber(net.clone());
-    let dev: Arc<Mutex<dyn VirtioDevice>> = net;
-    let t = MmioTransport::new(mem.clone(), dev).unwrap();
-    let drv = MockDriver::with_alloc_range(mem, t, GuestAddress(0x100000), 0x300000);
-    (em, drv, peer)
-}
-
 /// A guest repeating everything that makes the transport or the device log
 /// (bad register accesses, refused layouts, malformed chains both ways,
 /// broken rings, config writes) adds a bounded number of log lines, not one
@@ -521,7 +505,12 @@ fn transport_rig() -> (NetLoop, MockDriver, SeqPacket) {
 fn no_log_line_per_guest_attempt() {
     let base = test_log::records();
     let round = |reps: usize| {
-        let (mut em, mut drv, peer) = transport_rig();
+        let TransportRig {
+            mut em,
+            mut drv,
+            peer,
+            ..
+        } = TransportRig::new(4 << 20);
         let ring = |base: u64| QueueLayout {
             size: 16,
             desc_table: GuestAddress(base),

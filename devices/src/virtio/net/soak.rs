@@ -28,20 +28,19 @@
 //! SOAK_FRAMES=10000000 cargo test --release -p devices --lib soak_long -- --ignored --nocapture
 //! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use event_manager::{EventManager, SubscriberOps};
 use vm_memory::GuestAddress;
 
 use super::device::features::*;
-use super::test_driver::{BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX, RING_INDIRECT};
-use super::{
-    Net, NetConfig, NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX,
-    VNET_HDR_LEN,
+use super::test_driver::{
+    NetLoop, TransportRig, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX, RING_INDIRECT,
 };
-use crate::virtio::mmio::MmioTransport;
-use crate::virtio::test_utils::{guest_memory, MockDriver, Segment, UsedElem};
+use super::{
+    NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
+};
+use crate::virtio::test_utils::{MockDriver, Segment, UsedElem};
 
 /// xorshift64*: reproducible randomness without a dependency.
 struct Rng(u64);
@@ -152,7 +151,7 @@ fn shape(r: &mut Rng, len: usize, tx: bool, max_bufs: usize) -> (Vec<u32>, usize
 
 /// A running soak: the device on its event loop, the driver, the peer.
 struct Soak {
-    em: EventManager<Arc<Mutex<Net<SeqPacket>>>>,
+    em: NetLoop,
     drv: MockDriver,
     metrics: Arc<NetMetrics>,
     peer: SeqPacket,
@@ -183,18 +182,19 @@ struct Soak {
 
 impl Soak {
     fn new(features: u64, seed: u64) -> Soak {
-        let mem = guest_memory(64 << 20).unwrap();
-        let (dev_end, peer) = SeqPacket::pair().unwrap();
-        dev_end.set_send_buffer(1 << 20).unwrap();
+        let TransportRig {
+            em,
+            mut drv,
+            peer,
+            net,
+            metrics,
+        } = TransportRig::new(64 << 20);
+        net.lock()
+            .unwrap()
+            .backend()
+            .set_send_buffer(1 << 20)
+            .unwrap();
         peer.set_send_buffer(1 << 20).unwrap();
-        peer.set_nonblocking(true).unwrap();
-        let net = Arc::new(Mutex::new(
-            Net::with_backend(dev_end, NetConfig::default(), mem.clone()).unwrap(),
-        ));
-        let metrics = net.lock().unwrap().metrics();
-        let mut em = EventManager::new().unwrap();
-        em.add_subscriber(net.clone());
-        let mut drv = MockDriver::new(mem.clone(), MmioTransport::new(mem, net).unwrap()).unwrap();
         drv.init_with_queue_size(features, Some(QUEUE_SIZE))
             .unwrap();
         let n = u64::from(QUEUE_SIZE);

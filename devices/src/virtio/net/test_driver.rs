@@ -22,7 +22,9 @@ use super::metrics::NetMetrics;
 use super::tap::{NetBackend, SeqPacket};
 use super::IoVecs;
 use super::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
+use crate::virtio::mmio::MmioTransport;
 use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
+use crate::virtio::test_utils::MockDriver;
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
 
 /// VRING_DESC_F_NEXT (virtio 1.1 §2.6.5).
@@ -459,6 +461,49 @@ impl<B: NetBackend + 'static> Harness<B> {
 
     pub fn metric(&self, f: impl Fn(&NetMetrics) -> &AtomicU64) -> u64 {
         f(&self.metrics).load(Ordering::Relaxed)
+    }
+}
+
+/// The event loop of a [`Net`] over a socket pair.
+pub type NetLoop = EventManager<Arc<Mutex<Net<SeqPacket>>>>;
+
+/// The device behind the real MMIO transport over a socket pair, reached
+/// only the way a guest reaches it (through [`MockDriver`]).
+pub struct TransportRig {
+    /// The device's event loop.
+    pub em: NetLoop,
+    /// The guest driver, allocating from 1 MiB up.
+    pub drv: MockDriver,
+    /// The other end of the backend (non-blocking).
+    pub peer: SeqPacket,
+    /// The device.
+    pub net: Arc<Mutex<Net<SeqPacket>>>,
+    /// Its counters.
+    pub metrics: Arc<NetMetrics>,
+}
+
+impl TransportRig {
+    /// A default device on `mem_size` bytes of guest memory.
+    pub fn new(mem_size: u64) -> Self {
+        let mem = crate::virtio::test_utils::guest_memory(mem_size as usize).unwrap();
+        let (dev_end, peer) = SeqPacket::pair().unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let net = Arc::new(Mutex::new(
+            Net::with_backend(dev_end, NetConfig::default(), mem.clone()).unwrap(),
+        ));
+        let metrics = net.lock().unwrap().metrics();
+        let mut em = EventManager::new().unwrap();
+        em.add_subscriber(net.clone());
+        let dev: Arc<Mutex<dyn VirtioDevice>> = net.clone();
+        let t = MmioTransport::new(mem.clone(), dev).unwrap();
+        let drv = MockDriver::with_alloc_range(mem, t, GuestAddress(0x100000), mem_size - 0x100000);
+        TransportRig {
+            em,
+            drv,
+            peer,
+            net,
+            metrics,
+        }
     }
 }
 
