@@ -19,9 +19,14 @@ pub const DEFAULT_WEIGHT_BYTES: u64 = 0x80000;
 /// budget alone lets a flood of tiny frames starve the other direction.
 pub const DEFAULT_WEIGHT_PACKETS: u64 = 256;
 
+/// The exit statuses, as the README's table gives them.
+const EXIT_STATUS_HELP: &str = "Exit status: 0 guest reboot/poweroff or SIGTERM/SIGINT; \
+1 bad configuration or failure before boot; 2 VM failure at run time; \
+3 guest reset after a kernel panic; 148 forbidden system call (seccomp).";
+
 /// A small KVM virtual machine monitor with a built-in virtio-net device.
 #[derive(Debug, Parser, PartialEq)]
-#[command(name = "minivmm", version, about, long_about = None)]
+#[command(name = "minivmm", version, about, long_about = None, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
     /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
     #[arg(long, value_name = "PATH")]
@@ -73,6 +78,10 @@ pub struct Cli {
     /// emulation recovery): auto detects the host, on/off force them.
     #[arg(long, value_name = "auto|on|off", default_value = "auto")]
     pub host_quirks: String,
+    /// System-call filter on every thread: on (a forbidden call ends minivmm
+    /// with exit status 148), log (the kernel logs it and lets it through) or off.
+    #[arg(long, value_name = "on|log|off", default_value = "on", value_enum)]
+    pub seccomp: crate::seccomp::SeccompMode,
     /// Log level: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL", default_value = "warn", value_parser = parse_level)]
     pub log_level: log::LevelFilter,
@@ -201,6 +210,19 @@ mod tests {
         assert_eq!((net.tx_weight_bytes, net.tx_weight_packets), (0, 64));
         assert_eq!((net.rx_weight_bytes, net.rx_weight_packets), (4096, 0));
         assert!(!net.offloads && !net.mrg_rxbuf);
+    }
+
+    #[test]
+    fn seccomp_is_on_unless_asked_otherwise() {
+        use crate::seccomp::SeccompMode;
+        let mode = |extra: &[&str]| {
+            let args = ["minivmm", "--kernel", "k"].iter().chain(extra).copied();
+            Cli::try_parse_from(args).map(|c| c.seccomp)
+        };
+        assert_eq!(mode(&[]).unwrap(), SeccompMode::On);
+        assert_eq!(mode(&["--seccomp", "log"]).unwrap(), SeccompMode::Log);
+        assert_eq!(mode(&["--seccomp", "off"]).unwrap(), SeccompMode::Off);
+        assert!(mode(&["--seccomp", "maybe"]).is_err());
     }
 
     #[test]

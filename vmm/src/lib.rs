@@ -12,6 +12,7 @@ pub mod event_loop;
 pub mod host;
 pub mod kvm;
 pub mod memory;
+pub mod seccomp;
 pub mod signals;
 pub mod vcpu;
 pub mod vm_exit;
