@@ -128,6 +128,31 @@ impl Cli {
     }
 }
 
+/// How `main` shows an error: the error and its causes on one line, with
+/// control characters escaped so that a value the user typed (a MAC with a
+/// newline in it) cannot split the line.
+pub fn error_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if !s.contains(char::is_control) {
+        return s;
+    }
+    let mut line = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +235,17 @@ mod tests {
         assert_eq!((net.tx_weight_bytes, net.tx_weight_packets), (0, 64));
         assert_eq!((net.rx_weight_bytes, net.rx_weight_packets), (4096, 0));
         assert!(!net.offloads && !net.mrg_rxbuf);
+    }
+
+    #[test]
+    fn an_error_is_one_line_whatever_the_user_typed() {
+        let err = parse(&["--kernel", "k", "--tap", "t", "--mac", "02:00\n:00"]).unwrap_err();
+        assert!(err.contains('\n'), "the raw message carries the newline");
+        let cli = Cli::try_parse_from(["minivmm", "--kernel", "k", "--tap", "t", "--mac", "0\n1"])
+            .unwrap();
+        let line = error_line(&cli.into_config().unwrap_err());
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("'0\\n1'"), "{line}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::Parser;
 use log::{error, info, LevelFilter, Log, Metadata, Record};
 
-use vmm::cli::Cli;
+use vmm::cli::{error_line, Cli};
 use vmm::seccomp::{self, Filters};
 use vmm::vm_exit::VmExit;
 
@@ -38,18 +38,6 @@ impl Log for StderrLogger {
     fn flush(&self) {}
 }
 
-/// Formats an error and its causes on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
-}
-
 fn main() -> ExitCode {
     let start = Instant::now();
     let cli = Cli::parse();
@@ -62,7 +50,7 @@ fn main() -> ExitCode {
     let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("minivmm: error: {}", chain(&e));
+            eprintln!("minivmm: error: {}", error_line(&e));
             return ExitCode::from(1);
         }
     };
@@ -74,14 +62,14 @@ fn main() -> ExitCode {
     }) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("minivmm: error: {}", chain(&e));
+            eprintln!("minivmm: error: {}", error_line(&e));
             return ExitCode::from(1);
         }
     };
     let vmm = match vmm::builder::build(&config) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("minivmm: error: {}", chain(&e));
+            eprintln!("minivmm: error: {}", error_line(&e));
             return ExitCode::from(1);
         }
     };
@@ -100,7 +88,7 @@ fn main() -> ExitCode {
             ExitCode::from(reason.exit_code() as u8)
         }
         Err(e) => {
-            eprintln!("minivmm: error: cannot run the VM: {}", chain(&e));
+            eprintln!("minivmm: error: cannot run the VM: {}", error_line(&e));
             ExitCode::from(2)
         }
     }
