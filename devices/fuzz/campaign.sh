@@ -12,14 +12,16 @@
 # Crashes land in devices/fuzz/libfuzzer/artifacts/<target>/; replay one with
 # `cargo +nightly fuzz run --fuzz-dir devices/fuzz/libfuzzer <target> <file>`.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+# From inside the cargo-fuzz crate: libFuzzer writes its per-job logs
+# (fuzz-N.log) to the current directory.
+cd "$(dirname "$0")/libfuzzer"
 
 target=${1:?usage: campaign.sh <target> [seconds] [jobs]}
 secs=${2:-60}
 jobs=${3:-1}
-fuzz_dir=devices/fuzz/libfuzzer
-work=$fuzz_dir/corpus/$target
-seeds=devices/fuzz/corpus/$target
+fuzz_dir=.
+work=corpus/$target
+seeds=../corpus/$target
 mkdir -p "$work" "$seeds"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -28,9 +30,9 @@ trap 'rm -f "$log"' EXIT
 status=0
 cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O "$target" "$work" "$seeds" -- \
     -max_total_time="$secs" -timeout=1 -rss_limit_mb=2048 -print_final_stats=1 \
-    -jobs="$jobs" -workers="$jobs" >"$log" 2>&1 || status=$?
+    $([ "$jobs" -gt 1 ] && echo "-jobs=$jobs -workers=$jobs") >"$log" 2>&1 || status=$?
 grep -E "^#[0-9]+ +(DONE|INITED)|ERROR|panicked" "$log" || true
-execs=$(grep -hoE "stat::number_of_executed_units: [0-9]+" "$log" "$fuzz_dir"/fuzz-*.log 2>/dev/null \
+execs=$(grep -hoE "stat::number_of_executed_units: [0-9]+" "$log" fuzz-*.log 2>/dev/null \
     | awk '{s += $2} END {print s + 0}')
 last=$(grep -E "^#[0-9]+ +(DONE|pulse|NEW|REDUCE|INITED)" "$log" | tail -1)
 echo "campaign $target: ${secs}s x $jobs, $execs executions, last status: $last"

@@ -135,78 +135,82 @@ ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
 /// What every minivmm thread calls, whatever its job.
 fn common_rules() -> Vec<Entry> {
     vec![
-        // The allocator: glibc malloc gives each thread an arena (mmap),
-        // grows it (mprotect), trims it (madvise, munmap) and grows the main
-        // heap (brk); large blocks are mmap'ed and resized with mremap.
+        // The allocator. glibc malloc gives each thread an arena (mmap) that
+        // it grows (mprotect) and trims (madvise, munmap); the main arena
+        // grows with brk; blocks above the mmap threshold are mmap'ed and
+        // resized with mremap. Which of these a thread needs depends on the
+        // guest's traffic, not on the code path, so all are allowed.
         allow(libc::SYS_brk),
         allow(libc::SYS_mmap),
         allow(libc::SYS_mprotect),
         allow(libc::SYS_madvise),
         allow(libc::SYS_mremap),
         allow(libc::SYS_munmap),
-        // std's Mutex, Condvar and thread parking wait and wake on futexes.
+        // std's Mutex, Condvar, Barrier and thread parking.
         allow(libc::SYS_futex),
-        // Log lines (stderr), console output (stdout), eventfd signals.
+        // Log lines (stderr), console output (stdout), eventfd signals
+        // (irqfds, queue kicks, the event handler's own wake-ups).
         allow(libc::SYS_write),
-        // Reads of eventfds (the net device drains its queue events on reset).
+        // Eventfd reads (the net device drains its queue events when the
+        // driver resets it, on a vCPU), signalfd, stdin, the loop's events.
         allow(libc::SYS_read),
-        // A thread returning ends with exit; glibc frees its stack with
-        // madvise first and Rust removes its signal stack (sigaltstack,
-        // munmap). exit_group ends the process (also from the SIGSYS handler).
+        // Dropping what a thread owns: a vCPU thread that returns closes its
+        // vCPU fd; the main thread closes every device fd at exit.
+        allow(libc::SYS_close),
+        // A vCPU thread that returns removes its signal stack (sigaltstack,
+        // munmap), and glibc blocks every signal (rt_sigprocmask) before it
+        // ends the thread with exit; exit_group ends the process (main's
+        // return, the SIGSYS handler's _exit).
+        allow(libc::SYS_rt_sigprocmask),
         allow(libc::SYS_exit),
         allow(libc::SYS_exit_group),
         allow(libc::SYS_sigaltstack),
-        // Returning from any signal handler (Rust's stack-overflow handler).
+        // Returning from a signal handler (Rust's SIGSEGV/SIGBUS handler
+        // returns for a fault that is not a stack overflow).
         allow(libc::SYS_rt_sigreturn),
-        // Instant::now and SystemTime::now when the vDSO has no fast path
-        // for the host's clock source (seen on a PVM-backed host).
+        // Instant::now where the vDSO has no fast path for the host's clock
+        // source and falls back to the system call (some VMs' clocks).
         allow(libc::SYS_clock_gettime),
-        // std's thread::sleep.
-        allow(libc::SYS_clock_nanosleep),
-        allow(libc::SYS_nanosleep),
-        allow(libc::SYS_sched_yield),
     ]
 }
 
 /// A vCPU thread, after it installed its filter.
 pub fn vcpu_rules() -> Vec<Entry> {
-    vec![allow_ioctls(&[
-        KVM_RUN(),
-        // The INT3 recovery on a PVM host (vcpu.rs): skip the byte, inject #BP.
-        KVM_GET_REGS(),
-        KVM_SET_REGS(),
-        KVM_GET_VCPU_EVENTS(),
-        KVM_SET_VCPU_EVENTS(),
-        // The guest's DRIVER_OK reaches the net device on this thread, which
-        // tells the TAP what offloads the guest accepts.
-        libc::TUNSETOFFLOAD as u64,
-    ])]
+    vec![
+        allow_ioctls(&[
+            KVM_RUN(),
+            // The INT3 recovery on a PVM host (vcpu.rs): skip the byte and
+            // inject #BP.
+            KVM_GET_REGS(),
+            KVM_SET_REGS(),
+            KVM_GET_VCPU_EVENTS(),
+            KVM_SET_VCPU_EVENTS(),
+            // The guest's DRIVER_OK reaches the net device on this thread,
+            // which tells the TAP what offloads the guest accepts.
+            libc::TUNSETOFFLOAD as u64,
+        ]),
+        // An AP waiting for its start-up IPI backs off with thread::sleep.
+        allow(libc::SYS_clock_nanosleep),
+    ]
 }
 
 /// The main thread's event loop, after it spawned the vCPUs.
 pub fn event_loop_rules() -> Vec<Entry> {
     vec![
-        // The loop itself and the net device's (de)registrations.
+        // The loop itself, and the net device (de)registering its TAP and
+        // requeue events when the guest activates or resets it.
         allow(libc::SYS_epoll_wait),
-        allow(libc::SYS_epoll_pwait),
         allow(libc::SYS_epoll_ctl),
         // Zero-copy frames between the TAP and guest memory.
         allow(libc::SYS_readv),
         allow(libc::SYS_writev),
-        // The metrics file, written whole to a temporary name and renamed.
+        // The metrics file, on SIGUSR1 and at exit: written whole to a
+        // temporary name and renamed over the old one.
         allow(libc::SYS_openat),
-        allow(libc::SYS_close),
         allow(libc::SYS_rename),
-        allow(libc::SYS_fcntl),
-        allow_ioctls(&[
-            // Restoring the console's terminal mode at exit.
-            libc::TCGETS as u64,
-            libc::TCSETS as u64,
-            // A device reset and re-activation from a later DRIVER_OK
-            // happens on a vCPU; kept here for the event handler's own
-            // activation path.
-            libc::TUNSETOFFLOAD as u64,
-        ]),
+        // Restoring the console's terminal mode at exit (when stdin is a
+        // terminal): tcgetattr, then tcsetattr.
+        allow_ioctls(&[libc::TCGETS as u64, libc::TCSETS as u64]),
     ]
 }
 
