@@ -30,23 +30,28 @@
 //! needs), one entry per call with a comment where the reason is not obvious.
 //! New work that makes new calls (a metrics writer on a timer, a rate
 //! limiter's timerfds, a log file) adds its entries to the thread that makes
-//! them. To see what a thread calls, trace a boot that exercises every path
-//! with the filter off, then list the calls per thread:
+//! them. To see what a thread calls, trace boots that exercise every path
+//! in `log` mode, where each thread's `seccomp(2)` call marks the point from
+//! which its list applies, and count the calls after it, per thread:
 //!
 //! ```text
-//! strace -f -qq -o /tmp/mv.trace minivmm --seccomp off --kernel vmlinux \
+//! strace -f -qq -o /tmp/mv.trace minivmm --seccomp log --kernel vmlinux \
 //!     --initramfs initramfs --tap tap0 --metrics /tmp/m.json --cmdline ip=...
-//! # meanwhile: ping the guest through tap0 (inside a network namespace),
-//! # type on the console, kill -USR1 <pid>; then kill -TERM <pid>, or let a
-//! # guest panic reset through the i8042
-//! awk '{ sub(/\(.*/, "", $2); print $1, $2 }' /tmp/mv.trace | sort | uniq -c
+//! # meanwhile (minivmm and the TAP inside a private network namespace):
+//! # ping the guest both ways, type on the console, kill -USR1 <pid>, then
+//! # kill -TERM <pid>; and a second boot, with --vcpus 2, whose guest
+//! # panics and resets through the i8042
+//! for t in $(awk '{print $1}' /tmp/mv.trace | sort -u); do echo "thread $t"
+//!   awk -v t=$t '$1 == t { sub(/^[0-9]+ +/, ""); if (on) print; if (/^seccomp\(/) on = 1 }' \
+//!     /tmp/mv.trace | sed -E 's/^<\.\.\. ([a-z0-9_]+) resumed>.*/\1/; s/\(.*//' | sort | uniq -c
+//! done
 //! ```
 //!
-//! The pids are thread ids: the main thread's is minivmm's pid, the vCPU
-//! threads are named `vcpu<N>` (`/proc/<pid>/task/<tid>/comm`). Only what
-//! happens after a thread installs its filter matters (for a vCPU: after
-//! its first `seccomp(2)` call; for the main thread: after the last
-//! `clone3`). `--seccomp log` then shows in `dmesg` anything a list misses.
+//! The main thread's id is minivmm's pid; the vCPU threads are named
+//! `vcpu<N>` (`/proc/<pid>/task/<tid>/comm`). `--seccomp log` also makes the
+//! kernel log every call a list misses (`dmesg | grep type=1326`, with the
+//! thread's name and the call's number), which is how the last entries of
+//! these lists were found.
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
