@@ -129,6 +129,13 @@ fn allow_ioctls(requests: &[u64]) -> Entry {
     (libc::SYS_ioctl, rules)
 }
 
+/// An ioctl request number as the filter compares it. libc's `Ioctl` is
+/// `c_ulong` with glibc and `c_int` with musl; the kernel reads 32 bits.
+#[allow(clippy::unnecessary_cast)]
+fn ioctl_nr(request: libc::Ioctl) -> u64 {
+    request as u64
+}
+
 // KVM ioctl numbers from the kernel's uapi/linux/kvm.h, computed from the
 // structure sizes as kvm-ioctls computes them.
 ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
@@ -192,7 +199,7 @@ pub fn vcpu_rules() -> Vec<Entry> {
             KVM_SET_VCPU_EVENTS(),
             // The guest's DRIVER_OK reaches the net device on this thread,
             // which tells the TAP what offloads the guest accepts.
-            libc::TUNSETOFFLOAD as u64,
+            ioctl_nr(libc::TUNSETOFFLOAD),
         ]),
         // An AP waiting for its start-up IPI backs off with thread::sleep.
         allow(libc::SYS_clock_nanosleep),
@@ -215,7 +222,7 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow(libc::SYS_rename),
         // Restoring the console's terminal mode at exit (when stdin is a
         // terminal): tcgetattr, then tcsetattr.
-        allow_ioctls(&[libc::TCGETS as u64, libc::TCSETS as u64]),
+        allow_ioctls(&[ioctl_nr(libc::TCGETS), ioctl_nr(libc::TCSETS)]),
     ]
 }
 

@@ -155,11 +155,9 @@ impl Uart {
         match offset {
             0 if self.dlab() => self.dll = value,
             1 if self.dlab() => self.dlm = value,
-            0 if self.looped() => {
-                if self.fifo.len() < FIFO_SIZE {
-                    self.fifo.push_back(value);
-                }
-            }
+            // Loopback: the byte comes back in the receive FIFO, if it fits.
+            0 if self.looped() && self.fifo.len() < FIFO_SIZE => self.fifo.push_back(value),
+            0 if self.looped() => {}
             0 => self.output.push(value),
             1 => self.ier = value & 0x0f,
             3 => self.lcr = value,
