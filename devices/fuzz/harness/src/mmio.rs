@@ -186,6 +186,17 @@ pub fn run(data: &[u8]) {
     }
 }
 
+/// What a run reached, for tests that check the target gets deep.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Accesses made (each checked).
+    pub accesses: usize,
+    /// Times DRIVER_OK activated the device.
+    pub activations: usize,
+    /// Times DRIVER_OK was refused with DEVICE_NEEDS_RESET.
+    pub refused: usize,
+}
+
 /// What the oracle remembers between accesses: values the guest wrote to
 /// write-only selectors, and the observable state after the last access.
 struct Model {
@@ -197,10 +208,11 @@ struct Model {
     status: u32,
     acked: u64,
     ready: [bool; 2],
+    outcome: Outcome,
 }
 
 /// Drives the transport with `input`, checking every oracle after each access.
-pub fn run_input(input: &Input) {
+pub fn run_input(input: &Input) -> Outcome {
     let mut dut = NetUnderTest::new(guest_memory(input.mem), input.setup.config());
     let mut config_space = [0u8; 8];
     config_space[..6].copy_from_slice(&dut.config.mac);
@@ -214,6 +226,7 @@ pub fn run_input(input: &Input) {
         status: 0,
         acked: 0,
         ready: [false; 2],
+        outcome: Outcome::default(),
     };
     assert!(
         model.offered & VERSION_1 != 0,
@@ -223,6 +236,7 @@ pub fn run_input(input: &Input) {
     for op in &input.ops {
         model.apply(&mut dut, op);
     }
+    model.outcome
 }
 
 impl Model {
@@ -467,15 +481,98 @@ impl Model {
                 "DRIVER_OK, not activated, and no DEVICE_NEEDS_RESET"
             );
         }
-        if s & DRIVER_OK != 0 && prev & DRIVER_OK == 0 && !activated {
-            assert_ne!(
-                isr & VIRTIO_MMIO_INT_CONFIG,
-                0,
-                "a refused activation raised no configuration interrupt"
-            );
+        if s & DRIVER_OK != 0 && prev & DRIVER_OK == 0 {
+            if activated {
+                self.outcome.activations += 1;
+            } else {
+                assert_ne!(
+                    isr & VIRTIO_MMIO_INT_CONFIG,
+                    0,
+                    "a refused activation raised no configuration interrupt"
+                );
+                self.outcome.refused += 1;
+            }
         }
+        self.outcome.accesses += 1;
         self.status = s;
         self.acked = acked;
         self.ready = ready;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// VIRTIO_NET_F_MAC.
+    const MAC: u64 = 1 << 5;
+
+    fn queue(index: u8, base: u64) -> Op {
+        Op::SetupQueue {
+            index,
+            size_log2: 8,
+            desc: Addr::Raw(base),
+            avail: Addr::Raw(base + 0x1000),
+            used: Addr::Raw(base + 0x2000),
+        }
+    }
+
+    fn input(ops: Vec<Op>) -> Input {
+        Input {
+            setup: NetSetup {
+                queue_size_log2: 8,
+                offloads: true,
+                mrg_rxbuf: true,
+            },
+            mem: MemLayout::Large,
+            ops,
+        }
+    }
+
+    #[test]
+    fn a_driver_shaped_input_activates_the_device_under_every_oracle() {
+        let out = run_input(&input(vec![
+            Op::Negotiate(VERSION_1 | MAC),
+            queue(0, 0x1_0000),
+            queue(1, 0x2_0000),
+            Op::DriverOk,
+            // Frozen now: none of these may change anything.
+            Op::Write(Reg::QueueNum, 2),
+            Op::Write(Reg::DriverFeatures, u32::MAX),
+            Op::Write(Reg::Status, 0x0f & !ACKNOWLEDGE),
+            Op::Read(Reg::Status),
+            Op::RawRead(0x100, 6),
+            Op::Reset,
+            // Again after a reset, with a queue the driver forgot.
+            Op::Negotiate(VERSION_1),
+            queue(0, 0x1_0000),
+            Op::DriverOk,
+        ]));
+        assert_eq!(out.activations, 1, "{out:?}");
+        assert_eq!(out.refused, 1, "{out:?}");
+    }
+
+    #[test]
+    fn features_that_were_not_offered_never_stick() {
+        // Bit 40 is offered by no device here; FEATURES_OK must not stick,
+        // so DRIVER_OK cannot either.
+        let out = run_input(&input(vec![
+            Op::Negotiate(VERSION_1 | (1 << 40)),
+            queue(0, 0x1_0000),
+            queue(1, 0x2_0000),
+            Op::DriverOk,
+        ]));
+        assert_eq!((out.activations, out.refused), (0, 0), "{out:?}");
+    }
+
+    #[test]
+    fn rings_outside_memory_are_refused_at_driver_ok() {
+        let out = run_input(&input(vec![
+            Op::Negotiate(VERSION_1),
+            queue(0, 0x1_0000),
+            queue(1, 0xffff_f000),
+            Op::DriverOk,
+        ]));
+        assert_eq!((out.activations, out.refused), (0, 1), "{out:?}");
     }
 }
