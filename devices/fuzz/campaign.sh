@@ -38,6 +38,19 @@ grep -hE "^#[0-9]+[[:space:]]+(DONE|INITED)|ERROR|panicked" "${logs[@]}" || true
 execs=$(cat "${logs[@]}" | grep -oE "stat::number_of_executed_units: [0-9]+" \
     | awk '{s += $2} END {print s + 0}')
 echo "campaign $target: ${secs}s x $jobs job(s), $execs executions, exit status $status"
+# Coverage the working corpus reaches in minivmm's own files: libFuzzer's
+# per-function edge counts (-print_coverage) summed per source file. Edges
+# count every branch the compiler emitted, panic and error paths included;
+# Debug/Display impls (only reached when an error is printed) are left out.
+"target/x86_64-unknown-linux-gnu/release/$target" -runs=0 -print_coverage=1 "$work" "$seeds" 2>&1 \
+    | awk '/^(UN)?COVERED_FUNC:/ {
+               file = $NF; sub(/:[0-9]+$/, "", file)
+               if (file !~ /\/(devices|vmm)\/src\// || / as core::fmt::/) next
+               sub(/.*\/(devices|vmm)\/src\//, "", file)
+               split($5, e, "/"); hit[file] += e[1]; all[file] += e[2]
+           }
+           END { for (f in all) printf "  %-28s %5d of %5d edges (%.0f%%)\n", f, hit[f], all[f], 100 * hit[f] / all[f] }' \
+    | sort
 if [ "${MERGE:-0}" = 1 ]; then
     cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O "$target" "$seeds" "$work" -- -merge=1 2>&1 | tail -2
 fi

@@ -117,22 +117,42 @@ impl NetUnderTest {
     }
 }
 
-/// A guest address: mostly near the bottom of memory, where the layouts
-/// put RAM, sometimes anywhere.
+/// A guest address. Random 64-bit values almost never satisfy the ring
+/// alignment and placement rules at once, so three times in four this is a
+/// page-aligned slot (valid for every ring), else a byte-granular address
+/// in the first MiB (alignment left to chance) or any address at all.
 #[derive(Debug, Clone, Copy, Arbitrary)]
-pub enum Addr {
-    /// An address below 1 MiB + 64 KiB (byte granular).
-    Near(u16, u8),
-    /// Any 64-bit address.
-    Raw(u64),
+pub struct Addr {
+    /// Which kind of address (see above).
+    pub kind: u8,
+    /// The page number, offset or address.
+    pub value: u64,
 }
 
 impl Addr {
-    /// The address.
+    /// A page-aligned address: page `n`.
+    pub fn page(n: u8) -> Self {
+        Addr {
+            kind: 0,
+            value: u64::from(n),
+        }
+    }
+
+    /// Exactly `addr`.
+    pub fn raw(addr: u64) -> Self {
+        Addr {
+            kind: 7,
+            value: addr,
+        }
+    }
+
+    /// The address. Pages 0 to 255 lie in the Large layout; pages 0 to 15
+    /// and 32 to 47 in all of them.
     pub fn get(self) -> u64 {
-        match self {
-            Addr::Near(lo, hi) => (u64::from(hi & 0x0f) << 16) | u64::from(lo),
-            Addr::Raw(a) => a,
+        match self.kind % 8 {
+            0..=5 => (self.value % 256) << 12,
+            6 => self.value % 0x10_0000,
+            _ => self.value,
         }
     }
 }
