@@ -9,6 +9,8 @@
 //!
 //! - the bytes that reach the console output are exactly the bytes written
 //!   to THR (DLAB clear, loopback off), in order, wide accesses included;
+//!   with a failing host console (a closed stdout) they are lost and
+//!   nothing else changes;
 //! - LCR, MCR, scratch, IER and the divisor latch read back what was written
 //!   (IER keeps its four defined bits);
 //! - RBR returns host input in order, each byte once; LSR's data-ready bit
@@ -77,6 +79,9 @@ pub enum Op {
 /// One input: the actions, in order.
 #[derive(Debug, Arbitrary)]
 pub struct Input {
+    /// The host's console output fails (a closed stdout): every byte is
+    /// lost, and nothing else may change.
+    pub broken_output: bool,
     /// The actions.
     pub ops: Vec<Op>,
 }
@@ -88,11 +93,15 @@ pub fn run(data: &[u8]) {
     }
 }
 
+/// The host console: collects output, or fails every write.
 #[derive(Clone, Default)]
-struct Console(Arc<Mutex<Vec<u8>>>);
+struct Console(Arc<Mutex<Vec<u8>>>, bool);
 
 impl Write for Console {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.1 {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -115,6 +124,8 @@ struct Uart {
     fifo: VecDeque<u8>,
     pending: VecDeque<u8>,
     output: Vec<u8>,
+    /// Output bytes are lost (the host console fails).
+    lost: bool,
 }
 
 impl Uart {
@@ -131,6 +142,7 @@ impl Uart {
             fifo: VecDeque::new(),
             pending: VecDeque::new(),
             output: Vec::new(),
+            lost: false,
         }
     }
 
@@ -158,6 +170,7 @@ impl Uart {
             // Loopback: the byte comes back in the receive FIFO, if it fits.
             0 if self.looped() && self.fifo.len() < FIFO_SIZE => self.fifo.push_back(value),
             0 if self.looped() => {}
+            0 if self.lost => {}
             0 => self.output.push(value),
             1 => self.ier = value & 0x0f,
             3 => self.lcr = value,
@@ -201,10 +214,11 @@ impl Uart {
 
 /// Drives both devices with `input`, checking every oracle after each access.
 pub fn run_input(input: &Input) {
-    let console = Console::default();
+    let console = Console(Arc::default(), input.broken_output);
     let mut serial = SerialDevice::new(Box::new(console.clone())).expect("serial device");
     let mut i8042 = I8042::new().expect("i8042 device");
     let mut uart = Uart::new();
+    uart.lost = input.broken_output;
     let mut resets = 0u64;
     let mut checked = 0;
 
