@@ -52,6 +52,6 @@ echo "campaign $target: ${secs}s x $jobs job(s), $execs executions, exit status 
            END { for (f in all) printf "  %-28s %5d of %5d edges (%.0f%%)\n", f, hit[f], all[f], 100 * hit[f] / all[f] }' \
     | sort
 if [ "${MERGE:-0}" = 1 ]; then
-    cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O "$target" "$seeds" "$work" -- -merge=1 2>&1 | tail -2
+    cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O "$target" "$seeds" "$work" -- -set_cover_merge=1 2>&1 | tail -2
 fi
 exit "$status"
