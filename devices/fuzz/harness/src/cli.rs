@@ -18,7 +18,7 @@
 //! beside this one: a `config_file` module whose `run` feeds arbitrary file
 //! text to the file parser with the same oracles, listed in `TARGETS`.
 
-use arbitrary::{Arbitrary, Unstructured};
+use arbitrary::Arbitrary;
 use clap::Parser;
 use vmm::cli::{error_line, Cli};
 use vmm::config::{MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
@@ -144,9 +144,7 @@ pub struct Input {
 
 /// Runs one input (the libFuzzer entry point).
 pub fn run(data: &[u8]) {
-    if let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) {
-        run_input(&input);
-    }
+    crate::with_input(data, |i: &Input| run_input(i));
 }
 
 /// Parses the command line of `input` as `main` does and checks the oracles.

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
-use arbitrary::{Arbitrary, Unstructured};
+use arbitrary::Arbitrary;
 use devices::legacy::i8042::{COMMAND_OFFSET, I8042};
 use devices::legacy::serial::{SerialDevice, MAX_PENDING_INPUT, SERIAL_PORT_LEN};
 
@@ -88,9 +88,7 @@ pub struct Input {
 
 /// Runs one input (the libFuzzer entry point).
 pub fn run(data: &[u8]) {
-    if let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) {
-        run_input(&input);
-    }
+    crate::with_input(data, |i: &Input| run_input(i));
 }
 
 /// The host console: collects output, or fails every write.

@@ -25,6 +25,14 @@ pub mod common;
 pub mod legacy;
 pub mod mmio;
 
+/// Turns `data` into a structured input and runs `f` on it; bytes that do
+/// not make a whole input are no input (libFuzzer moves on).
+pub fn with_input<'a, T: arbitrary::Arbitrary<'a>>(data: &'a [u8], f: impl FnOnce(&T)) {
+    if let Ok(input) = T::arbitrary_take_rest(arbitrary::Unstructured::new(data)) {
+        f(&input);
+    }
+}
+
 /// A fuzz target: its name (the corpus directory and the cargo-fuzz binary)
 /// and the function that runs one input.
 #[derive(Debug, Clone, Copy)]

@@ -23,7 +23,7 @@
 //!   sets DEVICE_NEEDS_RESET and raises the configuration interrupt;
 //! - InterruptStatus holds only the two defined bits.
 
-use arbitrary::{Arbitrary, Unstructured};
+use arbitrary::Arbitrary;
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::status::*;
 use devices::virtio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
@@ -192,9 +192,9 @@ pub struct Input {
 
 /// Runs one input (the libFuzzer entry point).
 pub fn run(data: &[u8]) {
-    if let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) {
-        run_input(&input);
-    }
+    crate::with_input(data, |i: &Input| {
+        run_input(i);
+    });
 }
 
 /// What a run reached, for tests that check the target gets deep.
@@ -531,6 +531,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arbitrary::Unstructured;
 
     /// VIRTIO_NET_F_MAC.
     const MAC: u64 = 1 << 5;
