@@ -19,6 +19,14 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace -- --nocapture 2>&1 | tee "$log"
 # cargo's last line is often a doc-test binary with nothing in it; close
-# with the totals of every binary instead.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } /^SKIP / { s++ }
-     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, i + s }' "$log"
+# with the totals of every binary instead. Skips come in every form a test
+# prints: `SKIP <test>: why`, `SKIP: why`, `SKIPPED <test>: why` (a test that
+# returned early, reported "ok" by cargo, so not counted as passed), and
+# `NOTE <test>: ...` where a check was replaced by another (the test passed;
+# the replaced check counts as skipped). With --nocapture such a line may
+# follow cargo's "test x ... " on the same line, so match anywhere.
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     /(^|[^[:alnum:]_])SKIP(PED)?([: ]|$)/ { s++ }
+     /(^|[^[:alnum:]_])NOTE [[:alnum:]_]+:/ { n++ }
+     END { printf "skips: %d ignored, %d tests skipped, %d checks replaced\n", i, s, n
+           printf "tests: %d passed, %d failed, %d skipped\n", p - s, f, i + s + n }' "$log"

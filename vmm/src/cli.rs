@@ -33,6 +33,7 @@ Exit status:
   1  bad usage or configuration, or a failure before boot (one line on stderr)
   2  the VM failed at run time (KVM error, triple fault, emulation failure)
   3  the guest reset after a kernel panic
+  148  a thread made a system call its seccomp filter forbids (--seccomp on)
 
 --net keys: tap=NAME id=ID mac=MAC fd=N queue_size=N mtu=N offloads=csum+tso4+tso6+ufo|all|none
   offload_csum|offload_tso|offload_ufo=on|off mrg_rxbuf=on|off
@@ -128,6 +129,10 @@ pub struct Cli {
     /// emulation recovery): auto detects the host, on/off force them [default: auto].
     #[arg(long, value_name = "auto|on|off")]
     pub host_quirks: Option<String>,
+    /// System-call filter on every thread: on (a forbidden call ends minivmm
+    /// with exit status 148), log (the kernel logs it and lets it through) or off.
+    #[arg(long, value_name = "on|log|off", default_value = "on", value_enum)]
+    pub seccomp: crate::seccomp::SeccompMode,
 }
 
 impl Cli {
@@ -343,6 +348,7 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error_line;
     use crate::config::{HostQuirks, TapBackend};
 
     fn parse(args: &[&str]) -> Result<VmmConfig, String> {
@@ -519,6 +525,30 @@ mod tests {
                 ..Offloads::NONE
             }
         );
+    }
+
+    #[test]
+    fn an_error_is_one_line_whatever_the_user_typed() {
+        let err = parse(&["--kernel", "k", "--tap", "t", "--mac", "02:00\n:00"]).unwrap_err();
+        assert!(err.contains('\n'), "the raw message carries the newline");
+        let cli = Cli::try_parse_from(["minivmm", "--kernel", "k", "--tap", "t", "--mac", "0\n1"])
+            .unwrap();
+        let line = error_line(&cli.into_config().unwrap_err());
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("'0\\n1'"), "{line}");
+    }
+
+    #[test]
+    fn seccomp_is_on_unless_asked_otherwise() {
+        use crate::seccomp::SeccompMode;
+        let mode = |extra: &[&str]| {
+            let args = ["minivmm", "--kernel", "k"].iter().chain(extra).copied();
+            Cli::try_parse_from(args).map(|c| c.seccomp)
+        };
+        assert_eq!(mode(&[]).unwrap(), SeccompMode::On);
+        assert_eq!(mode(&["--seccomp", "log"]).unwrap(), SeccompMode::Log);
+        assert_eq!(mode(&["--seccomp", "off"]).unwrap(), SeccompMode::Off);
+        assert!(mode(&["--seccomp", "maybe"]).is_err());
     }
 
     #[test]

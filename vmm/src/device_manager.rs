@@ -246,38 +246,39 @@ fn count(c: &std::sync::atomic::AtomicU64) {
 }
 
 impl ExitBus for DeviceManager {
+    // A 2- or 4-byte access goes to the device owning its first port, which
+    // serves the following bytes from its next registers (see
+    // devices::legacy for the x86 bus semantics).
     fn pio_read(&self, port: u16, data: &mut [u8]) {
         count(&self.exits.io_in);
-        // Unclaimed ports float high on a PC bus.
-        data.fill(0xff);
-        let Some(byte) = data.first_mut() else { return };
         match port {
             p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
                 if let Some(s) = &self.serial {
-                    *byte = lock(s).read((p - SERIAL_PORT) as u8);
+                    return lock(s).pio_read(p - SERIAL_PORT, data);
                 }
             }
             I8042_DATA_PORT | I8042_CMD_PORT => {
                 if let Some(d) = &self.i8042 {
-                    *byte = lock(d).read((port - I8042_DATA_PORT) as u8);
+                    return lock(d).pio_read(port - I8042_DATA_PORT, data);
                 }
             }
             _ => {}
         }
+        // Unclaimed ports float high on a PC bus.
+        data.fill(0xff);
     }
 
     fn pio_write(&self, port: u16, data: &[u8]) {
         count(&self.exits.io_out);
-        let Some(&byte) = data.first() else { return };
         match port {
             p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
                 if let Some(s) = &self.serial {
-                    lock(s).write((p - SERIAL_PORT) as u8, byte);
+                    lock(s).pio_write(p - SERIAL_PORT, data);
                 }
             }
             I8042_DATA_PORT | I8042_CMD_PORT => {
                 if let Some(d) = &self.i8042 {
-                    lock(d).write((port - I8042_DATA_PORT) as u8, byte);
+                    lock(d).pio_write(port - I8042_DATA_PORT, data);
                 }
             }
             _ => {}
@@ -362,5 +363,25 @@ mod tests {
             (n(&e.io_in), n(&e.io_out), n(&e.mmio_read), n(&e.mmio_write)),
             (1, 1, 1, 1)
         );
+    }
+
+    #[test]
+    fn a_wide_port_access_reaches_every_byte() {
+        let out = Shared::default();
+        let mut dm = DeviceManager::new();
+        dm.serial = Some(Arc::new(Mutex::new(
+            SerialDevice::new(Box::new(out.clone())).unwrap(),
+        )));
+        // `out 0x3f8, ax`: 'A' to THR, then 0x0f (every interrupt) to IER.
+        dm.pio_write(0x3f8, &[b'A', 0x0f]);
+        let mut ier = [0u8; 2];
+        dm.pio_read(0x3f9, &mut ier);
+        assert_eq!(ier[0], 0x0f);
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"A");
+        // `in ax, 0x3ff`: scratch, then a port nobody decodes.
+        dm.pio_write(0x3ff, &[0x42]);
+        let mut w = [0u8; 2];
+        dm.pio_read(0x3ff, &mut w);
+        assert_eq!(w, [0x42, 0xff]);
     }
 }

@@ -27,6 +27,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::device_manager::Events;
 use crate::metrics::Metrics;
+use crate::seccomp::{Filters, Gate, Thread};
 use crate::signals::SignalFd;
 use crate::vcpu::Vcpu;
 use crate::vm_exit::{ExitSink, VmExit};
@@ -205,8 +206,9 @@ impl MutEventSubscriber for Control {
 
 impl Vmm {
     /// Runs the VM until it ends and returns why. `start` is when the
-    /// process started, for the boot-time report.
-    pub fn run(mut self, start: Instant) -> io::Result<VmExit> {
+    /// process started, for the boot-time report. Every thread runs under
+    /// its seccomp filter from `filters` before the guest starts.
+    pub fn run(mut self, start: Instant, filters: Filters) -> io::Result<VmExit> {
         // Block the stop signals before any thread exists so every thread
         // inherits the mask and only the signalfd sees them.
         let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
@@ -247,12 +249,23 @@ impl Vmm {
         self.events.add_subscriber(Arc::new(Mutex::new(control)));
         let terminal = RawTerminal::new();
 
+        // No vCPU enters the guest before every thread is filtered. A failed
+        // spawn returns from here and ends the process, and with it the
+        // threads waiting at the gate.
+        let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
         for vcpu in self.vcpus.drain(..) {
             let sink = self.exit.clone();
             let first = vcpu.id() == 0;
+            let gate = gate.clone();
+            let filter = filters.vcpu.clone();
             std::thread::Builder::new()
                 .name(format!("vcpu{}", vcpu.id()))
                 .spawn(move || {
+                    // The thread's first act: nothing of the guest runs unfiltered.
+                    if let Err(e) = gate.install_and_wait(Thread::Vcpu, filter.as_ref()) {
+                        sink.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
+                        return;
+                    }
                     if first {
                         info!(
                             "boot: {} ms from start to first vCPU entry",
@@ -262,6 +275,9 @@ impl Vmm {
                     vcpu.run(sink)
                 })?;
         }
+        // After the spawns, so the vCPU threads do not inherit this list.
+        gate.install_and_wait(Thread::EventLoop, filters.event_loop.as_ref())
+            .map_err(io::Error::other)?;
 
         while self.exit.reason().is_none() {
             if let Err(e) = self.events.run() {

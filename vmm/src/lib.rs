@@ -15,13 +15,16 @@ pub mod kvm;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod seccomp;
 pub mod signals;
 pub mod sink;
 pub mod vcpu;
 pub mod vm_exit;
 
 /// Formats an error and its causes on one line (`a: b: c`): every
-/// configuration or start-up failure is reported this way.
+/// configuration or start-up failure is reported this way. Control
+/// characters are escaped, so that a value the user typed (a MAC with a
+/// newline in it) cannot split the line.
 pub fn error_line(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
@@ -30,5 +33,16 @@ pub fn error_line(e: &dyn std::error::Error) -> String {
         s.push_str(&cause.to_string());
         source = cause.source();
     }
-    s
+    if !s.contains(char::is_control) {
+        return s;
+    }
+    let mut line = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            line.extend(c.escape_default());
+        } else {
+            line.push(c);
+        }
+    }
+    line
 }

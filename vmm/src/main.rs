@@ -6,6 +6,7 @@
 //! own errors included) or a failure before boot, always one line on stderr;
 //! 2 when the VM fails at run time; 3 when the guest reset after a kernel
 //! panic.
+//! 148 when a thread made a system call its seccomp filter forbids.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -16,6 +17,7 @@ use log::{error, info, LevelFilter};
 
 use vmm::cli::Cli;
 use vmm::error_line;
+use vmm::seccomp::{self, Filters};
 use vmm::vm_exit::VmExit;
 
 /// Bad usage or configuration, or a failure before the guest runs.
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&clap_line(&e)),
     };
+    let seccomp_mode = cli.seccomp;
     let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
@@ -69,6 +72,15 @@ fn main() -> ExitCode {
         Ok(fds) => fds,
         Err(e) => return fail(&error_line(&e)),
     };
+    // Compiled before anything starts, so a broken list is a setup error;
+    // installed by the threads themselves in Vmm::run.
+    let filters = match Filters::new(seccomp_mode).and_then(|f| {
+        seccomp::install_sigsys_handler()?;
+        Ok(f)
+    }) {
+        Ok(f) => f,
+        Err(e) => return fail(&error_line(&e)),
+    };
     if let Err(e) = vmm::logger::init(&config.logger) {
         return fail(&error_line(&e));
     }
@@ -77,7 +89,7 @@ fn main() -> ExitCode {
         Ok(v) => v,
         Err(e) => return fail(&error_line(&e)),
     };
-    match vmm.run(start) {
+    match vmm.run(start, filters) {
         Ok(reason) => {
             match &reason {
                 VmExit::Fault(_) => error!("{}", reason.describe()),

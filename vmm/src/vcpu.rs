@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use kvm_bindings::{
-    kvm_vcpu_events, CpuId, Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
+    kvm_regs, kvm_vcpu_events, CpuId, Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use log::{debug, info};
@@ -245,18 +245,14 @@ impl Vcpu {
                 ))
             }
         }
-        regs.rip += 1;
-        self.fd
-            .set_regs(&regs)
-            .map_err(|e| format!("set regs: {e}"))?;
         let mut events: kvm_vcpu_events = self
             .fd
             .get_vcpu_events()
             .map_err(|e| format!("get events: {e}"))?;
-        events.exception.injected = 1;
-        events.exception.nr = BP_VECTOR;
-        events.exception.has_error_code = 0;
-        events.exception.error_code = 0;
+        complete_int3(&mut regs, &mut events);
+        self.fd
+            .set_regs(&regs)
+            .map_err(|e| format!("set regs: {e}"))?;
         self.fd
             .set_vcpu_events(&events)
             .map_err(|e| format!("set events: {e}"))?;
@@ -266,6 +262,18 @@ impl Vcpu {
         });
         Ok(())
     }
+}
+
+/// Does what the CPU would have done for the one-byte INT3 at `regs.rip`:
+/// RIP moves past it and #BP is raised (a trap, so the handler sees the next
+/// RIP). The guest chooses RIP; at 2^64-1 the next instruction is at 0, as on
+/// hardware, and the addition must not overflow.
+fn complete_int3(regs: &mut kvm_regs, events: &mut kvm_vcpu_events) {
+    regs.rip = regs.rip.wrapping_add(1);
+    events.exception.injected = 1;
+    events.exception.nr = BP_VECTOR;
+    events.exception.has_error_code = 0;
+    events.exception.error_code = 0;
 }
 
 #[cfg(test)]
@@ -368,5 +376,36 @@ mod tests {
             ExitAction::Stop(VmExit::Fault(_))
         ));
         assert!(bus.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn int3_recovery_skips_the_byte_and_raises_bp() {
+        let mut regs = kvm_regs {
+            rip: 0xffff_ffff_8100_0000,
+            ..Default::default()
+        };
+        let mut events = kvm_vcpu_events::default();
+        events.exception.has_error_code = 1;
+        events.exception.error_code = 0xdead;
+        complete_int3(&mut regs, &mut events);
+        assert_eq!(regs.rip, 0xffff_ffff_8100_0001);
+        assert_eq!(events.exception.injected, 1);
+        assert_eq!(events.exception.nr, BP_VECTOR);
+        assert_eq!(events.exception.has_error_code, 0);
+        assert_eq!(events.exception.error_code, 0);
+    }
+
+    #[test]
+    fn int3_at_the_top_of_the_address_space_wraps() {
+        // `rip += 1` panicked here in a debug build: a guest could end the
+        // VMM with an INT3 at RIP 2^64-1.
+        let mut regs = kvm_regs {
+            rip: u64::MAX,
+            ..Default::default()
+        };
+        let mut events = kvm_vcpu_events::default();
+        complete_int3(&mut regs, &mut events);
+        assert_eq!(regs.rip, 0);
+        assert_eq!(events.exception.nr, BP_VECTOR);
     }
 }

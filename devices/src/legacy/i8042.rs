@@ -25,6 +25,11 @@ pub enum I8042Error {
     CreateEventFd(#[source] io::Error),
 }
 
+/// Offset of the data port (0x60) from the controller's base port.
+pub const DATA_OFFSET: u16 = 0;
+/// Offset of the command/status port (0x64) from the base port.
+pub const COMMAND_OFFSET: u16 = 4;
+
 /// The i8042 controller at ports 0x60 (offset 0, data) and 0x64 (offset 4,
 /// command/status).
 #[derive(Debug)]
@@ -51,6 +56,28 @@ impl I8042 {
         self.dev.read(offset)
     }
 
+    /// Handles a guest `in` of `data.len()` bytes at `offset` from port
+    /// 0x60: byte `i` comes from port `0x60 + offset + i`, and the ports
+    /// between and after the controller's two (0x61 to 0x63 belong to other
+    /// devices) read 0xff.
+    pub fn pio_read(&mut self, offset: u16, data: &mut [u8]) {
+        super::split_read(offset, data, |off| match off {
+            DATA_OFFSET | COMMAND_OFFSET => Some(self.read(off as u8)),
+            _ => None,
+        });
+    }
+
+    /// Handles a guest `out` of `data` at `offset` from port 0x60, byte by
+    /// byte on consecutive ports; bytes on ports other than 0x60 and 0x64
+    /// are dropped.
+    pub fn pio_write(&mut self, offset: u16, data: &[u8]) {
+        super::split_write(offset, data, |off, value| {
+            if matches!(off, DATA_OFFSET | COMMAND_OFFSET) {
+                self.write(off as u8, value);
+            }
+        });
+    }
+
     /// Handles a guest write of `value` at `offset` from port 0x60.
     pub fn write(&mut self, offset: u8, value: u8) {
         // Failing to signal is a host problem (the eventfd counter cannot
@@ -70,6 +97,25 @@ mod tests {
         let mut i = I8042::new().unwrap();
         i.write(4, 0xfe);
         assert_eq!(i.reset_evt().read().unwrap(), 1);
+    }
+
+    #[test]
+    fn wide_accesses_reach_only_the_two_ports() {
+        let mut i = I8042::new().unwrap();
+        // `out 0x60, ax` with the reset command in AH lands on port 0x61,
+        // which is not the controller's: no reset.
+        i.pio_write(DATA_OFFSET, &[0x00, 0xfe]);
+        assert!(i.reset_evt().read().is_err(), "reset signalled");
+        // `out 0x64, ax`: the low byte is the command, the high byte falls
+        // on port 0x65 and is dropped.
+        i.pio_write(COMMAND_OFFSET, &[0xfe, 0x00]);
+        assert_eq!(i.reset_evt().read().unwrap(), 1);
+        let mut data = [0u8; 4];
+        i.pio_read(DATA_OFFSET, &mut data);
+        assert_eq!(data, [0, 0xff, 0xff, 0xff]);
+        let mut status = [0u8; 2];
+        i.pio_read(COMMAND_OFFSET, &mut status);
+        assert_eq!(status, [0, 0xff]);
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub const MAX_PENDING_INPUT: usize = 64 * 1024;
 
 /// Register offset of RBR/THR in the 16550 layout (with DLAB clear).
 const DATA_OFFSET: u8 = 0;
+/// The UART decodes eight consecutive ports (COM1: 0x3f8 to 0x3ff).
+pub const SERIAL_PORT_LEN: u16 = 8;
 
 /// Errors of the serial device. None is caused by the guest.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +135,32 @@ impl SerialDevice {
         }
     }
 
+    /// Handles a guest `in` of `data.len()` bytes at `offset` from the base
+    /// port: byte `i` comes from register `offset + i`, and a byte past the
+    /// last register reads 0xff (see [`super`] for why).
+    pub fn pio_read(&mut self, offset: u16, data: &mut [u8]) {
+        super::split_read(offset, data, |off| {
+            u8::try_from(off)
+                .ok()
+                .filter(|&o| u16::from(o) < SERIAL_PORT_LEN)
+                .map(|o| self.read(o))
+        });
+    }
+
+    /// Handles a guest `out` of `data` at `offset` from the base port: byte
+    /// `i` goes to register `offset + i`; bytes past the last register are
+    /// dropped.
+    pub fn pio_write(&mut self, offset: u16, data: &[u8]) {
+        super::split_write(offset, data, |off, value| {
+            if let Some(o) = u8::try_from(off)
+                .ok()
+                .filter(|&o| u16::from(o) < SERIAL_PORT_LEN)
+            {
+                self.write(o, value);
+            }
+        });
+    }
+
     /// Queues host input (stdin) for the guest. Bytes enter the receive FIFO
     /// as the guest drains it, raising the receive interrupt when IER enables
     /// it. If more than [`MAX_PENDING_INPUT`] bytes would be waiting, the
@@ -232,6 +260,50 @@ mod tests {
             s.write(DATA_OFFSET, *b);
         }
         assert_eq!(out.0.lock().unwrap().as_slice(), b"Linux version");
+    }
+
+    #[test]
+    fn a_wide_out_reaches_consecutive_registers() {
+        // `out 0x3f8, eax` with EAX = 0x03_00_00_41: 'A' to THR, 0 to IER,
+        // 0 to FCR, 8N1 to LCR. Every byte used to be lost past the first.
+        let (mut s, out) = serial();
+        s.write(IER, IER_RDA);
+        s.pio_write(0, &[b'A', 0, 0, 0x03]);
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"A");
+        assert_eq!(s.read(IER), 0, "the second byte must land in IER");
+        assert_eq!(s.read(LCR), 0x03, "the fourth byte must land in LCR");
+        // A 2-byte write to the scratch register: the byte past COM1 is dropped.
+        s.pio_write(7, &[0x5a, b'B']);
+        assert_eq!(s.read(7), 0x5a);
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"A");
+    }
+
+    #[test]
+    fn a_wide_in_reads_consecutive_registers() {
+        let (mut s, _) = serial();
+        s.write(LCR, 0x03);
+        s.write(MCR, 0x08);
+        s.write(7, 0xa5);
+        let mut one = [0u8; 4];
+        for (i, b) in one.iter_mut().enumerate() {
+            *b = s.read(3 + i as u8);
+        }
+        let mut wide = [0u8; 4];
+        s.pio_read(3, &mut wide);
+        // LCR, MCR, LSR, MSR: what four single-byte reads return, not 0xff
+        // past the first.
+        assert_eq!(wide, one);
+        assert_eq!(wide[..2], [0x03, 0x08]);
+        // Scratch, then one port past COM1, which floats.
+        let mut two = [0u8; 2];
+        s.pio_read(7, &mut two);
+        assert_eq!(two, [0xa5, 0xff]);
+        // An input byte read through a wide access is consumed once.
+        s.enqueue_input(b"xy").unwrap();
+        let mut rbr = [0u8; 2];
+        s.pio_read(0, &mut rbr);
+        assert_eq!(rbr, [b'x', 0]);
+        assert_eq!(drain(&mut s), b"y");
     }
 
     #[test]

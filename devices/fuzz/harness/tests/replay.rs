@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The fuzz targets under stable `cargo test`: every committed corpus input,
+//! then fresh random inputs for a bounded time, per target.
+//!
+//! The random inputs come from a seed printed with the results; rerun with
+//! `MINIVMM_FUZZ_SEED=<seed>` to replay a failure, and the failing input is
+//! printed in hex for `devices/fuzz/corpus/<target>/`.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use fuzz_harness::{Target, TARGETS};
+
+/// Random inputs per target stop at this count or after [`RANDOM_TIME`].
+const RANDOM_INPUTS: usize = 20_000;
+const RANDOM_TIME: Duration = Duration::from_secs(3);
+const MAX_INPUT_LEN: usize = 4096;
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../corpus")
+        .join(target)
+}
+
+/// xorshift64*: enough to spread inputs, and reproducible from one seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn bytes(&mut self) -> Vec<u8> {
+        // Short inputs are as interesting as long ones: pick the length on
+        // a log scale.
+        let len = (self.next() as usize % MAX_INPUT_LEN) >> (self.next() % 8);
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn seed() -> u64 {
+    match std::env::var("MINIVMM_FUZZ_SEED") {
+        Ok(s) => s.parse().expect("MINIVMM_FUZZ_SEED must be a number"),
+        Err(_) => {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1
+        }
+    }
+}
+
+/// Runs one input; on an oracle failure prints where the input came from
+/// and its bytes before failing the test.
+fn run_one(target: &Target, input: &[u8], origin: &str) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (target.run)(input))) {
+        // The bytes, for devices/fuzz/corpus/<target>/ (`xxd -r -p`).
+        let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
+        eprintln!(
+            "fuzz target {} failed on {origin} ({} bytes): {hex}",
+            target.name,
+            input.len()
+        );
+        resume_unwind(panic);
+    }
+}
+
+fn replay(name: &str) {
+    let target = TARGETS
+        .iter()
+        .find(|t| t.name == name)
+        .expect("target is listed");
+    let dir = corpus_dir(name);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
+        .map(|e| e.expect("corpus entry").path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no seed corpus for {name}");
+    for f in &files {
+        let data = std::fs::read(f).expect("corpus file");
+        run_one(target, &data, &f.display().to_string());
+    }
+
+    let seed = seed();
+    let mut rng = Rng(seed);
+    let start = Instant::now();
+    let mut n = 0;
+    while n < RANDOM_INPUTS && start.elapsed() < RANDOM_TIME {
+        let data = rng.bytes();
+        run_one(target, &data, &format!("random input {n} of seed {seed}"));
+        n += 1;
+    }
+    println!(
+        "fuzz replay {name}: {} corpus inputs, {n} random inputs (seed {seed}) in {:.1} s",
+        files.len(),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn mmio_transport() {
+    replay("mmio_transport");
+}
+
+#[test]
+fn legacy_pio() {
+    replay("legacy_pio");
+}
+
+#[test]
+fn cli() {
+    replay("cli");
+}
+
+#[test]
+fn config_file() {
+    replay("config_file");
+}
+
+#[test]
+fn every_target_has_a_test_here() {
+    let src = include_str!("replay.rs");
+    for t in TARGETS {
+        assert!(
+            src.contains(&format!("fn {}() {{", t.name)),
+            "target {} has no replay test",
+            t.name
+        );
+    }
+}

@@ -1,0 +1,584 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Seccomp filters: every minivmm thread runs under an allowlist of the
+//! system calls it makes.
+//!
+//! minivmm has two kinds of thread ([`Thread`]), and each gets its own list,
+//! built from what that thread was seen to call on real boots, so a
+//! compromised device or vCPU path cannot reach the rest of the kernel:
+//!
+//! - a **vCPU** thread runs `KVM_RUN` and serves the guest's port and MMIO
+//!   exits: the UART (console output to stdout, its irqfd), the i8042 reset
+//!   line, and the virtio-MMIO transport, which activates (TUNSETOFFLOAD) and
+//!   resets the net device when the guest driver says so;
+//! - the **event loop** (the main thread) serves the net device's TAP and
+//!   queue events, console input, the signals and the metrics file.
+//!
+//! Both filters are installed before the guest runs its first instruction:
+//! each vCPU thread installs its own as its first act, the main thread
+//! installs its own after spawning the vCPU threads (a filter is inherited by
+//! threads created later, so the order keeps the lists apart), and no vCPU
+//! enters `KVM_RUN` before both are in place ([`Gate`]). With `--seccomp on`
+//! a call outside the list raises SIGSYS, whose handler writes one line naming
+//! the call and ends the process with [`BAD_SYSCALL_EXIT_STATUS`] (148, as
+//! Firecracker does); `--seccomp log` lets the call through and has the kernel
+//! log it (the audit log, `dmesg`), and `--seccomp off` installs nothing.
+//!
+//! # Adding and regenerating entries
+//!
+//! Each thread's list is one function below ([`vcpu_rules`],
+//! [`event_loop_rules`], plus [`common_rules`] for what every Rust thread
+//! needs), one entry per call with a comment where the reason is not obvious.
+//! New work that makes new calls (a metrics writer on a timer, a rate
+//! limiter's timerfds, a log file) adds its entries to the thread that makes
+//! them. To see what a thread calls, trace boots that exercise every path
+//! in `log` mode, where each thread's `seccomp(2)` call marks the point from
+//! which its list applies, and count the calls after it, per thread:
+//!
+//! ```text
+//! strace -f -qq -o /tmp/mv.trace minivmm --seccomp log --kernel vmlinux \
+//!     --initramfs initramfs --tap tap0 --metrics /tmp/m.json --cmdline ip=...
+//! # meanwhile (minivmm and the TAP inside a private network namespace):
+//! # ping the guest both ways, type on the console, kill -USR1 <pid>, then
+//! # kill -TERM <pid>; and a second boot, with --vcpus 2, whose guest
+//! # panics and resets through the i8042
+//! for t in $(awk '{print $1}' /tmp/mv.trace | sort -u); do echo "thread $t"
+//!   awk -v t=$t '$1 == t { sub(/^[0-9]+ +/, ""); if (on) print; if (/^seccomp\(/) on = 1 }' \
+//!     /tmp/mv.trace | sed -E 's/^<\.\.\. ([a-z0-9_]+) resumed>.*/\1/; s/\(.*//' | sort | uniq -c
+//! done
+//! ```
+//!
+//! The main thread's id is minivmm's pid; the vCPU threads are named
+//! `vcpu<N>` (`/proc/<pid>/task/<tid>/comm`). `--seccomp log` also makes the
+//! kernel log every call a list misses (`dmesg | grep type=1326`, with the
+//! thread's name and the call's number), which is how the last entries of
+//! these lists were found.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+
+use kvm_bindings::{kvm_regs, kvm_vcpu_events, KVMIO};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr};
+
+/// The exit status of minivmm when a thread makes a forbidden system call
+/// (Firecracker's "bad syscall" status). Documented in the README.
+pub const BAD_SYSCALL_EXIT_STATUS: i32 = 148;
+
+/// What `--seccomp` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SeccompMode {
+    /// Forbidden calls end minivmm with status 148.
+    #[default]
+    On,
+    /// Forbidden calls are allowed and logged by the kernel (audit, dmesg).
+    Log,
+    /// No filter.
+    Off,
+}
+
+/// The kinds of minivmm thread, each with its own allowlist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Thread {
+    /// A vCPU thread: `KVM_RUN` and the exits it serves.
+    Vcpu,
+    /// The main thread's event loop: device backends, console, signals.
+    EventLoop,
+}
+
+/// Errors building or installing a filter. None is caused by the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// An allowlist could not be turned into a filter (a bug in the lists).
+    #[error("cannot build the seccomp filter of the {0:?} thread")]
+    Build(Thread, #[source] seccompiler::BackendError),
+    /// The kernel refused the filter.
+    #[error("cannot install the seccomp filter of the {0:?} thread")]
+    Install(Thread, #[source] seccompiler::Error),
+    /// The SIGSYS handler could not be installed.
+    #[error("cannot install the SIGSYS handler")]
+    SigsysHandler(#[source] std::io::Error),
+    /// Another thread failed to install its filter, so none may run the guest.
+    #[error("a thread failed to install its seccomp filter; the guest was not started")]
+    PeerFailed,
+}
+
+/// One allowlist entry: a system call and the argument conditions under
+/// which it is allowed (no rule: any arguments).
+type Entry = (i64, Vec<SeccompRule>);
+
+fn allow(syscall: libc::c_long) -> Entry {
+    (syscall, Vec::new())
+}
+
+/// `ioctl(fd, request, ...)` for these request numbers only.
+fn allow_ioctls(requests: &[u64]) -> Entry {
+    let rules = requests
+        .iter()
+        .map(|&request| {
+            // The request is the kernel's `unsigned int cmd`: compare 32 bits.
+            let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                .expect("argument index 1 is valid");
+            SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
+        })
+        .collect();
+    (libc::SYS_ioctl, rules)
+}
+
+/// An ioctl request number as the filter compares it. libc's `Ioctl` is
+/// `c_ulong` with glibc and `c_int` with musl; the kernel reads 32 bits.
+#[allow(clippy::unnecessary_cast)]
+fn ioctl_nr(request: libc::Ioctl) -> u64 {
+    request as u64
+}
+
+// KVM ioctl numbers from the kernel's uapi/linux/kvm.h, computed from the
+// structure sizes as kvm-ioctls computes them.
+ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
+ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
+ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
+ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
+ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+
+/// What every minivmm thread calls, whatever its job.
+fn common_rules() -> Vec<Entry> {
+    vec![
+        // The allocator. glibc malloc gives each thread an arena (mmap) that
+        // it grows (mprotect) and trims (madvise, munmap); the main arena
+        // grows with brk; blocks above the mmap threshold are mmap'ed and
+        // resized with mremap. Which of these a thread needs depends on the
+        // guest's traffic, not on the code path, so all are allowed.
+        allow(libc::SYS_brk),
+        allow(libc::SYS_mmap),
+        allow(libc::SYS_mprotect),
+        allow(libc::SYS_madvise),
+        allow(libc::SYS_mremap),
+        allow(libc::SYS_munmap),
+        // std's Mutex, Condvar, Barrier and thread parking.
+        allow(libc::SYS_futex),
+        // Log lines (stderr), console output (stdout), eventfd signals
+        // (irqfds, queue kicks, the event handler's own wake-ups).
+        allow(libc::SYS_write),
+        // Eventfd reads (the net device drains its queue events when the
+        // driver resets it, on a vCPU), signalfd, stdin, the loop's events.
+        allow(libc::SYS_read),
+        // Dropping what a thread owns: a vCPU thread that returns closes its
+        // vCPU fd; the main thread closes every device fd at exit.
+        allow(libc::SYS_close),
+        // A vCPU thread that returns removes its signal stack (sigaltstack,
+        // munmap), and glibc blocks every signal (rt_sigprocmask) before it
+        // ends the thread with exit; exit_group ends the process (main's
+        // return, the SIGSYS handler's _exit).
+        allow(libc::SYS_rt_sigprocmask),
+        allow(libc::SYS_exit),
+        allow(libc::SYS_exit_group),
+        allow(libc::SYS_sigaltstack),
+        // Returning from a signal handler (Rust's SIGSEGV/SIGBUS handler
+        // returns for a fault that is not a stack overflow).
+        allow(libc::SYS_rt_sigreturn),
+        // Instant::now where the vDSO has no fast path for the host's clock
+        // source and falls back to the system call (some VMs' clocks).
+        allow(libc::SYS_clock_gettime),
+    ]
+}
+
+/// A vCPU thread, after it installed its filter.
+pub fn vcpu_rules() -> Vec<Entry> {
+    vec![
+        allow_ioctls(&[
+            KVM_RUN(),
+            // The INT3 recovery on a PVM host (vcpu.rs): skip the byte and
+            // inject #BP.
+            KVM_GET_REGS(),
+            KVM_SET_REGS(),
+            KVM_GET_VCPU_EVENTS(),
+            KVM_SET_VCPU_EVENTS(),
+            // The guest's DRIVER_OK reaches the net device on this thread,
+            // which tells the TAP what offloads the guest accepts.
+            ioctl_nr(libc::TUNSETOFFLOAD),
+        ]),
+        // An AP waiting for its start-up IPI backs off with thread::sleep.
+        allow(libc::SYS_clock_nanosleep),
+    ]
+}
+
+/// The main thread's event loop, after it spawned the vCPUs.
+pub fn event_loop_rules() -> Vec<Entry> {
+    vec![
+        // The loop itself, and the net device (de)registering its TAP and
+        // requeue events when the guest activates or resets it.
+        allow(libc::SYS_epoll_wait),
+        allow(libc::SYS_epoll_ctl),
+        // Zero-copy frames between the TAP and guest memory.
+        allow(libc::SYS_readv),
+        allow(libc::SYS_writev),
+        // The metrics file, on SIGUSR1 and at exit: written whole to a
+        // temporary name and renamed over the old one.
+        allow(libc::SYS_openat),
+        allow(libc::SYS_rename),
+        // Restoring the console's terminal mode at exit (when stdin is a
+        // terminal): tcgetattr, then tcsetattr.
+        allow_ioctls(&[ioctl_nr(libc::TCGETS), ioctl_nr(libc::TCSETS)]),
+    ]
+}
+
+/// Merges entries by system call. An unconditional entry wins over rules
+/// for the same call (it allows more).
+fn merge(entries: impl IntoIterator<Item = Entry>) -> BTreeMap<i64, Vec<SeccompRule>> {
+    let mut map: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
+    for (nr, rules) in entries {
+        let slot = map.entry(nr).or_insert_with(|| Some(Vec::new()));
+        match (slot.as_mut(), rules.is_empty()) {
+            // Already unconditional.
+            (None, _) => {}
+            (Some(_), true) => *slot = None,
+            (Some(existing), false) => existing.extend(rules),
+        }
+    }
+    map.into_iter()
+        .map(|(nr, rules)| (nr, rules.unwrap_or_default()))
+        .collect()
+}
+
+/// The allowlist of `thread`, common entries included.
+pub fn rules(thread: Thread) -> BTreeMap<i64, Vec<SeccompRule>> {
+    let own = match thread {
+        Thread::Vcpu => vcpu_rules(),
+        Thread::EventLoop => event_loop_rules(),
+    };
+    merge(common_rules().into_iter().chain(own))
+}
+
+/// Compiles the filter of `thread` for `mode` (`None` when off).
+pub fn filter(thread: Thread, mode: SeccompMode) -> Result<Option<BpfProgram>, SeccompError> {
+    let mismatch = match mode {
+        SeccompMode::On => SeccompAction::Trap,
+        SeccompMode::Log => SeccompAction::Log,
+        SeccompMode::Off => return Ok(None),
+    };
+    let filter = SeccompFilter::new(
+        rules(thread),
+        mismatch,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .map_err(|e| SeccompError::Build(thread, e))?;
+    let prog: BpfProgram = filter
+        .try_into()
+        .map_err(|e| SeccompError::Build(thread, e))?;
+    Ok(Some(prog))
+}
+
+/// Both threads' filters, compiled before any thread starts so that a
+/// mistake in a list is a configuration error (status 1), not a run-time one.
+#[derive(Debug, Clone, Default)]
+pub struct Filters {
+    /// The mode they were built for.
+    pub mode: SeccompMode,
+    /// The vCPU threads' filter.
+    pub vcpu: Option<BpfProgram>,
+    /// The event loop's filter.
+    pub event_loop: Option<BpfProgram>,
+}
+
+impl Filters {
+    /// Compiles both filters for `mode`.
+    pub fn new(mode: SeccompMode) -> Result<Self, SeccompError> {
+        Ok(Filters {
+            mode,
+            vcpu: filter(Thread::Vcpu, mode)?,
+            event_loop: filter(Thread::EventLoop, mode)?,
+        })
+    }
+}
+
+/// Installs `prog` on the calling thread (nothing when it is `None`).
+pub fn apply(thread: Thread, prog: Option<&BpfProgram>) -> Result<(), SeccompError> {
+    match prog {
+        Some(p) => seccompiler::apply_filter(p).map_err(|e| SeccompError::Install(thread, e)),
+        None => Ok(()),
+    }
+}
+
+/// Where every thread waits, filter installed, before the guest runs: no
+/// vCPU enters the guest until the event loop and every vCPU are filtered,
+/// and none does if any thread failed.
+#[derive(Debug)]
+pub struct Gate {
+    barrier: Barrier,
+    failed: AtomicBool,
+}
+
+impl Gate {
+    /// A gate for `threads` threads (the vCPUs and the event loop).
+    pub fn new(threads: usize) -> Self {
+        Gate {
+            barrier: Barrier::new(threads),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Installs `prog` for `thread`, waits for every other thread, and says
+    /// whether all of them are filtered. Every thread must call this exactly
+    /// once, whatever happened before, or the others wait for ever.
+    pub fn install_and_wait(
+        &self,
+        thread: Thread,
+        prog: Option<&BpfProgram>,
+    ) -> Result<(), SeccompError> {
+        let mine = apply(thread, prog);
+        if mine.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        self.barrier.wait();
+        mine?;
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(SeccompError::PeerFailed);
+        }
+        Ok(())
+    }
+
+    /// For a thread that cannot install its filter at all (spawn failed):
+    /// releases the others, which will then refuse to run the guest.
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.barrier.wait();
+    }
+}
+
+/// Byte offset of `si_syscall` in the kernel's `siginfo_t` on x86_64: the
+/// SIGSYS member of the union (after signo, errno, code and padding, 16
+/// bytes) starts with the 8-byte `_call_addr`, then the 4-byte `_syscall`.
+const SI_SYSCALL_OFFSET: usize = 24;
+
+/// The SIGSYS handler: one line naming the call on stderr, then
+/// [`BAD_SYSCALL_EXIT_STATUS`]. Async-signal-safe: no allocation, no lock,
+/// only write(2) and _exit(2), both in every allowlist.
+extern "C" fn sigsys_handler(
+    _sig: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _ctx: *mut libc::c_void,
+) {
+    // SAFETY: the kernel passes a valid siginfo_t for a SA_SIGINFO handler;
+    // for SIGSYS raised by seccomp the `_sigsys` member of its union is the
+    // live one and `_syscall` lies SI_SYSCALL_OFFSET bytes in, inside the
+    // 128-byte structure. read_unaligned needs no alignment.
+    let nr = unsafe {
+        info.cast::<u8>()
+            .add(SI_SYSCALL_OFFSET)
+            .cast::<i32>()
+            .read_unaligned()
+    };
+    let mut line = [0u8; 96];
+    let len = bad_syscall_line(nr, &mut line);
+    // SAFETY: `line[..len]` is initialised memory owned by this frame; fd 2
+    // is stderr (a failed write changes nothing); _exit never returns and
+    // runs no atexit handler, which is what a signal handler may do.
+    unsafe {
+        libc::write(2, line.as_ptr().cast(), len);
+        libc::_exit(BAD_SYSCALL_EXIT_STATUS);
+    }
+}
+
+/// Formats "minivmm: error: forbidden system call N (seccomp), exiting with
+/// status 148\n" into `buf` without allocating; returns its length.
+fn bad_syscall_line(nr: i32, buf: &mut [u8; 96]) -> usize {
+    let mut len = 0;
+    let mut put = |bytes: &[u8]| {
+        for &b in bytes {
+            if len < buf.len() {
+                buf[len] = b;
+                len += 1;
+            }
+        }
+    };
+    put(b"minivmm: error: forbidden system call ");
+    let mut digits = [0u8; 11];
+    let mut n = i64::from(nr).unsigned_abs();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if nr < 0 {
+        put(b"-");
+    }
+    put(&digits[i..]);
+    put(b" (seccomp), exiting with status 148\n");
+    len
+}
+
+/// Installs the SIGSYS handler for the whole process. Call it before any
+/// filter is installed.
+pub fn install_sigsys_handler() -> Result<(), SeccompError> {
+    // SAFETY: an all-zero sigaction is a valid starting point (empty mask,
+    // no flags); we then set a handler of the SA_SIGINFO signature.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = sigsys_handler as *const () as usize;
+    act.sa_flags = libc::SA_SIGINFO;
+    // SAFETY: `act` is a valid sigaction that lives across the call, the old
+    // action is not wanted (null), and the handler is async-signal-safe.
+    let ret = unsafe { libc::sigaction(libc::SIGSYS, &act, std::ptr::null_mut()) };
+    if ret != 0 {
+        return Err(SeccompError::SigsysHandler(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` in a forked child with `thread`'s filter in `mode` and the
+    /// SIGSYS handler installed, and returns the child's wait status. The
+    /// filter is compiled before the fork: in the child of a multi-threaded
+    /// process only async-signal-safe calls are allowed, and `f` makes only
+    /// raw system calls.
+    fn in_filtered_child(thread: Thread, mode: SeccompMode, f: fn()) -> libc::c_int {
+        let prog = filter(thread, mode).unwrap();
+        // SAFETY: fork has no memory-safety preconditions; the child below
+        // only makes system calls (sigaction, prctl, seccomp, the call under
+        // test, _exit) and touches memory that was set up before the fork.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = match install_sigsys_handler().and_then(|()| apply(thread, prog.as_ref())) {
+                Ok(()) => {
+                    f();
+                    0
+                }
+                Err(_) => 99,
+            };
+            // SAFETY: ends the child without running the parent's atexit
+            // handlers or unwinding into the test harness.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `pid` is our child and `status` a live int.
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(waited, pid);
+        status
+    }
+
+    fn exit_status(status: libc::c_int) -> Option<i32> {
+        libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status))
+    }
+
+    fn forbidden_syscall() {
+        // uname is in no allowlist.
+        // SAFETY: a raw system call with a null buffer fails with EFAULT at
+        // worst; it does not touch our memory.
+        unsafe { libc::syscall(libc::SYS_uname, 0usize) };
+    }
+
+    fn forbidden_ioctl() {
+        // ioctl is allowed on the vCPU thread, but not KVM_CREATE_VM (0xae01).
+        // SAFETY: the fd is invalid; the kernel would answer EBADF.
+        unsafe { libc::syscall(libc::SYS_ioctl, -1, 0xae01usize, 0usize) };
+    }
+
+    fn allowed_ioctl() {
+        // SAFETY: KVM_RUN on an invalid fd fails with EBADF, harmlessly.
+        unsafe { libc::syscall(libc::SYS_ioctl, -1, KVM_RUN() as usize, 0usize) };
+    }
+
+    #[test]
+    fn a_forbidden_call_ends_the_process_with_148() {
+        for thread in [Thread::Vcpu, Thread::EventLoop] {
+            let status = in_filtered_child(thread, SeccompMode::On, forbidden_syscall);
+            assert_eq!(
+                exit_status(status),
+                Some(BAD_SYSCALL_EXIT_STATUS),
+                "{thread:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ioctls_are_filtered_by_request_number() {
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, forbidden_ioctl);
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, allowed_ioctl);
+        assert_eq!(exit_status(status), Some(0));
+        // The event loop may not run the guest.
+        let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, allowed_ioctl);
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    #[test]
+    fn log_and_off_let_the_call_through() {
+        for mode in [SeccompMode::Log, SeccompMode::Off] {
+            let status = in_filtered_child(Thread::Vcpu, mode, forbidden_syscall);
+            assert_eq!(exit_status(status), Some(0), "{mode:?}");
+        }
+        assert!(filter(Thread::Vcpu, SeccompMode::Off).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_sigsys_line_names_the_call() {
+        let mut buf = [0u8; 96];
+        let n = bad_syscall_line(63, &mut buf);
+        assert_eq!(
+            std::str::from_utf8(&buf[..n]).unwrap(),
+            "minivmm: error: forbidden system call 63 (seccomp), exiting with status 148\n"
+        );
+        let n = bad_syscall_line(-1, &mut buf);
+        assert!(std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .contains("call -1 (seccomp)"));
+        let n = bad_syscall_line(i32::MIN, &mut buf);
+        assert!(std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .contains("call -2147483648 (seccomp)"));
+    }
+
+    #[test]
+    fn an_unconditional_entry_wins_a_merge() {
+        let cond = || {
+            SeccompRule::new(vec![SeccompCondition::new(
+                1,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                1,
+            )
+            .unwrap()])
+            .unwrap()
+        };
+        let map = merge([
+            (libc::SYS_ioctl, vec![cond()]),
+            (libc::SYS_ioctl, vec![]),
+            (libc::SYS_ioctl, vec![cond()]),
+            (libc::SYS_read, vec![cond()]),
+            (libc::SYS_read, vec![cond()]),
+        ]);
+        assert!(map[&libc::SYS_ioctl].is_empty());
+        assert_eq!(map[&libc::SYS_read].len(), 2);
+    }
+
+    #[test]
+    fn the_gate_holds_every_thread_until_all_are_filtered() {
+        let gate = std::sync::Arc::new(Gate::new(2));
+        let g = gate.clone();
+        let peer = std::thread::spawn(move || g.install_and_wait(Thread::Vcpu, None));
+        // No filter to install (off): both pass.
+        gate.install_and_wait(Thread::EventLoop, None).unwrap();
+        peer.join().unwrap().unwrap();
+
+        let gate = std::sync::Arc::new(Gate::new(2));
+        let g = gate.clone();
+        let peer = std::thread::spawn(move || g.install_and_wait(Thread::Vcpu, None));
+        gate.fail();
+        assert!(matches!(
+            peer.join().unwrap(),
+            Err(SeccompError::PeerFailed)
+        ));
+    }
+}
