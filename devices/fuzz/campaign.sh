@@ -3,6 +3,7 @@
 # Runs a libFuzzer campaign on one target and prints its figures.
 #
 #   bash devices/fuzz/campaign.sh <target> [seconds] [jobs]
+#   FUZZ_FLAGS="-a -s none" bash devices/fuzz/campaign.sh net_datapath 3600
 #
 # Needs nightly and cargo-fuzz (`cargo install cargo-fuzz`). New inputs go to
 # the working corpus devices/fuzz/libfuzzer/corpus/<target> (not committed);
@@ -29,7 +30,10 @@ trap 'rm -f "$log"' EXIT
 # -timeout: an input runs in milliseconds; 10 s is a hang even on a loaded
 # 2-core machine (1 s gave a spurious timeout: the input ran in 1 ms).
 status=0
-cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O "$target" "$work" "$seeds" -- \
+# FUZZ_FLAGS adds cargo-fuzz build flags, e.g. "-a -s none": debug
+# assertions (the datapath's ring-offset checks) without ASan, 3x faster.
+# shellcheck disable=SC2086
+cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O ${FUZZ_FLAGS:-} "$target" "$work" "$seeds" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     $([ "$jobs" -gt 1 ] && echo "-jobs=$jobs -workers=$jobs") >"$log" 2>&1 || status=$?
 logs=("$log")
@@ -52,6 +56,7 @@ echo "campaign $target: ${secs}s x $jobs job(s), $execs executions, exit status 
            END { for (f in all) printf "  %-28s %5d of %5d edges (%.0f%%)\n", f, hit[f], all[f], 100 * hit[f] / all[f] }' \
     | sort
 if [ "${MERGE:-0}" = 1 ]; then
-    cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O "$target" "$seeds" "$work" -- -set_cover_merge=1 2>&1 | tail -2
+    # shellcheck disable=SC2086
+    cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O ${FUZZ_FLAGS:-} "$target" "$seeds" "$work" -- -set_cover_merge=1 2>&1 | tail -2
 fi
 exit "$status"

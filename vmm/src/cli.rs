@@ -348,8 +348,8 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error_line;
     use crate::config::{HostQuirks, TapBackend};
+    use crate::error_line;
 
     fn parse(args: &[&str]) -> Result<VmmConfig, String> {
         let cli = Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied()))

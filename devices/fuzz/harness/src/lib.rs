@@ -20,11 +20,15 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod chain_walk;
 pub mod cli;
 pub mod common;
 pub mod config_file;
+pub mod datapath;
 pub mod legacy;
 pub mod mmio;
+pub mod net_rig;
+pub mod race;
 
 /// Turns `data` into a structured input and runs `f` on it; bytes that do
 /// not make a whole input are no input (libFuzzer moves on).
@@ -44,8 +48,7 @@ pub struct Target {
     pub run: fn(&[u8]),
 }
 
-/// Every target. The datapath targets (RX/TX over arbitrary guest memory,
-/// an adversarial second thread) join here.
+/// Every target.
 pub const TARGETS: &[Target] = &[
     Target {
         name: "mmio_transport",
@@ -62,5 +65,17 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "config_file",
         run: config_file::run,
+    },
+    Target {
+        name: "net_datapath",
+        run: datapath::run,
+    },
+    Target {
+        name: "net_datapath_race",
+        run: race::run,
+    },
+    Target {
+        name: "chain_walk",
+        run: chain_walk::run,
     },
 ];

@@ -123,6 +123,21 @@ fn config_file() {
 }
 
 #[test]
+fn net_datapath() {
+    replay("net_datapath");
+}
+
+#[test]
+fn net_datapath_race() {
+    replay("net_datapath_race");
+}
+
+#[test]
+fn chain_walk() {
+    replay("chain_walk");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {

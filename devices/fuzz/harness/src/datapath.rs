@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Target `net_datapath`: the RX and TX datapath of the real virtio-net
+//! device, on its event loop, over arbitrary guest memory contents (rings,
+//! descriptors, indirect tables, headers) and arbitrary backend frames,
+//! with an in-memory backend.
+//!
+//! The input picks the features, the queue size, the weights and where the
+//! rings go (packed as a driver lays them out, or anywhere, overlaps the
+//! transport would refuse included), then a sequence of guest and network
+//! steps: raw writes anywhere, descriptors and indirect-table entries with
+//! any flags, lengths and links, avail entries (any head) and indices,
+//! flags and event indices, frames from the backend, EAGAIN on sends,
+//! kicks, loop iterations, and resets with re-activation.
+//!
+//! Oracles, whatever the input:
+//! - no pass reads more than `MAX_PASS_READS` ring entries and descriptors;
+//! - once the guest and the network stop, the event loop goes idle within
+//!   a bounded number of iterations (a pass that yields is re-queued, and
+//!   each consumes at least one chain or frame);
+//! - no host-side error is counted (the backend is healthy);
+//! - every used length of TX is 0.
+//!
+//! And while the guest has written only structured descriptors into buffers
+//! above the packed rings (so that nothing but the device writes a used
+//! ring), per activation:
+//! - every used id is a head the driver published and has not had back
+//!   (each published chain comes back at most once);
+//! - the RX used lengths add up to the bytes of the frames delivered, and
+//!   the TX frames the backend got add up to the bytes sent.
+
+use std::collections::HashMap;
+
+use arbitrary::Arbitrary;
+use devices::virtio::net::rxtx::MAX_PASS_READS;
+
+use crate::net_rig::{desc, BufAddr, Placement, Rig, Setup};
+
+/// One step of the guest or the network.
+#[derive(Debug, Clone, Arbitrary)]
+enum Step {
+    /// Raw bytes anywhere in guest memory (rings included).
+    Poke { addr: u32, bytes: Vec<u8> },
+    /// A descriptor of queue `q`'s table.
+    Desc {
+        q: bool,
+        idx: u16,
+        addr: BufAddr,
+        len: u16,
+        flags: u8,
+        next: u16,
+    },
+    /// Entry `i` of an indirect table at `at`.
+    TableEntry {
+        at: BufAddr,
+        i: u8,
+        addr: BufAddr,
+        len: u16,
+        flags: u8,
+        next: u8,
+    },
+    /// Heads put in queue `q`'s avail ring and published.
+    Avail { q: bool, heads: Vec<u16> },
+    /// Queue `q`'s avail idx set to anything.
+    AvailIdx { q: bool, idx: u16 },
+    /// Queue `q`'s avail flags (NO_INTERRUPT) or `used_event`.
+    Event { q: bool, flags: bool, value: u16 },
+    /// `1 + copies % 16` well-formed RX chains of buffers of these lengths
+    /// (the first `direct` in ring descriptors, the rest in an indirect
+    /// table), published.
+    RxChain {
+        lens: Vec<u16>,
+        direct: u8,
+        copies: u8,
+    },
+    /// A well-formed TX chain holding a `len`-byte frame split at `cuts`.
+    TxChain {
+        len: u16,
+        cuts: Vec<u16>,
+        direct: u8,
+        fill: u8,
+    },
+    /// A frame from the network: `len` bytes (header included; folded below
+    /// 1600 unless `big`) of `fill`.
+    Frame { len: u16, big: bool, fill: u8 },
+    /// The next `n % 4` sends return EAGAIN.
+    Eagain { n: u8 },
+    /// A queue notification.
+    Kick { q: bool },
+    /// One event-loop iteration.
+    Run,
+    /// A device reset, and the driver setting the same rings up again.
+    Reset,
+}
+
+#[derive(Debug, Clone, Arbitrary)]
+struct Input {
+    setup: Setup,
+    steps: Vec<Step>,
+}
+
+/// Steps taken from one input at most (the loop must stay fast).
+const MAX_STEPS: usize = 256;
+
+/// What the driver expects back, per activation.
+#[derive(Default)]
+struct Expect {
+    /// Heads published and not returned, with multiplicity, per queue.
+    out: [HashMap<u16, u32>; 2],
+    /// Used entries seen, per queue.
+    seen: [u16; 2],
+    /// RX bytes in used entries, TX frames' bytes the backend got, at the
+    /// start of this activation's accounting.
+    rx_used_bytes: u64,
+}
+
+/// What one input made the device do (for tests that check the inputs
+/// reach the datapath at all).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reach {
+    /// The layout was accepted and the device activated.
+    pub activated: bool,
+    /// Frames delivered to the guest.
+    pub rx_frames: u64,
+    /// Frames sent by the guest.
+    pub tx_frames: u64,
+    /// Chains refused.
+    pub malformed: u64,
+    /// Passes cut short by a weight or the descriptor budget.
+    pub yields: u64,
+    /// Queues broken (until a reset).
+    pub queue_errors: u64,
+}
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    reach(data);
+}
+
+/// Runs one input and says what it reached.
+pub fn reach(data: &[u8]) -> Reach {
+    let mut reached = Reach::default();
+    crate::with_input(data, |input: &Input| reached = drive(input.clone()));
+    reached
+}
+
+fn drive(input: Input) -> Reach {
+    let Some(mut rig) = Rig::new(input.setup) else {
+        return Reach::default();
+    };
+    let size = rig.setup.size();
+    // Structured so far: the guest wrote only descriptors into the buffer
+    // area of packed rings, and avail entries through `publish`.
+    let mut structured = match (input.setup.rx, input.setup.tx) {
+        (Placement::Packed(a), Placement::Packed(b)) => a % 4 != b % 4,
+        _ => false,
+    };
+    let mut expect = Expect::default();
+    let mut frames = 0usize;
+
+    for step in input.steps.into_iter().take(MAX_STEPS) {
+        match step {
+            Step::Poke { addr, bytes } => {
+                structured = false;
+                rig.poke(u64::from(addr), &bytes[..bytes.len().min(64)]);
+            }
+            Step::Desc {
+                q,
+                idx,
+                addr,
+                len,
+                flags,
+                next,
+            } => {
+                structured &= addr.in_area();
+                let d = desc(
+                    addr.get(),
+                    u32::from(len),
+                    u16::from(flags & 7),
+                    next % size.max(1),
+                );
+                rig.write_desc(usize::from(q), idx, d);
+            }
+            Step::TableEntry {
+                at,
+                i,
+                addr,
+                len,
+                flags,
+                next,
+            } => {
+                structured &= at.in_area() && addr.in_area();
+                let d = desc(
+                    addr.get(),
+                    u32::from(len),
+                    u16::from(flags & 7),
+                    u16::from(next),
+                );
+                rig.poke(at.get().wrapping_add(16 * u64::from(i)), &d);
+            }
+            Step::Avail { q, heads } => {
+                let q = usize::from(q);
+                let heads = &heads[..heads.len().min(usize::from(size))];
+                // More chains out than the ring holds: the device may use
+                // a slot twice between two looks at the used ring.
+                let out: u32 = expect.out[q].values().sum();
+                structured &= out as usize + heads.len() <= usize::from(size);
+                for &h in heads {
+                    *expect.out[q].entry(h).or_default() += 1;
+                }
+                rig.publish(q, heads);
+            }
+            Step::RxChain {
+                lens,
+                direct,
+                copies,
+            } => {
+                let lens: Vec<u16> = lens.iter().take(8).map(|&l| l % 4096).collect();
+                if !lens.is_empty() {
+                    for _ in 0..=copies % 16 {
+                        structured &= can_publish(&expect, 0, size);
+                        let head = rig.post_chain(0, &lens, usize::from(direct), &[]);
+                        *expect.out[0].entry(head).or_default() += 1;
+                    }
+                    rig.kick(0);
+                }
+            }
+            Step::TxChain {
+                len,
+                cuts,
+                direct,
+                fill,
+            } => {
+                let frame = tx_frame(len, fill);
+                let lens = split(frame.len(), &cuts);
+                structured &= can_publish(&expect, 1, size);
+                let head = rig.post_chain(1, &lens, usize::from(direct), &frame);
+                *expect.out[1].entry(head).or_default() += 1;
+                rig.kick(1);
+            }
+            Step::AvailIdx { q, idx } => {
+                structured = false;
+                let a = rig.addrs[usize::from(q)];
+                rig.poke(a.avail_ring + 2, &idx.to_le_bytes());
+            }
+            Step::Event { q, flags, value } => {
+                let a = rig.addrs[usize::from(q)];
+                let off = if flags { 0 } else { 4 + 2 * u64::from(a.size) };
+                rig.poke(a.avail_ring + off, &value.to_le_bytes());
+            }
+            Step::Frame { len, big, fill } => {
+                frames += 1;
+                let len = if big { len } else { len % 1600 };
+                let mut f = vec![fill; usize::from(len)];
+                for (i, b) in f.iter_mut().enumerate().skip(12) {
+                    *b = b.wrapping_add(i as u8);
+                }
+                rig.net
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .backend()
+                    .push(f);
+            }
+            Step::Eagain { n } => {
+                rig.wire.lock().unwrap_or_else(|p| p.into_inner()).tx_eagain = u32::from(n % 4);
+            }
+            Step::Kick { q } => rig.kick(usize::from(q)),
+            Step::Run => {
+                rig.run(1);
+                check(&rig, &mut expect, structured);
+            }
+            Step::Reset => {
+                check(&rig, &mut expect, structured);
+                rig.reset();
+                if !rig.activate() {
+                    return Reach::default();
+                }
+                expect = Expect {
+                    rx_used_bytes: rig.metric(|m| &m.rx_bytes) + 12 * rig.metric(|m| &m.rx_frames),
+                    ..Expect::default()
+                };
+            }
+        }
+    }
+    // The guest and the network stop: the loop goes idle, at most one pass
+    // per chain the rings can hold and per frame, and a few more.
+    let bound = 2 * (2 * usize::from(size) + frames) + 16;
+    assert!(
+        rig.run(bound),
+        "the event loop is still busy after {bound} iterations: {}",
+        rig.metrics.to_json()
+    );
+    check(&rig, &mut expect, structured);
+    Reach {
+        activated: true,
+        rx_frames: rig.metric(|m| &m.rx_frames),
+        tx_frames: rig.metric(|m| &m.tx_frames),
+        malformed: rig.metric(|m| &m.malformed_chains),
+        yields: rig.metric(|m| &m.rx_weight_hits)
+            + rig.metric(|m| &m.tx_weight_hits)
+            + rig.metric(|m| &m.desc_budget_hits),
+        queue_errors: rig.metric(|m| &m.queue_errors),
+    }
+}
+
+/// Whether one more chain can be published on queue `q` with the used-ring
+/// oracle still sound (no more chains out than the ring holds).
+fn can_publish(expect: &Expect, q: usize, size: u16) -> bool {
+    let out: u32 = expect.out[q].values().sum();
+    out < u32::from(size)
+}
+
+/// A TX frame of `len` bytes (at least a header): a zero vnet header and
+/// `fill`-based payload.
+pub(crate) fn tx_frame(len: u16, fill: u8) -> Vec<u8> {
+    let len = usize::from(len % 2048).max(12);
+    (0..len)
+        .map(|i| {
+            if i < 12 {
+                0
+            } else {
+                fill.wrapping_add(i as u8)
+            }
+        })
+        .collect()
+}
+
+/// Buffer lengths that add up to `len`, cut at `cuts` (at most 16 pieces;
+/// empty ones allowed).
+pub(crate) fn split(len: usize, cuts: &[u16]) -> Vec<u16> {
+    let mut lens = Vec::new();
+    let mut left = len;
+    for &c in cuts.iter().take(15) {
+        let n = usize::from(c).min(left);
+        lens.push(n as u16);
+        left -= n;
+    }
+    lens.push(left as u16);
+    lens
+}
+
+/// The oracles that hold after every loop iteration.
+fn check(rig: &Rig, expect: &mut Expect, structured: bool) {
+    let m = &rig.metrics;
+    let reads = rig.metric(|m| &m.max_descs_per_pass);
+    assert!(
+        reads <= u64::from(MAX_PASS_READS),
+        "a pass read {reads} ring entries and descriptors"
+    );
+    assert_eq!(rig.metric(|m| &m.host_errors), 0, "{}", m.to_json());
+    let (sent_frames, sent_bytes): (u64, u64) = {
+        let w = rig.wire.lock().unwrap_or_else(|p| p.into_inner());
+        (w.tx.len() as u64, w.tx.iter().map(|f| f.len() as u64).sum())
+    };
+    assert_eq!(sent_frames, rig.metric(|m| &m.tx_frames));
+    assert_eq!(sent_bytes, rig.metric(|m| &m.tx_bytes) + 12 * sent_frames);
+    if !structured {
+        return;
+    }
+    for q in 0..2 {
+        let idx = rig.used_idx(q);
+        let new = idx.wrapping_sub(expect.seen[q]);
+        assert!(
+            new <= rig.addrs[q].size,
+            "queue {q}: used idx moved by {new} in one step"
+        );
+        for i in 0..new {
+            let (id, len) = rig.used_elem(q, expect.seen[q].wrapping_add(i));
+            let head = u16::try_from(id).unwrap_or(u16::MAX);
+            let left = expect.out[q].get_mut(&head);
+            assert!(
+                matches!(left, Some(ref n) if **n > 0),
+                "queue {q}: used id {id} was not published or came back twice"
+            );
+            if let Some(n) = left {
+                *n -= 1;
+            }
+            if q == 1 {
+                assert_eq!(len, 0, "TX used length");
+            } else {
+                expect.rx_used_bytes += u64::from(len);
+            }
+        }
+        expect.seen[q] = idx;
+    }
+    assert_eq!(
+        expect.rx_used_bytes,
+        rig.metric(|m| &m.rx_bytes) + 12 * rig.metric(|m| &m.rx_frames),
+        "RX used lengths against the bytes delivered"
+    );
+}

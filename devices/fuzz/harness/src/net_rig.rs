@@ -1,0 +1,507 @@
+// SPDX-License-Identifier: Apache-2.0
+//! What the datapath targets share: the real virtio-net device on its event
+//! loop over an in-memory backend, activated directly (as the transport
+//! does at DRIVER_OK) with rings wherever the input puts them, and the
+//! driver-side writes a guest makes.
+//!
+//! Guest memory is one 1 MiB region. Packed ring layouts sit in the first
+//! 256 KiB, [`BUF_AREA`] (where structured descriptors point) above it.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arbitrary::Arbitrary;
+use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use devices::virtio::net::{IoVecs, Net, NetBackend, NetConfig, NetMetrics};
+use devices::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
+use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
+use event_manager::{EventManager, SubscriberOps};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// Guest memory size.
+pub const MEM_SIZE: u64 = 1 << 20;
+/// Where structured buffers and indirect tables go: above every packed
+/// ring, so that they never alias one.
+pub const BUF_AREA: u64 = 0x4_0000;
+
+/// Feature bits (virtio 1.1 §5.1.3, §6), written out so the target does not
+/// trust the device's own table.
+pub const VERSION_1: u64 = 1 << 32;
+/// VIRTIO_NET_F_MRG_RXBUF.
+pub const MRG_RXBUF: u64 = 1 << 15;
+/// VIRTIO_RING_F_INDIRECT_DESC.
+pub const INDIRECT: u64 = 1 << 28;
+/// VIRTIO_RING_F_EVENT_IDX.
+pub const EVENT_IDX: u64 = 1 << 29;
+/// GUEST_CSUM | GUEST_TSO4: 64 KiB frames on RX.
+pub const GUEST_GSO: u64 = 1 << 1 | 1 << 7;
+
+/// The frames the backend holds for the device and those it took from it,
+/// with an eventfd that is readable while frames wait (as a socket is).
+#[derive(Default)]
+pub struct Wire {
+    /// Frames for the device to receive.
+    pub rx: VecDeque<Vec<u8>>,
+    /// Frames the device sent.
+    pub tx: Vec<Vec<u8>>,
+    /// Sends that return EAGAIN before the next one goes through.
+    pub tx_eagain: u32,
+}
+
+/// An in-memory backend: readiness through an eventfd, frames in a
+/// [`Wire`]. It never fails but for the EAGAINs it is told to return.
+pub struct MemBackend {
+    evt: EventFd,
+    /// What the backend holds, shared with the target.
+    pub wire: Arc<Mutex<Wire>>,
+}
+
+impl MemBackend {
+    fn new() -> Self {
+        MemBackend {
+            evt: EventFd::new(EFD_NONBLOCK).expect("eventfd"),
+            wire: Arc::default(),
+        }
+    }
+
+    /// Queues a frame for the device to receive.
+    pub fn push(&self, frame: Vec<u8>) {
+        lock(&self.wire).rx.push_back(frame);
+        let _ = self.evt.write(1);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl AsRawFd for MemBackend {
+    fn as_raw_fd(&self) -> RawFd {
+        self.evt.as_raw_fd()
+    }
+}
+
+impl NetBackend for MemBackend {
+    fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        let mut w = lock(&self.wire);
+        match w.rx.pop_front() {
+            // Like a datagram socket: the frame is consumed whole, and the
+            // length is what fit.
+            Some(f) => Ok(bufs.scatter(&f)),
+            None => {
+                let _ = self.evt.read();
+                Err(std::io::ErrorKind::WouldBlock.into())
+            }
+        }
+    }
+
+    fn send_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        let mut w = lock(&self.wire);
+        if w.tx_eagain > 0 {
+            w.tx_eagain -= 1;
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let f = bufs.gather();
+        let n = f.len();
+        w.tx.push(f);
+        Ok(n)
+    }
+}
+
+/// Counts interrupts.
+#[derive(Default)]
+pub struct Irq {
+    /// Used-buffer interrupts.
+    pub used: AtomicU64,
+    /// Device-error reports.
+    pub errors: AtomicU64,
+}
+
+impl Interrupt for Irq {
+    fn signal_used_queue(&self) {
+        self.used.fetch_add(1, Ordering::Relaxed);
+    }
+    fn signal_config_change(&self) {}
+    fn signal_device_error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// How the input places a queue.
+#[derive(Debug, Clone, Copy)]
+pub enum Placement {
+    /// Descriptor table, avail and used rings one after the other in slot
+    /// `n % 4` of the first 256 KiB (64 KiB each): what a driver does.
+    Packed(u8),
+    /// Anywhere (the queue code validates; the overlap check the transport
+    /// adds is skipped, as if a layout it refuses had got through).
+    Raw {
+        /// Descriptor table.
+        desc: u32,
+        /// Avail ring.
+        avail: u32,
+        /// Used ring.
+        used: u32,
+    },
+}
+
+impl<'a> Arbitrary<'a> for Placement {
+    // Packed seven times in eight: a layout anywhere is mostly refused, and
+    // the datapath needs an accepted one to be reached at all.
+    fn arbitrary(u: &mut arbitrary::Unstructured<'a>) -> arbitrary::Result<Self> {
+        let b = u8::arbitrary(u)?;
+        if b < 224 {
+            return Ok(Placement::Packed(b));
+        }
+        Ok(Placement::Raw {
+            desc: u32::arbitrary(u)?,
+            avail: u32::arbitrary(u)?,
+            used: u32::arbitrary(u)?,
+        })
+    }
+}
+
+impl Placement {
+    /// The ring addresses for a queue of `size`.
+    pub fn addrs(self, size: u16) -> RingAddrs {
+        match self {
+            Placement::Packed(n) => {
+                let base = 0x1_0000 * u64::from(n % 4);
+                let avail = base + 16 * u64::from(size);
+                let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
+                RingAddrs {
+                    size,
+                    desc_table: base,
+                    avail_ring: avail,
+                    used_ring: used,
+                }
+            }
+            Placement::Raw { desc, avail, used } => RingAddrs {
+                size,
+                desc_table: u64::from(desc) % MEM_SIZE,
+                avail_ring: u64::from(avail) % MEM_SIZE,
+                used_ring: u64::from(used) % MEM_SIZE,
+            },
+        }
+    }
+
+    /// Whether this is a packed placement.
+    pub fn is_packed(self) -> bool {
+        matches!(self, Placement::Packed(_))
+    }
+}
+
+/// Device knobs the input picks.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub struct Setup {
+    /// Bit 0 MRG_RXBUF, 1 EVENT_IDX, 2 INDIRECT_DESC, 3 guest GSO; bit 4
+    /// the copying baseline (a bounce buffer) instead of zero copy.
+    pub features: u8,
+    /// log2 of the queue size, folded into 0..=8.
+    pub size_log2: u8,
+    /// 0: vhost-net's weights, 1: 2 packets, 2: 3000 bytes, 3: none.
+    pub weights: u8,
+    /// Rate limiters on both directions: bit 0 a frame bucket of 4 frames,
+    /// bit 1 a byte bucket of 3000 bytes, each refilled in 1 ms.
+    pub limiter: u8,
+    /// Where the RX queue goes.
+    pub rx: Placement,
+    /// Where the TX queue goes.
+    pub tx: Placement,
+}
+
+impl Setup {
+    /// The features the driver acks.
+    pub fn features(&self) -> u64 {
+        let f = self.features;
+        let mut v = VERSION_1;
+        for (bit, feature) in [
+            (1, MRG_RXBUF),
+            (2, EVENT_IDX),
+            (4, INDIRECT),
+            (8, GUEST_GSO),
+        ] {
+            if f & bit != 0 {
+                v |= feature;
+            }
+        }
+        v
+    }
+
+    /// The queue size.
+    pub fn size(&self) -> u16 {
+        1 << (self.size_log2 % 9)
+    }
+
+    fn config(&self) -> NetConfig {
+        let (bytes, packets) = match self.weights % 4 {
+            0 => (0x80000, 256),
+            1 => (0, 2),
+            2 => (3000, 0),
+            _ => (0, 0),
+        };
+        let bucket = |on: bool, size| {
+            on.then_some(TokenBucketConfig {
+                size,
+                one_time_burst: 0,
+                refill_time: 1,
+            })
+        };
+        let limiter = RateLimiterConfig {
+            ops: bucket(self.limiter & 1 != 0, 4),
+            bandwidth: bucket(self.limiter & 2 != 0, 3000),
+        };
+        NetConfig {
+            queue_size: 256,
+            bounce_buffer: self.features & 16 != 0,
+            rx_rate_limiter: limiter,
+            tx_rate_limiter: limiter,
+            tx_weight_bytes: bytes,
+            tx_weight_packets: packets,
+            rx_weight_bytes: bytes,
+            rx_weight_packets: packets,
+            ..NetConfig::default()
+        }
+    }
+}
+
+type Loop = EventManager<Arc<Mutex<Net<MemBackend>>>>;
+
+/// The device under test and the guest's side of it.
+pub struct Rig {
+    /// Guest memory.
+    pub mem: GuestMemory,
+    /// The device.
+    pub net: Arc<Mutex<Net<MemBackend>>>,
+    /// Its event loop.
+    pub em: Loop,
+    /// Its counters.
+    pub metrics: Arc<NetMetrics>,
+    /// The backend's frames.
+    pub wire: Arc<Mutex<Wire>>,
+    /// Interrupts raised.
+    pub irq: Arc<Irq>,
+    /// The input's knobs.
+    pub setup: Setup,
+    /// Ring addresses of RX and TX.
+    pub addrs: [RingAddrs; 2],
+    /// The avail idx the driver last published, per queue.
+    pub avail_idx: [u16; 2],
+    /// The next descriptor `post_chain` writes, per queue.
+    next_desc: [u16; 2],
+    /// The next free byte of the buffer area for `post_chain`.
+    next_buf: u64,
+}
+
+impl Rig {
+    /// Builds and activates the device; `None` when the queue code refuses
+    /// the layout (as the transport would have at DRIVER_OK).
+    pub fn new(setup: Setup) -> Option<Rig> {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+            .expect("fixed, valid memory");
+        let backend = MemBackend::new();
+        let wire = backend.wire.clone();
+        let net = Arc::new(Mutex::new(
+            Net::with_backend(backend, setup.config(), mem.clone()).expect("valid config"),
+        ));
+        let metrics = lock(&net).metrics();
+        let mut em = Loop::new().expect("event manager");
+        em.add_subscriber(net.clone());
+        let size = setup.size();
+        let mut rig = Rig {
+            mem,
+            net,
+            em,
+            metrics,
+            wire,
+            irq: Arc::default(),
+            setup,
+            addrs: [setup.rx.addrs(size), setup.tx.addrs(size)],
+            avail_idx: [0; 2],
+            next_desc: [0; 2],
+            next_buf: BUF_AREA,
+        };
+        rig.activate().then_some(rig)
+    }
+
+    /// Zeroes the rings and activates the device on them, as a driver does
+    /// after a reset; false if the queue code refuses the layout.
+    pub fn activate(&mut self) -> bool {
+        let regions = Arc::new(GuestRegions::new(&self.mem).expect("mapped memory"));
+        let features = self.setup.features();
+        let mut queues = Vec::new();
+        for a in self.addrs {
+            for (_, addr, len) in a.areas() {
+                let _ = self
+                    .mem
+                    .write_slice(&vec![0; len as usize], GuestAddress(addr));
+            }
+            match SplitQueue::new(regions.clone(), a, 256, RingFeatures::from_bits(features)) {
+                Ok(q) => queues.push(q),
+                Err(_) => return false,
+            }
+        }
+        self.avail_idx = [0; 2];
+        self.next_desc = [0; 2];
+        let irq: Arc<dyn Interrupt> = self.irq.clone();
+        if lock(&self.net).activate(features, queues, irq).is_err() {
+            return false;
+        }
+        self.run(4);
+        true
+    }
+
+    /// Resets the device (a Status write of 0).
+    pub fn reset(&mut self) {
+        lock(&self.net).reset();
+        self.run(4);
+    }
+
+    /// Runs at most `max` loop iterations; whether the loop went idle.
+    pub fn run(&mut self, max: usize) -> bool {
+        (0..max).any(|_| self.em.run_with_timeout(0).expect("epoll") == 0)
+    }
+
+    /// Notifies queue `q` (0 RX, 1 TX).
+    pub fn kick(&self, q: usize) {
+        let _ = lock(&self.net).queue_events()[q].write(1);
+    }
+
+    /// Writes bytes into guest memory wherever they fit.
+    pub fn poke(&self, addr: u64, bytes: &[u8]) {
+        let _ = self.mem.write_slice(bytes, GuestAddress(addr % MEM_SIZE));
+    }
+
+    /// Writes descriptor `idx` (folded into the table) of queue `q`.
+    pub fn write_desc(&self, q: usize, idx: u16, d: [u8; 16]) {
+        let a = self.addrs[q];
+        let i = u64::from(idx % a.size);
+        self.poke(a.desc_table + 16 * i, &d);
+    }
+
+    /// Puts `heads` in the next avail slots of queue `q` and publishes them.
+    pub fn publish(&mut self, q: usize, heads: &[u16]) {
+        let a = self.addrs[q];
+        for &h in heads {
+            let slot = u64::from(self.avail_idx[q] % a.size);
+            self.poke(a.avail_ring + 4 + 2 * slot, &h.to_le_bytes());
+            self.avail_idx[q] = self.avail_idx[q].wrapping_add(1);
+        }
+        self.poke(a.avail_ring + 2, &self.avail_idx[q].to_le_bytes());
+    }
+
+    /// Takes `len` bytes of the buffer area (wrapping to its start).
+    fn alloc(&mut self, len: u64) -> u64 {
+        if self.next_buf + len > MEM_SIZE {
+            self.next_buf = BUF_AREA;
+        }
+        let a = self.next_buf;
+        self.next_buf = (a + len + 15) & !15;
+        a
+    }
+
+    /// Writes a well-formed chain of buffers of `lens` bytes for queue `q`
+    /// (device-writable for RX) as a driver would: the first `direct`
+    /// buffers in the next descriptors of the ring, the rest in an indirect
+    /// table; TX buffers hold `frame`'s bytes in order. Publishes it and
+    /// returns its head.
+    pub fn post_chain(&mut self, q: usize, lens: &[u16], direct: usize, frame: &[u8]) -> u16 {
+        let size = self.addrs[q].size;
+        let flag = if q == 0 { 2 } else { 0 };
+        let mut off = 0;
+        let bufs: Vec<(u64, u32)> = lens
+            .iter()
+            .map(|&l| {
+                let a = self.alloc(u64::from(l));
+                let end = (off + usize::from(l)).min(frame.len());
+                if off < end {
+                    self.poke(a, &frame[off..end]);
+                }
+                off += usize::from(l);
+                (a, u32::from(l))
+            })
+            .collect();
+        let direct = direct.min(bufs.len());
+        let mut descs: Vec<(u64, u32, u16)> =
+            bufs[..direct].iter().map(|&(a, l)| (a, l, flag)).collect();
+        let rest = &bufs[direct..];
+        if !rest.is_empty() {
+            let table = self.alloc(16 * rest.len() as u64);
+            for (i, &(a, l)) in rest.iter().enumerate() {
+                let next = if i + 1 < rest.len() { 1 } else { 0 };
+                let d = desc(a, l, flag | next, i as u16 + 1);
+                self.poke(table + 16 * i as u64, &d);
+            }
+            descs.push((table, 16 * rest.len() as u32, 4));
+        }
+        let head = self.next_desc[q] % size;
+        for (i, &(a, l, f)) in descs.iter().enumerate() {
+            let idx = (self.next_desc[q].wrapping_add(i as u16)) % size;
+            let nxt = (idx + 1) % size;
+            let f = if i + 1 < descs.len() { f | 1 } else { f };
+            self.write_desc(q, idx, desc(a, l, f, nxt));
+        }
+        self.next_desc[q] = self.next_desc[q].wrapping_add(descs.len() as u16) % size;
+        self.publish(q, &[head]);
+        head
+    }
+
+    /// The device's used idx of queue `q`.
+    pub fn used_idx(&self, q: usize) -> u16 {
+        self.mem
+            .read_obj(GuestAddress(self.addrs[q].used_ring + 2))
+            .unwrap_or(0)
+    }
+
+    /// Used element `i` (folded into the ring) of queue `q`.
+    pub fn used_elem(&self, q: usize, i: u16) -> (u32, u32) {
+        let a = self.addrs[q];
+        let e = a.used_ring + 4 + 8 * u64::from(i % a.size);
+        let id = self.mem.read_obj(GuestAddress(e)).unwrap_or(u32::MAX);
+        let len = self.mem.read_obj(GuestAddress(e + 4)).unwrap_or(u32::MAX);
+        (id, len)
+    }
+
+    /// A counter's value.
+    pub fn metric(&self, f: impl Fn(&NetMetrics) -> &AtomicU64) -> u64 {
+        f(&self.metrics).load(Ordering::Relaxed)
+    }
+}
+
+/// `struct virtq_desc` as bytes.
+pub fn desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&flags.to_le_bytes());
+    d[14..].copy_from_slice(&next.to_le_bytes());
+    d
+}
+
+/// A buffer address of a structured descriptor: mostly in [`BUF_AREA`],
+/// sometimes anywhere in memory (rings included) or outside it.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub enum BufAddr {
+    /// `BUF_AREA + n * 16`.
+    Area(u16),
+    /// Any address.
+    Raw(u64),
+}
+
+impl BufAddr {
+    /// The guest address.
+    pub fn get(self) -> u64 {
+        match self {
+            BufAddr::Area(n) => BUF_AREA + 16 * u64::from(n) % (MEM_SIZE - BUF_AREA),
+            BufAddr::Raw(a) => a,
+        }
+    }
+
+    /// Whether it stays in the buffer area (cannot alias a packed ring).
+    pub fn in_area(self) -> bool {
+        matches!(self, BufAddr::Area(_))
+    }
+}

@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Target `net_datapath_race`: a second thread (another vCPU of a hostile
+//! guest) rewrites rings, descriptors and indirect tables as fast as it can
+//! while the device's passes run.
+//!
+//! The input is what `net_datapath` takes for the guest's ordinary steps,
+//! plus the list of writes the second thread repeats, each aimed at a part
+//! of a ring (avail idx and entries, used idx and entries, flags and event
+//! indices, descriptors) or at the buffer area, until the steps are done.
+//! Nothing about ring contents can be asserted while they change under the
+//! device, so the oracles are those that must hold whatever the guest does:
+//! no pass reads more than `MAX_PASS_READS` ring entries and descriptors,
+//! no host-side error is counted, nothing panics, and once the second thread
+//! stops the event loop goes idle within a bounded number of iterations.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arbitrary::Arbitrary;
+use devices::virtio::net::rxtx::MAX_PASS_READS;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::datapath::{split, tx_frame};
+use crate::net_rig::{desc, BufAddr, Rig, Setup, BUF_AREA, MEM_SIZE};
+
+/// What the second thread writes.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+enum Part {
+    /// A queue's descriptor table.
+    Desc,
+    /// A queue's avail ring (flags, idx, entries, used_event).
+    Avail,
+    /// A queue's used ring (flags, idx, entries, avail_event).
+    Used,
+    /// The buffer area (indirect tables, headers).
+    Buffers,
+}
+
+#[derive(Debug, Clone, Copy, Arbitrary)]
+struct Write {
+    q: bool,
+    part: Part,
+    off: u16,
+    value: u64,
+    width: u8,
+}
+
+/// The guest's ordinary steps (a subset of `net_datapath`'s).
+#[derive(Debug, Clone, Arbitrary)]
+enum Step {
+    Desc {
+        q: bool,
+        idx: u16,
+        addr: BufAddr,
+        len: u16,
+        flags: u8,
+        next: u16,
+    },
+    TableEntry {
+        at: BufAddr,
+        i: u8,
+        addr: BufAddr,
+        len: u16,
+        flags: u8,
+        next: u8,
+    },
+    Avail {
+        q: bool,
+        heads: Vec<u16>,
+    },
+    RxChain {
+        lens: Vec<u16>,
+        direct: u8,
+        copies: u8,
+    },
+    TxChain {
+        len: u16,
+        cuts: Vec<u16>,
+        direct: u8,
+        fill: u8,
+    },
+    Frame {
+        len: u16,
+        fill: u8,
+    },
+    Kick {
+        q: bool,
+    },
+    Run,
+    Reset,
+}
+
+#[derive(Debug, Clone, Arbitrary)]
+struct Input {
+    setup: Setup,
+    writes: Vec<Write>,
+    steps: Vec<Step>,
+}
+
+const MAX_STEPS: usize = 128;
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    crate::with_input(data, |input: &Input| drive(input.clone()));
+}
+
+fn drive(input: Input) {
+    let Some(mut rig) = Rig::new(input.setup) else {
+        return;
+    };
+    let size = rig.setup.size();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = (!input.writes.is_empty()).then(|| {
+        let (mem, stop, addrs) = (rig.mem.clone(), stop.clone(), rig.addrs);
+        let writes = input.writes.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for w in &writes {
+                    let a = addrs[usize::from(w.q)];
+                    let (base, len) = match w.part {
+                        Part::Desc => (a.desc_table, 16 * u64::from(a.size)),
+                        Part::Avail => (a.avail_ring, 6 + 2 * u64::from(a.size)),
+                        Part::Used => (a.used_ring, 6 + 8 * u64::from(a.size)),
+                        Part::Buffers => (BUF_AREA, MEM_SIZE - BUF_AREA),
+                    };
+                    let width = [1, 2, 4, 8][usize::from(w.width % 4)];
+                    let off = u64::from(w.off) % len;
+                    let bytes = w.value.to_le_bytes();
+                    let _ = mem.write_slice(&bytes[..width], GuestAddress(base + off));
+                    n += 1;
+                }
+            }
+            n
+        })
+    });
+    let mut frames = 0usize;
+    for step in input.steps.into_iter().take(MAX_STEPS) {
+        match step {
+            Step::Desc {
+                q,
+                idx,
+                addr,
+                len,
+                flags,
+                next,
+            } => {
+                let d = desc(
+                    addr.get(),
+                    u32::from(len),
+                    u16::from(flags & 7),
+                    next % size.max(1),
+                );
+                rig.write_desc(usize::from(q), idx, d);
+            }
+            Step::TableEntry {
+                at,
+                i,
+                addr,
+                len,
+                flags,
+                next,
+            } => {
+                let d = desc(
+                    addr.get(),
+                    u32::from(len),
+                    u16::from(flags & 7),
+                    u16::from(next),
+                );
+                rig.poke(at.get().wrapping_add(16 * u64::from(i)), &d);
+            }
+            Step::Avail { q, heads } => {
+                rig.publish(usize::from(q), &heads[..heads.len().min(usize::from(size))]);
+            }
+            Step::RxChain {
+                lens,
+                direct,
+                copies,
+            } => {
+                let lens: Vec<u16> = lens.iter().take(8).map(|&l| l % 4096).collect();
+                if !lens.is_empty() {
+                    for _ in 0..=copies % 16 {
+                        rig.post_chain(0, &lens, usize::from(direct), &[]);
+                    }
+                    rig.kick(0);
+                }
+            }
+            Step::TxChain {
+                len,
+                cuts,
+                direct,
+                fill,
+            } => {
+                let frame = tx_frame(len, fill);
+                rig.post_chain(1, &split(frame.len(), &cuts), usize::from(direct), &frame);
+                rig.kick(1);
+            }
+            Step::Frame { len, fill } => {
+                frames += 1;
+                let f = vec![fill; usize::from(len % 1600)];
+                rig.net
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .backend()
+                    .push(f);
+            }
+            Step::Kick { q } => rig.kick(usize::from(q)),
+            Step::Run => {
+                rig.run(1);
+            }
+            Step::Reset => {
+                rig.reset();
+                if !rig.activate() {
+                    break;
+                }
+            }
+        }
+        check(&rig);
+    }
+    stop.store(true, Ordering::Relaxed);
+    if let Some(w) = writer {
+        let _ = w.join().expect("the writer thread never panics");
+    }
+    let bound = 2 * (2 * usize::from(size) + frames) + 16;
+    assert!(
+        rig.run(bound),
+        "the event loop is still busy after {bound} iterations once the guest stopped: {}",
+        rig.metrics.to_json()
+    );
+    check(&rig);
+}
+
+fn check(rig: &Rig) {
+    let reads = rig.metric(|m| &m.max_descs_per_pass);
+    assert!(
+        reads <= u64::from(MAX_PASS_READS),
+        "a pass read {reads} ring entries and descriptors"
+    );
+    assert_eq!(
+        rig.metric(|m| &m.host_errors),
+        0,
+        "{}",
+        rig.metrics.to_json()
+    );
+}
