@@ -129,6 +129,24 @@ fn allow_ioctls(requests: &[u64]) -> Entry {
     (libc::SYS_ioctl, rules)
 }
 
+/// `fcntl(fd, F_GETFD)` only: std's debug builds check that a descriptor is
+/// still open before `OwnedFd::drop` closes it (the device's fds, the
+/// limiters' timerfds, dropped at exit under the filter). Reading the close-on-exec
+/// flag reveals nothing and changes nothing; release builds never call it.
+fn allow_fcntl_getfd() -> Entry {
+    let cond = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::F_GETFD as u64,
+    )
+    .expect("argument index 1 is valid");
+    (
+        libc::SYS_fcntl,
+        vec![SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")],
+    )
+}
+
 /// An ioctl request number as the filter compares it. libc's `Ioctl` is
 /// `c_ulong` with glibc and `c_int` with musl; the kernel reads 32 bits.
 #[allow(clippy::unnecessary_cast)]
@@ -169,6 +187,7 @@ fn common_rules() -> Vec<Entry> {
         // Dropping what a thread owns: a vCPU thread that returns closes its
         // vCPU fd; the main thread closes every device fd at exit.
         allow(libc::SYS_close),
+        allow_fcntl_getfd(),
         // A vCPU thread that returns removes its signal stack (sigaltstack,
         // munmap), and glibc blocks every signal (rt_sigprocmask) before it
         // ends the thread with exit; exit_group ends the process (main's
@@ -216,10 +235,9 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // Zero-copy frames between the TAP and guest memory.
         allow(libc::SYS_readv),
         allow(libc::SYS_writev),
-        // The metrics file, on SIGUSR1 and at exit: written whole to a
-        // temporary name and renamed over the old one.
-        allow(libc::SYS_openat),
-        allow(libc::SYS_rename),
+        // A rate limiter that holds a frame back arms its timerfd for when
+        // the frame fits (the metrics timer is armed before the filter).
+        allow(libc::SYS_timerfd_settime),
         // Restoring the console's terminal mode at exit (when stdin is a
         // terminal): tcgetattr, then tcsetattr.
         allow_ioctls(&[ioctl_nr(libc::TCGETS), ioctl_nr(libc::TCSETS)]),
