@@ -89,9 +89,23 @@ pub struct Cli {
     /// exit; runs nothing, needs no root.
     #[arg(long, requires = "plot")]
     replot: Option<PathBuf>,
+    /// Negotiate VIRTIO_RING_F_EVENT_IDX in every rig, as Linux guests do:
+    /// the driver then asks for a TX interrupt once 3/4 of its buffers are
+    /// used and kicks by `avail_event`. Off (the default, as in every figure
+    /// in BENCHMARKS.md and in the baseline): an interrupt per pass, kicks
+    /// unless the device sets VRING_USED_F_NO_NOTIFY.
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    event_idx: OnOff,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
+}
+
+/// A switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 const ALL: &[&str] = &[
@@ -185,6 +199,10 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 fn child(cli: Cli, ns: &str) -> Result<()> {
+    rig::EVENT_IDX_ON.store(
+        cli.event_idx == OnOff::On,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     use scenarios::Timing;
     use serde_json::{json, Map, Value};
 
