@@ -20,6 +20,7 @@ use vm_memory::VolatileSlice;
 
 use crate::virtio::queue::IoSeg;
 
+#[inline]
 fn cvt(ret: isize) -> io::Result<usize> {
     if ret < 0 {
         Err(io::Error::last_os_error())

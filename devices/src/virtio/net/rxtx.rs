@@ -159,6 +159,7 @@ impl Pass {
 
     /// Whether the pass has used up its time budget; reads the clock only
     /// every [`CLOCK_STRIDE`] packets.
+    #[inline(always)]
     fn out_of_time(&mut self) -> bool {
         if let Some(deadline) = self.deadline {
             if !self.out_of_time && self.packets >= self.next_clock {
@@ -169,7 +170,9 @@ impl Pass {
         self.out_of_time
     }
 
-    /// Whether the pass must yield, and why.
+    /// Whether the pass must yield, and why. Asked once per frame: inlined
+    /// (out of line it cost about 25 instructions per frame under callgrind).
+    #[inline(always)]
     fn must_yield(&mut self, weight_bytes: u64, weight_packets: u64) -> Option<Yield> {
         if (weight_bytes != 0 && self.bytes >= weight_bytes)
             || (weight_packets != 0 && self.packets >= weight_packets)
@@ -424,6 +427,7 @@ impl RxVirtio {
 
     /// Pops chains into the cache until it can take a frame, the ring is
     /// empty, or the pass must yield.
+    #[inline]
     fn fill_cache(&mut self, pass: &mut Pass, metrics: &NetMetrics) -> Result<Fill, QueueError> {
         while !self.enough_buffers() {
             if let Some(why) = pass.must_yield(self.weight_bytes, self.weight_packets) {
@@ -855,7 +859,9 @@ impl TxVirtio {
     }
 
     /// Pays the rate limiter for the chain `head` of `len` bytes; `false`
-    /// when the limiter holds it back (it is then pending, unpaid).
+    /// when the limiter holds it back (it is then pending, unpaid). Inlined:
+    /// without a limiter it is one branch per frame.
+    #[inline(always)]
     fn pay(
         &mut self,
         head: u16,

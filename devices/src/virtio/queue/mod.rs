@@ -413,6 +413,7 @@ impl SplitQueue {
     }
 
     /// Whether the driver has made more chains available.
+    #[inline]
     pub fn has_available(&mut self) -> Result<bool, QueueError> {
         if self.next_avail == self.avail_idx {
             self.avail_idx = self.read_avail_idx()?;
