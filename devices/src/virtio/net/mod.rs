@@ -210,31 +210,23 @@ pub(crate) fn warn_rate_limited(count: u64, msg: std::fmt::Arguments<'_>) {
 /// accesses by the transport's mock driver: the path a guest takes.
 #[cfg(test)]
 mod transport_tests {
-    use std::sync::{Arc, Mutex};
-
-    use event_manager::{EventManager, SubscriberOps};
     use vm_memory::GuestAddress;
 
     use super::device::{features::*, offload_features};
-    use super::test_driver::frame;
+    use super::test_driver::{frame, TransportRig};
     use super::*;
-    use crate::virtio::mmio::MmioTransport;
-    use crate::virtio::test_utils::{guest_memory, MockDriver, Segment};
-    use crate::virtio::{VirtioDevice, VIRTIO_MMIO_INT_VRING};
+    use crate::virtio::test_utils::Segment;
+    use crate::virtio::VIRTIO_MMIO_INT_VRING;
 
     #[test]
     fn test_through_mmio_transport() {
-        let mem = guest_memory(16 << 20).unwrap();
-        let (dev_end, peer) = SeqPacket::pair().unwrap();
-        peer.set_nonblocking(true).unwrap();
-        let net = Arc::new(Mutex::new(
-            Net::with_backend(dev_end, NetConfig::default(), mem.clone()).unwrap(),
-        ));
-        let metrics = net.lock().unwrap().metrics();
-        let mut em = EventManager::new().unwrap();
-        em.add_subscriber(net.clone());
-        let dev: Arc<Mutex<dyn VirtioDevice>> = net.clone();
-        let mut drv = MockDriver::new(mem.clone(), MmioTransport::new(mem, dev).unwrap()).unwrap();
+        let TransportRig {
+            mut em,
+            mut drv,
+            peer,
+            net,
+            metrics,
+        } = TransportRig::new(16 << 20);
 
         // Ack everything offered, as Linux does for these bits.
         let want = 1u64 << VIRTIO_F_VERSION_1
