@@ -594,13 +594,13 @@ mod tests {
     #[test]
     fn cmdline_has_defaults_quirks_devices_then_user_words() {
         let words = vec!["virtio_mmio.device=4K@0xd0000000:5".to_string()];
-        let (c, added) = compose_cmdline(None, true, &words, Some(" rdinit=/park ")).unwrap();
+        let (c, added) = compose_cmdline(None, true, &words, Some(" minivmm.mode=serve ")).unwrap();
         assert_eq!(added, vec![host::PVM_CMDLINE.to_string(), words[0].clone()]);
         let s = c.as_cstring().unwrap().into_string().unwrap();
         assert!(s.starts_with(DEFAULT_CMDLINE), "{s}");
         let quirk = s.find("noxsave nopv").unwrap();
         let dev = s.find("virtio_mmio.device=4K@0xd0000000:5").unwrap();
-        let user = s.find("rdinit=/park").unwrap();
+        let user = s.find("minivmm.mode=serve").unwrap();
         assert!(quirk < dev && dev < user, "{s}");
 
         let (plain, added) = compose_cmdline(None, false, &[], None).unwrap();
