@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use arbitrary::Arbitrary;
 use devices::virtio::net::rxtx::MAX_PASS_READS;
 
-use crate::net_rig::{desc, BufAddr, Placement, Rig, Setup};
+use crate::net_rig::{BufAddr, Placement, Rig, Setup};
 
 /// One step of the guest or the network.
 #[derive(Debug, Clone, Arbitrary)]
@@ -172,13 +172,7 @@ fn drive(input: Input) -> Reach {
                 next,
             } => {
                 structured &= addr.in_area();
-                let d = desc(
-                    addr.get(),
-                    u32::from(len),
-                    u16::from(flags & 7),
-                    next % size.max(1),
-                );
-                rig.write_desc(usize::from(q), idx, d);
+                rig.guest_desc(usize::from(q), idx, addr, len, flags, next);
             }
             Step::TableEntry {
                 at,
@@ -189,13 +183,7 @@ fn drive(input: Input) -> Reach {
                 next,
             } => {
                 structured &= at.in_area() && addr.in_area();
-                let d = desc(
-                    addr.get(),
-                    u32::from(len),
-                    u16::from(flags & 7),
-                    u16::from(next),
-                );
-                rig.poke(at.get().wrapping_add(16 * u64::from(i)), &d);
+                rig.guest_table_entry(at, i, addr, len, flags, next);
             }
             Step::Avail { q, heads } => {
                 let q = usize::from(q);
@@ -254,11 +242,7 @@ fn drive(input: Input) -> Reach {
                 for (i, b) in f.iter_mut().enumerate().skip(12) {
                     *b = b.wrapping_add(i as u8);
                 }
-                rig.net
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .backend()
-                    .push(f);
+                rig.push_frame(f);
             }
             Step::Eagain { n } => {
                 rig.wire.lock().unwrap_or_else(|p| p.into_inner()).tx_eagain = u32::from(n % 4);
@@ -281,9 +265,8 @@ fn drive(input: Input) -> Reach {
             }
         }
     }
-    // The guest and the network stop: the loop goes idle, at most one pass
-    // per chain the rings can hold and per frame, and a few more.
-    let bound = 2 * (2 * usize::from(size) + frames) + 16;
+    // The guest and the network stop: the loop goes idle.
+    let bound = rig.idle_bound(frames);
     assert!(
         rig.run(bound),
         "the event loop is still busy after {bound} iterations: {}",

@@ -382,6 +382,52 @@ impl Rig {
         self.poke(a.desc_table + 16 * i, &d);
     }
 
+    /// Writes a descriptor as the fuzzer described it into queue `q`'s
+    /// table: only the three flag bits the spec defines, `next` folded into
+    /// the ring.
+    pub fn guest_desc(&self, q: usize, idx: u16, addr: BufAddr, len: u16, flags: u8, next: u16) {
+        let d = desc(
+            addr.get(),
+            u32::from(len),
+            u16::from(flags & 7),
+            next % self.setup.size().max(1),
+        );
+        self.write_desc(q, idx, d);
+    }
+
+    /// Writes entry `i` of an indirect table at `at`, as the fuzzer
+    /// described it (the three defined flag bits).
+    pub fn guest_table_entry(
+        &self,
+        at: BufAddr,
+        i: u8,
+        addr: BufAddr,
+        len: u16,
+        flags: u8,
+        next: u8,
+    ) {
+        let d = desc(
+            addr.get(),
+            u32::from(len),
+            u16::from(flags & 7),
+            u16::from(next),
+        );
+        self.poke(at.get().wrapping_add(16 * u64::from(i)), &d);
+    }
+
+    /// Gives the device a frame from the network.
+    pub fn push_frame(&self, frame: Vec<u8>) {
+        lock(&self.net).backend().push(frame);
+    }
+
+    /// Loop iterations within which the device must go idle once the guest
+    /// and the network stop, after `frames` frames from the network: at
+    /// most one pass per chain the rings can hold and per frame, and a few
+    /// more.
+    pub fn idle_bound(&self, frames: usize) -> usize {
+        2 * (2 * usize::from(self.setup.size()) + frames) + 16
+    }
+
     /// Puts `heads` in the next avail slots of queue `q` and publishes them.
     pub fn publish(&mut self, q: usize, heads: &[u16]) {
         let a = self.addrs[q];

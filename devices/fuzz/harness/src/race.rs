@@ -21,7 +21,7 @@ use devices::virtio::net::rxtx::MAX_PASS_READS;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::datapath::{split, tx_frame};
-use crate::net_rig::{desc, BufAddr, Rig, Setup, BUF_AREA, MEM_SIZE};
+use crate::net_rig::{BufAddr, Rig, Setup, BUF_AREA, MEM_SIZE};
 
 /// What the second thread writes.
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -145,13 +145,7 @@ fn drive(input: Input) {
                 flags,
                 next,
             } => {
-                let d = desc(
-                    addr.get(),
-                    u32::from(len),
-                    u16::from(flags & 7),
-                    next % size.max(1),
-                );
-                rig.write_desc(usize::from(q), idx, d);
+                rig.guest_desc(usize::from(q), idx, addr, len, flags, next);
             }
             Step::TableEntry {
                 at,
@@ -161,13 +155,7 @@ fn drive(input: Input) {
                 flags,
                 next,
             } => {
-                let d = desc(
-                    addr.get(),
-                    u32::from(len),
-                    u16::from(flags & 7),
-                    u16::from(next),
-                );
-                rig.poke(at.get().wrapping_add(16 * u64::from(i)), &d);
+                rig.guest_table_entry(at, i, addr, len, flags, next);
             }
             Step::Avail { q, heads } => {
                 rig.publish(usize::from(q), &heads[..heads.len().min(usize::from(size))]);
@@ -198,11 +186,7 @@ fn drive(input: Input) {
             Step::Frame { len, fill } => {
                 frames += 1;
                 let f = vec![fill; usize::from(len % 1600)];
-                rig.net
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .backend()
-                    .push(f);
+                rig.push_frame(f);
             }
             Step::Kick { q } => rig.kick(usize::from(q)),
             Step::Run => {
@@ -221,7 +205,7 @@ fn drive(input: Input) {
     if let Some(w) = writer {
         let _ = w.join().expect("the writer thread never panics");
     }
-    let bound = 2 * (2 * usize::from(size) + frames) + 16;
+    let bound = rig.idle_bound(frames);
     assert!(
         rig.run(bound),
         "the event loop is still busy after {bound} iterations once the guest stopped: {}",
