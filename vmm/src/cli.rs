@@ -17,7 +17,8 @@ use devices::virtio::net::Offloads;
 use log::LevelFilter;
 
 use crate::config::{
-    parse_level, parse_number, parse_offloads, ConfigError, MacAddr, NetSpec, Settings, VmmConfig,
+    parse_io_engine, parse_level, parse_number, parse_offloads, ConfigError, MacAddr, NetSpec,
+    Settings, VmmConfig,
 };
 
 /// vhost-net's VHOST_NET_WEIGHT: the byte budget of one TX or RX pass.
@@ -292,6 +293,7 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
             "rx_weight_bytes" => n.rx_weight_bytes = Some(num(value)?),
             "rx_weight_packets" => n.rx_weight_packets = Some(num(value)?),
             "pass_time_budget_us" => n.pass_time_budget_us = Some(num(value)?),
+            "io_engine" => n.io_engine = Some(parse_io_engine(value)?),
             _ => {
                 let (dirs, rest) = match key.split_once('_') {
                     Some(("rx", rest)) => (&[0usize][..], rest),

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use devices::rate_limiter::{RateLimiterConfig, RateLimiterError};
 use devices::virtio::net::device::MTU_RANGE;
 use devices::virtio::net::{
-    Offloads, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE, DEFAULT_WEIGHT_BYTES,
+    IoEngine, Offloads, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE, DEFAULT_WEIGHT_BYTES,
     DEFAULT_WEIGHT_PACKETS,
 };
 use log::LevelFilter;
@@ -354,6 +354,18 @@ pub struct NetSpec {
     pub rx_rate_limiter: Option<RateLimiterConfig>,
     /// The transmit limiter.
     pub tx_rate_limiter: Option<RateLimiterConfig>,
+    /// `io_engine=` / `io_engine`.
+    pub io_engine: Option<IoEngine>,
+}
+
+/// Parses an `io_engine` value: `Async` (io_uring batches) or `Sync`, in
+/// any case, as Firecracker spells them.
+pub fn parse_io_engine(v: &str) -> Result<IoEngine, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "async" => Ok(IoEngine::Async),
+        "sync" => Ok(IoEngine::Sync),
+        _ => Err(format!("io_engine '{v}' is neither Async nor Sync")),
+    }
 }
 
 impl NetSpec {
@@ -374,6 +386,7 @@ impl NetSpec {
             rx_weight_packets: self.rx_weight_packets.or(d.rx_weight_packets),
             pass_time_budget_us: self.pass_time_budget_us.or(d.pass_time_budget_us),
             rx_rate_limiter: self.rx_rate_limiter.or(d.rx_rate_limiter),
+            io_engine: self.io_engine.or(d.io_engine),
             tx_rate_limiter: self.tx_rate_limiter.or(d.tx_rate_limiter),
         }
     }
@@ -564,6 +577,7 @@ fn finish_net(index: usize, s: NetSpec) -> Result<NetConfig, ConfigError> {
         rx_rate_limiter,
         tx_rate_limiter,
         bounce_buffer: false,
+        io_engine: s.io_engine.unwrap_or_default(),
     };
     Ok(NetConfig { id, tap, device })
 }

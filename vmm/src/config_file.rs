@@ -23,7 +23,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{parse_level, parse_offloads, ConfigError, HostQuirks, NetSpec, Settings};
+use crate::config::{
+    parse_io_engine, parse_level, parse_offloads, ConfigError, HostQuirks, NetSpec, Settings,
+};
 
 /// Errors reading a config file; each names what it is about.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +136,7 @@ struct Interface {
     rx_weight_bytes: Option<u64>,
     rx_weight_packets: Option<u64>,
     pass_time_budget_us: Option<u64>,
+    io_engine: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -282,6 +285,11 @@ fn interface(index: usize, value: Value) -> Result<NetSpec, ConfigError> {
         pass_time_budget_us: i.pass_time_budget_us,
         rx_rate_limiter: i.rx_rate_limiter.map(Into::into),
         tx_rate_limiter: i.tx_rate_limiter.map(Into::into),
+        io_engine: i
+            .io_engine
+            .map(|v| parse_io_engine(&v))
+            .transpose()
+            .map_err(|why| FileError::Value(format!("{name}.io_engine"), why))?,
     })
 }
 

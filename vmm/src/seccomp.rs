@@ -129,6 +129,29 @@ fn allow_ioctls(requests: &[u64]) -> Entry {
     (libc::SYS_ioctl, rules)
 }
 
+/// `io_uring_enter(fd, n, n, IORING_ENTER_GETEVENTS, NULL, 0)` only: TX
+/// batches (`IoEngine::Async`) submit and reap their writes. The rings were
+/// built before the filter, restricted to writes on their TAP (devices'
+/// `uring` module); `io_uring_setup` and `io_uring_register` stay
+/// forbidden, so no thread can make a ring that does more, nor lift those
+/// restrictions.
+fn allow_io_uring_submit() -> Entry {
+    let flags = SeccompCondition::new(
+        3,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        IORING_ENTER_GETEVENTS,
+    )
+    .expect("argument index 3 is valid");
+    (
+        libc::SYS_io_uring_enter,
+        vec![SeccompRule::new(vec![flags]).expect("a rule with one condition is valid")],
+    )
+}
+
+/// linux/io_uring.h; libc does not export it.
+const IORING_ENTER_GETEVENTS: u64 = 1;
+
 /// `fcntl(fd, F_GETFD)` only: std's debug builds check that a descriptor is
 /// still open before `OwnedFd::drop` closes it (the device's fds, the
 /// limiters' timerfds, dropped at exit under the filter). Reading the close-on-exec
@@ -235,6 +258,7 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // Zero-copy frames between the TAP and guest memory.
         allow(libc::SYS_readv),
         allow(libc::SYS_writev),
+        allow_io_uring_submit(),
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),

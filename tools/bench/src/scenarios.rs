@@ -175,7 +175,10 @@ fn one_limit_run(
             t.warmup,
             t.window,
         ),
-        (Mode::Raw, Dir::Tx) => host::raw_tx(&tx_msg(size), t.warmup, t.window),
+        (Mode::Raw, Dir::Tx) => match std::env::var("NB_BATCH").ok().and_then(|v| v.parse().ok()) {
+            Some(b) => host::raw_tx_batched(&tx_msg(size), b, t.warmup, t.window),
+            None => host::raw_tx(&tx_msg(size), t.warmup, t.window),
+        },
         (_, _) => {
             let cfg = RigConfig {
                 net: NetConfig {

@@ -16,9 +16,10 @@ use vmm_sys_util::eventfd::EventFd;
 use super::metrics::NetMetrics;
 use super::rxtx::{RxVirtio, TxVirtio};
 use super::tap::{self, NetBackend, Tap, TapError};
+use super::uring::TxRing;
 use super::{
-    warn_rate_limited, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX,
-    TX_INDEX, VNET_HDR_LEN,
+    warn_rate_limited, IoEngine, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES,
+    RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::queue::SplitQueue;
@@ -135,6 +136,10 @@ pub struct Net<B: NetBackend = Tap> {
     /// Limits on frames from the guest; `None` without any bucket.
     pub(crate) tx_limiter: Option<RateLimiter>,
     pub(crate) active: Option<Active>,
+    /// Batches TX writes (`IoEngine::Async`); `None` writes frame by frame.
+    /// Built with the device, before any seccomp filter, and kept across
+    /// resets.
+    pub(crate) tx_ring: Option<TxRing>,
     /// What the event handler currently has registered.
     pub(crate) registered: super::event_handler::Registered,
 }
@@ -202,6 +207,18 @@ impl<B: NetBackend> Net<B> {
         };
         let rx_limiter = limiter("RX", &cfg.rx_rate_limiter)?;
         let tx_limiter = limiter("TX", &cfg.tx_rate_limiter)?;
+        let tx_ring =
+            (cfg.io_engine == IoEngine::Async && !cfg.bounce_buffer && backend.batched_writes())
+                .then(|| match TxRing::new(backend.as_raw_fd()) {
+                    Ok(ring) => Some(ring),
+                    Err(e) => {
+                        log::info!(
+                    "virtio-net: io_uring unavailable ({e}); TX writes one frame per system call"
+                );
+                        None
+                    }
+                })
+                .flatten();
 
         Ok(Net {
             queue_sizes: [qs; NUM_QUEUES],
@@ -218,6 +235,7 @@ impl<B: NetBackend> Net<B> {
             metrics: Arc::new(NetMetrics::default()),
             rx_limiter,
             tx_limiter,
+            tx_ring,
             active: None,
             registered: Default::default(),
         })

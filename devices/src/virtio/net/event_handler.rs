@@ -151,6 +151,7 @@ impl<B: NetBackend> Net<B> {
         }
         let status = a.tx.process(
             &self.backend,
+            &mut self.tx_ring,
             self.tx_limiter.as_mut(),
             &self.metrics,
             &*a.interrupt,

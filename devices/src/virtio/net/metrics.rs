@@ -163,6 +163,9 @@ pub struct NetMetrics {
     pub rx_throttled_ns: TimeCounter,
     /// Nanoseconds TX was held back by its rate limiter.
     pub tx_throttled_ns: TimeCounter,
+    /// TX batches handed to the backend with one `io_uring_enter` (0 with
+    /// `io_engine` Sync); `tx_frames / tx_batches` is frames per system call.
+    pub tx_batches: AtomicU64,
 }
 
 /// Nanoseconds on a monotonic clock private to this process, never 0.
@@ -198,7 +201,7 @@ mod tests {
 
     /// Every key the JSON had when it was listed by hand, then the
     /// limiter's: a renamed field fails here.
-    const KEYS: [&str; 31] = [
+    const KEYS: [&str; 32] = [
         "rx_frames",
         "rx_bytes",
         "rx_buffers",
@@ -230,6 +233,7 @@ mod tests {
         "tx_rate_limiter_throttled",
         "rx_throttled_ns",
         "tx_throttled_ns",
+        "tx_batches",
     ];
 
     #[test]

@@ -51,6 +51,7 @@ mod soak;
 pub mod tap;
 #[cfg(test)]
 mod test_driver;
+pub mod uring;
 
 pub use device::{Net, NetError};
 pub use iov::IoVecs;
@@ -115,6 +116,21 @@ pub struct NetConfig {
     /// Benchmark baseline only: copy every frame through a 64 KiB host buffer
     /// (as vmm-reference does) instead of `readv`/`writev` on guest memory.
     pub bounce_buffer: bool,
+    /// How TX frames reach the backend.
+    pub io_engine: IoEngine,
+}
+
+/// How the device writes TX frames to its backend (the name and the values
+/// are those of Firecracker's block `io_engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// A batch of up to [`uring::TX_BATCH`] frames per `io_uring_enter`, on
+    /// a ring that may only write to the backend (see [`uring`]); falls back
+    /// to `Sync` where the host refuses io_uring.
+    #[default]
+    Async,
+    /// One `writev` per frame.
+    Sync,
 }
 
 /// vhost-net's `VHOST_NET_WEIGHT`: bytes per pass before yielding.
@@ -145,6 +161,7 @@ impl Default for NetConfig {
             rx_rate_limiter: RateLimiterConfig::default(),
             tx_rate_limiter: RateLimiterConfig::default(),
             bounce_buffer: false,
+            io_engine: IoEngine::default(),
         }
     }
 }

@@ -65,6 +65,7 @@ use std::time::{Duration, Instant};
 use super::iov::{self, IoVecs};
 use super::metrics::{NetMetrics, TimeCounter};
 use super::tap::NetBackend;
+use super::uring::{TxRing, TX_BATCH};
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 use crate::rate_limiter::{RateLimiter, RateLimiterError};
 pub use crate::virtio::queue::ChainError;
@@ -703,10 +704,10 @@ enum Fill {
 pub enum TxStatus {
     /// The TX ring is empty and guest notifications are enabled again.
     Done,
-    /// The pass hit the byte or packet weight or the descriptor budget with
-    /// chains still available.
+    /// The pass hit the byte or packet weight, the time budget or the
+    /// descriptor budget with chains still available.
     WeightHit,
-    /// The backend returned EAGAIN; a chain is pending until it is writable.
+    /// The backend returned EAGAIN; chains are pending until it is writable.
     Blocked,
     /// The rate limiter holds a chain back (no used entry yet); it is
     /// pending until the limiter's timer fires.
@@ -715,14 +716,79 @@ pub enum TxStatus {
     Broken,
 }
 
-/// A TX chain held back, by the backend (EAGAIN) or by the rate limiter;
-/// its segments stay in `segs`.
+/// A walked TX chain in the batch.
 #[derive(Debug, Clone, Copy)]
-struct PendingTx {
+struct TxItem {
     head: u16,
     len: usize,
-    /// The rate limiter took its tokens: only the backend holds it back.
+    /// Its segments: `TxBatch::segs[start..end]`.
+    start: usize,
+    end: usize,
+    /// The rate limiter took its tokens. Only the last item can be unpaid:
+    /// the limiter refused it and filling stopped there.
     paid: bool,
+}
+
+/// Chains walked and not written yet. A pass fills the batch up to
+/// [`TX_BATCH`] chains, then writes them all: with a [`TxRing`] in one
+/// system call, else one `writev` each. Items left when a pass ends wait for
+/// the backend (EAGAIN; paid) or for the rate limiter (the last, unpaid).
+#[derive(Debug, Default)]
+struct TxBatch {
+    items: Vec<TxItem>,
+    segs: Vec<IoSeg>,
+    results: Vec<io::Result<usize>>,
+}
+
+impl TxBatch {
+    /// Items the limiter has paid for: a prefix of `items`.
+    fn paid(&self) -> usize {
+        match self.items.last() {
+            Some(last) if !last.paid => self.items.len() - 1,
+            _ => self.items.len(),
+        }
+    }
+
+    fn frame(&self, i: usize) -> &[IoSeg] {
+        let it = &self.items[i];
+        &self.segs[it.start..it.end]
+    }
+
+    /// Keeps the items `keep` says to, in order, with their segments moved
+    /// to the front of `segs`.
+    fn retain(&mut self, keep: impl Fn(usize) -> bool) {
+        let mut kept = 0;
+        let mut seg_end = 0;
+        for i in 0..self.items.len() {
+            if !keep(i) {
+                continue;
+            }
+            let mut it = self.items[i];
+            let n = it.end - it.start;
+            // Items are in segment order, so the destination never passes
+            // the source.
+            self.segs.copy_within(it.start..it.end, seg_end);
+            it.start = seg_end;
+            it.end = seg_end + n;
+            seg_end += n;
+            self.items[kept] = it;
+            kept += 1;
+        }
+        self.items.truncate(kept);
+        self.segs.truncate(seg_end);
+    }
+}
+
+/// How filling the batch ended.
+enum TxFill {
+    /// The batch holds [`TX_BATCH`] chains.
+    Full,
+    /// The ring has no more chains.
+    Empty,
+    /// The pass must yield.
+    Yield(Yield),
+    /// The rate limiter holds the last chain back.
+    Throttled,
 }
 
 /// The transmit side: one TX queue drained into the backend.
@@ -733,8 +799,7 @@ pub struct TxVirtio {
     weight_packets: u64,
     /// How long one pass may run (None: no time budget).
     time_budget: Option<Duration>,
-    segs: Vec<IoSeg>,
-    pending: Option<PendingTx>,
+    batch: TxBatch,
     bounce: Option<Vec<u8>>,
     broken: bool,
     /// How the backend refused the last frame (an errno, or
@@ -747,12 +812,6 @@ pub struct TxVirtio {
 /// The kind of refusal of a write that took only part of a frame.
 const SHORT_WRITE: i32 = -1;
 
-enum Sent {
-    Ok,
-    Again,
-    Dropped,
-}
-
 impl TxVirtio {
     /// Wraps a ready TX queue.
     pub fn new(queue: SplitQueue, weight_bytes: u64, weight_packets: u64, bounce: bool) -> Self {
@@ -761,8 +820,11 @@ impl TxVirtio {
             weight_bytes,
             weight_packets,
             time_budget: None,
-            segs: Vec::new(),
-            pending: None,
+            batch: TxBatch {
+                items: Vec::with_capacity(TX_BATCH),
+                segs: Vec::new(),
+                results: Vec::with_capacity(TX_BATCH),
+            },
             bounce: bounce.then(|| Vec::with_capacity(BOUNCE_BUFFER_LEN)),
             broken: false,
             refusing: None,
@@ -775,69 +837,14 @@ impl TxVirtio {
         self
     }
 
-    /// Whether a chain waits for the backend to become writable.
+    /// Whether chains wait for the backend to become writable.
     pub fn is_blocked(&self) -> bool {
-        self.pending.is_some_and(|p| p.paid)
+        self.batch.paid() > 0
     }
 
     /// Whether a chain waits for the rate limiter.
     pub fn is_throttled(&self) -> bool {
-        self.pending.is_some_and(|p| !p.paid)
-    }
-
-    fn send<B: NetBackend>(
-        &mut self,
-        backend: &B,
-        len: usize,
-        pass: &mut Pass,
-        metrics: &NetMetrics,
-    ) -> Sent {
-        loop {
-            let res = match self.bounce.as_mut() {
-                Some(buf) => {
-                    iov::copy_from_segs(&self.segs, buf);
-                    iov::host_buf(buf, |io| backend.send_frame(io))
-                }
-                None => backend.send_frame(IoVecs::guest(&self.segs)),
-            };
-            return match res {
-                Ok(n) if n == len => {
-                    self.refusing = None;
-                    pass.frames += 1;
-                    pass.payload += (len - VNET_HDR_LEN) as u64;
-                    Sent::Ok
-                }
-                // A backend keeps frame boundaries, so a frame it took only
-                // part of (none, with 0) reached the peer cut short or not at
-                // all: dropped, not sent. A TAP or a datagram socket never
-                // does this; a backend in trouble might.
-                Ok(n) => {
-                    self.refused(
-                        metrics,
-                        SHORT_WRITE,
-                        format_args!("backend took {n} bytes of a {len}-byte TX frame"),
-                    );
-                    Sent::Dropped
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    NetMetrics::inc(&metrics.tap_eagain);
-                    Sent::Again
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // The TAP refuses frames the guest got wrong (a bad GSO
-                    // header: EINVAL) or cannot take now (interface down:
-                    // EIO). Neither is a host fault; the frame is lost as on
-                    // a real wire.
-                    self.refused(
-                        metrics,
-                        e.raw_os_error().unwrap_or(0),
-                        format_args!("backend refused a TX frame: {e}"),
-                    );
-                    Sent::Dropped
-                }
-            };
-        }
+        self.batch.items.last().is_some_and(|it| !it.paid)
     }
 
     /// Counts a frame the backend refused, and logs the first of a run of
@@ -858,94 +865,58 @@ impl TxVirtio {
         }
     }
 
-    /// Pays the rate limiter for the chain `head` of `len` bytes; `false`
-    /// when the limiter holds it back (it is then pending, unpaid). Inlined:
-    /// without a limiter it is one branch per frame.
-    #[inline(always)]
-    fn pay(
+    /// Walks chains into the batch until it is full, the ring is empty, the
+    /// pass must yield or the rate limiter holds a chain back. A chain the
+    /// limiter held back before is paid for first.
+    fn fill(
         &mut self,
-        head: u16,
-        len: usize,
-        limiter: Option<&mut RateLimiter>,
-        metrics: &NetMetrics,
-    ) -> bool {
-        let Some(l) = limiter else {
-            return true;
-        };
-        let ok = tx_consume(l, len, metrics);
-        if !ok {
-            self.pending = Some(PendingTx {
-                head,
-                len,
-                paid: false,
-            });
-        }
-        ok
-    }
-
-    /// Sends the chain whose segments are in `segs` (the limiter has been
-    /// paid). `None` when the backend pushed back and the chain is now
-    /// pending.
-    fn send_chain<B: NetBackend>(
-        &mut self,
-        backend: &B,
-        head: u16,
-        len: usize,
-        pass: &mut Pass,
-        metrics: &NetMetrics,
-    ) -> Option<()> {
-        match self.send(backend, len, pass, metrics) {
-            Sent::Again => {
-                self.pending = Some(PendingTx {
-                    head,
-                    len,
-                    paid: true,
-                });
-                None
-            }
-            Sent::Ok | Sent::Dropped => {
-                pass.packets += 1;
-                pass.bytes += len as u64;
-                self.queue.add_used(head, 0);
-                Some(())
-            }
-        }
-    }
-
-    /// Sends chains until the ring is empty (`Ok(None)`) or the pass must
-    /// stop (`Ok(Some(status))`).
-    fn drain<B: NetBackend>(
-        &mut self,
-        backend: &B,
         mut limiter: Option<&mut RateLimiter>,
         pass: &mut Pass,
         metrics: &NetMetrics,
-    ) -> Result<Option<TxStatus>, QueueError> {
+    ) -> Result<TxFill, QueueError> {
+        if let Some(last) = self.batch.items.last_mut().filter(|it| !it.paid) {
+            if let Some(l) = limiter.as_deref_mut() {
+                if !tx_consume(l, last.len, metrics) {
+                    return Ok(TxFill::Throttled);
+                }
+            }
+            last.paid = true;
+        }
         loop {
+            if self.batch.items.len() >= TX_BATCH {
+                return Ok(TxFill::Full);
+            }
             if let Some(why) = pass.must_yield(self.weight_bytes, self.weight_packets) {
                 if !self.queue.has_available()? {
-                    return Ok(None);
+                    return Ok(TxFill::Empty);
                 }
-                Pass::count_yield(why, &metrics.tx_weight_hits, metrics);
-                return Ok(Some(TxStatus::WeightHit));
+                return Ok(TxFill::Yield(why));
             }
             let Some(head) = self.queue.pop(&mut pass.budget)? else {
-                return Ok(None);
+                return Ok(TxFill::Empty);
             };
-            self.segs.clear();
+            let start = self.batch.segs.len();
             match self
                 .queue
-                .walk(head, &TX_RULES, &mut self.segs, &mut pass.budget)
+                .walk(head, &TX_RULES, &mut self.batch.segs, &mut pass.budget)
             {
                 Ok(chain) => {
-                    if !self.pay(head, chain.len, limiter.as_deref_mut(), metrics) {
-                        return Ok(Some(TxStatus::Throttled));
-                    }
-                    if self
-                        .send_chain(backend, head, chain.len, pass, metrics)
-                        .is_none()
-                    {
-                        return Ok(Some(TxStatus::Blocked));
+                    pass.packets += 1;
+                    pass.bytes += chain.len as u64;
+                    // Without a limiter this is one branch per frame.
+                    let paid = match limiter.as_deref_mut() {
+                        None => true,
+                        Some(l) => tx_consume(l, chain.len, metrics),
+                    };
+                    self.batch.items.push(TxItem {
+                        head,
+                        len: chain.len,
+                        start,
+                        end: self.batch.segs.len(),
+                        paid,
+                    });
+                    if !paid {
+                        return Ok(TxFill::Throttled);
                     }
                 }
                 Err(err) => {
@@ -956,12 +927,137 @@ impl TxVirtio {
         }
     }
 
-    /// One TX pass: sends chains until the ring is empty, the backend
-    /// pushes back, the rate limiter (if any) holds a chain back, or the
-    /// pass must yield.
+    /// Writes the paid chains of the batch, in order, and returns each one
+    /// the backend took or refused to the guest. Chains the backend pushed
+    /// back (EAGAIN) stay in the batch; returns whether none did.
+    fn flush<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<TxRing>,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> bool {
+        let n = self.batch.paid();
+        if n == 0 {
+            return true;
+        }
+        let mut results = std::mem::take(&mut self.batch.results);
+        results.clear();
+        results.resize_with(n, || Err(io::ErrorKind::WouldBlock.into()));
+        let mut written = false;
+        if let Some(r) = ring.as_mut().filter(|_| self.bounce.is_none()) {
+            NetMetrics::inc(&metrics.tx_batches);
+            let batch = &self.batch;
+            match r.write_frames(n, |i| batch.frame(i), &mut results) {
+                Ok(()) => written = true,
+                Err(e) => {
+                    // Entries the kernel did not take still point at the
+                    // batch: the ring goes now, and what it did not write
+                    // goes frame by frame below, as from now on.
+                    *ring = None;
+                    NetMetrics::inc(&metrics.host_errors);
+                    log::error!(
+                        "virtio-net: io_uring submission failed ({e}); writing TX frames \
+                         one system call at a time from now on"
+                    );
+                }
+            }
+        }
+        if !written {
+            for (i, res) in results.iter_mut().enumerate() {
+                if !matches!(res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                    continue;
+                }
+                *res = Self::write_one(backend, self.bounce.as_mut(), self.batch.frame(i));
+                if matches!(res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                    break;
+                }
+            }
+        }
+        let mut again = 0usize;
+        for (i, res) in results.iter().enumerate() {
+            let it = self.batch.items[i];
+            match res {
+                Ok(w) if *w == it.len => {
+                    self.refusing = None;
+                    pass.frames += 1;
+                    pass.payload += (it.len - VNET_HDR_LEN) as u64;
+                }
+                // A backend keeps frame boundaries, so a frame it took only
+                // part of (none, with 0) reached the peer cut short or not at
+                // all: dropped, not sent. A TAP or a datagram socket never
+                // does this; a backend in trouble might.
+                Ok(w) => self.refused(
+                    metrics,
+                    SHORT_WRITE,
+                    format_args!("backend took {w} bytes of a {}-byte TX frame", it.len),
+                ),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    again += 1;
+                    continue;
+                }
+                // The TAP refuses frames the guest got wrong (a bad GSO
+                // header: EINVAL) or cannot take now (interface down: EIO).
+                // Neither is a host fault; the frame is lost as on a wire.
+                Err(e) => self.refused(
+                    metrics,
+                    e.raw_os_error().unwrap_or(0),
+                    format_args!("backend refused a TX frame: {e}"),
+                ),
+            }
+            self.queue.add_used(it.head, 0);
+        }
+        if again == 0 && n == self.batch.items.len() {
+            self.batch.items.clear();
+            self.batch.segs.clear();
+        } else {
+            // Keep what the backend pushed back and the unpaid tail.
+            let keep: Vec<bool> = (0..self.batch.items.len())
+                .map(|i| {
+                    results.get(i).is_none_or(
+                        |r| matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+                    )
+                })
+                .collect();
+            self.batch.retain(|i| keep[i]);
+        }
+        self.batch.results = results;
+        if again > 0 {
+            NetMetrics::inc(&metrics.tap_eagain);
+        }
+        again == 0
+    }
+
+    /// One frame, one system call (EINTR retried), through the bounce
+    /// buffer if there is one.
+    fn write_one<B: NetBackend>(
+        backend: &B,
+        mut bounce: Option<&mut Vec<u8>>,
+        frame: &[IoSeg],
+    ) -> io::Result<usize> {
+        loop {
+            let res = match bounce.as_deref_mut() {
+                Some(buf) => {
+                    iov::copy_from_segs(frame, buf);
+                    iov::host_buf(buf, |io| backend.send_frame(io))
+                }
+                None => backend.send_frame(IoVecs::guest(frame)),
+            };
+            match res {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                res => return res,
+            }
+        }
+    }
+
+    /// One TX pass: writes chains in batches until the ring is empty, the
+    /// backend pushes back, the rate limiter (if any) holds a chain back,
+    /// or the pass must yield. `ring` batches the writes; a ring that fails
+    /// is dropped and the device writes one frame per system call.
     pub fn process<B: NetBackend>(
         &mut self,
         backend: &B,
+        ring: &mut Option<TxRing>,
         mut limiter: Option<&mut RateLimiter>,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
@@ -972,29 +1068,36 @@ impl TxVirtio {
         NetMetrics::inc(&metrics.tx_passes);
         let mut pass = Pass::new(self.time_budget);
         let status = 'pass: {
-            if let Some(p) = self.pending.take() {
-                if p.paid {
-                    NetMetrics::inc(&metrics.tx_eagain_retries);
-                } else if !self.pay(p.head, p.len, limiter.as_deref_mut(), metrics) {
-                    break 'pass TxStatus::Throttled;
-                }
-                if self
-                    .send_chain(backend, p.head, p.len, &mut pass, metrics)
-                    .is_none()
-                {
-                    break 'pass TxStatus::Blocked;
-                }
+            if self.is_blocked() {
+                NetMetrics::inc(&metrics.tx_eagain_retries);
             }
             // The guest need not kick while we are draining the ring.
             self.queue.disable_notifications();
             loop {
-                match self.drain(backend, limiter.as_deref_mut(), &mut pass, metrics) {
-                    Ok(Some(status)) => break 'pass status,
-                    Ok(None) => {}
+                // Chains pushed back before go first, in their order.
+                if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
+                    break 'pass TxStatus::Blocked;
+                }
+                let fill = match self.fill(limiter.as_deref_mut(), &mut pass, metrics) {
+                    Ok(fill) => fill,
                     Err(e) => {
+                        // What was walked before the failure still goes out.
+                        self.flush(backend, ring, &mut pass, metrics);
                         queue_failed(metrics, "TX", &e);
                         break 'pass TxStatus::Broken;
                     }
+                };
+                if !self.flush(backend, ring, &mut pass, metrics) {
+                    break 'pass TxStatus::Blocked;
+                }
+                match fill {
+                    TxFill::Full => continue,
+                    TxFill::Throttled => break 'pass TxStatus::Throttled,
+                    TxFill::Yield(why) => {
+                        Pass::count_yield(why, &metrics.tx_weight_hits, metrics);
+                        break 'pass TxStatus::WeightHit;
+                    }
+                    TxFill::Empty => {}
                 }
                 // Re-enable kicks; if chains arrived meanwhile, keep going
                 // (each such look counts against the budget, so a guest that

@@ -142,6 +142,14 @@ pub trait NetBackend: AsRawFd + Send {
     fn send_frame(&self, bufs: IoVecs<'_>) -> io::Result<usize> {
         bufs.writev(self.as_raw_fd())
     }
+
+    /// Whether the device may write TX frames to the fd itself, in batches
+    /// through io_uring (`IoEngine::Async`), instead of calling
+    /// [`send_frame`](Self::send_frame) for each. A backend that overrides
+    /// `send_frame` (to inject faults) must say no, and does by default.
+    fn batched_writes(&self) -> bool {
+        false
+    }
 }
 
 /// `struct ifreq` (linux/if.h): the name, then a 24-byte union of which
@@ -356,9 +364,17 @@ impl NetBackend for Tap {
         }
         Ok(())
     }
+
+    fn batched_writes(&self) -> bool {
+        true
+    }
 }
 
-impl NetBackend for UnixDatagram {}
+impl NetBackend for UnixDatagram {
+    fn batched_writes(&self) -> bool {
+        true
+    }
+}
 
 /// One end of an `AF_UNIX`/`SOCK_SEQPACKET` socket pair: reliable, ordered
 /// and frame-preserving, the unprivileged stand-in for a TAP in tests and
@@ -458,7 +474,11 @@ impl AsRawFd for SeqPacket {
     }
 }
 
-impl NetBackend for SeqPacket {}
+impl NetBackend for SeqPacket {
+    fn batched_writes(&self) -> bool {
+        true
+    }
+}
 
 /// Sets or clears O_NONBLOCK on `fd`.
 pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<(), TapError> {
