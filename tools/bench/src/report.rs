@@ -49,7 +49,7 @@ fn limit_table(s: &mut String, lim: &Value) {
     let _ = writeln!(s, "\nLIMIT  (median of rounds; ratio = minivmm / raw)");
     let _ = writeln!(
         s,
-        "{:<4} {:>9} {:<8} {:>10} {:>10} {:>8} {:>10} {:>5} {:>6} {:>8} {:>8}",
+        "{:<4} {:>9} {:<12} {:>10} {:>10} {:>8} {:>10} {:>5} {:>6} {:>8} {:>8}",
         "dir",
         "frame B",
         "mode",
@@ -81,11 +81,17 @@ fn limit_table(s: &mut String, lim: &Value) {
                     }
                 ),
             ),
-            _ => (
+            Some("minivmm_sync") => (
+                format!("{:.3}", f(&lim[key("sync_ratio").as_str()])),
+                format!("{:.3}", f(&lim[key("sync_cpu_ratio").as_str()])),
+                String::new(),
+            ),
+            Some("bounce") => (
                 format!("{:.3}", f(&lim[key("bounce_ratio").as_str()])),
                 String::new(),
                 String::new(),
             ),
+            _ => (String::new(), String::new(), String::new()),
         };
         let offered = match med["offered_per_s"].as_f64() {
             Some(o) if o > 0.0 => format!("{o:.0}"),
@@ -93,7 +99,7 @@ fn limit_table(s: &mut String, lim: &Value) {
         };
         let _ = writeln!(
             s,
-            "{:<4} {:>9} {:<8} {:>10.0} {:>10} {:>8.3} {:>10.0} {:>5.2} {:>6} {:>8} {:>8}",
+            "{:<4} {:>9} {:<12} {:>10.0} {:>10} {:>8.3} {:>10.0} {:>5.2} {:>6} {:>8} {:>8}",
             dir,
             size_label(r),
             r["mode"].as_str().unwrap_or(""),
@@ -127,6 +133,27 @@ fn limit_table(s: &mut String, lim: &Value) {
         s,
         "  the sender bounds the cell and it is judged by the CPU ratio (\"c\" in judged), else by frames/s."
     );
+    let _ = writeln!(
+        s,
+        "- TX: minivmm = io_engine Async (up to {} frames per io_uring_enter, the default); minivmm_sync = one",
+        devices::virtio::net::uring::TX_BATCH
+    );
+    let _ = writeln!(
+        s,
+        "  writev per frame; raw_batched = the raw loop batching its writes the same way (the second limit)."
+    );
+    for size in [64, 1514, 65536] {
+        if !lim[format!("tx_batched_ratio_{size}")].is_null() {
+            let _ = writeln!(
+                s,
+                "  tx {size}: minivmm / raw_batched = {:.3} (cpu ratio {:.3}); minivmm_sync / raw = {:.3} (cpu ratio {:.3})",
+                f(&lim[format!("tx_batched_ratio_{size}")]),
+                f(&lim[format!("tx_batched_cpu_ratio_{size}")]),
+                f(&lim[format!("tx_sync_ratio_{size}")]),
+                f(&lim[format!("tx_sync_cpu_ratio_{size}")])
+            );
+        }
+    }
     for size in [64, 1514, 65536] {
         if lim[format!("rx_sender_bound_{size}")].as_bool() == Some(true) {
             let _ = writeln!(
@@ -566,6 +593,15 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
                 f(&la[k("ratio")]),
                 la[k("judged_by")].as_str().unwrap_or("?"),
                 if j >= 0.9 { "met" } else { "not met" }
+            );
+        }
+    }
+    for size in [64u64, 1514, 65536] {
+        let la = &after["limit"];
+        if let Some(b) = la[format!("tx_batched_ratio_{size}")].as_f64() {
+            let _ = writeln!(
+                s,
+                "  second limit: limit.tx_batched_ratio_{size} = {b:.4} (minivmm / raw loop batching as it does)"
             );
         }
     }
