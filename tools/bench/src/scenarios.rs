@@ -300,7 +300,7 @@ pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
                 // when the raw loop read (nearly) all of it, the sender, not
                 // the reader, set the pace.
                 let offered_fps = raw["offered_per_s"].as_f64().unwrap_or(0.0);
-                sender_bound = fps_of(&raw) >= SENDER_BOUND * offered_fps;
+                sender_bound = fps_of(raw) >= SENDER_BOUND * offered_fps;
                 out.insert(format!("rx_offered_fps_{size}"), json!(offered_fps));
                 out.insert(format!("rx_sender_bound_{size}"), json!(sender_bound));
             }
