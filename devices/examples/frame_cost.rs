@@ -26,9 +26,11 @@
 //! it reads the clock as often as with the default budget, so those reads
 //! are counted, but under valgrind's slowdown the default 100 µs would end
 //! nearly every pass after a few frames, which no real run does.
-//! `--time-budget-us N` sets another budget (0: none).
+//! `--time-budget-us N` sets another budget (0: none). TX frames go out in
+//! io_uring batches (the default `IoEngine::Async`), or with `--sync` one
+//! `writev` each.
 //!
-//! Usage: `frame_cost tx|rx FRAME_BYTES FRAMES [BATCH] [--event-idx] [--bounce] [--time-budget-us N]`
+//! Usage: `frame_cost tx|rx FRAME_BYTES FRAMES [BATCH] [--event-idx] [--bounce] [--sync] [--time-budget-us N]`
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use devices::virtio::mmio::MmioTransport;
-use devices::virtio::net::{Net, NetConfig, Offloads, SeqPacket, RX_INDEX, TX_INDEX};
+use devices::virtio::net::{IoEngine, Net, NetConfig, Offloads, SeqPacket, RX_INDEX, TX_INDEX};
 use devices::virtio::test_utils::{guest_memory, MockDriver, Segment};
 use devices::virtio::VirtioDevice;
 use event_manager::{EventManager, SubscriberOps};
@@ -59,6 +61,7 @@ struct Args {
     batch: usize,
     event_idx: bool,
     bounce: bool,
+    sync: bool,
     time_budget_us: u64,
 }
 
@@ -68,15 +71,16 @@ const NEVER_REACHED_US: u64 = 10_000_000;
 
 fn parse() -> Result<Args, String> {
     let usage = "usage: frame_cost tx|rx FRAME_BYTES FRAMES [BATCH] [--event-idx] [--bounce] \
-                 [--time-budget-us N]";
+                 [--sync] [--time-budget-us N]";
     let mut pos = Vec::new();
-    let (mut event_idx, mut bounce) = (false, false);
+    let (mut event_idx, mut bounce, mut sync) = (false, false, false);
     let mut time_budget_us = NEVER_REACHED_US;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--event-idx" => event_idx = true,
             "--bounce" => bounce = true,
+            "--sync" => sync = true,
             "--time-budget-us" => {
                 time_budget_us = args
                     .next()
@@ -113,6 +117,7 @@ fn parse() -> Result<Args, String> {
         batch,
         event_idx,
         bounce,
+        sync,
         time_budget_us,
     })
 }
@@ -154,6 +159,11 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         queue_size: QUEUE_SIZE,
         offloads: Offloads::NONE,
         bounce_buffer: a.bounce,
+        io_engine: if a.sync {
+            IoEngine::Sync
+        } else {
+            IoEngine::Async
+        },
         pass_time_budget_us: a.time_budget_us,
         ..NetConfig::default()
     };

@@ -502,9 +502,6 @@ impl Rig {
             }
         }
         self.check_device()?;
-        if std::env::var_os("NB_DEBUG").is_some() {
-            eprintln!("{}", self.metrics.to_json());
-        }
         Ok(w.out)
     }
 

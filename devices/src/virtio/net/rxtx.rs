@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 use super::iov::{self, IoVecs};
 use super::metrics::{NetMetrics, TimeCounter};
 use super::tap::NetBackend;
-use super::uring::{TxRing, TX_BATCH};
+use super::uring::{TxRing, NOT_TRIED, TX_BATCH};
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 use crate::rate_limiter::{RateLimiter, RateLimiterError};
 pub use crate::virtio::queue::ChainError;
@@ -737,7 +737,8 @@ struct TxItem {
 struct TxBatch {
     items: Vec<TxItem>,
     segs: Vec<IoSeg>,
-    results: Vec<io::Result<usize>>,
+    /// What each write returned (see [`TxRing::write_frames`]).
+    results: Vec<i32>,
 }
 
 impl TxBatch {
@@ -777,6 +778,14 @@ impl TxBatch {
         self.items.truncate(kept);
         self.segs.truncate(seg_end);
     }
+}
+
+/// Whether a write's result leaves the frame for a retry once the backend
+/// is writable: not tried, EAGAIN, or (from the ring, which does not retry
+/// it itself) EINTR.
+#[inline]
+fn pushed_back(res: i32) -> bool {
+    res == NOT_TRIED || res == -libc::EAGAIN || res == -libc::EINTR
 }
 
 /// How filling the batch ended.
@@ -941,44 +950,43 @@ impl TxVirtio {
         if n == 0 {
             return true;
         }
+        // Results as the kernel gives them (bytes or a negated errno): an
+        // `io::Error` per frame cost about 30 instructions a frame to make
+        // and drop.
         let mut results = std::mem::take(&mut self.batch.results);
         results.clear();
-        results.resize_with(n, || Err(io::ErrorKind::WouldBlock.into()));
-        let mut written = false;
+        results.resize(n, NOT_TRIED);
         if let Some(r) = ring.as_mut().filter(|_| self.bounce.is_none()) {
             NetMetrics::inc(&metrics.tx_batches);
             let batch = &self.batch;
-            match r.write_frames(n, |i| batch.frame(i), &mut results) {
-                Ok(()) => written = true,
-                Err(e) => {
-                    // Entries the kernel did not take still point at the
-                    // batch: the ring goes now, and what it did not write
-                    // goes frame by frame below, as from now on.
-                    *ring = None;
-                    NetMetrics::inc(&metrics.host_errors);
-                    log::error!(
-                        "virtio-net: io_uring submission failed ({e}); writing TX frames \
-                         one system call at a time from now on"
-                    );
-                }
+            if let Err(e) = r.write_frames(n, |i| batch.frame(i), &mut results) {
+                // Entries the kernel did not take still point at the batch:
+                // the ring goes now, and what it did not write goes frame by
+                // frame below, as everything from now on.
+                *ring = None;
+                NetMetrics::inc(&metrics.host_errors);
+                log::error!(
+                    "virtio-net: io_uring submission failed ({e}); writing TX frames one \
+                     system call at a time from now on"
+                );
             }
         }
-        if !written {
+        if ring.is_none() || self.bounce.is_some() {
             for (i, res) in results.iter_mut().enumerate() {
-                if !matches!(res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                if *res != NOT_TRIED {
                     continue;
                 }
                 *res = Self::write_one(backend, self.bounce.as_mut(), self.batch.frame(i));
-                if matches!(res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                if *res == -libc::EAGAIN {
                     break;
                 }
             }
         }
         let mut again = 0usize;
-        for (i, res) in results.iter().enumerate() {
+        for (i, &res) in results.iter().enumerate() {
             let it = self.batch.items[i];
             match res {
-                Ok(w) if *w == it.len => {
+                r if r >= 0 && r as usize == it.len => {
                     self.refusing = None;
                     pass.frames += 1;
                     pass.payload += (it.len - VNET_HDR_LEN) as u64;
@@ -987,22 +995,25 @@ impl TxVirtio {
                 // part of (none, with 0) reached the peer cut short or not at
                 // all: dropped, not sent. A TAP or a datagram socket never
                 // does this; a backend in trouble might.
-                Ok(w) => self.refused(
+                r if r >= 0 => self.refused(
                     metrics,
                     SHORT_WRITE,
-                    format_args!("backend took {w} bytes of a {}-byte TX frame", it.len),
+                    format_args!("backend took {r} bytes of a {}-byte TX frame", it.len),
                 ),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                r if pushed_back(r) => {
                     again += 1;
                     continue;
                 }
                 // The TAP refuses frames the guest got wrong (a bad GSO
                 // header: EINVAL) or cannot take now (interface down: EIO).
                 // Neither is a host fault; the frame is lost as on a wire.
-                Err(e) => self.refused(
+                r => self.refused(
                     metrics,
-                    e.raw_os_error().unwrap_or(0),
-                    format_args!("backend refused a TX frame: {e}"),
+                    -r,
+                    format_args!(
+                        "backend refused a TX frame: {}",
+                        io::Error::from_raw_os_error(-r)
+                    ),
                 ),
             }
             self.queue.add_used(it.head, 0);
@@ -1011,15 +1022,9 @@ impl TxVirtio {
             self.batch.items.clear();
             self.batch.segs.clear();
         } else {
-            // Keep what the backend pushed back and the unpaid tail.
-            let keep: Vec<bool> = (0..self.batch.items.len())
-                .map(|i| {
-                    results.get(i).is_none_or(
-                        |r| matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
-                    )
-                })
-                .collect();
-            self.batch.retain(|i| keep[i]);
+            // Keep what the backend pushed back, and the unpaid tail.
+            self.batch
+                .retain(|i| results.get(i).is_none_or(|&r| pushed_back(r)));
         }
         self.batch.results = results;
         if again > 0 {
@@ -1029,12 +1034,12 @@ impl TxVirtio {
     }
 
     /// One frame, one system call (EINTR retried), through the bounce
-    /// buffer if there is one.
+    /// buffer if there is one; bytes written or a negated errno.
     fn write_one<B: NetBackend>(
         backend: &B,
         mut bounce: Option<&mut Vec<u8>>,
         frame: &[IoSeg],
-    ) -> io::Result<usize> {
+    ) -> i32 {
         loop {
             let res = match bounce.as_deref_mut() {
                 Some(buf) => {
@@ -1043,10 +1048,15 @@ impl TxVirtio {
                 }
                 None => backend.send_frame(IoVecs::guest(frame)),
             };
-            match res {
+            return match res {
+                // A frame is at most MAX_TX_CHAIN_LEN bytes: it fits.
+                Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                res => return res,
-            }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => -libc::EAGAIN,
+                // An error without an errno (a test backend's) is still a
+                // refusal: EIO stands for it.
+                Err(e) => -e.raw_os_error().filter(|&c| c > 0).unwrap_or(libc::EIO),
+            };
         }
     }
 

@@ -42,9 +42,8 @@ use crate::virtio::queue::IoSeg;
 /// TAP work each here) stays within the default 100 µs pass time budget.
 pub const TX_BATCH: usize = 32;
 
-/// How many times a write that came back `-EINTR` is resubmitted before it
-/// counts as refused (a TAP write does not return it; a backend might).
-const EINTR_RETRIES: u32 = 8;
+/// What [`TxRing::write_frames`] leaves for a frame it did not write.
+pub const NOT_TRIED: i32 = i32::MIN;
 
 /// An io_uring that may only write frames to one backend fd.
 pub struct TxRing {
@@ -84,30 +83,27 @@ impl TxRing {
     }
 
     /// Writes each of `frames` frames (`frame(i)`: the segments of frame
-    /// `i`) as one write to the registered fd, all in one submission, and
-    /// stores in `out[i]` the bytes written of frame `i` or its error. At most [`TX_BATCH`] frames;
-    /// frames past that get `WouldBlock` (not tried). The writes are
-    /// independent: one refused frame does not stop the others. (`EAGAIN`,
-    /// the one refusal that leaves a frame to retry, would let the frames
-    /// after it overtake it; a TAP does not return it unless its send buffer
-    /// was limited with `TUNSETSNDBUF`.)
+    /// `i`) as one write to the backend, all in one submission, and stores
+    /// in `out[i]` what the write returned: bytes written, or a negated
+    /// errno. At most [`TX_BATCH`] frames; the others get [`NOT_TRIED`]. The
+    /// writes are independent: one refused frame does not stop the others.
+    /// (`-EAGAIN`, the one refusal that leaves a frame to retry, would let
+    /// the frames after it overtake it; a TAP does not return it unless its
+    /// send buffer was limited with `TUNSETSNDBUF`.)
     ///
     /// # Errors
     /// When `io_uring_enter` itself fails (not `EINTR`): the frames it did
-    /// not write keep `WouldBlock` in `out`, and the ring must be dropped at
-    /// once: entries it did not take are still queued and point at buffers
-    /// the caller will reuse.
+    /// not write keep [`NOT_TRIED`], and the ring must be dropped at once:
+    /// entries it did not take are still queued and point at buffers the
+    /// caller will reuse.
     pub fn write_frames<'a>(
         &mut self,
         frames: usize,
         frame: impl Fn(usize) -> &'a [IoSeg],
-        out: &mut [io::Result<usize>],
+        out: &mut [i32],
     ) -> io::Result<()> {
+        out.fill(NOT_TRIED);
         let n = frames.min(out.len()).min(TX_BATCH);
-        for r in out.iter_mut() {
-            *r = Err(io::ErrorKind::WouldBlock.into());
-        }
-        let mut tries = [0u32; TX_BATCH];
         for i in 0..n {
             self.push(i, frame(i))?;
         }
@@ -121,25 +117,12 @@ impl TxRing {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
-            let mut retry = [0usize; TX_BATCH];
-            let mut nretry = 0;
             for c in self.ring.completion() {
-                let i = c.user_data() as usize;
-                let res = c.result();
-                left -= 1;
-                if res == -libc::EINTR && tries[i] < EINTR_RETRIES {
-                    tries[i] += 1;
-                    retry[nretry] = i;
-                    nretry += 1;
-                } else if res >= 0 {
-                    out[i] = Ok(res as usize);
-                } else {
-                    out[i] = Err(io::Error::from_raw_os_error(-res));
+                // Only our own indices come back (user_data is the index).
+                if let Some(r) = out.get_mut(c.user_data() as usize) {
+                    *r = c.result();
+                    left -= 1;
                 }
-            }
-            for &i in &retry[..nretry] {
-                self.push(i, frame(i))?;
-                left += 1;
             }
         }
         Ok(())
@@ -166,5 +149,287 @@ impl TxRing {
         // drops the ring with any entry the kernel did not take.
         let pushed = unsafe { self.ring.submission().push(&entry) };
         pushed.map_err(|_| io::Error::other("io_uring submission queue full"))
+    }
+}
+
+/// A ring without the restrictions that only the calling thread may submit
+/// on (IORING_SETUP_SINGLE_ISSUER): from the event loop's thread every
+/// submission fails, which is how the device's fallback is tested.
+#[cfg(test)]
+pub(crate) fn single_issuer_ring(fd: RawFd) -> io::Result<TxRing> {
+    let ring = IoUring::builder()
+        .setup_single_issuer()
+        .build(TX_BATCH as u32)?;
+    Ok(TxRing { ring, fd })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use io_uring::squeue::{Entry, Flags};
+
+    use super::*;
+    use crate::virtio::net::tap::SeqPacket;
+
+    impl TxRing {
+        /// Submits `entry` alone and returns its completion's result.
+        ///
+        /// # Safety
+        /// What `entry` points at must stay valid until this returns.
+        unsafe fn submit_one(&mut self, entry: &Entry) -> i32 {
+            // SAFETY: the caller keeps the entry's buffers alive until we
+            // return, and we return once it has completed.
+            unsafe { self.ring.submission().push(entry) }.expect("an empty ring has room");
+            self.ring.submit_and_wait(1).expect("io_uring_enter");
+            self.ring
+                .completion()
+                .next()
+                .expect("a completion")
+                .result()
+        }
+    }
+
+    /// `len` bytes that differ from frame to frame (`seed`) and along the
+    /// frame, so a frame cut short, reordered or pieced together wrongly
+    /// shows.
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| seed.wrapping_mul(31).wrapping_add((i * 7 + i / 251) as u8))
+            .collect()
+    }
+
+    /// `frame` cut into segments of `lens` bytes, which add up to its
+    /// length. The segments point into `frame`, which must outlive them.
+    fn cut(frame: &[u8], lens: &[usize]) -> Vec<IoSeg> {
+        assert_eq!(lens.iter().sum::<usize>(), frame.len());
+        let mut off = 0;
+        lens.iter()
+            .map(|&l| {
+                // SAFETY: a range of `frame`, which the caller keeps alive
+                // while the segment is used.
+                let seg = unsafe { IoSeg::new(frame.as_ptr() as usize + off, l) };
+                off += l;
+                seg
+            })
+            .collect()
+    }
+
+    /// `frames` as one segment each.
+    fn whole(frames: &[Vec<u8>]) -> Vec<Vec<IoSeg>> {
+        frames.iter().map(|f| cut(f, &[f.len()])).collect()
+    }
+
+    /// Writes the frames of `segs` in one call and returns what each write
+    /// returned; panics if the submission itself fails.
+    fn write(ring: &mut TxRing, segs: &[Vec<IoSeg>]) -> Vec<i32> {
+        let mut out = vec![0; segs.len()];
+        if let Err(e) = ring.write_frames(segs.len(), |i| &segs[i], &mut out) {
+            panic!("the submission failed: {e}");
+        }
+        out
+    }
+
+    /// Every message waiting at `peer`, which must be non-blocking.
+    fn received(peer: &SeqPacket) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; 1 << 16];
+        std::iter::from_fn(|| peer.recv(&mut buf).ok().map(|n| buf[..n].to_vec())).collect()
+    }
+
+    /// A socket pair whose device end takes a whole batch without EAGAIN
+    /// (SO_SNDBUF as large as the host allows) and whose peer does not
+    /// block.
+    fn roomy_pair() -> (SeqPacket, SeqPacket) {
+        let (dev, peer) = SeqPacket::pair().unwrap();
+        dev.set_send_buffer(usize::MAX).unwrap();
+        peer.set_nonblocking(true).unwrap();
+        (dev, peer)
+    }
+
+    #[test]
+    fn a_full_batch_of_every_shape_reaches_the_peer_whole_and_in_order() {
+        let (dev, peer) = roomy_pair();
+        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        // One segment goes as a plain WRITE, more as a WRITEV: both, with
+        // empty segments and a frame in many pieces among them.
+        let shapes: [&[usize]; 7] = [
+            &[60],
+            &[12, 1514],
+            &[1],
+            &[12, 0, 100, 88],
+            &[9000],
+            &[4; 19],
+            &[12, 100, 1, 0, 2887],
+        ];
+        let lens: Vec<&[usize]> = (0..TX_BATCH).map(|i| shapes[i % shapes.len()]).collect();
+        let frames: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, l)| pattern(l.iter().sum(), i as u8))
+            .collect();
+        let segs: Vec<Vec<IoSeg>> = frames.iter().zip(&lens).map(|(f, l)| cut(f, l)).collect();
+        let out = write(&mut ring, &segs);
+        let lens: Vec<i32> = frames.iter().map(|f| f.len() as i32).collect();
+        assert_eq!(out, lens);
+        assert_eq!(received(&peer), frames);
+    }
+
+    #[test]
+    fn frames_past_the_ring_size_are_not_tried() {
+        let (dev, peer) = roomy_pair();
+        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let frames: Vec<Vec<u8>> = (0..TX_BATCH + 8).map(|i| pattern(100, i as u8)).collect();
+        let out = write(&mut ring, &whole(&frames));
+        assert_eq!(out[..TX_BATCH], [100; TX_BATCH]);
+        assert_eq!(out[TX_BATCH..], [NOT_TRIED; 8]);
+        assert_eq!(received(&peer), frames[..TX_BATCH]);
+    }
+
+    /// The device's end of the pair stays blocking: only RWF_NOWAIT keeps a
+    /// write to a full socket from waiting, in the kernel, for the peer.
+    #[test]
+    fn a_full_backend_answers_eagain_at_once_and_takes_the_rest_later() {
+        let (dev, peer) = SeqPacket::pair().unwrap();
+        peer.set_nonblocking(true).unwrap();
+        // The kernel doubles it: room for two of these frames.
+        dev.set_send_buffer(4096).unwrap();
+        let frames: Vec<Vec<u8>> = (0..8).map(|i| pattern(3000, i)).collect();
+        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let (done, finished) = mpsc::channel();
+        // The thread owns the frames: if it hangs in the kernel, what the
+        // stuck write points at stays alive.
+        std::thread::spawn(move || {
+            let segs = whole(&frames);
+            let out = write(&mut ring, &segs);
+            done.send((ring, frames, out)).unwrap();
+        });
+        let Ok((mut ring, frames, out)) = finished.recv_timeout(Duration::from_secs(10)) else {
+            panic!("write_frames waited for the peer to read");
+        };
+        let sent = out.iter().take_while(|&&r| r == 3000).count();
+        assert!((1..frames.len()).contains(&sent), "{out:?}");
+        assert!(out[sent..].iter().all(|&r| r == -libc::EAGAIN), "{out:?}");
+        let mut got = received(&peer);
+        assert_eq!(got, frames[..sent]);
+        // What was refused goes on the same ring once the peer reads.
+        while got.len() < frames.len() {
+            let rest = whole(&frames[got.len()..]);
+            let out = write(&mut ring, &rest);
+            assert_eq!(out[0], 3000, "an empty socket refused a frame");
+            got.extend(received(&peer));
+        }
+        assert_eq!(got, frames);
+    }
+
+    #[test]
+    fn a_vanished_peer_fails_the_writes_and_the_ring_writes_on_after() {
+        let (dev, peer) = UnixDatagram::pair().unwrap();
+        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let frames: Vec<Vec<u8>> = (0..3).map(|i| pattern(200, i)).collect();
+        let segs = whole(&frames);
+        drop(peer);
+        let out = write(&mut ring, &segs);
+        // The first write finds the peer gone (ECONNREFUSED), the others
+        // the socket no longer connected: refusals, not a full backend.
+        assert_eq!(out[0], -libc::ECONNREFUSED);
+        assert_eq!(out[1..], [-libc::ENOTCONN; 2]);
+        // Pointed at another peer, the same fd on the same ring writes.
+        let name = format!("minivmm-uring-test-{}", std::process::id());
+        let addr = SocketAddr::from_abstract_name(name).unwrap();
+        let peer = UnixDatagram::bind_addr(&addr).unwrap();
+        dev.connect_addr(&addr).unwrap();
+        let out = write(&mut ring, &segs);
+        assert_eq!(out, [200; 3]);
+        peer.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        for f in &frames {
+            let n = peer.recv(&mut buf).unwrap();
+            assert_eq!(buf[..n], f[..]);
+        }
+    }
+
+    #[test]
+    fn the_ring_refuses_other_operations_sqe_flags_and_registrations() {
+        let (dev, peer) = roomy_pair();
+        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let fd = types::Fd(dev.as_raw_fd());
+        // Something to read, so that a READ let through completes rather
+        // than waits.
+        peer.send(&[1; 8]).unwrap();
+        let data = [0x5au8; 16];
+        let mut buf = [0u8; 16];
+        let write = || opcode::Write::new(fd, data.as_ptr(), 16).build();
+        let writev_iov = [libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: 16,
+        }];
+        let writev = || opcode::Writev::new(fd, writev_iov.as_ptr(), 1).build();
+        // A plain WRITE and WRITEV go through: the refusals below are the
+        // restrictions' doing.
+        for e in [write(), writev()] {
+            // SAFETY: `data` and `writev_iov` outlive the call.
+            assert_eq!(unsafe { ring.submit_one(&e) }, 16);
+        }
+        let refused = [
+            ("NOP", opcode::Nop::new().build()),
+            ("READ", opcode::Read::new(fd, buf.as_mut_ptr(), 16).build()),
+            ("FSYNC", opcode::Fsync::new(fd).build()),
+            ("WRITE with IO_LINK", write().flags(Flags::IO_LINK)),
+            ("WRITE with IO_HARDLINK", write().flags(Flags::IO_HARDLINK)),
+            ("WRITE with IO_DRAIN", write().flags(Flags::IO_DRAIN)),
+            ("WRITEV with ASYNC", writev().flags(Flags::ASYNC)),
+        ];
+        for (what, e) in &refused {
+            // SAFETY: `data`, `buf` and `writev_iov` outlive the call.
+            let res = unsafe { ring.submit_one(e) };
+            assert_eq!(res, -libc::EACCES, "{what}");
+        }
+        assert_eq!(received(&peer), vec![data.to_vec(); 2]);
+        let err = ring
+            .ring
+            .submitter()
+            .register_files(&[dev.as_raw_fd()])
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+        let mut rules = [Restriction::sqe_op(opcode::Nop::CODE)];
+        let err = ring.ring.submitter().register_restrictions(&mut rules);
+        assert!(err.is_err(), "restrictions registered twice");
+    }
+
+    /// The VMM builds the ring with the VM and submits on the event loop's
+    /// thread; a ring tied to its builder (IORING_SETUP_SINGLE_ISSUER) fails
+    /// every submission there with EEXIST.
+    #[test]
+    fn a_ring_built_on_one_thread_writes_from_another() {
+        let (dev, peer) = roomy_pair();
+        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let frames: Vec<Vec<u8>> = (0..4).map(|i| pattern(300, i)).collect();
+        let segs = whole(&frames);
+        let out = std::thread::scope(|s| s.spawn(|| write(&mut ring, &segs)).join().unwrap());
+        assert_eq!(out, [300; 4]);
+        assert_eq!(received(&peer), frames);
+    }
+
+    /// The check above fails when it should: a single-issuer ring refuses
+    /// a submission from another thread as a whole.
+    #[test]
+    fn a_single_issuer_ring_fails_from_another_thread() {
+        let (dev, peer) = roomy_pair();
+        let mut ring = single_issuer_ring(dev.as_raw_fd()).unwrap();
+        let frames = vec![pattern(300, 1)];
+        let segs = whole(&frames);
+        let mut out = [0];
+        let res = std::thread::scope(|s| {
+            s.spawn(|| ring.write_frames(1, |i| &segs[i], &mut out))
+                .join()
+                .unwrap()
+        });
+        assert_eq!(res.unwrap_err().raw_os_error(), Some(libc::EEXIST));
+        assert_eq!(out, [NOT_TRIED]);
+        assert!(received(&peer).is_empty());
     }
 }
