@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 
 use crate::frames::{self, GUEST_IP, GUEST_PORT, HOST_IP, HOST_MAC, SINK_PORT};
 use crate::sys;
+use devices::virtio::net::uring::{TxRing, TX_BATCH};
 
 /// The TAP's name inside the namespace.
 pub const TAP_NAME: &str = "mvb0";
@@ -425,9 +426,10 @@ pub fn raw_latency(dur: Duration) -> Result<Vec<f64>> {
 }
 
 /// Raw TX limit with batched system calls: the same frames as [`raw_tx`],
-/// `batch` writes per `io_uring_enter` ([`sys::UringWriter`]). The limit for
-/// a device that batches its TAP writes; the plain loop stays the limit a
-/// one-write-per-frame datapath is held to.
+/// `batch` writes per `io_uring_enter`, through the device's own
+/// [`TxRing`] (same ring set-up, same flags, same submission code). The
+/// limit for a device that batches its TAP writes; the plain loop stays the
+/// limit a one-write-per-frame datapath is held to.
 pub fn raw_tx_batched(
     msg: &[u8],
     batch: usize,
@@ -437,8 +439,8 @@ pub fn raw_tx_batched(
     let tap =
         sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
     let fd = tap.as_raw_fd();
-    let batch = batch.max(1);
-    let mut ring = sys::UringWriter::new(batch as u32).context("io_uring_setup")?;
+    let batch = batch.clamp(1, TX_BATCH);
+    let mut ring = TxRing::new(fd).context("io_uring set-up")?;
     let msgs = vec![msg; batch];
     let mut res = vec![0i32; batch];
     let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock(), None);
@@ -449,8 +451,7 @@ pub fn raw_tx_batched(
         bytes,
         ..Counts::default()
     }) {
-        ring.write_batch(fd, &msgs, &mut res)
-            .context("io_uring_enter")?;
+        ring.write_bufs(&msgs, &mut res).context("io_uring_enter")?;
         let mut full = false;
         for &r in &res {
             if r >= 0 {

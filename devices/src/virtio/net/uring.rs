@@ -128,6 +128,26 @@ impl TxRing {
         Ok(())
     }
 
+    /// Writes each of `bufs` (host memory) as one frame, exactly as
+    /// [`write_frames`](Self::write_frames) writes guest frames: the
+    /// benchmark's batched raw loop goes through here, so the limit it
+    /// measures batches the way the device does.
+    ///
+    /// # Errors
+    /// As `write_frames`.
+    pub fn write_bufs(&mut self, bufs: &[&[u8]], out: &mut [i32]) -> io::Result<()> {
+        // SAFETY: an empty placeholder; only the first `bufs.len()`
+        // entries, set below, are written from.
+        let mut segs = [unsafe { IoSeg::new(0, 0) }; TX_BATCH];
+        for (seg, buf) in segs.iter_mut().zip(bufs) {
+            // SAFETY: `buf` is borrowed for this whole call, which returns
+            // only once the kernel is done with it (see `write_frames`).
+            *seg = unsafe { IoSeg::new(buf.as_ptr() as usize, buf.len()) };
+        }
+        let segs = &segs;
+        self.write_frames(bufs.len(), |i| std::slice::from_ref(&segs[i]), out)
+    }
+
     /// Queues the write of frame `i`.
     fn push(&mut self, i: usize, segs: &[IoSeg]) -> io::Result<()> {
         let file = types::Fd(self.fd);
