@@ -39,6 +39,8 @@ pub mod device;
 pub mod event_handler;
 #[cfg(test)]
 mod fault_injection;
+#[cfg(test)]
+mod io_engine_tests;
 mod iov;
 pub mod metrics;
 #[cfg(test)]

@@ -271,7 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_batch_of_every_shape_reaches_the_peer_whole_and_in_order() {
+    fn test_a_full_batch_of_every_shape_reaches_the_peer_whole_and_in_order() {
         let (dev, peer) = roomy_pair();
         let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
         // One segment goes as a plain WRITE, more as a WRITEV: both, with
@@ -299,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn frames_past_the_ring_size_are_not_tried() {
+    fn test_frames_past_the_ring_size_are_not_tried() {
         let (dev, peer) = roomy_pair();
         let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
         let frames: Vec<Vec<u8>> = (0..TX_BATCH + 8).map(|i| pattern(100, i as u8)).collect();
@@ -309,10 +309,10 @@ mod tests {
         assert_eq!(received(&peer), frames[..TX_BATCH]);
     }
 
-    /// The device's end of the pair stays blocking: only RWF_NOWAIT keeps a
-    /// write to a full socket from waiting, in the kernel, for the peer.
+    /// Without RWF_NOWAIT io_uring would park a write to a full socket until
+    /// the peer reads, O_NONBLOCK or not, and `write_frames` would wait.
     #[test]
-    fn a_full_backend_answers_eagain_at_once_and_takes_the_rest_later() {
+    fn test_a_full_backend_answers_eagain_at_once_and_takes_the_rest_later() {
         let (dev, peer) = SeqPacket::pair().unwrap();
         peer.set_nonblocking(true).unwrap();
         // The kernel doubles it: room for two of these frames.
@@ -327,8 +327,10 @@ mod tests {
             let out = write(&mut ring, &segs);
             done.send((ring, frames, out)).unwrap();
         });
-        let Ok((mut ring, frames, out)) = finished.recv_timeout(Duration::from_secs(10)) else {
-            panic!("write_frames waited for the peer to read");
+        let (mut ring, frames, out) = match finished.recv_timeout(Duration::from_secs(10)) {
+            Ok(done) => done,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("write_frames waited for the peer"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the writing thread panicked"),
         };
         let sent = out.iter().take_while(|&&r| r == 3000).count();
         assert!((1..frames.len()).contains(&sent), "{out:?}");
@@ -346,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn a_vanished_peer_fails_the_writes_and_the_ring_writes_on_after() {
+    fn test_a_vanished_peer_fails_the_writes_and_the_ring_writes_on_after() {
         let (dev, peer) = UnixDatagram::pair().unwrap();
         let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
         let frames: Vec<Vec<u8>> = (0..3).map(|i| pattern(200, i)).collect();
@@ -373,7 +375,7 @@ mod tests {
     }
 
     #[test]
-    fn the_ring_refuses_other_operations_sqe_flags_and_registrations() {
+    fn test_the_ring_refuses_other_operations_sqe_flags_and_registrations() {
         let (dev, peer) = roomy_pair();
         let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
         let fd = types::Fd(dev.as_raw_fd());
@@ -424,7 +426,7 @@ mod tests {
     /// thread; a ring tied to its builder (IORING_SETUP_SINGLE_ISSUER) fails
     /// every submission there with EEXIST.
     #[test]
-    fn a_ring_built_on_one_thread_writes_from_another() {
+    fn test_a_ring_built_on_one_thread_writes_from_another() {
         let (dev, peer) = roomy_pair();
         let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
         let frames: Vec<Vec<u8>> = (0..4).map(|i| pattern(300, i)).collect();
@@ -437,7 +439,7 @@ mod tests {
     /// The check above fails when it should: a single-issuer ring refuses
     /// a submission from another thread as a whole.
     #[test]
-    fn a_single_issuer_ring_fails_from_another_thread() {
+    fn test_a_single_issuer_ring_fails_from_another_thread() {
         let (dev, peer) = roomy_pair();
         let mut ring = single_issuer_ring(dev.as_raw_fd()).unwrap();
         let frames = vec![pattern(300, 1)];
