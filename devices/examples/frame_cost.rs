@@ -167,7 +167,13 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         pass_time_budget_us: a.time_budget_us,
         ..NetConfig::default()
     };
-    let net = Arc::new(Mutex::new(Net::with_backend(dev_end, cfg, mem.clone())?));
+    // The peer keeps up (a round always fits its buffer): batching may not
+    // reorder anything here.
+    let net = Arc::new(Mutex::new(Net::with_backend(
+        dev_end.with_batched_writes(),
+        cfg,
+        mem.clone(),
+    )?));
     let metrics = net.lock().map_err(|_| "poisoned")?.metrics();
     let kick = {
         let n = net.lock().map_err(|_| "poisoned")?;

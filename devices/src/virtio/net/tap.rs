@@ -39,6 +39,9 @@ mod ioctls {
     vmm_sys_util::ioctl_iow_nr!(TUNSETOFFLOAD, TUNTAP, 208, c_uint);
     vmm_sys_util::ioctl_ior_nr!(TUNGETIFF, TUNTAP, 210, c_uint);
     vmm_sys_util::ioctl_iow_nr!(TUNSETVNETHDRSZ, TUNTAP, 216, c_int);
+    vmm_sys_util::ioctl_ior_nr!(TUNGETSNDBUF, TUNTAP, 211, c_int);
+    #[cfg(test)]
+    vmm_sys_util::ioctl_iow_nr!(TUNSETSNDBUF, TUNTAP, 212, c_int);
 }
 
 /// The flags every TAP we use carries: Ethernet frames, no packet-info
@@ -145,8 +148,11 @@ pub trait NetBackend: AsRawFd + Send {
 
     /// Whether the device may write TX frames to the fd itself, in batches
     /// through io_uring (`IoEngine::Async`), instead of calling
-    /// [`send_frame`](Self::send_frame) for each. A backend that overrides
-    /// `send_frame` (to inject faults) must say no, and does by default.
+    /// [`send_frame`](Self::send_frame) for each. The writes of a batch are
+    /// independent, so only a backend that never pushes back (EAGAIN) may
+    /// say yes: otherwise a frame after a refused one could overtake it. A
+    /// backend that overrides `send_frame` (to inject faults) must say no
+    /// too. The default is no.
     fn batched_writes(&self) -> bool {
         false
     }
@@ -339,6 +345,21 @@ impl Tap {
     }
 }
 
+impl Tap {
+    /// The TAP's send buffer in bytes (TUNGETSNDBUF); `c_int::MAX` is
+    /// unlimited, the default.
+    pub fn send_buffer(&self) -> io::Result<libc::c_int> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: TUNGETSNDBUF writes one int through the pointer, which
+        // points to a live local; the fd is our TAP.
+        let ret = unsafe { ioctl_with_mut_ref(&self.file, ioctls::TUNGETSNDBUF(), &mut n) };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n)
+    }
+}
+
 impl AsRawFd for Tap {
     fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
@@ -365,16 +386,33 @@ impl NetBackend for Tap {
         Ok(())
     }
 
+    /// A TAP pushes back only once its send buffer is limited
+    /// (TUNSETSNDBUF; unlimited, INT_MAX, is what `/dev/net/tun` gives):
+    /// a descriptor from a launcher may come limited.
     fn batched_writes(&self) -> bool {
-        true
+        match self.send_buffer() {
+            Ok(libc::c_int::MAX) => true,
+            Ok(n) => {
+                log::info!(
+                    "virtio-net: TAP {} has a {n}-byte send buffer (TUNSETSNDBUF), so it can \
+                     push back: TX writes one frame per system call to keep frames in order",
+                    self.if_name
+                );
+                false
+            }
+            Err(e) => {
+                log::info!(
+                    "virtio-net: cannot read TAP {}'s send buffer ({e}): TX writes one frame \
+                     per system call",
+                    self.if_name
+                );
+                false
+            }
+        }
     }
 }
 
-impl NetBackend for UnixDatagram {
-    fn batched_writes(&self) -> bool {
-        true
-    }
-}
+impl NetBackend for UnixDatagram {}
 
 /// One end of an `AF_UNIX`/`SOCK_SEQPACKET` socket pair: reliable, ordered
 /// and frame-preserving, the unprivileged stand-in for a TAP in tests and
@@ -383,6 +421,8 @@ impl NetBackend for UnixDatagram {
 #[derive(Debug)]
 pub struct SeqPacket {
     fd: OwnedFd,
+    /// The device may batch its writes (see [`SeqPacket::with_batched_writes`]).
+    batched: bool,
 }
 
 impl SeqPacket {
@@ -403,13 +443,33 @@ impl SeqPacket {
         }
         // SAFETY: on success both fds are new, open and owned by nobody else.
         let (a, b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        Ok((SeqPacket { fd: a }, SeqPacket { fd: b }))
+        Ok((
+            SeqPacket {
+                fd: a,
+                batched: false,
+            },
+            SeqPacket {
+                fd: b,
+                batched: false,
+            },
+        ))
+    }
+
+    /// Lets the device batch its TX writes on this end (io_uring,
+    /// `IoEngine::Async`). A socket pushes back (EAGAIN) once its send
+    /// buffer is full, and a frame after a refused one of the same batch
+    /// could then overtake it: only for a peer that keeps up (tests and
+    /// benchmarks whose peer drains a large buffer).
+    pub fn with_batched_writes(mut self) -> Self {
+        self.batched = true;
+        self
     }
 
     /// Another handle to the same socket (for a sender or receiver thread).
     pub fn try_clone(&self) -> Result<SeqPacket, TapError> {
         Ok(SeqPacket {
             fd: self.fd.try_clone().map_err(TapError::Socket)?,
+            batched: self.batched,
         })
     }
 
@@ -476,7 +536,7 @@ impl AsRawFd for SeqPacket {
 
 impl NetBackend for SeqPacket {
     fn batched_writes(&self) -> bool {
-        true
+        self.batched
     }
 }
 
@@ -582,6 +642,26 @@ mod tests {
         let mut buf = [0u8; 64];
         let err = nix_read(tap.as_raw_fd(), &mut buf).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    /// A TAP is batched only while it cannot push back: a fresh one has an
+    /// unlimited send buffer; once limited (TUNSETSNDBUF, as a launcher may
+    /// hand it over) a write can meet EAGAIN, and a batch could reorder.
+    #[test]
+    fn test_real_tap_is_batched_only_with_an_unlimited_send_buffer() {
+        if !enter_private_netns("test_real_tap_is_batched_only_with_an_unlimited_send_buffer") {
+            return;
+        }
+        let tap = Tap::open_named("mvsnd%d").unwrap();
+        assert_eq!(tap.send_buffer().unwrap(), libc::c_int::MAX);
+        assert!(tap.batched_writes());
+        let limit: libc::c_int = 65536;
+        // SAFETY: TUNSETSNDBUF reads one int through the pointer, which
+        // points to a live local; the fd is our TAP.
+        let ret = unsafe { ioctl_with_ref(&tap.file, ioctls::TUNSETSNDBUF(), &limit) };
+        assert_eq!(ret, 0, "{}", io::Error::last_os_error());
+        assert_eq!(tap.send_buffer().unwrap(), limit);
+        assert!(!tap.batched_writes());
     }
 
     #[test]
