@@ -466,6 +466,20 @@ impl SplitQueue {
         }
     }
 
+    /// Publishes every used element written so far with one `used.idx`
+    /// store and leaves the interrupt decision to the next
+    /// [`publish_used`](Self::publish_used), which then decides for every
+    /// entry since the last decision (with EVENT_IDX, `used_event` is checked
+    /// against that whole range, so a deferred decision loses nothing).
+    pub fn publish_used_quietly(&mut self) {
+        self.store_used_idx();
+    }
+
+    /// Used entries written since the last interrupt decision.
+    pub fn unsignalled(&self) -> u16 {
+        self.next_used.wrapping_sub(self.signalled)
+    }
+
     /// Publishes every used element written so far with one `used.idx` store
     /// and says whether the driver wants an interrupt for the batch since the
     /// last call.
