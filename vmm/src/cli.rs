@@ -38,7 +38,7 @@ Exit status:
 
 --net keys: tap=NAME id=ID mac=MAC fd=N queue_size=N mtu=N offloads=csum+tso4+tso6+ufo|all|none
   offload_csum|offload_tso|offload_ufo=on|off mrg_rxbuf=on|off
-  {tx,rx}_weight_{bytes,packets}=N
+  {tx,rx}_weight_{bytes,packets}=N pass_time_budget_us=N io_engine=async|sync
   [rx_|tx_]{bw,ops}_{size,one_time_burst,refill_time}=N (no prefix: both directions),
   e.g. tx_bw_size=2500000,tx_bw_refill_time=100 for 200 Mbit/s out of the guest
 Numbers may be decimal or 0x-prefixed hexadecimal.";
@@ -352,6 +352,7 @@ mod tests {
     use super::*;
     use crate::config::{HostQuirks, TapBackend};
     use crate::error_line;
+    use devices::virtio::net::IoEngine;
 
     fn parse(args: &[&str]) -> Result<VmmConfig, String> {
         let cli = Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied()))
@@ -458,7 +459,7 @@ mod tests {
             "--net",
             "tap=a,id=wan,mac=02:00:00:00:00:01,queue_size=0x400,mtu=1400,pass_time_budget_us=0",
             "--net",
-            "fd=[7],offloads=csum+tso4,mrg_rxbuf=off",
+            "fd=[7],offloads=csum+tso4,mrg_rxbuf=off,io_engine=sync",
             "--tap",
             "c",
             "--queue-size",
@@ -484,6 +485,8 @@ mod tests {
             }
         );
         assert!(!cfg.nets[1].device.mrg_rxbuf);
+        assert_eq!(cfg.nets[1].device.io_engine, IoEngine::Sync);
+        assert_eq!(cfg.nets[0].device.io_engine, IoEngine::Async);
         assert_eq!(cfg.nets[1].device.queue_size, 64);
         assert_eq!(cfg.nets[2].tap, TapBackend::Named("c".into()));
         assert_eq!(cfg.nets[2].device.mac, [6, 0, 0xac, 0x10, 0, 4]);

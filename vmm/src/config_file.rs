@@ -306,7 +306,7 @@ fn logger(s: &mut Settings, l: Logger) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
     use crate::config::{MacAddr, TapBackend};
-    use devices::virtio::net::Offloads;
+    use devices::virtio::net::{IoEngine, Offloads};
     use log::LevelFilter;
     use serde_json::Map;
 
@@ -337,7 +337,8 @@ mod tests {
           "queue_size": 1024,
           "offloads": ["csum", "tso4", "tso6"],
           "mrg_rxbuf": true,
-          "tx_weight_packets": 128
+          "tx_weight_packets": 128,
+          "io_engine": "Sync"
         }
       ],
       "metrics": { "metrics_path": "metrics.fifo", "interval_s": 10 },
@@ -379,6 +380,8 @@ mod tests {
             }
         );
         assert_eq!(b.device.tx_weight_packets, 128);
+        assert_eq!(b.device.io_engine, IoEngine::Sync);
+        assert_eq!(a.device.io_engine, IoEngine::Async);
         assert!(b.device.rx_rate_limiter.is_unlimited());
         let m = cfg.metrics.unwrap();
         assert_eq!((m.path, m.interval_s), (PathBuf::from("metrics.fifo"), 10));
@@ -465,6 +468,10 @@ mod tests {
             (
                 net(r#", "guest_mac": "06:00:zz:00:00:01""#),
                 "invalid MAC address '06:00:zz:00:00:01'",
+            ),
+            (
+                net(r#", "io_engine": "Uring""#),
+                "network-interfaces[0].io_engine: io_engine 'Uring' is neither Async nor Sync",
             ),
             (
                 net(r#", "tx_rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 0}}"#),
