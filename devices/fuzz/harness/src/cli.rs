@@ -106,7 +106,7 @@ pub enum Value {
     Text(String),
 }
 
-const NET_KEYS: [&str; 16] = [
+const NET_KEYS: [&str; 17] = [
     "tap",
     "id",
     "mac",
@@ -123,6 +123,7 @@ const NET_KEYS: [&str; 16] = [
     "tx_ops_refill_time",
     "rx_bw_one_time_burst",
     "bogus",
+    "io_engine",
 ];
 
 const BOUNDS: [u64; 11] = [0, 1, 2, 31, 32, 254, 255, 32768, 65536, 1 << 63, u64::MAX];
@@ -156,6 +157,10 @@ impl Value {
                         "offloads" => format!(
                             "{key}={}",
                             ["all", "none", "csum+tso4", "tso4"][(v % 4) as usize]
+                        ),
+                        "io_engine" => format!(
+                            "{key}={}",
+                            ["async", "sync", "Async", "SYNC", "uring", ""][(v % 6) as usize]
                         ),
                         _ if *hex => format!("{key}={v:#x}"),
                         _ => format!("{key}={v}"),

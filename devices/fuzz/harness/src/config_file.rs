@@ -61,6 +61,7 @@ const KEYS: &[&str] = &[
     "show_level",
     "module",
     "unknown_key",
+    "io_engine",
 ];
 
 /// Strings worth trying as values.
@@ -79,6 +80,10 @@ const STRINGS: &[&str] = &[
     "tso4",
     "",
     "console=ttyS0",
+    "Async",
+    "Sync",
+    "sync",
+    "uring",
 ];
 
 /// A JSON value built from the key and string vocabularies.

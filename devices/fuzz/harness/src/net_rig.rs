@@ -4,17 +4,26 @@
 //! does at DRIVER_OK) with rings wherever the input puts them, and the
 //! driver-side writes a guest makes.
 //!
+//! Two backends, both recording what the device sent in a [`Wire`]:
+//! [`MemBackend`] (frames in memory; the device writes each TX frame with
+//! one `send_frame`, which can be told to return EAGAIN) and
+//! [`SockBackend`] (TX frames go to a `SOCK_SEQPACKET` peer, the device end
+//! made `with_batched_writes`, so the device batches them through its
+//! io_uring `TxRing`; the rig drains the peer into the [`Wire`] after every
+//! loop iteration). RX frames come from memory with both.
+//!
 //! Guest memory is one 1 MiB region. Packed ring layouts sit in the first
 //! 256 KiB, [`BUF_AREA`] (where structured descriptors point) above it.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arbitrary::Arbitrary;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use devices::virtio::net::{IoVecs, Net, NetBackend, NetConfig, NetMetrics};
+use devices::virtio::net::uring::TxRing;
+use devices::virtio::net::{IoVecs, Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
 use devices::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
@@ -111,6 +120,99 @@ impl NetBackend for MemBackend {
     }
 }
 
+/// A backend whose TX goes through a real socket, with batched writes: the
+/// device end of a `SOCK_SEQPACKET` pair made
+/// [`with_batched_writes`](SeqPacket::with_batched_writes) with SO_SNDBUF
+/// as large as the host allows. The device writes TX frames to it itself
+/// (io_uring batches, or one `writev` each without a ring), never through
+/// `send_frame`; the rig drains the peer into the [`Wire`]. RX frames come
+/// from the [`Wire`] as with [`MemBackend`]; a one-byte message from the
+/// peer per frame makes the socket readable meanwhile (the socket's
+/// readiness is what the device polls), and they are drained once no
+/// frame waits, as `MemBackend` drains its eventfd.
+pub struct SockBackend {
+    sock: SeqPacket,
+    /// What the backend holds, shared with the target.
+    pub wire: Arc<Mutex<Wire>>,
+}
+
+impl AsRawFd for SockBackend {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+impl NetBackend for SockBackend {
+    fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        let mut w = lock(&self.wire);
+        match w.rx.pop_front() {
+            Some(f) => Ok(bufs.scatter(&f)),
+            None => {
+                // The device end is non-blocking (`Net::with_backend`).
+                let mut b = [0u8; 1];
+                while self.sock.recv(&mut b).is_ok() {}
+                Err(std::io::ErrorKind::WouldBlock.into())
+            }
+        }
+    }
+
+    fn batched_writes(&self) -> bool {
+        self.sock.batched_writes()
+    }
+}
+
+/// The backend of a rig.
+pub enum Backend {
+    /// In memory, one `send_frame` per TX frame.
+    Mem(MemBackend),
+    /// A socket the device writes TX frames to in batches.
+    Sock(SockBackend),
+}
+
+impl AsRawFd for Backend {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Backend::Mem(b) => b.as_raw_fd(),
+            Backend::Sock(b) => b.as_raw_fd(),
+        }
+    }
+}
+
+impl NetBackend for Backend {
+    fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        match self {
+            Backend::Mem(b) => b.recv_frame(bufs),
+            Backend::Sock(b) => b.recv_frame(bufs),
+        }
+    }
+
+    fn send_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        match self {
+            Backend::Mem(b) => b.send_frame(bufs),
+            Backend::Sock(b) => b.send_frame(bufs),
+        }
+    }
+
+    fn batched_writes(&self) -> bool {
+        match self {
+            Backend::Mem(b) => b.batched_writes(),
+            Backend::Sock(b) => b.batched_writes(),
+        }
+    }
+}
+
+/// Whether this host lets the device build its io_uring `TxRing` (a
+/// container's seccomp profile or the `io_uring_disabled` sysctl may not):
+/// where it does not, the device writes frame by frame, as it should.
+pub fn uring_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        SeqPacket::pair()
+            .ok()
+            .is_some_and(|(a, _b)| TxRing::new(a.as_raw_fd()).is_ok())
+    })
+}
+
 /// Counts interrupts.
 #[derive(Default)]
 pub struct Irq {
@@ -198,7 +300,9 @@ impl Placement {
 #[derive(Debug, Clone, Copy, Arbitrary)]
 pub struct Setup {
     /// Bit 0 MRG_RXBUF, 1 EVENT_IDX, 2 INDIRECT_DESC, 3 guest GSO; bit 4
-    /// the copying baseline (a bounce buffer) instead of zero copy.
+    /// the copying baseline (a bounce buffer) instead of zero copy; bit 5:
+    /// after the run over [`MemBackend`], the same input runs again over
+    /// [`SockBackend`] (batched TX writes; see [`Setup::batched`]).
     pub features: u8,
     /// log2 of the queue size, folded into 0..=8.
     pub size_log2: u8,
@@ -229,6 +333,14 @@ impl Setup {
             }
         }
         v
+    }
+
+    /// Whether the input also runs over [`SockBackend`]. A second run
+    /// rather than a switch: two thirds of the committed seeds had bit 5
+    /// set before it meant anything, and their run over [`MemBackend`]
+    /// stays what it was.
+    pub fn batched(&self) -> bool {
+        self.features & 32 != 0
     }
 
     /// The queue size.
@@ -268,14 +380,14 @@ impl Setup {
     }
 }
 
-type Loop = EventManager<Arc<Mutex<Net<MemBackend>>>>;
+type Loop = EventManager<Arc<Mutex<Net<Backend>>>>;
 
 /// The device under test and the guest's side of it.
 pub struct Rig {
     /// Guest memory.
     pub mem: GuestMemory,
     /// The device.
-    pub net: Arc<Mutex<Net<MemBackend>>>,
+    pub net: Arc<Mutex<Net<Backend>>>,
     /// Its event loop.
     pub em: Loop,
     /// Its counters.
@@ -286,6 +398,12 @@ pub struct Rig {
     pub irq: Arc<Irq>,
     /// The input's knobs.
     pub setup: Setup,
+    /// The peer of a [`SockBackend`] (None with [`MemBackend`]).
+    peer: Option<SeqPacket>,
+    /// Whether buffers or TX descriptors were handed out twice since the
+    /// activation (the buffer area or the TX table wrapped), so that a
+    /// chain not yet sent may have been overwritten.
+    pub reused: bool,
     /// Ring addresses of RX and TX.
     pub addrs: [RingAddrs; 2],
     /// The avail idx the driver last published, per queue.
@@ -294,16 +412,40 @@ pub struct Rig {
     next_desc: [u16; 2],
     /// The next free byte of the buffer area for `post_chain`.
     next_buf: u64,
+    /// TX descriptors `post_chain` wrote since the activation.
+    tx_descs: u32,
 }
 
 impl Rig {
-    /// Builds and activates the device; `None` when the queue code refuses
-    /// the layout (as the transport would have at DRIVER_OK).
+    /// Builds and activates the device over a [`MemBackend`]; `None` when
+    /// the queue code refuses the layout (as the transport would have at
+    /// DRIVER_OK).
     pub fn new(setup: Setup) -> Option<Rig> {
+        Rig::with_backend(setup, false)
+    }
+
+    /// As [`Rig::new`], over a [`SockBackend`] if `batched`.
+    pub fn with_backend(setup: Setup, batched: bool) -> Option<Rig> {
         let mem = GuestMemory::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
             .expect("fixed, valid memory");
-        let backend = MemBackend::new();
-        let wire = backend.wire.clone();
+        let (backend, wire, peer) = if batched {
+            let (dev, peer) = SeqPacket::pair().expect("socket pair");
+            // As large as the host allows (net.core.wmem_max, doubled):
+            // the peer is drained only between loop iterations.
+            dev.set_send_buffer(usize::MAX).expect("SO_SNDBUF");
+            peer.set_send_buffer(usize::MAX).expect("SO_SNDBUF");
+            peer.set_nonblocking(true).expect("non-blocking peer");
+            let wire = Arc::<Mutex<Wire>>::default();
+            let b = SockBackend {
+                sock: dev.with_batched_writes(),
+                wire: wire.clone(),
+            };
+            (Backend::Sock(b), wire, Some(peer))
+        } else {
+            let b = MemBackend::new();
+            let wire = b.wire.clone();
+            (Backend::Mem(b), wire, None)
+        };
         let net = Arc::new(Mutex::new(
             Net::with_backend(backend, setup.config(), mem.clone()).expect("valid config"),
         ));
@@ -319,10 +461,13 @@ impl Rig {
             wire,
             irq: Arc::default(),
             setup,
+            peer,
+            reused: false,
             addrs: [setup.rx.addrs(size), setup.tx.addrs(size)],
             avail_idx: [0; 2],
             next_desc: [0; 2],
             next_buf: BUF_AREA,
+            tx_descs: 0,
         };
         rig.activate().then_some(rig)
     }
@@ -346,6 +491,8 @@ impl Rig {
         }
         self.avail_idx = [0; 2];
         self.next_desc = [0; 2];
+        self.reused = false;
+        self.tx_descs = 0;
         let irq: Arc<dyn Interrupt> = self.irq.clone();
         if lock(&self.net).activate(features, queues, irq).is_err() {
             return false;
@@ -361,8 +508,41 @@ impl Rig {
     }
 
     /// Runs at most `max` loop iterations; whether the loop went idle.
+    /// The peer of a [`SockBackend`] is drained after each.
     pub fn run(&mut self, max: usize) -> bool {
-        (0..max).any(|_| self.em.run_with_timeout(0).expect("epoll") == 0)
+        (0..max).any(|_| {
+            let idle = self.em.run_with_timeout(0).expect("epoll") == 0;
+            self.drain_peer();
+            idle
+        })
+    }
+
+    /// Whether the device runs over a [`SockBackend`].
+    pub fn is_batched(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// Moves what the device sent to the peer into the [`Wire`].
+    fn drain_peer(&self) {
+        let Some(peer) = &self.peer else { return };
+        // Larger than any TX frame: a frame cut short would show in the
+        // byte count.
+        let mut buf = vec![0u8; 1 << 17];
+        let mut w = lock(&self.wire);
+        while let Ok(n) = peer.recv(&mut buf) {
+            w.tx.push(buf[..n].to_vec());
+        }
+    }
+
+    /// Makes the next sends of a [`MemBackend`] return EAGAIN; false (and
+    /// nothing done) with a [`SockBackend`], whose writes the device makes
+    /// itself.
+    pub fn inject_eagain(&self, n: u32) -> bool {
+        if self.is_batched() {
+            return false;
+        }
+        lock(&self.wire).tx_eagain = n;
+        true
     }
 
     /// Notifies queue `q` (0 RX, 1 TX).
@@ -417,7 +597,17 @@ impl Rig {
 
     /// Gives the device a frame from the network.
     pub fn push_frame(&self, frame: Vec<u8>) {
-        lock(&self.net).backend().push(frame);
+        match lock(&self.net).backend() {
+            Backend::Mem(b) => b.push(frame),
+            Backend::Sock(b) => {
+                lock(&b.wire).rx.push_back(frame);
+                // One ring of the bell per frame; if the socket is full,
+                // enough rings wait already.
+                if let Some(peer) = &self.peer {
+                    let _ = peer.send(&[0]);
+                }
+            }
+        }
     }
 
     /// Loop iterations within which the device must go idle once the guest
@@ -443,6 +633,7 @@ impl Rig {
     fn alloc(&mut self, len: u64) -> u64 {
         if self.next_buf + len > MEM_SIZE {
             self.next_buf = BUF_AREA;
+            self.reused = true;
         }
         let a = self.next_buf;
         self.next_buf = (a + len + 15) & !15;
@@ -491,6 +682,10 @@ impl Rig {
             self.write_desc(q, idx, desc(a, l, f, nxt));
         }
         self.next_desc[q] = self.next_desc[q].wrapping_add(descs.len() as u16) % size;
+        if q == 1 {
+            self.tx_descs += descs.len() as u32;
+            self.reused |= self.tx_descs > u32::from(size);
+        }
         self.publish(q, &[head]);
         head
     }
