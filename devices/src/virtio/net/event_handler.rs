@@ -295,7 +295,12 @@ impl<B: NetBackend> Net<B> {
             {
                 set |= EventSet::IN;
             }
-            if a.tx.is_blocked() {
+            // Chains the backend pushed back wait for writability, unless
+            // the TX limiter holds a chain back too: no pass runs until its
+            // timer fires (`run_tx`), so a writable backend would wake the
+            // loop for nothing, over and over. The timer's pass leaves TX
+            // blocked, and writability is asked for again.
+            if a.tx.is_blocked() && !throttled(&self.tx_limiter) {
                 set |= EventSet::OUT;
             }
         }
