@@ -164,7 +164,7 @@ pub struct NetMetrics {
     /// Nanoseconds TX was held back by its rate limiter.
     pub tx_throttled_ns: TimeCounter,
     /// Passes (either direction) that were cut short and re-queued with used
-    /// entries whose interrupt waits for the next pass (at most 32 entries
+    /// entries whose interrupt waits for the next pass (at most 64 entries
     /// wait; see `rxtx`).
     pub interrupts_coalesced: AtomicU64,
     /// TX batches handed to the backend with one `io_uring_enter` (0 with

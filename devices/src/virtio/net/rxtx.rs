@@ -228,8 +228,8 @@ impl Pass {
     /// `requeued`: the pass was cut short and the event loop runs the next
     /// one right behind it. Its interrupt then waits for that pass, unless
     /// [`coalesce_limit`] used entries are already waiting: a saturated
-    /// direction interrupts the driver every few dozen buffers instead of
-    /// every pass (a 100 µs pass holds only about seven 64 KiB RX frames),
+    /// direction interrupts the driver every 64 buffers instead of every
+    /// pass (a 100 µs pass holds only about seven 64 KiB RX frames),
     /// and each interrupt wakes the driver, which then preempts the device
     /// on a shared core. `used.idx` is still stored, so a polling driver
     /// sees every pass's entries; the first pass that ends otherwise (ring
@@ -262,12 +262,13 @@ impl Pass {
 }
 
 /// Used entries a re-queued pass may leave without an interrupt decision:
-/// 32 (half of vhost-net's 64-entry used batch), and at most a quarter of
-/// the ring, so that a driver with few buffers gets them back long before
-/// it runs dry.
+/// 64 (vhost-net signals used buffers in batches of 64, `VHOST_NET_BATCH`),
+/// and at most a quarter of the ring, so that a driver with few buffers gets
+/// them back long before it runs dry. With 32, a TX pass of one 32-frame
+/// batch still interrupted every pass (BENCHMARKS.md).
 #[inline]
 fn coalesce_limit(queue_size: u16) -> u16 {
-    (queue_size / 4).clamp(1, 32)
+    (queue_size / 4).clamp(1, 64)
 }
 
 /// Returns a refused chain to the guest with length 0 and counts it.
@@ -1926,19 +1927,20 @@ mod tests {
     }
 
     #[test]
-    fn test_a_saturated_direction_interrupts_every_32_entries() {
-        let mut h = rx_in_short_passes(MRG_FEATURES, 70, None);
+    fn test_a_saturated_direction_interrupts_every_64_entries() {
+        let mut h = rx_in_short_passes(MRG_FEATURES, 140, None);
         h.run_until_idle();
-        assert_eq!(h.rxq.used_idx(&h.mem), 70);
-        // After the 16th pass (32 entries waiting), the 32nd (64) and the
+        assert_eq!(h.rxq.used_idx(&h.mem), 140);
+        // After the 32nd pass (64 entries waiting), the 64th (128) and the
         // pass that found the backend empty.
         assert_eq!(h.metric(|m| &m.interrupts), 3);
-        assert_eq!(h.metric(|m| &m.rx_weight_hits), 35);
+        assert_eq!(h.metric(|m| &m.rx_weight_hits), 70);
     }
 
     #[test]
     fn test_a_small_ring_waits_for_at_most_a_quarter_of_it() {
-        assert_eq!(coalesce_limit(256), 32);
+        assert_eq!(coalesce_limit(1024), 64);
+        assert_eq!(coalesce_limit(256), 64);
         assert_eq!(coalesce_limit(32), 8);
         assert_eq!(coalesce_limit(2), 1);
         assert_eq!(coalesce_limit(1), 1);
