@@ -901,14 +901,17 @@ impl TxVirtio {
         self
     }
 
-    /// Whether chains wait for the backend to become writable.
+    /// Whether chains wait for the backend to become writable. Never once
+    /// the queue is broken: chains left in the batch then wait for the
+    /// driver's reset, and writability must not wake the loop for them.
     pub fn is_blocked(&self) -> bool {
-        self.batch.paid() > 0
+        !self.broken && self.batch.paid() > 0
     }
 
-    /// Whether a chain waits for the rate limiter.
+    /// Whether a chain waits for the rate limiter (never once the queue is
+    /// broken).
     pub fn is_throttled(&self) -> bool {
-        self.batch.items.last().is_some_and(|it| !it.paid)
+        !self.broken && self.batch.items.last().is_some_and(|it| !it.paid)
     }
 
     /// Counts a frame the backend refused, and logs the first of a run of
