@@ -53,7 +53,7 @@ use std::collections::HashMap;
 use arbitrary::Arbitrary;
 use devices::virtio::net::rxtx::MAX_PASS_READS;
 
-use crate::net_rig::{uring_available, BufAddr, Placement, Rig, Setup};
+use crate::net_rig::{BufAddr, Placement, Rig, Setup};
 
 /// One step of the guest or the network.
 #[derive(Debug, Clone, Arbitrary)]
@@ -412,25 +412,7 @@ fn check(rig: &Rig, expect: &mut Expect, structured: bool, reached: &mut Reach) 
         "a pass read {reads} ring entries and descriptors"
     );
     assert_eq!(rig.metric(|m| &m.host_errors), 0, "{}", m.to_json());
-    let (sent_frames, sent_bytes): (u64, u64) = {
-        let w = rig.wire.lock().unwrap_or_else(|p| p.into_inner());
-        (w.tx.len() as u64, w.tx.iter().map(|f| f.len() as u64).sum())
-    };
-    assert_eq!(sent_frames, rig.metric(|m| &m.tx_frames));
-    assert_eq!(sent_bytes, rig.metric(|m| &m.tx_bytes) + 12 * sent_frames);
-    // The ring exists exactly where the backend batches, the host has
-    // io_uring and the bounce buffer is off; it writes whatever goes out.
-    let ring = rig.is_batched() && uring_available() && rig.setup.features & 16 == 0;
-    let batches = rig.metric(|m| &m.tx_batches);
-    if ring {
-        assert!(
-            sent_frames == 0 || batches > 0,
-            "{sent_frames} frames sent on the batched backend without a batch: {}",
-            m.to_json()
-        );
-    } else {
-        assert_eq!(batches, 0, "TX batches without a ring: {}", m.to_json());
-    }
+    let ring = rig.check_tx_wire();
     // Order is checked only where the used-ring oracles below apply too.
     expect.ordered &= structured;
     check_order(rig, expect, ring, reached);

@@ -522,6 +522,38 @@ impl Rig {
         self.peer.is_some()
     }
 
+    /// The oracles on what reached the backend, shared by the datapath
+    /// targets: the frames and bytes there are the device's `tx_frames` and
+    /// `tx_bytes` (plus a 12-byte header each), and io_uring batches exist
+    /// exactly where the device has its ring (a batching backend, io_uring
+    /// on the host, no bounce buffer) and wrote anything. Returns whether
+    /// it has the ring.
+    pub fn check_tx_wire(&self) -> bool {
+        let (sent_frames, sent_bytes): (u64, u64) = {
+            let w = self.wire.lock().unwrap_or_else(|p| p.into_inner());
+            (w.tx.len() as u64, w.tx.iter().map(|f| f.len() as u64).sum())
+        };
+        assert_eq!(sent_frames, self.metric(|m| &m.tx_frames));
+        assert_eq!(sent_bytes, self.metric(|m| &m.tx_bytes) + 12 * sent_frames);
+        let ring = self.is_batched() && uring_available() && self.setup.features & 16 == 0;
+        let batches = self.metric(|m| &m.tx_batches);
+        if ring {
+            assert!(
+                sent_frames == 0 || batches > 0,
+                "{sent_frames} frames sent on the batched backend without a batch: {}",
+                self.metrics.to_json()
+            );
+        } else {
+            assert_eq!(
+                batches,
+                0,
+                "TX batches without a ring: {}",
+                self.metrics.to_json()
+            );
+        }
+        ring
+    }
+
     /// Moves what the device sent to the peer into the [`Wire`].
     fn drain_peer(&self) {
         let Some(peer) = &self.peer else { return };

@@ -67,17 +67,24 @@ fn device(engine: IoEngine) -> Harness {
     h
 }
 
+/// Posts the burst as TX chains; returns it with the used entries the
+/// chains must come back as (head, length 0), in order.
+fn post_burst(h: &mut Harness) -> (Vec<Shaped>, Vec<(u32, u32)>) {
+    let burst = burst();
+    let heads = burst
+        .iter()
+        .map(|(f, lens, layout)| (u32::from(h.post_tx_shaped(f, lens, *layout)), 0))
+        .collect();
+    (burst, heads)
+}
+
 /// Posts the burst, kicks, and runs the event loop until it is idle, on a
 /// thread other than the one that built the device when `loop_thread`.
 /// Checks what every engine owes the guest: each frame at the peer whole,
 /// once and in order, each chain back in order with length 0, the counters
 /// of frames and bytes right and none of trouble moved.
 fn send_burst(h: &mut Harness, loop_thread: bool) {
-    let burst = burst();
-    let heads: Vec<(u32, u32)> = burst
-        .iter()
-        .map(|(f, lens, layout)| (u32::from(h.post_tx_shaped(f, lens, *layout)), 0))
-        .collect();
+    let (burst, heads) = post_burst(h);
     h.kick_tx();
     if loop_thread {
         std::thread::scope(|s| s.spawn(|| h.run_until_idle()).join().unwrap());
@@ -131,11 +138,7 @@ fn test_failed_ring_falls_back_to_one_write_per_frame_losing_nothing() {
     let mut h = device(IoEngine::Async);
     let fd = h.dev().backend().as_raw_fd();
     h.dev().tx_ring = Some(single_issuer_ring(fd).unwrap());
-    let burst = burst();
-    let heads: Vec<(u32, u32)> = burst
-        .iter()
-        .map(|(f, lens, layout)| (u32::from(h.post_tx_shaped(f, lens, *layout)), 0))
-        .collect();
+    let (burst, heads) = post_burst(&mut h);
     h.kick_tx();
     std::thread::scope(|s| s.spawn(|| h.run_until_idle()).join().unwrap());
     let sent: Vec<Vec<u8>> = burst.into_iter().map(|(f, _, _)| f).collect();
