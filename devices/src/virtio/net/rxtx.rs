@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 use super::iov::{self, IoVecs};
 use super::metrics::{NetMetrics, TimeCounter};
 use super::tap::NetBackend;
-use super::uring::{TxRing, NOT_TRIED, TX_BATCH};
+use super::uring::{TxRing, NOT_TRIED, TX_BATCH, TX_BATCH_BYTES};
 use super::{warn_rate_limited, MAX_FRAME_GSO, NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 use crate::rate_limiter::{RateLimiter, RateLimiterError};
 pub use crate::virtio::queue::ChainError;
@@ -794,6 +794,8 @@ struct TxBatch {
     segs: Vec<IoSeg>,
     /// What each write returned (see [`TxRing::write_frames`]).
     results: Vec<i32>,
+    /// Bytes of the chains in `items`.
+    bytes: usize,
 }
 
 impl TxBatch {
@@ -832,6 +834,7 @@ impl TxBatch {
         }
         self.items.truncate(kept);
         self.segs.truncate(seg_end);
+        self.bytes = self.items.iter().map(|it| it.len).sum();
     }
 }
 
@@ -888,6 +891,7 @@ impl TxVirtio {
                 items: Vec::with_capacity(TX_BATCH),
                 segs: Vec::new(),
                 results: Vec::with_capacity(TX_BATCH),
+                bytes: 0,
             },
             bounce: bounce.then(|| Vec::with_capacity(BOUNCE_BUFFER_LEN)),
             broken: false,
@@ -956,7 +960,7 @@ impl TxVirtio {
             return Ok(TxFill::Yield(Yield::Time));
         }
         loop {
-            if self.batch.items.len() >= TX_BATCH {
+            if self.batch.items.len() >= TX_BATCH || self.batch.bytes >= TX_BATCH_BYTES {
                 return Ok(TxFill::Full);
             }
             if let Some(why) = pass.must_yield(self.weight_bytes, self.weight_packets) {
@@ -981,6 +985,7 @@ impl TxVirtio {
                         None => true,
                         Some(l) => tx_consume(l, chain.len, metrics),
                     };
+                    self.batch.bytes += chain.len;
                     self.batch.items.push(TxItem {
                         head,
                         len: chain.len,
@@ -1086,6 +1091,7 @@ impl TxVirtio {
         if again == 0 && n == self.batch.items.len() {
             self.batch.items.clear();
             self.batch.segs.clear();
+            self.batch.bytes = 0;
         } else {
             // Keep what the backend pushed back, and the unpaid tail.
             self.batch
