@@ -794,8 +794,6 @@ struct TxBatch {
     segs: Vec<IoSeg>,
     /// What each write returned (see [`TxRing::write_frames`]).
     results: Vec<i32>,
-    /// Bytes of the chains in `items`.
-    bytes: usize,
 }
 
 impl TxBatch {
@@ -834,7 +832,6 @@ impl TxBatch {
         }
         self.items.truncate(kept);
         self.segs.truncate(seg_end);
-        self.bytes = self.items.iter().map(|it| it.len).sum();
     }
 }
 
@@ -848,7 +845,7 @@ fn pushed_back(res: i32) -> bool {
 
 /// How filling the batch ended.
 enum TxFill {
-    /// The batch holds [`TX_BATCH`] chains.
+    /// The batch holds [`TX_BATCH`] chains or [`TX_BATCH_BYTES`].
     Full,
     /// The ring has no more chains.
     Empty,
@@ -891,7 +888,6 @@ impl TxVirtio {
                 items: Vec::with_capacity(TX_BATCH),
                 segs: Vec::new(),
                 results: Vec::with_capacity(TX_BATCH),
-                bytes: 0,
             },
             bounce: bounce.then(|| Vec::with_capacity(BOUNCE_BUFFER_LEN)),
             broken: false,
@@ -959,8 +955,10 @@ impl TxVirtio {
             }
             return Ok(TxFill::Yield(Yield::Time));
         }
+        // Chains left from the last pass count towards the byte bound too.
+        let mut bytes: usize = self.batch.items.iter().map(|it| it.len).sum();
         loop {
-            if self.batch.items.len() >= TX_BATCH || self.batch.bytes >= TX_BATCH_BYTES {
+            if self.batch.items.len() >= TX_BATCH || bytes >= TX_BATCH_BYTES {
                 return Ok(TxFill::Full);
             }
             if let Some(why) = pass.must_yield(self.weight_bytes, self.weight_packets) {
@@ -985,7 +983,7 @@ impl TxVirtio {
                         None => true,
                         Some(l) => tx_consume(l, chain.len, metrics),
                     };
-                    self.batch.bytes += chain.len;
+                    bytes += chain.len;
                     self.batch.items.push(TxItem {
                         head,
                         len: chain.len,
@@ -1026,7 +1024,8 @@ impl TxVirtio {
         let mut results = std::mem::take(&mut self.batch.results);
         results.clear();
         results.resize(n, NOT_TRIED);
-        if let Some(r) = ring.as_mut().filter(|_| self.bounce.is_none()) {
+        // The device builds no ring with a bounce buffer (`Net::with_backend`).
+        if let Some(r) = ring.as_mut() {
             NetMetrics::inc(&metrics.tx_batches);
             let batch = &self.batch;
             if let Err(e) = r.write_frames(n, |i| batch.frame(i), &mut results) {
@@ -1041,15 +1040,14 @@ impl TxVirtio {
                 );
             }
         }
-        if ring.is_none() || self.bounce.is_some() {
-            for (i, res) in results.iter_mut().enumerate() {
-                if *res != NOT_TRIED {
-                    continue;
-                }
-                *res = Self::write_one(backend, self.bounce.as_mut(), self.batch.frame(i));
-                if *res == -libc::EAGAIN {
-                    break;
-                }
+        // Without a ring, or for what a failed ring did not write.
+        for (i, res) in results.iter_mut().enumerate() {
+            if *res != NOT_TRIED {
+                continue;
+            }
+            *res = Self::write_one(backend, self.bounce.as_mut(), self.batch.frame(i));
+            if *res == -libc::EAGAIN {
+                break;
             }
         }
         let mut again = 0usize;
@@ -1091,7 +1089,6 @@ impl TxVirtio {
         if again == 0 && n == self.batch.items.len() {
             self.batch.items.clear();
             self.batch.segs.clear();
-            self.batch.bytes = 0;
         } else {
             // Keep what the backend pushed back, and the unpaid tail.
             self.batch

@@ -45,8 +45,9 @@ pub const TX_BATCH: usize = 32;
 /// Bytes a TX batch stops filling at (the chain that crosses it is the
 /// last): 32 of the largest GSO frames are about 300 µs of TAP work here,
 /// three times the default pass time budget, and a batch cannot be stopped
-/// halfway. Four such frames a batch still make the system call a small
-/// share of their cost; frames up to 8 KiB fill a whole batch.
+/// halfway. Five such frames a batch (the fifth crosses the bound) still
+/// make the system call a small share of their cost; frames up to 8 KiB
+/// fill a whole batch.
 pub const TX_BATCH_BYTES: usize = 256 * 1024;
 
 /// What [`TxRing::write_frames`] leaves for a frame it did not write.
