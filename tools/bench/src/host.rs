@@ -8,7 +8,7 @@
 //! destination addresses used are the TAP's and the fake guest's.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,6 +19,7 @@ use anyhow::{Context, Result};
 use crate::frames::{self, GUEST_IP, GUEST_PORT, HOST_IP, HOST_MAC, SINK_PORT};
 use crate::sys;
 use devices::virtio::net::uring::{TxRing, TX_BATCH};
+use devices::virtio::net::Tap;
 
 /// The TAP's name inside the namespace.
 pub const TAP_NAME: &str = "mvb0";
@@ -367,29 +368,46 @@ pub fn raw_rx(
 
 /// Raw TX limit: writes `msg` (vnet header + frame) to the TAP in a loop.
 pub fn raw_tx(msg: &[u8], warmup: Duration, dur: Duration) -> Result<Measured> {
-    let tap =
-        sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
+    let tap = open_raw_tx_tap()?;
     let fd = tap.as_raw_fd();
+    raw_tx_rounds(fd, msg, warmup, dur, || match sys::write_fd(fd, msg) {
+        Ok(_) => Ok((1, false)),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok((0, true)),
+        Err(e) => Err(e).context("raw TAP write"),
+    })
+}
+
+/// The TAP of the raw TX loops, opened as the device opens it.
+fn open_raw_tx_tap() -> Result<Tap> {
+    sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")
+}
+
+/// The window both raw TX loops share: calls `round` (which writes `msg`s
+/// to the TAP `fd` and returns the frames it took and whether the TAP was
+/// full) until the window closes, waiting for writability after a full
+/// round. Any error but EAGAIN ends the run: unlike the device, which
+/// returns a refused frame to the guest and goes on, the raw loops count
+/// only frames the TAP took, and so does the device's TX rate.
+fn raw_tx_rounds(
+    fd: RawFd,
+    msg: &[u8],
+    warmup: Duration,
+    dur: Duration,
+    mut round: impl FnMut() -> Result<(u64, bool)>,
+) -> Result<Measured> {
     let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock(), None);
     let (mut frames, mut bytes) = (0u64, 0u64);
     let flen = msg.len().saturating_sub(sys::VNET_HDR_LEN) as u64;
-    // Any error but EAGAIN ends the run: unlike the device, which returns
-    // a refused frame to the guest and goes on, the raw loop counts only
-    // frames the TAP took, and so does the device's TX rate.
     while w.tick(Counts {
         frames,
         bytes,
         ..Counts::default()
     }) {
-        match sys::write_fd(fd, msg) {
-            Ok(_) => {
-                frames += 1;
-                bytes += flen;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                sys::poll_fd(fd, true, Duration::from_millis(5));
-            }
-            Err(e) => return Err(e).context("raw TAP write"),
+        let (taken, full) = round()?;
+        frames += taken;
+        bytes += taken * flen;
+        if full {
+            sys::poll_fd(fd, true, Duration::from_millis(5));
         }
     }
     Ok(w.out)
@@ -436,36 +454,24 @@ pub fn raw_tx_batched(
     warmup: Duration,
     dur: Duration,
 ) -> Result<Measured> {
-    let tap =
-        sys::open_tap(TAP_NAME, sys::TAP_OFFLOADS_GSO).context("open TAP for the raw TX loop")?;
+    let tap = open_raw_tx_tap()?;
     let fd = tap.as_raw_fd();
-    let batch = batch.clamp(1, TX_BATCH);
     let mut ring = TxRing::new(fd).context("io_uring set-up")?;
+    let batch = batch.clamp(1, TX_BATCH);
     let msgs = vec![msg; batch];
     let mut res = vec![0i32; batch];
-    let mut w = Window::new(warmup, dur, sys::current_thread_cpu_clock(), None);
-    let (mut frames, mut bytes) = (0u64, 0u64);
-    let flen = msg.len().saturating_sub(sys::VNET_HDR_LEN) as u64;
-    while w.tick(Counts {
-        frames,
-        bytes,
-        ..Counts::default()
-    }) {
+    raw_tx_rounds(fd, msg, warmup, dur, || {
         ring.write_bufs(&msgs, &mut res).context("io_uring_enter")?;
-        let mut full = false;
+        let (mut taken, mut full) = (0, false);
         for &r in &res {
             if r >= 0 {
-                frames += 1;
-                bytes += flen;
+                taken += 1;
             } else if r == -libc::EAGAIN {
                 full = true;
             } else {
                 return Err(std::io::Error::from_raw_os_error(-r)).context("raw TAP write");
             }
         }
-        if full {
-            sys::poll_fd(fd, true, Duration::from_millis(5));
-        }
-    }
-    Ok(w.out)
+        Ok((taken, full))
+    })
 }

@@ -87,6 +87,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The next RX frame of `wire` into `bufs`, like a datagram socket: the
+/// frame is consumed whole, and the length is what fit. With none left,
+/// `quiet` makes the backend's fd stop being readable, and the answer is
+/// EAGAIN.
+fn recv_from_wire(
+    wire: &Mutex<Wire>,
+    bufs: IoVecs<'_>,
+    quiet: impl FnOnce(),
+) -> std::io::Result<usize> {
+    match lock(wire).rx.pop_front() {
+        Some(f) => Ok(bufs.scatter(&f)),
+        None => {
+            quiet();
+            Err(std::io::ErrorKind::WouldBlock.into())
+        }
+    }
+}
+
 impl AsRawFd for MemBackend {
     fn as_raw_fd(&self) -> RawFd {
         self.evt.as_raw_fd()
@@ -95,16 +113,9 @@ impl AsRawFd for MemBackend {
 
 impl NetBackend for MemBackend {
     fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
-        let mut w = lock(&self.wire);
-        match w.rx.pop_front() {
-            // Like a datagram socket: the frame is consumed whole, and the
-            // length is what fit.
-            Some(f) => Ok(bufs.scatter(&f)),
-            None => {
-                let _ = self.evt.read();
-                Err(std::io::ErrorKind::WouldBlock.into())
-            }
-        }
+        recv_from_wire(&self.wire, bufs, || {
+            let _ = self.evt.read();
+        })
     }
 
     fn send_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
@@ -144,16 +155,11 @@ impl AsRawFd for SockBackend {
 
 impl NetBackend for SockBackend {
     fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
-        let mut w = lock(&self.wire);
-        match w.rx.pop_front() {
-            Some(f) => Ok(bufs.scatter(&f)),
-            None => {
-                // The device end is non-blocking (`Net::with_backend`).
-                let mut b = [0u8; 1];
-                while self.sock.recv(&mut b).is_ok() {}
-                Err(std::io::ErrorKind::WouldBlock.into())
-            }
-        }
+        recv_from_wire(&self.wire, bufs, || {
+            // The device end is non-blocking (`Net::with_backend`).
+            let mut b = [0u8; 1];
+            while self.sock.recv(&mut b).is_ok() {}
+        })
     }
 
     fn batched_writes(&self) -> bool {
