@@ -207,18 +207,18 @@ impl<B: NetBackend> Net<B> {
         };
         let rx_limiter = limiter("RX", &cfg.rx_rate_limiter)?;
         let tx_limiter = limiter("TX", &cfg.tx_rate_limiter)?;
-        let tx_ring =
-            (cfg.io_engine == IoEngine::Async && !cfg.bounce_buffer && backend.batched_writes())
-                .then(|| match TxRing::new(backend.as_raw_fd()) {
-                    Ok(ring) => Some(ring),
-                    Err(e) => {
-                        log::info!(
-                    "virtio-net: io_uring unavailable ({e}); TX writes one frame per system call"
-                );
-                        None
-                    }
+        let batch = cfg.io_engine == IoEngine::Async && !cfg.bounce_buffer;
+        let tx_ring = if batch && backend.batched_writes() {
+            TxRing::new(backend.as_raw_fd())
+                .map_err(|e| {
+                    log::info!(
+                        "virtio-net: io_uring unavailable ({e}); TX writes one frame per system call"
+                    )
                 })
-                .flatten();
+                .ok()
+        } else {
+            None
+        };
 
         Ok(Net {
             queue_sizes: [qs; NUM_QUEUES],
