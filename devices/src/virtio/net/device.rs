@@ -415,6 +415,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         // hangup again (rate-limited).
         self.registered.backend_hup = false;
         self.registered.tx_requeued = false;
+        self.registered.rx_requeued = false;
         // Kicks that were pending belong to the old queues.
         for evt in self
             .queue_evts

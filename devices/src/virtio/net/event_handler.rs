@@ -82,6 +82,10 @@ pub(crate) struct Registered {
     /// being written and read again for every pass (two system calls of
     /// about four per yielded pass).
     pub(crate) tx_requeued: bool,
+    /// The same for the RX re-queue eventfd. While RX passes keep
+    /// yielding the backend is not polled for input (`Active::rx_deferred`),
+    /// so each epoll round runs one RX pass, from this eventfd.
+    pub(crate) rx_requeued: bool,
 }
 
 fn throttled(limiter: &Option<RateLimiter>) -> bool {
@@ -123,7 +127,10 @@ impl<B: NetBackend> Net<B> {
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
-                Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
+                if !self.registered.rx_requeued {
+                    self.registered.rx_requeued = true;
+                    Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
+                }
             }
             RxStatus::Broken => Self::device_error(a),
             // End of file only with a hangup reported; otherwise a 0-byte
@@ -247,11 +254,14 @@ impl<B: NetBackend> Net<B> {
     }
 
     fn process_rx_requeue_event(&mut self) {
-        Self::drain(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
         if let Some(a) = self.active.as_mut() {
             a.rx_deferred = false;
         }
-        self.run_rx(false);
+        // Still readable after a yield (see `Registered::rx_requeued`).
+        if self.run_rx(false) != Some(RxStatus::WeightHit) {
+            Self::drain(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
+            self.registered.rx_requeued = false;
+        }
     }
 
     fn process_tx_requeue_event(&mut self) {
@@ -505,6 +515,56 @@ mod tests {
         // The reset's own event, then nothing more.
         h.run_until_idle();
         assert!(!h.dev().registered.tx_requeued);
+    }
+
+    #[test]
+    fn test_rx_requeue_stays_readable_while_passes_yield() {
+        let mut h = Harness::new(
+            NetConfig {
+                rx_weight_packets: 4,
+                ..NetConfig::default()
+            },
+            MRG_FEATURES,
+        );
+        h.post_rx(&[1526; 40]);
+        h.kick_rx();
+        let frames: Vec<Vec<u8>> = (0..18).map(|i| frame(12 + 64, i)).collect();
+        for f in &frames {
+            h.peer.send(f).unwrap();
+        }
+        // The backend event's pass, then one from the re-queue eventfd:
+        // both yielded, and the eventfd was written once and is still
+        // readable, so the loop comes back without another write.
+        h.run_once(0);
+        h.run_once(0);
+        assert_eq!(h.metric(|m| &m.rx_weight_hits), 2);
+        assert_eq!(h.metric(|m| &m.rx_frames), 8);
+        assert!(h.dev().registered.rx_requeued);
+        let pending = h.dev().rx_requeue_evt.read().unwrap();
+        assert_eq!(pending, 1);
+        h.dev().rx_requeue_evt.write(pending).unwrap();
+        // Once a pass ends otherwise (drained), it is read: the loop goes
+        // idle, every frame delivered in order.
+        h.run_until_idle();
+        assert_eq!(h.metric(|m| &m.rx_frames), 18);
+        assert_eq!(h.metric(|m| &m.rx_weight_hits), 4);
+        assert!(!h.dev().registered.rx_requeued);
+        assert!(h.dev().rx_requeue_evt.read().is_err());
+        let used = h.rxq.take_used(&h.mem);
+        assert_eq!(used.len(), 18);
+        assert!(used.iter().all(|&(_, len)| len == 12 + 64));
+
+        // A reset in the middle of yielding passes forgets the re-queue.
+        for f in &frames {
+            h.peer.send(f).unwrap();
+        }
+        h.run_once(0);
+        assert!(h.dev().registered.rx_requeued);
+        h.dev().reset();
+        assert!(!h.dev().registered.rx_requeued);
+        assert!(h.dev().rx_requeue_evt.read().is_err());
+        h.run_until_idle();
+        assert!(!h.dev().registered.rx_requeued);
     }
 
     #[test]

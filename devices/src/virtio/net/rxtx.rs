@@ -19,8 +19,9 @@
 //! one that does not is dropped and counted, never split.
 //!
 //! A trailing one-byte host buffer after the guest segments tells a frame
-//! that filled the buffers exactly from one that was truncated (a TAP reports
-//! the full length of a truncated frame anyway; a socket does not).
+//! that filled the buffers exactly from one that was truncated: a read from
+//! a TAP, as from a socket, returns only what fit
+//! (`tap::tests::test_real_tap_read_returns_only_what_fit`).
 //!
 //! TX is zero copy too: each chain goes out with one `writev` of its
 //! descriptors as the guest laid them out, header included. EAGAIN keeps the

@@ -592,6 +592,7 @@ pub(crate) fn enter_private_netns(test: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtio::queue::IoSeg;
 
     #[test]
     fn test_invalid_names() {
@@ -662,6 +663,113 @@ mod tests {
         assert_eq!(ret, 0, "{}", io::Error::last_os_error());
         assert_eq!(tap.send_buffer().unwrap(), limit);
         assert!(!tap.batched_writes());
+    }
+
+    /// Why the device puts a host byte after the guest buffers of every
+    /// RX read, even from a TAP: a read into buffers shorter than the frame
+    /// returns only what fit (`tun_chr_read_iter` caps `tun_put_user`'s
+    /// full length at the buffer's), through `read` (one buffer) and
+    /// `readv` (several) alike, so without that byte a truncated frame
+    /// would look like one that fills the buffers exactly.
+    #[test]
+    fn test_real_tap_read_returns_only_what_fit() {
+        if !enter_private_netns("test_real_tap_read_returns_only_what_fit") {
+            return;
+        }
+        let tap = Tap::open_named("mvlen%d").unwrap();
+        let mut ifr = query_interface(tap.if_name(), libc::SIOCGIFFLAGS as libc::c_ulong).unwrap();
+        ifr.set_flags(ifr.flags() | libc::IFF_UP);
+        // SAFETY: plain socket(2); wrapped in an OwnedFd at once.
+        let ctl = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(ctl >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: `ctl` is a new fd nothing else owns.
+        let ctl = unsafe { OwnedFd::from_raw_fd(ctl) };
+        // SAFETY: SIOCSIFFLAGS reads one `struct ifreq` from the live `ifr`.
+        let ret =
+            unsafe { ioctl_with_mut_ref(&ctl, libc::SIOCSIFFLAGS as libc::c_ulong, &mut ifr) };
+        assert_eq!(ret, 0, "{}", io::Error::last_os_error());
+
+        // A packet socket on the interface: what it sends, the TAP reads.
+        // SAFETY: plain socket(2); wrapped in an OwnedFd at once.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: `raw` is a new fd nothing else owns.
+        let pkt = unsafe { OwnedFd::from_raw_fd(raw) };
+        let name = std::ffi::CString::new(tap.if_name()).unwrap();
+        // SAFETY: `name` is a live NUL-terminated string.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        assert_ne!(ifindex, 0);
+        // SAFETY: an all-zero sockaddr_ll is valid; the fields follow.
+        let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        to.sll_family = libc::AF_PACKET as u16;
+        to.sll_ifindex = ifindex as i32;
+        to.sll_halen = 6;
+        to.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+        const ETHERTYPE: [u8; 2] = [0x88, 0xb5]; // local experimental
+        let mut frame = vec![0xffu8; 6];
+        frame.extend([0x02, 0, 0, 0, 0, 1]);
+        frame.extend(ETHERTYPE);
+        frame.extend((0..186u8).map(|i| i.wrapping_mul(7)));
+        let send = || {
+            // SAFETY: `frame` and `to` are live for the call, with their
+            // lengths passed.
+            let ret = unsafe {
+                libc::sendto(
+                    pkt.as_raw_fd(),
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    0,
+                    (&to as *const libc::sockaddr_ll).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(ret, frame.len() as isize, "{}", io::Error::last_os_error());
+        };
+        let whole = VNET_HDR_LEN + frame.len();
+        // Reads our frame into `lens`-long buffers, skipping what the
+        // kernel sends on its own (IPv6 autoconfiguration); returns the
+        // length the read reported and the bytes the buffers got.
+        let read_ours = |lens: &[usize]| -> (usize, Vec<u8>) {
+            send();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                assert!(std::time::Instant::now() < deadline, "our frame never came");
+                let mut bufs: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
+                let segs: Vec<IoSeg> = bufs
+                    .iter_mut()
+                    // SAFETY: each buffer is live and not otherwise borrowed
+                    // until the segments are dropped after the read.
+                    .map(|b| unsafe { IoSeg::new(b.as_mut_ptr() as usize, b.len()) })
+                    .collect();
+                match tap.recv_frame(IoVecs::guest(&segs)) {
+                    Ok(n) => {
+                        let got: Vec<u8> = bufs.concat();
+                        if got[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14] == ETHERTYPE {
+                            return (n, got);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    Err(e) => panic!("TAP read: {e}"),
+                }
+            }
+        };
+        let (n, got) = read_ours(&[100]);
+        assert_eq!(n, 100, "read(2) of a {whole}-byte frame into 100 bytes");
+        assert_eq!(got[VNET_HDR_LEN..], frame[..100 - VNET_HDR_LEN]);
+        let (n, _) = read_ours(&[40, 60]);
+        assert_eq!(
+            n, 100,
+            "readv(2) of a {whole}-byte frame into 40 + 60 bytes"
+        );
+        // With one byte more than the buffers, as the device reads, the
+        // truncation shows.
+        let (n, _) = read_ours(&[40, 60, 1]);
+        assert_eq!(n, 101);
+        let (n, got) = read_ours(&[whole, 1]);
+        assert_eq!(n, whole);
+        assert_eq!(got[VNET_HDR_LEN..whole], frame[..]);
     }
 
     #[test]
