@@ -154,6 +154,23 @@ fn limit_table(s: &mut String, lim: &Value) {
             );
         }
     }
+    let mut noted = false;
+    for dir in ["rx", "tx"] {
+        for size in [64, 1514, 65536] {
+            let Some(rounds) = lim[format!("{dir}_round_ratios_{size}")].as_array() else {
+                continue;
+            };
+            if !noted {
+                noted = true;
+                let _ = writeln!(
+                    s,
+                    "- minivmm / raw of each round (the two windows side by side), whose medians make the ratio:"
+                );
+            }
+            let v: Vec<String> = rounds.iter().map(|r| format!("{:.2}", f(r))).collect();
+            let _ = writeln!(s, "  {dir} {size}: {}", v.join(" "));
+        }
+    }
     for size in [64, 1514, 65536] {
         if lim[format!("rx_sender_bound_{size}")].as_bool() == Some(true) {
             let _ = writeln!(

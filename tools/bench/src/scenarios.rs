@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The experiments of issue 4, each a named scenario producing a JSON object.
 //!
-//! Device and raw runs alternate round by round (raw, device, bounce, raw,
-//! ...) and each figure is the median over rounds, so machine noise hits
-//! both sides of every ratio alike.
+//! Device and raw runs alternate round by round (raw, device, bounce, then
+//! bounce, device, raw, ...) and each figure is the median over rounds, so
+//! machine noise hits both sides of every ratio alike.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -253,9 +253,17 @@ pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
             let _sink = host::sink()?;
             let modes = Mode::all(dir);
             let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); modes.len()];
-            for _ in 0..t.rounds {
-                for (i, &mode) in modes.iter().enumerate() {
-                    runs[i].push(one_limit_run(dir, frame, mode, t, &offered)?);
+            // Every other round runs the modes in reverse order, so each
+            // mode has the same mean position and a drift of the shared
+            // machine over the rounds favours none of them.
+            for round in 0..t.rounds {
+                for k in 0..modes.len() {
+                    let i = if round % 2 == 0 {
+                        k
+                    } else {
+                        modes.len() - 1 - k
+                    };
+                    runs[i].push(one_limit_run(dir, frame, modes[i], t, &offered)?);
                 }
             }
             let meds: Vec<(Mode, Value)> = modes
@@ -278,6 +286,18 @@ pub fn limit(t: &Timing, sizes: &[usize], dirs: &[String]) -> Result<Value> {
             let rc = ratio(cpu(raw), cpu(dev));
             let key = |what: &str| format!("{}_{what}_{size}", dir.name());
             out.insert(key("ratio"), json!(r));
+            // Each round's device / raw frames/s, the two windows side by
+            // side: how far the shared machine moved the ratio around its
+            // median.
+            let idx = |m: Mode| modes.iter().position(|&x| x == m);
+            if let (Some(d), Some(w)) = (idx(Mode::Device), idx(Mode::Raw)) {
+                let per_round: Vec<f64> = runs[d]
+                    .iter()
+                    .zip(&runs[w])
+                    .map(|(a, b)| ratio(a.fps(), b.fps()))
+                    .collect();
+                out.insert(key("round_ratios"), json!(per_round));
+            }
             out.insert(key("bounce_ratio"), json!(rb));
             out.insert(key("cpu_ratio"), json!(rc));
             // The second limit: the device against a raw loop that batches
