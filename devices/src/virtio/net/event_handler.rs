@@ -526,7 +526,7 @@ mod tests {
             },
             MRG_FEATURES,
         );
-        h.post_rx(&[1526; 40]);
+        let bufs = h.post_rx(&[1526; 40]);
         h.kick_rx();
         let frames: Vec<Vec<u8>> = (0..18).map(|i| frame(12 + 64, i)).collect();
         for f in &frames {
@@ -552,7 +552,10 @@ mod tests {
         assert!(h.dev().rx_requeue_evt.read().is_err());
         let used = h.rxq.take_used(&h.mem);
         assert_eq!(used.len(), 18);
-        assert!(used.iter().all(|&(_, len)| len == 12 + 64));
+        for (k, &(head, len)) in used.iter().enumerate() {
+            assert_eq!((head, len), (u32::from(bufs[k].0), 12 + 64));
+            assert_eq!(h.read(bufs[k].1 + 12, 64), frames[k][12..]);
+        }
 
         // A reset in the middle of yielding passes forgets the re-queue.
         for f in &frames {
