@@ -205,26 +205,32 @@ impl IfReq {
 /// Runs an interface query ioctl (SIOCGIFFLAGS, SIOCGIFMTU) on `name`
 /// through a throw-away datagram socket, which needs no privilege.
 fn query_interface(name: &str, request: libc::c_ulong) -> Result<IfReq, TapError> {
-    let query_err = |source| TapError::Query {
+    let mut ifr = IfReq::named(name)?;
+    interface_ioctl(request, &mut ifr).map_err(|source| TapError::Query {
         name: name.to_string(),
         source,
-    };
-    let mut ifr = IfReq::named(name)?;
+    })?;
+    Ok(ifr)
+}
+
+/// Runs the interface ioctl `request` (one that reads or writes a
+/// `struct ifreq`) on `ifr` through a throw-away datagram socket.
+fn interface_ioctl(request: libc::c_ulong, ifr: &mut IfReq) -> io::Result<()> {
     // SAFETY: plain socket(2); the fd is wrapped in an OwnedFd at once.
     let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
-        return Err(query_err(io::Error::last_os_error()));
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: `raw` is a new fd that nothing else owns.
     let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: the interface queries read and write one `struct ifreq`
+    // SAFETY: the interface ioctls read and write one `struct ifreq`
     // (40 bytes); `ifr` is a live, exclusively borrowed repr(C) value of
     // that size and layout. The kernel keeps no reference to it.
-    let ret = unsafe { ioctl_with_mut_ref(&sock, request, &mut ifr) };
+    let ret = unsafe { ioctl_with_mut_ref(&sock, request, ifr) };
     if ret < 0 {
-        return Err(query_err(io::Error::last_os_error()));
+        return Err(io::Error::last_os_error());
     }
-    Ok(ifr)
+    Ok(())
 }
 
 /// A TAP interface opened with IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, a 12-byte
@@ -679,15 +685,8 @@ mod tests {
         let tap = Tap::open_named("mvlen%d").unwrap();
         let mut ifr = query_interface(tap.if_name(), libc::SIOCGIFFLAGS as libc::c_ulong).unwrap();
         ifr.set_flags(ifr.flags() | libc::IFF_UP);
-        // SAFETY: plain socket(2); wrapped in an OwnedFd at once.
-        let ctl = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        assert!(ctl >= 0, "{}", io::Error::last_os_error());
-        // SAFETY: `ctl` is a new fd nothing else owns.
-        let ctl = unsafe { OwnedFd::from_raw_fd(ctl) };
-        // SAFETY: SIOCSIFFLAGS reads one `struct ifreq` from the live `ifr`.
-        let ret =
-            unsafe { ioctl_with_mut_ref(&ctl, libc::SIOCSIFFLAGS as libc::c_ulong, &mut ifr) };
-        assert_eq!(ret, 0, "{}", io::Error::last_os_error());
+        interface_ioctl(libc::SIOCSIFFLAGS as libc::c_ulong, &mut ifr).unwrap();
+        assert!(tap.is_up().unwrap());
 
         // A packet socket on the interface: what it sends, the TAP reads.
         // SAFETY: plain socket(2); wrapped in an OwnedFd at once.
