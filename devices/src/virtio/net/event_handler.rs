@@ -111,6 +111,23 @@ impl<B: NetBackend> Net<B> {
         }
     }
 
+    /// A pass yielded: makes its direction's re-queue eventfd readable,
+    /// unless it still is from the pass before (`queued`; see
+    /// `Registered::tx_requeued`).
+    fn requeue(evt: &EventFd, queued: &mut bool, metrics: &NetMetrics, what: &str) {
+        if !*queued {
+            *queued = true;
+            Self::signal(evt, metrics, what);
+        }
+    }
+
+    /// A pass run from the re-queue eventfd ended otherwise than by
+    /// yielding (or none could run): reads the eventfd, so the loop sleeps.
+    fn requeue_done(evt: &EventFd, queued: &mut bool, metrics: &NetMetrics, what: &str) {
+        Self::drain(evt, metrics, what);
+        *queued = false;
+    }
+
     /// Runs one RX pass if reading is allowed now; returns how it ended.
     /// `hup`: the backend reported EPOLLHUP or EPOLLERR with this event.
     fn run_rx(&mut self, hup: bool) -> Option<RxStatus> {
@@ -127,10 +144,12 @@ impl<B: NetBackend> Net<B> {
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
-                if !self.registered.rx_requeued {
-                    self.registered.rx_requeued = true;
-                    Self::signal(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
-                }
+                Self::requeue(
+                    &self.rx_requeue_evt,
+                    &mut self.registered.rx_requeued,
+                    &self.metrics,
+                    "RX re-queue",
+                );
             }
             RxStatus::Broken => Self::device_error(a),
             // End of file only with a hangup reported; otherwise a 0-byte
@@ -164,11 +183,12 @@ impl<B: NetBackend> Net<B> {
             &*a.interrupt,
         );
         match status {
-            TxStatus::WeightHit if !self.registered.tx_requeued => {
-                self.registered.tx_requeued = true;
-                Self::signal(&self.tx_requeue_evt, &self.metrics, "TX re-queue");
-            }
-            TxStatus::WeightHit => {}
+            TxStatus::WeightHit => Self::requeue(
+                &self.tx_requeue_evt,
+                &mut self.registered.tx_requeued,
+                &self.metrics,
+                "TX re-queue",
+            ),
             TxStatus::Broken => Self::device_error(a),
             TxStatus::Done | TxStatus::Blocked | TxStatus::Throttled => {}
         }
@@ -257,19 +277,24 @@ impl<B: NetBackend> Net<B> {
         if let Some(a) = self.active.as_mut() {
             a.rx_deferred = false;
         }
-        // Still readable after a yield (see `Registered::rx_requeued`).
         if self.run_rx(false) != Some(RxStatus::WeightHit) {
-            Self::drain(&self.rx_requeue_evt, &self.metrics, "RX re-queue");
-            self.registered.rx_requeued = false;
+            Self::requeue_done(
+                &self.rx_requeue_evt,
+                &mut self.registered.rx_requeued,
+                &self.metrics,
+                "RX re-queue",
+            );
         }
     }
 
     fn process_tx_requeue_event(&mut self) {
-        // Still readable after a yield (see `Registered::tx_requeued`): read
-        // it only once a pass ends otherwise, or none could run.
         if self.run_tx(false) != Some(TxStatus::WeightHit) {
-            Self::drain(&self.tx_requeue_evt, &self.metrics, "TX re-queue");
-            self.registered.tx_requeued = false;
+            Self::requeue_done(
+                &self.tx_requeue_evt,
+                &mut self.registered.tx_requeued,
+                &self.metrics,
+                "TX re-queue",
+            );
         }
     }
 
