@@ -110,7 +110,8 @@ struct Ring {
     layout: QueueLayout,
     /// Guest address of each descriptor's buffer.
     bufs: Vec<GuestAddress>,
-    /// Each descriptor's buffer, for the driver's reads.
+    /// Each descriptor's buffer, for the driver's reads of `num_buffers`
+    /// (RX; empty for TX, whose buffers the driver never reads).
     buf_ptrs: Vec<HostRange>,
     /// The avail and used rings.
     avail: HostRange,
@@ -206,7 +207,7 @@ impl Ring {
         mem: &GuestMemory,
         layout: QueueLayout,
         bufs: Vec<GuestAddress>,
-        buf_len: usize,
+        read_len: usize,
         kick: EventFd,
         event_idx: bool,
     ) -> Result<Ring> {
@@ -214,10 +215,13 @@ impl Ring {
         // virtio 1.1 §2.6: flags, idx, the entries and the event index.
         let avail = HostRange::new(mem, layout.avail_ring, 4 + 2 * size + 2)?;
         let used = HostRange::new(mem, layout.used_ring, 4 + 8 * size + 2)?;
-        let buf_ptrs = bufs
-            .iter()
-            .map(|&b| HostRange::new(mem, b, buf_len))
-            .collect::<Result<_>>()?;
+        let buf_ptrs = match read_len {
+            0 => Vec::new(),
+            len => bufs
+                .iter()
+                .map(|&b| HostRange::new(mem, b, len))
+                .collect::<Result<_>>()?,
+        };
         Ok(Ring {
             layout,
             bufs,
@@ -409,7 +413,7 @@ impl Rig {
             &mem,
             tx_layout,
             vec![tx_buf; usize::from(qsize)],
-            cfg.tx_msg.len(),
+            0,
             tx_kick,
             event_idx,
         )?;

@@ -57,7 +57,7 @@ impl Timing {
     pub fn quick() -> Timing {
         Timing {
             rounds: 2,
-            limit_rounds: 2,
+            limit_rounds: 5,
             warmup: Duration::from_millis(150),
             window: Duration::from_millis(500),
             latency_window: Duration::from_millis(1200),
