@@ -1052,6 +1052,31 @@ pub fn adjacent_cases(size: u16) -> Vec<LayoutCase> {
     out
 }
 
+/// xorshift64*: reproducible randomness without a dependency, for the soak
+/// tests and the fuzz targets' random replay. The seed must not be 0.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// True once in `one_in` draws (never for 0).
+    pub fn chance(&mut self, one_in: u64) -> bool {
+        self.next_u64().checked_rem(one_in) == Some(0)
+    }
+}
+
 /// Guest memory of `size` bytes at address 0, for tests.
 pub fn guest_memory(size: usize) -> Result<GuestMemory, vm_memory::mmap::FromRangesError> {
     GuestMemory::from_ranges(&[(GuestAddress(0), size)])

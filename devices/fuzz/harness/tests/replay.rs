@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use devices::virtio::test_utils::Rng;
 use fuzz_harness::{Target, TARGETS};
 
 /// Random inputs per target stop at this count or after [`RANDOM_TIME`].
@@ -23,23 +24,11 @@ fn corpus_dir(target: &str) -> PathBuf {
         .join(target)
 }
 
-/// xorshift64*: enough to spread inputs, and reproducible from one seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn bytes(&mut self) -> Vec<u8> {
-        // Short inputs are as interesting as long ones: pick the length on
-        // a log scale.
-        let len = (self.next() as usize % MAX_INPUT_LEN) >> (self.next() % 8);
-        (0..len).map(|_| self.next() as u8).collect()
-    }
+/// A random input: short inputs are as interesting as long ones, so the
+/// length is picked on a log scale.
+fn random_input(rng: &mut Rng) -> Vec<u8> {
+    let len = (rng.next_u64() as usize % MAX_INPUT_LEN) >> (rng.next_u64() % 8);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn seed() -> u64 {
@@ -91,7 +80,7 @@ fn replay(name: &str) {
     let start = Instant::now();
     let mut n = 0;
     while n < RANDOM_INPUTS && start.elapsed() < RANDOM_TIME {
-        let data = rng.bytes();
+        let data = random_input(&mut rng);
         run_one(target, &data, &format!("random input {n} of seed {seed}"));
         n += 1;
     }

@@ -40,28 +40,7 @@ use super::test_driver::{
 use super::{
     NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
-use crate::virtio::test_utils::{MockDriver, Segment, UsedElem};
-
-/// xorshift64*: reproducible randomness without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.next().checked_rem(one_in) == Some(0)
-    }
-}
+use crate::virtio::test_utils::{MockDriver, Rng, Segment, UsedElem};
 
 /// The bytes frames are cut from: frame `seq` of a direction is a window
 /// of this at an offset that depends on `seq`, so the peer and the checker
@@ -71,7 +50,7 @@ fn pattern() -> &'static [u8] {
     P.get_or_init(|| {
         let mut r = Rng(0x9e37_79b9_7f4a_7c15);
         (0..2 * (VNET_HDR_LEN + MAX_FRAME_GSO))
-            .map(|_| r.next() as u8)
+            .map(|_| r.next_u64() as u8)
             .collect()
     })
 }
@@ -80,7 +59,7 @@ fn pattern() -> &'static [u8] {
 /// sized, now and then a 64 KiB one where the feature set allows it.
 fn frame_len(dir: u8, seq: u64, gso: bool) -> usize {
     let mut r = Rng(seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(dir) ^ 0x5eed);
-    let eth = match r.next() % 16 {
+    let eth = match r.next_u64() % 16 {
         0 if gso => r.range(MAX_FRAME_NO_GSO, MAX_FRAME_GSO),
         0..=5 => r.range(14, 128),
         6..=9 => MAX_FRAME_NO_GSO,
@@ -115,7 +94,7 @@ const SLOT: u64 = 80 << 10;
 /// table). Lengths may be 0 on TX.
 fn shape(r: &mut Rng, len: usize, tx: bool, max_bufs: usize) -> (Vec<u32>, usize) {
     let mut lens = Vec::new();
-    let pieces = match r.next() % 8 {
+    let pieces = match r.next_u64() % 8 {
         0..=2 => 1,
         3 => 2,
         4 => r.range(3, 6),
@@ -141,7 +120,7 @@ fn shape(r: &mut Rng, len: usize, tx: bool, max_bufs: usize) -> (Vec<u32>, usize
         }
     }
     lens.push(left as u32);
-    let direct = match r.next() % 4 {
+    let direct = match r.next_u64() % 4 {
         0 => 0,
         1 => r.range(1, lens.len()),
         _ => lens.len(),
@@ -291,7 +270,7 @@ impl Soak {
                         MAX_FRAME_NO_GSO
                     }
             } else {
-                match self.rng.next() % 4 {
+                match self.rng.next_u64() % 4 {
                     0 => 1526,
                     1 => 4096,
                     _ => self.rng.range(VNET_HDR_LEN, 2048),
