@@ -192,6 +192,8 @@ pub struct Counts {
     /// TX frames the TAP refused (the device returns them used; they are
     /// not in `frames`).
     pub dropped: u64,
+    /// Device passes of the measured direction (device only).
+    pub passes: u64,
 }
 
 /// One measured run: frames and bytes in the window, and CPU time of the
@@ -212,6 +214,8 @@ pub struct Measured {
     pub dropped: u64,
     /// Frames the host sender offered in the window (RX runs).
     pub offered: u64,
+    /// Device passes of the measured direction in the window (device only).
+    pub passes: u64,
 }
 
 impl Measured {
@@ -235,6 +239,14 @@ impl Measured {
     pub fn busy(&self) -> f64 {
         if self.secs > 0.0 {
             self.cpu_ns as f64 / (self.secs * 1e9)
+        } else {
+            0.0
+        }
+    }
+    /// Frames per device pass (0 without passes: a raw loop).
+    pub fn frames_per_pass(&self) -> f64 {
+        if self.passes > 0 {
+            self.frames as f64 / self.passes as f64
         } else {
             0.0
         }
@@ -315,6 +327,7 @@ impl Window {
                     bytes: c.bytes - c0.bytes,
                     buffers: c.buffers - c0.buffers,
                     dropped: c.dropped - c0.dropped,
+                    passes: c.passes - c0.passes,
                     offered: self.offered_now().saturating_sub(o0),
                     secs: (now - self.start).as_secs_f64(),
                     cpu_ns: sys::clock_ns(self.cpu_clock).saturating_sub(cpu0),

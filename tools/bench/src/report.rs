@@ -49,7 +49,7 @@ fn limit_table(s: &mut String, lim: &Value) {
     let _ = writeln!(s, "\nLIMIT  (median of rounds; ratio = minivmm / raw)");
     let _ = writeln!(
         s,
-        "{:<4} {:>9} {:<12} {:>10} {:>10} {:>8} {:>10} {:>5} {:>6} {:>8} {:>8}",
+        "{:<4} {:>9} {:<12} {:>10} {:>10} {:>8} {:>10} {:>5} {:>7} {:>6} {:>8} {:>8}",
         "dir",
         "frame B",
         "mode",
@@ -58,6 +58,7 @@ fn limit_table(s: &mut String, lim: &Value) {
         "Gb/s",
         "cpu ns/fr",
         "busy",
+        "fr/pass",
         "ratio",
         "cpu rat.",
         "judged"
@@ -97,9 +98,14 @@ fn limit_table(s: &mut String, lim: &Value) {
             Some(o) if o > 0.0 => format!("{o:.0}"),
             _ => String::new(),
         };
+        // Older results have no passes; raw loops have none.
+        let per_pass = match med["frames_per_pass"].as_f64() {
+            Some(p) if p > 0.0 => format!("{p:.1}"),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "{:<4} {:>9} {:<12} {:>10.0} {:>10} {:>8.3} {:>10.0} {:>5.2} {:>6} {:>8} {:>8}",
+            "{:<4} {:>9} {:<12} {:>10.0} {:>10} {:>8.3} {:>10.0} {:>5.2} {:>7} {:>6} {:>8} {:>8}",
             dir,
             size_label(r),
             r["mode"].as_str().unwrap_or(""),
@@ -108,6 +114,7 @@ fn limit_table(s: &mut String, lim: &Value) {
             f(&med["gbps"]),
             f(&med["cpu_ns_per_frame"]),
             f(&med["thread_busy"]),
+            per_pass,
             ratio,
             cpu_ratio,
             judged

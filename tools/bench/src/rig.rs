@@ -557,6 +557,7 @@ impl Rig {
             bytes: frames * self.tx_len,
             buffers: 0,
             dropped,
+            passes: self.metrics.tx_passes.load(Ordering::Relaxed),
         }
     }
 
@@ -567,6 +568,7 @@ impl Rig {
             bytes: t.bytes,
             buffers: t.buffers,
             dropped: 0,
+            passes: self.metrics.rx_passes.load(Ordering::Relaxed),
         }
     }
 

@@ -170,6 +170,7 @@ fn row(m: &Measured) -> Value {
         "offered_per_s": m.offered_fps(),
         "frames": m.frames,
         "tx_dropped": m.dropped,
+        "frames_per_pass": m.frames_per_pass(),
         "secs": m.secs,
     })
 }
@@ -184,6 +185,7 @@ fn med(v: &[Measured]) -> Value {
         "thread_busy": f(Measured::busy),
         "offered_per_s": f(Measured::offered_fps),
         "tx_dropped": v.iter().map(|m| m.dropped).sum::<u64>(),
+        "frames_per_pass": f(Measured::frames_per_pass),
         "rounds": v.iter().map(row).collect::<Vec<_>>(),
     })
 }
@@ -606,9 +608,11 @@ mod tests {
             buffers: frames,
             dropped: 0,
             offered: frames * 2,
+            passes: frames / 10,
         };
         let v = med(&[m(30), m(10), m(20)]);
         assert_eq!(fps_of(&v), 20.0);
+        assert_eq!(v["frames_per_pass"].as_f64(), Some(10.0));
         assert_eq!(v["cpu_ns_per_frame"].as_f64(), Some(10.0));
         assert_eq!(v["rounds"].as_array().map(Vec::len), Some(3));
         assert_eq!(v["offered_per_s"].as_f64(), Some(40.0));
