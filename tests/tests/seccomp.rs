@@ -8,9 +8,13 @@
 //! SIGTERM: the shutdown path (signalfd, metrics file, exit) runs under the
 //! filter too. The guest's network path and its i8042 reset run under the
 //! default filter in `netperf.rs` and `boot.rs`; that a forbidden call ends
-//! the process with status 148 is shown in `vmm::seccomp`'s unit tests.
+//! the process with status 148 is shown in `vmm::seccomp`'s unit tests, and
+//! that it and a panic give the terminal back in `vmm::terminal`'s. With
+//! `--seccomp on` stdin is a pseudo-terminal: raw while the guest runs, its
+//! mode back after SIGTERM, under the filter.
 
 use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,7 +28,7 @@ struct Running {
 }
 
 impl Running {
-    fn start(seccomp: &str, metrics: &std::path::Path) -> Running {
+    fn start(seccomp: &str, metrics: &std::path::Path, stdin: Stdio) -> Running {
         let img = guest_image();
         let mut child = Command::new(minivmm_bin())
             .args(["--kernel", img.vmlinux.to_str().unwrap()])
@@ -32,7 +36,7 @@ impl Running {
             .args(["--vcpus", "2"])
             .args(["--metrics", metrics.to_str().unwrap()])
             .args(["--seccomp", seccomp])
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -113,6 +117,34 @@ impl Drop for Running {
     }
 }
 
+/// A pseudo-terminal pair (master, slave) in its default, canonical mode.
+fn pty() -> (OwnedFd, OwnedFd) {
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two fds into the live ints; name, termios and
+    // window size are not asked for (null).
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: openpty succeeded: both fds are open and ours alone.
+    unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
+}
+
+/// Whether the terminal on `fd` edits lines and echoes (not raw).
+fn canonical(fd: &OwnedFd) -> bool {
+    // SAFETY: all-zero is a valid termios for tcgetattr to fill.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` is live and the fd an open terminal.
+    assert_eq!(unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) }, 0);
+    t.c_lflag & (libc::ICANON | libc::ECHO) == (libc::ICANON | libc::ECHO)
+}
+
 fn metrics_path(tag: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("minivmm-seccomp-{tag}-{}.json", std::process::id()))
 }
@@ -122,8 +154,20 @@ fn metrics_path(tag: &str) -> std::path::PathBuf {
 fn boot_and_check(mode: &str, want: &str) {
     let metrics = metrics_path(mode);
     let _ = std::fs::remove_file(&metrics);
-    let mut vm = Running::start(mode, &metrics);
+    // With the filter on, the console's terminal handling runs under it.
+    let tty = (mode == "on").then(pty);
+    let stdin = match &tty {
+        Some((_, slave)) => Stdio::from(slave.try_clone().expect("dup the pty")),
+        None => Stdio::null(),
+    };
+    let mut vm = Running::start(mode, &metrics, stdin);
     vm.wait_for_guest();
+    if let Some((_, slave)) = &tty {
+        assert!(
+            !canonical(slave),
+            "a terminal stdin is raw while the guest runs"
+        );
+    }
     let threads = vm.threads();
     // KVM adds a kernel worker to the VM's process on the first KVM_RUN
     // (`kvm-nx-lpage-recovery`, shown truncated); it inherits the filter of
@@ -149,6 +193,12 @@ fn boot_and_check(mode: &str, want: &str) {
         Some(0),
         "--seccomp {mode}: SIGTERM must end with 0"
     );
+    if let Some((_, slave)) = &tty {
+        assert!(
+            canonical(slave),
+            "the terminal's mode is back after the exit"
+        );
+    }
     let json = std::fs::read_to_string(&metrics).expect("metrics written at exit");
     assert!(json.trim_start().starts_with('{'), "{json}");
     let _ = std::fs::remove_file(&metrics);

@@ -34,6 +34,7 @@ Exit status:
   1  bad usage or configuration, or a failure before boot (one line on stderr)
   2  the VM failed at run time (KVM error, triple fault, emulation failure)
   3  the guest reset after a kernel panic
+  101  minivmm panicked, on any thread: a bug (one line on stderr says where)
   148  a thread made a system call its seccomp filter forbids (--seccomp on)
 
 --net keys: tap=NAME id=ID mac=MAC fd=N queue_size=N mtu=N offloads=csum+tso4+tso6+ufo|all|none

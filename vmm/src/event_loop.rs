@@ -9,7 +9,7 @@
 //! picks the process exit status. Metrics lines are also written on a
 //! timerfd (every `--metrics-interval` seconds) and on SIGUSR1.
 
-use std::io::{self, IsTerminal, Read};
+use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,13 +22,13 @@ use kvm_ioctls::{Kvm, VmFd};
 use log::{error, info, warn};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::terminal::Terminal;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::device_manager::Events;
 use crate::metrics::Metrics;
 use crate::seccomp::{Filters, Gate, Thread};
 use crate::signals::SignalFd;
+use crate::terminal::RawTerminal;
 use crate::vcpu::Vcpu;
 use crate::vm_exit::{ExitSink, VmExit};
 
@@ -54,30 +54,6 @@ pub struct Vmm {
     pub(crate) panicked: Arc<AtomicBool>,
     pub(crate) metrics: Option<Metrics>,
     pub(crate) metrics_interval_s: u64,
-}
-
-/// Puts a terminal on stdin into raw mode so keys reach the guest as typed,
-/// and restores canonical mode when dropped.
-struct RawTerminal {
-    active: bool,
-}
-
-impl RawTerminal {
-    fn new() -> Self {
-        let stdin = io::stdin();
-        let active = stdin.is_terminal() && stdin.lock().set_raw_mode().is_ok();
-        RawTerminal { active }
-    }
-}
-
-impl Drop for RawTerminal {
-    fn drop(&mut self) {
-        if self.active {
-            if let Err(e) = io::stdin().lock().set_canon_mode() {
-                warn!("cannot restore the terminal: {e}");
-            }
-        }
-    }
 }
 
 /// Serves the VM's control events on the main loop.

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod seccomp;
 pub mod signals;
 pub mod sink;
+pub mod terminal;
 pub mod vcpu;
 pub mod vm_exit;
 

@@ -6,6 +6,7 @@
 //! own errors included) or a failure before boot, always one line on stderr;
 //! 2 when the VM fails at run time; 3 when the guest reset after a kernel
 //! panic.
+//! 101 when minivmm itself panicked, on any thread (a bug).
 //! 148 when a thread made a system call its seccomp filter forbids.
 
 use std::process::ExitCode;
@@ -52,6 +53,8 @@ fn clap_line(e: &clap::Error) -> String {
 
 fn main() -> ExitCode {
     let start = Instant::now();
+    // Before anything can panic: a panic on any thread ends the process.
+    vmm::terminal::install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {

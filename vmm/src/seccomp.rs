@@ -129,6 +129,27 @@ fn allow_ioctls(requests: &[u64]) -> Entry {
     (libc::SYS_ioctl, rules)
 }
 
+/// `ioctl(0, TCSETS | TCGETS, ...)` only: what glibc's `tcsetattr` on stdin
+/// makes (it reads the mode back to check it).
+fn allow_stdin_tcsetattr() -> Entry {
+    let rules = [libc::TCSETS, libc::TCGETS]
+        .iter()
+        .map(|&request| {
+            let fd = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)
+                .expect("argument index 0 is valid");
+            let request = SeccompCondition::new(
+                1,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                ioctl_nr(request),
+            )
+            .expect("argument index 1 is valid");
+            SeccompRule::new(vec![fd, request]).expect("a rule with two conditions is valid")
+        })
+        .collect();
+    (libc::SYS_ioctl, rules)
+}
+
 /// `io_uring_enter(fd, n, n, IORING_ENTER_GETEVENTS, NULL, 0)` only: TX
 /// batches (`IoEngine::Async`) submit and reap their writes. The rings were
 /// built before the filter, restricted to writes on their TAP (devices'
@@ -222,6 +243,10 @@ fn common_rules() -> Vec<Entry> {
         // Returning from a signal handler (Rust's SIGSEGV/SIGBUS handler
         // returns for a fault that is not a stack overflow).
         allow(libc::SYS_rt_sigreturn),
+        // A thread ending the process abruptly (the SIGSYS handler, the
+        // panic hook) gives the console's terminal its mode back first:
+        // tcsetattr on stdin, nothing else (`terminal::restore_at_crash`).
+        allow_stdin_tcsetattr(),
         // Instant::now where the vDSO has no fast path for the host's clock
         // source and falls back to the system call (some VMs' clocks).
         allow(libc::SYS_clock_gettime),
@@ -262,9 +287,8 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),
-        // Restoring the console's terminal mode at exit (when stdin is a
-        // terminal): tcgetattr, then tcsetattr.
-        allow_ioctls(&[ioctl_nr(libc::TCGETS), ioctl_nr(libc::TCSETS)]),
+        // Restoring the console's terminal mode at exit is in the common
+        // rules (`allow_stdin_tcsetattr`).
     ]
 }
 
@@ -397,9 +421,10 @@ impl Gate {
 /// bytes) starts with the 8-byte `_call_addr`, then the 4-byte `_syscall`.
 const SI_SYSCALL_OFFSET: usize = 24;
 
-/// The SIGSYS handler: one line naming the call on stderr, then
-/// [`BAD_SYSCALL_EXIT_STATUS`]. Async-signal-safe: no allocation, no lock,
-/// only write(2) and _exit(2), both in every allowlist.
+/// The SIGSYS handler: the terminal's mode back, one line naming the call
+/// on stderr, then [`BAD_SYSCALL_EXIT_STATUS`]. Async-signal-safe: no
+/// allocation, no lock, only ioctl(0, TCSETS), write(2) and _exit(2), all in
+/// every allowlist.
 extern "C" fn sigsys_handler(
     _sig: libc::c_int,
     info: *mut libc::siginfo_t,
@@ -417,6 +442,7 @@ extern "C" fn sigsys_handler(
     };
     let mut line = [0u8; 96];
     let len = bad_syscall_line(nr, &mut line);
+    crate::terminal::restore_at_crash();
     // SAFETY: `line[..len]` is initialised memory owned by this frame; fd 2
     // is stderr (a failed write changes nothing); _exit never returns and
     // runs no atexit handler, which is what a signal handler may do.
@@ -552,6 +578,32 @@ mod tests {
         assert_eq!(exit_status(status), Some(0));
         // The event loop may not run the guest.
         let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, allowed_ioctl);
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {
+        // SAFETY: a null termios makes the kernel fail with EFAULT (or
+        // ENOTTY when `fd` is no terminal) before it changes anything.
+        unsafe { libc::syscall(libc::SYS_ioctl, fd, ioctl_nr(request), 0usize) };
+    }
+
+    #[test]
+    fn every_thread_may_set_stdins_terminal_mode_and_nothing_more() {
+        for thread in [Thread::Vcpu, Thread::EventLoop] {
+            let status = in_filtered_child(thread, SeccompMode::On, || {
+                terminal_ioctl(0, libc::TCSETS);
+                terminal_ioctl(0, libc::TCGETS);
+            });
+            assert_eq!(exit_status(status), Some(0), "{thread:?}");
+            // Another fd, or another terminal request on stdin: forbidden.
+            let status =
+                in_filtered_child(thread, SeccompMode::On, || terminal_ioctl(1, libc::TCSETS));
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, || {
+            // SAFETY: TIOCSTI with a null pointer fails with EFAULT if let through.
+            unsafe { libc::syscall(libc::SYS_ioctl, 0, ioctl_nr(libc::TIOCSTI), 0usize) };
+        });
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
     }
 
