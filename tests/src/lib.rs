@@ -482,3 +482,39 @@ impl Drop for NetNs {
         let _ = ip(&["netns", "del", &self.name]);
     }
 }
+
+/// Pseudo-terminals for tests of the console's terminal mode.
+pub mod pty {
+    #![allow(unsafe_code)]
+
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    /// A new pair (master, slave), in the default canonical, echoing mode.
+    pub fn open() -> (OwnedFd, OwnedFd) {
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty writes two fds into the live ints; name, termios
+        // and window size are not asked for (null).
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: openpty succeeded: both fds are open and ours alone.
+        unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
+    }
+
+    /// Whether the terminal on `fd` edits lines and echoes (is not raw).
+    pub fn canonical(fd: &OwnedFd) -> bool {
+        // SAFETY: all-zero is a valid termios for tcgetattr to fill.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `t` is live; a failure leaves it zeroed (not canonical).
+        let r = unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) };
+        assert_eq!(r, 0, "tcgetattr: {}", std::io::Error::last_os_error());
+        t.c_lflag & (libc::ICANON | libc::ECHO) == (libc::ICANON | libc::ECHO)
+    }
+}

@@ -14,11 +14,11 @@
 //! mode back after SIGTERM, under the filter.
 
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use minivmm_tests::pty::{self, canonical};
 use minivmm_tests::{guest_image, minivmm_bin, require, Need};
 
 /// A minivmm whose console is collected by a reader thread.
@@ -117,34 +117,6 @@ impl Drop for Running {
     }
 }
 
-/// A pseudo-terminal pair (master, slave) in its default, canonical mode.
-fn pty() -> (OwnedFd, OwnedFd) {
-    let (mut master, mut slave) = (-1, -1);
-    // SAFETY: openpty writes two fds into the live ints; name, termios and
-    // window size are not asked for (null).
-    let r = unsafe {
-        libc::openpty(
-            &mut master,
-            &mut slave,
-            std::ptr::null_mut(),
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    };
-    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
-    // SAFETY: openpty succeeded: both fds are open and ours alone.
-    unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
-}
-
-/// Whether the terminal on `fd` edits lines and echoes (not raw).
-fn canonical(fd: &OwnedFd) -> bool {
-    // SAFETY: all-zero is a valid termios for tcgetattr to fill.
-    let mut t: libc::termios = unsafe { std::mem::zeroed() };
-    // SAFETY: `t` is live and the fd an open terminal.
-    assert_eq!(unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) }, 0);
-    t.c_lflag & (libc::ICANON | libc::ECHO) == (libc::ICANON | libc::ECHO)
-}
-
 fn metrics_path(tag: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("minivmm-seccomp-{tag}-{}.json", std::process::id()))
 }
@@ -155,7 +127,7 @@ fn boot_and_check(mode: &str, want: &str) {
     let metrics = metrics_path(mode);
     let _ = std::fs::remove_file(&metrics);
     // With the filter on, the console's terminal handling runs under it.
-    let tty = (mode == "on").then(pty);
+    let tty = (mode == "on").then(pty::open);
     let stdin = match &tty {
         Some((_, slave)) => Stdio::from(slave.try_clone().expect("dup the pty")),
         None => Stdio::null(),

@@ -152,6 +152,8 @@ mod tests {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::process::{Command, Stdio};
 
+    use minivmm_tests::pty::{self, canonical};
+
     use super::*;
     use crate::seccomp::{self, SeccompMode, Thread, BAD_SYSCALL_EXIT_STATUS};
 
@@ -159,40 +161,12 @@ mod tests {
     /// the crash itself instead of spawning the child.
     const CHILD_ENV: &str = "MINIVMM_TERMINAL_TEST_CHILD";
 
-    /// A pseudo-terminal pair in its default (canonical, echoing) mode.
-    fn pty() -> (OwnedFd, OwnedFd) {
-        let (mut master, mut slave) = (-1, -1);
-        // SAFETY: openpty writes two fds into the live ints; name, termios
-        // and window size are not asked for (null).
-        let r = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
-        // SAFETY: openpty succeeded: both fds are open and now ours alone.
-        unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
-    }
-
-    fn lflag(fd: &OwnedFd) -> libc::tcflag_t {
-        // SAFETY: as in enter_raw.
-        let mut t: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: `t` is live; the fd is an open terminal.
-        assert_eq!(unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) }, 0);
-        t.c_lflag
-    }
-
     /// Runs this test binary again as `test` with stdin on a fresh pty's
     /// slave, `RUST_BACKTRACE=1`, and the child switch set; returns the exit
-    /// status, stderr, and the slave's local flags after the child ended.
-    fn crash_child(test: &str) -> (Option<i32>, String, libc::tcflag_t) {
-        let (master, slave) = pty();
-        let before = lflag(&slave);
-        assert_ne!(before & libc::ICANON, 0, "a new pty is canonical");
+    /// status, stderr, and whether the slave is canonical after the child.
+    fn crash_child(test: &str) -> (Option<i32>, String, bool) {
+        let (master, slave) = pty::open();
+        assert!(canonical(&slave), "a new pty is canonical");
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, test)
@@ -202,7 +176,7 @@ mod tests {
             .stderr(Stdio::piped())
             .output()
             .unwrap();
-        let after = lflag(&slave);
+        let after = canonical(&slave);
         drop(master);
         (
             out.status.code(),
@@ -240,7 +214,7 @@ mod tests {
         if in_child(NAME) {
             raw_then_filtered_thread(|| panic!("boom\nsecond line"));
         }
-        let (code, stderr, lflag) = crash_child(NAME);
+        let (code, stderr, canonical) = crash_child(NAME);
         assert_eq!(code, Some(PANIC_EXIT_STATUS), "stderr: {stderr}");
         let ours: Vec<&str> = stderr
             .lines()
@@ -255,8 +229,7 @@ mod tests {
         assert!(ours[0].ends_with(r"boom\nsecond line"), "{}", ours[0]);
         // Not the default hook's output, nor a backtrace.
         assert!(!stderr.contains("stack backtrace"), "stderr: {stderr}");
-        assert_ne!(lflag & libc::ICANON, 0, "terminal left raw");
-        assert_ne!(lflag & libc::ECHO, 0, "terminal left without echo");
+        assert!(canonical, "terminal left raw");
     }
 
     #[test]
@@ -269,15 +242,15 @@ mod tests {
                 unsafe { libc::syscall(libc::SYS_uname, 0usize) };
             });
         }
-        let (code, stderr, lflag) = crash_child(NAME);
+        let (code, stderr, canonical) = crash_child(NAME);
         assert_eq!(code, Some(BAD_SYSCALL_EXIT_STATUS), "stderr: {stderr}");
         assert!(stderr.contains("forbidden system call"), "stderr: {stderr}");
-        assert_ne!(lflag & libc::ICANON, 0, "terminal left raw");
+        assert!(canonical, "terminal left raw");
     }
 
     #[test]
     fn raw_mode_is_entered_and_left_on_a_pty_only() {
-        let (_master, slave) = pty();
+        let (_master, slave) = pty::open();
         // Not a terminal: nothing happens.
         let mut pipe = [0; 2];
         // SAFETY: pipe writes two fds into the live array.
@@ -287,9 +260,9 @@ mod tests {
         assert!(!enter_raw(r.as_raw_fd()));
         // A pty: raw, then back.
         assert!(enter_raw(slave.as_raw_fd()));
-        assert_eq!(lflag(&slave) & (libc::ICANON | libc::ECHO), 0);
+        assert!(!canonical(&slave));
         assert!(restore(slave.as_raw_fd()));
-        assert_ne!(lflag(&slave) & libc::ICANON, 0);
+        assert!(canonical(&slave));
         // A second restore has nothing to do.
         assert!(restore(slave.as_raw_fd()));
     }
