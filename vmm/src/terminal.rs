@@ -8,8 +8,9 @@
 //! ones, the seccomp SIGSYS handler and the panic hook, call
 //! [`restore_at_crash`], which may run in a signal handler and on any thread
 //! under its filter. So the mode to restore is saved before any filter, in
-//! memory that is never written again, and restoring it is one `TCSETS`
-//! ioctl on fd 0 (in every thread's allowlist for exactly this).
+//! memory that is never written again, and restoring it is one `tcsetattr`
+//! on fd 0: glibc's `TCSETS` ioctl and the `TCGETS` it reads the mode back
+//! with, both in every thread's allowlist for exactly this, on fd 0 only.
 //!
 //! The panic hook ([`install_panic_hook`]) makes a panic anywhere end the
 //! whole process with [`PANIC_EXIT_STATUS`] and one line on stderr. Without
@@ -40,21 +41,16 @@ pub struct RawTerminal {
 impl RawTerminal {
     /// Puts stdin in raw mode if it is a terminal (otherwise does nothing).
     /// Call it before the seccomp filters are installed.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RawTerminal {
             active: enter_raw(libc::STDIN_FILENO),
         }
     }
 
     /// Whether stdin was a terminal and is in raw mode now.
-    pub fn is_active(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_active(&self) -> bool {
         self.active
-    }
-}
-
-impl Default for RawTerminal {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -94,16 +90,16 @@ fn enter_raw(fd: libc::c_int) -> bool {
     true
 }
 
-/// Puts the saved mode back on `fd`; true if there was nothing to do.
-/// Async-signal-safe: an atomic, a read of memory written once before, and
-/// one ioctl.
+/// Puts the saved mode back on `fd`; true if that worked or there was
+/// nothing to do. Async-signal-safe: an atomic, a read of memory written
+/// once before, and `tcsetattr` (POSIX lists it as async-signal-safe).
 fn restore(fd: libc::c_int) -> bool {
     if !RAW.swap(false, Ordering::SeqCst) {
         return true;
     }
     match SAVED.get() {
         // SAFETY: `t` is the termios saved by `enter_raw`, never written
-        // again; tcsetattr(TCSANOW) is the single TCSETS ioctl.
+        // again, and lives for the whole process.
         Some(t) => unsafe { libc::tcsetattr(fd, libc::TCSANOW, t) == 0 },
         None => true,
     }
