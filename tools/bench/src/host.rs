@@ -216,6 +216,9 @@ pub struct Measured {
     pub offered: u64,
     /// Device passes of the measured direction in the window (device only).
     pub passes: u64,
+    /// CPU seconds the hypervisor stole from this machine (all its vCPUs)
+    /// during the window.
+    pub steal_s: f64,
 }
 
 impl Measured {
@@ -239,6 +242,16 @@ impl Measured {
     pub fn busy(&self) -> f64 {
         if self.secs > 0.0 {
             self.cpu_ns as f64 / (self.secs * 1e9)
+        } else {
+            0.0
+        }
+    }
+    /// Share of the machine's CPU time (all vCPUs) stolen by the
+    /// hypervisor during the window: other tenants taking the host's cores.
+    pub fn steal(&self) -> f64 {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        if self.secs > 0.0 {
+            self.steal_s / (self.secs * cpus)
         } else {
             0.0
         }
@@ -279,7 +292,8 @@ pub struct Window {
     cpu_clock: libc::clockid_t,
     /// The host sender's running count, if one feeds this run.
     offered: Option<Arc<AtomicU64>>,
-    t0: Option<(Counts, u64, u64)>,
+    /// Counts, offered count, CPU clock and stolen seconds at the start.
+    t0: Option<(Counts, u64, u64, f64)>,
     /// Result once closed.
     pub out: Measured,
 }
@@ -316,12 +330,17 @@ impl Window {
         let now = Instant::now();
         match self.t0 {
             None if now >= self.warm_end => {
-                self.t0 = Some((c, self.offered_now(), sys::clock_ns(self.cpu_clock)));
+                self.t0 = Some((
+                    c,
+                    self.offered_now(),
+                    sys::clock_ns(self.cpu_clock),
+                    sys::steal_secs(),
+                ));
                 self.start = now;
                 true
             }
             None => true,
-            Some((c0, o0, cpu0)) if now >= self.end => {
+            Some((c0, o0, cpu0, steal0)) if now >= self.end => {
                 self.out = Measured {
                     frames: c.frames - c0.frames,
                     bytes: c.bytes - c0.bytes,
@@ -331,6 +350,7 @@ impl Window {
                     offered: self.offered_now().saturating_sub(o0),
                     secs: (now - self.start).as_secs_f64(),
                     cpu_ns: sys::clock_ns(self.cpu_clock).saturating_sub(cpu0),
+                    steal_s: (sys::steal_secs() - steal0).max(0.0),
                 };
                 false
             }

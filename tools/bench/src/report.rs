@@ -49,7 +49,7 @@ fn limit_table(s: &mut String, lim: &Value) {
     let _ = writeln!(s, "\nLIMIT  (median of rounds; ratio = minivmm / raw)");
     let _ = writeln!(
         s,
-        "{:<4} {:>9} {:<12} {:>10} {:>10} {:>8} {:>10} {:>5} {:>7} {:>6} {:>8} {:>8}",
+        "{:<4} {:>9} {:<12} {:>10} {:>10} {:>8} {:>10} {:>5} {:>6} {:>7} {:>6} {:>8} {:>8}",
         "dir",
         "frame B",
         "mode",
@@ -58,6 +58,7 @@ fn limit_table(s: &mut String, lim: &Value) {
         "Gb/s",
         "cpu ns/fr",
         "busy",
+        "steal",
         "fr/pass",
         "ratio",
         "cpu rat.",
@@ -103,9 +104,13 @@ fn limit_table(s: &mut String, lim: &Value) {
             Some(p) if p > 0.0 => format!("{p:.1}"),
             _ => String::new(),
         };
+        // Older results have no steal figure.
+        let steal = med["host_steal"]
+            .as_f64()
+            .map_or_else(String::new, |x| format!("{:.1}%", x * 100.0));
         let _ = writeln!(
             s,
-            "{:<4} {:>9} {:<12} {:>10.0} {:>10} {:>8.3} {:>10.0} {:>5.2} {:>7} {:>6} {:>8} {:>8}",
+            "{:<4} {:>9} {:<12} {:>10.0} {:>10} {:>8.3} {:>10.0} {:>5.2} {:>6} {:>7} {:>6} {:>8} {:>8}",
             dir,
             size_label(r),
             r["mode"].as_str().unwrap_or(""),
@@ -114,6 +119,7 @@ fn limit_table(s: &mut String, lim: &Value) {
             f(&med["gbps"]),
             f(&med["cpu_ns_per_frame"]),
             f(&med["thread_busy"]),
+            steal,
             per_pass,
             ratio,
             cpu_ratio,
@@ -130,6 +136,11 @@ fn limit_table(s: &mut String, lim: &Value) {
     let _ = writeln!(
         s,
         "- \"65000 GSO\": 65,000-byte TCP frames with a TSO header (the JSON keys call this class 65536)."
+    );
+    let _ = writeln!(
+        s,
+        "- steal: share of this machine's CPU time (all vCPUs) the hypervisor gave to others in the mode's windows\n  \
+         (/proc/stat); fr/pass: frames per device pass."
     );
     let _ = writeln!(
         s,

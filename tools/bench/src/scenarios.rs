@@ -171,6 +171,7 @@ fn row(m: &Measured) -> Value {
         "frames": m.frames,
         "tx_dropped": m.dropped,
         "frames_per_pass": m.frames_per_pass(),
+        "host_steal": m.steal(),
         "secs": m.secs,
     })
 }
@@ -186,6 +187,7 @@ fn med(v: &[Measured]) -> Value {
         "offered_per_s": f(Measured::offered_fps),
         "tx_dropped": v.iter().map(|m| m.dropped).sum::<u64>(),
         "frames_per_pass": f(Measured::frames_per_pass),
+        "host_steal": f(Measured::steal),
         "rounds": v.iter().map(row).collect::<Vec<_>>(),
     })
 }
@@ -609,6 +611,7 @@ mod tests {
             dropped: 0,
             offered: frames * 2,
             passes: frames / 10,
+            steal_s: 0.0,
         };
         let v = med(&[m(30), m(10), m(20)]);
         assert_eq!(fps_of(&v), 20.0);

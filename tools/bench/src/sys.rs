@@ -95,6 +95,25 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CPU time stolen from this machine so far, in seconds over all its CPUs:
+/// `/proc/stat`'s `steal`, the time the hypervisor ran something else while
+/// one of this VM's vCPUs wanted to run (0 where it cannot be read).
+pub fn steal_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    steal_ticks(&stat) as f64 / hz as f64
+}
+
+/// The `steal` field (the eighth number) of the aggregate `cpu` line.
+fn steal_ticks(stat: &str) -> u64 {
+    stat.lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(8))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The CPU-time clock of the calling thread, readable from any thread of
 /// the process (`pthread_getcpuclockid`).
 pub fn current_thread_cpu_clock() -> libc::clockid_t {
@@ -276,5 +295,19 @@ pub fn die_with_parent() {
     // SAFETY: PR_SET_PDEATHSIG takes a signal number by value.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_the_eighth_number_of_the_cpu_line() {
+        let stat = "cpu  3100240 623355 3957798 3172020 16950 0 23251 86010 3644 5\n\
+                    cpu0 1 2 3 4 5 6 7 8 9 10\n";
+        assert_eq!(steal_ticks(stat), 86010);
+        assert_eq!(steal_ticks("cpu  1 2 3\n"), 0);
+        assert_eq!(steal_ticks(""), 0);
     }
 }
