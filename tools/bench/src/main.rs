@@ -199,10 +199,6 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 fn child(cli: Cli, ns: &str) -> Result<()> {
-    rig::EVENT_IDX_ON.store(
-        cli.event_idx == OnOff::On,
-        std::sync::atomic::Ordering::Relaxed,
-    );
     use scenarios::Timing;
     use serde_json::{json, Map, Value};
 
@@ -226,12 +222,15 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
         cli.scenario.iter().map(String::as_str).collect()
     };
     let smoke = wanted.contains(&"smoke");
-    let t = if smoke {
-        Timing::smoke()
-    } else if cli.quick {
-        Timing::quick()
-    } else {
-        Timing::full()
+    let t = Timing {
+        event_idx: cli.event_idx == OnOff::On,
+        ..if smoke {
+            Timing::smoke()
+        } else if cli.quick {
+            Timing::quick()
+        } else {
+            Timing::full()
+        }
     };
     let mut out = Map::new();
     out.insert("machine".into(), report::machine());

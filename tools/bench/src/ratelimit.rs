@@ -182,6 +182,7 @@ fn one_run(
         rx_buf_len: 2048,
         tx_msg: tx_msg(case.frame),
         post_rx: case.dir == Dir::Rx,
+        event_idx: t.event_idx,
     };
     let mut rig = Rig::new(&cfg)?;
     let warmup = t.warmup.max(MIN_WARMUP);

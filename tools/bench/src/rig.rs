@@ -78,10 +78,6 @@ const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
 /// virtq_desc.flags: device-writable buffer (virtio 1.1 §2.6.5).
 const VIRTQ_DESC_F_WRITE: u16 = 2;
 
-/// Whether rigs negotiate VIRTIO_RING_F_EVENT_IDX, as every Linux guest
-/// does (`netbench --event-idx on`, for every rig of a run).
-pub static EVENT_IDX_ON: AtomicBool = AtomicBool::new(false);
-
 /// How to build one device rig.
 #[derive(Debug, Clone)]
 pub struct RigConfig {
@@ -95,6 +91,9 @@ pub struct RigConfig {
     /// never reads the TAP: the host's replies to TSO frames (a RST per
     /// frame, the fake guest has no TCP peer) must not cost only one side.
     pub post_rx: bool,
+    /// Negotiate VIRTIO_RING_F_EVENT_IDX, as every Linux guest does
+    /// (`netbench --event-idx on`, [`crate::scenarios::Timing::event_idx`]).
+    pub event_idx: bool,
 }
 
 /// One queue as the lean driver sees it.
@@ -374,7 +373,7 @@ impl Rig {
         let mut drv = MockDriver::new(mem.clone(), transport).context("driver")?;
 
         let offered = drv.device_features();
-        let wanted = if EVENT_IDX_ON.load(Ordering::Relaxed) {
+        let wanted = if cfg.event_idx {
             feature::ALL | feature::EVENT_IDX
         } else {
             feature::ALL

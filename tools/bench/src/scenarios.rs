@@ -50,6 +50,9 @@ pub struct Timing {
     pub window: Duration,
     /// Window of each latency configuration.
     pub latency_window: Duration,
+    /// Every rig's driver negotiates EVENT_IDX (`--event-idx on`; off in
+    /// every figure of BENCHMARKS.md).
+    pub event_idx: bool,
 }
 
 impl Timing {
@@ -61,6 +64,7 @@ impl Timing {
             warmup: Duration::from_millis(150),
             window: Duration::from_millis(500),
             latency_window: Duration::from_millis(1200),
+            event_idx: false,
         }
     }
     /// The full run.
@@ -71,6 +75,7 @@ impl Timing {
             warmup: Duration::from_millis(300),
             window: Duration::from_millis(1500),
             latency_window: Duration::from_secs(3),
+            event_idx: false,
         }
     }
     /// The smoke test's tiny run.
@@ -81,6 +86,7 @@ impl Timing {
             warmup: Duration::from_millis(100),
             window: Duration::from_millis(300),
             latency_window: Duration::from_millis(600),
+            event_idx: false,
         }
     }
 }
@@ -231,6 +237,7 @@ fn one_limit_run(
                 rx_buf_len: rx_buf,
                 tx_msg: tx_msg(size),
                 post_rx: dir == Dir::Rx,
+                event_idx: t.event_idx,
             };
             let mut rig = Rig::new(&cfg)?;
             match dir {
@@ -386,6 +393,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
                 rx_buf_len: b,
                 tx_msg: tx_msg(64),
                 post_rx: true,
+                event_idx: t.event_idx,
             };
             let mut rig = Rig::new(&cfg)?;
             let m = rig.run_rx(sender.counter(), t.warmup, t.window)?;
@@ -551,6 +559,7 @@ pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
                 rx_buf_len: 2048,
                 tx_msg: tiny.clone(),
                 post_rx: true,
+                event_idx: t.event_idx,
             };
             let mut rig = Rig::new(&cfg)?;
             let (s, m) = rig.run_latency(window, *flood)?;
