@@ -423,7 +423,7 @@ const SI_SYSCALL_OFFSET: usize = 24;
 
 /// The SIGSYS handler: the terminal's mode back, one line naming the call
 /// on stderr, then [`BAD_SYSCALL_EXIT_STATUS`]. Async-signal-safe: no
-/// allocation, no lock, only ioctl(0, TCSETS), write(2) and _exit(2), all in
+/// allocation, no lock, only tcsetattr on fd 0 (TCSETS, TCGETS), write(2) and _exit(2), all in
 /// every allowlist.
 extern "C" fn sigsys_handler(
     _sig: libc::c_int,
