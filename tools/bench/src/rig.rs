@@ -379,6 +379,12 @@ impl Rig {
             feature::ALL
         };
         let acked = offered & wanted;
+        // `--event-idx on` must measure an EVENT_IDX driver, or say why not.
+        if cfg.event_idx && acked & feature::EVENT_IDX == 0 {
+            return Err(anyhow!(
+                "--event-idx on: the device does not offer EVENT_IDX"
+            ));
+        }
         drv.negotiate(acked).context("feature negotiation")?;
         let rx_layout = drv.setup_queue(RX_INDEX, qsize).context("RX queue")?;
         let tx_layout = drv.setup_queue(TX_INDEX, qsize).context("TX queue")?;
