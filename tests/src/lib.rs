@@ -512,7 +512,7 @@ pub mod pty {
     pub fn canonical(fd: &OwnedFd) -> bool {
         // SAFETY: all-zero is a valid termios for tcgetattr to fill.
         let mut t: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: `t` is live; a failure leaves it zeroed (not canonical).
+        // SAFETY: `t` is a live termios for the kernel to fill; the fd is open.
         let r = unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut t) };
         assert_eq!(r, 0, "tcgetattr: {}", std::io::Error::last_os_error());
         t.c_lflag & (libc::ICANON | libc::ECHO) == (libc::ICANON | libc::ECHO)

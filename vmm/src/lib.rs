@@ -34,6 +34,12 @@ pub fn error_line(e: &dyn std::error::Error) -> String {
         s.push_str(&cause.to_string());
         source = cause.source();
     }
+    one_line(s)
+}
+
+/// `s` with its control characters escaped (`\n`, `\u{1b}`), so that it
+/// prints as one line whatever it holds.
+pub fn one_line(s: String) -> String {
     if !s.contains(char::is_control) {
         return s;
     }

@@ -117,34 +117,37 @@ fn allow(syscall: libc::c_long) -> Entry {
 
 /// `ioctl(fd, request, ...)` for these request numbers only.
 fn allow_ioctls(requests: &[u64]) -> Entry {
-    let rules = requests
-        .iter()
-        .map(|&request| {
-            // The request is the kernel's `unsigned int cmd`: compare 32 bits.
-            let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
-                .expect("argument index 1 is valid");
-            SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
-        })
-        .collect();
-    (libc::SYS_ioctl, rules)
+    ioctls_on(None, requests)
 }
 
 /// `ioctl(0, TCSETS | TCGETS, ...)` only: what glibc's `tcsetattr` on stdin
 /// makes (it reads the mode back to check it).
 fn allow_stdin_tcsetattr() -> Entry {
-    let rules = [libc::TCSETS, libc::TCGETS]
+    ioctls_on(
+        Some(libc::STDIN_FILENO as u64),
+        &[ioctl_nr(libc::TCSETS), ioctl_nr(libc::TCGETS)],
+    )
+}
+
+/// `ioctl` for these request numbers, on `fd` only if one is given.
+fn ioctls_on(fd: Option<u64>, requests: &[u64]) -> Entry {
+    let rules = requests
         .iter()
         .map(|&request| {
-            let fd = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, 0)
-                .expect("argument index 0 is valid");
-            let request = SeccompCondition::new(
-                1,
-                SeccompCmpArgLen::Dword,
-                SeccompCmpOp::Eq,
-                ioctl_nr(request),
-            )
-            .expect("argument index 1 is valid");
-            SeccompRule::new(vec![fd, request]).expect("a rule with two conditions is valid")
+            // The request is the kernel's `unsigned int cmd`, the fd an
+            // `unsigned int` too: compare 32 bits.
+            let mut conds =
+                vec![
+                    SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                        .expect("argument index 1 is valid"),
+                ];
+            if let Some(fd) = fd {
+                conds.push(
+                    SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, fd)
+                        .expect("argument index 0 is valid"),
+                );
+            }
+            SeccompRule::new(conds).expect("a rule with one or two conditions is valid")
         })
         .collect();
     (libc::SYS_ioctl, rules)

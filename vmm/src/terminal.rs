@@ -130,7 +130,7 @@ pub fn install_panic_hook() {
             thread.name().unwrap_or("?"),
             info.location()
                 .map_or_else(|| "?".to_string(), ToString::to_string),
-            crate::error_line(&std::io::Error::other(msg)),
+            crate::one_line(msg.to_string()),
         );
         // SAFETY: `line` is a live buffer of `line.len()` bytes; fd 2 is
         // stderr (a failed write changes nothing). _exit never returns and
@@ -145,7 +145,7 @@ pub fn install_panic_hook() {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     use std::process::{Command, Stdio};
 
     use minivmm_tests::pty::{self, canonical};
@@ -248,11 +248,7 @@ mod tests {
     fn raw_mode_is_entered_and_left_on_a_pty_only() {
         let (_master, slave) = pty::open();
         // Not a terminal: nothing happens.
-        let mut pipe = [0; 2];
-        // SAFETY: pipe writes two fds into the live array.
-        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
-        // SAFETY: both fds are open and ours.
-        let (r, _w) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+        let (r, _w) = std::io::pipe().unwrap();
         assert!(!enter_raw(r.as_raw_fd()));
         // A pty: raw, then back.
         assert!(enter_raw(slave.as_raw_fd()));
