@@ -7,15 +7,15 @@
 //! panic, which libFuzzer reports as a crash and `cargo test` as a failure.
 //! Two callers share the functions:
 //!
-//! - the cargo-fuzz crate in `devices/fuzz` (nightly, libFuzzer), whose
+//! - the cargo-fuzz crate in `fuzz/libfuzzer` (nightly, libFuzzer), whose
 //!   `fuzz_targets/*.rs` only call [`TARGETS`]' functions;
 //! - this crate's `tests/replay.rs` (stable, CI): every committed corpus
-//!   input (`devices/fuzz/corpus/<target>/`) and a bounded number of fresh
+//!   input (`fuzz/corpus/<target>/`) and a bounded number of fresh
 //!   random inputs per target.
 //!
 //! Adding a target: a module with a `pub fn run(data: &[u8])`, an entry in
 //! [`TARGETS`], a `fuzz_targets/<name>.rs` and a `[[bin]]` in
-//! `devices/fuzz/Cargo.toml`, and a seed corpus directory. [`common`] builds
+//! `fuzz/libfuzzer/Cargo.toml`, and a seed corpus directory. [`common`] builds
 //! guest memory and a net device behind its transport for device targets.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]

@@ -4,7 +4,7 @@
 //!
 //! The random inputs come from a seed printed with the results; rerun with
 //! `MINIVMM_FUZZ_SEED=<seed>` to replay a failure, and the failing input is
-//! printed in hex for `devices/fuzz/corpus/<target>/`.
+//! printed in hex for `fuzz/corpus/<target>/`.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ fn seed() -> u64 {
 /// and its bytes before failing the test.
 fn run_one(target: &Target, input: &[u8], origin: &str) {
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| (target.run)(input))) {
-        // The bytes, for devices/fuzz/corpus/<target>/ (`xxd -r -p`).
+        // The bytes, for fuzz/corpus/<target>/ (`xxd -r -p`).
         let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
         eprintln!(
             "fuzz target {} failed on {origin} ({} bytes): {hex}",

@@ -2,16 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs a libFuzzer campaign on one target and prints its figures.
 #
-#   bash devices/fuzz/campaign.sh <target> [seconds] [jobs]
-#   FUZZ_FLAGS="-a -s none" bash devices/fuzz/campaign.sh net_datapath 3600
+#   bash fuzz/campaign.sh <target> [seconds] [jobs]
+#   FUZZ_FLAGS="-a -s none" bash fuzz/campaign.sh net_datapath 3600
 #
 # Needs nightly and cargo-fuzz (`cargo install cargo-fuzz`). New inputs go to
-# the working corpus devices/fuzz/libfuzzer/corpus/<target> (not committed);
-# the committed seeds in devices/fuzz/corpus/<target> are read as well. With
+# the working corpus fuzz/libfuzzer/corpus/<target> (not committed);
+# the committed seeds in fuzz/corpus/<target> are read as well. With
 # MERGE=1 the inputs that add coverage are merged into the committed seeds
 # afterwards (keep them small: that corpus is replayed by every CI run).
-# Crashes land in devices/fuzz/libfuzzer/artifacts/<target>/; replay one with
-# `cargo +nightly fuzz run --fuzz-dir devices/fuzz/libfuzzer <target> <file>`.
+# Crashes land in fuzz/libfuzzer/artifacts/<target>/; replay one with
+# `cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer <target> <file>`.
 set -euo pipefail
 # From inside the cargo-fuzz crate: libFuzzer writes its per-job logs
 # (fuzz-N.log) to the current directory.
