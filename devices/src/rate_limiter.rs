@@ -179,9 +179,14 @@ impl TokenBucket {
 
     /// Nanoseconds from `now_ns` until `tokens` fit (after [`Self::refill`]
     /// at `now_ns`), at least 1 when they do not fit now.
+    ///
+    /// Only the budget counts: [`Self::take`] spends the one-time burst
+    /// first, so a budget below `size` means the burst is gone, and a frame
+    /// that does not fit always finds the budget below `size`.
     fn wait_ns(&self, tokens: u64, now_ns: u64) -> u64 {
+        debug_assert_eq!(self.burst, 0, "a frame waits only once the burst is spent");
         let want = i128::from(tokens.min(self.size));
-        self.until(want - i128::from(self.burst) - self.budget, now_ns)
+        self.until(want - self.budget, now_ns)
     }
 
     /// Nanoseconds from `now_ns` until the budget is full again (after
@@ -544,6 +549,37 @@ mod tests {
         assert_eq!(b.available(1000 * MS), 100);
         assert_eq!(b.reduce(100, 1000 * MS), Ok(()));
         assert!(b.reduce(1, 1000 * MS).is_err());
+    }
+
+    #[test]
+    fn a_frame_paid_from_the_burst_costs_the_budget_nothing() {
+        let mut b = bucket(100, 50, 100);
+        assert_eq!(b.reduce(30, 0), Ok(()));
+        // 20 left of the burst, the budget untouched.
+        assert_eq!(b.available(0), 120);
+        assert_eq!(b.reduce(120, 0), Ok(()));
+        // A frame larger than what is left of the burst pays the rest from
+        // the budget, and only the rest.
+        let mut b = bucket(100, 50, 100);
+        assert_eq!(b.reduce(80, 0), Ok(()));
+        assert_eq!(b.available(0), 70);
+    }
+
+    #[test]
+    fn a_partly_full_bucket_waits_only_for_the_missing_tokens() {
+        // 10 tokens per ms; 400 left after a 600-token frame.
+        let mut b = bucket(1000, 0, 100);
+        assert_eq!(b.reduce(600, 0), Ok(()));
+        // 500 wanted, 100 missing: 10 ms, not the time to earn all 500.
+        assert_eq!(b.reduce(500, 0), Err(10 * MS));
+        // A burst is spent first: 650 = 50 from it and 600 from the budget.
+        let mut b = bucket(1000, 50, 100);
+        assert_eq!(b.reduce(650, 0), Ok(()));
+        assert_eq!(b.available(0), 400);
+        let mut b = bucket(1000, 100, 100);
+        assert_eq!(b.reduce(650, 0), Ok(()));
+        assert_eq!(b.available(0), 450);
+        assert_eq!(b.reduce(500, 0), Err(5 * MS));
     }
 
     #[test]
