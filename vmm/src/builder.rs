@@ -28,7 +28,7 @@ use linux_loader::loader::{bzimage::BzImage, elf::Elf, KernelLoader, KernelLoade
 use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, ReadVolatile};
 
-use crate::config::{NetConfig, TapBackend, VmmConfig};
+use crate::config::{NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
 use crate::event_loop::Vmm;
 use crate::host;
@@ -161,7 +161,7 @@ pub fn claim_tap_fds(cfg: &VmmConfig) -> Result<TapFds, BuildError> {
 /// Opens (or adopts) the TAP of `net`, saying at warn level what an
 /// operator should know: a TAP that had to be created, a TAP that is down,
 /// a host MTU that differs from the guest's.
-fn open_tap(net: &NetConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
+fn open_tap(net: &NicConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
     let tap_err = |e| BuildError::Tap(net.id.clone(), e);
     let tap = match &net.tap {
         TapBackend::Named(name) => {
@@ -647,6 +647,7 @@ mod tests {
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
+            seccomp: crate::seccomp::SeccompMode::Off,
         };
         let err = build(&cfg("/nonexistent/bzImage"), TapFds::new())
             .err()

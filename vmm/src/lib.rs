@@ -5,9 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod builder;
-pub mod cli;
 pub mod config;
-pub mod config_file;
 pub mod device_manager;
 pub mod event_loop;
 pub mod host;
