@@ -30,13 +30,13 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, ReadVolatile};
 
 use crate::config::{NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
-use crate::event_loop::Vmm;
 use crate::host;
 use crate::kvm::{self, KvmError};
 use crate::memory::{self, MemoryError};
 use crate::metrics::Metrics;
 use crate::vcpu::{Vcpu, VcpuError};
 use crate::vm_exit::ExitSink;
+use crate::vmm::{Devices, KvmVm, Vmm};
 
 /// The command line every guest starts from: the console on the UART we
 /// emulate, reset through the keyboard controller (our i8042 ends the VMM),
@@ -541,20 +541,20 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
         cfg.vcpus
     );
 
-    Ok(Vmm {
-        _kvm: kvm,
-        _vm: vm,
-        _mem: mem,
-        devices,
-        events,
-        exit,
+    Ok(Vmm::new(
+        KvmVm::new(kvm, vm, mem),
+        Devices {
+            manager: devices,
+            events,
+            serial,
+            i8042,
+            panicked,
+        },
         vcpus,
-        serial,
-        i8042,
-        panicked,
+        exit,
         metrics,
-        metrics_interval_s: cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
-    })
+        cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
+    ))
 }
 
 #[cfg(test)]

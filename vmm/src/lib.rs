@@ -19,6 +19,7 @@ pub mod sink;
 pub mod terminal;
 pub mod vcpu;
 pub mod vm_exit;
+pub mod vmm;
 
 /// Formats an error and its causes on one line (`a: b: c`): every
 /// configuration or start-up failure is reported this way. Control

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use devices::virtio::net::NetMetrics;
@@ -59,6 +59,11 @@ struct Line<'a> {
     vmm: VmmLine<'a>,
     #[serde(flatten)]
     nets: BTreeMap<&'a str, &'a NetMetrics>,
+}
+
+/// Locks a shared metrics writer; a poisoned lock still holds usable counters.
+pub fn lock_metrics(m: &Mutex<Metrics>) -> MutexGuard<'_, Metrics> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The metrics writer: where lines go and what they report.
