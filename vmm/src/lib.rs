@@ -9,6 +9,7 @@ pub mod config;
 pub mod device_manager;
 pub mod event_loop;
 pub mod host;
+pub mod kernel;
 pub mod kvm;
 pub mod logger;
 pub mod memory;
