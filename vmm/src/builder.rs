@@ -38,13 +38,13 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
-use crate::host;
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::{self, KvmError};
 use crate::memory::{self, MemoryError};
 use crate::metrics::Metrics;
+use crate::pvm;
 use crate::vcpu::{Vcpu, VcpuError};
-use crate::vm_exit::ExitSink;
+use crate::vm_exit::ExitLatch;
 use crate::vmm::{Devices, KvmVm, Vmm};
 
 /// The command line every guest starts from: the console on the UART we
@@ -218,7 +218,7 @@ pub fn compose_cmdline(
     }
     let mut added = Vec::new();
     if quirks {
-        added.push(host::PVM_CMDLINE.to_string());
+        added.push(pvm::PVM_CMDLINE.to_string());
     }
     added.extend(device_words.iter().cloned());
     for word in &added {
@@ -285,7 +285,7 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
 
     let mut events: Events = EventManager::new()
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
-    let exit = ExitSink::new().map_err(BuildError::EventLoop)?;
+    let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut devices = DeviceManager::new();
     let serial = attach_serial(&mut devices, &vm, panicked.clone())?;
@@ -396,8 +396,8 @@ fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
 /// Resolves `--host-quirks` against this host and says so when the PVM
 /// recoveries apply.
 fn host_quirks(mode: HostQuirks) -> bool {
-    let pvm_host = host::is_pvm_host();
-    let quirks = host::quirks_enabled(mode, pvm_host);
+    let pvm_host = pvm::is_pvm_host();
+    let quirks = pvm::quirks_enabled(mode, pvm_host);
     if quirks {
         info!(
             "PVM-backed KVM {}: adding '{}' to the guest command line and recovering INT3 \
@@ -407,7 +407,7 @@ fn host_quirks(mode: HostQuirks) -> bool {
             } else {
                 "assumed (--host-quirks on)"
             },
-            host::PVM_CMDLINE
+            pvm::PVM_CMDLINE
         );
     }
     quirks
@@ -533,7 +533,7 @@ mod tests {
     fn cmdline_has_defaults_quirks_devices_then_user_words() {
         let words = vec!["virtio_mmio.device=4K@0xd0000000:5".to_string()];
         let (c, added) = compose_cmdline(None, true, &words, Some(" minivmm.mode=serve ")).unwrap();
-        assert_eq!(added, vec![host::PVM_CMDLINE.to_string(), words[0].clone()]);
+        assert_eq!(added, vec![pvm::PVM_CMDLINE.to_string(), words[0].clone()]);
         let s = c.as_cstring().unwrap().into_string().unwrap();
         assert!(s.starts_with(DEFAULT_CMDLINE), "{s}");
         let quirk = s.find("noxsave nopv").unwrap();

@@ -4,7 +4,7 @@
 //! Beside every device backend (virtio-net RX/TX), the event manager of the
 //! main thread serves [`Control`]: console input, the i8042 reset line, the
 //! vCPUs' exit notifications, the stop signals and the metrics timer.
-//! Whatever ends the VM is recorded once in an [`ExitSink`], which
+//! Whatever ends the VM is recorded once in an [`ExitLatch`], which
 //! [`crate::vmm::Vmm::run`] waits for. Metrics lines are written on the
 //! timerfd (every `--metrics-interval` seconds) and on SIGUSR1.
 
@@ -22,7 +22,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::metrics::{lock_metrics, Metrics};
 use crate::signals::SignalFd;
-use crate::vm_exit::{ExitSink, VmExit};
+use crate::vm_exit::{ExitLatch, VmExit};
 
 const EXIT_EVENT: u32 = 0;
 const RESET_EVENT: u32 = 1;
@@ -32,7 +32,7 @@ const METRICS_EVENT: u32 = 4;
 
 /// Serves the VM's control events on the main loop.
 pub struct Control {
-    exit: ExitSink,
+    exit: ExitLatch,
     exit_evt: EventFd,
     reset_evt: EventFd,
     signals: SignalFd,
@@ -49,7 +49,7 @@ impl Control {
     /// `metrics_timer` and SIGUSR1. `panicked` tells a reset after a guest
     /// kernel panic from a plain one.
     pub fn new(
-        exit: ExitSink,
+        exit: ExitLatch,
         reset_evt: EventFd,
         signals: SignalFd,
         serial: Arc<Mutex<SerialDevice>>,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use devices::virtio::net::NetMetrics;
 use serde::Serialize;
 
-use crate::sink::LineSink;
+use crate::line_writer::NonBlockingLineWriter;
 
 /// How long the exit flush waits for a slow FIFO reader.
 const EXIT_DRAIN: Duration = Duration::from_secs(1);
@@ -69,7 +69,7 @@ pub fn lock_metrics(m: &Mutex<Metrics>) -> MutexGuard<'_, Metrics> {
 /// The metrics writer: where lines go and what they report.
 #[derive(Debug)]
 pub struct Metrics {
-    sink: LineSink,
+    out: NonBlockingLineWriter,
     start: Instant,
     exits: Arc<VcpuExits>,
     nets: Vec<(String, Arc<NetMetrics>)>,
@@ -79,7 +79,7 @@ impl Metrics {
     /// Opens the file or FIFO (once, for the life of the process).
     pub fn open(path: &Path) -> std::io::Result<Metrics> {
         Ok(Metrics {
-            sink: LineSink::open(path)?,
+            out: NonBlockingLineWriter::open(path)?,
             start: Instant::now(),
             exits: Arc::default(),
             nets: Vec::new(),
@@ -109,7 +109,7 @@ impl Metrics {
             vmm: VmmLine {
                 uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 vcpu_exits: &self.exits,
-                metrics_lines_dropped: self.sink.dropped_lines(),
+                metrics_lines_dropped: self.out.dropped_lines(),
             },
             nets: self
                 .nets
@@ -126,14 +126,14 @@ impl Metrics {
     /// Writes one line.
     pub fn flush(&mut self) {
         let line = self.line();
-        self.sink.write_line(line.as_bytes());
+        self.out.write_line(line.as_bytes());
     }
 
     /// Writes the final line and gives a slow FIFO reader a moment to take
     /// what is pending.
     pub fn finish(&mut self) {
         self.flush();
-        self.sink.drain(EXIT_DRAIN);
+        self.out.drain(EXIT_DRAIN);
     }
 }
 

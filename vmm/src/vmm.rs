@@ -5,7 +5,7 @@
 //! The builder hands [`Vmm::new`] everything it made; [`Vmm::run`] blocks
 //! the stop signals, starts the vCPU threads, each under its seccomp filter,
 //! and runs the event manager (device backends and the [`Control`] events)
-//! until an [`ExitSink`] holds a reason. It then restores the terminal,
+//! until an [`ExitLatch`] holds a reason. It then restores the terminal,
 //! writes the last metrics line and returns the reason, from which `main`
 //! picks the process exit status.
 
@@ -28,7 +28,7 @@ use crate::seccomp::{Filters, Gate, Thread};
 use crate::signals::SignalFd;
 use crate::terminal::RawTerminal;
 use crate::vcpu::Vcpu;
-use crate::vm_exit::{ExitSink, VmExit};
+use crate::vm_exit::{ExitLatch, VmExit};
 
 /// The KVM objects of a VM. Never read once the VM is built, only owned:
 /// the VM fd and guest memory must outlive the vCPU threads, which run until
@@ -72,7 +72,7 @@ pub struct Vmm {
     serial: Arc<Mutex<SerialDevice>>,
     i8042: Arc<Mutex<I8042>>,
     panicked: Arc<AtomicBool>,
-    exit: ExitSink,
+    exit: ExitLatch,
     vcpus: Vec<Vcpu>,
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
@@ -86,7 +86,7 @@ impl Vmm {
         vm: KvmVm,
         devices: Devices,
         vcpus: Vec<Vcpu>,
-        exit: ExitSink,
+        exit: ExitLatch,
         metrics: Option<Metrics>,
         metrics_interval_s: u64,
     ) -> Vmm {
@@ -151,7 +151,7 @@ impl Vmm {
         // threads waiting at the gate.
         let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
         for vcpu in self.vcpus.drain(..) {
-            let sink = self.exit.clone();
+            let exit = self.exit.clone();
             let first = vcpu.id() == 0;
             let gate = gate.clone();
             let filter = filters.vcpu.clone();
@@ -160,7 +160,7 @@ impl Vmm {
                 .spawn(move || {
                     // The thread's first act: nothing of the guest runs unfiltered.
                     if let Err(e) = gate.install_and_wait(Thread::Vcpu, filter.as_ref()) {
-                        sink.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
+                        exit.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
                         return;
                     }
                     if first {
@@ -169,7 +169,7 @@ impl Vmm {
                             start.elapsed().as_millis()
                         );
                     }
-                    vcpu.run(sink)
+                    vcpu.run(exit)
                 })?;
         }
         // After the spawns, so the vCPU threads do not inherit this list.
