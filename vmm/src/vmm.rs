@@ -2,7 +2,7 @@
 //! A built VM and how it runs: vCPU threads plus one event loop on the main
 //! thread.
 //!
-//! The builder hands [`Vmm::new`] everything it made; [`Vmm::run`] blocks
+//! The builder hands `Vmm::new` everything it made; [`Vmm::run`] blocks
 //! the stop signals, starts the vCPU threads, each under its seccomp filter,
 //! and runs the event manager (device backends and the [`Control`] events)
 //! until an [`ExitLatch`] holds a reason. It then restores the terminal,

@@ -2,7 +2,7 @@
 //! Typed configuration of one VM: [`VmmConfig`], the whole of it.
 //!
 //! Two inputs describe a VM: the command line ([`cli`]) and a
-//! Firecracker-style config file ([`file`]). Each turns its text into
+//! Firecracker-style config file ([`mod@file`]). Each turns its text into
 //! [`settings::Settings`], which holds only what the user wrote;
 //! [`settings::Settings::overlay`] layers the command line over the file and
 //! [`settings::Settings::finish`] applies the defaults and validates

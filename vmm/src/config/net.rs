@@ -2,9 +2,9 @@
 //! Network interfaces as the user writes them, and their validation.
 //!
 //! A [`NetSpec`] is one interface from a `--net`, a `--tap` or a config
-//! file's `network-interfaces` entry, every field optional. [`finish_net`]
+//! file's `network-interfaces` entry, every field optional. `finish_net`
 //! applies the defaults and checks each value into a [`NicConfig`];
-//! [`check_unique`] then checks the interfaces against each other.
+//! `check_unique` then checks the interfaces against each other.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -77,7 +77,7 @@ impl fmt::Display for MacAddr {
 }
 
 /// One NIC as the user wrote it (a `--net`, a `--tap` or a config-file
-/// interface): every field optional until [`finish_net`].
+/// interface): every field optional until `finish_net`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetSpec {
     /// `id=` / `iface_id`.
@@ -270,7 +270,7 @@ pub(super) fn check_unique(nets: &[NicConfig]) -> Result<(), ConfigError> {
 
 /// Parses a list of offload names: `csum`, `tso4`, `tso6`, `tso` (both),
 /// `ufo`, or one of `all` and `none`. The result is not yet validated
-/// (TSO without csum is caught by [`finish_net`]).
+/// (TSO without csum is caught by `finish_net`).
 pub fn parse_offloads<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Offloads, String> {
     let mut o = Offloads::NONE;
     for name in names {
