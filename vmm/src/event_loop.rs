@@ -24,6 +24,12 @@ use crate::metrics::{lock_metrics, Metrics};
 use crate::signals::SignalFd;
 use crate::vm_exit::{ExitLatch, VmExit};
 
+/// The log target of this module's lines and of [`crate::vmm::Vmm::run`]'s
+/// ("boot: N ms from start to first vCPU entry", "run time: N ms"), so that
+/// a `module` filter or a log reader finds the running VM's lines under one
+/// name.
+pub const LOG_TARGET: &str = module_path!();
+
 const EXIT_EVENT: u32 = 0;
 const RESET_EVENT: u32 = 1;
 const SIGNAL_EVENT: u32 = 2;

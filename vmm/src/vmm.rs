@@ -22,7 +22,7 @@ use log::info;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::device_manager::{DeviceManager, Events};
-use crate::event_loop::Control;
+use crate::event_loop::{Control, LOG_TARGET};
 use crate::metrics::{lock_metrics, Metrics};
 use crate::seccomp::{Filters, Gate, Thread};
 use crate::signals::SignalFd;
@@ -165,6 +165,7 @@ impl Vmm {
                     }
                     if first {
                         info!(
+                            target: LOG_TARGET,
                             "boot: {} ms from start to first vCPU entry",
                             start.elapsed().as_millis()
                         );
@@ -190,7 +191,7 @@ impl Vmm {
             .exit
             .reason()
             .expect("the loop ends only once a reason is recorded");
-        info!("run time: {} ms", start.elapsed().as_millis());
+        info!(target: LOG_TARGET, "run time: {} ms", start.elapsed().as_millis());
         Ok(reason)
     }
 }
