@@ -1,79 +1,63 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Building a VM from a [`VmmConfig`].
 //!
-//! The order matters and follows what can fail cheapest first: the kernel and
-//! initramfs files are opened and recognised, then KVM is checked, memory
-//! created, devices attached (a bad TAP fails here, before boot), the kernel
-//! and initramfs loaded, the boot tables written, and the vCPUs configured.
+//! [`build`] runs named steps in an order that fails cheapest first: the
+//! kernel, initramfs and metrics files are opened and the kernel recognised
+//! ([`crate::kernel`]); KVM is checked and the VM created (`create_vm`);
+//! guest memory is created (`guest_memory`), then the irqchip and PIT
+//! (`create_irqchip`); the devices are attached (`attach_serial`, the
+//! i8042, `attach_net`, where a bad TAP fails, before boot); the kernel and
+//! initramfs are loaded; the command line is composed (`kernel_cmdline`)
+//! and the boot tables written (`write_boot_tables`); and the vCPUs are
+//! created and configured (`create_vcpus`). `--log-level debug` shows how
+//! long each step took.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arch::x86_64::boot_params::{
-    configure_zero_page, initrd_load_addr, kernel_entry_point, write_cmdline, ZeroPageConfig,
+    configure_zero_page, kernel_entry_point, write_cmdline, ZeroPageConfig,
 };
-use arch::x86_64::layout::{CMDLINE_MAX_SIZE, CMDLINE_START, HIMEM_START, ZERO_PAGE_START};
+use arch::x86_64::layout::{
+    CMDLINE_MAX_SIZE, CMDLINE_START, IRQ_MAX, KVM_TSS_ADDRESS, ZERO_PAGE_START,
+};
 use arch::x86_64::{arch_memory_regions, setup_mptable};
+use devices::legacy::serial::SerialDevice;
 use devices::virtio::net::{Tap, TapError};
 use event_manager::EventManager;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VmFd};
 use linux_loader::cmdline::Cmdline;
-use linux_loader::loader::{bzimage::BzImage, elf::Elf, KernelLoader, KernelLoaderResult};
+use linux_loader::loader::KernelLoaderResult;
 use log::{debug, info, warn};
-use vm_memory::{GuestAddress, GuestMemoryBackend, ReadVolatile};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use crate::config::{NetConfig, TapBackend, VmmConfig};
+use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
-use crate::event_loop::Vmm;
-use crate::host;
+use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::{self, KvmError};
 use crate::memory::{self, MemoryError};
 use crate::metrics::Metrics;
+use crate::pvm;
 use crate::vcpu::{Vcpu, VcpuError};
-use crate::vm_exit::ExitSink;
+use crate::vm_exit::ExitLatch;
+use crate::vmm::{Devices, KvmVm, Vmm};
 
 /// The command line every guest starts from: the console on the UART we
 /// emulate, reset through the keyboard controller (our i8042 ends the VMM),
 /// reboot immediately on panic, and no PCI probing (there is no PCI bus).
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
 
-/// Identity map and TSS addresses for Intel hosts: three pages just below
-/// the 4 GiB boundary, inside the MMIO gap so they never shadow RAM.
-const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
-
 /// Errors building a VM; each is one line for the user.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    /// The kernel file cannot be opened.
-    #[error("cannot open kernel '{0}'")]
-    OpenKernel(PathBuf, #[source] std::io::Error),
-    /// The kernel file is neither ELF nor bzImage.
-    #[error("kernel '{0}' is neither an ELF vmlinux nor a bzImage")]
-    KernelFormat(PathBuf),
-    /// The bzImage is shorter than its own header says.
-    #[error("kernel '{0}' is truncated: its header promises {1} bytes, the file has {2}")]
-    Truncated(PathBuf, u64, u64),
-    /// The kernel could not be loaded (truncated, corrupt, too big for memory).
-    #[error("cannot load kernel '{0}' (truncated image, or too big for guest memory?)")]
-    LoadKernel(PathBuf, #[source] linux_loader::loader::Error),
-    /// The initramfs file cannot be opened.
-    #[error("cannot open initramfs '{0}'")]
-    OpenInitramfs(PathBuf, #[source] std::io::Error),
-    /// The initramfs does not fit in guest memory.
-    #[error("initramfs '{0}' does not fit in guest memory (raise --mem)")]
-    InitramfsFit(
-        PathBuf,
-        #[source] arch::x86_64::boot_params::BootParamsError,
-    ),
-    /// The initramfs could not be copied into guest memory.
-    #[error("cannot read initramfs '{0}' into guest memory")]
-    ReadInitramfs(PathBuf, #[source] vm_memory::GuestMemoryError),
+    /// The kernel or initramfs cannot be opened or loaded.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
     /// KVM is missing or lacks something.
     #[error(transparent)]
     Kvm(#[from] KvmError),
@@ -161,7 +145,7 @@ pub fn claim_tap_fds(cfg: &VmmConfig) -> Result<TapFds, BuildError> {
 /// Opens (or adopts) the TAP of `net`, saying at warn level what an
 /// operator should know: a TAP that had to be created, a TAP that is down,
 /// a host MTU that differs from the guest's.
-fn open_tap(net: &NetConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
+fn open_tap(net: &NicConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
     let tap_err = |e| BuildError::Tap(net.id.clone(), e);
     let tap = match &net.tap {
         TapBackend::Named(name) => {
@@ -217,71 +201,6 @@ fn open_tap(net: &NetConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
     Ok(tap)
 }
 
-/// What the kernel file turned out to be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelFormat {
-    /// An ELF vmlinux, entered at its 64-bit entry point.
-    Elf,
-    /// A bzImage, entered through the 64-bit boot protocol.
-    BzImage,
-}
-
-/// Recognises a kernel image from its first bytes: the ELF magic, or the
-/// "HdrS" boot-protocol signature at offset 0x202 of a bzImage.
-pub fn detect_kernel_format(head: &[u8]) -> Option<KernelFormat> {
-    if head.starts_with(b"\x7fELF") {
-        return Some(KernelFormat::Elf);
-    }
-    if head.get(0x202..0x206) == Some(b"HdrS") {
-        return Some(KernelFormat::BzImage);
-    }
-    None
-}
-
-/// The size a bzImage must have according to its setup header (Linux boot
-/// protocol: `setup_sects` at 0x1f1, 0 meaning 4, plus the boot sector, then
-/// `syssize` 16-byte paragraphs of protected-mode code at 0x1f4).
-/// linux-loader reads what is there, so a cut image would boot into garbage.
-pub fn bzimage_expected_len(head: &[u8]) -> Option<u64> {
-    let setup_sects = match *head.get(0x1f1)? {
-        0 => 4,
-        n => u64::from(n),
-    };
-    let syssize = u32::from_le_bytes(head.get(0x1f4..0x1f8)?.try_into().ok()?);
-    Some((setup_sects + 1) * 512 + u64::from(syssize) * 16)
-}
-
-fn open_kernel(path: &Path) -> Result<(File, KernelFormat), BuildError> {
-    let mut file = File::open(path).map_err(|e| BuildError::OpenKernel(path.into(), e))?;
-    let mut head = [0u8; 0x206];
-    let n = read_up_to(&mut file, &mut head).map_err(|e| BuildError::OpenKernel(path.into(), e))?;
-    let format = detect_kernel_format(&head[..n]).ok_or(BuildError::KernelFormat(path.into()))?;
-    if format == KernelFormat::BzImage {
-        let len = file
-            .metadata()
-            .map_err(|e| BuildError::OpenKernel(path.into(), e))?
-            .len();
-        let want = bzimage_expected_len(&head[..n]).unwrap_or(u64::MAX);
-        if len < want {
-            return Err(BuildError::Truncated(path.into(), want, len));
-        }
-    }
-    file.seek(SeekFrom::Start(0))
-        .map_err(|e| BuildError::OpenKernel(path.into(), e))?;
-    Ok((file, format))
-}
-
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
-}
-
 /// Assembles the guest command line: `base` (the user's whole command line,
 /// Firecracker's `boot_args`, or [`DEFAULT_CMDLINE`]), the host recoveries,
 /// the device announcements, then the user's extra words last so they can
@@ -299,7 +218,7 @@ pub fn compose_cmdline(
     }
     let mut added = Vec::new();
     if quirks {
-        added.push(host::PVM_CMDLINE.to_string());
+        added.push(pvm::PVM_CMDLINE.to_string());
     }
     added.extend(device_words.iter().cloned());
     for word in &added {
@@ -349,45 +268,118 @@ impl Steps {
 /// [`claim_tap_fds`] took.
 pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
     let mut steps = Steps::new();
-    // 0. The files: a typo in a path is the commonest mistake; say so first.
-    let (mut kernel_file, format) = open_kernel(&cfg.kernel)?;
-    let metrics = match &cfg.metrics {
-        Some(m) => {
-            Some(Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e))?)
-        }
-        None => None,
-    };
-    let initramfs = match &cfg.initramfs {
-        Some(p) => {
-            let f = File::open(p).map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?;
-            let len = f
-                .metadata()
-                .map_err(|e| BuildError::OpenInitramfs(p.clone(), e))?
-                .len();
-            Some((p.clone(), f, len))
-        }
-        None => None,
-    };
+    // The files first: a typo in a path is the commonest mistake; say so
+    // before anything else happens.
+    let mut kernel = KernelImage::open(&cfg.kernel)?;
+    let metrics = open_metrics(cfg)?;
+    let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     steps.done("files");
 
-    // 1. KVM.
+    let (kvm, vm) = create_vm(cfg.vcpus)?;
+    steps.done("kvm");
+    let mem = guest_memory(&vm, cfg.mem_mib)?;
+    steps.done("memory");
+    create_irqchip(&vm)?;
+    steps.done("irqchip");
+    let quirks = host_quirks(cfg.host_quirks);
+
+    let mut events: Events = EventManager::new()
+        .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
+    let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
+    let panicked = Arc::new(AtomicBool::new(false));
+    let mut devices = DeviceManager::new();
+    let serial = attach_serial(&mut devices, &vm, panicked.clone())?;
+    let i8042 = devices.attach_i8042()?;
+    attach_net(
+        &mut devices,
+        &vm,
+        &mem,
+        &cfg.nets,
+        &mut tap_fds,
+        &mut events,
+    )?;
+    steps.done("devices");
+
+    let loaded = kernel.load(&mem)?;
+    let entry = kernel_entry_point(&loaded);
+    steps.done("kernel");
+    let initrd = initramfs.map(|i| i.load(&mem, &loaded)).transpose()?;
+    steps.done("initramfs");
+
+    let cmdline = kernel_cmdline(cfg, quirks, devices.cmdline_words())?;
+    write_boot_tables(&mem, &cmdline, initrd, &loaded, cfg.vcpus)?;
+    steps.done("boot tables");
+
+    let devices = Arc::new(devices);
+    let boot = (entry.0, ZERO_PAGE_START);
+    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices, cfg.vcpus, boot, quirks)?;
+    steps.done("vcpus");
+    steps.log();
+    info!(
+        "{} kernel at {:#x}, {} MiB, {} vCPU(s)",
+        match kernel.format() {
+            KernelFormat::Elf => "ELF",
+            KernelFormat::BzImage => "bzImage",
+        },
+        entry.0,
+        cfg.mem_mib,
+        cfg.vcpus
+    );
+
+    Ok(Vmm::new(
+        KvmVm::new(kvm, vm, mem),
+        Devices {
+            manager: devices,
+            events,
+            serial,
+            i8042,
+            panicked,
+        },
+        vcpus,
+        exit,
+        metrics,
+        cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
+    ))
+}
+
+/// Opens the metrics file or FIFO, if the configuration names one.
+fn open_metrics(cfg: &VmmConfig) -> Result<Option<Metrics>, BuildError> {
+    cfg.metrics
+        .as_ref()
+        .map(|m| Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e)))
+        .transpose()
+}
+
+/// Opens and checks KVM, checks the vCPU count against its limit, and
+/// creates the VM.
+fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
     let kvm = kvm::open_and_check()?;
     let max_vcpus = kvm.get_max_vcpus();
-    if usize::from(cfg.vcpus) > max_vcpus {
-        return Err(BuildError::TooManyVcpus(cfg.vcpus, max_vcpus));
+    if usize::from(vcpus) > max_vcpus {
+        return Err(BuildError::TooManyVcpus(vcpus, max_vcpus));
     }
     let vm = kvm
         .create_vm()
         .map_err(|e| BuildError::Vm("create a VM", e))?;
-    steps.done("kvm");
-    // 2. Memory, before the irqchip (as Firecracker orders it): the first
-    // memory slot set after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps
-    // in the kernel for 2 to 14 ms on the development hosts (0.2 ms of CPU),
-    // the same call before them takes 0.2 ms.
-    let mem_bytes = cfg.mem_mib << 20;
-    let mem = memory::create_guest_memory(&vm, &arch_memory_regions(mem_bytes), cfg.mem_mib)?;
-    steps.done("memory");
-    vm.set_tss_address(KVM_TSS_ADDRESS)
+    Ok((kvm, vm))
+}
+
+/// Creates `mem_mib` MiB of guest memory laid out around the MMIO gap.
+///
+/// Before the irqchip (as Firecracker orders it): the first memory slot set
+/// after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps in the kernel for 2
+/// to 14 ms on the development hosts (0.2 ms of CPU), the same call before
+/// them takes 0.2 ms.
+fn guest_memory(vm: &VmFd, mem_mib: u64) -> Result<GuestMemoryMmap, BuildError> {
+    let regions = arch_memory_regions(mem_mib << 20);
+    Ok(memory::create_guest_memory(vm, &regions, mem_mib)?)
+}
+
+/// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
+/// need, the irqchip (PIC, IOAPIC, LAPICs) and the PIT.
+fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
+    // A u64 guest address below 4 GiB, so it fits usize on x86_64.
+    vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(|e| BuildError::Vm("set the TSS address", e))?;
     vm.create_irq_chip()
         .map_err(|e| BuildError::Vm("create the in-kernel irqchip", e))?;
@@ -398,11 +390,14 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
         ..Default::default()
     };
     vm.create_pit2(pit)
-        .map_err(|e| BuildError::Vm("create the PIT", e))?;
-    steps.done("irqchip");
+        .map_err(|e| BuildError::Vm("create the PIT", e))
+}
 
-    let pvm_host = host::is_pvm_host();
-    let quirks = host::quirks_enabled(cfg.host_quirks, pvm_host);
+/// Resolves `--host-quirks` against this host and says so when the PVM
+/// recoveries apply.
+fn host_quirks(mode: HostQuirks) -> bool {
+    let pvm_host = pvm::is_pvm_host();
+    let quirks = pvm::quirks_enabled(mode, pvm_host);
     if quirks {
         info!(
             "PVM-backed KVM {}: adding '{}' to the guest command line and recovering INT3 \
@@ -412,75 +407,56 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
             } else {
                 "assumed (--host-quirks on)"
             },
-            host::PVM_CMDLINE
+            pvm::PVM_CMDLINE
         );
     }
+    quirks
+}
 
-    // 3. Devices.
-    let mut events: Events = EventManager::new()
-        .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
-    let exit = ExitSink::new().map_err(BuildError::EventLoop)?;
-    let panicked = Arc::new(AtomicBool::new(false));
-    let mut devices = DeviceManager::new();
-    let console = ConsoleOut::new(std::io::stdout(), panicked.clone());
-    let serial = devices.attach_serial(&vm, Box::new(console))?;
-    let i8042 = devices.attach_i8042()?;
+/// Puts the console UART on stdout; `panicked` is set when the guest's
+/// console shows a kernel panic.
+fn attach_serial(
+    devices: &mut DeviceManager,
+    vm: &VmFd,
+    panicked: Arc<AtomicBool>,
+) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
+    let console = ConsoleOut::new(std::io::stdout(), panicked);
+    Ok(devices.attach_serial(vm, Box::new(console))?)
+}
+
+/// Opens each NIC's TAP (so a bad one fails before boot) and attaches its
+/// virtio-net device. Two NICs may not end up on one TAP, which a name and
+/// a descriptor of the same interface would do.
+fn attach_net(
+    devices: &mut DeviceManager,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    nics: &[NicConfig],
+    tap_fds: &mut TapFds,
+    events: &mut Events,
+) -> Result<(), BuildError> {
     let mut tap_names = HashSet::new();
-    for net in &cfg.nets {
-        let tap = open_tap(net, &mut tap_fds)?;
+    for nic in nics {
+        let tap = open_tap(nic, tap_fds)?;
         if !tap_names.insert(tap.if_name().to_string()) {
             return Err(BuildError::DuplicateTap(tap.if_name().to_string()));
         }
-        devices.attach_net(&vm, &mem, net, tap, &mut events)?;
+        devices.attach_net(vm, mem, nic, tap, events)?;
     }
-    steps.done("devices");
+    Ok(())
+}
 
-    // 4. Kernel and initramfs.
-    let kernel: KernelLoaderResult = match format {
-        KernelFormat::Elf => Elf::load(
-            &mem,
-            None,
-            &mut kernel_file,
-            Some(GuestAddress(HIMEM_START)),
-        ),
-        KernelFormat::BzImage => BzImage::load(
-            &mem,
-            None,
-            &mut kernel_file,
-            Some(GuestAddress(HIMEM_START)),
-        ),
-    }
-    .map_err(|e| BuildError::LoadKernel(cfg.kernel.clone(), e))?;
-    let entry = kernel_entry_point(&kernel);
-    steps.done("kernel");
-
-    let initrd = match initramfs {
-        Some((path, mut file, len)) => {
-            // Keep the initramfs clear of the kernel, including the room a
-            // bzImage needs to decompress itself into (init_size).
-            let init_size = kernel.setup_header.map_or(0, |h| u64::from(h.init_size));
-            // kernel_end is an absolute guest address; init_size counts from
-            // the load address.
-            let min = GuestAddress(kernel.kernel_end.max(kernel.kernel_load.0 + init_size));
-            let size = usize::try_from(len).unwrap_or(usize::MAX);
-            let addr = initrd_load_addr(&mem, size, kernel.setup_header.as_ref(), min)
-                .map_err(|e| BuildError::InitramfsFit(path.clone(), e))?;
-            let mut slice = mem
-                .get_slice(addr, size)
-                .map_err(|e| BuildError::ReadInitramfs(path.clone(), e))?;
-            file.read_exact_volatile(&mut slice)
-                .map_err(|e| BuildError::ReadInitramfs(path.clone(), e.into()))?;
-            Some((addr, size))
-        }
-        None => None,
-    };
-    steps.done("initramfs");
-
-    // 5. Boot tables.
+/// Composes the guest command line from the configuration, the host
+/// recoveries and the devices' words, and logs it.
+fn kernel_cmdline(
+    cfg: &VmmConfig,
+    quirks: bool,
+    device_words: &[String],
+) -> Result<Cmdline, BuildError> {
     let (cmdline, added) = compose_cmdline(
         cfg.boot_args.as_deref(),
         quirks,
-        devices.cmdline_words(),
+        device_words,
         cfg.cmdline_extra.as_deref(),
     )
     .map_err(BuildError::Cmdline)?;
@@ -497,9 +473,21 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
             .map(|c| c.to_string_lossy().into_owned())
             .unwrap_or_default()
     );
-    let cmdline_size = write_cmdline(&mem, &cmdline).map_err(BuildError::BootParams)?;
+    Ok(cmdline)
+}
+
+/// Writes what the guest reads at boot: the command line, the zero page
+/// (with the initramfs location) and the MP table for `vcpus` CPUs.
+fn write_boot_tables(
+    mem: &GuestMemoryMmap,
+    cmdline: &Cmdline,
+    initrd: Option<(GuestAddress, usize)>,
+    kernel: &KernelLoaderResult,
+    vcpus: u8,
+) -> Result<(), BuildError> {
+    let cmdline_size = write_cmdline(mem, cmdline).map_err(BuildError::BootParams)?;
     configure_zero_page(
-        &mem,
+        mem,
         &ZeroPageConfig {
             cmdline_addr: GuestAddress(CMDLINE_START),
             cmdline_size,
@@ -508,53 +496,33 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
         },
     )
     .map_err(BuildError::BootParams)?;
-    setup_mptable(&mem, cfg.vcpus, arch::x86_64::layout::IRQ_MAX as u8)
-        .map_err(BuildError::Mptable)?;
-    steps.done("boot tables");
+    setup_mptable(mem, vcpus, IRQ_MAX as u8).map_err(BuildError::Mptable)
+}
 
-    // 6. vCPUs.
+/// Creates and configures `count` vCPUs; the first starts at `boot` (entry
+/// point, zero page).
+fn create_vcpus(
+    kvm: &Kvm,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    devices: &Arc<DeviceManager>,
+    count: u8,
+    boot: (u64, u64),
+    quirks: bool,
+) -> Result<Vec<Vcpu>, BuildError> {
     let base_cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(|e| BuildError::Vm("report supported CPUID", e))?;
-    let devices = Arc::new(devices);
-    let mut vcpus = Vec::with_capacity(cfg.vcpus.into());
-    for id in 0..cfg.vcpus {
+    let mut vcpus = Vec::with_capacity(count.into());
+    for id in 0..count {
         let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(|e| VcpuError::Create(id, e))?;
         let vcpu = Vcpu::new(fd, id, devices.clone(), quirks);
-        let boot = (id == 0).then_some((entry.0, ZERO_PAGE_START));
-        vcpu.configure(&base_cpuid, cfg.vcpus, &mem, boot)?;
+        vcpu.configure(&base_cpuid, count, mem, (id == 0).then_some(boot))?;
         vcpus.push(vcpu);
     }
-    steps.done("vcpus");
-    steps.log();
-    info!(
-        "{} kernel at {:#x}, {} MiB, {} vCPU(s)",
-        if format == KernelFormat::Elf {
-            "ELF"
-        } else {
-            "bzImage"
-        },
-        entry.0,
-        cfg.mem_mib,
-        cfg.vcpus
-    );
-
-    Ok(Vmm {
-        _kvm: kvm,
-        _vm: vm,
-        _mem: mem,
-        devices,
-        events,
-        exit,
-        vcpus,
-        serial,
-        i8042,
-        panicked,
-        metrics,
-        metrics_interval_s: cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
-    })
+    Ok(vcpus)
 }
 
 #[cfg(test)]
@@ -562,40 +530,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernel_formats_are_recognised_from_their_magic() {
-        let mut elf = vec![0u8; 64];
-        elf[..4].copy_from_slice(b"\x7fELF");
-        assert_eq!(detect_kernel_format(&elf), Some(KernelFormat::Elf));
-        let mut bz = vec![0u8; 0x400];
-        bz[0x202..0x206].copy_from_slice(b"HdrS");
-        assert_eq!(detect_kernel_format(&bz), Some(KernelFormat::BzImage));
-        assert_eq!(
-            detect_kernel_format(b"#!/bin/sh\necho not a kernel\n"),
-            None
-        );
-        assert_eq!(detect_kernel_format(&[]), None);
-        // A file cut before the signature is not a bzImage.
-        assert_eq!(detect_kernel_format(&bz[..0x204]), None);
-    }
-
-    #[test]
-    fn bzimage_length_comes_from_the_setup_header() {
-        let mut bz = vec![0u8; 0x400];
-        bz[0x202..0x206].copy_from_slice(b"HdrS");
-        bz[0x1f1] = 27;
-        bz[0x1f4..0x1f8].copy_from_slice(&0x1_0000u32.to_le_bytes());
-        assert_eq!(bzimage_expected_len(&bz), Some(28 * 512 + 0x10_0000));
-        // setup_sects 0 means the historical 4.
-        bz[0x1f1] = 0;
-        assert_eq!(bzimage_expected_len(&bz), Some(5 * 512 + 0x10_0000));
-        assert_eq!(bzimage_expected_len(&bz[..0x1f6]), None);
-    }
-
-    #[test]
     fn cmdline_has_defaults_quirks_devices_then_user_words() {
         let words = vec!["virtio_mmio.device=4K@0xd0000000:5".to_string()];
         let (c, added) = compose_cmdline(None, true, &words, Some(" minivmm.mode=serve ")).unwrap();
-        assert_eq!(added, vec![host::PVM_CMDLINE.to_string(), words[0].clone()]);
+        assert_eq!(added, vec![pvm::PVM_CMDLINE.to_string(), words[0].clone()]);
         let s = c.as_cstring().unwrap().into_string().unwrap();
         assert!(s.starts_with(DEFAULT_CMDLINE), "{s}");
         let quirk = s.find("noxsave nopv").unwrap();
@@ -647,18 +585,25 @@ mod tests {
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
+            seccomp: crate::seccomp::SeccompMode::Off,
         };
         let err = build(&cfg("/nonexistent/bzImage"), TapFds::new())
             .err()
             .unwrap();
-        assert!(matches!(err, BuildError::OpenKernel(..)), "{err}");
+        assert!(
+            matches!(err, BuildError::Kernel(KernelError::Open(..))),
+            "{err}"
+        );
         let dir = std::env::temp_dir().join(format!("minivmm-garbage-{}", std::process::id()));
         std::fs::write(&dir, b"this is not a kernel").unwrap();
         let err = build(&cfg(dir.to_str().unwrap()), TapFds::new())
             .err()
             .unwrap();
         std::fs::remove_file(&dir).unwrap();
-        assert!(matches!(err, BuildError::KernelFormat(_)), "{err}");
+        assert!(
+            matches!(err, BuildError::Kernel(KernelError::Format(_))),
+            "{err}"
+        );
         assert!(err
             .to_string()
             .contains("neither an ELF vmlinux nor a bzImage"));

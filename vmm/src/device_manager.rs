@@ -19,7 +19,7 @@ use devices::virtio::{GuestMemory, VirtioDevice};
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 
-use crate::config::NetConfig;
+use crate::config::NicConfig;
 use crate::metrics::VcpuExits;
 use crate::vcpu::ExitBus;
 
@@ -160,7 +160,7 @@ impl DeviceManager {
         &mut self,
         vm: &VmFd,
         mem: &GuestMemory,
-        cfg: &NetConfig,
+        cfg: &NicConfig,
         tap: Tap,
         events: &mut Events,
     ) -> Result<(), DeviceError> {

@@ -1,36 +1,34 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Running a built VM: vCPU threads plus one event loop on the main thread.
+//! The VM's control events, served on the main thread's event loop.
 //!
-//! The main thread runs an event-manager loop that serves every device
-//! backend (virtio-net RX/TX), console input, the i8042 reset line, the
-//! vCPUs' exit notifications and the stop signals. Whatever ends the VM is
-//! recorded once in an [`ExitSink`]; the loop then restores the terminal,
-//! writes the last metrics line and returns the reason, from which `main`
-//! picks the process exit status. Metrics lines are also written on a
+//! Beside every device backend (virtio-net RX/TX), the event manager of the
+//! main thread serves [`Control`]: console input, the i8042 reset line, the
+//! vCPUs' exit notifications, the stop signals and the metrics timer.
+//! Whatever ends the VM is recorded once in an [`ExitLatch`], which
+//! [`crate::vmm::Vmm::run`] waits for. Metrics lines are written on the
 //! timerfd (every `--metrics-interval` seconds) and on SIGUSR1.
 
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
-use event_manager::{EventOps, Events as EpollEvents, MutEventSubscriber, SubscriberOps};
-use kvm_ioctls::{Kvm, VmFd};
-use log::{error, info, warn};
+use event_manager::{EventOps, Events as EpollEvents, MutEventSubscriber};
+use log::{error, warn};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::device_manager::Events;
-use crate::metrics::Metrics;
-use crate::seccomp::{Filters, Gate, Thread};
+use crate::metrics::{lock_metrics, Metrics};
 use crate::signals::SignalFd;
-use crate::terminal::RawTerminal;
-use crate::vcpu::Vcpu;
-use crate::vm_exit::{ExitSink, VmExit};
+use crate::vm_exit::{ExitLatch, VmExit};
+
+/// The log target of this module's lines and of [`crate::vmm::Vmm::run`]'s
+/// ("boot: N ms from start to first vCPU entry", "run time: N ms"), so that
+/// a `module` filter or a log reader finds the running VM's lines under one
+/// name.
+pub const LOG_TARGET: &str = module_path!();
 
 const EXIT_EVENT: u32 = 0;
 const RESET_EVENT: u32 = 1;
@@ -38,27 +36,9 @@ const SIGNAL_EVENT: u32 = 2;
 const STDIN_EVENT: u32 = 3;
 const METRICS_EVENT: u32 = 4;
 
-/// A built VM, ready to run.
-pub struct Vmm {
-    // Never read, only owned: the VM fd and guest memory must outlive the
-    // vCPU threads, which run until the process exits.
-    pub(crate) _kvm: Kvm,
-    pub(crate) _vm: VmFd,
-    pub(crate) _mem: vm_memory::GuestMemoryMmap<()>,
-    pub(crate) devices: Arc<crate::device_manager::DeviceManager>,
-    pub(crate) events: Events,
-    pub(crate) exit: ExitSink,
-    pub(crate) vcpus: Vec<Vcpu>,
-    pub(crate) serial: Arc<Mutex<SerialDevice>>,
-    pub(crate) i8042: Arc<Mutex<I8042>>,
-    pub(crate) panicked: Arc<AtomicBool>,
-    pub(crate) metrics: Option<Metrics>,
-    pub(crate) metrics_interval_s: u64,
-}
-
 /// Serves the VM's control events on the main loop.
-struct Control {
-    exit: ExitSink,
+pub struct Control {
+    exit: ExitLatch,
     exit_evt: EventFd,
     reset_evt: EventFd,
     signals: SignalFd,
@@ -69,12 +49,33 @@ struct Control {
     stdin_open: bool,
 }
 
-/// Locks the metrics writer; a poisoned lock still holds usable counters.
-fn lock_metrics(m: &Mutex<Metrics>) -> std::sync::MutexGuard<'_, Metrics> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Control {
+    /// Serves `exit` (its wake-up `EventFd`), the i8042's `reset_evt`,
+    /// `signals`, console input into `serial`, and `metrics` on
+    /// `metrics_timer` and SIGUSR1. `panicked` tells a reset after a guest
+    /// kernel panic from a plain one.
+    pub fn new(
+        exit: ExitLatch,
+        reset_evt: EventFd,
+        signals: SignalFd,
+        serial: Arc<Mutex<SerialDevice>>,
+        panicked: Arc<AtomicBool>,
+        metrics: Option<Arc<Mutex<Metrics>>>,
+        metrics_timer: Option<TimerFd>,
+    ) -> io::Result<Control> {
+        Ok(Control {
+            exit_evt: exit.evt().try_clone()?,
+            exit,
+            reset_evt,
+            signals,
+            serial,
+            panicked,
+            metrics,
+            metrics_timer,
+            stdin_open: false,
+        })
+    }
+
     fn flush_metrics(&self) {
         if let Some(m) = &self.metrics {
             lock_metrics(m).flush();
@@ -177,99 +178,5 @@ impl MutEventSubscriber for Control {
         self.stdin_open = ops
             .add(EpollEvents::with_data_raw(stdin, STDIN_EVENT, EventSet::IN))
             .is_ok();
-    }
-}
-
-impl Vmm {
-    /// Runs the VM until it ends and returns why. `start` is when the
-    /// process started, for the boot-time report. Every thread runs under
-    /// its seccomp filter from `filters` before the guest starts.
-    pub fn run(mut self, start: Instant, filters: Filters) -> io::Result<VmExit> {
-        // Block the stop signals before any thread exists so every thread
-        // inherits the mask and only the signalfd sees them.
-        let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
-        let reset_evt = self
-            .i8042
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reset_evt()
-            .try_clone()?;
-        let metrics = self.metrics.take().map(|mut m| {
-            m.attach(
-                self.devices.vcpu_exits(),
-                self.devices.net_metrics().to_vec(),
-                start,
-            );
-            Arc::new(Mutex::new(m))
-        });
-        let metrics_timer = match (&metrics, self.metrics_interval_s) {
-            (Some(_), secs) if secs > 0 => {
-                let mut t = TimerFd::new().map_err(io::Error::from)?;
-                let every = Duration::from_secs(secs);
-                t.reset(every, Some(every)).map_err(io::Error::from)?;
-                Some(t)
-            }
-            _ => None,
-        };
-        let control = Control {
-            exit: self.exit.clone(),
-            exit_evt: self.exit.evt().try_clone()?,
-            reset_evt,
-            signals,
-            serial: self.serial.clone(),
-            panicked: self.panicked.clone(),
-            metrics: metrics.clone(),
-            metrics_timer,
-            stdin_open: false,
-        };
-        self.events.add_subscriber(Arc::new(Mutex::new(control)));
-        let terminal = RawTerminal::new();
-
-        // No vCPU enters the guest before every thread is filtered. A failed
-        // spawn returns from here and ends the process, and with it the
-        // threads waiting at the gate.
-        let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
-        for vcpu in self.vcpus.drain(..) {
-            let sink = self.exit.clone();
-            let first = vcpu.id() == 0;
-            let gate = gate.clone();
-            let filter = filters.vcpu.clone();
-            std::thread::Builder::new()
-                .name(format!("vcpu{}", vcpu.id()))
-                .spawn(move || {
-                    // The thread's first act: nothing of the guest runs unfiltered.
-                    if let Err(e) = gate.install_and_wait(Thread::Vcpu, filter.as_ref()) {
-                        sink.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
-                        return;
-                    }
-                    if first {
-                        info!(
-                            "boot: {} ms from start to first vCPU entry",
-                            start.elapsed().as_millis()
-                        );
-                    }
-                    vcpu.run(sink)
-                })?;
-        }
-        // After the spawns, so the vCPU threads do not inherit this list.
-        gate.install_and_wait(Thread::EventLoop, filters.event_loop.as_ref())
-            .map_err(io::Error::other)?;
-
-        while self.exit.reason().is_none() {
-            if let Err(e) = self.events.run() {
-                self.exit
-                    .report(VmExit::Fault(format!("event loop failed: {e}")));
-            }
-        }
-        drop(terminal);
-        if let Some(m) = &metrics {
-            lock_metrics(m).finish();
-        }
-        let reason = self
-            .exit
-            .reason()
-            .expect("the loop ends only once a reason is recorded");
-        info!("run time: {} ms", start.elapsed().as_millis());
-        Ok(reason)
     }
 }

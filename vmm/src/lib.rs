@@ -5,22 +5,22 @@
 #![deny(unsafe_code)]
 
 pub mod builder;
-pub mod cli;
 pub mod config;
-pub mod config_file;
 pub mod device_manager;
 pub mod event_loop;
-pub mod host;
+pub mod kernel;
 pub mod kvm;
+pub mod line_writer;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod pvm;
 pub mod seccomp;
 pub mod signals;
-pub mod sink;
 pub mod terminal;
 pub mod vcpu;
 pub mod vm_exit;
+pub mod vmm;
 
 /// Formats an error and its causes on one line (`a: b: c`): every
 /// configuration or start-up failure is reported this way. Control

@@ -3,7 +3,7 @@
 //!
 //! Lines look like `2026-12-02T10:00:00.123Z INFO  vmm::builder: message`
 //! (UTC, milliseconds), on stderr or, with `--log-path` / `logger.log_path`,
-//! in a file or FIFO (see `sink`). The level comes from `--log-level` (or the
+//! in a file or FIFO (see `line_writer`). The level comes from `--log-level` (or the
 //! file's `logger.level`, restricted to `logger.module` if given); `RUST_LOG`
 //! directives such as `devices::virtio::net=debug` are applied after it, so
 //! they win where they overlap.
@@ -14,7 +14,7 @@ use env_logger::{Builder, Target, WriteStyle};
 use log::LevelFilter;
 
 use crate::config::LoggerConfig;
-use crate::sink::LineSink;
+use crate::line_writer::NonBlockingLineWriter;
 
 /// Errors setting up the log.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +60,9 @@ pub fn builder(cfg: &LoggerConfig, rust_log: Option<&str>) -> Result<Builder, Lo
     b.write_style(WriteStyle::Never);
     match &cfg.path {
         Some(path) => {
-            let sink = LineSink::open(path).map_err(|e| LoggerError::Open(path.clone(), e))?;
-            b.target(Target::Pipe(Box::new(sink)));
+            let out = NonBlockingLineWriter::open(path)
+                .map_err(|e| LoggerError::Open(path.clone(), e))?;
+            b.target(Target::Pipe(Box::new(out)));
         }
         None => {
             b.target(Target::Stderr);

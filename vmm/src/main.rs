@@ -16,7 +16,7 @@ use clap::error::ErrorKind;
 use clap::Parser;
 use log::{error, info, LevelFilter};
 
-use vmm::cli::Cli;
+use vmm::config::cli::Cli;
 use vmm::error_line;
 use vmm::seccomp::{self, Filters};
 use vmm::vm_exit::VmExit;
@@ -64,7 +64,6 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&clap_line(&e)),
     };
-    let seccomp_mode = cli.seccomp;
     let config = match cli.into_config() {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
@@ -77,7 +76,7 @@ fn main() -> ExitCode {
     };
     // Compiled before anything starts, so a broken list is a setup error;
     // installed by the threads themselves in Vmm::run.
-    let filters = match Filters::new(seccomp_mode).and_then(|f| {
+    let filters = match Filters::new(config.seccomp).and_then(|f| {
         seccomp::install_sigsys_handler()?;
         Ok(f)
     }) {

@@ -19,13 +19,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use devices::virtio::net::NetMetrics;
 use serde::Serialize;
 
-use crate::sink::LineSink;
+use crate::line_writer::NonBlockingLineWriter;
 
 /// How long the exit flush waits for a slow FIFO reader.
 const EXIT_DRAIN: Duration = Duration::from_secs(1);
@@ -61,10 +61,15 @@ struct Line<'a> {
     nets: BTreeMap<&'a str, &'a NetMetrics>,
 }
 
+/// Locks a shared metrics writer; a poisoned lock still holds usable counters.
+pub fn lock_metrics(m: &Mutex<Metrics>) -> MutexGuard<'_, Metrics> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The metrics writer: where lines go and what they report.
 #[derive(Debug)]
 pub struct Metrics {
-    sink: LineSink,
+    out: NonBlockingLineWriter,
     start: Instant,
     exits: Arc<VcpuExits>,
     nets: Vec<(String, Arc<NetMetrics>)>,
@@ -74,7 +79,7 @@ impl Metrics {
     /// Opens the file or FIFO (once, for the life of the process).
     pub fn open(path: &Path) -> std::io::Result<Metrics> {
         Ok(Metrics {
-            sink: LineSink::open(path)?,
+            out: NonBlockingLineWriter::open(path)?,
             start: Instant::now(),
             exits: Arc::default(),
             nets: Vec::new(),
@@ -104,7 +109,7 @@ impl Metrics {
             vmm: VmmLine {
                 uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 vcpu_exits: &self.exits,
-                metrics_lines_dropped: self.sink.dropped_lines(),
+                metrics_lines_dropped: self.out.dropped_lines(),
             },
             nets: self
                 .nets
@@ -121,14 +126,14 @@ impl Metrics {
     /// Writes one line.
     pub fn flush(&mut self) {
         let line = self.line();
-        self.sink.write_line(line.as_bytes());
+        self.out.write_line(line.as_bytes());
     }
 
     /// Writes the final line and gives a slow FIFO reader a moment to take
     /// what is pending.
     pub fn finish(&mut self) {
         self.flush();
-        self.sink.drain(EXIT_DRAIN);
+        self.out.drain(EXIT_DRAIN);
     }
 }
 

@@ -26,7 +26,7 @@
 //! # Adding and regenerating entries
 //!
 //! Each thread's list is one function below ([`vcpu_rules`],
-//! [`event_loop_rules`], plus [`common_rules`] for what every Rust thread
+//! [`event_loop_rules`], plus `common_rules` for what every Rust thread
 //! needs), one entry per call with a comment where the reason is not obvious.
 //! New work that makes new calls (a metrics writer on a timer, a rate
 //! limiter's timerfds, a log file) adds its entries to the thread that makes

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// Exit status of a panic, on any thread: a bug in minivmm. The status a
-/// Rust program's main thread gets for one, now for every thread.
+/// Rust program's main thread gets for one, here for every thread.
 pub const PANIC_EXIT_STATUS: i32 = 101;
 
 /// The terminal mode stdin had before the console made it raw.
@@ -77,7 +77,7 @@ fn enter_raw(fd: libc::c_int) -> bool {
         return false;
     }
     let saved = *SAVED.get_or_init(|| t);
-    // What vmm-sys-util's raw mode turns off, as before: no line editing, no
+    // What vmm-sys-util's raw mode turns off: no line editing, no
     // echo, no signals from keys (Ctrl-C goes to the guest). Input and
     // output processing stay as the user had them.
     let mut raw = saved;

@@ -16,8 +16,8 @@ use kvm_bindings::{
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use log::{debug, info};
 
-use crate::host;
-use crate::vm_exit::{ExitSink, VmExit};
+use crate::pvm;
+use crate::vm_exit::{ExitLatch, VmExit};
 
 /// Where port and MMIO exits go.
 pub trait ExitBus: Send + Sync {
@@ -189,11 +189,11 @@ impl Vcpu {
         Ok(())
     }
 
-    /// Runs the vCPU until the VM must end, then reports why to `sink`.
-    pub fn run(mut self, sink: ExitSink) {
+    /// Runs the vCPU until the VM must end, then reports why to `exit`.
+    pub fn run(mut self, exit: ExitLatch) {
         let reason = self.run_loop();
         debug!("vCPU {} stops: {reason:?}", self.id);
-        sink.report(reason);
+        exit.report(reason);
     }
 
     fn run_loop(&mut self) -> VmExit {
@@ -231,10 +231,10 @@ impl Vcpu {
         // the `internal` member of the union; it is plain old data, so reading
         // it as that member is sound.
         let internal = unsafe { run.__bindgen_anon_1.internal };
-        let insn = host::emulation_failure_insn(internal.suberror, internal.ndata, &internal.data);
+        let insn = pvm::emulation_failure_insn(internal.suberror, internal.ndata, &internal.data);
         let mut regs = self.fd.get_regs().map_err(|e| format!("get regs: {e}"))?;
         match &insn {
-            Some(bytes) if self.recover_int3 && host::is_recoverable_int3(bytes) => {}
+            Some(bytes) if self.recover_int3 && pvm::is_recoverable_int3(bytes) => {}
             _ => {
                 return Err(format!(
                     "guest instruction at RIP {:#x} failed emulation (suberror {}, bytes {:02x?}); \

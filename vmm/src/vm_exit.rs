@@ -47,17 +47,18 @@ impl VmExit {
     }
 }
 
-/// A cloneable handle that records the first exit reason and wakes the loop.
+/// Where the VM's end is reported: a cloneable latch that keeps the first
+/// reason reported (later ones are ignored) and wakes the event loop.
 #[derive(Clone)]
-pub struct ExitSink {
+pub struct ExitLatch {
     reason: Arc<Mutex<Option<VmExit>>>,
     evt: Arc<EventFd>,
 }
 
-impl ExitSink {
-    /// Creates a sink with its wake-up `EventFd`.
+impl ExitLatch {
+    /// An empty latch with its wake-up `EventFd`.
     pub fn new() -> std::io::Result<Self> {
-        Ok(ExitSink {
+        Ok(ExitLatch {
             reason: Arc::new(Mutex::new(None)),
             evt: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
         })
@@ -95,12 +96,12 @@ mod tests {
 
     #[test]
     fn first_reason_wins_and_wakes() {
-        let sink = ExitSink::new().unwrap();
-        assert_eq!(sink.reason(), None);
-        sink.clone().report(VmExit::Reset);
-        sink.report(VmExit::Fault("later".into()));
-        assert_eq!(sink.reason(), Some(VmExit::Reset));
-        assert_eq!(sink.evt().read().unwrap(), 2);
+        let exit = ExitLatch::new().unwrap();
+        assert_eq!(exit.reason(), None);
+        exit.clone().report(VmExit::Reset);
+        exit.report(VmExit::Fault("later".into()));
+        assert_eq!(exit.reason(), Some(VmExit::Reset));
+        assert_eq!(exit.evt().read().unwrap(), 2);
     }
 
     #[test]

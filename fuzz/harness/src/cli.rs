@@ -8,7 +8,7 @@
 //!
 //! - nothing panics, whatever the arguments;
 //! - an error from `into_config` reaches the user as one non-empty line
-//!   (`vmm::cli::error_line`, what `main` prints);
+//!   (`vmm::error_line`, what `main` prints);
 //! - an accepted configuration is within every documented bound: memory
 //!   32 MiB to 64 GiB, 1 to 254 vCPUs, a power-of-two queue size from 2 to
 //!   32768, a unicast MAC, valid offloads, one card per `--net` and
@@ -19,7 +19,7 @@
 
 use arbitrary::Arbitrary;
 use clap::Parser;
-use vmm::cli::Cli;
+use vmm::config::cli::Cli;
 use vmm::config::{TapBackend, MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
 use vmm::error_line;
 

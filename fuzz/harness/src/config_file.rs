@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Target `config_file`: minivmm's Firecracker-style JSON configuration,
-//! from file text through `vmm::config_file::parse` and
+//! from file text through `vmm::config::file::parse` and
 //! `Settings::finish` to a validated `VmmConfig`.
 //!
 //! Inputs are either raw text or a JSON document assembled from the real
@@ -172,7 +172,7 @@ pub fn run_input(input: &Input) {
             "a configuration error spans lines for {text:?}: {line:?}"
         );
     };
-    let settings = match vmm::config_file::parse(&text) {
+    let settings = match vmm::config::file::parse(&text) {
         Ok(s) => s,
         Err(e) => return one_line(&e),
     };
@@ -208,12 +208,12 @@ mod tests {
             "network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0"},
                                    {"iface_id": "eth1", "host_dev_name": "tap1"}]}"#;
         run_input(&Input::Raw(good.to_string()));
-        let cfg = vmm::config_file::parse(good).unwrap().finish().unwrap();
+        let cfg = vmm::config::file::parse(good).unwrap().finish().unwrap();
         assert_eq!(cfg.nets.len(), 2);
         let bad = good
             .replace("\"smt\"", "x")
             .replace("mem_size_mib", "mem_size_mb");
-        assert!(vmm::config_file::parse(&bad).is_err());
+        assert!(vmm::config::file::parse(&bad).is_err());
         run_input(&Input::Raw(bad));
     }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A line writer for the log and the metrics: a regular file or a FIFO.
+//! A writer of whole lines that never blocks, for the log and the metrics:
+//! a regular file or a FIFO.
 //!
 //! Operators collect Firecracker's logs and metrics through named pipes, so
 //! the path may be a FIFO. It is opened once, read-write and non-blocking (a
@@ -21,17 +22,17 @@ use std::time::{Duration, Instant};
 /// Bytes waiting for a slow reader before whole lines are dropped.
 const MAX_PENDING: usize = 1 << 20;
 
-/// A file or FIFO taking whole lines.
+/// A file or FIFO taking whole lines without ever blocking the caller.
 #[derive(Debug)]
-pub struct LineSink {
+pub struct NonBlockingLineWriter {
     file: File,
     pending: Vec<u8>,
     dropped_lines: u64,
 }
 
-impl LineSink {
+impl NonBlockingLineWriter {
     /// Opens `path`: a FIFO as it is, anything else as a file to append to.
-    pub fn open(path: &Path) -> io::Result<LineSink> {
+    pub fn open(path: &Path) -> io::Result<NonBlockingLineWriter> {
         let is_fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
         let file = if is_fifo {
             OpenOptions::new()
@@ -46,7 +47,7 @@ impl LineSink {
                 .custom_flags(libc::O_CLOEXEC)
                 .open(path)?
         };
-        Ok(LineSink {
+        Ok(NonBlockingLineWriter {
             file,
             pending: Vec::new(),
             dropped_lines: 0,
@@ -102,7 +103,7 @@ impl LineSink {
 }
 
 /// The logger writes through this: every formatted record is one line.
-impl Write for LineSink {
+impl Write for NonBlockingLineWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.write_line(buf);
         Ok(buf.len())
@@ -120,14 +121,14 @@ mod tests {
     use std::process::Command;
 
     fn tmp(name: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("minivmm-sink-{}-{name}", std::process::id()))
+        std::env::temp_dir().join(format!("minivmm-line-writer-{}-{name}", std::process::id()))
     }
 
     #[test]
     fn a_file_is_appended_to() {
         let p = tmp("file");
         std::fs::write(&p, "earlier\n").unwrap();
-        let mut s = LineSink::open(&p).unwrap();
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
         s.write_line(b"one\n");
         s.write_line(b"two\n");
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "earlier\none\ntwo\n");
@@ -141,7 +142,7 @@ mod tests {
         let st = Command::new("mkfifo").arg(&p).status().unwrap();
         assert!(st.success());
         // No reader yet: the open does not block.
-        let mut s = LineSink::open(&p).unwrap();
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
         let line = vec![b'x'; 1000];
         let mut line = line;
         line.push(b'\n');

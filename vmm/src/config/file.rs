@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `--config-file`: Firecracker's JSON layout.
+//! `--config-file`: Firecracker's JSON layout, read into [`Settings`].
 //!
 //! A Firecracker user's file works as written when it uses what minivmm has:
 //! `boot-source`, `machine-config`, `network-interfaces` (with
@@ -23,9 +23,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::{
-    parse_io_engine, parse_level, parse_offloads, ConfigError, HostQuirks, NetSpec, Settings,
-};
+use super::error::ConfigError;
+use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
+use super::settings::{parse_host_quirks, parse_level, Settings};
 
 /// Errors reading a config file; each names what it is about.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,10 @@ pub enum FileError {
     /// A value minivmm cannot honour.
     #[error("config file: {0}: {1}")]
     Value(String, String),
+    /// A value that does not parse (a MAC, a log level), as the command
+    /// line says it.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 /// Sections a Firecracker file may carry that minivmm does not implement;
@@ -167,16 +171,16 @@ fn unsupported_value(key: &str, why: &str) -> FileError {
 }
 
 /// Reads and parses the config file at `path`.
-pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+pub fn load(path: &Path) -> Result<Settings, FileError> {
     let text = std::fs::read_to_string(path).map_err(|e| FileError::Read(path.to_path_buf(), e))?;
     parse(&text)
 }
 
 /// Parses a config file's text into what it says (no defaults applied).
-pub fn parse(text: &str) -> Result<Settings, ConfigError> {
+pub fn parse(text: &str) -> Result<Settings, FileError> {
     let top: Value = serde_json::from_str(text).map_err(FileError::Json)?;
     let Value::Object(top) = top else {
-        return Err(FileError::NotObject.into());
+        return Err(FileError::NotObject);
     };
     let mut s = Settings::default();
     for (key, value) in top {
@@ -196,8 +200,7 @@ pub fn parse(text: &str) -> Result<Settings, ConfigError> {
                     return Err(FileError::Unsupported(
                         key,
                         ": block devices do not exist here (only an empty list is accepted)",
-                    )
-                    .into())
+                    ))
                 }
             },
             "metrics" if !value.is_null() => {
@@ -209,16 +212,16 @@ pub fn parse(text: &str) -> Result<Settings, ConfigError> {
             "metrics" | "logger" => {}
             k if UNSUPPORTED.contains(&k) => {
                 if !value.is_null() {
-                    return Err(FileError::Unsupported(key, "").into());
+                    return Err(FileError::Unsupported(key, ""));
                 }
             }
-            _ => return Err(FileError::UnknownSection(key).into()),
+            _ => return Err(FileError::UnknownSection(key)),
         }
     }
     Ok(s)
 }
 
-fn boot_source(s: &mut Settings, value: Value) -> Result<(), ConfigError> {
+fn boot_source(s: &mut Settings, value: Value) -> Result<(), FileError> {
     let b: BootSource = section("boot-source", value)?;
     s.kernel = Some(b.kernel_image_path);
     s.initramfs = b.initrd_path;
@@ -226,40 +229,44 @@ fn boot_source(s: &mut Settings, value: Value) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn machine_config(s: &mut Settings, value: Value) -> Result<(), ConfigError> {
+fn machine_config(s: &mut Settings, value: Value) -> Result<(), FileError> {
     let m: MachineConfig = section("machine-config", value)?;
     // Firecracker's defaults are what minivmm does; anything else is not.
     if m.smt == Some(true) {
-        return Err(unsupported_value("machine-config.smt", "true is not supported").into());
+        return Err(unsupported_value(
+            "machine-config.smt",
+            "true is not supported",
+        ));
     }
     if m.track_dirty_pages == Some(true) {
         return Err(unsupported_value(
             "machine-config.track_dirty_pages",
             "true is not supported (no snapshots)",
-        )
-        .into());
+        ));
     }
     if let Some(h) = m.huge_pages.filter(|h| h != "None") {
         return Err(unsupported_value(
             "machine-config.huge_pages",
             &format!("'{h}' is not supported (only \"None\")"),
-        )
-        .into());
+        ));
     }
     if let Some(t) = m.cpu_template.filter(|t| t != "None") {
         return Err(unsupported_value(
             "machine-config.cpu_template",
             &format!("'{t}' is not supported (only \"None\")"),
-        )
-        .into());
+        ));
     }
     s.vcpus = Some(m.vcpu_count);
     s.mem_mib = Some(m.mem_size_mib);
-    s.host_quirks = m.host_quirks.map(|q| q.parse::<HostQuirks>()).transpose()?;
+    s.host_quirks = m
+        .host_quirks
+        .as_deref()
+        .map(parse_host_quirks)
+        .transpose()?;
     Ok(())
 }
 
-fn interface(index: usize, value: Value) -> Result<NetSpec, ConfigError> {
+fn interface(index: usize, value: Value) -> Result<NetSpec, FileError> {
     let name = format!("network-interfaces[{index}]");
     let i: Interface = section(&name, value)?;
     let offloads = match i.offloads {
@@ -273,7 +280,7 @@ fn interface(index: usize, value: Value) -> Result<NetSpec, ConfigError> {
         id: Some(i.iface_id),
         tap: i.host_dev_name,
         fd: i.host_dev_fd,
-        mac: i.guest_mac.map(|m| m.parse()).transpose()?,
+        mac: i.guest_mac.map(|m| m.parse::<MacAddr>()).transpose()?,
         queue_size: i.queue_size,
         mtu: i.mtu,
         offloads,
@@ -293,7 +300,7 @@ fn interface(index: usize, value: Value) -> Result<NetSpec, ConfigError> {
     })
 }
 
-fn logger(s: &mut Settings, l: Logger) -> Result<(), ConfigError> {
+fn logger(s: &mut Settings, l: Logger) -> Result<(), FileError> {
     let _always_shown = l.show_level;
     s.log_path = l.log_path;
     s.log_level = l.level.as_deref().map(parse_level).transpose()?;
@@ -305,7 +312,7 @@ fn logger(s: &mut Settings, l: Logger) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{MacAddr, TapBackend};
+    use crate::config::{HostQuirks, TapBackend};
     use devices::virtio::net::{IoEngine, Offloads};
     use log::LevelFilter;
     use serde_json::Map;
@@ -361,7 +368,7 @@ mod tests {
         let (a, b) = (&cfg.nets[0], &cfg.nets[1]);
         assert_eq!(a.id, "eth0");
         assert_eq!(a.tap, TapBackend::Named("tap0".into()));
-        assert_eq!(a.device.mac, MacAddr::DEFAULT.0);
+        assert_eq!(a.device.mac, MacAddr::default().0);
         assert_eq!(a.device.mtu, Some(1500));
         let bw = a.device.rx_rate_limiter.bandwidth.unwrap();
         assert_eq!(
@@ -502,8 +509,10 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            let err = parse(&text).and_then(Settings::finish).unwrap_err();
-            let line = crate::error_line(&err);
+            let line = match parse(&text) {
+                Ok(s) => crate::error_line(&s.finish().unwrap_err()),
+                Err(e) => crate::error_line(&e),
+            };
             assert!(line.contains(want), "{text}\ngot '{line}'\nwant '{want}'");
             assert!(!line.contains('\n'), "{line}");
         }

@@ -3,7 +3,7 @@
 //! `minivmm --config-file vm.json [flags]`.
 //!
 //! clap parses strings; [`Cli::into_config`] turns them into [`Settings`],
-//! layers them over the config file's (a flag given on the command line wins;
+//! layers them over the config file's ([`super::file`]) (a flag given on the command line wins;
 //! `--net`/`--tap` NICs come after the file's; `--cmdline` words are appended
 //! to the file's `boot_args`) and validates the result into a [`VmmConfig`],
 //! so a bad value is one clear line before anything is opened.
@@ -16,16 +16,24 @@ use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::net::Offloads;
 use log::LevelFilter;
 
-use crate::config::{
-    parse_io_engine, parse_level, parse_number, parse_offloads, ConfigError, MacAddr, NetSpec,
-    Settings, VmmConfig,
-};
+use super::error::ConfigError;
+use super::file::{self, FileError};
+use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
+use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
+use super::VmmConfig;
+use crate::seccomp::SeccompMode;
 
-/// vhost-net's VHOST_NET_WEIGHT: the byte budget of one TX or RX pass.
-pub const DEFAULT_WEIGHT_BYTES: u64 = devices::virtio::net::DEFAULT_WEIGHT_BYTES;
-/// vhost-net's VHOST_NET_PKT_WEIGHT: the packet budget of one pass. A byte
-/// budget alone lets a flood of tiny frames starve the other direction.
-pub const DEFAULT_WEIGHT_PACKETS: u64 = devices::virtio::net::DEFAULT_WEIGHT_PACKETS;
+/// Errors turning the command line, and the config file it names, into a
+/// [`VmmConfig`].
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The config file cannot be read or says something minivmm refuses.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// A value, or the configuration as a whole, is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
 
 /// What `--help` says about exit statuses (the README's table).
 const EXIT_STATUS_HELP: &str = "\
@@ -134,18 +142,18 @@ pub struct Cli {
     /// System-call filter on every thread: on (a forbidden call ends minivmm
     /// with exit status 148), log (the kernel logs it and lets it through) or off.
     #[arg(long, value_name = "on|log|off", default_value = "on", value_enum)]
-    pub seccomp: crate::seccomp::SeccompMode,
+    pub seccomp: SeccompMode,
 }
 
 impl Cli {
     /// Validates the command line (over the config file, if any) into a VM
     /// configuration.
-    pub fn into_config(self) -> Result<VmmConfig, ConfigError> {
+    pub fn into_config(self) -> Result<VmmConfig, CliError> {
         let file = match &self.config_file {
-            Some(path) => crate::config_file::load(path)?,
+            Some(path) => file::load(path)?,
             None => Settings::default(),
         };
-        file.overlay(self.into_settings()?).finish()
+        Ok(file.overlay(self.into_settings()?).finish()?)
     }
 
     /// What the command line itself says.
@@ -189,7 +197,12 @@ impl Cli {
             log_level: self.log_level,
             log_module: None,
             log_show_origin: None,
-            host_quirks: self.host_quirks.map(|q| q.parse()).transpose()?,
+            host_quirks: self
+                .host_quirks
+                .as_deref()
+                .map(parse_host_quirks)
+                .transpose()?,
+            seccomp: Some(self.seccomp),
         })
     }
 }
@@ -379,7 +392,7 @@ mod tests {
         assert_eq!(net.id, "net0");
         assert_eq!(net.tap, TapBackend::Named("tap0".into()));
         let net = &net.device;
-        assert_eq!(net.mac, MacAddr::DEFAULT.0);
+        assert_eq!(net.mac, MacAddr::default().0);
         assert_eq!(net.queue_size, 256);
         assert_eq!(net.tx_weight_bytes, 0x80000);
         assert_eq!(net.tx_weight_packets, 256);
@@ -549,7 +562,6 @@ mod tests {
 
     #[test]
     fn seccomp_is_on_unless_asked_otherwise() {
-        use crate::seccomp::SeccompMode;
         let mode = |extra: &[&str]| {
             let args = ["minivmm", "--kernel", "k"].iter().chain(extra).copied();
             Cli::try_parse_from(args).map(|c| c.seccomp)
@@ -558,6 +570,13 @@ mod tests {
         assert_eq!(mode(&["--seccomp", "log"]).unwrap(), SeccompMode::Log);
         assert_eq!(mode(&["--seccomp", "off"]).unwrap(), SeccompMode::Off);
         assert!(mode(&["--seccomp", "maybe"]).is_err());
+    }
+
+    #[test]
+    fn seccomp_is_part_of_the_config() {
+        assert_eq!(parse(&["--kernel", "k"]).unwrap().seccomp, SeccompMode::On);
+        let cfg = parse(&["--kernel", "k", "--seccomp", "log"]).unwrap();
+        assert_eq!(cfg.seccomp, SeccompMode::Log);
     }
 
     #[test]

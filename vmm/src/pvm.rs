@@ -54,7 +54,7 @@ pub const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
 const INT3: u8 = 0xcc;
 
 /// Decodes the instruction bytes KVM reports with an emulation failure:
-/// data[0] holds flags, the low byte of data[1] the instruction length and
+/// `data[0]` holds flags, the low byte of `data[1]` the instruction length and
 /// the bytes after it the instruction itself.
 pub fn emulation_failure_insn(suberror: u32, ndata: u32, data: &[u64]) -> Option<Vec<u8>> {
     if suberror != KVM_INTERNAL_ERROR_EMULATION || ndata < 2 {

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Errors in the values a VM is configured with, whichever input gave them
+//! (the command line or the config file). Each is one line that names the
+//! setting; the bounds they quote are the ones [`super`] documents.
+
+use devices::rate_limiter::RateLimiterError;
+
+use super::{MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB};
+
+/// Errors in user-supplied configuration values. Each is one line that
+/// names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The MAC address did not parse.
+    #[error("invalid MAC address '{0}': expected six hex octets like 06:00:ac:10:00:02")]
+    Mac(String),
+    /// A multicast MAC cannot be a unicast NIC address.
+    #[error("invalid MAC address '{0}': the multicast bit is set")]
+    MulticastMac(String),
+    /// Memory size is out of range.
+    #[error("memory size {0} MiB is too small: at least {MIN_MEM_MIB} MiB is needed")]
+    MemTooSmall(u64),
+    /// Memory size would not fit the address space we lay out.
+    #[error("memory size {0} MiB is too large: at most {max} MiB", max = MAX_MEM_MIB)]
+    MemTooLarge(u64),
+    /// vCPU count is zero.
+    #[error("the vCPU count must be at least 1")]
+    NoVcpus,
+    /// vCPU count exceeds what the MP table and APIC ids support.
+    #[error("{0} vCPUs is too many: at most {MAX_VCPUS} are supported")]
+    TooManyVcpus(u64),
+    /// A queue size that is not a power of two.
+    #[error("queue size {0} must be a power of two between 2 and 32768")]
+    QueueSize(u64),
+    /// Bad value for the host quirks switch.
+    #[error("invalid host quirks setting '{0}': expected auto, on or off")]
+    Quirks(String),
+    /// A number that does not parse.
+    #[error("invalid number '{0}': expected decimal or 0x-prefixed hexadecimal")]
+    Number(String),
+    /// Neither the command line nor the config file names a kernel.
+    #[error("no kernel: give --kernel or boot-source.kernel_image_path in --config-file")]
+    NoKernel,
+    /// A `--net` specification that does not parse.
+    #[error("--net '{spec}': {reason}")]
+    NetSpec {
+        /// The specification as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A TAP name the kernel would refuse.
+    #[error(
+        "network interface '{id}': invalid TAP name '{name}': 1 to 15 bytes, no '/', NUL or space"
+    )]
+    TapName {
+        /// The NIC.
+        id: String,
+        /// The name given.
+        name: String,
+    },
+    /// A NIC without a TAP.
+    #[error("network interface '{0}' has no TAP: give tap=NAME (host_dev_name) or fd=N")]
+    NoTap(String),
+    /// Two NICs on one TAP.
+    #[error("TAP '{0}' is given to two network interfaces; each needs its own TAP")]
+    DuplicateTap(String),
+    /// Two NICs on one file descriptor.
+    #[error("fd {0} is given to two network interfaces; each needs its own TAP")]
+    DuplicateFd(i32),
+    /// A descriptor minivmm itself uses.
+    #[error("fd={0}: descriptors 0, 1 and 2 are minivmm's own; pass a TAP fd of 3 or more")]
+    StdioFd(i64),
+    /// Two NICs with one id.
+    #[error("network interface id '{0}' is used twice")]
+    DuplicateId(String),
+    /// Two NICs with one MAC (as the MAC prints).
+    #[error("MAC address {0} is given to two network interfaces")]
+    DuplicateMac(String),
+    /// An id that cannot be a metrics key.
+    #[error(
+        "invalid network interface id '{0}': 1 to 64 letters, digits, '_', '-' or '.', \
+         and not 'vmm' or 'utc_timestamp_ms' (metrics keys)"
+    )]
+    BadId(String),
+    /// More NICs than IRQ lines for them.
+    #[error("{0} network interfaces is too many: at most {MAX_NICS}")]
+    TooManyNics(usize),
+    /// An MTU outside VIRTIO_NET_F_MTU's range.
+    #[error("network interface '{id}': MTU {mtu} is outside 68..=65535")]
+    Mtu {
+        /// The NIC.
+        id: String,
+        /// The MTU given.
+        mtu: u64,
+    },
+    /// An offload selection no driver may negotiate.
+    #[error("network interface '{id}': {reason}")]
+    Offloads {
+        /// The NIC.
+        id: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A bad rate limiter bucket.
+    #[error("network interface '{id}': {dir}_rate_limiter")]
+    RateLimiter {
+        /// The NIC.
+        id: String,
+        /// "rx" or "tx".
+        dir: &'static str,
+        /// What is wrong.
+        #[source]
+        source: RateLimiterError,
+    },
+    /// A log level that does not parse.
+    #[error("invalid log level '{0}': expected off, error, warn(ing), info, debug or trace")]
+    LogLevel(String),
+    /// A metrics interval without a metrics path.
+    #[error("a metrics interval needs a metrics path (--metrics or metrics.metrics_path)")]
+    IntervalWithoutMetrics,
+}

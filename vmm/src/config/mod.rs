@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Typed configuration of one VM: [`VmmConfig`], the whole of it.
+//!
+//! Two inputs describe a VM: the command line ([`cli`]) and a
+//! Firecracker-style config file ([`mod@file`]). Each turns its text into
+//! [`settings::Settings`], which holds only what the user wrote;
+//! [`settings::Settings::overlay`] layers the command line over the file and
+//! [`settings::Settings::finish`] applies the defaults and validates
+//! everything, network interfaces through [`net`], into one [`VmmConfig`].
+//! The builder consumes that. Dependencies point one way: `cli` → `file` →
+//! `settings` → `net` → `error` → this module, which depends on none of them.
+//!
+//! Plain data only: a `fd=N` is a number here, claimed by the builder, so a
+//! config can be compared, cloned and tested without the host. The bounds
+//! below are the ones every accepted configuration is within.
+
+use std::path::PathBuf;
+
+use log::LevelFilter;
+
+use crate::seccomp::SeccompMode;
+
+pub mod cli;
+pub mod error;
+pub mod file;
+pub mod net;
+pub mod settings;
+
+/// Smallest guest memory we accept. Below this even the tiny guest kernel
+/// cannot unpack itself and its initramfs, so fail before boot with a clear line.
+pub const MIN_MEM_MIB: u64 = 32;
+/// The default guest memory size in MiB.
+pub const DEFAULT_MEM_MIB: u64 = 256;
+
+/// The largest guest memory size: 64 GiB keeps our identity-mapped boot page
+/// tables and the e820 map simple, and is far above what a network test VM needs.
+pub const MAX_MEM_MIB: u64 = 64 * 1024;
+/// The largest vCPU count: APIC ids are one byte in the MP table and the
+/// IOAPIC id follows the last CPU.
+pub const MAX_VCPUS: u8 = 254;
+/// The most NICs: one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
+pub const MAX_NICS: usize =
+    (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
+/// The default metrics flush interval (Firecracker's).
+pub const DEFAULT_METRICS_INTERVAL_S: u64 = 60;
+
+/// Whether to apply the recoveries a PVM-backed KVM host needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostQuirks {
+    /// Detect the host and apply them only there.
+    #[default]
+    Auto,
+    /// Apply them whatever the host.
+    On,
+    /// Never apply them.
+    Off,
+}
+
+/// Where a NIC's frames go on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TapBackend {
+    /// A TAP opened by name (created, with a warning, if missing).
+    Named(String),
+    /// An already-open TAP descriptor inherited from the parent process;
+    /// `name`, if given, must be the interface it is attached to.
+    Fd {
+        /// The descriptor number.
+        fd: i32,
+        /// The interface name the user expects.
+        name: Option<String>,
+    },
+}
+
+/// One guest network interface (a network card): its id, its host TAP and
+/// the virtio-net device's settings (MAC, queue size, weights, offered
+/// features, rate limiters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicConfig {
+    /// Metrics key and log name (`net0`, `net1`, ... by default).
+    pub id: String,
+    /// The host side.
+    pub tap: TapBackend,
+    /// What the virtio-net device is built with.
+    pub device: devices::virtio::net::NetConfig,
+}
+
+/// Where and how often metrics are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// A file (appended to) or a FIFO (kept open).
+    pub path: PathBuf,
+    /// Seconds between lines; 0 writes only at exit and on SIGUSR1.
+    pub interval_s: u64,
+}
+
+/// How log lines are filtered and where they go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggerConfig {
+    /// A file (appended to) or a FIFO; stderr when absent.
+    pub path: Option<PathBuf>,
+    /// The level of every module (or of `module` only).
+    pub level: LevelFilter,
+    /// Log only this module path and its children (Firecracker's `module`).
+    pub module: Option<String>,
+    /// Add the source file and line to every line.
+    pub show_origin: bool,
+}
+
+impl Default for LoggerConfig {
+    fn default() -> Self {
+        LoggerConfig {
+            path: None,
+            level: LevelFilter::Warn,
+            module: None,
+            show_origin: false,
+        }
+    }
+}
+
+/// Everything needed to build and run one VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmmConfig {
+    /// Kernel image (bzImage or ELF vmlinux).
+    pub kernel: PathBuf,
+    /// Optional initramfs.
+    pub initramfs: Option<PathBuf>,
+    /// The whole kernel command line (Firecracker's `boot_args`); the
+    /// builder's default when absent.
+    pub boot_args: Option<String>,
+    /// Words appended after everything else (`--cmdline`).
+    pub cmdline_extra: Option<String>,
+    /// Guest memory in MiB.
+    pub mem_mib: u64,
+    /// Number of vCPUs.
+    pub vcpus: u8,
+    /// The network cards, in MMIO slot order.
+    pub nets: Vec<NicConfig>,
+    /// Periodic metrics, if wanted.
+    pub metrics: Option<MetricsConfig>,
+    /// Logging.
+    pub logger: LoggerConfig,
+    /// PVM host recoveries.
+    pub host_quirks: HostQuirks,
+    /// The system-call filter of every thread (`--seccomp`; the config file
+    /// has no place for it, as Firecracker's has none).
+    pub seccomp: SeccompMode,
+}

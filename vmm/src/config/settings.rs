@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: Apache-2.0
+//! What one input says, before defaults, and how inputs combine.
+//!
+//! The command line ([`super::cli`]) and the config file ([`super::file`])
+//! each turn their text into [`Settings`], which holds only what the user
+//! wrote; [`Settings::overlay`] layers the command line over the file and
+//! [`Settings::finish`] applies the defaults and validates everything into
+//! one [`VmmConfig`]. The value parsers both inputs share live here too.
+
+use std::path::PathBuf;
+
+use log::LevelFilter;
+
+use super::error::ConfigError;
+use super::net::{check_unique, finish_net, NetSpec};
+use super::{
+    HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
+    DEFAULT_METRICS_INTERVAL_S, MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB,
+};
+use crate::seccomp::SeccompMode;
+
+/// What one source (the config file or the command line) says, before
+/// defaults. `None` means "not said here".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// Kernel image.
+    pub kernel: Option<PathBuf>,
+    /// Initramfs.
+    pub initramfs: Option<PathBuf>,
+    /// The whole kernel command line.
+    pub boot_args: Option<String>,
+    /// Words appended to the command line.
+    pub cmdline_extra: Option<String>,
+    /// Guest memory in MiB.
+    pub mem_mib: Option<u64>,
+    /// vCPU count.
+    pub vcpus: Option<u64>,
+    /// NICs in order.
+    pub nets: Vec<NetSpec>,
+    /// NIC settings for every NIC that does not set them itself.
+    pub net_defaults: NetSpec,
+    /// Metrics path.
+    pub metrics_path: Option<PathBuf>,
+    /// Metrics interval in seconds.
+    pub metrics_interval_s: Option<u64>,
+    /// Log path.
+    pub log_path: Option<PathBuf>,
+    /// Log level.
+    pub log_level: Option<LevelFilter>,
+    /// Log module filter.
+    pub log_module: Option<String>,
+    /// Log origins.
+    pub log_show_origin: Option<bool>,
+    /// PVM host recoveries.
+    pub host_quirks: Option<HostQuirks>,
+    /// The system-call filter.
+    pub seccomp: Option<SeccompMode>,
+}
+
+impl Settings {
+    /// Layers `over` (the command line) on top of `self` (the file): a value
+    /// `over` gives wins, NICs of `over` come after those of `self`, words
+    /// for the command line are appended, and NIC defaults merge key by key.
+    pub fn overlay(self, over: Settings) -> Settings {
+        let mut nets = self.nets;
+        nets.extend(over.nets);
+        Settings {
+            kernel: over.kernel.or(self.kernel),
+            initramfs: over.initramfs.or(self.initramfs),
+            boot_args: over.boot_args.or(self.boot_args),
+            cmdline_extra: match (self.cmdline_extra, over.cmdline_extra) {
+                (Some(a), Some(b)) => Some(format!("{a} {b}")),
+                (a, b) => b.or(a),
+            },
+            mem_mib: over.mem_mib.or(self.mem_mib),
+            vcpus: over.vcpus.or(self.vcpus),
+            nets,
+            net_defaults: over.net_defaults.or(&self.net_defaults),
+            metrics_path: over.metrics_path.or(self.metrics_path),
+            metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
+            log_path: over.log_path.or(self.log_path),
+            log_level: over.log_level.or(self.log_level),
+            log_module: over.log_module.or(self.log_module),
+            log_show_origin: over.log_show_origin.or(self.log_show_origin),
+            host_quirks: over.host_quirks.or(self.host_quirks),
+            seccomp: over.seccomp.or(self.seccomp),
+        }
+    }
+
+    /// Applies the defaults and validates everything.
+    pub fn finish(self) -> Result<VmmConfig, ConfigError> {
+        let kernel = self.kernel.ok_or(ConfigError::NoKernel)?;
+        if self.nets.len() > MAX_NICS {
+            return Err(ConfigError::TooManyNics(self.nets.len()));
+        }
+        let mut nets = Vec::with_capacity(self.nets.len());
+        for (index, spec) in self.nets.into_iter().enumerate() {
+            nets.push(finish_net(index, spec.or(&self.net_defaults))?);
+        }
+        check_unique(&nets)?;
+        let metrics = match (self.metrics_path, self.metrics_interval_s) {
+            (Some(path), interval) => Some(MetricsConfig {
+                path,
+                interval_s: interval.unwrap_or(DEFAULT_METRICS_INTERVAL_S),
+            }),
+            (None, Some(_)) => return Err(ConfigError::IntervalWithoutMetrics),
+            (None, None) => None,
+        };
+        let defaults = LoggerConfig::default();
+        Ok(VmmConfig {
+            kernel,
+            initramfs: self.initramfs,
+            boot_args: self.boot_args,
+            cmdline_extra: self.cmdline_extra,
+            mem_mib: validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?,
+            vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
+            nets,
+            metrics,
+            logger: LoggerConfig {
+                path: self.log_path,
+                level: self.log_level.unwrap_or(defaults.level),
+                module: self.log_module,
+                show_origin: self.log_show_origin.unwrap_or(defaults.show_origin),
+            },
+            host_quirks: self.host_quirks.unwrap_or_default(),
+            seccomp: self.seccomp.unwrap_or_default(),
+        })
+    }
+}
+
+/// Parses an unsigned number in decimal or, with a `0x` prefix, hexadecimal
+/// (`0x80000`, as vhost-net's weights are usually written).
+pub fn parse_number(s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map_err(|_| ConfigError::Number(s.to_string()))
+}
+
+/// Parses a log level, Firecracker's spellings (`Warning`, any case) included.
+pub fn parse_level(s: &str) -> Result<LevelFilter, ConfigError> {
+    match s.to_ascii_lowercase().as_str() {
+        "warning" => Ok(LevelFilter::Warn),
+        l => l.parse().map_err(|_| ConfigError::LogLevel(s.to_string())),
+    }
+}
+
+/// Checks the memory size.
+pub fn validate_mem(mib: u64) -> Result<u64, ConfigError> {
+    if mib < MIN_MEM_MIB {
+        return Err(ConfigError::MemTooSmall(mib));
+    }
+    if mib > MAX_MEM_MIB {
+        return Err(ConfigError::MemTooLarge(mib));
+    }
+    Ok(mib)
+}
+
+/// Checks the vCPU count against what the boot tables support; the KVM limit
+/// is checked again by the builder once `/dev/kvm` is open.
+pub fn validate_vcpus(n: u64) -> Result<u8, ConfigError> {
+    match n {
+        0 => Err(ConfigError::NoVcpus),
+        n if n > u64::from(MAX_VCPUS) => Err(ConfigError::TooManyVcpus(n)),
+        // The match arm above bounds n to u8.
+        n => Ok(n as u8),
+    }
+}
+
+/// Parses the host quirks switch: `auto`, `on` or `off`.
+pub fn parse_host_quirks(s: &str) -> Result<HostQuirks, ConfigError> {
+    match s {
+        "auto" => Ok(HostQuirks::Auto),
+        "on" => Ok(HostQuirks::On),
+        "off" => Ok(HostQuirks::Off),
+        _ => Err(ConfigError::Quirks(s.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::net::MacAddr;
+    use crate::config::TapBackend;
+    use devices::rate_limiter::RateLimiterConfig;
+    use devices::virtio::net::Offloads;
+
+    #[test]
+    fn numbers_in_decimal_and_hex() {
+        assert_eq!(parse_number("524288").unwrap(), 0x80000);
+        assert_eq!(parse_number("0x80000").unwrap(), 0x80000);
+        assert_eq!(parse_number("0X1F").unwrap(), 31);
+        for bad in ["", "0x", "-1", "12k", "0x1g", "1.5"] {
+            assert!(
+                matches!(parse_number(bad), Err(ConfigError::Number(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn log_levels_in_both_spellings() {
+        assert_eq!(parse_level("Warning").unwrap(), LevelFilter::Warn);
+        assert_eq!(parse_level("warn").unwrap(), LevelFilter::Warn);
+        assert_eq!(parse_level("INFO").unwrap(), LevelFilter::Info);
+        assert_eq!(parse_level("Off").unwrap(), LevelFilter::Off);
+        assert!(parse_level("loud").is_err());
+    }
+
+    fn nic(tap: &str) -> NetSpec {
+        NetSpec {
+            tap: Some(tap.into()),
+            ..NetSpec::default()
+        }
+    }
+
+    fn with_nets(nets: Vec<NetSpec>) -> Settings {
+        Settings {
+            kernel: Some("k".into()),
+            nets,
+            ..Settings::default()
+        }
+    }
+
+    #[test]
+    fn nics_get_ids_macs_and_defaults_by_position() {
+        let cfg = with_nets(vec![nic("t0"), nic("t1")]).finish().unwrap();
+        assert_eq!(cfg.nets[0].id, "net0");
+        assert_eq!(cfg.nets[1].id, "net1");
+        assert_eq!(cfg.nets[0].device.mac, MacAddr::default().0);
+        assert_eq!(cfg.nets[1].device.mac, [6, 0, 0xac, 0x10, 0, 3]);
+        assert_eq!(cfg.nets[1].tap, TapBackend::Named("t1".into()));
+        assert_eq!(
+            cfg.nets[1].device,
+            devices::virtio::net::NetConfig {
+                mac: [6, 0, 0xac, 0x10, 0, 3],
+                ..Default::default()
+            }
+        );
+        assert_eq!(cfg.metrics, None);
+        assert_eq!(cfg.logger, LoggerConfig::default());
+    }
+
+    #[test]
+    fn a_nic_setting_beats_the_default_for_all_nics() {
+        let mut s = with_nets(vec![
+            NetSpec {
+                queue_size: Some(64),
+                ..nic("t0")
+            },
+            nic("t1"),
+        ]);
+        s.net_defaults.queue_size = Some(1024);
+        let cfg = s.finish().unwrap();
+        assert_eq!(cfg.nets[0].device.queue_size, 64);
+        assert_eq!(cfg.nets[1].device.queue_size, 1024);
+    }
+
+    #[test]
+    fn the_command_line_overlays_the_file() {
+        let file = Settings {
+            kernel: Some("file-k".into()),
+            boot_args: Some("console=ttyS0".into()),
+            cmdline_extra: Some("a".into()),
+            mem_mib: Some(512),
+            vcpus: Some(2),
+            nets: vec![nic("t0")],
+            metrics_path: Some("m".into()),
+            ..Settings::default()
+        };
+        let cli = Settings {
+            mem_mib: Some(128),
+            cmdline_extra: Some("b".into()),
+            nets: vec![nic("t1")],
+            metrics_interval_s: Some(5),
+            ..Settings::default()
+        };
+        let cfg = file.overlay(cli).finish().unwrap();
+        assert_eq!(cfg.kernel, PathBuf::from("file-k"));
+        assert_eq!((cfg.mem_mib, cfg.vcpus), (128, 2));
+        assert_eq!(cfg.boot_args.as_deref(), Some("console=ttyS0"));
+        assert_eq!(cfg.cmdline_extra.as_deref(), Some("a b"));
+        assert_eq!(cfg.nets.len(), 2);
+        assert_eq!(cfg.nets[1].id, "net1");
+        assert_eq!(
+            cfg.metrics,
+            Some(MetricsConfig {
+                path: "m".into(),
+                interval_s: 5
+            })
+        );
+    }
+
+    #[test]
+    fn bad_nic_sets_are_refused_with_their_reason() {
+        let cases: Vec<(Vec<NetSpec>, &str)> = vec![
+            (vec![nic("t0"), nic("t0")], "TAP 't0' is given to two"),
+            (
+                vec![
+                    NetSpec {
+                        fd: Some(5),
+                        ..NetSpec::default()
+                    },
+                    NetSpec {
+                        fd: Some(5),
+                        ..NetSpec::default()
+                    },
+                ],
+                "fd 5 is given to two",
+            ),
+            (
+                vec![NetSpec {
+                    fd: Some(1),
+                    ..NetSpec::default()
+                }],
+                "0, 1 and 2",
+            ),
+            (
+                vec![
+                    NetSpec {
+                        id: Some("a".into()),
+                        ..nic("t0")
+                    },
+                    NetSpec {
+                        id: Some("a".into()),
+                        ..nic("t1")
+                    },
+                ],
+                "id 'a' is used twice",
+            ),
+            (
+                vec![
+                    NetSpec {
+                        mac: Some(MacAddr([2, 0, 0, 0, 0, 1])),
+                        ..nic("t0")
+                    },
+                    NetSpec {
+                        mac: Some(MacAddr([2, 0, 0, 0, 0, 1])),
+                        ..nic("t1")
+                    },
+                ],
+                "02:00:00:00:00:01 is given to two",
+            ),
+            (
+                vec![NetSpec {
+                    id: Some("vmm".into()),
+                    ..nic("t0")
+                }],
+                "invalid network interface id 'vmm'",
+            ),
+            (vec![NetSpec::default()], "has no TAP"),
+            (vec![nic("a-name-that-is-far-too-long")], "invalid TAP name"),
+            (
+                vec![NetSpec {
+                    mtu: Some(67),
+                    ..nic("t0")
+                }],
+                "MTU 67",
+            ),
+            (
+                vec![NetSpec {
+                    offloads: Some(Offloads {
+                        ufo: true,
+                        ..Offloads::NONE
+                    }),
+                    ..nic("t0")
+                }],
+                "need checksum offload",
+            ),
+            (
+                vec![NetSpec {
+                    tx_rate_limiter: Some(RateLimiterConfig {
+                        bandwidth: Some(devices::rate_limiter::TokenBucketConfig {
+                            size: 1000,
+                            one_time_burst: 0,
+                            refill_time: 0,
+                        }),
+                        ops: None,
+                    }),
+                    ..nic("t0")
+                }],
+                "tx_rate_limiter: bandwidth bucket: refill_time",
+            ),
+            (
+                (0..20).map(|i| nic(&format!("t{i}"))).collect(),
+                "20 network interfaces is too many",
+            ),
+        ];
+        for (nets, want) in cases {
+            let err = crate::error_line(&with_nets(nets).finish().unwrap_err());
+            assert!(err.contains(want), "got '{err}', want '{want}'");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let err = Settings::default().finish().unwrap_err();
+        assert!(matches!(err, ConfigError::NoKernel));
+        let err = Settings {
+            metrics_interval_s: Some(1),
+            ..with_nets(vec![])
+        }
+        .finish()
+        .unwrap_err();
+        assert!(matches!(err, ConfigError::IntervalWithoutMetrics));
+    }
+
+    #[test]
+    fn mem_bounds() {
+        assert!(matches!(
+            validate_mem(31),
+            Err(ConfigError::MemTooSmall(31))
+        ));
+        assert_eq!(validate_mem(32).unwrap(), 32);
+        assert_eq!(validate_mem(MAX_MEM_MIB).unwrap(), MAX_MEM_MIB);
+        assert!(matches!(
+            validate_mem(MAX_MEM_MIB + 1),
+            Err(ConfigError::MemTooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn vcpu_bounds() {
+        assert!(matches!(validate_vcpus(0), Err(ConfigError::NoVcpus)));
+        assert_eq!(validate_vcpus(1).unwrap(), 1);
+        assert_eq!(validate_vcpus(254).unwrap(), 254);
+        assert!(matches!(
+            validate_vcpus(255),
+            Err(ConfigError::TooManyVcpus(255))
+        ));
+    }
+
+    #[test]
+    fn quirks_parse() {
+        assert_eq!(parse_host_quirks("auto").unwrap(), HostQuirks::Auto);
+        assert_eq!(parse_host_quirks("on").unwrap(), HostQuirks::On);
+        assert_eq!(parse_host_quirks("off").unwrap(), HostQuirks::Off);
+        assert!(parse_host_quirks("yes").is_err());
+    }
+}

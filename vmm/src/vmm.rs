@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A built VM and how it runs: vCPU threads plus one event loop on the main
+//! thread.
+//!
+//! The builder hands `Vmm::new` everything it made; [`Vmm::run`] blocks
+//! the stop signals, starts the vCPU threads, each under its seccomp filter,
+//! and runs the event manager (device backends and the [`Control`] events)
+//! until an [`ExitLatch`] holds a reason. It then restores the terminal,
+//! writes the last metrics line and returns the reason, from which `main`
+//! picks the process exit status.
+
+use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use devices::legacy::i8042::I8042;
+use devices::legacy::serial::SerialDevice;
+use event_manager::SubscriberOps;
+use kvm_ioctls::{Kvm, VmFd};
+use log::info;
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::device_manager::{DeviceManager, Events};
+use crate::event_loop::{Control, LOG_TARGET};
+use crate::metrics::{lock_metrics, Metrics};
+use crate::seccomp::{Filters, Gate, Thread};
+use crate::signals::SignalFd;
+use crate::terminal::RawTerminal;
+use crate::vcpu::Vcpu;
+use crate::vm_exit::{ExitLatch, VmExit};
+
+/// The KVM objects of a VM. Never read once the VM is built, only owned:
+/// the VM fd and guest memory must outlive the vCPU threads, which run until
+/// the process exits.
+pub(crate) struct KvmVm {
+    _kvm: Kvm,
+    _fd: VmFd,
+    _mem: vm_memory::GuestMemoryMmap<()>,
+}
+
+impl KvmVm {
+    /// Keeps `kvm`, the VM `fd` and its guest memory `mem` alive.
+    pub(crate) fn new(kvm: Kvm, fd: VmFd, mem: vm_memory::GuestMemoryMmap<()>) -> Self {
+        KvmVm {
+            _kvm: kvm,
+            _fd: fd,
+            _mem: mem,
+        }
+    }
+}
+
+/// The devices of a built VM, as the event loop and the vCPUs reach them.
+pub(crate) struct Devices {
+    /// The buses the vCPUs' exits go to.
+    pub(crate) manager: Arc<DeviceManager>,
+    /// The event manager every device backend is registered with.
+    pub(crate) events: Events,
+    /// The console UART (its input comes from stdin).
+    pub(crate) serial: Arc<Mutex<SerialDevice>>,
+    /// The keyboard controller (its reset line ends the VM).
+    pub(crate) i8042: Arc<Mutex<I8042>>,
+    /// Set once the console saw a guest kernel panic.
+    pub(crate) panicked: Arc<AtomicBool>,
+}
+
+/// A built VM, ready to run.
+pub struct Vmm {
+    _vm: KvmVm,
+    devices: Arc<DeviceManager>,
+    events: Events,
+    serial: Arc<Mutex<SerialDevice>>,
+    i8042: Arc<Mutex<I8042>>,
+    panicked: Arc<AtomicBool>,
+    exit: ExitLatch,
+    vcpus: Vec<Vcpu>,
+    metrics: Option<Metrics>,
+    metrics_interval_s: u64,
+}
+
+impl Vmm {
+    /// A VM made of `vm`, `devices` and configured `vcpus`; the first reason
+    /// reported to `exit` ends it. `metrics`, if any, is written every
+    /// `metrics_interval_s` seconds (0: only on SIGUSR1 and at exit).
+    pub(crate) fn new(
+        vm: KvmVm,
+        devices: Devices,
+        vcpus: Vec<Vcpu>,
+        exit: ExitLatch,
+        metrics: Option<Metrics>,
+        metrics_interval_s: u64,
+    ) -> Vmm {
+        Vmm {
+            _vm: vm,
+            devices: devices.manager,
+            events: devices.events,
+            serial: devices.serial,
+            i8042: devices.i8042,
+            panicked: devices.panicked,
+            exit,
+            vcpus,
+            metrics,
+            metrics_interval_s,
+        }
+    }
+
+    /// Runs the VM until it ends and returns why. `start` is when the
+    /// process started, for the boot-time report. Every thread runs under
+    /// its seccomp filter from `filters` before the guest starts.
+    pub fn run(mut self, start: Instant, filters: Filters) -> io::Result<VmExit> {
+        // Block the stop signals before any thread exists so every thread
+        // inherits the mask and only the signalfd sees them.
+        let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
+        let reset_evt = self
+            .i8042
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reset_evt()
+            .try_clone()?;
+        let metrics = self.metrics.take().map(|mut m| {
+            m.attach(
+                self.devices.vcpu_exits(),
+                self.devices.net_metrics().to_vec(),
+                start,
+            );
+            Arc::new(Mutex::new(m))
+        });
+        let metrics_timer = match (&metrics, self.metrics_interval_s) {
+            (Some(_), secs) if secs > 0 => {
+                let mut t = TimerFd::new().map_err(io::Error::from)?;
+                let every = Duration::from_secs(secs);
+                t.reset(every, Some(every)).map_err(io::Error::from)?;
+                Some(t)
+            }
+            _ => None,
+        };
+        let control = Control::new(
+            self.exit.clone(),
+            reset_evt,
+            signals,
+            self.serial.clone(),
+            self.panicked.clone(),
+            metrics.clone(),
+            metrics_timer,
+        )?;
+        self.events.add_subscriber(Arc::new(Mutex::new(control)));
+        let terminal = RawTerminal::new();
+
+        // No vCPU enters the guest before every thread is filtered. A failed
+        // spawn returns from here and ends the process, and with it the
+        // threads waiting at the gate.
+        let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
+        for vcpu in self.vcpus.drain(..) {
+            let exit = self.exit.clone();
+            let first = vcpu.id() == 0;
+            let gate = gate.clone();
+            let filter = filters.vcpu.clone();
+            std::thread::Builder::new()
+                .name(format!("vcpu{}", vcpu.id()))
+                .spawn(move || {
+                    // The thread's first act: nothing of the guest runs unfiltered.
+                    if let Err(e) = gate.install_and_wait(Thread::Vcpu, filter.as_ref()) {
+                        exit.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
+                        return;
+                    }
+                    if first {
+                        info!(
+                            target: LOG_TARGET,
+                            "boot: {} ms from start to first vCPU entry",
+                            start.elapsed().as_millis()
+                        );
+                    }
+                    vcpu.run(exit)
+                })?;
+        }
+        // After the spawns, so the vCPU threads do not inherit this list.
+        gate.install_and_wait(Thread::EventLoop, filters.event_loop.as_ref())
+            .map_err(io::Error::other)?;
+
+        while self.exit.reason().is_none() {
+            if let Err(e) = self.events.run() {
+                self.exit
+                    .report(VmExit::Fault(format!("event loop failed: {e}")));
+            }
+        }
+        drop(terminal);
+        if let Some(m) = &metrics {
+            lock_metrics(m).finish();
+        }
+        let reason = self
+            .exit
+            .reason()
+            .expect("the loop ends only once a reason is recorded");
+        info!(target: LOG_TARGET, "run time: {} ms", start.elapsed().as_millis());
+        Ok(reason)
+    }
+}
