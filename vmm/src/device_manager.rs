@@ -245,12 +245,12 @@ fn count(c: &std::sync::atomic::AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-impl ExitBus for DeviceManager {
-    // A 2- or 4-byte access goes to the device owning its first port, which
-    // serves the following bytes from its next registers (see
-    // devices::legacy for the x86 bus semantics).
-    fn pio_read(&self, port: u16, data: &mut [u8]) {
-        count(&self.exits.io_in);
+impl DeviceManager {
+    /// One `in` of `data.len()` bytes at `port`. A 2- or 4-byte access goes
+    /// to the device owning its first port, which serves the following bytes
+    /// from its next registers (see devices::legacy for the x86 bus
+    /// semantics).
+    fn port_read(&self, port: u16, data: &mut [u8]) {
         match port {
             p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
                 if let Some(s) = &self.serial {
@@ -268,8 +268,8 @@ impl ExitBus for DeviceManager {
         data.fill(0xff);
     }
 
-    fn pio_write(&self, port: u16, data: &[u8]) {
-        count(&self.exits.io_out);
+    /// One `out` of `data.len()` bytes at `port`, as [`Self::port_read`].
+    fn port_write(&self, port: u16, data: &[u8]) {
         match port {
             p if (SERIAL_PORT..SERIAL_PORT + SERIAL_PORT_LEN).contains(&p) => {
                 if let Some(s) = &self.serial {
@@ -282,6 +282,25 @@ impl ExitBus for DeviceManager {
                 }
             }
             _ => {}
+        }
+    }
+}
+
+impl ExitBus for DeviceManager {
+    // A string instruction (`rep outsb`) is one exit of many accesses, all
+    // to the same port: each is one access there, never bytes spread over
+    // the following ports.
+    fn pio_read(&self, port: u16, size: usize, data: &mut [u8]) {
+        count(&self.exits.io_in);
+        for access in data.chunks_mut(size.max(1)) {
+            self.port_read(port, access);
+        }
+    }
+
+    fn pio_write(&self, port: u16, size: usize, data: &[u8]) {
+        count(&self.exits.io_out);
+        for access in data.chunks(size.max(1)) {
+            self.port_write(port, access);
         }
     }
 
@@ -348,13 +367,13 @@ mod tests {
     fn unclaimed_ports_and_addresses_read_all_ones() {
         let dm = DeviceManager::new();
         let mut b = [0u8; 2];
-        dm.pio_read(0x80, &mut b);
+        dm.pio_read(0x80, 2, &mut b);
         assert_eq!(b, [0xff, 0xff]);
         let mut w = [0u8; 4];
         dm.mmio_read(0xd000_0000, &mut w);
         assert_eq!(w, [0xff; 4]);
         // Writes to nothing are ignored rather than fatal.
-        dm.pio_write(0x3f8, b"x");
+        dm.pio_write(0x3f8, 1, b"x");
         dm.mmio_write(0xd000_0070, &[0; 4]);
         // Every exit is counted by kind.
         let e = dm.vcpu_exits();
@@ -373,15 +392,60 @@ mod tests {
             SerialDevice::new(Box::new(out.clone())).unwrap(),
         )));
         // `out 0x3f8, ax`: 'A' to THR, then 0x0f (every interrupt) to IER.
-        dm.pio_write(0x3f8, &[b'A', 0x0f]);
+        dm.pio_write(0x3f8, 2, &[b'A', 0x0f]);
         let mut ier = [0u8; 2];
-        dm.pio_read(0x3f9, &mut ier);
+        dm.pio_read(0x3f9, 2, &mut ier);
         assert_eq!(ier[0], 0x0f);
         assert_eq!(out.0.lock().unwrap().as_slice(), b"A");
         // `in ax, 0x3ff`: scratch, then a port nobody decodes.
-        dm.pio_write(0x3ff, &[0x42]);
+        dm.pio_write(0x3ff, 1, &[0x42]);
         let mut w = [0u8; 2];
-        dm.pio_read(0x3ff, &mut w);
+        dm.pio_read(0x3ff, 2, &mut w);
         assert_eq!(w, [0x42, 0xff]);
+    }
+    #[test]
+    fn a_string_port_access_goes_to_one_port() {
+        let out = Shared::default();
+        let mut dm = DeviceManager::new();
+        dm.serial = Some(Arc::new(Mutex::new(
+            SerialDevice::new(Box::new(out.clone())).unwrap(),
+        )));
+        // `rep outsb` of eight bytes to THR: eight characters transmitted,
+        // nothing written to IER, FCR, LCR, MCR or the scratch register.
+        let regs = |dm: &DeviceManager| {
+            [0x3f9, 0x3fb, 0x3fc, 0x3ff].map(|port| {
+                let mut r = [0u8; 1];
+                dm.pio_read(port, 1, &mut r);
+                r[0]
+            })
+        };
+        let before = regs(&dm);
+        dm.pio_write(0x3f8, 1, b"\x0f\x07\x80\x1fabc\x42");
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"\x0f\x07\x80\x1fabc\x42");
+        assert_eq!(regs(&dm), before, "IER, LCR, MCR or scratch was written");
+        // `rep insb` from LSR: every access reads LSR (THR empty, idle),
+        // not the MSR and scratch register after it.
+        let mut lsr = [0u8; 3];
+        dm.pio_read(0x3fd, 1, &mut lsr);
+        assert_eq!(lsr[0], lsr[1]);
+        assert_eq!(lsr[1], lsr[2]);
+        assert_ne!(lsr[0] & 0x60, 0, "LSR reports an empty transmitter");
+        // One exit each, however many accesses.
+        let e = dm.vcpu_exits();
+        assert_eq!(e.io_out.load(Ordering::Relaxed), 1);
+        assert_eq!(e.io_in.load(Ordering::Relaxed), 9);
+    }
+
+    #[test]
+    fn a_string_write_to_the_i8042_data_port_cannot_reach_its_command_port() {
+        let mut dm = DeviceManager::new();
+        let i8042 = dm.attach_i8042().unwrap();
+        // Five bytes to 0x60, the last 0xfe (the reset command, were it
+        // written to 0x64).
+        dm.pio_write(0x60, 1, &[0, 0, 0, 0, 0xfe]);
+        assert!(i8042.lock().unwrap().reset_evt().read().is_err(), "reset");
+        // The same byte as a command does reset.
+        dm.pio_write(0x64, 1, &[0xfe]);
+        assert_eq!(i8042.lock().unwrap().reset_evt().read().unwrap(), 1);
     }
 }

@@ -21,10 +21,13 @@ use crate::vm_exit::{ExitLatch, VmExit};
 
 /// Where port and MMIO exits go.
 pub trait ExitBus: Send + Sync {
-    /// A guest `in` from `port`.
-    fn pio_read(&self, port: u16, data: &mut [u8]);
-    /// A guest `out` to `port`.
-    fn pio_write(&self, port: u16, data: &[u8]);
+    /// A guest `in` from `port`: `data` holds `data.len() / size` accesses
+    /// of `size` bytes, every one to `port` (a string instruction, `rep
+    /// insb`, is one exit with many; a plain `in` one).
+    fn pio_read(&self, port: u16, size: usize, data: &mut [u8]);
+    /// A guest `out` to `port`, in accesses of `size` bytes as for
+    /// [`ExitBus::pio_read`].
+    fn pio_write(&self, port: u16, size: usize, data: &[u8]);
     /// A guest load from an unbacked physical address.
     fn mmio_read(&self, addr: u64, data: &mut [u8]);
     /// A guest store to an unbacked physical address.
@@ -49,11 +52,62 @@ const AP_WAIT_BACKOFF: std::time::Duration = std::time::Duration::from_micros(20
 /// #BP, raised by INT3.
 const BP_VECTOR: u8 = 3;
 
+/// A vCPU exit as [`handle_exit`] takes it: KVM's own, except that a port
+/// I/O exit also carries the size of each access, which `VcpuExit` leaves
+/// out (`kvm_run.io.size`; the data holds `io.count` such accesses).
+#[derive(Debug)]
+pub enum Exit<'a> {
+    /// `in` or `rep ins*` from `port`.
+    PortIn {
+        /// The port every access goes to.
+        port: u16,
+        /// Bytes per access: 1, 2 or 4.
+        size: usize,
+        /// The accesses, back to back, for the bus to fill.
+        data: &'a mut [u8],
+    },
+    /// `out` or `rep outs*` to `port`.
+    PortOut {
+        /// The port every access goes to.
+        port: u16,
+        /// Bytes per access: 1, 2 or 4.
+        size: usize,
+        /// The accesses, back to back.
+        data: &'a [u8],
+    },
+    /// Every other exit, as KVM reported it.
+    Kvm(VcpuExit<'a>),
+}
+
+/// The size of one access of a port I/O exit of `len` bytes: KVM's
+/// `io.size` where it divides the data into whole accesses (it always does),
+/// else the whole exit as one access rather than a byte lost.
+fn port_access_size(size: usize, len: usize) -> usize {
+    if (1..=4).contains(&size) && len % size == 0 {
+        size
+    } else {
+        len.max(1)
+    }
+}
+
 /// Dispatches one exit. Pure apart from the bus.
-pub fn handle_exit(exit: VcpuExit<'_>, bus: &dyn ExitBus) -> ExitAction {
+pub fn handle_exit(exit: Exit<'_>, bus: &dyn ExitBus) -> ExitAction {
+    let exit = match exit {
+        Exit::PortIn { port, size, data } => {
+            bus.pio_read(port, port_access_size(size, data.len()), data);
+            return ExitAction::Continue;
+        }
+        Exit::PortOut { port, size, data } => {
+            bus.pio_write(port, port_access_size(size, data.len()), data);
+            return ExitAction::Continue;
+        }
+        Exit::Kvm(exit) => exit,
+    };
     match exit {
-        VcpuExit::IoIn(port, data) => bus.pio_read(port, data),
-        VcpuExit::IoOut(port, data) => bus.pio_write(port, data),
+        // Only reached by a caller that did not split port I/O by access
+        // size: one access of the whole data.
+        VcpuExit::IoIn(port, data) => bus.pio_read(port, data.len().max(1), data),
+        VcpuExit::IoOut(port, data) => bus.pio_write(port, data.len().max(1), data),
         VcpuExit::MmioRead(addr, data) => bus.mmio_read(addr, data),
         VcpuExit::MmioWrite(addr, data) => bus.mmio_write(addr, data),
         // With the in-kernel irqchip HLT is handled in KVM; an exit here only
@@ -199,7 +253,27 @@ impl Vcpu {
     fn run_loop(&mut self) -> VmExit {
         loop {
             let action = match self.fd.run() {
-                Ok(exit) => handle_exit(exit, self.bus.as_ref()),
+                Ok(VcpuExit::IoIn(port, data)) => {
+                    let (ptr, len) = (data.as_mut_ptr(), data.len());
+                    let size = self.port_io_size();
+                    // SAFETY: `ptr` and `len` are the data of the exit KVM_RUN
+                    // just returned: `len` bytes at `io.data_offset` inside
+                    // this vCPU's kvm_run mapping, which stays mapped while
+                    // `self.fd` lives and which KVM touches only inside
+                    // KVM_RUN. The exit's own slice is no longer used, and
+                    // `port_io_size` read only the `io` header, so this is
+                    // the one reference to those bytes until the next run.
+                    let data = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                    handle_exit(Exit::PortIn { port, size, data }, self.bus.as_ref())
+                }
+                Ok(VcpuExit::IoOut(port, data)) => {
+                    let (ptr, len) = (data.as_ptr(), data.len());
+                    let size = self.port_io_size();
+                    // SAFETY: as for IoIn above; read-only here.
+                    let data = unsafe { std::slice::from_raw_parts(ptr, len) };
+                    handle_exit(Exit::PortOut { port, size, data }, self.bus.as_ref())
+                }
+                Ok(exit) => handle_exit(Exit::Kvm(exit), self.bus.as_ref()),
                 Err(e) if e.errno() == libc::EINTR => continue,
                 Err(e) if e.errno() == libc::EAGAIN => {
                     // An AP still waiting for INIT/SIPI (seen on a PVM host,
@@ -220,6 +294,16 @@ impl Vcpu {
                 }
             }
         }
+    }
+
+    /// The size of each access of the port I/O exit KVM_RUN just returned.
+    fn port_io_size(&mut self) -> usize {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: KVM_RUN returned with exit_reason KVM_EXIT_IO (the exit was
+        // IoIn or IoOut), for which the kernel fills the `io` member of the
+        // union; it is plain old data, so reading it as that member is sound.
+        let io = unsafe { run.__bindgen_anon_1.io };
+        usize::from(io.size)
     }
 
     /// Recovers an INT3 that KVM failed to emulate (PVM host): skip the byte
@@ -285,18 +369,18 @@ mod tests {
     struct RecordingBus(Mutex<Vec<String>>);
 
     impl ExitBus for RecordingBus {
-        fn pio_read(&self, port: u16, data: &mut [u8]) {
+        fn pio_read(&self, port: u16, size: usize, data: &mut [u8]) {
             data.fill(0xab);
             self.0
                 .lock()
                 .unwrap()
-                .push(format!("in {port:#x} {}", data.len()));
+                .push(format!("in {port:#x} {size}x{}", data.len() / size));
         }
-        fn pio_write(&self, port: u16, data: &[u8]) {
+        fn pio_write(&self, port: u16, size: usize, data: &[u8]) {
             self.0
                 .lock()
                 .unwrap()
-                .push(format!("out {port:#x} {data:?}"));
+                .push(format!("out {port:#x} {size} {data:?}"));
         }
         fn mmio_read(&self, addr: u64, data: &mut [u8]) {
             data.fill(0xcd);
@@ -317,32 +401,78 @@ mod tests {
     fn io_and_mmio_reach_the_bus() {
         let bus = RecordingBus::default();
         let mut buf = [0u8; 1];
+        let port_in = |port, size, data| Exit::PortIn { port, size, data };
         assert_eq!(
-            handle_exit(VcpuExit::IoIn(0x3fd, &mut buf), &bus),
+            handle_exit(port_in(0x3fd, 1, &mut buf), &bus),
             ExitAction::Continue
         );
         assert_eq!(buf, [0xab]);
         assert_eq!(
-            handle_exit(VcpuExit::IoOut(0x3f8, b"A"), &bus),
+            handle_exit(
+                Exit::PortOut {
+                    port: 0x3f8,
+                    size: 1,
+                    data: b"A"
+                },
+                &bus
+            ),
             ExitAction::Continue
         );
         let mut word = [0u8; 4];
         assert_eq!(
-            handle_exit(VcpuExit::MmioRead(0xd000_0000, &mut word), &bus),
+            handle_exit(Exit::Kvm(VcpuExit::MmioRead(0xd000_0000, &mut word)), &bus),
             ExitAction::Continue
         );
         assert_eq!(word, [0xcd; 4]);
         assert_eq!(
-            handle_exit(VcpuExit::MmioWrite(0xd000_0070, &[1, 0, 0, 0]), &bus),
+            handle_exit(
+                Exit::Kvm(VcpuExit::MmioWrite(0xd000_0070, &[1, 0, 0, 0])),
+                &bus
+            ),
             ExitAction::Continue
         );
         assert_eq!(
             *bus.0.lock().unwrap(),
             vec![
-                "in 0x3fd 1".to_string(),
-                "out 0x3f8 [65]".to_string(),
+                "in 0x3fd 1x1".to_string(),
+                "out 0x3f8 1 [65]".to_string(),
                 "mmio-r 0xd0000000 4".to_string(),
                 "mmio-w 0xd0000070 [1, 0, 0, 0]".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn port_io_keeps_the_access_size_of_the_exit() {
+        let bus = RecordingBus::default();
+        // `rep outsb` of 8 bytes: eight 1-byte accesses; `rep insw` of two
+        // words; a plain `out dx, eax`.
+        let out = |port, size, data| Exit::PortOut { port, size, data };
+        handle_exit(out(0x3f8, 1, b"12345678"), &bus);
+        let mut words = [0u8; 4];
+        handle_exit(
+            Exit::PortIn {
+                port: 0x60,
+                size: 2,
+                data: &mut words,
+            },
+            &bus,
+        );
+        handle_exit(out(0x3f8, 4, &[1, 2, 3, 4]), &bus);
+        // A size that does not divide the data (never from KVM) is one
+        // access, not bytes dropped; so is an IoOut handed over unsplit.
+        handle_exit(out(0x80, 3, &[9, 9, 9, 9]), &bus);
+        handle_exit(out(0x80, 0, &[7]), &bus);
+        handle_exit(Exit::Kvm(VcpuExit::IoOut(0x70, &[5, 6])), &bus);
+        assert_eq!(
+            *bus.0.lock().unwrap(),
+            vec![
+                "out 0x3f8 1 [49, 50, 51, 52, 53, 54, 55, 56]".to_string(),
+                "in 0x60 2x2".to_string(),
+                "out 0x3f8 4 [1, 2, 3, 4]".to_string(),
+                "out 0x80 4 [9, 9, 9, 9]".to_string(),
+                "out 0x80 1 [7]".to_string(),
+                "out 0x70 2 [5, 6]".to_string(),
             ]
         );
     }
@@ -351,28 +481,37 @@ mod tests {
     fn ending_exits_stop_with_their_reason() {
         let bus = RecordingBus::default();
         assert!(matches!(
-            handle_exit(VcpuExit::Shutdown, &bus),
+            handle_exit(Exit::Kvm(VcpuExit::Shutdown), &bus),
             ExitAction::Stop(VmExit::Fault(m)) if m.contains("triple fault")
         ));
         assert_eq!(
-            handle_exit(VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_RESET, &[]), &bus),
+            handle_exit(
+                Exit::Kvm(VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_RESET, &[])),
+                &bus
+            ),
             ExitAction::Stop(VmExit::Reset)
         );
         assert_eq!(
-            handle_exit(VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_SHUTDOWN, &[]), &bus),
+            handle_exit(
+                Exit::Kvm(VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_SHUTDOWN, &[])),
+                &bus
+            ),
             ExitAction::Stop(VmExit::PowerOff)
         );
         assert!(matches!(
-            handle_exit(VcpuExit::FailEntry(0x21, 0), &bus),
+            handle_exit(Exit::Kvm(VcpuExit::FailEntry(0x21, 0)), &bus),
             ExitAction::Stop(VmExit::Fault(m)) if m.contains("0x21")
         ));
         assert_eq!(
-            handle_exit(VcpuExit::InternalError, &bus),
+            handle_exit(Exit::Kvm(VcpuExit::InternalError), &bus),
             ExitAction::InternalError
         );
-        assert_eq!(handle_exit(VcpuExit::Hlt, &bus), ExitAction::Continue);
+        assert_eq!(
+            handle_exit(Exit::Kvm(VcpuExit::Hlt), &bus),
+            ExitAction::Continue
+        );
         assert!(matches!(
-            handle_exit(VcpuExit::Hyperv, &bus),
+            handle_exit(Exit::Kvm(VcpuExit::Hyperv), &bus),
             ExitAction::Stop(VmExit::Fault(_))
         ));
         assert!(bus.0.lock().unwrap().is_empty());
