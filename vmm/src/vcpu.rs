@@ -83,7 +83,7 @@ pub enum Exit<'a> {
 /// `io.size` where it divides the data into whole accesses (it always does),
 /// else the whole exit as one access rather than a byte lost.
 fn port_access_size(size: usize, len: usize) -> usize {
-    if (1..=4).contains(&size) && len % size == 0 {
+    if (1..=4).contains(&size) && len.is_multiple_of(size) {
         size
     } else {
         len.max(1)
