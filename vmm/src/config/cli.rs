@@ -525,6 +525,100 @@ mod tests {
         assert!(plain.rx_rate_limiter.is_none() && plain.tx_rate_limiter.is_none());
     }
 
+    /// `--config-file` with `text` in a temporary file, then `args`.
+    fn parse_with_file(text: &str, args: &[&str]) -> Result<VmmConfig, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "minivmm-cli-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vm.json");
+        std::fs::write(&path, text).unwrap();
+        let mut all = vec!["--config-file", path.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let got = parse(&all);
+        std::fs::remove_dir_all(&dir).unwrap();
+        got
+    }
+
+    #[test]
+    fn a_flag_beats_the_file_and_the_file_beats_the_default() {
+        let file = r#"{"boot-source": {"kernel_image_path": "k"},
+            "logger": {"level": "Info"},
+            "network-interfaces": [{"iface_id": "a", "host_dev_name": "t0"}]}"#;
+        let cfg = parse_with_file(file, &["--log-level", "debug"]).unwrap();
+        assert_eq!(cfg.logger.level, LevelFilter::Debug);
+        let cfg = parse_with_file(file, &[]).unwrap();
+        assert_eq!(cfg.logger.level, LevelFilter::Info);
+        assert_eq!(cfg.nets[0].device.mtu, None);
+        // The all-card --mtu reaches the file's card too.
+        let cfg = parse_with_file(file, &["--mtu", "9000"]).unwrap();
+        assert_eq!(cfg.nets[0].device.mtu, Some(9000));
+    }
+
+    #[test]
+    fn a_cards_own_setting_beats_the_one_for_all_cards() {
+        let cfg = parse(&[
+            "--kernel",
+            "k",
+            "--mtu",
+            "9000",
+            "--queue-size",
+            "1024",
+            "--net",
+            "tap=a,mtu=1400,queue_size=64",
+            "--net",
+            "tap=b",
+        ])
+        .unwrap();
+        let (a, b) = (&cfg.nets[0].device, &cfg.nets[1].device);
+        assert_eq!((a.mtu, a.queue_size), (Some(1400), 64));
+        assert_eq!((b.mtu, b.queue_size), (Some(9000), 1024));
+        // The same in a file: the card's mtu beats the flag.
+        let file = r#"{"boot-source": {"kernel_image_path": "k"},
+            "network-interfaces": [{"iface_id": "a", "host_dev_name": "t0", "mtu": 1400}]}"#;
+        let cfg = parse_with_file(file, &["--mtu", "9000"]).unwrap();
+        assert_eq!(cfg.nets[0].device.mtu, Some(1400));
+    }
+
+    #[test]
+    fn a_files_rate_limiter_arrives_whole() {
+        let file = r#"{"boot-source": {"kernel_image_path": "k"},
+            "network-interfaces": [{"iface_id": "a", "host_dev_name": "t0",
+              "tx_rate_limiter": {"bandwidth": {"size": 2500000, "one_time_burst": 5000000, "refill_time": 100},
+                                  "ops": {"size": 2000, "refill_time": 10}}}]}"#;
+        let cfg = parse_with_file(file, &[]).unwrap();
+        let tx = &cfg.nets[0].device.tx_rate_limiter;
+        let bw = tx.bandwidth.unwrap();
+        assert_eq!(
+            (bw.size, bw.one_time_burst, bw.refill_time),
+            (2_500_000, 5_000_000, 100)
+        );
+        let ops = tx.ops.unwrap();
+        assert_eq!(
+            (ops.size, ops.one_time_burst, ops.refill_time),
+            (2000, 0, 10)
+        );
+        assert!(cfg.nets[0].device.rx_rate_limiter.is_unlimited());
+        // A misspelt key, at either level of a limiter, is refused, not dropped.
+        for bad in [
+            r#""tx_rate_limiter": {"bandwith": {"size": 1, "refill_time": 1}}"#,
+            r#""tx_rate_limiter": {"bandwidth": {"size": 1, "refil_time": 1}}"#,
+            r#""rx_rate_limiter": {"ops": {"size": 1, "refill_time": 1, "one_time_bust": 1}}"#,
+        ] {
+            let file = format!(
+                r#"{{"boot-source": {{"kernel_image_path": "k"}},
+                "network-interfaces": [{{"iface_id": "a", "host_dev_name": "t0", {bad}}}]}}"#
+            );
+            let err = parse_with_file(&file, &[]).unwrap_err();
+            assert!(err.contains("unknown field"), "{bad}: {err}");
+        }
+        // The same on the command line.
+        let err = parse(&["--kernel", "k", "--net", "tap=a,tx_bw_sise=5"]).unwrap_err();
+        assert!(err.contains("tx_bw_sise"), "{err}");
+    }
+
     #[test]
     fn cloud_hypervisor_offload_switches() {
         let o = |s: &str| parse_net(s).unwrap().offloads.unwrap();

@@ -465,6 +465,24 @@ mod tests {
                 "machine-config.smt: true is not supported",
             ),
             (
+                format!(
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true}}}}"#
+                ),
+                "machine-config.track_dirty_pages: true is not supported",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "2M"}}}}"#
+                ),
+                "machine-config.huge_pages: '2M' is not supported",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "cpu_template": "T2"}}}}"#
+                ),
+                "machine-config.cpu_template: 'T2' is not supported",
+            ),
+            (
                 format!(r#"{{{boot}, "machine-config": {{"vcpu_count": 1}}}}"#),
                 "missing field `mem_size_mib`",
             ),
