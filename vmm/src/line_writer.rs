@@ -167,4 +167,87 @@ mod tests {
         assert!(std::fs::metadata(&p).unwrap().file_type().is_fifo());
         std::fs::remove_file(&p).unwrap();
     }
+
+    /// `n` numbered lines of `len` bytes each (newline included).
+    fn numbered(n: usize, len: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let mut l = format!("line {i:06} ").into_bytes();
+                l.resize(len - 1, b'.');
+                l.push(b'\n');
+                l
+            })
+            .collect()
+    }
+
+    fn fifo(name: &str) -> std::path::PathBuf {
+        let p = tmp(name);
+        let _ = std::fs::remove_file(&p);
+        assert!(Command::new("mkfifo").arg(&p).status().unwrap().success());
+        p
+    }
+
+    /// Everything a reader of `p` gets until the writer is dropped.
+    fn read_all(p: &Path) -> Vec<u8> {
+        let mut reader = File::open(p).unwrap();
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        got
+    }
+
+    #[test]
+    fn a_partial_write_keeps_the_rest_of_the_line_for_later() {
+        // Lines of 10,000 bytes take three pipe pages each: the sixth finds
+        // one page of the sixteen free, and the pipe takes only its start.
+        // The rest must go out ahead of the next line.
+        let p = fifo("partial");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let lines = numbered(20, 10_000);
+        for l in &lines[..10] {
+            s.write_line(l);
+        }
+        let pending = s.pending_bytes();
+        assert!(pending > 0, "the pipe took everything");
+        assert_ne!(pending % 10_000, 0, "the pipe took whole lines only");
+        let reader = {
+            let p = p.clone();
+            std::thread::spawn(move || read_all(&p))
+        };
+        for l in &lines[10..] {
+            s.write_line(l);
+        }
+        s.drain(Duration::from_secs(10));
+        assert_eq!(s.pending_bytes(), 0);
+        assert_eq!(s.dropped_lines(), 0);
+        drop(s);
+        assert_eq!(reader.join().unwrap(), lines.concat());
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn dropped_lines_are_counted_in_lines_and_never_cut() {
+        // No reader: the pipe and the pending buffer fill, the rest is
+        // dropped whole.
+        let p = fifo("dropped");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let lines = numbered(1500, 1000);
+        for l in &lines {
+            s.write_line(l);
+        }
+        let dropped = s.dropped_lines();
+        assert!(dropped > 0);
+        let reader = {
+            let p = p.clone();
+            std::thread::spawn(move || read_all(&p))
+        };
+        s.drain(Duration::from_secs(10));
+        drop(s);
+        let got = reader.join().unwrap();
+        // Whole lines, in order, the first ones; the rest counted.
+        assert_eq!(got.len() % 1000, 0);
+        let received = got.len() / 1000;
+        assert_eq!(got, lines[..received].concat());
+        assert_eq!(received as u64 + dropped, 1500);
+        std::fs::remove_file(&p).unwrap();
+    }
 }

@@ -189,4 +189,35 @@ mod tests {
         }
         std::fs::remove_file(&p).unwrap();
     }
+
+    #[test]
+    fn a_line_reports_the_uptime_and_the_lines_a_reader_missed() {
+        let p = std::env::temp_dir().join(format!("minivmm-metrics-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let st = std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mut m = Metrics::open(&p).unwrap();
+        // Started 2 s ago, as far as the line is concerned.
+        let start = Instant::now() - Duration::from_secs(2);
+        m.attach(Arc::default(), Vec::new(), start);
+        let first: serde_json::Value = serde_json::from_str(&m.line()).unwrap();
+        let up = first["vmm"]["uptime_ms"].as_u64().unwrap();
+        assert!((2000..60_000).contains(&up), "uptime {up} ms");
+        assert_eq!(first["vmm"]["metrics_lines_dropped"], 0);
+        // No reader: the pipe and the pending buffer fill, then lines drop.
+        let line_len = m.line().len() as u64;
+        let flushes = (2 << 20) / line_len;
+        for _ in 0..flushes {
+            m.flush();
+        }
+        let dropped = m.out.dropped_lines();
+        assert!(dropped > 0 && dropped < flushes, "{dropped} of {flushes}");
+        let last: serde_json::Value = serde_json::from_str(&m.line()).unwrap();
+        assert_eq!(last["vmm"]["metrics_lines_dropped"], dropped);
+        assert!(last["vmm"]["uptime_ms"].as_u64().unwrap() >= up);
+        std::fs::remove_file(&p).unwrap();
+    }
 }
