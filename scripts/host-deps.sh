@@ -16,10 +16,11 @@ LOG_PREFIX=host-deps
 # shellcheck source-path=SCRIPTDIR/.. source=../resources/common.sh
 . "$HERE/../resources/common.sh"
 
-# ip (namespaces, TAP), ping.
-boot=(iproute2 iputils-ping)
-# kill and ps (procps), unshare (util-linux), iperf3 (mvperf's cross-check).
-test=("${boot[@]}" procps util-linux iperf3)
+# ip (namespaces, TAP), ping, iperf3 (the host end of iperf3 against the
+# guest; the guest image carries its own copy).
+boot=(iproute2 iputils-ping iperf3)
+# kill and ps (procps), unshare (util-linux).
+test=("${boot[@]}" procps util-linux)
 
 case "${1:-}" in
     boot) ensure_packages "${boot[@]}" ;;
