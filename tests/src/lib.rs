@@ -477,6 +477,20 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// Creates namespace `minivmm-<tag>-<pid>` with only loopback up; the test adds
+    /// its own devices (`tap` names the first TAP it will create, for reference).
+    pub fn bare(tag: &str, tap: &str) -> Result<NetNs> {
+        let name = format!("minivmm-{tag}-{}", std::process::id());
+        let _ = ip(&["netns", "del", &name]);
+        ip(&["netns", "add", &name])?;
+        let ns = NetNs {
+            name,
+            tap: tap.to_string(),
+        };
+        ns.exec_ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
     /// Runs `ip ARGS` inside the namespace.
     pub fn exec_ip(&self, args: &[&str]) -> Result<()> {
         let mut full = vec!["netns", "exec", &self.name, "ip"];
