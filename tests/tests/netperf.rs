@@ -448,23 +448,16 @@ fn run_guest_iperf3(ns: &NetNs, vm: &Vm) {
 }
 
 /// The guest image, init and tool proven under QEMU without KVM (TCG), with
-/// a virtio-net device on a TAP in the script's own namespace.
+/// a virtio-net device on a TAP in the script's own namespace. Without a
+/// qemu-system-x86_64 on PATH the script unpacks Debian's into a private
+/// directory of the cache (installing it would remove the project machines'
+/// newer qemu-utils); it exits 77 only if that cannot be done.
 #[test]
 fn guest_image_runs_netperf_under_qemu_tcg() {
     if !require(
         "guest_image_runs_netperf_under_qemu_tcg",
         &[Need::Root, Need::Tun],
     ) {
-        return;
-    }
-    if Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!(
-            "SKIP guest_image_runs_netperf_under_qemu_tcg: qemu-system-x86_64 is not installed"
-        );
         return;
     }
     let _ = guest_image();
@@ -475,6 +468,14 @@ fn guest_image_runs_netperf_under_qemu_tcg() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}");
+    if out.status.code() == Some(77) {
+        let why = stderr
+            .lines()
+            .find(|l| l.contains("SKIP"))
+            .unwrap_or("the script skipped");
+        eprintln!("SKIP guest_image_runs_netperf_under_qemu_tcg: {why}");
+        return;
+    }
     assert!(
         out.status.success(),
         "qemu-check.sh failed\n{stdout}\n{stderr}"
