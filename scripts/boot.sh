@@ -37,7 +37,8 @@ initramfs=$(printf '%s\n' "$images" | tail -n 1)
 kernel=$bzimage
 [ "$KERNEL_KIND" = vmlinux ] && kernel=$vmlinux
 cargo build --release -p vmm -p netperf >&2
-bin=target/release
+# Where cargo put them (CARGO_TARGET_DIR moves its output).
+bin=${CARGO_TARGET_DIR:-target}/release
 
 workdir=$(mktemp -d)
 vmm_pid=
