@@ -11,8 +11,18 @@
 #     exit): wait for MINIVMM-SERVING, ping the guest, then run the five
 #     mvperf tests against the guest's server, printing their JSON on stdout.
 #
+# QEMU: any qemu-system-x86_64 on PATH. Without one, Debian's QEMU is NOT
+# installed (on the project's machines that would remove their newer
+# qemu-utils): its package and the dependencies this machine lacks are
+# fetched with `apt-get download` and unpacked with `dpkg-deb -x` into
+# $MINIVMM_CACHE/qemu-VERSION, and run from there with LD_LIBRARY_PATH. From
+# that private tree every shared library the machine already has is deleted,
+# so the private copy only adds libraries and never replaces one; nothing
+# outside the cache directory changes.
+#
 # Usage: qemu-check.sh [BZIMAGE INITRAMFS]   (default: from resources/build.sh)
-# Exit: 0 all passed, 1 a check failed, 77 skipped (not root, no TUN).
+# Exit: 0 all passed, 1 a check failed, 77 skipped (not root, no TUN, QEMU
+# neither on PATH nor fetchable).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -36,8 +46,82 @@ if [ ! -c /dev/net/tun ]; then
     exit 77
 fi
 ensure_packages iproute2 iputils-ping cpio
+
+# private_qemu: unpacks Debian's qemu-system-x86 and the packages it needs
+# that are not installed into $MINIVMM_CACHE/qemu-VERSION/root (once; later
+# runs reuse it) and prints that root. Fails with a log line.
+private_qemu() {
+    local version dir root pkgs lib
+    version=$(apt-cache policy qemu-system-x86 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    if [ -z "$version" ] || [ "$version" = "(none)" ]; then
+        apt_update || true
+        version=$(apt-cache policy qemu-system-x86 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    fi
+    [ -n "$version" ] && [ "$version" != "(none)" ] || {
+        log "apt knows no qemu-system-x86 package"
+        return 1
+    }
+    dir=$MINIVMM_CACHE/qemu-${version//[^A-Za-z0-9.+~-]/_}
+    root=$dir/root
+    if [ -e "$dir/ok" ]; then
+        echo "$root"
+        return 0
+    fi
+    log "unpacking qemu-system-x86 $version and its missing dependencies into $dir (nothing is installed)"
+    rm -rf "$dir"
+    mkdir -p "$dir/debs" "$root"
+    # Every package in the dependency closure (alternatives included) that
+    # the machine lacks; unneeded extras only cost disk space in the cache.
+    mapfile -t pkgs < <(apt-cache depends --recurse --no-recommends --no-suggests \
+        --no-conflicts --no-breaks --no-replaces --no-enhances qemu-system-x86 |
+        grep -v '^[ <]' | sort -u | while read -r p; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+        done)
+    (cd "$dir/debs" && apt-get download "${pkgs[@]}" >&2) || {
+        log "apt-get download of ${pkgs[*]} failed"
+        return 1
+    }
+    for deb in "$dir"/debs/*.deb; do
+        dpkg-deb -x "$deb" "$root" || { log "dpkg-deb -x $deb failed"; return 1; }
+    done
+    # Never shadow a library the machine has (e.g. an alternative's
+    # libsystemd.so.0): the host's copy stays the one every program loads.
+    while IFS= read -r -d '' lib; do
+        for sys in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu; do
+            if [ -e "$sys/$(basename "$lib")" ]; then
+                rm -f "$lib"
+                break
+            fi
+        done
+    done < <(find "$root" -path '*-linux-gnu/*' -name '*.so*' -print0)
+    if qemu_env "$root" ldd "$root/usr/bin/qemu-system-x86_64" | grep 'not found' >&2; then
+        log "the unpacked qemu-system-x86_64 lacks the libraries above"
+        return 1
+    fi
+    qemu_env "$root" "$root/usr/bin/qemu-system-x86_64" --version >&2 || return 1
+    touch "$dir/ok"
+    echo "$root"
+}
+
+# qemu_env ROOT CMD...: runs CMD with the private tree's libraries found.
+qemu_env() {
+    local root=$1
+    shift
+    LD_LIBRARY_PATH=$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"
+}
+
 # Any qemu-system-x86_64 on PATH will do (a machine may carry its own build).
-command -v qemu-system-x86_64 >/dev/null || ensure_packages qemu-system-x86
+QEMU_BIN=(qemu-system-x86_64)
+if ! command -v qemu-system-x86_64 >/dev/null; then
+    if ! QROOT=$(private_qemu); then
+        log "SKIP: no qemu-system-x86_64 on PATH and Debian's could not be unpacked privately"
+        exit 77
+    fi
+    # -L: the firmware (microvm's qboot) lives in the private tree too.
+    QEMU_BIN=(env "LD_LIBRARY_PATH=$QROOT/lib/x86_64-linux-gnu:$QROOT/usr/lib/x86_64-linux-gnu"
+        "$QROOT/usr/bin/qemu-system-x86_64" -L "$QROOT/usr/share/qemu" -L "$QROOT/usr/share/seabios")
+    log "using the private $("${QEMU_BIN[@]}" --version | head -n 1) from $QROOT"
+fi
 
 if [ $# -eq 2 ]; then
     BZIMAGE=$1
@@ -88,7 +172,7 @@ chmod +x "$MVPERF"
 # keyboard controller, so add one: `reboot=k` resets through it (as on minivmm)
 # and -no-reboot turns that reset into qemu exiting 0.
 # shellcheck disable=SC2054 # commas belong to qemu option values
-QEMU=(qemu-system-x86_64 -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 1
+QEMU=("${QEMU_BIN[@]}" -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 1
     -display none -monitor none -no-reboot -device i8042
     -kernel "$BZIMAGE" -initrd "$INITRAMFS")
 BASE_CMDLINE="console=ttyS0 reboot=k panic=-1"

@@ -2,9 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # The README's main job: build everything, boot the guest with
 #   minivmm --kernel bzImage --initramfs initramfs --tap tap0
-# inside a private network namespace, wait until the mvperf server in the
-# guest listens, run mvperf TCP_STREAM and TCP_RR against it from the host,
-# stop the VM and show the results.
+# inside a private network namespace, wait until the mvperf and iperf3
+# servers in the guest listen, run iperf3 (TCP both ways) and mvperf
+# TCP_STREAM and TCP_RR against them from the host, stop the VM and show the
+# results. Any crash line on the guest console (a program's `segfault at`,
+# `traps:`, a `general protection` fault, `Kernel panic`) makes it exit 1,
+# whatever minivmm's status.
 #
 # Usage: scripts/boot.sh [--vmlinux]   (--vmlinux boots the ELF kernel instead)
 # All traffic stays inside the namespace this script creates and deletes.
@@ -20,6 +23,10 @@ BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-900}
 TEST_SECONDS=5
 
 log() { echo "boot.sh: $*" >&2; }
+# The console lines that mean a guest program or the guest kernel crashed
+# (the same list as CRASH_MARKERS in tests/src/lib.rs).
+CRASH_RE='segfault at|traps:|general protection|Kernel panic'
+crashed() { grep -E "$CRASH_RE" "$workdir/console" 2>/dev/null; }
 [ "$(id -u)" -eq 0 ] || { log "needs root (network namespace, TAP, /dev/kvm)"; exit 1; }
 
 bash scripts/host-deps.sh boot
@@ -30,7 +37,8 @@ initramfs=$(printf '%s\n' "$images" | tail -n 1)
 kernel=$bzimage
 [ "$KERNEL_KIND" = vmlinux ] && kernel=$vmlinux
 cargo build --release -p vmm -p netperf >&2
-bin=target/release
+# Where cargo put them (CARGO_TARGET_DIR moves its output).
+bin=${CARGO_TARGET_DIR:-target}/release
 
 workdir=$(mktemp -d)
 vmm_pid=
@@ -67,6 +75,10 @@ until grep -q MINIVMM-SERVING "$workdir/console" 2>/dev/null; do
         log "the guest's init reported an error (see above)"
         exit 1
     fi
+    if crashed >/dev/null; then
+        log "a guest program or the guest kernel crashed: $(crashed | head -n 3)"
+        exit 1
+    fi
     if ! kill -0 "$vmm_pid" 2>/dev/null; then
         status=0
         wait "$vmm_pid" || status=$?
@@ -80,6 +92,24 @@ until grep -q MINIVMM-SERVING "$workdir/console" 2>/dev/null; do
 done
 log "guest serving after $((SECONDS - start)) s; pinging it from the host side"
 ip netns exec "$NS" ping -c 3 -w 30 -s 1472 "$GUEST_IP" >&2
+# The guest's iperf3 -s takes one client at a time and prints this line each
+# time it is ready for the next; an emulated guest takes seconds, and a
+# client that comes earlier is reset.
+iperf3_clients=0
+wait_iperf3_listening() {
+    local deadline=$((SECONDS + 120))
+    while [ "$(grep -c 'Server listening on 5201' "$workdir/console")" -le "$iperf3_clients" ] &&
+        [ $SECONDS -lt $deadline ]; do
+        sleep 1
+    done
+    iperf3_clients=$((iperf3_clients + 1))
+}
+for dir in "" -R; do
+    wait_iperf3_listening
+    log "iperf3 -c $GUEST_IP -t $TEST_SECONDS $dir (Debian's iperf3 on the host against iperf3 -s in the guest)"
+    ip netns exec "$NS" timeout 180 iperf3 -c "$GUEST_IP" -t "$TEST_SECONDS" ${dir:+"$dir"} \
+        >"$workdir/iperf3$dir.txt"
+done
 for t in TCP_STREAM TCP_RR; do
     log "mvperf -t $t -H $GUEST_IP -l $TEST_SECONDS (host -> guest through minivmm's virtio-net)"
     ip netns exec "$NS" "$bin/mvperf" -t "$t" -H "$GUEST_IP" -l "$TEST_SECONDS" --grace 60 \
@@ -97,5 +127,14 @@ if [ -e /sys/module/kvm_pvm ]; then
     log "note: this host's KVM is PVM-backed and runs the guest kernel instruction-emulated;"
     log "      the figures below prove the path works, they do not measure its speed"
 fi
+if crashed >/dev/null; then
+    log "FAILED: the guest console has crash lines:"
+    crashed >&2
+    status=1
+fi
+echo "iperf3 host -> guest:"
+cat "$workdir/iperf3.txt"
+echo "iperf3 guest -> host (-R):"
+cat "$workdir/iperf3-R.txt"
 cat "$workdir/TCP_STREAM.txt" "$workdir/TCP_RR.txt"
 exit "$status"

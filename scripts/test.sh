@@ -13,8 +13,10 @@ bash resources/build.sh >/dev/null
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
-# One test binary at a time, tests inside it in parallel: the two READY boots
-# share the two cores, then the served boot runs beside the QEMU check.
+# One test binary at a time, tests inside it in parallel: the two self-test
+# boots (bzImage with 1 vCPU, vmlinux with 2) share the two cores, the served
+# boot (mvperf, iperf3) runs beside the QEMU check, and the two-guest test
+# boots its guests one after the other.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace -- --nocapture 2>&1 | tee "$log"

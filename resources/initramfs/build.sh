@@ -2,12 +2,15 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # Builds the minivmm guest initramfs: an uncompressed newc cpio holding static
-# busybox (and the applet links init uses), /init, /dev/console and, when the
-# netperf crate builds, the static /bin/mvperf.
+# busybox (and the applet links init uses), /init, /dev/console, when the
+# netperf crate builds, the static /bin/mvperf, and Debian's iperf3 with the
+# shared libraries and dynamic loader it needs (at the paths ldd names), so
+# the guest can serve iperf3 as well as mvperf.
 #
 # Always rebuilt (seconds); the cargo build of mvperf is incremental in
 # the checkout's target/. Set MINIVMM_REQUIRE_MVPERF=1 to make a failed mvperf
-# build an error instead of a warning.
+# build an error instead of a warning, and MINIVMM_REQUIRE_IPERF3=1 to make a
+# missing iperf3 one.
 #
 # The archive is reproducible and named by its content hash, so checkouts that
 # share $MINIVMM_CACHE (with different init scripts or mvperf versions) never
@@ -23,6 +26,15 @@ LOG_PREFIX=initramfs/build.sh
 . "$HERE/../common.sh"
 
 ensure_packages busybox-static cpio binutils
+# iperf3 is a peer nobody here wrote; without it the image still serves mvperf.
+IPERF3=
+if try_packages iperf3 && [ -x /usr/bin/iperf3 ]; then
+    IPERF3=/usr/bin/iperf3
+elif [ "${MINIVMM_REQUIRE_IPERF3:-0}" = 1 ]; then
+    die "iperf3 (Debian package iperf3) is not installed"
+else
+    log "WARNING: iperf3 is not installed; the initramfs has no /bin/iperf3"
+fi
 
 BUSYBOX=/bin/busybox
 # Debian's dynamic `busybox` package also ships /bin/busybox; the guest has no
@@ -78,6 +90,19 @@ done
 install -m 0755 "$HERE/init" "$ROOT/init"
 # The release profile keeps debug info; the guest does not need it.
 if [ -n "$MVPERF" ]; then strip -o "$ROOT/bin/mvperf" "$MVPERF"; fi
+if [ -n "$IPERF3" ]; then
+    # The binary, every library ldd resolves and the loader, each at the path
+    # the loader will look for it (no ld.so.cache in the guest: the loader's
+    # built-in /lib/x86_64-linux-gnu covers Debian's multiarch libraries).
+    cp "$IPERF3" "$ROOT/bin/iperf3"
+    ldd "$IPERF3" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
+        while read -r lib; do
+            mkdir -p "$ROOT$(dirname "$lib")"
+            cp -L "$lib" "$ROOT$lib"
+        done
+    interp=$(readelf -l "$IPERF3" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+    [ -n "$interp" ] && [ -e "$ROOT$interp" ] || die "iperf3's loader ${interp:-?} did not make it into the image"
+fi
 # The kernel opens /dev/console for init before anything can mount devtmpfs.
 # Only root can make the node; init copes without it (it reopens its stdio
 # from devtmpfs).
@@ -99,6 +124,6 @@ mv "$WORK/initramfs.cpio" "$OUT"
 # Images of other versions are a few MB each; a week-old one is nobody's.
 find "$OUTDIR" -maxdepth 1 -name 'minivmm-initramfs-*.cpio' -mtime +7 -delete
 touch "$OUT"
-log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf})"
+log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}${IPERF3:+, with iperf3})"
 
 echo "$OUT"

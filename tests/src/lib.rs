@@ -120,6 +120,42 @@ pub const SYSCALL_FIXUP_ACTIVE: &str = "pvm_syscall_fixup: active";
 /// What the guest's init prints once userspace runs.
 pub const READY: &str = "MINIVMM-READY";
 
+/// What the guest's self-test (`minivmm.mode=selftest`, `mvperf selftest`) prints when every
+/// check held; a failure prints `MINIVMM-SELFTEST FAIL <what>`.
+pub const SELFTEST_PASS: &str = "MINIVMM-SELFTEST PASS";
+
+/// Console text that means a guest program or the guest kernel crashed: the kernel's log of a
+/// user-mode fault (`segfault at`, `traps:` for #GP/#UD/#DE and friends), a kernel-mode
+/// `general protection` fault, and a panic. Any of them fails a boot test whatever the exit
+/// status (issue 19: a guest program that dies leaves the VMM running and exiting 0).
+pub const CRASH_MARKERS: [&str; 4] = [
+    "segfault at",
+    "traps:",
+    "general protection",
+    "Kernel panic",
+];
+
+/// The console lines that contain a [`CRASH_MARKERS`] entry.
+pub fn crash_lines(console: &str) -> Vec<&str> {
+    console
+        .lines()
+        .filter(|l| CRASH_MARKERS.iter().any(|m| l.contains(m)))
+        .collect()
+}
+
+/// Panics, naming the lines and showing `report`, if `console` has any crash line. The one
+/// check every boot test runs (through [`Vm::assert_no_crash`], or directly where a test reads
+/// the console itself).
+pub fn assert_no_crash(console: &str, report: &str) {
+    let bad = crash_lines(console);
+    assert!(
+        bad.is_empty(),
+        "the guest crashed ({} console line(s) with {CRASH_MARKERS:?}):\n{}\n{report}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
 /// Runs `cargo build --release` for one package and returns the path of `bin`.
 fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -340,10 +376,7 @@ impl Vm {
     pub fn assert_userspace_ran(&self) {
         let console = self.console();
         let report = self.report();
-        assert!(
-            !console.contains("Kernel panic"),
-            "the guest panicked\n{report}"
-        );
+        self.assert_no_crash();
         if pvm_host() {
             assert!(
                 console.contains(SYSCALL_FIXUP_ACTIVE),
@@ -361,6 +394,12 @@ impl Vm {
             console.contains(READY),
             "guest userspace never printed {READY}\n{report}"
         );
+    }
+
+    /// Fails if the console so far has a crash line ([`CRASH_MARKERS`]). Also run when the
+    /// VM is dropped, so a test that forgets it still fails on a crash.
+    pub fn assert_no_crash(&self) {
+        assert_no_crash(&self.console(), &self.report());
     }
 
     /// A summary for assertion messages: the tail of the console and the log.
@@ -386,6 +425,11 @@ impl Drop for Vm {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        // A test already failing has said why; a second panic here would abort.
+        if !std::thread::panicking() {
+            std::thread::sleep(Duration::from_millis(200));
+            self.assert_no_crash();
         }
     }
 }
@@ -430,6 +474,20 @@ impl NetNs {
         ns.exec_ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
         ns.exec_ip(&["addr", "add", host_cidr, "dev", tap])?;
         ns.exec_ip(&["link", "set", tap, "up"])?;
+        Ok(ns)
+    }
+
+    /// Creates namespace `minivmm-<tag>-<pid>` with only loopback up; the test adds
+    /// its own devices (`tap` names the first TAP it will create, for reference).
+    pub fn bare(tag: &str, tap: &str) -> Result<NetNs> {
+        let name = format!("minivmm-{tag}-{}", std::process::id());
+        let _ = ip(&["netns", "del", &name]);
+        ip(&["netns", "add", &name])?;
+        let ns = NetNs {
+            name,
+            tap: tap.to_string(),
+        };
+        ns.exec_ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
     }
 

@@ -5,28 +5,35 @@
 //! instruction-emulated there), so each scenario boots once and checks
 //! everything it can on that boot: the bzImage boots with 1 vCPU, the ELF
 //! vmlinux with 2, and both must reach guest userspace (init prints
-//! MINIVMM-READY), reboot, and leave minivmm exiting 0 by itself. A kernel
-//! panic is a failure on every host. Bad-input cases need no boot and run in
-//! well under a second each.
+//! MINIVMM-READY), run the guest self-test (`minivmm.mode=selftest`: threads
+//! and their thread-local storage, clone with a new TLS, fork, exec, signals,
+//! context switches, each checked by `mvperf selftest`) to its PASS line,
+//! reboot, and leave minivmm exiting 0 by itself. A kernel panic or any
+//! crash line on the console (`segfault at`, `traps:`, ...) is a failure on
+//! every host. Bad-input cases need no boot and run in well under a second
+//! each.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use minivmm_tests::{guest_image, minivmm_bin, require, Need, Vm, READY};
+use minivmm_tests::{guest_image, minivmm_bin, require, Need, Vm, READY, SELFTEST_PASS};
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
 /// cores, and on the shared development host under load one took 6 minutes.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
-/// From MINIVMM-READY to minivmm's exit: init syncs and resets the VM.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(120);
+/// From MINIVMM-READY to minivmm's exit: the self-test (10 to 20 s of guest
+/// time on a quiet PVM host, its own watchdog at 240 s), then init syncs and
+/// resets the VM.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
-/// Boots `kernel` with no mode: init must print MINIVMM-READY and reboot, and
-/// minivmm must then exit 0 by itself. Returns the finished VM for more checks.
+/// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the
+/// self-test its PASS line, then init reboots and minivmm must exit 0 by
+/// itself. Returns the finished VM for more checks.
 fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
     let img = guest_image();
     let args = s(&[
@@ -38,6 +45,8 @@ fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
         vcpus,
         "--mem",
         "256",
+        "--cmdline",
+        "minivmm.mode=selftest",
         "--log-level",
         "info",
     ]);
@@ -68,10 +77,12 @@ fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
     let console = vm.console();
     assert!(console.contains("Linux version"), "{report}");
     assert!(console.contains("Run /init as init process"), "{report}");
-    assert!(
-        console.contains("no minivmm.mode=serve, rebooting"),
-        "{report}"
-    );
+    let pass = console
+        .lines()
+        .find(|l| l.contains(SELFTEST_PASS))
+        .unwrap_or_else(|| panic!("{name}, {vcpus} vCPU(s): no {SELFTEST_PASS}\n{report}"));
+    eprintln!("FIGURE selftest {name} {vcpus} vCPU(s): {}", pass.trim());
+    assert!(console.contains("self-test done, rebooting"), "{report}");
     let log = vm.stderr();
     assert!(
         log.contains("from start to first vCPU entry"),

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use minivmm_tests::pty::{self, canonical};
-use minivmm_tests::{guest_image, minivmm_bin, require, Need};
+use minivmm_tests::{assert_no_crash, guest_image, minivmm_bin, require, Need};
 
 /// A minivmm whose console is collected by a reader thread.
 struct Running {
@@ -99,6 +99,9 @@ impl Running {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(200));
+                let console = String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned();
+                assert_no_crash(&console, "(seccomp boot)");
                 return status.code();
             }
             std::thread::sleep(Duration::from_millis(100));

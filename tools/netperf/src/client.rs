@@ -70,6 +70,13 @@ pub struct StreamResult {
     pub messages_received: u64,
     /// Sends that failed with `ENOBUFS` (UDP only; netperf's "Errors").
     pub send_errors: u64,
+    /// UDP_STREAM: from the end of sending until the server's counts arrived, while the
+    /// backlog the sender built up (in the host's queues and the receiver's) drained.
+    pub drain: Duration,
+    /// UDP_STREAM: the server's time from its first counted datagram to its last. When a
+    /// backlog drained after sending stopped this is longer than the send phase, and the
+    /// received throughput is computed over it instead.
+    pub receive_span: Duration,
 }
 
 /// What an RR test measured.
@@ -200,6 +207,10 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     };
     let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
     let mut request = p.to_json();
+    if p.test == TestKind::UdpStream {
+        // Count reports while we wait for results (see `udp_stream_finish`).
+        request["progress"] = true.into();
+    }
     if let Some(sock) = &udp {
         request["client_port"] = sock
             .local_addr()
@@ -471,6 +482,44 @@ fn udp_finish(ctrl: &mut Control, hard: Instant) -> Result<Value> {
         .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))
 }
 
+/// Ends a UDP_STREAM test and collects the server's counts, waiting as long as the server's
+/// count keeps growing. An unpaced sender can queue far more than a slow receiver takes in
+/// `-l` + grace (a TAP's 1000 frames ahead of an emulated guest: tens of seconds), and the
+/// end-of-test message waits behind that backlog; the server reports its count every second
+/// meanwhile (we asked for it with `"progress": true`). The wait fails only when no report
+/// shows progress for `grace`. It stays bounded: the count cannot pass `sent`.
+fn udp_stream_finish(ctrl: &mut Control, b: &Budget, grace: Duration, sent: u64) -> Result<Value> {
+    let wait = left(b.hard, "ending the test")?;
+    ctrl.send(&json!({"done": true}), wait)
+        .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
+    let mut counted = 0u64;
+    let mut progressed = Instant::now();
+    loop {
+        let wait = grace.saturating_sub(progressed.elapsed());
+        if wait.is_zero() {
+            bail!(
+                "waiting for results: server stopped making progress (no new datagram counted \
+                 for {:.1} s, {counted} of {sent} so far)",
+                grace.as_secs_f64()
+            );
+        }
+        let v = ctrl
+            .recv(wait)
+            .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", grace)))?;
+        let Some(p) = v.get("progress") else {
+            return Ok(v);
+        };
+        let n = report_u64(p, "messages")?;
+        if n > sent {
+            bail!("server claims {n} datagrams but only {sent} were sent");
+        }
+        if n > counted {
+            counted = n;
+            progressed = Instant::now();
+        }
+    }
+}
+
 fn udp_stream(
     cfg: &ClientConfig,
     b: &Budget,
@@ -498,8 +547,14 @@ fn udp_stream(
         }
     }
     let elapsed = start.elapsed();
-    let report = udp_finish(ctrl, b.hard)?;
+    let report = udp_stream_finish(ctrl, b, cfg.grace, s.messages_sent)?;
+    s.drain = start.elapsed().saturating_sub(elapsed);
     s.messages_received = report_u64(&report, "messages")?;
+    s.receive_span = report
+        .get("rx_span_s")
+        .and_then(Value::as_f64)
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map_or(Duration::ZERO, Duration::from_secs_f64);
     s.bytes_received = report_u64(&report, "bytes")?;
     check_received_le_sent(&s)?;
     Ok((elapsed, Measured::Stream(s)))

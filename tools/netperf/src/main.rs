@@ -14,6 +14,7 @@
 mod client;
 mod proto;
 mod report;
+mod selftest;
 mod server;
 mod sockopt;
 mod stats;
@@ -40,6 +41,11 @@ Server:
   mvperf server [--port 12865] [--bind 0.0.0.0]
       Serves clients forever (one thread per test). Prints
       'mvperf server listening on ADDR:PORT' on stdout once bound; --port 0 picks a free port.
+
+Self-test (the guest image's minivmm.mode=selftest):
+  mvperf selftest [--timeout 240]
+      Threads with thread-local storage, clone with a new TLS, fork, exec, signals and context
+      switches, each checked; prints 'MINIVMM-SELFTEST PASS ...' or 'MINIVMM-SELFTEST FAIL ...'.
 
 Examples:
   mvperf server
@@ -139,6 +145,19 @@ enum Command {
         #[arg(short = 'b', long, value_name = "ADDR", default_value = "0.0.0.0")]
         bind: IpAddr,
     },
+    /// Stress what userspace relies on (threads and their TLS, clone, fork, exec, signals,
+    /// context switches), print one `MINIVMM-SELFTEST PASS|FAIL` line, exit 0 or 1.
+    Selftest {
+        /// Fail (and exit) if the run has not finished after this many seconds.
+        #[arg(long, value_name = "SECONDS", default_value = "240", value_parser = parse_secs)]
+        timeout: f64,
+        /// Program to exec that exits 0.
+        #[arg(long = "true", value_name = "PATH", default_value = "/bin/true")]
+        true_bin: String,
+        /// Shell to exec as `SH -c 'exit 7'`.
+        #[arg(long = "sh", value_name = "PATH", default_value = "/bin/sh")]
+        sh_bin: String,
+    },
 }
 
 fn parse_secs(s: &str) -> Result<f64, String> {
@@ -207,6 +226,22 @@ fn main() -> ExitCode {
             }
             // `run` returns only when it could not start.
             ExitCode::FAILURE
+        }
+        Some(Command::Selftest {
+            timeout,
+            true_bin,
+            sh_bin,
+        }) => {
+            let cfg = selftest::SelftestConfig {
+                timeout: Duration::from_secs_f64(timeout),
+                true_bin,
+                sh_bin,
+            };
+            if selftest::run(&cfg) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
         None => {
             let extra = if cli.test_options.is_empty() {

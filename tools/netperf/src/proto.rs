@@ -207,6 +207,9 @@ impl TestParams {
 pub struct Control {
     stream: TcpStream,
     reader: BufReader<TcpStream>,
+    /// The start of a line a timed-out `recv` had read, kept for the next call (callers that
+    /// poll with short timeouts must not lose half a message).
+    partial: String,
 }
 
 impl Control {
@@ -214,7 +217,11 @@ impl Control {
     pub fn new(stream: TcpStream) -> io::Result<Self> {
         stream.set_nodelay(true)?;
         let reader = BufReader::new(stream.try_clone()?);
-        Ok(Self { stream, reader })
+        Ok(Self {
+            stream,
+            reader,
+            partial: String::new(),
+        })
     }
 
     /// Sends one object as a line, giving up after `timeout`.
@@ -230,9 +237,11 @@ impl Control {
     /// A closed connection is an error of kind `UnexpectedEof`.
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Value> {
         self.stream.set_read_timeout(Some(nonzero(timeout)))?;
-        let mut line = String::new();
-        let n = (&mut self.reader).take(MAX_LINE).read_line(&mut line)?;
-        if n == 0 {
+        let room = MAX_LINE.saturating_sub(self.partial.len() as u64);
+        // On an error (a timeout) read_line keeps what it read in `partial`.
+        let n = (&mut self.reader).take(room).read_line(&mut self.partial)?;
+        let line = std::mem::take(&mut self.partial);
+        if n == 0 && line.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "control connection closed by peer",

@@ -84,6 +84,7 @@ pub fn text(o: &Outcome) -> String {
         }
         (Measured::Stream(m), _) => {
             let lost = m.messages_sent.saturating_sub(m.messages_received);
+            let rsecs = secs.max(m.receive_span.as_secs_f64());
             let _ = writeln!(s, "Socket  Message  Elapsed      Messages");
             let _ = writeln!(s, "Size    Size     Time         Okay Errors   Throughput");
             let _ = writeln!(
@@ -102,13 +103,21 @@ pub fn text(o: &Outcome) -> String {
             );
             let _ = writeln!(
                 s,
-                "{:<7} {:<8} {secs:<8.2} {:>10} {:>6} {:>10.2}",
+                "{:<7} {:<8} {rsecs:<8.2} {:>10} {:>6} {:>10.2}",
                 z.remote_recv,
                 "",
                 m.messages_received,
                 "",
-                mbps(m.bytes_received, secs)
+                mbps(m.bytes_received, rsecs)
             );
+            if rsecs > secs {
+                let _ = writeln!(
+                    s,
+                    "\nThe receiver took in datagrams for {rsecs:.2} s (its backlog drained for \
+                     {:.2} s after sending stopped); received throughput is over that time",
+                    m.drain.as_secs_f64()
+                );
+            }
             let _ = writeln!(
                 s,
                 "\nLost: {lost} of {} datagrams ({:.2} %); throughput counts received data only",
@@ -180,14 +189,17 @@ pub fn json(o: &Outcome, host: &str) -> Value {
     });
     let extra = match &o.measured {
         Measured::Stream(m) => {
+            let rsecs = secs.max(m.receive_span.as_secs_f64());
             let mut e = json!({
                 "message_size": o.params.msg_size,
                 "bytes": m.bytes_received,
                 "bytes_sent": m.bytes_sent,
                 "bytes_received": m.bytes_received,
-                "throughput_mbps": r3(mbps(m.bytes_received, secs)),
+                "throughput_mbps": r3(mbps(m.bytes_received, rsecs)),
             });
             if o.params.test == TestKind::UdpStream {
+                e["drain_s"] = r3(m.drain.as_secs_f64()).into();
+                e["receive_span_s"] = r3(m.receive_span.as_secs_f64()).into();
                 e["messages_sent"] = m.messages_sent.into();
                 e["messages_received"] = m.messages_received.into();
                 e["messages_lost"] = m.messages_sent.saturating_sub(m.messages_received).into();
@@ -263,6 +275,8 @@ mod tests {
                 messages_sent: 2000,
                 messages_received: 1000,
                 send_errors: 0,
+                drain: Duration::ZERO,
+                receive_span: Duration::from_secs(2),
             }),
         );
         let v = json(&o, "127.0.0.1");
@@ -271,6 +285,28 @@ mod tests {
         assert_eq!(v["loss_percent"], 50.0);
         assert_eq!(v["test"], "UDP_STREAM");
         assert!(text(&o).contains("Lost: 1000 of 2000"));
+    }
+
+    #[test]
+    fn udp_stream_received_throughput_is_over_the_receive_span() {
+        let o = outcome(
+            TestKind::UdpStream,
+            Measured::Stream(StreamResult {
+                bytes_sent: 2_000_000,
+                bytes_received: 1_000_000,
+                messages_sent: 2000,
+                messages_received: 1000,
+                send_errors: 0,
+                drain: Duration::from_secs(2),
+                receive_span: Duration::from_secs(4),
+            }),
+        );
+        let v = json(&o, "127.0.0.1");
+        // 1 MB received over 2 s of sending plus 2 s of draining.
+        assert_eq!(v["throughput_mbps"], 2.0);
+        assert_eq!(v["send_throughput_mbps"], 8.0);
+        assert_eq!(v["drain_s"], 2.0);
+        assert!(text(&o).contains("for 4.00 s"), "{}", text(&o));
     }
 
     #[test]

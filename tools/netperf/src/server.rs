@@ -8,7 +8,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,6 +31,10 @@ const UDP_POLL: Duration = Duration::from_millis(50);
 /// After the client says the UDP data phase is over, datagrams still in flight are counted
 /// until the socket has been idle for `UDP_POLL`, but no longer than this.
 const UDP_MAX_DRAIN: Duration = Duration::from_secs(1);
+/// UDP_STREAM with `"progress": true`: how often the server reports its counts while it
+/// waits for the client's end-of-test message, and how long it keeps waiting after the test
+/// length once datagrams stop arriving.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 /// Read size for stream sinks: larger than any default message so each syscall drains a lot.
 const SINK_BUF: usize = 256 * 1024;
 
@@ -143,6 +147,7 @@ fn session(stream: TcpStream) -> Result<String> {
         TestKind::UdpStream | TestKind::UdpRr => match client_data_port(&req) {
             Ok(port) => udp_session(
                 &mut ctrl,
+                &req,
                 &params,
                 local_ip,
                 SocketAddr::new(peer_ip, port),
@@ -283,6 +288,13 @@ fn client_data_port(req: &Value) -> Result<u16> {
         .ok_or_else(|| anyhow!("UDP test request has no valid client_port"))
 }
 
+/// The worker's running counts of the client's datagrams, for progress reports.
+#[derive(Debug, Default)]
+struct Live {
+    messages: AtomicU64,
+    bytes: AtomicU64,
+}
+
 /// Counts kept by a UDP worker thread.
 #[derive(Debug, Default)]
 struct UdpCounts {
@@ -295,10 +307,55 @@ struct UdpCounts {
     foreign: u64,
     /// UDP_RR datagrams from the client of the wrong size: not answered.
     malformed: u64,
+    /// From the first counted datagram to the last: the receiver's own window.
+    span: Duration,
+}
+
+/// Whether the request sets `key` to true.
+fn req_flag(req: &Value, key: &str) -> bool {
+    req.get(key).and_then(Value::as_bool) == Some(true)
+}
+
+/// Waits for the client's end-of-test message, sending `{"progress": {...}}` with the counts
+/// so far every [`PROGRESS_INTERVAL`]. A client that flooded a slow path sends that message
+/// behind its own backlog, which can take far longer than the test to drain; the reports let
+/// it wait exactly as long as datagrams keep arriving. The wait ends at `deadline`, pushed
+/// back to [`SESSION_SLACK`] after the latest datagram.
+fn wait_done_reporting(
+    ctrl: &mut Control,
+    live: &Live,
+    mut deadline: Instant,
+) -> Result<Value, (io::Error, Duration)> {
+    let started = Instant::now();
+    let mut last = u64::MAX;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let e = io::Error::from(io::ErrorKind::TimedOut);
+            return Err((e, started.elapsed()));
+        }
+        match ctrl.recv(left.min(PROGRESS_INTERVAL)) {
+            Ok(v) => return Ok(v),
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err((e, started.elapsed())),
+        }
+        let messages = live.messages.load(Ordering::Relaxed);
+        if messages != last {
+            deadline = deadline.max(Instant::now() + SESSION_SLACK);
+            last = messages;
+        }
+        let report = json!({"progress": {
+            "messages": messages,
+            "bytes": live.bytes.load(Ordering::Relaxed),
+        }});
+        ctrl.send(&report, STEP_TIMEOUT)
+            .map_err(|e| (e, STEP_TIMEOUT))?;
+    }
 }
 
 fn udp_session(
     ctrl: &mut Control,
+    ctrl_req: &Value,
     p: &TestParams,
     local_ip: IpAddr,
     peer: SocketAddr,
@@ -313,28 +370,32 @@ fn udp_session(
     sock.set_write_timeout(Some(STEP_TIMEOUT))?;
     let reply = ok_reply(sock.local_addr()?.port(), &sock);
     let stop = Arc::new(AtomicBool::new(false));
+    let live = Arc::new(Live::default());
     let worker = {
-        let stop = Arc::clone(&stop);
+        let (stop, live) = (Arc::clone(&stop), Arc::clone(&live));
         let p = p.clone();
         thread::Builder::new()
             .name("udp worker".into())
-            .spawn(move || udp_worker(&sock, &p, peer, &stop))
+            .spawn(move || udp_worker(&sock, &p, peer, &stop, &live))
             .context("starting the UDP worker")?
     };
     // The socket is bound before the reply goes out, so no early datagram is refused.
-    let waited = deadline.saturating_duration_since(Instant::now());
-    let outcome = ctrl
-        .send(&reply, STEP_TIMEOUT)
-        .and_then(|()| ctrl.recv(waited));
+    let progress = p.test == TestKind::UdpStream && req_flag(ctrl_req, "progress");
+    let outcome = ctrl.send(&reply, STEP_TIMEOUT).and_then(|()| {
+        if progress {
+            wait_done_reporting(ctrl, &live, deadline)
+        } else {
+            let waited = deadline.saturating_duration_since(Instant::now());
+            ctrl.recv(waited).map_err(|e| (e, waited))
+        }
+        .map_err(|(e, waited)| io::Error::new(e.kind(), describe(&e, "client", waited)))
+    });
     stop.store(true, Ordering::SeqCst);
     let counts = worker.join().map_err(|_| anyhow!("UDP worker panicked"))?;
     match outcome {
         Ok(v) if v.get("done").and_then(Value::as_bool) == Some(true) => {}
         Ok(v) => bail!("unexpected control message {v}"),
-        Err(e) => bail!(
-            "waiting for the end of the test: {}",
-            describe(&e, "client", waited)
-        ),
+        Err(e) => bail!("waiting for the end of the test: {e}"),
     }
     Ok(json!({
         "messages": counts.messages,
@@ -343,15 +404,23 @@ fn udp_session(
         "send_errors": counts.send_errors,
         "foreign": counts.foreign,
         "malformed": counts.malformed,
+        "rx_span_s": counts.span.as_secs_f64(),
     }))
 }
 
-fn udp_worker(sock: &UdpSocket, p: &TestParams, peer: SocketAddr, stop: &AtomicBool) -> UdpCounts {
+fn udp_worker(
+    sock: &UdpSocket,
+    p: &TestParams,
+    peer: SocketAddr,
+    stop: &AtomicBool,
+    live: &Live,
+) -> UdpCounts {
     let mut c = UdpCounts::default();
     let mut buf = vec![0u8; 65536];
     // A response is the request's sequence number, then the response bytes.
     let mut resp = vec![0xa5u8; RR_SEQ_LEN + p.resp_size];
     let mut drain_until: Option<Instant> = None;
+    let mut first: Option<Instant> = None;
     loop {
         if drain_until.is_none() && stop.load(Ordering::SeqCst) {
             drain_until = Some(Instant::now() + UDP_MAX_DRAIN);
@@ -367,6 +436,9 @@ fn udp_worker(sock: &UdpSocket, p: &TestParams, peer: SocketAddr, stop: &AtomicB
             Ok((n, _)) => {
                 c.messages += 1;
                 c.bytes += n as u64;
+                live.messages.store(c.messages, Ordering::Relaxed);
+                live.bytes.store(c.bytes, Ordering::Relaxed);
+                c.span = first.get_or_insert_with(Instant::now).elapsed();
                 if p.test == TestKind::UdpRr {
                     resp[..RR_SEQ_LEN].copy_from_slice(&buf[..RR_SEQ_LEN]);
                     match sock.send(&resp) {
@@ -418,7 +490,7 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let worker = {
             let stop = Arc::clone(&stop);
-            thread::spawn(move || udp_worker(&server, &p, peer, &stop))
+            thread::spawn(move || udp_worker(&server, &p, peer, &stop, &Live::default()))
         };
         let mut got = [0u8; 64];
         for seq in [1u64, 2, 0x0102_0304_0506_0708] {
