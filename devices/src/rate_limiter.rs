@@ -681,9 +681,14 @@ mod tests {
             0,
         )
         .unwrap();
-        // A sender that retries exactly when told to, for 10 simulated seconds.
-        let (mut now, mut bytes) = (0u64, 0u64);
+        // A sender that retries exactly when told to, for 10 simulated
+        // seconds: about 167,000 frames and as many waits at most, so a
+        // limiter that keeps answering "retry at once" fails here instead
+        // of looping for ever.
+        let (mut now, mut bytes, mut calls) = (0u64, 0u64, 0u32);
         while now < 10_000 * MS {
+            calls += 1;
+            assert!(calls < 1_000_000, "no progress: {bytes} bytes by {now} ns");
             match l.try_pass(1514, now) {
                 Ok(()) => bytes += 1514,
                 Err(wait) => now += wait,
