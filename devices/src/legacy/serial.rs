@@ -20,7 +20,7 @@ use vm_superio::serial::{Error as UartError, NoEvents};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::virtio::mmio::warn_ratelimited;
+use crate::warn::warn_rate_limited;
 
 /// Upper bound on host input waiting for FIFO room. Stdin can deliver more
 /// than a guest that is not reading will ever consume; past this the caller
@@ -129,7 +129,7 @@ impl SerialDevice {
             // The byte is lost but the guest must not stall on a host-side
             // output problem (e.g. a closed stdout).
             Err(UartError::IOError(e)) => {
-                warn_ratelimited!("serial: failed to write guest output: {e}")
+                warn_rate_limited!("serial: failed to write guest output: {e}")
             }
             Err(e) => log::error!("serial: {e}"),
         }

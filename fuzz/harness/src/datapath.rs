@@ -51,7 +51,7 @@
 use std::collections::HashMap;
 
 use arbitrary::Arbitrary;
-use devices::virtio::net::rxtx::MAX_PASS_READS;
+use devices::virtio::net::pass::MAX_PASS_READS;
 
 use crate::net_rig::{BufAddr, Placement, Rig, Setup};
 

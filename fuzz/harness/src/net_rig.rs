@@ -9,7 +9,7 @@
 //! one `send_frame`, which can be told to return EAGAIN) and
 //! [`SockBackend`] (TX frames go to a `SOCK_SEQPACKET` peer, the device end
 //! made `with_batched_writes`, so the device batches them through its
-//! io_uring `TxRing`; the rig drains the peer into the [`Wire`] after every
+//! io_uring `WriteRing`; the rig drains the peer into the [`Wire`] after every
 //! loop iteration). RX frames come from memory with both.
 //!
 //! Guest memory is one 1 MiB region. Packed ring layouts sit in the first
@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arbitrary::Arbitrary;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use devices::virtio::net::uring::TxRing;
-use devices::virtio::net::{IoVecs, Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
+use devices::virtio::io_engine::WriteRing;
+use devices::virtio::iov::IoVecs;
+use devices::virtio::net::{Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
 use devices::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
@@ -207,7 +208,7 @@ impl NetBackend for Backend {
     }
 }
 
-/// Whether this host lets the device build its io_uring `TxRing` (a
+/// Whether this host lets the device build its io_uring `WriteRing` (a
 /// container's seccomp profile or the `io_uring_disabled` sysctl may not):
 /// where it does not, the device writes frame by frame, as it should.
 pub fn uring_available() -> bool {
@@ -215,7 +216,7 @@ pub fn uring_available() -> bool {
     *AVAILABLE.get_or_init(|| {
         SeqPacket::pair()
             .ok()
-            .is_some_and(|(a, _b)| TxRing::new(a.as_raw_fd()).is_ok())
+            .is_some_and(|(a, _b)| WriteRing::new(a.as_raw_fd()).is_ok())
     })
 }
 

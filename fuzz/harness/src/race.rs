@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use devices::virtio::net::rxtx::MAX_PASS_READS;
+use devices::virtio::net::pass::MAX_PASS_READS;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::datapath::{split, tx_frame};

@@ -14,16 +14,18 @@ use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::NetMetrics;
-use super::rxtx::{RxVirtio, TxVirtio};
+use super::rx::RxVirtio;
 use super::tap::{self, NetBackend, Tap, TapError};
-use super::uring::TxRing;
+use super::tx::TxVirtio;
 use super::{
-    warn_rate_limited, IoEngine, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES,
-    RX_INDEX, TX_INDEX, VNET_HDR_LEN,
+    IoEngine, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX, TX_INDEX,
+    VNET_HDR_LEN,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
+use crate::virtio::io_engine::WriteRing;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
+use crate::warn::warn_rate_limited;
 
 /// Feature bits (virtio 1.1 §5.1.3, §6), from `virtio-bindings`.
 pub mod features {
@@ -139,7 +141,7 @@ pub struct Net<B: NetBackend = Tap> {
     /// Batches TX writes (`IoEngine::Async`); `None` writes frame by frame.
     /// Built with the device, before any seccomp filter, and kept across
     /// resets.
-    pub(crate) tx_ring: Option<TxRing>,
+    pub(crate) tx_ring: Option<WriteRing>,
     /// What the event handler currently has registered.
     pub(crate) registered: super::event_handler::Registered,
 }
@@ -209,7 +211,7 @@ impl<B: NetBackend> Net<B> {
         let tx_limiter = limiter("TX", &cfg.tx_rate_limiter)?;
         let batch = cfg.io_engine == IoEngine::Async && !cfg.bounce_buffer;
         let tx_ring = if batch && backend.batched_writes() {
-            TxRing::new(backend.as_raw_fd())
+            WriteRing::new(backend.as_raw_fd())
                 .map_err(|e| {
                     log::info!(
                         "virtio-net: io_uring unavailable ({e}); TX writes one frame per system call"
@@ -333,9 +335,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         // Every field we expose is read-only for a VERSION_1 driver (the
         // MAC is writable only with the legacy interface or CTRL_MAC_ADDR).
         let n = NetMetrics::inc(&self.metrics.config_writes_ignored);
-        warn_rate_limited(
-            n,
-            format_args!("ignored {}-byte config write at {offset:#x}", data.len()),
+        warn_rate_limited!(
+            count = n,
+            "virtio-net: ignored {}-byte config write at {offset:#x}",
+            data.len()
         );
     }
 
@@ -438,7 +441,7 @@ mod tests {
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     use super::super::tap::{enter_private_netns, SeqPacket};
-    use super::super::test_driver::*;
+    use super::super::tests::fixture::*;
     use super::*;
 
     fn mem() -> GuestMemory {

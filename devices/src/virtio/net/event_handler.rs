@@ -40,10 +40,12 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Active, Net};
 use super::metrics::{NetMetrics, TimeCounter};
-use super::rxtx::{RxStatus, TxStatus};
+use super::rx::RxStatus;
 use super::tap::NetBackend;
-use super::{warn_rate_limited, RX_INDEX, TX_INDEX};
+use super::tx::TxStatus;
+use super::{RX_INDEX, TX_INDEX};
 use crate::rate_limiter::RateLimiter;
+use crate::warn::warn_rate_limited;
 
 /// `activate_evt`: activation or reset happened.
 pub const PROCESS_ACTIVATE: u32 = 0;
@@ -158,7 +160,7 @@ impl<B: NetBackend> Net<B> {
             RxStatus::ZeroRead if hup => self.backend_hung_up(),
             RxStatus::ZeroRead => {
                 let n = NetMetrics::inc(&self.metrics.rx_dropped);
-                warn_rate_limited(n, format_args!("dropped a 0-byte RX frame"));
+                warn_rate_limited!(count = n, "virtio-net: dropped a 0-byte RX frame");
             }
             RxStatus::Drained | RxStatus::Starved | RxStatus::Throttled => {}
         }
@@ -266,9 +268,9 @@ impl<B: NetBackend> Net<B> {
             // Rate-limited on its own count: keyed on host_errors, the
             // line would be skipped whenever other host errors came first.
             let n = NetMetrics::inc(&self.metrics.backend_hangups);
-            warn_rate_limited(
-                n,
-                format_args!("backend hung up; the device stops polling it until a reset"),
+            warn_rate_limited!(
+                count = n,
+                "virtio-net: backend hung up; the device stops polling it until a reset"
             );
         }
     }
@@ -488,7 +490,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::super::device::features::VIRTIO_RING_F_EVENT_IDX;
-    use super::super::test_driver::*;
+    use super::super::tests::fixture::*;
     use super::super::NetConfig;
     use super::*;
     use crate::virtio::VirtioDevice;
@@ -829,7 +831,7 @@ mod tests {
 mod perf {
     use std::time::Instant;
 
-    use super::super::test_driver::*;
+    use super::super::tests::fixture::*;
     use super::super::NetConfig;
 
     const N: usize = 200_000;

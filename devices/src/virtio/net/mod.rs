@@ -7,25 +7,29 @@
 //! - [`device`]: the [`Net`] type, the features it offers, its configuration
 //!   space and the [`VirtioDevice`](super::VirtioDevice) side (activation and
 //!   reset, called from a vCPU thread through the MMIO transport).
-//! - [`rxtx`]: the datapath. `RxVirtio` moves frames from the backend into
-//!   guest RX buffers with one `readv` per frame (spreading a frame over as many
-//!   posted chains as it needs when VIRTIO_NET_F_MRG_RXBUF is negotiated);
-//!   `TxVirtio` writes each TX chain with one `writev`. Both stop a pass after
-//!   a byte or packet weight, as vhost-net does, so neither direction can
-//!   starve the other, and after a fixed descriptor budget whatever the
-//!   weights, so no guest input can make a pass unbounded. The rings are
+//! - [`rx`] and [`tx`]: the datapath. [`RxVirtio`](rx::RxVirtio) moves frames
+//!   from the backend into guest RX buffers with one `readv` per frame
+//!   (spreading a frame over as many posted chains as it needs when
+//!   VIRTIO_NET_F_MRG_RXBUF is negotiated); [`TxVirtio`](tx::TxVirtio) writes
+//!   each TX chain with one `writev`, or a batch of them through the
+//!   [`io_engine`](crate::virtio::io_engine). The rings are
 //!   [`SplitQueue`](crate::virtio::queue::SplitQueue)s.
+//! - [`pass`]: what bounds a pass in either direction: a byte or packet
+//!   weight, as vhost-net has, so neither direction can starve the other, a
+//!   fixed descriptor budget whatever the weights, so no guest input can
+//!   make a pass unbounded, and a time budget.
 //! - [`event_handler`]: the event-manager glue. Every file descriptor the
 //!   device waits on is registered there with a `u32` token; activation and
 //!   reset only change state and kick an internal `EventFd`, and the handler
 //!   brings the epoll registrations in line with that state.
 //! - [`tap`]: the [`NetBackend`] trait, the TAP device and the unprivileged
-//!   socket backends used by tests and benchmarks.
+//!   socket backends used by tests and benchmarks; with the shared
+//!   [`iov`](crate::virtio::iov) and [`io_engine`](crate::virtio::io_engine),
+//!   the only place of the device allowed `unsafe`.
 //! - [`metrics`]: [`NetMetrics`], lock-free counters with a JSON view whose
 //!   field names are a contract with the VMM's `--metrics` file.
-//! - `iov` (private, but for [`IoVecs`], what a backend call gets): the
-//!   `readv`/`writev` calls and copies on I/O vectors over guest memory; with `tap` (and `virtio::queue` outside this
-//!   module), the only place allowed `unsafe`.
+//! - `tests` (unit tests only): the suites that drive the whole device from
+//!   the driver side.
 //!
 //! Threads: everything in this module runs on the thread that drives the
 //! `EventManager`, except [`VirtioDevice::activate`](super::VirtioDevice::activate),
@@ -33,30 +37,15 @@
 //! accessors, which the MMIO transport calls from a vCPU thread. The device is
 //! shared as `Arc<Mutex<Net>>`, so the two never run at the same time.
 
-#[cfg(test)]
-mod broken_device;
 pub mod device;
 pub mod event_handler;
-#[cfg(test)]
-mod fault_injection;
-#[cfg(test)]
-mod io_engine_tests;
-mod iov;
 pub mod metrics;
-#[cfg(test)]
-mod rate_limit_tests;
-#[cfg(test)]
-mod robustness;
-pub mod rxtx;
-#[cfg(test)]
-mod soak;
+pub mod pass;
+pub mod rx;
 pub mod tap;
-#[cfg(test)]
-mod test_driver;
-pub mod uring;
+pub mod tx;
 
 pub use device::{Net, NetError};
-pub use iov::IoVecs;
 pub use metrics::NetMetrics;
 pub use tap::{NetBackend, SeqPacket, Tap, TapError};
 
@@ -102,7 +91,7 @@ pub struct NetConfig {
     pub rx_weight_packets: u64,
     /// Microseconds after which a pass (either direction) yields to the
     /// event loop, whatever the weights; 0 disables. It bounds how long one
-    /// direction's flood delays the other (see `rxtx`).
+    /// direction's flood delays the other (see [`pass`]).
     pub pass_time_budget_us: u64,
     /// Which checksum and segmentation offloads to offer.
     pub offloads: Offloads,
@@ -126,8 +115,8 @@ pub struct NetConfig {
 /// are those of Firecracker's block `io_engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoEngine {
-    /// A batch of up to [`uring::TX_BATCH`] frames per `io_uring_enter`, on
-    /// a ring that may only write to the backend (see [`uring`]); falls back
+    /// A batch of up to [`MAX_BATCH`](crate::virtio::io_engine::MAX_BATCH) frames per `io_uring_enter`, on
+    /// a ring that may only write to the backend (see [`io_engine`](crate::virtio::io_engine)); falls back
     /// to `Sync` where the host refuses io_uring.
     #[default]
     Async,
@@ -216,105 +205,5 @@ impl NetConfig {
     }
 }
 
-/// Logs `warn!` for guest-caused problems without letting a misbehaving guest
-/// flood the host log: the 1st, 2nd, 4th, 8th... occurrence of a counter is
-/// logged, with the running count.
-pub(crate) fn warn_rate_limited(count: u64, msg: std::fmt::Arguments<'_>) {
-    if count.is_power_of_two() {
-        log::warn!("virtio-net: {msg} (occurrence {count})");
-    }
-}
-
-/// The device behind the real MMIO transport, driven only through register
-/// accesses by the transport's mock driver: the path a guest takes.
 #[cfg(test)]
-mod transport_tests {
-    use vm_memory::GuestAddress;
-
-    use super::device::{features::*, offload_features};
-    use super::test_driver::{frame, TransportRig};
-    use super::*;
-    use crate::virtio::test_utils::Segment;
-    use crate::virtio::VIRTIO_MMIO_INT_VRING;
-
-    #[test]
-    fn test_through_mmio_transport() {
-        let TransportRig {
-            mut em,
-            mut drv,
-            peer,
-            net,
-            metrics,
-        } = TransportRig::new(16 << 20);
-
-        // Ack everything offered, as Linux does for these bits.
-        let want = 1u64 << VIRTIO_F_VERSION_1
-            | 1 << VIRTIO_NET_F_MAC
-            | 1 << VIRTIO_NET_F_STATUS
-            | 1 << VIRTIO_NET_F_MRG_RXBUF
-            | 1 << VIRTIO_RING_F_EVENT_IDX
-            | offload_features(Offloads::ALL);
-        let offered = drv.init(want).unwrap();
-        assert_eq!(offered & want, want);
-        let mut run = || while em.run_with_timeout(0).unwrap() > 0 {};
-        run();
-        assert_eq!(
-            metrics
-                .features_negotiated
-                .load(std::sync::atomic::Ordering::Relaxed),
-            want
-        );
-
-        // RX: header-inclusive buffers, one per MTU frame... but with guest
-        // TSO acked the device waits for 64 KiB of buffers: post 43.
-        let mut bufs = Vec::new();
-        for _ in 0..43 {
-            let a = drv.alloc(1526, 64).unwrap();
-            drv.add_chain(RX_INDEX, &[Segment::writable(a, 1526)])
-                .unwrap();
-            bufs.push(a);
-        }
-        drv.publish(RX_INDEX).unwrap();
-        drv.kick(RX_INDEX);
-        let f = frame(12 + 1514, 3);
-        peer.send(&f).unwrap();
-        run();
-        let used = drv.used(RX_INDEX).unwrap();
-        assert_eq!(used.len(), 1);
-        assert_eq!(used[0].len, 1526);
-        let got = drv.read_mem(bufs[0], 1526).unwrap();
-        assert_eq!(u16::from_le_bytes([got[10], got[11]]), 1);
-        assert_eq!(got[12..], f[12..]);
-        assert_ne!(drv.interrupt_status() & VIRTIO_MMIO_INT_VRING, 0);
-
-        // TX: header and frame in two descriptors.
-        let t = frame(12 + 600, 4);
-        let a = drv.alloc(t.len() as u64, 16).unwrap();
-        drv.write_mem(a, &t).unwrap();
-        drv.submit(
-            TX_INDEX,
-            &[
-                Segment::readable(a, 12),
-                Segment::readable(GuestAddress(a.0 + 12), 600),
-            ],
-        )
-        .unwrap();
-        run();
-        let mut buf = vec![0u8; 2000];
-        let n = peer.recv(&mut buf).unwrap();
-        assert_eq!(buf[..n], t[..]);
-        assert_eq!(drv.used(TX_INDEX).unwrap().len(), 1);
-
-        // Reset through the Status register, then come back up without MRG.
-        drv.reset();
-        run();
-        assert!(!net.lock().unwrap().is_activated());
-        drv.init(1 << VIRTIO_F_VERSION_1).unwrap();
-        run();
-        let a = drv.alloc(1526, 64).unwrap();
-        drv.submit(RX_INDEX, &[Segment::writable(a, 1526)]).unwrap();
-        peer.send(&frame(12 + 100, 5)).unwrap();
-        run();
-        assert_eq!(drv.used(RX_INDEX).unwrap()[0].len, 112);
-    }
-}
+mod tests;

@@ -10,12 +10,13 @@ use std::os::fd::AsRawFd;
 
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::test_driver::*;
-use super::uring::{single_issuer_ring, TX_BATCH, TX_BATCH_BYTES};
-use super::{IoEngine, NetBackend, NetConfig, SeqPacket};
+use super::fixture::*;
+use crate::virtio::io_engine::{single_issuer_ring, MAX_BATCH};
+use crate::virtio::net::tx::TX_BATCH_BYTES;
+use crate::virtio::net::{IoEngine, NetBackend, NetConfig, SeqPacket};
 
 /// Chains in a burst: three full batches and a partial one.
-const CHAINS: usize = 3 * TX_BATCH + 5;
+const CHAINS: usize = 3 * MAX_BATCH + 5;
 
 /// One TX chain of the burst: its frame, the buffer lengths it is cut into,
 /// and how the buffers are described.
@@ -109,14 +110,14 @@ fn send_burst(h: &mut Harness, loop_thread: bool) {
 /// submitted on from the event loop's: a ring only its builder may submit
 /// on would fail there, be dropped (host_errors) and leave the device
 /// writing frame by frame. One submission per full batch and one for the
-/// rest: the chains really go out `TX_BATCH` per system call.
+/// rest: the chains really go out `MAX_BATCH` per system call.
 #[test]
 fn test_async_engine_writes_every_shape_in_batches_from_the_loop_thread() {
     let mut h = device(IoEngine::Async);
     send_burst(&mut h, true);
     assert_eq!(
         h.metric(|m| &m.tx_batches),
-        CHAINS.div_ceil(TX_BATCH) as u64
+        CHAINS.div_ceil(MAX_BATCH) as u64
     );
     assert!(h.dev().tx_ring.is_some());
 }

@@ -33,11 +33,11 @@ use std::time::Instant;
 
 use vm_memory::GuestAddress;
 
-use super::device::features::*;
-use super::test_driver::{
+use super::fixture::{
     NetLoop, TransportRig, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX, RING_INDIRECT,
 };
-use super::{
+use crate::virtio::net::device::features::*;
+use crate::virtio::net::{
     NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::virtio::test_utils::{MockDriver, Rng, Segment, UsedElem};

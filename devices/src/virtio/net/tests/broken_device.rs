@@ -12,9 +12,9 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::rxtx::MAX_TX_CHAIN_LEN;
-use super::test_driver::*;
-use super::{NetConfig, MAX_FRAME_GSO, VNET_HDR_LEN};
+use super::fixture::*;
+use crate::virtio::net::tx::MAX_TX_CHAIN_LEN;
+use crate::virtio::net::{NetConfig, MAX_FRAME_GSO, VNET_HDR_LEN};
 use crate::virtio::queue::IOV_MAX;
 
 fn cfg() -> NetConfig {

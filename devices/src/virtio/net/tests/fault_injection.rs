@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::tap::{enter_private_netns, Tap};
-use super::test_driver::*;
-use super::{NetConfig, SeqPacket};
+use super::fixture::*;
+use crate::virtio::net::tap::{enter_private_netns, Tap};
+use crate::virtio::net::{NetConfig, SeqPacket};
 use crate::virtio::VirtioDevice;
 
 /// Event-loop iterations within which the device must go idle once the
@@ -48,7 +48,7 @@ fn script(h: &FaultHarness) -> Arc<Mutex<Script>> {
     h.dev().backend().script.clone()
 }
 
-fn idle<B: super::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
+fn idle<B: crate::virtio::net::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
     assert!(
         h.run_bounded(IDLE_WITHIN).is_some(),
         "{what}: the event loop never went idle: {}",
@@ -550,7 +550,7 @@ fn a_failing_backend_costs_one_attempt_per_iteration() {
 
 /// Replaces the harness' peer by a fresh socket, closing the old one: the
 /// backend's peer is gone. Returns once the device took the hangup.
-fn close_peer<B: super::NetBackend + 'static>(h: &mut Harness<B>) {
+fn close_peer<B: crate::virtio::net::NetBackend + 'static>(h: &mut Harness<B>) {
     let (fresh, _other) = SeqPacket::pair().unwrap();
     drop(std::mem::replace(&mut h.peer, fresh));
     // A test forking `ip` in parallel may hold a copy of the peer fd until
@@ -568,7 +568,7 @@ fn close_peer<B: super::NetBackend + 'static>(h: &mut Harness<B>) {
 /// Runs the loop until TX no longer waits on the backend (which learns the
 /// other end is gone only once every copy of its fd is closed: a test
 /// forking in parallel may hold one until its child execs).
-fn wait_tx_unblocked<B: super::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
+fn wait_tx_unblocked<B: crate::virtio::net::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
     for _ in 0..200 {
         idle(h, what);
         if !h.dev().active.as_ref().unwrap().tx.is_blocked() {
@@ -651,7 +651,7 @@ impl std::os::fd::AsRawFd for PipeBackend {
     }
 }
 
-impl super::NetBackend for PipeBackend {}
+impl crate::virtio::net::NetBackend for PipeBackend {}
 
 /// The backend fails for good (EPOLLERR without EPOLLOUT) while TX waits on
 /// EAGAIN: the waiting chain and those behind it still come back (dropped),

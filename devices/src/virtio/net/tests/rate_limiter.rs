@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use event_manager::EventSet;
 use vm_memory::GuestAddress;
 
-use super::test_driver::*;
-use super::{Net, NetConfig, NetError, SeqPacket, RX_INDEX, TX_INDEX};
+use super::fixture::*;
 use crate::rate_limiter::{RateLimiterConfig, RateLimiterError, TokenBucketConfig};
+use crate::virtio::net::{Net, NetConfig, NetError, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::virtio::VirtioDevice;
 
 fn bucket(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
@@ -79,7 +79,7 @@ fn collect_tx(h: &mut Harness, n: usize, mut got: Vec<Vec<u8>>) -> (Vec<Vec<u8>>
 
 /// Whether the limiter of queue `dir` is blocked; checks that its timer is
 /// registered exactly then.
-fn throttled<B: super::NetBackend + 'static>(h: &Harness<B>, dir: usize) -> bool {
+fn throttled<B: crate::virtio::net::NetBackend + 'static>(h: &Harness<B>, dir: usize) -> bool {
     let dev = h.dev();
     let (limiter, registered) = if dir == TX_INDEX {
         (&dev.tx_limiter, dev.registered.tx_timer)
@@ -91,7 +91,7 @@ fn throttled<B: super::NetBackend + 'static>(h: &Harness<B>, dir: usize) -> bool
     blocked
 }
 
-fn tx_throttled<B: super::NetBackend + 'static>(h: &Harness<B>) -> bool {
+fn tx_throttled<B: crate::virtio::net::NetBackend + 'static>(h: &Harness<B>) -> bool {
     throttled(h, TX_INDEX)
 }
 

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::rxtx::{MAX_PASS_READS, PASS_DESC_BUDGET};
-use super::test_driver::*;
-use super::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
+use super::fixture::*;
+use crate::virtio::net::pass::{MAX_PASS_READS, PASS_DESC_BUDGET};
+use crate::virtio::net::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::virtio::queue::RingAddrs;
 use crate::virtio::test_utils::{aliasing_cases, QueueLayout, Segment};
 use crate::virtio::VirtioDevice;
