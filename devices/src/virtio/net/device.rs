@@ -608,7 +608,11 @@ mod tests {
     fn test_activate_wrong_queue_count() {
         let mut n = net(NetConfig::default());
         let m = mem();
-        let q = TestQueue::new(&m, GuestAddress(0x10000), 256).create_queue(&m, MRG_FEATURES);
+        let q = queue_at(
+            &m,
+            DriverQueue::packed(&m, GuestAddress(0x10000), 256).ring_addrs(),
+            MRG_FEATURES,
+        );
         let err = n
             .activate(
                 MRG_FEATURES,
@@ -648,7 +652,7 @@ mod tests {
 
     #[test]
     fn test_unoffered_features_are_not_acked() {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 offloads: Offloads::NONE,
                 ..NetConfig::default()
@@ -666,7 +670,7 @@ mod tests {
 
     #[test]
     fn test_metrics_json_after_traffic() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526]);
         h.kick_rx();
         h.peer.send(&frame(12 + 1514, 1)).unwrap();
@@ -740,8 +744,8 @@ mod tests {
         m: GuestMemory,
         net: Arc<std::sync::Mutex<Net<Tap>>>,
         em: EventManager<Arc<std::sync::Mutex<Net<Tap>>>>,
-        rxq: TestQueue,
-        txq: TestQueue,
+        rxq: DriverQueue,
+        txq: DriverQueue,
         /// Buffer address of each posted RX descriptor.
         bufs: HashMap<u16, u64>,
         /// Used RX entries not yet assembled into frames.
@@ -784,15 +788,15 @@ mod tests {
             ));
             let mut em = EventManager::new().unwrap();
             em.add_subscriber(net.clone());
-            let rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
-            let txq = TestQueue::new(&m, GuestAddress(0x80000), 256);
+            let rxq = DriverQueue::packed(&m, GuestAddress(0x10000), 256);
+            let txq = DriverQueue::packed(&m, GuestAddress(0x80000), 256);
             net.lock()
                 .unwrap()
                 .activate(
                     features,
                     vec![
-                        rxq.create_queue(&m, features),
-                        txq.create_queue(&m, features),
+                        queue_at(&m, rxq.ring_addrs(), features),
+                        queue_at(&m, txq.ring_addrs(), features),
                     ],
                     Arc::new(TestIrq::default()),
                 )
@@ -816,7 +820,10 @@ mod tests {
             for _ in 0..n {
                 // One 2 KiB slot per descriptor index, reused with the index.
                 let a = 0x100000 + u64::from(self.rxq.next_desc()) * 0x800;
-                let head = self.rxq.add_chain(&self.m, &[(a, 1526, F_WRITE)]);
+                let head = self
+                    .rxq
+                    .post_chain(&self.m, &[(a, 1526, VIRTQ_DESC_F_WRITE)])
+                    .unwrap();
                 self.bufs.insert(head, a);
             }
             self.net.lock().unwrap().queue_events()[RX_INDEX]
@@ -833,7 +840,8 @@ mod tests {
             let m = &self.m;
             m.write_slice(frame, GuestAddress(self.tx_addr)).unwrap();
             self.txq
-                .add_chain(m, &[(self.tx_addr, frame.len() as u32, 0)]);
+                .post_chain(m, &[(self.tx_addr, frame.len() as u32, 0)])
+                .unwrap();
             self.tx_addr += 0x10000;
             if self.tx_addr > 0x3000000 {
                 self.tx_addr = 0x200000;

@@ -501,7 +501,7 @@ mod tests {
 
     #[test]
     fn test_tx_requeue_stays_readable_while_passes_yield() {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 tx_weight_packets: 4,
                 ..NetConfig::default()
@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn test_rx_requeue_stays_readable_while_passes_yield() {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 rx_weight_packets: 4,
                 ..NetConfig::default()
@@ -599,7 +599,7 @@ mod tests {
 
     #[test]
     fn test_rx_starvation_and_resume() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         let f = frame(12 + 1514, 1);
         h.peer.send(&f).unwrap();
         h.run_until_idle();
@@ -627,7 +627,7 @@ mod tests {
 
     #[test]
     fn test_rx_notify_without_starvation_reads_nothing_extra() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526; 4]);
         h.kick_rx();
         h.run_until_idle();
@@ -638,26 +638,26 @@ mod tests {
 
     #[test]
     fn test_rx_kicks_suppressed_while_buffers_cached() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526; 2]);
         h.kick_rx();
         h.peer.send(&frame(100, 1)).unwrap();
         h.run_until_idle();
         // One buffer left in the cache: no kicks wanted (VRING_USED_F_NO_NOTIFY).
-        assert_eq!(h.rxq.used_flags(&h.mem), 1);
+        assert_eq!(h.rxq.used_flags(&h.mem).unwrap(), 1);
         h.peer.send(&frame(100, 2)).unwrap();
         h.peer.send(&frame(100, 3)).unwrap();
         h.run_until_idle();
         // Out of buffers: kicks wanted again.
-        assert_eq!(h.rxq.used_flags(&h.mem), 0);
+        assert_eq!(h.rxq.used_flags(&h.mem).unwrap(), 0);
         assert_eq!(h.metric(|m| &m.rx_frames), 2);
     }
 
     #[test]
     fn test_event_idx_interrupt_suppression() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
         // The driver wants an interrupt only once used idx moves past 2.
-        h.txq.set_used_event(&h.mem, 2);
+        h.txq.set_used_event(&h.mem, 2).unwrap();
         h.post_tx(&frame(100, 1), &[]);
         h.post_tx(&frame(100, 2), &[]);
         h.kick_tx();
@@ -671,13 +671,13 @@ mod tests {
         h.run_until_idle();
         assert_eq!(h.irq.count(), 1);
         // Kick suppression: the device asks to be kicked at the next entry.
-        assert_eq!(h.txq.avail_event(&h.mem), 4);
+        assert_eq!(h.txq.avail_event(&h.mem).unwrap(), 4);
     }
 
     #[test]
     fn test_event_idx_rx_requests_kick_when_starved() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
-        h.rxq.set_used_event(&h.mem, 0);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
+        h.rxq.set_used_event(&h.mem, 0).unwrap();
         h.post_rx(&[1526]);
         h.kick_rx();
         h.peer.send(&frame(100, 1)).unwrap();
@@ -686,13 +686,13 @@ mod tests {
         assert_eq!(h.metric(|m| &m.rx_frames), 1);
         assert_eq!(h.irq.count(), 1);
         // Starved after one buffer: kick me when avail reaches 1.
-        assert_eq!(h.rxq.avail_event(&h.mem), 1);
+        assert_eq!(h.rxq.avail_event(&h.mem).unwrap(), 1);
         assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 1);
     }
 
     #[test]
     fn test_reset_and_reactivate() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_tx(&frame(100, 1), &[]);
         h.kick_tx();
         h.run_until_idle();
@@ -711,8 +711,8 @@ mod tests {
         assert_eq!(h.run_once(50), 0);
 
         // The driver sets the rings up again from scratch.
-        h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-        h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+        h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+        h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
         h.activate(BASE_FEATURES);
         assert_eq!(
             h.metrics.features_negotiated.load(Ordering::Relaxed),
@@ -730,29 +730,29 @@ mod tests {
 
     #[test]
     fn test_activation_before_registration() {
-        let Harness {
+        let NetFixture {
             mem,
             net,
             peer,
             evmgr,
             irq,
             ..
-        } = Harness::new_inactive(NetConfig::default());
+        } = NetFixture::new_inactive(NetConfig::default());
         // Forget the harness' event manager: a second one will pick the
         // device up already activated.
         drop(evmgr);
-        let rxq = TestQueue::new(&mem, GuestAddress(0x10000), 256);
-        let mut txq = TestQueue::new(&mem, GuestAddress(0x80000), 256);
+        let rxq = DriverQueue::packed(&mem, GuestAddress(0x10000), 256);
+        let mut txq = DriverQueue::packed(&mem, GuestAddress(0x80000), 256);
         let a = 0x100000u64;
         vm_memory::Bytes::write_slice(&mem, &frame(100, 7), GuestAddress(a)).unwrap();
-        txq.add_chain(&mem, &[(a, 100, 0)]);
+        txq.post_chain(&mem, &[(a, 100, 0)]).unwrap();
         net.lock()
             .unwrap()
             .activate(
                 MRG_FEATURES,
                 vec![
-                    rxq.create_queue(&mem, MRG_FEATURES),
-                    txq.create_queue(&mem, MRG_FEATURES),
+                    queue_at(&mem, rxq.ring_addrs(), MRG_FEATURES),
+                    queue_at(&mem, txq.ring_addrs(), MRG_FEATURES),
                 ],
                 irq,
             )
@@ -767,7 +767,7 @@ mod tests {
 
     #[test]
     fn test_tx_blocked_arms_epollout_only_while_blocked() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         assert_eq!(h.dev().registered.backend, Some(EventSet::IN));
         h.dev().backend().set_send_buffer(40000).unwrap();
         for i in 0..6 {
@@ -798,11 +798,11 @@ mod tests {
 
     #[test]
     fn test_backend_hangup_stops_polling() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526; 4]);
         h.kick_rx();
         h.peer.send(&frame(100, 1)).unwrap();
-        let Harness { peer, .. } = &mut h;
+        let NetFixture { peer, .. } = &mut h;
         // Replace the peer by closing it: swap in a fresh pair's end.
         let (fresh, _other) = super::super::tap::SeqPacket::pair().unwrap();
         drop(std::mem::replace(peer, fresh));
@@ -837,7 +837,7 @@ mod perf {
     const N: usize = 200_000;
 
     fn rx(bounce: bool, len: usize) -> f64 {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 bounce_buffer: bounce,
                 ..NetConfig::default()
@@ -845,10 +845,12 @@ mod perf {
             MRG_FEATURES,
         );
         let base = 0x100000u64;
-        let post = |h: &mut Harness, n: usize| {
+        let post = |h: &mut NetFixture, n: usize| {
             for _ in 0..n {
                 let a = base + u64::from(h.rxq.next_desc()) * 2048;
-                h.rxq.add_chain(&h.mem, &[(a, 1526, F_WRITE)]);
+                h.rxq
+                    .post_chain(&h.mem, &[(a, 1526, VIRTQ_DESC_F_WRITE)])
+                    .unwrap();
             }
         };
         post(&mut h, 256);
@@ -877,7 +879,7 @@ mod perf {
     }
 
     fn tx(bounce: bool, len: usize) -> f64 {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 bounce_buffer: bounce,
                 ..NetConfig::default()
@@ -905,7 +907,7 @@ mod perf {
         while done < N {
             while outstanding < 256 && posted < N {
                 let a = base + u64::from(h.txq.next_desc()) * 2048;
-                h.txq.add_chain(&h.mem, &[(a, len as u32, 0)]);
+                h.txq.post_chain(&h.mem, &[(a, len as u32, 0)]).unwrap();
                 posted += 1;
                 outstanding += 1;
             }

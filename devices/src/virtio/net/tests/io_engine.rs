@@ -49,9 +49,9 @@ fn burst() -> Vec<Shaped> {
 /// A device with `engine` whose backend takes the whole burst without
 /// EAGAIN (SO_SNDBUF as large as the host allows) and so may batch, so that
 /// how it is batched depends on nothing but the engine.
-fn device(engine: IoEngine) -> Harness {
+fn device(engine: IoEngine) -> NetFixture {
     let (dev_end, peer) = SeqPacket::pair().unwrap();
-    let mut h = Harness::with_backend(
+    let mut h = NetFixture::with_backend(
         dev_end.with_batched_writes(),
         peer,
         NetConfig {
@@ -70,7 +70,7 @@ fn device(engine: IoEngine) -> Harness {
 
 /// Posts the burst as TX chains; returns it with the used entries the
 /// chains must come back as (head, length 0), in order.
-fn post_burst(h: &mut Harness) -> (Vec<Shaped>, Vec<(u32, u32)>) {
+fn post_burst(h: &mut NetFixture) -> (Vec<Shaped>, Vec<(u32, u32)>) {
     let burst = burst();
     let heads = burst
         .iter()
@@ -84,7 +84,7 @@ fn post_burst(h: &mut Harness) -> (Vec<Shaped>, Vec<(u32, u32)>) {
 /// Checks what every engine owes the guest: each frame at the peer whole,
 /// once and in order, each chain back in order with length 0, the counters
 /// of frames and bytes right and none of trouble moved.
-fn send_burst(h: &mut Harness, loop_thread: bool) {
+fn send_burst(h: &mut NetFixture, loop_thread: bool) {
     let (burst, heads) = post_burst(h);
     h.kick_tx();
     if loop_thread {
@@ -179,7 +179,7 @@ fn test_failed_ring_falls_back_to_one_write_per_frame_losing_nothing() {
 
 /// Sends `frames`, each in a header buffer and a body buffer, and checks
 /// they reach the peer without a single io_uring submission.
-fn send_without_batches<B: NetBackend + 'static>(h: &mut Harness<B>, frames: &[Vec<u8>]) {
+fn send_without_batches<B: NetBackend + 'static>(h: &mut NetFixture<B>, frames: &[Vec<u8>]) {
     for f in frames {
         h.post_tx(f, &[12]);
     }
@@ -195,7 +195,7 @@ fn send_without_batches<B: NetBackend + 'static>(h: &mut Harness<B>, frames: &[V
 #[test]
 fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
     let frames: Vec<Vec<u8>> = (0..40).map(|i| frame(12 + 100 + i, i as u8)).collect();
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             bounce_buffer: true,
             ..NetConfig::default()
@@ -207,7 +207,7 @@ fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
     let (b, peer) = FaultBackend::pair();
     let script = b.script.clone();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(b, peer, NetConfig::default(), mem);
+    let mut h = NetFixture::with_backend(b, peer, NetConfig::default(), mem);
     h.activate(MRG_FEATURES);
     send_without_batches(&mut h, &frames);
     assert_eq!(script.lock().unwrap().send_calls, frames.len() as u64);
@@ -219,7 +219,7 @@ fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
 fn misplaced_under_back_pressure(engine: IoEngine) -> usize {
     const N: u32 = 20_000;
     const LEN: usize = 1000;
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             io_engine: engine,
             ..NetConfig::default()

@@ -15,7 +15,7 @@ fn cfg() -> NetConfig {
 /// One RX buffer and `n` tiny TX frames posted, an RX frame waiting in
 /// the backend, both queues kicked, one loop iteration run; returns the
 /// TX frames.
-fn flood_tx_beside_one_rx_frame(h: &mut Harness, n: u8) -> Vec<Vec<u8>> {
+fn flood_tx_beside_one_rx_frame(h: &mut NetFixture, n: u8) -> Vec<Vec<u8>> {
     h.post_rx(&[1526]);
     let tx: Vec<Vec<u8>> = (0..n).map(|i| frame(12 + 64, i)).collect();
     for f in &tx {
@@ -30,7 +30,7 @@ fn flood_tx_beside_one_rx_frame(h: &mut Harness, n: u8) -> Vec<Vec<u8>> {
 
 #[test]
 fn test_tx_packet_weight_lets_rx_run_first() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             tx_weight_packets: 4,
             ..cfg()
@@ -53,7 +53,7 @@ fn test_tx_packet_weight_lets_rx_run_first() {
 
 #[test]
 fn test_tx_byte_weight() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             tx_weight_bytes: 3000,
             tx_weight_packets: 0,
@@ -74,7 +74,7 @@ fn test_tx_byte_weight() {
 }
 
 /// 200 TX frames and one kick: one pass sends them all.
-fn assert_one_pass_drains_200(mut h: Harness) {
+fn assert_one_pass_drains_200(mut h: NetFixture) {
     for i in 0..200 {
         h.post_tx(&frame(100, i as u8), &[]);
     }
@@ -88,7 +88,7 @@ fn assert_one_pass_drains_200(mut h: Harness) {
 
 #[test]
 fn test_no_weight_drains_in_one_pass() {
-    assert_one_pass_drains_200(Harness::new(
+    assert_one_pass_drains_200(NetFixture::new(
         NetConfig {
             tx_weight_bytes: 0,
             tx_weight_packets: 0,
@@ -100,7 +100,7 @@ fn test_no_weight_drains_in_one_pass() {
 
 #[test]
 fn test_rx_packet_weight() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             rx_weight_packets: 2,
             ..cfg()
@@ -126,8 +126,8 @@ fn test_rx_packet_weight() {
 /// `frames` frames of 112 bytes into a device with an RX packet weight
 /// of 2 (every pass but the last is cut short and re-queued), run to
 /// idle; returns the harness.
-fn rx_in_short_passes(features: u64, frames: u8, used_event: Option<u16>) -> Harness {
-    let mut h = Harness::new(
+fn rx_in_short_passes(features: u64, frames: u8, used_event: Option<u16>) -> NetFixture {
+    let mut h = NetFixture::new(
         NetConfig {
             rx_weight_packets: 2,
             ..cfg()
@@ -135,7 +135,7 @@ fn rx_in_short_passes(features: u64, frames: u8, used_event: Option<u16>) -> Har
         features,
     );
     if let Some(e) = used_event {
-        h.rxq.set_used_event(&h.mem, e);
+        h.rxq.set_used_event(&h.mem, e).unwrap();
     }
     h.post_rx(&vec![1526; usize::from(frames)]);
     h.kick_rx();
@@ -151,11 +151,11 @@ fn test_a_requeued_pass_leaves_its_interrupt_to_the_next_one() {
     h.run_once(0);
     // The entries are published (a polling driver sees them); the
     // interrupt waits for the pass right behind.
-    assert_eq!(h.rxq.used_idx(&h.mem), 2);
+    assert_eq!(h.rxq.used_idx(&h.mem).unwrap(), 2);
     assert_eq!(h.metric(|m| &m.interrupts), 0);
     assert_eq!(h.metric(|m| &m.interrupts_coalesced), 1);
     h.run_until_idle();
-    assert_eq!(h.rxq.used_idx(&h.mem), 5);
+    assert_eq!(h.rxq.used_idx(&h.mem).unwrap(), 5);
     // One interrupt, from the pass that drained the backend.
     assert_eq!(h.metric(|m| &m.interrupts), 1);
     assert_eq!(h.metric(|m| &m.rx_weight_hits), 2);
@@ -165,7 +165,7 @@ fn test_a_requeued_pass_leaves_its_interrupt_to_the_next_one() {
 fn test_a_saturated_direction_interrupts_every_64_entries() {
     let mut h = rx_in_short_passes(MRG_FEATURES, 140, None);
     h.run_until_idle();
-    assert_eq!(h.rxq.used_idx(&h.mem), 140);
+    assert_eq!(h.rxq.used_idx(&h.mem).unwrap(), 140);
     // After the 32nd pass (64 entries waiting), the 64th (128) and the
     // pass that found the backend empty.
     assert_eq!(h.metric(|m| &m.interrupts), 3);
@@ -202,7 +202,7 @@ fn test_a_deferred_decision_honours_used_event_crossed_meanwhile() {
 
 #[test]
 fn test_rx_byte_weight_runs_tx_between_passes() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             rx_weight_bytes: 2000,
             rx_weight_packets: 0,
@@ -241,7 +241,7 @@ fn timed_only() -> NetConfig {
 
 #[test]
 fn test_tx_time_budget_ends_the_pass_and_lets_rx_run() {
-    let mut h = Harness::timed(timed_only(), MRG_FEATURES);
+    let mut h = NetFixture::timed(timed_only(), MRG_FEATURES);
     let tx = flood_tx_beside_one_rx_frame(&mut h, 64);
     // The clock is read every CLOCK_STRIDE frames, so the pass ended at
     // one of those looks, long before the ring was empty; RX ran in the
@@ -271,7 +271,7 @@ fn test_tx_time_budget_ends_the_pass_and_lets_rx_run() {
 
 #[test]
 fn test_rx_time_budget_ends_the_pass() {
-    let mut h = Harness::timed(timed_only(), MRG_FEATURES);
+    let mut h = NetFixture::timed(timed_only(), MRG_FEATURES);
     h.post_rx(&[1526; 32]);
     h.kick_rx();
     for i in 0..16 {
@@ -292,7 +292,7 @@ fn test_rx_time_budget_ends_the_pass() {
 #[test]
 fn test_time_budget_not_reached_changes_nothing() {
     // A budget no pass reaches: one pass drains the ring, as without it.
-    assert_one_pass_drains_200(Harness::timed(
+    assert_one_pass_drains_200(NetFixture::timed(
         NetConfig {
             pass_time_budget_us: 60_000_000,
             ..timed_only()
@@ -309,8 +309,8 @@ fn test_default_config_has_a_time_budget_and_tests_turn_it_off() {
             crate::virtio::net::DEFAULT_PASS_TIME_BUDGET_US
         ))
     );
-    let h = Harness::new(cfg(), MRG_FEATURES);
+    let h = NetFixture::new(cfg(), MRG_FEATURES);
     assert_eq!(h.dev().active.as_ref().unwrap().tx.time_budget, None);
-    let h = Harness::timed(cfg(), MRG_FEATURES);
+    let h = NetFixture::timed(cfg(), MRG_FEATURES);
     assert!(h.dev().active.as_ref().unwrap().tx.time_budget.is_some());
 }

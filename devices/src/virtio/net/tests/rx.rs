@@ -15,13 +15,13 @@ fn cfg() -> NetConfig {
 // ---- RX ----
 
 /// Reads the num_buffers field of a received header.
-fn num_buffers(h: &Harness, addr: u64) -> u16 {
+fn num_buffers(h: &NetFixture, addr: u64) -> u16 {
     h.mem.read_obj(GuestAddress(addr + 10)).unwrap()
 }
 
 #[test]
 fn test_rx_one_buffer_header_inclusive() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bufs = h.post_rx(&[1526; 10]);
     h.kick_rx();
     // Stale bytes where num_buffers goes: the device must overwrite them.
@@ -47,7 +47,7 @@ fn test_rx_one_buffer_header_inclusive() {
 
 #[test]
 fn test_rx_mtu_sized_buffers_need_two() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bufs = h.post_rx(&[1500; 20]);
     h.kick_rx();
     for i in 0..10 {
@@ -67,7 +67,7 @@ fn test_rx_mtu_sized_buffers_need_two() {
 
 #[test]
 fn test_rx_two_buffers_data() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bufs = h.post_rx(&[1000, 1000]);
     h.kick_rx();
     let f = frame(12 + 1514, 5);
@@ -86,7 +86,7 @@ fn test_rx_two_buffers_data() {
 
 #[test]
 fn test_rx_many_buffers_gso() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES | GUEST_GSO);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES | GUEST_GSO);
     // Page-sized buffers, as Linux posts with big packets.
     let bufs = h.post_rx(&[4096; 20]);
     h.kick_rx();
@@ -115,7 +115,7 @@ fn test_rx_many_buffers_gso() {
 
 #[test]
 fn test_rx_small_buffers_many() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bufs = h.post_rx(&[256; 8]);
     h.kick_rx();
     let f = frame(12 + 1514, 7);
@@ -131,7 +131,7 @@ fn test_rx_small_buffers_many() {
 #[test]
 fn test_rx_reads_without_waiting_for_64k() {
     // Without guest GSO one 1526-byte buffer is enough to read.
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     h.post_rx(&[1526]);
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
@@ -139,7 +139,7 @@ fn test_rx_reads_without_waiting_for_64k() {
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
 
     // With guest GSO a 64 KiB frame may come: 1526 bytes are not enough.
-    let mut h = Harness::new(cfg(), MRG_FEATURES | GUEST_GSO);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES | GUEST_GSO);
     h.post_rx(&[1526]);
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
@@ -162,7 +162,7 @@ fn test_rx_reads_without_waiting_for_64k() {
 
 #[test]
 fn test_rx_without_mrg_drops_frame_too_big() {
-    let mut h = Harness::new(cfg(), BASE_FEATURES);
+    let mut h = NetFixture::new(cfg(), BASE_FEATURES);
     let bufs = h.post_rx(&[1000]);
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
@@ -184,7 +184,7 @@ fn test_rx_without_mrg_drops_frame_too_big() {
 fn test_rx_without_mrg_exact_fit() {
     // A frame exactly as long as the chain is not mistaken for a
     // truncated one.
-    let mut h = Harness::new(cfg(), BASE_FEATURES);
+    let mut h = NetFixture::new(cfg(), BASE_FEATURES);
     let bufs = h.post_rx(&[1526, 1526]);
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
@@ -199,7 +199,7 @@ fn test_rx_without_mrg_exact_fit() {
 
 #[test]
 fn test_rx_bounce_buffer_matches() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             bounce_buffer: true,
             ..cfg()
@@ -220,12 +220,19 @@ fn test_rx_bounce_buffer_matches() {
 
 #[test]
 fn test_rx_header_split_across_descriptors() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let a = h.alloc(2000);
     // num_buffers straddles the first two descriptors (bytes 10 and 11).
     let head = h
         .rxq
-        .add_chain(&h.mem, &[(a, 11, F_WRITE), (a + 100, 1515, F_WRITE)]);
+        .post_chain(
+            &h.mem,
+            &[
+                (a, 11, VIRTQ_DESC_F_WRITE),
+                (a + 100, 1515, VIRTQ_DESC_F_WRITE),
+            ],
+        )
+        .unwrap();
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 3)).unwrap();
     h.run_until_idle();
@@ -236,8 +243,8 @@ fn test_rx_header_split_across_descriptors() {
 
 // ---- RX malformed chains ----
 
-fn check_bad_rx(write: impl FnOnce(&mut Harness) -> u16) {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+fn check_bad_rx(write: impl FnOnce(&mut NetFixture) -> u16) {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bad = write(&mut h);
     let good = h.post_rx(&[1526]);
     h.kick_rx();
@@ -255,20 +262,30 @@ fn test_rx_read_only_descriptor() {
     check_bad_rx(|h| {
         let a = h.alloc(2000);
         h.rxq
-            .add_chain(&h.mem, &[(a, 1000, F_WRITE), (a + 1000, 1000, 0)])
+            .post_chain(
+                &h.mem,
+                &[(a, 1000, VIRTQ_DESC_F_WRITE), (a + 1000, 1000, 0)],
+            )
+            .unwrap()
     });
 }
 
 #[test]
 fn test_rx_outside_memory() {
-    check_bad_rx(|h| h.rxq.add_chain(&h.mem, &[(MEM_SIZE - 100, 1526, F_WRITE)]));
+    check_bad_rx(|h| {
+        h.rxq
+            .post_chain(&h.mem, &[(MEM_SIZE - 100, 1526, VIRTQ_DESC_F_WRITE)])
+            .unwrap()
+    });
 }
 
 #[test]
 fn test_rx_shorter_than_header() {
     check_bad_rx(|h| {
         let a = h.alloc(16);
-        h.rxq.add_chain(&h.mem, &[(a, 8, F_WRITE)])
+        h.rxq
+            .post_chain(&h.mem, &[(a, 8, VIRTQ_DESC_F_WRITE)])
+            .unwrap()
     });
 }
 
@@ -276,17 +293,28 @@ fn test_rx_shorter_than_header() {
 fn test_rx_looping_chain() {
     check_bad_rx(|h| {
         let a = h.alloc(64);
-        let head = h.rxq.write_chain(&h.mem, &[(a, 64, F_WRITE)]);
+        let head = h
+            .rxq
+            .write_chain(&h.mem, &[(a, 64, VIRTQ_DESC_F_WRITE)])
+            .unwrap();
         h.rxq
-            .write_desc(&h.mem, head, a, 64, F_WRITE | F_NEXT, head);
-        h.rxq.publish(&h.mem, head);
+            .write_desc(
+                &h.mem,
+                head,
+                a,
+                64,
+                VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT,
+                head,
+            )
+            .unwrap();
+        h.rxq.offer(&h.mem, head).unwrap();
         head
     });
 }
 
 #[test]
 fn test_rx_short_backend_frame_is_dropped() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     h.post_rx(&[1526]);
     h.kick_rx();
     h.peer.send(&[0u8; 5]).unwrap();

@@ -34,7 +34,8 @@ use std::time::Instant;
 use vm_memory::GuestAddress;
 
 use super::fixture::{
-    NetLoop, TransportRig, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX, RING_INDIRECT,
+    NetLoop, TransportFixture, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX,
+    RING_INDIRECT,
 };
 use crate::virtio::net::device::features::*;
 use crate::virtio::net::{
@@ -161,13 +162,13 @@ struct Soak {
 
 impl Soak {
     fn new(features: u64, seed: u64) -> Soak {
-        let TransportRig {
+        let TransportFixture {
             em,
             mut drv,
             peer,
             net,
             metrics,
-        } = TransportRig::new(64 << 20);
+        } = TransportFixture::new(64 << 20);
         net.lock()
             .unwrap()
             .backend()

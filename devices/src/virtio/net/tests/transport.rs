@@ -4,7 +4,7 @@
 
 use vm_memory::GuestAddress;
 
-use super::fixture::{frame, TransportRig};
+use super::fixture::{frame, TransportFixture};
 use crate::virtio::net::device::{features::*, offload_features};
 use crate::virtio::net::*;
 use crate::virtio::test_utils::Segment;
@@ -12,13 +12,13 @@ use crate::virtio::VIRTIO_MMIO_INT_VRING;
 
 #[test]
 fn test_through_mmio_transport() {
-    let TransportRig {
+    let TransportFixture {
         mut em,
         mut drv,
         peer,
         net,
         metrics,
-    } = TransportRig::new(16 << 20);
+    } = TransportFixture::new(16 << 20);
 
     // Ack everything offered, as Linux does for these bits.
     let want = 1u64 << VIRTIO_F_VERSION_1

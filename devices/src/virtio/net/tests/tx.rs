@@ -18,7 +18,7 @@ fn cfg() -> NetConfig {
 
 #[test]
 fn test_tx_single_descriptor() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let f = frame(1514 + 12, 1);
     let head = h.post_tx(&f, &[]);
     h.kick_tx();
@@ -31,7 +31,7 @@ fn test_tx_single_descriptor() {
 
 #[test]
 fn test_tx_multi_descriptor() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     // Header alone, then the frame in uneven pieces, as Linux lays out
     // a linear head plus page fragments.
     let f = frame(12 + 3000, 2);
@@ -50,7 +50,7 @@ fn test_tx_multi_descriptor() {
 
 #[test]
 fn test_tx_bounce_buffer_matches() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             bounce_buffer: true,
             ..cfg()
@@ -66,7 +66,7 @@ fn test_tx_bounce_buffer_matches() {
 
 #[test]
 fn test_tx_eagain_waits_for_epollout() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     // Room for about two frames (the kernel doubles the value; a
     // message larger than the buffer would be refused with EMSGSIZE).
     h.dev().backend().set_send_buffer(40000).unwrap();
@@ -105,7 +105,7 @@ fn test_tx_short_write_is_a_dropped_frame() {
     b.script.lock().unwrap().write_fault_at(0, Fault::Zero);
     let mem =
         vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(b, peer, cfg(), mem);
+    let mut h = NetFixture::with_backend(b, peer, cfg(), mem);
     h.activate(MRG_FEATURES);
     let frames: Vec<Vec<u8>> = (0..3).map(|i| frame(12 + 100, i)).collect();
     let heads: Vec<(u32, u32)> = frames
@@ -141,7 +141,7 @@ fn test_tx_refusals_logged_once_per_run() {
     }
     let mem =
         vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(b, peer, cfg(), mem);
+    let mut h = NetFixture::with_backend(b, peer, cfg(), mem);
     h.activate(MRG_FEATURES);
     let before = test_log::lines().len();
     for i in 0..19 {
@@ -163,8 +163,8 @@ fn test_tx_refusals_logged_once_per_run() {
 
 /// Posts a bad TX chain followed by a good frame; checks the bad one comes
 /// back with length 0, is counted, and the device keeps working.
-fn check_bad_tx(write: impl FnOnce(&mut Harness) -> u16) {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+fn check_bad_tx(write: impl FnOnce(&mut NetFixture) -> u16) {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bad = write(&mut h);
     let good = frame(100, 9);
     let good_head = h.post_tx(&good, &[]);
@@ -182,21 +182,28 @@ fn test_tx_write_only_descriptor() {
     check_bad_tx(|h| {
         let a = h.alloc(100);
         h.txq
-            .add_chain(&h.mem, &[(a, 12, 0), (a + 12, 88, F_WRITE)])
+            .post_chain(&h.mem, &[(a, 12, 0), (a + 12, 88, VIRTQ_DESC_F_WRITE)])
+            .unwrap()
     });
 }
 
 #[test]
 fn test_tx_outside_memory() {
-    check_bad_tx(|h| h.txq.add_chain(&h.mem, &[(MEM_SIZE - 10, 100, 0)]));
-    check_bad_tx(|h| h.txq.add_chain(&h.mem, &[(u64::MAX - 5, 100, 0)]));
+    check_bad_tx(|h| {
+        h.txq
+            .post_chain(&h.mem, &[(MEM_SIZE - 10, 100, 0)])
+            .unwrap()
+    });
+    check_bad_tx(|h| h.txq.post_chain(&h.mem, &[(u64::MAX - 5, 100, 0)]).unwrap());
 }
 
 #[test]
 fn test_tx_shorter_than_header() {
     check_bad_tx(|h| {
         let a = h.alloc(16);
-        h.txq.add_chain(&h.mem, &[(a, 4, 0), (a + 4, 4, 0)])
+        h.txq
+            .post_chain(&h.mem, &[(a, 4, 0), (a + 4, 4, 0)])
+            .unwrap()
     });
 }
 
@@ -204,7 +211,9 @@ fn test_tx_shorter_than_header() {
 fn test_tx_oversize_frame() {
     check_bad_tx(|h| {
         let a = h.alloc(70000);
-        h.txq.add_chain(&h.mem, &[(a, 12, 0), (a + 12, 65551, 0)])
+        h.txq
+            .post_chain(&h.mem, &[(a, 12, 0), (a + 12, 65551, 0)])
+            .unwrap()
     });
 }
 
@@ -212,10 +221,15 @@ fn test_tx_oversize_frame() {
 fn test_tx_looping_chain() {
     check_bad_tx(|h| {
         let a = h.alloc(64);
-        let head = h.txq.write_chain(&h.mem, &[(a, 32, 0), (a + 32, 32, 0)]);
+        let head = h
+            .txq
+            .write_chain(&h.mem, &[(a, 32, 0), (a + 32, 32, 0)])
+            .unwrap();
         // The second descriptor points back to the first.
-        h.txq.write_desc(&h.mem, head + 1, a + 32, 32, F_NEXT, head);
-        h.txq.publish(&h.mem, head);
+        h.txq
+            .write_desc(&h.mem, head + 1, a + 32, 32, VIRTQ_DESC_F_NEXT, head)
+            .unwrap();
+        h.txq.offer(&h.mem, head).unwrap();
         head
     });
 }
@@ -224,19 +238,21 @@ fn test_tx_looping_chain() {
 fn test_tx_next_out_of_range() {
     check_bad_tx(|h| {
         let a = h.alloc(64);
-        let head = h.txq.write_chain(&h.mem, &[(a, 64, 0)]);
-        h.txq.write_desc(&h.mem, head, a, 64, F_NEXT, 9999);
-        h.txq.publish(&h.mem, head);
+        let head = h.txq.write_chain(&h.mem, &[(a, 64, 0)]).unwrap();
+        h.txq
+            .write_desc(&h.mem, head, a, 64, VIRTQ_DESC_F_NEXT, 9999)
+            .unwrap();
+        h.txq.offer(&h.mem, head).unwrap();
         head
     });
 }
 
 #[test]
 fn test_tx_head_out_of_range_is_skipped() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     // An avail entry naming descriptor 300 of a 256-entry table cannot
     // even be returned; it is counted and skipped.
-    h.txq.publish(&h.mem, 300);
+    h.txq.offer(&h.mem, 300).unwrap();
     let good = frame(100, 9);
     h.post_tx(&good, &[]);
     h.kick_tx();
@@ -246,7 +262,7 @@ fn test_tx_head_out_of_range_is_skipped() {
 
 #[test]
 fn test_tx_avail_index_too_far_breaks_only_tx() {
-    let mut h = Harness::new(cfg(), MRG_FEATURES);
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     // avail idx 1000 ahead of next_avail with a 256-entry ring.
     h.mem
         .write_obj(1000u16, GuestAddress(0x80000 + 16 * 256 + 2))
