@@ -37,6 +37,7 @@ use super::queue::{
 };
 use super::{status, GuestMemory, Interrupt, IrqTrigger, VirtioDevice};
 use crate::warn::warn_rate_limited;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
 /// Size of one virtio-MMIO register window (virtio 1.1 §4.2.2: registers up
 /// to 0xfc, device configuration from 0x100; one page per device).
@@ -53,11 +54,6 @@ pub const MMIO_VERSION: u32 = 2;
 /// ("minivmm"). The spec leaves the value to the implementation and Linux only
 /// prints it.
 pub const MMIO_VENDOR_ID: u32 = 0x4d56_4d4d;
-
-/// VIRTIO_F_VERSION_1 (virtio 1.1 §6): a version 2 transport requires it.
-pub const VIRTIO_F_VERSION_1: u32 = 32;
-/// VIRTIO_RING_F_EVENT_IDX (virtio 1.1 §6).
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = super::queue::VIRTIO_RING_F_EVENT_IDX;
 
 // Register offsets (virtio 1.1 §4.2.2, table "MMIO Device Register Layout").
 pub(crate) const REG_MAGIC_VALUE: u64 = 0x00;
@@ -632,7 +628,7 @@ mod tests {
     use vm_memory::GuestAddress;
 
     const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
-    const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+    const EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
     const MEM_SIZE: usize = 1 << 20;
 
     struct Fixture {
