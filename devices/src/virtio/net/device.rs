@@ -18,8 +18,8 @@ use super::rx::RxVirtio;
 use super::tap::{self, NetBackend, Tap, TapError};
 use super::tx::TxVirtio;
 use super::{
-    IoEngine, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES, RX_INDEX, TX_INDEX,
-    VNET_HDR_LEN,
+    IoEngine, NetConfig, NetConfigError, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES,
+    RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::io_engine::WriteRing;
@@ -84,15 +84,10 @@ pub enum NetError {
     /// The TAP could not be opened.
     #[error("cannot open the TAP backend")]
     Tap(#[from] TapError),
-    /// The configured queue size is not a power of two in 1..=32768.
-    #[error("queue size {0} is not a power of two between 1 and 32768")]
-    QueueSize(u16),
-    /// The configured MTU is outside 68..=65535.
-    #[error("MTU {0} is outside 68..=65535")]
-    Mtu(u16),
-    /// The offload selection is one no driver may negotiate.
-    #[error("invalid offloads: {0}")]
-    Offloads(&'static str),
+    /// The configuration has a setting out of bounds
+    /// ([`NetConfig::validate`]).
+    #[error("invalid network device configuration")]
+    Config(#[from] NetConfigError),
     /// An eventfd could not be created.
     #[error("cannot create an eventfd")]
     EventFd(#[source] std::io::Error),
@@ -169,10 +164,8 @@ impl<B: NetBackend> Net<B> {
     /// Builds the device over any backend; puts the backend's fd in
     /// non-blocking mode (the event loop must never block on it).
     pub fn with_backend(backend: B, cfg: NetConfig, mem: GuestMemory) -> Result<Self, NetError> {
+        cfg.validate()?;
         let qs = cfg.queue_size;
-        if qs == 0 || qs > 32768 || !qs.is_power_of_two() {
-            return Err(NetError::QueueSize(qs));
-        }
         tap::set_nonblocking(backend.as_raw_fd(), true)?;
         let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(NetError::EventFd);
 
@@ -184,7 +177,6 @@ impl<B: NetBackend> Net<B> {
         if cfg.mrg_rxbuf {
             avail_features |= bit(VIRTIO_NET_F_MRG_RXBUF);
         }
-        cfg.offloads.validate().map_err(NetError::Offloads)?;
         avail_features |= offload_features(cfg.offloads);
         let mut config_space = [0u8; CONFIG_SPACE_LEN];
         config_space[..6].copy_from_slice(&cfg.mac);
@@ -192,9 +184,6 @@ impl<B: NetBackend> Net<B> {
         config_space[CONFIG_MAX_PAIRS_OFFSET..CONFIG_MAX_PAIRS_OFFSET + 2]
             .copy_from_slice(&1u16.to_le_bytes());
         if let Some(mtu) = cfg.mtu {
-            if !MTU_RANGE.contains(&mtu) {
-                return Err(NetError::Mtu(mtu));
-            }
             avail_features |= bit(VIRTIO_NET_F_MTU);
             config_space[CONFIG_MTU_OFFSET..CONFIG_MTU_OFFSET + 2]
                 .copy_from_slice(&mtu.to_le_bytes());
@@ -522,7 +511,7 @@ mod tests {
         };
         assert!(matches!(
             Net::with_backend(a, cfg, mem()),
-            Err(NetError::Offloads(_))
+            Err(NetError::Config(NetConfigError::Offloads(_)))
         ));
     }
 
@@ -550,9 +539,45 @@ mod tests {
             };
             assert!(matches!(
                 Net::with_backend(a, cfg, mem()),
-                Err(NetError::Mtu(m)) if m == bad
+                Err(NetError::Config(NetConfigError::Mtu(m))) if m == bad
             ));
         }
+    }
+
+    #[test]
+    fn test_config_validate_owns_the_bounds() {
+        let with_qs = |queue_size| NetConfig {
+            queue_size,
+            ..NetConfig::default()
+        };
+        assert_eq!(NetConfig::default().validate(), Ok(()));
+        for qs in [1, 2, 256, 32768] {
+            assert_eq!(with_qs(qs).validate(), Ok(()), "{qs}");
+        }
+        for qs in [0, 3, 100, 65535] {
+            assert_eq!(with_qs(qs).validate(), Err(NetConfigError::QueueSize(qs)));
+        }
+        assert_eq!(
+            NetConfigError::QueueSize(3).to_string(),
+            "queue size 3 is not a power of two between 1 and 32768"
+        );
+        let mtu = NetConfig {
+            mtu: Some(67),
+            ..NetConfig::default()
+        };
+        assert_eq!(mtu.validate(), Err(NetConfigError::Mtu(67)));
+        let offloads = NetConfig {
+            offloads: Offloads {
+                csum: false,
+                ..Offloads::ALL
+            },
+            ..NetConfig::default()
+        };
+        assert!(matches!(
+            offloads.validate(),
+            Err(NetConfigError::Offloads(_))
+        ));
+        assert_eq!(NetConfig::default().mac, super::super::DEFAULT_MAC);
     }
 
     #[test]
@@ -565,7 +590,7 @@ mod tests {
             };
             assert!(matches!(
                 Net::with_backend(a, cfg, mem()),
-                Err(NetError::QueueSize(q)) if q == qs
+                Err(NetError::Config(NetConfigError::QueueSize(q))) if q == qs
             ));
         }
     }

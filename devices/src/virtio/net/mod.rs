@@ -52,6 +52,7 @@ pub use tap::{NetBackend, SeqPacket, Tap, TapError};
 use virtio_bindings::virtio_net::virtio_net_hdr_v1;
 
 use crate::rate_limiter::RateLimiterConfig;
+use crate::virtio::queue::MAX_QUEUE_SIZE;
 
 /// Index of the receive queue (virtio 1.1 §5.1.2).
 pub const RX_INDEX: usize = 0;
@@ -79,7 +80,8 @@ pub const MAX_FRAME_GSO: usize = 65550;
 pub struct NetConfig {
     /// MAC address the guest sees in the configuration space.
     pub mac: [u8; 6],
-    /// QueueNumMax offered for both queues; a power of two up to 32768.
+    /// QueueNumMax offered for both queues; a power of two up to
+    /// [`MAX_QUEUE_SIZE`] (see [`NetConfig::validate`]).
     pub queue_size: u16,
     /// Bytes after which a TX pass yields to the event loop; 0 disables.
     pub tx_weight_bytes: u64,
@@ -133,13 +135,30 @@ pub const DEFAULT_WEIGHT_PACKETS: u64 = 256;
 pub const DEFAULT_PASS_TIME_BUDGET_US: u64 = 100;
 /// Default QueueNumMax: what Firecracker and QEMU offer.
 pub const DEFAULT_QUEUE_SIZE: u16 = 256;
+/// The MAC address a device gets unless the VMM chooses one: a locally
+/// administered unicast address (bit 1 of the first octet set, bit 0
+/// clear), stable across runs.
+pub const DEFAULT_MAC: [u8; 6] = [0x06, 0x00, 0xac, 0x10, 0x00, 0x02];
+
+/// Why a [`NetConfig`] cannot make a device: one variant per setting with
+/// bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetConfigError {
+    /// `queue_size` is not a power of two in 1..=[`MAX_QUEUE_SIZE`].
+    #[error("queue size {0} is not a power of two between 1 and {max}", max = MAX_QUEUE_SIZE)]
+    QueueSize(u16),
+    /// `mtu` is outside [`MTU_RANGE`](device::MTU_RANGE).
+    #[error("MTU {0} is outside 68 to 65535")]
+    Mtu(u16),
+    /// `offloads` is a selection no driver may negotiate.
+    #[error("the offloads cannot be negotiated: {0}")]
+    Offloads(&'static str),
+}
 
 impl Default for NetConfig {
     fn default() -> Self {
         NetConfig {
-            // A locally administered unicast address (bit 1 of the first
-            // octet set, bit 0 clear), stable across runs.
-            mac: [0x06, 0x00, 0xac, 0x10, 0x00, 0x02],
+            mac: DEFAULT_MAC,
             queue_size: DEFAULT_QUEUE_SIZE,
             tx_weight_bytes: DEFAULT_WEIGHT_BYTES,
             tx_weight_packets: DEFAULT_WEIGHT_PACKETS,
@@ -198,6 +217,29 @@ impl Offloads {
 }
 
 impl NetConfig {
+    /// Checks every setting with bounds; [`Net::new`] and
+    /// [`Net::with_backend`] refuse a configuration that fails.
+    ///
+    /// The queue size is the QueueNumMax offered: a power of two up to
+    /// [`MAX_QUEUE_SIZE`] (virtio 1.1 §2.6, "Queue Size value is always a
+    /// power of 2. The maximum Queue Size value is 32768"). 1 is a power of
+    /// two and the spec sets no other minimum, so it is accepted: a driver
+    /// then has one descriptor per queue (Linux's `vring_create_virtqueue`
+    /// checks only for a power of two), and frames longer than one buffer
+    /// are dropped without MRG_RXBUF or wait for the next buffer with it.
+    pub fn validate(&self) -> Result<(), NetConfigError> {
+        let qs = self.queue_size;
+        if qs == 0 || qs > MAX_QUEUE_SIZE || !qs.is_power_of_two() {
+            return Err(NetConfigError::QueueSize(qs));
+        }
+        if let Some(mtu) = self.mtu {
+            if !device::MTU_RANGE.contains(&mtu) {
+                return Err(NetConfigError::Mtu(mtu));
+            }
+        }
+        self.offloads.validate().map_err(NetConfigError::Offloads)
+    }
+
     /// The time budget of a pass, if any.
     pub fn pass_time_budget(&self) -> Option<std::time::Duration> {
         (self.pass_time_budget_us != 0)
