@@ -11,6 +11,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use event_manager::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::NetMetrics;
@@ -113,6 +114,34 @@ pub(crate) struct Active {
     pub(crate) error_signalled: bool,
 }
 
+/// What the event handler currently has in the epoll set: state of the
+/// device that only [`event_handler`](super::event_handler) changes, kept
+/// here so that the handler depends on the device and not the other way.
+#[derive(Debug, Default)]
+pub(crate) struct Registered {
+    /// Queue and re-queue eventfds.
+    pub(crate) queues: bool,
+    /// Interest registered for the backend fd, if any.
+    pub(crate) backend: Option<EventSet>,
+    /// The backend hung up (a socket peer closed); it is not polled again
+    /// until a device reset.
+    pub(crate) backend_hup: bool,
+    /// The RX limiter's timerfd.
+    pub(crate) rx_timer: bool,
+    /// The TX limiter's timerfd.
+    pub(crate) tx_timer: bool,
+    /// The TX re-queue eventfd holds a count: a TX pass yielded and the
+    /// passes after it keep yielding. Epoll is level-triggered, so the
+    /// eventfd is left readable until a pass ends otherwise, instead of
+    /// being written and read again for every pass (two system calls of
+    /// about four per yielded pass).
+    pub(crate) tx_requeued: bool,
+    /// The same for the RX re-queue eventfd. While RX passes keep
+    /// yielding the backend is not polled for input (`Active::rx_deferred`),
+    /// so each epoll round runs one RX pass, from this eventfd.
+    pub(crate) rx_requeued: bool,
+}
+
 /// A virtio-net device over a [`NetBackend`] (a TAP by default).
 pub struct Net<B: NetBackend = Tap> {
     pub(crate) cfg: NetConfig,
@@ -138,7 +167,7 @@ pub struct Net<B: NetBackend = Tap> {
     /// resets.
     pub(crate) tx_ring: Option<WriteRing>,
     /// What the event handler currently has registered.
-    pub(crate) registered: super::event_handler::Registered,
+    pub(crate) registered: Registered,
 }
 
 impl std::fmt::Debug for Net<Tap> {

@@ -64,32 +64,6 @@ pub const PROCESS_RX_RATE_LIMITER: u32 = 6;
 /// The TX rate limiter's timer fired: the frame it held back fits now.
 pub const PROCESS_TX_RATE_LIMITER: u32 = 7;
 
-/// What the handler currently has in the epoll set.
-#[derive(Debug, Default)]
-pub(crate) struct Registered {
-    /// Queue and re-queue eventfds.
-    pub(crate) queues: bool,
-    /// Interest registered for the backend fd, if any.
-    pub(crate) backend: Option<EventSet>,
-    /// The backend hung up (a socket peer closed); it is not polled again
-    /// until a device reset.
-    pub(crate) backend_hup: bool,
-    /// The RX limiter's timerfd.
-    pub(crate) rx_timer: bool,
-    /// The TX limiter's timerfd.
-    pub(crate) tx_timer: bool,
-    /// The TX re-queue eventfd holds a count: a TX pass yielded and the
-    /// passes after it keep yielding. Epoll is level-triggered, so the
-    /// eventfd is left readable until a pass ends otherwise, instead of
-    /// being written and read again for every pass (two system calls of
-    /// about four per yielded pass).
-    pub(crate) tx_requeued: bool,
-    /// The same for the RX re-queue eventfd. While RX passes keep
-    /// yielding the backend is not polled for input (`Active::rx_deferred`),
-    /// so each epoll round runs one RX pass, from this eventfd.
-    pub(crate) rx_requeued: bool,
-}
-
 fn throttled(limiter: &Option<RateLimiter>) -> bool {
     limiter.as_ref().is_some_and(RateLimiter::is_blocked)
 }
