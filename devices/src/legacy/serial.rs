@@ -265,7 +265,8 @@ mod tests {
     #[test]
     fn a_wide_out_reaches_consecutive_registers() {
         // `out 0x3f8, eax` with EAX = 0x03_00_00_41: 'A' to THR, 0 to IER,
-        // 0 to FCR, 8N1 to LCR. Every byte used to be lost past the first.
+        // 0 to FCR, 8N1 to LCR: every byte reaches its register, not only the
+        // first.
         let (mut s, out) = serial();
         s.write(IER, IER_RDA);
         s.pio_write(0, &[b'A', 0, 0, 0x03]);

@@ -933,7 +933,7 @@ mod tests {
         }
     }
 
-    /// The layout that hung minivmm for good (issue 8): the TX used ring's
+    /// A layout that once hung the device for good: the TX used ring's
     /// `flags` on the TX avail ring's `idx`, without EVENT_IDX.
     #[test]
     fn used_flags_on_avail_idx_is_refused() {

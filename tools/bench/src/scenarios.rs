@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The experiments of issue 4, each a named scenario producing a JSON object.
+//! The benchmark's experiments, each a named scenario producing a JSON object.
 //!
 //! Device and raw runs alternate round by round (raw, device, bounce, then
 //! bounce, device, raw, ...) and each figure is the median over rounds, so

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Tests that catch a broken device (issue 8, part 6).
+//! Tests that catch a broken device.
 //!
 //! Each test here was checked by breaking the device on purpose and seeing
 //! it fail (the mutation it guards against is named in its doc comment):

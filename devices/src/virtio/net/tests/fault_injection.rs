@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Fault injection (issue 8, part 3): a backend that fails on demand, and
+//! Fault injection: a backend that fails on demand, and
 //! device resets at every step.
 //!
 //! [`FaultBackend`] sits on one end of a socket pair and, call by call as
@@ -583,8 +583,8 @@ fn wait_tx_unblocked<B: crate::virtio::net::NetBackend + 'static>(
 }
 
 /// A hangup is logged and counted once, whatever host errors came before
-/// it (its log line used to be rate-limited on `host_errors`, so that two
-/// read errors before it made it silent).
+/// it: its log line is rate-limited on its own count, as one keyed on
+/// `host_errors` would be silent after two read errors.
 #[test]
 fn a_hangup_is_logged_once_whatever_came_before() {
     let mut h = harness(NetConfig::default(), FEATURES);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The rate limiters in the datapath (issue 11), driven through the event
+//! The rate limiters in the datapath, driven through the event
 //! loop over a socket pair with real time: short refill times keep every
 //! test well under a second.
 //!

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The hostile guest (issue 8) against the network device.
+//! The hostile guest against the network device.
 //!
 //! Layouts the transport refuses (activated here directly, as if one had got
 //! through), buffers pointing into the rings, a second "vCPU" rewriting ring
@@ -59,7 +59,7 @@ fn drive_and_expect_idle(layouts: [RingAddrs; 2], features: u64, what: &str) {
     assert_passes_bounded(&h, what);
 }
 
-/// The layout that hung minivmm for good (issue 8), bypassing the
+/// A layout that once hung the device for good, bypassing the
 /// transport: TX QueueDriver = A with A % 4 == 2, QueueDevice = A + 2, so
 /// the used ring's flags lie on the avail ring's idx; no EVENT_IDX.
 #[test]
@@ -77,11 +77,11 @@ fn the_issue_8_hang_layout_cannot_hang_the_loop() {
         avail_ring: a,
         used_ring: a + 2,
     };
-    drive_and_expect_idle([rx, tx], MRG_FEATURES, "issue 8 layout");
+    drive_and_expect_idle([rx, tx], MRG_FEATURES, "the hanging layout");
     drive_and_expect_idle(
         [rx, tx],
         MRG_FEATURES | RING_EVENT_IDX,
-        "issue 8 + EVENT_IDX",
+        "the hanging layout + EVENT_IDX",
     );
 }
 

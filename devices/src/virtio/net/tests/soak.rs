@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Soak (issue 8, part 5): millions of frames each way through the real
+//! Soak: millions of frames each way through the real
 //! device, behind the real MMIO transport, with random chain shapes.
 //!
 //! The driver ([`MockDriver`]) keeps both rings full of chains of random
