@@ -44,11 +44,15 @@ use devices::virtio::VirtioDevice;
 use event_manager::{EventManager, SubscriberOps};
 use vm_memory::GuestAddress;
 
-const VERSION_1: u64 = 1 << 32;
-const MAC: u64 = 1 << 5;
-const STATUS: u64 = 1 << 16;
-const MRG_RXBUF: u64 = 1 << 15;
-const EVENT_IDX: u64 = 1 << 29;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+const MAC: u64 = 1 << VIRTIO_NET_F_MAC;
+const STATUS: u64 = 1 << VIRTIO_NET_F_STATUS;
+const MRG_RXBUF: u64 = 1 << VIRTIO_NET_F_MRG_RXBUF;
+const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 const VNET_HDR_LEN: usize = 12;
 const QUEUE_SIZE: u16 = 256;
 /// Header-inclusive RX buffer: one MTU frame each.

@@ -13,3 +13,4 @@
 pub mod legacy;
 pub mod rate_limiter;
 pub mod virtio;
+mod warn;

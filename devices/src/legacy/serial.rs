@@ -20,7 +20,7 @@ use vm_superio::serial::{Error as UartError, NoEvents};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::virtio::mmio::warn_ratelimited;
+use crate::warn::warn_rate_limited;
 
 /// Upper bound on host input waiting for FIFO room. Stdin can deliver more
 /// than a guest that is not reading will ever consume; past this the caller
@@ -129,7 +129,7 @@ impl SerialDevice {
             // The byte is lost but the guest must not stall on a host-side
             // output problem (e.g. a closed stdout).
             Err(UartError::IOError(e)) => {
-                warn_ratelimited!("serial: failed to write guest output: {e}")
+                warn_rate_limited!("serial: failed to write guest output: {e}")
             }
             Err(e) => log::error!("serial: {e}"),
         }
@@ -265,7 +265,8 @@ mod tests {
     #[test]
     fn a_wide_out_reaches_consecutive_registers() {
         // `out 0x3f8, eax` with EAX = 0x03_00_00_41: 'A' to THR, 0 to IER,
-        // 0 to FCR, 8N1 to LCR. Every byte used to be lost past the first.
+        // 0 to FCR, 8N1 to LCR: every byte reaches its register, not only the
+        // first.
         let (mut s, out) = serial();
         s.write(IER, IER_RDA);
         s.pio_write(0, &[b'A', 0, 0, 0x03]);

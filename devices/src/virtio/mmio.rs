@@ -36,6 +36,8 @@ use super::queue::{
     check_overlaps, GuestRegions, RingAddrs, RingFeatures, SplitQueue, MAX_QUEUE_SIZE,
 };
 use super::{status, GuestMemory, Interrupt, IrqTrigger, VirtioDevice};
+use crate::warn::warn_rate_limited;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
 /// Size of one virtio-MMIO register window (virtio 1.1 §4.2.2: registers up
 /// to 0xfc, device configuration from 0x100; one page per device).
@@ -52,11 +54,6 @@ pub const MMIO_VERSION: u32 = 2;
 /// ("minivmm"). The spec leaves the value to the implementation and Linux only
 /// prints it.
 pub const MMIO_VENDOR_ID: u32 = 0x4d56_4d4d;
-
-/// VIRTIO_F_VERSION_1 (virtio 1.1 §6): a version 2 transport requires it.
-pub const VIRTIO_F_VERSION_1: u32 = 32;
-/// VIRTIO_RING_F_EVENT_IDX (virtio 1.1 §6).
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = super::queue::VIRTIO_RING_F_EVENT_IDX;
 
 // Register offsets (virtio 1.1 §4.2.2, table "MMIO Device Register Layout").
 pub(crate) const REG_MAGIC_VALUE: u64 = 0x00;
@@ -90,20 +87,6 @@ pub(crate) const REG_SHM_BASE_HIGH: u64 = 0xbc;
 pub(crate) const REG_CONFIG_GENERATION: u64 = 0xfc;
 /// Start of the device-specific configuration space.
 pub const CONFIG_SPACE_OFFSET: u64 = 0x100;
-
-/// Logs a warning for a guest-triggerable condition without letting a
-/// misbehaving guest flood the host log: the first 10 hits of each call site
-/// are logged, then only every 1024th, with the running count.
-macro_rules! warn_ratelimited {
-    ($($arg:tt)+) => {{
-        static HITS: ::std::sync::atomic::AtomicU64 = ::std::sync::atomic::AtomicU64::new(0);
-        let n = HITS.fetch_add(1, ::std::sync::atomic::Ordering::Relaxed) + 1;
-        if n <= 10 || n % 1024 == 0 {
-            ::log::warn!("{} (occurrence {})", format_args!($($arg)+), n);
-        }
-    }};
-}
-pub(crate) use warn_ratelimited;
 
 /// Errors creating a [`MmioTransport`]. Nothing the guest does produces one.
 #[derive(Debug, thiserror::Error)]
@@ -303,7 +286,7 @@ impl MmioTransport {
             return;
         }
         let Ok(buf) = <&mut [u8; 4]>::try_from(&mut *data) else {
-            warn_ratelimited!(
+            warn_rate_limited!(
                 "virtio-mmio: ignoring {}-byte read at {offset:#x}",
                 data.len()
             );
@@ -311,7 +294,7 @@ impl MmioTransport {
             return;
         };
         if offset & 3 != 0 {
-            warn_ratelimited!("virtio-mmio: ignoring misaligned read at {offset:#x}");
+            warn_rate_limited!("virtio-mmio: ignoring misaligned read at {offset:#x}");
             *buf = [0; 4];
             return;
         }
@@ -334,7 +317,7 @@ impl MmioTransport {
             // checks before using one.
             REG_SHM_LEN_LOW | REG_SHM_LEN_HIGH | REG_SHM_BASE_LOW | REG_SHM_BASE_HIGH => u32::MAX,
             _ => {
-                warn_ratelimited!(
+                warn_rate_limited!(
                     "virtio-mmio: read of unknown or write-only register {offset:#x}"
                 );
                 0
@@ -351,14 +334,14 @@ impl MmioTransport {
             return;
         }
         let Ok(buf) = <[u8; 4]>::try_from(data) else {
-            warn_ratelimited!(
+            warn_rate_limited!(
                 "virtio-mmio: ignoring {}-byte write at {offset:#x}",
                 data.len()
             );
             return;
         };
         if offset & 3 != 0 {
-            warn_ratelimited!("virtio-mmio: ignoring misaligned write at {offset:#x}");
+            warn_rate_limited!("virtio-mmio: ignoring misaligned write at {offset:#x}");
             return;
         }
         let value = u32::from_le_bytes(buf);
@@ -390,7 +373,9 @@ impl MmioTransport {
                 self.update_queue(offset, |q| set_high(&mut q.used_ring, value))
             }
             _ => {
-                warn_ratelimited!("virtio-mmio: write to unknown or read-only register {offset:#x}")
+                warn_rate_limited!(
+                    "virtio-mmio: write to unknown or read-only register {offset:#x}"
+                )
             }
         }
     }
@@ -407,7 +392,7 @@ impl MmioTransport {
             == status::FEATURES_OK
             && self.status & (status::FAILED | status::DEVICE_NEEDS_RESET) == 0;
         if !configuring {
-            warn_ratelimited!(
+            warn_rate_limited!(
                 "virtio-mmio: queue register {offset:#x} written in status {:#x}",
                 self.status
             );
@@ -418,11 +403,11 @@ impl MmioTransport {
             .ok()
             .and_then(|i| self.queues.get_mut(i))
         else {
-            warn_ratelimited!("virtio-mmio: queue register {offset:#x} with bad QueueSel {sel}");
+            warn_rate_limited!("virtio-mmio: queue register {offset:#x} with bad QueueSel {sel}");
             return;
         };
         if q.ready && offset != REG_QUEUE_READY {
-            warn_ratelimited!("virtio-mmio: queue {sel} register {offset:#x} written while ready");
+            warn_rate_limited!("virtio-mmio: queue {sel} register {offset:#x} written while ready");
             return;
         }
         f(q);
@@ -430,7 +415,7 @@ impl MmioTransport {
 
     fn write_driver_features(&mut self, value: u32) {
         if self.status & (status::DRIVER | status::FEATURES_OK) != status::DRIVER {
-            warn_ratelimited!(
+            warn_rate_limited!(
                 "virtio-mmio: DriverFeatures written in status {:#x}",
                 self.status
             );
@@ -445,7 +430,9 @@ impl MmioTransport {
                 // No feature bits above 63 exist; acking one is a driver bug
                 // that FEATURES_OK cannot catch, so only log it.
                 if value != 0 {
-                    warn_ratelimited!("virtio-mmio: driver acked {value:#x} in feature page {sel}");
+                    warn_rate_limited!(
+                        "virtio-mmio: driver acked {value:#x} in feature page {sel}"
+                    );
                 }
             }
         }
@@ -456,7 +443,7 @@ impl MmioTransport {
             .ok()
             .and_then(|i| self.queue_evts.get(i))
         else {
-            warn_ratelimited!("virtio-mmio: QueueNotify for unknown queue {value}");
+            warn_rate_limited!("virtio-mmio: QueueNotify for unknown queue {value}");
             return;
         };
         if let Err(e) = evt.write(1) {
@@ -477,7 +464,7 @@ impl MmioTransport {
         let new = value & !DEVICE_NEEDS_RESET;
         let old = self.status & !DEVICE_NEEDS_RESET;
         if new & old != old {
-            warn_ratelimited!("virtio-mmio: status {value:#x} clears bits of {old:#x}");
+            warn_rate_limited!("virtio-mmio: status {value:#x} clears bits of {old:#x}");
             return;
         }
         if new & FAILED != 0 {
@@ -486,7 +473,7 @@ impl MmioTransport {
             return;
         }
         if self.status & (FAILED | DEVICE_NEEDS_RESET) != 0 {
-            warn_ratelimited!(
+            warn_rate_limited!(
                 "virtio-mmio: status {value:#x} ignored, device needs reset (status {:#x})",
                 self.status
             );
@@ -504,7 +491,7 @@ impl MmioTransport {
             return;
         }
         if added != expected_next {
-            warn_ratelimited!("virtio-mmio: invalid status transition {old:#x} -> {new:#x}");
+            warn_rate_limited!("virtio-mmio: invalid status transition {old:#x} -> {new:#x}");
             return;
         }
         match added {
@@ -512,7 +499,7 @@ impl MmioTransport {
                 if let Err(why) = self.check_features() {
                     // The bit does not stick; the driver sees that on read-back
                     // and gives up (virtio 1.1 §3.1.1 step 6).
-                    warn_ratelimited!("virtio-mmio: refusing FEATURES_OK: {why}");
+                    warn_rate_limited!("virtio-mmio: refusing FEATURES_OK: {why}");
                     return;
                 }
                 self.status = new;
@@ -545,7 +532,7 @@ impl MmioTransport {
         }) {
             Ok(()) => self.activated = true,
             Err(why) => {
-                warn_ratelimited!(
+                warn_rate_limited!(
                     "virtio-mmio: device {} not activated: {why}",
                     self.device_id
                 );
@@ -641,7 +628,7 @@ mod tests {
     use vm_memory::GuestAddress;
 
     const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
-    const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+    const EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
     const MEM_SIZE: usize = 1 << 20;
 
     struct Fixture {
@@ -946,7 +933,7 @@ mod tests {
         }
     }
 
-    /// The layout that hung minivmm for good (issue 8): the TX used ring's
+    /// A layout that once hung the device for good: the TX used ring's
     /// `flags` on the TX avail ring's `idx`, without EVENT_IDX.
     #[test]
     fn used_flags_on_avail_idx_is_refused() {

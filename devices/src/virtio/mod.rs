@@ -16,6 +16,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use queue::SplitQueue;
 
+pub mod io_engine;
+pub mod iov;
 pub mod mmio;
 pub mod net;
 pub mod queue;

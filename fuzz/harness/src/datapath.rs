@@ -51,9 +51,9 @@
 use std::collections::HashMap;
 
 use arbitrary::Arbitrary;
-use devices::virtio::net::rxtx::MAX_PASS_READS;
+use devices::virtio::net::pass::MAX_PASS_READS;
 
-use crate::net_rig::{BufAddr, Placement, Rig, Setup};
+use crate::net_rig::{BufAddr, DatapathFixture, Placement, Setup};
 
 /// One step of the guest or the network.
 #[derive(Debug, Clone, Arbitrary)]
@@ -142,7 +142,7 @@ struct Expect {
 }
 
 impl Expect {
-    fn new(rig: &Rig) -> Self {
+    fn new(rig: &DatapathFixture) -> Self {
         let w = rig.wire.lock().unwrap_or_else(|p| p.into_inner());
         Expect {
             rx_used_bytes: rig.metric(|m| &m.rx_bytes) + 12 * rig.metric(|m| &m.rx_frames),
@@ -212,7 +212,7 @@ fn drive(input: Input) -> Reach {
 
 /// Runs the input over the in-memory backend, or the batched one.
 fn drive_on(input: Input, batched: bool) -> Reach {
-    let Some(mut rig) = Rig::with_backend(input.setup, batched) else {
+    let Some(mut rig) = DatapathFixture::with_backend(input.setup, batched) else {
         return Reach::default();
     };
     let size = rig.setup.size();
@@ -404,7 +404,7 @@ pub(crate) fn split(len: usize, cuts: &[u16]) -> Vec<u16> {
 }
 
 /// The oracles that hold after every loop iteration.
-fn check(rig: &Rig, expect: &mut Expect, structured: bool, reached: &mut Reach) {
+fn check(rig: &DatapathFixture, expect: &mut Expect, structured: bool, reached: &mut Reach) {
     let m = &rig.metrics;
     let reads = rig.metric(|m| &m.max_descs_per_pass);
     assert!(
@@ -454,7 +454,7 @@ fn check(rig: &Rig, expect: &mut Expect, structured: bool, reached: &mut Reach) 
 
 /// The batched run's order oracle (see the module doc): the frames that
 /// reached the peer since the last look, against the `TxChain`s posted.
-fn check_order(rig: &Rig, expect: &mut Expect, ring: bool, reached: &mut Reach) {
+fn check_order(rig: &DatapathFixture, expect: &mut Expect, ring: bool, reached: &mut Reach) {
     expect.ordered &= !rig.reused;
     // A pushback on the ring path lets a later frame of the batch overtake
     // the refused one: outside the contract of a batched backend, recorded

@@ -9,7 +9,7 @@
 //! one `send_frame`, which can be told to return EAGAIN) and
 //! [`SockBackend`] (TX frames go to a `SOCK_SEQPACKET` peer, the device end
 //! made `with_batched_writes`, so the device batches them through its
-//! io_uring `TxRing`; the rig drains the peer into the [`Wire`] after every
+//! io_uring `WriteRing`; the rig drains the peer into the [`Wire`] after every
 //! loop iteration). RX frames come from memory with both.
 //!
 //! Guest memory is one 1 MiB region. Packed ring layouts sit in the first
@@ -22,11 +22,20 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arbitrary::Arbitrary;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use devices::virtio::net::uring::TxRing;
-use devices::virtio::net::{IoVecs, Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
-use devices::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
+use devices::virtio::io_engine::WriteRing;
+use devices::virtio::iov::IoVecs;
+use devices::virtio::net::{Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
+use devices::virtio::queue::{
+    GuestRegions, RingAddrs, RingFeatures, SplitQueue, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_WRITE,
+};
+use devices::virtio::test_utils::{desc_bytes, write_indirect_table, DriverQueue, QueueLayout};
 use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_MRG_RXBUF,
+};
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -36,17 +45,17 @@ pub const MEM_SIZE: u64 = 1 << 20;
 /// ring, so that they never alias one.
 pub const BUF_AREA: u64 = 0x4_0000;
 
-/// Feature bits (virtio 1.1 §5.1.3, §6), written out so the target does not
-/// trust the device's own table.
-pub const VERSION_1: u64 = 1 << 32;
+/// Feature bits (virtio 1.1 §5.1.3, §6), from virtio-bindings rather than
+/// the device's own table, which the target does not trust.
+pub const VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
 /// VIRTIO_NET_F_MRG_RXBUF.
-pub const MRG_RXBUF: u64 = 1 << 15;
+pub const MRG_RXBUF: u64 = 1 << VIRTIO_NET_F_MRG_RXBUF;
 /// VIRTIO_RING_F_INDIRECT_DESC.
-pub const INDIRECT: u64 = 1 << 28;
+pub const INDIRECT: u64 = 1 << VIRTIO_RING_F_INDIRECT_DESC;
 /// VIRTIO_RING_F_EVENT_IDX.
-pub const EVENT_IDX: u64 = 1 << 29;
+pub const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 /// GUEST_CSUM | GUEST_TSO4: 64 KiB frames on RX.
-pub const GUEST_GSO: u64 = 1 << 1 | 1 << 7;
+pub const GUEST_GSO: u64 = 1 << VIRTIO_NET_F_GUEST_CSUM | 1 << VIRTIO_NET_F_GUEST_TSO4;
 
 /// The frames the backend holds for the device and those it took from it,
 /// with an eventfd that is readable while frames wait (as a socket is).
@@ -207,7 +216,7 @@ impl NetBackend for Backend {
     }
 }
 
-/// Whether this host lets the device build its io_uring `TxRing` (a
+/// Whether this host lets the device build its io_uring `WriteRing` (a
 /// container's seccomp profile or the `io_uring_disabled` sysctl may not):
 /// where it does not, the device writes frame by frame, as it should.
 pub fn uring_available() -> bool {
@@ -215,7 +224,7 @@ pub fn uring_available() -> bool {
     *AVAILABLE.get_or_init(|| {
         SeqPacket::pair()
             .ok()
-            .is_some_and(|(a, _b)| TxRing::new(a.as_raw_fd()).is_ok())
+            .is_some_and(|(a, _b)| WriteRing::new(a.as_raw_fd()).is_ok())
     })
 }
 
@@ -277,15 +286,7 @@ impl Placement {
     pub fn addrs(self, size: u16) -> RingAddrs {
         match self {
             Placement::Packed(n) => {
-                let base = 0x1_0000 * u64::from(n % 4);
-                let avail = base + 16 * u64::from(size);
-                let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
-                RingAddrs {
-                    size,
-                    desc_table: base,
-                    avail_ring: avail,
-                    used_ring: used,
-                }
+                QueueLayout::packed(GuestAddress(0x1_0000 * u64::from(n % 4)), size).ring_addrs()
             }
             Placement::Raw { desc, avail, used } => RingAddrs {
                 size,
@@ -389,7 +390,7 @@ impl Setup {
 type Loop = EventManager<Arc<Mutex<Net<Backend>>>>;
 
 /// The device under test and the guest's side of it.
-pub struct Rig {
+pub struct DatapathFixture {
     /// Guest memory.
     pub mem: GuestMemory,
     /// The device.
@@ -412,26 +413,25 @@ pub struct Rig {
     pub reused: bool,
     /// Ring addresses of RX and TX.
     pub addrs: [RingAddrs; 2],
-    /// The avail idx the driver last published, per queue.
-    pub avail_idx: [u16; 2],
-    /// The next descriptor `post_chain` writes, per queue.
-    next_desc: [u16; 2],
+    /// The guest's side of RX and TX: every descriptor, avail entry and
+    /// used-ring read goes through them.
+    queues: [DriverQueue; 2],
     /// The next free byte of the buffer area for `post_chain`.
     next_buf: u64,
     /// TX descriptors `post_chain` wrote since the activation.
     tx_descs: u32,
 }
 
-impl Rig {
+impl DatapathFixture {
     /// Builds and activates the device over a [`MemBackend`]; `None` when
     /// the queue code refuses the layout (as the transport would have at
     /// DRIVER_OK).
-    pub fn new(setup: Setup) -> Option<Rig> {
-        Rig::with_backend(setup, false)
+    pub fn new(setup: Setup) -> Option<DatapathFixture> {
+        DatapathFixture::with_backend(setup, false)
     }
 
-    /// As [`Rig::new`], over a [`SockBackend`] if `batched`.
-    pub fn with_backend(setup: Setup, batched: bool) -> Option<Rig> {
+    /// As [`DatapathFixture::new`], over a [`SockBackend`] if `batched`.
+    pub fn with_backend(setup: Setup, batched: bool) -> Option<DatapathFixture> {
         let mem = GuestMemory::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
             .expect("fixed, valid memory");
         let (backend, wire, peer) = if batched {
@@ -459,7 +459,7 @@ impl Rig {
         let mut em = Loop::new().expect("event manager");
         em.add_subscriber(net.clone());
         let size = setup.size();
-        let mut rig = Rig {
+        let mut rig = DatapathFixture {
             mem,
             net,
             em,
@@ -470,8 +470,7 @@ impl Rig {
             peer,
             reused: false,
             addrs: [setup.rx.addrs(size), setup.tx.addrs(size)],
-            avail_idx: [0; 2],
-            next_desc: [0; 2],
+            queues: [setup.rx, setup.tx].map(|p| DriverQueue::new(p.addrs(size).into())),
             next_buf: BUF_AREA,
             tx_descs: 0,
         };
@@ -484,19 +483,13 @@ impl Rig {
         let regions = Arc::new(GuestRegions::new(&self.mem).expect("mapped memory"));
         let features = self.setup.features();
         let mut queues = Vec::new();
+        self.queues = self.addrs.map(|a| DriverQueue::zeroed(&self.mem, a.into()));
         for a in self.addrs {
-            for (_, addr, len) in a.areas() {
-                let _ = self
-                    .mem
-                    .write_slice(&vec![0; len as usize], GuestAddress(addr));
-            }
             match SplitQueue::new(regions.clone(), a, 256, RingFeatures::from_bits(features)) {
                 Ok(q) => queues.push(q),
                 Err(_) => return false,
             }
         }
-        self.avail_idx = [0; 2];
-        self.next_desc = [0; 2];
         self.reused = false;
         self.tx_descs = 0;
         let irq: Arc<dyn Interrupt> = self.irq.clone();
@@ -593,24 +586,19 @@ impl Rig {
         let _ = self.mem.write_slice(bytes, GuestAddress(addr % MEM_SIZE));
     }
 
-    /// Writes descriptor `idx` (folded into the table) of queue `q`.
-    pub fn write_desc(&self, q: usize, idx: u16, d: [u8; 16]) {
-        let a = self.addrs[q];
-        let i = u64::from(idx % a.size);
-        self.poke(a.desc_table + 16 * i, &d);
-    }
-
     /// Writes a descriptor as the fuzzer described it into queue `q`'s
     /// table: only the three flag bits the spec defines, `next` folded into
     /// the ring.
     pub fn guest_desc(&self, q: usize, idx: u16, addr: BufAddr, len: u16, flags: u8, next: u16) {
-        let d = desc(
+        // A descriptor outside guest memory is one the device never reads.
+        let _ = self.queues[q].write_desc(
+            &self.mem,
+            idx,
             addr.get(),
             u32::from(len),
             u16::from(flags & 7),
             next % self.setup.size().max(1),
         );
-        self.write_desc(q, idx, d);
     }
 
     /// Writes entry `i` of an indirect table at `at`, as the fuzzer
@@ -624,7 +612,7 @@ impl Rig {
         flags: u8,
         next: u8,
     ) {
-        let d = desc(
+        let d = desc_bytes(
             addr.get(),
             u32::from(len),
             u16::from(flags & 7),
@@ -658,13 +646,11 @@ impl Rig {
 
     /// Puts `heads` in the next avail slots of queue `q` and publishes them.
     pub fn publish(&mut self, q: usize, heads: &[u16]) {
-        let a = self.addrs[q];
+        // The device accepted the rings, so they are guest memory.
         for &h in heads {
-            let slot = u64::from(self.avail_idx[q] % a.size);
-            self.poke(a.avail_ring + 4 + 2 * slot, &h.to_le_bytes());
-            self.avail_idx[q] = self.avail_idx[q].wrapping_add(1);
+            let _ = self.queues[q].push_avail(&self.mem, h);
         }
-        self.poke(a.avail_ring + 2, &self.avail_idx[q].to_le_bytes());
+        let _ = self.queues[q].publish(&self.mem);
     }
 
     /// Takes `len` bytes of the buffer area (wrapping to its start).
@@ -685,9 +671,9 @@ impl Rig {
     /// returns its head.
     pub fn post_chain(&mut self, q: usize, lens: &[u16], direct: usize, frame: &[u8]) -> u16 {
         let size = self.addrs[q].size;
-        let flag = if q == 0 { 2 } else { 0 };
+        let flag = if q == 0 { VIRTQ_DESC_F_WRITE } else { 0 };
         let mut off = 0;
-        let bufs: Vec<(u64, u32)> = lens
+        let bufs: Vec<(u64, u32, u16)> = lens
             .iter()
             .map(|&l| {
                 let a = self.alloc(u64::from(l));
@@ -696,30 +682,20 @@ impl Rig {
                     self.poke(a, &frame[off..end]);
                 }
                 off += usize::from(l);
-                (a, u32::from(l))
+                (a, u32::from(l), flag)
             })
             .collect();
         let direct = direct.min(bufs.len());
-        let mut descs: Vec<(u64, u32, u16)> =
-            bufs[..direct].iter().map(|&(a, l)| (a, l, flag)).collect();
+        let mut descs = bufs[..direct].to_vec();
         let rest = &bufs[direct..];
         if !rest.is_empty() {
             let table = self.alloc(16 * rest.len() as u64);
-            for (i, &(a, l)) in rest.iter().enumerate() {
-                let next = if i + 1 < rest.len() { 1 } else { 0 };
-                let d = desc(a, l, flag | next, i as u16 + 1);
-                self.poke(table + 16 * i as u64, &d);
-            }
-            descs.push((table, 16 * rest.len() as u32, 4));
+            // The buffer area is guest memory.
+            let _ = write_indirect_table(&self.mem, GuestAddress(table), rest);
+            descs.push((table, 16 * rest.len() as u32, VIRTQ_DESC_F_INDIRECT));
         }
-        let head = self.next_desc[q] % size;
-        for (i, &(a, l, f)) in descs.iter().enumerate() {
-            let idx = (self.next_desc[q].wrapping_add(i as u16)) % size;
-            let nxt = (idx + 1) % size;
-            let f = if i + 1 < descs.len() { f | 1 } else { f };
-            self.write_desc(q, idx, desc(a, l, f, nxt));
-        }
-        self.next_desc[q] = self.next_desc[q].wrapping_add(descs.len() as u16) % size;
+        // `descs` is never empty: a chain has a buffer or a table.
+        let head = self.queues[q].write_chain(&self.mem, &descs).unwrap_or(0);
         if q == 1 {
             self.tx_descs += descs.len() as u32;
             self.reused |= self.tx_descs > u32::from(size);
@@ -730,34 +706,20 @@ impl Rig {
 
     /// The device's used idx of queue `q`.
     pub fn used_idx(&self, q: usize) -> u16 {
-        self.mem
-            .read_obj(GuestAddress(self.addrs[q].used_ring + 2))
-            .unwrap_or(0)
+        self.queues[q].used_idx(&self.mem).unwrap_or(0)
     }
 
     /// Used element `i` (folded into the ring) of queue `q`.
     pub fn used_elem(&self, q: usize, i: u16) -> (u32, u32) {
-        let a = self.addrs[q];
-        let e = a.used_ring + 4 + 8 * u64::from(i % a.size);
-        let id = self.mem.read_obj(GuestAddress(e)).unwrap_or(u32::MAX);
-        let len = self.mem.read_obj(GuestAddress(e + 4)).unwrap_or(u32::MAX);
-        (id, len)
+        self.queues[q]
+            .used_elem(&self.mem, i)
+            .map_or((u32::MAX, u32::MAX), |e| (e.id, e.len))
     }
 
     /// A counter's value.
     pub fn metric(&self, f: impl Fn(&NetMetrics) -> &AtomicU64) -> u64 {
         f(&self.metrics).load(Ordering::Relaxed)
     }
-}
-
-/// `struct virtq_desc` as bytes.
-pub fn desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
-    let mut d = [0u8; 16];
-    d[..8].copy_from_slice(&addr.to_le_bytes());
-    d[8..12].copy_from_slice(&len.to_le_bytes());
-    d[12..14].copy_from_slice(&flags.to_le_bytes());
-    d[14..].copy_from_slice(&next.to_le_bytes());
-    d
 }
 
 /// A buffer address of a structured descriptor: mostly in [`BUF_AREA`],

@@ -26,11 +26,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
-use devices::virtio::net::rxtx::MAX_PASS_READS;
+use devices::virtio::net::pass::MAX_PASS_READS;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::datapath::{split, tx_frame};
-use crate::net_rig::{BufAddr, Rig, Setup, BUF_AREA, MEM_SIZE};
+use crate::net_rig::{BufAddr, DatapathFixture, Setup, BUF_AREA, MEM_SIZE};
 
 /// What the second thread writes.
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -122,7 +122,7 @@ fn drive(input: Input) {
 
 /// Runs the input over the in-memory backend, or the batched one.
 fn drive_on(input: Input, batched: bool) {
-    let Some(mut rig) = Rig::with_backend(input.setup, batched) else {
+    let Some(mut rig) = DatapathFixture::with_backend(input.setup, batched) else {
         return;
     };
     let size = rig.setup.size();
@@ -231,7 +231,7 @@ fn drive_on(input: Input, batched: bool) {
     check(&rig);
 }
 
-fn check(rig: &Rig) {
+fn check(rig: &DatapathFixture) {
     let reads = rig.metric(|m| &m.max_descs_per_pass);
     assert!(
         reads <= u64::from(MAX_PASS_READS),

@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 
 use crate::frames::{self, GUEST_IP, GUEST_PORT, HOST_IP, HOST_MAC, SINK_PORT};
 use crate::sys;
-use devices::virtio::net::uring::{TxRing, TX_BATCH};
+use devices::virtio::io_engine::{WriteRing, MAX_BATCH};
 use devices::virtio::net::Tap;
 
 /// The TAP's name inside the namespace.
@@ -478,7 +478,7 @@ pub fn raw_latency(dur: Duration) -> Result<Vec<f64>> {
 
 /// Raw TX limit with batched system calls: the same frames as [`raw_tx`],
 /// `batch` writes per `io_uring_enter`, through the device's own
-/// [`TxRing`] (same ring set-up, same flags, same submission code). The
+/// [`WriteRing`] (same ring set-up, same flags, same submission code). The
 /// limit for a device that batches its TAP writes; the plain loop stays the
 /// limit a one-write-per-frame datapath is held to.
 pub fn raw_tx_batched(
@@ -489,8 +489,8 @@ pub fn raw_tx_batched(
 ) -> Result<Measured> {
     let tap = open_raw_tx_tap()?;
     let fd = tap.as_raw_fd();
-    let mut ring = TxRing::new(fd).context("io_uring set-up")?;
-    let batch = batch.clamp(1, TX_BATCH);
+    let mut ring = WriteRing::new(fd).context("io_uring set-up")?;
+    let batch = batch.clamp(1, MAX_BATCH);
     let msgs = vec![msg; batch];
     let mut res = vec![0i32; batch];
     raw_tx_rounds(fd, msg, warmup, dur, || {

@@ -154,7 +154,7 @@ fn limit_table(s: &mut String, lim: &Value) {
     let _ = writeln!(
         s,
         "- TX: minivmm = io_engine Async (up to {} frames per io_uring_enter, the default); minivmm_sync = one",
-        devices::virtio::net::uring::TX_BATCH
+        devices::virtio::io_engine::MAX_BATCH
     );
     let _ = writeln!(
         s,

@@ -9,6 +9,18 @@
 //! buffer again is one avail-ring slot plus an index store, and reaping is a
 //! used-index load plus two 32-bit reads. Kicks write the queue's eventfd
 //! directly, as KVM's ioeventfd does; interrupts are the transport's irqfd.
+//!
+//! Why not the shared driver-side ring writer
+//! (`devices::virtio::test_utils::DriverQueue`, which `MockDriver` uses):
+//! it goes through `vm-memory` for every field and writes each chain's
+//! descriptors again from a free list, so that tests can post any chain.
+//! Measured on the development host (release build, 5 M one-descriptor
+//! chains posted, returned by a stand-in device and reaped, no device
+//! thread), its driver side cost 157 to 236 ns per frame against 1.6 to
+//! 4.5 ns for this ring's avail-slot store and used-entry loads, over three
+//! runs each: at a million frames per second, 16 to 24 % of a core taken
+//! from the device under test, which the raw TAP loop it is compared
+//! against does not pay.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +31,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::net::{Net, NetConfig, NetMetrics, NUM_BUFFERS_OFFSET, RX_INDEX, TX_INDEX};
+use devices::virtio::queue::{VIRTQ_DESC_F_WRITE, VIRTQ_USED_F_NO_NOTIFY};
 use devices::virtio::test_utils::{guest_memory, MockDriver, QueueLayout};
 use devices::virtio::GuestMemory;
 use event_manager::{EventManager, SubscriberOps};
@@ -72,11 +85,6 @@ pub mod feature {
         | MRG_RXBUF
         | VERSION_1;
 }
-
-/// virtq_used.flags: the device does not want kicks (virtio 1.1 §2.6.8).
-const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
-/// virtq_desc.flags: device-writable buffer (virtio 1.1 §2.6.5).
-const VIRTQ_DESC_F_WRITE: u16 = 2;
 
 /// How to build one device rig.
 #[derive(Debug, Clone)]

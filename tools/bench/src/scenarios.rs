@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The experiments of issue 4, each a named scenario producing a JSON object.
+//! The benchmark's experiments, each a named scenario producing a JSON object.
 //!
 //! Device and raw runs alternate round by round (raw, device, bounce, then
 //! bounce, device, raw, ...) and each figure is the median over rounds, so
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use devices::virtio::net::uring::TX_BATCH;
+use devices::virtio::io_engine::MAX_BATCH;
 use devices::virtio::net::{IoEngine, NetConfig, Offloads};
 use serde_json::{json, Map, Value};
 
@@ -114,7 +114,7 @@ impl Dir {
 enum Mode {
     /// One `read`/`write` per frame: the limit of the contract ratios.
     Raw,
-    /// TX only: [`TX_BATCH`] writes per `io_uring_enter`, as the device
+    /// TX only: [`MAX_BATCH`] writes per `io_uring_enter`, as the device
     /// batches them: the limit for a device that batches.
     RawBatched,
     /// The device as configured by default (TX: `IoEngine::Async`).
@@ -222,7 +222,7 @@ fn one_limit_run(
             t.window,
         ),
         (Mode::Raw, Dir::Tx) => host::raw_tx(&tx_msg(size), t.warmup, t.window),
-        (Mode::RawBatched, _) => host::raw_tx_batched(&tx_msg(size), TX_BATCH, t.warmup, t.window),
+        (Mode::RawBatched, _) => host::raw_tx_batched(&tx_msg(size), MAX_BATCH, t.warmup, t.window),
         (_, _) => {
             let cfg = RigConfig {
                 net: NetConfig {

@@ -11,19 +11,22 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use event_manager::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::NetMetrics;
-use super::rxtx::{RxVirtio, TxVirtio};
+use super::rx::RxVirtio;
 use super::tap::{self, NetBackend, Tap, TapError};
-use super::uring::TxRing;
+use super::tx::TxVirtio;
 use super::{
-    warn_rate_limited, IoEngine, NetConfig, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES,
+    IoEngine, NetConfig, NetConfigError, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES,
     RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
+use crate::virtio::io_engine::WriteRing;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
+use crate::warn::warn_rate_limited;
 
 /// Feature bits (virtio 1.1 §5.1.3, §6), from `virtio-bindings`.
 pub mod features {
@@ -82,15 +85,10 @@ pub enum NetError {
     /// The TAP could not be opened.
     #[error("cannot open the TAP backend")]
     Tap(#[from] TapError),
-    /// The configured queue size is not a power of two in 1..=32768.
-    #[error("queue size {0} is not a power of two between 1 and 32768")]
-    QueueSize(u16),
-    /// The configured MTU is outside 68..=65535.
-    #[error("MTU {0} is outside 68..=65535")]
-    Mtu(u16),
-    /// The offload selection is one no driver may negotiate.
-    #[error("invalid offloads: {0}")]
-    Offloads(&'static str),
+    /// The configuration has a setting out of bounds
+    /// ([`NetConfig::validate`]).
+    #[error("invalid network device configuration")]
+    Config(#[from] NetConfigError),
     /// An eventfd could not be created.
     #[error("cannot create an eventfd")]
     EventFd(#[source] std::io::Error),
@@ -116,6 +114,34 @@ pub(crate) struct Active {
     pub(crate) error_signalled: bool,
 }
 
+/// What the event handler currently has in the epoll set: state of the
+/// device that only [`event_handler`](super::event_handler) changes, kept
+/// here so that the handler depends on the device and not the other way.
+#[derive(Debug, Default)]
+pub(crate) struct Registered {
+    /// Queue and re-queue eventfds.
+    pub(crate) queues: bool,
+    /// Interest registered for the backend fd, if any.
+    pub(crate) backend: Option<EventSet>,
+    /// The backend hung up (a socket peer closed); it is not polled again
+    /// until a device reset.
+    pub(crate) backend_hup: bool,
+    /// The RX limiter's timerfd.
+    pub(crate) rx_timer: bool,
+    /// The TX limiter's timerfd.
+    pub(crate) tx_timer: bool,
+    /// The TX re-queue eventfd holds a count: a TX pass yielded and the
+    /// passes after it keep yielding. Epoll is level-triggered, so the
+    /// eventfd is left readable until a pass ends otherwise, instead of
+    /// being written and read again for every pass (two system calls of
+    /// about four per yielded pass).
+    pub(crate) tx_requeued: bool,
+    /// The same for the RX re-queue eventfd. While RX passes keep
+    /// yielding the backend is not polled for input (`Active::rx_deferred`),
+    /// so each epoll round runs one RX pass, from this eventfd.
+    pub(crate) rx_requeued: bool,
+}
+
 /// A virtio-net device over a [`NetBackend`] (a TAP by default).
 pub struct Net<B: NetBackend = Tap> {
     pub(crate) cfg: NetConfig,
@@ -139,9 +165,9 @@ pub struct Net<B: NetBackend = Tap> {
     /// Batches TX writes (`IoEngine::Async`); `None` writes frame by frame.
     /// Built with the device, before any seccomp filter, and kept across
     /// resets.
-    pub(crate) tx_ring: Option<TxRing>,
+    pub(crate) tx_ring: Option<WriteRing>,
     /// What the event handler currently has registered.
-    pub(crate) registered: super::event_handler::Registered,
+    pub(crate) registered: Registered,
 }
 
 impl std::fmt::Debug for Net<Tap> {
@@ -167,10 +193,8 @@ impl<B: NetBackend> Net<B> {
     /// Builds the device over any backend; puts the backend's fd in
     /// non-blocking mode (the event loop must never block on it).
     pub fn with_backend(backend: B, cfg: NetConfig, mem: GuestMemory) -> Result<Self, NetError> {
+        cfg.validate()?;
         let qs = cfg.queue_size;
-        if qs == 0 || qs > 32768 || !qs.is_power_of_two() {
-            return Err(NetError::QueueSize(qs));
-        }
         tap::set_nonblocking(backend.as_raw_fd(), true)?;
         let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(NetError::EventFd);
 
@@ -182,7 +206,6 @@ impl<B: NetBackend> Net<B> {
         if cfg.mrg_rxbuf {
             avail_features |= bit(VIRTIO_NET_F_MRG_RXBUF);
         }
-        cfg.offloads.validate().map_err(NetError::Offloads)?;
         avail_features |= offload_features(cfg.offloads);
         let mut config_space = [0u8; CONFIG_SPACE_LEN];
         config_space[..6].copy_from_slice(&cfg.mac);
@@ -190,9 +213,6 @@ impl<B: NetBackend> Net<B> {
         config_space[CONFIG_MAX_PAIRS_OFFSET..CONFIG_MAX_PAIRS_OFFSET + 2]
             .copy_from_slice(&1u16.to_le_bytes());
         if let Some(mtu) = cfg.mtu {
-            if !MTU_RANGE.contains(&mtu) {
-                return Err(NetError::Mtu(mtu));
-            }
             avail_features |= bit(VIRTIO_NET_F_MTU);
             config_space[CONFIG_MTU_OFFSET..CONFIG_MTU_OFFSET + 2]
                 .copy_from_slice(&mtu.to_le_bytes());
@@ -209,7 +229,7 @@ impl<B: NetBackend> Net<B> {
         let tx_limiter = limiter("TX", &cfg.tx_rate_limiter)?;
         let batch = cfg.io_engine == IoEngine::Async && !cfg.bounce_buffer;
         let tx_ring = if batch && backend.batched_writes() {
-            TxRing::new(backend.as_raw_fd())
+            WriteRing::new(backend.as_raw_fd())
                 .map_err(|e| {
                     log::info!(
                         "virtio-net: io_uring unavailable ({e}); TX writes one frame per system call"
@@ -333,9 +353,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         // Every field we expose is read-only for a VERSION_1 driver (the
         // MAC is writable only with the legacy interface or CTRL_MAC_ADDR).
         let n = NetMetrics::inc(&self.metrics.config_writes_ignored);
-        warn_rate_limited(
-            n,
-            format_args!("ignored {}-byte config write at {offset:#x}", data.len()),
+        warn_rate_limited!(
+            count = n,
+            "virtio-net: ignored {}-byte config write at {offset:#x}",
+            data.len()
         );
     }
 
@@ -438,7 +459,7 @@ mod tests {
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     use super::super::tap::{enter_private_netns, SeqPacket};
-    use super::super::test_driver::*;
+    use super::super::tests::fixture::*;
     use super::*;
 
     fn mem() -> GuestMemory {
@@ -519,7 +540,7 @@ mod tests {
         };
         assert!(matches!(
             Net::with_backend(a, cfg, mem()),
-            Err(NetError::Offloads(_))
+            Err(NetError::Config(NetConfigError::Offloads(_)))
         ));
     }
 
@@ -547,9 +568,45 @@ mod tests {
             };
             assert!(matches!(
                 Net::with_backend(a, cfg, mem()),
-                Err(NetError::Mtu(m)) if m == bad
+                Err(NetError::Config(NetConfigError::Mtu(m))) if m == bad
             ));
         }
+    }
+
+    #[test]
+    fn test_config_validate_owns_the_bounds() {
+        let with_qs = |queue_size| NetConfig {
+            queue_size,
+            ..NetConfig::default()
+        };
+        assert_eq!(NetConfig::default().validate(), Ok(()));
+        for qs in [1, 2, 256, 32768] {
+            assert_eq!(with_qs(qs).validate(), Ok(()), "{qs}");
+        }
+        for qs in [0, 3, 100, 65535] {
+            assert_eq!(with_qs(qs).validate(), Err(NetConfigError::QueueSize(qs)));
+        }
+        assert_eq!(
+            NetConfigError::QueueSize(3).to_string(),
+            "queue size 3 is not a power of two between 1 and 32768"
+        );
+        let mtu = NetConfig {
+            mtu: Some(67),
+            ..NetConfig::default()
+        };
+        assert_eq!(mtu.validate(), Err(NetConfigError::Mtu(67)));
+        let offloads = NetConfig {
+            offloads: Offloads {
+                csum: false,
+                ..Offloads::ALL
+            },
+            ..NetConfig::default()
+        };
+        assert!(matches!(
+            offloads.validate(),
+            Err(NetConfigError::Offloads(_))
+        ));
+        assert_eq!(NetConfig::default().mac, super::super::DEFAULT_MAC);
     }
 
     #[test]
@@ -562,7 +619,7 @@ mod tests {
             };
             assert!(matches!(
                 Net::with_backend(a, cfg, mem()),
-                Err(NetError::QueueSize(q)) if q == qs
+                Err(NetError::Config(NetConfigError::QueueSize(q))) if q == qs
             ));
         }
     }
@@ -605,7 +662,11 @@ mod tests {
     fn test_activate_wrong_queue_count() {
         let mut n = net(NetConfig::default());
         let m = mem();
-        let q = TestQueue::new(&m, GuestAddress(0x10000), 256).create_queue(&m, MRG_FEATURES);
+        let q = queue_at(
+            &m,
+            DriverQueue::packed(&m, GuestAddress(0x10000), 256).ring_addrs(),
+            MRG_FEATURES,
+        );
         let err = n
             .activate(
                 MRG_FEATURES,
@@ -645,7 +706,7 @@ mod tests {
 
     #[test]
     fn test_unoffered_features_are_not_acked() {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 offloads: Offloads::NONE,
                 ..NetConfig::default()
@@ -663,7 +724,7 @@ mod tests {
 
     #[test]
     fn test_metrics_json_after_traffic() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526]);
         h.kick_rx();
         h.peer.send(&frame(12 + 1514, 1)).unwrap();
@@ -737,8 +798,8 @@ mod tests {
         m: GuestMemory,
         net: Arc<std::sync::Mutex<Net<Tap>>>,
         em: EventManager<Arc<std::sync::Mutex<Net<Tap>>>>,
-        rxq: TestQueue,
-        txq: TestQueue,
+        rxq: DriverQueue,
+        txq: DriverQueue,
         /// Buffer address of each posted RX descriptor.
         bufs: HashMap<u16, u64>,
         /// Used RX entries not yet assembled into frames.
@@ -781,15 +842,15 @@ mod tests {
             ));
             let mut em = EventManager::new().unwrap();
             em.add_subscriber(net.clone());
-            let rxq = TestQueue::new(&m, GuestAddress(0x10000), 256);
-            let txq = TestQueue::new(&m, GuestAddress(0x80000), 256);
+            let rxq = DriverQueue::packed(&m, GuestAddress(0x10000), 256);
+            let txq = DriverQueue::packed(&m, GuestAddress(0x80000), 256);
             net.lock()
                 .unwrap()
                 .activate(
                     features,
                     vec![
-                        rxq.create_queue(&m, features),
-                        txq.create_queue(&m, features),
+                        queue_at(&m, rxq.ring_addrs(), features),
+                        queue_at(&m, txq.ring_addrs(), features),
                     ],
                     Arc::new(TestIrq::default()),
                 )
@@ -813,7 +874,10 @@ mod tests {
             for _ in 0..n {
                 // One 2 KiB slot per descriptor index, reused with the index.
                 let a = 0x100000 + u64::from(self.rxq.next_desc()) * 0x800;
-                let head = self.rxq.add_chain(&self.m, &[(a, 1526, F_WRITE)]);
+                let head = self
+                    .rxq
+                    .post_chain(&self.m, &[(a, 1526, VIRTQ_DESC_F_WRITE)])
+                    .unwrap();
                 self.bufs.insert(head, a);
             }
             self.net.lock().unwrap().queue_events()[RX_INDEX]
@@ -830,7 +894,8 @@ mod tests {
             let m = &self.m;
             m.write_slice(frame, GuestAddress(self.tx_addr)).unwrap();
             self.txq
-                .add_chain(m, &[(self.tx_addr, frame.len() as u32, 0)]);
+                .post_chain(m, &[(self.tx_addr, frame.len() as u32, 0)])
+                .unwrap();
             self.tx_addr += 0x10000;
             if self.tx_addr > 0x3000000 {
                 self.tx_addr = 0x200000;

@@ -40,10 +40,12 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Active, Net};
 use super::metrics::{NetMetrics, TimeCounter};
-use super::rxtx::{RxStatus, TxStatus};
+use super::rx::RxStatus;
 use super::tap::NetBackend;
-use super::{warn_rate_limited, RX_INDEX, TX_INDEX};
+use super::tx::TxStatus;
+use super::{RX_INDEX, TX_INDEX};
 use crate::rate_limiter::RateLimiter;
+use crate::warn::warn_rate_limited;
 
 /// `activate_evt`: activation or reset happened.
 pub const PROCESS_ACTIVATE: u32 = 0;
@@ -61,32 +63,6 @@ pub const PROCESS_TX_REQUEUE: u32 = 5;
 pub const PROCESS_RX_RATE_LIMITER: u32 = 6;
 /// The TX rate limiter's timer fired: the frame it held back fits now.
 pub const PROCESS_TX_RATE_LIMITER: u32 = 7;
-
-/// What the handler currently has in the epoll set.
-#[derive(Debug, Default)]
-pub(crate) struct Registered {
-    /// Queue and re-queue eventfds.
-    pub(crate) queues: bool,
-    /// Interest registered for the backend fd, if any.
-    pub(crate) backend: Option<EventSet>,
-    /// The backend hung up (a socket peer closed); it is not polled again
-    /// until a device reset.
-    pub(crate) backend_hup: bool,
-    /// The RX limiter's timerfd.
-    pub(crate) rx_timer: bool,
-    /// The TX limiter's timerfd.
-    pub(crate) tx_timer: bool,
-    /// The TX re-queue eventfd holds a count: a TX pass yielded and the
-    /// passes after it keep yielding. Epoll is level-triggered, so the
-    /// eventfd is left readable until a pass ends otherwise, instead of
-    /// being written and read again for every pass (two system calls of
-    /// about four per yielded pass).
-    pub(crate) tx_requeued: bool,
-    /// The same for the RX re-queue eventfd. While RX passes keep
-    /// yielding the backend is not polled for input (`Active::rx_deferred`),
-    /// so each epoll round runs one RX pass, from this eventfd.
-    pub(crate) rx_requeued: bool,
-}
 
 fn throttled(limiter: &Option<RateLimiter>) -> bool {
     limiter.as_ref().is_some_and(RateLimiter::is_blocked)
@@ -158,7 +134,7 @@ impl<B: NetBackend> Net<B> {
             RxStatus::ZeroRead if hup => self.backend_hung_up(),
             RxStatus::ZeroRead => {
                 let n = NetMetrics::inc(&self.metrics.rx_dropped);
-                warn_rate_limited(n, format_args!("dropped a 0-byte RX frame"));
+                warn_rate_limited!(count = n, "virtio-net: dropped a 0-byte RX frame");
             }
             RxStatus::Drained | RxStatus::Starved | RxStatus::Throttled => {}
         }
@@ -266,9 +242,9 @@ impl<B: NetBackend> Net<B> {
             // Rate-limited on its own count: keyed on host_errors, the
             // line would be skipped whenever other host errors came first.
             let n = NetMetrics::inc(&self.metrics.backend_hangups);
-            warn_rate_limited(
-                n,
-                format_args!("backend hung up; the device stops polling it until a reset"),
+            warn_rate_limited!(
+                count = n,
+                "virtio-net: backend hung up; the device stops polling it until a reset"
             );
         }
     }
@@ -488,7 +464,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::super::device::features::VIRTIO_RING_F_EVENT_IDX;
-    use super::super::test_driver::*;
+    use super::super::tests::fixture::*;
     use super::super::NetConfig;
     use super::*;
     use crate::virtio::VirtioDevice;
@@ -499,7 +475,7 @@ mod tests {
 
     #[test]
     fn test_tx_requeue_stays_readable_while_passes_yield() {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 tx_weight_packets: 4,
                 ..NetConfig::default()
@@ -544,7 +520,7 @@ mod tests {
 
     #[test]
     fn test_rx_requeue_stays_readable_while_passes_yield() {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 rx_weight_packets: 4,
                 ..NetConfig::default()
@@ -597,7 +573,7 @@ mod tests {
 
     #[test]
     fn test_rx_starvation_and_resume() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         let f = frame(12 + 1514, 1);
         h.peer.send(&f).unwrap();
         h.run_until_idle();
@@ -625,7 +601,7 @@ mod tests {
 
     #[test]
     fn test_rx_notify_without_starvation_reads_nothing_extra() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526; 4]);
         h.kick_rx();
         h.run_until_idle();
@@ -636,26 +612,26 @@ mod tests {
 
     #[test]
     fn test_rx_kicks_suppressed_while_buffers_cached() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526; 2]);
         h.kick_rx();
         h.peer.send(&frame(100, 1)).unwrap();
         h.run_until_idle();
         // One buffer left in the cache: no kicks wanted (VRING_USED_F_NO_NOTIFY).
-        assert_eq!(h.rxq.used_flags(&h.mem), 1);
+        assert_eq!(h.rxq.used_flags(&h.mem).unwrap(), 1);
         h.peer.send(&frame(100, 2)).unwrap();
         h.peer.send(&frame(100, 3)).unwrap();
         h.run_until_idle();
         // Out of buffers: kicks wanted again.
-        assert_eq!(h.rxq.used_flags(&h.mem), 0);
+        assert_eq!(h.rxq.used_flags(&h.mem).unwrap(), 0);
         assert_eq!(h.metric(|m| &m.rx_frames), 2);
     }
 
     #[test]
     fn test_event_idx_interrupt_suppression() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
         // The driver wants an interrupt only once used idx moves past 2.
-        h.txq.set_used_event(&h.mem, 2);
+        h.txq.set_used_event(&h.mem, 2).unwrap();
         h.post_tx(&frame(100, 1), &[]);
         h.post_tx(&frame(100, 2), &[]);
         h.kick_tx();
@@ -669,13 +645,13 @@ mod tests {
         h.run_until_idle();
         assert_eq!(h.irq.count(), 1);
         // Kick suppression: the device asks to be kicked at the next entry.
-        assert_eq!(h.txq.avail_event(&h.mem), 4);
+        assert_eq!(h.txq.avail_event(&h.mem).unwrap(), 4);
     }
 
     #[test]
     fn test_event_idx_rx_requests_kick_when_starved() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
-        h.rxq.set_used_event(&h.mem, 0);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES | EVENT_IDX);
+        h.rxq.set_used_event(&h.mem, 0).unwrap();
         h.post_rx(&[1526]);
         h.kick_rx();
         h.peer.send(&frame(100, 1)).unwrap();
@@ -684,13 +660,13 @@ mod tests {
         assert_eq!(h.metric(|m| &m.rx_frames), 1);
         assert_eq!(h.irq.count(), 1);
         // Starved after one buffer: kick me when avail reaches 1.
-        assert_eq!(h.rxq.avail_event(&h.mem), 1);
+        assert_eq!(h.rxq.avail_event(&h.mem).unwrap(), 1);
         assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 1);
     }
 
     #[test]
     fn test_reset_and_reactivate() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_tx(&frame(100, 1), &[]);
         h.kick_tx();
         h.run_until_idle();
@@ -709,8 +685,8 @@ mod tests {
         assert_eq!(h.run_once(50), 0);
 
         // The driver sets the rings up again from scratch.
-        h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-        h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+        h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+        h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
         h.activate(BASE_FEATURES);
         assert_eq!(
             h.metrics.features_negotiated.load(Ordering::Relaxed),
@@ -728,29 +704,29 @@ mod tests {
 
     #[test]
     fn test_activation_before_registration() {
-        let Harness {
+        let NetFixture {
             mem,
             net,
             peer,
             evmgr,
             irq,
             ..
-        } = Harness::new_inactive(NetConfig::default());
+        } = NetFixture::new_inactive(NetConfig::default());
         // Forget the harness' event manager: a second one will pick the
         // device up already activated.
         drop(evmgr);
-        let rxq = TestQueue::new(&mem, GuestAddress(0x10000), 256);
-        let mut txq = TestQueue::new(&mem, GuestAddress(0x80000), 256);
+        let rxq = DriverQueue::packed(&mem, GuestAddress(0x10000), 256);
+        let mut txq = DriverQueue::packed(&mem, GuestAddress(0x80000), 256);
         let a = 0x100000u64;
         vm_memory::Bytes::write_slice(&mem, &frame(100, 7), GuestAddress(a)).unwrap();
-        txq.add_chain(&mem, &[(a, 100, 0)]);
+        txq.post_chain(&mem, &[(a, 100, 0)]).unwrap();
         net.lock()
             .unwrap()
             .activate(
                 MRG_FEATURES,
                 vec![
-                    rxq.create_queue(&mem, MRG_FEATURES),
-                    txq.create_queue(&mem, MRG_FEATURES),
+                    queue_at(&mem, rxq.ring_addrs(), MRG_FEATURES),
+                    queue_at(&mem, txq.ring_addrs(), MRG_FEATURES),
                 ],
                 irq,
             )
@@ -765,7 +741,7 @@ mod tests {
 
     #[test]
     fn test_tx_blocked_arms_epollout_only_while_blocked() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         assert_eq!(h.dev().registered.backend, Some(EventSet::IN));
         h.dev().backend().set_send_buffer(40000).unwrap();
         for i in 0..6 {
@@ -796,11 +772,11 @@ mod tests {
 
     #[test]
     fn test_backend_hangup_stops_polling() {
-        let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
         h.post_rx(&[1526; 4]);
         h.kick_rx();
         h.peer.send(&frame(100, 1)).unwrap();
-        let Harness { peer, .. } = &mut h;
+        let NetFixture { peer, .. } = &mut h;
         // Replace the peer by closing it: swap in a fresh pair's end.
         let (fresh, _other) = super::super::tap::SeqPacket::pair().unwrap();
         drop(std::mem::replace(peer, fresh));
@@ -829,13 +805,13 @@ mod tests {
 mod perf {
     use std::time::Instant;
 
-    use super::super::test_driver::*;
+    use super::super::tests::fixture::*;
     use super::super::NetConfig;
 
     const N: usize = 200_000;
 
     fn rx(bounce: bool, len: usize) -> f64 {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 bounce_buffer: bounce,
                 ..NetConfig::default()
@@ -843,10 +819,12 @@ mod perf {
             MRG_FEATURES,
         );
         let base = 0x100000u64;
-        let post = |h: &mut Harness, n: usize| {
+        let post = |h: &mut NetFixture, n: usize| {
             for _ in 0..n {
                 let a = base + u64::from(h.rxq.next_desc()) * 2048;
-                h.rxq.add_chain(&h.mem, &[(a, 1526, F_WRITE)]);
+                h.rxq
+                    .post_chain(&h.mem, &[(a, 1526, VIRTQ_DESC_F_WRITE)])
+                    .unwrap();
             }
         };
         post(&mut h, 256);
@@ -875,7 +853,7 @@ mod perf {
     }
 
     fn tx(bounce: bool, len: usize) -> f64 {
-        let mut h = Harness::new(
+        let mut h = NetFixture::new(
             NetConfig {
                 bounce_buffer: bounce,
                 ..NetConfig::default()
@@ -903,7 +881,7 @@ mod perf {
         while done < N {
             while outstanding < 256 && posted < N {
                 let a = base + u64::from(h.txq.next_desc()) * 2048;
-                h.txq.add_chain(&h.mem, &[(a, len as u32, 0)]);
+                h.txq.post_chain(&h.mem, &[(a, len as u32, 0)]).unwrap();
                 posted += 1;
                 outstanding += 1;
             }

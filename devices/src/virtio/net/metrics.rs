@@ -138,7 +138,7 @@ pub struct NetMetrics {
     /// Guest writes to the read-only configuration space, ignored.
     pub config_writes_ignored: AtomicU64,
     /// Passes (either direction) cut short by the descriptor budget
-    /// (`rxtx::PASS_DESC_BUDGET`) rather than by a weight.
+    /// (`pass::PASS_DESC_BUDGET`) rather than by a weight.
     pub desc_budget_hits: AtomicU64,
     /// Passes (either direction) cut short by the time budget
     /// (`NetConfig::pass_time_budget_us`) rather than by a weight or the
@@ -148,7 +148,7 @@ pub struct NetMetrics {
     /// chains alike.
     pub descs_walked: AtomicU64,
     /// The most ring entries and descriptors one pass has read (a gauge;
-    /// never above `rxtx::MAX_PASS_READS`).
+    /// never above `pass::MAX_PASS_READS`).
     pub max_descs_per_pass: AtomicU64,
     /// Runs of TX frames the backend refused the same way (not exported:
     /// what rate-limits their log lines across activations).
@@ -165,7 +165,7 @@ pub struct NetMetrics {
     pub tx_throttled_ns: TimeCounter,
     /// Passes (either direction) that were cut short and re-queued with used
     /// entries whose interrupt waits for the next pass (at most 64 entries
-    /// wait; see `rxtx`).
+    /// wait; see `pass`).
     pub interrupts_coalesced: AtomicU64,
     /// TX batches handed to the backend with one `io_uring_enter` (0 with
     /// `io_engine` Sync); `tx_frames / tx_batches` is frames per system call.

@@ -2,7 +2,7 @@
 //! Backends of the network device: the TAP device and unprivileged sockets.
 //!
 //! The datapath does `readv`/`writev` directly on the backend's file
-//! descriptor (see `rxtx`), so a backend is just a non-blocking fd that keeps
+//! descriptor (see `pass`), so a backend is just a non-blocking fd that keeps
 //! frame boundaries and carries the 12-byte `virtio_net_hdr_v1` in front of
 //! every frame (virtio 1.1 §5.1.6). A TAP opened with IFF_VNET_HDR and
 //! TUNSETVNETHDRSZ 12 does exactly that; an `AF_UNIX` datagram or
@@ -27,8 +27,8 @@ use std::os::unix::net::UnixDatagram;
 
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref, ioctl_with_val};
 
-use super::iov::IoVecs;
 use super::VNET_HDR_LEN;
+use crate::virtio::iov::IoVecs;
 
 /// The TUN ioctl numbers (linux/if_tun.h), built with vmm-sys-util's macros.
 mod ioctls {

@@ -56,24 +56,27 @@ mod memory;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
+use virtio_bindings::virtio_ring::{
+    VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC, VRING_AVAIL_F_NO_INTERRUPT,
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
+};
+
 pub use chain::{Chain, ChainError, ChainRules, MAX_CHAIN_SEGS};
 pub(crate) use memory::HostArea;
 pub use memory::{GuestRegions, IoSeg, MemoryError, IOV_MAX};
 
+// The ring flags at the width of the ring fields they go in (u16);
+// virtio-bindings has them as u32.
 /// Descriptor flag: the chain continues in `next` (virtio 1.1 §2.6.5).
-pub const VIRTQ_DESC_F_NEXT: u16 = 1;
+pub const VIRTQ_DESC_F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
 /// Descriptor flag: the buffer is device-writable.
-pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+pub const VIRTQ_DESC_F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
 /// Descriptor flag: the buffer is an indirect descriptor table (§2.6.5.3).
-pub const VIRTQ_DESC_F_INDIRECT: u16 = 4;
+pub const VIRTQ_DESC_F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
 /// Avail ring flag: the driver wants no interrupts (without EVENT_IDX).
-pub const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = 1;
+pub const VIRTQ_AVAIL_F_NO_INTERRUPT: u16 = VRING_AVAIL_F_NO_INTERRUPT as u16;
 /// Used ring flag: the device wants no notifications (without EVENT_IDX).
-pub const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
-/// VIRTIO_RING_F_INDIRECT_DESC (virtio 1.1 §6).
-pub const VIRTIO_RING_F_INDIRECT_DESC: u32 = 28;
-/// VIRTIO_RING_F_EVENT_IDX (virtio 1.1 §6).
-pub const VIRTIO_RING_F_EVENT_IDX: u32 = 29;
+pub const VIRTQ_USED_F_NO_NOTIFY: u16 = VRING_USED_F_NO_NOTIFY as u16;
 /// Largest queue size a split virtqueue can have (virtio 1.1 §2.6).
 pub const MAX_QUEUE_SIZE: u16 = 32768;
 

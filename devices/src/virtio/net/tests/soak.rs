@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Soak (issue 8, part 5): millions of frames each way through the real
+//! Soak: millions of frames each way through the real
 //! device, behind the real MMIO transport, with random chain shapes.
 //!
 //! The driver ([`MockDriver`]) keeps both rings full of chains of random
@@ -33,11 +33,12 @@ use std::time::Instant;
 
 use vm_memory::GuestAddress;
 
-use super::device::features::*;
-use super::test_driver::{
-    NetLoop, TransportRig, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX, RING_INDIRECT,
+use super::fixture::{
+    NetLoop, TransportFixture, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX,
+    RING_INDIRECT,
 };
-use super::{
+use crate::virtio::net::device::features::*;
+use crate::virtio::net::{
     NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::virtio::test_utils::{MockDriver, Rng, Segment, UsedElem};
@@ -161,13 +162,13 @@ struct Soak {
 
 impl Soak {
     fn new(features: u64, seed: u64) -> Soak {
-        let TransportRig {
+        let TransportFixture {
             em,
             mut drv,
             peer,
             net,
             metrics,
-        } = TransportRig::new(64 << 20);
+        } = TransportFixture::new(64 << 20);
         net.lock()
             .unwrap()
             .backend()

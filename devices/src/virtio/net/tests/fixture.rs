@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Driver-side test harness for the network device (tests only).
 //!
-//! [`TestQueue`] plays the guest driver: it lays out a split virtqueue in
-//! guest memory, writes descriptors and avail entries, and reads the used
-//! ring, all through plain guest-memory accesses so tests can also write the
-//! malformed chains a driver never should. [`Harness`] wires a [`Net`] over a
-//! `SOCK_SEQPACKET` pair to an `EventManager`, activates it the way the
-//! transport does, and gives tests the peer end of the socket.
+//! [`NetFixture`] wires a [`Net`] over a `SOCK_SEQPACKET` pair to an
+//! `EventManager`, activates it the way the transport does, and gives tests
+//! the peer end of the socket. Its two queues are
+//! [`DriverQueue`](crate::virtio::test_utils::DriverQueue)s, the guest-side
+//! ring writer every driver-side harness shares, so tests can also write the
+//! malformed chains a driver never should. [`TransportFixture`] puts the
+//! device behind the real MMIO transport, reached through
+//! [`MockDriver`].
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
@@ -14,26 +16,35 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use event_manager::{EventManager, SubscriberOps};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::device::features::*;
-use super::device::Net;
-use super::metrics::NetMetrics;
-use super::tap::{NetBackend, SeqPacket};
-use super::IoVecs;
-use super::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
+use crate::virtio::iov::IoVecs;
 use crate::virtio::mmio::MmioTransport;
+use crate::virtio::net::device::features::*;
+use crate::virtio::net::device::Net;
+use crate::virtio::net::metrics::NetMetrics;
+use crate::virtio::net::tap::{NetBackend, SeqPacket};
+use crate::virtio::net::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
 use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
-use crate::virtio::test_utils::MockDriver;
+pub use crate::virtio::queue::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+pub use crate::virtio::test_utils::DriverQueue;
+use crate::virtio::test_utils::{write_indirect_table, MockDriver};
+
+/// The used entries a queue returned since the last call, as `(id, len)`
+/// pairs: the shape the suites compare and destructure.
+pub trait TakeUsed {
+    /// [`DriverQueue::used`] as pairs.
+    fn take_used(&mut self, mem: &GuestMemory) -> Vec<(u32, u32)>;
+}
+
+impl TakeUsed for DriverQueue {
+    fn take_used(&mut self, mem: &GuestMemory) -> Vec<(u32, u32)> {
+        let used = self.used(mem).expect("the used ring is in guest memory");
+        used.into_iter().map(|e| (e.id, e.len)).collect()
+    }
+}
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
 
-/// VRING_DESC_F_NEXT (virtio 1.1 §2.6.5).
-pub const F_NEXT: u16 = 1;
-/// VRING_DESC_F_WRITE.
-pub const F_WRITE: u16 = 2;
-
-/// VRING_DESC_F_INDIRECT.
-pub const F_INDIRECT: u16 = 4;
 /// VIRTIO_RING_F_EVENT_IDX as a feature bit.
 pub const RING_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 /// VIRTIO_RING_F_INDIRECT_DESC as a feature bit.
@@ -41,168 +52,6 @@ pub const RING_INDIRECT: u64 = 1 << VIRTIO_RING_F_INDIRECT_DESC;
 
 /// Size of the test guest memory.
 pub const MEM_SIZE: u64 = 64 << 20;
-
-/// A split virtqueue seen from the driver.
-pub struct TestQueue {
-    pub size: u16,
-    desc: GuestAddress,
-    avail: GuestAddress,
-    used: GuestAddress,
-    next_desc: u16,
-    avail_idx: u16,
-    /// Used entries already consumed by `take_used`.
-    pub used_seen: u16,
-}
-
-impl TestQueue {
-    /// A queue wherever `a` says (overlapping, at 0, anything), its parts
-    /// zeroed where they are guest memory.
-    pub fn with_addrs(mem: &GuestMemory, a: RingAddrs) -> Self {
-        for (_, addr, len) in a.areas() {
-            let _ = mem.write_slice(&vec![0u8; len as usize], GuestAddress(addr));
-        }
-        TestQueue {
-            size: a.size,
-            desc: GuestAddress(a.desc_table),
-            avail: GuestAddress(a.avail_ring),
-            used: GuestAddress(a.used_ring),
-            next_desc: 0,
-            avail_idx: 0,
-            used_seen: 0,
-        }
-    }
-
-    pub fn new(mem: &GuestMemory, base: GuestAddress, size: u16) -> Self {
-        let desc = base;
-        let avail = desc.unchecked_add(16 * u64::from(size));
-        let used = GuestAddress((avail.0 + 6 + 2 * u64::from(size) + 3) & !3);
-        let end = used.0 + 6 + 8 * u64::from(size);
-        mem.write_slice(&vec![0u8; (end - base.0) as usize], base)
-            .unwrap();
-        TestQueue {
-            size,
-            desc,
-            avail,
-            used,
-            next_desc: 0,
-            avail_idx: 0,
-            used_seen: 0,
-        }
-    }
-
-    /// Where the rings are.
-    pub fn addrs(&self) -> RingAddrs {
-        RingAddrs {
-            size: self.size,
-            desc_table: self.desc.0,
-            avail_ring: self.avail.0,
-            used_ring: self.used.0,
-        }
-    }
-
-    /// The device-side queue the transport would hand over with `features`
-    /// acked (EVENT_IDX and INDIRECT_DESC are taken from them).
-    pub fn create_queue(&self, mem: &GuestMemory, features: u64) -> SplitQueue {
-        queue_at(mem, self.addrs(), features)
-    }
-
-    /// Writes descriptor `idx` as given.
-    pub fn write_desc(
-        &self,
-        mem: &GuestMemory,
-        idx: u16,
-        addr: u64,
-        len: u32,
-        flags: u16,
-        next: u16,
-    ) {
-        let a = self.desc.unchecked_add(16 * u64::from(idx));
-        mem.write_obj(addr, a).unwrap();
-        mem.write_obj(len, a.unchecked_add(8)).unwrap();
-        mem.write_obj(flags, a.unchecked_add(12)).unwrap();
-        mem.write_obj(next, a.unchecked_add(14)).unwrap();
-    }
-
-    /// Writes a chain of `(addr, len, flags)` descriptors (NEXT is added)
-    /// into free table slots and returns its head, without publishing it.
-    pub fn write_chain(&mut self, mem: &GuestMemory, descs: &[(u64, u32, u16)]) -> u16 {
-        let idxs: Vec<u16> = (0..descs.len())
-            .map(|i| (self.next_desc + i as u16) % self.size)
-            .collect();
-        self.next_desc = (self.next_desc + descs.len() as u16) % self.size;
-        for (i, &(addr, len, flags)) in descs.iter().enumerate() {
-            let last = i + 1 == descs.len();
-            let (flags, next) = if last {
-                (flags & !F_NEXT, 0)
-            } else {
-                (flags | F_NEXT, idxs[i + 1])
-            };
-            self.write_desc(mem, idxs[i], addr, len, flags, next);
-        }
-        idxs[0]
-    }
-
-    /// The table slot the next `write_chain` starts at.
-    pub fn next_desc(&self) -> u16 {
-        self.next_desc
-    }
-
-    /// Makes `head` available to the device.
-    pub fn publish(&mut self, mem: &GuestMemory, head: u16) {
-        let slot = self.avail_idx % self.size;
-        mem.write_obj(head, self.avail.unchecked_add(4 + 2 * u64::from(slot)))
-            .unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, self.avail.unchecked_add(2))
-            .unwrap();
-    }
-
-    /// Writes and publishes a chain; returns its head.
-    pub fn add_chain(&mut self, mem: &GuestMemory, descs: &[(u64, u32, u16)]) -> u16 {
-        let head = self.write_chain(mem, descs);
-        self.publish(mem, head);
-        head
-    }
-
-    /// The device's used index.
-    pub fn used_idx(&self, mem: &GuestMemory) -> u16 {
-        mem.read_obj(self.used.unchecked_add(2)).unwrap()
-    }
-
-    /// Used ring flags (VRING_USED_F_NO_NOTIFY = 1).
-    pub fn used_flags(&self, mem: &GuestMemory) -> u16 {
-        mem.read_obj(self.used).unwrap()
-    }
-
-    /// `avail_event`, written by the device with EVENT_IDX.
-    pub fn avail_event(&self, mem: &GuestMemory) -> u16 {
-        mem.read_obj(self.used.unchecked_add(4 + 8 * u64::from(self.size)))
-            .unwrap()
-    }
-
-    /// Sets `used_event`: the driver wants an interrupt once the used index
-    /// passes this value.
-    pub fn set_used_event(&self, mem: &GuestMemory, v: u16) {
-        mem.write_obj(v, self.avail.unchecked_add(4 + 2 * u64::from(self.size)))
-            .unwrap();
-    }
-
-    /// Returns the used entries `(id, len)` the test has not seen yet.
-    pub fn take_used(&mut self, mem: &GuestMemory) -> Vec<(u32, u32)> {
-        let idx = self.used_idx(mem);
-        let mut out = Vec::new();
-        while self.used_seen != idx {
-            let slot = u64::from(self.used_seen % self.size);
-            let e = self.used.unchecked_add(4 + 8 * slot);
-            out.push((
-                mem.read_obj(e).unwrap(),
-                mem.read_obj(e.unchecked_add(4)).unwrap(),
-            ));
-            self.used_seen = self.used_seen.wrapping_add(1);
-        }
-        out
-    }
-}
 
 /// A device-side queue at `addrs`, validated as the transport does it
 /// (without the overlap check, so tests can build what it refuses).
@@ -254,13 +103,13 @@ pub const GUEST_GSO: u64 =
 
 /// A device over a socket pair (or a backend wrapping one end of it, such
 /// as a fault-injecting one), driven from the driver side.
-pub struct Harness<B: NetBackend = SeqPacket> {
+pub struct NetFixture<B: NetBackend = SeqPacket> {
     pub mem: GuestMemory,
     pub net: Arc<Mutex<Net<B>>>,
     pub peer: SeqPacket,
     pub evmgr: EventManager<Arc<Mutex<Net<B>>>>,
-    pub rxq: TestQueue,
-    pub txq: TestQueue,
+    pub rxq: DriverQueue,
+    pub txq: DriverQueue,
     pub irq: Arc<TestIrq>,
     pub metrics: Arc<NetMetrics>,
     next_buf: u64,
@@ -269,7 +118,7 @@ pub struct Harness<B: NetBackend = SeqPacket> {
     pub rx_chains: HashMap<u16, Vec<(u64, u32)>>,
 }
 
-impl Harness<SeqPacket> {
+impl NetFixture<SeqPacket> {
     /// Builds, registers and activates a device with `features` acked.
     pub fn new(cfg: NetConfig, features: u64) -> Self {
         let mut h = Self::new_inactive(cfg);
@@ -289,7 +138,7 @@ impl Harness<SeqPacket> {
     /// the first `MEM_SIZE` bytes of guest addresses (in any regions).
     ///
     /// The time budget of a pass is off: how many frames a pass moves must
-    /// not depend on how fast the test machine runs ([`Harness::timed`]
+    /// not depend on how fast the test machine runs ([`NetFixture::timed`]
     /// keeps it).
     pub fn new_inactive_with(cfg: NetConfig, mem: GuestMemory) -> Self {
         Self::build(
@@ -311,11 +160,11 @@ impl Harness<SeqPacket> {
 
     fn build(cfg: NetConfig, mem: GuestMemory) -> Self {
         let (dev_end, peer) = SeqPacket::pair().unwrap();
-        Harness::with_backend(dev_end, peer, cfg, mem)
+        NetFixture::with_backend(dev_end, peer, cfg, mem)
     }
 }
 
-impl<B: NetBackend + 'static> Harness<B> {
+impl<B: NetBackend + 'static> NetFixture<B> {
     /// Builds and registers a device over `backend`, whose other end is
     /// `peer`, without activating it.
     pub fn with_backend(backend: B, peer: SeqPacket, cfg: NetConfig, mem: GuestMemory) -> Self {
@@ -327,9 +176,9 @@ impl<B: NetBackend + 'static> Harness<B> {
         let metrics = net.lock().unwrap().metrics();
         let mut evmgr = EventManager::new().unwrap();
         evmgr.add_subscriber(net.clone());
-        let rxq = TestQueue::new(&mem, GuestAddress(0x10000), qs);
-        let txq = TestQueue::new(&mem, GuestAddress(0x80000), qs);
-        Harness {
+        let rxq = DriverQueue::packed(&mem, GuestAddress(0x10000), qs);
+        let txq = DriverQueue::packed(&mem, GuestAddress(0x80000), qs);
+        NetFixture {
             mem,
             net,
             peer,
@@ -347,8 +196,8 @@ impl<B: NetBackend + 'static> Harness<B> {
     /// the event loop pick the activation up.
     pub fn activate(&mut self, features: u64) {
         let queues = vec![
-            self.rxq.create_queue(&self.mem, features),
-            self.txq.create_queue(&self.mem, features),
+            queue_at(&self.mem, self.rxq.ring_addrs(), features),
+            queue_at(&self.mem, self.txq.ring_addrs(), features),
         ];
         if let Err(e) = self.dev().activate(features, queues, self.irq.clone()) {
             panic!("activation failed: {e:?}");
@@ -360,8 +209,8 @@ impl<B: NetBackend + 'static> Harness<B> {
     /// without the transport's overlap check (as if a layout it refuses had
     /// got through), and runs the loop at most `max` iterations.
     pub fn activate_at(&mut self, features: u64, layouts: [RingAddrs; 2], max: usize) {
-        self.rxq = TestQueue::with_addrs(&self.mem, layouts[0]);
-        self.txq = TestQueue::with_addrs(&self.mem, layouts[1]);
+        self.rxq = DriverQueue::zeroed(&self.mem, layouts[0].into());
+        self.txq = DriverQueue::zeroed(&self.mem, layouts[1].into());
         let queues = layouts
             .iter()
             .map(|a| queue_at(&self.mem, *a, features))
@@ -395,7 +244,10 @@ impl<B: NetBackend + 'static> Harness<B> {
         let mut out = Vec::new();
         for &len in sizes {
             let addr = self.alloc(u64::from(len));
-            let head = self.rxq.add_chain(&self.mem, &[(addr, len, F_WRITE)]);
+            let head = self
+                .rxq
+                .post_chain(&self.mem, &[(addr, len, VIRTQ_DESC_F_WRITE)])
+                .unwrap();
             out.push((head, addr));
         }
         out
@@ -416,7 +268,7 @@ impl<B: NetBackend + 'static> Harness<B> {
             descs.push((addr, len as u32, 0));
             off += len;
         }
-        self.txq.add_chain(&self.mem, &descs)
+        self.txq.post_chain(&self.mem, &descs).unwrap()
     }
 
     pub fn kick_rx(&self) {
@@ -469,7 +321,7 @@ pub type NetLoop = EventManager<Arc<Mutex<Net<SeqPacket>>>>;
 
 /// The device behind the real MMIO transport over a socket pair, reached
 /// only the way a guest reaches it (through [`MockDriver`]).
-pub struct TransportRig {
+pub struct TransportFixture {
     /// The device's event loop.
     pub em: NetLoop,
     /// The guest driver, allocating from 1 MiB up.
@@ -482,7 +334,7 @@ pub struct TransportRig {
     pub metrics: Arc<NetMetrics>,
 }
 
-impl TransportRig {
+impl TransportFixture {
     /// A default device on `mem_size` bytes of guest memory.
     pub fn new(mem_size: u64) -> Self {
         let mem = crate::virtio::test_utils::guest_memory(mem_size as usize).unwrap();
@@ -497,7 +349,7 @@ impl TransportRig {
         let dev: Arc<Mutex<dyn VirtioDevice>> = net.clone();
         let t = MmioTransport::new(mem.clone(), dev).unwrap();
         let drv = MockDriver::with_alloc_range(mem, t, GuestAddress(0x100000), mem_size - 0x100000);
-        TransportRig {
+        TransportFixture {
             em,
             drv,
             peer,
@@ -566,11 +418,11 @@ impl RxFrame {
     }
 }
 
-impl<B: NetBackend + 'static> Harness<B> {
+impl<B: NetBackend + 'static> NetFixture<B> {
     /// Writes a chain of `bufs` laid out as `layout` (device-writable for
     /// RX) and publishes it; returns its head.
     pub fn add_shaped(&mut self, rx: bool, bufs: &[(u64, u32)], layout: Layout) -> u16 {
-        let flag = if rx { F_WRITE } else { 0 };
+        let flag = if rx { VIRTQ_DESC_F_WRITE } else { 0 };
         let direct = match layout {
             Layout::Direct => bufs.len(),
             Layout::Indirect => 0,
@@ -578,25 +430,15 @@ impl<B: NetBackend + 'static> Harness<B> {
         };
         let mut descs: Vec<(u64, u32, u16)> =
             bufs[..direct].iter().map(|&(a, l)| (a, l, flag)).collect();
-        let rest = &bufs[direct..];
+        let rest: Vec<(u64, u32, u16)> =
+            bufs[direct..].iter().map(|&(a, l)| (a, l, flag)).collect();
         if !rest.is_empty() {
             let table = self.alloc(16 * rest.len() as u64);
-            for (i, &(a, l)) in rest.iter().enumerate() {
-                let next = if i + 1 < rest.len() { F_NEXT } else { 0 };
-                let d = GuestAddress(table + 16 * i as u64);
-                self.mem.write_obj(a, d).unwrap();
-                self.mem.write_obj(l, d.unchecked_add(8)).unwrap();
-                self.mem
-                    .write_obj(flag | next, d.unchecked_add(12))
-                    .unwrap();
-                self.mem
-                    .write_obj(i as u16 + 1, d.unchecked_add(14))
-                    .unwrap();
-            }
-            descs.push((table, 16 * rest.len() as u32, F_INDIRECT));
+            write_indirect_table(&self.mem, GuestAddress(table), &rest).unwrap();
+            descs.push((table, 16 * rest.len() as u32, VIRTQ_DESC_F_INDIRECT));
         }
         let q = if rx { &mut self.rxq } else { &mut self.txq };
-        q.add_chain(&self.mem, &descs)
+        q.post_chain(&self.mem, &descs).unwrap()
     }
 
     /// Posts an RX chain of buffers of `lens` bytes, each in its own

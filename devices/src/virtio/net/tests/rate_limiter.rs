@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The rate limiters in the datapath (issue 11), driven through the event
+//! The rate limiters in the datapath, driven through the event
 //! loop over a socket pair with real time: short refill times keep every
 //! test well under a second.
 //!
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use event_manager::EventSet;
 use vm_memory::GuestAddress;
 
-use super::test_driver::*;
-use super::{Net, NetConfig, NetError, SeqPacket, RX_INDEX, TX_INDEX};
+use super::fixture::*;
 use crate::rate_limiter::{RateLimiterConfig, RateLimiterError, TokenBucketConfig};
+use crate::virtio::net::{Net, NetConfig, NetError, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::virtio::VirtioDevice;
 
 fn bucket(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
@@ -57,7 +57,7 @@ fn rx_limited(l: RateLimiterConfig) -> NetConfig {
 
 /// Runs the loop until `done` holds or 2 s pass; returns the events
 /// dispatched. Each iteration sleeps in epoll until something is ready.
-fn run_until(h: &mut Harness, mut done: impl FnMut(&mut Harness) -> bool) -> usize {
+fn run_until(h: &mut NetFixture, mut done: impl FnMut(&mut NetFixture) -> bool) -> usize {
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut events = 0;
     while !done(h) {
@@ -69,7 +69,7 @@ fn run_until(h: &mut Harness, mut done: impl FnMut(&mut Harness) -> bool) -> usi
 
 /// Runs the loop until `n` frames reached the peer; returns them in order
 /// with the events dispatched.
-fn collect_tx(h: &mut Harness, n: usize, mut got: Vec<Vec<u8>>) -> (Vec<Vec<u8>>, usize) {
+fn collect_tx(h: &mut NetFixture, n: usize, mut got: Vec<Vec<u8>>) -> (Vec<Vec<u8>>, usize) {
     let events = run_until(h, |h| {
         got.extend(h.peer_frames());
         got.len() >= n
@@ -79,7 +79,7 @@ fn collect_tx(h: &mut Harness, n: usize, mut got: Vec<Vec<u8>>) -> (Vec<Vec<u8>>
 
 /// Whether the limiter of queue `dir` is blocked; checks that its timer is
 /// registered exactly then.
-fn throttled<B: super::NetBackend + 'static>(h: &Harness<B>, dir: usize) -> bool {
+fn throttled<B: crate::virtio::net::NetBackend + 'static>(h: &NetFixture<B>, dir: usize) -> bool {
     let dev = h.dev();
     let (limiter, registered) = if dir == TX_INDEX {
         (&dev.tx_limiter, dev.registered.tx_timer)
@@ -91,23 +91,23 @@ fn throttled<B: super::NetBackend + 'static>(h: &Harness<B>, dir: usize) -> bool
     blocked
 }
 
-fn tx_throttled<B: super::NetBackend + 'static>(h: &Harness<B>) -> bool {
+fn tx_throttled<B: crate::virtio::net::NetBackend + 'static>(h: &NetFixture<B>) -> bool {
     throttled(h, TX_INDEX)
 }
 
-fn rx_throttled(h: &Harness) -> bool {
+fn rx_throttled(h: &NetFixture) -> bool {
     throttled(h, RX_INDEX)
 }
 
 /// Whether a TX chain is held back by the limiter.
-fn tx_chain_pending(h: &Harness) -> bool {
+fn tx_chain_pending(h: &NetFixture) -> bool {
     h.dev().active.as_ref().is_some_and(|a| a.tx.is_throttled())
 }
 
 /// A device allowed one TX frame per `period_ms` that has sent the first of
 /// two frames and holds the second back.
-fn tx_second_frame_held(period_ms: u64) -> Harness {
-    let mut h = Harness::new(tx_limited(ops(1, period_ms)), MRG_FEATURES);
+fn tx_second_frame_held(period_ms: u64) -> NetFixture {
+    let mut h = NetFixture::new(tx_limited(ops(1, period_ms)), MRG_FEATURES);
     h.post_tx(&frame(12 + 64, 1), &[]);
     h.post_tx(&frame(12 + 64, 2), &[]);
     h.kick_tx();
@@ -120,8 +120,8 @@ fn tx_second_frame_held(period_ms: u64) -> Harness {
 /// A device allowed one RX frame per `period_ms`, with `bufs` buffers
 /// posted, that has delivered the first of two frames and leaves the
 /// second in the backend.
-fn rx_second_frame_held(period_ms: u64, bufs: usize) -> Harness {
-    let mut h = Harness::new(rx_limited(ops(1, period_ms)), MRG_FEATURES);
+fn rx_second_frame_held(period_ms: u64, bufs: usize) -> NetFixture {
+    let mut h = NetFixture::new(rx_limited(ops(1, period_ms)), MRG_FEATURES);
     h.post_rx(&vec![1526; bufs]);
     h.kick_rx();
     h.peer.send(&frame(12 + 64, 1)).unwrap();
@@ -135,7 +135,7 @@ fn rx_second_frame_held(period_ms: u64, bufs: usize) -> Harness {
 #[test]
 fn test_tx_bandwidth_limit_keeps_the_chain_until_the_timer() {
     // 10,000 bytes per 100 ms: 100 bytes per ms, a 1000-byte frame per 10 ms.
-    let mut h = Harness::new(tx_limited(bw(10_000, 100)), MRG_FEATURES);
+    let mut h = NetFixture::new(tx_limited(bw(10_000, 100)), MRG_FEATURES);
     let frames: Vec<Vec<u8>> = (0..20).map(|i| frame(12 + 1000, i)).collect();
     let heads: Vec<u16> = frames.iter().map(|f| h.post_tx(f, &[12])).collect();
     let start = Instant::now();
@@ -174,7 +174,7 @@ fn test_tx_bandwidth_limit_keeps_the_chain_until_the_timer() {
 #[test]
 fn test_tx_ops_limit_sleeps_between_frames() {
     // 3 frames per 30 ms: one every 10 ms once the bucket is spent.
-    let mut h = Harness::new(tx_limited(ops(3, 30)), MRG_FEATURES);
+    let mut h = NetFixture::new(tx_limited(ops(3, 30)), MRG_FEATURES);
     let frames: Vec<Vec<u8>> = (0..8).map(|i| frame(12 + 64, i)).collect();
     for f in &frames {
         h.post_tx(f, &[]);
@@ -196,7 +196,7 @@ fn test_tx_ops_limit_sleeps_between_frames() {
 #[test]
 fn test_rx_bandwidth_limit_stops_reading_the_backend() {
     // 2500 bytes per 25 ms: 100 bytes per ms.
-    let mut h = Harness::new(rx_limited(bw(2500, 25)), MRG_FEATURES);
+    let mut h = NetFixture::new(rx_limited(bw(2500, 25)), MRG_FEATURES);
     let bufs = h.post_rx(&[1526; 8]);
     h.kick_rx();
     let frames: Vec<Vec<u8>> = (0..6).map(|i| frame(12 + 1000, i)).collect();
@@ -232,7 +232,7 @@ fn test_rx_bandwidth_limit_stops_reading_the_backend() {
 #[test]
 fn test_rx_ops_limit() {
     // 2 frames per 20 ms: one every 10 ms once the bucket is spent.
-    let mut h = Harness::new(rx_limited(ops(2, 20)), MRG_FEATURES);
+    let mut h = NetFixture::new(rx_limited(ops(2, 20)), MRG_FEATURES);
     h.post_rx(&[1526; 8]);
     h.kick_rx();
     for i in 0..5 {
@@ -252,7 +252,7 @@ fn test_rx_ops_limit() {
 #[test]
 fn test_throttled_tx_neither_spins_nor_blocks_rx() {
     // One frame, then the next token is 10 s away.
-    let mut h = Harness::new(tx_limited(ops(1, 10_000)), MRG_FEATURES);
+    let mut h = NetFixture::new(tx_limited(ops(1, 10_000)), MRG_FEATURES);
     for i in 0..3 {
         h.post_tx(&frame(12 + 64, i), &[]);
     }
@@ -293,7 +293,7 @@ fn test_tx_pushed_back_and_throttled_sleeps_until_the_timer() {
     let mem =
         vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
     // Two frames' worth of ops, refilled 300 ms later.
-    let mut h = Harness::with_backend(b, peer, tx_limited(ops(2, 300)), mem);
+    let mut h = NetFixture::with_backend(b, peer, tx_limited(ops(2, 300)), mem);
     h.activate(MRG_FEATURES);
     // The second write is pushed back.
     h.dev()
@@ -326,7 +326,7 @@ fn test_tx_pushed_back_and_throttled_sleeps_until_the_timer() {
 
 #[test]
 fn test_throttled_rx_neither_spins_nor_blocks_tx() {
-    let mut h = Harness::new(rx_limited(ops(1, 10_000)), MRG_FEATURES);
+    let mut h = NetFixture::new(rx_limited(ops(1, 10_000)), MRG_FEATURES);
     h.post_rx(&[1526; 4]);
     h.kick_rx();
     for i in 0..3 {
@@ -406,7 +406,7 @@ fn test_metrics_show_throttling_in_progress_and_done() {
 #[test]
 fn test_throttling_counts_no_weight_hit() {
     // Weight 4 frames per pass, 6 frames in the bucket, then 1 per second.
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             tx_weight_packets: 4,
             tx_rate_limiter: ops(6, 6000),
@@ -441,8 +441,8 @@ fn test_tx_reset_while_throttled_leaves_nothing_stuck() {
     assert!(h.dev().registered.tx_timer);
 
     // The driver starts over; its frames go once the limiter allows.
-    h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-    h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+    h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+    h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
     h.activate(MRG_FEATURES);
     let new: Vec<Vec<u8>> = (3..5).map(|i| frame(12 + 64, i)).collect();
     for f in &new {
@@ -465,8 +465,8 @@ fn test_rx_reset_while_throttled_leaves_nothing_stuck() {
     h.dev().reset();
     h.run_until_idle();
     assert!(h.dev().registered.rx_timer);
-    h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-    h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+    h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+    h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
     h.activate(MRG_FEATURES);
     let bufs = h.post_rx(&[1526; 3]);
     h.kick_rx();

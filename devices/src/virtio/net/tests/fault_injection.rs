@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Fault injection (issue 8, part 3): a backend that fails on demand, and
+//! Fault injection: a backend that fails on demand, and
 //! device resets at every step.
 //!
 //! [`FaultBackend`] sits on one end of a socket pair and, call by call as
@@ -25,30 +25,30 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::tap::{enter_private_netns, Tap};
-use super::test_driver::*;
-use super::{NetConfig, SeqPacket};
+use super::fixture::*;
+use crate::virtio::net::tap::{enter_private_netns, Tap};
+use crate::virtio::net::{NetConfig, SeqPacket};
 use crate::virtio::VirtioDevice;
 
 /// Event-loop iterations within which the device must go idle once the
 /// guest and the peer stop.
 const IDLE_WITHIN: usize = 64;
 
-type FaultHarness = Harness<FaultBackend>;
+type FaultNetFixture = NetFixture<FaultBackend>;
 
-fn harness(cfg: NetConfig, features: u64) -> FaultHarness {
+fn harness(cfg: NetConfig, features: u64) -> FaultNetFixture {
     let (b, peer) = FaultBackend::pair();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(b, peer, cfg, mem);
+    let mut h = NetFixture::with_backend(b, peer, cfg, mem);
     h.activate(features);
     h
 }
 
-fn script(h: &FaultHarness) -> Arc<Mutex<Script>> {
+fn script(h: &FaultNetFixture) -> Arc<Mutex<Script>> {
     h.dev().backend().script.clone()
 }
 
-fn idle<B: super::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
+fn idle<B: crate::virtio::net::NetBackend + 'static>(h: &mut NetFixture<B>, what: &str) {
     assert!(
         h.run_bounded(IDLE_WITHIN).is_some(),
         "{what}: the event loop never went idle: {}",
@@ -222,7 +222,7 @@ struct Ledger {
 }
 
 impl Ledger {
-    fn post_tx(&mut self, h: &mut FaultHarness, f: Vec<u8>) {
+    fn post_tx(&mut self, h: &mut FaultNetFixture, f: Vec<u8>) {
         let (lens, layout) = tx_shape(self.tx_out.len() + self.tx_returned.len(), f.len());
         let head = h.post_tx_shaped(&f, &lens, layout);
         assert!(self.tx_out.insert(head, f).is_none());
@@ -230,7 +230,7 @@ impl Ledger {
 
     /// Takes every used entry of both queues: each id must be outstanding
     /// (so returned once), TX lengths 0, RX checked by `take_rx_frames`.
-    fn collect(&mut self, h: &mut FaultHarness) {
+    fn collect(&mut self, h: &mut FaultNetFixture) {
         for (id, len) in h.txq.take_used(&h.mem) {
             let f = self
                 .tx_out
@@ -249,21 +249,21 @@ impl Ledger {
 
     /// The driver resets the device and starts over with fresh rings: the
     /// chains it had posted are forgotten (they will never come back).
-    fn reset(&mut self, h: &mut FaultHarness, features: u64) {
+    fn reset(&mut self, h: &mut FaultNetFixture, features: u64) {
         self.collect(h);
         h.dev().reset();
         idle(h, "after a reset");
         self.tx_out.clear();
         h.rx_chains.clear();
-        h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-        h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+        h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+        h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
         h.activate(features);
     }
 }
 
 /// One step of the reset scenario.
-fn step(h: &mut FaultHarness, l: &mut Ledger, k: usize, sent: &mut Vec<Vec<u8>>) {
-    let mut send = |h: &mut FaultHarness, n: usize| {
+fn step(h: &mut FaultNetFixture, l: &mut Ledger, k: usize, sent: &mut Vec<Vec<u8>>) {
+    let mut send = |h: &mut FaultNetFixture, n: usize| {
         for _ in 0..n {
             let f = noisy_frame(100 + 37 * sent.len(), sent.len() as u8);
             h.peer.send(&f).unwrap();
@@ -441,11 +441,11 @@ fn reset_from_a_vcpu_in_the_middle_of_a_pass() {
         let mut h = harness(NetConfig::default(), FEATURES);
         // The new activation's rings, elsewhere in memory so the test can
         // tell the two apart.
-        let new_rx = TestQueue::new(&h.mem, GuestAddress(0x40000), 256);
-        let new_tx = TestQueue::new(&h.mem, GuestAddress(0xc0000), 256);
+        let new_rx = DriverQueue::packed(&h.mem, GuestAddress(0x40000), 256);
+        let new_tx = DriverQueue::packed(&h.mem, GuestAddress(0xc0000), 256);
         let queues = vec![
-            new_rx.create_queue(&h.mem, FEATURES),
-            new_tx.create_queue(&h.mem, FEATURES),
+            queue_at(&h.mem, new_rx.ring_addrs(), FEATURES),
+            queue_at(&h.mem, new_tx.ring_addrs(), FEATURES),
         ];
         let vcpu: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Default::default();
         {
@@ -550,7 +550,7 @@ fn a_failing_backend_costs_one_attempt_per_iteration() {
 
 /// Replaces the harness' peer by a fresh socket, closing the old one: the
 /// backend's peer is gone. Returns once the device took the hangup.
-fn close_peer<B: super::NetBackend + 'static>(h: &mut Harness<B>) {
+fn close_peer<B: crate::virtio::net::NetBackend + 'static>(h: &mut NetFixture<B>) {
     let (fresh, _other) = SeqPacket::pair().unwrap();
     drop(std::mem::replace(&mut h.peer, fresh));
     // A test forking `ip` in parallel may hold a copy of the peer fd until
@@ -568,7 +568,10 @@ fn close_peer<B: super::NetBackend + 'static>(h: &mut Harness<B>) {
 /// Runs the loop until TX no longer waits on the backend (which learns the
 /// other end is gone only once every copy of its fd is closed: a test
 /// forking in parallel may hold one until its child execs).
-fn wait_tx_unblocked<B: super::NetBackend + 'static>(h: &mut Harness<B>, what: &str) {
+fn wait_tx_unblocked<B: crate::virtio::net::NetBackend + 'static>(
+    h: &mut NetFixture<B>,
+    what: &str,
+) {
     for _ in 0..200 {
         idle(h, what);
         if !h.dev().active.as_ref().unwrap().tx.is_blocked() {
@@ -580,8 +583,8 @@ fn wait_tx_unblocked<B: super::NetBackend + 'static>(h: &mut Harness<B>, what: &
 }
 
 /// A hangup is logged and counted once, whatever host errors came before
-/// it (its log line used to be rate-limited on `host_errors`, so that two
-/// read errors before it made it silent).
+/// it: its log line is rate-limited on its own count, as one keyed on
+/// `host_errors` would be silent after two read errors.
 #[test]
 fn a_hangup_is_logged_once_whatever_came_before() {
     let mut h = harness(NetConfig::default(), FEATURES);
@@ -614,7 +617,7 @@ fn a_hangup_is_logged_once_whatever_came_before() {
 /// loop goes idle; nothing is leaked until a reset.
 #[test]
 fn peer_gone_while_tx_waits_on_eagain() {
-    let mut h = Harness::new(NetConfig::default(), FEATURES);
+    let mut h = NetFixture::new(NetConfig::default(), FEATURES);
     h.dev().backend().set_send_buffer(40000).unwrap();
     let heads: Vec<(u32, u32)> = (0..8)
         .map(|i| (u32::from(h.post_tx(&frame(12 + 30000, i), &[12])), 0))
@@ -651,7 +654,7 @@ impl std::os::fd::AsRawFd for PipeBackend {
     }
 }
 
-impl super::NetBackend for PipeBackend {}
+impl crate::virtio::net::NetBackend for PipeBackend {}
 
 /// The backend fails for good (EPOLLERR without EPOLLOUT) while TX waits on
 /// EAGAIN: the waiting chain and those behind it still come back (dropped),
@@ -667,7 +670,7 @@ fn backend_error_while_tx_waits_on_eagain() {
     let w = std::os::fd::OwnedFd::from(child.stdin.take().unwrap());
     let (_unused, peer) = SeqPacket::pair().unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(PipeBackend(w), peer, NetConfig::default(), mem);
+    let mut h = NetFixture::with_backend(PipeBackend(w), peer, NetConfig::default(), mem);
     h.activate(FEATURES);
     // 2000-byte frames (atomic pipe writes): the 64 KiB pipe takes 32.
     let heads: Vec<(u32, u32)> = (0..48)
@@ -737,7 +740,7 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
     }
     let (_unused, peer) = SeqPacket::pair().unwrap();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(tap, peer, NetConfig::default(), mem);
+    let mut h = NetFixture::with_backend(tap, peer, NetConfig::default(), mem);
     h.activate(MRG_FEATURES);
     for _ in 0..32 {
         h.post_rx_shaped(&[1526], Layout::Direct);
@@ -745,7 +748,7 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
     h.kick_rx();
     let log0 = test_log::lines().len();
 
-    let arp_reply = |h: &mut Harness<Tap>| -> bool {
+    let arp_reply = |h: &mut NetFixture<Tap>| -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             h.run_once(20);
@@ -762,7 +765,7 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
         }
         false
     };
-    let send = |h: &mut Harness<Tap>, n: usize| -> Vec<(u32, u32)> {
+    let send = |h: &mut NetFixture<Tap>, n: usize| -> Vec<(u32, u32)> {
         let heads: Vec<(u32, u32)> = (0..n)
             .map(|_| {
                 (
@@ -811,11 +814,11 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
     // bringing up a device over a backend that is gone.
     h.dev().reset();
     idle(&mut h, "TAP deleted, reset");
-    h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-    h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+    h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+    h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
     let queues = vec![
-        h.rxq.create_queue(&h.mem, MRG_FEATURES),
-        h.txq.create_queue(&h.mem, MRG_FEATURES),
+        queue_at(&h.mem, h.rxq.ring_addrs(), MRG_FEATURES),
+        queue_at(&h.mem, h.txq.ring_addrs(), MRG_FEATURES),
     ];
     let irq = h.irq.clone();
     let err = h.dev().activate(MRG_FEATURES, queues, irq).unwrap_err();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The hostile guest (issue 8) against the network device.
+//! The hostile guest against the network device.
 //!
 //! Layouts the transport refuses (activated here directly, as if one had got
 //! through), buffers pointing into the rings, a second "vCPU" rewriting ring
@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::rxtx::{MAX_PASS_READS, PASS_DESC_BUDGET};
-use super::test_driver::*;
-use super::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
+use super::fixture::*;
+use crate::virtio::net::pass::{MAX_PASS_READS, PASS_DESC_BUDGET};
+use crate::virtio::net::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::virtio::queue::RingAddrs;
 use crate::virtio::test_utils::{aliasing_cases, QueueLayout, Segment};
 use crate::virtio::VirtioDevice;
@@ -27,7 +27,7 @@ use crate::virtio::VirtioDevice;
 /// the (static) rings are drained.
 const IDLE_WITHIN: usize = 200;
 
-fn assert_passes_bounded(h: &Harness, what: &str) {
+fn assert_passes_bounded(h: &NetFixture, what: &str) {
     let max = h.metric(|m| &m.max_descs_per_pass);
     assert!(
         max <= u64::from(MAX_PASS_READS),
@@ -39,11 +39,13 @@ fn assert_passes_bounded(h: &Harness, what: &str) {
 /// posts buffers and frames through its own (possibly aliased) view, the
 /// peer sends frames, both queues are kicked; the loop must go idle.
 fn drive_and_expect_idle(layouts: [RingAddrs; 2], features: u64, what: &str) {
-    let mut h = Harness::new_inactive(NetConfig::default());
+    let mut h = NetFixture::new_inactive(NetConfig::default());
     h.activate_at(features, layouts, IDLE_WITHIN);
     for _ in 0..4 {
         let a = h.alloc(1526);
-        h.rxq.add_chain(&h.mem, &[(a, 1526, F_WRITE)]);
+        h.rxq
+            .post_chain(&h.mem, &[(a, 1526, VIRTQ_DESC_F_WRITE)])
+            .unwrap();
         h.post_tx(&frame(12 + 60, 1), &[]);
         h.peer.send(&frame(12 + 100, 2)).unwrap();
     }
@@ -57,7 +59,7 @@ fn drive_and_expect_idle(layouts: [RingAddrs; 2], features: u64, what: &str) {
     assert_passes_bounded(&h, what);
 }
 
-/// The layout that hung minivmm for good (issue 8), bypassing the
+/// A layout that once hung the device for good, bypassing the
 /// transport: TX QueueDriver = A with A % 4 == 2, QueueDevice = A + 2, so
 /// the used ring's flags lie on the avail ring's idx; no EVENT_IDX.
 #[test]
@@ -75,11 +77,11 @@ fn the_issue_8_hang_layout_cannot_hang_the_loop() {
         avail_ring: a,
         used_ring: a + 2,
     };
-    drive_and_expect_idle([rx, tx], MRG_FEATURES, "issue 8 layout");
+    drive_and_expect_idle([rx, tx], MRG_FEATURES, "the hanging layout");
     drive_and_expect_idle(
         [rx, tx],
         MRG_FEATURES | RING_EVENT_IDX,
-        "issue 8 + EVENT_IDX",
+        "the hanging layout + EVENT_IDX",
     );
 }
 
@@ -103,12 +105,14 @@ fn rx_buffers_pointing_into_the_rings() {
     for features in [MRG_FEATURES, MRG_FEATURES | RING_EVENT_IDX] {
         for target in 0..6 {
             for fill in [0x00u8, 0x01, 0xff, 0x5a] {
-                let mut h = Harness::new(NetConfig::default(), features);
+                let mut h = NetFixture::new(NetConfig::default(), features);
                 let q = if target < 3 { &h.rxq } else { &h.txq };
-                let a = q.addrs();
+                let a = q.ring_addrs();
                 let addr = [a.desc_table, a.avail_ring, a.used_ring][target % 3];
                 for _ in 0..8 {
-                    h.rxq.add_chain(&h.mem, &[(addr, 1526, F_WRITE)]);
+                    h.rxq
+                        .post_chain(&h.mem, &[(addr, 1526, VIRTQ_DESC_F_WRITE)])
+                        .unwrap();
                     h.post_tx(&frame(12 + 60, 3), &[]);
                 }
                 let mut f = vec![fill; 12 + 1514];
@@ -128,13 +132,13 @@ fn rx_buffers_pointing_into_the_rings() {
 
 /// A device with the TX weights off (the fairness benchmark's
 /// "unweighted") and indirect descriptors negotiated.
-fn unweighted_tx() -> Harness {
+fn unweighted_tx() -> NetFixture {
     let cfg = NetConfig {
         tx_weight_packets: 0,
         tx_weight_bytes: 0,
         ..NetConfig::default()
     };
-    Harness::new(cfg, MRG_FEATURES | RING_INDIRECT)
+    NetFixture::new(cfg, MRG_FEATURES | RING_INDIRECT)
 }
 
 /// A second vCPU rewrites avail.idx of both queues and random descriptor
@@ -150,7 +154,7 @@ fn avail_idx_rewritten_wildly_under_the_device() {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (mem, stop) = (h.mem.clone(), stop.clone());
-        let (rx, tx) = (h.rxq.addrs(), h.txq.addrs());
+        let (rx, tx) = (h.rxq.ring_addrs(), h.txq.ring_addrs());
         std::thread::spawn(move || {
             let mut seed = 0x2545_f491u32;
             let mut writes = 0u64;
@@ -193,7 +197,7 @@ fn avail_idx_rewritten_wildly_under_the_device() {
 /// runs in between.
 #[test]
 fn refused_tx_chains_count_against_the_weight() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             tx_weight_packets: 16,
             ..NetConfig::default()
@@ -204,7 +208,9 @@ fn refused_tx_chains_count_against_the_weight() {
     for _ in 0..200 {
         let a = h.alloc(64);
         // Device-writable: refused on TX.
-        h.txq.add_chain(&h.mem, &[(a, 64, F_WRITE)]);
+        h.txq
+            .post_chain(&h.mem, &[(a, 64, VIRTQ_DESC_F_WRITE)])
+            .unwrap();
     }
     h.peer.send(&frame(12 + 100, 6)).unwrap();
     h.kick_rx();
@@ -223,7 +229,7 @@ fn refused_tx_chains_count_against_the_weight() {
 /// them a few passes later.
 #[test]
 fn refused_rx_chains_count_against_the_weight() {
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             rx_weight_packets: 8,
             ..NetConfig::default()
@@ -233,7 +239,7 @@ fn refused_rx_chains_count_against_the_weight() {
     for _ in 0..100 {
         let a = h.alloc(1526);
         // Device-readable: refused on RX.
-        h.rxq.add_chain(&h.mem, &[(a, 1526, 0)]);
+        h.rxq.post_chain(&h.mem, &[(a, 1526, 0)]).unwrap();
     }
     let good = h.post_rx(&[1526]);
     let f = frame(12 + 1514, 7);
@@ -249,7 +255,7 @@ fn refused_rx_chains_count_against_the_weight() {
 }
 
 /// Writes an indirect table of `descs` at `table`.
-fn write_table(h: &Harness, table: u64, descs: &[(u64, u32, u16, u16)]) {
+fn write_table(h: &NetFixture, table: u64, descs: &[(u64, u32, u16, u16)]) {
     for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
         let d = GuestAddress(table + 16 * i as u64);
         h.mem.write_obj(addr, d).unwrap();
@@ -269,12 +275,15 @@ fn weights_off_still_bounded_by_the_descriptor_budget() {
     let f = frame(12 + 60, 8);
     let buf = h.alloc(f.len() as u64);
     h.mem.write_slice(&f, GuestAddress(buf)).unwrap();
-    let mut descs: Vec<(u64, u32, u16, u16)> = (1..100).map(|i| (buf, 0, F_NEXT, i)).collect();
+    let mut descs: Vec<(u64, u32, u16, u16)> =
+        (1..100).map(|i| (buf, 0, VIRTQ_DESC_F_NEXT, i)).collect();
     descs.push((buf, f.len() as u32, 0, 0));
     for _ in 0..256 {
         let table = h.alloc(16 * 100);
         write_table(&h, table, &descs);
-        h.txq.add_chain(&h.mem, &[(table, 16 * 100, F_INDIRECT)]);
+        h.txq
+            .post_chain(&h.mem, &[(table, 16 * 100, VIRTQ_DESC_F_INDIRECT)])
+            .unwrap();
     }
     h.kick_tx();
     h.run_once(0);
@@ -294,14 +303,25 @@ fn weights_off_still_bounded_by_the_descriptor_budget() {
 /// table of two buffers, and RX buffers that are tables of two buffers.
 #[test]
 fn indirect_chains_both_ways() {
-    let mut h = Harness::new(NetConfig::default(), MRG_FEATURES | RING_INDIRECT);
+    let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES | RING_INDIRECT);
     let f = frame(12 + 1000, 9);
     let a = h.alloc(f.len() as u64);
     h.mem.write_slice(&f, GuestAddress(a)).unwrap();
     let table = h.alloc(32);
-    write_table(&h, table, &[(a + 12, 500, F_NEXT, 1), (a + 512, 500, 0, 0)]);
+    write_table(
+        &h,
+        table,
+        &[(a + 12, 500, VIRTQ_DESC_F_NEXT, 1), (a + 512, 500, 0, 0)],
+    );
     h.txq
-        .add_chain(&h.mem, &[(a, 12, F_NEXT), (table, 32, F_INDIRECT)]);
+        .post_chain(
+            &h.mem,
+            &[
+                (a, 12, VIRTQ_DESC_F_NEXT),
+                (table, 32, VIRTQ_DESC_F_INDIRECT),
+            ],
+        )
+        .unwrap();
     h.kick_tx();
     h.run_until_idle();
     assert_eq!(h.peer_frames(), vec![f]);
@@ -312,9 +332,15 @@ fn indirect_chains_both_ways() {
     write_table(
         &h,
         rt,
-        &[(b1, 800, F_WRITE | F_NEXT, 1), (b2, 800, F_WRITE, 0)],
+        &[
+            (b1, 800, VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT, 1),
+            (b2, 800, VIRTQ_DESC_F_WRITE, 0),
+        ],
     );
-    let head = h.rxq.add_chain(&h.mem, &[(rt, 32, F_INDIRECT)]);
+    let head = h
+        .rxq
+        .post_chain(&h.mem, &[(rt, 32, VIRTQ_DESC_F_INDIRECT)])
+        .unwrap();
     h.kick_rx();
     let r = frame(12 + 1514, 10);
     h.peer.send(&r).unwrap();
@@ -337,22 +363,29 @@ fn buffers_across_a_memory_region_boundary() {
         (GuestAddress(half as u64), half),
     ])
     .unwrap();
-    let mut h = Harness::new_inactive_with(NetConfig::default(), mem);
+    let mut h = NetFixture::new_inactive_with(NetConfig::default(), mem);
     h.activate(MRG_FEATURES);
     let boundary = half as u64;
     let f = frame(12 + 1514, 16);
     h.mem.write_slice(&f, GuestAddress(boundary - 700)).unwrap();
     h.txq
-        .add_chain(&h.mem, &[(boundary - 700, f.len() as u32, 0)]);
+        .post_chain(&h.mem, &[(boundary - 700, f.len() as u32, 0)])
+        .unwrap();
     h.kick_tx();
     let rx = boundary + 0x10000 - 100;
-    let head = h.rxq.add_chain(&h.mem, &[(rx, 1526, F_WRITE)]);
+    let head = h
+        .rxq
+        .post_chain(&h.mem, &[(rx, 1526, VIRTQ_DESC_F_WRITE)])
+        .unwrap();
     h.mem.write_slice(&[0xee; 1526], GuestAddress(rx)).unwrap();
     h.kick_rx();
     // This RX buffer is in the second region only; one across the boundary
     // follows.
     let across = boundary - 5;
-    let head2 = h.rxq.add_chain(&h.mem, &[(across, 1526, F_WRITE)]);
+    let head2 = h
+        .rxq
+        .post_chain(&h.mem, &[(across, 1526, VIRTQ_DESC_F_WRITE)])
+        .unwrap();
     let r1 = frame(12 + 1514, 17);
     let r2 = frame(12 + 1514, 18);
     h.peer.send(&r1).unwrap();
@@ -375,13 +408,16 @@ fn buffers_across_a_memory_region_boundary() {
 /// chain (returned with length 0 and counted).
 #[test]
 fn indirect_without_the_feature_is_refused() {
-    let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+    let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
     let f = frame(12 + 100, 11);
     let a = h.alloc(f.len() as u64);
     h.mem.write_slice(&f, GuestAddress(a)).unwrap();
     let table = h.alloc(16);
     write_table(&h, table, &[(a, f.len() as u32, 0, 0)]);
-    let head = h.txq.add_chain(&h.mem, &[(table, 16, F_INDIRECT)]);
+    let head = h
+        .txq
+        .post_chain(&h.mem, &[(table, 16, VIRTQ_DESC_F_INDIRECT)])
+        .unwrap();
     h.kick_tx();
     h.run_until_idle();
     assert!(h.peer_frames().is_empty());
@@ -393,7 +429,7 @@ fn indirect_without_the_feature_is_refused() {
 /// it is dropped and counted, and the frame after it is delivered.
 #[test]
 fn a_zero_byte_read_is_not_end_of_file() {
-    let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+    let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
     let bufs = h.post_rx(&[1526; 2]);
     h.kick_rx();
     h.peer.send(&[]).unwrap();
@@ -413,14 +449,14 @@ fn a_zero_byte_read_is_not_end_of_file() {
 fn a_reset_polls_the_backend_again() {
     // As if a hangup had been taken (the old 0-byte-read bug, or a peer that
     // came back): after a reset and re-activation frames flow again.
-    let mut h = Harness::new(NetConfig::default(), MRG_FEATURES);
+    let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
     h.dev().registered.backend_hup = true;
     h.kick_tx();
     h.run_until_idle();
     assert_eq!(h.dev().registered.backend, None);
     h.dev().reset();
-    h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-    h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+    h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+    h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
     h.activate(MRG_FEATURES);
     let bufs = h.post_rx(&[1526]);
     h.kick_rx();
@@ -435,8 +471,8 @@ fn a_reset_polls_the_backend_again() {
     for round in 1..=2 {
         if round == 2 {
             h.dev().reset();
-            h.rxq = TestQueue::new(&h.mem, GuestAddress(0x10000), 256);
-            h.txq = TestQueue::new(&h.mem, GuestAddress(0x80000), 256);
+            h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
+            h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
             h.activate(MRG_FEATURES);
         }
         // RX must have buffers to read (and so to see end of file).
@@ -460,12 +496,12 @@ fn a_reset_polls_the_backend_again() {
 /// ways.
 #[test]
 fn avail_ring_at_address_zero_end_to_end() {
-    let TransportRig {
+    let TransportFixture {
         mut em,
         mut drv,
         peer,
         ..
-    } = TransportRig::new(4 << 20);
+    } = TransportFixture::new(4 << 20);
     drv.negotiate(MRG_FEATURES).unwrap();
     let rx = QueueLayout {
         size: 256,
@@ -505,12 +541,12 @@ fn avail_ring_at_address_zero_end_to_end() {
 fn no_log_line_per_guest_attempt() {
     let base = test_log::records();
     let round = |reps: usize| {
-        let TransportRig {
+        let TransportFixture {
             mut em,
             mut drv,
             peer,
             ..
-        } = TransportRig::new(4 << 20);
+        } = TransportFixture::new(4 << 20);
         let ring = |base: u64| QueueLayout {
             size: 16,
             desc_table: GuestAddress(base),

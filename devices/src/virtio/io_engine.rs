@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Batched TX writes: one `io_uring_enter` for a whole batch of frames.
+//! Batched writes: one `io_uring_enter` for a whole batch of buffers, each
+//! written to one fd as a write of its own.
 //!
-//! A TAP takes one frame per `write`, and on the development hosts a system
-//! call's entry and exit cost about a tenth of a small frame's whole cost
-//! (BENCHMARKS.md). [`TxRing`] hands a batch of frames to the kernel in one
-//! submission instead: each frame is still one write of its own (a TAP keeps
-//! frame boundaries per write), from the guest's memory, zero-copy.
+//! Any device whose backend takes one request per system call can use it;
+//! the network device does for TX. A TAP takes one frame per `write`, and on
+//! the development hosts a system call's entry and exit cost about a tenth
+//! of a small frame's whole cost (BENCHMARKS.md). [`WriteRing`] hands a
+//! batch of frames to the kernel in one submission instead: each frame is
+//! still one write of its own (a TAP keeps frame boundaries per write), from
+//! the guest's memory, zero-copy.
 //!
 //! What the ring may do is fixed when it is built, before the VMM installs
 //! its seccomp filters, because operations submitted through a ring are not
@@ -26,7 +29,7 @@
 //! `io_uring_enter`, on the device thread (which is then charged for it),
 //! and answers `-EAGAIN` when the backend is full instead of parking the
 //! write on a kernel worker. So every submitted write has completed when
-//! [`TxRing::write_frames`] returns, and no guest buffer is referenced after.
+//! [`WriteRing::write_frames`] returns, and no guest buffer is referenced after.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -36,48 +39,40 @@ use io_uring::{opcode, register::Restriction, types, IoUring};
 
 use crate::virtio::queue::IoSeg;
 
-/// Frames per submission at most: the ring's size. A TX pass fills at most
-/// this many chains before it writes them; 32 makes the system call's cost
+/// Writes per submission at most: the ring's size. The network device's TX
+/// pass fills at most this many chains before it writes them; 32 makes the system call's cost
 /// per frame a thirtieth while a batch of the smallest frames (about 3 µs of
 /// TAP work each here) stays within the default 100 µs pass time budget.
-pub const TX_BATCH: usize = 32;
+pub const MAX_BATCH: usize = 32;
 
-/// Bytes a TX batch stops filling at (the chain that crosses it is the
-/// last): 32 of the largest GSO frames are about 300 µs of TAP work here,
-/// three times the default pass time budget, and a batch cannot be stopped
-/// halfway. Five such frames a batch (the fifth crosses the bound) still
-/// make the system call a small share of their cost; frames up to 8 KiB
-/// fill a whole batch.
-pub const TX_BATCH_BYTES: usize = 256 * 1024;
-
-/// What [`TxRing::write_frames`] leaves for a frame it did not write.
+/// What [`WriteRing::write_frames`] leaves for a frame it did not write.
 pub const NOT_TRIED: i32 = i32::MIN;
 
-/// An io_uring that may only write frames to one backend fd.
-pub struct TxRing {
+/// An io_uring that may only write to one backend fd.
+pub struct WriteRing {
     ring: IoUring,
     /// The backend: the device owns it and outlives the ring.
     fd: RawFd,
 }
 
-impl std::fmt::Debug for TxRing {
+impl std::fmt::Debug for WriteRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TxRing").finish_non_exhaustive()
+        f.debug_struct("WriteRing").finish_non_exhaustive()
     }
 }
 
-impl TxRing {
+impl WriteRing {
     /// Builds a ring restricted to writes on `fd` (see the module doc).
     /// Fails where io_uring is unavailable (old kernel, `io_uring_disabled`
     /// sysctl, a seccomp filter already in place); the device then writes
     /// frame by frame.
-    pub fn new(fd: RawFd) -> io::Result<TxRing> {
+    pub fn new(fd: RawFd) -> io::Result<WriteRing> {
         let ring = IoUring::builder()
             .setup_r_disabled()
             // No IORING_SETUP_SINGLE_ISSUER: the ring is built on the thread
             // that builds the VM, and used on the event loop's.
             .setup_coop_taskrun()
-            .build(TX_BATCH as u32)?;
+            .build(MAX_BATCH as u32)?;
         let submitter = ring.submitter();
         let mut rules = [
             Restriction::sqe_op(opcode::Write::CODE),
@@ -87,13 +82,13 @@ impl TxRing {
         ];
         submitter.register_restrictions(&mut rules)?;
         submitter.register_enable_rings()?;
-        Ok(TxRing { ring, fd })
+        Ok(WriteRing { ring, fd })
     }
 
     /// Writes each of `frames` frames (`frame(i)`: the segments of frame
     /// `i`) as one write to the backend, all in one submission, and stores
     /// in `out[i]` what the write returned: bytes written, or a negated
-    /// errno. At most [`TX_BATCH`] frames; the others get [`NOT_TRIED`]. The
+    /// errno. At most [`MAX_BATCH`] frames; the others get [`NOT_TRIED`]. The
     /// writes are independent: one refused frame does not stop the others.
     /// (`-EAGAIN`, the one refusal that leaves a frame to retry, would let
     /// the frames after it overtake it; a TAP does not return it unless its
@@ -111,7 +106,7 @@ impl TxRing {
         out: &mut [i32],
     ) -> io::Result<()> {
         out.fill(NOT_TRIED);
-        let n = frames.min(out.len()).min(TX_BATCH);
+        let n = frames.min(out.len()).min(MAX_BATCH);
         for i in 0..n {
             self.push(i, frame(i))?;
         }
@@ -146,7 +141,7 @@ impl TxRing {
     pub fn write_bufs(&mut self, bufs: &[&[u8]], out: &mut [i32]) -> io::Result<()> {
         // SAFETY: an empty placeholder; only the first `bufs.len()`
         // entries, set below, are written from.
-        let mut segs = [unsafe { IoSeg::new(0, 0) }; TX_BATCH];
+        let mut segs = [unsafe { IoSeg::new(0, 0) }; MAX_BATCH];
         for (seg, buf) in segs.iter_mut().zip(bufs) {
             // SAFETY: `buf` is borrowed for this whole call, which returns
             // only once the kernel is done with it (see `write_frames`).
@@ -184,11 +179,11 @@ impl TxRing {
 /// on (IORING_SETUP_SINGLE_ISSUER): from the event loop's thread every
 /// submission fails, which is how the device's fallback is tested.
 #[cfg(test)]
-pub(crate) fn single_issuer_ring(fd: RawFd) -> io::Result<TxRing> {
+pub(crate) fn single_issuer_ring(fd: RawFd) -> io::Result<WriteRing> {
     let ring = IoUring::builder()
         .setup_single_issuer()
-        .build(TX_BATCH as u32)?;
-    Ok(TxRing { ring, fd })
+        .build(MAX_BATCH as u32)?;
+    Ok(WriteRing { ring, fd })
 }
 
 #[cfg(test)]
@@ -204,7 +199,7 @@ mod tests {
     use super::*;
     use crate::virtio::net::tap::SeqPacket;
 
-    impl TxRing {
+    impl WriteRing {
         /// Submits `entry` alone and returns its completion's result.
         ///
         /// # Safety
@@ -254,7 +249,7 @@ mod tests {
 
     /// Writes the frames of `segs` in one call and returns what each write
     /// returned; panics if the submission itself fails.
-    fn write(ring: &mut TxRing, segs: &[Vec<IoSeg>]) -> Vec<i32> {
+    fn write(ring: &mut WriteRing, segs: &[Vec<IoSeg>]) -> Vec<i32> {
         let mut out = vec![0; segs.len()];
         if let Err(e) = ring.write_frames(segs.len(), |i| &segs[i], &mut out) {
             panic!("the submission failed: {e}");
@@ -281,7 +276,7 @@ mod tests {
     #[test]
     fn test_a_full_batch_of_every_shape_reaches_the_peer_whole_and_in_order() {
         let (dev, peer) = roomy_pair();
-        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let mut ring = WriteRing::new(dev.as_raw_fd()).unwrap();
         // One segment goes as a plain WRITE, more as a WRITEV: both, with
         // empty segments and a frame in many pieces among them.
         let shapes: [&[usize]; 7] = [
@@ -293,7 +288,7 @@ mod tests {
             &[4; 19],
             &[12, 100, 1, 0, 2887],
         ];
-        let lens: Vec<&[usize]> = (0..TX_BATCH).map(|i| shapes[i % shapes.len()]).collect();
+        let lens: Vec<&[usize]> = (0..MAX_BATCH).map(|i| shapes[i % shapes.len()]).collect();
         let frames: Vec<Vec<u8>> = lens
             .iter()
             .enumerate()
@@ -309,12 +304,12 @@ mod tests {
     #[test]
     fn test_frames_past_the_ring_size_are_not_tried() {
         let (dev, peer) = roomy_pair();
-        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
-        let frames: Vec<Vec<u8>> = (0..TX_BATCH + 8).map(|i| pattern(100, i as u8)).collect();
+        let mut ring = WriteRing::new(dev.as_raw_fd()).unwrap();
+        let frames: Vec<Vec<u8>> = (0..MAX_BATCH + 8).map(|i| pattern(100, i as u8)).collect();
         let out = write(&mut ring, &whole(&frames));
-        assert_eq!(out[..TX_BATCH], [100; TX_BATCH]);
-        assert_eq!(out[TX_BATCH..], [NOT_TRIED; 8]);
-        assert_eq!(received(&peer), frames[..TX_BATCH]);
+        assert_eq!(out[..MAX_BATCH], [100; MAX_BATCH]);
+        assert_eq!(out[MAX_BATCH..], [NOT_TRIED; 8]);
+        assert_eq!(received(&peer), frames[..MAX_BATCH]);
     }
 
     /// Without RWF_NOWAIT io_uring would park a write to a full socket until
@@ -326,7 +321,7 @@ mod tests {
         // The kernel doubles it: room for two of these frames.
         dev.set_send_buffer(4096).unwrap();
         let frames: Vec<Vec<u8>> = (0..8).map(|i| pattern(3000, i)).collect();
-        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let mut ring = WriteRing::new(dev.as_raw_fd()).unwrap();
         let (done, finished) = mpsc::channel();
         // The thread owns the frames: if it hangs in the kernel, what the
         // stuck write points at stays alive.
@@ -358,7 +353,7 @@ mod tests {
     #[test]
     fn test_a_vanished_peer_fails_the_writes_and_the_ring_writes_on_after() {
         let (dev, peer) = UnixDatagram::pair().unwrap();
-        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let mut ring = WriteRing::new(dev.as_raw_fd()).unwrap();
         let frames: Vec<Vec<u8>> = (0..3).map(|i| pattern(200, i)).collect();
         let segs = whole(&frames);
         drop(peer);
@@ -385,7 +380,7 @@ mod tests {
     #[test]
     fn test_the_ring_refuses_other_operations_sqe_flags_and_registrations() {
         let (dev, peer) = roomy_pair();
-        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let mut ring = WriteRing::new(dev.as_raw_fd()).unwrap();
         let fd = types::Fd(dev.as_raw_fd());
         // Something to read, so that a READ let through completes rather
         // than waits.
@@ -436,7 +431,7 @@ mod tests {
     #[test]
     fn test_a_ring_built_on_one_thread_writes_from_another() {
         let (dev, peer) = roomy_pair();
-        let mut ring = TxRing::new(dev.as_raw_fd()).unwrap();
+        let mut ring = WriteRing::new(dev.as_raw_fd()).unwrap();
         let frames: Vec<Vec<u8>> = (0..4).map(|i| pattern(300, i)).collect();
         let segs = whole(&frames);
         let out = std::thread::scope(|s| s.spawn(|| write(&mut ring, &segs)).join().unwrap());

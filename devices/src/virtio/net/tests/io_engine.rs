@@ -10,12 +10,13 @@ use std::os::fd::AsRawFd;
 
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::test_driver::*;
-use super::uring::{single_issuer_ring, TX_BATCH, TX_BATCH_BYTES};
-use super::{IoEngine, NetBackend, NetConfig, SeqPacket};
+use super::fixture::*;
+use crate::virtio::io_engine::{single_issuer_ring, MAX_BATCH};
+use crate::virtio::net::tx::TX_BATCH_BYTES;
+use crate::virtio::net::{IoEngine, NetBackend, NetConfig, SeqPacket};
 
 /// Chains in a burst: three full batches and a partial one.
-const CHAINS: usize = 3 * TX_BATCH + 5;
+const CHAINS: usize = 3 * MAX_BATCH + 5;
 
 /// One TX chain of the burst: its frame, the buffer lengths it is cut into,
 /// and how the buffers are described.
@@ -48,9 +49,9 @@ fn burst() -> Vec<Shaped> {
 /// A device with `engine` whose backend takes the whole burst without
 /// EAGAIN (SO_SNDBUF as large as the host allows) and so may batch, so that
 /// how it is batched depends on nothing but the engine.
-fn device(engine: IoEngine) -> Harness {
+fn device(engine: IoEngine) -> NetFixture {
     let (dev_end, peer) = SeqPacket::pair().unwrap();
-    let mut h = Harness::with_backend(
+    let mut h = NetFixture::with_backend(
         dev_end.with_batched_writes(),
         peer,
         NetConfig {
@@ -69,7 +70,7 @@ fn device(engine: IoEngine) -> Harness {
 
 /// Posts the burst as TX chains; returns it with the used entries the
 /// chains must come back as (head, length 0), in order.
-fn post_burst(h: &mut Harness) -> (Vec<Shaped>, Vec<(u32, u32)>) {
+fn post_burst(h: &mut NetFixture) -> (Vec<Shaped>, Vec<(u32, u32)>) {
     let burst = burst();
     let heads = burst
         .iter()
@@ -83,7 +84,7 @@ fn post_burst(h: &mut Harness) -> (Vec<Shaped>, Vec<(u32, u32)>) {
 /// Checks what every engine owes the guest: each frame at the peer whole,
 /// once and in order, each chain back in order with length 0, the counters
 /// of frames and bytes right and none of trouble moved.
-fn send_burst(h: &mut Harness, loop_thread: bool) {
+fn send_burst(h: &mut NetFixture, loop_thread: bool) {
     let (burst, heads) = post_burst(h);
     h.kick_tx();
     if loop_thread {
@@ -109,14 +110,14 @@ fn send_burst(h: &mut Harness, loop_thread: bool) {
 /// submitted on from the event loop's: a ring only its builder may submit
 /// on would fail there, be dropped (host_errors) and leave the device
 /// writing frame by frame. One submission per full batch and one for the
-/// rest: the chains really go out `TX_BATCH` per system call.
+/// rest: the chains really go out `MAX_BATCH` per system call.
 #[test]
 fn test_async_engine_writes_every_shape_in_batches_from_the_loop_thread() {
     let mut h = device(IoEngine::Async);
     send_burst(&mut h, true);
     assert_eq!(
         h.metric(|m| &m.tx_batches),
-        CHAINS.div_ceil(TX_BATCH) as u64
+        CHAINS.div_ceil(MAX_BATCH) as u64
     );
     assert!(h.dev().tx_ring.is_some());
 }
@@ -178,7 +179,7 @@ fn test_failed_ring_falls_back_to_one_write_per_frame_losing_nothing() {
 
 /// Sends `frames`, each in a header buffer and a body buffer, and checks
 /// they reach the peer without a single io_uring submission.
-fn send_without_batches<B: NetBackend + 'static>(h: &mut Harness<B>, frames: &[Vec<u8>]) {
+fn send_without_batches<B: NetBackend + 'static>(h: &mut NetFixture<B>, frames: &[Vec<u8>]) {
     for f in frames {
         h.post_tx(f, &[12]);
     }
@@ -194,7 +195,7 @@ fn send_without_batches<B: NetBackend + 'static>(h: &mut Harness<B>, frames: &[V
 #[test]
 fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
     let frames: Vec<Vec<u8>> = (0..40).map(|i| frame(12 + 100 + i, i as u8)).collect();
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             bounce_buffer: true,
             ..NetConfig::default()
@@ -206,7 +207,7 @@ fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
     let (b, peer) = FaultBackend::pair();
     let script = b.script.clone();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap();
-    let mut h = Harness::with_backend(b, peer, NetConfig::default(), mem);
+    let mut h = NetFixture::with_backend(b, peer, NetConfig::default(), mem);
     h.activate(MRG_FEATURES);
     send_without_batches(&mut h, &frames);
     assert_eq!(script.lock().unwrap().send_calls, frames.len() as u64);
@@ -218,7 +219,7 @@ fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
 fn misplaced_under_back_pressure(engine: IoEngine) -> usize {
     const N: u32 = 20_000;
     const LEN: usize = 1000;
-    let mut h = Harness::new(
+    let mut h = NetFixture::new(
         NetConfig {
             io_engine: engine,
             ..NetConfig::default()

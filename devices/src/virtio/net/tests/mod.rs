@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The network device's test suites, each driving a whole [`Net`] from the
+//! driver side over a `SOCK_SEQPACKET` pair (or a real TAP where it says so).
+//!
+//! - `fixture`: [`NetFixture`](fixture::NetFixture), the device wired to an
+//!   `EventManager` and a socket peer, and what the suites share (frames,
+//!   fault-injecting backend, log capture, `check_metric_after_block!`).
+//! - `tx`, `rx`, `pass`: the datapath one direction at a time, and the
+//!   bounds and interrupts of a pass.
+//! - `transport`: the device behind the real MMIO transport.
+//! - `robustness`: whatever a guest writes into its rings and registers.
+//! - `fault_injection`: a backend that fails on demand and resets at every step.
+//! - `broken_device`: tests each checked against a device broken on purpose.
+//! - `soak`: long random runs with invariants after every step.
+//! - `rate_limiter`: the rate limiters in the datapath, in real time.
+//! - `io_engine`: the io_uring and `writev` TX engines give the same frames.
+
+mod broken_device;
+mod fault_injection;
+pub(super) mod fixture;
+mod io_engine;
+mod pass;
+mod rate_limiter;
+mod robustness;
+mod rx;
+mod soak;
+mod transport;
+mod tx;

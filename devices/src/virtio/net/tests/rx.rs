@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: Apache-2.0
+//! RX through the whole device: frames into one or many buffers, with and
+//! without MRG_RXBUF, and every malformed chain the device must return
+//! without writing.
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::fixture::*;
+use crate::virtio::net::NetConfig;
+
+fn cfg() -> NetConfig {
+    NetConfig::default()
+}
+
+// ---- RX ----
+
+/// Reads the num_buffers field of a received header.
+fn num_buffers(h: &NetFixture, addr: u64) -> u16 {
+    h.mem.read_obj(GuestAddress(addr + 10)).unwrap()
+}
+
+#[test]
+fn test_rx_one_buffer_header_inclusive() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    let bufs = h.post_rx(&[1526; 10]);
+    h.kick_rx();
+    // Stale bytes where num_buffers goes: the device must overwrite them.
+    for (_, a) in &bufs {
+        h.mem.write_obj(0xffffu16, GuestAddress(a + 10)).unwrap();
+    }
+    let frames: Vec<Vec<u8>> = (0..10).map(|i| frame(12 + 1514, i)).collect();
+    for f in &frames {
+        h.peer.send(f).unwrap();
+    }
+    h.run_until_idle();
+    let used = h.rxq.take_used(&h.mem);
+    assert_eq!(used.len(), 10);
+    for (i, ((id, len), (head, addr))) in used.iter().zip(&bufs).enumerate() {
+        assert_eq!((*id, *len), (u32::from(*head), 1526));
+        assert_eq!(num_buffers(&h, *addr), 1);
+        assert_eq!(h.read(addr + 12, 1514), frames[i][12..]);
+    }
+    assert_eq!(h.metric(|m| &m.rx_frames), 10);
+    assert_eq!(h.metric(|m| &m.rx_buffers), 10);
+    assert_eq!(h.metric(|m| &m.rx_bytes), 10 * 1514);
+}
+
+#[test]
+fn test_rx_mtu_sized_buffers_need_two() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    let bufs = h.post_rx(&[1500; 20]);
+    h.kick_rx();
+    for i in 0..10 {
+        h.peer.send(&frame(12 + 1514, i)).unwrap();
+    }
+    h.run_until_idle();
+    let used = h.rxq.take_used(&h.mem);
+    assert_eq!(used.len(), 20);
+    for pair in used.chunks(2) {
+        assert_eq!((pair[0].1, pair[1].1), (1500, 26));
+    }
+    assert_eq!(num_buffers(&h, bufs[0].1), 2);
+    assert_eq!(num_buffers(&h, bufs[18].1), 2);
+    assert_eq!(h.metric(|m| &m.rx_frames), 10);
+    assert_eq!(h.metric(|m| &m.rx_buffers), 20);
+}
+
+#[test]
+fn test_rx_two_buffers_data() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    let bufs = h.post_rx(&[1000, 1000]);
+    h.kick_rx();
+    let f = frame(12 + 1514, 5);
+    h.peer.send(&f).unwrap();
+    h.run_until_idle();
+    let used = h.rxq.take_used(&h.mem);
+    assert_eq!(
+        used,
+        vec![(u32::from(bufs[0].0), 1000), (u32::from(bufs[1].0), 526)]
+    );
+    assert_eq!(num_buffers(&h, bufs[0].1), 2);
+    let mut got = h.read(bufs[0].1, 1000);
+    got.extend(h.read(bufs[1].1, 526));
+    assert_eq!(got[12..], f[12..]);
+}
+
+#[test]
+fn test_rx_many_buffers_gso() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES | GUEST_GSO);
+    // Page-sized buffers, as Linux posts with big packets.
+    let bufs = h.post_rx(&[4096; 20]);
+    h.kick_rx();
+    let f = frame(12 + 65550, 6);
+    h.peer.send(&f).unwrap();
+    h.run_until_idle();
+    let used = h.rxq.take_used(&h.mem);
+    // 65562 = 16 * 4096 + 26
+    assert_eq!(used.len(), 17);
+    assert!(used[..16].iter().all(|&(_, l)| l == 4096));
+    assert_eq!(used[16].1, 26);
+    assert_eq!(num_buffers(&h, bufs[0].1), 17);
+    let mut got = Vec::new();
+    for (i, (_, l)) in used.iter().enumerate() {
+        got.extend(h.read(bufs[i].1, *l as usize));
+    }
+    assert_eq!(got[12..], f[12..]);
+    assert_eq!(h.metric(|m| &m.rx_buffers), 17);
+    // The 3 buffers left stay cached; a small frame takes the first.
+    h.peer.send(&frame(100, 1)).unwrap();
+    h.post_rx(&[4096; 14]);
+    h.kick_rx();
+    h.run_until_idle();
+    assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[17].0), 100)]);
+}
+
+#[test]
+fn test_rx_small_buffers_many() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    let bufs = h.post_rx(&[256; 8]);
+    h.kick_rx();
+    let f = frame(12 + 1514, 7);
+    h.peer.send(&f).unwrap();
+    h.run_until_idle();
+    let used = h.rxq.take_used(&h.mem);
+    // 1526 = 5 * 256 + 246
+    assert_eq!(used.len(), 6);
+    assert_eq!(used[5].1, 246);
+    assert_eq!(num_buffers(&h, bufs[0].1), 6);
+}
+
+#[test]
+fn test_rx_reads_without_waiting_for_64k() {
+    // Without guest GSO one 1526-byte buffer is enough to read.
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    h.post_rx(&[1526]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 1)).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+
+    // With guest GSO a 64 KiB frame may come: 1526 bytes are not enough.
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES | GUEST_GSO);
+    h.post_rx(&[1526]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 1)).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 0);
+    assert!(h
+        .dev()
+        .active
+        .as_ref()
+        .unwrap()
+        .rx
+        .starved_since()
+        .is_some());
+    h.post_rx(&[1526; 42]);
+    h.kick_rx();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    assert_eq!(h.metric(|m| &m.rx_buffers), 1);
+}
+
+#[test]
+fn test_rx_without_mrg_drops_frame_too_big() {
+    let mut h = NetFixture::new(cfg(), BASE_FEATURES);
+    let bufs = h.post_rx(&[1000]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 1)).unwrap();
+    check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
+    // Not split, not consumed: the chain waits for a frame that fits,
+    // and with nothing used the guest gets no interrupt.
+    assert!(h.rxq.take_used(&h.mem).is_empty());
+    assert_eq!(h.irq.count(), 0);
+    assert_eq!(h.metric(|m| &m.interrupts_suppressed), 0);
+    let small = frame(12 + 500, 2);
+    h.peer.send(&small).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 512)]);
+    assert_eq!(num_buffers(&h, bufs[0].1), 1);
+    assert_eq!(h.read(bufs[0].1 + 12, 500), small[12..]);
+}
+
+#[test]
+fn test_rx_without_mrg_exact_fit() {
+    // A frame exactly as long as the chain is not mistaken for a
+    // truncated one.
+    let mut h = NetFixture::new(cfg(), BASE_FEATURES);
+    let bufs = h.post_rx(&[1526, 1526]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 1)).unwrap();
+    h.peer.send(&frame(12 + 1514, 2)).unwrap();
+    h.run_until_idle();
+    assert_eq!(
+        h.rxq.take_used(&h.mem),
+        vec![(u32::from(bufs[0].0), 1526), (u32::from(bufs[1].0), 1526)]
+    );
+    assert_eq!(h.metric(|m| &m.rx_dropped), 0);
+}
+
+#[test]
+fn test_rx_bounce_buffer_matches() {
+    let mut h = NetFixture::new(
+        NetConfig {
+            bounce_buffer: true,
+            ..cfg()
+        },
+        MRG_FEATURES,
+    );
+    let bufs = h.post_rx(&[1000, 1000]);
+    h.kick_rx();
+    let f = frame(12 + 1514, 8);
+    h.peer.send(&f).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.rxq.take_used(&h.mem).len(), 2);
+    let mut got = h.read(bufs[0].1, 1000);
+    got.extend(h.read(bufs[1].1, 526));
+    assert_eq!(got[12..], f[12..]);
+    assert_eq!(num_buffers(&h, bufs[0].1), 2);
+}
+
+#[test]
+fn test_rx_header_split_across_descriptors() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    let a = h.alloc(2000);
+    // num_buffers straddles the first two descriptors (bytes 10 and 11).
+    let head = h
+        .rxq
+        .post_chain(
+            &h.mem,
+            &[
+                (a, 11, VIRTQ_DESC_F_WRITE),
+                (a + 100, 1515, VIRTQ_DESC_F_WRITE),
+            ],
+        )
+        .unwrap();
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 3)).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(head), 1526)]);
+    assert_eq!(h.read(a + 10, 1), vec![1]);
+    assert_eq!(h.read(a + 100, 1), vec![0]);
+}
+
+// ---- RX malformed chains ----
+
+fn check_bad_rx(write: impl FnOnce(&mut NetFixture) -> u16) {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    let bad = write(&mut h);
+    let good = h.post_rx(&[1526]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 1)).unwrap();
+    check_metric_after_block!(h.metrics.malformed_chains, 1, h.run_until_idle());
+    assert_eq!(
+        h.rxq.take_used(&h.mem),
+        vec![(u32::from(bad), 0), (u32::from(good[0].0), 1526)]
+    );
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+}
+
+#[test]
+fn test_rx_read_only_descriptor() {
+    check_bad_rx(|h| {
+        let a = h.alloc(2000);
+        h.rxq
+            .post_chain(
+                &h.mem,
+                &[(a, 1000, VIRTQ_DESC_F_WRITE), (a + 1000, 1000, 0)],
+            )
+            .unwrap()
+    });
+}
+
+#[test]
+fn test_rx_outside_memory() {
+    check_bad_rx(|h| {
+        h.rxq
+            .post_chain(&h.mem, &[(MEM_SIZE - 100, 1526, VIRTQ_DESC_F_WRITE)])
+            .unwrap()
+    });
+}
+
+#[test]
+fn test_rx_shorter_than_header() {
+    check_bad_rx(|h| {
+        let a = h.alloc(16);
+        h.rxq
+            .post_chain(&h.mem, &[(a, 8, VIRTQ_DESC_F_WRITE)])
+            .unwrap()
+    });
+}
+
+#[test]
+fn test_rx_looping_chain() {
+    check_bad_rx(|h| {
+        let a = h.alloc(64);
+        let head = h
+            .rxq
+            .write_chain(&h.mem, &[(a, 64, VIRTQ_DESC_F_WRITE)])
+            .unwrap();
+        h.rxq
+            .write_desc(
+                &h.mem,
+                head,
+                a,
+                64,
+                VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT,
+                head,
+            )
+            .unwrap();
+        h.rxq.offer(&h.mem, head).unwrap();
+        head
+    });
+}
+
+#[test]
+fn test_rx_short_backend_frame_is_dropped() {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES);
+    h.post_rx(&[1526]);
+    h.kick_rx();
+    h.peer.send(&[0u8; 5]).unwrap();
+    check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
+    assert!(h.rxq.take_used(&h.mem).is_empty());
+}

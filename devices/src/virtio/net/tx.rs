@@ -1,0 +1,512 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The transmit side: [`TxVirtio`] drains the guest's TX chains into the
+//! backend.
+//!
+//! It owns one [`SplitQueue`] and knows nothing about epoll: a pass is one
+//! call to [`TxVirtio::process`], which returns why it stopped
+//! ([`TxStatus`]) so the event glue can decide what to wait for next. What
+//! ends a pass is shared with RX (see [`pass`](super::pass)).
+//!
+//! TX is zero copy too: each chain goes out with one `writev` of its
+//! descriptors as the guest laid them out, header included. EAGAIN keeps the
+//! chain pending until the backend is writable again.
+//!
+//! **Rate limiting.** A direction with a [`RateLimiter`] pays for every
+//! frame in the limiter's tokens (frame bytes, vnet header excluded, and one
+//! op). TX pays before the `writev`; a refused chain stays pending, popped
+//! but not used, so nothing is lost and the guest sees no completion. The
+//! pass then ends with `Throttled`, which counts no weight hit, and the event
+//! glue waits for the limiter's timer.
+
+use std::io;
+use std::time::Duration;
+
+use super::metrics::NetMetrics;
+use super::pass::{admitted, queue_failed, return_malformed, Pass, Yield};
+use super::tap::NetBackend;
+use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
+use crate::rate_limiter::RateLimiter;
+use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
+use crate::virtio::iov::{self, IoVecs};
+use crate::virtio::queue::{ChainRules, IoSeg, QueueError, SplitQueue};
+use crate::virtio::Interrupt;
+use crate::warn::warn_rate_limited;
+
+/// Largest TX chain accepted: a 64 KiB GSO frame plus the vnet header.
+pub const MAX_TX_CHAIN_LEN: usize = VNET_HDR_LEN + MAX_FRAME_GSO;
+/// Size of the bounce buffer of the copying baseline (vmm-reference's 64 KiB,
+/// rounded up so the largest GSO frame fits).
+pub const BOUNCE_BUFFER_LEN: usize = MAX_TX_CHAIN_LEN;
+
+/// Bytes a TX batch stops filling at (the chain that crosses it is the
+/// last): 32 of the largest GSO frames are about 300 µs of TAP work here,
+/// three times the default pass time budget, and a batch cannot be stopped
+/// halfway. Five such frames a batch (the fifth crosses the bound) still
+/// make the system call a small share of their cost; frames up to 8 KiB
+/// fill a whole batch.
+pub const TX_BATCH_BYTES: usize = 256 * 1024;
+
+const TX_RULES: ChainRules = ChainRules {
+    device_writes: false,
+    min_len: VNET_HDR_LEN,
+    max_len: MAX_TX_CHAIN_LEN,
+};
+
+// The limiter calls stay out of line (`inline(never)`): inlined, they grew
+// the RX pass enough that the compiler stopped inlining `readv`, and the
+// unlimited datapath paid for the limited one.
+/// Whether the TX limiter lets a chain of `len` bytes, vnet header
+/// included, go now; counts a refusal.
+#[inline(never)]
+fn tx_consume(l: &mut RateLimiter, len: usize, metrics: &NetMetrics) -> bool {
+    admitted(
+        l.consume(len.saturating_sub(VNET_HDR_LEN) as u64),
+        &metrics.tx_rate_limiter_throttled,
+        &metrics.tx_throttled_ns,
+        metrics,
+    )
+}
+
+/// How a TX pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxStatus {
+    /// The TX ring is empty and guest notifications are enabled again.
+    Done,
+    /// The pass hit the byte or packet weight, the time budget or the
+    /// descriptor budget with chains still available.
+    WeightHit,
+    /// The backend returned EAGAIN; chains are pending until it is writable.
+    Blocked,
+    /// The rate limiter holds a chain back (no used entry yet); it is
+    /// pending until the limiter's timer fires.
+    Throttled,
+    /// The queue is unusable until the driver resets the device.
+    Broken,
+}
+
+/// A walked TX chain in the batch.
+#[derive(Debug, Clone, Copy)]
+struct TxItem {
+    head: u16,
+    len: usize,
+    /// Its segments: `TxBatch::segs[start..end]`.
+    start: usize,
+    end: usize,
+    /// The rate limiter took its tokens. Only the last item can be unpaid:
+    /// the limiter refused it and filling stopped there.
+    paid: bool,
+}
+
+/// Chains walked and not written yet. A pass fills the batch up to
+/// [`MAX_BATCH`] chains, then writes them all: with a [`WriteRing`] in one
+/// system call, else one `writev` each. Items left when a pass ends wait for
+/// the backend (EAGAIN; paid) or for the rate limiter (the last, unpaid).
+#[derive(Debug, Default)]
+struct TxBatch {
+    items: Vec<TxItem>,
+    segs: Vec<IoSeg>,
+    /// What each write returned (see [`WriteRing::write_frames`]).
+    results: Vec<i32>,
+}
+
+impl TxBatch {
+    /// Items the limiter has paid for: a prefix of `items`.
+    fn paid(&self) -> usize {
+        match self.items.last() {
+            Some(last) if !last.paid => self.items.len() - 1,
+            _ => self.items.len(),
+        }
+    }
+
+    fn frame(&self, i: usize) -> &[IoSeg] {
+        let it = &self.items[i];
+        &self.segs[it.start..it.end]
+    }
+
+    /// Keeps the items `keep` says to, in order, with their segments moved
+    /// to the front of `segs`.
+    fn retain(&mut self, keep: impl Fn(usize) -> bool) {
+        let mut kept = 0;
+        let mut seg_end = 0;
+        for i in 0..self.items.len() {
+            if !keep(i) {
+                continue;
+            }
+            let mut it = self.items[i];
+            let n = it.end - it.start;
+            // Items are in segment order, so the destination never passes
+            // the source.
+            self.segs.copy_within(it.start..it.end, seg_end);
+            it.start = seg_end;
+            it.end = seg_end + n;
+            seg_end += n;
+            self.items[kept] = it;
+            kept += 1;
+        }
+        self.items.truncate(kept);
+        self.segs.truncate(seg_end);
+    }
+}
+
+/// Whether a write's result leaves the frame for a retry once the backend
+/// is writable: not tried, EAGAIN, or (from the ring, which does not retry
+/// it itself) EINTR.
+#[inline]
+fn pushed_back(res: i32) -> bool {
+    res == NOT_TRIED || res == -libc::EAGAIN || res == -libc::EINTR
+}
+
+/// How filling the batch ended.
+enum TxFill {
+    /// The batch holds [`MAX_BATCH`] chains or [`TX_BATCH_BYTES`].
+    Full,
+    /// The ring has no more chains.
+    Empty,
+    /// The pass must yield.
+    Yield(Yield),
+    /// The rate limiter holds the last chain back.
+    Throttled,
+}
+
+/// The transmit side: one TX queue drained into the backend.
+#[derive(Debug)]
+pub struct TxVirtio {
+    pub(crate) queue: SplitQueue,
+    weight_bytes: u64,
+    weight_packets: u64,
+    /// How long one pass may run (None: no time budget).
+    pub(super) time_budget: Option<Duration>,
+    batch: TxBatch,
+    bounce: Option<Vec<u8>>,
+    broken: bool,
+    /// How the backend refused the last frame (an errno, or
+    /// [`SHORT_WRITE`]) until it takes one: a backend that refuses every
+    /// frame (a TAP set down: EIO; deleted: EBADFD) is logged once, not once
+    /// per frame.
+    refusing: Option<i32>,
+}
+
+/// The kind of refusal of a write that took only part of a frame.
+const SHORT_WRITE: i32 = -1;
+
+impl TxVirtio {
+    /// Wraps a ready TX queue.
+    pub fn new(queue: SplitQueue, weight_bytes: u64, weight_packets: u64, bounce: bool) -> Self {
+        TxVirtio {
+            queue,
+            weight_bytes,
+            weight_packets,
+            time_budget: None,
+            batch: TxBatch {
+                items: Vec::with_capacity(MAX_BATCH),
+                segs: Vec::new(),
+                results: Vec::with_capacity(MAX_BATCH),
+            },
+            bounce: bounce.then(|| Vec::with_capacity(BOUNCE_BUFFER_LEN)),
+            broken: false,
+            refusing: None,
+        }
+    }
+
+    /// Ends every pass after `budget` as well (None: no time budget).
+    pub fn with_time_budget(mut self, budget: Option<Duration>) -> Self {
+        self.time_budget = budget;
+        self
+    }
+
+    /// Whether chains wait for the backend to become writable. Never once
+    /// the queue is broken: chains left in the batch then wait for the
+    /// driver's reset, and writability must not wake the loop for them.
+    pub fn is_blocked(&self) -> bool {
+        !self.broken && self.batch.paid() > 0
+    }
+
+    /// Whether a chain waits for the rate limiter (never once the queue is
+    /// broken).
+    pub fn is_throttled(&self) -> bool {
+        !self.broken && self.batch.items.last().is_some_and(|it| !it.paid)
+    }
+
+    /// Counts a frame the backend refused, and logs the first of a run of
+    /// refusals of one kind. The runs are rate-limited too: a guest that
+    /// alternates good frames and frames the TAP refuses (a bad GSO header)
+    /// must not get a log line for every other frame.
+    fn refused(&mut self, metrics: &NetMetrics, kind: i32, msg: std::fmt::Arguments<'_>) {
+        NetMetrics::inc(&metrics.tx_dropped);
+        if self.refusing != Some(kind) {
+            self.refusing = Some(kind);
+            let n = NetMetrics::inc(&metrics.tx_refusal_runs);
+            warn_rate_limited!(count = n, "virtio-net: {msg}; dropped, as is every frame after it refused the same way (tx_dropped)");
+        }
+    }
+
+    /// Walks chains into the batch until it is full, the ring is empty, the
+    /// pass must yield or the rate limiter holds a chain back. A chain the
+    /// limiter held back before is paid for first.
+    fn fill(
+        &mut self,
+        mut limiter: Option<&mut RateLimiter>,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Result<TxFill, QueueError> {
+        if let Some(last) = self.batch.items.last_mut().filter(|it| !it.paid) {
+            if let Some(l) = limiter.as_deref_mut() {
+                if !tx_consume(l, last.len, metrics) {
+                    return Ok(TxFill::Throttled);
+                }
+            }
+            last.paid = true;
+        }
+        if self.batch.items.is_empty() && pass.no_room_for_batch() {
+            if !self.queue.has_available()? {
+                return Ok(TxFill::Empty);
+            }
+            return Ok(TxFill::Yield(Yield::Time));
+        }
+        // Chains left from the last pass count towards the byte bound too.
+        let mut bytes: usize = self.batch.items.iter().map(|it| it.len).sum();
+        loop {
+            if self.batch.items.len() >= MAX_BATCH || bytes >= TX_BATCH_BYTES {
+                return Ok(TxFill::Full);
+            }
+            if let Some(why) = pass.must_yield(self.weight_bytes, self.weight_packets) {
+                if !self.queue.has_available()? {
+                    return Ok(TxFill::Empty);
+                }
+                return Ok(TxFill::Yield(why));
+            }
+            let Some(head) = self.queue.pop(&mut pass.budget)? else {
+                return Ok(TxFill::Empty);
+            };
+            let start = self.batch.segs.len();
+            match self
+                .queue
+                .walk(head, &TX_RULES, &mut self.batch.segs, &mut pass.budget)
+            {
+                Ok(chain) => {
+                    pass.packets += 1;
+                    pass.bytes += chain.len as u64;
+                    // Without a limiter this is one branch per frame.
+                    let paid = match limiter.as_deref_mut() {
+                        None => true,
+                        Some(l) => tx_consume(l, chain.len, metrics),
+                    };
+                    bytes += chain.len;
+                    self.batch.items.push(TxItem {
+                        head,
+                        len: chain.len,
+                        start,
+                        end: self.batch.segs.len(),
+                        paid,
+                    });
+                    if !paid {
+                        return Ok(TxFill::Throttled);
+                    }
+                }
+                Err(err) => {
+                    pass.packets += 1;
+                    return_malformed(&mut self.queue, metrics, head, err, "TX");
+                }
+            }
+        }
+    }
+
+    /// Writes the paid chains of the batch, in order, and returns each one
+    /// the backend took or refused to the guest. Chains the backend pushed
+    /// back (EAGAIN) stay in the batch; returns whether none did.
+    fn flush<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<WriteRing>,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> bool {
+        let n = self.batch.paid();
+        if n == 0 {
+            return true;
+        }
+        pass.batches += 1;
+        // Results as the kernel gives them (bytes or a negated errno): an
+        // `io::Error` per frame cost about 30 instructions a frame to make
+        // and drop.
+        let mut results = std::mem::take(&mut self.batch.results);
+        results.clear();
+        results.resize(n, NOT_TRIED);
+        // The device builds no ring with a bounce buffer (`Net::with_backend`).
+        if let Some(r) = ring.as_mut() {
+            NetMetrics::inc(&metrics.tx_batches);
+            let batch = &self.batch;
+            if let Err(e) = r.write_frames(n, |i| batch.frame(i), &mut results) {
+                // Entries the kernel did not take still point at the batch:
+                // the ring goes now, and what it did not write goes frame by
+                // frame below, as everything from now on.
+                *ring = None;
+                NetMetrics::inc(&metrics.host_errors);
+                log::error!(
+                    "virtio-net: io_uring submission failed ({e}); writing TX frames one \
+                     system call at a time from now on"
+                );
+            }
+        }
+        // Without a ring, or for what a failed ring did not write.
+        for (i, res) in results.iter_mut().enumerate() {
+            if *res != NOT_TRIED {
+                continue;
+            }
+            *res = Self::write_one(backend, self.bounce.as_mut(), self.batch.frame(i));
+            if *res == -libc::EAGAIN {
+                break;
+            }
+        }
+        let mut again = 0usize;
+        for (i, &res) in results.iter().enumerate() {
+            let it = self.batch.items[i];
+            match res {
+                r if r >= 0 && r as usize == it.len => {
+                    self.refusing = None;
+                    pass.frames += 1;
+                    pass.payload += (it.len - VNET_HDR_LEN) as u64;
+                }
+                // A backend keeps frame boundaries, so a frame it took only
+                // part of (none, with 0) reached the peer cut short or not at
+                // all: dropped, not sent. A TAP or a datagram socket never
+                // does this; a backend in trouble might.
+                r if r >= 0 => self.refused(
+                    metrics,
+                    SHORT_WRITE,
+                    format_args!("backend took {r} bytes of a {}-byte TX frame", it.len),
+                ),
+                r if pushed_back(r) => {
+                    again += 1;
+                    continue;
+                }
+                // The TAP refuses frames the guest got wrong (a bad GSO
+                // header: EINVAL) or cannot take now (interface down: EIO).
+                // Neither is a host fault; the frame is lost as on a wire.
+                r => self.refused(
+                    metrics,
+                    -r,
+                    format_args!(
+                        "backend refused a TX frame: {}",
+                        io::Error::from_raw_os_error(-r)
+                    ),
+                ),
+            }
+            self.queue.add_used(it.head, 0);
+        }
+        if again == 0 && n == self.batch.items.len() {
+            self.batch.items.clear();
+            self.batch.segs.clear();
+        } else {
+            // Keep what the backend pushed back, and the unpaid tail.
+            self.batch
+                .retain(|i| results.get(i).is_none_or(|&r| pushed_back(r)));
+        }
+        self.batch.results = results;
+        if again > 0 {
+            NetMetrics::inc(&metrics.tap_eagain);
+        }
+        again == 0
+    }
+
+    /// One frame, one system call (EINTR retried), through the bounce
+    /// buffer if there is one; bytes written or a negated errno.
+    fn write_one<B: NetBackend>(
+        backend: &B,
+        mut bounce: Option<&mut Vec<u8>>,
+        frame: &[IoSeg],
+    ) -> i32 {
+        loop {
+            let res = match bounce.as_deref_mut() {
+                Some(buf) => {
+                    iov::copy_from_segs(frame, buf);
+                    iov::host_buf(buf, |io| backend.send_frame(io))
+                }
+                None => backend.send_frame(IoVecs::guest(frame)),
+            };
+            return match res {
+                // A frame is at most MAX_TX_CHAIN_LEN bytes: it fits.
+                Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => -libc::EAGAIN,
+                // An error without an errno (a test backend's) is still a
+                // refusal: EIO stands for it.
+                Err(e) => -e.raw_os_error().filter(|&c| c > 0).unwrap_or(libc::EIO),
+            };
+        }
+    }
+
+    /// One TX pass: writes chains in batches until the ring is empty, the
+    /// backend pushes back, the rate limiter (if any) holds a chain back,
+    /// or the pass must yield. `ring` batches the writes; a ring that fails
+    /// is dropped and the device writes one frame per system call.
+    pub fn process<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<WriteRing>,
+        mut limiter: Option<&mut RateLimiter>,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> TxStatus {
+        if self.broken {
+            return TxStatus::Broken;
+        }
+        NetMetrics::inc(&metrics.tx_passes);
+        let mut pass = Pass::new(self.time_budget);
+        let status = 'pass: {
+            if self.is_blocked() {
+                NetMetrics::inc(&metrics.tx_eagain_retries);
+            }
+            // The guest need not kick while we are draining the ring.
+            self.queue.disable_notifications();
+            loop {
+                // Chains pushed back before go first, in their order.
+                if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
+                    break 'pass TxStatus::Blocked;
+                }
+                let fill = match self.fill(limiter.as_deref_mut(), &mut pass, metrics) {
+                    Ok(fill) => fill,
+                    Err(e) => {
+                        // What was walked before the failure still goes out.
+                        self.flush(backend, ring, &mut pass, metrics);
+                        queue_failed(metrics, "TX", &e);
+                        break 'pass TxStatus::Broken;
+                    }
+                };
+                if !self.flush(backend, ring, &mut pass, metrics) {
+                    break 'pass TxStatus::Blocked;
+                }
+                match fill {
+                    TxFill::Full => continue,
+                    TxFill::Throttled => break 'pass TxStatus::Throttled,
+                    TxFill::Yield(why) => {
+                        Pass::count_yield(why, &metrics.tx_weight_hits, metrics);
+                        break 'pass TxStatus::WeightHit;
+                    }
+                    TxFill::Empty => {}
+                }
+                // Re-enable kicks; if chains arrived meanwhile, keep going
+                // (each such look counts against the budget, so a guest that
+                // keeps moving avail.idx cannot keep the pass here).
+                match self.queue.enable_notifications() {
+                    Ok(true) => {
+                        pass.budget.charge(1);
+                        self.queue.disable_notifications();
+                    }
+                    Ok(false) => break 'pass TxStatus::Done,
+                    Err(e) => {
+                        queue_failed(metrics, "TX", &e);
+                        break 'pass TxStatus::Broken;
+                    }
+                }
+            }
+        };
+        if status == TxStatus::Broken {
+            self.broken = true;
+        }
+        NetMetrics::add(&metrics.tx_frames, pass.frames);
+        NetMetrics::add(&metrics.tx_bytes, pass.payload);
+        pass.finish(&mut self.queue, irq, metrics, status == TxStatus::WeightHit);
+        status
+    }
+}
