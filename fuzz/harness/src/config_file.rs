@@ -187,7 +187,7 @@ pub fn run_input(input: &Input) {
                 assert!(ids.insert(net.id.clone()), "duplicate id from {text}");
                 let q = net.device.queue_size;
                 assert!(
-                    q.is_power_of_two() && (2..=32768).contains(&q),
+                    q.is_power_of_two() && q <= 32768,
                     "queue size {q} accepted from {text}"
                 );
                 assert_eq!(net.device.mac[0] & 1, 0, "multicast MAC from {text}");

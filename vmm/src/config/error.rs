@@ -29,9 +29,6 @@ pub enum ConfigError {
     /// vCPU count exceeds what the MP table and APIC ids support.
     #[error("{0} vCPUs is too many: at most {MAX_VCPUS} are supported")]
     TooManyVcpus(u64),
-    /// A queue size that is not a power of two.
-    #[error("queue size {0} must be a power of two between 2 and 32768")]
-    QueueSize(u64),
     /// Bad value for the host quirks switch.
     #[error("invalid host quirks setting '{0}': expected auto, on or off")]
     Quirks(String),
@@ -86,21 +83,25 @@ pub enum ConfigError {
     /// More NICs than IRQ lines for them.
     #[error("{0} network interfaces is too many: at most {MAX_NICS}")]
     TooManyNics(usize),
-    /// An MTU outside VIRTIO_NET_F_MTU's range.
-    #[error("network interface '{id}': MTU {mtu} is outside 68..=65535")]
-    Mtu {
+    /// A value too large for the device setting it is for (the device's
+    /// own bounds are checked by [`devices::virtio::net::NetConfig::validate`]).
+    #[error("network interface '{id}': {what} {value} is too large (at most 65535)")]
+    TooLarge {
         /// The NIC.
         id: String,
-        /// The MTU given.
-        mtu: u64,
+        /// The setting ("MTU", "queue size").
+        what: &'static str,
+        /// The value given.
+        value: u64,
     },
-    /// An offload selection no driver may negotiate.
-    #[error("network interface '{id}': {reason}")]
-    Offloads {
+    /// Settings the network device refuses.
+    #[error("network interface '{id}'")]
+    Device {
         /// The NIC.
         id: String,
-        /// Why.
-        reason: &'static str,
+        /// What the device refused.
+        #[source]
+        source: devices::virtio::net::NetConfigError,
     },
     /// A bad rate limiter bucket.
     #[error("network interface '{id}': {dir}_rate_limiter")]

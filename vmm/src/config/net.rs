@@ -11,10 +11,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use devices::rate_limiter::RateLimiterConfig;
-use devices::virtio::net::device::MTU_RANGE;
 use devices::virtio::net::{
-    IoEngine, Offloads, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE, DEFAULT_WEIGHT_BYTES,
-    DEFAULT_WEIGHT_PACKETS,
+    IoEngine, Offloads, DEFAULT_MAC, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE,
+    DEFAULT_WEIGHT_BYTES, DEFAULT_WEIGHT_PACKETS,
 };
 
 use super::error::ConfigError;
@@ -29,7 +28,7 @@ pub struct MacAddr(pub [u8; 6]);
 /// neighbour entries stay valid.
 impl Default for MacAddr {
     fn default() -> Self {
-        MacAddr(devices::virtio::net::NetConfig::default().mac)
+        MacAddr(DEFAULT_MAC)
     }
 }
 
@@ -194,19 +193,19 @@ pub(super) fn finish_net(index: usize, s: NetSpec) -> Result<NicConfig, ConfigEr
         (None, Some(name)) => TapBackend::Named(name),
         (None, None) => return Err(ConfigError::NoTap(id)),
     };
-    let mtu = match s.mtu {
-        Some(m) if m > u64::from(u16::MAX) || !MTU_RANGE.contains(&(m as u16)) => {
-            return Err(ConfigError::Mtu { id, mtu: m })
-        }
-        m => m.map(|m| m as u16),
-    };
-    let offloads = s.offloads.unwrap_or(Offloads::ALL);
-    offloads
-        .validate()
-        .map_err(|reason| ConfigError::Offloads {
+    let narrow = |what, value: u64| {
+        u16::try_from(value).map_err(|_| ConfigError::TooLarge {
             id: id.clone(),
-            reason,
-        })?;
+            what,
+            value,
+        })
+    };
+    let mtu = s.mtu.map(|m| narrow("MTU", m)).transpose()?;
+    let queue_size = narrow(
+        "queue size",
+        s.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE.into()),
+    )?;
+    let offloads = s.offloads.unwrap_or(Offloads::ALL);
     let rx_rate_limiter = s.rx_rate_limiter.unwrap_or_default();
     let tx_rate_limiter = s.tx_rate_limiter.unwrap_or_default();
     for (dir, rl) in [("rx", &rx_rate_limiter), ("tx", &tx_rate_limiter)] {
@@ -218,7 +217,7 @@ pub(super) fn finish_net(index: usize, s: NetSpec) -> Result<NicConfig, ConfigEr
     }
     let device = devices::virtio::net::NetConfig {
         mac: s.mac.unwrap_or_else(|| MacAddr::default_for(index)).0,
-        queue_size: validate_queue_size(s.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE.into()))?,
+        queue_size,
         tx_weight_bytes: s.tx_weight_bytes.unwrap_or(DEFAULT_WEIGHT_BYTES),
         tx_weight_packets: s.tx_weight_packets.unwrap_or(DEFAULT_WEIGHT_PACKETS),
         rx_weight_bytes: s.rx_weight_bytes.unwrap_or(DEFAULT_WEIGHT_BYTES),
@@ -232,6 +231,12 @@ pub(super) fn finish_net(index: usize, s: NetSpec) -> Result<NicConfig, ConfigEr
         bounce_buffer: false,
         io_engine: s.io_engine.unwrap_or_default(),
     };
+    // The device owns the bounds of its settings (queue size, MTU,
+    // offloads): the same check `Net::new` makes, here before anything
+    // is opened.
+    if let Err(source) = device.validate() {
+        return Err(ConfigError::Device { id, source });
+    }
     Ok(NicConfig { id, tap, device })
 }
 
@@ -292,17 +297,10 @@ pub fn parse_offloads<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Of
     Ok(o)
 }
 
-/// Checks a virtqueue size (virtio 1.1 §2.6: a power of two, at most 32768).
-pub fn validate_queue_size(n: u64) -> Result<u16, ConfigError> {
-    if !(2..=32768).contains(&n) || !n.is_power_of_two() {
-        return Err(ConfigError::QueueSize(n));
-    }
-    Ok(n as u16)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devices::virtio::net::NetConfigError;
 
     #[test]
     fn mac_parses_and_prints() {
@@ -337,12 +335,49 @@ mod tests {
     }
 
     #[test]
-    fn queue_sizes() {
-        for ok in [2, 64, 256, 1024, 32768] {
-            assert_eq!(validate_queue_size(ok).unwrap(), ok as u16);
+    fn the_device_owns_the_queue_size_and_mtu_bounds() {
+        let nic = |queue_size, mtu| {
+            finish_net(
+                0,
+                NetSpec {
+                    tap: Some("t0".into()),
+                    queue_size,
+                    mtu,
+                    ..NetSpec::default()
+                },
+            )
+        };
+        // virtio 1.1 §2.6: a power of two, at most 32768 (2^0 included).
+        for ok in [1, 2, 64, 256, 1024, 32768] {
+            assert_eq!(nic(Some(ok), None).unwrap().device.queue_size, ok as u16);
         }
-        for bad in [0, 1, 3, 100, 65536] {
-            assert!(matches!(validate_queue_size(bad), Err(ConfigError::QueueSize(b)) if b == bad));
+        for bad in [0u64, 3, 100, 32767, 65535] {
+            let err = nic(Some(bad), None).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ConfigError::Device { source: NetConfigError::QueueSize(q), .. } if u64::from(*q) == bad
+                ),
+                "{bad}: {err:?}"
+            );
         }
+        for (what, q, m) in [
+            ("queue size", Some(65536), None),
+            ("MTU", None, Some(70000)),
+        ] {
+            let err = crate::error_line(&nic(q, m).unwrap_err());
+            assert!(
+                err.contains(&format!("{what} ")) && err.contains("too large"),
+                "{err}"
+            );
+        }
+        assert_eq!(nic(None, Some(68)).unwrap().device.mtu, Some(68));
+        assert!(matches!(
+            nic(None, Some(67)),
+            Err(ConfigError::Device {
+                source: NetConfigError::Mtu(67),
+                ..
+            })
+        ));
     }
 }
