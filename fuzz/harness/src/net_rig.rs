@@ -24,6 +24,7 @@ use arbitrary::Arbitrary;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::io_engine::WriteRing;
 use devices::virtio::iov::IoVecs;
+use devices::virtio::net::pass::MAX_PASS_READS;
 use devices::virtio::net::{Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
 use devices::virtio::queue::{
     GuestRegions, RingAddrs, RingFeatures, SplitQueue, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_WRITE,
@@ -521,6 +522,26 @@ impl DatapathFixture {
         self.peer.is_some()
     }
 
+    /// The oracles both datapath targets check after every step, whatever
+    /// the guest wrote: no pass read more than [`MAX_PASS_READS`] ring
+    /// entries and descriptors, no host-side error was counted (the backend
+    /// is healthy), and those of [`check_tx_wire`](Self::check_tx_wire),
+    /// whose answer (whether the device has its ring) it returns.
+    pub fn check_shared_oracles(&self) -> bool {
+        let reads = self.metric(|m| &m.max_descs_per_pass);
+        assert!(
+            reads <= u64::from(MAX_PASS_READS),
+            "a pass read {reads} ring entries and descriptors"
+        );
+        assert_eq!(
+            self.metric(|m| &m.host_errors),
+            0,
+            "{}",
+            self.metrics.to_json()
+        );
+        self.check_tx_wire()
+    }
+
     /// The oracles on what reached the backend, shared by the datapath
     /// targets: the frames and bytes there are the device's `tx_frames` and
     /// `tx_bytes` (plus a 12-byte header each), and io_uring batches exist
@@ -586,39 +607,31 @@ impl DatapathFixture {
         let _ = self.mem.write_slice(bytes, GuestAddress(addr % MEM_SIZE));
     }
 
-    /// Writes a descriptor as the fuzzer described it into queue `q`'s
+    /// Writes a descriptor as the fuzzer described it into queue `d.q`'s
     /// table: only the three flag bits the spec defines, `next` folded into
     /// the ring.
-    pub fn guest_desc(&self, q: usize, idx: u16, addr: BufAddr, len: u16, flags: u8, next: u16) {
+    pub fn guest_desc(&self, d: &GuestDesc) {
         // A descriptor outside guest memory is one the device never reads.
-        let _ = self.queues[q].write_desc(
+        let _ = self.queues[usize::from(d.q)].write_desc(
             &self.mem,
-            idx,
-            addr.get(),
-            u32::from(len),
-            u16::from(flags & 7),
-            next % self.setup.size().max(1),
+            d.idx,
+            d.addr.get(),
+            u32::from(d.len),
+            u16::from(d.flags & 7),
+            d.next % self.setup.size().max(1),
         );
     }
 
-    /// Writes entry `i` of an indirect table at `at`, as the fuzzer
-    /// described it (the three defined flag bits).
-    pub fn guest_table_entry(
-        &self,
-        at: BufAddr,
-        i: u8,
-        addr: BufAddr,
-        len: u16,
-        flags: u8,
-        next: u8,
-    ) {
+    /// Writes an indirect-table entry as the fuzzer described it (the three
+    /// defined flag bits).
+    pub fn guest_table_entry(&self, e: &GuestTableEntry) {
         let d = desc_bytes(
-            addr.get(),
-            u32::from(len),
-            u16::from(flags & 7),
-            u16::from(next),
+            e.addr.get(),
+            u32::from(e.len),
+            u16::from(e.flags & 7),
+            u16::from(e.next),
         );
-        self.poke(at.get().wrapping_add(16 * u64::from(i)), &d);
+        self.poke(e.at.get().wrapping_add(16 * u64::from(e.i)), &d);
     }
 
     /// Gives the device a frame from the network.
@@ -704,6 +717,31 @@ impl DatapathFixture {
         head
     }
 
+    /// Posts the RX chains `c` describes (at most 8 buffers, each folded
+    /// below 4 KiB; nothing for an empty list) and kicks RX. Returns their
+    /// heads, in the order posted.
+    pub fn post_rx_chains(&mut self, c: &RxChains) -> Vec<u16> {
+        let lens: Vec<u16> = c.lens.iter().take(8).map(|&l| l % 4096).collect();
+        if lens.is_empty() {
+            return Vec::new();
+        }
+        let heads = (0..=c.copies % 16)
+            .map(|_| self.post_chain(0, &lens, usize::from(c.direct), &[]))
+            .collect();
+        self.kick(0);
+        heads
+    }
+
+    /// Posts the TX chain `c` describes and kicks TX. Returns its head and
+    /// the frame it holds.
+    pub fn post_tx_chain(&mut self, c: &TxChain) -> (u16, Vec<u8>) {
+        let frame = tx_frame(c.len, c.fill);
+        let lens = split(frame.len(), &c.cuts);
+        let head = self.post_chain(1, &lens, usize::from(c.direct), &frame);
+        self.kick(1);
+        (head, frame)
+    }
+
     /// The device's used idx of queue `q`.
     pub fn used_idx(&self, q: usize) -> u16 {
         self.queues[q].used_idx(&self.mem).unwrap_or(0)
@@ -720,6 +758,99 @@ impl DatapathFixture {
     pub fn metric(&self, f: impl Fn(&NetMetrics) -> &AtomicU64) -> u64 {
         f(&self.metrics).load(Ordering::Relaxed)
     }
+}
+
+/// A descriptor of queue `q`'s table, with any flags, length and link (a
+/// `Desc` step of the datapath targets; the fields are the input layout
+/// their corpora were written in).
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub struct GuestDesc {
+    /// RX (false) or TX (true).
+    pub q: bool,
+    /// Index in the table (folded by the queue writer).
+    pub idx: u16,
+    /// Buffer address.
+    pub addr: BufAddr,
+    /// Buffer length.
+    pub len: u16,
+    /// Flags, of which the three defined bits are kept.
+    pub flags: u8,
+    /// Next index (folded into the ring).
+    pub next: u16,
+}
+
+/// Entry `i` of an indirect table at `at`, with any flags, length and link
+/// (a `TableEntry` step of the datapath targets).
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub struct GuestTableEntry {
+    /// Where the table is.
+    pub at: BufAddr,
+    /// Entry index.
+    pub i: u8,
+    /// Buffer address.
+    pub addr: BufAddr,
+    /// Buffer length.
+    pub len: u16,
+    /// Flags, of which the three defined bits are kept.
+    pub flags: u8,
+    /// Next index in the table.
+    pub next: u8,
+}
+
+/// `1 + copies % 16` well-formed RX chains of buffers of these lengths (the
+/// first `direct` in ring descriptors, the rest in an indirect table),
+/// published (an `RxChain` step of the datapath targets).
+#[derive(Debug, Clone, Arbitrary)]
+pub struct RxChains {
+    /// Buffer lengths (the first 8, folded below 4 KiB).
+    pub lens: Vec<u16>,
+    /// How many buffers go in ring descriptors.
+    pub direct: u8,
+    /// How many more copies of the chain to post.
+    pub copies: u8,
+}
+
+/// A well-formed TX chain holding a `len`-byte frame split at `cuts` (a
+/// `TxChain` step of the datapath targets).
+#[derive(Debug, Clone, Arbitrary)]
+pub struct TxChain {
+    /// Frame length (see [`tx_frame`]).
+    pub len: u16,
+    /// Where the frame is cut into buffers (see [`split`]).
+    pub cuts: Vec<u16>,
+    /// How many buffers go in ring descriptors.
+    pub direct: u8,
+    /// The payload's first byte.
+    pub fill: u8,
+}
+
+/// A TX frame of `len` bytes (at least a header): a zero vnet header and
+/// `fill`-based payload.
+pub fn tx_frame(len: u16, fill: u8) -> Vec<u8> {
+    let len = usize::from(len % 2048).max(12);
+    (0..len)
+        .map(|i| {
+            if i < 12 {
+                0
+            } else {
+                fill.wrapping_add(i as u8)
+            }
+        })
+        .collect()
+}
+
+/// Buffer lengths that add up to `len`, cut at `cuts` (at most 16 pieces;
+/// empty ones allowed).
+pub fn split(len: usize, cuts: &[u16]) -> Vec<u16> {
+    let mut lens = Vec::new();
+    let mut left = len;
+    for &c in cuts.iter().take(15) {
+        let n = usize::from(c).min(left);
+        lens.push(n as u16);
+        left -= n;
+    }
+    lens.push(left as u16);
+    lens
 }
 
 /// A buffer address of a structured descriptor: mostly in [`BUF_AREA`],

@@ -103,16 +103,7 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
             .enumerate()
             .map(|(i, v)| (i as i32, *v))
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(err)?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
-            .map_err(err)?;
+        draw_marked_line(&mut chart, pts, color, label)?;
     }
     chart
         .configure_series_labels()
@@ -198,16 +189,7 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
         .label("target 0.90")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
     for (label, pts, color) in all {
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(err)?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
-            .map_err(err)?;
+        draw_marked_line(&mut chart, pts, color, label)?;
     }
     chart
         .configure_series_labels()
@@ -217,5 +199,29 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
         .draw()
         .map_err(err)?;
     root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Draws `pts` as a line with a dot on each measured point, under `label`
+/// in the legend: the style of every series in these charts (the dots show
+/// where the figures are, the line only joins them).
+fn draw_marked_line<'a, X, Y>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<X, Y>>,
+    pts: Vec<(i32, f64)>,
+    color: RGBColor,
+    label: &str,
+) -> Result<()>
+where
+    X: Ranged<ValueType = i32>,
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart
+        .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+        .map_err(err)?;
     Ok(())
 }

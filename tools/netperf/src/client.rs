@@ -301,6 +301,24 @@ fn set_tcp_timeouts(s: &TcpStream, t: Duration) -> Result<()> {
     Ok(())
 }
 
+/// Waits, until the `hard` deadline, for the server's report of the test
+/// (which it sends once its side of the data phase is over).
+fn await_report(ctrl: &mut Control, hard: Instant) -> Result<Value> {
+    let wait = left(hard, "waiting for results")?;
+    ctrl.recv(wait)
+        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))
+}
+
+/// What a TCP stream test (either direction) measured: bytes only, since
+/// TCP has no messages to count.
+fn tcp_measured(sent: u64, received: u64) -> Measured {
+    Measured::Stream(StreamResult {
+        bytes_sent: sent,
+        bytes_received: received,
+        ..StreamResult::default()
+    })
+}
+
 fn report_u64(report: &Value, key: &str) -> Result<u64> {
     if let Some(why) = report.get("error").and_then(Value::as_str) {
         bail!("the server failed the test: {why}");
@@ -336,23 +354,13 @@ fn tcp_stream(
         .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
     // The server replies once it has read everything up to our FIN, so the elapsed time
     // includes draining what was still queued: bytes and time describe the same delivery.
-    let wait = left(b.hard, "waiting for results")?;
-    let report = ctrl
-        .recv(wait)
-        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
+    let report = await_report(ctrl, b.hard)?;
     let elapsed = start.elapsed();
     let received = report_u64(&report, "bytes")?;
     if received > sent {
         bail!("server claims {received} bytes but only {sent} were sent");
     }
-    Ok((
-        elapsed,
-        Measured::Stream(StreamResult {
-            bytes_sent: sent,
-            bytes_received: received,
-            ..StreamResult::default()
-        }),
-    ))
+    Ok((elapsed, tcp_measured(sent, received)))
 }
 
 fn tcp_maerts(
@@ -382,22 +390,12 @@ fn tcp_maerts(
     let elapsed = start.elapsed();
     // A server killed mid-test also ends the stream with a FIN; only its report proves the
     // stream ended because the test did.
-    let wait = left(b.hard, "waiting for results")?;
-    let report = ctrl
-        .recv(wait)
-        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
+    let report = await_report(ctrl, b.hard)?;
     let sent = report_u64(&report, "bytes_sent")?;
     if sent != received {
         bail!("server sent {sent} bytes but {received} arrived");
     }
-    Ok((
-        elapsed,
-        Measured::Stream(StreamResult {
-            bytes_sent: sent,
-            bytes_received: received,
-            ..StreamResult::default()
-        }),
-    ))
+    Ok((elapsed, tcp_measured(sent, received)))
 }
 
 fn tcp_rr(
@@ -430,10 +428,7 @@ fn tcp_rr(
     let elapsed = start.elapsed();
     data.shutdown(Shutdown::Write)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
-    let wait = left(b.hard, "waiting for results")?;
-    let report = ctrl
-        .recv(wait)
-        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))?;
+    let report = await_report(ctrl, b.hard)?;
     let served = report_u64(&report, "transactions")?;
     if served != r.transactions {
         bail!(
@@ -477,9 +472,7 @@ fn udp_finish(ctrl: &mut Control, hard: Instant) -> Result<Value> {
     let wait = left(hard, "ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
-    let wait = left(hard, "waiting for results")?;
-    ctrl.recv(wait)
-        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))
+    await_report(ctrl, hard)
 }
 
 /// Ends a UDP_STREAM test and collects the server's counts, waiting as long as the server's

@@ -87,19 +87,44 @@ impl<B: NetBackend> Net<B> {
         }
     }
 
-    /// A pass yielded: makes its direction's re-queue eventfd readable,
-    /// unless it still is from the pass before (`queued`; see
+    /// Queue `q`'s re-queue eventfd, whether it is readable
+    /// (`Registered::rx_requeued`, `Registered::tx_requeued`), the metrics
+    /// and the eventfd's name in log lines: the pieces `requeue` and
+    /// `requeue_done` work on, borrowed apart.
+    fn requeue_parts(&mut self, q: usize) -> (&EventFd, &mut bool, &NetMetrics, &'static str) {
+        if q == RX_INDEX {
+            (
+                &self.rx_requeue_evt,
+                &mut self.registered.rx_requeued,
+                &self.metrics,
+                "RX re-queue",
+            )
+        } else {
+            (
+                &self.tx_requeue_evt,
+                &mut self.registered.tx_requeued,
+                &self.metrics,
+                "TX re-queue",
+            )
+        }
+    }
+
+    /// A pass of queue `q` yielded: makes its re-queue eventfd readable,
+    /// unless it still is from the pass before (see
     /// `Registered::tx_requeued`).
-    fn requeue(evt: &EventFd, queued: &mut bool, metrics: &NetMetrics, what: &str) {
+    fn requeue(&mut self, q: usize) {
+        let (evt, queued, metrics, what) = self.requeue_parts(q);
         if !*queued {
             *queued = true;
             Self::signal(evt, metrics, what);
         }
     }
 
-    /// A pass run from the re-queue eventfd ended otherwise than by
-    /// yielding (or none could run): reads the eventfd, so the loop sleeps.
-    fn requeue_done(evt: &EventFd, queued: &mut bool, metrics: &NetMetrics, what: &str) {
+    /// A pass of queue `q` run from its re-queue eventfd ended otherwise
+    /// than by yielding (or none could run): reads the eventfd, so the loop
+    /// sleeps.
+    fn requeue_done(&mut self, q: usize) {
+        let (evt, queued, metrics, what) = self.requeue_parts(q);
         Self::drain(evt, metrics, what);
         *queued = false;
     }
@@ -120,12 +145,7 @@ impl<B: NetBackend> Net<B> {
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
-                Self::requeue(
-                    &self.rx_requeue_evt,
-                    &mut self.registered.rx_requeued,
-                    &self.metrics,
-                    "RX re-queue",
-                );
+                self.requeue(RX_INDEX);
             }
             RxStatus::Broken => Self::device_error(a),
             // End of file only with a hangup reported; otherwise a 0-byte
@@ -159,12 +179,7 @@ impl<B: NetBackend> Net<B> {
             &*a.interrupt,
         );
         match status {
-            TxStatus::WeightHit => Self::requeue(
-                &self.tx_requeue_evt,
-                &mut self.registered.tx_requeued,
-                &self.metrics,
-                "TX re-queue",
-            ),
+            TxStatus::WeightHit => self.requeue(TX_INDEX),
             TxStatus::Broken => Self::device_error(a),
             TxStatus::Done | TxStatus::Blocked | TxStatus::Throttled => {}
         }
@@ -254,23 +269,13 @@ impl<B: NetBackend> Net<B> {
             a.rx_deferred = false;
         }
         if self.run_rx(false) != Some(RxStatus::WeightHit) {
-            Self::requeue_done(
-                &self.rx_requeue_evt,
-                &mut self.registered.rx_requeued,
-                &self.metrics,
-                "RX re-queue",
-            );
+            self.requeue_done(RX_INDEX);
         }
     }
 
     fn process_tx_requeue_event(&mut self) {
         if self.run_tx(false) != Some(TxStatus::WeightHit) {
-            Self::requeue_done(
-                &self.tx_requeue_evt,
-                &mut self.registered.tx_requeued,
-                &self.metrics,
-                "TX re-queue",
-            );
+            self.requeue_done(TX_INDEX);
         }
     }
 
@@ -473,6 +478,61 @@ mod tests {
 
     const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
+    /// The queue whose re-queue (`Registered::*_requeued` and its eventfd)
+    /// a test looks at: RX and TX yield and re-queue the same way.
+    #[derive(Clone, Copy)]
+    enum Requeue {
+        Rx,
+        Tx,
+    }
+
+    impl Requeue {
+        /// Whether the handler holds a re-queue for the queue.
+        fn queued(self, h: &NetFixture) -> bool {
+            let dev = h.dev();
+            match self {
+                Requeue::Rx => dev.registered.rx_requeued,
+                Requeue::Tx => dev.registered.tx_requeued,
+            }
+        }
+
+        /// Runs `f` on the queue's re-queue eventfd.
+        fn with_evt<T>(self, h: &NetFixture, f: impl FnOnce(&EventFd) -> T) -> T {
+            let dev = h.dev();
+            f(match self {
+                Requeue::Rx => &dev.rx_requeue_evt,
+                Requeue::Tx => &dev.tx_requeue_evt,
+            })
+        }
+
+        /// The re-queue is held and its eventfd was written once and is
+        /// still readable (the count is put back, so the loop comes back
+        /// without another write).
+        fn assert_pending_once(self, h: &NetFixture) {
+            assert!(self.queued(h));
+            let pending = self.with_evt(h, |e| e.read().unwrap());
+            assert_eq!(pending, 1);
+            self.with_evt(h, |e| e.write(pending).unwrap());
+        }
+
+        /// No re-queue is held and its eventfd has been read.
+        fn assert_drained(self, h: &NetFixture) {
+            assert!(!self.queued(h));
+            assert!(self.with_evt(h, |e| e.read().is_err()));
+        }
+
+        /// A reset in the middle of yielding passes (a re-queue held)
+        /// forgets the re-queue: after the reset's own event the loop
+        /// goes idle with none held.
+        fn assert_reset_forgets(self, h: &mut NetFixture) {
+            assert!(self.queued(h));
+            h.dev().reset();
+            self.assert_drained(h);
+            h.run_until_idle();
+            assert!(!self.queued(h));
+        }
+    }
+
     #[test]
     fn test_tx_requeue_stays_readable_while_passes_yield() {
         let mut h = NetFixture::new(
@@ -492,16 +552,12 @@ mod tests {
         // Two passes yielded: the re-queue eventfd was written once and is
         // still readable, so the loop comes back without another write.
         assert_eq!(h.metric(|m| &m.tx_weight_hits), 2);
-        assert!(h.dev().registered.tx_requeued);
-        let pending = h.dev().tx_requeue_evt.read().unwrap();
-        assert_eq!(pending, 1);
-        h.dev().tx_requeue_evt.write(pending).unwrap();
+        Requeue::Tx.assert_pending_once(&h);
         // Once a pass ends otherwise, it is read: the loop goes idle.
         h.run_until_idle();
         assert_eq!(h.peer_frames(), frames);
         assert_eq!(h.metric(|m| &m.tx_weight_hits), 4);
-        assert!(!h.dev().registered.tx_requeued);
-        assert!(h.dev().tx_requeue_evt.read().is_err());
+        Requeue::Tx.assert_drained(&h);
 
         // A reset in the middle of yielding passes forgets the re-queue.
         for f in &frames {
@@ -509,13 +565,7 @@ mod tests {
         }
         h.kick_tx();
         h.run_once(0);
-        assert!(h.dev().registered.tx_requeued);
-        h.dev().reset();
-        assert!(!h.dev().registered.tx_requeued);
-        assert!(h.dev().tx_requeue_evt.read().is_err());
-        // The reset's own event, then nothing more.
-        h.run_until_idle();
-        assert!(!h.dev().registered.tx_requeued);
+        Requeue::Tx.assert_reset_forgets(&mut h);
     }
 
     #[test]
@@ -540,17 +590,13 @@ mod tests {
         h.run_once(0);
         assert_eq!(h.metric(|m| &m.rx_weight_hits), 2);
         assert_eq!(h.metric(|m| &m.rx_frames), 8);
-        assert!(h.dev().registered.rx_requeued);
-        let pending = h.dev().rx_requeue_evt.read().unwrap();
-        assert_eq!(pending, 1);
-        h.dev().rx_requeue_evt.write(pending).unwrap();
+        Requeue::Rx.assert_pending_once(&h);
         // Once a pass ends otherwise (drained), it is read: the loop goes
         // idle, every frame delivered in order.
         h.run_until_idle();
         assert_eq!(h.metric(|m| &m.rx_frames), 18);
         assert_eq!(h.metric(|m| &m.rx_weight_hits), 4);
-        assert!(!h.dev().registered.rx_requeued);
-        assert!(h.dev().rx_requeue_evt.read().is_err());
+        Requeue::Rx.assert_drained(&h);
         let used = h.rxq.take_used(&h.mem);
         assert_eq!(used.len(), 18);
         for (k, &(head, len)) in used.iter().enumerate() {
@@ -563,12 +609,7 @@ mod tests {
             h.peer.send(f).unwrap();
         }
         h.run_once(0);
-        assert!(h.dev().registered.rx_requeued);
-        h.dev().reset();
-        assert!(!h.dev().registered.rx_requeued);
-        assert!(h.dev().rx_requeue_evt.read().is_err());
-        h.run_until_idle();
-        assert!(!h.dev().registered.rx_requeued);
+        Requeue::Rx.assert_reset_forgets(&mut h);
     }
 
     #[test]
@@ -810,14 +851,20 @@ mod perf {
 
     const N: usize = 200_000;
 
-    fn rx(bounce: bool, len: usize) -> f64 {
-        let mut h = NetFixture::new(
+    /// A device on the zero-copy path, or on the bounce buffer it is
+    /// measured against.
+    fn fixture(bounce: bool) -> NetFixture {
+        NetFixture::new(
             NetConfig {
                 bounce_buffer: bounce,
                 ..NetConfig::default()
             },
             MRG_FEATURES,
-        );
+        )
+    }
+
+    fn rx(bounce: bool, len: usize) -> f64 {
+        let mut h = fixture(bounce);
         let base = 0x100000u64;
         let post = |h: &mut NetFixture, n: usize| {
             for _ in 0..n {
@@ -853,13 +900,7 @@ mod perf {
     }
 
     fn tx(bounce: bool, len: usize) -> f64 {
-        let mut h = NetFixture::new(
-            NetConfig {
-                bounce_buffer: bounce,
-                ..NetConfig::default()
-            },
-            MRG_FEATURES,
-        );
+        let mut h = fixture(bounce);
         let base = 0x100000u64;
         let f = frame(len, 2);
         for i in 0..256u64 {
