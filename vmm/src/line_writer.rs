@@ -250,4 +250,22 @@ mod tests {
         assert_eq!(received as u64 + dropped, 1500);
         std::fs::remove_file(&p).unwrap();
     }
+
+    #[test]
+    fn the_pending_buffer_fills_to_its_bound_exactly() {
+        // Page-sized lines: whatever the pipe takes, the buffer behind it
+        // holds exactly MAX_PENDING bytes of them before the first drop.
+        let p = fifo("bound");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let mut line = vec![b'y'; 4095];
+        line.push(b'\n');
+        let mut written = 0;
+        while s.dropped_lines() == 0 {
+            s.write_line(&line);
+            written += 1;
+            assert!(written < 10_000, "nothing dropped");
+        }
+        assert_eq!(s.pending_bytes(), MAX_PENDING);
+        std::fs::remove_file(&p).unwrap();
+    }
 }

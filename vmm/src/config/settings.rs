@@ -416,6 +416,19 @@ mod tests {
             validate_mem(MAX_MEM_MIB + 1),
             Err(ConfigError::MemTooLarge(_))
         ));
+        // What the README promises: up to 64 GiB.
+        assert_eq!(validate_mem(65536).unwrap(), 65536);
+        assert!(validate_mem(65537).is_err());
+    }
+
+    #[test]
+    fn nineteen_nics_fit_the_irq_lines_and_twenty_do_not() {
+        // IRQs 5 to 23, one per card.
+        let nets = |n: usize| (0..n).map(|i| nic(&format!("t{i}"))).collect::<Vec<_>>();
+        assert_eq!(with_nets(nets(19)).finish().unwrap().nets.len(), 19);
+        let err = with_nets(nets(20)).finish().unwrap_err();
+        assert!(matches!(err, ConfigError::TooManyNics(20)), "{err}");
+        assert!(err.to_string().contains("at most 19"), "{err}");
     }
 
     #[test]
