@@ -268,4 +268,16 @@ mod tests {
         assert_eq!(s.pending_bytes(), MAX_PENDING);
         std::fs::remove_file(&p).unwrap();
     }
+
+    #[test]
+    fn drain_returns_as_soon_as_nothing_is_pending() {
+        let p = tmp("drain");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        s.write_line(b"one\n");
+        let t = Instant::now();
+        s.drain(Duration::from_secs(5));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\n");
+        std::fs::remove_file(&p).unwrap();
+    }
 }

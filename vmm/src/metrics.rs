@@ -220,4 +220,24 @@ mod tests {
         assert!(last["vmm"]["uptime_ms"].as_u64().unwrap() >= up);
         std::fs::remove_file(&p).unwrap();
     }
+
+    #[test]
+    fn the_exit_writes_a_last_line() {
+        let p = std::env::temp_dir().join(format!("minivmm-metrics-exit-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let mut m = Metrics::open(&p).unwrap();
+        let exits = Arc::new(VcpuExits::default());
+        m.attach(exits.clone(), Vec::new(), Instant::now());
+        m.flush();
+        exits.io_in.fetch_add(4, Ordering::Relaxed);
+        m.finish();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[1]["vmm"]["vcpu_exits"]["io_in"], 4);
+        std::fs::remove_file(&p).unwrap();
+    }
 }

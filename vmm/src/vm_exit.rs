@@ -105,6 +105,21 @@ mod tests {
     }
 
     #[test]
+    fn each_end_is_described_in_its_own_words() {
+        assert_eq!(VmExit::Reset.describe(), "guest reset the machine");
+        assert_eq!(
+            VmExit::PanicReset.describe(),
+            "guest reset the machine after a kernel panic"
+        );
+        assert_eq!(VmExit::PowerOff.describe(), "guest powered off");
+        assert_eq!(VmExit::Signal(15).describe(), "stopped by signal 15");
+        assert_eq!(
+            VmExit::Fault("triple fault".into()).describe(),
+            "triple fault"
+        );
+    }
+
+    #[test]
     fn exit_codes() {
         assert_eq!(VmExit::Reset.exit_code(), 0);
         assert_eq!(VmExit::PowerOff.exit_code(), 0);

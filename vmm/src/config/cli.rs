@@ -466,6 +466,33 @@ mod tests {
     }
 
     #[test]
+    fn every_net_key_lands_in_its_card() {
+        let n = parse_net(
+            "tap=t,tx_weight_bytes=5,tx_weight_packets=6,rx_weight_bytes=7,rx_weight_packets=8,\
+             pass_time_budget_us=9,mrg_rxbuf=off,io_engine=Sync",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                n.tx_weight_bytes,
+                n.tx_weight_packets,
+                n.rx_weight_bytes,
+                n.rx_weight_packets,
+                n.pass_time_budget_us
+            ),
+            (Some(5), Some(6), Some(7), Some(8), Some(9))
+        );
+        assert_eq!(n.mrg_rxbuf, Some(false));
+        assert_eq!(n.io_engine, Some(IoEngine::Sync));
+        // Each offload switch on its own.
+        let o = |s: &str| parse_net(s).unwrap().offloads.unwrap();
+        let ufo_off = o("tap=t,offload_ufo=off");
+        assert!(ufo_off.csum && ufo_off.tso4 && ufo_off.tso6 && !ufo_off.ufo);
+        let tso_off = o("tap=t,offload_tso=off");
+        assert!(tso_off.csum && !tso_off.tso4 && !tso_off.tso6 && tso_off.ufo);
+    }
+
+    #[test]
     fn repeated_net_gives_several_cards_in_order() {
         let cfg = parse(&[
             "--kernel",

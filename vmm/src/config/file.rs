@@ -539,6 +539,15 @@ mod tests {
     }
 
     #[test]
+    fn empty_drives_are_accepted_as_firecracker_writes_them() {
+        let boot = r#""boot-source": {"kernel_image_path": "k"}"#;
+        for drives in ["null", "[]"] {
+            let s = parse(&format!(r#"{{{boot}, "drives": {drives}}}"#)).unwrap();
+            assert_eq!(s.kernel, Some(PathBuf::from("k")), "{drives}");
+        }
+    }
+
+    #[test]
     fn unsupported_sections_are_the_ones_firecracker_has() {
         // A null for each is accepted, as Firecracker's own files write them.
         let mut top = Map::new();
