@@ -335,6 +335,19 @@ mod tests {
     }
 
     #[test]
+    fn io_engine_in_firecracker_spelling_or_any_case() {
+        for (v, want) in [
+            ("Async", IoEngine::Async),
+            ("async", IoEngine::Async),
+            ("Sync", IoEngine::Sync),
+            ("SYNC", IoEngine::Sync),
+        ] {
+            assert_eq!(parse_io_engine(v), Ok(want), "{v}");
+        }
+        assert!(parse_io_engine("uring").unwrap_err().contains("'uring'"));
+    }
+
+    #[test]
     fn the_device_owns_the_queue_size_and_mtu_bounds() {
         let nic = |queue_size, mtu| {
             finish_net(
