@@ -142,11 +142,26 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
+    /// A metrics writer on a fresh file named after the test.
+    fn metrics_file(name: &str) -> (std::path::PathBuf, Metrics) {
+        let p = std::env::temp_dir().join(format!("minivmm-metrics-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let m = Metrics::open(&p).unwrap();
+        (p, m)
+    }
+
+    /// Every line of the file, parsed.
+    fn lines_of(p: &Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     #[test]
     fn lines_carry_time_vmm_and_every_card_by_id() {
-        let p = std::env::temp_dir().join(format!("minivmm-metrics-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let mut m = Metrics::open(&p).unwrap();
+        let (p, mut m) = metrics_file("cards");
         let exits = Arc::new(VcpuExits::default());
         let (a, b) = (
             Arc::new(NetMetrics::default()),
@@ -162,11 +177,7 @@ mod tests {
         a.tx_frames.fetch_add(7, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(5));
         m.flush();
-        let text = std::fs::read_to_string(&p).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let lines = lines_of(&p);
         assert_eq!(lines.len(), 2);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -223,20 +234,14 @@ mod tests {
 
     #[test]
     fn the_exit_writes_a_last_line() {
-        let p = std::env::temp_dir().join(format!("minivmm-metrics-exit-{}", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        let mut m = Metrics::open(&p).unwrap();
+        let (p, mut m) = metrics_file("exit");
         let exits = Arc::new(VcpuExits::default());
         m.attach(exits.clone(), Vec::new(), Instant::now());
         m.flush();
         exits.io_in.fetch_add(4, Ordering::Relaxed);
         m.finish();
-        let text = std::fs::read_to_string(&p).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 2, "{text}");
+        let lines = lines_of(&p);
+        assert_eq!(lines.len(), 2, "{lines:?}");
         assert_eq!(lines[1]["vmm"]["vcpu_exits"]["io_in"], 4);
         std::fs::remove_file(&p).unwrap();
     }

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Address, Bytes, GuestAddress};
 
 use super::*;
+use crate::virtio::test_utils::{desc_bytes, DriverQueue};
 use crate::virtio::GuestMemory;
 
 const MEM: u64 = 4 << 20;
@@ -39,68 +40,54 @@ fn queue(m: &GuestMemory, size: u16) -> SplitQueue {
 
 /// Writes descriptor `i` of the table at `table`: (addr, len, flags, next).
 fn desc_at(m: &GuestMemory, table: u64, i: u16, (addr, len, flags, next): (u64, u32, u16, u16)) {
-    let d = table + 16 * u64::from(i);
-    m.write_obj(addr, GuestAddress(d)).unwrap();
-    m.write_obj(len, GuestAddress(d + 8)).unwrap();
-    m.write_obj(flags, GuestAddress(d + 12)).unwrap();
-    m.write_obj(next, GuestAddress(d + 14)).unwrap();
+    m.write_slice(
+        &desc_bytes(addr, len, flags, next),
+        GuestAddress(table + 16 * u64::from(i)),
+    )
+    .unwrap();
 }
 
 /// Builds a chain layout in guest memory through the driver.
 type Setup<'a> = Box<dyn Fn(&GuestMemory, &mut Driver) + 'a>;
 
-/// The driver's side of a queue laid out by `addrs`.
-struct Driver {
-    a: RingAddrs,
-    avail_idx: u16,
-}
+/// The driver's side of a queue laid out by `addrs`: the shared
+/// [`DriverQueue`], with the shorthand these tests use (descriptors by
+/// index, failures as panics).
+struct Driver(DriverQueue);
 
 impl Driver {
     fn new(a: RingAddrs) -> Self {
-        Driver { a, avail_idx: 0 }
+        Driver(DriverQueue::new(a.into()))
     }
     fn desc(&self, m: &GuestMemory, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        desc_at(m, self.a.desc_table, i, (addr, len, flags, next));
+        self.0.write_desc(m, i, addr, len, flags, next).unwrap();
     }
     fn publish(&mut self, m: &GuestMemory, head: u16) {
-        let slot = u64::from(self.avail_idx % self.a.size);
-        m.write_obj(head, GuestAddress(self.a.avail_ring + 4 + 2 * slot))
-            .unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        self.set_avail_idx(m, self.avail_idx);
+        self.0.offer(m, head).unwrap();
     }
+    /// A hostile driver's avail idx, whatever it has put in the ring.
     fn set_avail_idx(&self, m: &GuestMemory, idx: u16) {
-        m.write_obj(idx, GuestAddress(self.a.avail_ring + 2))
-            .unwrap();
+        let avail = self.0.layout().avail_ring;
+        m.write_obj(idx, avail.unchecked_add(2)).unwrap();
     }
     fn used_idx(&self, m: &GuestMemory) -> u16 {
-        m.read_obj(GuestAddress(self.a.used_ring + 2)).unwrap()
+        self.0.used_idx(m).unwrap()
     }
     fn used_elem(&self, m: &GuestMemory, i: u16) -> (u32, u32) {
-        let e = self.a.used_ring + 4 + 8 * u64::from(i % self.a.size);
-        (
-            m.read_obj(GuestAddress(e)).unwrap(),
-            m.read_obj(GuestAddress(e + 4)).unwrap(),
-        )
+        let e = self.0.used_elem(m, i).unwrap();
+        (e.id, e.len)
     }
     fn used_flags(&self, m: &GuestMemory) -> u16 {
-        m.read_obj(GuestAddress(self.a.used_ring)).unwrap()
+        self.0.used_flags(m).unwrap()
     }
     fn avail_event(&self, m: &GuestMemory) -> u16 {
-        m.read_obj(GuestAddress(
-            self.a.used_ring + 4 + 8 * u64::from(self.a.size),
-        ))
-        .unwrap()
+        self.0.avail_event(m).unwrap()
     }
     fn set_used_event(&self, m: &GuestMemory, v: u16) {
-        m.write_obj(
-            v,
-            GuestAddress(self.a.avail_ring + 4 + 2 * u64::from(self.a.size)),
-        )
-        .unwrap();
+        self.0.set_used_event(m, v).unwrap();
     }
     fn set_avail_flags(&self, m: &GuestMemory, v: u16) {
-        m.write_obj(v, GuestAddress(self.a.avail_ring)).unwrap();
+        self.0.set_avail_flags(m, v).unwrap();
     }
 }
 
