@@ -944,5 +944,73 @@ mod tests {
             );
             assert!(sent(&bus).is_empty(), "{:?}", bus.accesses());
         }
+
+        /// Where the polling guest looks for its go.
+        const FLAG: u64 = 0x1_4000;
+
+        /// A guest that spins until [`FLAG`] is non-zero, then triple
+        /// faults: it stays in KVM_RUN for as long as the test wants.
+        fn polling_guest() -> Vec<u8> {
+            let mut code = vec![0x80, 0x3c, 0x25]; // cmp byte [FLAG], 0
+            code.extend((FLAG as u32).to_le_bytes());
+            code.push(0x00);
+            code.extend([0x74, 0xf6]); // je back to the cmp
+            code.extend(UD2);
+            code
+        }
+
+        /// Runs `vcpu` until `poke` has run for a while, then releases the
+        /// guest; returns why the run ended.
+        fn run_poked(
+            vcpu: Vcpu,
+            mem: &GuestMemoryMmap,
+            poke: impl Fn(&std::thread::JoinHandle<()>),
+        ) -> VmExit {
+            let exit = ExitLatch::new().unwrap();
+            let latch = exit.clone();
+            let thread = std::thread::spawn(move || vcpu.run(latch));
+            let start = Instant::now();
+            while exit.reason().is_none() && start.elapsed() < Duration::from_millis(200) {
+                poke(&thread);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            mem.write_obj(1u8, GuestAddress(FLAG)).unwrap();
+            while exit.reason().is_none() {
+                assert!(
+                    !thread.is_finished(),
+                    "the vCPU stopped without reporting why"
+                );
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "the guest did not end in {DEADLINE:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            thread.join().unwrap();
+            exit.reason().unwrap()
+        }
+
+        extern "C" fn ignore_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        }
+
+        #[test]
+        fn a_signal_interrupting_kvm_run_does_not_end_the_vm() {
+            use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+            let Some(vm) = test_vm("a_signal_interrupting_kvm_run_does_not_end_the_vm") else {
+                return;
+            };
+            // A handler, not the default action (which ends the process)
+            // nor a blocked signal (which never interrupts): as a VMM kicks
+            // a vCPU out of the guest.
+            let kick = SIGRTMIN() + 5;
+            register_signal_handler(kick, ignore_signal).unwrap();
+            let bus = Arc::new(Recorder::default());
+            let vcpu = vcpu(&vm, 0, 1, &polling_guest(), bus, false);
+            let reason = run_poked(vcpu, &vm.2, |thread| {
+                // The thread may just have ended; then there is no one to kick.
+                let _ = thread.kill(kick);
+            });
+            assert_triple_fault(&reason);
+        }
     }
 }
