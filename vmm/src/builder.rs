@@ -525,6 +525,16 @@ fn create_vcpus(
     Ok(vcpus)
 }
 
+/// A VM as [`build`] makes one up to its vCPUs (KVM checked, `mem_mib` MiB
+/// of guest memory, irqchip and PIT), for tests that run a vCPU on real KVM.
+#[cfg(test)]
+pub(crate) fn test_vm(mem_mib: u64) -> Result<(Kvm, VmFd, GuestMemoryMmap), BuildError> {
+    let (kvm, vm) = create_vm(1)?;
+    let mem = guest_memory(&vm, mem_mib)?;
+    create_irqchip(&vm)?;
+    Ok((kvm, vm, mem))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -547,4 +547,470 @@ mod tests {
         assert_eq!(regs.rip, 0);
         assert_eq!(events.exception.nr, BP_VECTOR);
     }
+
+    /// Hand-assembled guest code run on this host's KVM through `configure`
+    /// and `run`, as the builder sets a vCPU up: what these check is what
+    /// only a real KVM_RUN shows (the access size of a port exit, the end of
+    /// the run reaching the latch, the INT3 recovery of a PVM host).
+    mod on_kvm {
+        use super::*;
+        use std::path::Path;
+        use std::time::{Duration, Instant};
+
+        use arch::x86_64::layout::ZERO_PAGE_START;
+        use arch::x86_64::regs::{EFER_LMA, EFER_LME, X86_CR0_PE, X86_CR0_PG, X86_CR4_PAE};
+        use kvm_bindings::{kvm_msr_entry, KVM_MAX_CPUID_ENTRIES};
+        use kvm_ioctls::{Kvm, VmFd};
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+        use crate::builder;
+
+        /// Where the guest code starts: a free page of the 2 MiB test VM,
+        /// above the boot structures `arch` writes.
+        const ENTRY: u64 = 0x1_0000;
+        /// What `rep outsb` sends.
+        const OUT_BUF: u64 = 0x1_1000;
+        /// Where `rep insb` stores.
+        const IN_BUF: u64 = 0x1_2000;
+        /// The INT3 test's IDT, with a gate for vectors 0 to 3 only.
+        const IDT: u64 = 0x1_3000;
+        /// Its #BP handler.
+        const BP_HANDLER: u64 = 0x1_0800;
+        /// The UART's data port, the guest's usual port.
+        const COM1: u16 = 0x3f8;
+        /// Far above what the few instructions take even emulated (about
+        /// 2 million a second on a PVM host).
+        const DEADLINE: Duration = Duration::from_secs(30);
+        /// What the bus answers to every `in`.
+        const IN_BYTE: u8 = 0x5a;
+
+        /// `mov dx, 0x3f8`.
+        const MOV_DX_COM1: [u8; 4] = [0x66, 0xba, 0xf8, 0x03];
+        /// `ud2`: with no IDT gate for #UD, #GP or #DF this is a triple fault.
+        const UD2: [u8; 2] = [0x0f, 0x0b];
+
+        /// One exit as the bus saw it.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        enum Access {
+            In {
+                port: u16,
+                size: usize,
+                len: usize,
+            },
+            Out {
+                port: u16,
+                size: usize,
+                data: Vec<u8>,
+            },
+        }
+
+        #[derive(Default)]
+        struct Recorder(Mutex<Vec<Access>>);
+
+        impl Recorder {
+            fn accesses(&self) -> Vec<Access> {
+                self.0.lock().unwrap().clone()
+            }
+        }
+
+        impl ExitBus for Recorder {
+            fn pio_read(&self, port: u16, size: usize, data: &mut [u8]) {
+                data.fill(IN_BYTE);
+                let len = data.len();
+                self.0.lock().unwrap().push(Access::In { port, size, len });
+            }
+            fn pio_write(&self, port: u16, size: usize, data: &[u8]) {
+                let data = data.to_vec();
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(Access::Out { port, size, data });
+            }
+            fn mmio_read(&self, addr: u64, _data: &mut [u8]) {
+                panic!("unexpected MMIO read at {addr:#x}");
+            }
+            fn mmio_write(&self, addr: u64, _data: &[u8]) {
+                panic!("unexpected MMIO write at {addr:#x}");
+            }
+        }
+
+        /// A VM as the builder makes it, or `None` (with the SKIP line)
+        /// where this host has no KVM.
+        fn test_vm(test: &str) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
+            if !Path::new("/dev/kvm").exists() {
+                println!("SKIP {test}: no /dev/kvm on this host");
+                return None;
+            }
+            Some(builder::test_vm(2).unwrap_or_else(|e| panic!("{}", crate::error_line(&e))))
+        }
+
+        fn is_pvm(test: &str) -> bool {
+            let pvm = pvm::is_pvm_host();
+            if !pvm {
+                println!("SKIP {test}: not a PVM host (INT3 never fails emulation here)");
+            }
+            pvm
+        }
+
+        /// vCPU `id` of `nr_vcpus`, configured as the builder does; the BSP
+        /// (`id` 0) starts at [`ENTRY`], where `code` is.
+        fn vcpu(
+            (kvm, vm, mem): &(Kvm, VmFd, GuestMemoryMmap),
+            id: u8,
+            nr_vcpus: u8,
+            code: &[u8],
+            bus: Arc<Recorder>,
+            recover_int3: bool,
+        ) -> Vcpu {
+            mem.write_slice(code, GuestAddress(ENTRY)).unwrap();
+            let cpuid = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap();
+            let fd = vm.create_vcpu(u64::from(id)).unwrap();
+            let vcpu = Vcpu::new(fd, id, bus, recover_int3);
+            let boot = (id == 0).then_some((ENTRY, ZERO_PAGE_START));
+            vcpu.configure(&cpuid, nr_vcpus, mem, boot).unwrap();
+            vcpu
+        }
+
+        /// Runs `vcpu` on its own thread, as the VMM does, and returns the
+        /// reason it reported; fails (rather than hangs) past [`DEADLINE`].
+        fn run_to_end(vcpu: Vcpu) -> VmExit {
+            let exit = ExitLatch::new().unwrap();
+            let latch = exit.clone();
+            let thread = std::thread::spawn(move || vcpu.run(latch));
+            let start = Instant::now();
+            loop {
+                if let Some(reason) = exit.reason() {
+                    thread.join().unwrap();
+                    return reason;
+                }
+                assert!(
+                    !thread.is_finished(),
+                    "the vCPU stopped without reporting why"
+                );
+                // A stuck guest keeps its thread busy until the test binary
+                // ends; the failure is reported now.
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "the guest did not end in {DEADLINE:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+
+        fn assert_triple_fault(reason: &VmExit) {
+            assert!(
+                matches!(reason, VmExit::Fault(m) if m.contains("triple fault")),
+                "{reason:?}"
+            );
+        }
+
+        #[test]
+        fn port_io_reaches_the_bus_access_by_access_and_a_triple_fault_ends_the_run() {
+            let Some(vm) = test_vm("port_io_reaches_the_bus_access_by_access") else {
+                return;
+            };
+            let mut code = Vec::new();
+            code.extend(MOV_DX_COM1);
+            code.extend([0xb0, b'A', 0xee]); // mov al, 'A'; out dx, al
+            code.extend([0xbe, 0x00, 0x10, 0x01, 0x00]); // mov esi, OUT_BUF
+            code.extend([0xb9, 0x08, 0x00, 0x00, 0x00]); // mov ecx, 8
+            code.extend([0xf3, 0x6e]); // rep outsb
+            code.extend([0x66, 0xb8, 0x41, 0x42, 0x66, 0xef]); // mov ax, 0x4241; out dx, ax
+            code.extend([0xbf, 0x00, 0x20, 0x01, 0x00]); // mov edi, IN_BUF
+            code.extend([0xb9, 0x08, 0x00, 0x00, 0x00]); // mov ecx, 8
+            code.extend([0xf3, 0x6c]); // rep insb
+            code.extend(UD2);
+            vm.2.write_slice(b"minivmm!", GuestAddress(OUT_BUF))
+                .unwrap();
+            let bus = Arc::new(Recorder::default());
+            let reason = run_to_end(vcpu(&vm, 0, 1, &code, bus.clone(), false));
+            assert_triple_fault(&reason);
+
+            let accesses = bus.accesses();
+            assert_eq!(
+                accesses.first(),
+                Some(&Access::Out {
+                    port: COM1,
+                    size: 1,
+                    data: b"A".to_vec()
+                }),
+                "{accesses:?}"
+            );
+            // `rep outsb`: however KVM groups them into exits, eight
+            // 1-byte accesses, the buffer in order.
+            let mut sent = Vec::new();
+            let mut rest = &accesses[1..];
+            while let Some((
+                Access::Out {
+                    port: COM1,
+                    size: 1,
+                    data,
+                },
+                tail,
+            )) = rest.split_first()
+            {
+                sent.extend_from_slice(data);
+                rest = tail;
+            }
+            assert_eq!(sent, b"minivmm!", "{accesses:?}");
+            // The word is one 2-byte access, not two bytes.
+            assert_eq!(
+                rest.first(),
+                Some(&Access::Out {
+                    port: COM1,
+                    size: 2,
+                    data: vec![0x41, 0x42]
+                }),
+                "{accesses:?}"
+            );
+            // `rep insb`: 1-byte accesses filling the buffer (KVM batches
+            // string input into one exit, so here the size is not simply
+            // the exit's length).
+            let ins = &rest[1..];
+            let mut received = 0;
+            for access in ins {
+                match access {
+                    Access::In {
+                        port: COM1,
+                        size: 1,
+                        len,
+                    } => received += len,
+                    other => panic!("unexpected {other:?} in {accesses:?}"),
+                }
+            }
+            assert_eq!(received, 8, "{accesses:?}");
+            let mut buf = [0u8; 8];
+            vm.2.read_slice(&mut buf, GuestAddress(IN_BUF)).unwrap();
+            assert_eq!(buf, [IN_BYTE; 8]);
+        }
+
+        /// Reads back `entries`' MSRs from `fd`.
+        fn read_msrs(fd: &VcpuFd, entries: &[kvm_msr_entry]) -> Vec<(u32, u64)> {
+            let wanted: Vec<kvm_msr_entry> = entries
+                .iter()
+                .map(|e| kvm_msr_entry {
+                    index: e.index,
+                    ..Default::default()
+                })
+                .collect();
+            let mut msrs = Msrs::from_entries(&wanted).unwrap();
+            assert_eq!(fd.get_msrs(&mut msrs).unwrap(), entries.len());
+            msrs.as_slice().iter().map(|e| (e.index, e.data)).collect()
+        }
+
+        /// The initial APIC id CPUID leaf 1 reports (EBX bits 31:24).
+        fn cpuid_apic_id(fd: &VcpuFd) -> u32 {
+            let cpuid = fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES).unwrap();
+            let leaf1 = cpuid.as_slice().iter().find(|e| e.function == 1).unwrap();
+            leaf1.ebx >> 24
+        }
+
+        #[test]
+        fn configure_puts_the_bsp_in_long_mode_at_the_entry_and_sets_every_vcpu_s_msrs() {
+            let Some(vm) = test_vm("configure_puts_the_bsp_in_long_mode") else {
+                return;
+            };
+            let bus = Arc::new(Recorder::default());
+            let bsp = vcpu(&vm, 0, 4, &UD2, bus.clone(), false);
+            let regs = bsp.fd.get_regs().unwrap();
+            assert_eq!(regs.rip, ENTRY);
+            assert_eq!(regs.rsi, ZERO_PAGE_START);
+            let sregs = bsp.fd.get_sregs().unwrap();
+            assert_eq!(sregs.efer & (EFER_LME | EFER_LMA), EFER_LME | EFER_LMA);
+            assert_eq!(
+                sregs.cr0 & (X86_CR0_PG | X86_CR0_PE),
+                X86_CR0_PG | X86_CR0_PE
+            );
+            assert_ne!(sregs.cr4 & X86_CR4_PAE, 0);
+            assert_eq!(sregs.cs.l, 1, "64-bit code segment");
+
+            // An AP: its own id everywhere, MSRs and CPUID set, and no boot
+            // registers (it waits for INIT/SIPI at the reset vector).
+            let ap = vcpu(&vm, 3, 4, &UD2, bus, false);
+            assert_eq!(ap.id(), 3);
+            assert_eq!(bsp.id(), 0);
+            assert_eq!(cpuid_apic_id(&ap.fd), 3);
+            assert_eq!(cpuid_apic_id(&bsp.fd), 0);
+            assert_ne!(ap.fd.get_regs().unwrap().rip, ENTRY);
+
+            let entries = arch::x86_64::boot_msr_entries();
+            for fd in [&bsp.fd, &ap.fd] {
+                for (index, data) in read_msrs(fd, &entries) {
+                    // The TSC has run on since it was set to 0.
+                    if index == arch::x86_64::msr::MSR_IA32_TSC {
+                        continue;
+                    }
+                    let set = entries.iter().find(|e| e.index == index).unwrap();
+                    assert_eq!(data, set.data, "MSR {index:#x}");
+                }
+            }
+        }
+
+        /// Guest code for the INT3 tests and the IDT it needs: a #BP handler
+        /// that sends 'B' and returns; the main code sends 'C' after the
+        /// INT3, then ends in a triple fault.
+        fn int3_guest(vm: &(Kvm, VmFd, GuestMemoryMmap), vcpu: &Vcpu, first: &[u8]) {
+            let mem = &vm.2;
+            let mut handler = MOV_DX_COM1.to_vec();
+            handler.extend([0xb0, b'B', 0xee, 0x48, 0xcf]); // mov al, 'B'; out dx, al; iretq
+            mem.write_slice(&handler, GuestAddress(BP_HANDLER)).unwrap();
+            // A 64-bit interrupt gate (type 0xe, present, DPL 0) through the
+            // boot code segment 0x08 (Intel SDM vol. 3, 6.14.1).
+            let gate_lo = (BP_HANDLER & 0xffff)
+                | (0x08 << 16)
+                | (0x8e00 << 32)
+                | (((BP_HANDLER >> 16) & 0xffff) << 48);
+            let gate_hi = BP_HANDLER >> 32;
+            let gate = IDT + 16 * u64::from(BP_VECTOR);
+            mem.write_obj(gate_lo, GuestAddress(gate)).unwrap();
+            mem.write_obj(gate_hi, GuestAddress(gate + 8)).unwrap();
+            let mut sregs = vcpu.fd.get_sregs().unwrap();
+            sregs.idt.base = IDT;
+            sregs.idt.limit = 16 * 4 - 1;
+            vcpu.fd.set_sregs(&sregs).unwrap();
+
+            let mut code = first.to_vec();
+            code.extend(MOV_DX_COM1);
+            code.extend([0xb0, b'C', 0xee]); // mov al, 'C'; out dx, al
+            code.extend(UD2);
+            mem.write_slice(&code, GuestAddress(ENTRY)).unwrap();
+        }
+
+        fn sent(bus: &Recorder) -> Vec<u8> {
+            bus.accesses()
+                .into_iter()
+                .flat_map(|a| match a {
+                    Access::Out { data, .. } => data,
+                    Access::In { .. } => Vec::new(),
+                })
+                .collect()
+        }
+
+        #[test]
+        fn int3_that_fails_emulation_reaches_the_guest_handler_when_recovering() {
+            let test = "int3_that_fails_emulation_reaches_the_guest_handler_when_recovering";
+            let Some(vm) = test_vm(test) else { return };
+            if !is_pvm(test) {
+                return;
+            }
+            let bus = Arc::new(Recorder::default());
+            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), true);
+            int3_guest(&vm, &vcpu, &[0xcc]);
+            let reason = run_to_end(vcpu);
+            assert_eq!(
+                sent(&bus),
+                b"BC",
+                "the handler ran, then the code after INT3"
+            );
+            assert_triple_fault(&reason);
+        }
+
+        #[test]
+        fn int3_that_fails_emulation_ends_the_vm_without_recovery() {
+            let test = "int3_that_fails_emulation_ends_the_vm_without_recovery";
+            let Some(vm) = test_vm(test) else { return };
+            if !is_pvm(test) {
+                return;
+            }
+            let bus = Arc::new(Recorder::default());
+            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), false);
+            int3_guest(&vm, &vcpu, &[0xcc]);
+            let reason = run_to_end(vcpu);
+            // KVM reports the bytes it fetched (here 15), the INT3 first.
+            assert!(
+                matches!(&reason, VmExit::Fault(m) if m.contains("failed emulation")
+                    && m.contains(&format!("RIP {ENTRY:#x}")) && m.contains("bytes [cc,")),
+                "{reason:?}"
+            );
+            assert!(sent(&bus).is_empty(), "{:?}", bus.accesses());
+        }
+
+        #[test]
+        fn other_emulation_failures_end_the_vm_even_when_recovering_int3() {
+            let test = "other_emulation_failures_end_the_vm_even_when_recovering_int3";
+            let Some(vm) = test_vm(test) else { return };
+            if !is_pvm(test) {
+                return;
+            }
+            let bus = Arc::new(Recorder::default());
+            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), true);
+            // popcnt eax, ecx: fails emulation at CPL0 on a PVM host.
+            int3_guest(&vm, &vcpu, &[0xf3, 0x0f, 0xb8, 0xc1]);
+            let reason = run_to_end(vcpu);
+            assert!(
+                matches!(&reason, VmExit::Fault(m) if m.contains("failed emulation")
+                    && m.contains("bytes [f3, 0f, b8, c1,")),
+                "{reason:?}"
+            );
+            assert!(sent(&bus).is_empty(), "{:?}", bus.accesses());
+        }
+
+        /// Where the polling guest looks for its go.
+        const FLAG: u64 = 0x1_4000;
+
+        /// A guest that spins until [`FLAG`] is non-zero, then triple
+        /// faults: it stays in KVM_RUN for as long as the test wants.
+        fn polling_guest() -> Vec<u8> {
+            let mut code = vec![0x80, 0x3c, 0x25]; // cmp byte [FLAG], 0
+            code.extend((FLAG as u32).to_le_bytes());
+            code.push(0x00);
+            code.extend([0x74, 0xf6]); // je back to the cmp
+            code.extend(UD2);
+            code
+        }
+
+        /// Runs `vcpu` until `poke` has run for a while, then releases the
+        /// guest; returns why the run ended.
+        fn run_poked(
+            vcpu: Vcpu,
+            mem: &GuestMemoryMmap,
+            poke: impl Fn(&std::thread::JoinHandle<()>),
+        ) -> VmExit {
+            let exit = ExitLatch::new().unwrap();
+            let latch = exit.clone();
+            let thread = std::thread::spawn(move || vcpu.run(latch));
+            let start = Instant::now();
+            while exit.reason().is_none() && start.elapsed() < Duration::from_millis(200) {
+                poke(&thread);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            mem.write_obj(1u8, GuestAddress(FLAG)).unwrap();
+            while exit.reason().is_none() {
+                assert!(
+                    !thread.is_finished(),
+                    "the vCPU stopped without reporting why"
+                );
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "the guest did not end in {DEADLINE:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            thread.join().unwrap();
+            exit.reason().unwrap()
+        }
+
+        extern "C" fn ignore_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        }
+
+        #[test]
+        fn a_signal_interrupting_kvm_run_does_not_end_the_vm() {
+            use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+            let Some(vm) = test_vm("a_signal_interrupting_kvm_run_does_not_end_the_vm") else {
+                return;
+            };
+            // A handler, not the default action (which ends the process)
+            // nor a blocked signal (which never interrupts): as a VMM kicks
+            // a vCPU out of the guest.
+            let kick = SIGRTMIN() + 5;
+            register_signal_handler(kick, ignore_signal).unwrap();
+            let bus = Arc::new(Recorder::default());
+            let vcpu = vcpu(&vm, 0, 1, &polling_guest(), bus, false);
+            let reason = run_poked(vcpu, &vm.2, |thread| {
+                // The thread may just have ended; then there is no one to kick.
+                let _ = thread.kill(kick);
+            });
+            assert_triple_fault(&reason);
+        }
+    }
 }
