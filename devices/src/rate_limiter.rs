@@ -310,11 +310,6 @@ impl Limiter {
         }
     }
 
-    /// Whether this limiter has no bucket (every frame passes).
-    pub fn is_unlimited(&self) -> bool {
-        self.bandwidth.is_none() && self.ops.is_none()
-    }
-
     /// When to wake a caller told to wait `wait_ns` at `now_ns`: not before
     /// the frame fits, and not before [`MIN_WAKE_NS`] either unless a
     /// bucket fills up sooner (a full bucket earns nothing, so sleeping past
@@ -441,11 +436,6 @@ impl RateLimiter {
     /// Whether a frame is waiting for the timer.
     pub fn is_blocked(&self) -> bool {
         self.blocked
-    }
-
-    /// Whether the limiter has no bucket at all.
-    pub fn is_unlimited(&self) -> bool {
-        self.limiter.is_unlimited()
     }
 }
 
@@ -621,10 +611,11 @@ mod tests {
         // Now ops is empty: one frame every 5 ms.
         assert_eq!(l.try_pass(1, 0), Err(5 * MS));
         assert_eq!(l.try_pass(1, 5 * MS), Ok(()));
-        assert!(!l.is_unlimited());
-        assert!(Limiter::new(&RateLimiterConfig::default(), 0)
-            .unwrap()
-            .is_unlimited());
+        // No bucket: every frame passes, whatever its size.
+        let mut unlimited = Limiter::new(&RateLimiterConfig::default(), 0).unwrap();
+        for _ in 0..1000 {
+            assert_eq!(unlimited.try_pass(u64::MAX, 0), Ok(()));
+        }
     }
 
     #[test]
@@ -734,7 +725,6 @@ mod tests {
         assert!(rl.consume(100).unwrap());
         // A spurious wake-up (nothing pending) neither blocks nor panics.
         rl.on_timer();
-        assert!(!rl.is_unlimited());
         // The RX half: admitted once, then blocked until the frame is due.
         std::thread::sleep(Duration::from_millis(25));
         assert!(rl.admit().unwrap());

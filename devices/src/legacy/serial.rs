@@ -360,6 +360,10 @@ mod tests {
             "{err:?}"
         );
         assert_eq!(drain(&mut s).len(), MAX_PENDING_INPUT + 64);
+        // What the bound promises a paste into the console: 64 KiB wait.
+        let (mut s, _) = serial();
+        s.enqueue_input(&vec![b'z'; 64 * 1024]).unwrap();
+        assert_eq!(drain(&mut s).len(), 64 * 1024);
     }
 
     #[test]
