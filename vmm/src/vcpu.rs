@@ -886,17 +886,31 @@ mod tests {
                 .collect()
         }
 
+        /// On a PVM host only: runs the IDT guest whose code starts with
+        /// `first` (an INT3, or another instruction the emulator fails) with
+        /// INT3 recovery on or off, and returns how the run ended and what
+        /// reached the bus. `None` (after a printed SKIP) elsewhere.
+        fn run_emulation_failure(
+            test: &str,
+            first: &[u8],
+            recover_int3: bool,
+        ) -> Option<(VmExit, Arc<Recorder>)> {
+            let vm = test_vm(test)?;
+            if !is_pvm(test) {
+                return None;
+            }
+            let bus = Arc::new(Recorder::default());
+            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), recover_int3);
+            int3_guest(&vm, &vcpu, first);
+            Some((run_to_end(vcpu), bus))
+        }
+
         #[test]
         fn int3_that_fails_emulation_reaches_the_guest_handler_when_recovering() {
             let test = "int3_that_fails_emulation_reaches_the_guest_handler_when_recovering";
-            let Some(vm) = test_vm(test) else { return };
-            if !is_pvm(test) {
+            let Some((reason, bus)) = run_emulation_failure(test, &[0xcc], true) else {
                 return;
-            }
-            let bus = Arc::new(Recorder::default());
-            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), true);
-            int3_guest(&vm, &vcpu, &[0xcc]);
-            let reason = run_to_end(vcpu);
+            };
             assert_eq!(
                 sent(&bus),
                 b"BC",
@@ -908,14 +922,9 @@ mod tests {
         #[test]
         fn int3_that_fails_emulation_ends_the_vm_without_recovery() {
             let test = "int3_that_fails_emulation_ends_the_vm_without_recovery";
-            let Some(vm) = test_vm(test) else { return };
-            if !is_pvm(test) {
+            let Some((reason, bus)) = run_emulation_failure(test, &[0xcc], false) else {
                 return;
-            }
-            let bus = Arc::new(Recorder::default());
-            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), false);
-            int3_guest(&vm, &vcpu, &[0xcc]);
-            let reason = run_to_end(vcpu);
+            };
             // KVM reports the bytes it fetched (here 15), the INT3 first.
             assert!(
                 matches!(&reason, VmExit::Fault(m) if m.contains("failed emulation")
@@ -928,15 +937,11 @@ mod tests {
         #[test]
         fn other_emulation_failures_end_the_vm_even_when_recovering_int3() {
             let test = "other_emulation_failures_end_the_vm_even_when_recovering_int3";
-            let Some(vm) = test_vm(test) else { return };
-            if !is_pvm(test) {
-                return;
-            }
-            let bus = Arc::new(Recorder::default());
-            let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), true);
             // popcnt eax, ecx: fails emulation at CPL0 on a PVM host.
-            int3_guest(&vm, &vcpu, &[0xf3, 0x0f, 0xb8, 0xc1]);
-            let reason = run_to_end(vcpu);
+            let Some((reason, bus)) = run_emulation_failure(test, &[0xf3, 0x0f, 0xb8, 0xc1], true)
+            else {
+                return;
+            };
             assert!(
                 matches!(&reason, VmExit::Fault(m) if m.contains("failed emulation")
                     && m.contains("bytes [f3, 0f, b8, c1,")),

@@ -123,23 +123,30 @@ impl Snapshot {
     fn take(m: &NetMetrics, dir: Dir) -> Snapshot {
         let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         let at = Instant::now();
-        match dir {
-            Dir::Tx => Snapshot {
-                at,
-                frames: get(&m.tx_frames),
-                bytes: get(&m.tx_bytes),
-                throttled: get(&m.tx_rate_limiter_throttled),
-                throttled_ns: m.tx_throttled_ns.total_ns(),
-                starved_ns: 0,
-            },
-            Dir::Rx => Snapshot {
-                at,
-                frames: get(&m.rx_frames),
-                bytes: get(&m.rx_bytes),
-                throttled: get(&m.rx_rate_limiter_throttled),
-                throttled_ns: m.rx_throttled_ns.total_ns(),
-                starved_ns: m.rx_starved_ns.total_ns(),
-            },
+        // The direction's counters; only RX starves (no buffers posted).
+        let (frames, bytes, throttled, throttled_ns, starved_ns) = match dir {
+            Dir::Tx => (
+                &m.tx_frames,
+                &m.tx_bytes,
+                &m.tx_rate_limiter_throttled,
+                &m.tx_throttled_ns,
+                None,
+            ),
+            Dir::Rx => (
+                &m.rx_frames,
+                &m.rx_bytes,
+                &m.rx_rate_limiter_throttled,
+                &m.rx_throttled_ns,
+                Some(&m.rx_starved_ns),
+            ),
+        };
+        Snapshot {
+            at,
+            frames: get(frames),
+            bytes: get(bytes),
+            throttled: get(throttled),
+            throttled_ns: throttled_ns.total_ns(),
+            starved_ns: starved_ns.map_or(0, |s| s.total_ns()),
         }
     }
 }

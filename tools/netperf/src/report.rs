@@ -57,6 +57,30 @@ fn r3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
 
+/// The column headings netperf prints above a TCP stream result.
+const STREAM_HEADER: &str = "\
+Recv   Send    Send
+Socket Socket  Message  Elapsed
+Size   Size    Size     Time     Throughput
+bytes  bytes   bytes    secs.    10^6bits/sec
+
+";
+/// The column headings above a UDP stream result.
+const UDP_STREAM_HEADER: &str = "\
+Socket  Message  Elapsed      Messages
+Size    Size     Time         Okay Errors   Throughput
+bytes   bytes    secs            #      #   10^6bits/sec
+
+";
+/// The column headings above a request/response result.
+const RR_HEADER: &str = "\
+Local /Remote
+Socket Size   Request  Resp.   Elapsed  Trans.
+Send   Recv   Size     Size    Time     Rate
+bytes  Bytes  bytes    bytes   secs.    per sec
+
+";
+
 /// The column block netperf prints after a test.
 pub fn text(o: &Outcome) -> String {
     let secs = o.elapsed.as_secs_f64();
@@ -70,11 +94,7 @@ pub fn text(o: &Outcome) -> String {
             } else {
                 (z.local_recv, z.remote_send)
             };
-            let _ = writeln!(s, "Recv   Send    Send");
-            let _ = writeln!(s, "Socket Socket  Message  Elapsed");
-            let _ = writeln!(s, "Size   Size    Size     Time     Throughput");
-            let _ = writeln!(s, "bytes  bytes   bytes    secs.    10^6bits/sec");
-            let _ = writeln!(s);
+            s.push_str(STREAM_HEADER);
             let _ = writeln!(
                 s,
                 "{recv:<6} {send:<7} {:<8} {secs:<8.2} {:>10.2}",
@@ -85,13 +105,7 @@ pub fn text(o: &Outcome) -> String {
         (Measured::Stream(m), _) => {
             let lost = m.messages_sent.saturating_sub(m.messages_received);
             let rsecs = secs.max(m.receive_span.as_secs_f64());
-            let _ = writeln!(s, "Socket  Message  Elapsed      Messages");
-            let _ = writeln!(s, "Size    Size     Time         Okay Errors   Throughput");
-            let _ = writeln!(
-                s,
-                "bytes   bytes    secs            #      #   10^6bits/sec"
-            );
-            let _ = writeln!(s);
+            s.push_str(UDP_STREAM_HEADER);
             let _ = writeln!(
                 s,
                 "{:<7} {:<8} {secs:<8.2} {:>10} {:>6} {:>10.2}",
@@ -127,11 +141,7 @@ pub fn text(o: &Outcome) -> String {
         }
         (Measured::Rr(r), _) => {
             let tps = r.transactions as f64 / secs.max(f64::MIN_POSITIVE);
-            let _ = writeln!(s, "Local /Remote");
-            let _ = writeln!(s, "Socket Size   Request  Resp.   Elapsed  Trans.");
-            let _ = writeln!(s, "Send   Recv   Size     Size    Time     Rate");
-            let _ = writeln!(s, "bytes  Bytes  bytes    bytes   secs.    per sec");
-            let _ = writeln!(s);
+            s.push_str(RR_HEADER);
             let _ = writeln!(
                 s,
                 "{:<6} {:<6} {:<8} {:<7} {secs:<8.2} {tps:.2}",
