@@ -274,15 +274,18 @@ impl Vcpu {
                     handle_exit(Exit::PortOut { port, size, data }, self.bus.as_ref())
                 }
                 Ok(exit) => handle_exit(Exit::Kvm(exit), self.bus.as_ref()),
-                Err(e) if e.errno() == libc::EINTR => continue,
-                Err(e) if e.errno() == libc::EAGAIN => {
-                    // An AP still waiting for INIT/SIPI (seen on a PVM host,
-                    // where KVM_RUN returns instead of blocking): back off
-                    // briefly rather than spin a core the BSP needs.
-                    std::thread::sleep(AP_WAIT_BACKOFF);
-                    continue;
-                }
-                Err(e) => return VmExit::Fault(format!("KVM_RUN failed on vCPU {}: {e}", self.id)),
+                Err(e) => match e.errno() {
+                    libc::EINTR => continue,
+                    libc::EAGAIN => {
+                        // An AP still waiting for INIT/SIPI (seen on a PVM
+                        // host, where KVM_RUN returns instead of blocking):
+                        // back off briefly rather than spin a core the BSP
+                        // needs.
+                        std::thread::sleep(AP_WAIT_BACKOFF);
+                        continue;
+                    }
+                    _ => return VmExit::Fault(format!("KVM_RUN failed on vCPU {}: {e}", self.id)),
+                },
             };
             match action {
                 ExitAction::Continue => {}
