@@ -677,10 +677,24 @@ mod tests {
         /// Runs `vcpu` on its own thread, as the VMM does, and returns the
         /// reason it reported; fails (rather than hangs) past [`DEADLINE`].
         fn run_to_end(vcpu: Vcpu) -> VmExit {
+            let (exit, thread) = spawn_run(vcpu);
+            wait_for_end(&exit, thread, Instant::now())
+        }
+
+        /// `vcpu.run` on a thread of its own, reporting to the latch returned.
+        fn spawn_run(vcpu: Vcpu) -> (ExitLatch, std::thread::JoinHandle<()>) {
             let exit = ExitLatch::new().unwrap();
             let latch = exit.clone();
-            let thread = std::thread::spawn(move || vcpu.run(latch));
-            let start = Instant::now();
+            (exit, std::thread::spawn(move || vcpu.run(latch)))
+        }
+
+        /// The reason the vCPU on `thread` reports to `exit`; fails if it
+        /// stops without one, or if none came [`DEADLINE`] after `start`.
+        fn wait_for_end(
+            exit: &ExitLatch,
+            thread: std::thread::JoinHandle<()>,
+            start: Instant,
+        ) -> VmExit {
             loop {
                 if let Some(reason) = exit.reason() {
                     thread.join().unwrap();
@@ -974,28 +988,14 @@ mod tests {
             mem: &GuestMemoryMmap,
             poke: impl Fn(&std::thread::JoinHandle<()>),
         ) -> VmExit {
-            let exit = ExitLatch::new().unwrap();
-            let latch = exit.clone();
-            let thread = std::thread::spawn(move || vcpu.run(latch));
+            let (exit, thread) = spawn_run(vcpu);
             let start = Instant::now();
             while exit.reason().is_none() && start.elapsed() < Duration::from_millis(200) {
                 poke(&thread);
                 std::thread::sleep(Duration::from_millis(2));
             }
             mem.write_obj(1u8, GuestAddress(FLAG)).unwrap();
-            while exit.reason().is_none() {
-                assert!(
-                    !thread.is_finished(),
-                    "the vCPU stopped without reporting why"
-                );
-                assert!(
-                    start.elapsed() < DEADLINE,
-                    "the guest did not end in {DEADLINE:?}"
-                );
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            thread.join().unwrap();
-            exit.reason().unwrap()
+            wait_for_end(&exit, thread, start)
         }
 
         extern "C" fn ignore_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
