@@ -275,9 +275,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn stream_json_uses_received_bytes() {
-        let o = outcome(
+    /// A UDP_STREAM that sent 2,000 messages (2 MB) and got half of them
+    /// through, draining for `drain`, received over `receive_span`.
+    fn half_lost_udp_stream(drain: Duration, receive_span: Duration) -> Outcome {
+        outcome(
             TestKind::UdpStream,
             Measured::Stream(StreamResult {
                 bytes_sent: 2_000_000,
@@ -285,10 +286,15 @@ mod tests {
                 messages_sent: 2000,
                 messages_received: 1000,
                 send_errors: 0,
-                drain: Duration::ZERO,
-                receive_span: Duration::from_secs(2),
+                drain,
+                receive_span,
             }),
-        );
+        )
+    }
+
+    #[test]
+    fn stream_json_uses_received_bytes() {
+        let o = half_lost_udp_stream(Duration::ZERO, Duration::from_secs(2));
         let v = json(&o, "127.0.0.1");
         assert_eq!(v["throughput_mbps"], 4.0);
         assert_eq!(v["send_throughput_mbps"], 8.0);
@@ -299,18 +305,7 @@ mod tests {
 
     #[test]
     fn udp_stream_received_throughput_is_over_the_receive_span() {
-        let o = outcome(
-            TestKind::UdpStream,
-            Measured::Stream(StreamResult {
-                bytes_sent: 2_000_000,
-                bytes_received: 1_000_000,
-                messages_sent: 2000,
-                messages_received: 1000,
-                send_errors: 0,
-                drain: Duration::from_secs(2),
-                receive_span: Duration::from_secs(4),
-            }),
-        );
+        let o = half_lost_udp_stream(Duration::from_secs(2), Duration::from_secs(4));
         let v = json(&o, "127.0.0.1");
         // 1 MB received over 2 s of sending plus 2 s of draining.
         assert_eq!(v["throughput_mbps"], 2.0);
