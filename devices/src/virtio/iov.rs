@@ -61,12 +61,6 @@ impl<'a> IoVecs<'a> {
         IoVecs { segs }
     }
 
-    /// The segments, laid out as `struct iovec`, for a backend that makes
-    /// its own system call.
-    pub fn segments(&self) -> &'a [IoSeg] {
-        self.segs
-    }
-
     /// Bytes in all the segments.
     pub fn len(&self) -> usize {
         self.segs.iter().map(IoSeg::len).sum()
@@ -342,5 +336,12 @@ mod tests {
         assert_eq!(mem.read_obj::<u16>(GuestAddress(0xfff)).unwrap(), 0x0605);
         write_bytes_at(&segs, 0x1ff, &[7, 8]);
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 7);
+    }
+
+    #[test]
+    fn test_empty_only_when_no_segment_holds_a_byte() {
+        let mut buf = [0u8; 4];
+        assert!(host_buf(&mut buf, |io| !io.is_empty() && io.len() == 4));
+        assert!(host_buf(&mut [], |io| io.is_empty()));
     }
 }

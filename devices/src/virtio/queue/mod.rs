@@ -380,16 +380,6 @@ impl SplitQueue {
         &self.mem
     }
 
-    /// The next avail entry the device will read.
-    pub fn next_avail(&self) -> u16 {
-        self.next_avail
-    }
-
-    /// The next used entry the device will write.
-    pub fn next_used(&self) -> u16 {
-        self.next_used
-    }
-
     /// Offset of `used_event` in the avail ring, `avail_event` in the used ring.
     fn avail_used_event(&self) -> usize {
         RING_ENTRIES + 2 * usize::from(self.addrs.size)

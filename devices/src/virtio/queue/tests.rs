@@ -157,6 +157,32 @@ fn misaligned_or_outside_areas_are_refused() {
     ] {
         assert!(matches!(new(a), Err(QueueError::Misaligned { area, .. }) if area == want));
     }
+    // What the log says when the driver's layout is refused.
+    let err = new(RingAddrs {
+        avail_ring: AVAIL + 1,
+        ..addrs(256)
+    })
+    .unwrap_err();
+    assert_eq!(err.to_string(), "avail ring at 0x20001 is misaligned");
+    for (a, name) in [
+        (
+            RingAddrs {
+                desc_table: DESC + 8,
+                ..addrs(256)
+            },
+            "descriptor table",
+        ),
+        (
+            RingAddrs {
+                used_ring: USED + 2,
+                ..addrs(256)
+            },
+            "used ring",
+        ),
+    ] {
+        let err = new(a).unwrap_err().to_string();
+        assert!(err.starts_with(name), "{err}");
+    }
     // Each area, event fields included, must end inside memory: the avail
     // ring of 256 entries is 6 + 512 bytes and may end at the last byte, the
     // used ring is 6 + 2048 bytes.
@@ -407,6 +433,12 @@ fn interrupts_follow_used_event_over_the_whole_batch() {
     assert_eq!(q.publish_used(), Notify::Interrupt);
     assert!(need_event(0xffff, 1, 0xfffe));
     assert!(!need_event(5, 5, 0));
+    // The spec's window, exactly: moving from 10 to 20 passes events 10
+    // to 19, not 9 and not 20.
+    assert!(!need_event(9, 20, 10));
+    assert!(need_event(10, 20, 10));
+    assert!(need_event(19, 20, 10));
+    assert!(!need_event(20, 20, 10));
 }
 
 #[test]
