@@ -48,6 +48,21 @@ pub const MAX_BATCH: usize = 32;
 /// What [`WriteRing::write_frames`] leaves for a frame it did not write.
 pub const NOT_TRIED: i32 = i32::MIN;
 
+/// How a device submits its backend I/O (the name and the values are
+/// Firecracker's block `io_engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// Batched submissions through io_uring: for the network device up to
+    /// [`MAX_BATCH`] TX frames per `io_uring_enter` on a ring that may only
+    /// write to the backend; for the block device several requests per
+    /// submission, completed on the event loop. Falls back to `Sync` where
+    /// the host refuses io_uring.
+    #[default]
+    Async,
+    /// One system call per frame or request (`writev`, `preadv`, `pwritev`).
+    Sync,
+}
+
 /// An io_uring that may only write to one backend fd.
 pub struct WriteRing {
     ring: IoUring,

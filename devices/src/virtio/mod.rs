@@ -16,6 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use queue::SplitQueue;
 
+pub mod block;
 pub mod io_engine;
 pub mod iov;
 pub mod mmio;

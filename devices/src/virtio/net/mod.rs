@@ -45,6 +45,9 @@ pub mod rx;
 pub mod tap;
 pub mod tx;
 
+/// The engine choice is shared with the block device; net re-exports it so
+/// `net::IoEngine` keeps working.
+pub use crate::virtio::io_engine::IoEngine;
 pub use device::{Net, NetError};
 pub use metrics::NetMetrics;
 pub use tap::{NetBackend, SeqPacket, Tap, TapError};
@@ -111,19 +114,6 @@ pub struct NetConfig {
     pub bounce_buffer: bool,
     /// How TX frames reach the backend.
     pub io_engine: IoEngine,
-}
-
-/// How the device writes TX frames to its backend (the name and the values
-/// are those of Firecracker's block `io_engine`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IoEngine {
-    /// A batch of up to [`MAX_BATCH`](crate::virtio::io_engine::MAX_BATCH) frames per `io_uring_enter`, on
-    /// a ring that may only write to the backend (see [`io_engine`](crate::virtio::io_engine)); falls back
-    /// to `Sync` where the host refuses io_uring.
-    #[default]
-    Async,
-    /// One `writev` per frame.
-    Sync,
 }
 
 /// vhost-net's `VHOST_NET_WEIGHT`: bytes per pass before yielding.
