@@ -61,7 +61,7 @@ pub struct GuestRegions {
     /// Sorted by guest address, non-overlapping (vm-memory guarantees both).
     regions: Box<[Region]>,
     /// Keeps every mapping alive as long as any translation from it is used.
-    mem: GuestMemory,
+    _mapped: GuestMemory,
 }
 
 impl std::fmt::Debug for GuestRegions {
@@ -94,7 +94,7 @@ impl GuestRegions {
         }
         Ok(GuestRegions {
             regions: regions.into_boxed_slice(),
-            mem: mem.clone(),
+            _mapped: mem.clone(),
         })
     }
 
@@ -107,11 +107,6 @@ impl GuestRegions {
                     && b.get_host_address(MemoryRegionAddress(0))
                         .is_ok_and(|h| h as usize == a.host)
             })
-    }
-
-    /// The guest memory this snapshot keeps mapped.
-    pub fn guest_memory(&self) -> &GuestMemory {
-        &self.mem
     }
 
     /// The region holding `gpa` and the offset of `gpa` in it.
@@ -152,7 +147,7 @@ impl GuestRegions {
         let len = u64::from(len);
         if len <= r.len - off {
             // SAFETY: [host + off, host + off + len) lies inside region `r`,
-            // which `self.mem` keeps mapped.
+            // which `self._mapped` keeps mapped.
             out.push(unsafe { IoSeg::new(r.host + off as usize, len as usize) });
             return true;
         }
@@ -170,7 +165,7 @@ impl GuestRegions {
             };
             let n = len.min(r.len - off);
             // SAFETY: [host + off, host + off + n) lies inside region `r`,
-            // which `self.mem` keeps mapped.
+            // which `self._mapped` keeps mapped.
             out.push(unsafe { IoSeg::new(r.host + off as usize, n as usize) });
             len -= n;
             // r.gpa + r.len does not overflow (checked in `new`), and
@@ -351,7 +346,8 @@ impl HostArea {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress};
+    use std::sync::Arc;
+    use vm_memory::{Bytes, GuestAddress, GuestRegionMmap, MmapRegion};
 
     fn three_regions() -> GuestMemory {
         GuestMemory::from_ranges(&[
@@ -417,6 +413,52 @@ mod tests {
             // The same bytes read from an odd address.
             let b = r.area(1, 16, 1).unwrap();
             assert_eq!(b.read_16(0)[0], 0x7800_0000_0912_3400);
+        }
+    }
+
+    #[test]
+    fn a_snapshot_matches_only_the_mappings_it_was_taken_of() {
+        // A device checks that the queues the transport hands it were
+        // translated through its own guest memory; any difference in the
+        // region count, a start, a length or a mapping must be noticed.
+        let mem = three_regions();
+        let r = GuestRegions::new(&mem).unwrap();
+        assert!(r.is_snapshot_of(&mem));
+        assert!(r.is_snapshot_of(&mem.clone()), "a clone shares the mappings");
+        let same_layout_other_mapping = three_regions();
+        assert!(!r.is_snapshot_of(&same_layout_other_mapping));
+        let fewer = GuestMemory::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        assert!(!r.is_snapshot_of(&fewer));
+        let one = GuestRegions::new(&fewer).unwrap();
+        assert!(!one.is_snapshot_of(&mem));
+        // The same first mapping plus one more region: the count differs
+        // while every region both have matches.
+        let grown = fewer
+            .insert_region(Arc::new(
+                GuestRegionMmap::from_range(GuestAddress(0x4000), 0x1000, None).unwrap(),
+            ))
+            .unwrap();
+        assert!(!one.is_snapshot_of(&grown));
+        assert!(!GuestRegions::new(&grown).unwrap().is_snapshot_of(&fewer));
+        // The same host mapping seen at another guest address, or shorter:
+        // each field alone must tell them apart.
+        let host = fewer.get_host_address(GuestAddress(0)).unwrap();
+        for (gpa, len) in [(0x8000, 0x1000), (0, 0x800)] {
+            // SAFETY: [host, host + len) lies inside the live anonymous
+            // mapping of `fewer`, which outlives `alias`; a raw region does
+            // not unmap on drop.
+            let raw = unsafe {
+                MmapRegion::build_raw(
+                    host,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                )
+            }
+            .unwrap();
+            let region = GuestRegionMmap::new(raw, GuestAddress(gpa)).unwrap();
+            let alias = GuestMemory::from_regions(vec![region]).unwrap();
+            assert!(!one.is_snapshot_of(&alias), "{gpa:#x}+{len:#x}");
         }
     }
 }
