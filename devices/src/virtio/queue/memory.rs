@@ -461,4 +461,17 @@ mod tests {
             assert!(!one.is_snapshot_of(&alias), "{gpa:#x}+{len:#x}");
         }
     }
+
+    #[test]
+    fn translated_segments_are_never_empty() {
+        let mem = three_regions();
+        let r = GuestRegions::new(&mem).unwrap();
+        let mut segs = Vec::new();
+        assert!(r.push_segments(0xfff, 2, &mut segs));
+        assert!(segs.iter().all(|s| !s.is_empty() && s.len() == 1));
+        let mut byte = [0u8; 1];
+        // SAFETY: a zero-length segment over a live local buffer.
+        let empty = unsafe { IoSeg::new(byte.as_mut_ptr() as usize, 0) };
+        assert!(empty.is_empty());
+    }
 }
