@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod block;
 pub mod chain_walk;
 pub mod cli;
 pub mod common;
@@ -77,5 +78,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "chain_walk",
         run: chain_walk::run,
+    },
+    Target {
+        name: "block_datapath",
+        run: block::run,
     },
 ];

@@ -127,6 +127,11 @@ fn chain_walk() {
 }
 
 #[test]
+fn block_datapath() {
+    replay("block_datapath");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {
