@@ -14,6 +14,7 @@
 //! All unsafe code (system calls std does not wrap) is confined to `sys`.
 #![deny(unsafe_code)]
 
+mod block;
 mod frames;
 mod host;
 mod netns;
@@ -46,7 +47,7 @@ pub struct Cli {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Run only these scenarios (limit, seed000, seed001, seed002, ratelimit,
-    /// startup, smoke); repeatable; default: all but smoke (startup only
+    /// startup, block, smoke); repeatable; default: all but smoke (startup only
     /// with --minivmm and --kernel).
     #[arg(long)]
     scenario: Vec<String>,
@@ -115,6 +116,7 @@ const ALL: &[&str] = &[
     "seed002",
     "ratelimit",
     "startup",
+    "block",
 ];
 /// Scenarios run only when named.
 const OPT_IN: &[&str] = &["smoke"];
@@ -270,6 +272,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
             },
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,
             "ratelimit" => ratelimit::ratelimit(&t)?,
+            "block" => block::block(&t)?,
             _ => continue,
         };
         out.insert((*s).to_string(), v);

@@ -439,6 +439,7 @@ pub fn table(out: &Value) -> String {
     seed001_table(&mut s, &out["seed001"]);
     startup_table(&mut s, &out["startup"]);
     ratelimit_table(&mut s, &out["ratelimit"]);
+    crate::block::table(&mut s, &out["block"]);
     if let Some(load) = out["machine"]["loadavg_at_end"].as_str() {
         let _ = writeln!(s, "\nloadavg at the end: {load}");
     }
