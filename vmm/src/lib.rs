@@ -4,6 +4,7 @@
 //! `arch`; this crate applies them to KVM and runs the VM.
 #![deny(unsafe_code)]
 
+pub mod api;
 pub mod builder;
 pub mod config;
 pub mod device_manager;

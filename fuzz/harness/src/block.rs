@@ -513,10 +513,7 @@ impl Rig {
                 let _ = self.driver.mem().write_slice(&bytes, at);
             } else {
                 // A pattern the device must overwrite on a good IN.
-                let _ = self
-                    .driver
-                    .mem()
-                    .write_slice(&vec![0xee; len as usize], at);
+                let _ = self.driver.mem().write_slice(&vec![0xee; len as usize], at);
             }
             data_bufs.push((at, len));
             segs.push(Segment {
@@ -530,7 +527,10 @@ impl Rig {
         let Some(status_at) = self.buf(status_len) else {
             return false;
         };
-        let _ = self.driver.mem().write_slice(&[0xff; 4][..status_len as usize], status_at);
+        let _ = self
+            .driver
+            .mem()
+            .write_slice(&[0xff; 4][..status_len as usize], status_at);
         if status_len > 0 {
             segs.push(Segment {
                 addr: status_at,

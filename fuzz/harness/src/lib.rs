@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod api_http;
 pub mod block;
 pub mod chain_walk;
 pub mod cli;
@@ -82,5 +83,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "block_datapath",
         run: block::run,
+    },
+    Target {
+        name: "api_http",
+        run: api_http::run,
     },
 ];

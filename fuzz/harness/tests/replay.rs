@@ -132,6 +132,11 @@ fn block_datapath() {
 }
 
 #[test]
+fn api_http() {
+    replay("api_http");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {
