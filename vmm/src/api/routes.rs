@@ -1,0 +1,396 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Which of Firecracker's API paths a request names, and what it asks.
+//!
+//! [`route`] turns a parsed [`Request`] into an [`ApiRequest`] or a fault
+//! message for a `400`. It checks what can be checked without the VMM's
+//! state: the path and method, a body that is JSON where one is needed and
+//! absent where none is, the id in the path against the id in the body
+//! (Firecracker refuses `PUT /drives/a` with `"drive_id": "b"`), and the
+//! two small bodies whose whole shape is fixed here (`/actions`, `/vm`).
+//! The configuration bodies (`/boot-source`, `/machine-config`, `/drives`,
+//! `/network-interfaces`, `/logger`, `/metrics`) are passed on as JSON and
+//! decoded by the same code that reads them from a config file, so the
+//! file and the API cannot disagree on a field.
+//!
+//! Paths of features minivmm does not have (balloon, vsock, MMDS,
+//! snapshots, entropy, CPU templates, hotplug, serial) are refused with a
+//! message that names the feature, not as unknown paths.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::http::{Method, Request};
+
+/// An action of `PUT /actions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Action {
+    /// Boots the configured VM.
+    InstanceStart,
+    /// Writes a metrics line now.
+    FlushMetrics,
+    /// Sends Ctrl-Alt-Del through the i8042.
+    SendCtrlAltDel,
+}
+
+/// The state `PATCH /vm` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum VmState {
+    /// Stop the vCPUs.
+    Paused,
+    /// Run them again.
+    Resumed,
+}
+
+/// What a request asks of the VMM.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApiRequest {
+    /// `GET /`.
+    GetInstanceInfo,
+    /// `GET /version`.
+    GetVersion,
+    /// `GET /machine-config`.
+    GetMachineConfig,
+    /// `GET /vm/config`.
+    GetVmConfig,
+    /// `PUT /boot-source`.
+    PutBootSource(Value),
+    /// `PUT /machine-config`.
+    PutMachineConfig(Value),
+    /// `PATCH /machine-config`.
+    PatchMachineConfig(Value),
+    /// `PUT /drives/{id}`.
+    PutDrive(String, Value),
+    /// `PATCH /drives/{id}`.
+    PatchDrive(String, Value),
+    /// `PUT /network-interfaces/{id}`.
+    PutNetworkInterface(String, Value),
+    /// `PATCH /network-interfaces/{id}`.
+    PatchNetworkInterface(String, Value),
+    /// `PUT /logger`.
+    PutLogger(Value),
+    /// `PUT /metrics`.
+    PutMetrics(Value),
+    /// `PUT /actions`.
+    Action(Action),
+    /// `PATCH /vm`.
+    PatchVm(VmState),
+}
+
+/// Paths of Firecracker features minivmm does not have, with their names.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    ("balloon", "the balloon device"),
+    ("vsock", "vsock"),
+    ("mmds", "MMDS (the microVM metadata service)"),
+    ("snapshot", "snapshots"),
+    ("entropy", "the entropy device"),
+    ("cpu-config", "CPU templates"),
+    ("hotplug", "hotplug"),
+    ("serial", "serial output redirection"),
+    ("pmem", "pmem devices"),
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    action_type: Action,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmBody {
+    state: VmState,
+}
+
+/// Routes one request; `Err` is the fault message of a `400`.
+pub fn route(req: &Request) -> Result<ApiRequest, String> {
+    let path = req.path.trim_end_matches('/');
+    let mut parts = path.split('/').skip(1);
+    let first = parts.next().unwrap_or("");
+    let second = parts.next();
+    if parts.next().is_some() {
+        return Err(unknown(req));
+    }
+    if let Some((_, name)) = UNSUPPORTED.iter().find(|(p, _)| *p == first) {
+        return Err(format!("{name} is not supported by minivmm"));
+    }
+    let m = &req.method;
+    let r = match (first, second, m) {
+        ("", None, Method::Get) => ApiRequest::GetInstanceInfo,
+        ("version", None, Method::Get) => ApiRequest::GetVersion,
+        ("machine-config", None, Method::Get) => ApiRequest::GetMachineConfig,
+        ("machine-config", None, Method::Put) => ApiRequest::PutMachineConfig(json(req)?),
+        ("machine-config", None, Method::Patch) => ApiRequest::PatchMachineConfig(json(req)?),
+        ("vm", Some("config"), Method::Get) => ApiRequest::GetVmConfig,
+        ("boot-source", None, Method::Put) => ApiRequest::PutBootSource(json(req)?),
+        ("drives", Some(id), Method::Put) => {
+            ApiRequest::PutDrive(id.into(), with_id(req, id, "drive_id")?)
+        }
+        ("drives", Some(id), Method::Patch) => {
+            ApiRequest::PatchDrive(id.into(), with_id(req, id, "drive_id")?)
+        }
+        ("network-interfaces", Some(id), Method::Put) => {
+            ApiRequest::PutNetworkInterface(id.into(), with_id(req, id, "iface_id")?)
+        }
+        ("network-interfaces", Some(id), Method::Patch) => {
+            ApiRequest::PatchNetworkInterface(id.into(), with_id(req, id, "iface_id")?)
+        }
+        ("logger", None, Method::Put) => ApiRequest::PutLogger(json(req)?),
+        ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
+        ("actions", None, Method::Put) => {
+            let b: ActionBody = typed(req)?;
+            ApiRequest::Action(b.action_type)
+        }
+        ("vm", None, Method::Patch) => {
+            let b: VmBody = typed(req)?;
+            ApiRequest::PatchVm(b.state)
+        }
+        (
+            "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
+            | "logger" | "metrics" | "actions" | "vm",
+            _,
+            _,
+        ) if known_path(first, second) => {
+            return Err(format!(
+                "invalid request method {} for {}",
+                method_name(m),
+                req.path
+            ))
+        }
+        _ => return Err(unknown(req)),
+    };
+    if matches!(m, Method::Get) && !req.body.is_empty() {
+        return Err(format!("GET {} takes no body", req.path));
+    }
+    Ok(r)
+}
+
+/// Whether `first`/`second` is one of the paths above with some method.
+fn known_path(first: &str, second: Option<&str>) -> bool {
+    match first {
+        "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "actions" => {
+            second.is_none()
+        }
+        "drives" | "network-interfaces" => second.is_some(),
+        "vm" => matches!(second, None | Some("config")),
+        _ => false,
+    }
+}
+
+fn method_name(m: &Method) -> &str {
+    match m {
+        Method::Get => "GET",
+        Method::Put => "PUT",
+        Method::Patch => "PATCH",
+        Method::Other(s) => s,
+    }
+}
+
+fn unknown(req: &Request) -> String {
+    format!("invalid request: unknown path {}", req.path)
+}
+
+fn json(req: &Request) -> Result<Value, String> {
+    if req.body.is_empty() {
+        return Err(format!(
+            "{} {} needs a JSON body",
+            method_name(&req.method),
+            req.path
+        ));
+    }
+    let v: Value =
+        serde_json::from_slice(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
+    if !v.is_object() {
+        return Err("the JSON body must be an object".into());
+    }
+    Ok(v)
+}
+
+fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
+    let v = json(req)?;
+    serde_json::from_value(v).map_err(|e| format!("invalid body: {e}"))
+}
+
+/// The body, whose `field`, when present, must equal the id in the path.
+fn with_id(req: &Request, id: &str, field: &str) -> Result<Value, String> {
+    let v = json(req)?;
+    match v.get(field) {
+        None => Err(format!("the body needs {field}")),
+        Some(Value::String(s)) if s == id => Ok(v),
+        Some(Value::String(s)) => Err(format!(
+            "the {field} in the body ({s}) differs from the one in the path ({id})"
+        )),
+        Some(_) => Err(format!("{field} must be a string")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: Method, path: &str, body: &str) -> Request {
+        Request {
+            method,
+            path: path.into(),
+            body: body.as_bytes().to_vec(),
+            close: false,
+        }
+    }
+
+    #[test]
+    fn firectl_boot_sequence_routes() {
+        use Method::*;
+        let cases = [
+            (
+                req(
+                    Put,
+                    "/machine-config",
+                    r#"{"vcpu_count":1,"mem_size_mib":128}"#,
+                ),
+                "PutMachineConfig",
+            ),
+            (
+                req(Put, "/boot-source", r#"{"kernel_image_path":"k"}"#),
+                "PutBootSource",
+            ),
+            (
+                req(Put, "/drives/rootfs", r#"{"drive_id":"rootfs"}"#),
+                "PutDrive",
+            ),
+            (
+                req(Put, "/network-interfaces/eth0", r#"{"iface_id":"eth0"}"#),
+                "PutNetworkInterface",
+            ),
+            (req(Put, "/logger", r#"{"log_path":"l"}"#), "PutLogger"),
+            (
+                req(Put, "/metrics", r#"{"metrics_path":"m"}"#),
+                "PutMetrics",
+            ),
+            (req(Get, "/machine-config", ""), "GetMachineConfig"),
+            (req(Get, "/", ""), "GetInstanceInfo"),
+            (req(Get, "/version", ""), "GetVersion"),
+            (req(Get, "/vm/config", ""), "GetVmConfig"),
+            (
+                req(
+                    Patch,
+                    "/drives/rootfs",
+                    r#"{"drive_id":"rootfs","path_on_host":"p"}"#,
+                ),
+                "PatchDrive",
+            ),
+            (
+                req(Patch, "/network-interfaces/eth0", r#"{"iface_id":"eth0"}"#),
+                "PatchNetworkInterface",
+            ),
+            (
+                req(Patch, "/machine-config", r#"{"vcpu_count":2}"#),
+                "PatchMachineConfig",
+            ),
+        ];
+        for (r, want) in cases {
+            let got =
+                route(&r).unwrap_or_else(|e| panic!("{} {}: {e}", method_name(&r.method), r.path));
+            assert!(
+                format!("{got:?}").starts_with(want),
+                "{got:?} is not {want}"
+            );
+        }
+        assert_eq!(
+            route(&req(Put, "/actions", r#"{"action_type":"InstanceStart"}"#)),
+            Ok(ApiRequest::Action(Action::InstanceStart))
+        );
+        assert_eq!(
+            route(&req(Put, "/actions", r#"{"action_type":"SendCtrlAltDel"}"#)),
+            Ok(ApiRequest::Action(Action::SendCtrlAltDel))
+        );
+        assert_eq!(
+            route(&req(Patch, "/vm", r#"{"state":"Paused"}"#)),
+            Ok(ApiRequest::PatchVm(VmState::Paused))
+        );
+    }
+
+    #[test]
+    fn every_refusal_says_why() {
+        use Method::*;
+        let cases = [
+            (req(Get, "/nope", ""), "invalid request: unknown path /nope"),
+            (
+                req(Get, "/drives/a/b", ""),
+                "invalid request: unknown path /drives/a/b",
+            ),
+            (
+                req(Get, "/drives/rootfs", ""),
+                "invalid request method GET for /drives/rootfs",
+            ),
+            (
+                req(Other("DELETE".into()), "/machine-config", ""),
+                "invalid request method DELETE for /machine-config",
+            ),
+            (req(Put, "/", "{}"), "invalid request method PUT for /"),
+            (
+                req(Put, "/balloon", "{}"),
+                "the balloon device is not supported by minivmm",
+            ),
+            (
+                req(Put, "/vsock", "{}"),
+                "vsock is not supported by minivmm",
+            ),
+            (
+                req(Put, "/snapshot/create", "{}"),
+                "snapshots is not supported by minivmm",
+            ),
+            (
+                req(Put, "/mmds", "{}"),
+                "MMDS (the microVM metadata service) is not supported by minivmm",
+            ),
+            (
+                req(Put, "/boot-source", ""),
+                "PUT /boot-source needs a JSON body",
+            ),
+            (
+                req(Put, "/boot-source", "[1]"),
+                "the JSON body must be an object",
+            ),
+            (
+                req(Put, "/drives/a", r#"{"drive_id":"b"}"#),
+                "the drive_id in the body (b) differs from the one in the path (a)",
+            ),
+            (
+                req(Put, "/drives/a", r#"{"path_on_host":"x"}"#),
+                "the body needs drive_id",
+            ),
+            (
+                req(Put, "/network-interfaces/a", r#"{"iface_id":1}"#),
+                "iface_id must be a string",
+            ),
+            (req(Get, "/", "x"), "GET / takes no body"),
+        ];
+        for (r, want) in cases {
+            assert_eq!(
+                route(&r),
+                Err(want.to_string()),
+                "{} {}",
+                method_name(&r.method),
+                r.path
+            );
+        }
+        for (body, starts) in [
+            ("{", "malformed JSON body"),
+            (
+                r#"{"action_type":"Reboot"}"#,
+                "invalid body: unknown variant `Reboot`",
+            ),
+            (
+                r#"{"action_type":"FlushMetrics","x":1}"#,
+                "invalid body: unknown field `x`",
+            ),
+        ] {
+            let e = route(&req(Put, "/actions", body)).unwrap_err();
+            assert!(e.starts_with(starts), "{e}");
+        }
+        let e = route(&req(Patch, "/vm", r#"{"state":"Running"}"#)).unwrap_err();
+        assert!(
+            e.starts_with("invalid body: unknown variant `Running`"),
+            "{e}"
+        );
+    }
+}
