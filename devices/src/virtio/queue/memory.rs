@@ -424,7 +424,10 @@ mod tests {
         let mem = three_regions();
         let r = GuestRegions::new(&mem).unwrap();
         assert!(r.is_snapshot_of(&mem));
-        assert!(r.is_snapshot_of(&mem.clone()), "a clone shares the mappings");
+        assert!(
+            r.is_snapshot_of(&mem.clone()),
+            "a clone shares the mappings"
+        );
         let same_layout_other_mapping = three_regions();
         assert!(!r.is_snapshot_of(&same_layout_other_mapping));
         let fewer = GuestMemory::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
