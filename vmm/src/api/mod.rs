@@ -7,6 +7,8 @@
 //!   the checks that need no VMM state (id in the path against the body,
 //!   the `/actions` and `/vm` bodies, features minivmm does not have).
 //!
-//! The socket server and the commands it sends the VMM build on these.
+//! - [`server`]: the socket on its own thread, epoll over bounded
+//!   connections, each routed request sent to the VMM as one command.
 pub mod http;
 pub mod routes;
+pub mod server;
