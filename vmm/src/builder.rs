@@ -36,6 +36,7 @@ use linux_loader::loader::KernelLoaderResult;
 use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+use crate::config::drive::root_words;
 use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
@@ -298,6 +299,9 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
         &mut tap_fds,
         &mut events,
     )?;
+    for drive in &cfg.drives {
+        devices.attach_block(&vm, &mem, drive, &mut events)?;
+    }
     steps.done("devices");
 
     let loaded = kernel.load(&mem)?;
@@ -306,7 +310,9 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
     let initrd = initramfs.map(|i| i.load(&mem, &loaded)).transpose()?;
     steps.done("initramfs");
 
-    let cmdline = kernel_cmdline(cfg, quirks, devices.cmdline_words())?;
+    let mut device_words = devices.cmdline_words().to_vec();
+    device_words.extend(root_words(&cfg.drives));
+    let cmdline = kernel_cmdline(cfg, quirks, &device_words)?;
     write_boot_tables(&mem, &cmdline, initrd, &loaded, cfg.vcpus)?;
     steps.done("boot tables");
 

@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex};
 use arch::x86_64::layout;
 use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
+use devices::virtio::block::{Block, BlockMetrics};
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE, QUEUE_NOTIFY_OFFSET};
 use devices::virtio::net::{Net, NetMetrics, Tap};
 use devices::virtio::{GuestMemory, VirtioDevice};
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 
-use crate::config::NicConfig;
+use crate::config::{DriveConfig, NicConfig};
 use crate::metrics::VcpuExits;
 use crate::vcpu::ExitBus;
 
@@ -48,6 +49,10 @@ pub enum DeviceError {
     /// The network device could not be created.
     #[error("cannot attach network interface '{0}'")]
     Net(String, #[source] devices::virtio::net::NetError),
+    /// A drive could not be opened (missing, locked, ...): the device's
+    /// error names the image.
+    #[error("drive '{0}': {1}")]
+    Block(String, #[source] devices::virtio::block::BlockError),
     /// The MMIO transport could not be created.
     #[error("cannot create the virtio-MMIO transport")]
     Mmio(#[source] devices::virtio::mmio::MmioError),
@@ -121,6 +126,7 @@ pub struct DeviceManager {
     mmio: Vec<MmioSlot>,
     cmdline_words: Vec<String>,
     net_metrics: Vec<(String, Arc<NetMetrics>)>,
+    block_metrics: Vec<(String, Arc<BlockMetrics>)>,
     exits: Arc<VcpuExits>,
 }
 
@@ -173,6 +179,26 @@ impl DeviceManager {
         Ok(())
     }
 
+    /// Creates the virtio-blk device over its image (opened and locked
+    /// here, so a missing or locked image fails before boot) and attaches it
+    /// as [`attach_net`](Self::attach_net) does a network card.
+    pub fn attach_block(
+        &mut self,
+        vm: &VmFd,
+        mem: &GuestMemory,
+        cfg: &DriveConfig,
+        events: &mut Events,
+    ) -> Result<(), DeviceError> {
+        let block = Block::new(cfg.device.clone(), mem.clone())
+            .map_err(|e| DeviceError::Block(cfg.device.id.clone(), e))?;
+        self.block_metrics
+            .push((cfg.device.id.clone(), block.metrics()));
+        let block = Arc::new(Mutex::new(block));
+        self.attach_virtio(vm, mem, block.clone())?;
+        events.add_subscriber(block);
+        Ok(())
+    }
+
     fn attach_virtio(
         &mut self,
         vm: &VmFd,
@@ -220,6 +246,11 @@ impl DeviceManager {
     /// Metrics of every network device with its id, in attach order.
     pub fn net_metrics(&self) -> &[(String, Arc<NetMetrics>)] {
         &self.net_metrics
+    }
+
+    /// Metrics of every drive with its id, in attach order.
+    pub fn block_metrics(&self) -> &[(String, Arc<BlockMetrics>)] {
+        &self.block_metrics
     }
 
     /// The vCPU exit counters the exit bus keeps.

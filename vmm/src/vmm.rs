@@ -123,6 +123,7 @@ impl Vmm {
                 self.devices.net_metrics().to_vec(),
                 start,
             );
+            m.attach_drives(self.devices.block_metrics().to_vec());
             Arc::new(Mutex::new(m))
         });
         let metrics_timer = match (&metrics, self.metrics_interval_s) {

@@ -16,6 +16,7 @@ use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::net::Offloads;
 use log::LevelFilter;
 
+use super::drive::parse_disk;
 use super::error::ConfigError;
 use super::file::{self, FileError};
 use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
@@ -87,6 +88,11 @@ pub struct Cli {
     /// [,rate limiter keys]`; repeatable (keys listed below).
     #[arg(long = "net", value_name = "KEY=VALUE,...")]
     pub net: Vec<String>,
+    /// A drive (virtio-blk): `path=FILE[,id=ID][,readonly=on][,root=on][,partuuid=UUID]
+    /// [,io_engine=sync|async][,cache=unsafe|writeback][,queue_size=N][,bw_*/ops_* limiter
+    /// keys]`; repeatable. A root drive adds `root=/dev/vdX ro|rw` to the command line.
+    #[arg(long = "disk", value_name = "KEY=VALUE,...")]
+    pub disk: Vec<String>,
     /// Shorthand for `--net tap=NAME` (opened, or created with a warning if missing).
     #[arg(long, value_name = "NAME")]
     pub tap: Option<String>,
@@ -191,6 +197,11 @@ impl Cli {
             vcpus: self.vcpus,
             nets,
             net_defaults,
+            drives: self
+                .disk
+                .iter()
+                .map(|s| parse_disk(s))
+                .collect::<Result<Vec<_>, _>>()?,
             metrics_path: self.metrics,
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,

@@ -114,6 +114,25 @@ pub enum ConfigError {
         #[source]
         source: RateLimiterError,
     },
+    /// A `--disk` value that does not parse.
+    #[error("--disk '{spec}': {reason}")]
+    DiskSpec {
+        /// The value as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A drive that cannot be used.
+    #[error("drive '{id}': {reason}")]
+    Drive {
+        /// The drive id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// More virtio devices than IRQ lines.
+    #[error("{0} virtio devices (network interfaces and drives) is too many: at most {MAX_NICS}")]
+    TooManyDevices(usize),
     /// A log level that does not parse.
     #[error("invalid log level '{0}': expected off, error, warn(ing), info, debug or trace")]
     LogLevel(String),

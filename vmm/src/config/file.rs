@@ -3,10 +3,10 @@
 //!
 //! A Firecracker user's file works as written when it uses what minivmm has:
 //! `boot-source`, `machine-config`, `network-interfaces` (with
-//! `rx_rate_limiter`/`tx_rate_limiter`), `metrics` and `logger`; `drives` may
-//! be an empty list and every other Firecracker section may be `null` (as
+//! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
+//! `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
-//! a non-empty `drives`, a `vsock`, `balloon`, `mmds-config` and so on, or
+//! a vhost-user drive (`socket`), a `vsock`, `balloon`, `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
 //! the section they belong to (documented in the README): `host_quirks` in
@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::drive::{parse_cache_type, DriveSpec};
 use super::error::ConfigError;
 use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
 use super::settings::{parse_host_quirks, parse_level, Settings};
@@ -145,6 +146,23 @@ struct Interface {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct Drive {
+    drive_id: String,
+    path_on_host: Option<PathBuf>,
+    is_root_device: bool,
+    is_read_only: Option<bool>,
+    partuuid: Option<String>,
+    cache_type: Option<String>,
+    io_engine: Option<String>,
+    rate_limiter: Option<Limiter>,
+    /// vhost-user: refused with its own line.
+    socket: Option<String>,
+    // minivmm's own key.
+    queue_size: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Metrics {
     metrics_path: PathBuf,
     /// minivmm: seconds between lines.
@@ -193,16 +211,13 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                     s.nets.push(interface(i, v)?);
                 }
             }
-            "drives" => match value {
-                Value::Null => {}
-                Value::Array(a) if a.is_empty() => {}
-                _ => {
-                    return Err(FileError::Unsupported(
-                        key,
-                        ": block devices do not exist here (only an empty list is accepted)",
-                    ))
+            "drives" if value.is_null() => {}
+            "drives" => {
+                let list: Vec<Value> = section(&key, value)?;
+                for (i, v) in list.into_iter().enumerate() {
+                    s.drives.push(drive(i, v)?);
                 }
-            },
+            }
             "metrics" if !value.is_null() => {
                 let m: Metrics = section(&key, value)?;
                 s.metrics_path = Some(m.metrics_path);
@@ -264,6 +279,38 @@ fn machine_config(s: &mut Settings, value: Value) -> Result<(), FileError> {
         .map(parse_host_quirks)
         .transpose()?;
     Ok(())
+}
+
+fn drive(index: usize, value: Value) -> Result<DriveSpec, FileError> {
+    let name = format!("drives[{index}]");
+    let d: Drive = section(&name, value)?;
+    if d.socket.is_some() {
+        return Err(FileError::Value(
+            format!("{name}.socket"),
+            "vhost-user drives are not supported by minivmm".into(),
+        ));
+    }
+    Ok(DriveSpec {
+        id: Some(d.drive_id),
+        path: Some(d.path_on_host.ok_or_else(|| {
+            FileError::Value(format!("{name}.path_on_host"), "is missing".into())
+        })?),
+        read_only: d.is_read_only,
+        root: Some(d.is_root_device),
+        partuuid: d.partuuid,
+        cache_type: d
+            .cache_type
+            .map(|v| parse_cache_type(&v))
+            .transpose()
+            .map_err(|why| FileError::Value(format!("{name}.cache_type"), why))?,
+        io_engine: d
+            .io_engine
+            .map(|v| parse_io_engine(&v))
+            .transpose()
+            .map_err(|why| FileError::Value(format!("{name}.io_engine"), why))?,
+        queue_size: d.queue_size,
+        rate_limiter: d.rate_limiter.map(Into::into),
+    })
 }
 
 fn interface(index: usize, value: Value) -> Result<NetSpec, FileError> {

@@ -21,6 +21,7 @@ use log::LevelFilter;
 use crate::seccomp::SeccompMode;
 
 pub mod cli;
+pub mod drive;
 pub mod error;
 pub mod file;
 pub mod net;
@@ -38,7 +39,8 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 /// The largest vCPU count: APIC ids are one byte in the MP table and the
 /// IOAPIC id follows the last CPU.
 pub const MAX_VCPUS: u8 = 254;
-/// The most NICs: one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
+/// The most virtio devices (network cards and drives together): one IRQ
+/// line each between the layout's IRQ_BASE and IRQ_MAX.
 pub const MAX_NICS: usize =
     (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
 /// The default metrics flush interval (Firecracker's).
@@ -82,6 +84,19 @@ pub struct NicConfig {
     pub tap: TapBackend,
     /// What the virtio-net device is built with.
     pub device: devices::virtio::net::NetConfig,
+}
+
+/// One drive: the virtio-blk device's settings and what the kernel command
+/// line says about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriveConfig {
+    /// The guest boots from it: minivmm adds `root=` and `ro`/`rw`.
+    pub is_root_device: bool,
+    /// `root=PARTUUID=` instead of `root=/dev/vdX` (a partitioned image).
+    pub partuuid: Option<String>,
+    /// What the virtio-blk device is built with (its id, image, engine,
+    /// cache type, limiter).
+    pub device: devices::virtio::block::BlockConfig,
 }
 
 /// Where and how often metrics are written.
@@ -135,6 +150,8 @@ pub struct VmmConfig {
     pub vcpus: u8,
     /// The network cards, in MMIO slot order.
     pub nets: Vec<NicConfig>,
+    /// The drives, in MMIO slot order after the network cards.
+    pub drives: Vec<DriveConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.

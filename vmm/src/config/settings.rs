@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use log::LevelFilter;
 
+use super::drive::{finish_drives, DriveSpec};
 use super::error::ConfigError;
 use super::net::{check_unique, finish_net, NetSpec};
 use super::{
@@ -39,6 +40,8 @@ pub struct Settings {
     pub nets: Vec<NetSpec>,
     /// NIC settings for every NIC that does not set them itself.
     pub net_defaults: NetSpec,
+    /// Drives in order.
+    pub drives: Vec<DriveSpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -64,6 +67,8 @@ impl Settings {
     pub fn overlay(self, over: Settings) -> Settings {
         let mut nets = self.nets;
         nets.extend(over.nets);
+        let mut drives = self.drives;
+        drives.extend(over.drives);
         Settings {
             kernel: over.kernel.or(self.kernel),
             initramfs: over.initramfs.or(self.initramfs),
@@ -76,6 +81,7 @@ impl Settings {
             vcpus: over.vcpus.or(self.vcpus),
             nets,
             net_defaults: over.net_defaults.or(&self.net_defaults),
+            drives,
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -98,6 +104,11 @@ impl Settings {
             nets.push(finish_net(index, spec.or(&self.net_defaults))?);
         }
         check_unique(&nets)?;
+        if nets.len() + self.drives.len() > MAX_NICS {
+            return Err(ConfigError::TooManyDevices(nets.len() + self.drives.len()));
+        }
+        let nic_ids: Vec<&str> = nets.iter().map(|n| n.id.as_str()).collect();
+        let drives = finish_drives(self.drives, &nic_ids)?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -115,6 +126,7 @@ impl Settings {
             mem_mib: validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?,
             vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
             nets,
+            drives,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,

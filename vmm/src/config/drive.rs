@@ -1,0 +1,475 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Block devices: what `--disk` and the config file's `drives` say
+//! ([`DriveSpec`]), the checks every drive passes ([`finish_drives`]), and
+//! the kernel command-line words of a root drive ([`root_words`]).
+//!
+//! `--disk path=FILE[,id=ID][,readonly=on][,root=on][,partuuid=UUID]
+//! [,io_engine=sync|async][,cache=unsafe|writeback][,queue_size=N]
+//! [,bw_size=..,bw_one_time_burst=..,bw_refill_time=..][,ops_...]` is Cloud
+//! Hypervisor's habit; `drives` is Firecracker's layout (`drive_id`,
+//! `path_on_host`, `is_root_device`, `is_read_only`, `partuuid`,
+//! `cache_type`, `io_engine`, `rate_limiter`). Drives from the file come
+//! first, then those of the command line, in the order given: that is the
+//! order of their MMIO windows and IRQs (after the network cards) and so of
+//! the guest's `/dev/vda`, `/dev/vdb`, ...
+//!
+//! Checked before anything is opened for the VM, each a one-line error
+//! naming the drive: a missing, unreadable or non-regular file, two drives
+//! on one file (compared by device and inode, so two spellings of one path
+//! are caught), two drives with one id, more than one root drive, a queue
+//! size outside the bounds, a vhost-user `socket`. A locked image (another
+//! VM has it) is found when the device opens it, also before boot.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZE};
+use devices::virtio::queue::MAX_QUEUE_SIZE;
+
+use super::error::ConfigError;
+use super::net::parse_io_engine;
+use super::settings::parse_number;
+use super::DriveConfig;
+
+/// One drive as the user wrote it (no defaults applied).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriveSpec {
+    /// `id=` / `drive_id`.
+    pub id: Option<String>,
+    /// `path=` / `path_on_host`.
+    pub path: Option<PathBuf>,
+    /// `readonly=` / `is_read_only`.
+    pub read_only: Option<bool>,
+    /// `root=` / `is_root_device`.
+    pub root: Option<bool>,
+    /// `partuuid=` / `partuuid`.
+    pub partuuid: Option<String>,
+    /// `cache=` / `cache_type`.
+    pub cache_type: Option<CacheType>,
+    /// `io_engine=` / `io_engine`.
+    pub io_engine: Option<IoEngine>,
+    /// `queue_size=` (minivmm's own).
+    pub queue_size: Option<u64>,
+    /// The limiter keys / `rate_limiter`.
+    pub rate_limiter: Option<RateLimiterConfig>,
+}
+
+/// Parses a `cache_type` (`Unsafe` or `Writeback`, any case).
+pub fn parse_cache_type(v: &str) -> Result<CacheType, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "unsafe" => Ok(CacheType::Unsafe),
+        "writeback" => Ok(CacheType::Writeback),
+        _ => Err(format!(
+            "unknown cache type '{v}': expected Unsafe or Writeback"
+        )),
+    }
+}
+
+fn on_off(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("{key}: '{v}' is not on or off")),
+    }
+}
+
+/// Parses one `--disk` value.
+pub fn parse_disk(spec: &str) -> Result<DriveSpec, ConfigError> {
+    parse_disk_inner(spec).map_err(|reason| ConfigError::DiskSpec {
+        spec: spec.to_string(),
+        reason,
+    })
+}
+
+fn parse_disk_inner(spec: &str) -> Result<DriveSpec, String> {
+    let mut d = DriveSpec::default();
+    let mut seen = HashSet::new();
+    // [bw, ops] x (size, one_time_burst, refill_time)
+    let mut buckets = [[None::<u64>; 3]; 2];
+    let num = |v: &str| parse_number(v).map_err(|e| e.to_string());
+    for item in spec.split(',') {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        if value.is_empty() {
+            return Err(format!("{key} has no value"));
+        }
+        if !seen.insert(key) {
+            return Err(format!("{key} is given twice"));
+        }
+        match key {
+            "path" => d.path = Some(value.into()),
+            "id" => d.id = Some(value.to_string()),
+            "readonly" => d.read_only = Some(on_off(key, value)?),
+            "root" => d.root = Some(on_off(key, value)?),
+            "partuuid" => d.partuuid = Some(value.to_string()),
+            "cache" => d.cache_type = Some(parse_cache_type(value)?),
+            "io_engine" => d.io_engine = Some(parse_io_engine(value)?),
+            "queue_size" => d.queue_size = Some(num(value)?),
+            "socket" | "vhost_user" => {
+                return Err("vhost-user drives are not supported by minivmm".into())
+            }
+            _ => {
+                let (kind, field) = match key.split_once('_') {
+                    Some(("bw", f)) => (0, f),
+                    Some(("ops", f)) => (1, f),
+                    _ => return Err(format!("unknown key '{key}' (see --help)")),
+                };
+                let field = match field {
+                    "size" => 0,
+                    "one_time_burst" => 1,
+                    "refill_time" => 2,
+                    _ => return Err(format!("unknown key '{key}' (see --help)")),
+                };
+                buckets[kind][field] = Some(num(value)?);
+            }
+        }
+    }
+    if buckets.iter().flatten().any(Option::is_some) {
+        let mut out = [None, None];
+        for (k, kind) in ["bw", "ops"].iter().enumerate() {
+            out[k] = match buckets[k] {
+                [None, None, None] => None,
+                [Some(size), burst, Some(refill_time)] => Some(TokenBucketConfig {
+                    size,
+                    one_time_burst: burst.unwrap_or(0),
+                    refill_time,
+                }),
+                [None, ..] => return Err(format!("{kind}_size is missing")),
+                [_, _, None] => return Err(format!("{kind}_refill_time is missing")),
+            };
+        }
+        d.rate_limiter = Some(RateLimiterConfig {
+            bandwidth: out[0],
+            ops: out[1],
+        });
+    }
+    if d.path.is_none() {
+        return Err("path=FILE is missing".into());
+    }
+    Ok(d)
+}
+
+/// Applies the defaults and checks every drive (see the module doc).
+/// `nic_ids` are the network cards' ids, which share the metrics namespace.
+pub fn finish_drives(
+    specs: Vec<DriveSpec>,
+    nic_ids: &[&str],
+) -> Result<Vec<DriveConfig>, ConfigError> {
+    let mut out: Vec<DriveConfig> = Vec::with_capacity(specs.len());
+    let mut files = Vec::new();
+    for (index, spec) in specs.into_iter().enumerate() {
+        let id = spec.id.unwrap_or_else(|| format!("disk{index}"));
+        let err = |reason: String| ConfigError::Drive {
+            id: id.clone(),
+            reason,
+        };
+        if id.is_empty()
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        {
+            return Err(err(
+                "the id may hold only letters, digits, '_', '-' and '.'".into(),
+            ));
+        }
+        if nic_ids.contains(&id.as_str()) {
+            return Err(err("the id is a network interface's too".into()));
+        }
+        if out.iter().any(|d| d.device.id == id) {
+            return Err(err("the id is used by two drives".into()));
+        }
+        let path = spec
+            .path
+            .ok_or_else(|| err("no path_on_host (path=FILE)".into()))?;
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| err(format!("disk image {}: {e}", path.display())))?;
+        if !meta.is_file() {
+            return Err(err(format!(
+                "disk image {} is not a regular file",
+                path.display()
+            )));
+        }
+        let read_only = spec.read_only.unwrap_or(false);
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(&path)
+            .map_err(|e| err(format!("disk image {}: {e}", path.display())))?;
+        let key = (meta.dev(), meta.ino());
+        if let Some((_, other)) = files.iter().find(|(k, _)| *k == key) {
+            return Err(err(format!(
+                "disk image {} is already drive '{other}'",
+                path.display()
+            )));
+        }
+        files.push((key, id.clone()));
+        let is_root = spec.root.unwrap_or(false);
+        if is_root {
+            if let Some(other) = out.iter().find(|d| d.is_root_device) {
+                return Err(err(format!(
+                    "drive '{}' is the root device already; at most one may be",
+                    other.device.id
+                )));
+            }
+        }
+        let qs = spec.queue_size.unwrap_or(u64::from(DEFAULT_QUEUE_SIZE));
+        if qs == 0 || qs > u64::from(MAX_QUEUE_SIZE) || !qs.is_power_of_two() {
+            return Err(err(format!(
+                "queue size {qs} is not a power of two between 1 and {MAX_QUEUE_SIZE}"
+            )));
+        }
+        let rate_limiter = spec.rate_limiter.unwrap_or_default();
+        rate_limiter
+            .validate()
+            .map_err(|e| err(format!("rate_limiter: {e}")))?;
+        if spec
+            .partuuid
+            .as_deref()
+            .is_some_and(|u| u.is_empty() || !u.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+        {
+            return Err(err("partuuid must be hex digits and '-'".into()));
+        }
+        out.push(DriveConfig {
+            is_root_device: is_root,
+            partuuid: spec.partuuid,
+            device: BlockConfig {
+                id: id.clone(),
+                path,
+                read_only,
+                cache_type: spec.cache_type.unwrap_or_default(),
+                io_engine: spec.io_engine.unwrap_or_default(),
+                rate_limiter,
+                queue_size: qs as u16,
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// The guest device name of the `index`-th virtio disk: vda, ..., vdz,
+/// vdaa, ... (Linux's `virtblk_name_format`).
+pub fn vd_name(index: usize) -> String {
+    let mut n = index;
+    let mut letters = Vec::new();
+    loop {
+        letters.push(b'a' + (n % 26) as u8);
+        if n < 26 {
+            break;
+        }
+        n = n / 26 - 1;
+    }
+    letters.reverse();
+    format!("vd{}", String::from_utf8_lossy(&letters))
+}
+
+/// What a root drive adds to the kernel command line, as Firecracker adds
+/// it: `root=/dev/vdX` (or `root=PARTUUID=...`) and `ro` or `rw`.
+pub fn root_words(drives: &[DriveConfig]) -> Vec<String> {
+    drives
+        .iter()
+        .enumerate()
+        .find(|(_, d)| d.is_root_device)
+        .map(|(i, d)| {
+            let root = match &d.partuuid {
+                Some(u) => format!("root=PARTUUID={u}"),
+                None => format!("root=/dev/{}", vd_name(i)),
+            };
+            vec![
+                root,
+                if d.device.read_only { "ro" } else { "rw" }.to_string(),
+            ]
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(dir: &std::path::Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, vec![0u8; 4096]).unwrap();
+        p
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("minivmm-drive-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn disk_keys_parse_and_defaults_apply() {
+        let d = tempdir("keys");
+        let p = image(&d, "a.img");
+        let spec = parse_disk(&format!(
+            "path={},id=rootfs,readonly=on,root=on,io_engine=sync,cache=writeback,queue_size=64,bw_size=1000,bw_refill_time=100,ops_size=10,ops_one_time_burst=5,ops_refill_time=1000",
+            p.display()
+        ))
+        .unwrap();
+        let cfg = finish_drives(vec![spec], &[]).unwrap();
+        let c = &cfg[0];
+        assert!(c.is_root_device);
+        assert_eq!(c.device.id, "rootfs");
+        assert!(c.device.read_only);
+        assert_eq!(c.device.io_engine, IoEngine::Sync);
+        assert_eq!(c.device.cache_type, CacheType::Writeback);
+        assert_eq!(c.device.queue_size, 64);
+        let rl = c.device.rate_limiter;
+        assert_eq!(
+            rl.bandwidth
+                .map(|b| (b.size, b.one_time_burst, b.refill_time)),
+            Some((1000, 0, 100))
+        );
+        assert_eq!(
+            rl.ops.map(|b| (b.size, b.one_time_burst, b.refill_time)),
+            Some((10, 5, 1000))
+        );
+        let plain = finish_drives(
+            vec![parse_disk(&format!("path={}", p.display())).unwrap()],
+            &[],
+        )
+        .unwrap();
+        let c = &plain[0].device;
+        assert_eq!(
+            (
+                c.id.as_str(),
+                c.read_only,
+                c.cache_type,
+                c.io_engine,
+                c.queue_size
+            ),
+            (
+                "disk0",
+                false,
+                CacheType::Unsafe,
+                IoEngine::Async,
+                DEFAULT_QUEUE_SIZE
+            )
+        );
+        assert!(!plain[0].is_root_device);
+        assert!(c.rate_limiter.is_unlimited());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn disk_spec_errors_are_one_line() {
+        for (spec, want) in [
+            ("id=x", "--disk 'id=x': path=FILE is missing"),
+            ("path=a,path=b", "--disk 'path=a,path=b': path is given twice"),
+            ("path=a,cache=none", "--disk 'path=a,cache=none': unknown cache type 'none': expected Unsafe or Writeback"),
+            ("path=a,readonly=yes", "--disk 'path=a,readonly=yes': readonly: 'yes' is not on or off"),
+            ("path=a,socket=/s", "--disk 'path=a,socket=/s': vhost-user drives are not supported by minivmm"),
+            ("path=a,colour=red", "--disk 'path=a,colour=red': unknown key 'colour' (see --help)"),
+            ("path=a,bw_size=1", "--disk 'path=a,bw_size=1': bw_refill_time is missing"),
+            ("path=a,ops_refill_time=1", "--disk 'path=a,ops_refill_time=1': ops_size is missing"),
+            ("path", "--disk 'path': 'path' is not key=value"),
+        ] {
+            assert_eq!(parse_disk(spec).unwrap_err().to_string(), want);
+        }
+    }
+
+    #[test]
+    fn bad_drives_are_refused_naming_the_drive() {
+        let d = tempdir("bad");
+        let a = image(&d, "a.img");
+        let b = image(&d, "b.img");
+        let spec = |s: String| parse_disk(&s).unwrap();
+        let cases: Vec<(Vec<DriveSpec>, String)> = vec![
+            (
+                vec![spec(format!("path={}/missing.img", d.display()))],
+                format!("drive 'disk0': disk image {}/missing.img: No such file or directory (os error 2)", d.display()),
+            ),
+            (
+                vec![spec(format!("path={}", d.display()))],
+                format!("drive 'disk0': disk image {} is not a regular file", d.display()),
+            ),
+            (
+                vec![spec(format!("path={},root=on", a.display())), spec(format!("path={},root=on", b.display()))],
+                "drive 'disk1': drive 'disk0' is the root device already; at most one may be".into(),
+            ),
+            (
+                vec![spec(format!("path={}", a.display())), spec(format!("path={}/./a.img", d.display()))],
+                format!("drive 'disk1': disk image {}/./a.img is already drive 'disk0'", d.display()),
+            ),
+            (
+                vec![spec(format!("path={},id=x", a.display())), spec(format!("path={},id=x", b.display()))],
+                "drive 'x': the id is used by two drives".into(),
+            ),
+            (
+                vec![spec(format!("path={},queue_size=3", a.display()))],
+                "drive 'disk0': queue size 3 is not a power of two between 1 and 32768".into(),
+            ),
+            (
+                vec![spec(format!("path={},partuuid=zz", a.display()))],
+                "drive 'disk0': partuuid must be hex digits and '-'".into(),
+            ),
+            (
+                vec![spec(format!("path={},id=a/b", a.display()))],
+                "drive 'a/b': the id may hold only letters, digits, '_', '-' and '.'".into(),
+            ),
+        ];
+        for (specs, want) in cases {
+            assert_eq!(finish_drives(specs, &[]).unwrap_err().to_string(), want);
+        }
+        // A drive may not take a network card's id: both are metrics keys.
+        let e = finish_drives(
+            vec![spec(format!("path={},id=net0", a.display()))],
+            &["net0"],
+        );
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "drive 'net0': the id is a network interface's too"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn root_words_follow_firecracker() {
+        let d = tempdir("root");
+        let a = image(&d, "a.img");
+        let b = image(&d, "b.img");
+        let spec = |s: String| parse_disk(&s).unwrap();
+        let drives = finish_drives(
+            vec![
+                spec(format!("path={}", a.display())),
+                spec(format!("path={},root=on,readonly=on", b.display())),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(root_words(&drives), ["root=/dev/vdb", "ro"]);
+        let drives = finish_drives(
+            vec![spec(format!(
+                "path={},root=on,partuuid=0eaa91a0-01",
+                a.display()
+            ))],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(root_words(&drives), ["root=PARTUUID=0eaa91a0-01", "rw"]);
+        let drives = finish_drives(vec![spec(format!("path={}", a.display()))], &[]).unwrap();
+        assert!(root_words(&drives).is_empty());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn virtio_disk_names_are_linuxs() {
+        for (i, n) in [
+            (0, "vda"),
+            (1, "vdb"),
+            (25, "vdz"),
+            (26, "vdaa"),
+            (27, "vdab"),
+            (51, "vdaz"),
+            (52, "vdba"),
+            (701, "vdzz"),
+            (702, "vdaaa"),
+        ] {
+            assert_eq!(vd_name(i), n, "{i}");
+        }
+    }
+}
