@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The block device's test suites, each driving a whole [`Block`](super::Block)
+//! from the driver side over an image in a temporary directory.
+//!
+//! - `fixture`: [`BlockFixture`](fixture::BlockFixture), the device wired to
+//!   an `EventManager`, requests built part by part, and the fault-injecting
+//!   backend.
+//! - `requests`: features, configuration space, opening and locking the
+//!   image, each request type.
+
+#[allow(dead_code)]
+pub(super) mod fixture;
+mod requests;
