@@ -7,7 +7,11 @@
 //!   backend.
 //! - `requests`: features, configuration space, opening and locking the
 //!   image, each request type.
+//! - `malformed`: the malformed-request matrix.
+//! - `integrity`: random data through random chain shapes against a model.
 
 #[allow(dead_code)]
 pub(super) mod fixture;
+mod integrity;
+mod malformed;
 mod requests;
