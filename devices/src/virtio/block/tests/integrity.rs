@@ -18,11 +18,14 @@ use crate::virtio::VirtioDevice;
 const SECTOR: usize = 512;
 const SECTORS: usize = 2048;
 
+/// The data parts of an IN (address, length) and the bytes they must hold.
+type ReadBack = (Vec<(u64, u32)>, Vec<u8>);
+
 /// What one posted request should bring back.
 struct Expect {
     posted: Posted,
     /// For IN: the parts holding data and the bytes they must hold.
-    read: Option<(Vec<(u64, u32)>, Vec<u8>)>,
+    read: Option<ReadBack>,
     used_len: u32,
 }
 
