@@ -8,10 +8,14 @@
 //! - `requests`: features, configuration space, opening and locking the
 //!   image, each request type.
 //! - `malformed`: the malformed-request matrix.
+//! - `pass`: the bounds of a pass, a corrupt ring, resets with requests in flight.
+//! - `faults`: the fault-injection matrix, both engines.
 //! - `integrity`: random data through random chain shapes against a model.
 
+mod faults;
 #[allow(dead_code)]
 pub(super) mod fixture;
 mod integrity;
 mod malformed;
+mod pass;
 mod requests;
