@@ -24,6 +24,7 @@ pub mod net;
 pub mod queue;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
+pub mod time_counter;
 
 /// Guest memory as every device in minivmm sees it.
 pub type GuestMemory = GuestMemoryMmap<()>;

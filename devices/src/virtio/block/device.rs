@@ -1,20 +1,74 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The [`Block`] device: opening the image, features, configuration space,
 //! activation and reset.
+//!
+//! As for the network device, activation and reset arrive from a vCPU
+//! thread through the MMIO transport and only change state here and write
+//! `activate_evt`; the event handler brings the epoll registrations in line.
+//! One exception: a reset with requests in flight on the io_uring waits for
+//! them here, on the vCPU thread (`io_uring_enter`), before the queue goes,
+//! so that no completion lands in the buffers of a driver that has started
+//! over (see `io`).
 
-use std::fs::File;
-use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use event_manager::{EventOps, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{BlockConfig, BlockMetrics};
+use super::backend::{BlockBackend, DiskInfo, FileBackend};
+use super::io::AsyncEngine;
+use super::metrics::BlockMetrics;
+use super::pass::BlockVirtio;
+use super::request::{Rules, MAX_DWZ_SECTORS, MAX_DWZ_SEGS};
+use super::uring::BlockRing;
+use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
+use crate::rate_limiter::RateLimiter;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
+use crate::warn::warn_rate_limited;
 
 /// virtio device ID of a block device (virtio 1.1 §5.2.1).
 pub const BLOCK_DEVICE_ID: u32 = 2;
+
+/// Feature bits (virtio 1.1 §5.2.3, §6), from `virtio-bindings`.
+pub mod features {
+    pub use virtio_bindings::virtio_blk::{
+        VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO,
+        VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_WRITE_ZEROES,
+    };
+    pub use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+    pub use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+}
+use features::*;
+
+const fn bit(b: u32) -> u64 {
+    1u64 << b
+}
+
+/// Offsets in `struct virtio_blk_config` (virtio 1.1 §5.2.4).
+pub mod config_offsets {
+    /// `le64 capacity`, in 512-byte sectors.
+    pub const CAPACITY: usize = 0;
+    /// `le32 seg_max`.
+    pub const SEG_MAX: usize = 12;
+    /// `le32 blk_size`.
+    pub const BLK_SIZE: usize = 20;
+    /// `le32 max_discard_sectors`.
+    pub const MAX_DISCARD_SECTORS: usize = 36;
+    /// `le32 max_discard_seg`.
+    pub const MAX_DISCARD_SEG: usize = 40;
+    /// `le32 discard_sector_alignment`.
+    pub const DISCARD_SECTOR_ALIGNMENT: usize = 44;
+    /// `le32 max_write_zeroes_sectors`.
+    pub const MAX_WRITE_ZEROES_SECTORS: usize = 48;
+    /// `le32 max_write_zeroes_seg`.
+    pub const MAX_WRITE_ZEROES_SEG: usize = 52;
+    /// `u8 write_zeroes_may_unmap`.
+    pub const WRITE_ZEROES_MAY_UNMAP: usize = 56;
+    /// Bytes exposed: up to `write_zeroes_may_unmap` and its padding.
+    pub const LEN: usize = 60;
+}
+use config_offsets as off;
 
 /// Why a block device could not be made; each names the image file.
 #[derive(Debug, thiserror::Error)]
@@ -23,17 +77,17 @@ pub enum BlockError {
     #[error("cannot open disk image {}: {source}", path.display())]
     Open {
         /// The image.
-        path: PathBuf,
+        path: std::path::PathBuf,
         /// Why.
         #[source]
         source: std::io::Error,
     },
     /// The path is a directory or another non-regular file.
     #[error("disk image {} is not a regular file", .0.display())]
-    NotAFile(PathBuf),
+    NotAFile(std::path::PathBuf),
     /// Another process (another minivmm) holds the image's lock.
     #[error("disk image {} is in use by another process (locked)", .0.display())]
-    Locked(PathBuf),
+    Locked(std::path::PathBuf),
     /// A setting is outside its bounds.
     #[error("drive {id}: {msg}")]
     Config {
@@ -44,58 +98,190 @@ pub enum BlockError {
     },
 }
 
-/// A virtio-blk device over a raw image file.
-pub struct Block {
-    #[allow(dead_code)]
-    pub(crate) cfg: BlockConfig,
-    #[allow(dead_code)]
-    pub(crate) mem: GuestMemory,
-    #[allow(dead_code)]
-    pub(crate) file: File,
-    queue_sizes: [u16; 1],
-    queue_evts: [EventFd; 1],
-    pub(crate) metrics: Arc<BlockMetrics>,
+/// State that exists only between activation and reset.
+pub(crate) struct Active {
+    pub(crate) virtio: BlockVirtio,
+    pub(crate) interrupt: Arc<dyn Interrupt>,
+    /// The event handler has seen this activation.
+    pub(crate) started: bool,
+    /// The last pass stopped on a full io_uring: completions start the next.
+    pub(crate) saturated: bool,
+    /// The transport was told that the queue broke (once per activation).
+    pub(crate) error_signalled: bool,
 }
 
-impl std::fmt::Debug for Block {
+/// What the event handler has in the epoll set (only it changes this).
+#[derive(Debug, Default)]
+pub(crate) struct Registered {
+    /// The queue and re-queue eventfds.
+    pub(crate) queues: bool,
+    /// The limiter's timerfd.
+    pub(crate) timer: bool,
+    /// The re-queue eventfd holds a count (a pass yielded).
+    pub(crate) requeued: bool,
+}
+
+/// A virtio-blk device over a raw image file (or, in tests, any
+/// [`BlockBackend`]).
+pub struct Block<B: BlockBackend = FileBackend> {
+    pub(crate) cfg: BlockConfig,
+    pub(crate) mem: GuestMemory,
+    pub(crate) backend: B,
+    info: DiskInfo,
+    avail_features: u64,
+    pub(crate) acked_features: u64,
+    config_space: [u8; off::LEN],
+    queue_sizes: [u16; 1],
+    pub(crate) queue_evts: [EventFd; 1],
+    pub(crate) activate_evt: EventFd,
+    pub(crate) requeue_evt: EventFd,
+    pub(crate) metrics: Arc<BlockMetrics>,
+    /// Limits on requests; `None` without any bucket. Outlives activations.
+    pub(crate) limiter: Option<RateLimiter>,
+    /// The io_uring (`IoEngine::Async`); `None` runs requests with one
+    /// system call each. Built with the device, before any seccomp filter.
+    pub(crate) engine: Option<AsyncEngine>,
+    pub(crate) active: Option<Active>,
+    pub(crate) registered: Registered,
+}
+
+impl<B: BlockBackend> std::fmt::Debug for Block<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Block")
             .field("id", &self.cfg.id)
             .field("path", &self.cfg.path)
+            .field("active", &self.active.is_some())
             .finish_non_exhaustive()
     }
 }
 
-impl Block {
-    /// Opens and locks the image and builds the device. Interface only: the
-    /// datapath is not there yet and activation is refused.
+impl Block<FileBackend> {
+    /// Opens and locks the image and builds the device (and, for
+    /// `IoEngine::Async`, its io_uring): everything that must happen before
+    /// the VMM's seccomp filters.
     pub fn new(cfg: BlockConfig, mem: GuestMemory) -> Result<Self, BlockError> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!cfg.read_only)
-            .open(&cfg.path)
-            .map_err(|source| BlockError::Open {
+        let backend = FileBackend::open(&cfg.path, cfg.read_only)?;
+        Self::with_backend(cfg, mem, backend)
+    }
+}
+
+impl<B: BlockBackend> Block<B> {
+    /// Builds the device over an opened backend.
+    pub fn with_backend(
+        cfg: BlockConfig,
+        mem: GuestMemory,
+        backend: B,
+    ) -> Result<Self, BlockError> {
+        let config_err = |msg: String| BlockError::Config {
+            id: cfg.id.clone(),
+            msg,
+        };
+        let qs = cfg.queue_size;
+        if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
+            return Err(config_err(format!(
+                "queue size {qs} is not a power of two between 1 and 32768"
+            )));
+        }
+        if cfg.id.len() > super::ID_BYTES {
+            return Err(config_err(format!(
+                "id is {} bytes, GET_ID returns at most {}",
+                cfg.id.len(),
+                super::ID_BYTES
+            )));
+        }
+        let limiter = (!cfg.rate_limiter.is_unlimited())
+            .then(|| RateLimiter::new(&cfg.rate_limiter))
+            .transpose()
+            .map_err(|e| config_err(format!("rate limiter: {e}")))?;
+        let evt = || {
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|source| BlockError::Open {
                 path: cfg.path.clone(),
                 source,
-            })?;
-        let meta = file.metadata().map_err(|source| BlockError::Open {
-            path: cfg.path.clone(),
-            source,
-        })?;
-        if !meta.is_file() {
-            return Err(BlockError::NotAFile(cfg.path.clone()));
+            })
+        };
+        let info = backend.info();
+        let capacity = info.size / SECTOR_SIZE;
+        let tail = info.size % SECTOR_SIZE;
+        if tail != 0 {
+            log::warn!(
+                "virtio-blk: drive {}: {} is {} bytes, not a whole number of 512-byte \
+                 sectors; the last {tail} bytes are not visible to the guest",
+                cfg.id,
+                cfg.path.display(),
+                info.size
+            );
         }
-        let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| BlockError::Open {
-            path: cfg.path.clone(),
-            source,
-        })?;
+
+        let mut f = bit(VIRTIO_F_VERSION_1)
+            | bit(VIRTIO_BLK_F_BLK_SIZE)
+            | bit(VIRTIO_BLK_F_SEG_MAX)
+            | bit(VIRTIO_RING_F_EVENT_IDX)
+            | bit(VIRTIO_RING_F_INDIRECT_DESC);
+        if cfg.read_only {
+            f |= bit(VIRTIO_BLK_F_RO);
+        }
+        if cfg.cache_type == CacheType::Writeback {
+            f |= bit(VIRTIO_BLK_F_FLUSH);
+        }
+        let discard = !cfg.read_only && info.punch_hole;
+        let write_zeroes = discard && info.zero_range;
+        if discard {
+            f |= bit(VIRTIO_BLK_F_DISCARD);
+        }
+        if write_zeroes {
+            f |= bit(VIRTIO_BLK_F_WRITE_ZEROES);
+        }
+        let mut cs = [0u8; off::LEN];
+        let mut put32 = |at: usize, v: u32| cs[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        put32(off::SEG_MAX, SEG_MAX);
+        put32(off::BLK_SIZE, SECTOR_SIZE as u32);
+        if discard {
+            put32(off::MAX_DISCARD_SECTORS, MAX_DWZ_SECTORS);
+            put32(off::MAX_DISCARD_SEG, MAX_DWZ_SEGS);
+            put32(off::DISCARD_SECTOR_ALIGNMENT, 1);
+        }
+        if write_zeroes {
+            put32(off::MAX_WRITE_ZEROES_SECTORS, MAX_DWZ_SECTORS);
+            put32(off::MAX_WRITE_ZEROES_SEG, MAX_DWZ_SEGS);
+        }
+        cs[off::CAPACITY..off::CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
+        if write_zeroes {
+            cs[off::WRITE_ZEROES_MAY_UNMAP] = 1;
+        }
+
+        let engine = if cfg.io_engine == IoEngine::Async {
+            match BlockRing::new(backend.as_raw_fd()) {
+                Ok(ring) => Some(AsyncEngine::new(ring, mem.clone())),
+                Err(e) => {
+                    log::info!(
+                        "virtio-blk: drive {}: io_uring unavailable ({e}); requests run one \
+                         system call each",
+                        cfg.id
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
         Ok(Block {
-            queue_sizes: [cfg.queue_size],
+            queue_sizes: [qs],
+            queue_evts: [evt()?],
+            activate_evt: evt()?,
+            requeue_evt: evt()?,
             cfg,
             mem,
-            file,
-            queue_evts: [evt],
+            backend,
+            info,
+            avail_features: f,
+            acked_features: 0,
+            config_space: cs,
             metrics: Arc::default(),
+            limiter,
+            engine,
+            active: None,
+            registered: Registered::default(),
         })
     }
 
@@ -103,26 +289,87 @@ impl Block {
     pub fn metrics(&self) -> Arc<BlockMetrics> {
         self.metrics.clone()
     }
+
+    /// Capacity in 512-byte sectors: the image size rounded down (see the
+    /// module docs of `block`).
+    pub fn capacity(&self) -> u64 {
+        self.info.size / SECTOR_SIZE
+    }
+
+    /// Whether requests go through the io_uring (`Async` and the host
+    /// allowed it).
+    pub fn uses_io_uring(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    /// Whether the device is activated (between DRIVER_OK and reset).
+    pub fn is_activated(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// The backend (tests reach the fault-injecting one through this).
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    pub(crate) fn kick_event_handler(&self) {
+        if let Err(e) = self.activate_evt.write(1) {
+            BlockMetrics::inc(&self.metrics.host_errors);
+            log::error!("virtio-blk: cannot signal the event loop: {e}");
+        }
+    }
+
+    /// Ends the current activation: waits for what is in flight, drops the
+    /// queue and any request the limiter held back, unanswered.
+    fn deactivate(&mut self) {
+        if let Some(e) = self.engine.as_mut() {
+            e.quiesce();
+        }
+        if self.active.take().is_some_and(|a| a.virtio.is_throttled()) {
+            self.metrics.throttled_ns.stop();
+        }
+    }
 }
 
-impl VirtioDevice for Block {
+impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
     fn device_type(&self) -> u32 {
         BLOCK_DEVICE_ID
     }
 
     fn avail_features(&self) -> u64 {
-        1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1
+        self.avail_features
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
         &self.queue_sizes
     }
 
-    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // Past the end: zeros, as for an absent field.
         data.fill(0);
+        let Ok(start) = usize::try_from(offset) else {
+            return;
+        };
+        if start < off::LEN {
+            let n = data.len().min(off::LEN - start);
+            data[..n].copy_from_slice(&self.config_space[start..start + n]);
+        }
     }
 
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        // `wce` is writable only with VIRTIO_BLK_F_CONFIG_WCE, not offered.
+        let n = BlockMetrics::inc(&self.metrics.config_writes_ignored);
+        warn_rate_limited!(
+            count = n,
+            "virtio-blk: ignored {}-byte config write at {offset:#x}",
+            data.len()
+        );
+    }
 
     fn queue_events(&self) -> &[EventFd] {
         &self.queue_evts
@@ -130,20 +377,53 @@ impl VirtioDevice for Block {
 
     fn activate(
         &mut self,
-        _acked_features: u64,
-        _queues: Vec<SplitQueue>,
-        _interrupt: Arc<dyn Interrupt>,
+        acked_features: u64,
+        mut queues: Vec<SplitQueue>,
+        interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
-        Err(ActivateError::Backend(
-            "the block datapath is not built yet".into(),
-        ))
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount {
+                expected: 1,
+                got: queues.len(),
+            });
+        }
+        if !queues[0].memory().is_snapshot_of(&self.mem) {
+            return Err(ActivateError::Backend(
+                "queues translated against another guest memory".into(),
+            ));
+        }
+        // An activation without a reset in between starts over too.
+        self.deactivate();
+        self.acked_features = acked_features & self.avail_features;
+        let rules = Rules {
+            capacity: self.capacity(),
+            read_only: self.cfg.read_only,
+            discard: self.acked_features & bit(VIRTIO_BLK_F_DISCARD) != 0,
+            write_zeroes: self.acked_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0,
+        };
+        let queue = queues.remove(0);
+        self.active = Some(Active {
+            virtio: BlockVirtio::new(queue, rules, self.cfg.cache_type, &self.cfg.id),
+            interrupt,
+            started: false,
+            saturated: false,
+            error_signalled: false,
+        });
+        self.metrics
+            .features_negotiated
+            .store(self.acked_features, Ordering::Relaxed);
+        self.kick_event_handler();
+        Ok(())
     }
 
-    fn reset(&mut self) {}
-}
-
-impl MutEventSubscriber for Block {
-    fn process(&mut self, _events: Events, _ops: &mut EventOps) {}
-
-    fn init(&mut self, _ops: &mut EventOps) {}
+    fn reset(&mut self) {
+        self.deactivate();
+        self.acked_features = 0;
+        self.registered.requeued = false;
+        // Kicks that were pending belong to the old queue.
+        for evt in [&self.queue_evts[0], &self.requeue_evt] {
+            let _ = evt.read();
+        }
+        self.kick_event_handler();
+    }
 }

@@ -6,17 +6,68 @@
 //! [`VirtioDevice`](super::VirtioDevice) and an event-manager subscriber,
 //! shared as `Arc<Mutex<Block>>` as the network device is) and
 //! [`BlockMetrics`] (counters with a JSON view under the drive's id).
+//!
+//! The device, as the network device is split:
+//!
+//! | module | role |
+//! |---|---|
+//! | `device` | opening the image, features, configuration space, activation and reset |
+//! | `request` | one chain read as a request, with every check (what is malformed, what is UNSUPP) |
+//! | `pass` | one bounded pass over the request queue, the rate limiter |
+//! | `io` | running requests (`Sync`: one `preadv`/`pwritev` each; `Async`: the io_uring) and answering each once |
+//! | `backend` | the image file: every system call on it, the seam for fault injection |
+//! | `uring` | the restricted io_uring |
+//! | `event_handler` | the event-manager glue |
+//! | `metrics` | the counters (field names are a contract) |
+//!
+//! **Features offered**: VERSION_1, BLK_SIZE (512), SEG_MAX ([`SEG_MAX`]),
+//! EVENT_IDX, INDIRECT_DESC; RO for a read-only drive; FLUSH with
+//! [`CacheType::Writeback`]; DISCARD where the image's file system punches
+//! holes, WRITE_ZEROES where it also zeroes ranges (both probed at open,
+//! neither on a read-only drive; one segment per request, at most 1 GiB).
+//!
+//! **Capacity.** The image's size in 512-byte sectors, rounded down: a file
+//! whose size is not a multiple of 512 bytes has a partial last sector the
+//! guest cannot reach (no request may touch it: a read of it would be
+//! short, a write would grow the file). The device logs that once at open.
+//! The size is read once, at open; an image that shrinks later answers the
+//! reads past its new end IOERR.
+//!
+//! **System calls.** In [`Block::new`], before seccomp: `open`, `fstat`,
+//! `fcntl`, `flock`, `fallocate` (the probes, writable images only),
+//! `eventfd2`, `timerfd_create` (with a rate limiter) and, for `Async`,
+//! `io_uring_setup` and `io_uring_register`. On the event loop: `preadv`,
+//! `pwritev`, `fdatasync`, `fallocate` (`Sync`, or where the ring refuses
+//! an entry), `io_uring_enter` (`Async`), `read`/`write` on the eventfds,
+//! `timerfd_settime` and `read` on the limiter's timer, `epoll_ctl`. On a
+//! vCPU thread: `write` on an eventfd at activation and reset, and
+//! `io_uring_enter` when a reset waits for requests in flight.
 
 use std::path::PathBuf;
 
 use crate::rate_limiter::RateLimiterConfig;
 pub use crate::virtio::io_engine::IoEngine;
 
+pub mod backend;
 pub mod device;
+pub mod event_handler;
+mod io;
 pub mod metrics;
+pub mod pass;
+pub mod request;
+mod uring;
 
+#[cfg(test)]
+mod tests;
+
+pub use backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, OpKind};
 pub use device::{Block, BlockError};
 pub use metrics::BlockMetrics;
+
+/// Data segments one request may have (`seg_max`): with the header and
+/// the status byte, a request is at most `SEG_MAX + 2` buffers; more is
+/// answered IOERR. 126 data segments are 504 KiB of 4 KiB pages.
+pub const SEG_MAX: u32 = 126;
 
 /// Sector size of the virtio-blk protocol (virtio 1.1 §5.2.6: `sector` is
 /// always in 512-byte units, whatever `blk_size` says).

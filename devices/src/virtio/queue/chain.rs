@@ -25,6 +25,12 @@
 //!
 //! So a chain costs at most `MAX_CHAIN_SEGS + 2` descriptor reads, good or
 //! refused, whatever the queue size.
+//!
+//! [`SplitQueue::walk_mixed`] walks a chain of both kinds (a block request:
+//! a device-readable header and data, then device-writable data and a
+//! status byte) under the same rules, with the order virtio 1.1 §2.6.4.2
+//! requires of the driver: every device-readable buffer before every
+//! device-writable one ([`ChainError::ReadableAfterWritable`] otherwise).
 
 use super::{
     Budget, IoSeg, SplitQueue, IOV_MAX, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT,
@@ -79,6 +85,10 @@ pub enum ChainError {
     /// More than [`MAX_CHAIN_SEGS`] buffers or host segments.
     #[error("chain needs more than 1023 I/O vectors")]
     TooManySegments,
+    /// A device-readable buffer after a device-writable one in a mixed
+    /// chain (virtio 1.1 §2.6.4.2).
+    #[error("device-readable descriptor after a device-writable one")]
+    ReadableAfterWritable,
 }
 
 /// What a device accepts in a chain.
@@ -105,6 +115,44 @@ pub struct Chain {
     /// Descriptors of the ring's own table it holds (an indirect table
     /// counts one): what the driver cannot reuse until the chain is used.
     pub ring_descs: usize,
+}
+
+/// A mixed chain that passed the checks ([`SplitQueue::walk_mixed`]): its
+/// segments were appended to the caller's vector, the device-readable ones
+/// first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixedChain {
+    /// Head index: what the used element returns.
+    pub head: u16,
+    /// Segments it appended.
+    pub nsegs: usize,
+    /// How many of them (the first) are device-readable.
+    pub readable_segs: usize,
+    /// Bytes in its device-readable buffers.
+    pub readable_len: u64,
+    /// Bytes in its device-writable buffers.
+    pub writable_len: u64,
+    /// Buffers (descriptors that are not an indirect table), zero-length
+    /// ones included.
+    pub bufs: usize,
+    /// Descriptors of the ring's own table it holds (an indirect table
+    /// counts one).
+    pub ring_descs: usize,
+}
+
+/// The first `n` bytes of `seg` and the rest (`n <= seg.len()`): both
+/// inside the original segment, so they stay mapped as long as it does.
+pub fn split_seg(seg: IoSeg, n: usize) -> (IoSeg, IoSeg) {
+    let n = n.min(seg.len());
+    // SAFETY: [base, base + n) and [base + n, base + len) are the two parts
+    // of the segment's own range, which the caller's segment guarantees is
+    // mapped for as long as it is used.
+    unsafe {
+        (
+            IoSeg::new(seg.base(), n),
+            IoSeg::new(seg.base() + n, seg.len() - n),
+        )
+    }
 }
 
 /// One descriptor as copied out of guest memory.
@@ -242,5 +290,123 @@ impl SplitQueue {
             nsegs: segs.len() - start,
             ring_descs,
         })
+    }
+
+    /// Walks the chain at `head` whose device-readable buffers come before
+    /// its device-writable ones, appending its segments to `segs` (readable
+    /// first) and charging every descriptor read to `budget`. The same
+    /// limits as [`walk`](Self::walk) apply (at most `max_len` bytes in
+    /// all); on error `segs` is left as it was.
+    pub fn walk_mixed(
+        &self,
+        head: u16,
+        max_len: u64,
+        segs: &mut Vec<IoSeg>,
+        budget: &mut Budget,
+    ) -> Result<MixedChain, ChainError> {
+        let start = segs.len();
+        let res = self.walk_mixed_inner(head, max_len, segs, budget, start);
+        if res.is_err() {
+            segs.truncate(start);
+        }
+        res
+    }
+
+    fn walk_mixed_inner(
+        &self,
+        head: u16,
+        max_len: u64,
+        segs: &mut Vec<IoSeg>,
+        budget: &mut Budget,
+        start: usize,
+    ) -> Result<MixedChain, ChainError> {
+        if head > self.mask {
+            return Err(ChainError::HeadOutOfRange);
+        }
+        let mut table = self.desc;
+        let mut entries = u32::from(self.addrs.size);
+        let mut in_indirect = false;
+        let mut idx = head;
+        let mut read_here = 0u32;
+        let mut seen_writable = false;
+        let mut out = MixedChain {
+            head,
+            nsegs: 0,
+            readable_segs: 0,
+            readable_len: 0,
+            writable_len: 0,
+            bufs: 0,
+            ring_descs: 0,
+        };
+        loop {
+            read_here += 1;
+            if read_here > entries {
+                return Err(ChainError::Unterminated);
+            }
+            budget.charge(1);
+            // SAFETY: idx < entries (the head was checked above and every
+            // `next` below), and the table is 16 * entries bytes: the ring's
+            // by SplitQueue's invariant, an indirect one as created below.
+            let d = Desc::parse(unsafe { table.read_16(16 * usize::from(idx)) });
+            if !in_indirect {
+                out.ring_descs += 1;
+            }
+            if d.flags & VIRTQ_DESC_F_INDIRECT != 0 {
+                if in_indirect {
+                    return Err(ChainError::NestedIndirect);
+                }
+                if !self.features.indirect {
+                    return Err(ChainError::IndirectNotNegotiated);
+                }
+                if d.flags & VIRTQ_DESC_F_NEXT != 0 {
+                    return Err(ChainError::IndirectWithNext);
+                }
+                if d.len == 0 || d.len & 15 != 0 || d.len / 16 > u32::from(self.addrs.size) {
+                    return Err(ChainError::IndirectTableLength);
+                }
+                table = self
+                    .mem
+                    .area(d.addr, d.len as usize, 1)
+                    .ok_or(ChainError::OutsideMemory)?;
+                entries = d.len / 16;
+                in_indirect = true;
+                idx = 0;
+                read_here = 0;
+                continue;
+            }
+            let writable = d.flags & VIRTQ_DESC_F_WRITE != 0;
+            if writable {
+                seen_writable = true;
+            } else if seen_writable {
+                return Err(ChainError::ReadableAfterWritable);
+            }
+            out.bufs += 1;
+            if writable {
+                out.writable_len += u64::from(d.len);
+            } else {
+                out.readable_len += u64::from(d.len);
+            }
+            if out.readable_len + out.writable_len > max_len {
+                return Err(ChainError::TooLong);
+            }
+            if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
+                return Err(ChainError::OutsideMemory);
+            }
+            if !writable {
+                out.readable_segs = segs.len() - start;
+            }
+            if out.bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
+                return Err(ChainError::TooManySegments);
+            }
+            if d.flags & VIRTQ_DESC_F_NEXT == 0 {
+                break;
+            }
+            if u32::from(d.next) >= entries {
+                return Err(ChainError::NextOutOfRange);
+            }
+            idx = d.next;
+        }
+        out.nsegs = segs.len() - start;
+        Ok(out)
     }
 }

@@ -1,0 +1,278 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The image file behind a block device, and the seam where tests inject
+//! faults.
+//!
+//! [`BlockBackend`] is every operation the datapath does on the image: one
+//! `preadv`/`pwritev` between the file and guest memory (the segments come
+//! from the chain walk, zero copy), `fdatasync`, and `fallocate` for DISCARD
+//! and WRITE_ZEROES. [`FileBackend`] does them on a raw image file; a test
+//! backend wraps it and fails on demand. The io_uring engine submits the
+//! same operations on the backend's fd and passes every completion through
+//! [`BlockBackend::completed`], where a test backend rewrites the result
+//! (an EIO, a short transfer) as the kernel could have returned it.
+//!
+//! [`FileBackend::open`] does what must happen before any seccomp filter,
+//! in `Block::new`: `open` (non-blocking, so a FIFO cannot hang the VMM),
+//! `fstat` (a regular file only), `fcntl` (back to blocking), `flock`
+//! (exclusive for read-write, shared for read-only, never waiting: two VMs
+//! never write one image) and, for a writable image, the `fallocate` probes
+//! that decide whether DISCARD and WRITE_ZEROES are offered.
+#![allow(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::device::BlockError;
+use crate::virtio::queue::IoSeg;
+
+/// What `fallocate` is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocMode {
+    /// Deallocate the range (it reads as zeros after): DISCARD, and
+    /// WRITE_ZEROES with the unmap flag.
+    PunchHole,
+    /// Zero the range, keeping it allocated: WRITE_ZEROES without unmap.
+    ZeroRange,
+}
+
+impl FallocMode {
+    /// The `fallocate(2)` mode bits; the file size never changes.
+    pub fn bits(self) -> libc::c_int {
+        libc::FALLOC_FL_KEEP_SIZE
+            | match self {
+                FallocMode::PunchHole => libc::FALLOC_FL_PUNCH_HOLE,
+                FallocMode::ZeroRange => libc::FALLOC_FL_ZERO_RANGE,
+            }
+    }
+}
+
+/// The kind of an operation, as [`BlockBackend::completed`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// `preadv`/READV.
+    Read,
+    /// `pwritev`/WRITEV.
+    Write,
+    /// `fdatasync`/FSYNC with DATASYNC.
+    Flush,
+    /// `fallocate`/FALLOCATE.
+    Fallocate,
+}
+
+/// What the device learns about the image when it is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskInfo {
+    /// The file size in bytes (capacity is this rounded down to sectors).
+    pub size: u64,
+    /// `fallocate(PUNCH_HOLE)` works here: DISCARD can be offered.
+    pub punch_hole: bool,
+    /// `fallocate(ZERO_RANGE)` works here (with `punch_hole`,
+    /// WRITE_ZEROES can be offered).
+    pub zero_range: bool,
+}
+
+/// The operations the block datapath does on its image (see the module
+/// doc). Each is one system call; retries (EINTR) and short transfers are
+/// the caller's business, so a test backend sees every attempt.
+pub trait BlockBackend: AsRawFd + Send {
+    /// What the image looked like when opened.
+    fn info(&self) -> DiskInfo;
+    /// One `preadv` at `offset` into `segs`; bytes read.
+    fn read_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize>;
+    /// One `pwritev` at `offset` from `segs`; bytes written.
+    fn write_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize>;
+    /// `fdatasync`.
+    fn datasync(&mut self) -> io::Result<()>;
+    /// `fallocate(mode)` over `[offset, offset + len)`.
+    fn fallocate(&mut self, mode: FallocMode, offset: u64, len: u64) -> io::Result<()>;
+    /// What an io_uring completion of `kind` that returned `res` (bytes,
+    /// or a negated errno) reports to the device: `res` for a real file.
+    fn completed(&mut self, kind: OpKind, res: i32) -> i32 {
+        let _ = kind;
+        res
+    }
+}
+
+fn cvt(ret: isize) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// The vector count for `preadv`/`pwritev`: the chain walk keeps a
+/// request's segments within IOV_MAX; beyond it the kernel refuses the call
+/// (EINVAL) rather than a cap here silently dropping vectors.
+fn iov_count(segs: &[IoSeg]) -> libc::c_int {
+    libc::c_int::try_from(segs.len()).unwrap_or(libc::c_int::MAX)
+}
+
+/// `offset` as `off_t`; an offset past `i64::MAX` is refused (the device
+/// never asks for one: requests are checked against the capacity).
+fn off(offset: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Reads `segs.len()` vectors at `offset` of `fd`.
+pub(crate) fn preadv(fd: RawFd, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+    let offset = off(offset)?;
+    // SAFETY: preadv(fd, iov, iovcnt, offset): IoSeg has the layout of
+    // `struct iovec` (asserted where it is defined), and every segment is
+    // writable guest memory from a checked translation, kept mapped by the
+    // queue's GuestRegions that the request holds (or a test's host
+    // buffer borrowed for the call). The kernel writes at most `len` bytes
+    // into each.
+    let ret = unsafe {
+        libc::preadv(
+            fd,
+            segs.as_ptr().cast::<libc::iovec>(),
+            iov_count(segs),
+            offset,
+        )
+    };
+    cvt(ret)
+}
+
+/// Writes `segs.len()` vectors at `offset` of `fd`.
+pub(crate) fn pwritev(fd: RawFd, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+    let offset = off(offset)?;
+    // SAFETY: as in `preadv`; the kernel only reads the segments.
+    let ret = unsafe {
+        libc::pwritev(
+            fd,
+            segs.as_ptr().cast::<libc::iovec>(),
+            iov_count(segs),
+            offset,
+        )
+    };
+    cvt(ret)
+}
+
+fn fallocate_fd(fd: RawFd, mode: FallocMode, offset: u64, len: u64) -> io::Result<()> {
+    let (offset, len) = (off(offset)?, off(len)?);
+    // SAFETY: fallocate takes plain integers and touches no memory of ours.
+    let ret = unsafe { libc::fallocate(fd, mode.bits(), offset, len) };
+    cvt(ret as isize).map(drop)
+}
+
+/// A raw image file, opened and locked by [`FileBackend::open`].
+#[derive(Debug)]
+pub struct FileBackend {
+    file: File,
+    info: DiskInfo,
+}
+
+/// Bytes the `fallocate` probes work on, past the end of the file: one
+/// block of any file system, so nothing inside the image is touched.
+const PROBE_LEN: u64 = 4096;
+
+impl FileBackend {
+    /// Opens `path` (read-only or read-write), refuses anything but a
+    /// regular file, takes the lock and, when writable, probes `fallocate`
+    /// (see the module doc).
+    pub fn open(path: &Path, read_only: bool) -> Result<Self, BlockError> {
+        let open_err = |source| BlockError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        // A directory cannot be opened for writing (EISDIR): say what it is
+        // rather than how the open failed.
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(BlockError::NotAFile(path.to_path_buf()));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            // Non-blocking so that a FIFO swapped in after the check above
+            // cannot hang the open; cleared below for the regular file.
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(open_err)?;
+        let meta = file.metadata().map_err(open_err)?;
+        if !meta.is_file() {
+            return Err(BlockError::NotAFile(path.to_path_buf()));
+        }
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl(F_SETFL) on our own open fd; no memory involved.
+        let ret = unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
+        if ret < 0 {
+            return Err(open_err(io::Error::last_os_error()));
+        }
+        let op = if read_only {
+            libc::LOCK_SH
+        } else {
+            libc::LOCK_EX
+        };
+        // SAFETY: flock on our own open fd; no memory involved.
+        if unsafe { libc::flock(fd, op | libc::LOCK_NB) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                BlockError::Locked(path.to_path_buf())
+            } else {
+                open_err(e)
+            });
+        }
+        let size = meta.len();
+        let (punch_hole, zero_range) = if read_only {
+            (false, false)
+        } else {
+            Self::probe(fd, size)
+        };
+        Ok(FileBackend {
+            file,
+            info: DiskInfo {
+                size,
+                punch_hole,
+                zero_range,
+            },
+        })
+    }
+
+    /// Whether the file system punches holes and zeroes ranges: both tried
+    /// on a block wholly past the end of the file (KEEP_SIZE, so the size
+    /// does not change); the hole punched last frees what zeroing may have
+    /// allocated there.
+    fn probe(fd: RawFd, size: u64) -> (bool, bool) {
+        let at = size.next_multiple_of(PROBE_LEN);
+        let zero = fallocate_fd(fd, FallocMode::ZeroRange, at, PROBE_LEN).is_ok();
+        let punch = fallocate_fd(fd, FallocMode::PunchHole, at, PROBE_LEN).is_ok();
+        (punch, zero)
+    }
+
+    /// The open file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl AsRawFd for FileBackend {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+impl BlockBackend for FileBackend {
+    fn info(&self) -> DiskInfo {
+        self.info
+    }
+
+    fn read_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+        preadv(self.file.as_raw_fd(), segs, offset)
+    }
+
+    fn write_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+        pwritev(self.file.as_raw_fd(), segs, offset)
+    }
+
+    fn datasync(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn fallocate(&mut self, mode: FallocMode, offset: u64, len: u64) -> io::Result<()> {
+        fallocate_fd(self.file.as_raw_fd(), mode, offset, len)
+    }
+}

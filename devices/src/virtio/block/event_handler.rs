@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Event-manager glue of the block device.
+//!
+//! The device is one `MutEventSubscriber`. Each descriptor it polls carries
+//! a `u32` token:
+//!
+//! | token | descriptor | registered |
+//! |---|---|---|
+//! | `PROCESS_ACTIVATE` | internal `activate_evt` | always (from `init`) |
+//! | `PROCESS_QUEUE` | the request queue's notify eventfd | while activated |
+//! | `PROCESS_REQUEUE` | re-queue eventfd | while activated |
+//! | `PROCESS_COMPLETIONS` | the io_uring's completion eventfd | always, with `Async` |
+//! | `PROCESS_RATE_LIMITER` | the limiter's timerfd | while the limiter is blocked |
+//!
+//! After every event `sync_registrations` brings the registrations in line
+//! with the device state, as the network device does. A pass that yields
+//! writes the re-queue eventfd (once: it stays readable while passes keep
+//! yielding) so every other ready event runs before the next pass; a pass
+//! that stopped on a full io_uring waits for completions; a throttled one
+//! for the limiter's timer (kicks start no pass meanwhile).
+
+use std::io;
+
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::backend::BlockBackend;
+use super::device::{Active, Block};
+use super::metrics::BlockMetrics;
+use super::pass::PassStatus;
+use crate::rate_limiter::RateLimiter;
+
+/// `activate_evt`: activation or reset happened.
+pub const PROCESS_ACTIVATE: u32 = 0;
+/// The driver notified the request queue.
+pub const PROCESS_QUEUE: u32 = 1;
+/// A pass yielded and asked to run again.
+pub const PROCESS_REQUEUE: u32 = 2;
+/// The io_uring posted completions.
+pub const PROCESS_COMPLETIONS: u32 = 3;
+/// The rate limiter's timer fired: the request it held back fits now.
+pub const PROCESS_RATE_LIMITER: u32 = 4;
+
+fn throttled(limiter: &Option<RateLimiter>) -> bool {
+    limiter.as_ref().is_some_and(RateLimiter::is_blocked)
+}
+
+impl<B: BlockBackend> Block<B> {
+    fn drain(evt: &EventFd, metrics: &BlockMetrics, what: &str) {
+        match evt.read() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                BlockMetrics::inc(&metrics.host_errors);
+                log::error!("virtio-blk: cannot read the {what} eventfd: {e}");
+            }
+        }
+    }
+
+    /// Runs one pass if one may run now; returns how it ended.
+    fn run_pass(&mut self) -> Option<PassStatus> {
+        let a = self.active.as_mut().filter(|a| a.started)?;
+        if throttled(&self.limiter) {
+            return None;
+        }
+        a.saturated = false;
+        let status = a.virtio.process(
+            &mut self.backend,
+            &mut self.engine,
+            self.limiter.as_mut(),
+            &self.metrics,
+            &*a.interrupt,
+        );
+        match status {
+            PassStatus::Yield => {
+                if !self.registered.requeued {
+                    self.registered.requeued = true;
+                    if let Err(e) = self.requeue_evt.write(1) {
+                        BlockMetrics::inc(&self.metrics.host_errors);
+                        log::error!("virtio-blk: cannot write the re-queue eventfd: {e}");
+                    }
+                }
+            }
+            PassStatus::Saturated => a.saturated = true,
+            PassStatus::Broken => Self::device_error(a),
+            PassStatus::Done | PassStatus::Throttled => {}
+        }
+        Some(status)
+    }
+
+    /// The queue became unusable: tell the driver once.
+    fn device_error(a: &mut Active) {
+        if !a.error_signalled {
+            a.error_signalled = true;
+            a.interrupt.signal_device_error();
+        }
+    }
+
+    fn process_activate_event(&mut self) {
+        Self::drain(&self.activate_evt, &self.metrics, "activate");
+        if let Some(a) = self.active.as_mut() {
+            if !a.started {
+                a.started = true;
+                // Requests posted before DRIVER_OK have no kick of their own.
+                self.run_pass();
+            }
+        }
+    }
+
+    fn process_queue_event(&mut self) {
+        Self::drain(&self.queue_evts[0], &self.metrics, "queue");
+        self.run_pass();
+    }
+
+    fn process_requeue_event(&mut self) {
+        if self.run_pass() != Some(PassStatus::Yield) {
+            Self::drain(&self.requeue_evt, &self.metrics, "re-queue");
+            self.registered.requeued = false;
+        }
+    }
+
+    fn process_completions_event(&mut self) {
+        let Some(engine) = self.engine.as_mut() else {
+            return;
+        };
+        Self::drain(engine.ring().eventfd(), &self.metrics, "io_uring");
+        let Some(a) = self.active.as_mut() else {
+            // Nothing is in flight without an activation (a reset waits for
+            // it all); a late wake-up finds nothing.
+            return;
+        };
+        a.virtio
+            .complete(&mut self.backend, engine, &self.metrics, &*a.interrupt);
+        if a.saturated {
+            self.run_pass();
+        }
+    }
+
+    fn process_rate_limiter_event(&mut self) {
+        if let Some(l) = self.limiter.as_mut() {
+            l.on_timer();
+        }
+        self.metrics.throttled_ns.stop();
+        self.run_pass();
+    }
+
+    fn ctl_result(&self, res: event_manager::Result<()>, what: &str) {
+        if let Err(e) = res {
+            BlockMetrics::inc(&self.metrics.host_errors);
+            log::error!("virtio-blk: cannot update epoll registration of {what}: {e}");
+        }
+    }
+
+    fn sync_registrations(&mut self, ops: &mut EventOps) {
+        let want_queues = self.active.as_ref().is_some_and(|a| a.started);
+        if want_queues != self.registered.queues {
+            for (evt, token) in [
+                (&self.queue_evts[0], PROCESS_QUEUE),
+                (&self.requeue_evt, PROCESS_REQUEUE),
+            ] {
+                let res = if want_queues {
+                    ops.add(Events::with_data(evt, token, EventSet::IN))
+                } else {
+                    ops.remove(Events::empty(evt))
+                };
+                self.ctl_result(res, "a queue eventfd");
+            }
+            self.registered.queues = want_queues;
+        }
+        // The timer follows the limiter whatever the activation state: one
+        // armed before a reset still has to unblock it.
+        let Some(l) = self.limiter.as_mut() else {
+            return;
+        };
+        let want = l.is_blocked();
+        if want == self.registered.timer {
+            return;
+        }
+        let res = if want {
+            ops.add(Events::with_data(l, PROCESS_RATE_LIMITER, EventSet::IN))
+        } else {
+            ops.remove(Events::empty(l))
+        };
+        match res {
+            Ok(()) => self.registered.timer = want,
+            Err(e) => {
+                BlockMetrics::inc(&self.metrics.host_errors);
+                log::error!(
+                    "virtio-blk: cannot update epoll registration of the rate limiter: {e}"
+                );
+                if want {
+                    // A wait nothing would end: give it up and retry soon.
+                    l.on_timer();
+                    self.metrics.throttled_ns.stop();
+                    let _ = self.requeue_evt.write(1);
+                    self.registered.requeued = true;
+                } else {
+                    self.registered.timer = true;
+                }
+            }
+        }
+    }
+}
+
+impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
+    fn init(&mut self, ops: &mut EventOps) {
+        let res = ops.add(Events::with_data(
+            &self.activate_evt,
+            PROCESS_ACTIVATE,
+            EventSet::IN,
+        ));
+        self.ctl_result(res, "the activation eventfd");
+        if let Some(e) = self.engine.as_ref() {
+            let res = ops.add(Events::with_data(
+                e.ring().eventfd(),
+                PROCESS_COMPLETIONS,
+                EventSet::IN,
+            ));
+            self.ctl_result(res, "the io_uring eventfd");
+        }
+        if self.active.is_some() {
+            self.process_activate_event();
+            self.sync_registrations(ops);
+        }
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        match events.data() {
+            PROCESS_ACTIVATE => self.process_activate_event(),
+            PROCESS_QUEUE => self.process_queue_event(),
+            PROCESS_REQUEUE => self.process_requeue_event(),
+            PROCESS_COMPLETIONS => self.process_completions_event(),
+            PROCESS_RATE_LIMITER => self.process_rate_limiter_event(),
+            other => {
+                BlockMetrics::inc(&self.metrics.host_errors);
+                log::error!("virtio-blk: event with unknown token {other}");
+            }
+        }
+        self.sync_registrations(ops);
+    }
+}

@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: Apache-2.0
+//! One pass over the request queue: [`BlockVirtio::process`] takes chains
+//! from the avail ring, reads each as a request and runs it, and says why
+//! it stopped ([`PassStatus`]) so the event glue knows what to wait for.
+//!
+//! **Every pass is bounded**, as the network device's: it stops after
+//! [`PASS_REQUESTS`] requests or once it has read [`PASS_DESC_BUDGET`] ring
+//! entries and descriptors (good and refused chains alike, indirect tables
+//! included), whichever comes first, and the event glue re-queues it
+//! through an eventfd behind every other ready event. So a pass reads at
+//! most [`MAX_PASS_READS`] entries and descriptors, whatever the guest
+//! writes into its rings; `BlockMetrics::max_descs_per_pass` shows the
+//! largest seen. With `Sync` a pass also does at most `PASS_REQUESTS`
+//! requests' I/O; with `Async` it queues at most that many (and never
+//! more than the ring holds: a full ring ends the pass until completions
+//! come back).
+//!
+//! **Rate limiting.** A request that passed its checks pays before it runs:
+//! its data bytes from the bandwidth bucket, one op from the ops bucket. A
+//! request the limiter refuses is kept, popped but not answered, and runs
+//! first once the limiter's timer fires: nothing is dropped and nothing
+//! overtakes it. Requests answered without running (malformed, UNSUPP) are
+//! not charged.
+//!
+//! Used entries are published, and the interrupt decided, once per pass
+//! and once per batch of completions.
+
+use std::sync::atomic::Ordering;
+
+use super::backend::BlockBackend;
+use super::io::{finish, run_sync, without_io, AsyncEngine, Needs};
+use super::metrics::BlockMetrics;
+use super::request::{Parsed, Parser, Reject, Request, Rules};
+use super::{CacheType, ID_BYTES};
+use crate::rate_limiter::RateLimiter;
+use crate::virtio::iov;
+use crate::virtio::queue::{Budget, Notify, QueueError, SplitQueue, MAX_CHAIN_SEGS};
+use crate::virtio::Interrupt;
+use crate::warn::warn_rate_limited;
+
+/// Requests one pass takes at most (vhost-net's packet weight).
+pub const PASS_REQUESTS: u32 = 256;
+/// Ring entries and descriptors one pass may read before it yields.
+pub const PASS_DESC_BUDGET: u32 = 8192;
+/// Most ring entries and descriptors a pass can read: the budget is checked
+/// before each chain, one chain costs at most its avail entry, an indirect
+/// descriptor and `MAX_CHAIN_SEGS + 1` buffer descriptors, and the pass may
+/// look at `avail.idx` once more after re-enabling notifications.
+pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
+
+/// How a pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassStatus {
+    /// The avail ring is empty and notifications are enabled again.
+    Done,
+    /// The request or descriptor budget ran out with chains available.
+    Yield,
+    /// The rate limiter holds a request back until its timer fires.
+    Throttled,
+    /// The io_uring is full: the pass goes on when completions come back.
+    Saturated,
+    /// The queue is unusable until the driver resets the device.
+    Broken,
+}
+
+/// The request queue of one activation.
+#[derive(Debug)]
+pub struct BlockVirtio {
+    pub(crate) queue: SplitQueue,
+    rules: Rules,
+    parser: Parser,
+    /// FLUSH runs `fdatasync` (`Writeback`).
+    flush: bool,
+    id: [u8; ID_BYTES],
+    /// A request the rate limiter held back: it runs first.
+    throttled: Option<Request>,
+    broken: bool,
+}
+
+/// Whether the limiter lets `req` run now; counts a refusal. A timer that
+/// cannot be armed lets it run: waiting without a wake-up would stop the
+/// queue for good.
+fn admitted(limiter: Option<&mut RateLimiter>, req: &Request, metrics: &BlockMetrics) -> bool {
+    let Some(l) = limiter else {
+        return true;
+    };
+    match l.consume(req.op.data_len()) {
+        Ok(true) => true,
+        Ok(false) => {
+            BlockMetrics::inc(&metrics.rate_limiter_throttled);
+            metrics.throttled_ns.start();
+            false
+        }
+        Err(e) => {
+            let n = BlockMetrics::inc(&metrics.host_errors);
+            warn_rate_limited!(count = n, "virtio-blk: rate limiter not applied: {e}");
+            true
+        }
+    }
+}
+
+impl BlockVirtio {
+    /// Wraps a ready request queue.
+    pub(crate) fn new(queue: SplitQueue, rules: Rules, cache: CacheType, id: &str) -> Self {
+        let mut idb = [0u8; ID_BYTES];
+        let n = id.len().min(ID_BYTES);
+        idb[..n].copy_from_slice(&id.as_bytes()[..n]);
+        BlockVirtio {
+            queue,
+            rules,
+            parser: Parser::default(),
+            flush: cache == CacheType::Writeback,
+            id: idb,
+            throttled: None,
+            broken: false,
+        }
+    }
+
+    /// Whether a request waits for the rate limiter.
+    pub fn is_throttled(&self) -> bool {
+        self.throttled.is_some()
+    }
+
+    /// Runs (Sync, or without I/O) or starts (Async) one request that
+    /// passed its checks and the limiter.
+    fn start<B: BlockBackend>(
+        &mut self,
+        mut req: Request,
+        backend: &mut B,
+        engine: &mut Option<AsyncEngine>,
+        metrics: &BlockMetrics,
+    ) {
+        if let Needs::Nothing(status, written) = without_io(&req, &self.id, self.flush) {
+            finish(&mut self.queue, &req, status, written, metrics);
+            return;
+        }
+        if let Some(e) = engine.as_mut() {
+            match e.start(req) {
+                Ok(()) => return,
+                // The ring refused the entry: this one runs now.
+                Err(back) => req = back,
+            }
+        }
+        let (status, written) = run_sync(backend, &mut req);
+        finish(&mut self.queue, &req, status, written, metrics);
+    }
+
+    /// Answers a chain that is not run (see `request`).
+    fn answer(&mut self, parsed: Parsed, metrics: &BlockMetrics) {
+        match parsed {
+            Parsed::Ready(_) => {}
+            Parsed::Answer { head, status, why } => {
+                iov::write_bytes_at(std::slice::from_ref(&status), 0, &[why.status()]);
+                self.queue.add_used(head, 1);
+                let n = match why {
+                    Reject::Malformed(_) => BlockMetrics::inc(&metrics.malformed_requests),
+                    Reject::ReadOnly => BlockMetrics::inc(&metrics.read_only_refusals),
+                    Reject::Unsupported(_) => BlockMetrics::inc(&metrics.unsupported),
+                };
+                warn_rate_limited!(count = n, "virtio-blk: request {head} refused: {why:?}");
+            }
+            Parsed::Refused { head, why } => {
+                let n = BlockMetrics::inc(&metrics.malformed_requests);
+                match why {
+                    Some(e) => {
+                        warn_rate_limited!(count = n, "virtio-blk: chain {head} refused: {e}")
+                    }
+                    None => warn_rate_limited!(
+                        count = n,
+                        "virtio-blk: chain {head} refused: no status byte"
+                    ),
+                }
+                // A head outside the table names no chain to give back.
+                if why != Some(crate::virtio::queue::ChainError::HeadOutOfRange) {
+                    self.queue.add_used(head, 0);
+                }
+            }
+        }
+    }
+
+    /// Takes chains until the ring is empty, the budget runs out, the ring
+    /// is full or the limiter holds a request back (module doc).
+    fn fill<B: BlockBackend>(
+        &mut self,
+        budget: &mut Budget,
+        backend: &mut B,
+        engine: &mut Option<AsyncEngine>,
+        mut limiter: Option<&mut RateLimiter>,
+        metrics: &BlockMetrics,
+    ) -> Result<PassStatus, QueueError> {
+        let mut requests = 0u32;
+        if let Some(req) = self.throttled.take() {
+            if !admitted(limiter.as_deref_mut(), &req, metrics) {
+                self.throttled = Some(req);
+                return Ok(PassStatus::Throttled);
+            }
+            self.start(req, backend, engine, metrics);
+            requests += 1;
+        }
+        loop {
+            if engine.as_ref().is_some_and(|e| !e.has_room()) {
+                return Ok(PassStatus::Saturated);
+            }
+            if requests >= PASS_REQUESTS || budget.exhausted() {
+                if self.queue.has_available()? {
+                    return Ok(PassStatus::Yield);
+                }
+            } else if let Some(head) = self.queue.pop(budget)? {
+                requests += 1;
+                let parsed = self
+                    .parser
+                    .parse(&self.queue, head, &self.rules, Vec::new(), budget);
+                let Parsed::Ready(req) = parsed else {
+                    self.answer(parsed, metrics);
+                    continue;
+                };
+                if !admitted(limiter.as_deref_mut(), &req, metrics) {
+                    self.throttled = Some(req);
+                    return Ok(PassStatus::Throttled);
+                }
+                self.start(req, backend, engine, metrics);
+                continue;
+            }
+            // Re-enable kicks; if chains arrived meanwhile, keep going
+            // (each such look is charged, so a guest that keeps moving
+            // avail.idx cannot keep the pass here).
+            if !self.queue.enable_notifications()? {
+                return Ok(PassStatus::Done);
+            }
+            budget.charge(1);
+            self.queue.disable_notifications();
+        }
+    }
+
+    /// One pass (module doc).
+    pub fn process<B: BlockBackend>(
+        &mut self,
+        backend: &mut B,
+        engine: &mut Option<AsyncEngine>,
+        limiter: Option<&mut RateLimiter>,
+        metrics: &BlockMetrics,
+        irq: &dyn Interrupt,
+    ) -> PassStatus {
+        if self.broken {
+            return PassStatus::Broken;
+        }
+        BlockMetrics::inc(&metrics.passes);
+        let mut budget = Budget::new(PASS_DESC_BUDGET);
+        self.queue.disable_notifications();
+        let status = match self.fill(&mut budget, backend, engine, limiter, metrics) {
+            Ok(s) => s,
+            Err(e) => {
+                let n = BlockMetrics::inc(&metrics.queue_errors);
+                warn_rate_limited!(
+                    count = n,
+                    "virtio-blk: queue unusable until the driver resets the device: {e}"
+                );
+                self.broken = true;
+                PassStatus::Broken
+            }
+        };
+        if let Some(e) = engine.as_mut() {
+            if let Err(err) = e.submit(metrics) {
+                // The entries stay queued and go with the next submission
+                // (the next completion, kick or pass).
+                let n = BlockMetrics::inc(&metrics.host_errors);
+                warn_rate_limited!(count = n, "virtio-blk: io_uring submission failed: {err}");
+            }
+        }
+        if status == PassStatus::Yield {
+            BlockMetrics::inc(&metrics.pass_yields);
+        }
+        let reads = u64::from(budget.spent());
+        BlockMetrics::add(&metrics.descs_walked, reads);
+        metrics
+            .max_descs_per_pass
+            .fetch_max(reads, Ordering::Relaxed);
+        self.publish(irq, metrics);
+        status
+    }
+
+    /// Reaps the engine's completions into the queue and publishes them.
+    pub fn complete<B: BlockBackend>(
+        &mut self,
+        backend: &mut B,
+        engine: &mut AsyncEngine,
+        metrics: &BlockMetrics,
+        irq: &dyn Interrupt,
+    ) -> usize {
+        let n = engine.complete(backend, &mut self.queue, metrics);
+        self.publish(irq, metrics);
+        n
+    }
+
+    /// Publishes the used entries and raises the interrupt the driver asked
+    /// for.
+    fn publish(&mut self, irq: &dyn Interrupt, metrics: &BlockMetrics) {
+        match self.queue.publish_used() {
+            Notify::Nothing => {}
+            Notify::Interrupt => {
+                BlockMetrics::inc(&metrics.interrupts);
+                irq.signal_used_queue();
+            }
+            Notify::Suppressed => {
+                BlockMetrics::inc(&metrics.interrupts_suppressed);
+            }
+        }
+    }
+}

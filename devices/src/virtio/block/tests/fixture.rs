@@ -1,0 +1,501 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Driver-side test harness for the block device (tests only).
+//!
+//! [`BlockFixture`] puts an image in a temporary directory, wires a
+//! [`Block`] over it (or over [`FaultyBackend`], which fails on demand) to
+//! an `EventManager`, activates it as the transport does and drives its
+//! queue with the shared [`DriverQueue`]. Requests are built from
+//! [`Part`]s, so a test says exactly how a request is cut into descriptors
+//! and in which direction each goes, and what it reads back is what a
+//! guest sees: status bytes, used lengths, guest memory, the file.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use event_manager::{EventManager, SubscriberOps};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::virtio::block::backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, OpKind};
+use crate::virtio::block::device::features::*;
+use crate::virtio::block::request::{take_range, HEADER_LEN};
+use crate::virtio::block::{Block, BlockConfig, BlockMetrics};
+use crate::virtio::queue::{GuestRegions, IoSeg, RingFeatures, SplitQueue};
+pub use crate::virtio::test_utils::{DriverQueue, Rng, Segment};
+use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
+
+pub use crate::virtio::block::request::{
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD,
+    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    VIRTIO_BLK_T_WRITE_ZEROES,
+};
+
+/// Size of the test guest memory.
+pub const MEM_SIZE: u64 = 64 << 20;
+/// Where the driver's buffers start.
+const BUF_BASE: u64 = 0x100000;
+
+/// A feature bit.
+pub const fn bit(b: u32) -> u64 {
+    1 << b
+}
+
+/// What a Linux guest acks of what the device offers (all of it).
+pub const BASE_FEATURES: u64 = bit(VIRTIO_F_VERSION_1)
+    | bit(VIRTIO_BLK_F_BLK_SIZE)
+    | bit(VIRTIO_BLK_F_SEG_MAX)
+    | bit(VIRTIO_RING_F_EVENT_IDX)
+    | bit(VIRTIO_RING_F_INDIRECT_DESC)
+    | bit(VIRTIO_BLK_F_FLUSH)
+    | bit(VIRTIO_BLK_F_DISCARD)
+    | bit(VIRTIO_BLK_F_WRITE_ZEROES)
+    | bit(VIRTIO_BLK_F_RO);
+
+/// A directory removed with everything in it when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "minivmm-blk-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    /// A file `name` in it holding `data`.
+    pub fn file(&self, name: &str, data: &[u8]) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, data).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Counts used-buffer interrupts and device-error reports.
+#[derive(Default)]
+pub struct TestIrq {
+    pub used: AtomicU64,
+    pub device_errors: AtomicU64,
+}
+
+impl Interrupt for TestIrq {
+    fn signal_used_queue(&self) {
+        self.used.fetch_add(1, Ordering::SeqCst);
+    }
+    fn signal_config_change(&self) {}
+    fn signal_device_error(&self) {
+        self.device_errors.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A fault a [`FaultyBackend`] injects into the next operation of a kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Fails with this errno (nothing moved).
+    Errno(i32),
+    /// Moves at most this many bytes (a short transfer).
+    Short(usize),
+}
+
+/// A real image that fails on demand: each operation (a system call with
+/// `Sync`, a completion with `Async`) takes the next fault queued for its
+/// kind, if any.
+pub struct FaultyBackend {
+    pub inner: FileBackend,
+    pub faults: HashMap<OpKind, VecDeque<Fault>>,
+    /// Operations seen, by kind.
+    pub calls: HashMap<OpKind, u64>,
+}
+
+impl FaultyBackend {
+    pub fn new(inner: FileBackend) -> Self {
+        FaultyBackend {
+            inner,
+            faults: HashMap::new(),
+            calls: HashMap::new(),
+        }
+    }
+
+    pub fn inject(&mut self, kind: OpKind, faults: &[Fault]) {
+        self.faults.entry(kind).or_default().extend(faults);
+    }
+
+    fn next(&mut self, kind: OpKind) -> Option<Fault> {
+        *self.calls.entry(kind).or_default() += 1;
+        self.faults.get_mut(&kind).and_then(VecDeque::pop_front)
+    }
+
+    /// Faults queued and not used yet.
+    pub fn pending(&self) -> usize {
+        self.faults.values().map(VecDeque::len).sum()
+    }
+
+    fn transfer(
+        &mut self,
+        kind: OpKind,
+        segs: &[IoSeg],
+        f: impl FnOnce(&mut FileBackend, &[IoSeg]) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        match self.next(kind) {
+            None => f(&mut self.inner, segs),
+            Some(Fault::Errno(e)) => Err(io::Error::from_raw_os_error(e)),
+            Some(Fault::Short(n)) => {
+                let mut cut = Vec::new();
+                take_range(segs, 0, n, &mut cut);
+                if cut.is_empty() {
+                    return Ok(0);
+                }
+                f(&mut self.inner, &cut)
+            }
+        }
+    }
+
+    fn simple(
+        &mut self,
+        kind: OpKind,
+        f: impl FnOnce(&mut FileBackend) -> io::Result<()>,
+    ) -> io::Result<()> {
+        match self.next(kind) {
+            Some(Fault::Errno(e)) => Err(io::Error::from_raw_os_error(e)),
+            _ => f(&mut self.inner),
+        }
+    }
+}
+
+impl AsRawFd for FaultyBackend {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.as_raw_fd()
+    }
+}
+
+impl BlockBackend for FaultyBackend {
+    fn info(&self) -> DiskInfo {
+        self.inner.info()
+    }
+    fn read_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+        self.transfer(OpKind::Read, segs, |b, s| b.read_at(s, offset))
+    }
+    fn write_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+        self.transfer(OpKind::Write, segs, |b, s| b.write_at(s, offset))
+    }
+    fn datasync(&mut self) -> io::Result<()> {
+        self.simple(OpKind::Flush, |b| b.datasync())
+    }
+    fn fallocate(&mut self, mode: FallocMode, offset: u64, len: u64) -> io::Result<()> {
+        self.simple(OpKind::Fallocate, |b| b.fallocate(mode, offset, len))
+    }
+    fn completed(&mut self, kind: OpKind, res: i32) -> i32 {
+        match self.next(kind) {
+            None => res,
+            Some(Fault::Errno(e)) => -e,
+            // The kernel moved `res` bytes; the device is told fewer and
+            // moves the rest again (the same bytes: reads and writes of
+            // the same range are idempotent).
+            Some(Fault::Short(n)) => res.min(n as i32),
+        }
+    }
+}
+
+/// One buffer of a request as the test lays it out.
+#[derive(Debug, Clone)]
+pub enum Part {
+    /// Device-readable bytes the driver wrote.
+    Out(Vec<u8>),
+    /// A device-writable buffer of this many bytes (filled with 0xee).
+    In(u32),
+}
+
+/// Where the parts of a posted request ended up.
+#[derive(Debug, Clone)]
+pub struct Posted {
+    pub head: u16,
+    /// Each part's guest address and length.
+    pub parts: Vec<(u64, u32)>,
+}
+
+/// How a chain is described to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    Direct,
+    /// The first `n` parts in ring descriptors, the rest in an indirect table.
+    Indirect(usize),
+}
+
+/// `struct virtio_blk_req`'s header.
+pub fn header(kind: u32, sector: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEADER_LEN);
+    h.extend_from_slice(&kind.to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&sector.to_le_bytes());
+    h
+}
+
+/// One `struct virtio_blk_discard_write_zeroes`.
+pub fn dwz(sector: u64, num: u32, flags: u32) -> Vec<u8> {
+    let mut v = sector.to_le_bytes().to_vec();
+    v.extend_from_slice(&num.to_le_bytes());
+    v.extend_from_slice(&flags.to_le_bytes());
+    v
+}
+
+/// `len` pseudo-random bytes.
+pub fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
+    (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+/// A device over an image in a temporary directory, driven from the
+/// driver side.
+pub struct BlockFixture<B: BlockBackend + 'static = FileBackend> {
+    pub dir: TempDir,
+    pub path: PathBuf,
+    pub mem: GuestMemory,
+    pub blk: Arc<Mutex<Block<B>>>,
+    pub evmgr: EventManager<Arc<Mutex<Block<B>>>>,
+    pub q: DriverQueue,
+    pub irq: Arc<TestIrq>,
+    pub metrics: Arc<BlockMetrics>,
+    next_buf: u64,
+}
+
+/// A fresh memory for a fixture.
+pub fn test_memory() -> GuestMemory {
+    crate::virtio::test_utils::guest_memory(MEM_SIZE as usize).unwrap()
+}
+
+impl BlockFixture<FileBackend> {
+    /// A device over an image holding `image`, configured by `cfg` (its
+    /// path is replaced), activated with `features`.
+    pub fn new(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Self {
+        let dir = TempDir::new();
+        let path = dir.file("disk.img", image);
+        let mut c = BlockConfig::new("testdisk", &path);
+        cfg(&mut c);
+        c.path = path.clone();
+        let mem = test_memory();
+        let blk = Block::new(c, mem.clone()).unwrap();
+        let mut h = Self::with_device(dir, path, mem, blk);
+        h.activate(features);
+        h
+    }
+}
+
+impl BlockFixture<FaultyBackend> {
+    /// [`BlockFixture::new`] over a [`FaultyBackend`].
+    pub fn faulty(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Self {
+        let dir = TempDir::new();
+        let path = dir.file("disk.img", image);
+        let mut c = BlockConfig::new("testdisk", &path);
+        cfg(&mut c);
+        c.path = path.clone();
+        let mem = test_memory();
+        let backend = FaultyBackend::new(FileBackend::open(&path, c.read_only).unwrap());
+        let blk = Block::with_backend(c, mem.clone(), backend).unwrap();
+        let mut h = Self::with_device(dir, path, mem, blk);
+        h.activate(features);
+        h
+    }
+}
+
+impl<B: BlockBackend + 'static> BlockFixture<B> {
+    fn with_device(dir: TempDir, path: PathBuf, mem: GuestMemory, blk: Block<B>) -> Self {
+        let qs = blk.queue_max_sizes()[0];
+        let metrics = blk.metrics();
+        let blk = Arc::new(Mutex::new(blk));
+        let mut evmgr = EventManager::new().unwrap();
+        evmgr.add_subscriber(blk.clone());
+        let q = DriverQueue::packed(&mem, GuestAddress(0x10000), qs);
+        BlockFixture {
+            dir,
+            path,
+            mem,
+            blk,
+            evmgr,
+            q,
+            irq: Arc::new(TestIrq::default()),
+            metrics,
+            next_buf: BUF_BASE,
+        }
+    }
+
+    /// Activates the device as the transport does at DRIVER_OK.
+    pub fn activate(&mut self, features: u64) {
+        self.q = DriverQueue::packed(&self.mem, self.q.layout().desc_table, self.q.size());
+        let regions = Arc::new(GuestRegions::new(&self.mem).unwrap());
+        let queue = SplitQueue::new(
+            regions,
+            self.q.ring_addrs(),
+            self.q.size(),
+            RingFeatures::from_bits(features),
+        )
+        .unwrap();
+        let irq: Arc<dyn Interrupt> = self.irq.clone();
+        self.dev().activate(features, vec![queue], irq).unwrap();
+        self.run_until_idle();
+    }
+
+    pub fn dev(&self) -> MutexGuard<'_, Block<B>> {
+        self.blk.lock().unwrap()
+    }
+
+    /// Allocates `len` bytes of guest memory (16-byte aligned); starts over
+    /// when the memory is used up (buffers of answered requests are free).
+    pub fn alloc(&mut self, len: u64) -> u64 {
+        if self.next_buf + len >= MEM_SIZE {
+            self.next_buf = BUF_BASE;
+        }
+        let a = self.next_buf;
+        self.next_buf = (self.next_buf + len + 15) & !15;
+        a
+    }
+
+    /// Places `parts` in guest memory and makes the chain available (not
+    /// kicked).
+    pub fn post(&mut self, parts: &[Part], layout: Layout) -> Posted {
+        let mut segs = Vec::new();
+        let mut placed = Vec::new();
+        for p in parts {
+            match p {
+                Part::Out(bytes) => {
+                    let a = self.alloc(bytes.len() as u64);
+                    self.mem.write_slice(bytes, GuestAddress(a)).unwrap();
+                    segs.push(Segment::readable(GuestAddress(a), bytes.len() as u32));
+                    placed.push((a, bytes.len() as u32));
+                }
+                Part::In(len) => {
+                    let a = self.alloc(u64::from(*len));
+                    self.mem
+                        .write_slice(&vec![0xee; *len as usize], GuestAddress(a))
+                        .unwrap();
+                    segs.push(Segment::writable(GuestAddress(a), *len));
+                    placed.push((a, *len));
+                }
+            }
+        }
+        let head = match layout {
+            Layout::Direct => self.q.add_chain(&self.mem, &segs).unwrap(),
+            Layout::Indirect(direct) => {
+                let table = self.alloc(16 * segs.len() as u64);
+                self.q
+                    .add_chain_indirect(&self.mem, &segs, direct, GuestAddress(table))
+                    .unwrap()
+            }
+        };
+        self.q.publish(&self.mem).unwrap();
+        Posted {
+            head,
+            parts: placed,
+        }
+    }
+
+    /// An OUT of `data` at `sector`: header, data, status, one descriptor each.
+    pub fn post_write(&mut self, sector: u64, data: &[u8]) -> Posted {
+        self.post(
+            &[
+                Part::Out(header(VIRTIO_BLK_T_OUT, sector)),
+                Part::Out(data.to_vec()),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        )
+    }
+
+    /// An IN of `len` bytes at `sector`.
+    pub fn post_read(&mut self, sector: u64, len: u32) -> Posted {
+        self.post(
+            &[
+                Part::Out(header(VIRTIO_BLK_T_IN, sector)),
+                Part::In(len),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        )
+    }
+
+    /// A request with no data: header and status.
+    pub fn post_bare(&mut self, kind: u32, sector: u64) -> Posted {
+        self.post(
+            &[Part::Out(header(kind, sector)), Part::In(1)],
+            Layout::Direct,
+        )
+    }
+
+    pub fn kick(&self) {
+        self.dev().queue_events()[0].write(1).unwrap();
+    }
+
+    /// One event-loop iteration; returns the events dispatched.
+    pub fn run_once(&mut self, timeout_ms: i32) -> usize {
+        self.evmgr.run_with_timeout(timeout_ms).unwrap()
+    }
+
+    /// Runs the loop until nothing is ready and nothing is in flight;
+    /// returns the iterations.
+    pub fn run_until_idle(&mut self) -> usize {
+        for i in 0..100_000 {
+            let in_flight = self.dev().engine.as_ref().map_or(0, |e| e.in_flight());
+            let ran = self.run_once(if in_flight > 0 { 100 } else { 0 });
+            if ran == 0 && in_flight == 0 {
+                return i;
+            }
+        }
+        panic!("event loop never went idle");
+    }
+
+    /// Kicks and runs the loop until idle.
+    pub fn go(&mut self) {
+        self.kick();
+        self.run_until_idle();
+    }
+
+    /// The used entries since the last call, as `(id, len)`.
+    pub fn used(&mut self) -> Vec<(u32, u32)> {
+        let used = self.q.used(&self.mem).unwrap();
+        used.into_iter().map(|e| (e.id, e.len)).collect()
+    }
+
+    /// Reads `len` bytes of guest memory.
+    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
+        v
+    }
+
+    /// The status byte of `p` (its last part's last byte).
+    pub fn status(&self, p: &Posted) -> u8 {
+        let &(a, l) = p.parts.last().unwrap();
+        self.read(a + u64::from(l) - 1, 1)[0]
+    }
+
+    /// The file's bytes.
+    pub fn image(&self) -> Vec<u8> {
+        std::fs::read(&self.path).unwrap()
+    }
+
+    pub fn metric(&self, f: impl Fn(&BlockMetrics) -> &AtomicU64) -> u64 {
+        f(&self.metrics).load(Ordering::Relaxed)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Asserts one request came back with `status` and `len`, and nothing else.
+#[track_caller]
+pub fn assert_answer<B: BlockBackend>(h: &mut BlockFixture<B>, p: &Posted, status: u8, len: u32) {
+    let used = h.used();
+    assert_eq!(used, vec![(u32::from(p.head), len)], "used entries");
+    assert_eq!(h.status(p), status, "status byte");
+}

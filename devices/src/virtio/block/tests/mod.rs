@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The block device's test suites, each driving a whole [`Block`](super::Block)
+//! from the driver side over an image in a temporary directory.
+//!
+//! - `fixture`: [`BlockFixture`](fixture::BlockFixture), the device wired to
+//!   an `EventManager`, requests built part by part, and the fault-injecting
+//!   backend.
+//! - `requests`: features, configuration space, opening and locking the
+//!   image, each request type.
+//! - `malformed`: the malformed-request matrix.
+//! - `pass`: the bounds of a pass, a corrupt ring, resets with requests in flight.
+//! - `faults`: the fault-injection matrix, both engines.
+//! - `integrity`: random data through random chain shapes against a model.
+
+mod faults;
+#[allow(dead_code)]
+pub(super) mod fixture;
+mod integrity;
+mod malformed;
+mod pass;
+mod requests;

@@ -1,0 +1,445 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Features, configuration space, opening the image, and each request type
+//! as a guest sees it.
+
+use vm_memory::GuestAddress;
+
+use super::fixture::*;
+use crate::virtio::block::device::config_offsets as off;
+use crate::virtio::block::device::features::*;
+use crate::virtio::block::{Block, BlockConfig, BlockError, CacheType, SEG_MAX};
+use crate::virtio::VirtioDevice;
+
+const SECTOR: usize = 512;
+
+/// Whether this host's temp file system punches holes and zeroes ranges,
+/// tried independently of the device.
+fn fs_can(mode: vmm_sys_util::fallocate::FallocateMode) -> bool {
+    let dir = TempDir::new();
+    let p = dir.file("probe", &[1u8; 8192]);
+    let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
+    vmm_sys_util::fallocate::fallocate(&f, mode, true, 0, 4096).is_ok()
+}
+
+fn image(sectors: usize) -> Vec<u8> {
+    let mut rng = Rng(0x1234_5678);
+    random_bytes(&mut rng, sectors * SECTOR)
+}
+
+fn read_config(blk: &Block, offset: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0xffu8; len];
+    blk.read_config(offset, &mut v);
+    v
+}
+
+#[test]
+fn test_features_follow_the_configuration_and_the_file_system() {
+    use vmm_sys_util::fallocate::FallocateMode;
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &image(8));
+    let punch = fs_can(FallocateMode::PunchHole);
+    let zero = fs_can(FallocateMode::ZeroRange);
+
+    let blk = Block::new(BlockConfig::new("d", &path), test_memory()).unwrap();
+    let f = blk.avail_features();
+    for b in [
+        VIRTIO_F_VERSION_1,
+        VIRTIO_BLK_F_BLK_SIZE,
+        VIRTIO_BLK_F_SEG_MAX,
+        VIRTIO_RING_F_EVENT_IDX,
+        VIRTIO_RING_F_INDIRECT_DESC,
+    ] {
+        assert_ne!(f & bit(b), 0, "feature {b} missing");
+    }
+    assert_eq!(f & bit(VIRTIO_BLK_F_FLUSH), 0, "Unsafe offers no FLUSH");
+    assert_eq!(f & bit(VIRTIO_BLK_F_RO), 0);
+    assert_eq!(f & bit(VIRTIO_BLK_F_DISCARD) != 0, punch);
+    assert_eq!(f & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0, punch && zero);
+    assert_eq!(blk.device_type(), 2);
+    assert_eq!(blk.queue_max_sizes(), &[256]);
+    drop(blk);
+
+    let mut c = BlockConfig::new("d", &path);
+    c.cache_type = CacheType::Writeback;
+    c.queue_size = 1024;
+    let blk = Block::new(c, test_memory()).unwrap();
+    assert_ne!(blk.avail_features() & bit(VIRTIO_BLK_F_FLUSH), 0);
+    assert_eq!(blk.queue_max_sizes(), &[1024]);
+    drop(blk);
+
+    let mut c = BlockConfig::new("d", &path);
+    c.read_only = true;
+    let blk = Block::new(c, test_memory()).unwrap();
+    let f = blk.avail_features();
+    assert_ne!(f & bit(VIRTIO_BLK_F_RO), 0);
+    assert_eq!(
+        f & (bit(VIRTIO_BLK_F_DISCARD) | bit(VIRTIO_BLK_F_WRITE_ZEROES)),
+        0
+    );
+}
+
+#[test]
+fn test_config_space_reads_at_any_width_and_offset() {
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &image(1000));
+    let blk = Block::new(BlockConfig::new("d", &path), test_memory()).unwrap();
+    let le32 = |o: usize| u32::from_le_bytes(read_config(&blk, o as u64, 4).try_into().unwrap());
+    assert_eq!(
+        u64::from_le_bytes(read_config(&blk, 0, 8).try_into().unwrap()),
+        1000
+    );
+    assert_eq!(le32(off::SEG_MAX), SEG_MAX);
+    assert_eq!(le32(off::BLK_SIZE), 512);
+    if blk.avail_features() & bit(VIRTIO_BLK_F_DISCARD) != 0 {
+        assert_eq!(le32(off::MAX_DISCARD_SECTORS), 1 << 21);
+        assert_eq!(le32(off::MAX_DISCARD_SEG), 1);
+        assert_eq!(le32(off::DISCARD_SECTOR_ALIGNMENT), 1);
+    }
+    if blk.avail_features() & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0 {
+        assert_eq!(le32(off::MAX_WRITE_ZEROES_SECTORS), 1 << 21);
+        assert_eq!(le32(off::MAX_WRITE_ZEROES_SEG), 1);
+        assert_eq!(
+            read_config(&blk, off::WRITE_ZEROES_MAY_UNMAP as u64, 1),
+            [1]
+        );
+    }
+    // Every width at every offset agrees with the whole space, zeros past
+    // its end.
+    let whole = read_config(&blk, 0, off::LEN);
+    for width in [1, 2, 4, 8] {
+        for o in 0..off::LEN + 8 {
+            let got = read_config(&blk, o as u64, width);
+            let want: Vec<u8> = (o..o + width)
+                .map(|i| whole.get(i).copied().unwrap_or(0))
+                .collect();
+            assert_eq!(got, want, "width {width} at {o}");
+        }
+    }
+    assert_eq!(read_config(&blk, u64::MAX, 4), [0; 4]);
+    assert_eq!(read_config(&blk, u64::MAX - 1, 8), [0; 8]);
+    // Writes are ignored and counted.
+    let mut blk = blk;
+    blk.write_config(0, &[9; 8]);
+    assert_eq!(read_config(&blk, 0, off::LEN), whole);
+    assert_eq!(
+        blk.metrics()
+            .config_writes_ignored
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[test]
+fn test_capacity_rounds_a_partial_last_sector_down_and_never_touches_it() {
+    let mut data = image(8);
+    let tail: Vec<u8> = (0..100).map(|i| i as u8 ^ 0x5a).collect();
+    data.extend_from_slice(&tail);
+    let mut h = BlockFixture::new(&data, |_| {}, BASE_FEATURES);
+    assert_eq!(h.dev().capacity(), 8);
+    let mut cap = [0u8; 8];
+    h.dev().read_config(0, &mut cap);
+    assert_eq!(u64::from_le_bytes(cap), 8);
+    // The last whole sector is reachable, the partial one is not.
+    let p = h.post_read(7, 512);
+    h.go();
+    assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 513);
+    assert_eq!(h.read(p.parts[1].0, 512), data[7 * SECTOR..8 * SECTOR]);
+    for (sector, len) in [(8, 512), (7, 1024)] {
+        let p = h.post_read(sector, len);
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_IOERR, 1);
+        let p = h.post_write(sector, &vec![1; len as usize]);
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_IOERR, 1);
+    }
+    assert_eq!(h.metric(|m| &m.malformed_requests), 4);
+    let img = h.image();
+    assert_eq!(img.len(), data.len());
+    assert_eq!(img[8 * SECTOR..], tail[..]);
+}
+
+#[test]
+fn test_write_then_read_back() {
+    let data = image(64);
+    let mut h = BlockFixture::new(&data, |_| {}, BASE_FEATURES);
+    let new: Vec<u8> = (0..4096).map(|i| (i * 13 % 251) as u8).collect();
+    let w = h.post_write(10, &new);
+    h.go();
+    assert_answer(&mut h, &w, VIRTIO_BLK_S_OK, 1);
+    let mut model = data.clone();
+    model[10 * SECTOR..10 * SECTOR + 4096].copy_from_slice(&new);
+    assert_eq!(h.image(), model);
+    let r = h.post_read(9, 4096 + 1024);
+    h.go();
+    assert_answer(&mut h, &r, VIRTIO_BLK_S_OK, 4096 + 1024 + 1);
+    assert_eq!(
+        h.read(r.parts[1].0, 5120),
+        model[9 * SECTOR..9 * SECTOR + 5120]
+    );
+    assert_eq!(h.metric(|m| &m.write_count), 1);
+    assert_eq!(h.metric(|m| &m.write_bytes), 4096);
+    assert_eq!(h.metric(|m| &m.read_count), 1);
+    assert_eq!(h.metric(|m| &m.read_bytes), 5120);
+    // EVENT_IDX with used_event 0: one interrupt, the second suppressed.
+    assert_eq!(h.irq.used.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(h.metric(|m| &m.interrupts_suppressed), 1);
+    assert!(h.dev().uses_io_uring(), "Async is the default");
+}
+
+#[test]
+fn test_flush_completes_with_either_cache_type() {
+    for cache in [CacheType::Unsafe, CacheType::Writeback] {
+        let mut h = BlockFixture::new(&image(8), |c| c.cache_type = cache, BASE_FEATURES);
+        let p = h.post_bare(VIRTIO_BLK_T_FLUSH, 0);
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1);
+        assert_eq!(h.metric(|m| &m.flush_count), 1, "{cache:?}");
+    }
+}
+
+#[test]
+fn test_get_id_is_the_drive_id_zero_padded() {
+    let mut h = BlockFixture::new(&image(8), |c| c.id = "rootfs".into(), BASE_FEATURES);
+    let mut want = [0u8; 20];
+    want[..6].copy_from_slice(b"rootfs");
+    for (buf, written) in [(20u32, 20u32), (8, 8), (64, 20)] {
+        let p = h.post(
+            &[
+                Part::Out(header(VIRTIO_BLK_T_GET_ID, 0)),
+                Part::In(buf),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        );
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, written + 1);
+        let got = h.read(p.parts[1].0, buf as usize);
+        assert_eq!(got[..written as usize], want[..written as usize]);
+        assert!(
+            got[written as usize..].iter().all(|&b| b == 0xee),
+            "past the id"
+        );
+    }
+    assert_eq!(h.metric(|m| &m.get_id_count), 3);
+    // An id longer than GET_ID can return is refused at creation.
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &image(1));
+    let err = Block::new(BlockConfig::new("x".repeat(21), &path), test_memory()).unwrap_err();
+    assert!(matches!(err, BlockError::Config { .. }), "{err}");
+}
+
+#[test]
+fn test_unknown_types_are_unsupported() {
+    let mut h = BlockFixture::new(&image(8), |_| {}, BASE_FEATURES);
+    for kind in [2, 3, 99, 14, u32::MAX] {
+        let p = h.post_bare(kind, 0);
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_UNSUPP, 1);
+    }
+    assert_eq!(h.metric(|m| &m.unsupported), 5);
+}
+
+#[test]
+fn test_discard_and_write_zeroes_zero_their_range_only() {
+    let data = image(64);
+    let mut h = BlockFixture::new(&data, |_| {}, BASE_FEATURES);
+    let f = h.dev().avail_features();
+    if f & bit(VIRTIO_BLK_F_WRITE_ZEROES) == 0 {
+        eprintln!("skipped: the temp file system cannot zero ranges");
+        return;
+    }
+    let mut model = data.clone();
+    let cases = [
+        (VIRTIO_BLK_T_DISCARD, 3u64, 5u32, 0u32),
+        (VIRTIO_BLK_T_WRITE_ZEROES, 20, 9, 0),
+        (VIRTIO_BLK_T_WRITE_ZEROES, 40, 16, 1),
+        (VIRTIO_BLK_T_DISCARD, 63, 0, 0),
+    ];
+    for (kind, sector, num, flags) in cases {
+        let p = h.post(
+            &[
+                Part::Out(header(kind, 0)),
+                Part::Out(dwz(sector, num, flags)),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        );
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1);
+        let s = sector as usize * SECTOR;
+        model[s..s + num as usize * SECTOR].fill(0);
+        assert_eq!(h.image(), model, "{kind} at {sector}");
+    }
+    assert_eq!(h.metric(|m| &m.discard_count), 2);
+    assert_eq!(h.metric(|m| &m.write_zeroes_count), 2);
+    // Flags the spec does not allow: UNSUPP, nothing zeroed.
+    for (kind, flags) in [(VIRTIO_BLK_T_DISCARD, 1), (VIRTIO_BLK_T_WRITE_ZEROES, 2)] {
+        let p = h.post(
+            &[
+                Part::Out(header(kind, 0)),
+                Part::Out(dwz(0, 1, flags)),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        );
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_UNSUPP, 1);
+    }
+    assert_eq!(h.image(), model);
+}
+
+#[test]
+fn test_discard_and_write_zeroes_unsupported_unless_negotiated() {
+    let data = image(8);
+    let features = BASE_FEATURES & !bit(VIRTIO_BLK_F_DISCARD) & !bit(VIRTIO_BLK_F_WRITE_ZEROES);
+    let mut h = BlockFixture::new(&data, |_| {}, features);
+    for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+        let p = h.post(
+            &[
+                Part::Out(header(kind, 0)),
+                Part::Out(dwz(0, 2, 0)),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        );
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_UNSUPP, 1);
+    }
+    assert_eq!(h.image(), data);
+    assert_eq!(h.metric(|m| &m.unsupported), 2);
+}
+
+#[test]
+fn test_read_only_drive_refuses_every_write_and_reads() {
+    let data = image(16);
+    let mut h = BlockFixture::new(&data, |c| c.read_only = true, BASE_FEATURES);
+    let w = h.post_write(0, &[7; 512]);
+    h.go();
+    assert_answer(&mut h, &w, VIRTIO_BLK_S_IOERR, 1);
+    for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+        let p = h.post(
+            &[
+                Part::Out(header(kind, 0)),
+                Part::Out(dwz(0, 2, 0)),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        );
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_IOERR, 1);
+    }
+    assert_eq!(h.metric(|m| &m.read_only_refusals), 3);
+    let r = h.post_read(1, 1024);
+    h.go();
+    assert_answer(&mut h, &r, VIRTIO_BLK_S_OK, 1025);
+    assert_eq!(h.read(r.parts[1].0, 1024), data[512..1536]);
+    assert_eq!(h.image(), data);
+    // The file itself was opened read-only: a read-only image opens.
+    let mut perms = std::fs::metadata(h.path()).unwrap().permissions();
+    perms.set_readonly(true);
+    std::fs::set_permissions(h.path(), perms).unwrap();
+    let mut c = BlockConfig::new("ro", h.path());
+    c.read_only = true;
+    assert!(Block::new(c, test_memory()).is_ok());
+}
+
+#[test]
+fn test_an_image_in_use_is_locked() {
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &image(4));
+    let ro = |p: &std::path::Path| {
+        let mut c = BlockConfig::new("d", p);
+        c.read_only = true;
+        c
+    };
+    let first = Block::new(BlockConfig::new("d", &path), test_memory()).unwrap();
+    for cfg in [BlockConfig::new("d", &path), ro(&path)] {
+        let err = Block::new(cfg, test_memory()).unwrap_err();
+        assert!(matches!(&err, BlockError::Locked(p) if p == &path), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(path.to_str().unwrap()) && !msg.contains('\n'),
+            "{msg}"
+        );
+    }
+    drop(first);
+    // Readers share; a writer waits for none of them.
+    let a = Block::new(ro(&path), test_memory()).unwrap();
+    let _b = Block::new(ro(&path), test_memory()).unwrap();
+    assert!(matches!(
+        Block::new(BlockConfig::new("d", &path), test_memory()),
+        Err(BlockError::Locked(_))
+    ));
+    drop(a);
+}
+
+#[test]
+fn test_only_a_regular_file_opens() {
+    let dir = TempDir::new();
+    for ro in [false, true] {
+        let mut c = BlockConfig::new("d", &dir.0);
+        c.read_only = ro;
+        let err = Block::new(c, test_memory()).unwrap_err();
+        assert!(matches!(err, BlockError::NotAFile(_)), "{err}");
+        assert!(err.to_string().contains(dir.0.to_str().unwrap()));
+    }
+    let missing = dir.0.join("missing.img");
+    let err = Block::new(BlockConfig::new("d", &missing), test_memory()).unwrap_err();
+    assert!(matches!(err, BlockError::Open { .. }), "{err}");
+    assert!(err.to_string().contains("missing.img"), "{err}");
+    // A FIFO neither hangs the open nor passes for an image.
+    let fifo = dir.0.join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success()));
+    let err = Block::new(BlockConfig::new("d", &fifo), test_memory()).unwrap_err();
+    assert!(matches!(err, BlockError::NotAFile(_)), "{err}");
+}
+
+#[test]
+fn test_header_data_and_status_may_share_descriptors() {
+    let data = image(16);
+    let mut h = BlockFixture::new(&data, |_| {}, BASE_FEATURES);
+    // OUT: header and data in one descriptor, the header itself split.
+    let new = vec![0x42u8; 1024];
+    let mut hd = header(VIRTIO_BLK_T_OUT, 2)[4..].to_vec();
+    hd.extend_from_slice(&new);
+    let p = h.post(
+        &[
+            Part::Out(header(VIRTIO_BLK_T_OUT, 2)[..4].to_vec()),
+            Part::Out(hd),
+            Part::In(1),
+        ],
+        Layout::Direct,
+    );
+    h.go();
+    assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1);
+    let mut model = data.clone();
+    model[1024..2048].copy_from_slice(&new);
+    assert_eq!(h.image(), model);
+    // IN: data and status in one writable descriptor.
+    let p = h.post(
+        &[Part::Out(header(VIRTIO_BLK_T_IN, 2)), Part::In(1025)],
+        Layout::Direct,
+    );
+    h.go();
+    assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1025);
+    assert_eq!(h.read(p.parts[1].0, 1024), new);
+    // Through an indirect table, header split over two entries.
+    let p = h.post(
+        &[
+            Part::Out(header(VIRTIO_BLK_T_IN, 0)[..9].to_vec()),
+            Part::Out(header(VIRTIO_BLK_T_IN, 0)[9..].to_vec()),
+            Part::In(512),
+            Part::In(512),
+            Part::In(1),
+        ],
+        Layout::Indirect(1),
+    );
+    h.go();
+    assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1025);
+    assert_eq!(h.read(p.parts[2].0, 512), model[..512]);
+    assert_eq!(h.read(p.parts[3].0, 512), model[512..1024]);
+    let _ = GuestAddress(0);
+}

@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The block device's io_uring (`IoEngine::Async`): requests submitted in
+//! batches, completed on the event loop.
+//!
+//! As the network device's `WriteRing`, what the ring may do is fixed when
+//! it is built, in `Block::new`, before the VMM installs its seccomp
+//! filters (operations submitted through a ring are not system calls a
+//! filter sees):
+//! - the ring is created disabled; an eventfd is registered, which the
+//!   kernel signals for every completion posted (the event loop polls it);
+//! - `IORING_REGISTER_RESTRICTIONS` allows only READV, WRITEV, FSYNC and
+//!   FALLOCATE, with no `IOSQE_*` flag (no links, no drains, no forced
+//!   async workers), and no further `io_uring_register` operation;
+//! - then it is enabled. Whoever submits on it can do no more to the image
+//!   than the event loop's `preadv`/`pwritev`/`fdatasync`/`fallocate`
+//!   could; the event-loop filter allows `io_uring_enter` only.
+//!
+//! No `IORING_SETUP_COOP_TASKRUN` (which the network ring uses): block I/O
+//! completes later, often from a kernel worker, and a completion's task work
+//! must be able to interrupt the event loop's `epoll_wait` so that the
+//! eventfd is signalled; with cooperative task running it would wait for
+//! the thread's next system call.
+//!
+//! **Buffers stay valid until completion.** An entry points at the
+//! request's vector of segments (a `Vec` owned by the device's in-flight
+//! table, not moved or freed until its completion has been reaped) and at
+//! guest memory, kept mapped by the queue's `GuestRegions` the in-flight
+//! request holds. [`BlockRing::push`] is `unsafe` for that reason, and
+//! [`BlockRing::wait_all`] is how the device gets every buffer back before
+//! it drops them (reset, drop).
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use io_uring::{opcode, register::Restriction, types, IoUring};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::backend::FallocMode;
+use crate::virtio::queue::IoSeg;
+
+/// Entries of the submission queue: also the most requests in flight (the
+/// device stops taking requests from the guest at this many), so a push
+/// never finds the submission queue full.
+pub const RING_ENTRIES: u32 = 128;
+
+/// One operation to submit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RingOp<'a> {
+    /// READV at `offset` into `segs`.
+    Read { segs: &'a [IoSeg], offset: u64 },
+    /// WRITEV at `offset` from `segs`.
+    Write { segs: &'a [IoSeg], offset: u64 },
+    /// FSYNC with IORING_FSYNC_DATASYNC.
+    Flush,
+    /// FALLOCATE.
+    Fallocate {
+        mode: FallocMode,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// An io_uring restricted to the block datapath's operations on one fd.
+pub struct BlockRing {
+    ring: IoUring,
+    /// The image: the device owns it and outlives the ring.
+    fd: RawFd,
+    /// Signalled by the kernel for every completion.
+    evt: EventFd,
+    /// Entries pushed and not yet reaped.
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for BlockRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockRing")
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockRing {
+    /// Builds the ring for `fd` (see the module doc). Fails where io_uring
+    /// is unavailable or refused; the device then runs `Sync`.
+    pub fn new(fd: RawFd) -> io::Result<BlockRing> {
+        let ring = IoUring::builder()
+            .setup_r_disabled()
+            // No SINGLE_ISSUER: built on the VMM's build thread, used on
+            // the event loop's.
+            .build(RING_ENTRIES)?;
+        let evt = EventFd::new(libc::EFD_NONBLOCK)?;
+        let submitter = ring.submitter();
+        submitter.register_eventfd(evt.as_raw_fd())?;
+        let mut rules = [
+            Restriction::sqe_op(opcode::Readv::CODE),
+            Restriction::sqe_op(opcode::Writev::CODE),
+            Restriction::sqe_op(opcode::Fsync::CODE),
+            Restriction::sqe_op(opcode::Fallocate::CODE),
+            Restriction::sqe_flags_allowed(0),
+        ];
+        submitter.register_restrictions(&mut rules)?;
+        submitter.register_enable_rings()?;
+        Ok(BlockRing {
+            ring,
+            fd,
+            evt,
+            in_flight: 0,
+        })
+    }
+
+    /// The eventfd the kernel signals on completions.
+    pub fn eventfd(&self) -> &EventFd {
+        &self.evt
+    }
+
+    /// Whether another entry may be pushed.
+    pub fn has_room(&self) -> bool {
+        self.in_flight < RING_ENTRIES as usize
+    }
+
+    /// Queues `op` with `tag` (returned with its completion); submitted at
+    /// the next [`submit`](Self::submit).
+    ///
+    /// # Safety
+    /// The segments `op` names, and the memory they describe, must stay
+    /// valid and unmoved until the completion with `tag` has been reaped.
+    pub(crate) unsafe fn push(&mut self, op: RingOp<'_>, tag: u64) -> io::Result<()> {
+        if !self.has_room() {
+            return Err(io::Error::other("io_uring ring full"));
+        }
+        let fd = types::Fd(self.fd);
+        // At most MAX_CHAIN_SEGS vectors: the count fits u32.
+        let n = |s: &[IoSeg]| s.len() as u32;
+        let entry = match op {
+            RingOp::Read { segs, offset } => {
+                opcode::Readv::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+                    .offset(offset)
+                    .build()
+            }
+            RingOp::Write { segs, offset } => {
+                opcode::Writev::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+                    .offset(offset)
+                    .build()
+            }
+            RingOp::Flush => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            RingOp::Fallocate { mode, offset, len } => opcode::Fallocate::new(fd, len)
+                .offset(offset)
+                .mode(mode.bits())
+                .build(),
+        }
+        .user_data(tag);
+        // SAFETY: the entry points at `segs` (laid out as `struct iovec`,
+        // see IoSeg) and the memory they describe, which the caller keeps
+        // valid until the completion is reaped.
+        unsafe { self.ring.submission().push(&entry) }
+            .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Hands every queued entry to the kernel (one `io_uring_enter`;
+    /// EINTR retried).
+    pub fn submit(&mut self) -> io::Result<()> {
+        while !self.ring.submission().is_empty() {
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends every completion posted so far to `out` as `(tag, result)`.
+    pub fn reap(&mut self, out: &mut Vec<(u64, i32)>) {
+        let before = out.len();
+        out.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        self.in_flight = self.in_flight.saturating_sub(out.len() - before);
+    }
+
+    /// Submits what is queued and waits until every entry in flight has
+    /// completed, appending the completions to `out`: after this the
+    /// kernel holds no pointer into guest memory or the device's vectors.
+    /// Returns the error of `io_uring_enter` if it fails for good (the
+    /// entries still in flight then stay referenced; the caller must keep
+    /// their buffers).
+    pub fn wait_all(&mut self, out: &mut Vec<(u64, i32)>) -> io::Result<()> {
+        loop {
+            self.reap(out);
+            if self.in_flight == 0 {
+                return Ok(());
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
