@@ -5,8 +5,10 @@
 //! once per test binary, spawns the VMM with its serial console captured,
 //! waits for console patterns with deadlines, and creates the network
 //! namespace (with its TAP and addresses) that every networked test runs
-//! inside, deleting it on drop. Tests that need KVM, root or TUN call
-//! [`require`] first, which prints why and returns false where they are missing.
+//! inside, deleting it on drop. For the disk tests it copies the cached root
+//! disk and reads images with e2fsprogs (`debugfs`, `e2fsck`), never mounting
+//! them. Tests that need KVM, root or TUN call [`require`] first, which prints
+//! why and returns false where they are missing.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
