@@ -10,6 +10,15 @@
 #     network namespace created here (all traffic stays in it, deleted on
 #     exit): wait for MINIVMM-SERVING, ping the guest, then run the five
 #     mvperf tests against the guest's server, printing their JSON on stdout.
+#  3. Boot the ext4 root disk instead of the initramfs (a copy, virtio-blk,
+#     `root=/dev/vda rw`) in serve mode with `minivmm.disk=write:SEED`: init
+#     must write its test file and remount the root read-only, serve and
+#     answer pings; after qemu is killed the host reads the file out of the
+#     image with debugfs (same bytes as the init's pattern) and `e2fsck -fn`
+#     finds it clean.
+#  4. Boot another copy read-only (`readonly=on`, `root=/dev/vda ro`) with
+#     `minivmm.disk=readonly`: init must report EROFS and a refused device
+#     write, reset the VM, and the copy must hash as before.
 #
 # QEMU: any qemu-system-x86_64 on PATH. Without one, Debian's QEMU is NOT
 # installed (on the project's machines that would remove their newer
@@ -20,7 +29,9 @@
 # so the private copy only adds libraries and never replaces one; nothing
 # outside the cache directory changes.
 #
-# Usage: qemu-check.sh [BZIMAGE INITRAMFS]   (default: from resources/build.sh)
+# Usage: qemu-check.sh [BZIMAGE INITRAMFS [DISK]]   (default: from
+# resources/build.sh; given BZIMAGE and INITRAMFS alone, boots 3 and 4 are
+# skipped)
 # Exit: 0 all passed, 1 a check failed, 77 skipped (not root, no TUN, QEMU
 # neither on PATH nor fetchable).
 set -euo pipefail
@@ -123,18 +134,23 @@ if ! command -v qemu-system-x86_64 >/dev/null; then
     log "using the private $("${QEMU_BIN[@]}" --version | head -n 1) from $QROOT"
 fi
 
-if [ $# -eq 2 ]; then
+DISK=
+if [ $# -eq 2 ] || [ $# -eq 3 ]; then
     BZIMAGE=$1
     INITRAMFS=$2
+    DISK=${3:-}
 elif [ $# -eq 0 ]; then
-    out=$("$HERE/build.sh")
-    BZIMAGE=$(printf '%s\n' "$out" | tail -n 2 | head -n 1)
-    INITRAMFS=$(printf '%s\n' "$out" | tail -n 1)
+    # The last four lines: vmlinux, bzImage, initramfs, root disk.
+    out=$("$HERE/build.sh" | tail -n 4)
+    BZIMAGE=$(sed -n 2p <<<"$out")
+    INITRAMFS=$(sed -n 3p <<<"$out")
+    DISK=$(sed -n 4p <<<"$out")
 else
-    die "usage: $0 [BZIMAGE INITRAMFS]"
+    die "usage: $0 [BZIMAGE INITRAMFS [DISK]]"
 fi
 [ -s "$BZIMAGE" ] || die "no kernel image at $BZIMAGE"
 [ -s "$INITRAMFS" ] || die "no initramfs at $INITRAMFS"
+[ -z "$DISK" ] || [ -s "$DISK" ] || die "no root disk at $DISK"
 
 NS=minivmm-qemu-$$
 WORK=$(mktemp -d)
@@ -172,9 +188,9 @@ chmod +x "$MVPERF"
 # keyboard controller, so add one: `reboot=k` resets through it (as on minivmm)
 # and -no-reboot turns that reset into qemu exiting 0.
 # shellcheck disable=SC2054 # commas belong to qemu option values
-QEMU=("${QEMU_BIN[@]}" -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 1
-    -display none -monitor none -no-reboot -device i8042
-    -kernel "$BZIMAGE" -initrd "$INITRAMFS")
+QEMU_NO_INITRD=("${QEMU_BIN[@]}" -M microvm,acpi=off -accel tcg -cpu max -m 256 -smp 1
+    -display none -monitor none -no-reboot -device i8042 -kernel "$BZIMAGE")
+QEMU=("${QEMU_NO_INITRD[@]}" -initrd "$INITRAMFS")
 BASE_CMDLINE="console=ttyS0 reboot=k panic=-1"
 
 # wait_for LOG PATTERN PID: waits until LOG has a line matching PATTERN;
@@ -287,5 +303,74 @@ kill "$QEMU_PID"
 wait "$QEMU_PID" 2>/dev/null || true
 QEMU_PID=
 log "boot 2 passed"
+
+if [ -z "$DISK" ]; then
+    log "no root disk given: boots 3 and 4 skipped"
+    log "PASS"
+    exit 0
+fi
+ensure_packages e2fsprogs
+
+# disk_pattern SEED: the bytes init writes for minivmm.disk=write:SEED, made
+# by the init's own function (run by the host's busybox, which the image
+# carries too).
+disk_pattern() {
+    busybox sh -c "$(sed -n '/^disk_pattern() {$/,/^}$/p' "$HERE/initramfs/init"); disk_pattern $1"
+}
+
+# --- 3. the root disk, read-write, serving ---------------------------------
+log "boot 3: root disk (a copy, read-write) in serve mode, writing the test file"
+RW=$WORK/rootfs-rw.ext4
+cp --sparse=always "$DISK" "$RW"
+SEED=qemu$$
+LOG3=$WORK/boot3.log
+CMDLINE="$BASE_CMDLINE root=/dev/vda rw minivmm.mode=serve minivmm.disk=write:$SEED"
+CMDLINE="$CMDLINE ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
+start=$(now_ms)
+ip netns exec "$NS" "${QEMU_NO_INITRD[@]}" -serial "file:$LOG3" -append "$CMDLINE" \
+    -drive "file=$RW,if=none,id=rootfs,format=raw" -device virtio-blk-device,drive=rootfs \
+    -netdev tap,id=net0,ifname=tap0,script=no,downscript=no \
+    -device virtio-net-device,netdev=net0,mac=52:54:00:00:00:02 \
+    </dev/null >"$WORK/qemu3.out" 2>&1 &
+QEMU_PID=$!
+wait_for "$LOG3" 'MINIVMM-SERVING|MINIVMM-ERROR|MINIVMM-DISK-WRITE FAIL' "$QEMU_PID" ||
+    fail "guest did not start serving from the disk" "$LOG3"
+grep -qE 'MINIVMM-ERROR|MINIVMM-DISK-WRITE FAIL' "$LOG3" && fail "init reported an error" "$LOG3"
+log "MINIVMM-SERVING from the disk after $(( $(now_ms) - start )) ms"
+grep -q 'Run /sbin/init as init process' "$LOG3" || fail "the kernel did not run the disk's /sbin/init" "$LOG3"
+want=$(grep -o 'MINIVMM-DISK-WRITE ok.*' "$LOG3" | tr -d '\r')
+[ "$want" = "MINIVMM-DISK-WRITE ok bytes=$(disk_pattern "$SEED" | wc -c) seed=$SEED" ] ||
+    fail "unexpected disk write line: $want" "$LOG3"
+nsx ping -c 3 -w 30 "$GUEST_IP" >&2 || fail "ping $GUEST_IP (disk root) failed" "$LOG3"
+# The root is read-only since the write: killing the VM leaves it clean.
+kill "$QEMU_PID"
+wait "$QEMU_PID" 2>/dev/null || true
+QEMU_PID=
+cmp -s <(debugfs -R 'cat /minivmm-disk-test' "$RW" 2>/dev/null) <(disk_pattern "$SEED") ||
+    fail "/minivmm-disk-test in the image is not what init wrote" "$LOG3"
+e2fsck -fn "$RW" >&2 || fail "e2fsck -fn finds the disk unclean after the boot" "$LOG3"
+log "boot 3 passed: the file is in the image, the file system is clean"
+
+# --- 4. the root disk, read-only --------------------------------------------
+log "boot 4: root disk (a copy, read-only), writes must fail"
+RO=$WORK/rootfs-ro.ext4
+cp --sparse=always "$DISK" "$RO"
+before=$(sha256sum <"$RO")
+LOG4=$WORK/boot4.log
+start=$(now_ms)
+"${QEMU_NO_INITRD[@]}" -serial "file:$LOG4" \
+    -append "$BASE_CMDLINE root=/dev/vda ro minivmm.disk=readonly" \
+    -drive "file=$RO,if=none,id=rootfs,format=raw,readonly=on" -device virtio-blk-device,drive=rootfs \
+    </dev/null >"$WORK/qemu4.out" 2>&1 &
+QEMU_PID=$!
+wait_for "$LOG4" 'MINIVMM-DISK-READONLY' "$QEMU_PID" || fail "no read-only check line" "$LOG4"
+grep -m1 'MINIVMM-DISK-READONLY' "$LOG4" >&2
+grep -q 'MINIVMM-DISK-READONLY ok' "$LOG4" || fail "the read-only check failed" "$LOG4"
+rc=0
+wait "$QEMU_PID" || rc=$?
+QEMU_PID=
+[ "$rc" -eq 0 ] || fail "qemu exited with status $rc: $(cat "$WORK/qemu4.out")" "$LOG4"
+[ "$(sha256sum <"$RO")" = "$before" ] || fail "the read-only image changed" "$LOG4"
+log "boot 4 passed: EROFS, device write refused, image unchanged, reset after $(( $(now_ms) - start )) ms"
 
 log "PASS"

@@ -2,20 +2,36 @@
 # SPDX-License-Identifier: Apache-2.0
 # The README's main job: build everything, boot the guest with
 #   minivmm --kernel bzImage --initramfs initramfs --tap tap0
-# inside a private network namespace, wait until the mvperf and iperf3
+# (with --disk: --disk path=COPY,root=on in place of --initramfs) inside a private network namespace, wait until the mvperf and iperf3
 # servers in the guest listen, run iperf3 (TCP both ways) and mvperf
 # TCP_STREAM and TCP_RR against them from the host, stop the VM and show the
 # results. Any crash line on the guest console (a program's `segfault at`,
 # `traps:`, a `general protection` fault, `Kernel panic`) makes it exit 1,
 # whatever minivmm's status.
 #
-# Usage: scripts/boot.sh [--vmlinux]   (--vmlinux boots the ELF kernel instead)
+# Usage: scripts/boot.sh [--vmlinux] [--disk | --disk-readonly]
+#   --vmlinux        boots the ELF kernel instead of the bzImage
+#   --disk           boots the ext4 root disk instead of the initramfs:
+#                    `--disk path=COPY,root=on` on a copy of the cached image
+#                    (the guest may write it; the copy goes at the end)
+#   --disk-readonly  the same with `readonly=on`, on the same kind of copy
 # All traffic stays inside the namespace this script creates and deletes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KERNEL_KIND=bzImage
-[ "${1:-}" = "--vmlinux" ] && KERNEL_KIND=vmlinux
+ROOT_KIND=initramfs
+for arg in "$@"; do
+    case "$arg" in
+        --vmlinux) KERNEL_KIND=vmlinux ;;
+        --disk) ROOT_KIND=disk ;;
+        --disk-readonly) ROOT_KIND=disk_readonly ;;
+        *)
+            echo "usage: $0 [--vmlinux] [--disk | --disk-readonly]" >&2
+            exit 1
+            ;;
+    esac
+done
 NS=minivmm-demo-$$
 HOST_IP=10.0.2.1
 GUEST_IP=10.0.2.2
@@ -30,10 +46,12 @@ crashed() { grep -E "$CRASH_RE" "$workdir/console" 2>/dev/null; }
 [ "$(id -u)" -eq 0 ] || { log "needs root (network namespace, TAP, /dev/kvm)"; exit 1; }
 
 bash scripts/host-deps.sh boot
-images=$(bash resources/build.sh)
-vmlinux=$(printf '%s\n' "$images" | tail -n 3 | head -n 1)
-bzimage=$(printf '%s\n' "$images" | tail -n 2 | head -n 1)
-initramfs=$(printf '%s\n' "$images" | tail -n 1)
+# The last four lines: vmlinux, bzImage, initramfs, root disk.
+images=$(bash resources/build.sh | tail -n 4)
+vmlinux=$(sed -n 1p <<<"$images")
+bzimage=$(sed -n 2p <<<"$images")
+initramfs=$(sed -n 3p <<<"$images")
+disk=$(sed -n 4p <<<"$images")
 kernel=$bzimage
 [ "$KERNEL_KIND" = vmlinux ] && kernel=$vmlinux
 cargo build --release -p vmm -p netperf >&2
@@ -59,19 +77,35 @@ ip -n "$NS" tuntap add dev tap0 mode tap
 ip -n "$NS" addr add "$HOST_IP/24" dev tap0
 ip -n "$NS" link set tap0 up
 
+# The guest's root: the initramfs, or a copy of the cached disk image (the
+# cache's own stays as built for every later boot and test). minivmm adds
+# root=/dev/vda rw|ro for a root drive.
+case "$ROOT_KIND" in
+    initramfs) root_args=(--initramfs "$initramfs") ;;
+    disk | disk_readonly)
+        cp --sparse=always "$disk" "$workdir/rootfs.ext4"
+        drive=path=$workdir/rootfs.ext4,root=on
+        [ "$ROOT_KIND" = disk_readonly ] && drive=$drive,readonly=on
+        root_args=(--disk "$drive")
+        ;;
+esac
+# A read-only root also shows the guest's own check of it (EROFS).
+disk_check=
+[ "$ROOT_KIND" = disk_readonly ] && disk_check=minivmm.disk=readonly
+
 # On a PVM-backed KVM host (such as the project's own machines) minivmm adds
 # its recoveries to the guest command line by itself and logs them.
-log "minivmm --kernel $KERNEL_KIND --initramfs initramfs --tap tap0 (in namespace $NS)"
+log "minivmm --kernel $KERNEL_KIND ${root_args[*]} --tap tap0 (in namespace $NS)"
 start=$SECONDS
-ip netns exec "$NS" "$bin/minivmm" --kernel "$kernel" --initramfs "$initramfs" --tap tap0 \
+ip netns exec "$NS" "$bin/minivmm" --kernel "$kernel" "${root_args[@]}" --tap tap0 \
     --metrics "$workdir/metrics.json" --log-level info \
-    --cmdline "minivmm.mode=serve ip=$GUEST_IP::$HOST_IP:255.255.255.0:guest:eth0:off" \
+    --cmdline "minivmm.mode=serve ${disk_check:+$disk_check }ip=$GUEST_IP::$HOST_IP:255.255.255.0:guest:eth0:off" \
     </dev/null > >(tee "$workdir/console") &
 vmm_pid=$!
 
 deadline=$((SECONDS + BOOT_TIMEOUT))
 until grep -q MINIVMM-SERVING "$workdir/console" 2>/dev/null; do
-    if grep -q MINIVMM-ERROR "$workdir/console" 2>/dev/null; then
+    if grep -qE 'MINIVMM-ERROR|MINIVMM-DISK-[A-Z]+ FAIL' "$workdir/console" 2>/dev/null; then
         log "the guest's init reported an error (see above)"
         exit 1
     fi

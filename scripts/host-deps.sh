@@ -7,7 +7,7 @@
 #
 # Usage: scripts/host-deps.sh boot   what scripts/boot.sh needs on the host
 #        scripts/host-deps.sh test   what scripts/test.sh needs (boot's, plus
-#                                    procps and util-linux)
+#                                    procps, util-linux and e2fsprogs)
 # The guest image's own build packages are installed by resources/*/build.sh.
 set -euo pipefail
 
@@ -19,8 +19,10 @@ LOG_PREFIX=host-deps
 # ip (namespaces, TAP), ping, iperf3 (the host end of iperf3 against the
 # guest; the guest image carries its own copy).
 boot=(iproute2 iputils-ping iperf3)
-# kill and ps (procps), unshare (util-linux).
-test=("${boot[@]}" procps util-linux)
+# kill and ps (procps), unshare (util-linux), debugfs and e2fsck (e2fsprogs:
+# the disk tests read the guest's file out of the image and check the file
+# system without mounting it).
+test=("${boot[@]}" procps util-linux e2fsprogs)
 
 case "${1:-}" in
     boot) ensure_packages "${boot[@]}" ;;

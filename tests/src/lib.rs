@@ -5,8 +5,10 @@
 //! once per test binary, spawns the VMM with its serial console captured,
 //! waits for console patterns with deadlines, and creates the network
 //! namespace (with its TAP and addresses) that every networked test runs
-//! inside, deleting it on drop. Tests that need KVM, root or TUN call
-//! [`require`] first, which prints why and returns false where they are missing.
+//! inside, deleting it on drop. For the disk tests it copies the cached root
+//! disk and reads images with e2fsprogs (`debugfs`, `e2fsck`), never mounting
+//! them. Tests that need KVM, root or TUN call [`require`] first, which prints
+//! why and returns false where they are missing.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -212,6 +214,9 @@ pub struct GuestImage {
     pub bzimage: PathBuf,
     /// Initramfs with busybox, /init and mvperf.
     pub initramfs: PathBuf,
+    /// The ext4 root disk holding the same files (and `/sbin/init`). It is the cache's own
+    /// copy: boot a [`disk_copy`] of it, never the image itself.
+    pub disk: PathBuf,
 }
 
 /// Builds (or reuses from the cache) the guest image, once per test process.
@@ -228,17 +233,24 @@ pub fn guest_image() -> GuestImage {
             assert!(out.status.success(), "resources/build.sh failed");
             let stdout = String::from_utf8_lossy(&out.stdout);
             let lines: Vec<&str> = stdout.lines().collect();
+            // The contract: the last four lines are vmlinux, bzImage, initramfs, root disk.
             assert!(
-                lines.len() >= 3,
-                "resources/build.sh printed fewer than 3 lines"
+                lines.len() >= 4,
+                "resources/build.sh printed fewer than 4 lines"
             );
-            let last = &lines[lines.len() - 3..];
+            let last = &lines[lines.len() - 4..];
             let image = GuestImage {
                 vmlinux: PathBuf::from(last[0]),
                 bzimage: PathBuf::from(last[1]),
                 initramfs: PathBuf::from(last[2]),
+                disk: PathBuf::from(last[3]),
             };
-            for p in [&image.vmlinux, &image.bzimage, &image.initramfs] {
+            for p in [
+                &image.vmlinux,
+                &image.bzimage,
+                &image.initramfs,
+                &image.disk,
+            ] {
                 assert!(
                     p.is_absolute() && p.exists(),
                     "build.sh gave a bad path {}",
@@ -248,6 +260,103 @@ pub fn guest_image() -> GuestImage {
             image
         })
         .clone()
+}
+
+/// The file the guest's init writes on a disk root with `minivmm.disk=write:SEED`
+/// (resources/initramfs/init).
+pub const DISK_TEST_FILE: &str = "/minivmm-disk-test";
+
+/// What init prints once it wrote, synced and (by remounting the root read-only) cleanly
+/// closed [`DISK_TEST_FILE`]: the full line is `MINIVMM-DISK-WRITE ok bytes=B seed=SEED`;
+/// a failure prints `MINIVMM-DISK-WRITE FAIL <what>`.
+pub const DISK_WRITE_OK: &str = "MINIVMM-DISK-WRITE ok";
+
+/// What init prints with `minivmm.disk=readonly` when creating [`DISK_TEST_FILE`] failed
+/// with EROFS and the kernel refused a write to the root's block device; a failure prints
+/// `MINIVMM-DISK-READONLY FAIL <what>`.
+pub const DISK_READONLY_OK: &str = "MINIVMM-DISK-READONLY ok";
+
+/// The bytes init writes to [`DISK_TEST_FILE`] for `seed`: 4096 distinct lines (so a block
+/// at the wrong offset shows), built the same way as the init's `disk_pattern`.
+pub fn disk_test_content(seed: &str) -> Vec<u8> {
+    (100_000..100_000 + 4096)
+        .flat_map(|n| format!("{seed} line {n} of the minivmm disk test\n").into_bytes())
+        .collect()
+}
+
+/// A private copy of the cached root disk ([`GuestImage::disk`]) at `dir/name`, for a boot
+/// that may write to it: the cached image stays as built for every other test.
+pub fn disk_copy(dir: &Path, name: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let copy = dir.join(name);
+    std::fs::copy(guest_image().disk, &copy)
+        .with_context(|| format!("copying the root disk to {}", copy.display()))?;
+    Ok(copy)
+}
+
+/// Runs an e2fsprogs tool on an image; returns (success, stdout, stderr).
+fn e2fsprogs(tool: &str, args: &[&str], image: &Path) -> Result<(bool, Vec<u8>, String)> {
+    let out = Command::new(tool)
+        .args(args)
+        .arg(image)
+        .output()
+        .with_context(|| format!("running {tool} (e2fsprogs)"))?;
+    Ok((
+        out.status.success(),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// The content of the file at `path` inside the ext4 `image`, read with `debugfs` (no
+/// mount, no root). An error when the file is not there.
+pub fn debugfs_cat(image: &Path, path: &str) -> Result<Vec<u8>> {
+    // debugfs exits 0 whatever its command did; a missing file shows on stderr only.
+    let (_, out, err) = e2fsprogs("debugfs", &["-R", &format!("stat {path}")], image)?;
+    if !String::from_utf8_lossy(&out).contains("Type: regular") {
+        bail!(
+            "no regular file {path} in {}: {}",
+            image.display(),
+            err.trim()
+        );
+    }
+    let (_, content, _) = e2fsprogs("debugfs", &["-R", &format!("cat {path}")], image)?;
+    Ok(content)
+}
+
+/// What `debugfs` says of `path` inside `image` (`stat`): type, size, link target...
+pub fn debugfs_stat(image: &Path, path: &str) -> Result<String> {
+    let (_, out, _) = e2fsprogs("debugfs", &["-R", &format!("stat {path}")], image)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Checks the ext4 `image` with `e2fsck -fn` (forced, read-only: it changes nothing); Ok
+/// with its report when it finds the file system clean (exit 0), an error with the report
+/// otherwise.
+pub fn e2fsck_clean(image: &Path) -> Result<String> {
+    let (ok, out, err) = e2fsprogs("e2fsck", &["-fn"], image)?;
+    let report = format!("{}{err}", String::from_utf8_lossy(&out));
+    if !ok {
+        bail!("e2fsck -fn {} is not clean:\n{report}", image.display());
+    }
+    Ok(report)
+}
+
+/// The SHA-256 of a file, in hex (`sha256sum`, coreutils).
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .context("running sha256sum")?;
+    if !out.status.success() {
+        bail!("sha256sum {} failed", path.display());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// A running minivmm with its console captured.

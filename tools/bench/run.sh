@@ -40,7 +40,8 @@ log "building netbench and minivmm"
 cargo build --quiet --release -p netbench -p vmm
 
 log "guest kernel and initramfs (resources/build.sh)"
-paths=$(bash resources/build.sh | tail -n 3)
+# The last four lines: vmlinux, bzImage, initramfs, root disk.
+paths=$(bash resources/build.sh | tail -n 4)
 vmlinux=$(sed -n 1p <<<"$paths")
 initramfs=$(sed -n 3p <<<"$paths")
 
