@@ -598,6 +598,7 @@ mod tests {
             mem_mib: 64,
             vcpus: 1,
             nets: Vec::new(),
+            drives: Vec::new(),
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

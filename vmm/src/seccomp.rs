@@ -273,6 +273,10 @@ pub fn vcpu_rules() -> Vec<Entry> {
         ]),
         // An AP waiting for its start-up IPI backs off with thread::sleep.
         allow(libc::SYS_clock_nanosleep),
+        // A guest resetting its block device reaches the device on this
+        // thread, which waits for the requests its io_uring still holds
+        // (their buffers are guest memory the driver gets back).
+        allow_io_uring_submit(),
     ]
 }
 
@@ -287,6 +291,14 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow(libc::SYS_readv),
         allow(libc::SYS_writev),
         allow_io_uring_submit(),
+        // The block device's Sync engine (and the Async one's fallback for
+        // an entry its ring refuses): IN and OUT straight between the image
+        // and guest memory, FLUSH with the Writeback cache, DISCARD and
+        // WRITE_ZEROES.
+        allow(libc::SYS_preadv),
+        allow(libc::SYS_pwritev),
+        allow(libc::SYS_fdatasync),
+        allow(libc::SYS_fallocate),
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),

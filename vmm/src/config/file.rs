@@ -499,7 +499,31 @@ mod tests {
                 format!(
                     r#"{{{boot}, "drives": [{{"drive_id": "rootfs", "path_on_host": "r.ext4"}}]}}"#
                 ),
-                "section 'drives' is not supported",
+                "in 'drives[0]': missing field `is_root_device`",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "drives": [{{"drive_id": "r", "is_root_device": false, "socket": "/s"}}]}}"#
+                ),
+                "drives[0].socket: vhost-user drives are not supported by minivmm",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "drives": [{{"drive_id": "r", "path_on_host": "p", "is_root_device": false, "cache_type": "None"}}]}}"#
+                ),
+                "drives[0].cache_type: unknown cache type 'None': expected Unsafe or Writeback",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "drives": [{{"drive_id": "r", "path_on_host": "p", "is_root_device": false, "io_engine": "Fast"}}]}}"#
+                ),
+                "drives[0].io_engine",
+            ),
+            (
+                format!(
+                    r#"{{{boot}, "drives": [{{"drive_id": "r", "path_on_host": "p", "is_root_device": false, "rate_limiter": {{"bandwidth": {{"size": 1, "refill_tim": 1}}}}}}]}}"#
+                ),
+                "in 'drives[0]': unknown field `refill_tim`",
             ),
             (
                 r#"{"boot-source": {"kernel_image_path": "k", "kernel_args": ""}}"#.to_string(),
@@ -592,6 +616,67 @@ mod tests {
             let s = parse(&format!(r#"{{{boot}, "drives": {drives}}}"#)).unwrap();
             assert_eq!(s.kernel, Some(PathBuf::from("k")), "{drives}");
         }
+    }
+
+    #[test]
+    fn firecrackers_network_example_with_a_root_drive_parses() {
+        // Firecracker's tests/framework/vm_config_network.json, as written.
+        let text = r#"{
+          "boot-source": {
+            "kernel_image_path": "vmlinux.bin",
+            "boot_args": "console=ttyS0 reboot=k panic=1 pci=off",
+            "initrd_path": null
+          },
+          "drives": [
+            {
+              "drive_id": "rootfs",
+              "partuuid": null,
+              "is_root_device": true,
+              "cache_type": "Unsafe",
+              "is_read_only": false,
+              "path_on_host": "bionic.rootfs.ext4",
+              "io_engine": "Sync",
+              "rate_limiter": null,
+              "socket": null
+            }
+          ],
+          "machine-config": {
+            "vcpu_count": 2,
+            "mem_size_mib": 1024,
+            "smt": false,
+            "track_dirty_pages": false,
+            "huge_pages": "None"
+          },
+          "cpu-config": null,
+          "balloon": null,
+          "network-interfaces": [
+            {
+              "iface_id": "eth0",
+              "host_dev_name": "tap0",
+              "guest_mac": "06:00:c0:a8:00:02",
+              "rx_rate_limiter": null,
+              "tx_rate_limiter": null
+            }
+          ],
+          "vsock": null,
+          "logger": null,
+          "metrics": null,
+          "mmds-config": null,
+          "entropy": null
+        }"#;
+        let s = parse(text).unwrap();
+        assert_eq!(s.drives.len(), 1);
+        let d = &s.drives[0];
+        assert_eq!(d.id.as_deref(), Some("rootfs"));
+        assert_eq!(d.path, Some(PathBuf::from("bionic.rootfs.ext4")));
+        assert_eq!((d.root, d.read_only), (Some(true), Some(false)));
+        assert_eq!(
+            d.cache_type,
+            Some(devices::virtio::block::CacheType::Unsafe)
+        );
+        assert_eq!(d.io_engine, Some(IoEngine::Sync));
+        assert_eq!((d.partuuid.as_ref(), d.rate_limiter), (None, None));
+        assert_eq!(s.nets.len(), 1);
     }
 
     #[test]
