@@ -8,6 +8,7 @@
 //! - `requests`: features, configuration space, opening and locking the
 //!   image, each request type.
 //! - `malformed`: the malformed-request matrix.
+//! - `rate_limiter`: the limiter in the datapath, in real time.
 //! - `pass`: the bounds of a pass, a corrupt ring, resets with requests in flight.
 //! - `faults`: the fault-injection matrix, both engines.
 //! - `integrity`: random data through random chain shapes against a model.
@@ -18,4 +19,5 @@ pub(super) mod fixture;
 mod integrity;
 mod malformed;
 mod pass;
+mod rate_limiter;
 mod requests;
