@@ -7,6 +7,7 @@
 //!   backend.
 //! - `requests`: features, configuration space, opening and locking the
 //!   image, each request type.
+//! - `transport`: the device behind the real MMIO transport.
 //! - `malformed`: the malformed-request matrix.
 //! - `rate_limiter`: the limiter in the datapath, in real time.
 //! - `pass`: the bounds of a pass, a corrupt ring, resets with requests in flight.
@@ -21,3 +22,4 @@ mod malformed;
 mod pass;
 mod rate_limiter;
 mod requests;
+mod transport;
