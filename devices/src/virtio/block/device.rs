@@ -124,6 +124,11 @@ pub(crate) struct Registered {
 /// A virtio-blk device over a raw image file (or, in tests, any
 /// [`BlockBackend`]).
 pub struct Block<B: BlockBackend = FileBackend> {
+    /// The io_uring (`IoEngine::Async`); `None` runs requests with one
+    /// system call each. Built with the device, before any seccomp filter.
+    /// First, so that dropping the device waits for what is in flight
+    /// before anything else goes.
+    pub(crate) engine: Option<AsyncEngine>,
     pub(crate) cfg: BlockConfig,
     pub(crate) mem: GuestMemory,
     pub(crate) backend: B,
@@ -138,9 +143,6 @@ pub struct Block<B: BlockBackend = FileBackend> {
     pub(crate) metrics: Arc<BlockMetrics>,
     /// Limits on requests; `None` without any bucket. Outlives activations.
     pub(crate) limiter: Option<RateLimiter>,
-    /// The io_uring (`IoEngine::Async`); `None` runs requests with one
-    /// system call each. Built with the device, before any seccomp filter.
-    pub(crate) engine: Option<AsyncEngine>,
     pub(crate) active: Option<Active>,
     pub(crate) registered: Registered,
 }

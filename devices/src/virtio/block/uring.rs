@@ -201,3 +201,73 @@ impl BlockRing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use io_uring::squeue::{Entry, Flags};
+
+    use super::*;
+
+    /// Submits `entry` alone and returns its completion's result.
+    fn submit_one(ring: &mut BlockRing, entry: &Entry) -> i32 {
+        // SAFETY: the entries below point at buffers that outlive the call,
+        // which returns once the entry completed.
+        unsafe { ring.ring.submission().push(entry) }.expect("room");
+        ring.ring.submit_and_wait(1).expect("io_uring_enter");
+        let c = ring.ring.completion().next().expect("a completion");
+        c.result()
+    }
+
+    #[test]
+    fn test_the_ring_runs_its_four_operations_and_refuses_the_rest() {
+        let dir = std::env::temp_dir().join(format!("minivmm-uring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("img");
+        std::fs::write(&path, [7u8; 8192]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut ring = BlockRing::new(file.as_raw_fd()).unwrap();
+        let fd = types::Fd(file.as_raw_fd());
+        let mut buf = [0u8; 512];
+        let iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: 512,
+        }];
+        let readv = || opcode::Readv::new(fd, iov.as_ptr(), 1).build();
+        assert_eq!(submit_one(&mut ring, &readv()), 512);
+        assert_eq!(buf, [7u8; 512]);
+        let writev = opcode::Writev::new(fd, iov.as_ptr(), 1)
+            .offset(4096)
+            .build();
+        assert_eq!(submit_one(&mut ring, &writev), 512);
+        let fsync = opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build();
+        assert_eq!(submit_one(&mut ring, &fsync), 0);
+        // The completions signalled the eventfd.
+        assert!(ring.eventfd().read().unwrap() >= 3);
+        let refused = [
+            ("NOP", opcode::Nop::new().build()),
+            ("READ", opcode::Read::new(fd, buf.as_mut_ptr(), 16).build()),
+            ("WRITE", opcode::Write::new(fd, buf.as_ptr(), 16).build()),
+            ("READV with IO_LINK", readv().flags(Flags::IO_LINK)),
+            ("READV with ASYNC", readv().flags(Flags::ASYNC)),
+            ("READV with IO_DRAIN", readv().flags(Flags::IO_DRAIN)),
+        ];
+        for (what, e) in &refused {
+            assert_eq!(submit_one(&mut ring, e), -libc::EACCES, "{what}");
+        }
+        let err = ring
+            .ring
+            .submitter()
+            .register_files(&[file.as_raw_fd()])
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

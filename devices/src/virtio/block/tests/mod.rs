@@ -7,7 +7,9 @@
 //!   backend.
 //! - `requests`: features, configuration space, opening and locking the
 //!   image, each request type.
+//! - `transport`: the device behind the real MMIO transport.
 //! - `malformed`: the malformed-request matrix.
+//! - `rate_limiter`: the limiter in the datapath, in real time.
 //! - `pass`: the bounds of a pass, a corrupt ring, resets with requests in flight.
 //! - `faults`: the fault-injection matrix, both engines.
 //! - `integrity`: random data through random chain shapes against a model.
@@ -18,4 +20,6 @@ pub(super) mod fixture;
 mod integrity;
 mod malformed;
 mod pass;
+mod rate_limiter;
 mod requests;
+mod transport;
