@@ -108,7 +108,21 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
             format!(
                 r#"{{{boot}, "drives": [{{"drive_id": "rootfs", "path_on_host": "r.ext4", "is_root_device": true, "is_read_only": false}}]}}"#
             ),
-            "section 'drives' is not supported by minivmm",
+            "drive 'rootfs': disk image r.ext4: No such file or directory",
+        ),
+        (
+            "vhost-user-drive",
+            format!(
+                r#"{{{boot}, "drives": [{{"drive_id": "rootfs", "socket": "/run/vu.sock", "is_root_device": true}}]}}"#
+            ),
+            "drives[0].socket: vhost-user drives are not supported by minivmm",
+        ),
+        (
+            "cache-type",
+            format!(
+                r#"{{{boot}, "drives": [{{"drive_id": "rootfs", "path_on_host": "r.ext4", "is_root_device": true, "cache_type": "WriteThrough"}}]}}"#
+            ),
+            "drives[0].cache_type: unknown cache type 'WriteThrough': expected Unsafe or Writeback",
         ),
         (
             "bad-mac",
@@ -137,6 +151,83 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
         assert_config_error(&s(&["--config-file", p.to_str().unwrap()]), want);
         std::fs::remove_file(&p).unwrap();
     }
+}
+
+#[test]
+fn bad_drives_are_one_line_and_exit_1() {
+    let dir = tmp("drive-images");
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = |n: &str| {
+        let p = dir.join(n);
+        std::fs::write(&p, vec![0u8; 1 << 16]).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (a, b) = (img("a.img"), img("b.img"));
+    let d = dir.to_str().unwrap().to_string();
+    let disk = |spec: &str| s(&["--kernel", "k", "--disk", spec]);
+    assert_config_error(
+        &disk(&format!("path={d}/missing.img")),
+        &format!("drive 'disk0': disk image {d}/missing.img: No such file or directory"),
+    );
+    assert_config_error(
+        &disk(&format!("path={d}")),
+        &format!("drive 'disk0': disk image {d} is not a regular file"),
+    );
+    assert_config_error(
+        &s(&[
+            "--kernel",
+            "k",
+            "--disk",
+            &format!("path={a},root=on"),
+            "--disk",
+            &format!("path={b},root=on"),
+        ]),
+        "drive 'disk1': drive 'disk0' is the root device already; at most one may be",
+    );
+    assert_config_error(
+        &s(&[
+            "--kernel",
+            "k",
+            "--disk",
+            &format!("path={a}"),
+            "--disk",
+            &format!("path={d}/./a.img"),
+        ]),
+        "is already drive 'disk0'",
+    );
+    assert_config_error(
+        &disk(&format!("path={a},cache=none")),
+        "unknown cache type 'none': expected Unsafe or Writeback",
+    );
+    assert_config_error(&disk("root=on"), "--disk 'root=on': path=FILE is missing");
+    // A locked image (another VM has it) is found when the device opens it,
+    // after KVM is set up but before the guest runs.
+    if std::path::Path::new("/dev/kvm").exists() {
+        let mut holder = Command::new("flock")
+            .args(["-x", &a, "-c", "sleep 30"])
+            .spawn()
+            .expect("flock(1)");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (code, err) = run(&s(&[
+            "--kernel",
+            &halting_kernel().display().to_string(),
+            "--disk",
+            &format!("path={a}"),
+        ]));
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert_eq!(code, Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "not one line: {err}");
+        assert!(
+            err.contains(&format!(
+                "disk image {a} is in use by another process (locked)"
+            )),
+            "{err}"
+        );
+    } else {
+        eprintln!("skipped the locked-image case: /dev/kvm is missing");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn halting_kernel() -> PathBuf {
