@@ -153,24 +153,24 @@ fn ioctls_on(fd: Option<u64>, requests: &[u64]) -> Entry {
     (libc::SYS_ioctl, rules)
 }
 
-/// `io_uring_enter(fd, n, n, IORING_ENTER_GETEVENTS, NULL, 0)` only: TX
-/// batches (`IoEngine::Async`) submit and reap their writes. The rings were
-/// built before the filter, restricted to writes on their TAP (devices'
-/// `uring` module); `io_uring_setup` and `io_uring_register` stay
-/// forbidden, so no thread can make a ring that does more, nor lift those
-/// restrictions.
+/// `io_uring_enter` with flags `IORING_ENTER_GETEVENTS` (submit and reap:
+/// the net device's TX batches, the block device waiting for a completion)
+/// or 0 (submit only: the block device's requests, reaped later from the
+/// ring's eventfd), nothing else (no registered ring fd, no extended
+/// arguments). The rings were built before the filter with restrictions on
+/// what they may do (devices' `io_engine` and `block::uring`);
+/// `io_uring_setup` and `io_uring_register` stay forbidden, so no thread can
+/// make a ring that does more, nor lift those restrictions.
 fn allow_io_uring_submit() -> Entry {
-    let flags = SeccompCondition::new(
-        3,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        IORING_ENTER_GETEVENTS,
-    )
-    .expect("argument index 3 is valid");
-    (
-        libc::SYS_io_uring_enter,
-        vec![SeccompRule::new(vec![flags]).expect("a rule with one condition is valid")],
-    )
+    let rules = [IORING_ENTER_GETEVENTS, 0]
+        .into_iter()
+        .map(|flags| {
+            let cond = SeccompCondition::new(3, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, flags)
+                .expect("argument index 3 is valid");
+            SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
+        })
+        .collect();
+    (libc::SYS_io_uring_enter, rules)
 }
 
 /// linux/io_uring.h; libc does not export it.
