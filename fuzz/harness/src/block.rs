@@ -215,6 +215,8 @@ struct Posted {
     range: Option<(u64, u64, bool)>,
     /// A good IN that overlapped a write in flight: its data is not checked.
     tainted: bool,
+    /// The chain as posted, for the failure message.
+    segs: Vec<Segment>,
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -544,7 +546,13 @@ impl Rig {
 
         // What the model says.
         let data_len: u32 = data.iter().sum();
-        let has_status = status_len == 1 && !r.status_readable;
+        // The chain walk refuses an indirect table with more entries than
+        // the queue has (virtio 1.1 §2.6.5.3.1) and zero-length buffers may
+        // be refused too: such a chain comes back with no status written.
+        let walk_ok =
+            !(r.indirect && negotiated_indirect && segs.len() > usize::from(self.queue_size))
+                && data.iter().all(|&l| l > 0);
+        let has_status = status_len == 1 && !r.status_readable && walk_ok;
         let header_ok = header_len == 16;
         let dirs_ok = !r.data_flipped || data.is_empty();
         let in_range = |s: u64, len: u32| {
@@ -611,6 +619,7 @@ impl Rig {
             data_len,
             range,
             tainted: false,
+            segs: segs.clone(),
         };
         let mut posted = posted;
         if let Some((start, n, writes)) = range {
@@ -683,6 +692,7 @@ impl Rig {
             data_len: 0,
             range: None,
             tainted: false,
+            segs: segs.clone(),
         });
         if self.clean {
             assert!(
@@ -749,7 +759,7 @@ impl Rig {
             let status: u8 = mem.read_obj(at).expect("status byte");
             assert!(
                 matches!(status, S_OK | S_IOERR | S_UNSUPP),
-                "status {status:#x} is no status"
+                "status {status:#x} is no status: used {u:?}, {p:?}"
             );
             if let Some(expect) = p.expect {
                 assert_eq!(status, expect, "head {head}: {p:?}");
