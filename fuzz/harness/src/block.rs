@@ -191,9 +191,14 @@ pub struct Input {
     pub steps: Vec<Step>,
 }
 
-/// Runs one input.
+/// Runs one input; with `MINIVMM_FUZZ_DEBUG` set, prints it first.
 pub fn run(data: &[u8]) {
-    crate::with_input(data, |input: &Input| Rig::run(input));
+    crate::with_input(data, |input: &Input| {
+        if std::env::var_os("MINIVMM_FUZZ_DEBUG").is_some() {
+            eprintln!("{input:#?}");
+        }
+        Rig::run(input)
+    });
 }
 
 /// What a posted request expects back.
@@ -215,8 +220,6 @@ struct Posted {
     range: Option<(u64, u64, bool)>,
     /// A good IN that overlapped a write in flight: its data is not checked.
     tainted: bool,
-    /// The chain as posted, for the failure message.
-    segs: Vec<Segment>,
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -547,11 +550,10 @@ impl Rig {
         // What the model says.
         let data_len: u32 = data.iter().sum();
         // The chain walk refuses an indirect table with more entries than
-        // the queue has (virtio 1.1 §2.6.5.3.1) and zero-length buffers may
-        // be refused too: such a chain comes back with no status written.
+        // the queue has (virtio 1.1 §2.6.5.3.1): such a chain comes back
+        // with no status written. Zero-length buffers are walked over.
         let walk_ok =
-            !(r.indirect && negotiated_indirect && segs.len() > usize::from(self.queue_size))
-                && data.iter().all(|&l| l > 0);
+            !(r.indirect && negotiated_indirect && segs.len() > usize::from(self.queue_size));
         let has_status = status_len == 1 && !r.status_readable && walk_ok;
         let header_ok = header_len == 16;
         let dirs_ok = !r.data_flipped || data.is_empty();
@@ -561,12 +563,11 @@ impl Rig {
                     .and_then(|b| b.checked_add(u64::from(len)))
                     .is_some_and(|end| end <= self.capacity * SECTOR)
         };
-        let segs_ok = data.iter().all(|&l| l > 0);
         let mut expect = None;
         let mut read_back = None;
         let mut id_at = None;
         let mut range = None;
-        if has_status && header_ok && segs_ok {
+        if has_status && header_ok {
             expect = Some(match kind {
                 // Zero-length transfers: the spec is silent, either answer.
                 T_IN | T_OUT if data_len == 0 => return self.publish_unmodelled(segs, r),
@@ -619,7 +620,6 @@ impl Rig {
             data_len,
             range,
             tainted: false,
-            segs: segs.clone(),
         };
         let mut posted = posted;
         if let Some((start, n, writes)) = range {
@@ -692,7 +692,6 @@ impl Rig {
             data_len: 0,
             range: None,
             tainted: false,
-            segs: segs.clone(),
         });
         if self.clean {
             assert!(
@@ -707,15 +706,22 @@ impl Rig {
     /// the model holds), then checks what came back.
     fn settle(&mut self) {
         self.driver.kick(0);
+        let is_async = self.cfg.io_engine == IoEngine::Async;
         let mut idle_rounds = 0;
         for _ in 0..IDLE_ITERATIONS {
-            // The io_uring engine completes in the kernel: give it a moment
-            // when nothing is ready.
-            let n = self.em.run_with_timeout(1).expect("epoll");
+            // Ready work first, without waiting; the io_uring engine
+            // completes in the kernel, so it gets a millisecond to do so
+            // while requests are out (or, when the rig cannot know, twice).
+            let mut n = self.em.run_with_timeout(0).expect("epoll");
+            let waiting = self.clean && !self.posted.is_empty();
+            if n == 0 && is_async && (waiting || idle_rounds < 2) {
+                n = self.em.run_with_timeout(1).expect("epoll");
+            }
             self.collect();
             if n == 0 {
                 idle_rounds += 1;
-                if idle_rounds >= 3 && (!self.clean || self.posted.is_empty()) {
+                let enough = if is_async { 2 } else { 1 };
+                if idle_rounds >= enough && (!self.clean || self.posted.is_empty()) {
                     break;
                 }
             } else {

@@ -160,6 +160,7 @@ struct DeviceRig {
     em: EventManager<Arc<Mutex<Block>>>,
     slots: Vec<(GuestAddress, GuestAddress, GuestAddress)>,
     by_head: Vec<usize>,
+    metrics: Arc<devices::virtio::block::BlockMetrics>,
 }
 
 impl DeviceRig {
@@ -172,13 +173,14 @@ impl DeviceRig {
             Block::new(cfg, mem.clone()).context("the block device")?,
         ));
         let offered = block.lock().expect("lock").avail_features();
+        let metrics = block.lock().expect("lock").metrics();
         let dev: Arc<Mutex<dyn VirtioDevice>> = block.clone();
         let transport = MmioTransport::new(mem.clone(), dev).context("transport")?;
         let mut driver = MockDriver::new(mem, transport).context("driver")?;
         // VERSION_1 and nothing the rig does not use (no EVENT_IDX: a kick
         // per batch, as the net rigs do by default).
         driver
-            .init_with_queue_size(offered & (1 << 32), Some(DEPTH as u16 * 2))
+            .init_with_queue_size(offered & (1 << 32), Some(DEPTH as u16 * 4))
             .context("driver init")?;
         let mut em = EventManager::new().context("event manager")?;
         em.add_subscriber(block);
@@ -193,7 +195,8 @@ impl DeviceRig {
             driver,
             em,
             slots,
-            by_head: vec![usize::MAX; DEPTH * 2],
+            by_head: vec![usize::MAX; DEPTH * 4],
+            metrics,
         })
     }
 
@@ -230,6 +233,9 @@ impl DeviceRig {
             self.em.run_with_timeout(1).context("event loop")?;
             let used = self.driver.used(0).context("used ring")?;
             let n = used.len() as u64;
+            // Every answer is read before any slot is posted again: a new
+            // chain may take the head of an answer not yet read.
+            let mut done = Vec::with_capacity(used.len());
             for u in used {
                 let slot = self.by_head[u.id as usize];
                 let status: u8 = self
@@ -237,7 +243,15 @@ impl DeviceRig {
                     .mem()
                     .read_obj(self.slots[slot].2)
                     .context("status")?;
-                anyhow::ensure!(status == 0, "request failed with status {status}");
+                anyhow::ensure!(
+                    status == 0,
+                    "request failed with status {status} (used length {}): {}",
+                    u.len,
+                    self.metrics.to_json()
+                );
+                done.push(slot);
+            }
+            for slot in done {
                 self.post(slot, w, off.next())?;
             }
             if n > 0 {
@@ -248,7 +262,7 @@ impl DeviceRig {
         })?;
         // Let the requests in flight finish before the rig is dropped.
         let end = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < end && self.driver.free_descriptors(0).unwrap_or(0) < DEPTH * 2 {
+        while Instant::now() < end && self.driver.free_descriptors(0).unwrap_or(0) < DEPTH * 4 {
             self.em.run_with_timeout(1).context("event loop")?;
             self.driver.used(0).context("used ring")?;
         }
