@@ -173,6 +173,26 @@ fn allow_io_uring_submit() -> Entry {
     (libc::SYS_io_uring_enter, rules)
 }
 
+/// `fallocate(fd, mode, offset, len)` in the block device's two modes only,
+/// both keeping the image's size: DISCARD punches a hole
+/// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`), WRITE_ZEROES zeroes a
+/// range (`FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE`). Growing the file,
+/// collapsing or inserting ranges stay forbidden.
+fn allow_block_fallocate() -> Entry {
+    let rules = [
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+    ]
+    .into_iter()
+    .map(|mode| {
+        let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, mode as u64)
+            .expect("argument index 1 is valid");
+        SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
+    })
+    .collect();
+    (libc::SYS_fallocate, rules)
+}
+
 /// linux/io_uring.h; libc does not export it.
 const IORING_ENTER_GETEVENTS: u64 = 1;
 
@@ -298,7 +318,7 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow(libc::SYS_preadv),
         allow(libc::SYS_pwritev),
         allow(libc::SYS_fdatasync),
-        allow(libc::SYS_fallocate),
+        allow_block_fallocate(),
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),

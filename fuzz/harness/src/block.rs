@@ -220,6 +220,9 @@ struct Posted {
     range: Option<(u64, u64, bool)>,
     /// A good IN that overlapped a write in flight: its data is not checked.
     tainted: bool,
+    /// A good OUT: where its bytes go in the model, applied once the
+    /// request is published (a chain that does not fit is never seen).
+    model_write: Option<(usize, Vec<u8>)>,
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -352,10 +355,15 @@ impl Rig {
         if rig.model_valid {
             for (i, unknown) in rig.unknown.iter().enumerate() {
                 let r = i * SECTOR as usize..(i + 1) * SECTOR as usize;
-                assert!(
-                    *unknown || after[r.clone()] == rig.model[r],
-                    "sector {i} of the image differs from the model"
-                );
+                if !*unknown && after[r.clone()] != rig.model[r.clone()] {
+                    let at = r.clone().find(|&b| after[b] != rig.model[b]).unwrap_or(0);
+                    panic!(
+                        "sector {i} of the image differs from the model from byte {at}: \
+                         image {:02x?}, model {:02x?}",
+                        &after[at..(at + 8).min(r.end)],
+                        &rig.model[at..(at + 8).min(r.end)]
+                    );
+                }
             }
         }
     }
@@ -567,6 +575,7 @@ impl Rig {
         let mut read_back = None;
         let mut id_at = None;
         let mut range = None;
+        let mut model_write = None;
         if has_status && header_ok {
             expect = Some(match kind {
                 // Zero-length transfers: the spec is silent, either answer.
@@ -577,13 +586,13 @@ impl Rig {
                     S_OK
                 }
                 T_OUT if dirs_ok && in_range(sector, data_len) && !self.cfg.read_only => {
-                    let mut off = (sector * SECTOR) as usize;
+                    let mut bytes = Vec::with_capacity(data_len as usize);
                     for (i, &len) in data.iter().enumerate() {
-                        for j in 0..len {
-                            self.model[off] = r.fill.wrapping_add((i as u32 * 31 + j) as u8);
-                            off += 1;
-                        }
+                        bytes.extend(
+                            (0..len).map(|j| r.fill.wrapping_add((i as u32 * 31 + j) as u8)),
+                        );
                     }
+                    model_write = Some(((sector * SECTOR) as usize, bytes));
                     range = Some((sector, u64::from(data_len) / SECTOR, true));
                     S_OK
                 }
@@ -620,11 +629,10 @@ impl Rig {
             data_len,
             range,
             tainted: false,
+            model_write: None,
         };
         let mut posted = posted;
-        if let Some((start, n, writes)) = range {
-            posted.tainted = self.note_overlaps((start, n), writes);
-        }
+        posted.model_write = model_write;
         self.publish(segs, r.indirect && negotiated_indirect, Some(posted))
     }
 
@@ -692,7 +700,15 @@ impl Rig {
             data_len: 0,
             range: None,
             tainted: false,
+            model_write: None,
         });
+        let mut posted = posted;
+        if let Some((start, n, writes)) = posted.range {
+            posted.tainted = self.note_overlaps((start, n), writes);
+        }
+        if let Some((off, bytes)) = posted.model_write.take() {
+            self.model[off..off + bytes.len()].copy_from_slice(&bytes);
+        }
         if self.clean {
             assert!(
                 self.posted.insert(head, posted).is_none(),
@@ -714,13 +730,14 @@ impl Rig {
             // while requests are out (or, when the rig cannot know, twice).
             let mut n = self.em.run_with_timeout(0).expect("epoll");
             let waiting = self.clean && !self.posted.is_empty();
-            if n == 0 && is_async && (waiting || idle_rounds < 2) {
+            let unknown = !self.clean;
+            if n == 0 && is_async && (waiting || (unknown && idle_rounds < 2)) {
                 n = self.em.run_with_timeout(1).expect("epoll");
             }
             self.collect();
             if n == 0 {
                 idle_rounds += 1;
-                let enough = if is_async { 2 } else { 1 };
+                let enough = if is_async && unknown { 2 } else { 1 };
                 if idle_rounds >= enough && (!self.clean || self.posted.is_empty()) {
                     break;
                 }

@@ -175,6 +175,12 @@ pub fn finish_drives(
                 "the id may hold only letters, digits, '_', '-' and '.'".into(),
             ));
         }
+        if id.len() > devices::virtio::block::ID_BYTES {
+            return Err(err(format!(
+                "the id is longer than the {} bytes GET_ID returns",
+                devices::virtio::block::ID_BYTES
+            )));
+        }
         if nic_ids.contains(&id.as_str()) {
             return Err(err("the id is a network interface's too".into()));
         }
@@ -406,6 +412,10 @@ mod tests {
             (
                 vec![spec(format!("path={},partuuid=zz", a.display()))],
                 "drive 'disk0': partuuid must be hex digits and '-'".into(),
+            ),
+            (
+                vec![spec(format!("path={},id=abcdefghij0123456789x", a.display()))],
+                "drive 'abcdefghij0123456789x': the id is longer than the 20 bytes GET_ID returns".into(),
             ),
             (
                 vec![spec(format!("path={},id=a/b", a.display()))],
