@@ -616,6 +616,59 @@ mod tests {
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
     }
 
+    /// A raw system call with integer arguments only.
+    fn raw(nr: libc::c_long, a: [libc::c_long; 6]) {
+        // SAFETY: every caller passes fd -1 and null or zero pointers, so
+        // the kernel answers EBADF (or EFAULT) and touches no memory.
+        unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    }
+
+    #[test]
+    fn the_event_loop_may_serve_a_block_device_and_nothing_more() {
+        const HOLE: libc::c_long = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as _;
+        const ZERO: libc::c_long = (libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE) as _;
+        const GETEVENTS: libc::c_long = IORING_ENTER_GETEVENTS as _;
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_fallocate, [-1, HOLE, 0, 512, 0, 0]),
+            || raw(libc::SYS_fallocate, [-1, ZERO, 0, 512, 0, 0]),
+            || raw(libc::SYS_preadv, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_pwritev, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_fdatasync, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_io_uring_enter, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_io_uring_enter, [-1, 0, 1, GETEVENTS, 0, 0]),
+        ];
+        for f in allowed {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        let forbidden: &[fn()] = &[
+            // Growing the image (mode 0), a hole that changes the size.
+            || raw(libc::SYS_fallocate, [-1, 0, 0, 512, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_fallocate,
+                    [-1, libc::FALLOC_FL_PUNCH_HOLE as _, 0, 512, 0, 0],
+                )
+            },
+            // io_uring_enter with another flag (IORING_ENTER_SQ_WAKEUP).
+            || raw(libc::SYS_io_uring_enter, [-1, 0, 0, 2, 0, 0]),
+        ];
+        for f in forbidden {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
+        // A vCPU thread waits for a block reset's requests, and reads or
+        // writes no image itself.
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, || {
+            raw(libc::SYS_io_uring_enter, [-1, 0, 1, GETEVENTS, 0, 0])
+        });
+        assert_eq!(exit_status(status), Some(0));
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, || {
+            raw(libc::SYS_preadv, [-1, 0, 0, 0, 0, 0])
+        });
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {
         // SAFETY: a null termios makes the kernel fail with EFAULT (or
         // ENOTTY when `fd` is no terminal) before it changes anything.

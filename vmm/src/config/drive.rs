@@ -463,6 +463,16 @@ mod tests {
         assert_eq!(root_words(&drives), ["root=PARTUUID=0eaa91a0-01", "rw"]);
         let drives = finish_drives(vec![spec(format!("path={}", a.display()))], &[]).unwrap();
         assert!(root_words(&drives).is_empty());
+        // An id of exactly the 20 bytes GET_ID returns is fine.
+        let drives = finish_drives(
+            vec![spec(format!(
+                "path={},id=abcdefghij0123456789",
+                a.display()
+            ))],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(drives[0].device.id, "abcdefghij0123456789");
         let _ = std::fs::remove_dir_all(&d);
     }
 
