@@ -12,14 +12,13 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use clap::Parser;
-use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::net::Offloads;
 use log::LevelFilter;
 
 use super::drive::parse_disk;
 use super::error::ConfigError;
 use super::file::{self, FileError};
-use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
+use super::net::{limiter_from_keys, parse_io_engine, parse_offloads, MacAddr, NetSpec};
 use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
 use super::VmmConfig;
 use crate::seccomp::SeccompMode;
@@ -250,26 +249,6 @@ fn on_off(v: &str) -> Result<bool, String> {
 /// (size, one_time_burst, refill_time).
 type BucketKeys = [[[Option<u64>; 3]; 2]; 2];
 
-fn limiter(keys: &[[Option<u64>; 3]; 2], dir: &str) -> Result<RateLimiterConfig, String> {
-    let mut out = [None, None];
-    for (k, kind) in ["bw", "ops"].iter().enumerate() {
-        out[k] = match keys[k] {
-            [None, None, None] => None,
-            [Some(size), burst, Some(refill_time)] => Some(TokenBucketConfig {
-                size,
-                one_time_burst: burst.unwrap_or(0),
-                refill_time,
-            }),
-            [None, ..] => return Err(format!("{dir}{kind}_size is missing")),
-            [_, _, None] => return Err(format!("{dir}{kind}_refill_time is missing")),
-        };
-    }
-    Ok(RateLimiterConfig {
-        bandwidth: out[0],
-        ops: out[1],
-    })
-}
-
 /// Parses one `--net` value (see the keys in `--help`).
 pub fn parse_net(spec: &str) -> Result<NetSpec, ConfigError> {
     parse_net_inner(spec).map_err(|reason| ConfigError::NetSpec {
@@ -364,10 +343,10 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
         n.offloads = Some(o);
     }
     if any_bucket[0] {
-        n.rx_rate_limiter = Some(limiter(&buckets[0], "rx_")?);
+        n.rx_rate_limiter = Some(limiter_from_keys(&buckets[0], "rx_")?);
     }
     if any_bucket[1] {
-        n.tx_rate_limiter = Some(limiter(&buckets[1], "tx_")?);
+        n.tx_rate_limiter = Some(limiter_from_keys(&buckets[1], "tx_")?);
     }
     Ok(n)
 }

@@ -24,12 +24,12 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use devices::rate_limiter::RateLimiterConfig;
 use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZE};
 use devices::virtio::queue::MAX_QUEUE_SIZE;
 
 use super::error::ConfigError;
-use super::net::parse_io_engine;
+use super::net::{limiter_from_keys, parse_io_engine};
 use super::settings::parse_number;
 use super::DriveConfig;
 
@@ -128,23 +128,7 @@ fn parse_disk_inner(spec: &str) -> Result<DriveSpec, String> {
         }
     }
     if buckets.iter().flatten().any(Option::is_some) {
-        let mut out = [None, None];
-        for (k, kind) in ["bw", "ops"].iter().enumerate() {
-            out[k] = match buckets[k] {
-                [None, None, None] => None,
-                [Some(size), burst, Some(refill_time)] => Some(TokenBucketConfig {
-                    size,
-                    one_time_burst: burst.unwrap_or(0),
-                    refill_time,
-                }),
-                [None, ..] => return Err(format!("{kind}_size is missing")),
-                [_, _, None] => return Err(format!("{kind}_refill_time is missing")),
-            };
-        }
-        d.rate_limiter = Some(RateLimiterConfig {
-            bandwidth: out[0],
-            ops: out[1],
-        });
+        d.rate_limiter = Some(limiter_from_keys(&buckets, "")?);
     }
     if d.path.is_none() {
         return Err("path=FILE is missing".into());

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
-use devices::rate_limiter::RateLimiterConfig;
+use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::net::{
     IoEngine, Offloads, DEFAULT_MAC, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE,
     DEFAULT_WEIGHT_BYTES, DEFAULT_WEIGHT_PACKETS,
@@ -295,6 +295,32 @@ pub fn parse_offloads<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Of
         }
     }
     Ok(o)
+}
+
+/// A limiter from the `bw_*`/`ops_*` command-line keys: `keys[bucket]` is
+/// (size, one_time_burst, refill_time) of bandwidth (0) and ops (1); `dir`
+/// prefixes the key names in errors (`rx_`, `tx_` or nothing).
+pub fn limiter_from_keys(
+    keys: &[[Option<u64>; 3]; 2],
+    dir: &str,
+) -> Result<RateLimiterConfig, String> {
+    let mut out = [None, None];
+    for (k, kind) in ["bw", "ops"].iter().enumerate() {
+        out[k] = match keys[k] {
+            [None, None, None] => None,
+            [Some(size), burst, Some(refill_time)] => Some(TokenBucketConfig {
+                size,
+                one_time_burst: burst.unwrap_or(0),
+                refill_time,
+            }),
+            [None, ..] => return Err(format!("{dir}{kind}_size is missing")),
+            [_, _, None] => return Err(format!("{dir}{kind}_refill_time is missing")),
+        };
+    }
+    Ok(RateLimiterConfig {
+        bandwidth: out[0],
+        ops: out[1],
+    })
 }
 
 #[cfg(test)]
