@@ -1033,6 +1033,63 @@ mod tests {
     }
 
     #[test]
+    fn each_high_address_register_moves_its_own_ring() {
+        // One ring at a time above 4 GiB (outside guest memory): the device
+        // must need a reset whichever of the three it is.
+        for high in [
+            REG_QUEUE_DESC_HIGH,
+            REG_QUEUE_DRIVER_HIGH,
+            REG_QUEUE_DEVICE_HIGH,
+        ] {
+            let mut f = fixture();
+            f.reach_features_ok();
+            f.program_queue(0, 256, 0x10000);
+            f.write(REG_QUEUE_SEL, 1);
+            f.write(REG_QUEUE_NUM, 64);
+            for (low, v) in [
+                (REG_QUEUE_DESC_LOW, 0x20000),
+                (REG_QUEUE_DRIVER_LOW, 0x24000),
+                (REG_QUEUE_DEVICE_LOW, 0x28000),
+            ] {
+                f.write(low, v);
+            }
+            f.write(high, 1);
+            f.write(REG_QUEUE_READY, 1);
+            f.add_status(DRIVER_OK);
+            assert_needs_reset_not_activated(&mut f);
+        }
+    }
+
+    #[test]
+    fn address_halves_may_come_in_either_order() {
+        // High half first, then the low half: the low write keeps the high
+        // half (0 here) and the rings are where the driver put them.
+        let mut f = fixture();
+        f.reach_features_ok();
+        f.program_queue(0, 256, 0x10000);
+        f.write(REG_QUEUE_SEL, 1);
+        f.write(REG_QUEUE_NUM, 64);
+        for (high, low, v) in [
+            (REG_QUEUE_DESC_HIGH, REG_QUEUE_DESC_LOW, 0x20000),
+            (REG_QUEUE_DRIVER_HIGH, REG_QUEUE_DRIVER_LOW, 0x24000),
+            (REG_QUEUE_DEVICE_HIGH, REG_QUEUE_DEVICE_LOW, 0x28000),
+        ] {
+            f.write(high, 0);
+            f.write(low, v);
+        }
+        f.write(REG_QUEUE_READY, 1);
+        f.add_status(DRIVER_OK);
+        assert_eq!(f.activations(), 1);
+        assert_eq!(f.read(REG_STATUS) & DEVICE_NEEDS_RESET, 0);
+        let q = &f.dev.lock().unwrap().queues[1];
+        let a = q.addrs();
+        assert_eq!(
+            (a.desc_table, a.avail_ring, a.used_ring),
+            (0x20000, 0x24000, 0x28000)
+        );
+    }
+
+    #[test]
     fn misaligned_rings_need_reset() {
         let mut f = fixture();
         f.reach_features_ok();
