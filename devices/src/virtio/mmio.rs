@@ -1063,7 +1063,8 @@ mod tests {
     #[test]
     fn address_halves_may_come_in_either_order() {
         // High half first, then the low half: the low write keeps the high
-        // half (0 here) and the rings are where the driver put them.
+        // half (0 here), replaces the low half written before (a stale
+        // value first), and the rings are where the driver put them.
         let mut f = fixture();
         f.reach_features_ok();
         f.program_queue(0, 256, 0x10000);
@@ -1074,6 +1075,7 @@ mod tests {
             (REG_QUEUE_DRIVER_HIGH, REG_QUEUE_DRIVER_LOW, 0x24000),
             (REG_QUEUE_DEVICE_HIGH, REG_QUEUE_DEVICE_LOW, 0x28000),
         ] {
+            f.write(low, 0x7fff_f000);
             f.write(high, 0);
             f.write(low, v);
         }
