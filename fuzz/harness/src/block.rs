@@ -291,6 +291,8 @@ struct Rig {
     /// Where the next data buffer goes (a ring over the buffer area).
     next_buf: u64,
     buf_start: u64,
+    /// No buffer of the request being built is placed yet.
+    request_start: bool,
 }
 
 impl Rig {
@@ -340,6 +342,7 @@ impl Rig {
             clean: true,
             next_buf: 0,
             buf_start: 0,
+            request_start: true,
         };
         rig.init();
         let before = rig.image.bytes();
@@ -399,7 +402,9 @@ impl Rig {
     fn buf(&mut self, len: u32) -> Option<GuestAddress> {
         let len = u64::from(len.max(1));
         if self.next_buf + len > ALLOC_LEN {
-            if !self.posted.is_empty() {
+            // Only before the request's first buffer: a request's own
+            // buffers (its indirect table too) must never overlap.
+            if !self.posted.is_empty() || !self.request_start {
                 return None;
             }
             self.next_buf = self.buf_start;
@@ -409,6 +414,7 @@ impl Rig {
         }
         let at = self.next_buf;
         self.next_buf += len;
+        self.request_start = false;
         Some(GuestAddress(at))
     }
 
@@ -472,6 +478,7 @@ impl Rig {
         if self.driver.layout(0).is_err() {
             return false;
         }
+        self.request_start = true;
         let negotiated_indirect = self.features & (1 << 28) != 0;
         let kind = match r.kind % 10 {
             0 | 1 => T_IN,
