@@ -8,7 +8,6 @@
 //! to the file's `boot_args`) and validates the result into a [`VmmConfig`],
 //! so a bad value is one clear line before anything is opened.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -18,7 +17,9 @@ use log::LevelFilter;
 use super::drive::parse_disk;
 use super::error::ConfigError;
 use super::file::{self, FileError};
-use super::net::{limiter_from_keys, parse_io_engine, parse_offloads, MacAddr, NetSpec};
+use super::net::{
+    key_values, limiter_from_keys, parse_io_engine, parse_offloads, MacAddr, NetSpec,
+};
 use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
 use super::VmmConfig;
 use crate::seccomp::SeccompMode;
@@ -259,21 +260,11 @@ pub fn parse_net(spec: &str) -> Result<NetSpec, ConfigError> {
 
 fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
     let mut n = NetSpec::default();
-    let mut seen = HashSet::new();
     let mut buckets: BucketKeys = Default::default();
     let mut any_bucket = [false; 2];
     let (mut csum, mut tso, mut ufo) = (None, None, None);
     let num = |v: &str| parse_number(v).map_err(|e| e.to_string());
-    for item in split_items(spec) {
-        let (key, value) = item
-            .split_once('=')
-            .ok_or_else(|| format!("'{item}' is not key=value"))?;
-        if value.is_empty() {
-            return Err(format!("{key} has no value"));
-        }
-        if !seen.insert(key) {
-            return Err(format!("{key} is given twice"));
-        }
+    for (key, value) in key_values(split_items(spec))? {
         match key {
             "tap" => n.tap = Some(value.to_string()),
             "id" => n.id = Some(value.to_string()),

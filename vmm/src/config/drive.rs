@@ -20,7 +20,6 @@
 //! size outside the bounds, a vhost-user `socket`. A locked image (another
 //! VM has it) is found when the device opens it, also before boot.
 
-use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
@@ -29,7 +28,7 @@ use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZ
 use devices::virtio::queue::MAX_QUEUE_SIZE;
 
 use super::error::ConfigError;
-use super::net::{limiter_from_keys, parse_io_engine};
+use super::net::{key_values, limiter_from_keys, parse_io_engine};
 use super::settings::parse_number;
 use super::DriveConfig;
 
@@ -85,20 +84,10 @@ pub fn parse_disk(spec: &str) -> Result<DriveSpec, ConfigError> {
 
 fn parse_disk_inner(spec: &str) -> Result<DriveSpec, String> {
     let mut d = DriveSpec::default();
-    let mut seen = HashSet::new();
     // [bw, ops] x (size, one_time_burst, refill_time)
     let mut buckets = [[None::<u64>; 3]; 2];
     let num = |v: &str| parse_number(v).map_err(|e| e.to_string());
-    for item in spec.split(',') {
-        let (key, value) = item
-            .split_once('=')
-            .ok_or_else(|| format!("'{item}' is not key=value"))?;
-        if value.is_empty() {
-            return Err(format!("{key} has no value"));
-        }
-        if !seen.insert(key) {
-            return Err(format!("{key} is given twice"));
-        }
+    for (key, value) in key_values(spec.split(','))? {
         match key {
             "path" => d.path = Some(value.into()),
             "id" => d.id = Some(value.to_string()),

@@ -297,6 +297,27 @@ pub fn parse_offloads<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Of
     Ok(o)
 }
 
+/// The `key=value` items of a `--net` or `--disk` value, each key once and
+/// each with a value; `Err` says which item is wrong.
+pub fn key_values<'a>(
+    items: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<(&'a str, &'a str)>, String> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for item in items {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}' is not key=value"))?;
+        if value.is_empty() {
+            return Err(format!("{key} has no value"));
+        }
+        if out.iter().any(|(k, _)| *k == key) {
+            return Err(format!("{key} is given twice"));
+        }
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
 /// A limiter from the `bw_*`/`ops_*` command-line keys: `keys[bucket]` is
 /// (size, one_time_burst, refill_time) of bandwidth (0) and ops (1); `dir`
 /// prefixes the key names in errors (`rx_`, `tx_` or nothing).
