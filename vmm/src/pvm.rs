@@ -22,9 +22,31 @@ const PVM_MODULE: &str = "/sys/module/kvm_pvm";
 /// no paravirtual hypercalls (a `vmcall` never completes), CPUID features
 /// hidden whose instructions (clac/stac, popcnt, rdrand...) fail emulation
 /// (masking them through KVM_SET_CPUID2 was measured not to take effect
-/// there, so the kernel is asked to ignore them), and [`PVM_SYSCALL_FIXUP`].
+/// there, so the kernel is asked to ignore them), [`PVM_SYSCALL_FIXUP`] and
+/// [`GUEST_NO_AVX_ENV`].
 pub const PVM_CMDLINE: &str = "noxsave nopv clearcpuid=smap,smep,umip,pku,popcnt,rdrand,rdseed,\
-fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup";
+fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup \
+GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,-AVX512VL,\
+-AVX512ER,-AVX512PF,-AVX_VNNI,-FMA,-FMA4,-AVX_Fast_Unaligned_Load";
+
+/// The environment word in [`PVM_CMDLINE`] that keeps the guest's C library
+/// off AVX and AVX-512. On an AMD PVM host a guest user-mode CPUID is not
+/// trapped (the host has no CPUID faulting there), so guest programs see the
+/// host CPU's AVX-512 and an XCR0 that enables it, while the guest kernel,
+/// which cannot use XSAVE on this host, saves only the x87/SSE state on a
+/// context switch. A program interrupted inside an AVX string function
+/// then resumes with another process's vector and mask registers: a TLS
+/// image copied as zeros, a strchrnul that misses its byte (measured:
+/// `__strchrnul_evex` chosen in the guest, 23 of 200 forked children wrong
+/// while other processes ran). The kernel hands `KEY=VALUE` words it does not
+/// know to init as its environment, and every process inherits it, so glibc
+/// (the image's busybox, mvperf and iperf3) picks its SSE2 functions. The
+/// last name matters as much as the features: glibc derives the preference
+/// `AVX_Fast_Unaligned_Load` (AVX `memcpy`/`memmove`) from AVX2 before the
+/// tunable is read, and switching AVX2 off does not clear it (measured with
+/// `ld.so --list-diagnostics`; the self-test's `memcpy` check failed without it). A guest
+/// program that detects AVX by itself is not covered; ROBUSTNESS.md says so.
+pub const GUEST_NO_AVX_ENV: &str = "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,";
 
 /// The word that turns on the guest kernel's system-call fix-up: a guest
 /// user-mode SYSCALL here never reaches CPL0, and the patched kernel then
@@ -118,6 +140,31 @@ mod tests {
         let words: Vec<&str> = PVM_CMDLINE.split_whitespace().collect();
         assert!(words.contains(&PVM_SYSCALL_FIXUP), "{PVM_CMDLINE}");
         assert!(words.contains(&"noxsave") && words.contains(&"nopv"));
+        // One environment word for init: no '.' before its '=' (the kernel
+        // treats such words as module parameters and keeps them from init),
+        // and every AVX family glibc dispatches on is switched off.
+        let env = words
+            .iter()
+            .find(|w| w.starts_with(GUEST_NO_AVX_ENV))
+            .expect("the GLIBC_TUNABLES word");
+        let (name, value) = env.split_once('=').unwrap();
+        assert!(!name.contains('.'), "{name}");
+        let caps: Vec<&str> = value
+            .strip_prefix("glibc.cpu.hwcaps=")
+            .unwrap()
+            .split(',')
+            .collect();
+        for cap in [
+            "-AVX",
+            "-AVX2",
+            "-AVX512F",
+            "-AVX512BW",
+            "-AVX512VL",
+            "-AVX512DQ",
+            "-AVX_Fast_Unaligned_Load",
+        ] {
+            assert!(caps.contains(&cap), "{cap} missing from {value}");
+        }
         // The kernel patch must register and announce the very word we add.
         let patch = include_str!("../../resources/kernel/pvm-syscall-fixup.patch");
         let setup = format!("__setup(\"{PVM_SYSCALL_FIXUP}\",");
