@@ -64,7 +64,7 @@ const THREAD_SPAWNS: usize = 2;
 /// libc phase: threads checking C-library string functions, and the programs the main thread
 /// runs meanwhile (each a fork and exec: other processes' vector code between the checks).
 const LIBC_THREADS: usize = 3;
-const LIBC_SPAWNS: usize = 6;
+const LIBC_SPAWNS: usize = 3;
 /// How long one signal may take to be handled before it counts as lost.
 const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 
