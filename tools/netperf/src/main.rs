@@ -43,7 +43,7 @@ Server:
       'mvperf server listening on ADDR:PORT' on stdout once bound; --port 0 picks a free port.
 
 Self-test (the guest image's minivmm.mode=selftest):
-  mvperf selftest [--timeout 240]
+  mvperf selftest [--timeout 600]
       Threads with thread-local storage, clone with a new TLS, fork, exec, signals and context
       switches, each checked; prints 'MINIVMM-SELFTEST PASS ...' or 'MINIVMM-SELFTEST FAIL ...'.
 
@@ -149,7 +149,7 @@ enum Command {
     /// context switches), print one `MINIVMM-SELFTEST PASS|FAIL` line, exit 0 or 1.
     Selftest {
         /// Fail (and exit) if the run has not finished after this many seconds.
-        #[arg(long, value_name = "SECONDS", default_value = "240", value_parser = parse_secs)]
+        #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = parse_secs)]
         timeout: f64,
         /// Program to exec that exits 0.
         #[arg(long = "true", value_name = "PATH", default_value = "/bin/true")]
