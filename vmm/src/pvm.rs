@@ -18,16 +18,25 @@ use crate::config::HostQuirks;
 /// Where the PVM module shows itself.
 const PVM_MODULE: &str = "/sys/module/kvm_pvm";
 
+/// [`GUEST_NO_AVX_ENV`]'s text, once, for both constants (`concat!` takes literals only).
+macro_rules! guest_no_avx_env {
+    () => {
+        "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,\
+-AVX512VL,-AVX512ER,-AVX512PF,-AVX_VNNI,-FMA,-FMA4,-AVX_Fast_Unaligned_Load"
+    };
+}
+
 /// Guest command-line words for a PVM host: no XSAVE (XRSTOR fails emulation),
 /// no paravirtual hypercalls (a `vmcall` never completes), CPUID features
 /// hidden whose instructions (clac/stac, popcnt, rdrand...) fail emulation
 /// (masking them through KVM_SET_CPUID2 was measured not to take effect
 /// there, so the kernel is asked to ignore them), [`PVM_SYSCALL_FIXUP`] and
 /// [`GUEST_NO_AVX_ENV`].
-pub const PVM_CMDLINE: &str = "noxsave nopv clearcpuid=smap,smep,umip,pku,popcnt,rdrand,rdseed,\
-fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup \
-GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,-AVX512VL,\
--AVX512ER,-AVX512PF,-AVX_VNNI,-FMA,-FMA4,-AVX_Fast_Unaligned_Load";
+pub const PVM_CMDLINE: &str = concat!(
+    "noxsave nopv clearcpuid=smap,smep,umip,pku,popcnt,rdrand,rdseed,\
+fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup ",
+    guest_no_avx_env!()
+);
 
 /// The environment word in [`PVM_CMDLINE`] that keeps the guest's C library
 /// off AVX and AVX-512. On an AMD PVM host a guest user-mode CPUID is not
@@ -46,7 +55,7 @@ GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512CD,-AVX512BW,-AVX512D
 /// tunable is read, and switching AVX2 off does not clear it (measured with
 /// `ld.so --list-diagnostics`; the self-test's `memcpy` check failed without it). A guest
 /// program that detects AVX by itself is not covered; ROBUSTNESS.md says so.
-pub const GUEST_NO_AVX_ENV: &str = "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,";
+pub const GUEST_NO_AVX_ENV: &str = guest_no_avx_env!();
 
 /// The word that turns on the guest kernel's system-call fix-up: a guest
 /// user-mode SYSCALL here never reaches CPL0, and the patched kernel then
@@ -143,11 +152,8 @@ mod tests {
         // One environment word for init: no '.' before its '=' (the kernel
         // treats such words as module parameters and keeps them from init),
         // and every AVX family glibc dispatches on is switched off.
-        let env = words
-            .iter()
-            .find(|w| w.starts_with(GUEST_NO_AVX_ENV))
-            .expect("the GLIBC_TUNABLES word");
-        let (name, value) = env.split_once('=').unwrap();
+        assert!(words.contains(&GUEST_NO_AVX_ENV), "{PVM_CMDLINE}");
+        let (name, value) = GUEST_NO_AVX_ENV.split_once('=').unwrap();
         assert!(!name.contains('.'), "{name}");
         let caps: Vec<&str> = value
             .strip_prefix("glibc.cpu.hwcaps=")
