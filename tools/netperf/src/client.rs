@@ -475,16 +475,30 @@ fn udp_finish(ctrl: &mut Control, hard: Instant) -> Result<Value> {
     await_report(ctrl, hard)
 }
 
+/// How long one wait for the results lasts before the progress datagrams are read.
+const PROGRESS_POLL: Duration = Duration::from_millis(100);
+
 /// Ends a UDP_STREAM test and collects the server's counts, waiting as long as the server's
 /// count keeps growing. An unpaced sender can queue far more than a slow receiver takes in
 /// `-l` + grace (a TAP's 1000 frames ahead of an emulated guest: tens of seconds), and the
-/// end-of-test message waits behind that backlog; the server reports its count every second
-/// meanwhile (we asked for it with `"progress": true`). The wait fails only when no report
-/// shows progress for `grace`. It stays bounded: the count cannot pass `sent`.
-fn udp_stream_finish(ctrl: &mut Control, b: &Budget, grace: Duration, sent: u64) -> Result<Value> {
+/// end-of-test message waits behind that backlog; the server reports its count twice a second
+/// meanwhile (we asked for it with `"progress": true`). The reports come as datagrams to our
+/// data socket, not on the control connection: the server's TCP needs our ACKs to send, and
+/// those wait behind the same backlog (a flooded guest's reports were held for as long as the
+/// backlog took, and the client gave up). The wait fails only when no report shows progress
+/// for `grace`. It stays bounded: the count cannot pass `sent`.
+fn udp_stream_finish(
+    ctrl: &mut Control,
+    sock: &UdpSocket,
+    b: &Budget,
+    grace: Duration,
+    sent: u64,
+) -> Result<Value> {
     let wait = left(b.hard, "ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
+    sock.set_nonblocking(true)?;
+    let mut buf = [0u8; 512];
     let mut counted = 0u64;
     let mut progressed = Instant::now();
     loop {
@@ -496,19 +510,33 @@ fn udp_stream_finish(ctrl: &mut Control, b: &Budget, grace: Duration, sent: u64)
                 grace.as_secs_f64()
             );
         }
-        let v = ctrl
-            .recv(wait)
-            .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", grace)))?;
-        let Some(p) = v.get("progress") else {
-            return Ok(v);
-        };
-        let n = report_u64(p, "messages")?;
-        if n > sent {
-            bail!("server claims {n} datagrams but only {sent} were sent");
+        match ctrl.recv(wait.min(PROGRESS_POLL)) {
+            Ok(v) => return Ok(v),
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => bail!("waiting for results: {}", describe(&e, "server", grace)),
         }
-        if n > counted {
-            counted = n;
-            progressed = Instant::now();
+        loop {
+            let n = match sock.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Drained (`WouldBlock`), or an ICMP error from the path: the control
+                // connection decides whether the server is gone.
+                Err(_) => break,
+            };
+            let Some(p) = serde_json::from_slice::<Value>(&buf[..n])
+                .ok()
+                .and_then(|v| v.get("progress").cloned())
+            else {
+                bail!("the server sent a datagram that is not a progress report");
+            };
+            let n = report_u64(&p, "messages")?;
+            if n > sent {
+                bail!("server claims {n} datagrams but only {sent} were sent");
+            }
+            if n > counted {
+                counted = n;
+                progressed = Instant::now();
+            }
         }
     }
 }
@@ -540,7 +568,7 @@ fn udp_stream(
         }
     }
     let elapsed = start.elapsed();
-    let report = udp_stream_finish(ctrl, b, cfg.grace, s.messages_sent)?;
+    let report = udp_stream_finish(ctrl, &sock, b, cfg.grace, s.messages_sent)?;
     s.drain = start.elapsed().saturating_sub(elapsed);
     s.messages_received = report_u64(&report, "messages")?;
     s.receive_span = report
@@ -716,5 +744,97 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let e = left(past, "waiting").expect_err("past");
         assert!(e.to_string().contains("waiting"));
+    }
+    /// A server's end of `udp_stream_finish`: it reads `done`, then sends `reports` (counts)
+    /// as progress datagrams `every` apart, then the result line if `result` is given.
+    fn finish_against(
+        reports: Vec<u64>,
+        every: Duration,
+        result: Option<Value>,
+        grace: Duration,
+        sent: u64,
+    ) -> (Result<Value>, Duration) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client_ctrl =
+            TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server_ctrl, _) = listener.accept().expect("accept");
+        let client_udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let server_udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        client_udp
+            .connect(server_udp.local_addr().expect("addr"))
+            .expect("connect");
+        server_udp
+            .connect(client_udp.local_addr().expect("addr"))
+            .expect("connect");
+        let server = std::thread::spawn(move || {
+            let mut ctrl = Control::new(server_ctrl).expect("control");
+            let done = ctrl.recv(Duration::from_secs(5)).expect("done");
+            assert_eq!(done, json!({"done": true}));
+            for n in reports {
+                std::thread::sleep(every);
+                let r = json!({"progress": {"messages": n, "bytes": n * 100}});
+                server_udp.send(r.to_string().as_bytes()).expect("report");
+            }
+            if let Some(v) = result {
+                ctrl.send(&v, Duration::from_secs(5)).expect("result");
+            }
+            // Keep the connection open until the client is done with it.
+            let _ = ctrl.recv(Duration::from_secs(10));
+        });
+        let mut ctrl = Control::new(client_ctrl).expect("control");
+        let b = Budget {
+            hard: Instant::now() + Duration::from_secs(30),
+            grace,
+            length: Duration::from_secs(1),
+        };
+        let t = Instant::now();
+        let out = udp_stream_finish(&mut ctrl, &client_udp, &b, grace, sent);
+        let took = t.elapsed();
+        drop(ctrl);
+        server.join().expect("fake server");
+        (out, took)
+    }
+
+    #[test]
+    fn udp_stream_waits_for_results_while_the_count_grows() {
+        let grace = Duration::from_millis(400);
+        let result = json!({"messages": 9, "bytes": 900});
+        // Nine reports 150 ms apart: the results come 1.35 s after `done`, three graces.
+        let (out, took) = finish_against(
+            (1..=9).collect(),
+            Duration::from_millis(150),
+            Some(result.clone()),
+            grace,
+            20,
+        );
+        assert_eq!(out.expect("results"), result);
+        assert!(took >= Duration::from_millis(1350), "took {took:?}");
+    }
+
+    #[test]
+    fn udp_stream_gives_up_one_grace_after_the_count_stops() {
+        let grace = Duration::from_millis(400);
+        // The count grows to 3 by 300 ms, then reports keep coming without growth.
+        let (out, took) = finish_against(
+            vec![1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3],
+            Duration::from_millis(100),
+            None,
+            grace,
+            20,
+        );
+        let e = out.expect_err("stalled server").to_string();
+        assert!(e.contains("stopped making progress"), "{e}");
+        assert!(e.contains("3 of 20"), "{e}");
+        // The last growth at about 300 ms, one grace later the end.
+        assert!(took >= Duration::from_millis(650), "took {took:?}");
+        assert!(took < Duration::from_millis(1100), "took {took:?}");
+    }
+
+    #[test]
+    fn udp_stream_refuses_reports_past_what_was_sent() {
+        let grace = Duration::from_millis(400);
+        let (out, _) = finish_against(vec![21], Duration::from_millis(10), None, grace, 20);
+        let e = out.expect_err("impossible count").to_string();
+        assert!(e.contains("server claims 21 datagrams but only 20"), "{e}");
     }
 }

@@ -29,8 +29,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
 /// Protocol version carried in every request; a mismatch is refused. Version 2: UDP tests
-/// name the client's data port, UDP_RR datagrams carry a 64-bit sequence number.
-pub const PROTO_VERSION: u64 = 2;
+/// name the client's data port, UDP_RR datagrams carry a 64-bit sequence number. Version 3:
+/// UDP_STREAM progress reports are datagrams to the client's data port.
+pub const PROTO_VERSION: u64 = 3;
 /// Default control port, netperf's `netserver` port.
 pub const DEFAULT_PORT: u16 = 12865;
 /// Longest control line accepted, so a bogus peer cannot make us buffer without bound.

@@ -31,10 +31,13 @@ const UDP_POLL: Duration = Duration::from_millis(50);
 /// After the client says the UDP data phase is over, datagrams still in flight are counted
 /// until the socket has been idle for `UDP_POLL`, but no longer than this.
 const UDP_MAX_DRAIN: Duration = Duration::from_secs(1);
-/// UDP_STREAM with `"progress": true`: how often the server reports its counts while it
-/// waits for the client's end-of-test message, and how long it keeps waiting after the test
-/// length once datagrams stop arriving.
-const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+/// UDP_STREAM with `"progress": true`: how often the worker sends the client its counts, as
+/// a datagram to the client's data port. The counting thread reports, so a receiver busy
+/// enough to starve other threads still reports whenever it counts; and a datagram, because
+/// the control connection would need the client's ACKs, which wait behind the client's own
+/// backlog. A report lost on the way costs one interval. Also how often the control thread
+/// looks at the counts to push its deadline back.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 /// Read size for stream sinks: larger than any default message so each syscall drains a lot.
 const SINK_BUF: usize = 256 * 1024;
 
@@ -316,12 +319,11 @@ fn req_flag(req: &Value, key: &str) -> bool {
     req.get(key).and_then(Value::as_bool) == Some(true)
 }
 
-/// Waits for the client's end-of-test message, sending `{"progress": {...}}` with the counts
-/// so far every [`PROGRESS_INTERVAL`]. A client that flooded a slow path sends that message
-/// behind its own backlog, which can take far longer than the test to drain; the reports let
-/// it wait exactly as long as datagrams keep arriving. The wait ends at `deadline`, pushed
-/// back to [`SESSION_SLACK`] after the latest datagram.
-fn wait_done_reporting(
+/// Waits for the client's end-of-test message while the worker reports its counts. A client
+/// that flooded a slow path sends that message behind its own backlog, which can take far
+/// longer than the test to drain, so the wait ends at `deadline` pushed back to
+/// [`SESSION_SLACK`] after the latest datagram, not at the test's end.
+fn wait_done_while_counting(
     ctrl: &mut Control,
     live: &Live,
     mut deadline: Instant,
@@ -344,12 +346,6 @@ fn wait_done_reporting(
             deadline = deadline.max(Instant::now() + SESSION_SLACK);
             last = messages;
         }
-        let report = json!({"progress": {
-            "messages": messages,
-            "bytes": live.bytes.load(Ordering::Relaxed),
-        }});
-        ctrl.send(&report, STEP_TIMEOUT)
-            .map_err(|e| (e, STEP_TIMEOUT))?;
     }
 }
 
@@ -369,6 +365,8 @@ fn udp_session(
     sock.set_read_timeout(Some(UDP_POLL))?;
     sock.set_write_timeout(Some(STEP_TIMEOUT))?;
     let reply = ok_reply(sock.local_addr()?.port(), &sock);
+    let progress = p.test == TestKind::UdpStream && req_flag(ctrl_req, "progress");
+    let report_every = progress.then_some(PROGRESS_INTERVAL);
     let stop = Arc::new(AtomicBool::new(false));
     let live = Arc::new(Live::default());
     let worker = {
@@ -376,14 +374,13 @@ fn udp_session(
         let p = p.clone();
         thread::Builder::new()
             .name("udp worker".into())
-            .spawn(move || udp_worker(&sock, &p, peer, &stop, &live))
+            .spawn(move || udp_worker(&sock, &p, peer, &stop, &live, report_every))
             .context("starting the UDP worker")?
     };
     // The socket is bound before the reply goes out, so no early datagram is refused.
-    let progress = p.test == TestKind::UdpStream && req_flag(ctrl_req, "progress");
     let outcome = ctrl.send(&reply, STEP_TIMEOUT).and_then(|()| {
         if progress {
-            wait_done_reporting(ctrl, &live, deadline)
+            wait_done_while_counting(ctrl, &live, deadline)
         } else {
             let waited = deadline.saturating_duration_since(Instant::now());
             ctrl.recv(waited).map_err(|e| (e, waited))
@@ -414,8 +411,11 @@ fn udp_worker(
     peer: SocketAddr,
     stop: &AtomicBool,
     live: &Live,
+    report_every: Option<Duration>,
 ) -> UdpCounts {
     let mut c = UdpCounts::default();
+    let mut reported = Instant::now();
+    let mut confirmed = 0u64;
     let mut buf = vec![0u8; 65536];
     // A response is the request's sequence number, then the response bytes.
     let mut resp = vec![0xa5u8; RR_SEQ_LEN + p.resp_size];
@@ -457,6 +457,22 @@ fn udp_worker(
             // connection decides whether the client is really gone.
             Err(_) => thread::sleep(Duration::from_millis(1)),
         }
+        if report_every.is_some_and(|every| reported.elapsed() >= every) {
+            reported = Instant::now();
+            let report = json!({"progress": {"messages": c.messages, "bytes": c.bytes}});
+            let line = report.to_string();
+            // Datagrams from the client since the last report are its answer that the path
+            // works: say so (`MSG_CONFIRM`), or the kernel probes the client's address and,
+            // the answer stuck behind the client's flood, holds the reports until it comes.
+            let sent = if c.messages > confirmed {
+                sockopt::send_confirm(sock, line.as_bytes())
+            } else {
+                sock.send(line.as_bytes())
+            };
+            confirmed = c.messages;
+            // A full queue or an ICMP error from an earlier datagram: the next report retries.
+            drop(sent);
+        }
     }
     c
 }
@@ -490,7 +506,7 @@ mod tests {
         let stop = Arc::new(AtomicBool::new(false));
         let worker = {
             let stop = Arc::clone(&stop);
-            thread::spawn(move || udp_worker(&server, &p, peer, &stop, &Live::default()))
+            thread::spawn(move || udp_worker(&server, &p, peer, &stop, &Live::default(), None))
         };
         let mut got = [0u8; 64];
         for seq in [1u64, 2, 0x0102_0304_0506_0708] {
@@ -517,5 +533,55 @@ mod tests {
         let c = worker.join().expect("worker");
         assert_eq!((c.messages, c.bytes, c.responses), (3, 27, 3));
         assert_eq!((c.foreign, c.malformed), (1, 1));
+    }
+
+    #[test]
+    fn udp_worker_reports_its_count_to_the_peer_while_it_counts() {
+        let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let peer = client.local_addr().expect("addr");
+        server.connect(peer).expect("connect");
+        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
+        client
+            .connect(server.local_addr().expect("addr"))
+            .expect("connect");
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let p = TestParams {
+            test: TestKind::UdpStream,
+            duration: Duration::from_secs(1),
+            msg_size: 100,
+            req_size: 1,
+            resp_size: 1,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let stop = Arc::clone(&stop);
+            let every = Some(Duration::from_millis(100));
+            thread::spawn(move || udp_worker(&server, &p, peer, &stop, &Live::default(), every))
+        };
+        let mut seen = Vec::new();
+        let mut got = [0u8; 512];
+        for _ in 0..3 {
+            for _ in 0..5 {
+                client.send(&[0u8; 100]).expect("send");
+            }
+            let n = client.recv(&mut got).expect("a progress report");
+            let v: Value = serde_json::from_slice(&got[..n]).expect("JSON");
+            let messages = v["progress"]["messages"].as_u64().expect("messages");
+            assert_eq!(v["progress"]["bytes"].as_u64(), Some(messages * 100), "{v}");
+            seen.push(messages);
+        }
+        stop.store(true, Ordering::SeqCst);
+        let counts = worker.join().expect("worker");
+        assert_eq!(counts.messages, 15);
+        // The reports follow the count as it grows and never run ahead of it.
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+        assert!(
+            *seen.last().unwrap() >= 5 && *seen.last().unwrap() <= 15,
+            "{seen:?}"
+        );
+        assert!(seen[0] <= 15, "{seen:?}");
     }
 }
