@@ -9,9 +9,12 @@
 //! a vhost-user drive (`socket`), a `vsock`, `balloon`, `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
-//! the section they belong to (documented in the README): `host_quirks` in
-//! `machine-config`; `interval_s` in `metrics`; `host_dev_fd`, `queue_size`,
-//! `offloads`, `mrg_rxbuf` and the four weights in each network interface.
+//! the section they belong to (documented in the README): `cmdline_extra` in
+//! `boot-source`; `host_quirks` in `machine-config`; `interval_s` in
+//! `metrics`; `host_dev_fd`, `queue_size`, `offloads`, `mrg_rxbuf`, the four
+//! weights, `pass_time_budget_us` and `io_engine` in each network interface;
+//! `queue_size` in each drive. `pmem` may also be `[]`, as Firecracker's
+//! `GET /vm/config` writes it (and so does [`super::render`]).
 //!
 //! Each section is deserialized on its own (serde, `deny_unknown_fields`) so
 //! that an error names the section it is in.
@@ -78,6 +81,9 @@ struct BootSource {
     kernel_image_path: PathBuf,
     initrd_path: Option<PathBuf>,
     boot_args: Option<String>,
+    /// minivmm: words appended after everything minivmm adds to the
+    /// command line, as `--cmdline` (`GET /vm/config` writes it back).
+    cmdline_extra: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -225,6 +231,9 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
             "metrics" | "logger" => {}
+            // A list in Firecracker's layout: its `GET /vm/config` answers
+            // `[]` for no pmem device (and refuses `null` there).
+            "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
             k if UNSUPPORTED.contains(&k) => {
                 if !value.is_null() {
                     return Err(FileError::Unsupported(key, ""));
@@ -241,6 +250,7 @@ fn boot_source(s: &mut Settings, value: Value) -> Result<(), FileError> {
     s.kernel = Some(b.kernel_image_path);
     s.initramfs = b.initrd_path;
     s.boot_args = b.boot_args;
+    s.cmdline_extra = b.cmdline_extra;
     Ok(())
 }
 
@@ -688,5 +698,43 @@ mod tests {
         }
         let s = parse(&Value::Object(top).to_string()).unwrap();
         assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn pmem_may_be_the_empty_list_firecracker_answers_with() {
+        assert_eq!(parse(r#"{"pmem": []}"#).unwrap(), Settings::default());
+        for refused in [
+            r#"{"pmem": [{"id": "p", "path_on_host": "p.img"}]}"#,
+            r#"{"pmem": {}}"#,
+        ] {
+            let line = crate::error_line(&parse(refused).unwrap_err());
+            assert!(
+                line.contains("section 'pmem' is not supported"),
+                "{refused}: {line}"
+            );
+        }
+        // Only pmem: the other sections are objects in Firecracker's layout.
+        let line = crate::error_line(&parse(r#"{"vsock": []}"#).unwrap_err());
+        assert!(line.contains("section 'vsock' is not supported"), "{line}");
+    }
+
+    #[test]
+    fn cmdline_extra_is_the_files_cmdline_words() {
+        let text = r#"{"boot-source": {"kernel_image_path": "k", "boot_args": "console=ttyS0", "cmdline_extra": "ip=dhcp quiet"}}"#;
+        let s = parse(text).unwrap();
+        assert_eq!(s.boot_args.as_deref(), Some("console=ttyS0"));
+        assert_eq!(s.cmdline_extra.as_deref(), Some("ip=dhcp quiet"));
+        // `--cmdline` words come after the file's, as after its boot_args.
+        let cli = Settings {
+            cmdline_extra: Some("loglevel=8".into()),
+            ..Settings::default()
+        };
+        let cfg = s.overlay(cli).finish().unwrap();
+        assert_eq!(
+            cfg.cmdline_extra.as_deref(),
+            Some("ip=dhcp quiet loglevel=8")
+        );
+        let s = parse(r#"{"boot-source": {"kernel_image_path": "k"}}"#).unwrap();
+        assert_eq!(s.cmdline_extra, None);
     }
 }
