@@ -8,7 +8,8 @@
 //! inside, deleting it on drop. For the disk tests it copies the cached root
 //! disk and reads images with e2fsprogs (`debugfs`, `e2fsck`), never mounting
 //! them. Tests that need KVM, root or TUN call [`require`] first, which prints
-//! why and returns false where they are missing.
+//! why and returns false where they are missing. [`fc_schema`] checks JSON
+//! answers against Firecracker's API description.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+pub mod fc_schema;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
