@@ -7,7 +7,8 @@
 //! [`settings::Settings::overlay`] layers the command line over the file and
 //! [`settings::Settings::finish`] applies the defaults and validates
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
-//! The builder consumes that. Dependencies point one way: `cli` → `file` →
+//! The builder consumes that; [`render`] writes one back in the file's
+//! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
 //! `settings` → `net` → `error` → this module, which depends on none of them.
 //!
 //! Plain data only: a `fd=N` is a number here, claimed by the builder, so a
@@ -25,6 +26,7 @@ pub mod drive;
 pub mod error;
 pub mod file;
 pub mod net;
+pub mod render;
 pub mod settings;
 
 /// Smallest guest memory we accept. Below this even the tiny guest kernel
