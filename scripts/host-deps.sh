@@ -21,8 +21,9 @@ LOG_PREFIX=host-deps
 boot=(iproute2 iputils-ping iperf3)
 # kill and ps (procps), unshare (util-linux), debugfs and e2fsck (e2fsprogs:
 # the disk tests read the guest's file out of the image and check the file
-# system without mounting it).
-test=("${boot[@]}" procps util-linux e2fsprogs)
+# system without mounting it), curl (the API tests drive the socket as the
+# README does).
+test=("${boot[@]}" procps util-linux e2fsprogs curl)
 
 case "${1:-}" in
     boot) ensure_packages "${boot[@]}" ;;

@@ -362,11 +362,7 @@ impl RateLimiter {
     /// Creates the limiter and its (disarmed, non-blocking) timerfd.
     pub fn new(cfg: &RateLimiterConfig) -> Result<Self, RateLimiterError> {
         let limiter = Limiter::new(cfg, 0)?;
-        let timer = TimerFd::new().map_err(|e| RateLimiterError::Timer(e.into()))?;
-        // A timer that fired and was then re-armed or cleared would block a
-        // read; the event loop must never block.
-        crate::virtio::net::tap::set_nonblocking(timer.as_raw_fd(), true)
-            .map_err(|e| RateLimiterError::Timer(io::Error::other(e.to_string())))?;
+        let timer = nonblocking_timer().map_err(RateLimiterError::Timer)?;
         Ok(RateLimiter {
             limiter,
             timer,
@@ -437,6 +433,44 @@ impl RateLimiter {
     pub fn is_blocked(&self) -> bool {
         self.blocked
     }
+
+    /// Replaces the buckets with `cfg`'s, full, while traffic flows
+    /// (`PATCH /network-interfaces`). The timer stays: a frame held back
+    /// keeps its place at the head of its queue, and the timer is re-armed
+    /// to fire at once so that frame is tried against the new buckets
+    /// rather than the old wait. On `Err` nothing changed.
+    pub fn update(&mut self, cfg: &RateLimiterConfig) -> Result<(), RateLimiterError> {
+        let limiter = Limiter::new(cfg, self.now_ns())?;
+        if self.blocked {
+            self.timer
+                .reset(Duration::from_nanos(1), None)
+                .map_err(|e| RateLimiterError::Timer(e.into()))?;
+        }
+        self.limiter = limiter;
+        Ok(())
+    }
+}
+
+/// A disarmed timerfd that never blocks a read: a timer that fired and was
+/// then re-armed or cleared would otherwise block, and the event loop must
+/// never block. Non-blocking from its creation, so making one takes a
+/// single `timerfd_create` (the only call a limiter made while the VM runs
+/// needs the event loop's seccomp filter to allow).
+#[allow(unsafe_code)]
+fn nonblocking_timer() -> io::Result<TimerFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: timerfd_create takes no pointers; the result is checked.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { TimerFd::from_raw_fd(fd) })
 }
 
 impl AsRawFd for RateLimiter {

@@ -473,6 +473,35 @@ impl Vm {
             .status();
     }
 
+    /// minivmm's pid (`ip netns exec` execs it, so the child is minivmm).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The name and `Seccomp:` mode of every thread of minivmm, sorted.
+    pub fn threads(&self) -> Vec<(String, String)> {
+        let dir = format!("/proc/{}/task", self.pid());
+        let mut threads = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return threads;
+        };
+        for entry in entries.flatten() {
+            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+                continue;
+            };
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().to_string())
+                    .unwrap_or_default()
+            };
+            threads.push((field("Name:"), field("Seccomp:")));
+        }
+        threads.sort();
+        threads
+    }
+
     /// Seconds since spawn.
     pub fn uptime(&self) -> f64 {
         self.started.elapsed().as_secs_f64()

@@ -154,7 +154,7 @@ fn boot_and_check(mode: &str, want: &str) {
         .collect();
     assert_eq!(
         names,
-        ["minivmm", "vcpu0", "vcpu1"],
+        ["fc_vcpu 0", "fc_vcpu 1", "minivmm"],
         "unexpected threads: {threads:?}"
     );
     for (name, seccomp) in &threads {

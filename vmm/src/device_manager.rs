@@ -126,8 +126,12 @@ pub struct DeviceManager {
     mmio: Vec<MmioSlot>,
     cmdline_words: Vec<String>,
     net_metrics: Vec<(String, Arc<NetMetrics>)>,
+    nets: Vec<(String, Arc<Mutex<Net>>)>,
     block_metrics: Vec<(String, Arc<BlockMetrics>)>,
     exits: Arc<VcpuExits>,
+    /// Set by `--boot-timer`: when minivmm started.
+    boot_timer: std::sync::OnceLock<std::time::Instant>,
+    boot_logged: AtomicBool,
 }
 
 impl DeviceManager {
@@ -175,6 +179,7 @@ impl DeviceManager {
         self.net_metrics.push((cfg.id.clone(), net.metrics()));
         let net = Arc::new(Mutex::new(net));
         self.attach_virtio(vm, mem, net.clone())?;
+        self.nets.push((cfg.id.clone(), net.clone()));
         events.add_subscriber(net);
         Ok(())
     }
@@ -248,9 +253,39 @@ impl DeviceManager {
         &self.net_metrics
     }
 
+    /// Every network device with its id, in attach order (for the API's
+    /// live limiter changes, made on the event loop's thread).
+    pub fn nets(&self) -> &[(String, Arc<Mutex<Net>>)] {
+        &self.nets
+    }
+
     /// Metrics of every drive with its id, in attach order.
     pub fn block_metrics(&self) -> &[(String, Arc<BlockMetrics>)] {
         &self.block_metrics
+    }
+
+    /// Logs, once, the time from `start` to the guest's write of
+    /// [`layout::BOOT_COMPLETE`] to [`layout::BOOT_TIMER_ADDR`]
+    /// (`--boot-timer`). Without it the register ignores writes.
+    pub fn enable_boot_timer(&self, start: std::time::Instant) {
+        let _ = self.boot_timer.set(start);
+    }
+
+    fn boot_timer_write(&self, data: &[u8]) {
+        let Some(start) = self.boot_timer.get() else {
+            return;
+        };
+        if data.first() == Some(&layout::BOOT_COMPLETE)
+            && !self.boot_logged.swap(true, Ordering::SeqCst)
+        {
+            let t = start.elapsed();
+            log::info!(
+                target: crate::event_loop::LOG_TARGET,
+                "boot: the guest reported boot complete {} us ({} ms) after start",
+                t.as_micros(),
+                t.as_millis()
+            );
+        }
     }
 
     /// The vCPU exit counters the exit bus keeps.
@@ -345,6 +380,9 @@ impl ExitBus for DeviceManager {
 
     fn mmio_write(&self, addr: u64, data: &[u8]) {
         count(&self.exits.mmio_write);
+        if addr == layout::BOOT_TIMER_ADDR {
+            return self.boot_timer_write(data);
+        }
         if let Some((slot, offset)) = self.mmio_slot(addr) {
             lock(&slot.transport).write(offset, data);
         }
@@ -478,5 +516,21 @@ mod tests {
         // The same byte as a command does reset.
         dm.pio_write(0x64, 1, &[0xfe]);
         assert_eq!(i8042.lock().unwrap().reset_evt().read().unwrap(), 1);
+    }
+
+    #[test]
+    fn the_boot_timer_logs_once_and_only_when_enabled_and_told() {
+        let dm = DeviceManager::new();
+        // Off: a write is ignored (and reaches no device).
+        dm.mmio_write(layout::BOOT_TIMER_ADDR, &[layout::BOOT_COMPLETE]);
+        assert!(!dm.boot_logged.load(Ordering::SeqCst));
+        dm.enable_boot_timer(std::time::Instant::now());
+        dm.mmio_write(layout::BOOT_TIMER_ADDR, &[7]);
+        assert!(!dm.boot_logged.load(Ordering::SeqCst));
+        dm.mmio_write(layout::BOOT_TIMER_ADDR + 1, &[layout::BOOT_COMPLETE]);
+        assert!(!dm.boot_logged.load(Ordering::SeqCst));
+        dm.mmio_write(layout::BOOT_TIMER_ADDR, &[layout::BOOT_COMPLETE, 0, 0, 0]);
+        assert!(dm.boot_logged.load(Ordering::SeqCst));
+        assert_eq!(dm.vcpu_exits().mmio_write.load(Ordering::Relaxed), 4);
     }
 }

@@ -20,6 +20,8 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::api::runtime::Runtime;
+use crate::api::ApiChannel;
 use crate::metrics::{lock_metrics, Metrics};
 use crate::signals::SignalFd;
 use crate::vm_exit::{ExitLatch, VmExit};
@@ -35,6 +37,7 @@ const RESET_EVENT: u32 = 1;
 const SIGNAL_EVENT: u32 = 2;
 const STDIN_EVENT: u32 = 3;
 const METRICS_EVENT: u32 = 4;
+const API_EVENT: u32 = 5;
 
 /// Serves the VM's control events on the main loop.
 pub struct Control {
@@ -47,6 +50,7 @@ pub struct Control {
     metrics: Option<Arc<Mutex<Metrics>>>,
     metrics_timer: Option<TimerFd>,
     stdin_open: bool,
+    api: Option<(ApiChannel, Runtime)>,
 }
 
 impl Control {
@@ -73,7 +77,28 @@ impl Control {
             metrics,
             metrics_timer,
             stdin_open: false,
+            api: None,
         })
+    }
+
+    /// Also serves the API's requests from `channel` with `runtime`.
+    pub fn with_api(mut self, channel: ApiChannel, runtime: Runtime) -> Self {
+        self.api = Some((channel, runtime));
+        self
+    }
+
+    /// Answers every request the API thread has sent. The answer goes into
+    /// a channel of one that the API thread waits on; one it gave up on is
+    /// dropped.
+    fn on_api(&mut self) {
+        let Some((channel, runtime)) = &mut self.api else {
+            return;
+        };
+        let _ = channel.wake.read();
+        while let Ok(cmd) = channel.commands.try_recv() {
+            let answer = runtime.handle(cmd.request);
+            let _ = cmd.reply.try_send(answer);
+        }
     }
 
     fn flush_metrics(&self) {
@@ -138,6 +163,7 @@ impl MutEventSubscriber for Control {
                 self.exit.report(reason);
             }
             SIGNAL_EVENT => self.on_signal(),
+            API_EVENT => self.on_api(),
             METRICS_EVENT => {
                 if let Some(t) = &mut self.metrics_timer {
                     // Readable, so the read returns the expiry count at once.
@@ -167,7 +193,11 @@ impl MutEventSubscriber for Control {
             .metrics_timer
             .as_ref()
             .map(|t| (t.as_raw_fd(), METRICS_EVENT));
-        for (fd, data) in regs.into_iter().chain(timer) {
+        let api = self
+            .api
+            .as_ref()
+            .map(|(c, _)| (c.wake.as_raw_fd(), API_EVENT));
+        for (fd, data) in regs.into_iter().chain(timer).chain(api) {
             if let Err(e) = ops.add(EpollEvents::with_data_raw(fd, data, EventSet::IN)) {
                 error!("cannot register control event {data}: {e}");
             }

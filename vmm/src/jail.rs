@@ -8,10 +8,11 @@
 //! 1. a new mount namespace, with every mount made private so nothing the
 //!    process does there propagates to the host;
 //! 2. the jail directory bind-mounted on itself (pivot_root needs a mount
-//!    point), then `/dev/kvm` and `/dev/net/tun`, where the host has them,
-//!    bind-mounted to `dev/` inside it: the only device nodes reachable,
-//!    and only for opening new TAPs or VMs later, since descriptors already
-//!    open stay valid;
+//!    point), then `dev/kvm` and `dev/net/tun` made inside it, where the
+//!    host has them, as nodes of the same devices owned by the jail's uid
+//!    and gid, mode 0600 (as Firecracker's jailer makes them): the only
+//!    device nodes reachable, for the TAPs and the VM opened after the
+//!    jail (descriptors already open stay valid);
 //! 3. `pivot_root` into it and the old root detached, so no path resolves
 //!    outside the directory any more;
 //! 4. no supplementary groups, then the gid and the uid (real, effective
@@ -128,22 +129,9 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
     bind("bind the jail directory", &cfg.root, &cfg.root)?;
     for dev in ["kvm", "net/tun"] {
         let host = Path::new("/dev").join(dev);
-        if !host.exists() {
-            continue;
+        if host.exists() {
+            device_node(&host, &cfg.root.join("dev").join(dev), cfg.uid, cfg.gid)?;
         }
-        let inside = cfg.root.join("dev").join(dev);
-        let dir = inside.parent().unwrap_or(&cfg.root);
-        std::fs::create_dir_all(dir).map_err(|source| JailError::Step {
-            step: "create dev/ in the jail",
-            source,
-        })?;
-        if !inside.exists() {
-            std::fs::File::create(&inside).map_err(|source| JailError::Step {
-                step: "create a device mount point",
-                source,
-            })?;
-        }
-        bind("bind a device node", &host, &inside)?;
     }
     std::env::set_current_dir(&cfg.root).map_err(|source| JailError::Step {
         step: "chdir into the jail",
@@ -165,6 +153,37 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
     })?;
     drop_privileges(cfg.uid, cfg.gid)?;
     set_rlimits()
+}
+
+/// A character device node at `inside` for the host's `host`, owned by
+/// `uid`:`gid` with mode 0600, as Firecracker's jailer makes them: the
+/// host's node is often root's alone, and the jailed uid must be able to
+/// open it (a TAP or a VM the API configures is opened after the jail).
+/// The jail directory must be on a file system that allows device nodes.
+fn device_node(host: &Path, inside: &Path, uid: u32, gid: u32) -> Result<(), JailError> {
+    use std::os::unix::fs::MetadataExt;
+    let step = |step: &'static str| move |source| JailError::Step { step, source };
+    let rdev = std::fs::metadata(host)
+        .map_err(step("stat a host device node"))?
+        .rdev();
+    if let Some(dir) = inside.parent() {
+        std::fs::create_dir_all(dir).map_err(step("create dev/ in the jail"))?;
+    }
+    match std::fs::remove_file(inside) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(step("replace a device node")(e)),
+    }
+    let path = cpath("create a device node", inside)?;
+    // SAFETY: a NUL-terminated path that outlives the call; mode and
+    // device number are integers.
+    check("create a device node", unsafe {
+        libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o600, rdev as libc::dev_t)
+    })?;
+    // SAFETY: the same path; plain integer ids.
+    check("chown a device node", unsafe {
+        libc::chown(path.as_ptr(), uid, gid)
+    })
 }
 
 fn drop_privileges(uid: u32, gid: u32) -> Result<(), JailError> {
@@ -305,6 +324,15 @@ mod tests {
             unsafe { libc::syscall(libc::SYS_capget, header.as_mut_ptr(), data.as_mut_ptr()) };
         assert_eq!(ret, 0);
         println!("CAPS {:x}", data.iter().fold(0, |a, w| a | w));
+        let opens = |p: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .is_ok()
+        };
+        println!("KVM {}", opens("/dev/kvm"));
+        println!("TUN {}", opens("/dev/net/tun"));
     }
 
     #[test]
@@ -355,6 +383,13 @@ mod tests {
             "0",
             "no capability left, effective or permitted"
         );
+        // The jail's own device nodes open for the dropped uid, where the
+        // host's (root's, mode 0600 here) would not.
+        for (dev, key) in [("/dev/kvm", "KVM"), ("/dev/net/tun", "TUN")] {
+            if Path::new(dev).exists() {
+                assert_eq!(line(key), "true", "{dev} from inside the jail");
+            }
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod line_writer;
 pub mod logger;
 pub mod memory;
 pub mod metrics;
+pub mod pause;
 pub mod pvm;
 pub mod seccomp;
 pub mod signals;
@@ -54,4 +55,17 @@ pub fn one_line(s: String) -> String {
         }
     }
     line
+}
+
+/// CLOCK_MONOTONIC in microseconds: the clock Firecracker's jailer gives
+/// its start time in (`--start-time-us`).
+#[allow(unsafe_code)]
+pub fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1000
 }

@@ -9,22 +9,31 @@
 //! 101 when minivmm itself panicked, on any thread (a bug).
 //! 148 when a thread made a system call its seccomp filter forbids.
 
+use std::path::Path;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
 
 use clap::error::ErrorKind;
 use clap::Parser;
 use log::{error, info, LevelFilter};
 
-use vmm::config::cli::Cli;
+use vmm::api::http::Response;
+use vmm::api::preboot::{Preboot, Step};
+use vmm::api::ApiChannel;
+use vmm::config::cli::{Cli, CliParts, Launch};
+use vmm::config::VmmConfig;
 use vmm::error_line;
 use vmm::seccomp::{self, Filters};
+use vmm::signals::SignalFd;
 use vmm::vm_exit::VmExit;
 
 /// Bad usage or configuration, or a failure before the guest runs.
 const EXIT_CONFIG: u8 = 1;
 /// The VM failed at run time (also `VmExit::exit_code` for faults).
 const EXIT_RUNTIME: u8 = 2;
+/// How often the pre-boot API loop looks for a stop signal.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
 
 fn fail(msg: &str) -> ExitCode {
     eprintln!("minivmm: error: {msg}");
@@ -51,6 +60,168 @@ fn clap_line(e: &clap::Error) -> String {
     }
 }
 
+/// How a built VM's end becomes the process's exit status.
+fn run_vm(vmm: vmm::vmm::Vmm, start: Instant, filters: Filters, log_to_file: bool) -> ExitCode {
+    let level = log::max_level();
+    match vmm.run(start, filters) {
+        Ok(reason) => {
+            match &reason {
+                VmExit::Fault(_) => error!("{}", reason.describe()),
+                _ => info!("{}", reason.describe()),
+            }
+            if let VmExit::Fault(msg) = &reason {
+                // Faults reach stderr even when the log is quieter or elsewhere.
+                if level < LevelFilter::Error || log_to_file {
+                    eprintln!("minivmm: error: {msg}");
+                }
+            }
+            ExitCode::from(reason.exit_code() as u8)
+        }
+        Err(e) => {
+            eprintln!("minivmm: error: cannot run the VM: {}", error_line(&e));
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+/// Everything between a configuration and a VM ready to run: inherited
+/// TAP descriptors, the log (installed once per process: `logger_ready`)
+/// and the build. An error is one line.
+fn prepare(
+    config: &VmmConfig,
+    launch: &Launch,
+    start: Instant,
+    logger_ready: &mut bool,
+) -> Result<vmm::vmm::Vmm, String> {
+    // Inherited TAP descriptors are claimed before this process opens any
+    // file, so a number the user names cannot be one of ours.
+    let tap_fds = vmm::builder::claim_tap_fds(config).map_err(|e| error_line(&e))?;
+    if !*logger_ready {
+        vmm::logger::init(&config.logger).map_err(|e| error_line(&e))?;
+        *logger_ready = true;
+    }
+    let vmm = vmm::builder::build(config, tap_fds).map_err(|e| error_line(&e))?;
+    if launch.boot_timer {
+        vmm.enable_boot_timer(start);
+    }
+    Ok(vmm)
+}
+
+/// Logs how long the launcher (Firecracker's jailer, which passes its
+/// start time) took to get here, when it said.
+fn log_startup(launch: &Launch) {
+    let Some(started_us) = launch.start_time_us else {
+        return;
+    };
+    let now_us = vmm::monotonic_us();
+    info!(
+        "start-up: {} us from the launcher's start (its CPU time {} us, its parent's {} us)",
+        now_us.saturating_sub(started_us),
+        launch.start_time_cpu_us.unwrap_or(0),
+        launch.parent_cpu_time_us.unwrap_or(0)
+    );
+}
+
+/// minivmm with `--api-sock`: the socket first, then either the VM the
+/// flags or the file describe, or the one the API configures.
+fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path) -> ExitCode {
+    // Before the API thread exists, so that it inherits the mask: a stop
+    // signal before InstanceStart is read here, not the default action.
+    let signals = match SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1]) {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("cannot set up the stop signals: {e}")),
+    };
+    // Jailed before the socket exists: the socket, and every path the API
+    // is given later (kernel, drives, metrics, logs), is inside the jail.
+    if let Some(jail) = &parts.launch.jail {
+        if let Err(e) = vmm::jail::enter(jail) {
+            return fail(&error_line(&e));
+        }
+    }
+    let channel = match vmm::api::start(sock, filters.api.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail(&error_line(&e)),
+    };
+    let status = serve(start, parts, filters, channel, &signals);
+    // The socket is ours to remove; a client connecting later gets
+    // "no such file" rather than a dead socket.
+    let _ = std::fs::remove_file(sock);
+    status
+}
+
+fn serve(
+    start: Instant,
+    parts: CliParts,
+    filters: Filters,
+    channel: ApiChannel,
+    signals: &SignalFd,
+) -> ExitCode {
+    let id = parts.launch.id.clone();
+    let mut logger_ready = false;
+    if parts.has_file || parts.flags.kernel.is_some() {
+        // Configured at start, as Firecracker with --config-file: the API
+        // serves the run-time requests.
+        let config = match parts.file.overlay(parts.flags).finish() {
+            Ok(c) => c,
+            Err(e) => return fail(&error_line(&e)),
+        };
+        let mut vmm = match prepare(&config, &parts.launch, start, &mut logger_ready) {
+            Ok(v) => v,
+            Err(msg) => return fail(&msg),
+        };
+        log_startup(&parts.launch);
+        let to_file = config.logger.path.is_some();
+        vmm.serve_api(channel, id, config);
+        return run_vm(vmm, start, filters, to_file);
+    }
+    let mut pre = Preboot::new();
+    loop {
+        let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
+            Ok(cmd) => cmd,
+            Err(RecvTimeoutError::Timeout) => {
+                if let Ok(Some(sig)) = signals.read() {
+                    if sig != libc::SIGUSR1 {
+                        // Nothing runs yet: a stop request is a clean end.
+                        return ExitCode::SUCCESS;
+                    }
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return fail("the API socket's thread stopped before InstanceStart");
+            }
+        };
+        let settings = match pre.handle(cmd.request, &id) {
+            Step::Reply(r) => {
+                let _ = cmd.reply.try_send(r);
+                continue;
+            }
+            Step::Start(s) => s,
+        };
+        let built = settings
+            .overlay(parts.flags.clone())
+            .finish()
+            .map_err(|e| error_line(&e))
+            .and_then(|config| {
+                prepare(&config, &parts.launch, start, &mut logger_ready).map(|v| (v, config))
+            });
+        match built {
+            Ok((mut vmm, config)) => {
+                let _ = cmd.reply.try_send(Response::no_content());
+                log_startup(&parts.launch);
+                let to_file = config.logger.path.is_some();
+                vmm.serve_api(channel, id, config);
+                return run_vm(vmm, start, filters, to_file);
+            }
+            Err(msg) => {
+                let _ = cmd
+                    .reply
+                    .try_send(Response::fault(&format!("InstanceStart: {msg}")));
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let start = Instant::now();
     // Before anything can panic: a panic on any thread ends the process.
@@ -64,50 +235,58 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&clap_line(&e)),
     };
-    let config = match cli.into_config() {
-        Ok(c) => c,
-        Err(e) => return fail(&error_line(&e)),
-    };
-    // Inherited TAP descriptors are claimed before this process opens any
-    // file, so a number the user names cannot be one of ours.
-    let tap_fds = match vmm::builder::claim_tap_fds(&config) {
-        Ok(fds) => fds,
+    let mode = cli.seccomp;
+    let parts = match cli.into_parts() {
+        Ok(p) => p,
         Err(e) => return fail(&error_line(&e)),
     };
     // Compiled before anything starts, so a broken list is a setup error;
-    // installed by the threads themselves in Vmm::run.
-    let filters = match Filters::new(config.seccomp).and_then(|f| {
+    // installed by the threads themselves (the API thread at its start,
+    // the others in Vmm::run).
+    let filters = match Filters::new(mode).and_then(|f| {
         seccomp::install_sigsys_handler()?;
         Ok(f)
     }) {
         Ok(f) => f,
         Err(e) => return fail(&error_line(&e)),
     };
-    if let Err(e) = vmm::logger::init(&config.logger) {
-        return fail(&error_line(&e));
+    if parts.launch.jail.is_some() {
+        // A jailed minivmm keeps only what it opens itself: inherited
+        // descriptors go now, but stdio and the TAPs the configuration
+        // names by number (`fd=N`).
+        let keep: Vec<i32> = parts
+            .file
+            .nets
+            .iter()
+            .chain(&parts.flags.nets)
+            .filter_map(|n| n.fd.and_then(|fd| i32::try_from(fd).ok()))
+            .collect();
+        if let Err(e) = vmm::jail::close_inherited(&keep) {
+            return fail(&format!("jail: cannot close inherited descriptors: {e}"));
+        }
+        // What needs the host's /sys, asked before the jail hides it.
+        let _ = vmm::pvm::is_pvm_host();
     }
-    let level = log::max_level();
-    let vmm = match vmm::builder::build(&config, tap_fds) {
-        Ok(v) => v,
+    if let Some(sock) = parts.launch.api_sock.clone() {
+        return main_with_api(start, parts, filters, &sock);
+    }
+    let launch = parts.launch.clone();
+    let config = match parts.file.overlay(parts.flags).finish() {
+        Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
     };
-    match vmm.run(start, filters) {
-        Ok(reason) => {
-            match &reason {
-                VmExit::Fault(_) => error!("{}", reason.describe()),
-                _ => info!("{}", reason.describe()),
-            }
-            if let VmExit::Fault(msg) = &reason {
-                // Faults reach stderr even when the log is quieter or elsewhere.
-                if level < LevelFilter::Error || config.logger.path.is_some() {
-                    eprintln!("minivmm: error: {msg}");
-                }
-            }
-            ExitCode::from(reason.exit_code() as u8)
-        }
-        Err(e) => {
-            eprintln!("minivmm: error: cannot run the VM: {}", error_line(&e));
-            ExitCode::from(EXIT_RUNTIME)
+    let mut logger_ready = false;
+    let vmm = match prepare(&config, &launch, start, &mut logger_ready) {
+        Ok(v) => v,
+        Err(msg) => return fail(&msg),
+    };
+    if let Some(jail) = &launch.jail {
+        // Everything the VM needs is open; from here no path outside the
+        // jail resolves, and the process has no privilege left.
+        if let Err(e) = vmm::jail::enter(jail) {
+            return fail(&error_line(&e));
         }
     }
+    log_startup(&launch);
+    run_vm(vmm, start, filters, config.logger.path.is_some())
 }

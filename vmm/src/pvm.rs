@@ -65,9 +65,11 @@ pub const GUEST_NO_AVX_ENV: &str = guest_no_avx_env!();
 /// fix-up path.
 pub const PVM_SYSCALL_FIXUP: &str = "pvm_syscall_fixup";
 
-/// Whether this host's KVM is PVM-backed.
+/// Whether this host's KVM is PVM-backed. Looked up once and remembered:
+/// a jailed minivmm has no `/sys`, so `main` asks before it enters the jail.
 pub fn is_pvm_host() -> bool {
-    Path::new(PVM_MODULE).exists()
+    static PVM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PVM.get_or_init(|| Path::new(PVM_MODULE).exists())
 }
 
 /// Resolves the `--host-quirks` switch against the host.

@@ -88,6 +88,8 @@ pub enum Thread {
     Vcpu,
     /// The main thread's event loop: device backends, console, signals.
     EventLoop,
+    /// The API socket's thread: accepts, reads and answers requests.
+    Api,
 }
 
 /// Errors building or installing a filter. None is caused by the guest.
@@ -322,8 +324,63 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),
+        // `PATCH /network-interfaces` on a card without a limiter makes
+        // one, with its timer: monotonic, non-blocking, close-on-exec only.
+        allow_timerfd_create(),
+        // `PATCH /vm` `Paused` kicks the vCPU threads out of KVM_RUN
+        // (pthread_kill: tgkill to a thread of this process, found by
+        // getpid).
+        allow(libc::SYS_getpid),
+        allow_tgkill_kick(),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
+    ]
+}
+
+/// `timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)` only.
+fn allow_timerfd_create() -> Entry {
+    let eq = |arg, v: i32| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v as u64)
+            .expect("argument indexes 0 and 1 are valid")
+    };
+    let rule = SeccompRule::new(vec![
+        eq(0, libc::CLOCK_MONOTONIC),
+        eq(1, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK),
+    ])
+    .expect("a rule with two conditions is valid");
+    (libc::SYS_timerfd_create, vec![rule])
+}
+
+/// `tgkill(getpid(), tid, kick)`: the vCPU kick signal and nothing else
+/// (the thread group is the caller's own; the kernel refuses a tid that is
+/// not in it).
+fn allow_tgkill_kick() -> Entry {
+    let sig = SeccompCondition::new(
+        2,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        crate::pause::kick_signal() as u64,
+    )
+    .expect("argument index 2 is valid");
+    let rule = SeccompRule::new(vec![sig]).expect("a rule with one condition is valid");
+    (libc::SYS_tgkill, vec![rule])
+}
+
+/// The API socket's thread: epoll over the listener and its connections,
+/// accept, read a request, write the answer, hand it to the VMM through a
+/// channel (futex, in the common rules) and wait for the answer with a
+/// time-out (a clock read, normally from the vDSO).
+pub fn api_rules() -> Vec<Entry> {
+    vec![
+        allow(libc::SYS_epoll_wait),
+        allow(libc::SYS_epoll_ctl),
+        allow(libc::SYS_accept4),
+        // std's UnixStream: read/write (in the common rules), or recv/send
+        // (recvfrom/sendto) on some paths; set_nonblocking is FIONBIO.
+        allow(libc::SYS_recvfrom),
+        allow(libc::SYS_sendto),
+        allow_ioctls(&[ioctl_nr(libc::FIONBIO)]),
+        allow(libc::SYS_shutdown),
     ]
 }
 
@@ -350,6 +407,7 @@ pub fn rules(thread: Thread) -> BTreeMap<i64, Vec<SeccompRule>> {
     let own = match thread {
         Thread::Vcpu => vcpu_rules(),
         Thread::EventLoop => event_loop_rules(),
+        Thread::Api => api_rules(),
     };
     merge(common_rules().into_iter().chain(own))
 }
@@ -384,6 +442,8 @@ pub struct Filters {
     pub vcpu: Option<BpfProgram>,
     /// The event loop's filter.
     pub event_loop: Option<BpfProgram>,
+    /// The API thread's filter.
+    pub api: Option<BpfProgram>,
 }
 
 impl Filters {
@@ -393,6 +453,7 @@ impl Filters {
             mode,
             vcpu: filter(Thread::Vcpu, mode)?,
             event_loop: filter(Thread::EventLoop, mode)?,
+            api: filter(Thread::Api, mode)?,
         })
     }
 }
@@ -595,7 +656,7 @@ mod tests {
 
     #[test]
     fn a_forbidden_call_ends_the_process_with_148() {
-        for thread in [Thread::Vcpu, Thread::EventLoop] {
+        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
             let status = in_filtered_child(thread, SeccompMode::On, forbidden_syscall);
             assert_eq!(
                 exit_status(status),
@@ -669,6 +730,78 @@ mod tests {
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
     }
 
+    #[test]
+    fn the_event_loop_may_make_a_limiter_timer_and_kick_vcpus_and_nothing_more() {
+        const FLAGS: libc::c_long = (libc::TFD_CLOEXEC | libc::TFD_NONBLOCK) as _;
+        const MONO: libc::c_long = libc::CLOCK_MONOTONIC as _;
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_timerfd_create, [MONO, FLAGS, 0, 0, 0, 0]),
+            // tid -1 does not exist: ESRCH (or EINVAL), no signal sent.
+            || {
+                raw(
+                    libc::SYS_tgkill,
+                    [0, -1, crate::pause::kick_signal() as _, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_getpid, [0; 6]),
+        ];
+        for f in allowed {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        let forbidden: &[fn()] = &[
+            // A blocking timer, another clock, another signal.
+            || {
+                raw(
+                    libc::SYS_timerfd_create,
+                    [MONO, libc::TFD_CLOEXEC as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_timerfd_create,
+                    [libc::CLOCK_REALTIME as _, FLAGS, 0, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_tgkill, [0, -1, libc::SIGKILL as _, 0, 0, 0]),
+        ];
+        for f in forbidden {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
+        // A vCPU neither makes timers nor kicks.
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, || {
+            raw(libc::SYS_timerfd_create, [MONO, FLAGS, 0, 0, 0, 0])
+        });
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    #[test]
+    fn the_api_thread_may_serve_a_socket_and_nothing_more() {
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_recvfrom, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_sendto, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_epoll_wait, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, libc::FIONBIO as _, 0, 0, 0, 0]),
+        ];
+        for f in allowed {
+            let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        // Not KVM, not a file, not a new socket, not the block device's calls.
+        let forbidden: &[fn()] = &[
+            || raw(libc::SYS_ioctl, [-1, KVM_RUN() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_openat, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_preadv, [-1, 0, 0, 0, 0, 0]),
+        ];
+        for f in forbidden {
+            let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
+    }
+
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {
         // SAFETY: a null termios makes the kernel fail with EFAULT (or
         // ENOTTY when `fd` is no terminal) before it changes anything.
@@ -677,7 +810,7 @@ mod tests {
 
     #[test]
     fn every_thread_may_set_stdins_terminal_mode_and_nothing_more() {
-        for thread in [Thread::Vcpu, Thread::EventLoop] {
+        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
             let status = in_filtered_child(thread, SeccompMode::On, || {
                 terminal_ioctl(0, libc::TCSETS);
                 terminal_ioctl(0, libc::TCGETS);

@@ -10,7 +10,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use vmm_sys_util::signal::{block_signal, create_sigset};
+use vmm_sys_util::signal::{self, block_signal, create_sigset};
 
 /// A non-blocking signalfd for a set of blocked signals.
 pub struct SignalFd {
@@ -19,10 +19,16 @@ pub struct SignalFd {
 
 impl SignalFd {
     /// Blocks `signals` in the calling thread (and the threads it spawns
-    /// afterwards) and opens a signalfd that reports them.
+    /// afterwards), if they are not blocked already, and opens a signalfd
+    /// that reports them.
     pub fn new(signals: &[libc::c_int]) -> io::Result<Self> {
         for &sig in signals {
-            block_signal(sig).map_err(|e| io::Error::other(format!("block signal {sig}: {e}")))?;
+            match block_signal(sig) {
+                // Blocked already (by the pre-boot API loop's signalfd, whose
+                // pending signals this one reports as well): what we want.
+                Ok(()) | Err(signal::Error::SignalAlreadyBlocked(_)) => {}
+                Err(e) => return Err(io::Error::other(format!("block signal {sig}: {e}"))),
+            }
         }
         let set = create_sigset(signals).map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
         // SAFETY: `set` is a valid, initialised sigset_t that outlives the
@@ -63,5 +69,32 @@ impl SignalFd {
 impl AsRawFd for SignalFd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_signalfd_for_blocked_signals_is_fine_and_both_see_them() {
+        // On a thread of its own: the mask is per thread.
+        std::thread::spawn(|| {
+            let sig = libc::SIGUSR2;
+            let first = SignalFd::new(&[sig]).expect("first");
+            let second = SignalFd::new(&[sig]).expect("second, the signal already blocked");
+            assert_eq!(first.read().expect("read"), None);
+            // SAFETY: raise sends a blocked signal to this thread; it stays
+            // pending until a signalfd reads it.
+            unsafe { libc::raise(sig) };
+            assert_eq!(second.read().expect("read"), Some(sig));
+            assert_eq!(
+                first.read().expect("read"),
+                None,
+                "read once, by one of them"
+            );
+        })
+        .join()
+        .expect("thread");
     }
 }

@@ -16,6 +16,7 @@ use kvm_bindings::{
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use log::{debug, info};
 
+use crate::pause::PauseGate;
 use crate::pvm;
 use crate::vm_exit::{ExitLatch, VmExit};
 
@@ -174,6 +175,7 @@ pub struct Vcpu {
     id: u8,
     bus: Arc<dyn ExitBus>,
     recover_int3: bool,
+    pause: Arc<PauseGate>,
 }
 
 fn set_err(what: &'static str, id: u8) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
@@ -188,7 +190,14 @@ impl Vcpu {
             id,
             bus,
             recover_int3,
+            pause: Arc::new(PauseGate::new()),
         }
+    }
+
+    /// Makes this vCPU honour `gate`'s pause requests (shared by all vCPUs
+    /// of the VM).
+    pub fn set_pause_gate(&mut self, gate: Arc<PauseGate>) {
+        self.pause = gate;
     }
 
     /// This vCPU's index (and APIC id).
@@ -252,6 +261,9 @@ impl Vcpu {
 
     fn run_loop(&mut self) -> VmExit {
         loop {
+            // Between two runs, never inside one: a paused vCPU is wholly
+            // out of the guest, with no exit half served.
+            self.pause.check();
             let action = match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     let (ptr, len) = (data.as_mut_ptr(), data.len());

@@ -21,9 +21,13 @@ use kvm_ioctls::{Kvm, VmFd};
 use log::info;
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::api::runtime::Runtime;
+use crate::api::ApiChannel;
+use crate::config::VmmConfig;
 use crate::device_manager::{DeviceManager, Events};
 use crate::event_loop::{Control, LOG_TARGET};
 use crate::metrics::{lock_metrics, Metrics};
+use crate::pause::{install_kick_handler, PauseGate};
 use crate::seccomp::{Filters, Gate, Thread};
 use crate::signals::SignalFd;
 use crate::terminal::RawTerminal;
@@ -76,6 +80,14 @@ pub struct Vmm {
     vcpus: Vec<Vcpu>,
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
+    api: Option<ApiSetup>,
+}
+
+/// What the running VM's API needs that the builder does not make.
+struct ApiSetup {
+    channel: ApiChannel,
+    id: String,
+    config: VmmConfig,
 }
 
 impl Vmm {
@@ -101,7 +113,24 @@ impl Vmm {
             vcpus,
             metrics,
             metrics_interval_s,
+            api: None,
         }
+    }
+
+    /// Logs when the guest reports boot complete, counted from `start`
+    /// (`--boot-timer`).
+    pub fn enable_boot_timer(&self, start: Instant) {
+        self.devices.enable_boot_timer(start);
+    }
+
+    /// Serves the API's run-time requests from `channel` once the VM runs:
+    /// `id` is the instance id, `config` what the VM was built from.
+    pub fn serve_api(&mut self, channel: ApiChannel, id: String, config: VmmConfig) {
+        self.api = Some(ApiSetup {
+            channel,
+            id,
+            config,
+        });
     }
 
     /// Runs the VM until it ends and returns why. `start` is when the
@@ -135,7 +164,42 @@ impl Vmm {
             }
             _ => None,
         };
-        let control = Control::new(
+        // No vCPU enters the guest before every thread is filtered. A failed
+        // spawn returns from here and ends the process, and with it the
+        // threads waiting at the gate.
+        let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
+        let pause = Arc::new(PauseGate::new());
+        if self.api.is_some() {
+            install_kick_handler()?;
+        }
+        let mut threads = Vec::with_capacity(self.vcpus.len());
+        for mut vcpu in self.vcpus.drain(..) {
+            let exit = self.exit.clone();
+            let first = vcpu.id() == 0;
+            let gate = gate.clone();
+            let filter = filters.vcpu.clone();
+            vcpu.set_pause_gate(pause.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("fc_vcpu {}", vcpu.id()))
+                    .spawn(move || {
+                        // The thread's first act: nothing of the guest runs unfiltered.
+                        if let Err(e) = gate.install_and_wait(Thread::Vcpu, filter.as_ref()) {
+                            exit.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
+                            return;
+                        }
+                        if first {
+                            info!(
+                                target: LOG_TARGET,
+                                "boot: {} ms from start to first vCPU entry",
+                                start.elapsed().as_millis()
+                            );
+                        }
+                        vcpu.run(exit)
+                    })?,
+            );
+        }
+        let mut control = Control::new(
             self.exit.clone(),
             reset_evt,
             signals,
@@ -144,36 +208,21 @@ impl Vmm {
             metrics.clone(),
             metrics_timer,
         )?;
+        if let Some(api) = self.api.take() {
+            let runtime = Runtime::new(
+                api.id,
+                api.config,
+                pause,
+                threads,
+                metrics.clone(),
+                self.i8042.clone(),
+                self.devices.nets().to_vec(),
+            );
+            control = control.with_api(api.channel, runtime);
+        }
         self.events.add_subscriber(Arc::new(Mutex::new(control)));
         let terminal = RawTerminal::new();
 
-        // No vCPU enters the guest before every thread is filtered. A failed
-        // spawn returns from here and ends the process, and with it the
-        // threads waiting at the gate.
-        let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
-        for vcpu in self.vcpus.drain(..) {
-            let exit = self.exit.clone();
-            let first = vcpu.id() == 0;
-            let gate = gate.clone();
-            let filter = filters.vcpu.clone();
-            std::thread::Builder::new()
-                .name(format!("vcpu{}", vcpu.id()))
-                .spawn(move || {
-                    // The thread's first act: nothing of the guest runs unfiltered.
-                    if let Err(e) = gate.install_and_wait(Thread::Vcpu, filter.as_ref()) {
-                        exit.report(VmExit::Fault(format!("vCPU {}: {e}", vcpu.id())));
-                        return;
-                    }
-                    if first {
-                        info!(
-                            target: LOG_TARGET,
-                            "boot: {} ms from start to first vCPU entry",
-                            start.elapsed().as_millis()
-                        );
-                    }
-                    vcpu.run(exit)
-                })?;
-        }
         // After the spawns, so the vCPU threads do not inherit this list.
         gate.install_and_wait(Thread::EventLoop, filters.event_loop.as_ref())
             .map_err(io::Error::other)?;

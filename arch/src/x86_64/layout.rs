@@ -83,6 +83,14 @@ pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 /// Size of one virtio-MMIO window: one page, as `virtio_mmio.device=4K@...` announces.
 pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 
+/// The boot-timer register (Firecracker's boot-time device): the guest writes
+/// [`BOOT_COMPLETE`] here once it has booted. The first page of the gap, below every
+/// virtio window.
+pub const BOOT_TIMER_ADDR: u64 = MMIO_GAP_START;
+
+/// The value that says "boot complete" (Firecracker's magic number).
+pub const BOOT_COMPLETE: u8 = 123;
+
 /// First GSI handed to virtio devices. 0..4 are the legacy PIT, keyboard, cascade, COM2 and
 /// COM1 (IRQ 4 for the serial console), so 5 is the first free ISA line.
 pub const IRQ_BASE: u32 = 5;
@@ -114,6 +122,7 @@ const _: () = {
     assert!(CMDLINE_START + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
     // Device windows lie inside the MMIO gap, clear of each other.
     assert!(VIRTIO_MMIO_BASE >= MMIO_GAP_START && VIRTIO_MMIO_BASE < IOAPIC_START);
+    assert!(BOOT_TIMER_ADDR >= MMIO_GAP_START && BOOT_TIMER_ADDR + 0x1000 <= VIRTIO_MMIO_BASE);
     assert!(IOAPIC_START < APIC_START);
     assert!(KVM_TSS_ADDRESS >= APIC_START + 0x1000);
     assert!(KVM_TSS_ADDRESS + 3 * 0x1000 <= MMIO_GAP_END);

@@ -8,7 +8,71 @@
 //!   the `/actions` and `/vm` bodies, features minivmm does not have).
 //!
 //! - [`server`]: the socket on its own thread, epoll over bounded
-//!   connections, each routed request sent to the VMM as one command.
+//!   connections, each routed request sent to the VMM as one command;
+//! - [`preboot`]: the requests before `InstanceStart`, which build the
+//!   configuration in the config-file layout;
+//! - [`runtime`]: the requests once the VM runs, served on the event loop.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver};
+
+use seccompiler::BpfProgram;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::seccomp::{self, Thread};
+
 pub mod http;
+pub mod preboot;
 pub mod routes;
+pub mod runtime;
 pub mod server;
+
+use server::{ApiCommand, ApiServer, ServerError};
+
+/// The VMM's end of the API: the commands, in arrival order, and the
+/// eventfd the API thread signals after each (the event loop's wake-up).
+#[derive(Debug)]
+pub struct ApiChannel {
+    /// Routed requests, each with where its answer goes.
+    pub commands: Receiver<ApiCommand>,
+    /// Signalled after each command is sent.
+    pub wake: EventFd,
+    /// The socket's path, removed when minivmm ends.
+    pub path: PathBuf,
+}
+
+/// Binds the API socket at `path` and starts its thread (`fc_api`, as
+/// Firecracker names it), which installs `filter` before it reads a byte.
+/// Returns once the thread is filtered and serving; a filter the kernel
+/// refuses is an error here, before anything of the VM exists.
+pub fn start(path: &Path, filter: Option<BpfProgram>) -> Result<ApiChannel, ServerError> {
+    let io = |source| ServerError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let server = ApiServer::bind(path)?;
+    let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(io)?;
+    let thread_wake = wake.try_clone().map_err(io)?;
+    let (tx, commands) = mpsc::channel();
+    let (ready_tx, ready) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("fc_api".into())
+        .spawn(move || {
+            let filtered = seccomp::apply(Thread::Api, filter.as_ref());
+            let ok = filtered.is_ok();
+            let _ = ready_tx.send(filtered);
+            if ok {
+                server.serve(tx, Some(thread_wake));
+            }
+        })
+        .map_err(io)?;
+    match ready.recv() {
+        Ok(Ok(())) => Ok(ApiChannel {
+            commands,
+            wake,
+            path: path.to_path_buf(),
+        }),
+        Ok(Err(e)) => Err(ServerError::Filter(e)),
+        Err(_) => Err(io(std::io::Error::other("the API thread ended at start"))),
+    }
+}

@@ -58,6 +58,9 @@ pub enum ServerError {
     /// The socket path is taken.
     #[error("API socket {} already exists; remove it or choose another path", .0.display())]
     Exists(PathBuf),
+    /// The API thread's seccomp filter could not be installed.
+    #[error("API socket: {0}")]
+    Filter(#[source] crate::seccomp::SeccompError),
     /// bind, epoll or eventfd failed.
     #[error("API socket {}: {source}", path.display())]
     Io {

@@ -34,6 +34,59 @@ pub enum CliError {
     /// A value, or the configuration as a whole, is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A launcher flag asks for what minivmm does not have, or is invalid.
+    #[error("{0}")]
+    Launch(String),
+}
+
+/// Firecracker's default instance id.
+pub const DEFAULT_ID: &str = "anonymous-instance";
+
+/// How minivmm was launched, beside the VM's configuration: the API
+/// socket, the instance id and the jailer's timing flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    /// Serve Firecracker's API here.
+    pub api_sock: Option<PathBuf>,
+    /// The instance id (`GET /`, log lines).
+    pub id: String,
+    /// When the launcher (Firecracker's jailer) started, in microseconds
+    /// of CLOCK_MONOTONIC, if it said.
+    pub start_time_us: Option<u64>,
+    /// The launcher's CPU time at that point, in microseconds.
+    pub start_time_cpu_us: Option<u64>,
+    /// The launcher's parent's CPU time, in microseconds.
+    pub parent_cpu_time_us: Option<u64>,
+    /// Log the time from start to the guest's boot-complete write.
+    pub boot_timer: bool,
+    /// Where and as whom to run jailed.
+    pub jail: Option<crate::jail::JailConfig>,
+}
+
+/// The command line taken apart: the file's settings (empty without
+/// `--config-file`), the flags' own, and the launch options.
+#[derive(Debug)]
+pub struct CliParts {
+    /// Whether `--config-file` was given.
+    pub has_file: bool,
+    /// What the config file says.
+    pub file: Settings,
+    /// What the flags say (they win over the file, and over the API).
+    pub flags: Settings,
+    /// The launch options.
+    pub launch: Launch,
+}
+
+/// Firecracker's rule for an instance id: 1 to 64 characters, ASCII
+/// letters, digits and `-`.
+fn check_id(id: &str) -> Result<(), CliError> {
+    if id.is_empty() || id.len() > 64 || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        return Err(CliError::Launch(format!(
+            "--id '{id}': an id is 1 to 64 characters, letters, digits and '-'"
+        )));
+    }
+    Ok(())
 }
 
 /// What `--help` says about exit statuses (the README's table).
@@ -63,13 +116,19 @@ fn level(s: &str) -> Result<LevelFilter, String> {
 
 /// A small KVM virtual machine monitor with a built-in virtio-net device.
 #[derive(Debug, Parser, PartialEq)]
-#[command(name = "minivmm", version, about, long_about = None, after_help = EXIT_STATUS_HELP)]
+#[command(
+    name = "minivmm",
+    version = concat!("v", env!("CARGO_PKG_VERSION")),
+    about,
+    long_about = None,
+    after_help = EXIT_STATUS_HELP
+)]
 pub struct Cli {
     /// Firecracker-style JSON configuration; flags given here win over it.
     #[arg(long, value_name = "PATH")]
     pub config_file: Option<PathBuf>,
     /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
-    #[arg(long, value_name = "PATH", required_unless_present = "config_file")]
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["config_file", "api_sock"])]
     pub kernel: Option<PathBuf>,
     /// Initramfs (cpio archive, optionally compressed) loaded below the top of low memory.
     #[arg(long, value_name = "PATH")]
@@ -149,21 +208,102 @@ pub struct Cli {
     /// with exit status 148), log (the kernel logs it and lets it through) or off.
     #[arg(long, value_name = "on|log|off", default_value = "on", value_enum)]
     pub seccomp: SeccompMode,
+    /// Serve Firecracker's HTTP API on this Unix socket (which must not
+    /// exist). Without --kernel or --config-file the VM is configured
+    /// through it and starts on `PUT /actions` `InstanceStart`.
+    #[arg(long, value_name = "PATH", conflicts_with = "no_api")]
+    pub api_sock: Option<PathBuf>,
+    /// No API socket (Firecracker's flag; minivmm serves none unless
+    /// --api-sock is given).
+    #[arg(long)]
+    pub no_api: bool,
+    /// The instance id, in `GET /` and every log line.
+    #[arg(long, value_name = "ID", default_value = DEFAULT_ID)]
+    pub id: String,
+    /// Firecracker's jailer: when it started (CLOCK_MONOTONIC, microseconds);
+    /// the boot-time log line then counts from there.
+    #[arg(long, value_name = "US", value_parser = number)]
+    pub start_time_us: Option<u64>,
+    /// Firecracker's jailer: its CPU time at start, in microseconds.
+    #[arg(long, value_name = "US", value_parser = number)]
+    pub start_time_cpu_us: Option<u64>,
+    /// Firecracker's jailer: its parent's CPU time, in microseconds.
+    #[arg(long, value_name = "US", value_parser = number)]
+    pub parent_cpu_time_us: Option<u64>,
+    /// Log the time from start until the guest writes the boot-complete
+    /// value to the boot-timer device (Firecracker's --boot-timer).
+    #[arg(long)]
+    pub boot_timer: bool,
+    /// MMDS metadata (Firecracker's --metadata): refused, minivmm has no MMDS.
+    #[arg(long, value_name = "PATH")]
+    pub metadata: Option<PathBuf>,
+    /// Run jailed: a new mount namespace with DIR as its root, as --uid and
+    /// --gid, no capabilities, no_new_privs (see the README's Jail section).
+    #[arg(long, value_name = "DIR", requires_all = ["uid", "gid"])]
+    pub jail: Option<PathBuf>,
+    /// The uid a jailed minivmm runs as.
+    #[arg(long, value_name = "UID", requires = "jail", value_parser = number)]
+    pub uid: Option<u64>,
+    /// The gid a jailed minivmm runs as.
+    #[arg(long, value_name = "GID", requires = "jail", value_parser = number)]
+    pub gid: Option<u64>,
 }
 
 impl Cli {
     /// Validates the command line (over the config file, if any) into a VM
     /// configuration.
     pub fn into_config(self) -> Result<VmmConfig, CliError> {
+        let parts = self.into_parts()?;
+        Ok(parts.file.overlay(parts.flags).finish()?)
+    }
+
+    /// Takes the command line apart (see [`CliParts`]), reading the
+    /// config file and checking the launch flags.
+    pub fn into_parts(self) -> Result<CliParts, CliError> {
+        if self.metadata.is_some() {
+            return Err(CliError::Launch(
+                "--metadata: MMDS (the microVM metadata service) is not supported by minivmm"
+                    .into(),
+            ));
+        }
+        check_id(&self.id)?;
         let file = match &self.config_file {
             Some(path) => file::load(path)?,
             None => Settings::default(),
         };
-        Ok(file.overlay(self.into_settings()?).finish()?)
+        let id32 = |what: &str, v: Option<u64>| {
+            u32::try_from(v.unwrap_or(0)).map_err(|_| {
+                CliError::Launch(format!("--{what}: {} is out of range", v.unwrap_or(0)))
+            })
+        };
+        let jail = match &self.jail {
+            Some(root) => Some(crate::jail::JailConfig {
+                root: root.clone(),
+                uid: id32("uid", self.uid)?,
+                gid: id32("gid", self.gid)?,
+            }),
+            None => None,
+        };
+        let launch = Launch {
+            jail,
+            api_sock: self.api_sock.clone(),
+            id: self.id.clone(),
+            start_time_us: self.start_time_us,
+            start_time_cpu_us: self.start_time_cpu_us,
+            parent_cpu_time_us: self.parent_cpu_time_us,
+            boot_timer: self.boot_timer,
+        };
+        let has_file = self.config_file.is_some();
+        Ok(CliParts {
+            has_file,
+            file,
+            flags: self.into_settings()?,
+            launch,
+        })
     }
 
     /// What the command line itself says.
-    fn into_settings(self) -> Result<Settings, ConfigError> {
+    pub fn into_settings(self) -> Result<Settings, ConfigError> {
         let mut nets = self
             .net
             .iter()

@@ -366,6 +366,14 @@ fn logger(s: &mut Settings, l: Logger) -> Result<(), FileError> {
     Ok(())
 }
 
+/// A Firecracker `RateLimiter` object on its own (`PATCH
+/// /network-interfaces/{id}` carries one per direction), `what` naming it
+/// in an error.
+pub fn rate_limiter(what: &str, v: Value) -> Result<RateLimiterConfig, FileError> {
+    let l: Limiter = section(what, v)?;
+    Ok(l.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -266,6 +266,42 @@ impl<B: NetBackend> Net<B> {
         self.metrics.clone()
     }
 
+    /// Replaces the RX and/or TX rate limits while the device runs
+    /// (`PATCH /network-interfaces/{id}`); `None` leaves a direction as it
+    /// is. A limiter keeps its timer and any frame it holds back, which is
+    /// tried first against the new buckets. A direction that had no limiter
+    /// gets one (its timer created here, by the event loop's thread); one
+    /// that is made unlimited keeps a limiter without buckets, which lets
+    /// everything through. The stored configuration follows, so a later
+    /// reset or a `GET` sees what is in force. On `Err` nothing changed.
+    pub fn set_rate_limits(
+        &mut self,
+        rx: Option<&RateLimiterConfig>,
+        tx: Option<&RateLimiterConfig>,
+    ) -> Result<(), NetError> {
+        for cfg in [rx, tx].into_iter().flatten() {
+            cfg.validate()
+                .map_err(|e| NetError::RateLimiter("new", e))?;
+        }
+        let apply = |limiter: &mut Option<RateLimiter>, dir, cfg: &RateLimiterConfig| {
+            match limiter {
+                Some(l) => l.update(cfg),
+                None if cfg.is_unlimited() => Ok(()),
+                None => RateLimiter::new(cfg).map(|l| *limiter = Some(l)),
+            }
+            .map_err(|e| NetError::RateLimiter(dir, e))
+        };
+        if let Some(cfg) = rx {
+            apply(&mut self.rx_limiter, "RX", cfg)?;
+            self.cfg.rx_rate_limiter = *cfg;
+        }
+        if let Some(cfg) = tx {
+            apply(&mut self.tx_limiter, "TX", cfg)?;
+            self.cfg.tx_rate_limiter = *cfg;
+        }
+        Ok(())
+    }
+
     /// The backend (for tests and benchmarks that talk to its peer).
     pub fn backend(&self) -> &B {
         &self.backend

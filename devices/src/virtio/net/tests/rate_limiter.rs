@@ -497,3 +497,80 @@ fn test_limiter_configuration() {
     assert!(n.rx_limiter.is_some() && n.tx_limiter.is_none());
     assert_eq!(n.device_type(), 1);
 }
+
+#[test]
+fn test_a_live_limit_change_sends_the_held_frame_first_and_at_once() {
+    // One frame per 10 s: the second frame would wait 10 s.
+    let mut h = tx_second_frame_held(10_000);
+    let third = frame(12 + 64, 3);
+    h.post_tx(&third, &[]);
+    let start = Instant::now();
+    h.dev()
+        .set_rate_limits(None, Some(&RateLimiterConfig::default()))
+        .expect("unlimited");
+    // No kick: the limiter's timer, re-armed by the change, moves the held
+    // frame, and the frame behind it follows in order.
+    let (got, _) = collect_tx(&mut h, 2, Vec::new());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(got, vec![frame(12 + 64, 2), third]);
+    assert!(!tx_throttled(&h));
+    assert_eq!(h.dev().cfg.tx_rate_limiter, RateLimiterConfig::default());
+}
+
+#[test]
+fn test_a_live_limit_on_an_unlimited_device_takes_effect() {
+    let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
+    assert!(h.dev().tx_limiter.is_none());
+    h.dev()
+        .set_rate_limits(None, Some(&ops(1, 10_000)))
+        .expect("limited");
+    h.post_tx(&frame(12 + 64, 1), &[]);
+    h.post_tx(&frame(12 + 64, 2), &[]);
+    h.kick_tx();
+    h.run_until_idle();
+    assert_eq!(h.peer_frames(), vec![frame(12 + 64, 1)]);
+    assert!(tx_throttled(&h) && tx_chain_pending(&h));
+    assert_eq!(h.dev().cfg.tx_rate_limiter, ops(1, 10_000));
+}
+
+#[test]
+fn test_a_live_rx_limit_change_reads_the_held_frame_at_once() {
+    let mut h = rx_second_frame_held(10_000, 4);
+    let start = Instant::now();
+    h.dev()
+        .set_rate_limits(Some(&bw(1_000_000, 100)), None)
+        .expect("looser");
+    run_until(&mut h, |h| h.metric(|m| &m.rx_frames) == 2);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(!rx_throttled(&h));
+    assert_eq!(h.dev().cfg.rx_rate_limiter, bw(1_000_000, 100));
+}
+
+#[test]
+fn test_a_bad_live_limit_changes_nothing() {
+    let mut h = tx_second_frame_held(10_000);
+    let bad = RateLimiterConfig {
+        bandwidth: bucket(0, 100),
+        ops: None,
+    };
+    let e = h
+        .dev()
+        .set_rate_limits(Some(&ops(5, 100)), Some(&bad))
+        .expect_err("size 0");
+    assert!(matches!(e, NetError::RateLimiter(..)), "{e}");
+    // Neither direction changed, the held frame still waits.
+    assert_eq!(h.dev().cfg.tx_rate_limiter, ops(1, 10_000));
+    assert_eq!(h.dev().cfg.rx_rate_limiter, RateLimiterConfig::default());
+    assert!(h.dev().rx_limiter.is_none());
+    h.run_once(50);
+    assert!(h.peer_frames().is_empty());
+    assert!(tx_throttled(&h) && tx_chain_pending(&h));
+}

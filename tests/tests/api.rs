@@ -1,0 +1,608 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Firecracker's control plane: the API socket driven with `curl
+//! --unix-socket`, exactly as the README shows it.
+//!
+//! - Before boot (no KVM needed): every refused request is a `400` whose
+//!   body is one `fault_message` line; accepted ones are `204`; the GETs
+//!   answer JSON; a stop signal ends the process with 0 and removes the
+//!   socket; the launcher's flags (`--version`, `--metadata`, `--id`,
+//!   `--no-api`) behave as Firecracker's.
+//! - One boot through the API alone, jailed (KVM, root, TUN): the process
+//!   runs as `nobody` with no capability and `no_new_privs` in a mount
+//!   namespace whose root is the jail directory (which holds the kernel,
+//!   the initramfs, the socket and the metrics); configure, start,
+//!   observe, pause (the guest stops answering ping; a ping sent while
+//!   paused is answered after resume), change the RX limiter live (seen in
+//!   the throughput a host TCP stream gets and in the metrics), flush
+//!   metrics, and `SendCtrlAltDel`, after which the guest reboots and
+//!   minivmm exits 0.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use minivmm_tests::fc_schema::{validate, validate_minivmm};
+use minivmm_tests::{guest_image, minivmm_bin, mvperf_bin, require, Need, NetNs, Vm};
+use serde_json::{json, Value};
+
+const HOST_IP: &str = "10.0.2.1";
+const GUEST_IP: &str = "10.0.2.2";
+/// See tests/netperf.rs: an emulated guest under load needs minutes.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// One request with curl, as the README writes it; returns the status and
+/// the body.
+fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "--max-time", "30", "--unix-socket"])
+        .arg(sock)
+        .args(["-X", method, "-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    c.arg(format!("http://localhost{path}"));
+    let out = c.output().expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let code = code.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "curl {method} {path}: no status ({})",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, body.to_string())
+}
+
+/// A request that must succeed with `204` and no body.
+fn ok(sock: &Path, method: &str, path: &str, body: Value) {
+    let (code, text) = curl(sock, method, path, Some(&body.to_string()));
+    assert_eq!((code, text.as_str()), (204, ""), "{method} {path} {body}");
+}
+
+/// A GET that must answer `200` with a JSON object.
+fn get(sock: &Path, path: &str) -> Value {
+    let (code, text) = curl(sock, "GET", path, None);
+    assert_eq!(code, 200, "GET {path}: {text}");
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"));
+    // The Firecracker API description's schema for the path (for
+    // `/vm/config`, with minivmm's own config-file keys allowed beside).
+    let checked = match path {
+        "/" => validate("InstanceInfo", &v),
+        "/version" => validate("FirecrackerVersion", &v),
+        "/machine-config" => validate("MachineConfiguration", &v),
+        "/vm/config" => validate_minivmm("FullVmConfiguration", &v),
+        other => panic!("no schema for GET {other}"),
+    };
+    if let Err(e) = checked {
+        panic!("GET {path} does not validate: {e}\n{v}");
+    }
+    v
+}
+
+/// A request that must be refused: `400` with exactly one key,
+/// `fault_message`, a one-line message containing `needle`.
+fn refused(sock: &Path, method: &str, path: &str, body: Option<&str>, needle: &str) {
+    let (code, text) = curl(sock, method, path, body);
+    assert_eq!(code, 400, "{method} {path} was not refused: {text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    validate("Error", &v).unwrap_or_else(|e| panic!("{method} {path}: {e}: {v}"));
+    let obj = v.as_object().expect("an object");
+    assert_eq!(obj.len(), 1, "{v}");
+    let msg = obj["fault_message"].as_str().expect("fault_message");
+    assert!(!msg.contains('\n') && !msg.is_empty(), "{msg:?}");
+    assert!(
+        msg.contains(needle),
+        "{method} {path}: '{msg}' lacks '{needle}'"
+    );
+}
+
+fn wait_for_socket(sock: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sock_path(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("minivmm-api-{tag}-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn minivmm(args: &[&str]) -> std::process::Output {
+    Command::new(minivmm_bin())
+        .args(args)
+        .output()
+        .expect("running minivmm")
+}
+
+fn one_line_error(out: &std::process::Output, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(needle), "{err}");
+}
+
+#[test]
+fn launcher_flags_behave_as_firecrackers() {
+    let out = minivmm(&["--version"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(&format!("minivmm v{}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    one_line_error(
+        &minivmm(&["--no-api", "--metadata", "/x.json", "--kernel", "/k"]),
+        "MMDS",
+    );
+    one_line_error(&minivmm(&["--id", "no spaces", "--kernel", "/k"]), "--id");
+    one_line_error(
+        &minivmm(&["--no-api", "--api-sock", "/tmp/x.sock"]),
+        "--api-sock",
+    );
+    // Neither a kernel, nor a file, nor an API to configure one through.
+    one_line_error(&minivmm(&["--no-api"]), "--kernel");
+    // The jailer's timing flags are accepted (the kernel is what fails).
+    one_line_error(
+        &minivmm(&[
+            "--kernel",
+            "/nonexistent/vmlinux",
+            "--start-time-us",
+            "1",
+            "--start-time-cpu-us",
+            "2",
+            "--parent-cpu-time-us",
+            "3",
+            "--id",
+            "vm-1",
+        ]),
+        "/nonexistent/vmlinux",
+    );
+    // The socket path must not exist (Firecracker's rule).
+    let taken = sock_path("taken");
+    std::fs::write(&taken, b"").unwrap();
+    one_line_error(
+        &minivmm(&["--api-sock", taken.to_str().unwrap()]),
+        "already exists",
+    );
+    let _ = std::fs::remove_file(&taken);
+}
+
+#[test]
+fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
+    let sock = sock_path("errors");
+    let mut vm = Vm::spawn(
+        &[
+            "--api-sock".into(),
+            sock.display().to_string(),
+            "--id".into(),
+            "api-errors".into(),
+        ],
+        None,
+    )
+    .unwrap();
+    wait_for_socket(&sock);
+
+    let info = get(&sock, "/");
+    assert_eq!(info["id"], "api-errors");
+    assert_eq!(info["state"], "Not started");
+    assert_eq!(info["app_name"], "minivmm");
+    assert_eq!(
+        get(&sock, "/version")["firecracker_version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    let m = get(&sock, "/machine-config");
+    assert_eq!(
+        (m["vcpu_count"].as_u64(), m["smt"].as_bool()),
+        (Some(1), Some(false))
+    );
+
+    // The wire: malformed JSON, a body too big, an unknown path or method.
+    refused(
+        &sock,
+        "PUT",
+        "/machine-config",
+        Some(r#"{"vcpu_count":"#),
+        "JSON",
+    );
+    let huge = format!(r#"{{"boot_args":"{}"}}"#, "x".repeat(60 * 1024));
+    refused(&sock, "PUT", "/boot-source", Some(&huge), "");
+    refused(&sock, "GET", "/no-such-path", None, "/no-such-path");
+    refused(&sock, "DELETE", "/machine-config", None, "DELETE");
+    // Shapes: an unknown field, a missing one, an id that differs.
+    let extra = r#"{"vcpu_count":1,"mem_size_mib":128,"hugepages":"2M"}"#;
+    refused(&sock, "PUT", "/machine-config", Some(extra), "hugepages");
+    refused(
+        &sock,
+        "PUT",
+        "/machine-config",
+        Some(r#"{"vcpu_count":1}"#),
+        "mem_size_mib",
+    );
+    let other_id = r#"{"drive_id":"b","path_on_host":"/x","is_root_device":false}"#;
+    refused(&sock, "PUT", "/drives/a", Some(other_id), "differs");
+    // Values: as the command line checks them.
+    let zero = r#"{"vcpu_count":0,"mem_size_mib":128}"#;
+    refused(&sock, "PUT", "/machine-config", Some(zero), "vCPU");
+    let missing =
+        r#"{"drive_id":"rootfs","path_on_host":"/nonexistent/disk.ext4","is_root_device":true}"#;
+    refused(
+        &sock,
+        "PUT",
+        "/drives/rootfs",
+        Some(missing),
+        "/nonexistent/disk.ext4",
+    );
+    let kernel = r#"{"kernel_image_path":"/nonexistent/vmlinux"}"#;
+    refused(
+        &sock,
+        "PUT",
+        "/boot-source",
+        Some(kernel),
+        "/nonexistent/vmlinux",
+    );
+    let mac = r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"06:00"}"#;
+    refused(&sock, "PUT", "/network-interfaces/eth0", Some(mac), "06:00");
+    // What minivmm has not, named as such.
+    refused(&sock, "PUT", "/vsock", Some("{}"), "vsock");
+    refused(&sock, "PUT", "/balloon", Some("{}"), "balloon");
+    refused(&sock, "PUT", "/mmds", Some("{}"), "MMDS");
+    refused(&sock, "PUT", "/snapshot/create", Some("{}"), "snapshots");
+    // The wrong phase.
+    refused(
+        &sock,
+        "PATCH",
+        "/vm",
+        Some(r#"{"state":"Paused"}"#),
+        "before the microVM",
+    );
+    for action in ["FlushMetrics", "SendCtrlAltDel"] {
+        let body = format!(r#"{{"action_type":"{action}"}}"#);
+        refused(&sock, "PUT", "/actions", Some(&body), "before the microVM");
+    }
+    refused(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"Reboot"}"#),
+        "Reboot",
+    );
+    // Nothing to boot yet.
+    refused(
+        &sock,
+        "PUT",
+        "/actions",
+        Some(r#"{"action_type":"InstanceStart"}"#),
+        "kernel",
+    );
+
+    // What was accepted is what GET /vm/config returns; refused requests
+    // left no trace.
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 2, "mem_size_mib": 300}),
+    );
+    ok(
+        &sock,
+        "PATCH",
+        "/machine-config",
+        json!({"mem_size_mib": 320}),
+    );
+    let cfg = get(&sock, "/vm/config");
+    assert_eq!(cfg["machine-config"]["vcpu_count"], 2);
+    assert_eq!(cfg["machine-config"]["mem_size_mib"], 320);
+    assert_eq!(cfg["drives"], json!([]));
+    assert_eq!(cfg["network-interfaces"], json!([]));
+    assert_eq!(cfg["vsock"], Value::Null);
+    assert!(cfg.get("boot-source").is_none(), "{cfg}");
+
+    vm.signal("TERM");
+    let status = vm
+        .wait_exit(Duration::from_secs(10))
+        .expect("SIGTERM ignored");
+    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    assert!(!sock.exists(), "the socket was left behind");
+}
+
+/// Host TCP_STREAM into the guest through the limiter; Mbit/s.
+fn stream_into_guest(ns: &NetNs) -> f64 {
+    let out = ns
+        .command(mvperf_bin())
+        .args([
+            "-t",
+            "TCP_STREAM",
+            "-H",
+            GUEST_IP,
+            "-l",
+            "5",
+            "--grace",
+            "60",
+            "--json",
+        ])
+        .output()
+        .expect("mvperf");
+    assert!(
+        out.status.success(),
+        "TCP_STREAM: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("mvperf JSON");
+    eprintln!("MVPERF {v}");
+    v["throughput_mbps"].as_f64().expect("throughput")
+}
+
+fn ping_once(ns: &NetNs, deadline_s: u32) -> (bool, Duration) {
+    let t = Instant::now();
+    let ok = ns
+        .command("ping")
+        .args(["-c", "1", "-w", &deadline_s.to_string(), GUEST_IP])
+        .output()
+        .expect("ping")
+        .status
+        .success();
+    (ok, t.elapsed())
+}
+
+fn last_metrics(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("metrics file");
+    serde_json::from_str(text.lines().last().expect("a metrics line")).expect("metrics JSON")
+}
+
+/// The uid and gid the jailed minivmm runs as (`nobody`).
+const JAIL_ID: u32 = 65534;
+
+/// A jail directory owned by [`JAIL_ID`], holding the kernel and initramfs
+/// (hard links where the file system allows, copies otherwise) and a marker.
+fn jail_dir(img: &minivmm_tests::GuestImage) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("minivmm-api-jail-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (from, name) in [
+        (&img.vmlinux, "vmlinux"),
+        (&img.initramfs, "initramfs.cpio"),
+    ] {
+        let to = dir.join(name);
+        if std::fs::hard_link(from, &to).is_err() {
+            std::fs::copy(from, &to).unwrap();
+        }
+    }
+    std::fs::write(dir.join("marker"), "the jail").unwrap();
+    std::os::unix::fs::chown(&dir, Some(JAIL_ID), Some(JAIL_ID)).unwrap();
+    dir
+}
+
+/// One `Key:` line of /proc/PID/status.
+fn status_field(pid: u32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no {key} in status"))
+}
+
+#[test]
+fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api() {
+    if !require(
+        "a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api",
+        &[Need::Kvm, Need::Root, Need::Tun],
+    ) {
+        return;
+    }
+    let img = guest_image();
+    let _ = mvperf_bin();
+    let ns = NetNs::bare("api", "tap0").unwrap();
+    // The jailed minivmm opens the TAP as its own uid.
+    ns.exec_ip(&[
+        "tuntap",
+        "add",
+        "dev",
+        "tap0",
+        "mode",
+        "tap",
+        "user",
+        &JAIL_ID.to_string(),
+    ])
+    .unwrap();
+    ns.exec_ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", "tap0"])
+        .unwrap();
+    ns.exec_ip(&["link", "set", "tap0", "up"]).unwrap();
+    let jail = jail_dir(&img);
+    // Paths as the jailed process sees them, and as the host does.
+    let sock = jail.join("api.sock");
+    let metrics = jail.join("metrics.json");
+    let id = JAIL_ID.to_string();
+    let mut vm = Vm::spawn(
+        &[
+            "--api-sock".into(),
+            "/api.sock".into(),
+            "--jail".into(),
+            jail.display().to_string(),
+            "--uid".into(),
+            id.clone(),
+            "--gid".into(),
+            id,
+            "--id".into(),
+            "jailed-api".into(),
+        ],
+        Some(&ns.name),
+    )
+    .unwrap();
+    wait_for_socket(&sock);
+
+    // The jail: the dropped ids, no capability, no_new_privs, the root.
+    let pid = vm.pid();
+    let ids = format!("{JAIL_ID}\t{JAIL_ID}\t{JAIL_ID}\t{JAIL_ID}");
+    assert_eq!(status_field(pid, "Uid:"), ids);
+    assert_eq!(status_field(pid, "Gid:"), ids);
+    assert_eq!(status_field(pid, "Groups:"), "");
+    assert_eq!(status_field(pid, "CapEff:"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapPrm:"), "0000000000000000");
+    assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    assert_eq!(
+        std::fs::read_to_string(root.join("marker")).unwrap(),
+        "the jail"
+    );
+    assert!(
+        !root.join("etc/passwd").exists(),
+        "the host's /etc is reachable"
+    );
+
+    // The README's flow.
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 256}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/boot-source",
+        json!({
+            "kernel_image_path": "/vmlinux",
+            "initrd_path": "/initramfs.cpio",
+            "boot_args": format!(
+                "console=ttyS0 reboot=k panic=-1 pci=off minivmm.mode=serve \
+                 ip={GUEST_IP}::{HOST_IP}:255.255.255.0:guest:eth0:off"
+            ),
+        }),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/network-interfaces/eth0",
+        json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/metrics",
+        json!({"metrics_path": metrics, "interval_s": 0}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
+    assert_eq!(get(&sock, "/")["state"], "Running");
+    refused(
+        &sock,
+        "PUT",
+        "/boot-source",
+        Some(r#"{"kernel_image_path":"/x"}"#),
+        "after it started",
+    );
+    assert!(
+        vm.wait_for("MINIVMM-SERVING", BOOT_TIMEOUT),
+        "the guest never served\n{}",
+        vm.report()
+    );
+    vm.assert_userspace_ran();
+    // The API thread under its own filter (the default --seccomp on).
+    let threads = vm.threads();
+    assert!(
+        threads.iter().any(|(n, s)| n == "fc_api" && s == "2"),
+        "no filtered fc_api thread: {threads:?}"
+    );
+    let (up, _) = ping_once(&ns, 30);
+    assert!(up, "no ping before the pause\n{}", vm.report());
+
+    // Pause: the guest is silent; a ping sent now is answered after resume.
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    assert_eq!(get(&sock, "/")["state"], "Paused");
+    let (answered, _) = ping_once(&ns, 3);
+    assert!(!answered, "a paused guest answered ping");
+    let late = ns.in_thread(|| {
+        let t = Instant::now();
+        let out = Command::new("ping")
+            .args(["-c", "1", "-w", "60", GUEST_IP])
+            .output()
+            .expect("ping");
+        (out.status.success(), t.elapsed())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+    assert_eq!(get(&sock, "/")["state"], "Running");
+    let (late_ok, waited) = late.join().unwrap().unwrap();
+    assert!(
+        late_ok,
+        "the ping sent while paused was lost\n{}",
+        vm.report()
+    );
+    assert!(
+        waited >= Duration::from_secs(3),
+        "answered while paused: {waited:?}"
+    );
+
+    // A limiter on the guest's RX (host to guest), set live: 25,000 bytes
+    // per 100 ms is 2 Mbit/s.
+    let before = stream_into_guest(&ns);
+    ok(
+        &sock,
+        "PATCH",
+        "/network-interfaces/eth0",
+        json!({"iface_id": "eth0",
+               "rx_rate_limiter": {"bandwidth": {"size": 2500, "refill_time": 100}}}),
+    );
+    let limited = stream_into_guest(&ns);
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "FlushMetrics"}),
+    );
+    let m = last_metrics(&metrics);
+    let throttled = m["eth0"]["rx_rate_limiter_throttled"]
+        .as_u64()
+        .expect("metric");
+    assert!(throttled > 0, "{m}");
+    // 2,500 bytes per 100 ms: 0.2 Mbit/s, plus the first full bucket.
+    assert!(
+        limited < 0.3,
+        "limited stream got {limited} Mbit/s (before: {before})"
+    );
+    let cfg = get(&sock, "/vm/config");
+    let nic = &cfg["network-interfaces"][0];
+    assert_eq!(nic["rx_rate_limiter"]["bandwidth"]["size"], 2500, "{cfg}");
+    refused(
+        &sock,
+        "PATCH",
+        "/network-interfaces/eth0",
+        Some(r#"{"iface_id":"eth0","rx_rate_limiter":{"bandwidth":{"size":5}}}"#),
+        "refill_time",
+    );
+    refused(
+        &sock,
+        "PATCH",
+        "/network-interfaces/eth9",
+        Some(r#"{"iface_id":"eth9"}"#),
+        "eth9",
+    );
+
+    // Ctrl-Alt-Del: the guest's init reboots, minivmm exits 0.
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "SendCtrlAltDel"}),
+    );
+    let status = vm
+        .wait_exit(Duration::from_secs(300))
+        .unwrap_or_else(|| panic!("no exit after SendCtrlAltDel\n{}", vm.report()));
+    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    vm.assert_no_crash();
+    assert!(!sock.exists(), "the socket was left behind");
+    let _ = std::fs::remove_dir_all(&jail);
+}

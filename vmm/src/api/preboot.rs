@@ -1,0 +1,393 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The API before `InstanceStart`: requests build up a configuration in
+//! the config-file layout, and `InstanceStart` hands it to the builder.
+//!
+//! Each accepted `PUT` replaces one section (`/boot-source`,
+//! `/machine-config`, `/logger`, `/metrics`) or one entry of a list
+//! (`/network-interfaces/{id}`, `/drives/{id}`, by id, in the order first
+//! put) of a document that is exactly what `--config-file` reads. So the
+//! API and the file share one parser and cannot disagree on a field, and
+//! `GET /vm/config` before boot returns a file that boots the same VM.
+//!
+//! A request is checked against the whole document as it would be after
+//! it: its shape by the file parser, and the values by the same
+//! validation the command line gets (MACs, limiters, a drive's image that
+//! does not exist, two root drives, two cards on one TAP). A refused
+//! request leaves the document as it was. Only the kernel is left for
+//! `InstanceStart` to check, since it may be put last.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Map, Value};
+
+use super::http::Response;
+use super::routes::{Action, ApiRequest};
+use crate::config::file;
+use crate::config::settings::Settings;
+use crate::config::DEFAULT_MEM_MIB;
+
+/// `app_name` in `GET /`.
+pub const APP_NAME: &str = "minivmm";
+/// `vmm_version` in `GET /` and `firecracker_version` in `GET /version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Sections of Firecracker's full configuration that minivmm has not:
+/// `GET /vm/config` shows them as `null`, as Firecracker shows an unset one.
+const ABSENT_SECTIONS: &[&str] = &["balloon", "vsock", "mmds-config", "entropy", "cpu-config"];
+
+/// `GET /`: Firecracker's `InstanceInfo`.
+pub fn instance_info(id: &str, state: &str) -> Response {
+    Response::json(
+        json!({
+            "app_name": APP_NAME,
+            "id": id,
+            "state": state,
+            "vmm_version": VERSION,
+        })
+        .to_string(),
+    )
+}
+
+/// `GET /version`: Firecracker's `FirecrackerVersion`.
+pub fn version() -> Response {
+    Response::json(json!({ "firecracker_version": VERSION }).to_string())
+}
+
+/// A fault for a request that only makes sense once the VM runs.
+pub fn only_after_start(what: &str) -> Response {
+    Response::fault(&format!(
+        "{what} is not allowed before the microVM is started (PUT /actions InstanceStart)"
+    ))
+}
+
+/// What the pre-boot API does with one request.
+#[derive(Debug)]
+pub enum Step {
+    /// Answer it; nothing else happens.
+    Reply(Response),
+    /// Boot with these settings, then answer (`204`, or `400` if the build
+    /// fails, after which the document is still here to be corrected).
+    Start(Box<Settings>),
+}
+
+/// The configuration the pre-boot requests have built so far.
+#[derive(Debug, Default)]
+pub struct Preboot {
+    doc: Map<String, Value>,
+}
+
+/// An error line of the file parser as an API fault: the API has no file,
+/// so the "config file: " every file error starts with goes.
+fn fault(e: &dyn std::error::Error) -> Response {
+    let line = crate::error_line(e);
+    Response::fault(line.strip_prefix("config file: ").unwrap_or(&line))
+}
+
+impl Preboot {
+    /// An empty configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Handles one request; `id` is the instance id for `GET /`.
+    pub fn handle(&mut self, req: ApiRequest, id: &str) -> Step {
+        let r = match req {
+            ApiRequest::GetInstanceInfo => instance_info(id, "Not started"),
+            ApiRequest::GetVersion => version(),
+            ApiRequest::GetMachineConfig => Response::json(self.machine_config().to_string()),
+            ApiRequest::GetVmConfig => Response::json(self.vm_config().to_string()),
+            ApiRequest::PutBootSource(v) => self.put("boot-source", v),
+            ApiRequest::PutMachineConfig(v) => self.put("machine-config", v),
+            ApiRequest::PatchMachineConfig(v) => self.patch_machine_config(v),
+            ApiRequest::PutNetworkInterface(id, v) => {
+                self.put_entry("network-interfaces", "iface_id", &id, v)
+            }
+            ApiRequest::PutDrive(id, v) => self.put_entry("drives", "drive_id", &id, v),
+            ApiRequest::PutLogger(v) => self.put("logger", v),
+            ApiRequest::PutMetrics(v) => self.put("metrics", v),
+            ApiRequest::Action(Action::InstanceStart) => match self.settings() {
+                Ok(s) => return Step::Start(Box::new(s)),
+                Err(r) => r,
+            },
+            ApiRequest::Action(a) => only_after_start(&format!("{a:?}")),
+            ApiRequest::PatchVm(_) => only_after_start("PATCH /vm"),
+            ApiRequest::PatchNetworkInterface(..) => only_after_start("PATCH /network-interfaces"),
+            ApiRequest::PatchDrive(..) => only_after_start("PATCH /drives"),
+        };
+        Step::Reply(r)
+    }
+
+    /// The settings the document says, for `InstanceStart`.
+    pub fn settings(&self) -> Result<Settings, Response> {
+        file::parse(&Value::Object(self.doc.clone()).to_string()).map_err(|e| fault(&e))
+    }
+
+    /// `GET /machine-config`: Firecracker's defaults (minivmm's memory
+    /// default) under what was put.
+    fn machine_config(&self) -> Value {
+        let mut m = json!({
+            "vcpu_count": 1,
+            "mem_size_mib": DEFAULT_MEM_MIB,
+            "smt": false,
+            "track_dirty_pages": false,
+            "huge_pages": "None",
+        });
+        if let (Some(Value::Object(put)), Value::Object(out)) =
+            (self.doc.get("machine-config"), &mut m)
+        {
+            for (k, v) in put {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        m
+    }
+
+    /// `GET /vm/config` before boot: the document, with the sections not
+    /// put in their empty form.
+    fn vm_config(&self) -> Value {
+        let mut doc = self.doc.clone();
+        doc.insert("machine-config".into(), self.machine_config());
+        for list in ["drives", "network-interfaces"] {
+            doc.entry(list).or_insert_with(|| json!([]));
+        }
+        for absent in ABSENT_SECTIONS {
+            doc.entry(*absent).or_insert(Value::Null);
+        }
+        Value::Object(doc)
+    }
+
+    /// Accepts `candidate` as the new document if it checks out.
+    fn commit(&mut self, candidate: Map<String, Value>) -> Response {
+        let settings = match file::parse(&Value::Object(candidate.clone()).to_string()) {
+            Ok(s) => s,
+            Err(e) => return fault(&e),
+        };
+        // The values as the command line's are checked; the kernel alone
+        // may still be missing (a placeholder stands in, checked at start).
+        // The boot files must exist now, as Firecracker checks them at PUT.
+        for (what, path) in [
+            ("kernel", &settings.kernel),
+            ("initrd", &settings.initramfs),
+        ] {
+            if let Some(path) = path {
+                if let Err(e) = std::fs::File::open(path) {
+                    return Response::fault(&format!(
+                        "boot-source: cannot open {what} '{}': {e}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        let mut settings = settings;
+        if settings.kernel.is_none() {
+            settings.kernel = Some(PathBuf::from("/"));
+        }
+        if let Err(e) = settings.finish() {
+            return fault(&e);
+        }
+        self.doc = candidate;
+        Response::no_content()
+    }
+
+    fn put(&mut self, section: &str, v: Value) -> Response {
+        let mut candidate = self.doc.clone();
+        candidate.insert(section.into(), v);
+        self.commit(candidate)
+    }
+
+    fn patch_machine_config(&mut self, patch: Value) -> Response {
+        let Value::Object(patch) = patch else {
+            return Response::fault("the machine-config body must be a JSON object");
+        };
+        let mut m = self.machine_config();
+        if let Value::Object(out) = &mut m {
+            out.extend(patch);
+        }
+        self.put("machine-config", m)
+    }
+
+    /// Replaces the entry of `list` whose `key` is `id`, or appends one.
+    fn put_entry(&mut self, list: &str, key: &str, id: &str, v: Value) -> Response {
+        let mut candidate = self.doc.clone();
+        let entries = candidate.entry(list).or_insert_with(|| json!([]));
+        if let Value::Array(items) = entries {
+            match items
+                .iter_mut()
+                .find(|e| e.get(key).and_then(Value::as_str) == Some(id))
+            {
+                Some(existing) => *existing = v,
+                None => items.push(v),
+            }
+        }
+        self.commit(candidate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(p: &mut Preboot, req: ApiRequest) -> Response {
+        match p.handle(req, "vm0") {
+            Step::Reply(r) => r,
+            Step::Start(_) => panic!("started"),
+        }
+    }
+
+    fn body(r: &Response) -> Value {
+        serde_json::from_str(r.body.as_deref().expect("a body")).expect("JSON")
+    }
+
+    fn fault_of(r: &Response) -> String {
+        assert_eq!(r.status, 400, "{r:?}");
+        body(r)["fault_message"]
+            .as_str()
+            .expect("message")
+            .to_string()
+    }
+
+    #[test]
+    fn instance_info_and_version_before_boot() {
+        let mut p = Preboot::new();
+        let r = reply(&mut p, ApiRequest::GetInstanceInfo);
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            body(&r),
+            json!({"app_name": "minivmm", "id": "vm0", "state": "Not started",
+                   "vmm_version": VERSION})
+        );
+        let r = reply(&mut p, ApiRequest::GetVersion);
+        assert_eq!(body(&r), json!({"firecracker_version": VERSION}));
+    }
+
+    #[test]
+    fn machine_config_defaults_put_and_patch() {
+        let mut p = Preboot::new();
+        let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
+        assert_eq!(
+            (m["vcpu_count"].as_u64(), m["mem_size_mib"].as_u64()),
+            (Some(1), Some(256))
+        );
+        let put = json!({"vcpu_count": 2, "mem_size_mib": 512});
+        assert_eq!(reply(&mut p, ApiRequest::PutMachineConfig(put)).status, 204);
+        let r = reply(
+            &mut p,
+            ApiRequest::PatchMachineConfig(json!({"mem_size_mib": 1024})),
+        );
+        assert_eq!(r.status, 204);
+        let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
+        assert_eq!(
+            (m["vcpu_count"].as_u64(), m["mem_size_mib"].as_u64()),
+            (Some(2), Some(1024))
+        );
+        assert_eq!(m["smt"], json!(false));
+        // Refused: the configuration stays as it was.
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PatchMachineConfig(json!({"vcpu_count": 0})),
+        ));
+        assert!(e.contains("vCPU") || e.contains("vcpu"), "{e}");
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PatchMachineConfig(json!({"smt": true})),
+        ));
+        assert!(e.contains("smt"), "{e}");
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutMachineConfig(json!({"vcpu_count": 1})),
+        ));
+        assert!(e.contains("mem_size_mib"), "{e}");
+        let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
+        assert_eq!(
+            (m["vcpu_count"].as_u64(), m["mem_size_mib"].as_u64()),
+            (Some(2), Some(1024))
+        );
+    }
+
+    #[test]
+    fn entries_are_replaced_by_id_and_bad_ones_refused() {
+        let mut p = Preboot::new();
+        let nic = |tap: &str| json!({"iface_id": "eth0", "host_dev_name": tap});
+        let put = |p: &mut Preboot, id: &str, v: Value| {
+            reply(p, ApiRequest::PutNetworkInterface(id.into(), v))
+        };
+        assert_eq!(put(&mut p, "eth0", nic("tap0")).status, 204);
+        assert_eq!(put(&mut p, "eth0", nic("tap9")).status, 204);
+        let second = json!({"iface_id": "eth1", "host_dev_name": "tap1"});
+        assert_eq!(put(&mut p, "eth1", second).status, 204);
+        let cfg = body(&reply(&mut p, ApiRequest::GetVmConfig));
+        let nics = cfg["network-interfaces"].as_array().expect("list");
+        assert_eq!(nics.len(), 2);
+        assert_eq!(nics[0]["host_dev_name"], "tap9");
+        assert_eq!(nics[1]["iface_id"], "eth1");
+        // A second card on the same TAP, an unknown key, a bad MAC.
+        let same = json!({"iface_id": "eth2", "host_dev_name": "tap1"});
+        let e = fault_of(&put(&mut p, "eth2", same));
+        assert!(e.contains("tap1"), "{e}");
+        let typo = json!({"iface_id": "eth2", "host_dev_name": "tap2", "guest_mca": "x"});
+        let e = fault_of(&put(&mut p, "eth2", typo));
+        assert!(e.contains("guest_mca"), "{e}");
+        let mac = json!({"iface_id": "eth2", "host_dev_name": "tap2", "guest_mac": "zz"});
+        assert!(fault_of(&put(&mut p, "eth2", mac)).contains("zz"));
+        let cfg = body(&reply(&mut p, ApiRequest::GetVmConfig));
+        assert_eq!(cfg["network-interfaces"].as_array().expect("list").len(), 2);
+        assert_eq!(cfg["vsock"], Value::Null);
+        assert_eq!(cfg["drives"], json!([]));
+    }
+
+    #[test]
+    fn a_drive_whose_image_does_not_exist_is_refused_at_put() {
+        let mut p = Preboot::new();
+        let d = json!({"drive_id": "rootfs", "path_on_host": "/nonexistent/rootfs.ext4",
+                       "is_root_device": true, "is_read_only": false});
+        let e = fault_of(&reply(&mut p, ApiRequest::PutDrive("rootfs".into(), d)));
+        assert!(e.contains("/nonexistent/rootfs.ext4"), "{e}");
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["drives"],
+            json!([])
+        );
+    }
+
+    #[test]
+    fn instance_start_needs_a_boot_source_and_starts_with_what_was_put() {
+        let mut p = Preboot::new();
+        let step = p.handle(ApiRequest::Action(Action::InstanceStart), "vm0");
+        // No boot source yet: the settings parse, the kernel is missing;
+        // the builder's check says so (Settings::finish).
+        let Step::Start(s) = step else {
+            panic!("a start with what there is");
+        };
+        assert!(s.finish().is_err());
+        let missing = json!({"kernel_image_path": "/nonexistent/vmlinux"});
+        let e = fault_of(&reply(&mut p, ApiRequest::PutBootSource(missing)));
+        assert!(
+            e.contains("cannot open kernel '/nonexistent/vmlinux'"),
+            "{e}"
+        );
+        // Any readable file will do as a kernel until the builder reads it.
+        let kernel = std::env::current_exe().expect("test binary");
+        let boot = json!({"kernel_image_path": kernel, "boot_args": "console=ttyS0"});
+        assert_eq!(reply(&mut p, ApiRequest::PutBootSource(boot)).status, 204);
+        let Step::Start(s) = p.handle(ApiRequest::Action(Action::InstanceStart), "vm0") else {
+            panic!("not started");
+        };
+        let cfg = s.finish().expect("config");
+        assert_eq!(cfg.kernel, kernel);
+        assert_eq!(cfg.boot_args.as_deref(), Some("console=ttyS0"));
+    }
+
+    #[test]
+    fn run_time_requests_are_refused_before_start() {
+        let mut p = Preboot::new();
+        for req in [
+            ApiRequest::Action(Action::FlushMetrics),
+            ApiRequest::Action(Action::SendCtrlAltDel),
+            ApiRequest::PatchVm(super::super::routes::VmState::Paused),
+            ApiRequest::PatchNetworkInterface("eth0".into(), json!({"iface_id": "eth0"})),
+            ApiRequest::PatchDrive("d".into(), json!({"drive_id": "d"})),
+        ] {
+            let e = fault_of(&reply(&mut p, req));
+            assert!(e.contains("before the microVM is started"), "{e}");
+        }
+    }
+}
