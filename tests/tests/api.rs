@@ -488,7 +488,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         &sock,
         "PUT",
         "/metrics",
-        json!({"metrics_path": metrics, "interval_s": 0}),
+        json!({"metrics_path": "/metrics.json", "interval_s": 0}),
     );
     ok(
         &sock,
