@@ -493,6 +493,12 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     ok(
         &sock,
         "PUT",
+        "/logger",
+        json!({"level": "Info", "show_level": true}),
+    );
+    ok(
+        &sock,
+        "PUT",
         "/actions",
         json!({"action_type": "InstanceStart"}),
     );
@@ -510,6 +516,12 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         vm.report()
     );
     vm.assert_userspace_ran();
+    // The log PUT /logger asked for, each line with the instance id.
+    assert!(
+        vm.stderr().contains("INFO  [jailed-api] vmm::"),
+        "no log line with the id\n{}",
+        vm.report()
+    );
     // The API thread under its own filter (the default --seccomp on).
     let threads = vm.threads();
     assert!(

@@ -27,6 +27,15 @@ pub enum LoggerError {
     Installed(#[source] log::SetLoggerError),
 }
 
+/// The instance id every line carries after the level (`--id`, when given),
+/// so lines of several VMs in one log can be told apart.
+static INSTANCE_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Puts `[id]` in every log line from now on (once per process).
+pub fn set_instance_id(id: &str) {
+    let _ = INSTANCE_ID.set(id.to_string());
+}
+
 /// Builds the logger `cfg` describes, with `rust_log` (the RUST_LOG value)
 /// applied on top.
 pub fn builder(cfg: &LoggerConfig, rust_log: Option<&str>) -> Result<Builder, LoggerError> {
@@ -46,7 +55,11 @@ pub fn builder(cfg: &LoggerConfig, rust_log: Option<&str>) -> Result<Builder, Lo
     let origin = cfg.show_origin;
     b.format(move |buf, record| {
         let ts = buf.timestamp_millis();
-        write!(buf, "{ts} {:<5} {}", record.level(), record.target())?;
+        write!(buf, "{ts} {:<5} ", record.level())?;
+        if let Some(id) = INSTANCE_ID.get() {
+            write!(buf, "[{id}] ")?;
+        }
+        write!(buf, "{}", record.target())?;
         if origin {
             write!(
                 buf,

@@ -250,6 +250,9 @@ fn main() -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail(&error_line(&e)),
     };
+    if parts.launch.id != vmm::config::cli::DEFAULT_ID {
+        vmm::logger::set_instance_id(&parts.launch.id);
+    }
     if parts.launch.jail.is_some() {
         // A jailed minivmm keeps only what it opens itself: inherited
         // descriptors go now, but stdio and the TAPs the configuration
