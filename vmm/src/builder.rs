@@ -50,8 +50,14 @@ use crate::vmm::{Devices, KvmVm, Vmm};
 
 /// The command line every guest starts from: the console on the UART we
 /// emulate, reset through the keyboard controller (our i8042 ends the VMM),
-/// reboot immediately on panic, and no PCI probing (there is no PCI bus).
-pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+/// reboot immediately on panic, no PCI probing (there is no PCI bus), and
+/// Firecracker's i8042 words but `dumbkbd`: the controller has no mouse
+/// port, which Linux would otherwise probe for until its AUX_LOOP command
+/// times out (half a second of busy-waiting on real hardware timing), nor
+/// an active multiplexer or PnP entry; the keyboard itself answers the
+/// atkbd driver's probe, so it is probed.
+pub const DEFAULT_CMDLINE: &str =
+    "console=ttyS0 reboot=k panic=-1 pci=off i8042.noaux i8042.nomux i8042.nopnp";
 
 /// Errors building a VM; each is one line for the user.
 #[derive(Debug, thiserror::Error)]
@@ -290,7 +296,7 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
     let panicked = Arc::new(AtomicBool::new(false));
     let mut devices = DeviceManager::new();
     let serial = attach_serial(&mut devices, &vm, panicked.clone())?;
-    let i8042 = devices.attach_i8042()?;
+    let i8042 = devices.attach_i8042(&vm)?;
     attach_net(
         &mut devices,
         &vm,

@@ -36,6 +36,8 @@ const SERIAL_IRQ: u32 = 4;
 /// The i8042 data and command/status ports.
 const I8042_DATA_PORT: u16 = 0x60;
 const I8042_CMD_PORT: u16 = 0x64;
+/// The keyboard's ISA IRQ.
+const I8042_KBD_IRQ: u32 = 1;
 
 /// Errors wiring devices.
 #[derive(Debug, thiserror::Error)]
@@ -154,9 +156,13 @@ impl DeviceManager {
         Ok(serial)
     }
 
-    /// Puts the i8042 at ports 0x60/0x64; its reset `EventFd` ends the VM.
-    pub fn attach_i8042(&mut self) -> Result<Arc<Mutex<I8042>>, DeviceError> {
-        let dev = Arc::new(Mutex::new(I8042::new().map_err(DeviceError::I8042)?));
+    /// Puts the i8042 at ports 0x60/0x64 with the keyboard on IRQ 1; its
+    /// reset `EventFd` ends the VM.
+    pub fn attach_i8042(&mut self, vm: &VmFd) -> Result<Arc<Mutex<I8042>>, DeviceError> {
+        let i8042 = I8042::new().map_err(DeviceError::I8042)?;
+        vm.register_irqfd(i8042.kbd_interrupt_evt(), I8042_KBD_IRQ)
+            .map_err(|e| DeviceError::Irqfd(I8042_KBD_IRQ, e))?;
+        let dev = Arc::new(Mutex::new(i8042));
         self.i8042 = Some(dev.clone());
         Ok(dev)
     }
@@ -508,7 +514,8 @@ mod tests {
     #[test]
     fn a_string_write_to_the_i8042_data_port_cannot_reach_its_command_port() {
         let mut dm = DeviceManager::new();
-        let i8042 = dm.attach_i8042().unwrap();
+        let i8042 = Arc::new(Mutex::new(I8042::new().unwrap()));
+        dm.i8042 = Some(i8042.clone());
         // Five bytes to 0x60, the last 0xfe (the reset command, were it
         // written to 0x64).
         dm.pio_write(0x60, 1, &[0, 0, 0, 0, 0xfe]);
@@ -532,5 +539,21 @@ mod tests {
         dm.mmio_write(layout::BOOT_TIMER_ADDR, &[layout::BOOT_COMPLETE, 0, 0, 0]);
         assert!(dm.boot_logged.load(Ordering::SeqCst));
         assert_eq!(dm.vcpu_exits().mmio_write.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn the_i8042_keyboard_interrupt_is_irq_1() {
+        if !std::path::Path::new("/dev/kvm").exists() {
+            println!("SKIP the_i8042_keyboard_interrupt_is_irq_1: no /dev/kvm on this host");
+            return;
+        }
+        let (_kvm, vm, _mem) = crate::builder::test_vm(32).unwrap();
+        let mut dm = DeviceManager::new();
+        let i8042 = dm.attach_i8042(&vm).unwrap();
+        let dev = i8042.lock().unwrap();
+        // KVM refuses an eventfd that already is an irqfd: it was wired.
+        assert!(vm
+            .register_irqfd(dev.kbd_interrupt_evt(), I8042_KBD_IRQ)
+            .is_err());
     }
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Target `legacy_pio`: the UART and the i8042 driven by arbitrary port I/O
-//! of 1, 2 or 4 bytes, interleaved with host console input.
+//! of 1, 2 or 4 bytes, interleaved with host console input and the host's
+//! Ctrl-Alt-Del.
 //!
 //! A reference model of the 16550A as minivmm presents it (divisor latch,
 //! loopback, a 64-byte receive FIFO fed from a bounded pending queue only
@@ -16,15 +17,28 @@
 //! - RBR returns host input in order, each byte once; LSR's data-ready bit
 //!   is set exactly when the FIFO holds data; IIR always shows the FIFO bits;
 //! - the host input queue drops input beyond its bound and says so;
-//! - the i8042 reads 0 on both ports, 0xff between and after them, and its
-//!   reset line fires once per 0xFE command byte on port 0x64, never otherwise.
+//! - the i8042 reads 0xff between and after its two ports; its reset line
+//!   fires once per reset pulse (a 0xF0-0xFE command with bit 0 low) and per
+//!   output-port write with bit 0 low, never otherwise;
+//! - a model of the controller's command byte, internal RAM, output port and
+//!   which commands wait for a data byte predicts the answer of every
+//!   controller command (0x20-0x3F, 0xA9, 0xAA, 0xAB, 0xD0, 0xD2) that the
+//!   guest reads right after it, and the status register's fixed bits,
+//!   system flag and command/data bit on every status read (and a peek
+//!   after every action);
+//! - IRQ 1 fires exactly when the line (output full, keyboard interrupt on)
+//!   rises, at most once per action, never with the interrupt off;
+//! - the bytes waiting for the guest never exceed the keyboard buffer and
+//!   the output register, whatever the guest sends without reading; the
+//!   host's Ctrl-Alt-Del queues a whole key sequence or nothing, and says
+//!   which.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
 use arbitrary::Arbitrary;
-use devices::legacy::i8042::{COMMAND_OFFSET, I8042};
+use devices::legacy::i8042::{I8042Error, COMMAND_OFFSET, DATA_OFFSET, I8042, KBD_BUFFER_SIZE};
 use devices::legacy::serial::{SerialDevice, MAX_PENDING_INPUT, SERIAL_PORT_LEN};
 
 /// The 16550's receive FIFO.
@@ -34,8 +48,13 @@ const MCR_LOOP: u8 = 0x10;
 const LSR_DR: u8 = 0x01;
 const LSR_THR_EMPTY: u8 = 0x60;
 const IIR_FIFO_BITS: u8 = 0xc0;
-/// The i8042 command that pulses the CPU reset line.
-const CMD_RESET_CPU: u8 = 0xfe;
+const STS_OBF: u8 = 0x01;
+const STS_SYS: u8 = 0x04;
+const STS_CMD: u8 = 0x08;
+const CTR_KBD_INT: u8 = 0x01;
+const CTR_SYS: u8 = 0x04;
+/// The command byte a PC BIOS leaves (translate, aux off, POST, interrupt).
+const CTR_POWER_ON: u8 = 0x65;
 
 /// An access width the x86 `in`/`out` instructions have.
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -74,7 +93,34 @@ pub enum Op {
     I8042In(u8, Width),
     /// `out` to port 0x60 + offset (folded to 0..=5).
     I8042Out(u8, Width, u32),
+    /// One of the controller commands the model knows
+    /// ([`I8042_COMMANDS`], by index) to port 0x64 (random bytes rarely hit
+    /// the few that answer); with `true`, then one read of port 0x60, as a
+    /// driver waiting for the answer does.
+    I8042Command(u8, bool),
+    /// One of the bytes a keyboard driver sends ([`KBD_BYTES`], by index)
+    /// to port 0x60: commands, and arguments for the ones that take one.
+    I8042KbdByte(u8),
+    /// The guest reads port 0x60 while the status shows data, as a driver
+    /// flushes (at most 64 reads).
+    I8042Drain,
+    /// The host presses Ctrl-Alt-Del 1 + n % 8 times in a row (enough to
+    /// fill the keyboard buffer).
+    CtrlAltDel(u8),
 }
+
+/// Every controller command the model answers or acts on, and a few it
+/// ignores.
+const I8042_COMMANDS: &[u8] = &[
+    0x20, 0x21, 0x3f, 0x60, 0x61, 0x7f, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xad, 0xae, 0xc0, 0xca, 0xd0,
+    0xd1, 0xd2, 0xd3, 0xd4, 0xe0, 0xf0, 0xf1, 0xfe, 0xff,
+];
+
+/// Keyboard commands, and arguments (LED bits, typematic, scancode sets).
+const KBD_BYTES: &[u8] = &[
+    0xed, 0xee, 0xf0, 0xf2, 0xf3, 0xf4, 0xf5, 0xf6, 0xf7, 0xfe, 0xff, 0x00, 0x01, 0x02, 0x03, 0x04,
+    0x07, 0x2b, 0x42,
+];
 
 /// One input: the actions, in order.
 #[derive(Debug, Arbitrary)]
@@ -215,12 +261,18 @@ pub fn run_input(input: &Input) {
     let console = Console(Arc::default(), input.broken_output);
     let mut serial = SerialDevice::new(Box::new(console.clone())).expect("serial device");
     let mut i8042 = I8042::new().expect("i8042 device");
+    let mut kbc = Kbc::new();
     let mut uart = Uart::new();
     uart.lost = input.broken_output;
-    let mut resets = 0u64;
     let mut checked = 0;
 
     for op in &input.ops {
+        // The status before the last i8042 access; an action of several
+        // accesses checks after each.
+        let mut before = kbc.peek(&mut i8042);
+        // A data-port read that emptied the output register (then maybe
+        // refilled it: a second edge in a row without a status change).
+        let mut took = false;
         match op {
             Op::SerialIn(offset, width) => {
                 let offset = u16::from(*offset % 10);
@@ -256,24 +308,63 @@ pub fn run_input(input: &Input) {
                 let mut data = vec![0u8; width.len()];
                 i8042.pio_read(offset, &mut data);
                 for (i, &b) in data.iter().enumerate() {
-                    let want = match offset + i as u16 {
-                        0 | 4 => 0,
-                        _ => 0xff,
-                    };
-                    assert_eq!(b, want, "i8042 port {:#x}", 0x60 + offset + i as u16);
+                    match offset + i as u16 {
+                        DATA_OFFSET => {
+                            took = before.obf;
+                            kbc.data_read(b);
+                        }
+                        COMMAND_OFFSET => kbc.check_status(b),
+                        port => assert_eq!(b, 0xff, "i8042 port {:#x}", 0x60 + port),
+                    }
                 }
             }
             Op::I8042Out(offset, width, value) => {
                 let offset = u16::from(*offset % 6);
                 let data = &value.to_le_bytes()[..width.len()];
                 i8042.pio_write(offset, data);
-                resets += data
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, &b)| offset + i as u16 == COMMAND_OFFSET && b == CMD_RESET_CPU)
-                    .count() as u64;
+                for (i, &b) in data.iter().enumerate() {
+                    match offset + i as u16 {
+                        DATA_OFFSET => kbc.data_write(b),
+                        COMMAND_OFFSET => kbc.command(b),
+                        _ => {}
+                    }
+                }
+            }
+            Op::I8042Command(n, read_back) => {
+                let cmd = I8042_COMMANDS[usize::from(*n) % I8042_COMMANDS.len()];
+                i8042.write(COMMAND_OFFSET as u8, cmd);
+                kbc.command(cmd);
+                if *read_back {
+                    before = kbc.check_i8042(&mut i8042, before, false);
+                    took = before.obf;
+                    let b = i8042.read(DATA_OFFSET as u8);
+                    kbc.data_read(b);
+                }
+            }
+            Op::I8042KbdByte(n) => {
+                let byte = KBD_BYTES[usize::from(*n) % KBD_BYTES.len()];
+                i8042.write(DATA_OFFSET as u8, byte);
+                kbc.data_write(byte);
+            }
+            Op::I8042Drain => {
+                for _ in 0..64 {
+                    if !before.obf {
+                        break;
+                    }
+                    let b = i8042.read(DATA_OFFSET as u8);
+                    kbc.data_read(b);
+                    before = kbc.check_i8042(&mut i8042, before, true);
+                }
+            }
+            Op::CtrlAltDel(n) => {
+                for _ in 0..n % 8 {
+                    ctrl_alt_del(&mut i8042);
+                    before = kbc.check_i8042(&mut i8042, before, false);
+                }
+                ctrl_alt_del(&mut i8042);
             }
         }
+
         {
             // Only the bytes since the last check can differ.
             let out = console.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -290,10 +381,183 @@ pub fn run_input(input: &Input) {
             uart.pending.len(),
             "pending host input"
         );
-        // The eventfd counter holds the pulses not yet consumed.
+        kbc.check_i8042(&mut i8042, before, took);
+    }
+}
+
+/// What a status peek shows of the i8042 between accesses.
+#[derive(Clone, Copy)]
+struct Peek {
+    obf: bool,
+    /// IRQ 1: output full and the keyboard interrupt enabled.
+    line: bool,
+}
+
+/// The reference model of the i8042 controller (not of its keyboard, whose
+/// bytes it never predicts).
+struct Kbc {
+    ram: [u8; 32],
+    output_port: u8,
+    sys: bool,
+    last_write_command: bool,
+    /// A command waiting for its data byte.
+    awaiting: Option<u8>,
+    /// The answer the next data-port read returns: a controller answer
+    /// takes the output register at once, and only a later write can
+    /// change that.
+    answer: Option<u8>,
+    /// Reset pulses since the last check.
+    resets: u64,
+}
+
+impl Kbc {
+    fn new() -> Self {
+        let mut ram = [0u8; 32];
+        ram[0] = CTR_POWER_ON;
+        Kbc {
+            ram,
+            output_port: 0x03,
+            sys: true,
+            last_write_command: false,
+            awaiting: None,
+            answer: None,
+            resets: 0,
+        }
+    }
+
+    fn command(&mut self, cmd: u8) {
+        self.last_write_command = true;
+        self.awaiting = None;
+        self.answer = None;
+        match cmd {
+            0x20..=0x3f => self.answer = Some(self.ram[usize::from(cmd - 0x20)]),
+            0x60..=0x7f | 0xd1..=0xd4 => self.awaiting = Some(cmd),
+            0xa7 => self.ram[0] |= 0x20,
+            0xa8 => self.ram[0] &= !0x20,
+            0xa9 => self.answer = Some(0x02),
+            0xaa => {
+                self.sys = true;
+                self.answer = Some(0x55);
+            }
+            0xab => self.answer = Some(0x00),
+            0xad => self.ram[0] |= 0x10,
+            0xae => self.ram[0] &= !0x10,
+            0xd0 => self.answer = Some(self.output_port),
+            0xf0..=0xff if cmd & 1 == 0 => self.resets += 1,
+            _ => {}
+        }
+    }
+
+    fn data_write(&mut self, value: u8) {
+        self.last_write_command = false;
+        self.answer = None;
+        match self.awaiting.take() {
+            Some(cmd @ 0x60..=0x7f) => {
+                self.ram[usize::from(cmd - 0x60)] = value;
+                if cmd == 0x60 {
+                    self.sys = value & CTR_SYS != 0;
+                }
+            }
+            Some(0xd1) => {
+                self.output_port = value;
+                if value & 1 == 0 {
+                    self.resets += 1;
+                }
+            }
+            Some(0xd2) => self.answer = Some(value),
+            // Aux bytes, and keyboard commands (whose answers queue behind
+            // whatever the output register holds).
+            _ => {}
+        }
+    }
+
+    fn data_read(&mut self, got: u8) {
+        if let Some(want) = self.answer.take() {
+            assert_eq!(got, want, "i8042 controller answer");
+        }
+    }
+
+    fn check_status(&self, status: u8) {
+        assert_eq!(status & 0xf2, 0x10, "i8042 status {status:#x}: fixed bits");
+        assert_eq!(
+            status & STS_SYS != 0,
+            self.sys,
+            "i8042 status {status:#x}: system flag"
+        );
+        assert_eq!(
+            status & STS_CMD != 0,
+            self.last_write_command,
+            "i8042 status {status:#x}: command/data"
+        );
+        if self.answer.is_some() {
+            assert_ne!(
+                status & STS_OBF,
+                0,
+                "i8042 answer not in the output register"
+            );
+        }
+    }
+
+    /// The status, peeked (a status read changes nothing) and checked.
+    fn peek(&self, i8042: &mut I8042) -> Peek {
+        let status = i8042.read(COMMAND_OFFSET as u8);
+        self.check_status(status);
+        let obf = status & STS_OBF != 0;
+        Peek {
+            obf,
+            line: obf && self.ram[0] & CTR_KBD_INT != 0,
+        }
+    }
+
+    /// The oracles after one access (`took`: a data-port read that found
+    /// the output register full); returns the new peek.
+    fn check_i8042(&mut self, i8042: &mut I8042, before: Peek, took: bool) -> Peek {
+        // The eventfd counters hold the pulses and edges not yet consumed.
         let fired = i8042.reset_evt().read().unwrap_or(0);
-        assert_eq!(fired, resets, "i8042 reset pulses");
-        resets = 0;
+        assert_eq!(fired, self.resets, "i8042 reset pulses");
+        self.resets = 0;
+        let after = self.peek(i8042);
+        let edges = i8042.kbd_interrupt_evt().read().unwrap_or(0);
+        assert!(edges <= 1, "{edges} keyboard interrupts in one access");
+        if edges == 1 {
+            assert!(after.line, "keyboard interrupt with the line low");
+            // A line already high rises again only after a read took the
+            // byte that held it high.
+            assert!(!before.line || took, "keyboard interrupt without an edge");
+        }
+        if after.line && !before.line {
+            assert_eq!(edges, 1, "IRQ 1 rose without an interrupt");
+        }
+        assert!(
+            i8042.pending_bytes() <= KBD_BUFFER_SIZE + 1,
+            "{} bytes wait for the guest",
+            i8042.pending_bytes()
+        );
+        after
+    }
+}
+
+/// The host presses Ctrl-Alt-Del: a whole key sequence or nothing, and the
+/// error says which.
+fn ctrl_alt_del(i8042: &mut I8042) {
+    let before = i8042.pending_bytes();
+    let result = i8042.trigger_ctrl_alt_del();
+    let after = i8042.pending_bytes();
+    match result {
+        // Ctrl, Alt, 0xE0 Delete; three bytes in set 3, which has no prefix.
+        Ok(()) => assert!(
+            after == before + 4 || after == before + 3,
+            "Ctrl-Alt-Del queued {} bytes",
+            after.wrapping_sub(before)
+        ),
+        Err(I8042Error::BufferFull { needed, room }) => {
+            assert!(needed > room, "refused with room: {needed} > {room}");
+            assert_eq!(after, before, "a refused sequence queued bytes");
+        }
+        Err(I8042Error::ScanningDisabled) => {
+            assert_eq!(after, before, "a refused sequence queued bytes");
+        }
+        Err(e) => panic!("Ctrl-Alt-Del: {e}"),
     }
 }
 

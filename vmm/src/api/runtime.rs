@@ -187,9 +187,14 @@ impl Runtime {
         }
     }
 
+    /// The i8042 queues Ctrl-Alt-Del and raises IRQ 1; the guest's kernel
+    /// tells init (the project's reboots), and the reset ends minivmm.
     fn ctrl_alt_del(&mut self) -> Response {
-        let _kbd = &self.i8042;
-        Response::fault("SendCtrlAltDel: the i8042 keyboard is not wired yet")
+        let mut kbd = self.i8042.lock().unwrap_or_else(|p| p.into_inner());
+        match kbd.trigger_ctrl_alt_del() {
+            Ok(()) => Response::no_content(),
+            Err(e) => Response::fault(&format!("SendCtrlAltDel: {}", crate::error_line(&e))),
+        }
     }
 
     fn pause(&mut self) -> Response {
