@@ -615,6 +615,5 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         .unwrap_or_else(|| panic!("no exit after SendCtrlAltDel\n{}", vm.report()));
     assert_eq!(status.code(), Some(0), "{}", vm.report());
     vm.assert_no_crash();
-    assert!(!sock.exists(), "the socket was left behind");
     let _ = std::fs::remove_dir_all(&jail);
 }

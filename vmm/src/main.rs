@@ -142,11 +142,7 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
     };
-    let status = serve(start, parts, filters, channel, &signals);
-    // The socket is ours to remove; a client connecting later gets
-    // "no such file" rather than a dead socket.
-    let _ = std::fs::remove_file(sock);
-    status
+    serve(start, parts, filters, channel, &signals, sock)
 }
 
 fn serve(
@@ -155,6 +151,7 @@ fn serve(
     filters: Filters,
     channel: ApiChannel,
     signals: &SignalFd,
+    sock: &Path,
 ) -> ExitCode {
     let id = parts.launch.id.clone();
     let mut logger_ready = false;
@@ -181,7 +178,11 @@ fn serve(
             Err(RecvTimeoutError::Timeout) => {
                 if let Ok(Some(sig)) = signals.read() {
                     if sig != libc::SIGUSR1 {
-                        // Nothing runs yet: a stop request is a clean end.
+                        // Nothing runs yet: a stop request is a clean end,
+                        // and the socket goes with it. (Once a VM ran, the
+                        // main thread's seccomp filter allows no unlink: the
+                        // socket stays, as Firecracker's does.)
+                        let _ = std::fs::remove_file(sock);
                         return ExitCode::SUCCESS;
                     }
                 }

@@ -37,7 +37,7 @@ pub struct ApiChannel {
     pub commands: Receiver<ApiCommand>,
     /// Signalled after each command is sent.
     pub wake: EventFd,
-    /// The socket's path, removed when minivmm ends.
+    /// The socket's path.
     pub path: PathBuf,
 }
 
