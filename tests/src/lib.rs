@@ -362,6 +362,30 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         .to_string())
 }
 
+/// The name and `Seccomp:` mode of every thread of process `pid`, sorted
+/// (empty if it is gone).
+pub fn threads_of(pid: u32) -> Vec<(String, String)> {
+    let mut threads = Vec::new();
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return threads;
+    };
+    for entry in entries.flatten() {
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        threads.push((field("Name:"), field("Seccomp:")));
+    }
+    threads.sort();
+    threads
+}
+
 /// A running minivmm with its console captured.
 pub struct Vm {
     child: Child,
@@ -480,26 +504,7 @@ impl Vm {
 
     /// The name and `Seccomp:` mode of every thread of minivmm, sorted.
     pub fn threads(&self) -> Vec<(String, String)> {
-        let dir = format!("/proc/{}/task", self.pid());
-        let mut threads = Vec::new();
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return threads;
-        };
-        for entry in entries.flatten() {
-            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-                continue;
-            };
-            let field = |name: &str| {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .map(|v| v.trim().to_string())
-                    .unwrap_or_default()
-            };
-            threads.push((field("Name:"), field("Seccomp:")));
-        }
-        threads.sort();
-        threads
+        threads_of(self.pid())
     }
 
     /// Seconds since spawn.

@@ -73,22 +73,7 @@ impl Running {
 
     /// (thread name, Seccomp mode) of every thread of the process.
     fn threads(&self) -> Vec<(String, String)> {
-        let dir = format!("/proc/{}/task", self.child.id());
-        let mut threads = Vec::new();
-        for entry in std::fs::read_dir(&dir).expect("task directory") {
-            let path = entry.expect("task entry").path();
-            let status = std::fs::read_to_string(path.join("status")).expect("task status");
-            let field = |name: &str| {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(name))
-                    .map(|v| v.trim().to_string())
-                    .unwrap_or_default()
-            };
-            threads.push((field("Name:"), field("Seccomp:")));
-        }
-        threads.sort();
-        threads
+        minivmm_tests::threads_of(self.child.id())
     }
 
     /// Stops minivmm with SIGTERM and returns its exit code.
