@@ -7,9 +7,9 @@
 //! the VMM cleanly. And the host can press Ctrl-Alt-Del
 //! ([`I8042::trigger_ctrl_alt_del`], Firecracker's `SendCtrlAltDel`): the
 //! keyboard sends the three make codes and the controller raises IRQ 1
-//! ([`I8042::kbd_interrupt_evt`]); Linux's atkbd driver sees the combination
-//! and the kernel either restarts or, once init has asked for it, sends
-//! SIGINT to init.
+//! ([`I8042::kbd_interrupt_evt`]); Linux's atkbd driver reports the keys,
+//! its VT keyboard handler sees the combination, and the kernel either
+//! restarts or, once init has asked for it, sends SIGINT to init.
 //!
 //! For that the guest's i8042 and atkbd drivers have to find a controller
 //! and a keyboard, so the model covers what they use and what a PC BIOS
@@ -57,7 +57,7 @@
 //!
 //! With translation on (the command byte's bit 6, the PC default) the
 //! controller hands the guest set-1 codes for the keyboard's set-2 codes;
-//! see [`translate`] for which bytes it knows.
+//! see `translate` for which bytes it knows.
 
 use std::collections::VecDeque;
 use std::io;

@@ -134,7 +134,8 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub initramfs: Option<PathBuf>,
     /// Words appended to the kernel command line (the default
-    /// `console=ttyS0 reboot=k panic=-1 pci=off`, or the file's boot_args).
+    /// `console=ttyS0 reboot=k panic=-1 pci=off i8042.noaux i8042.nomux i8042.nopnp`, or the
+    /// file's boot_args).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
     /// Guest memory in MiB [default: 256].
