@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use clap::error::ErrorKind;
 use clap::Parser;
-use log::{error, info, LevelFilter};
+use log::{error, info};
 
 use vmm::api::http::Response;
 use vmm::api::preboot::{Preboot, Step};
 use vmm::api::ApiChannel;
-use vmm::config::cli::{Cli, CliParts, Launch};
+use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::VmmConfig;
 use vmm::error_line;
 use vmm::seccomp::{self, Filters};
@@ -40,26 +40,6 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(EXIT_CONFIG)
 }
 
-/// clap's own message as one line: its first paragraph (which may list the
-/// missing arguments on the lines below the first), without the usage block
-/// and tips that follow.
-fn clap_line(e: &clap::Error) -> String {
-    let rendered = e.to_string();
-    let first: Vec<&str> = rendered
-        .lines()
-        .map(str::trim)
-        .skip_while(|l| l.is_empty())
-        .take_while(|l| !l.is_empty())
-        .collect();
-    let text = first.join(" ");
-    let text = text.trim_start_matches("error: ");
-    if text.is_empty() {
-        "invalid arguments (see --help)".to_string()
-    } else {
-        format!("{text} (see --help)")
-    }
-}
-
 /// How a built VM's end becomes the process's exit status.
 fn run_vm(vmm: vmm::vmm::Vmm, start: Instant, filters: Filters, log_to_file: bool) -> ExitCode {
     let level = log::max_level();
@@ -69,11 +49,8 @@ fn run_vm(vmm: vmm::vmm::Vmm, start: Instant, filters: Filters, log_to_file: boo
                 VmExit::Fault(_) => error!("{}", reason.describe()),
                 _ => info!("{}", reason.describe()),
             }
-            if let VmExit::Fault(msg) = &reason {
-                // Faults reach stderr even when the log is quieter or elsewhere.
-                if level < LevelFilter::Error || log_to_file {
-                    eprintln!("minivmm: error: {msg}");
-                }
+            if reason.needs_stderr(level, log_to_file) {
+                eprintln!("minivmm: error: {}", reason.describe());
             }
             ExitCode::from(reason.exit_code() as u8)
         }
@@ -105,6 +82,24 @@ fn prepare(
         vmm.enable_boot_timer(start);
     }
     Ok(vmm)
+}
+
+/// Runs a built VM, serving the API's run-time requests if `api` (its
+/// channel and the instance id) is given, and returns the exit status.
+fn boot(
+    mut vmm: vmm::vmm::Vmm,
+    config: VmmConfig,
+    launch: &Launch,
+    start: Instant,
+    filters: Filters,
+    api: Option<(ApiChannel, String)>,
+) -> ExitCode {
+    log_startup(launch);
+    let to_file = config.logger.path.is_some();
+    if let Some((channel, id)) = api {
+        vmm.serve_api(channel, id, config);
+    }
+    run_vm(vmm, start, filters, to_file)
 }
 
 /// Logs how long the launcher (Firecracker's jailer, which passes its
@@ -162,14 +157,18 @@ fn serve(
             Ok(c) => c,
             Err(e) => return fail(&error_line(&e)),
         };
-        let mut vmm = match prepare(&config, &parts.launch, start, &mut logger_ready) {
+        let vmm = match prepare(&config, &parts.launch, start, &mut logger_ready) {
             Ok(v) => v,
             Err(msg) => return fail(&msg),
         };
-        log_startup(&parts.launch);
-        let to_file = config.logger.path.is_some();
-        vmm.serve_api(channel, id, config);
-        return run_vm(vmm, start, filters, to_file);
+        return boot(
+            vmm,
+            config,
+            &parts.launch,
+            start,
+            filters,
+            Some((channel, id)),
+        );
     }
     let mut pre = Preboot::new();
     loop {
@@ -207,12 +206,16 @@ fn serve(
                 prepare(&config, &parts.launch, start, &mut logger_ready).map(|v| (v, config))
             });
         match built {
-            Ok((mut vmm, config)) => {
+            Ok((vmm, config)) => {
                 let _ = cmd.reply.try_send(Response::no_content());
-                log_startup(&parts.launch);
-                let to_file = config.logger.path.is_some();
-                vmm.serve_api(channel, id, config);
-                return run_vm(vmm, start, filters, to_file);
+                return boot(
+                    vmm,
+                    config,
+                    &parts.launch,
+                    start,
+                    filters,
+                    Some((channel, id)),
+                );
             }
             Err(msg) => {
                 let _ = cmd
@@ -291,6 +294,5 @@ fn main() -> ExitCode {
             return fail(&error_line(&e));
         }
     }
-    log_startup(&launch);
-    run_vm(vmm, start, filters, config.logger.path.is_some())
+    boot(vmm, config, &launch, start, filters, None)
 }

@@ -35,6 +35,13 @@ impl VmExit {
         }
     }
 
+    /// Whether a fault must also be written to stderr: the log line alone
+    /// would not reach the operator when the log is off (`level` below
+    /// `Error`) or goes to a file. Other ends are not errors.
+    pub fn needs_stderr(&self, level: log::LevelFilter, log_to_file: bool) -> bool {
+        matches!(self, VmExit::Fault(_)) && (level < log::LevelFilter::Error || log_to_file)
+    }
+
     /// One line for the log.
     pub fn describe(&self) -> String {
         match self {
@@ -93,6 +100,27 @@ impl ExitLatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fault_reaches_stderr_only_where_the_log_would_not_show_it() {
+        use log::LevelFilter::{Error, Off, Warn};
+        let fault = VmExit::Fault("KVM_RUN failed".into());
+        // The log is on stderr at error level or above: one line there is enough.
+        assert!(!fault.needs_stderr(Error, false));
+        assert!(!fault.needs_stderr(Warn, false));
+        // Off, or in a file: stderr gets its own line.
+        assert!(fault.needs_stderr(Off, false));
+        assert!(fault.needs_stderr(Error, true));
+        assert!(fault.needs_stderr(Warn, true));
+        for end in [
+            VmExit::Reset,
+            VmExit::PowerOff,
+            VmExit::Signal(15),
+            VmExit::PanicReset,
+        ] {
+            assert!(!end.needs_stderr(Off, true), "{end:?}");
+        }
+    }
 
     #[test]
     fn first_reason_wins_and_wakes() {

@@ -21,7 +21,7 @@ use kvm_ioctls::{Kvm, VmFd};
 use log::info;
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::api::runtime::Runtime;
+use crate::api::runtime::{NetControl, Runtime};
 use crate::api::ApiChannel;
 use crate::config::VmmConfig;
 use crate::device_manager::{DeviceManager, Events};
@@ -216,7 +216,14 @@ impl Vmm {
                 threads,
                 metrics.clone(),
                 self.i8042.clone(),
-                self.devices.nets().to_vec(),
+                self.devices
+                    .nets()
+                    .iter()
+                    .map(|(id, net)| {
+                        let net: Arc<Mutex<dyn NetControl>> = net.clone();
+                        (id.clone(), net)
+                    })
+                    .collect(),
             );
             control = control.with_api(api.channel, runtime);
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use devices::legacy::i8042::I8042;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use devices::virtio::net::Net;
+use devices::virtio::net::{Net, NetBackend, NetError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -40,6 +40,30 @@ struct NetPatch {
     tx_rate_limiter: Option<Value>,
 }
 
+/// What the API changes on a running network card: the device itself
+/// (locked on the event loop, between its passes), or a stand-in in tests.
+pub trait NetControl: Send {
+    /// Replaces the RX and TX limits named (`None` keeps one).
+    fn set_rate_limits(
+        &mut self,
+        rx: Option<&RateLimiterConfig>,
+        tx: Option<&RateLimiterConfig>,
+    ) -> Result<(), NetError>;
+}
+
+impl<B: NetBackend + Send> NetControl for Net<B> {
+    fn set_rate_limits(
+        &mut self,
+        rx: Option<&RateLimiterConfig>,
+        tx: Option<&RateLimiterConfig>,
+    ) -> Result<(), NetError> {
+        Net::set_rate_limits(self, rx, tx)
+    }
+}
+
+/// A running card under its id, as the API reaches it.
+pub type NetHandle = (String, Arc<Mutex<dyn NetControl>>);
+
 /// What the running VM's API can reach.
 pub struct Runtime {
     id: String,
@@ -48,7 +72,7 @@ pub struct Runtime {
     vcpus: Vec<JoinHandle<()>>,
     metrics: Option<Arc<Mutex<Metrics>>>,
     i8042: Arc<Mutex<I8042>>,
-    nets: Vec<(String, Arc<Mutex<Net>>)>,
+    nets: Vec<NetHandle>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -108,7 +132,7 @@ impl Runtime {
         vcpus: Vec<JoinHandle<()>>,
         metrics: Option<Arc<Mutex<Metrics>>>,
         i8042: Arc<Mutex<I8042>>,
-        nets: Vec<(String, Arc<Mutex<Net>>)>,
+        nets: Vec<NetHandle>,
     ) -> Self {
         Runtime {
             id,
@@ -219,15 +243,13 @@ impl Runtime {
             Ok(p) => p,
             Err(e) => return Response::fault(&format!("network interface '{id}': {e}")),
         };
-        let Some(index) = self.config.nets.iter().position(|n| n.id == id) else {
-            return Response::fault(&format!("no network interface '{id}'"));
-        };
-        let Some(dev) = self
+        let index = self.config.nets.iter().position(|n| n.id == id);
+        let dev = self
             .nets
             .iter()
             .find(|(n, _)| n == id)
-            .map(|(_, d)| d.clone())
-        else {
+            .map(|(_, d)| d.clone());
+        let (Some(index), Some(dev)) = (index, dev) else {
             return Response::fault(&format!("no network interface '{id}'"));
         };
         let current = &self.config.nets[index].device;
@@ -279,6 +301,351 @@ mod tests {
             one_time_burst: 0,
             refill_time: refill,
         })
+    }
+
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    use clap::Parser;
+    use devices::virtio::net::tap::SeqPacket;
+    use devices::virtio::net::NetConfig;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    use crate::config::cli::Cli;
+    use crate::pause::install_kick_handler;
+
+    type TestNet = Arc<Mutex<Net<SeqPacket>>>;
+
+    /// A file path of this test's own.
+    fn tmp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("minivmm-runtime-{}-{name}", std::process::id()))
+    }
+
+    /// Stand-ins for vCPU threads: each passes the pause gate between
+    /// "runs" of 1 ms until `stop`.
+    fn vcpus(gate: &Arc<PauseGate>, stop: &Arc<AtomicBool>, n: usize) -> Vec<JoinHandle<()>> {
+        (0..n)
+            .map(|_| {
+                let (gate, stop) = (gate.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        gate.check();
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// A running VM with one card `eth0` (the device on a socket pair) and
+    /// vCPU threads that honour the gate.
+    struct Rig {
+        rt: Runtime,
+        gate: Arc<PauseGate>,
+        stop: Arc<AtomicBool>,
+        net: TestNet,
+        kbd: Arc<Mutex<I8042>>,
+        _peer: SeqPacket,
+    }
+
+    impl Rig {
+        fn new(threads: usize, metrics: Option<Arc<Mutex<Metrics>>>) -> Rig {
+            install_kick_handler().expect("kick handler");
+            let cli = Cli::try_parse_from([
+                "minivmm",
+                "--kernel",
+                "k",
+                "--vcpus",
+                "2",
+                "--mem",
+                "128",
+                "--net",
+                "tap=t0,id=eth0",
+            ])
+            .expect("flags");
+            let config = cli.into_config().expect("config");
+            let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+            let (a, peer) = SeqPacket::pair().unwrap();
+            let net: TestNet = Arc::new(Mutex::new(
+                Net::with_backend(a, NetConfig::default(), mem).unwrap(),
+            ));
+            let gate = Arc::new(PauseGate::new());
+            let stop = Arc::new(AtomicBool::new(false));
+            let kbd = Arc::new(Mutex::new(I8042::new().unwrap()));
+            let handle: Arc<Mutex<dyn NetControl>> = net.clone();
+            let rt = Runtime::new(
+                "vm-7".into(),
+                config,
+                gate.clone(),
+                vcpus(&gate, &stop, threads),
+                metrics,
+                kbd.clone(),
+                vec![("eth0".into(), handle)],
+            );
+            Rig {
+                rt,
+                gate,
+                stop,
+                net,
+                kbd,
+                _peer: peer,
+            }
+        }
+
+        fn state(&mut self) -> Value {
+            body(&self.rt.handle(ApiRequest::GetInstanceInfo))["state"].clone()
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            self.gate.resume();
+            self.stop.store(true, Ordering::Relaxed);
+            for t in self.rt.vcpus.drain(..) {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn body(r: &Response) -> Value {
+        serde_json::from_str(r.body.as_deref().unwrap_or("null")).expect("JSON body")
+    }
+
+    fn fault(r: &Response) -> String {
+        assert_eq!(r.status, 400, "{:?}", r.body);
+        body(r)["fault_message"]
+            .as_str()
+            .expect("fault_message")
+            .to_string()
+    }
+
+    #[test]
+    fn pause_parks_every_vcpu_and_resume_lets_them_go() {
+        let mut rig = Rig::new(2, None);
+        assert_eq!(rig.state(), "Running");
+        let r = rig.rt.handle(ApiRequest::PatchVm(VmState::Paused));
+        assert_eq!((r.status, r.body.clone()), (204, None));
+        assert_eq!(
+            rig.gate.parked(),
+            2,
+            "both vCPUs parked when the answer came"
+        );
+        assert_eq!(rig.state(), "Paused");
+        // Paused again: answered at once, still paused.
+        let t = Instant::now();
+        assert_eq!(
+            rig.rt.handle(ApiRequest::PatchVm(VmState::Paused)).status,
+            204
+        );
+        assert!(t.elapsed() < PAUSE_TIMEOUT / 2, "{:?}", t.elapsed());
+        assert_eq!(rig.gate.parked(), 2);
+        let r = rig.rt.handle(ApiRequest::PatchVm(VmState::Resumed));
+        assert_eq!(r.status, 204);
+        assert_eq!(rig.state(), "Running");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rig.gate.parked() > 0 {
+            assert!(Instant::now() < deadline, "vCPUs still parked after resume");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_pause_the_vcpus_do_not_reach_is_withdrawn_with_a_fault() {
+        let mut rig = Rig::new(1, None);
+        // A vCPU that will not pass the gate for longer than the pause waits.
+        let held = std::thread::spawn(|| std::thread::sleep(PAUSE_TIMEOUT * 2));
+        rig.rt.vcpus.push(held);
+        let t = Instant::now();
+        let msg = fault(&rig.rt.handle(ApiRequest::PatchVm(VmState::Paused)));
+        assert!(t.elapsed() >= PAUSE_TIMEOUT, "{:?}", t.elapsed());
+        assert!(msg.contains("did not stop within 1000 ms"), "{msg}");
+        assert_eq!(rig.state(), "Running", "the pause request was withdrawn");
+    }
+
+    #[test]
+    fn vcpus_that_ended_are_not_waited_for() {
+        let mut rig = Rig::new(0, None);
+        rig.rt.vcpus.push(std::thread::spawn(|| ()));
+        while !rig.rt.vcpus.iter().all(JoinHandle::is_finished) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t = Instant::now();
+        assert_eq!(
+            rig.rt.handle(ApiRequest::PatchVm(VmState::Paused)).status,
+            204
+        );
+        assert!(t.elapsed() < PAUSE_TIMEOUT / 2, "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_limiter_patch_reaches_the_card_and_the_configuration() {
+        let mut rig = Rig::new(0, None);
+        let patch = json!({"iface_id": "eth0",
+                           "rx_rate_limiter": {"bandwidth": {"size": 2500, "refill_time": 100}}});
+        let r = rig
+            .rt
+            .handle(ApiRequest::PatchNetworkInterface("eth0".into(), patch));
+        assert_eq!(r.status, 204, "{:?}", r.body);
+        let want = RateLimiterConfig {
+            bandwidth: bucket(2500, 100),
+            ops: None,
+        };
+        let (rx, tx) = rig.net.lock().unwrap().rate_limits();
+        assert_eq!((rx, tx), (want, RateLimiterConfig::default()));
+        assert_eq!(rig.rt.config().nets[0].device.rx_rate_limiter, want);
+        assert_eq!(
+            rig.rt.config().nets[0].device.tx_rate_limiter,
+            RateLimiterConfig::default()
+        );
+        // GET /vm/config shows the limit in force.
+        let cfg = body(&rig.rt.handle(ApiRequest::GetVmConfig));
+        let nic = &cfg["network-interfaces"][0];
+        assert_eq!(nic["rx_rate_limiter"]["bandwidth"]["size"], 2500, "{nic}");
+        // Then TX only: RX keeps what it has.
+        let patch =
+            json!({"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 5, "refill_time": 10}}});
+        let r = rig
+            .rt
+            .handle(ApiRequest::PatchNetworkInterface("eth0".into(), patch));
+        assert_eq!(r.status, 204, "{:?}", r.body);
+        let (rx, tx) = rig.net.lock().unwrap().rate_limits();
+        assert_eq!(rx, want);
+        assert_eq!(tx.ops, bucket(5, 10));
+        assert_eq!(rig.rt.config().nets[0].device.tx_rate_limiter, tx);
+    }
+
+    #[test]
+    fn a_bad_limiter_patch_is_a_fault_and_changes_nothing() {
+        let mut rig = Rig::new(0, None);
+        let before = rig.rt.config().nets[0].device.clone();
+        for (id, patch, needle) in [
+            (
+                "eth9",
+                json!({"iface_id": "eth9"}),
+                "no network interface 'eth9'",
+            ),
+            (
+                "eth0",
+                json!({"iface_id": "eth0", "mtu": 1}),
+                "unknown field",
+            ),
+            (
+                "eth0",
+                json!({"iface_id": "eth0",
+                       "rx_rate_limiter": {"ops": {"size": 5, "refill_time": 10}},
+                       "tx_rate_limiter": {"ops": {"size": 5}}}),
+                "refill_time",
+            ),
+        ] {
+            let msg = fault(
+                &rig.rt
+                    .handle(ApiRequest::PatchNetworkInterface(id.into(), patch)),
+            );
+            assert!(msg.contains(needle), "{msg}");
+            if id == "eth0" {
+                assert!(msg.starts_with("network interface 'eth0': "), "{msg}");
+            }
+        }
+        let (rx, tx) = rig.net.lock().unwrap().rate_limits();
+        assert_eq!((rx, tx), (before.rx_rate_limiter, before.tx_rate_limiter));
+        assert_eq!(
+            rig.rt.config().nets[0].device.rx_rate_limiter,
+            before.rx_rate_limiter
+        );
+    }
+
+    #[test]
+    fn a_card_missing_from_the_device_list_is_no_card() {
+        let mut rig = Rig::new(0, None);
+        rig.rt.nets.clear();
+        let msg = fault(&rig.rt.handle(ApiRequest::PatchNetworkInterface(
+            "eth0".into(),
+            json!({"iface_id": "eth0"}),
+        )));
+        assert_eq!(msg, "no network interface 'eth0'");
+    }
+
+    #[test]
+    fn metrics_are_flushed_on_request_where_there_is_a_destination() {
+        let mut rig = Rig::new(0, None);
+        let msg = fault(&rig.rt.handle(ApiRequest::Action(Action::FlushMetrics)));
+        assert!(msg.contains("no metrics destination"), "{msg}");
+        let path = tmp("metrics");
+        std::fs::write(&path, "").unwrap();
+        let metrics = Arc::new(Mutex::new(Metrics::open(&path).unwrap()));
+        let mut rig = Rig::new(0, Some(metrics));
+        assert_eq!(
+            rig.rt
+                .handle(ApiRequest::Action(Action::FlushMetrics))
+                .status,
+            204
+        );
+        assert_eq!(
+            rig.rt
+                .handle(ApiRequest::Action(Action::FlushMetrics))
+                .status,
+            204
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        for line in text.lines() {
+            serde_json::from_str::<Value>(line).expect("a JSON line");
+        }
+    }
+
+    #[test]
+    fn ctrl_alt_del_queues_the_keys_until_the_keyboard_buffer_is_full() {
+        let mut rig = Rig::new(0, None);
+        assert_eq!(rig.kbd.lock().unwrap().pending_bytes(), 0);
+        let r = rig.rt.handle(ApiRequest::Action(Action::SendCtrlAltDel));
+        assert_eq!((r.status, r.body.clone()), (204, None));
+        let queued = rig.kbd.lock().unwrap().pending_bytes();
+        assert!(queued > 0);
+        // A guest that never reads: the buffer fills, and the request that
+        // does not fit is refused whole.
+        let mut answers = Vec::new();
+        for _ in 0..64 {
+            answers.push(rig.rt.handle(ApiRequest::Action(Action::SendCtrlAltDel)));
+        }
+        let refused = answers.iter().find(|r| r.status == 400).expect("a refusal");
+        let msg = fault(refused);
+        assert!(msg.starts_with("SendCtrlAltDel: "), "{msg}");
+        let pending = rig.kbd.lock().unwrap().pending_bytes();
+        assert_eq!(pending % queued, 0, "only whole sequences are queued");
+    }
+
+    #[test]
+    fn the_running_vm_describes_itself_and_refuses_configuration() {
+        let mut rig = Rig::new(0, None);
+        let info = body(&rig.rt.handle(ApiRequest::GetInstanceInfo));
+        assert_eq!(info["id"], "vm-7");
+        assert_eq!(info["app_name"], "minivmm");
+        let mc = body(&rig.rt.handle(ApiRequest::GetMachineConfig));
+        assert_eq!(
+            (mc["vcpu_count"].clone(), mc["mem_size_mib"].clone()),
+            (json!(2), json!(128))
+        );
+        let v = body(&rig.rt.handle(ApiRequest::GetVersion));
+        assert!(v["firecracker_version"].is_string(), "{v}");
+        let cfg = body(&rig.rt.handle(ApiRequest::GetVmConfig));
+        assert_eq!(cfg["machine-config"]["vcpu_count"], 2);
+        assert_eq!(cfg["network-interfaces"][0]["iface_id"], "eth0");
+        let msg = fault(&rig.rt.handle(ApiRequest::Action(Action::InstanceStart)));
+        assert!(msg.contains("already running"), "{msg}");
+        for req in [
+            ApiRequest::PutBootSource(json!({})),
+            ApiRequest::PutMachineConfig(json!({})),
+            ApiRequest::PatchMachineConfig(json!({})),
+            ApiRequest::PutNetworkInterface("eth1".into(), json!({})),
+            ApiRequest::PutDrive("d".into(), json!({})),
+            ApiRequest::PutLogger(json!({})),
+            ApiRequest::PutMetrics(json!({})),
+        ] {
+            let msg = fault(&rig.rt.handle(req));
+            assert!(msg.contains("not allowed after it started"), "{msg}");
+        }
     }
 
     #[test]

@@ -359,6 +359,26 @@ impl Cli {
     }
 }
 
+/// clap's own message as one line: its first paragraph (which may list the
+/// missing arguments on the lines below the first), without the usage block
+/// and tips that follow.
+pub fn clap_line(e: &clap::Error) -> String {
+    let rendered = e.to_string();
+    let first: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let text = first.join(" ");
+    let text = text.trim_start_matches("error:").trim_start();
+    if text.is_empty() {
+        "invalid arguments (see --help)".to_string()
+    } else {
+        format!("{text} (see --help)")
+    }
+}
+
 /// Splits `a=1,fd=[3],b=2` at the commas outside brackets (Cloud
 /// Hypervisor writes lists as `[...]`).
 fn split_items(spec: &str) -> Vec<&str> {
@@ -494,6 +514,29 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied()))
             .map_err(|e| e.kind().to_string())?;
         cli.into_config().map_err(|e| crate::error_line(&e))
+    }
+
+    #[test]
+    fn a_clap_error_is_one_line_with_every_missing_argument() {
+        let e = Cli::try_parse_from(["minivmm", "--tap"]).expect_err("no value");
+        let line = clap_line(&e);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(!line.starts_with("error:"), "{line}");
+        assert!(line.contains("--tap"), "{line}");
+        assert!(line.ends_with(" (see --help)"), "{line}");
+        assert!(!line.contains("Usage"), "{line}");
+        // Two lines of missing arguments in clap's message end up on one.
+        let e = clap::Error::raw(
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "the following required arguments were not provided:\n  --kernel <PATH>\n  --mem <MIB>\n\nUsage: minivmm\n",
+        );
+        let line = clap_line(&e);
+        assert_eq!(
+            line,
+            "the following required arguments were not provided: --kernel <PATH> --mem <MIB> (see --help)"
+        );
+        let empty = clap::Error::raw(clap::error::ErrorKind::InvalidValue, "\n\n");
+        assert_eq!(clap_line(&empty), "invalid arguments (see --help)");
     }
 
     #[test]

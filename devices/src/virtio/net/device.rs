@@ -302,6 +302,11 @@ impl<B: NetBackend> Net<B> {
         Ok(())
     }
 
+    /// The RX and TX limits in force (unlimited where none is set).
+    pub fn rate_limits(&self) -> (RateLimiterConfig, RateLimiterConfig) {
+        (self.cfg.rx_rate_limiter, self.cfg.tx_rate_limiter)
+    }
+
     /// The backend (for tests and benchmarks that talk to its peer).
     pub fn backend(&self) -> &B {
         &self.backend

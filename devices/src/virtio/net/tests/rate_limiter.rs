@@ -551,7 +551,11 @@ fn test_a_live_rx_limit_change_reads_the_held_frame_at_once() {
         start.elapsed()
     );
     assert!(!rx_throttled(&h));
-    assert_eq!(h.dev().cfg.rx_rate_limiter, bw(1_000_000, 100));
+    // The new RX limit is in force; TX, not named, stays unlimited.
+    assert_eq!(
+        h.dev().rate_limits(),
+        (bw(1_000_000, 100), RateLimiterConfig::default())
+    );
 }
 
 #[test]
