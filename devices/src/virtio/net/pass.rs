@@ -285,6 +285,35 @@ mod tests {
     }
 
     #[test]
+    fn test_a_pass_past_its_deadline_stops_at_the_next_look_at_the_clock() {
+        let mut p = Pass::new(Some(Duration::from_secs(3600)));
+        // No look before the first stride: every pass makes progress.
+        for packets in 0..CLOCK_STRIDE {
+            p.packets = packets;
+            assert!(!p.out_of_time(), "{packets} packets");
+        }
+        p.packets = CLOCK_STRIDE;
+        assert!(!p.out_of_time(), "an hour's budget is not spent");
+        // The deadline passes between two looks: the packets up to the next
+        // look still go (the overshoot is under one stride), that one stops.
+        p.deadline = Some(Instant::now() - Duration::from_millis(1));
+        for k in 1..CLOCK_STRIDE {
+            p.packets = CLOCK_STRIDE + k;
+            assert!(
+                !p.out_of_time(),
+                "looked at the clock at packet {}",
+                p.packets
+            );
+        }
+        p.packets = 2 * CLOCK_STRIDE;
+        assert!(p.out_of_time(), "the second look sees the deadline");
+        // Sticky.
+        p.deadline = Some(Instant::now() + Duration::from_secs(3600));
+        p.packets += 1;
+        assert!(p.out_of_time());
+    }
+
+    #[test]
     fn test_a_batch_starts_only_if_an_average_one_fits_the_time_budget() {
         let ms = Duration::from_millis;
         // The first batch always goes: the pass must make progress.
