@@ -24,11 +24,11 @@ use arbitrary::Arbitrary;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::io_engine::WriteRing;
 use devices::virtio::iov::IoVecs;
-use devices::virtio::net::pass::MAX_PASS_READS;
 use devices::virtio::net::{Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
 use devices::virtio::queue::{
     GuestRegions, RingAddrs, RingFeatures, SplitQueue, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_WRITE,
 };
+use devices::virtio::test_utils::MAX_PASS_READS;
 use devices::virtio::test_utils::{desc_bytes, write_indirect_table, DriverQueue, QueueLayout};
 use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};

@@ -17,7 +17,8 @@
 //! their size and the host; the time budget bounds what the other direction
 //! waits for, which is what fairness is about. A pass cut short any of these
 //! ways returns `WeightHit` and the event glue re-queues it behind every
-//! other ready event. So a pass never reads more than [`MAX_PASS_READS`]
+//! other ready event. So a pass never reads more than `MAX_PASS_READS`
+//! (the bound the tests and fuzz rigs hold it to, in `test_utils`) ring
 //! entries and descriptors, whatever the guest writes into its rings and
 //! whenever it writes it; `NetMetrics::max_descs_per_pass` shows the largest
 //! seen.
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::metrics::{NetMetrics, TimeCounter};
 use crate::rate_limiter::RateLimiterError;
-use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue, MAX_CHAIN_SEGS};
+use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
@@ -39,12 +40,6 @@ use crate::warn::warn_rate_limited;
 /// above what a weighted pass of real traffic reads: 256 frames of 19
 /// descriptors (a 64 KiB frame in page fragments) are 5,120.
 pub const PASS_DESC_BUDGET: u32 = 8192;
-/// Most ring entries and descriptors a pass can read: the budget is checked
-/// before each chain, one chain costs at most its avail entry, the
-/// descriptor pointing to an indirect table and `MAX_CHAIN_SEGS + 1`
-/// buffer descriptors (the last one refused), and the pass may look at
-/// `avail.idx` once more after re-enabling notifications.
-pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
 
 /// Packets (frames and refused chains) between two looks at the clock when a
 /// pass has a time budget. The clock is the vDSO's (tens of ns, about 1 % of

@@ -35,9 +35,21 @@
 
 use vm_memory::{GuestAddress, GuestMemoryError};
 
+use super::net::pass::PASS_DESC_BUDGET;
+use super::queue::MAX_CHAIN_SEGS;
+
 #[cfg(doc)]
 use super::mmio::MmioTransport;
 use super::GuestMemory;
+
+/// Most ring entries and descriptors one net-device pass can read: the
+/// oracle the robustness tests and the fuzz rigs hold every pass to (the
+/// device itself stops at its budget and never looks at this bound). The
+/// budget is checked before each chain, one chain costs at most its avail
+/// entry, the descriptor pointing to an indirect table and
+/// `MAX_CHAIN_SEGS + 1` buffer descriptors (the last one refused), and the
+/// pass may look at `avail.idx` once more after re-enabling notifications.
+pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
 
 mod driver_queue;
 mod dummy_device;
