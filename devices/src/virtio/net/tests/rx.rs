@@ -161,6 +161,30 @@ fn test_rx_reads_without_waiting_for_64k() {
 }
 
 #[test]
+fn test_rx_reads_once_one_readv_can_take_no_more_buffers() {
+    // 1023 buffers of 64 bytes: short of a 64 KiB frame (65,472 bytes) and
+    // of the ring (2048), but one readv takes no more vectors (IOV_MAX, less
+    // the one the tail needs). Waiting for more would stall the frame.
+    let mut h = NetFixture::new(
+        NetConfig {
+            queue_size: 2048,
+            ..cfg()
+        },
+        MRG_FEATURES | GUEST_GSO,
+    );
+    let bufs = h.post_rx(&[64; 1023]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 1514, 3)).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    // 1526 = 23 * 64 + 54
+    let used = h.rxq.take_used(&h.mem);
+    assert_eq!(used.len(), 24);
+    assert_eq!(used[23].1, 54);
+    assert_eq!(num_buffers(&h, bufs[0].1), 24);
+}
+
+#[test]
 fn test_rx_without_mrg_drops_frame_too_big() {
     let mut h = NetFixture::new(cfg(), BASE_FEATURES);
     let bufs = h.post_rx(&[1000]);
