@@ -187,7 +187,9 @@ fn test_rx_reads_once_one_readv_can_take_no_more_buffers() {
 #[test]
 fn test_rx_without_mrg_drops_frame_too_big() {
     let mut h = NetFixture::new(cfg(), BASE_FEATURES);
-    let bufs = h.post_rx(&[1000]);
+    // Two chains that together would hold the frame: without MRG_RXBUF a
+    // frame takes one chain or none.
+    let bufs = h.post_rx(&[1000, 1000]);
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
     check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
