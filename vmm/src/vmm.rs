@@ -117,12 +117,6 @@ impl Vmm {
         }
     }
 
-    /// Logs when the guest reports boot complete, counted from `start`
-    /// (`--boot-timer`).
-    pub fn enable_boot_timer(&self, start: Instant) {
-        self.devices.enable_boot_timer(start);
-    }
-
     /// Serves the API's run-time requests from `channel` once the VM runs:
     /// `id` is the instance id, `config` what the VM was built from.
     pub fn serve_api(&mut self, channel: ApiChannel, id: String, config: VmmConfig) {
