@@ -101,7 +101,9 @@ fn prepare(
         *logger_ready = true;
     }
     let boot_timer = launch.boot_timer.then_some(start);
-    vmm::builder::build(config, tap_fds, boot_timer).map_err(|e| error_line(&e))
+    let mut vmm = vmm::builder::build(config, tap_fds, boot_timer).map_err(|e| error_line(&e))?;
+    vmm.set_id(&launch.id);
+    Ok(vmm)
 }
 
 /// Logs how long the launcher (Firecracker's jailer, which passes its

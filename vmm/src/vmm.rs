@@ -117,6 +117,13 @@ impl Vmm {
         }
     }
 
+    /// Names the instance (`--id`) in its metrics lines.
+    pub fn set_id(&mut self, id: &str) {
+        if let Some(m) = &mut self.metrics {
+            m.set_id(id);
+        }
+    }
+
     /// Serves the API's run-time requests from `channel` once the VM runs:
     /// `id` is the instance id, `config` what the VM was built from.
     pub fn serve_api(&mut self, channel: ApiChannel, id: String, config: VmmConfig) {
