@@ -100,7 +100,7 @@ mod tests {
     }
 
     #[test]
-    fn the_process_cpu_clock_counts_work_and_not_sleep() {
+    fn the_cpu_clock_counts_work_and_the_monotonic_clock_counts_sleep() {
         let before = process_cpu_us();
         // Spin until 20 ms of CPU time show (other tests' threads only add
         // to it); a clock that stands still fails at the deadline.
