@@ -8,10 +8,12 @@
 //! MINIVMM-READY), run the guest self-test (`minivmm.mode=selftest`: threads
 //! and their thread-local storage, clone with a new TLS, fork, exec, signals,
 //! context switches, each checked by `mvperf selftest`) to its PASS line,
-//! reboot, and leave minivmm exiting 0 by itself. A kernel panic or any
-//! crash line on the console (`segfault at`, `traps:`, ...) is a failure on
-//! every host. Bad-input cases need no boot and run in well under a second
-//! each.
+//! reboot, and leave minivmm exiting 0 by itself. The vmlinux boot also runs
+//! with `--boot-timer`: init's write of 123 to the register must show as
+//! one `Guest-boot-time` line (the bzImage boot, without it, must show
+//! none). A kernel panic or any crash line on the console (`segfault at`,
+//! `traps:`, ...) is a failure on every host. Bad-input cases need no boot
+//! and run in well under a second each.
 
 use std::path::Path;
 use std::process::Command;
@@ -34,10 +36,13 @@ fn s(v: &[&str]) -> Vec<String> {
 
 /// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the
 /// self-test its PASS line, then init reboots and minivmm must exit 0 by
-/// itself. Returns the finished VM for more checks.
-fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
+/// itself. With `boot_timer` (`--boot-timer`) minivmm must log the guest's
+/// boot-complete write once, with a time between its first vCPU entry and
+/// MINIVMM-READY; without it, nothing of the boot timer may show. Returns
+/// the finished VM for more checks.
+fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
     let img = guest_image();
-    let args = s(&[
+    let mut args = s(&[
         "--kernel",
         kernel.to_str().unwrap(),
         "--initramfs",
@@ -51,6 +56,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
         "--log-level",
         "info",
     ]);
+    if boot_timer {
+        args.push("--boot-timer".into());
+    }
     let name = kernel.file_name().unwrap().to_string_lossy().into_owned();
     let mut vm = Vm::spawn(&args, None).unwrap();
     let ready = vm.wait_for(READY, BOOT_TIMEOUT);
@@ -94,7 +102,74 @@ fn boot_to_ready(kernel: &Path, vcpus: &str) -> Vm {
         !log.contains("after a kernel panic"),
         "minivmm saw a panic\n{report}"
     );
+    check_boot_timer(&log, boot_timer, ready_at, &report);
+    eprintln!(
+        "FIGURE boot-timer {name} {vcpus} vCPU(s): {}",
+        log.lines()
+            .find(|l| l.contains(BOOT_TIME))
+            .map_or("(off)", str::trim)
+    );
     vm
+}
+
+/// Firecracker's boot-time line, which minivmm logs with `--boot-timer`.
+const BOOT_TIME: &str = "Guest-boot-time = ";
+
+/// The boot-timer's traces in minivmm's log `log` of a boot that reached
+/// MINIVMM-READY `ready_at` seconds after start: with `on`, the register
+/// announced on the command line and one boot-time line whose wall time
+/// lies between the first vCPU entry and MINIVMM-READY; without, neither.
+fn check_boot_timer(log: &str, on: bool, ready_at: f64, report: &str) {
+    let word = "minivmm.boot_timer=0xc0000000";
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(BOOT_TIME)).collect();
+    if !on {
+        assert!(!log.contains(word), "{word} without --boot-timer\n{report}");
+        assert!(
+            lines.is_empty(),
+            "a boot time without --boot-timer\n{report}"
+        );
+        return;
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("minivmm adds to the kernel command line:") && l.contains(word)),
+        "{word} not added to the command line\n{report}"
+    );
+    assert_eq!(lines.len(), 1, "want one boot-time line\n{report}");
+    // "Guest-boot-time = 61234567 us 61234 ms,  9876543 CPU us 9876 CPU ms"
+    let fields: Vec<&str> = lines[0]
+        .split(BOOT_TIME)
+        .nth(1)
+        .unwrap()
+        .split([' ', ','])
+        .filter(|w| !w.is_empty())
+        .collect();
+    let num = |i: usize| -> u64 {
+        fields
+            .get(i)
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("field {i} of {:?}\n{report}", lines[0]))
+    };
+    let (us, ms, cpu_us, cpu_ms) = (num(0), num(2), num(4), num(7));
+    assert_eq!(ms, us / 1000, "{}", lines[0]);
+    assert_eq!(cpu_ms, cpu_us / 1000, "{}", lines[0]);
+    let entry_ms: u64 = log
+        .lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once("boot: ")?;
+            rest.strip_suffix(" ms from start to first vCPU entry")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no first vCPU entry time\n{report}"));
+    // The write comes from init, before MINIVMM-READY: after the guest
+    // started and before the test saw its marker.
+    assert!(
+        us > entry_ms * 1000 && (us as f64) < ready_at * 1e6,
+        "boot time {us} us, first vCPU entry at {entry_ms} ms, {READY} at {ready_at:.1} s\n{report}"
+    );
+    assert!(cpu_us > 0, "{}", lines[0]);
 }
 
 /// The bzImage's decompressor runs emulated here (LZ4 keeps it to about half
@@ -108,7 +183,7 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
     ) {
         return;
     }
-    let vm = boot_to_ready(&guest_image().bzimage, "1");
+    let vm = boot_to_ready(&guest_image().bzimage, "1", false);
     assert!(
         vm.stderr().contains("bzImage kernel at 0x100200"),
         "{}",
@@ -124,7 +199,7 @@ fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
     ) {
         return;
     }
-    let vm = boot_to_ready(&guest_image().vmlinux, "2");
+    let vm = boot_to_ready(&guest_image().vmlinux, "2", true);
     assert!(
         vm.console().contains("Brought up 1 node, 2 CPUs"),
         "{}",

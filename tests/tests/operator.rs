@@ -300,6 +300,8 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
         log.to_str().unwrap(),
         "--log-level",
         "info",
+        "--id",
+        "metrics-vm",
     ]));
     let mut vm = Vm::spawn(&args, None).unwrap();
     let mut got = Vec::new();
@@ -323,6 +325,10 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
         assert!((700..=2500).contains(&gap), "interval {gap} ms");
         assert!(t(&w[1]) >= t(&w[0]));
         assert!(w[1]["vmm"]["vcpu_exits"]["io_in"].is_u64());
+    }
+    // Every line names its VM, so VMs sharing one FIFO are told apart.
+    for l in &parsed {
+        assert_eq!(l["id"], "metrics-vm", "{l}");
     }
     // SIGUSR1 adds a line at once; SIGTERM ends the VM with 0 and a last line.
     let before = got.len();
@@ -371,6 +377,8 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     let lines = parse_lines(&std::fs::read_to_string(&file).unwrap());
     assert_eq!(lines.len(), 2);
     assert!(lines[1]["vmm"]["uptime_ms"].as_u64() >= lines[0]["vmm"]["uptime_ms"].as_u64());
+    // Without --id, Firecracker's default id.
+    assert_eq!(lines[0]["id"], "anonymous-instance");
     std::fs::remove_file(&file).unwrap();
     std::fs::remove_file(&kernel).unwrap();
 }

@@ -272,8 +272,13 @@ impl Steps {
 }
 
 /// Builds a ready-to-run VM; `tap_fds` are the descriptors
-/// [`claim_tap_fds`] took.
-pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
+/// [`claim_tap_fds`] took. `boot_timer` (`--boot-timer`: when minivmm
+/// started) adds the boot-timer register, announced on the command line.
+pub fn build(
+    cfg: &VmmConfig,
+    mut tap_fds: TapFds,
+    boot_timer: Option<Instant>,
+) -> Result<Vmm, BuildError> {
     let mut steps = Steps::new();
     // The files first: a typo in a path is the commonest mistake; say so
     // before anything else happens.
@@ -307,6 +312,9 @@ pub fn build(cfg: &VmmConfig, mut tap_fds: TapFds) -> Result<Vmm, BuildError> {
     )?;
     for drive in &cfg.drives {
         devices.attach_block(&vm, &mem, drive, &mut events)?;
+    }
+    if let Some(start) = boot_timer {
+        devices.enable_boot_timer(start);
     }
     steps.done("devices");
 
@@ -610,7 +618,7 @@ mod tests {
             host_quirks: crate::config::HostQuirks::Off,
             seccomp: crate::seccomp::SeccompMode::Off,
         };
-        let err = build(&cfg("/nonexistent/bzImage"), TapFds::new())
+        let err = build(&cfg("/nonexistent/bzImage"), TapFds::new(), None)
             .err()
             .unwrap();
         assert!(
@@ -619,7 +627,7 @@ mod tests {
         );
         let dir = std::env::temp_dir().join(format!("minivmm-garbage-{}", std::process::id()));
         std::fs::write(&dir, b"this is not a kernel").unwrap();
-        let err = build(&cfg(dir.to_str().unwrap()), TapFds::new())
+        let err = build(&cfg(dir.to_str().unwrap()), TapFds::new(), None)
             .err()
             .unwrap();
         std::fs::remove_file(&dir).unwrap();

@@ -270,28 +270,28 @@ impl DeviceManager {
         &self.block_metrics
     }
 
-    /// Logs, once, the time from `start` to the guest's write of
+    /// Logs, once, the time from `start` to the guest's one-byte write of
     /// [`layout::BOOT_COMPLETE`] to [`layout::BOOT_TIMER_ADDR`]
-    /// (`--boot-timer`). Without it the register ignores writes.
-    pub fn enable_boot_timer(&self, start: std::time::Instant) {
-        let _ = self.boot_timer.set(start);
+    /// (`--boot-timer`), and announces the register on the kernel command
+    /// line (`minivmm.boot_timer=0xc0000000`) so that the project's init writes it only
+    /// when something listens. Without it the register ignores writes.
+    pub fn enable_boot_timer(&mut self, start: std::time::Instant) {
+        if self.boot_timer.set(start).is_ok() {
+            self.cmdline_words.push(boot_timer_word());
+        }
     }
 
-    fn boot_timer_write(&self, data: &[u8]) {
-        let Some(start) = self.boot_timer.get() else {
-            return;
-        };
-        if data.first() == Some(&layout::BOOT_COMPLETE)
-            && !self.boot_logged.swap(true, Ordering::SeqCst)
-        {
-            let t = start.elapsed();
-            log::info!(
-                target: crate::event_loop::LOG_TARGET,
-                "boot: the guest reported boot complete {} us ({} ms) after start",
-                t.as_micros(),
-                t.as_millis()
-            );
+    /// A write to the boot-timer register; returns the line it logged.
+    fn boot_timer_write(&self, data: &[u8]) -> Option<String> {
+        let start = self.boot_timer.get()?;
+        // Firecracker's device takes only a one-byte write of the value; a
+        // wider store that merely begins with it is something else.
+        if data != [layout::BOOT_COMPLETE] || self.boot_logged.swap(true, Ordering::SeqCst) {
+            return None;
         }
+        let line = boot_time_line(start.elapsed(), crate::process_cpu_us());
+        log::info!(target: crate::event_loop::LOG_TARGET, "{line}");
+        Some(line)
     }
 
     /// The vCPU exit counters the exit bus keeps.
@@ -305,6 +305,24 @@ impl DeviceManager {
             .find(|s| (s.base..s.base + MMIO_WINDOW_SIZE).contains(&addr))
             .map(|s| (s, addr - s.base))
     }
+}
+
+/// The kernel command-line word naming the boot-timer register, added with
+/// `--boot-timer` (the init of `resources/` reads it).
+fn boot_timer_word() -> String {
+    format!("minivmm.boot_timer={:#x}", layout::BOOT_TIMER_ADDR)
+}
+
+/// Firecracker's boot-time line, word for word, so that what parses its
+/// logs parses ours: the wall time since start, then the process's CPU
+/// time until then.
+fn boot_time_line(wall: std::time::Duration, cpu_us: u64) -> String {
+    let us = wall.as_micros();
+    format!(
+        "Guest-boot-time = {us:>6} us {} ms, {cpu_us:>6} CPU us {} CPU ms",
+        us / 1000,
+        cpu_us / 1000
+    )
 }
 
 /// Locks a device; a poisoned lock means a device thread panicked, and the
@@ -387,7 +405,8 @@ impl ExitBus for DeviceManager {
     fn mmio_write(&self, addr: u64, data: &[u8]) {
         count(&self.exits.mmio_write);
         if addr == layout::BOOT_TIMER_ADDR {
-            return self.boot_timer_write(data);
+            self.boot_timer_write(data);
+            return;
         }
         if let Some((slot, offset)) = self.mmio_slot(addr) {
             lock(&slot.transport).write(offset, data);
@@ -527,18 +546,55 @@ mod tests {
 
     #[test]
     fn the_boot_timer_logs_once_and_only_when_enabled_and_told() {
-        let dm = DeviceManager::new();
-        // Off: a write is ignored (and reaches no device).
+        let mut dm = DeviceManager::new();
+        // Off: a write is ignored (and reaches no device), and the command
+        // line announces nothing.
         dm.mmio_write(layout::BOOT_TIMER_ADDR, &[layout::BOOT_COMPLETE]);
         assert!(!dm.boot_logged.load(Ordering::SeqCst));
+        assert_eq!(dm.boot_timer_write(&[layout::BOOT_COMPLETE]), None);
+        assert!(dm.cmdline_words().is_empty());
         dm.enable_boot_timer(std::time::Instant::now());
+        dm.enable_boot_timer(std::time::Instant::now());
+        assert_eq!(dm.cmdline_words(), ["minivmm.boot_timer=0xc0000000"]);
         dm.mmio_write(layout::BOOT_TIMER_ADDR, &[7]);
         assert!(!dm.boot_logged.load(Ordering::SeqCst));
         dm.mmio_write(layout::BOOT_TIMER_ADDR + 1, &[layout::BOOT_COMPLETE]);
         assert!(!dm.boot_logged.load(Ordering::SeqCst));
+        // Firecracker's width: one byte, not a wider store starting with it.
         dm.mmio_write(layout::BOOT_TIMER_ADDR, &[layout::BOOT_COMPLETE, 0, 0, 0]);
+        assert!(!dm.boot_logged.load(Ordering::SeqCst));
+        dm.mmio_write(layout::BOOT_TIMER_ADDR, &[layout::BOOT_COMPLETE]);
         assert!(dm.boot_logged.load(Ordering::SeqCst));
-        assert_eq!(dm.vcpu_exits().mmio_write.load(Ordering::Relaxed), 4);
+        // Once: a second boot-complete write logs nothing.
+        assert_eq!(dm.boot_timer_write(&[layout::BOOT_COMPLETE]), None);
+        assert_eq!(dm.vcpu_exits().mmio_write.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn the_boot_time_counts_from_start() {
+        let mut dm = DeviceManager::new();
+        let start = std::time::Instant::now() - std::time::Duration::from_secs(2);
+        dm.enable_boot_timer(start);
+        let line = dm.boot_timer_write(&[layout::BOOT_COMPLETE]).unwrap();
+        let us: u64 = line
+            .strip_prefix("Guest-boot-time = ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!((2_000_000..60_000_000).contains(&us), "{line}");
+    }
+
+    #[test]
+    fn the_boot_time_line_is_firecrackers() {
+        let wall = std::time::Duration::from_micros(1_234_567);
+        assert_eq!(
+            boot_time_line(wall, 45_678),
+            "Guest-boot-time = 1234567 us 1234 ms,  45678 CPU us 45 CPU ms"
+        );
+        assert_eq!(
+            boot_time_line(std::time::Duration::from_micros(999), 5),
+            "Guest-boot-time =    999 us 0 ms,      5 CPU us 0 CPU ms"
+        );
     }
 
     #[test]

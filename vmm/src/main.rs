@@ -77,10 +77,9 @@ fn prepare(
         vmm::logger::init(&config.logger).map_err(|e| error_line(&e))?;
         *logger_ready = true;
     }
-    let vmm = vmm::builder::build(config, tap_fds).map_err(|e| error_line(&e))?;
-    if launch.boot_timer {
-        vmm.enable_boot_timer(start);
-    }
+    let boot_timer = launch.boot_timer.then_some(start);
+    let mut vmm = vmm::builder::build(config, tap_fds, boot_timer).map_err(|e| error_line(&e))?;
+    vmm.set_id(&launch.id);
     Ok(vmm)
 }
 

@@ -5,13 +5,17 @@
 //! Firecracker flushes; 0 = none on a timer), on SIGUSR1 and at exit:
 //!
 //! ```json
-//! {"utc_timestamp_ms":1764669600123,"vmm":{"uptime_ms":61002,"vcpu_exits":{"io_in":812,...},
-//!  "metrics_lines_dropped":0},"net0":{"rx_frames":...},"net1":{...}}
+//! {"utc_timestamp_ms":1764669600123,"id":"vm0","vmm":{"uptime_ms":61002,
+//!  "vcpu_exits":{"io_in":812,...},"metrics_lines_dropped":0},"net0":{"rx_frames":...},
+//!  "net1":{...}}
 //! ```
 //!
 //! `utc_timestamp_ms` is milliseconds since the Unix epoch (Firecracker's
-//! key); `vmm` holds the VMM's own counters; every network card follows under
-//! its id. Unlike Firecracker's, whose counters restart at every flush, every
+//! key); `id` is the instance id (`--id`, `anonymous-instance` without it),
+//! which Firecracker's lines lack: several VMs writing into one FIFO are told
+//! apart by it; `vmm` holds the VMM's own counters; every network card and
+//! drive follows under its id, so none may be named as one of
+//! [`RESERVED_KEYS`]. Unlike Firecracker's, whose counters restart at every flush, every
 //! counter here is cumulative since minivmm started: a reader takes deltas
 //! between lines and a lost line loses nothing. The objects are serde
 //! serializations of the counter structs, so the keys are their field names.
@@ -27,6 +31,10 @@ use devices::virtio::net::NetMetrics;
 use serde::Serialize;
 
 use crate::line_writer::NonBlockingLineWriter;
+
+/// The keys of a line's own fields, which no card or drive id may take
+/// (the configuration checks).
+pub const RESERVED_KEYS: [&str; 3] = ["utc_timestamp_ms", "id", "vmm"];
 
 /// How long the exit flush waits for a slow FIFO reader.
 const EXIT_DRAIN: Duration = Duration::from_secs(1);
@@ -57,6 +65,7 @@ struct VmmLine<'a> {
 #[derive(Debug, Serialize)]
 struct Line<'a> {
     utc_timestamp_ms: u64,
+    id: &'a str,
     vmm: VmmLine<'a>,
     #[serde(flatten)]
     nets: BTreeMap<&'a str, &'a NetMetrics>,
@@ -75,6 +84,7 @@ pub fn lock_metrics(m: &Mutex<Metrics>) -> MutexGuard<'_, Metrics> {
 #[derive(Debug)]
 pub struct Metrics {
     out: NonBlockingLineWriter,
+    id: String,
     start: Instant,
     exits: Arc<VcpuExits>,
     nets: Vec<(String, Arc<NetMetrics>)>,
@@ -86,6 +96,7 @@ impl Metrics {
     pub fn open(path: &Path) -> std::io::Result<Metrics> {
         Ok(Metrics {
             out: NonBlockingLineWriter::open(path)?,
+            id: crate::config::cli::DEFAULT_ID.to_string(),
             start: Instant::now(),
             exits: Arc::default(),
             nets: Vec::new(),
@@ -106,6 +117,11 @@ impl Metrics {
         self.start = start;
     }
 
+    /// Names the instance in every line (`--id`).
+    pub fn set_id(&mut self, id: &str) {
+        self.id = id.to_string();
+    }
+
     /// Reports the drives' counters under their ids too.
     pub fn attach_drives(&mut self, drives: Vec<(String, Arc<BlockMetrics>)>) {
         self.drives = drives;
@@ -118,6 +134,7 @@ impl Metrics {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let line = Line {
             utc_timestamp_ms,
+            id: &self.id,
             vmm: VmmLine {
                 uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 vcpu_exits: &self.exits,
@@ -215,6 +232,42 @@ mod tests {
         for key in ["io_in", "io_out", "mmio_read", "mmio_write"] {
             assert!(lines[1]["vmm"]["vcpu_exits"][key].is_u64(), "{key}");
         }
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn lines_name_the_instance_and_hold_only_reserved_keys_and_device_ids() {
+        let (p, mut m) = metrics_file("id");
+        m.attach(
+            Arc::default(),
+            vec![("net0".into(), Arc::default())],
+            Instant::now(),
+        );
+        m.attach_drives(vec![("rootfs".into(), Arc::default())]);
+        m.flush();
+        m.set_id("vm-7");
+        m.flush();
+        let lines = lines_of(&p);
+        assert_eq!(lines[0]["id"], crate::config::cli::DEFAULT_ID);
+        assert_eq!(lines[1]["id"], "vm-7");
+        // Firecracker's layout otherwise: the timestamp first, the VMM's
+        // object, the devices by id; nothing else at the top.
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.starts_with(r#"{"utc_timestamp_ms":"#), "{text}");
+        let mut keys: Vec<&str> = lines[1]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        let mut want: Vec<&str> = RESERVED_KEYS
+            .iter()
+            .copied()
+            .chain(["net0", "rootfs"])
+            .collect();
+        want.sort_unstable();
+        assert_eq!(keys, want);
         std::fs::remove_file(&p).unwrap();
     }
 

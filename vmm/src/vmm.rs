@@ -117,10 +117,11 @@ impl Vmm {
         }
     }
 
-    /// Logs when the guest reports boot complete, counted from `start`
-    /// (`--boot-timer`).
-    pub fn enable_boot_timer(&self, start: Instant) {
-        self.devices.enable_boot_timer(start);
+    /// Names the instance (`--id`) in its metrics lines.
+    pub fn set_id(&mut self, id: &str) {
+        if let Some(m) = &mut self.metrics {
+            m.set_id(id);
+        }
     }
 
     /// Serves the API's run-time requests from `channel` once the VM runs:
@@ -250,5 +251,42 @@ impl Vmm {
             .expect("the loop ends only once a reason is recorded");
         info!(target: LOG_TARGET, "run time: {} ms", start.elapsed().as_millis());
         Ok(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_id_reaches_the_metrics_lines() {
+        if !std::path::Path::new("/dev/kvm").exists() {
+            println!("SKIP the_id_reaches_the_metrics_lines: no /dev/kvm on this host");
+            return;
+        }
+        let (kvm, fd, mem) = crate::builder::test_vm(32).unwrap();
+        let path = std::env::temp_dir().join(format!("minivmm-vmm-id-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let devices = Devices {
+            manager: Arc::new(DeviceManager::new()),
+            events: Events::new().unwrap(),
+            serial: Arc::new(Mutex::new(
+                SerialDevice::new(Box::new(std::io::sink())).unwrap(),
+            )),
+            i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
+            panicked: Arc::default(),
+        };
+        let mut vmm = Vmm::new(
+            KvmVm::new(kvm, fd, mem),
+            devices,
+            Vec::new(),
+            ExitLatch::new().unwrap(),
+            Some(Metrics::open(&path).unwrap()),
+            0,
+        );
+        vmm.set_id("vm-9");
+        let line = vmm.metrics.as_ref().unwrap().line();
+        assert!(line.contains(r#""id":"vm-9""#), "{line}");
+        std::fs::remove_file(&path).unwrap();
     }
 }

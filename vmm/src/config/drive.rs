@@ -154,6 +154,12 @@ pub fn finish_drives(
                 devices::virtio::block::ID_BYTES
             )));
         }
+        if crate::metrics::RESERVED_KEYS.contains(&id.as_str()) {
+            return Err(err(
+                "the id is a key of the metrics line itself (not utc_timestamp_ms, id or vmm)"
+                    .into(),
+            ));
+        }
         if nic_ids.contains(&id.as_str()) {
             return Err(err("the id is a network interface's too".into()));
         }
@@ -395,6 +401,14 @@ mod tests {
                 "drive 'a/b': the id may hold only letters, digits, '_', '-' and '.'".into(),
             ),
         ];
+        // The metrics line's own keys: a drive under one of them would
+        // repeat a key of its line.
+        let cases = cases.into_iter().chain(crate::metrics::RESERVED_KEYS.iter().map(|key| {
+            (
+                vec![spec(format!("path={},id={key}", a.display()))],
+                format!("drive '{key}': the id is a key of the metrics line itself (not utc_timestamp_ms, id or vmm)"),
+            )
+        }));
         for (specs, want) in cases {
             assert_eq!(finish_drives(specs, &[]).unwrap_err().to_string(), want);
         }

@@ -77,7 +77,7 @@ pub enum ConfigError {
     /// An id that cannot be a metrics key.
     #[error(
         "invalid network interface id '{0}': 1 to 64 letters, digits, '_', '-' or '.', \
-         and not 'vmm' or 'utc_timestamp_ms' (metrics keys)"
+         and not 'utc_timestamp_ms', 'id' or 'vmm' (metrics keys)"
     )]
     BadId(String),
     /// More NICs than IRQ lines for them.

@@ -153,8 +153,7 @@ fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        && id != "vmm"
-        && id != "utc_timestamp_ms"
+        && !crate::metrics::RESERVED_KEYS.contains(&id)
 }
 
 /// Checks a TAP name as the kernel would (IFNAMSIZ, no '/', no NUL), so a

@@ -362,6 +362,20 @@ mod tests {
                 }],
                 "invalid network interface id 'vmm'",
             ),
+            (
+                vec![NetSpec {
+                    id: Some("id".into()),
+                    ..nic("t0")
+                }],
+                "invalid network interface id 'id'",
+            ),
+            (
+                vec![NetSpec {
+                    id: Some("utc_timestamp_ms".into()),
+                    ..nic("t0")
+                }],
+                "invalid network interface id 'utc_timestamp_ms'",
+            ),
             (vec![NetSpec::default()], "has no TAP"),
             (vec![nic("a-name-that-is-far-too-long")], "invalid TAP name"),
             (
