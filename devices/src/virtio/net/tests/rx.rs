@@ -185,6 +185,37 @@ fn test_rx_reads_once_one_readv_can_take_no_more_buffers() {
 }
 
 #[test]
+fn test_rx_waits_for_the_whole_ring_again_after_a_frame_took_part_of_it() {
+    // A 16-entry ring with guest GSO: the cache reads early only when it
+    // holds every descriptor the guest can post. After one frame took one
+    // buffer, 15 are left: the device must wait for the guest to post the
+    // 16th, or a frame that needs all 16 would be read too soon and dropped.
+    let mut h = NetFixture::new(
+        NetConfig {
+            queue_size: 16,
+            ..cfg()
+        },
+        MRG_FEATURES | GUEST_GSO,
+    );
+    h.post_rx(&[1526; 16]);
+    h.kick_rx();
+    h.peer.send(&frame(12 + 100, 1)).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    // 24,012 bytes: 16 buffers of 1526 hold it, 15 do not.
+    let big = frame(12 + 24_000, 2);
+    h.peer.send(&big).unwrap();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_dropped), 0, "read with 15 of 16 buffers");
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    h.post_rx(&[1526]);
+    h.kick_rx();
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_frames), 2);
+    assert_eq!(h.metric(|m| &m.rx_buffers), 17);
+}
+
+#[test]
 fn test_rx_without_mrg_drops_frame_too_big() {
     let mut h = NetFixture::new(cfg(), BASE_FEATURES);
     // Two chains that together would hold the frame: without MRG_RXBUF a
