@@ -130,6 +130,7 @@ pub struct DeviceManager {
     net_metrics: Vec<(String, Arc<NetMetrics>)>,
     nets: Vec<(String, Arc<Mutex<Net>>)>,
     block_metrics: Vec<(String, Arc<BlockMetrics>)>,
+    blocks: Vec<(String, Arc<Mutex<Block>>)>,
     exits: Arc<VcpuExits>,
     /// Set by `--boot-timer`: when minivmm started.
     boot_timer: std::sync::OnceLock<std::time::Instant>,
@@ -206,6 +207,7 @@ impl DeviceManager {
             .push((cfg.device.id.clone(), block.metrics()));
         let block = Arc::new(Mutex::new(block));
         self.attach_virtio(vm, mem, block.clone())?;
+        self.blocks.push((cfg.device.id.clone(), block.clone()));
         events.add_subscriber(block);
         Ok(())
     }
@@ -268,6 +270,12 @@ impl DeviceManager {
     /// Metrics of every drive with its id, in attach order.
     pub fn block_metrics(&self) -> &[(String, Arc<BlockMetrics>)] {
         &self.block_metrics
+    }
+
+    /// Every drive with its id, in attach order (for the API's image and
+    /// limiter changes, made on the event loop's thread).
+    pub fn blocks(&self) -> &[(String, Arc<Mutex<Block>>)] {
+        &self.blocks
     }
 
     /// Logs, once, the time from `start` to the guest's write of

@@ -96,7 +96,7 @@ impl Control {
         };
         let _ = channel.wake.read();
         while let Ok(cmd) = channel.commands.try_recv() {
-            let answer = runtime.handle(cmd.request);
+            let answer = runtime.serve(cmd.request, cmd.image);
             let _ = cmd.reply.try_send(answer);
         }
     }
