@@ -394,10 +394,12 @@ fn allow_fcntl_clear_flags() -> Entry {
 /// The `openat` flags of a disk image opened for `PATCH /drives`
 /// (`FileBackend::open_unlocked`): read-only or read-write, non-blocking,
 /// close-on-exec; never created, truncated or appended to.
-const IMAGE_OPEN_FLAGS: [i32; 2] = [
-    libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-    libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-];
+fn image_open_flags() -> [u64; 2] {
+    [
+        (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64,
+        (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64,
+    ]
+}
 
 /// The API socket's thread: epoll over the listener and its connections,
 /// accept, read a request, write the answer, hand it to the VMM through a
@@ -411,7 +413,7 @@ const IMAGE_OPEN_FLAGS: [i32; 2] = [
 /// exclusive; `close` is in the common rules. Nothing here writes a file,
 /// and no path but the one opened is looked at.
 pub fn api_rules() -> Vec<Entry> {
-    let flags = IMAGE_OPEN_FLAGS.map(|f| f as u64);
+    let flags = image_open_flags();
     let empty_path = [libc::AT_EMPTY_PATH as u64];
     vec![
         allow(libc::SYS_epoll_wait),
@@ -863,8 +865,8 @@ mod tests {
     fn the_api_thread_may_open_and_lock_a_disk_image_and_nothing_more() {
         const CWD: libc::c_long = libc::AT_FDCWD as _;
         const EMPTY: libc::c_long = libc::AT_EMPTY_PATH as _;
-        const RO: libc::c_long = IMAGE_OPEN_FLAGS[0] as _;
-        const RW: libc::c_long = IMAGE_OPEN_FLAGS[1] as _;
+        const RO: libc::c_long = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) as _;
+        const RW: libc::c_long = (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as _;
         const SETFL: libc::c_long = libc::F_SETFL as _;
         // A path that does not exist: ENOENT, nothing opened.
         fn missing() -> libc::c_long {

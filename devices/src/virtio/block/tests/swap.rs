@@ -128,6 +128,29 @@ fn test_a_new_image_reaches_the_driver_through_the_transport() {
 }
 
 #[test]
+fn test_an_image_opened_unlocked_says_which_file_it_is_and_how_big() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &[0u8; 3 * SECTOR]);
+    let link = dir.0.join("link.img");
+    std::fs::hard_link(&path, &link).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    let unlocked = FileBackend::open_unlocked(&path, false).unwrap();
+    assert_eq!(unlocked.size(), 3 * SECTOR as u64);
+    let id = unlocked.id();
+    assert_eq!((id.dev, id.ino), (meta.dev(), meta.ino()));
+    // A hard link is the same file; the lock carries the id along.
+    assert_eq!(FileBackend::open_unlocked(&link, true).unwrap().id(), id);
+    let locked = unlocked.lock().unwrap();
+    assert_eq!(locked.id(), id);
+    let other = dir.file("e.img", &[0u8; SECTOR]);
+    assert_ne!(FileBackend::open(&other, false).unwrap().id(), id);
+    // Not locked until asked: a second open succeeds, its lock does not.
+    let second = FileBackend::open_unlocked(&link, false).unwrap();
+    assert!(matches!(second.lock(), Err(BlockError::Locked(p)) if p == link));
+}
+
+#[test]
 fn test_a_read_only_drive_keeps_refusing_writes_on_its_new_image() {
     for engine in [IoEngine::Sync, IoEngine::Async] {
         let old = random_bytes(&mut Rng(43), 16 * SECTOR);
@@ -320,13 +343,18 @@ fn test_a_resize_moves_the_end_and_a_held_request_past_it_is_answered() {
     assert_eq!(h.dev().config_generation(), 1);
     assert_eq!(h.irq.config.load(Ordering::SeqCst), 1);
     assert!(h.used().is_empty());
+    // Shrunk to its very end (sectors 12 and 13 are the last): still held.
+    file.set_len(14 * SECTOR as u64).unwrap();
+    h.dev().resize(14 * SECTOR as u64);
+    assert_eq!(capacity(&h), 14);
+    assert!(h.used().is_empty());
     // Shrunk under it: the write is answered IOERR at once and the file
     // does not grow back.
     file.set_len(8 * SECTOR as u64).unwrap();
     h.dev().resize(8 * SECTOR as u64);
     assert_eq!(capacity(&h), 8);
-    assert_eq!(h.dev().config_generation(), 2);
-    assert_eq!(h.irq.config.load(Ordering::SeqCst), 2);
+    assert_eq!(h.dev().config_generation(), 3);
+    assert_eq!(h.irq.config.load(Ordering::SeqCst), 3);
     assert_eq!(h.used(), vec![(u32::from(w.head), 1)]);
     assert_eq!(h.status(&w), VIRTIO_BLK_S_IOERR);
     assert!(!h.dev().active.as_ref().unwrap().virtio.is_throttled());
