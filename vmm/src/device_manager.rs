@@ -550,6 +550,43 @@ mod tests {
     }
 
     #[test]
+    fn a_drive_gets_its_window_and_is_listed_for_the_api() {
+        use crate::api::runtime::drive_tests::Scratch;
+        if !std::path::Path::new("/dev/kvm").exists() {
+            println!("SKIP a_drive_gets_its_window_and_is_listed_for_the_api: no /dev/kvm");
+            return;
+        }
+        let (_kvm, vm, mem) = crate::builder::test_vm(32).unwrap();
+        let dir = Scratch::new("attach");
+        let image = dir.image("data.img", 16);
+        let cfg = DriveConfig {
+            is_root_device: false,
+            partuuid: None,
+            device: devices::virtio::block::BlockConfig::new("data", &image),
+        };
+        let mut dm = DeviceManager::new();
+        let mut events = Events::new().unwrap();
+        dm.attach_block(&vm, &mem, &cfg, &mut events).unwrap();
+        let blocks = dm.blocks();
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].0, "data");
+        assert_eq!(blocks[0].1.lock().unwrap().capacity(), 16);
+        assert_eq!(dm.block_metrics()[0].0, "data");
+        assert_eq!(
+            dm.cmdline_words(),
+            [format!(
+                "virtio_mmio.device=4K@{:#x}:{}",
+                layout::VIRTIO_MMIO_BASE,
+                layout::IRQ_BASE
+            )]
+        );
+        // The image is this VM's now: a second drive on it is refused.
+        let err = dm.attach_block(&vm, &mem, &cfg, &mut events).unwrap_err();
+        assert!(err.to_string().contains("data"), "{err}");
+        assert_eq!(dm.blocks().len(), 1);
+    }
+
+    #[test]
     fn the_i8042_keyboard_interrupt_is_irq_1() {
         if !std::path::Path::new("/dev/kvm").exists() {
             println!("SKIP the_i8042_keyboard_interrupt_is_irq_1: no /dev/kvm on this host");
