@@ -13,9 +13,12 @@
 //!   the initramfs, the socket and the metrics); configure, start,
 //!   observe, pause (the guest stops answering ping; a ping sent while
 //!   paused is answered after resume), change the RX limiter live (seen in
-//!   the throughput a host TCP stream gets and in the metrics), flush
-//!   metrics, and `SendCtrlAltDel`, after which the guest reboots and
-//!   minivmm exits 0.
+//!   the throughput a host TCP stream gets and in the metrics), replace a
+//!   drive's image with a bigger one and grow that one on the host (each
+//!   seen in the guest kernel's "new size" line; a missing, a locked image,
+//!   a directory refused with the old image kept), change the drive's
+//!   limiter, flush metrics, and `SendCtrlAltDel`, after which the guest
+//!   reboots and minivmm exits 0.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -263,6 +266,14 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
         Some(r#"{"state":"Paused"}"#),
         "before the microVM",
     );
+    // As Firecracker: a drive is changed with PATCH only once the VM runs.
+    refused(
+        &sock,
+        "PATCH",
+        "/drives/rootfs",
+        Some(r#"{"drive_id":"rootfs","path_on_host":"/x"}"#),
+        "before the microVM",
+    );
     for action in ["FlushMetrics", "SendCtrlAltDel"] {
         let body = format!(r#"{{"action_type":"{action}"}}"#);
         refused(&sock, "PUT", "/actions", Some(&body), "before the microVM");
@@ -376,9 +387,39 @@ fn jail_dir(img: &minivmm_tests::GuestImage) -> PathBuf {
         }
     }
     std::fs::write(dir.join("marker"), "the jail").unwrap();
+    // Raw images for the drive the test changes (1, 4 and 1 MiB), the
+    // jailed minivmm's to write.
+    for (name, mib) in [
+        ("scratch.img", 1),
+        ("scratch-big.img", 4),
+        ("locked.img", 1),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, vec![0u8; mib << 20]).unwrap();
+        std::os::unix::fs::chown(&p, Some(JAIL_ID), Some(JAIL_ID)).unwrap();
+    }
     std::os::unix::fs::chown(&dir, Some(JAIL_ID), Some(JAIL_ID)).unwrap();
     dir
 }
+
+/// The path of a jail's file as the host sees it, opened and locked as
+/// another VM would hold its image, until dropped.
+fn hold_lock(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: flock on a descriptor this function owns; no memory involved.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0, "flock: {}", std::io::Error::last_os_error());
+    f
+}
+
+/// How long the guest kernel may take to log a drive's new size after the
+/// configuration-change interrupt (a work item on a loaded emulated guest).
+const RESIZE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// One `Key:` line of /proc/PID/status.
 fn status_field(pid: u32, key: &str) -> String {
@@ -483,6 +524,13 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         "PUT",
         "/network-interfaces/eth0",
         json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/drives/scratch",
+        json!({"drive_id": "scratch", "path_on_host": "/scratch.img",
+               "is_root_device": false, "is_read_only": false}),
     );
     ok(
         &sock,
@@ -602,6 +650,86 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         Some(r#"{"iface_id":"eth9"}"#),
         "eth9",
     );
+
+    // The drive's image replaced while the guest runs: its kernel reads the
+    // new capacity on the configuration-change interrupt and says so. The
+    // paths are the jail's; the API thread opens them under its filter.
+    assert!(
+        vm.console().contains("[vda] 2048 512-byte logical blocks"),
+        "the guest did not see the 1 MiB drive\n{}",
+        vm.report()
+    );
+    let drive = |path: &str| json!({"drive_id": "scratch", "path_on_host": path}).to_string();
+    let _held = hold_lock(&jail.join("locked.img"));
+    for (body, why) in [
+        (drive("/missing.img"), "No such file"),
+        (drive("/"), "not a regular file"),
+        (drive("/locked.img"), "in use by another process (locked)"),
+        (r#"{"drive_id":"scratch"}"#.to_string(), "nothing to change"),
+        (
+            r#"{"drive_id":"scratch","is_read_only":true}"#.to_string(),
+            "is_read_only",
+        ),
+    ] {
+        refused(&sock, "PATCH", "/drives/scratch", Some(&body), why);
+    }
+    refused(
+        &sock,
+        "PATCH",
+        "/drives/nope",
+        Some(r#"{"drive_id":"nope","path_on_host":"/scratch-big.img"}"#),
+        "no drive 'nope'",
+    );
+    let cfg = get(&sock, "/vm/config");
+    assert_eq!(cfg["drives"][0]["path_on_host"], "/scratch.img", "{cfg}");
+    ok(
+        &sock,
+        "PATCH",
+        "/drives/scratch",
+        json!({"drive_id": "scratch", "path_on_host": "/scratch-big.img"}),
+    );
+    assert!(
+        vm.wait_for(
+            "[vda] new size: 8192 512-byte logical blocks",
+            RESIZE_TIMEOUT
+        ),
+        "the guest did not see the 4 MiB image\n{}",
+        vm.report()
+    );
+    // The host grows the image in use; naming it again tells the guest.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(jail.join("scratch-big.img"))
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    ok(
+        &sock,
+        "PATCH",
+        "/drives/scratch",
+        json!({"drive_id": "scratch", "path_on_host": "/scratch-big.img"}),
+    );
+    assert!(
+        vm.wait_for(
+            "[vda] new size: 16384 512-byte logical blocks",
+            RESIZE_TIMEOUT
+        ),
+        "the guest did not see the image grow\n{}",
+        vm.report()
+    );
+    ok(
+        &sock,
+        "PATCH",
+        "/drives/scratch",
+        json!({"drive_id": "scratch",
+               "rate_limiter": {"ops": {"size": 100, "refill_time": 100}}}),
+    );
+    let cfg = get(&sock, "/vm/config");
+    let d = &cfg["drives"][0];
+    assert_eq!(d["path_on_host"], "/scratch-big.img", "{cfg}");
+    assert_eq!(d["rate_limiter"]["ops"]["size"], 100, "{cfg}");
+    // The old image is free again: another VM could take it.
+    drop(hold_lock(&jail.join("scratch.img")));
 
     // Ctrl-Alt-Del: the guest's init reboots, minivmm exits 0.
     ok(

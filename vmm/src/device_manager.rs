@@ -130,6 +130,7 @@ pub struct DeviceManager {
     net_metrics: Vec<(String, Arc<NetMetrics>)>,
     nets: Vec<(String, Arc<Mutex<Net>>)>,
     block_metrics: Vec<(String, Arc<BlockMetrics>)>,
+    blocks: Vec<(String, Arc<Mutex<Block>>)>,
     exits: Arc<VcpuExits>,
     /// Set by `--boot-timer`: when minivmm started.
     boot_timer: std::sync::OnceLock<std::time::Instant>,
@@ -206,6 +207,7 @@ impl DeviceManager {
             .push((cfg.device.id.clone(), block.metrics()));
         let block = Arc::new(Mutex::new(block));
         self.attach_virtio(vm, mem, block.clone())?;
+        self.blocks.push((cfg.device.id.clone(), block.clone()));
         events.add_subscriber(block);
         Ok(())
     }
@@ -268,6 +270,12 @@ impl DeviceManager {
     /// Metrics of every drive with its id, in attach order.
     pub fn block_metrics(&self) -> &[(String, Arc<BlockMetrics>)] {
         &self.block_metrics
+    }
+
+    /// Every drive with its id, in attach order (for the API's image and
+    /// limiter changes, made on the event loop's thread).
+    pub fn blocks(&self) -> &[(String, Arc<Mutex<Block>>)] {
+        &self.blocks
     }
 
     /// Logs, once, the time from `start` to the guest's one-byte write of
@@ -595,6 +603,43 @@ mod tests {
             boot_time_line(std::time::Duration::from_micros(999), 5),
             "Guest-boot-time =    999 us 0 ms,      5 CPU us 0 CPU ms"
         );
+    }
+
+    #[test]
+    fn a_drive_gets_its_window_and_is_listed_for_the_api() {
+        use crate::api::runtime::drive_tests::Scratch;
+        if !std::path::Path::new("/dev/kvm").exists() {
+            println!("SKIP a_drive_gets_its_window_and_is_listed_for_the_api: no /dev/kvm");
+            return;
+        }
+        let (_kvm, vm, mem) = crate::builder::test_vm(32).unwrap();
+        let dir = Scratch::new("attach");
+        let image = dir.image("data.img", 16);
+        let cfg = DriveConfig {
+            is_root_device: false,
+            partuuid: None,
+            device: devices::virtio::block::BlockConfig::new("data", &image),
+        };
+        let mut dm = DeviceManager::new();
+        let mut events = Events::new().unwrap();
+        dm.attach_block(&vm, &mem, &cfg, &mut events).unwrap();
+        let blocks = dm.blocks();
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].0, "data");
+        assert_eq!(blocks[0].1.lock().unwrap().capacity(), 16);
+        assert_eq!(dm.block_metrics()[0].0, "data");
+        assert_eq!(
+            dm.cmdline_words(),
+            [format!(
+                "virtio_mmio.device=4K@{:#x}:{}",
+                layout::VIRTIO_MMIO_BASE,
+                layout::IRQ_BASE
+            )]
+        );
+        // The image is this VM's now: a second drive on it is refused.
+        let err = dm.attach_block(&vm, &mem, &cfg, &mut events).unwrap_err();
+        assert!(err.to_string().contains("data"), "{err}");
+        assert_eq!(dm.blocks().len(), 1);
     }
 
     #[test]

@@ -96,7 +96,7 @@ impl Control {
         };
         let _ = channel.wake.read();
         while let Ok(cmd) = channel.commands.try_recv() {
-            let answer = runtime.handle(cmd.request);
+            let answer = runtime.serve(cmd.request, cmd.image);
             let _ = cmd.reply.try_send(answer);
         }
     }
@@ -208,5 +208,83 @@ impl MutEventSubscriber for Control {
         self.stdin_open = ops
             .add(EpollEvents::with_data_raw(stdin, STDIN_EVENT, EventSet::IN))
             .is_ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::mpsc::{self, Receiver};
+
+    use super::*;
+    use crate::api::routes::ApiRequest;
+    use crate::api::runtime::drive_tests::{runtime, Scratch};
+    use crate::api::runtime::{open_image, OpenedImage};
+    use crate::api::server::{Answer, ApiCommand};
+
+    #[test]
+    fn every_api_command_waiting_is_answered_on_the_loop() {
+        let dir = Scratch::new("control");
+        let (old, new) = (dir.image("old.img", 8), dir.image("new.img", 24));
+        let (tx, commands) = mpsc::channel();
+        let wake = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let channel = ApiChannel {
+            commands,
+            wake: wake.try_clone().unwrap(),
+            path: PathBuf::new(),
+        };
+        let serial = SerialDevice::new(Box::new(std::io::sink())).unwrap();
+        let mut control = Control::new(
+            ExitLatch::new().unwrap(),
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            SignalFd::new(&[]).unwrap(),
+            Arc::new(Mutex::new(serial)),
+            Arc::new(AtomicBool::new(false)),
+            None,
+            None,
+        )
+        .unwrap()
+        .with_api(channel, runtime(&[("rootfs", &old, true)]));
+        let ask = |request: ApiRequest, image: Option<OpenedImage>| -> Receiver<Answer> {
+            let (reply, answer) = mpsc::sync_channel(1);
+            tx.send(ApiCommand {
+                request,
+                image,
+                reply,
+            })
+            .unwrap();
+            answer
+        };
+        let body = serde_json::json!({"drive_id": "rootfs", "path_on_host": new});
+        let info = ask(ApiRequest::GetInstanceInfo, None);
+        let first = ask(ApiRequest::PatchDrive("rootfs".into(), body.clone()), None);
+        wake.write(1).unwrap();
+        control.on_api();
+        match info.try_recv() {
+            Ok(Answer::Reply(r)) => assert_eq!(r.status, 200),
+            other => panic!("{other:?}"),
+        }
+        let (path, read_only) = match first.try_recv() {
+            Ok(Answer::Open { path, read_only }) => (path, read_only),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((path.as_path(), read_only), (new.as_path(), true));
+        // The wake-up was taken with the commands.
+        assert!(wake.read().is_err());
+        // The second trip brings the image: the drive is on it.
+        let second = ask(
+            ApiRequest::PatchDrive("rootfs".into(), body),
+            Some(open_image(&path, read_only)),
+        );
+        wake.write(1).unwrap();
+        control.on_api();
+        match second.try_recv() {
+            Ok(Answer::Reply(r)) => assert_eq!(r.status, 204, "{r:?}"),
+            other => panic!("{other:?}"),
+        }
+        let Some((_, rt)) = &control.api else {
+            panic!("no API");
+        };
+        assert_eq!(rt.config().drives[0].device.path, new);
     }
 }

@@ -192,7 +192,7 @@ fn serve(
         };
         let settings = match pre.handle(cmd.request, &id) {
             Step::Reply(r) => {
-                let _ = cmd.reply.try_send(r);
+                let _ = cmd.reply.try_send(r.into());
                 continue;
             }
             Step::Start(s) => s,
@@ -206,7 +206,7 @@ fn serve(
             });
         match built {
             Ok((vmm, config)) => {
-                let _ = cmd.reply.try_send(Response::no_content());
+                let _ = cmd.reply.try_send(Response::no_content().into());
                 return boot(
                     vmm,
                     config,
@@ -219,7 +219,7 @@ fn serve(
             Err(msg) => {
                 let _ = cmd
                     .reply
-                    .try_send(Response::fault(&format!("InstanceStart: {msg}")));
+                    .try_send(Response::fault(&format!("InstanceStart: {msg}")).into());
             }
         }
     }

@@ -366,11 +366,55 @@ fn allow_tgkill_kick() -> Entry {
     (libc::SYS_tgkill, vec![rule])
 }
 
+/// `syscall` when argument `arg` (32 bits) is one of `values`.
+fn allow_arg_in(syscall: libc::c_long, arg: u8, values: &[u64]) -> Entry {
+    let rules = values
+        .iter()
+        .map(|&v| {
+            let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
+                .expect("the argument index is valid");
+            SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
+        })
+        .collect();
+    (syscall, rules)
+}
+
+/// `fcntl(fd, F_SETFL, 0)` only: a file opened non-blocking made blocking
+/// again (the kernel reads the flags as 32 bits).
+fn allow_fcntl_clear_flags() -> Entry {
+    let eq = |arg, v: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
+            .expect("argument indexes 1 and 2 are valid")
+    };
+    let rule = SeccompRule::new(vec![eq(1, libc::F_SETFL as u64), eq(2, 0)])
+        .expect("a rule with two conditions is valid");
+    (libc::SYS_fcntl, vec![rule])
+}
+
+/// The `openat` flags of a disk image opened for `PATCH /drives`
+/// (`FileBackend::open_unlocked`): read-only or read-write, non-blocking,
+/// close-on-exec; never created, truncated or appended to.
+fn image_open_flags() -> [u64; 2] {
+    [
+        (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64,
+        (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64,
+    ]
+}
+
 /// The API socket's thread: epoll over the listener and its connections,
 /// accept, read a request, write the answer, hand it to the VMM through a
 /// channel (futex, in the common rules) and wait for the answer with a
-/// time-out (a clock read, normally from the vDSO).
+/// time-out (a clock read, normally from the vDSO). And, for `PATCH
+/// /drives`, open the new disk image as the builder does at start (the
+/// event loop may not open files): `openat` with the image's flags only,
+/// `fstat` of the open file (std's `statx` with `AT_EMPTY_PATH`, or glibc's
+/// `fstat`, which is `newfstatat` with `AT_EMPTY_PATH` or `fstat`),
+/// `fcntl(F_SETFL, 0)` to clear O_NONBLOCK, and a non-blocking `flock`, shared or
+/// exclusive; `close` is in the common rules. Nothing here writes a file,
+/// and no path but the one opened is looked at.
 pub fn api_rules() -> Vec<Entry> {
+    let flags = image_open_flags();
+    let empty_path = [libc::AT_EMPTY_PATH as u64];
     vec![
         allow(libc::SYS_epoll_wait),
         allow(libc::SYS_epoll_ctl),
@@ -381,6 +425,19 @@ pub fn api_rules() -> Vec<Entry> {
         allow(libc::SYS_sendto),
         allow_ioctls(&[ioctl_nr(libc::FIONBIO)]),
         allow(libc::SYS_shutdown),
+        allow_arg_in(libc::SYS_openat, 2, &flags),
+        allow_arg_in(libc::SYS_statx, 2, &empty_path),
+        allow_arg_in(libc::SYS_newfstatat, 3, &empty_path),
+        allow(libc::SYS_fstat),
+        allow_fcntl_clear_flags(),
+        allow_arg_in(
+            libc::SYS_flock,
+            1,
+            &[
+                (libc::LOCK_SH | libc::LOCK_NB) as u64,
+                (libc::LOCK_EX | libc::LOCK_NB) as u64,
+            ],
+        ),
     ]
 }
 
@@ -789,7 +846,8 @@ mod tests {
             let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
             assert_eq!(exit_status(status), Some(0));
         }
-        // Not KVM, not a file, not a new socket, not the block device's calls.
+        // Not KVM, not a file opened otherwise than an image, not a new
+        // socket, not the block device's calls.
         let forbidden: &[fn()] = &[
             || raw(libc::SYS_ioctl, [-1, KVM_RUN() as _, 0, 0, 0, 0]),
             || raw(libc::SYS_openat, [-1, 0, 0, 0, 0, 0]),
@@ -800,6 +858,204 @@ mod tests {
             let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
             assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
         }
+    }
+
+    /// `PATCH /drives`: the API thread opens and locks the new image.
+    #[test]
+    fn the_api_thread_may_open_and_lock_a_disk_image_and_nothing_more() {
+        const CWD: libc::c_long = libc::AT_FDCWD as _;
+        const EMPTY: libc::c_long = libc::AT_EMPTY_PATH as _;
+        const RO: libc::c_long = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) as _;
+        const RW: libc::c_long = (libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) as _;
+        const SETFL: libc::c_long = libc::F_SETFL as _;
+        // A path that does not exist: ENOENT, nothing opened.
+        fn missing() -> libc::c_long {
+            c"/nonexistent/minivmm-seccomp".as_ptr() as _
+        }
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_openat, [CWD, missing(), RO, 0, 0, 0]),
+            || raw(libc::SYS_openat, [CWD, missing(), RW, 0, 0, 0]),
+            || raw(libc::SYS_statx, [-1, 0, EMPTY, 0, 0, 0]),
+            || raw(libc::SYS_newfstatat, [-1, 0, 0, EMPTY, 0, 0]),
+            || raw(libc::SYS_fstat, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_fcntl, [-1, SETFL, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_flock,
+                    [-1, (libc::LOCK_SH | libc::LOCK_NB) as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_flock,
+                    [-1, (libc::LOCK_EX | libc::LOCK_NB) as _, 0, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_close, [-1, 0, 0, 0, 0, 0]),
+        ];
+        for (i, f) in allowed.iter().enumerate() {
+            let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0), "allowed call {i}");
+        }
+        let forbidden: &[fn()] = &[
+            // Creating, truncating, a blocking open, a directory opened.
+            || {
+                raw(
+                    libc::SYS_openat,
+                    [
+                        CWD,
+                        missing(),
+                        (libc::O_CREAT | libc::O_WRONLY) as _,
+                        0o600,
+                        0,
+                        0,
+                    ],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_openat,
+                    [CWD, missing(), RW | libc::O_TRUNC as libc::c_long, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_openat,
+                    [CWD, missing(), libc::O_RDWR as _, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_openat,
+                    [
+                        CWD,
+                        missing(),
+                        RO | libc::O_DIRECTORY as libc::c_long,
+                        0,
+                        0,
+                        0,
+                    ],
+                )
+            },
+            // A path looked at without opening it.
+            || raw(libc::SYS_statx, [CWD, missing(), 0, 0, 0, 0]),
+            || raw(libc::SYS_newfstatat, [CWD, missing(), 0, 0, 0, 0]),
+            // Other file flags, record locks, a lock that waits.
+            || raw(libc::SYS_fcntl, [-1, SETFL, libc::O_APPEND as _, 0, 0, 0]),
+            || raw(libc::SYS_fcntl, [-1, libc::F_SETLK as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_flock, [-1, libc::LOCK_EX as _, 0, 0, 0, 0]),
+            // Writing to or probing an image is the event loop's.
+            || raw(libc::SYS_pwritev, [-1, 0, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_fallocate,
+                    [
+                        -1,
+                        (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as _,
+                        0,
+                        1,
+                        0,
+                        0,
+                    ],
+                )
+            },
+            || raw(libc::SYS_unlinkat, [CWD, missing(), 0, 0, 0, 0]),
+        ];
+        for (i, f) in forbidden.iter().enumerate() {
+            let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
+            assert_eq!(
+                exit_status(status),
+                Some(BAD_SYSCALL_EXIT_STATUS),
+                "forbidden call {i}"
+            );
+        }
+        // The event loop opens no file, not even an image.
+        let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, || {
+            raw(libc::SYS_openat, [CWD, missing(), RW, 0, 0, 0])
+        });
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    /// The API thread's real open of an image, under its real filter: every
+    /// outcome (opened, locked, missing, a directory, read-only), so that no
+    /// path of std or glibc makes a call the list misses (which would end
+    /// this test process with status 148).
+    #[test]
+    fn the_api_threads_image_open_runs_under_its_filter() {
+        use crate::api::runtime::{open_image, OpenedImage};
+        let dir = std::env::temp_dir().join(format!("minivmm-seccomp-img-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("a.img");
+        let held = dir.join("held.img");
+        for p in [&image, &held] {
+            std::fs::write(p, vec![0u8; 4096]).unwrap();
+        }
+        let _lock = devices::virtio::block::FileBackend::open(&held, false).unwrap();
+        install_sigsys_handler().unwrap();
+        let prog = filter(Thread::Api, SeccompMode::On).unwrap();
+        let paths = (image.clone(), held.clone(), dir.clone());
+        let outcomes = std::thread::spawn(move || {
+            apply(Thread::Api, prog.as_ref()).unwrap();
+            let (image, held, dir) = paths;
+            let describe = |o: OpenedImage| match o {
+                OpenedImage::Image(b) => format!("image {}", b.id().ino),
+                OpenedImage::Locked { size, .. } => format!("locked {size}"),
+                OpenedImage::Failed(e) => format!("failed {e}"),
+            };
+            [
+                describe(open_image(&image, false)),
+                describe(open_image(&image, true)),
+                describe(open_image(&held, false)),
+                describe(open_image(&dir.join("missing.img"), false)),
+                describe(open_image(&dir, false)),
+                describe(open_image(&dir, true)),
+            ]
+        })
+        .join()
+        .unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(&image).unwrap().ino();
+        assert_eq!(outcomes[0], format!("image {ino}"));
+        assert_eq!(outcomes[1], format!("image {ino}"));
+        assert_eq!(outcomes[2], "locked 4096");
+        assert!(outcomes[3].contains("No such file"), "{}", outcomes[3]);
+        assert!(
+            outcomes[4].contains("not a regular file"),
+            "{}",
+            outcomes[4]
+        );
+        assert!(
+            outcomes[5].contains("not a regular file"),
+            "{}",
+            outcomes[5]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The event loop's half of `PATCH /drives` (probing and swapping in the
+    /// image the API thread opened, a new limiter) under its real filter.
+    #[test]
+    fn the_event_loops_half_of_a_drive_patch_runs_under_its_filter() {
+        use crate::api::runtime::drive_tests::{patch, reply, runtime, Scratch};
+        use crate::api::runtime::open_image;
+        use serde_json::json;
+        let dir = Scratch::new("seccomp");
+        let (a, b) = (dir.image("a.img", 8), dir.image("b.img", 16));
+        let mut rt = runtime(&[("rootfs", &a, false)]);
+        let body = json!({"drive_id": "rootfs", "path_on_host": b,
+                          "rate_limiter": {"ops": {"size": 5, "refill_time": 100}}});
+        let image = open_image(&b, false);
+        install_sigsys_handler().unwrap();
+        let prog = filter(Thread::EventLoop, SeccompMode::On).unwrap();
+        let (rt, status) = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            let status = reply(rt.serve(patch("rootfs", body), Some(image))).status;
+            (rt, status)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(status, 204);
+        assert_eq!(rt.config().drives[0].device.path, b);
     }
 
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {

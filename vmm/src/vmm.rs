@@ -225,6 +225,7 @@ impl Vmm {
                         (id.clone(), net)
                     })
                     .collect(),
+                self.devices.blocks().to_vec(),
             );
             control = control.with_api(api.channel, runtime);
         }

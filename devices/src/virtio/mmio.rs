@@ -183,7 +183,6 @@ pub struct MmioTransport {
     driver_features_sel: u32,
     acked_features: u64,
     queue_sel: u32,
-    config_generation: u32,
 }
 
 impl std::fmt::Debug for MmioTransport {
@@ -242,7 +241,6 @@ impl MmioTransport {
             driver_features_sel: 0,
             acked_features: 0,
             queue_sel: 0,
-            config_generation: 0,
         })
     }
 
@@ -312,7 +310,10 @@ impl MmioTransport {
             REG_QUEUE_READY => self.selected_queue().map_or(0, |q| u32::from(q.ready)),
             REG_INTERRUPT_STATUS => self.interrupt.status.load(Ordering::SeqCst),
             REG_STATUS => self.status,
-            REG_CONFIG_GENERATION => self.config_generation,
+            // The device's own: it changes its configuration space on its
+            // own thread (a new disk image), and the driver reads this
+            // around the configuration reads, which take the lock anyway.
+            REG_CONFIG_GENERATION => lock(&self.device).config_generation(),
             // All-ones length and base mean "no such region", which Linux
             // checks before using one.
             REG_SHM_LEN_LOW | REG_SHM_LEN_HIGH | REG_SHM_BASE_LOW | REG_SHM_BASE_HIGH => u32::MAX,

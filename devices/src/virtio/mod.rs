@@ -138,6 +138,14 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Writes the device-specific configuration space at `offset`.
     fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// The ConfigGeneration register (virtio 1.1 §2.4.1): a value the
+    /// device changes whenever its configuration space changes, so a driver
+    /// that reads a field in several accesses can tell a torn read (it
+    /// reads the generation before and after, and again on a change). A
+    /// device whose configuration never changes keeps 0.
+    fn config_generation(&self) -> u32 {
+        0
+    }
     /// One `EventFd` per queue, signalled when the driver notifies that queue.
     /// The VMM registers each as an ioeventfd on QueueNotify with the queue
     /// index as datamatch; the transport writes it itself when a notify

@@ -7,14 +7,26 @@
 //! changes and no state is shared with the API thread. Each request is
 //! bounded work: a pause waits at most [`PAUSE_TIMEOUT`] for the vCPUs to
 //! park, a limiter change swaps buckets, a metrics flush writes one line
-//! without blocking.
+//! without blocking, a new disk image waits for the requests in flight on
+//! the old one (`Block::swap_backend`).
+//!
+//! `PATCH /drives/{id}` with a `path_on_host` takes two trips
+//! ([`Runtime::serve`]): the event loop may open no file (its seccomp
+//! filter), so the first answer asks the API thread to open the image
+//! ([`Answer::Open`], with the drive's read-only setting), which it does
+//! with [`open_image`] (the same steps as at start: `FileBackend`'s open,
+//! regular-file check and lock) and sends the request again with the
+//! result. Every check that needs no file comes first, so a bad request
+//! opens nothing.
 
-use std::sync::{Arc, Mutex};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use devices::legacy::i8042::I8042;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use devices::virtio::block::{Block, BlockError, FileBackend, FileId};
 use devices::virtio::net::{Net, NetBackend, NetError};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -22,6 +34,7 @@ use serde_json::{json, Value};
 use super::http::Response;
 use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
+use super::server::Answer;
 use crate::config::{file, VmmConfig};
 use crate::metrics::{lock_metrics, Metrics};
 use crate::pause::{kick_all, PauseGate};
@@ -64,6 +77,63 @@ impl<B: NetBackend + Send> NetControl for Net<B> {
 /// A running card under its id, as the API reaches it.
 pub type NetHandle = (String, Arc<Mutex<dyn NetControl>>);
 
+/// The body of `PATCH /drives/{id}` (Firecracker's `PartialDrive`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrivePatch {
+    #[allow(dead_code)] // checked against the path by the router
+    drive_id: String,
+    path_on_host: Option<PathBuf>,
+    rate_limiter: Option<Value>,
+}
+
+/// What the API thread found opening an image for `PATCH /drives`
+/// ([`open_image`]).
+#[derive(Debug)]
+pub enum OpenedImage {
+    /// A regular file, opened as the drive is (read-only or not) and
+    /// locked; not probed yet (the event loop does that).
+    Image(FileBackend),
+    /// A regular file whose lock another open file holds: another
+    /// process's image, another drive's, or this drive's own (named again
+    /// so that the guest sees its new size).
+    Locked {
+        /// Which file it is.
+        id: FileId,
+        /// Its size in bytes.
+        size: u64,
+        /// The error to report if it is not this drive's.
+        error: String,
+    },
+    /// Why it could not be opened, in one line.
+    Failed(String),
+}
+
+/// Opens the image `path` for a drive (`read_only` as the drive is) as
+/// the builder does at start, less the `fallocate` probes: on the API
+/// thread, whose filter allows this and nothing more.
+pub fn open_image(path: &Path, read_only: bool) -> OpenedImage {
+    let line = |e: BlockError| crate::one_line(e.to_string());
+    let image = match FileBackend::open_unlocked(path, read_only) {
+        Ok(i) => i,
+        Err(e) => return OpenedImage::Failed(line(e)),
+    };
+    let (id, size) = (image.id(), image.size());
+    match image.lock() {
+        Ok(b) => OpenedImage::Image(b),
+        Err(e @ BlockError::Locked(_)) => OpenedImage::Locked {
+            id,
+            size,
+            error: line(e),
+        },
+        Err(e) => OpenedImage::Failed(line(e)),
+    }
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// What the running VM's API can reach.
 pub struct Runtime {
     id: String,
@@ -73,6 +143,7 @@ pub struct Runtime {
     metrics: Option<Arc<Mutex<Metrics>>>,
     i8042: Arc<Mutex<I8042>>,
     nets: Vec<NetHandle>,
+    drives: Vec<(String, Arc<Mutex<Block>>)>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -124,7 +195,9 @@ fn updated_limiter(
 
 impl Runtime {
     /// The running VM `id` built from `config`: its vCPU threads (which
-    /// honour `pause`), metrics, keyboard controller and network cards.
+    /// honour `pause`), metrics, keyboard controller, network cards and
+    /// drives.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: String,
         config: VmmConfig,
@@ -133,6 +206,7 @@ impl Runtime {
         metrics: Option<Arc<Mutex<Metrics>>>,
         i8042: Arc<Mutex<I8042>>,
         nets: Vec<NetHandle>,
+        drives: Vec<(String, Arc<Mutex<Block>>)>,
     ) -> Self {
         Runtime {
             id,
@@ -142,15 +216,27 @@ impl Runtime {
             metrics,
             i8042,
             nets,
+            drives,
         }
     }
 
-    /// The configuration in force (limiter changes included).
+    /// The configuration in force (limiter and image changes included).
     pub fn config(&self) -> &VmmConfig {
         &self.config
     }
 
-    /// Answers one request.
+    /// Answers one command from the API thread: `image` is what that
+    /// thread opened for it, when an earlier answer asked
+    /// ([`Answer::Open`]).
+    pub fn serve(&mut self, req: ApiRequest, image: Option<OpenedImage>) -> Answer {
+        match req {
+            ApiRequest::PatchDrive(id, body) => self.patch_drive(&id, body, image),
+            req => Answer::Reply(self.handle(req)),
+        }
+    }
+
+    /// Answers one request that needs no file opened ([`serve`](Self::serve)
+    /// answers the rest).
     pub fn handle(&mut self, req: ApiRequest) -> Response {
         match req {
             ApiRequest::GetInstanceInfo => {
@@ -192,10 +278,12 @@ impl Runtime {
                 ),
             },
             ApiRequest::Action(Action::SendCtrlAltDel) => self.ctrl_alt_del(),
-            ApiRequest::PatchDrive(..) => Response::fault(
-                "PATCH /drives is not supported by minivmm: a drive's image and limiter are \
-                 fixed at start",
-            ),
+            ApiRequest::PatchDrive(id, body) => match self.patch_drive(&id, body, None) {
+                Answer::Reply(r) => r,
+                Answer::Open { .. } => Response::fault(&format!(
+                    "drive '{id}': a new image is opened by the API thread (Runtime::serve)"
+                )),
+            },
             ApiRequest::Action(Action::InstanceStart) => {
                 Response::fault("InstanceStart: the microVM is already running")
             }
@@ -288,6 +376,127 @@ impl Runtime {
         }
         log::info!("network interface '{id}': rate limits changed");
         Response::no_content()
+    }
+
+    /// `PATCH /drives/{id}`: a new image (see the module doc), new limits,
+    /// or both. Refused as a whole, with nothing changed, but where the
+    /// image changed and the limiter then could not be made (the host
+    /// refused a timer), which the message says.
+    fn patch_drive(&mut self, id: &str, body: Value, image: Option<OpenedImage>) -> Answer {
+        let fault = |msg: &str| Answer::Reply(Response::fault(&format!("drive '{id}': {msg}")));
+        let patch: DrivePatch = match serde_json::from_value(body) {
+            Ok(p) => p,
+            Err(e) => return fault(&e.to_string()),
+        };
+        let Some(index) = self.config.drives.iter().position(|d| d.device.id == id) else {
+            return Response::fault(&format!("no drive '{id}'")).into();
+        };
+        let Some(dev) = self
+            .drives
+            .iter()
+            .find(|(n, _)| n == id)
+            .map(|(_, d)| d.clone())
+        else {
+            return Response::fault(&format!("no drive '{id}'")).into();
+        };
+        if patch.path_on_host.is_none() && patch.rate_limiter.is_none() {
+            return fault("nothing to change: give path_on_host, rate_limiter or both");
+        }
+        let drive = &self.config.drives[index].device;
+        let limiter = match patch
+            .rate_limiter
+            .map(|v| updated_limiter("rate_limiter", &drive.rate_limiter, v))
+            .transpose()
+        {
+            Ok(l) => l,
+            Err(e) => return fault(&e),
+        };
+        let mut changed = Vec::new();
+        if let Some(path) = patch.path_on_host {
+            let Some(image) = image else {
+                return Answer::Open {
+                    path,
+                    read_only: drive.read_only,
+                };
+            };
+            if let Err(msg) = self.change_image(id, &dev, &path, image) {
+                return fault(&msg);
+            }
+            changed.push(format!(
+                "image {}",
+                crate::one_line(path.display().to_string())
+            ));
+            self.config.drives[index].device.path = path;
+        }
+        if let Some(l) = limiter {
+            if let Err(e) = lock(&dev).set_rate_limiter(&l) {
+                let why = crate::one_line(e.to_string());
+                return fault(&if changed.is_empty() {
+                    why
+                } else {
+                    format!(
+                        "the {} is in use, but the rate limiter is not: {why}",
+                        changed[0]
+                    )
+                });
+            }
+            self.config.drives[index].device.rate_limiter = l;
+            changed.push("rate limits".into());
+        }
+        log::info!("drive '{id}': {} changed", changed.join(" and "));
+        Response::no_content().into()
+    }
+
+    /// Puts the image the API thread opened under the drive `dev` (see
+    /// [`OpenedImage`]); `Err` is a one-line reason, and then nothing
+    /// changed.
+    fn change_image(
+        &self,
+        id: &str,
+        dev: &Mutex<Block>,
+        path: &Path,
+        image: OpenedImage,
+    ) -> Result<(), String> {
+        // Another drive on the same file: two writers, or a reader whose
+        // data changes under it. Each lock is taken alone.
+        let other = |file: FileId| {
+            self.drives
+                .iter()
+                .filter(|(n, _)| n != id)
+                .find(|(_, d)| lock(d).backend().id() == file)
+                .map(|(n, _)| n.clone())
+        };
+        let taken = |o: String| {
+            let path = crate::one_line(path.display().to_string());
+            Err(format!("disk image {path} is already drive '{o}'"))
+        };
+        match image {
+            OpenedImage::Failed(msg) => Err(msg),
+            OpenedImage::Locked { id: file, size, .. } if file == lock(dev).backend().id() => {
+                // This drive's own image, which it holds locked: the host
+                // resized it, and the guest is to see the new size.
+                lock(dev).resize(size);
+                Ok(())
+            }
+            OpenedImage::Locked {
+                id: file, error, ..
+            } => match other(file) {
+                Some(o) => taken(o),
+                None => Err(error),
+            },
+            OpenedImage::Image(mut backend) => {
+                if let Some(o) = other(backend.id()) {
+                    return taken(o);
+                }
+                backend.probe();
+                lock(dev)
+                    .swap_backend(backend, path.to_path_buf())
+                    .map_err(|e| match e {
+                        BlockError::Config { msg, .. } => msg,
+                        e => crate::one_line(e.to_string()),
+                    })
+            }
+        }
     }
 }
 
@@ -382,6 +591,7 @@ mod tests {
                 metrics,
                 kbd.clone(),
                 vec![("eth0".into(), handle)],
+                Vec::new(),
             );
             Rig {
                 rt,
@@ -693,5 +903,336 @@ mod tests {
         let e = updated_limiter("tx_rate_limiter", &cur, json!({"ops": {"size": 5}}))
             .expect_err("no refill_time");
         assert!(e.contains("refill_time"), "{e}");
+    }
+}
+
+/// `PATCH /drives` over real drives on images in a temporary directory.
+#[cfg(test)]
+pub(crate) mod drive_tests {
+    use super::*;
+    use crate::config::DriveConfig;
+    use devices::virtio::block::{BlockConfig, IoEngine};
+    use devices::virtio::VirtioDevice;
+
+    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
+        Some(TokenBucketConfig {
+            size,
+            one_time_burst: 0,
+            refill_time: refill,
+        })
+    }
+
+    /// A directory of the test's own, removed when dropped.
+    pub(crate) struct Scratch(pub PathBuf);
+
+    impl Scratch {
+        pub(crate) fn new(tag: &str) -> Self {
+            let d = std::env::temp_dir().join(format!(
+                "minivmm-runtime-{tag}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Scratch(d)
+        }
+
+        /// A file `name` of `sectors` 512-byte sectors.
+        pub(crate) fn image(&self, name: &str, sectors: u64) -> PathBuf {
+            let p = self.0.join(name);
+            std::fs::write(&p, vec![0u8; sectors as usize * 512]).unwrap();
+            p
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A runtime with one drive per `(id, image, read_only)` and no vCPU.
+    pub(crate) fn runtime(drives: &[(&str, &Path, bool)]) -> Runtime {
+        let mem =
+            vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)])
+                .unwrap();
+        let configs: Vec<DriveConfig> = drives
+            .iter()
+            .map(|&(id, path, read_only)| {
+                let mut device = BlockConfig::new(id, path);
+                device.read_only = read_only;
+                device.io_engine = IoEngine::Sync;
+                DriveConfig {
+                    is_root_device: false,
+                    partuuid: None,
+                    device,
+                }
+            })
+            .collect();
+        let blocks = configs
+            .iter()
+            .map(|c| {
+                let b = Block::new(c.device.clone(), mem.clone()).unwrap();
+                (c.device.id.clone(), Arc::new(Mutex::new(b)))
+            })
+            .collect();
+        let config = VmmConfig {
+            kernel: "/vmlinux".into(),
+            initramfs: None,
+            boot_args: None,
+            cmdline_extra: None,
+            mem_mib: 1,
+            vcpus: 1,
+            nets: Vec::new(),
+            drives: configs,
+            metrics: None,
+            logger: Default::default(),
+            host_quirks: crate::config::HostQuirks::Off,
+            seccomp: crate::seccomp::SeccompMode::Off,
+        };
+        Runtime::new(
+            "vm0".into(),
+            config,
+            Arc::new(PauseGate::new()),
+            Vec::new(),
+            None,
+            Arc::new(Mutex::new(I8042::new().unwrap())),
+            Vec::new(),
+            blocks,
+        )
+    }
+
+    pub(crate) fn patch(id: &str, body: Value) -> ApiRequest {
+        ApiRequest::PatchDrive(id.into(), body)
+    }
+
+    /// The response of an answer that must be one.
+    #[track_caller]
+    pub(crate) fn reply(a: Answer) -> Response {
+        match a {
+            Answer::Reply(r) => r,
+            Answer::Open { path, .. } => panic!("asked to open {}", path.display()),
+        }
+    }
+
+    #[track_caller]
+    fn fault_of(a: Answer) -> String {
+        let r = reply(a);
+        assert_eq!(r.status, 400, "{r:?}");
+        let v: Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+        v["fault_message"].as_str().unwrap().to_string()
+    }
+
+    /// Both trips of a PATCH that names an image: the request, the
+    /// API thread's open, the request again with it.
+    pub(crate) fn patch_image(rt: &mut Runtime, id: &str, body: Value) -> Answer {
+        match rt.serve(patch(id, body.clone()), None) {
+            Answer::Open { path, read_only } => {
+                let image = open_image(&path, read_only);
+                rt.serve(patch(id, body), Some(image))
+            }
+            reply => reply,
+        }
+    }
+
+    fn vm_config(rt: &mut Runtime) -> Value {
+        let r = reply(rt.serve(ApiRequest::GetVmConfig, None));
+        serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
+    }
+
+    fn capacity(rt: &Runtime, index: usize) -> u64 {
+        lock(&rt.drives[index].1).capacity()
+    }
+
+    #[test]
+    fn a_new_image_is_asked_for_opened_and_put_in_use() {
+        let dir = Scratch::new("swap");
+        let (a, b) = (dir.image("a.img", 8), dir.image("b.img", 8));
+        let (bigger, ro_new) = (dir.image("bigger.img", 40), dir.image("ro-new.img", 24));
+        let mut rt = runtime(&[("rootfs", &a, false), ("data", &b, true)]);
+        // The first trip opens nothing and says how to open the image.
+        let body = json!({"drive_id": "rootfs", "path_on_host": bigger});
+        match rt.serve(patch("rootfs", body.clone()), None) {
+            Answer::Open { path, read_only } => {
+                assert_eq!((path, read_only), (bigger.clone(), false));
+            }
+            Answer::Reply(r) => panic!("{r:?}"),
+        }
+        assert_eq!(capacity(&rt, 0), 8);
+        let r = reply(patch_image(&mut rt, "rootfs", body));
+        assert_eq!(r.status, 204, "{r:?}");
+        assert_eq!(capacity(&rt, 0), 40);
+        assert_eq!(lock(&rt.drives[0].1).config().path, bigger);
+        assert_eq!(rt.config().drives[0].device.path, bigger);
+        assert_eq!(
+            vm_config(&mut rt)["drives"][0]["path_on_host"],
+            json!(bigger)
+        );
+        // The old image is free again; the new one is this drive's.
+        assert!(matches!(open_image(&a, false), OpenedImage::Image(_)));
+        assert!(matches!(
+            open_image(&bigger, false),
+            OpenedImage::Locked { .. }
+        ));
+        // A read-only drive's image is asked for read-only.
+        let body = json!({"drive_id": "data", "path_on_host": ro_new});
+        match rt.serve(patch("data", body.clone()), None) {
+            Answer::Open { read_only, .. } => assert!(read_only),
+            Answer::Reply(r) => panic!("{r:?}"),
+        }
+        assert_eq!(reply(patch_image(&mut rt, "data", body)).status, 204);
+        assert_eq!(capacity(&rt, 1), 24);
+        assert_eq!(rt.config().drives[1].device.path, ro_new);
+    }
+
+    #[test]
+    fn a_bad_patch_is_refused_with_its_reason_and_changes_nothing() {
+        let dir = Scratch::new("bad");
+        let (a, b) = (dir.image("a.img", 8), dir.image("b.img", 16));
+        let elsewhere = dir.image("elsewhere.img", 32);
+        let missing = dir.0.join("missing.img");
+        let mut rt = runtime(&[("rootfs", &a, false), ("data", &b, false)]);
+        // Held by "another process" (another open file of this one).
+        let _held = FileBackend::open(&elsewhere, false).unwrap();
+        let path = |p: &Path| p.display().to_string();
+        let cases: Vec<(&str, Value, String)> = vec![
+            (
+                "nope",
+                json!({"drive_id": "nope", "path_on_host": a}),
+                "no drive 'nope'".into(),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "is_read_only": true}),
+                "drive 'rootfs': unknown field `is_read_only`".into(),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "path_on_host": 7}),
+                "drive 'rootfs': invalid type".into(),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs"}),
+                "drive 'rootfs': nothing to change".into(),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "path_on_host": missing}),
+                format!(
+                    "drive 'rootfs': cannot open disk image {}: No such file",
+                    path(&missing)
+                ),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "path_on_host": dir.0}),
+                format!(
+                    "drive 'rootfs': disk image {} is not a regular file",
+                    path(&dir.0)
+                ),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "path_on_host": elsewhere}),
+                format!(
+                    "drive 'rootfs': disk image {} is in use by another process (locked)",
+                    path(&elsewhere)
+                ),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "path_on_host": b}),
+                format!(
+                    "drive 'rootfs': disk image {} is already drive 'data'",
+                    path(&b)
+                ),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "path_on_host": format!("{}/./b.img", path(&dir.0))}),
+                "is already drive 'data'".into(),
+            ),
+            (
+                "rootfs",
+                json!({"drive_id": "rootfs", "rate_limiter": {"ops": {"size": 5}}}),
+                "drive 'rootfs': in 'rate_limiter': missing field `refill_time`".into(),
+            ),
+        ];
+        for (id, body, want) in cases {
+            let e = fault_of(patch_image(&mut rt, id, body.clone()));
+            assert!(e.contains(&want), "{body}: '{e}' lacks '{want}'");
+            assert!(!e.contains('\n'), "{e}");
+            assert_eq!(capacity(&rt, 0), 8, "{body}");
+            assert_eq!(rt.config().drives[0].device.path, a, "{body}");
+            assert_eq!(vm_config(&mut rt)["drives"][0]["path_on_host"], json!(a));
+            assert_eq!(lock(&rt.drives[0].1).config_generation(), 0, "{body}");
+        }
+        // A bad limiter is refused before any image is opened.
+        let both = json!({"drive_id": "rootfs", "path_on_host": elsewhere,
+                          "rate_limiter": {"bandwidth": {"size": 1}}});
+        let e = fault_of(rt.serve(patch("rootfs", both), None));
+        assert!(e.contains("refill_time"), "{e}");
+        // The drive still works as it was: the same image takes a limiter.
+        let ok =
+            json!({"drive_id": "rootfs", "rate_limiter": {"ops": {"size": 5, "refill_time": 100}}});
+        assert_eq!(reply(rt.serve(patch("rootfs", ok), None)).status, 204);
+    }
+
+    #[test]
+    fn the_drives_own_image_named_again_shows_its_new_size() {
+        let dir = Scratch::new("resize");
+        let a = dir.image("a.img", 8);
+        let mut rt = runtime(&[("rootfs", &a, false)]);
+        // The host grows the file and says so.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&a)
+            .unwrap()
+            .set_len(64 * 512)
+            .unwrap();
+        let body = json!({"drive_id": "rootfs", "path_on_host": a});
+        assert_eq!(reply(patch_image(&mut rt, "rootfs", body)).status, 204);
+        assert_eq!(capacity(&rt, 0), 64);
+        assert_eq!(lock(&rt.drives[0].1).config_generation(), 1);
+        assert_eq!(rt.config().drives[0].device.path, a);
+    }
+
+    #[test]
+    fn a_drives_rate_limiter_changes_alone() {
+        let dir = Scratch::new("limiter");
+        let a = dir.image("a.img", 8);
+        let mut rt = runtime(&[("rootfs", &a, false)]);
+        let body = json!({"drive_id": "rootfs",
+                          "rate_limiter": {"bandwidth": {"size": 5000, "refill_time": 100}}});
+        // No image is asked for.
+        assert_eq!(reply(rt.serve(patch("rootfs", body), None)).status, 204);
+        let want = RateLimiterConfig {
+            bandwidth: bucket(5000, 100),
+            ops: None,
+        };
+        assert_eq!(rt.config().drives[0].device.rate_limiter, want);
+        assert_eq!(lock(&rt.drives[0].1).config().rate_limiter, want);
+        let cfg = vm_config(&mut rt);
+        assert_eq!(cfg["drives"][0]["rate_limiter"]["bandwidth"]["size"], 5000);
+        // Partial: the ops bucket added, the bandwidth kept; then removed.
+        let body = json!({"drive_id": "rootfs",
+                          "rate_limiter": {"ops": {"size": 10, "refill_time": 1000}}});
+        assert_eq!(reply(rt.serve(patch("rootfs", body), None)).status, 204);
+        let l = rt.config().drives[0].device.rate_limiter;
+        assert_eq!((l.bandwidth, l.ops), (bucket(5000, 100), bucket(10, 1000)));
+        let body = json!({"drive_id": "rootfs",
+                          "rate_limiter": {"bandwidth": {"size": 0, "refill_time": 0}}});
+        assert_eq!(reply(rt.serve(patch("rootfs", body), None)).status, 204);
+        let l = lock(&rt.drives[0].1).config().rate_limiter;
+        assert_eq!((l.bandwidth, l.ops), (None, bucket(10, 1000)));
+        assert_eq!(rt.config().drives[0].device.rate_limiter, l);
+        // Image and limiter in one request.
+        let b = dir.image("b.img", 16);
+        let body = json!({"drive_id": "rootfs", "path_on_host": b,
+                          "rate_limiter": {"ops": {"size": 0, "refill_time": 0}}});
+        assert_eq!(reply(patch_image(&mut rt, "rootfs", body)).status, 204);
+        assert_eq!(capacity(&rt, 0), 16);
+        assert!(rt.config().drives[0].device.rate_limiter.is_unlimited());
     }
 }

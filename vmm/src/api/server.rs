@@ -15,7 +15,13 @@
 //!   answer within [`VMM_TIMEOUT`] gets the request answered with a fault,
 //!   so the API stays responsive while the VMM is busy;
 //! - an answer the client does not read is dropped with the connection
-//!   rather than waited on.
+//!   rather than waited on;
+//! - the one file this thread opens is a disk image for `PATCH /drives`,
+//!   when the VMM asks for it ([`Answer::Open`]): the VMM's own thread may
+//!   open no file (its seccomp filter), this one may open and lock an
+//!   image (and nothing more, see `seccomp::api_rules`), and the request
+//!   goes to the VMM again with the open image. The path resolves where
+//!   this thread runs: inside the jail, if minivmm was jailed.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -30,6 +36,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::http::{self, Parsed, Response};
 use super::routes::{route, ApiRequest};
+use super::runtime::{open_image, OpenedImage};
 
 /// Most open connections.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -48,8 +55,32 @@ const STOP: u64 = u64::MAX - 1;
 pub struct ApiCommand {
     /// What the client asked.
     pub request: ApiRequest,
+    /// The disk image the VMM asked this thread to open for the request
+    /// ([`Answer::Open`]); `None` the first time.
+    pub image: Option<OpenedImage>,
     /// Where the answer goes (a channel of one).
-    pub reply: SyncSender<Response>,
+    pub reply: SyncSender<Answer>,
+}
+
+/// What the VMM answers a command with.
+#[derive(Debug)]
+pub enum Answer {
+    /// The client's answer.
+    Reply(Response),
+    /// `PATCH /drives` with a `path_on_host`: open this image (read-only or
+    /// not, as the drive is) and send the request again with it.
+    Open {
+        /// The image, as the client named it.
+        path: PathBuf,
+        /// Whether the drive is read-only.
+        read_only: bool,
+    },
+}
+
+impl From<Response> for Answer {
+    fn from(r: Response) -> Self {
+        Answer::Reply(r)
+    }
 }
 
 /// Why the server could not start.
@@ -297,11 +328,37 @@ impl ApiServer {
     }
 }
 
-/// Hands one request to the VMM and waits for its answer.
+/// Hands one request to the VMM and waits for its answer; opens the image
+/// the VMM asks for, if it does, and hands the request over again with it.
 fn ask(vmm: &Sender<ApiCommand>, wake: Option<&EventFd>, request: ApiRequest) -> Response {
-    let (reply, answer): (SyncSender<Response>, Receiver<Response>) = mpsc::sync_channel(1);
-    if vmm.send(ApiCommand { request, reply }).is_err() {
-        return Response::fault("the VMM is shutting down");
+    let (path, read_only) = match exchange(vmm, wake, request.clone(), None) {
+        Answer::Reply(r) => return r,
+        Answer::Open { path, read_only } => (path, read_only),
+    };
+    let image = open_image(&path, read_only);
+    match exchange(vmm, wake, request, Some(image)) {
+        Answer::Reply(r) => r,
+        Answer::Open { .. } => Response::fault("the VMM asked for the image again"),
+    }
+}
+
+/// One command to the VMM and its answer (a fault after [`VMM_TIMEOUT`]).
+fn exchange(
+    vmm: &Sender<ApiCommand>,
+    wake: Option<&EventFd>,
+    request: ApiRequest,
+    image: Option<OpenedImage>,
+) -> Answer {
+    let (reply, answer): (SyncSender<Answer>, Receiver<Answer>) = mpsc::sync_channel(1);
+    if vmm
+        .send(ApiCommand {
+            request,
+            image,
+            reply,
+        })
+        .is_err()
+    {
+        return Response::fault("the VMM is shutting down").into();
     }
     if let Some(w) = wake {
         // A full counter means a wake-up is pending already.
@@ -309,7 +366,7 @@ fn ask(vmm: &Sender<ApiCommand>, wake: Option<&EventFd>, request: ApiRequest) ->
     }
     answer
         .recv_timeout(VMM_TIMEOUT)
-        .unwrap_or_else(|_| Response::fault("the VMM did not answer in time"))
+        .unwrap_or_else(|_| Response::fault("the VMM did not answer in time").into())
 }
 
 /// Writes an answer; false when the client is gone or does not read.
@@ -376,7 +433,7 @@ mod tests {
                 if silent {
                     held.push(cmd.reply);
                 } else {
-                    let _ = cmd.reply.send(Response::no_content());
+                    let _ = cmd.reply.send(Response::no_content().into());
                 }
             }
             seen
@@ -509,6 +566,84 @@ mod tests {
         let mut c = UnixStream::connect(&srv.path).unwrap();
         let r = exchange(&mut c, b"GET / HTTP/1.1\r\n\r\n");
         assert!(r.contains("the VMM did not answer in time"), "{r}");
+    }
+
+    /// A server whose "VMM" asks for `image` to be opened on the first trip
+    /// of every request and answers with what the second trip brought.
+    fn start_opener(image: PathBuf) -> (Running, std::thread::JoinHandle<Vec<String>>) {
+        let dir = std::env::temp_dir().join(format!(
+            "minivmm-api-open-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("api.sock");
+        let _ = std::fs::remove_file(&path);
+        let server = ApiServer::bind(&path).unwrap();
+        let stop = server.stopper().unwrap();
+        let (tx, rx) = mpsc::channel::<ApiCommand>();
+        let thread = std::thread::spawn(move || server.serve(tx, None));
+        let vmm = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for cmd in rx {
+                let answer = match cmd.image {
+                    None => Answer::Open {
+                        path: image.clone(),
+                        read_only: true,
+                    },
+                    Some(OpenedImage::Image(b)) => {
+                        use devices::virtio::block::BlockBackend;
+                        seen.push(format!("image {}", b.info().size));
+                        Response::no_content().into()
+                    }
+                    Some(other) => {
+                        seen.push(format!("{other:?}"));
+                        Response::fault("not opened").into()
+                    }
+                };
+                let _ = cmd.reply.send(answer);
+            }
+            seen
+        });
+        let running = Running {
+            path,
+            stop,
+            thread: Some(thread),
+            vmm: None,
+        };
+        (running, vmm)
+    }
+
+    #[test]
+    fn the_image_the_vmm_asks_for_is_opened_here_and_sent_back_with_the_request() {
+        let dir = std::env::temp_dir().join(format!("minivmm-api-img-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("new.img");
+        std::fs::write(&image, vec![0u8; 8192]).unwrap();
+        let (mut srv, vmm) = start_opener(image.clone());
+        let mut c = UnixStream::connect(&srv.path).unwrap();
+        let body = format!(r#"{{"drive_id":"d","path_on_host":"{}"}}"#, image.display());
+        let req = format!(
+            "PATCH /drives/d HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let r = exchange(&mut c, req.as_bytes());
+        assert!(r.starts_with("HTTP/1.1 204"), "{r}");
+        // A file that cannot be opened reaches the VMM as the reason.
+        std::fs::remove_file(&image).unwrap();
+        let r = exchange(&mut c, req.as_bytes());
+        assert!(r.contains("not opened"), "{r}");
+        drop(c);
+        let _ = srv.stop.write(1);
+        srv.thread.take().unwrap().join().unwrap();
+        let seen = vmm.join().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[0], "image 8192");
+        assert!(
+            seen[1].starts_with("Failed(") && seen[1].contains("new.img"),
+            "{seen:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -17,13 +17,21 @@
 //! (exclusive for read-write, shared for read-only, never waiting: two VMs
 //! never write one image) and, for a writable image, the `fallocate` probes
 //! that decide whether DISCARD and WRITE_ZEROES are offered.
+//!
+//! An image swapped in while the VM runs (`PATCH /drives`) goes through the
+//! same steps, split where the threads' seccomp filters split them:
+//! [`FileBackend::open_unlocked`] (open, fstat, fcntl) and
+//! [`UnlockedImage::lock`] (flock) on the VMM's API thread, which may open
+//! files but not `fallocate`, then [`FileBackend::probe`] on the event
+//! loop, which may `fallocate` (in the two modes the datapath uses) but
+//! not open files.
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use super::device::BlockError;
 use crate::virtio::queue::IoSeg;
@@ -159,11 +167,35 @@ fn fallocate_fd(fd: RawFd, mode: FallocMode, offset: u64, len: u64) -> io::Resul
     cvt(ret as isize).map(drop)
 }
 
+/// Which file an image is: its device and inode, which every path to the
+/// file shares (so two spellings of one path, or a hard link, are one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
 /// A raw image file, opened and locked by [`FileBackend::open`].
 #[derive(Debug)]
 pub struct FileBackend {
     file: File,
     info: DiskInfo,
+    id: FileId,
+    read_only: bool,
+}
+
+/// An image opened and found to be a regular file, not locked yet: the
+/// first half of [`FileBackend::open`], for a caller that wants to know
+/// which file a lock it cannot take protects ([`UnlockedImage::lock`]).
+#[derive(Debug)]
+pub struct UnlockedImage {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    id: FileId,
+    read_only: bool,
 }
 
 /// Bytes the `fallocate` probes work on, past the end of the file: one
@@ -175,77 +207,125 @@ impl FileBackend {
     /// regular file, takes the lock and, when writable, probes `fallocate`
     /// (see the module doc).
     pub fn open(path: &Path, read_only: bool) -> Result<Self, BlockError> {
+        let mut backend = Self::open_unlocked(path, read_only)?.lock()?;
+        backend.probe();
+        Ok(backend)
+    }
+
+    /// Opens `path` and checks that it is a regular file, without taking
+    /// the lock or probing: `open`, `fstat` and `fcntl` only, so a thread
+    /// whose seccomp filter allows no more (the API thread) can call it.
+    pub fn open_unlocked(path: &Path, read_only: bool) -> Result<UnlockedImage, BlockError> {
         let open_err = |source| BlockError::Open {
             path: path.to_path_buf(),
             source,
         };
-        // A directory cannot be opened for writing (EISDIR): say what it is
-        // rather than how the open failed.
-        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-            return Err(BlockError::NotAFile(path.to_path_buf()));
-        }
         let file = OpenOptions::new()
             .read(true)
             .write(!read_only)
-            // Non-blocking so that a FIFO swapped in after the check above
-            // cannot hang the open; cleared below for the regular file.
+            // Non-blocking so that a FIFO cannot hang the open; cleared
+            // below for the regular file.
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path)
-            .map_err(open_err)?;
+            .map_err(|e| {
+                // A directory cannot be opened for writing: say what it is
+                // rather than how the open failed.
+                if e.raw_os_error() == Some(libc::EISDIR) {
+                    BlockError::NotAFile(path.to_path_buf())
+                } else {
+                    open_err(e)
+                }
+            })?;
         let meta = file.metadata().map_err(open_err)?;
         if !meta.is_file() {
             return Err(BlockError::NotAFile(path.to_path_buf()));
         }
-        let fd = file.as_raw_fd();
         // SAFETY: fcntl(F_SETFL) on our own open fd; no memory involved.
-        let ret = unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
+        let ret = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) };
         if ret < 0 {
             return Err(open_err(io::Error::last_os_error()));
         }
-        let op = if read_only {
-            libc::LOCK_SH
-        } else {
-            libc::LOCK_EX
-        };
-        // SAFETY: flock on our own open fd; no memory involved.
-        if unsafe { libc::flock(fd, op | libc::LOCK_NB) } < 0 {
-            let e = io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                BlockError::Locked(path.to_path_buf())
-            } else {
-                open_err(e)
-            });
-        }
-        let size = meta.len();
-        let (punch_hole, zero_range) = if read_only {
-            (false, false)
-        } else {
-            Self::probe(fd, size)
-        };
-        Ok(FileBackend {
+        Ok(UnlockedImage {
             file,
-            info: DiskInfo {
-                size,
-                punch_hole,
-                zero_range,
+            path: path.to_path_buf(),
+            size: meta.len(),
+            id: FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
             },
+            read_only,
         })
     }
 
-    /// Whether the file system punches holes and zeroes ranges: both tried
-    /// on a block wholly past the end of the file (KEEP_SIZE, so the size
-    /// does not change); the hole punched last frees what zeroing may have
-    /// allocated there.
-    fn probe(fd: RawFd, size: u64) -> (bool, bool) {
-        let at = size.next_multiple_of(PROBE_LEN);
-        let zero = fallocate_fd(fd, FallocMode::ZeroRange, at, PROBE_LEN).is_ok();
-        let punch = fallocate_fd(fd, FallocMode::PunchHole, at, PROBE_LEN).is_ok();
-        (punch, zero)
+    /// Finds out, for a writable image, whether its file system punches
+    /// holes and zeroes ranges (what DISCARD and WRITE_ZEROES need): both
+    /// tried on a block wholly past the end of the file (KEEP_SIZE, so the
+    /// size does not change); the hole punched last frees what zeroing may
+    /// have allocated there. A read-only image offers neither.
+    pub fn probe(&mut self) {
+        if self.read_only {
+            return;
+        }
+        let fd = self.file.as_raw_fd();
+        let at = self.info.size.next_multiple_of(PROBE_LEN);
+        self.info.zero_range = fallocate_fd(fd, FallocMode::ZeroRange, at, PROBE_LEN).is_ok();
+        self.info.punch_hole = fallocate_fd(fd, FallocMode::PunchHole, at, PROBE_LEN).is_ok();
     }
 
     /// The open file.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Which file this is.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+}
+
+impl UnlockedImage {
+    /// Which file this is.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    /// The file's size when it was opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Takes the lock (exclusive for read-write, shared for read-only,
+    /// never waiting): [`BlockError::Locked`] if another open file holds a
+    /// conflicting one. The image is not probed yet
+    /// ([`FileBackend::probe`]).
+    pub fn lock(self) -> Result<FileBackend, BlockError> {
+        let op = if self.read_only {
+            libc::LOCK_SH
+        } else {
+            libc::LOCK_EX
+        };
+        // SAFETY: flock on our own open fd; no memory involved.
+        if unsafe { libc::flock(self.file.as_raw_fd(), op | libc::LOCK_NB) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                BlockError::Locked(self.path)
+            } else {
+                BlockError::Open {
+                    path: self.path,
+                    source: e,
+                }
+            });
+        }
+        Ok(FileBackend {
+            file: self.file,
+            info: DiskInfo {
+                size: self.size,
+                punch_hole: false,
+                zero_range: false,
+            },
+            id: self.id,
+            read_only: self.read_only,
+        })
     }
 }
 

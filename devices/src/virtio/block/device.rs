@@ -22,7 +22,7 @@ use super::pass::BlockVirtio;
 use super::request::{Rules, MAX_DWZ_SECTORS, MAX_DWZ_SEGS};
 use super::uring::BlockRing;
 use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
-use crate::rate_limiter::RateLimiter;
+use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 use crate::warn::warn_rate_limited;
@@ -136,6 +136,9 @@ pub struct Block<B: BlockBackend = FileBackend> {
     avail_features: u64,
     pub(crate) acked_features: u64,
     config_space: [u8; off::LEN],
+    /// ConfigGeneration: changed with the configuration space (a new
+    /// image's capacity).
+    config_generation: u32,
     queue_sizes: [u16; 1],
     pub(crate) queue_evts: [EventFd; 1],
     pub(crate) activate_evt: EventFd,
@@ -279,6 +282,7 @@ impl<B: BlockBackend> Block<B> {
             avail_features: f,
             acked_features: 0,
             config_space: cs,
+            config_generation: 0,
             metrics: Arc::default(),
             limiter,
             engine,
@@ -317,6 +321,143 @@ impl<B: BlockBackend> Block<B> {
     /// The backend, mutably.
     pub fn backend_mut(&mut self) -> &mut B {
         &mut self.backend
+    }
+
+    /// Replaces the image while the device runs (`PATCH /drives` with a
+    /// new `path_on_host`): `backend` is the new image, opened with the
+    /// drive's read-only setting (and probed), `path` its name for the logs.
+    ///
+    /// Requests in flight on the io_uring were submitted on the old image:
+    /// they are waited for and answered here, against it, before anything
+    /// changes, so every request the driver posted before the swap is done
+    /// on the old image and every one the device takes after it on the new
+    /// one. The wait is bounded: each round takes at least one completion,
+    /// and a request is submitted at most `MAX_ATTEMPTS` times (the
+    /// `Sync` engine has nothing in flight between two passes). A request
+    /// the rate limiter holds back runs on the new image if it still fits
+    /// in it, and is answered IOERR if not.
+    ///
+    /// The features stay as negotiated: a new image whose file system
+    /// cannot do what DISCARD or WRITE_ZEROES (offered to the guest) need
+    /// is refused. Then the capacity in the configuration space becomes the
+    /// new image's, ConfigGeneration changes, and an activated device
+    /// raises a configuration-change interrupt, on which the guest's driver
+    /// reads the new capacity. On `Err` the old image stays in use and
+    /// nothing changed; the new one is closed.
+    pub fn swap_backend(&mut self, backend: B, path: std::path::PathBuf) -> Result<(), BlockError> {
+        let id = self.cfg.id.clone();
+        let refuse = |msg: String| BlockError::Config { id, msg };
+        let info = backend.info();
+        if self.avail_features & bit(VIRTIO_BLK_F_DISCARD) != 0 && !info.punch_hole {
+            return Err(refuse(format!(
+                "the file system of {} cannot punch holes, which DISCARD (offered to the \
+                 guest) needs",
+                path.display()
+            )));
+        }
+        if self.avail_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0 && !info.zero_range {
+            return Err(refuse(format!(
+                "the file system of {} cannot zero ranges, which WRITE_ZEROES (offered to \
+                 the guest) needs",
+                path.display()
+            )));
+        }
+        if let Err(e) = self.complete_in_flight() {
+            return Err(refuse(format!(
+                "the requests in flight on the current image did not complete ({e}); it stays \
+                 in use"
+            )));
+        }
+        if let Some(engine) = self.engine.as_mut() {
+            engine.set_fd(backend.as_raw_fd());
+        }
+        let old = std::mem::replace(&mut self.backend, backend);
+        drop(old);
+        log::info!(
+            "virtio-blk: drive {}: image {} replaced by {}",
+            self.cfg.id,
+            self.cfg.path.display(),
+            path.display()
+        );
+        self.cfg.path = path;
+        self.info = info;
+        self.disk_changed(info.size);
+        Ok(())
+    }
+
+    /// The image in use changed size (the host grew or shrank the file,
+    /// and `PATCH /drives` named it again): `size` is its size in bytes now.
+    /// The capacity follows, as after [`swap_backend`](Self::swap_backend).
+    pub fn resize(&mut self, size: u64) {
+        log::info!(
+            "virtio-blk: drive {}: {} is now {size} bytes",
+            self.cfg.id,
+            self.cfg.path.display()
+        );
+        self.disk_changed(size);
+    }
+
+    /// Waits for and answers every request in flight on the io_uring (see
+    /// [`swap_backend`](Self::swap_backend)).
+    fn complete_in_flight(&mut self) -> std::io::Result<()> {
+        let (Some(engine), Some(a)) = (self.engine.as_mut(), self.active.as_mut()) else {
+            // Without an activation nothing is in flight (a reset waits).
+            return Ok(());
+        };
+        // Ends: every wait returns with a completion posted, `complete`
+        // takes them all, and each either answers its request or submits
+        // its remainder, at most MAX_ATTEMPTS times per request. The ring's
+        // eventfd stays signalled, so the event handler looks again (and
+        // restarts a pass that stopped on a full ring).
+        while engine.in_flight() > 0 {
+            engine.wait()?;
+            a.virtio
+                .complete(&mut self.backend, engine, &self.metrics, &*a.interrupt);
+        }
+        Ok(())
+    }
+
+    /// The configuration space says `size` bytes from now on, and the
+    /// guest is told (see [`swap_backend`](Self::swap_backend)).
+    fn disk_changed(&mut self, size: u64) {
+        self.info.size = size;
+        let capacity = self.capacity();
+        self.config_space[off::CAPACITY..off::CAPACITY + 8]
+            .copy_from_slice(&capacity.to_le_bytes());
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(a) = self.active.as_mut() {
+            a.virtio
+                .set_capacity(capacity, &self.metrics, &*a.interrupt);
+            a.interrupt.signal_config_change();
+        }
+    }
+
+    /// Replaces the rate limits while the device runs (`PATCH /drives`
+    /// with a `rate_limiter`), as the network device's
+    /// [`set_rate_limits`](crate::virtio::net::Net::set_rate_limits) does:
+    /// a limiter keeps its timer and the request it holds back, which is
+    /// tried first against the new buckets; a device without one gets one
+    /// (its timer made here, on the event loop's thread). The stored
+    /// configuration follows. On `Err` nothing changed.
+    pub fn set_rate_limiter(&mut self, cfg: &RateLimiterConfig) -> Result<(), BlockError> {
+        let err = |e: crate::rate_limiter::RateLimiterError| BlockError::Config {
+            id: self.cfg.id.clone(),
+            msg: format!("rate limiter: {e}"),
+        };
+        cfg.validate().map_err(err)?;
+        match self.limiter.as_mut() {
+            Some(l) => l.update(cfg).map_err(err)?,
+            None if cfg.is_unlimited() => {}
+            None => self.limiter = Some(RateLimiter::new(cfg).map_err(err)?),
+        }
+        self.cfg.rate_limiter = *cfg;
+        Ok(())
+    }
+
+    /// The configuration in force (the image's path and the limits follow
+    /// the changes made while the device runs).
+    pub fn config(&self) -> &BlockConfig {
+        &self.cfg
     }
 
     pub(crate) fn kick_event_handler(&self) {
@@ -361,6 +502,10 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
             let n = data.len().min(off::LEN - start);
             data[..n].copy_from_slice(&self.config_space[start..start + n]);
         }
+    }
+
+    fn config_generation(&self) -> u32 {
+        self.config_generation
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {

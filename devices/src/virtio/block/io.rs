@@ -436,6 +436,17 @@ impl AsyncEngine {
         answered
     }
 
+    /// Waits until a completion is posted ([`complete`](Self::complete)
+    /// answers it).
+    pub(crate) fn wait(&mut self) -> io::Result<()> {
+        self.ring.wait_one()
+    }
+
+    /// Points later requests at the image `fd` (nothing may be in flight).
+    pub(crate) fn set_fd(&mut self, fd: std::os::fd::RawFd) {
+        self.ring.set_fd(fd);
+    }
+
     /// Waits for every request in flight and forgets them unanswered (the
     /// driver reset the device: there is no queue to answer into). See the
     /// module doc.

@@ -31,7 +31,16 @@
 //! guest cannot reach (no request may touch it: a read of it would be
 //! short, a write would grow the file). The device logs that once at open.
 //! The size is read once, at open; an image that shrinks later answers the
-//! reads past its new end IOERR.
+//! reads past its new end IOERR, until the VMM says so
+//! ([`Block::resize`]).
+//!
+//! **A new image while the VM runs** ([`Block::swap_backend`], Firecracker's
+//! `PATCH /drives` with a new `path_on_host`): the requests in flight
+//! complete on the old image first, then the capacity in the
+//! configuration space becomes the new one's, ConfigGeneration changes
+//! ([`VirtioDevice::config_generation`](super::VirtioDevice::config_generation))
+//! and the guest gets a configuration-change interrupt. The features stay
+//! as negotiated. The limits change with [`Block::set_rate_limiter`].
 //!
 //! **System calls.** In [`Block::new`], before seccomp: `open`, `fstat`,
 //! `fcntl`, `flock`, `fallocate` (the probes, writable images only),
@@ -39,7 +48,9 @@
 //! `io_uring_setup` and `io_uring_register`. On the event loop: `preadv`,
 //! `pwritev`, `fdatasync`, `fallocate` (`Sync`, or where the ring refuses
 //! an entry), `io_uring_enter` (`Async`), `read`/`write` on the eventfds,
-//! `timerfd_settime` and `read` on the limiter's timer, `epoll_ctl`. On a
+//! `timerfd_settime` and `read` on the limiter's timer, `epoll_ctl`, and
+//! for a new image the `fallocate` probes and `close` of the old one, for
+//! a limiter set while the VM runs `timerfd_create`. On a
 //! vCPU thread: `write` on an eventfd at activation and reset, and
 //! `io_uring_enter` when a reset waits for requests in flight.
 
@@ -60,7 +71,7 @@ mod uring;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, OpKind};
+pub use backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, FileId, OpKind, UnlockedImage};
 pub use device::{Block, BlockError};
 pub use metrics::BlockMetrics;
 

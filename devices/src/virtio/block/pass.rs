@@ -30,8 +30,8 @@ use std::sync::atomic::Ordering;
 use super::backend::BlockBackend;
 use super::io::{finish, run_sync, without_io, AsyncEngine, Needs};
 use super::metrics::BlockMetrics;
-use super::request::{Parsed, Parser, Reject, Request, Rules};
-use super::{CacheType, ID_BYTES};
+use super::request::{Op, Parsed, Parser, Reject, Request, Rules, VIRTIO_BLK_S_IOERR};
+use super::{CacheType, ID_BYTES, SECTOR_SIZE};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::iov;
 use crate::virtio::queue::{Budget, Notify, QueueError, SplitQueue, MAX_CHAIN_SEGS};
@@ -119,6 +119,33 @@ impl BlockVirtio {
     /// Whether a request waits for the rate limiter.
     pub fn is_throttled(&self) -> bool {
         self.throttled.is_some()
+    }
+
+    /// The image under the queue changed size (another image, or the same
+    /// one grown or shrunk): later requests are checked against `capacity`
+    /// sectors. A request the limiter holds back was checked against the
+    /// old size; one that no longer fits is answered IOERR now, as a
+    /// request past the end is, rather than run (a write past the new end
+    /// would grow the file).
+    pub(crate) fn set_capacity(
+        &mut self,
+        capacity: u64,
+        metrics: &BlockMetrics,
+        irq: &dyn Interrupt,
+    ) {
+        self.rules.capacity = capacity;
+        let end = |op: &Op| match *op {
+            Op::Read { offset, len }
+            | Op::Write { offset, len }
+            | Op::Discard { offset, len }
+            | Op::WriteZeroes { offset, len, .. } => offset.saturating_add(len),
+            Op::Flush | Op::GetId { .. } => 0,
+        };
+        let bytes = capacity.saturating_mul(SECTOR_SIZE);
+        if let Some(req) = self.throttled.take_if(|r| end(&r.op) > bytes) {
+            finish(&mut self.queue, &req, VIRTIO_BLK_S_IOERR, 0, metrics);
+            self.publish(irq, metrics);
+        }
     }
 
     /// Runs (Sync, or without I/O) or starts (Async) one request that

@@ -181,6 +181,24 @@ impl BlockRing {
         self.in_flight = self.in_flight.saturating_sub(out.len() - before);
     }
 
+    /// Submits what is queued and waits until at least one completion is
+    /// posted (EINTR retried); [`reap`](Self::reap) takes it.
+    pub fn wait_one(&mut self) -> io::Result<()> {
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Points the entries pushed from now on at `fd`: the device swapped
+    /// its image, after every entry on the old one completed.
+    pub fn set_fd(&mut self, fd: RawFd) {
+        self.fd = fd;
+    }
+
     /// Submits what is queued and waits until every entry in flight has
     /// completed, appending the completions to `out`: after this the
     /// kernel holds no pointer into guest memory or the device's vectors.

@@ -83,10 +83,12 @@ impl Drop for TempDir {
     }
 }
 
-/// Counts used-buffer interrupts and device-error reports.
+/// Counts used-buffer interrupts, configuration changes and device-error
+/// reports.
 #[derive(Default)]
 pub struct TestIrq {
     pub used: AtomicU64,
+    pub config: AtomicU64,
     pub device_errors: AtomicU64,
 }
 
@@ -94,7 +96,9 @@ impl Interrupt for TestIrq {
     fn signal_used_queue(&self) {
         self.used.fetch_add(1, Ordering::SeqCst);
     }
-    fn signal_config_change(&self) {}
+    fn signal_config_change(&self) {
+        self.config.fetch_add(1, Ordering::SeqCst);
+    }
     fn signal_device_error(&self) {
         self.device_errors.fetch_add(1, Ordering::SeqCst);
     }
@@ -114,6 +118,8 @@ pub enum Fault {
 /// kind, if any.
 pub struct FaultyBackend {
     pub inner: FileBackend,
+    /// What `info` reports instead of the file's, if set.
+    pub info: Option<DiskInfo>,
     pub faults: HashMap<OpKind, VecDeque<Fault>>,
     /// Operations seen, by kind.
     pub calls: HashMap<OpKind, u64>,
@@ -123,6 +129,7 @@ impl FaultyBackend {
     pub fn new(inner: FileBackend) -> Self {
         FaultyBackend {
             inner,
+            info: None,
             faults: HashMap::new(),
             calls: HashMap::new(),
         }
@@ -182,7 +189,7 @@ impl AsRawFd for FaultyBackend {
 
 impl BlockBackend for FaultyBackend {
     fn info(&self) -> DiskInfo {
-        self.inner.info()
+        self.info.unwrap_or_else(|| self.inner.info())
     }
     fn read_at(&mut self, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
         self.transfer(OpKind::Read, segs, |b, s| b.read_at(s, offset))

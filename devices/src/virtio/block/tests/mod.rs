@@ -13,6 +13,8 @@
 //! - `pass`: the bounds of a pass, a corrupt ring, resets with requests in flight.
 //! - `faults`: the fault-injection matrix, both engines.
 //! - `integrity`: random data through random chain shapes against a model.
+//! - `swap`: the image replaced or resized while the device runs, and its
+//!   rate limits changed.
 
 mod faults;
 #[allow(dead_code)]
@@ -22,4 +24,5 @@ mod malformed;
 mod pass;
 mod rate_limiter;
 mod requests;
+mod swap;
 mod transport;
