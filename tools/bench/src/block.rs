@@ -222,52 +222,162 @@ impl DeviceRig {
         Ok(())
     }
 
-    fn measure(&mut self, t: &Timing, w: Workload, file_len: u64) -> Result<Sample> {
-        let mut off = Offsets::new(w, file_len);
+    /// Posts the first `DEPTH` requests and kicks.
+    fn start(&mut self, w: Workload, off: &mut Offsets) -> Result<()> {
         for slot in 0..DEPTH {
             self.post(slot, w, off.next())?;
         }
         self.driver.publish(0).context("publish")?;
         self.driver.kick(0);
-        let sample = window(t, || {
-            self.em.run_with_timeout(1).context("event loop")?;
-            let used = self.driver.used(0).context("used ring")?;
-            let n = used.len() as u64;
-            // Every answer is read before any slot is posted again: a new
-            // chain may take the head of an answer not yet read.
-            let mut done = Vec::with_capacity(used.len());
-            for u in used {
-                let slot = self.by_head[u.id as usize];
-                let status: u8 = self
-                    .driver
-                    .mem()
-                    .read_obj(self.slots[slot].2)
-                    .context("status")?;
-                anyhow::ensure!(
-                    status == 0,
-                    "request failed with status {status} (used length {}): {}",
-                    u.len,
-                    self.metrics.to_json()
-                );
-                done.push(slot);
-            }
-            for slot in done {
-                self.post(slot, w, off.next())?;
-            }
-            if n > 0 {
-                self.driver.publish(0).context("publish")?;
-                self.driver.kick(0);
-            }
-            Ok(n)
-        })?;
-        // Let the requests in flight finish before the rig is dropped.
+        Ok(())
+    }
+
+    /// One turn of the event loop: the device's work (a pass, or
+    /// completions), apart from the driver's so callgrind can tell them
+    /// apart.
+    #[inline(never)]
+    fn device_turn(&mut self) -> Result<()> {
+        self.em.run_with_timeout(1).context("event loop")?;
+        Ok(())
+    }
+
+    /// The driver's turn: reads the answers, posts as many new requests,
+    /// kicks. Returns the requests answered.
+    #[inline(never)]
+    fn driver_turn(&mut self, w: Workload, off: &mut Offsets) -> Result<u64> {
+        let used = self.driver.used(0).context("used ring")?;
+        let n = used.len() as u64;
+        // Every answer is read before any slot is posted again: a new
+        // chain may take the head of an answer not yet read.
+        let mut done = Vec::with_capacity(used.len());
+        for u in used {
+            let slot = self.by_head[u.id as usize];
+            let status: u8 = self
+                .driver
+                .mem()
+                .read_obj(self.slots[slot].2)
+                .context("status")?;
+            anyhow::ensure!(
+                status == 0,
+                "request failed with status {status} (used length {}): {}",
+                u.len,
+                self.metrics.to_json()
+            );
+            done.push(slot);
+        }
+        for slot in done {
+            self.post(slot, w, off.next())?;
+        }
+        if n > 0 {
+            self.driver.publish(0).context("publish")?;
+            self.driver.kick(0);
+        }
+        Ok(n)
+    }
+
+    /// Lets the requests in flight finish before the rig is dropped or
+    /// measured again.
+    fn settle(&mut self) -> Result<()> {
         let end = Instant::now() + Duration::from_secs(2);
         while Instant::now() < end && self.driver.free_descriptors(0).unwrap_or(0) < DEPTH * 4 {
             self.em.run_with_timeout(1).context("event loop")?;
             self.driver.used(0).context("used ring")?;
         }
+        Ok(())
+    }
+
+    fn measure(&mut self, t: &Timing, w: Workload, file_len: u64) -> Result<Sample> {
+        let mut off = Offsets::new(w, file_len);
+        self.start(w, &mut off)?;
+        let sample = window(t, || {
+            self.device_turn()?;
+            self.driver_turn(w, &mut off)
+        })?;
+        self.settle()?;
         Ok(sample)
     }
+
+    /// `n` requests, untimed (`--block-cost`).
+    fn run_n(&mut self, w: Workload, file_len: u64, n: u64) -> Result<()> {
+        let mut off = Offsets::new(w, file_len);
+        self.start(w, &mut off)?;
+        let mut done = 0;
+        while done < n {
+            self.device_turn()?;
+            done += self.driver_turn(w, &mut off)?;
+        }
+        self.settle()
+    }
+}
+
+/// The raw loop's `n` requests, untimed (`--block-cost raw`).
+#[inline(never)]
+fn raw_n(file: &File, w: Workload, file_len: u64, n: u64) -> Result<()> {
+    let mut buf = vec![0x5au8; w.size as usize];
+    let mut off = Offsets::new(w, file_len);
+    for _ in 0..n {
+        let at = off.next();
+        if w.write {
+            file.write_all_at(&buf, at).context("raw pwrite")?;
+        } else {
+            file.read_exact_at(&mut buf, at).context("raw pread")?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the image (`file_len` bytes, in the page cache) in a fresh
+/// directory; returns the directory, the image's path and the open file.
+fn make_image(file_len: u64) -> Result<(PathBuf, PathBuf, File)> {
+    let dir = std::env::temp_dir().join(format!("minivmm-blockbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).context("bench directory")?;
+    let path = dir.join("image.raw");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .context("create the image")?;
+    // Into the page cache once: every cell then reads cached pages.
+    let chunk = vec![0xa5u8; 1 << 20];
+    for i in 0..file_len >> 20 {
+        file.write_all_at(&chunk, i << 20)
+            .context("fill the image")?;
+    }
+    Ok((dir, path, file))
+}
+
+/// `netbench --block-cost MODE WORKLOAD N`: `n` requests of one cell and
+/// nothing else (no windows, no clock reads), so that callgrind's counts
+/// over two values of `n` give instructions per request
+/// (`tools/bench/callgrind-block.sh`). MODE is `sync`, `async` or `raw`.
+pub fn cost(mode: &str, workload: &str, n: u64) -> Result<()> {
+    let w = *WORKLOADS
+        .iter()
+        .find(|w| w.name == workload)
+        .with_context(|| format!("unknown workload {workload:?}"))?;
+    let file_len = 32 << 20;
+    let (dir, path, file) = make_image(file_len)?;
+    let res = match mode {
+        "raw" => raw_n(&file, w, file_len, n),
+        "sync" | "async" => {
+            let engine = if mode == "sync" {
+                IoEngine::Sync
+            } else {
+                IoEngine::Async
+            };
+            DeviceRig::new(&path, engine, w.size).and_then(|mut rig| {
+                rig.run_n(w, file_len, n)?;
+                eprintln!("netbench: block-cost {mode} {workload} {n}: {}", rig.metrics.to_json());
+                Ok(())
+            })
+        }
+        other => Err(anyhow::anyhow!("unknown mode {other:?} (sync, async, raw)")),
+    };
+    drop(file);
+    let _ = std::fs::remove_dir_all(&dir);
+    res
 }
 
 /// Runs every cell; returns the rows and the ratios.
@@ -277,23 +387,8 @@ pub fn block(t: &Timing) -> Result<Value> {
     } else {
         128 << 20
     };
-    let dir = std::env::temp_dir().join(format!("minivmm-blockbench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).context("bench directory")?;
-    let path = dir.join("image.raw");
+    let (dir, path, file) = make_image(file_len)?;
     let result = (|| -> Result<Value> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .context("create the image")?;
-        // Into the page cache once: every cell then reads cached pages.
-        let chunk = vec![0xa5u8; 1 << 20];
-        for i in 0..file_len >> 20 {
-            file.write_all_at(&chunk, i << 20)
-                .context("fill the image")?;
-        }
         let mut rows = Vec::new();
         let mut ratios = serde_json::Map::new();
         for &w in WORKLOADS {
