@@ -161,7 +161,9 @@ fn run(cli: Cli) -> Result<i32> {
         return Ok(0);
     }
     if let Some(a) = &cli.block_cost {
-        let n = a[2].parse().with_context(|| format!("{:?} is not a number", a[2]))?;
+        let n = a[2]
+            .parse()
+            .with_context(|| format!("{:?} is not a number", a[2]))?;
         block::cost(&a[0], &a[1], n)?;
         return Ok(0);
     }
