@@ -117,39 +117,50 @@ fn off(offset: u64) -> io::Result<libc::off_t> {
     libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
 
+// preadv/pwritev go to the kernel through syscall(2), as the network
+// device's readv/writev do (`iov`): libc's wrappers are thread-cancellation
+// points, and the event loop is never cancelled. The system call takes the
+// offset as `pos_l` and `pos_h`; with 64-bit longs the kernel reads it
+// whole from `pos_l` (`pos_from_hilo` shifts `pos_h` out), so `pos_h` is 0.
+const _: () = assert!(libc::c_long::BITS == 64);
+
 /// Reads `segs.len()` vectors at `offset` of `fd`.
 pub(crate) fn preadv(fd: RawFd, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
-    let offset = off(offset)?;
-    // SAFETY: preadv(fd, iov, iovcnt, offset): IoSeg has the layout of
-    // `struct iovec` (asserted where it is defined), and every segment is
-    // writable guest memory from a checked translation, kept mapped by the
-    // queue's GuestRegions that the request holds (or a test's host
+    let pos = off(offset)?;
+    // SAFETY: preadv(fd, iov, iovcnt, pos_l, pos_h): IoSeg has the layout
+    // of `struct iovec` (asserted where it is defined), and every segment
+    // is writable guest memory from a checked translation, kept mapped by
+    // the queue's GuestRegions that the request holds (or a test's host
     // buffer borrowed for the call). The kernel writes at most `len` bytes
     // into each.
     let ret = unsafe {
-        libc::preadv(
+        libc::syscall(
+            libc::SYS_preadv,
             fd,
             segs.as_ptr().cast::<libc::iovec>(),
             iov_count(segs),
-            offset,
+            pos,
+            0,
         )
     };
-    cvt(ret)
+    cvt(ret as isize)
 }
 
 /// Writes `segs.len()` vectors at `offset` of `fd`.
 pub(crate) fn pwritev(fd: RawFd, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
-    let offset = off(offset)?;
+    let pos = off(offset)?;
     // SAFETY: as in `preadv`; the kernel only reads the segments.
     let ret = unsafe {
-        libc::pwritev(
+        libc::syscall(
+            libc::SYS_pwritev,
             fd,
             segs.as_ptr().cast::<libc::iovec>(),
             iov_count(segs),
-            offset,
+            pos,
+            0,
         )
     };
-    cvt(ret)
+    cvt(ret as isize)
 }
 
 fn fallocate_fd(fd: RawFd, mode: FallocMode, offset: u64, len: u64) -> io::Result<()> {

@@ -280,6 +280,17 @@ impl BlockFixture<FileBackend> {
     pub fn new(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Self {
         let dir = TempDir::new();
         let path = dir.file("disk.img", image);
+        Self::over(dir, path, cfg, features)
+    }
+
+    /// [`BlockFixture::new`] over an image the caller made at `path`, in
+    /// `dir`.
+    pub fn over(
+        dir: TempDir,
+        path: PathBuf,
+        cfg: impl FnOnce(&mut BlockConfig),
+        features: u64,
+    ) -> Self {
         let mut c = BlockConfig::new("testdisk", &path);
         cfg(&mut c);
         c.path = path.clone();
