@@ -221,12 +221,20 @@ pub(crate) fn write_bytes_at(segs: &[IoSeg], mut offset: usize, data: &[u8]) {
 #[inline]
 pub(crate) fn read_array<const N: usize>(segs: &[IoSeg], offset: usize) -> ([u8; N], usize) {
     if let Some(seg) = segs.first() {
-        if offset.checked_add(N).is_some_and(|end| end <= seg.len()) {
-            // SAFETY: [base + offset, base + offset + N) lies inside the
-            // segment (checked above): mapped guest memory (module docs).
-            // `[u8; N]` has alignment 1; volatile because the guest may
-            // write it concurrently.
-            let out = unsafe { std::ptr::read_volatile((seg.base() + offset) as *const [u8; N]) };
+        let at = seg.base().wrapping_add(offset);
+        if N.is_multiple_of(8)
+            && at.is_multiple_of(8)
+            && offset.checked_add(N).is_some_and(|end| end <= seg.len())
+        {
+            let mut out = [0u8; N];
+            for (i, word) in out.chunks_exact_mut(8).enumerate() {
+                // SAFETY: [at, at + N) lies inside the segment (checked
+                // above): mapped guest memory (module docs); each word is
+                // 8-aligned. Volatile because the guest may write it
+                // concurrently.
+                let w = unsafe { std::ptr::read_volatile((at + 8 * i) as *const u64) };
+                word.copy_from_slice(&w.to_ne_bytes());
+            }
             return (out, N);
         }
     }
@@ -390,7 +398,13 @@ mod tests {
     /// bytes; what the segments do not hold is zero and not counted.
     #[test]
     fn test_arrays_are_read_whole_or_across_segments() {
-        let mut buf: Vec<u8> = (0..64).collect();
+        // 8-aligned, so the one-segment reads below take the word path.
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            let b: [u8; 8] = std::array::from_fn(|j| (8 * i + j) as u8);
+            *w = u64::from_ne_bytes(b);
+        }
+        let buf = &mut words;
         let base = buf.as_mut_ptr() as usize;
         // SAFETY: every segment lies inside `buf`, alive for the test.
         let seg = |at: usize, n: usize| unsafe { IoSeg::new(base + at, n) };
@@ -417,7 +431,15 @@ mod tests {
         let mut out = [0u8; 3];
         assert_eq!(read_bytes_at(&short, 10, &mut out), 2);
         assert_eq!(out, [10, 11, 0]);
-        drop(buf);
+        // Not 8-aligned, or a size that is not whole words: bytes.
+        assert_eq!(
+            read_array::<16>(&one, 3).0,
+            std::array::from_fn::<u8, 16, _>(|i| 3 + i as u8)
+        );
+        assert_eq!(read_array::<3>(&one, 8), ([8, 9, 10], 3));
+        // The whole segment, and one byte past it.
+        assert_eq!(read_array::<64>(&one, 0).1, 64);
+        assert_eq!(read_array::<64>(&one, 8).1, 56);
     }
 
     #[test]

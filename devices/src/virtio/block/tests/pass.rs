@@ -208,20 +208,18 @@ fn test_a_full_ring_waits_for_completions_and_loses_nothing() {
     assert!(h.metric(|m| &m.max_in_flight) <= 128);
 }
 
-/// With `Async`, requests the kernel completes inside the submission (a
-/// file in the page cache) are answered by the pass that submitted them:
-/// one event, one submission, one publication, one interrupt, and the ring
-/// is left with nothing to wake the loop for. Data and counters are those
-/// of any answer.
+/// With `Async`, requests the kernel completes inside the submission (reads
+/// of a file in the page cache) are answered by the pass that submitted
+/// them: one event, one submission, one publication, one interrupt, and the
+/// ring is left with nothing to wake the loop for. Data and counters are
+/// those of any answer. (Not writes: a file system without non-blocking
+/// buffered writes, ext4 among them, hands every write to a kernel worker.)
 #[test]
-fn test_page_cache_requests_are_answered_in_the_pass_that_submits_them() {
+fn test_page_cache_reads_are_answered_in_the_pass_that_submits_them() {
     let data = random_bytes(&mut Rng(13), 64 * SECTOR);
     let mut h = BlockFixture::new(&data, |c| c.io_engine = IoEngine::Async, BASE_FEATURES);
     assert!(h.dev().uses_io_uring());
-    let reads: Vec<Posted> = (0..12).map(|i| h.post_read(i * 4, 2048)).collect();
-    let writes: Vec<Posted> = (0..4)
-        .map(|i| h.post_write(48 + i * 4, &[i as u8 + 1; 2048]))
-        .collect();
+    let reads: Vec<Posted> = (0..16).map(|i| h.post_read(i * 4, 2048)).collect();
     let passes = h.metric(|m| &m.passes);
     h.kick();
     assert_eq!(h.run_once(0), 1, "one event: the kick");
@@ -234,7 +232,6 @@ fn test_page_cache_requests_are_answered_in_the_pass_that_submits_them() {
     assert_eq!(h.dev().engine.as_ref().unwrap().in_flight(), 0);
     assert_eq!(h.run_once(0), 0, "nothing left to wake the loop");
     let mut want: Vec<(u32, u32)> = reads.iter().map(|p| (u32::from(p.head), 2049)).collect();
-    want.extend(writes.iter().map(|p| (u32::from(p.head), 1)));
     let mut got = used;
     got.sort_unstable();
     want.sort_unstable();
@@ -244,14 +241,6 @@ fn test_page_cache_requests_are_answered_in_the_pass_that_submits_them() {
         let at = i * 4 * SECTOR;
         assert_eq!(h.read(p.parts[1].0, 2048), data[at..at + 2048]);
     }
-    let image = h.image();
-    for (i, p) in writes.iter().enumerate() {
-        assert_eq!(h.status(p), VIRTIO_BLK_S_OK);
-        let at = (48 + i * 4) * SECTOR;
-        assert_eq!(image[at..at + 2048], [i as u8 + 1; 2048]);
-    }
-    assert_eq!(h.metric(|m| &m.read_count), 12);
-    assert_eq!(h.metric(|m| &m.read_bytes), 12 * 2048);
-    assert_eq!(h.metric(|m| &m.write_count), 4);
-    assert_eq!(h.metric(|m| &m.write_bytes), 4 * 2048);
+    assert_eq!(h.metric(|m| &m.read_count), 16);
+    assert_eq!(h.metric(|m| &m.read_bytes), 16 * 2048);
 }
