@@ -476,3 +476,61 @@ fn test_requests_reach_offsets_past_4_gib() {
         assert_eq!(low, [0; 1024], "nothing landed 4 GiB lower ({engine:?})");
     }
 }
+
+/// The open flags of `fd`, from /proc (`flags:` is octal).
+fn fd_flags(fd: std::os::fd::RawFd) -> libc::c_int {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+    let flags = info
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .unwrap()
+        .trim();
+    libc::c_int::from_str_radix(flags, 8).unwrap()
+}
+
+/// An image opened with O_DIRECT (`FileBackend::open_direct`, where the
+/// temporary directory's file system allows it) keeps the flag after the
+/// open's non-blocking step, and serves aligned requests with both
+/// engines; guest buffers the file system's alignment refuses are answered
+/// IOERR, nothing else changes.
+#[test]
+fn test_a_direct_image_serves_aligned_requests_and_refuses_misaligned_buffers() {
+    use std::os::fd::AsRawFd;
+    let data = image(64);
+    for engine in [IoEngine::Sync, IoEngine::Async] {
+        let Some(mut h) = BlockFixture::direct(&data, |c| c.io_engine = engine, BASE_FEATURES)
+        else {
+            eprintln!("skipped: the temporary directory's file system refuses O_DIRECT");
+            return;
+        };
+        let flags = fd_flags(h.dev().backend().as_raw_fd());
+        assert_ne!(flags & libc::O_DIRECT, 0, "O_DIRECT kept ({engine:?})");
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "blocking ({engine:?})");
+        // Header, then a page-aligned data buffer.
+        h.align_next(4096, crate::virtio::block::request::HEADER_LEN as u64);
+        let p = h.post_read(8, 4096);
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 4097);
+        assert_eq!(h.read(p.parts[1].0, 4096), data[8 * SECTOR..16 * SECTOR]);
+        h.align_next(4096, crate::virtio::block::request::HEADER_LEN as u64);
+        let p = h.post_write(16, &[0x3c; 4096]);
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1);
+        assert_eq!(h.image()[16 * SECTOR..24 * SECTOR], [0x3c; 4096]);
+        // The same read into two buffers of 100 and 3,996 bytes: direct I/O
+        // takes only whole logical blocks per buffer.
+        let p = h.post(
+            &[
+                Part::Out(header(VIRTIO_BLK_T_IN, 8)),
+                Part::In(100),
+                Part::In(3996),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        );
+        h.go();
+        assert_answer(&mut h, &p, VIRTIO_BLK_S_IOERR, 1);
+        assert_eq!(h.metric(|m| &m.io_errors), 1, "{engine:?}");
+        assert_eq!(h.image()[..8 * SECTOR], data[..8 * SECTOR]);
+    }
+}
