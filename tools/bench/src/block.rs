@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use devices::virtio::block::{Block, BlockConfig, IoEngine};
+use devices::virtio::block::{Block, BlockConfig, FileBackend, IoEngine};
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE, VIRTQ_USED_F_NO_NOTIFY};
 use devices::virtio::test_utils::{desc_bytes, guest_memory, MockDriver, Rng};
@@ -152,20 +152,45 @@ fn window<F: FnMut(bool) -> Result<u64>>(t: &Timing, mut batch: F) -> Result<Sam
 }
 
 /// The raw loop: one positioned read or write per request.
+/// A `len`-byte buffer aligned to a page, as direct I/O needs (the device's
+/// guest buffers are page-aligned too): the vector and where it starts.
+fn aligned_buf(len: usize) -> (Vec<u8>, usize) {
+    let v = vec![0x5au8; len + 4096];
+    let start = (4096 - v.as_ptr() as usize % 4096) % 4096;
+    (v, start)
+}
+
 fn raw_window(t: &Timing, file: &File, w: Workload, file_len: u64) -> Result<Sample> {
-    let mut buf = vec![0x5au8; w.size as usize];
+    let (mut v, start) = aligned_buf(w.size as usize);
+    let buf = &mut v[start..start + w.size as usize];
     let mut off = Offsets::new(w, file_len);
     window(t, |_| {
         for _ in 0..64 {
             let at = off.next();
             if w.write {
-                file.write_all_at(&buf, at).context("raw pwrite")?;
+                file.write_all_at(buf, at).context("raw pwrite")?;
             } else {
-                file.read_exact_at(&mut buf, at).context("raw pread")?;
+                file.read_exact_at(buf, at).context("raw pread")?;
             }
         }
         Ok(64)
     })
+}
+
+/// `path` opened for direct I/O, or `None` where its file system refuses
+/// it (EINVAL: tmpfs).
+fn open_direct(path: &PathBuf) -> Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(e).context("open the image with O_DIRECT"),
+    }
 }
 
 /// The device with `DEPTH` requests in flight, and a lean driver in front
@@ -206,14 +231,26 @@ const EVENT_IDX_BIT: u32 = devices::virtio::block::device::features::VIRTIO_RING
 const DESCS: usize = 3;
 
 impl DeviceRig {
-    fn new(path: &PathBuf, engine: IoEngine, w: Workload, event_idx: bool) -> Result<Self> {
+    fn new(
+        path: &PathBuf,
+        engine: IoEngine,
+        w: Workload,
+        event_idx: bool,
+        direct: bool,
+    ) -> Result<Self> {
         let size = w.size;
         let mem_len = (DEPTH as u64 * (u64::from(size) + 8192) + (1 << 20)).next_power_of_two();
         let mem = guest_memory(mem_len as usize).context("guest memory")?;
         let mut cfg = BlockConfig::new("bench", path);
         cfg.io_engine = engine;
+        let backend = if direct {
+            FileBackend::open_direct(path, false)
+        } else {
+            FileBackend::open(path, false)
+        }
+        .context("the image")?;
         let block = Arc::new(Mutex::new(
-            Block::new(cfg, mem.clone()).context("the block device")?,
+            Block::with_backend(cfg, mem.clone(), backend).context("the block device")?,
         ));
         let (offered, metrics, kick) = {
             let b = block.lock().expect("lock");
@@ -496,7 +533,7 @@ pub fn cost(mode: &str, workload: &str, n: u64) -> Result<()> {
             } else {
                 IoEngine::Async
             };
-            DeviceRig::new(&path, engine, w, false).and_then(|mut rig| {
+            DeviceRig::new(&path, engine, w, false, false).and_then(|mut rig| {
                 rig.run_n(w, file_len, n)?;
                 eprintln!(
                     "netbench: block-cost {mode} {workload} {n}: {}",
@@ -512,6 +549,53 @@ pub fn cost(mode: &str, workload: &str, n: u64) -> Result<()> {
     res
 }
 
+/// One cell: interleaved rounds of the raw loop and the device, the
+/// medians and their ratios.
+fn cell(
+    t: &Timing,
+    path: &PathBuf,
+    raw_file: &File,
+    w: Workload,
+    file_len: u64,
+    engine: IoEngine,
+    direct: bool,
+) -> Result<Value> {
+    let mut rig = DeviceRig::new(path, engine, w, t.event_idx, direct)?;
+    let (mut dev, mut raw) = (Vec::new(), Vec::new());
+    for round in 0..t.rounds {
+        // Every other round the device goes first, so neither side always
+        // runs on the cache state the other left.
+        if round % 2 == 0 {
+            raw.push(raw_window(t, raw_file, w, file_len)?);
+            dev.push(rig.measure(t, w, file_len)?);
+        } else {
+            dev.push(rig.measure(t, w, file_len)?);
+            raw.push(raw_window(t, raw_file, w, file_len)?);
+        }
+    }
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
+    let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
+    let h = med(&dev, |s| s.harness_ns);
+    // Without the harness: the thread is busy throughout, so a request
+    // takes 1/dp of it, h of which are the driver's. (With direct I/O the
+    // thread also waits; the figure then overstates the harness's share.)
+    let dp_ex = if dp > 0.0 && 1e9 / dp > h {
+        1e9 / (1e9 / dp - h)
+    } else {
+        0.0
+    };
+    Ok(json!({
+        "size": w.size,
+        "device_per_s": dp, "raw_per_s": rp,
+        "device_cpu_ns": dc, "raw_cpu_ns": rc, "harness_ns": h,
+        "ratio": ratio(dp, rp), "cpu_ratio": ratio(dc, rc),
+        "ratio_without_harness": ratio(dp_ex, rp),
+        "cpu_ratio_without_harness": ratio(dc - h, rc),
+        "round_ratios": dev.iter().zip(&raw).map(|(d, r)| ratio(d.per_s, r.per_s)).collect::<Vec<_>>(),
+    }))
+}
+
 /// Runs every cell; returns the rows and the ratios.
 pub fn block(t: &Timing) -> Result<Value> {
     let file_len: u64 = if t.window < Duration::from_secs(1) {
@@ -523,55 +607,66 @@ pub fn block(t: &Timing) -> Result<Value> {
     let result = (|| -> Result<Value> {
         let mut rows = Vec::new();
         let mut ratios = serde_json::Map::new();
-        for &w in WORKLOADS {
-            for (engine, ename) in [(IoEngine::Sync, "sync"), (IoEngine::Async, "async")] {
-                let mut rig = DeviceRig::new(&path, engine, w, t.event_idx)?;
-                let (mut dev, mut raw) = (Vec::new(), Vec::new());
-                for _ in 0..t.rounds {
-                    raw.push(raw_window(t, &file, w, file_len)?);
-                    dev.push(rig.measure(t, w, file_len)?);
+        // The page cache first, then direct I/O where the file system has
+        // it: written back and dropped from the cache, so no direct write
+        // pays for invalidating pages the other side's reads left.
+        let direct_file = open_direct(&path)?;
+        let mut modes: Vec<(bool, &File)> = vec![(false, &file)];
+        if let Some(f) = direct_file.as_ref() {
+            modes.push((true, f));
+        } else {
+            eprintln!(
+                "netbench: block: {} refuses O_DIRECT; no direct-I/O cells",
+                path.parent()
+                    .map_or_else(String::new, |p| p.display().to_string())
+            );
+        }
+        for (direct, raw_file) in modes {
+            if direct {
+                file.sync_all().context("write the image back")?;
+                sys::drop_cached(&file).context("drop the image's cached pages")?;
+            }
+            for &w in WORKLOADS {
+                for (engine, ename) in [(IoEngine::Sync, "sync"), (IoEngine::Async, "async")] {
+                    let row = cell(t, &path, raw_file, w, file_len, engine, direct)?;
+                    let cache = if direct { "direct" } else { "page" };
+                    let key = if direct {
+                        format!("{}_direct_{ename}", w.name)
+                    } else {
+                        format!("{}_{ename}", w.name)
+                    };
+                    for k in [
+                        "ratio",
+                        "cpu_ratio",
+                        "ratio_without_harness",
+                        "cpu_ratio_without_harness",
+                    ] {
+                        ratios.insert(format!("{key}_{k}"), row[k].clone());
+                    }
+                    eprintln!(
+                        "netbench: block {key}: device {:.0}/s raw {:.0}/s ({:.3}), cpu {:.0} ns vs {:.0} ns ({:.3}), harness {:.0} ns",
+                        row["device_per_s"].as_f64().unwrap_or(0.0),
+                        row["raw_per_s"].as_f64().unwrap_or(0.0),
+                        row["ratio"].as_f64().unwrap_or(0.0),
+                        row["device_cpu_ns"].as_f64().unwrap_or(0.0),
+                        row["raw_cpu_ns"].as_f64().unwrap_or(0.0),
+                        row["cpu_ratio"].as_f64().unwrap_or(0.0),
+                        row["harness_ns"].as_f64().unwrap_or(0.0),
+                    );
+                    let mut row = row;
+                    row["workload"] = json!(w.name);
+                    row["engine"] = json!(ename);
+                    row["cache"] = json!(cache);
+                    rows.push(row);
                 }
-                let med = |v: &[Sample], f: fn(&Sample) -> f64| {
-                    median(&v.iter().map(f).collect::<Vec<_>>())
-                };
-                let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
-                let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
-                let h = med(&dev, |s| s.harness_ns);
-                // Without the harness: the thread is busy throughout, so
-                // a request takes 1/dp of it, h of which are the driver's.
-                let dp_ex = if dp > 0.0 && 1e9 / dp > h {
-                    1e9 / (1e9 / dp - h)
-                } else {
-                    0.0
-                };
-                let key = format!("{}_{ename}", w.name);
-                ratios.insert(format!("{key}_ratio"), json!(ratio(dp, rp)));
-                ratios.insert(format!("{key}_cpu_ratio"), json!(ratio(dc, rc)));
-                ratios.insert(
-                    format!("{key}_ratio_without_harness"),
-                    json!(ratio(dp_ex, rp)),
-                );
-                ratios.insert(
-                    format!("{key}_cpu_ratio_without_harness"),
-                    json!(ratio(dc - h, rc)),
-                );
-                rows.push(json!({
-                    "workload": w.name, "engine": ename, "size": w.size,
-                    "device_per_s": dp, "raw_per_s": rp,
-                    "device_cpu_ns": dc, "raw_cpu_ns": rc, "harness_ns": h,
-                    "ratio": ratio(dp, rp), "cpu_ratio": ratio(dc, rc),
-                    "ratio_without_harness": ratio(dp_ex, rp),
-                    "cpu_ratio_without_harness": ratio(dc - h, rc),
-                    "round_ratios": dev.iter().zip(&raw).map(|(d, r)| ratio(d.per_s, r.per_s)).collect::<Vec<_>>(),
-                }));
-                eprintln!(
-                    "netbench: block {key}: device {dp:.0}/s raw {rp:.0}/s ({:.3}), cpu {dc:.0} ns vs {rc:.0} ns ({:.3}), harness {h:.0} ns",
-                    ratio(dp, rp),
-                    ratio(dc, rc)
-                );
             }
         }
-        let mut v = json!({"file_len": file_len, "depth": DEPTH, "rows": rows});
+        let mut v = json!({
+            "file_len": file_len,
+            "depth": DEPTH,
+            "rows": rows,
+            "direct": direct_file.is_some(),
+        });
         v.as_object_mut().expect("an object").extend(ratios);
         Ok(v)
     })();
@@ -587,13 +682,14 @@ pub fn table(s: &mut String, v: &Value) {
     };
     let _ = writeln!(
         s,
-        "\nBLOCK: device vs raw preadv/pwritev on the same file (page cache, {} requests in flight)",
+        "\nBLOCK: device ({} requests in flight) vs raw preadv/pwritev (one at a time) on the same file",
         v["depth"]
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<6} {:>12} {:>12} {:>7} {:>9} {:>9} {:>7} {:>8} {:>8} {:>7}",
+        "{:<14} {:<6} {:<6} {:>10} {:>10} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}",
         "workload",
+        "cache",
         "engine",
         "device/s",
         "raw/s",
@@ -609,8 +705,9 @@ pub fn table(s: &mut String, v: &Value) {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         let _ = writeln!(
             s,
-            "{:<14} {:<6} {:>12.0} {:>12.0} {:>7.3} {:>9.0} {:>9.0} {:>7.3} {:>8.0} {:>8.3} {:>7.3}",
+            "{:<14} {:<6} {:<6} {:>10.0} {:>10.0} {:>7.3} {:>8.0} {:>8.0} {:>7.3} {:>8.0} {:>8.3} {:>7.3}",
             r["workload"].as_str().unwrap_or("?"),
+            r["cache"].as_str().unwrap_or("page"),
             r["engine"].as_str().unwrap_or("?"),
             f("device_per_s"),
             f("raw_per_s"),
@@ -623,10 +720,33 @@ pub fn table(s: &mut String, v: &Value) {
             f("cpu_ratio_without_harness"),
         );
     }
+    if v["direct"] == false {
+        let _ = writeln!(
+            s,
+            "- no direct-I/O cells: the image's file system refuses O_DIRECT"
+        );
+    }
     let _ = writeln!(
         s,
-        "- dev ns: CPU per request of the one thread running the device's event loop and the driver harness;\n  \
-         harn. ns: wall time per request in the harness's turns (reading answers, posting requests, the kick);\n  \
-         ratio-h, cpu x-h: the same ratios with the harness's time taken out of the device's side."
+        "- cache: page = a file in the page cache; direct = the device's image and the raw loop's fd opened with O_DIRECT.\n\
+         - dev ns: CPU per request of the one thread running the device's event loop and the driver harness\n  \
+         (kernel work done elsewhere, io-wq workers or interrupts, is in neither side's figure);\n\
+         - harn. ns: wall time per request in the harness's turns (reading answers, posting requests, the kick);\n\
+         - ratio-h, cpu x-h: the same ratios with the harness's time taken out of the device's side."
     );
+    for r in rows {
+        if let Some(rr) = r["round_ratios"].as_array() {
+            let _ = writeln!(
+                s,
+                "  rounds {} {} {}: {}",
+                r["workload"].as_str().unwrap_or("?"),
+                r["cache"].as_str().unwrap_or("page"),
+                r["engine"].as_str().unwrap_or("?"),
+                rr.iter()
+                    .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+    }
 }
