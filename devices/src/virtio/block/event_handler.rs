@@ -217,7 +217,7 @@ impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
                 PROCESS_COMPLETIONS,
                 EventSet::IN,
             ));
-            self.ctl_result(res, "the io_uring eventfd");
+            self.ctl_result(res, "the io_uring");
         }
         if self.active.is_some() {
             self.process_activate_event();
