@@ -523,19 +523,21 @@ mod tests {
             "emptied, capacity kept"
         );
         assert_eq!(pool.len(), 0);
-        // Request-sized vectors only.
-        pool.give(with_cap(POOL_VEC_CAP));
+        // Request-sized vectors only: room for SEG_MAX (126) data buffers,
+        // the header and the status byte.
+        pool.give(with_cap(128));
         assert_eq!(pool.len(), 1);
-        pool.give(with_cap(POOL_VEC_CAP + 1));
+        pool.give(with_cap(129));
         assert_eq!(
             pool.len(),
             1,
             "a vector larger than a request needs is dropped"
         );
-        // At most POOL_VECS of them.
-        for _ in 0..POOL_VECS + 10 {
+        // At most one per request the ring holds (128) and the one being
+        // read.
+        for _ in 0..200 {
             pool.give(with_cap(4));
         }
-        assert_eq!(pool.len(), POOL_VECS);
+        assert_eq!(pool.len(), 129);
     }
 }

@@ -488,6 +488,18 @@ fn fd_flags(fd: std::os::fd::RawFd) -> libc::c_int {
     libc::c_int::from_str_radix(flags, 8).unwrap()
 }
 
+/// The image is opened close-on-exec and blocking, and through the page
+/// cache unless asked otherwise.
+#[test]
+fn test_the_image_fd_is_close_on_exec_blocking_and_buffered() {
+    use std::os::fd::AsRawFd;
+    let h = BlockFixture::new(&image(8), |_| {}, BASE_FEATURES);
+    let flags = fd_flags(h.dev().backend().as_raw_fd());
+    assert_ne!(flags & libc::O_CLOEXEC, 0, "close-on-exec");
+    assert_eq!(flags & libc::O_NONBLOCK, 0, "blocking");
+    assert_eq!(flags & libc::O_DIRECT, 0, "buffered");
+}
+
 /// An image opened with O_DIRECT (`FileBackend::open_direct`, where the
 /// temporary directory's file system allows it) keeps the flag after the
 /// open's non-blocking step, and serves aligned requests with both
@@ -505,6 +517,7 @@ fn test_a_direct_image_serves_aligned_requests_and_refuses_misaligned_buffers() 
         };
         let flags = fd_flags(h.dev().backend().as_raw_fd());
         assert_ne!(flags & libc::O_DIRECT, 0, "O_DIRECT kept ({engine:?})");
+        assert_ne!(flags & libc::O_CLOEXEC, 0, "close-on-exec ({engine:?})");
         assert_eq!(flags & libc::O_NONBLOCK, 0, "blocking ({engine:?})");
         // Header, then a page-aligned data buffer.
         h.align_next(4096, crate::virtio::block::request::HEADER_LEN as u64);
