@@ -6,9 +6,10 @@
 //! real `Block` on its event loop behind its MMIO transport, requests
 //! (16-byte header, one data buffer, status byte) in guest memory, `DEPTH`
 //! of them in flight, each used one replaced by the next. The raw loop does
-//! what the device's `Sync` engine should cost at best: one `preadv` or
-//! `pwritev` per request of the same size at the same offsets, into a host
-//! buffer, one at a time.
+//! what the device's `Sync` engine should cost at best: one `pread` or
+//! `pwrite` per request of the same size at the same offsets, one at a
+//! time, into (or from) as many host buffers, in turn, as the device has
+//! requests in flight.
 //!
 //! Cells: 4 KiB random reads and writes, 128 KiB sequential reads and
 //! writes, on a file in the page cache (written once before the first
@@ -160,13 +161,22 @@ fn aligned_buf(len: usize) -> (Vec<u8>, usize) {
     (v, start)
 }
 
+/// The raw loop: one positioned read or write per request, into (or from)
+/// `DEPTH` buffers in turn: the memory the device's requests in flight
+/// use, so neither side copies into a buffer the other keeps hotter in the
+/// CPU's caches (as the network RX loop reads into a ring of as many
+/// buffers as the device has posted).
 fn raw_window(t: &Timing, file: &File, w: Workload, file_len: u64) -> Result<Sample> {
-    let (mut v, start) = aligned_buf(w.size as usize);
-    let buf = &mut v[start..start + w.size as usize];
+    let size = w.size as usize;
+    let (mut v, start) = aligned_buf(DEPTH * size);
+    let bufs = &mut v[start..start + DEPTH * size];
     let mut off = Offsets::new(w, file_len);
+    let mut i = 0;
     window(t, |_| {
         for _ in 0..64 {
             let at = off.next();
+            let buf = &mut bufs[i * size..(i + 1) * size];
+            i = (i + 1) % DEPTH;
             if w.write {
                 file.write_all_at(buf, at).context("raw pwrite")?;
             } else {
@@ -476,17 +486,22 @@ impl DeviceRig {
     }
 }
 
-/// The raw loop's `n` requests, untimed (`--block-cost raw`).
+/// The raw loop's `n` requests, untimed (`--block-cost raw`), over `DEPTH`
+/// buffers as in [`raw_window`].
 #[inline(never)]
 fn raw_n(file: &File, w: Workload, file_len: u64, n: u64) -> Result<()> {
-    let mut buf = vec![0x5au8; w.size as usize];
+    let size = w.size as usize;
+    let (mut v, start) = aligned_buf(DEPTH * size);
+    let bufs = &mut v[start..start + DEPTH * size];
     let mut off = Offsets::new(w, file_len);
-    for _ in 0..n {
+    for r in 0..n {
         let at = off.next();
+        let i = r as usize % DEPTH;
+        let buf = &mut bufs[i * size..(i + 1) * size];
         if w.write {
-            file.write_all_at(&buf, at).context("raw pwrite")?;
+            file.write_all_at(buf, at).context("raw pwrite")?;
         } else {
-            file.read_exact_at(&mut buf, at).context("raw pread")?;
+            file.read_exact_at(buf, at).context("raw pread")?;
         }
     }
     Ok(())

@@ -11,12 +11,13 @@
 //!   one registered would be signalled on every batch of completions and
 //!   read after it, two system calls per pass of page-cache requests,
 //!   which the pass answers without waiting);
-//! - `IORING_REGISTER_RESTRICTIONS` allows only READV, WRITEV, FSYNC and
-//!   FALLOCATE, with no `IOSQE_*` flag (no links, no drains, no forced
-//!   async workers), and no further `io_uring_register` operation;
+//! - `IORING_REGISTER_RESTRICTIONS` allows only READ, READV, WRITE,
+//!   WRITEV, FSYNC and FALLOCATE, with no `IOSQE_*` flag (no links, no
+//!   drains, no forced async workers), and no further `io_uring_register`
+//!   operation;
 //! - then it is enabled. Whoever submits on it can do no more to the image
-//!   than the event loop's `preadv`/`pwritev`/`fdatasync`/`fallocate`
-//!   could; the event-loop filter allows `io_uring_enter` only.
+//!   than the event loop's `pread`/`preadv`/`pwrite`/`pwritev`/`fdatasync`/
+//!   `fallocate` could; the event-loop filter allows `io_uring_enter` only.
 //!
 //! No `IORING_SETUP_COOP_TASKRUN` (which the network ring uses): block I/O
 //! completes later, often from a kernel worker, and a completion's task work
@@ -49,9 +50,9 @@ pub const RING_ENTRIES: u32 = 128;
 /// One operation to submit.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RingOp<'a> {
-    /// READV at `offset` into `segs`.
+    /// READV at `offset` into `segs` (READ for one segment).
     Read { segs: &'a [IoSeg], offset: u64 },
-    /// WRITEV at `offset` from `segs`.
+    /// WRITEV at `offset` from `segs` (WRITE for one segment).
     Write { segs: &'a [IoSeg], offset: u64 },
     /// FSYNC with IORING_FSYNC_DATASYNC.
     Flush,
@@ -98,7 +99,9 @@ impl BlockRing {
             .build(RING_ENTRIES)?;
         let submitter = ring.submitter();
         let mut rules = [
+            Restriction::sqe_op(opcode::Read::CODE),
             Restriction::sqe_op(opcode::Readv::CODE),
+            Restriction::sqe_op(opcode::Write::CODE),
             Restriction::sqe_op(opcode::Writev::CODE),
             Restriction::sqe_op(opcode::Fsync::CODE),
             Restriction::sqe_op(opcode::Fallocate::CODE),
@@ -131,17 +134,31 @@ impl BlockRing {
         let fd = types::Fd(self.fd);
         // At most MAX_CHAIN_SEGS vectors: the count fits u32.
         let n = |s: &[IoSeg]| s.len() as u32;
+        // One segment goes as READ or WRITE: the kernel takes the buffer
+        // as it is, without copying in and importing an iovec (as the Sync
+        // engine's pread64/pwrite64, see `backend`). A segment is at most
+        // one descriptor's u32 length.
+        let one = |s: &[IoSeg]| match s {
+            [seg] => u32::try_from(seg.len()).ok().map(|len| (seg.base(), len)),
+            _ => None,
+        };
         let entry = match op {
-            RingOp::Read { segs, offset } => {
-                opcode::Readv::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+            RingOp::Read { segs, offset } => match one(segs) {
+                Some((base, len)) => opcode::Read::new(fd, base as *mut u8, len)
                     .offset(offset)
-                    .build()
-            }
-            RingOp::Write { segs, offset } => {
-                opcode::Writev::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+                    .build(),
+                None => opcode::Readv::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
                     .offset(offset)
-                    .build()
-            }
+                    .build(),
+            },
+            RingOp::Write { segs, offset } => match one(segs) {
+                Some((base, len)) => opcode::Write::new(fd, base as *const u8, len)
+                    .offset(offset)
+                    .build(),
+                None => opcode::Writev::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+                    .offset(offset)
+                    .build(),
+            },
             RingOp::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
@@ -152,8 +169,9 @@ impl BlockRing {
         }
         .user_data(tag);
         // SAFETY: the entry points at `segs` (laid out as `struct iovec`,
-        // see IoSeg) and the memory they describe, which the caller keeps
-        // valid until the completion is reaped.
+        // see IoSeg), or at the one segment's memory, and the memory they
+        // describe, which the caller keeps valid until the completion is
+        // reaped.
         unsafe { self.ring.submission().push(&entry) }
             .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         self.in_flight += 1;
@@ -220,7 +238,7 @@ mod tests {
     }
 
     #[test]
-    fn test_the_ring_runs_its_four_operations_and_refuses_the_rest() {
+    fn test_the_ring_runs_its_six_operations_and_refuses_the_rest() {
         let dir = std::env::temp_dir().join(format!("minivmm-uring-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("img");
@@ -267,10 +285,23 @@ mod tests {
         assert!(readable(&ring));
         assert_eq!(ring.ring.completion().next().map(|c| c.result()), Some(512));
         assert!(!readable(&ring));
+        let read = opcode::Read::new(fd, buf.as_mut_ptr(), 16)
+            .offset(4096)
+            .build();
+        assert_eq!(submit_one(&mut ring, &read), 16);
+        let write = opcode::Write::new(fd, buf.as_ptr(), 16)
+            .offset(8192)
+            .build();
+        assert_eq!(submit_one(&mut ring, &write), 16);
         let refused = [
             ("NOP", opcode::Nop::new().build()),
-            ("READ", opcode::Read::new(fd, buf.as_mut_ptr(), 16).build()),
-            ("WRITE", opcode::Write::new(fd, buf.as_ptr(), 16).build()),
+            ("CLOSE", opcode::Close::new(types::Fd(-1)).build()),
+            (
+                "READ with IO_LINK",
+                opcode::Read::new(fd, buf.as_mut_ptr(), 16)
+                    .build()
+                    .flags(Flags::IO_LINK),
+            ),
             ("READV with IO_LINK", readv().flags(Flags::IO_LINK)),
             ("READV with ASYNC", readv().flags(Flags::ASYNC)),
             ("READV with IO_DRAIN", readv().flags(Flags::IO_DRAIN)),
