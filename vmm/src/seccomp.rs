@@ -315,10 +315,12 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow_io_uring_submit(),
         // The block device's Sync engine (and the Async one's fallback for
         // an entry its ring refuses): IN and OUT straight between the image
-        // and guest memory, FLUSH with the Writeback cache, DISCARD and
-        // WRITE_ZEROES.
+        // and guest memory (pread64/pwrite64 for one data buffer), FLUSH
+        // with the Writeback cache, DISCARD and WRITE_ZEROES.
         allow(libc::SYS_preadv),
         allow(libc::SYS_pwritev),
+        allow(libc::SYS_pread64),
+        allow(libc::SYS_pwrite64),
         allow(libc::SYS_fdatasync),
         allow_block_fallocate(),
         // A rate limiter that holds a frame back arms its timerfd for when
@@ -751,6 +753,8 @@ mod tests {
             || raw(libc::SYS_fallocate, [-1, ZERO, 0, 512, 0, 0]),
             || raw(libc::SYS_preadv, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_pwritev, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_pread64, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_pwrite64, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_fdatasync, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_io_uring_enter, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_io_uring_enter, [-1, 0, 1, GETEVENTS, 0, 0]),
@@ -783,6 +787,10 @@ mod tests {
         assert_eq!(exit_status(status), Some(0));
         let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, || {
             raw(libc::SYS_preadv, [-1, 0, 0, 0, 0, 0])
+        });
+        assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, || {
+            raw(libc::SYS_pread64, [-1, 0, 0, 0, 0, 0])
         });
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
     }

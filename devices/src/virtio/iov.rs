@@ -215,6 +215,62 @@ pub(crate) fn write_bytes_at(segs: &[IoSeg], mut offset: usize, data: &[u8]) {
     }
 }
 
+/// The `N` bytes at byte `offset` of the segments (a request header), and
+/// how many of them the segments hold (the rest are zeros). Read once, so a
+/// guest rewriting them meanwhile changes nothing the caller checks.
+#[inline]
+pub(crate) fn read_array<const N: usize>(segs: &[IoSeg], offset: usize) -> ([u8; N], usize) {
+    if let Some(seg) = segs.first() {
+        let at = seg.base().wrapping_add(offset);
+        if N.is_multiple_of(8)
+            && at.is_multiple_of(8)
+            && offset.checked_add(N).is_some_and(|end| end <= seg.len())
+        {
+            let mut out = [0u8; N];
+            for (i, word) in out.chunks_exact_mut(8).enumerate() {
+                // SAFETY: [at, at + N) lies inside the segment (checked
+                // above): mapped guest memory (module docs); each word is
+                // 8-aligned. Volatile because the guest may write it
+                // concurrently.
+                let w = unsafe { std::ptr::read_volatile((at + 8 * i) as *const u64) };
+                word.copy_from_slice(&w.to_ne_bytes());
+            }
+            return (out, N);
+        }
+    }
+    let mut out = [0u8; N];
+    let n = read_bytes_at(segs, offset, &mut out);
+    (out, n)
+}
+
+/// Reads `out.len()` bytes at byte `offset` of the segments, in order;
+/// returns the bytes read (fewer when the segments end first). The
+/// counterpart of [`write_bytes_at`].
+pub(crate) fn read_bytes_at(segs: &[IoSeg], mut offset: usize, out: &mut [u8]) -> usize {
+    let mut done = 0;
+    for seg in segs {
+        if done == out.len() {
+            break;
+        }
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
+        }
+        for i in offset..seg.len() {
+            let Some(b) = out.get_mut(done) else {
+                break;
+            };
+            // SAFETY: i < len, so the byte is inside the segment: mapped
+            // guest memory (module docs), read volatile because the guest
+            // may write it concurrently.
+            *b = unsafe { std::ptr::read_volatile((seg.base() + i) as *const u8) };
+            done += 1;
+        }
+        offset = 0;
+    }
+    done
+}
+
 /// Copies the segments in order into `out` (bounce-buffer baseline).
 pub(crate) fn copy_from_segs(segs: &[IoSeg], out: &mut Vec<u8>) {
     out.clear();
@@ -336,6 +392,54 @@ mod tests {
         assert_eq!(mem.read_obj::<u16>(GuestAddress(0xfff)).unwrap(), 0x0605);
         write_bytes_at(&segs, 0x1ff, &[7, 8]);
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 7);
+    }
+
+    /// A header read in one segment and across segments gives the same
+    /// bytes; what the segments do not hold is zero and not counted.
+    #[test]
+    fn test_arrays_are_read_whole_or_across_segments() {
+        // 8-aligned, so the one-segment reads below take the word path.
+        let mut words = [0u64; 8];
+        for (i, w) in words.iter_mut().enumerate() {
+            let b: [u8; 8] = std::array::from_fn(|j| (8 * i + j) as u8);
+            *w = u64::from_ne_bytes(b);
+        }
+        let buf = &mut words;
+        let base = buf.as_mut_ptr() as usize;
+        // SAFETY: every segment lies inside `buf`, alive for the test.
+        let seg = |at: usize, n: usize| unsafe { IoSeg::new(base + at, n) };
+        let one = [seg(0, 64)];
+        let want: [u8; 16] = std::array::from_fn(|i| 8 + i as u8);
+        assert_eq!(read_array::<16>(&one, 8), (want, 16));
+        for cuts in [
+            &[seg(0, 10), seg(10, 54)][..],
+            &[seg(0, 8), seg(8, 1), seg(9, 15), seg(24, 40)],
+            &[seg(0, 23), seg(23, 1)],
+        ] {
+            assert_eq!(read_array::<16>(cuts, 8), (want, 16), "{cuts:?}");
+        }
+        // Short: the bytes there are, zeros after.
+        let short = [seg(0, 4), seg(4, 8)];
+        let mut part = [0u8; 16];
+        part[..4].copy_from_slice(&[8, 9, 10, 11]);
+        assert_eq!(read_array::<16>(&short, 8), (part, 4));
+        assert_eq!(read_array::<16>(&short, 12), ([0; 16], 0));
+        assert_eq!(read_array::<16>(&[], 0), ([0; 16], 0));
+        // Near the end of the address space the fast path's bound cannot
+        // wrap.
+        assert_eq!(read_array::<16>(&short, usize::MAX - 4), ([0; 16], 0));
+        let mut out = [0u8; 3];
+        assert_eq!(read_bytes_at(&short, 10, &mut out), 2);
+        assert_eq!(out, [10, 11, 0]);
+        // Not 8-aligned, or a size that is not whole words: bytes.
+        assert_eq!(
+            read_array::<16>(&one, 3).0,
+            std::array::from_fn::<u8, 16, _>(|i| 3 + i as u8)
+        );
+        assert_eq!(read_array::<3>(&one, 8), ([8, 9, 10], 3));
+        // The whole segment, and one byte past it.
+        assert_eq!(read_array::<64>(&one, 0).1, 64);
+        assert_eq!(read_array::<64>(&one, 8).1, 56);
     }
 
     #[test]

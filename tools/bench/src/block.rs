@@ -6,35 +6,41 @@
 //! real `Block` on its event loop behind its MMIO transport, requests
 //! (16-byte header, one data buffer, status byte) in guest memory, `DEPTH`
 //! of them in flight, each used one replaced by the next. The raw loop does
-//! what the device's `Sync` engine should cost at best: one `preadv` or
-//! `pwritev` per request of the same size at the same offsets, into a host
-//! buffer, one at a time.
+//! what the device's `Sync` engine should cost at best: one `pread` or
+//! `pwrite` per request of the same size at the same offsets, one at a
+//! time, into (or from) as many host buffers, in turn, as the device has
+//! requests in flight.
 //!
 //! Cells: 4 KiB random reads and writes, 128 KiB sequential reads and
 //! writes, on a file in the page cache (written once before the first
 //! window), for each engine. A cell's figure is the median over interleaved
 //! rounds of requests per second and of CPU time per request of the one
-//! thread that runs the driver and the device (the driver's ring writes are
-//! in it: about 0.2 µs per request, see `rig.rs`; the io_uring engine's
-//! kernel-side work is in it when the kernel completes inline, as it does
-//! for the page cache). `O_DIRECT` is not offered by the device, so there is
+//! thread that runs the driver and the device (the driver harness's turns
+//! are in it, and also timed apart and reported, see [`DeviceRig`]; the
+//! io_uring engine's kernel-side work is in it when the kernel completes
+//! inline, as it does for the page cache). `O_DIRECT` is not offered by the device, so there is
 //! no direct-I/O cell.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use devices::virtio::block::{Block, BlockConfig, IoEngine};
+use devices::virtio::block::{Block, BlockConfig, FileBackend, IoEngine};
 use devices::virtio::mmio::MmioTransport;
-use devices::virtio::test_utils::{guest_memory, MockDriver, Rng, Segment};
+use devices::virtio::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE, VIRTQ_USED_F_NO_NOTIFY};
+use devices::virtio::test_utils::{desc_bytes, guest_memory, MockDriver, Rng};
 use devices::virtio::VirtioDevice;
 use event_manager::{EventManager, SubscriberOps};
 use serde_json::{json, Value};
 use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
 
+use crate::rig::host_mem::HostRange;
+use crate::rig::need_event;
 use crate::scenarios::Timing;
 use crate::stats::{median, ratio};
 use crate::sys;
@@ -117,157 +123,499 @@ impl Offsets {
 struct Sample {
     per_s: f64,
     cpu_ns: f64,
+    /// Requests counted.
+    n: u64,
+    /// Wall ns per request in the driver harness's turns (0 for the raw
+    /// loop, which has none).
+    harness_ns: f64,
 }
 
-fn window<F: FnMut() -> Result<u64>>(t: &Timing, mut batch: F) -> Result<Sample> {
+/// Runs `batch` through the warm-up, then counts a window of it;
+/// `batch(counting)` returns the requests it completed.
+fn window<F: FnMut(bool) -> Result<u64>>(t: &Timing, mut batch: F) -> Result<Sample> {
     let clock = sys::current_thread_cpu_clock();
     let warm_end = Instant::now() + t.warmup;
     while Instant::now() < warm_end {
-        batch()?;
+        batch(false)?;
     }
     let (t0, c0) = (Instant::now(), sys::clock_ns(clock));
     let mut n = 0;
     while t0.elapsed() < t.window {
-        n += batch()?;
+        n += batch(true)?;
     }
     let (dt, dc) = (t0.elapsed(), sys::clock_ns(clock) - c0);
     Ok(Sample {
         per_s: n as f64 / dt.as_secs_f64(),
         cpu_ns: dc as f64 / n.max(1) as f64,
+        n,
+        harness_ns: 0.0,
     })
 }
 
 /// The raw loop: one positioned read or write per request.
+/// A `len`-byte buffer aligned to a page, as direct I/O needs (the device's
+/// guest buffers are page-aligned too): the vector and where it starts.
+fn aligned_buf(len: usize) -> (Vec<u8>, usize) {
+    let v = vec![0x5au8; len + 4096];
+    let start = (4096 - v.as_ptr() as usize % 4096) % 4096;
+    (v, start)
+}
+
+/// The raw loop: one positioned read or write per request, into (or from)
+/// `DEPTH` buffers in turn: the memory the device's requests in flight
+/// use, so neither side copies into a buffer the other keeps hotter in the
+/// CPU's caches (as the network RX loop reads into a ring of as many
+/// buffers as the device has posted).
 fn raw_window(t: &Timing, file: &File, w: Workload, file_len: u64) -> Result<Sample> {
-    let mut buf = vec![0x5au8; w.size as usize];
+    let size = w.size as usize;
+    let (mut v, start) = aligned_buf(DEPTH * size);
+    let bufs = &mut v[start..start + DEPTH * size];
     let mut off = Offsets::new(w, file_len);
-    window(t, || {
+    let mut i = 0;
+    window(t, |_| {
         for _ in 0..64 {
             let at = off.next();
+            let buf = &mut bufs[i * size..(i + 1) * size];
+            i = (i + 1) % DEPTH;
             if w.write {
-                file.write_all_at(&buf, at).context("raw pwrite")?;
+                file.write_all_at(buf, at).context("raw pwrite")?;
             } else {
-                file.read_exact_at(&mut buf, at).context("raw pread")?;
+                file.read_exact_at(buf, at).context("raw pread")?;
             }
         }
         Ok(64)
     })
 }
 
-/// The device with `DEPTH` requests in flight.
+/// `path` opened for direct I/O, or `None` where its file system refuses
+/// it (EINVAL: tmpfs).
+fn open_direct(path: &PathBuf) -> Result<Option<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(e).context("open the image with O_DIRECT"),
+    }
+}
+
+/// The device with `DEPTH` requests in flight, and a lean driver in front
+/// of it (as `rig.rs`'s for the network device): each slot's three
+/// descriptors (header, data, status byte) are written once, at addresses
+/// that never change, so posting a request is the header's two words, the
+/// status byte and one avail slot through host pointers, then a release
+/// store of `avail.idx` for the batch; reaping is a used-index load and two
+/// 32-bit reads per answer. Kicks write the queue's eventfd directly, as
+/// KVM's ioeventfd does. `MockDriver` (through the real `MmioTransport`)
+/// only negotiates and sets the queue up.
 struct DeviceRig {
-    driver: MockDriver,
+    /// Negotiation and queue set-up; kept for the transport it owns.
+    _driver: MockDriver,
     em: EventManager<Arc<Mutex<Block>>>,
-    slots: Vec<(GuestAddress, GuestAddress, GuestAddress)>,
-    by_head: Vec<usize>,
+    /// Each slot's header and status byte.
+    hdrs: Vec<HostRange>,
+    status: Vec<HostRange>,
+    avail: HostRange,
+    used: HostRange,
+    size: u16,
+    next_avail: u16,
+    last_used: u16,
+    /// `avail.idx` at the last kick decision (EVENT_IDX).
+    published: u16,
+    in_flight: usize,
+    event_idx: bool,
+    kick: EventFd,
+    /// Slots answered in this turn, reposted after every answer is read.
+    done: Vec<usize>,
     metrics: Arc<devices::virtio::block::BlockMetrics>,
 }
 
+/// VIRTIO_RING_F_EVENT_IDX.
+const EVENT_IDX_BIT: u32 = devices::virtio::block::device::features::VIRTIO_RING_F_EVENT_IDX;
+
+/// Descriptors per request: header, data, status byte.
+const DESCS: usize = 3;
+
 impl DeviceRig {
-    fn new(path: &PathBuf, engine: IoEngine, size: u32) -> Result<Self> {
+    fn new(
+        path: &PathBuf,
+        engine: IoEngine,
+        w: Workload,
+        event_idx: bool,
+        direct: bool,
+    ) -> Result<Self> {
+        let size = w.size;
         let mem_len = (DEPTH as u64 * (u64::from(size) + 8192) + (1 << 20)).next_power_of_two();
         let mem = guest_memory(mem_len as usize).context("guest memory")?;
         let mut cfg = BlockConfig::new("bench", path);
         cfg.io_engine = engine;
+        let backend = if direct {
+            FileBackend::open_direct(path, false)
+        } else {
+            FileBackend::open(path, false)
+        }
+        .context("the image")?;
         let block = Arc::new(Mutex::new(
-            Block::new(cfg, mem.clone()).context("the block device")?,
+            Block::with_backend(cfg, mem.clone(), backend).context("the block device")?,
         ));
-        let offered = block.lock().expect("lock").avail_features();
-        let metrics = block.lock().expect("lock").metrics();
+        let (offered, metrics, kick) = {
+            let b = block.lock().expect("lock");
+            (
+                b.avail_features(),
+                b.metrics(),
+                b.queue_events()[0].try_clone()?,
+            )
+        };
         let dev: Arc<Mutex<dyn VirtioDevice>> = block.clone();
         let transport = MmioTransport::new(mem.clone(), dev).context("transport")?;
-        let mut driver = MockDriver::new(mem, transport).context("driver")?;
-        // VERSION_1 and nothing the rig does not use (no EVENT_IDX: a kick
-        // per batch, as the net rigs do by default).
+        let mut driver = MockDriver::new(mem.clone(), transport).context("driver")?;
+        // VERSION_1, and EVENT_IDX only when asked for (off: a kick per
+        // batch, as the net rigs do by default).
+        let mut features = 1 << 32;
+        if event_idx {
+            features |= 1 << EVENT_IDX_BIT;
+        }
+        let qsize = (DEPTH * 4) as u16;
         driver
-            .init_with_queue_size(offered & (1 << 32), Some(DEPTH as u16 * 4))
+            .init_with_queue_size(offered & features, Some(qsize))
             .context("driver init")?;
+        let layout = driver.layout(0).context("queue layout")?;
         let mut em = EventManager::new().context("event manager")?;
         em.add_subscriber(block);
-        let mut slots = Vec::new();
-        for _ in 0..DEPTH {
+        let (mut hdrs, mut status) = (Vec::new(), Vec::new());
+        let data_flags = if w.write { 0 } else { VIRTQ_DESC_F_WRITE };
+        for slot in 0..DEPTH {
             let hdr = driver.alloc(16, 16).context("alloc")?;
             let data = driver.alloc(u64::from(size), 4096).context("alloc")?;
-            let status = driver.alloc(1, 1).context("alloc")?;
-            slots.push((hdr, data, status));
+            let st = driver.alloc(1, 1).context("alloc")?;
+            let d = (slot * DESCS) as u16;
+            let descs = [
+                (hdr, 16, VIRTQ_DESC_F_NEXT, d + 1),
+                (data, size, data_flags | VIRTQ_DESC_F_NEXT, d + 2),
+                (st, 1, VIRTQ_DESC_F_WRITE, 0),
+            ];
+            for (i, (addr, len, flags, next)) in descs.into_iter().enumerate() {
+                let at = layout.desc_table.0 + 16 * (u64::from(d) + i as u64);
+                mem.write_slice(&desc_bytes(addr.0, len, flags, next), GuestAddress(at))
+                    .context("descriptor")?;
+            }
+            hdrs.push(HostRange::new(&mem, hdr, 16)?);
+            status.push(HostRange::new(&mem, st, 1)?);
         }
+        let n = usize::from(qsize);
+        // virtio 1.1 §2.6: flags, idx, the entries and the event index.
+        let avail = HostRange::new(&mem, layout.avail_ring, 4 + 2 * n + 2)?;
+        let used = HostRange::new(&mem, layout.used_ring, 4 + 8 * n + 2)?;
         Ok(DeviceRig {
-            driver,
+            _driver: driver,
             em,
-            slots,
-            by_head: vec![usize::MAX; DEPTH * 4],
+            hdrs,
+            status,
+            avail,
+            used,
+            size: qsize,
+            next_avail: 0,
+            last_used: 0,
+            published: 0,
+            in_flight: 0,
+            event_idx,
+            kick,
+            done: Vec::with_capacity(DEPTH),
             metrics,
         })
     }
 
-    fn post(&mut self, slot: usize, w: Workload, at: u64) -> Result<()> {
-        let (hdr, data, status) = self.slots[slot];
-        let mut h = [0u8; 16];
-        h[..4].copy_from_slice(&u32::from(w.write).to_le_bytes());
-        h[8..].copy_from_slice(&(at / SECTOR).to_le_bytes());
-        let mem = self.driver.mem();
-        mem.write_slice(&h, hdr).context("header")?;
-        mem.write_obj(0xffu8, status).context("status")?;
-        let segs = [
-            Segment::readable(hdr, 16),
-            Segment {
-                addr: data,
-                len: w.size,
-                device_writable: !w.write,
-            },
-            Segment::writable(status, 1),
-        ];
-        let head = self.driver.add_chain(0, &segs).context("add chain")?;
-        self.by_head[usize::from(head)] = slot;
+    /// Writes slot `slot`'s request for offset `at` and puts its head in
+    /// the next avail slot (published by `publish`).
+    fn post(&mut self, slot: usize, w: Workload, at: u64) {
+        let h = &self.hdrs[slot];
+        h.write_u64(0, u64::from(w.write));
+        h.write_u64(8, at / SECTOR);
+        self.status[slot].write_u8(0, 0xff);
+        let head = (slot * DESCS) as u16;
+        let off = 4 + 2 * usize::from(self.next_avail % self.size);
+        // Published by the Release store of `avail.idx` in `publish`.
+        self.avail
+            .u16_at(off)
+            .store(head.to_le(), Ordering::Relaxed);
+        self.next_avail = self.next_avail.wrapping_add(1);
+        self.in_flight += 1;
+    }
+
+    /// Makes the posted requests visible and kicks unless the device said
+    /// not to.
+    fn publish(&mut self) -> Result<()> {
+        self.avail
+            .u16_at(2)
+            .store(self.next_avail.to_le(), Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let kick = if self.event_idx {
+            let off = 4 + 8 * usize::from(self.size);
+            let avail_event = u16::from_le(self.used.u16_at(off).load(Ordering::Acquire));
+            need_event(avail_event, self.next_avail, self.published)
+        } else {
+            let flags = u16::from_le(self.used.u16_at(0).load(Ordering::Acquire));
+            flags & VIRTQ_USED_F_NO_NOTIFY == 0
+        };
+        self.published = self.next_avail;
+        if kick {
+            self.kick.write(1).context("kick")?;
+        }
         Ok(())
     }
 
+    /// Posts the first `DEPTH` requests and kicks.
+    fn start(&mut self, w: Workload, off: &mut Offsets) -> Result<()> {
+        for slot in 0..DEPTH {
+            self.post(slot, w, off.next());
+        }
+        self.publish()
+    }
+
+    /// One turn of the event loop: the device's work (a pass, or
+    /// completions), apart from the driver's so callgrind can tell them
+    /// apart.
+    #[inline(never)]
+    fn device_turn(&mut self) -> Result<()> {
+        self.em.run_with_timeout(1).context("event loop")?;
+        Ok(())
+    }
+
+    /// Reads the answers the device published since the last call: checks
+    /// each status byte, frees its slot into `done`.
+    fn reap(&mut self) -> Result<()> {
+        let used_idx = u16::from_le(self.used.u16_at(2).load(Ordering::Acquire));
+        while self.last_used != used_idx {
+            let off = 4 + 8 * usize::from(self.last_used % self.size);
+            let (id, len) = (self.used.read_u32(off), self.used.read_u32(off + 4));
+            let slot = id as usize / DESCS;
+            anyhow::ensure!(
+                (id as usize).is_multiple_of(DESCS) && slot < DEPTH,
+                "used id {id} is no request's head"
+            );
+            let status = self.status[slot].read_u8(0);
+            anyhow::ensure!(
+                status == 0,
+                "request failed with status {status} (used length {len}): {}",
+                self.metrics.to_json()
+            );
+            self.done.push(slot);
+            self.last_used = self.last_used.wrapping_add(1);
+            self.in_flight -= 1;
+        }
+        if self.event_idx {
+            // As Linux's virtqueue_enable_cb: an interrupt for the next
+            // answer.
+            let off = 4 + 2 * usize::from(self.size);
+            self.avail
+                .u16_at(off)
+                .store(self.last_used.to_le(), Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// The driver's turn: reads the answers, posts as many new requests,
+    /// kicks. Returns the requests answered.
+    #[inline(never)]
+    fn driver_turn(&mut self, w: Workload, off: &mut Offsets) -> Result<u64> {
+        self.reap()?;
+        let n = self.done.len() as u64;
+        // Every answer is read before any slot is posted again.
+        for i in 0..self.done.len() {
+            let slot = self.done[i];
+            self.post(slot, w, off.next());
+        }
+        self.done.clear();
+        if n > 0 {
+            self.publish()?;
+        }
+        Ok(n)
+    }
+
+    /// Lets the requests in flight finish before the rig is dropped or
+    /// measured again.
+    fn settle(&mut self) -> Result<()> {
+        let end = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < end && self.in_flight > 0 {
+            self.em.run_with_timeout(1).context("event loop")?;
+            self.reap()?;
+            self.done.clear();
+        }
+        anyhow::ensure!(
+            self.in_flight == 0,
+            "{} requests never answered",
+            self.in_flight
+        );
+        Ok(())
+    }
+
+    /// One window of the device; the driver's turns are timed apart
+    /// (wall clock: a turn never blocks), for the harness's share.
     fn measure(&mut self, t: &Timing, w: Workload, file_len: u64) -> Result<Sample> {
         let mut off = Offsets::new(w, file_len);
-        for slot in 0..DEPTH {
-            self.post(slot, w, off.next())?;
-        }
-        self.driver.publish(0).context("publish")?;
-        self.driver.kick(0);
-        let sample = window(t, || {
-            self.em.run_with_timeout(1).context("event loop")?;
-            let used = self.driver.used(0).context("used ring")?;
-            let n = used.len() as u64;
-            // Every answer is read before any slot is posted again: a new
-            // chain may take the head of an answer not yet read.
-            let mut done = Vec::with_capacity(used.len());
-            for u in used {
-                let slot = self.by_head[u.id as usize];
-                let status: u8 = self
-                    .driver
-                    .mem()
-                    .read_obj(self.slots[slot].2)
-                    .context("status")?;
-                anyhow::ensure!(
-                    status == 0,
-                    "request failed with status {status} (used length {}): {}",
-                    u.len,
-                    self.metrics.to_json()
-                );
-                done.push(slot);
-            }
-            for slot in done {
-                self.post(slot, w, off.next())?;
-            }
-            if n > 0 {
-                self.driver.publish(0).context("publish")?;
-                self.driver.kick(0);
+        self.start(w, &mut off)?;
+        let mut driver_ns = 0u64;
+        let mut sample = window(t, |counting| {
+            self.device_turn()?;
+            let t0 = Instant::now();
+            let n = self.driver_turn(w, &mut off)?;
+            if counting {
+                driver_ns += t0.elapsed().as_nanos() as u64;
             }
             Ok(n)
         })?;
-        // Let the requests in flight finish before the rig is dropped.
-        let end = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < end && self.driver.free_descriptors(0).unwrap_or(0) < DEPTH * 4 {
-            self.em.run_with_timeout(1).context("event loop")?;
-            self.driver.used(0).context("used ring")?;
-        }
+        sample.harness_ns = driver_ns as f64 / sample.n.max(1) as f64;
+        self.settle()?;
         Ok(sample)
     }
+
+    /// `n` requests, untimed (`--block-cost`).
+    fn run_n(&mut self, w: Workload, file_len: u64, n: u64) -> Result<()> {
+        let mut off = Offsets::new(w, file_len);
+        self.start(w, &mut off)?;
+        let mut done = 0;
+        while done < n {
+            self.device_turn()?;
+            done += self.driver_turn(w, &mut off)?;
+        }
+        self.settle()
+    }
+}
+
+/// The raw loop's `n` requests, untimed (`--block-cost raw`), over `DEPTH`
+/// buffers as in [`raw_window`].
+#[inline(never)]
+fn raw_n(file: &File, w: Workload, file_len: u64, n: u64) -> Result<()> {
+    let size = w.size as usize;
+    let (mut v, start) = aligned_buf(DEPTH * size);
+    let bufs = &mut v[start..start + DEPTH * size];
+    let mut off = Offsets::new(w, file_len);
+    for r in 0..n {
+        let at = off.next();
+        let i = r as usize % DEPTH;
+        let buf = &mut bufs[i * size..(i + 1) * size];
+        if w.write {
+            file.write_all_at(buf, at).context("raw pwrite")?;
+        } else {
+            file.read_exact_at(buf, at).context("raw pread")?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the image (`file_len` bytes, in the page cache) in a fresh
+/// directory; returns the directory, the image's path and the open file.
+fn make_image(file_len: u64) -> Result<(PathBuf, PathBuf, File)> {
+    let dir = std::env::temp_dir().join(format!("minivmm-blockbench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).context("bench directory")?;
+    let path = dir.join("image.raw");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .context("create the image")?;
+    // Into the page cache once: every cell then reads cached pages.
+    let chunk = vec![0xa5u8; 1 << 20];
+    for i in 0..file_len >> 20 {
+        file.write_all_at(&chunk, i << 20)
+            .context("fill the image")?;
+    }
+    Ok((dir, path, file))
+}
+
+/// `netbench --block-cost MODE WORKLOAD N`: `n` requests of one cell and
+/// nothing else (no windows, no clock reads), so that callgrind's counts
+/// over two values of `n` give instructions per request
+/// (`tools/bench/callgrind-block.sh`). MODE is `sync`, `async` or `raw`.
+pub fn cost(mode: &str, workload: &str, n: u64) -> Result<()> {
+    let w = *WORKLOADS
+        .iter()
+        .find(|w| w.name == workload)
+        .with_context(|| format!("unknown workload {workload:?}"))?;
+    let file_len = 32 << 20;
+    let (dir, path, file) = make_image(file_len)?;
+    let res = match mode {
+        "raw" => raw_n(&file, w, file_len, n),
+        "sync" | "async" => {
+            let engine = if mode == "sync" {
+                IoEngine::Sync
+            } else {
+                IoEngine::Async
+            };
+            DeviceRig::new(&path, engine, w, false, false).and_then(|mut rig| {
+                rig.run_n(w, file_len, n)?;
+                eprintln!(
+                    "netbench: block-cost {mode} {workload} {n}: {}",
+                    rig.metrics.to_json()
+                );
+                Ok(())
+            })
+        }
+        other => Err(anyhow::anyhow!("unknown mode {other:?} (sync, async, raw)")),
+    };
+    drop(file);
+    let _ = std::fs::remove_dir_all(&dir);
+    res
+}
+
+/// One cell: interleaved rounds of the raw loop and the device, the
+/// medians and their ratios.
+fn cell(
+    t: &Timing,
+    path: &PathBuf,
+    raw_file: &File,
+    w: Workload,
+    file_len: u64,
+    engine: IoEngine,
+    direct: bool,
+) -> Result<Value> {
+    let mut rig = DeviceRig::new(path, engine, w, t.event_idx, direct)?;
+    let (mut dev, mut raw) = (Vec::new(), Vec::new());
+    for round in 0..t.rounds {
+        // Every other round the device goes first, so neither side always
+        // runs on the cache state the other left.
+        if round % 2 == 0 {
+            raw.push(raw_window(t, raw_file, w, file_len)?);
+            dev.push(rig.measure(t, w, file_len)?);
+        } else {
+            dev.push(rig.measure(t, w, file_len)?);
+            raw.push(raw_window(t, raw_file, w, file_len)?);
+        }
+    }
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
+    let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
+    // The harness's wall time per request, least over the rounds: a
+    // preemption inside a turn inflates it, and only the turn's own work
+    // is the harness's cost.
+    let h = dev
+        .iter()
+        .map(|s| s.harness_ns)
+        .fold(f64::INFINITY, f64::min);
+    let h = if h.is_finite() { h } else { 0.0 };
+    // Without the harness: the thread is busy throughout, so a request
+    // takes 1/dp of it, h of which are the driver's. (With direct I/O the
+    // thread also waits; the figure then overstates the harness's share.)
+    let dp_ex = if dp > 0.0 && 1e9 / dp > h {
+        1e9 / (1e9 / dp - h)
+    } else {
+        0.0
+    };
+    Ok(json!({
+        "size": w.size,
+        "device_per_s": dp, "raw_per_s": rp,
+        "device_cpu_ns": dc, "raw_cpu_ns": rc, "harness_ns": h,
+        "ratio": ratio(dp, rp), "cpu_ratio": ratio(dc, rc),
+        "ratio_without_harness": ratio(dp_ex, rp),
+        "cpu_ratio_without_harness": ratio(dc - h, rc),
+        "round_ratios": dev.iter().zip(&raw).map(|(d, r)| ratio(d.per_s, r.per_s)).collect::<Vec<_>>(),
+    }))
 }
 
 /// Runs every cell; returns the rows and the ratios.
@@ -277,55 +625,70 @@ pub fn block(t: &Timing) -> Result<Value> {
     } else {
         128 << 20
     };
-    let dir = std::env::temp_dir().join(format!("minivmm-blockbench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).context("bench directory")?;
-    let path = dir.join("image.raw");
+    let (dir, path, file) = make_image(file_len)?;
     let result = (|| -> Result<Value> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .context("create the image")?;
-        // Into the page cache once: every cell then reads cached pages.
-        let chunk = vec![0xa5u8; 1 << 20];
-        for i in 0..file_len >> 20 {
-            file.write_all_at(&chunk, i << 20)
-                .context("fill the image")?;
-        }
         let mut rows = Vec::new();
         let mut ratios = serde_json::Map::new();
-        for &w in WORKLOADS {
-            for (engine, ename) in [(IoEngine::Sync, "sync"), (IoEngine::Async, "async")] {
-                let mut rig = DeviceRig::new(&path, engine, w.size)?;
-                let (mut dev, mut raw) = (Vec::new(), Vec::new());
-                for _ in 0..t.rounds {
-                    raw.push(raw_window(t, &file, w, file_len)?);
-                    dev.push(rig.measure(t, w, file_len)?);
+        // The page cache first, then direct I/O where the file system has
+        // it: written back and dropped from the cache, so no direct write
+        // pays for invalidating pages the other side's reads left.
+        let direct_file = open_direct(&path)?;
+        let mut modes: Vec<(bool, &File)> = vec![(false, &file)];
+        if let Some(f) = direct_file.as_ref() {
+            modes.push((true, f));
+        } else {
+            eprintln!(
+                "netbench: block: {} refuses O_DIRECT; no direct-I/O cells",
+                path.parent()
+                    .map_or_else(String::new, |p| p.display().to_string())
+            );
+        }
+        for (direct, raw_file) in modes {
+            if direct {
+                file.sync_all().context("write the image back")?;
+                sys::drop_cached(&file).context("drop the image's cached pages")?;
+            }
+            for &w in WORKLOADS {
+                for (engine, ename) in [(IoEngine::Sync, "sync"), (IoEngine::Async, "async")] {
+                    let row = cell(t, &path, raw_file, w, file_len, engine, direct)?;
+                    let cache = if direct { "direct" } else { "page" };
+                    let key = if direct {
+                        format!("{}_direct_{ename}", w.name)
+                    } else {
+                        format!("{}_{ename}", w.name)
+                    };
+                    for k in [
+                        "ratio",
+                        "cpu_ratio",
+                        "ratio_without_harness",
+                        "cpu_ratio_without_harness",
+                    ] {
+                        ratios.insert(format!("{key}_{k}"), row[k].clone());
+                    }
+                    eprintln!(
+                        "netbench: block {key}: device {:.0}/s raw {:.0}/s ({:.3}), cpu {:.0} ns vs {:.0} ns ({:.3}), harness {:.0} ns",
+                        row["device_per_s"].as_f64().unwrap_or(0.0),
+                        row["raw_per_s"].as_f64().unwrap_or(0.0),
+                        row["ratio"].as_f64().unwrap_or(0.0),
+                        row["device_cpu_ns"].as_f64().unwrap_or(0.0),
+                        row["raw_cpu_ns"].as_f64().unwrap_or(0.0),
+                        row["cpu_ratio"].as_f64().unwrap_or(0.0),
+                        row["harness_ns"].as_f64().unwrap_or(0.0),
+                    );
+                    let mut row = row;
+                    row["workload"] = json!(w.name);
+                    row["engine"] = json!(ename);
+                    row["cache"] = json!(cache);
+                    rows.push(row);
                 }
-                let med = |v: &[Sample], f: fn(&Sample) -> f64| {
-                    median(&v.iter().map(f).collect::<Vec<_>>())
-                };
-                let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
-                let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
-                let key = format!("{}_{ename}", w.name);
-                ratios.insert(format!("{key}_ratio"), json!(ratio(dp, rp)));
-                ratios.insert(format!("{key}_cpu_ratio"), json!(ratio(dc, rc)));
-                rows.push(json!({
-                    "workload": w.name, "engine": ename, "size": w.size,
-                    "device_per_s": dp, "raw_per_s": rp,
-                    "device_cpu_ns": dc, "raw_cpu_ns": rc,
-                    "ratio": ratio(dp, rp), "cpu_ratio": ratio(dc, rc),
-                }));
-                eprintln!(
-                    "netbench: block {key}: device {dp:.0}/s raw {rp:.0}/s ({:.3}), cpu {dc:.0} ns vs {rc:.0} ns ({:.3})",
-                    ratio(dp, rp),
-                    ratio(dc, rc)
-                );
             }
         }
-        let mut v = json!({"file_len": file_len, "depth": DEPTH, "rows": rows});
+        let mut v = json!({
+            "file_len": file_len,
+            "depth": DEPTH,
+            "rows": rows,
+            "direct": direct_file.is_some(),
+        });
         v.as_object_mut().expect("an object").extend(ratios);
         Ok(v)
     })();
@@ -341,26 +704,72 @@ pub fn table(s: &mut String, v: &Value) {
     };
     let _ = writeln!(
         s,
-        "\nBLOCK: device vs raw preadv/pwritev on the same file (page cache, {} requests in flight)",
+        "\nBLOCK: device ({} requests in flight) vs raw preadv/pwritev (one at a time) on the same file",
         v["depth"]
     );
     let _ = writeln!(
         s,
-        "{:<14} {:<6} {:>12} {:>12} {:>7} {:>9} {:>9} {:>7}",
-        "workload", "engine", "device/s", "raw/s", "ratio", "dev ns", "raw ns", "cpu x"
+        "{:<14} {:<6} {:<6} {:>10} {:>10} {:>7} {:>8} {:>8} {:>7} {:>8} {:>8} {:>7}",
+        "workload",
+        "cache",
+        "engine",
+        "device/s",
+        "raw/s",
+        "ratio",
+        "dev ns",
+        "raw ns",
+        "cpu x",
+        "harn. ns",
+        "ratio-h",
+        "cpu x-h"
     );
     for r in rows {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         let _ = writeln!(
             s,
-            "{:<14} {:<6} {:>12.0} {:>12.0} {:>7.3} {:>9.0} {:>9.0} {:>7.3}",
+            "{:<14} {:<6} {:<6} {:>10.0} {:>10.0} {:>7.3} {:>8.0} {:>8.0} {:>7.3} {:>8.0} {:>8.3} {:>7.3}",
             r["workload"].as_str().unwrap_or("?"),
+            r["cache"].as_str().unwrap_or("page"),
             r["engine"].as_str().unwrap_or("?"),
-            r["device_per_s"].as_f64().unwrap_or(0.0),
-            r["raw_per_s"].as_f64().unwrap_or(0.0),
-            r["ratio"].as_f64().unwrap_or(0.0),
-            r["device_cpu_ns"].as_f64().unwrap_or(0.0),
-            r["raw_cpu_ns"].as_f64().unwrap_or(0.0),
-            r["cpu_ratio"].as_f64().unwrap_or(0.0),
+            f("device_per_s"),
+            f("raw_per_s"),
+            f("ratio"),
+            f("device_cpu_ns"),
+            f("raw_cpu_ns"),
+            f("cpu_ratio"),
+            f("harness_ns"),
+            f("ratio_without_harness"),
+            f("cpu_ratio_without_harness"),
         );
+    }
+    if v["direct"] == false {
+        let _ = writeln!(
+            s,
+            "- no direct-I/O cells: the image's file system refuses O_DIRECT"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "- cache: page = a file in the page cache; direct = the device's image and the raw loop's fd opened with O_DIRECT.\n\
+         - dev ns: CPU per request of the one thread running the device's event loop and the driver harness\n  \
+         (kernel work done elsewhere, io-wq workers or interrupts, is in neither side's figure);\n\
+         - harn. ns: wall time per request in the harness's turns (reading answers, posting requests, the kick),\n  \
+         least over the rounds (a preemption inside a turn only adds to it);\n\
+         - ratio-h, cpu x-h: the same ratios with the harness's time taken out of the device's side."
+    );
+    for r in rows {
+        if let Some(rr) = r["round_ratios"].as_array() {
+            let _ = writeln!(
+                s,
+                "  rounds {} {} {}: {}",
+                r["workload"].as_str().unwrap_or("?"),
+                r["cache"].as_str().unwrap_or("page"),
+                r["engine"].as_str().unwrap_or("?"),
+                rr.iter()
+                    .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
     }
 }

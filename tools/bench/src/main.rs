@@ -97,6 +97,12 @@ pub struct Cli {
     /// unless the device sets VRING_USED_F_NO_NOTIFY.
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     event_idx: OnOff,
+    /// Run N requests of one block cell and nothing else, for callgrind
+    /// (`tools/bench/callgrind-block.sh`): MODE is sync, async or raw,
+    /// WORKLOAD one of randread_4k, randwrite_4k, seqread_128k,
+    /// seqwrite_128k. Needs no root.
+    #[arg(long, num_args = 3, value_names = ["MODE", "WORKLOAD", "N"])]
+    block_cost: Option<Vec<String>>,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -152,6 +158,13 @@ fn run(cli: Cli) -> Result<i32> {
             std::fs::read_to_string(json).with_context(|| format!("read {}", json.display()))?;
         let out: serde_json::Value = serde_json::from_str(&text).context("parse the JSON")?;
         plot::charts(&out, dir)?;
+        return Ok(0);
+    }
+    if let Some(a) = &cli.block_cost {
+        let n = a[2]
+            .parse()
+            .with_context(|| format!("{:?} is not a number", a[2]))?;
+        block::cost(&a[0], &a[1], n)?;
         return Ok(0);
     }
     if let Some(ns) = cli.child.clone() {

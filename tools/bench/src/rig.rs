@@ -133,9 +133,10 @@ struct Ring {
     published: u16,
 }
 
-/// Guest memory the driver reaches through host pointers.
+/// Guest memory the driver reaches through host pointers (also the block
+/// scenario's driver).
 #[allow(unsafe_code)]
-mod host_mem {
+pub(crate) mod host_mem {
     use std::sync::atomic::AtomicU16;
 
     use anyhow::{Context, Result};
@@ -185,6 +186,28 @@ mod host_mem {
             u32::from_le(unsafe { self.ptr.add(off).cast::<u32>().read_volatile() })
         }
 
+        /// Stores the little-endian 64-bit word `v` at byte `off`, volatile.
+        pub fn write_u64(&self, off: usize, v: u64) {
+            assert!(off + 8 <= self.len && (self.ptr as usize + off) & 7 == 0);
+            // SAFETY: in the range, mapped and aligned (as in `u16_at`);
+            // volatile because the device reads it.
+            unsafe { self.ptr.add(off).cast::<u64>().write_volatile(v.to_le()) }
+        }
+
+        /// The byte at `off`, read volatile.
+        pub fn read_u8(&self, off: usize) -> u8 {
+            assert!(off < self.len);
+            // SAFETY: in the range and mapped (as in `u16_at`).
+            unsafe { self.ptr.add(off).read_volatile() }
+        }
+
+        /// Stores the byte `v` at `off`, volatile.
+        pub fn write_u8(&self, off: usize, v: u8) {
+            assert!(off < self.len);
+            // SAFETY: in the range and mapped (as in `u16_at`).
+            unsafe { self.ptr.add(off).write_volatile(v) }
+        }
+
         /// The little-endian 16-bit value at byte `off`, at any alignment.
         pub fn read_u16_unaligned(&self, off: usize) -> u16 {
             assert!(off + 2 <= self.len);
@@ -203,7 +226,7 @@ mod host_mem {
 
 /// Whether an index moving from `old` to `new` crossed `event` (virtio 1.1
 /// §2.6.7.2, Linux's `vring_need_event`).
-fn need_event(event: u16, new: u16, old: u16) -> bool {
+pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 

@@ -249,6 +249,19 @@ impl PacketSocket {
 }
 
 /// Whether we run as root (euid 0).
+/// Drops the page cache's copy of `file` (written back first by the
+/// caller), so direct I/O on it starts without cached pages to invalidate.
+pub fn drop_cached(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise takes plain integers and touches no memory of
+    // ours.
+    let ret = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(())
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

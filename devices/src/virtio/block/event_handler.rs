@@ -9,7 +9,7 @@
 //! | `PROCESS_ACTIVATE` | internal `activate_evt` | always (from `init`) |
 //! | `PROCESS_QUEUE` | the request queue's notify eventfd | while activated |
 //! | `PROCESS_REQUEUE` | re-queue eventfd | while activated |
-//! | `PROCESS_COMPLETIONS` | the io_uring's completion eventfd | always, with `Async` |
+//! | `PROCESS_COMPLETIONS` | the io_uring's fd (readable with completions waiting) | always, with `Async` |
 //! | `PROCESS_RATE_LIMITER` | the limiter's timerfd | while the limiter is blocked |
 //!
 //! After every event `sync_registrations` brings the registrations in line
@@ -123,10 +123,11 @@ impl<B: BlockBackend> Block<B> {
         let Some(engine) = self.engine.as_mut() else {
             return;
         };
-        Self::drain(engine.ring().eventfd(), &self.metrics, "io_uring");
         let Some(a) = self.active.as_mut() else {
             // Nothing is in flight without an activation (a reset waits for
-            // it all); a late wake-up finds nothing.
+            // it all); whatever is found is reaped and dropped all the same,
+            // or the ring would poll readable for good.
+            engine.quiesce();
             return;
         };
         a.virtio
@@ -212,11 +213,11 @@ impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
         self.ctl_result(res, "the activation eventfd");
         if let Some(e) = self.engine.as_ref() {
             let res = ops.add(Events::with_data(
-                e.ring().eventfd(),
+                e.ring(),
                 PROCESS_COMPLETIONS,
                 EventSet::IN,
             ));
-            self.ctl_result(res, "the io_uring eventfd");
+            self.ctl_result(res, "the io_uring");
         }
         if self.active.is_some() {
             self.process_activate_event();

@@ -89,6 +89,46 @@ pub struct BlockMetrics {
     pub features_negotiated: AtomicU64,
 }
 
+/// The request counters of one pass or one batch of completions, added to
+/// the shared [`BlockMetrics`] once when it ends ([`Tally::flush`]): an
+/// atomic add per answered request, two for reads and writes, was about a
+/// tenth of the device thread's user-space time per 4 KiB request in the
+/// page cache. The pass and the completion handler flush before they
+/// return, so readers of the metrics never see a pass half counted for
+/// longer than the pass runs.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) read_count: u64,
+    pub(crate) read_bytes: u64,
+    pub(crate) write_count: u64,
+    pub(crate) write_bytes: u64,
+    pub(crate) flush_count: u64,
+    pub(crate) get_id_count: u64,
+    pub(crate) discard_count: u64,
+    pub(crate) write_zeroes_count: u64,
+}
+
+impl Tally {
+    /// Adds the counts to `m` and starts over from zero.
+    pub(crate) fn flush(&mut self, m: &BlockMetrics) {
+        let t = std::mem::take(self);
+        for (counter, n) in [
+            (&m.read_count, t.read_count),
+            (&m.read_bytes, t.read_bytes),
+            (&m.write_count, t.write_count),
+            (&m.write_bytes, t.write_bytes),
+            (&m.flush_count, t.flush_count),
+            (&m.get_id_count, t.get_id_count),
+            (&m.discard_count, t.discard_count),
+            (&m.write_zeroes_count, t.write_zeroes_count),
+        ] {
+            if n != 0 {
+                BlockMetrics::add(counter, n);
+            }
+        }
+    }
+}
+
 impl BlockMetrics {
     /// Adds `n` to a counter.
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -141,6 +181,38 @@ mod tests {
         "config_writes_ignored",
         "features_negotiated",
     ];
+
+    #[test]
+    fn test_a_tally_adds_every_count_once() {
+        let m = BlockMetrics::default();
+        BlockMetrics::add(&m.read_count, 1);
+        let mut t = Tally {
+            read_count: 2,
+            read_bytes: 3,
+            write_count: 4,
+            write_bytes: 5,
+            flush_count: 6,
+            get_id_count: 7,
+            discard_count: 8,
+            write_zeroes_count: 9,
+        };
+        t.flush(&m);
+        t.flush(&m);
+        let json = m.to_json();
+        let want = [
+            ("read_count", 3),
+            ("read_bytes", 3),
+            ("write_count", 4),
+            ("write_bytes", 5),
+            ("flush_count", 6),
+            ("get_id_count", 7),
+            ("discard_count", 8),
+            ("write_zeroes_count", 9),
+        ];
+        for (key, n) in want {
+            assert_eq!(json[key], n, "{key}");
+        }
+    }
 
     #[test]
     fn test_json_has_every_contract_field() {

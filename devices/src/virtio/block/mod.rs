@@ -46,8 +46,9 @@
 //! `fcntl`, `flock`, `fallocate` (the probes, writable images only),
 //! `eventfd2`, `timerfd_create` (with a rate limiter) and, for `Async`,
 //! `io_uring_setup` and `io_uring_register`. On the event loop: `preadv`,
-//! `pwritev`, `fdatasync`, `fallocate` (`Sync`, or where the ring refuses
-//! an entry), `io_uring_enter` (`Async`), `read`/`write` on the eventfds,
+//! `pwritev` (`pread64`, `pwrite64` for one data buffer), `fdatasync`,
+//! `fallocate` (`Sync`, or where the ring refuses an entry),
+//! `io_uring_enter` (`Async`), `read`/`write` on the eventfds,
 //! `timerfd_settime` and `read` on the limiter's timer, `epoll_ctl`, and
 //! for a new image the `fallocate` probes and `close` of the old one, for
 //! a limiter set while the VM runs `timerfd_create`. On a

@@ -23,13 +23,18 @@
 //! not charged.
 //!
 //! Used entries are published, and the interrupt decided, once per pass
-//! and once per batch of completions.
+//! and once per batch of completions. With `Async` a pass submits what it
+//! queued in one `io_uring_enter` and then answers, in the same
+//! publication, whatever the kernel completed meanwhile (page-cache I/O
+//! completes inline): such a request costs no wake-up of its own. A pass
+//! that stopped on a full ring and found room again that way is re-queued
+//! (`Yield`), since no completion is left to restart it.
 
 use std::sync::atomic::Ordering;
 
 use super::backend::BlockBackend;
-use super::io::{finish, run_sync, without_io, AsyncEngine, Needs};
-use super::metrics::BlockMetrics;
+use super::io::{finish, run_sync, without_io, AsyncEngine, Needs, SegPool};
+use super::metrics::{BlockMetrics, Tally};
 use super::request::{Op, Parsed, Parser, Reject, Request, Rules, VIRTIO_BLK_S_IOERR};
 use super::{CacheType, ID_BYTES, SECTOR_SIZE};
 use crate::rate_limiter::RateLimiter;
@@ -75,6 +80,10 @@ pub struct BlockVirtio {
     /// A request the rate limiter held back: it runs first.
     throttled: Option<Request>,
     broken: bool,
+    /// Data-segment vectors of answered requests, for the next ones.
+    pool: SegPool,
+    /// Request counters of the pass or batch of completions under way.
+    tally: Tally,
 }
 
 /// Whether the limiter lets `req` run now; counts a refusal. A timer that
@@ -113,6 +122,8 @@ impl BlockVirtio {
             id: idb,
             throttled: None,
             broken: false,
+            pool: SegPool::default(),
+            tally: Tally::default(),
         }
     }
 
@@ -143,7 +154,14 @@ impl BlockVirtio {
         };
         let bytes = capacity.saturating_mul(SECTOR_SIZE);
         if let Some(req) = self.throttled.take_if(|r| end(&r.op) > bytes) {
-            finish(&mut self.queue, &req, VIRTIO_BLK_S_IOERR, 0, metrics);
+            finish(
+                &mut self.queue,
+                &req,
+                VIRTIO_BLK_S_IOERR,
+                0,
+                &mut self.tally,
+                metrics,
+            );
             self.publish(irq, metrics);
         }
     }
@@ -157,19 +175,28 @@ impl BlockVirtio {
         engine: &mut Option<AsyncEngine>,
         metrics: &BlockMetrics,
     ) {
-        if let Needs::Nothing(status, written) = without_io(&req, &self.id, self.flush) {
-            finish(&mut self.queue, &req, status, written, metrics);
-            return;
-        }
-        if let Some(e) = engine.as_mut() {
-            match e.start(req) {
-                Ok(()) => return,
-                // The ring refused the entry: this one runs now.
-                Err(back) => req = back,
+        let (status, written) = match without_io(&req, &self.id, self.flush) {
+            Needs::Nothing(status, written) => (status, written),
+            Needs::Io => {
+                if let Some(e) = engine.as_mut() {
+                    match e.start(req) {
+                        Ok(()) => return,
+                        // The ring refused the entry: this one runs now.
+                        Err(back) => req = back,
+                    }
+                }
+                run_sync(backend, &mut req)
             }
-        }
-        let (status, written) = run_sync(backend, &mut req);
-        finish(&mut self.queue, &req, status, written, metrics);
+        };
+        finish(
+            &mut self.queue,
+            &req,
+            status,
+            written,
+            &mut self.tally,
+            metrics,
+        );
+        self.pool.give(req.data);
     }
 
     /// Answers a chain that is not run (see `request`).
@@ -234,9 +261,10 @@ impl BlockVirtio {
                 }
             } else if let Some(head) = self.queue.pop(budget)? {
                 requests += 1;
+                let data = self.pool.take();
                 let parsed = self
                     .parser
-                    .parse(&self.queue, head, &self.rules, Vec::new(), budget);
+                    .parse(&self.queue, head, &self.rules, data, budget);
                 let Parsed::Ready(req) = parsed else {
                     self.answer(parsed, metrics);
                     continue;
@@ -286,6 +314,7 @@ impl BlockVirtio {
                 PassStatus::Broken
             }
         };
+        let mut status = status;
         if let Some(e) = engine.as_mut() {
             if let Err(err) = e.submit(metrics) {
                 // The entries stay queued and go with the next submission
@@ -293,7 +322,24 @@ impl BlockVirtio {
                 let n = BlockMetrics::inc(&metrics.host_errors);
                 warn_rate_limited!(count = n, "virtio-blk: io_uring submission failed: {err}");
             }
+            // What the kernel completed during the submission (page-cache
+            // I/O completes inline) is answered in this pass, published
+            // with the rest: no wake-up and no second publication for it.
+            e.complete(
+                backend,
+                &mut self.queue,
+                &mut self.tally,
+                &mut self.pool,
+                metrics,
+            );
+            // Those completions made room: no completion may be left to
+            // restart a pass that stopped on a full ring, so it is
+            // re-queued instead.
+            if status == PassStatus::Saturated && e.has_room() {
+                status = PassStatus::Yield;
+            }
         }
+        self.tally.flush(metrics);
         if status == PassStatus::Yield {
             BlockMetrics::inc(&metrics.pass_yields);
         }
@@ -314,7 +360,14 @@ impl BlockVirtio {
         metrics: &BlockMetrics,
         irq: &dyn Interrupt,
     ) -> usize {
-        let n = engine.complete(backend, &mut self.queue, metrics);
+        let n = engine.complete(
+            backend,
+            &mut self.queue,
+            &mut self.tally,
+            &mut self.pool,
+            metrics,
+        );
+        self.tally.flush(metrics);
         self.publish(irq, metrics);
         n
     }

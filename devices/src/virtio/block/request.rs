@@ -208,12 +208,10 @@ pub fn take_range(segs: &[IoSeg], mut from: usize, mut len: usize, out: &mut Vec
     }
 }
 
-/// Reads a request out of chains, reusing its buffers from one to the next.
+/// Reads a request out of chains, reusing its buffer from one to the next.
 #[derive(Debug, Default)]
 pub struct Parser {
     segs: Vec<IoSeg>,
-    tmp: Vec<IoSeg>,
-    bytes: Vec<u8>,
 }
 
 /// `sector * 512 + len` if it neither overflows nor ends past `capacity`
@@ -226,13 +224,8 @@ fn byte_range(sector: u64, len: u64, capacity: u64) -> Option<u64> {
 
 impl Parser {
     /// The bytes `[from, from + N)` of the stream `segs` (zeros past its end).
-    fn read<const N: usize>(&mut self, segs_end: usize, from: usize) -> [u8; N] {
-        self.tmp.clear();
-        take_range(&self.segs[..segs_end], from, N, &mut self.tmp);
-        iov::copy_from_segs(&self.tmp, &mut self.bytes);
-        let mut out = [0u8; N];
-        out[..self.bytes.len()].copy_from_slice(&self.bytes);
-        out
+    fn read<const N: usize>(&self, segs_end: usize, from: usize) -> [u8; N] {
+        iov::read_array::<N>(&self.segs[..segs_end], from).0
     }
 
     /// Walks the chain at `head` and checks it as a request (module doc);

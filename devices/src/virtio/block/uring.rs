@@ -6,20 +6,24 @@
 //! it is built, in `Block::new`, before the VMM installs its seccomp
 //! filters (operations submitted through a ring are not system calls a
 //! filter sees):
-//! - the ring is created disabled; an eventfd is registered, which the
-//!   kernel signals for every completion posted (the event loop polls it);
-//! - `IORING_REGISTER_RESTRICTIONS` allows only READV, WRITEV, FSYNC and
-//!   FALLOCATE, with no `IOSQE_*` flag (no links, no drains, no forced
-//!   async workers), and no further `io_uring_register` operation;
+//! - the ring is created disabled; the event loop polls the ring's own fd,
+//!   readable while completions wait in the completion queue (no eventfd:
+//!   one registered would be signalled on every batch of completions and
+//!   read after it, two system calls per pass of page-cache requests,
+//!   which the pass answers without waiting);
+//! - `IORING_REGISTER_RESTRICTIONS` allows only READ, READV, WRITE,
+//!   WRITEV, FSYNC and FALLOCATE, with no `IOSQE_*` flag (no links, no
+//!   drains, no forced async workers), and no further `io_uring_register`
+//!   operation;
 //! - then it is enabled. Whoever submits on it can do no more to the image
-//!   than the event loop's `preadv`/`pwritev`/`fdatasync`/`fallocate`
-//!   could; the event-loop filter allows `io_uring_enter` only.
+//!   than the event loop's `pread`/`preadv`/`pwrite`/`pwritev`/`fdatasync`/
+//!   `fallocate` could; the event-loop filter allows `io_uring_enter` only.
 //!
 //! No `IORING_SETUP_COOP_TASKRUN` (which the network ring uses): block I/O
 //! completes later, often from a kernel worker, and a completion's task work
 //! must be able to interrupt the event loop's `epoll_wait` so that the
-//! eventfd is signalled; with cooperative task running it would wait for
-//! the thread's next system call.
+//! completion is posted and the ring polls readable; with cooperative task
+//! running it would wait for the thread's next system call.
 //!
 //! **Buffers stay valid until completion.** An entry points at the
 //! request's vector of segments (a `Vec` owned by the device's in-flight
@@ -34,7 +38,6 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use io_uring::{opcode, register::Restriction, types, IoUring};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::backend::FallocMode;
 use crate::virtio::queue::IoSeg;
@@ -47,9 +50,9 @@ pub const RING_ENTRIES: u32 = 128;
 /// One operation to submit.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RingOp<'a> {
-    /// READV at `offset` into `segs`.
+    /// READV at `offset` into `segs` (READ for one segment).
     Read { segs: &'a [IoSeg], offset: u64 },
-    /// WRITEV at `offset` from `segs`.
+    /// WRITEV at `offset` from `segs` (WRITE for one segment).
     Write { segs: &'a [IoSeg], offset: u64 },
     /// FSYNC with IORING_FSYNC_DATASYNC.
     Flush,
@@ -66,8 +69,6 @@ pub struct BlockRing {
     ring: IoUring,
     /// The image: the device owns it and outlives the ring.
     fd: RawFd,
-    /// Signalled by the kernel for every completion.
-    evt: EventFd,
     /// Entries pushed and not yet reaped.
     in_flight: usize,
 }
@@ -80,6 +81,13 @@ impl std::fmt::Debug for BlockRing {
     }
 }
 
+/// The ring's fd, which polls readable while completions wait to be reaped.
+impl AsRawFd for BlockRing {
+    fn as_raw_fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+}
+
 impl BlockRing {
     /// Builds the ring for `fd` (see the module doc). Fails where io_uring
     /// is unavailable or refused; the device then runs `Sync`.
@@ -89,11 +97,11 @@ impl BlockRing {
             // No SINGLE_ISSUER: built on the VMM's build thread, used on
             // the event loop's.
             .build(RING_ENTRIES)?;
-        let evt = EventFd::new(libc::EFD_NONBLOCK)?;
         let submitter = ring.submitter();
-        submitter.register_eventfd(evt.as_raw_fd())?;
         let mut rules = [
+            Restriction::sqe_op(opcode::Read::CODE),
             Restriction::sqe_op(opcode::Readv::CODE),
+            Restriction::sqe_op(opcode::Write::CODE),
             Restriction::sqe_op(opcode::Writev::CODE),
             Restriction::sqe_op(opcode::Fsync::CODE),
             Restriction::sqe_op(opcode::Fallocate::CODE),
@@ -104,14 +112,8 @@ impl BlockRing {
         Ok(BlockRing {
             ring,
             fd,
-            evt,
             in_flight: 0,
         })
-    }
-
-    /// The eventfd the kernel signals on completions.
-    pub fn eventfd(&self) -> &EventFd {
-        &self.evt
     }
 
     /// Whether another entry may be pushed.
@@ -132,17 +134,31 @@ impl BlockRing {
         let fd = types::Fd(self.fd);
         // At most MAX_CHAIN_SEGS vectors: the count fits u32.
         let n = |s: &[IoSeg]| s.len() as u32;
+        // One segment goes as READ or WRITE: the kernel takes the buffer
+        // as it is, without copying in and importing an iovec (as the Sync
+        // engine's pread64/pwrite64, see `backend`). A segment is at most
+        // one descriptor's u32 length.
+        let one = |s: &[IoSeg]| match s {
+            [seg] => u32::try_from(seg.len()).ok().map(|len| (seg.base(), len)),
+            _ => None,
+        };
         let entry = match op {
-            RingOp::Read { segs, offset } => {
-                opcode::Readv::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+            RingOp::Read { segs, offset } => match one(segs) {
+                Some((base, len)) => opcode::Read::new(fd, base as *mut u8, len)
                     .offset(offset)
-                    .build()
-            }
-            RingOp::Write { segs, offset } => {
-                opcode::Writev::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+                    .build(),
+                None => opcode::Readv::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
                     .offset(offset)
-                    .build()
-            }
+                    .build(),
+            },
+            RingOp::Write { segs, offset } => match one(segs) {
+                Some((base, len)) => opcode::Write::new(fd, base as *const u8, len)
+                    .offset(offset)
+                    .build(),
+                None => opcode::Writev::new(fd, segs.as_ptr().cast::<libc::iovec>(), n(segs))
+                    .offset(offset)
+                    .build(),
+            },
             RingOp::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
@@ -153,8 +169,9 @@ impl BlockRing {
         }
         .user_data(tag);
         // SAFETY: the entry points at `segs` (laid out as `struct iovec`,
-        // see IoSeg) and the memory they describe, which the caller keeps
-        // valid until the completion is reaped.
+        // see IoSeg), or at the one segment's memory, and the memory they
+        // describe, which the caller keeps valid until the completion is
+        // reaped.
         unsafe { self.ring.submission().push(&entry) }
             .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         self.in_flight += 1;
@@ -239,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn test_the_ring_runs_its_four_operations_and_refuses_the_rest() {
+    fn test_the_ring_runs_its_six_operations_and_refuses_the_rest() {
         let dir = std::env::temp_dir().join(format!("minivmm-uring-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("img");
@@ -267,12 +284,42 @@ mod tests {
             .flags(types::FsyncFlags::DATASYNC)
             .build();
         assert_eq!(submit_one(&mut ring, &fsync), 0);
-        // The completions signalled the eventfd.
-        assert!(ring.eventfd().read().unwrap() >= 3);
+        // Reaped, so the ring's fd polls as not readable; a completion left
+        // in the queue makes it readable.
+        let readable = |ring: &BlockRing| {
+            let mut p = libc::pollfd {
+                fd: ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd, of which poll writes only `revents`.
+            assert!(unsafe { libc::poll(&mut p, 1, 0) } >= 0);
+            p.revents & libc::POLLIN != 0
+        };
+        assert!(!readable(&ring));
+        // SAFETY: as in `submit_one`.
+        unsafe { ring.ring.submission().push(&readv()) }.expect("room");
+        ring.ring.submit_and_wait(1).expect("io_uring_enter");
+        assert!(readable(&ring));
+        assert_eq!(ring.ring.completion().next().map(|c| c.result()), Some(512));
+        assert!(!readable(&ring));
+        let read = opcode::Read::new(fd, buf.as_mut_ptr(), 16)
+            .offset(4096)
+            .build();
+        assert_eq!(submit_one(&mut ring, &read), 16);
+        let write = opcode::Write::new(fd, buf.as_ptr(), 16)
+            .offset(8192)
+            .build();
+        assert_eq!(submit_one(&mut ring, &write), 16);
         let refused = [
             ("NOP", opcode::Nop::new().build()),
-            ("READ", opcode::Read::new(fd, buf.as_mut_ptr(), 16).build()),
-            ("WRITE", opcode::Write::new(fd, buf.as_ptr(), 16).build()),
+            ("CLOSE", opcode::Close::new(types::Fd(-1)).build()),
+            (
+                "READ with IO_LINK",
+                opcode::Read::new(fd, buf.as_mut_ptr(), 16)
+                    .build()
+                    .flags(Flags::IO_LINK),
+            ),
             ("READV with IO_LINK", readv().flags(Flags::IO_LINK)),
             ("READV with ASYNC", readv().flags(Flags::ASYNC)),
             ("READV with IO_DRAIN", readv().flags(Flags::IO_DRAIN)),

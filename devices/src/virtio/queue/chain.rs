@@ -312,6 +312,7 @@ impl SplitQueue {
         res
     }
 
+    #[inline(always)]
     fn walk_mixed_inner(
         &self,
         head: u16,

@@ -22,7 +22,7 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::virtio::block::backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, OpKind};
 use crate::virtio::block::device::features::*;
 use crate::virtio::block::request::{take_range, HEADER_LEN};
-use crate::virtio::block::{Block, BlockConfig, BlockMetrics};
+use crate::virtio::block::{Block, BlockConfig, BlockError, BlockMetrics};
 use crate::virtio::queue::{GuestRegions, IoSeg, RingFeatures, SplitQueue};
 pub use crate::virtio::test_utils::{DriverQueue, Rng, Segment};
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
@@ -287,6 +287,17 @@ impl BlockFixture<FileBackend> {
     pub fn new(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Self {
         let dir = TempDir::new();
         let path = dir.file("disk.img", image);
+        Self::over(dir, path, cfg, features)
+    }
+
+    /// [`BlockFixture::new`] over an image the caller made at `path`, in
+    /// `dir`.
+    pub fn over(
+        dir: TempDir,
+        path: PathBuf,
+        cfg: impl FnOnce(&mut BlockConfig),
+        features: u64,
+    ) -> Self {
         let mut c = BlockConfig::new("testdisk", &path);
         cfg(&mut c);
         c.path = path.clone();
@@ -295,6 +306,31 @@ impl BlockFixture<FileBackend> {
         let mut h = Self::with_device(dir, path, mem, blk);
         h.activate(features);
         h
+    }
+}
+
+impl BlockFixture<FileBackend> {
+    /// [`BlockFixture::new`] over an image opened with `O_DIRECT`
+    /// ([`FileBackend::open_direct`]), or `None` where the temporary
+    /// directory's file system refuses direct I/O (EINVAL: tmpfs).
+    pub fn direct(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Option<Self> {
+        let dir = TempDir::new();
+        let path = dir.file("disk.img", image);
+        let mut c = BlockConfig::new("testdisk", &path);
+        cfg(&mut c);
+        c.path = path.clone();
+        let backend = match FileBackend::open_direct(&path, c.read_only) {
+            Ok(b) => b,
+            Err(BlockError::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+                return None
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mem = test_memory();
+        let blk = Block::with_backend(c, mem.clone(), backend).unwrap();
+        let mut h = Self::with_device(dir, path, mem, blk);
+        h.activate(features);
+        Some(h)
     }
 }
 
@@ -365,6 +401,13 @@ impl<B: BlockBackend + 'static> BlockFixture<B> {
         let a = self.next_buf;
         self.next_buf = (self.next_buf + len + 15) & !15;
         a
+    }
+
+    /// Moves the next allocation on so that `after` bytes past it lie at a
+    /// multiple of `align` (a power of two).
+    pub fn align_next(&mut self, align: u64, after: u64) {
+        let at = (self.next_buf + after).next_multiple_of(align);
+        self.next_buf = at - after;
     }
 
     /// Places `parts` in guest memory and makes the chain available (not
