@@ -216,6 +216,35 @@ fn test_rx_waits_for_the_whole_ring_again_after_a_frame_took_part_of_it() {
 }
 
 #[test]
+fn test_rx_dropped_frames_count_against_the_packet_weight() {
+    // Frames too big for the guest's one buffer are read and dropped; each
+    // costs a read, so a flood of them must end passes at the packet weight
+    // like delivered frames do, or one pass would drain the whole backlog.
+    let mut h = NetFixture::new(
+        NetConfig {
+            rx_weight_packets: 2,
+            ..cfg()
+        },
+        BASE_FEATURES,
+    );
+    h.post_rx(&[1000]);
+    h.kick_rx();
+    for i in 0..6 {
+        h.peer.send(&frame(12 + 1514, i)).unwrap();
+    }
+    h.run_once(0);
+    assert_eq!(
+        h.metric(|m| &m.rx_dropped),
+        2,
+        "the first pass stops at the weight"
+    );
+    assert_eq!(h.metric(|m| &m.rx_weight_hits), 1);
+    h.run_until_idle();
+    assert_eq!(h.metric(|m| &m.rx_dropped), 6);
+    assert_eq!(h.metric(|m| &m.rx_frames), 0);
+}
+
+#[test]
 fn test_rx_without_mrg_drops_frame_too_big() {
     let mut h = NetFixture::new(cfg(), BASE_FEATURES);
     // Two chains that together would hold the frame: without MRG_RXBUF a
