@@ -812,6 +812,12 @@ mod tests {
         assert_eq!(tap.if_name(), name);
         assert!(!tap.is_up().unwrap(), "a new TAP is down");
         assert_eq!(tap.mtu().unwrap(), 1500);
+        // Non-blocking: a read with nothing queued returns at once. Asked
+        // while the link is down: once up, the kernel's own IPv6 packets
+        // (router solicitation, MLD) may reach the TAP at any moment.
+        let mut buf = [0u8; 64];
+        let err = nix_read(tap.as_raw_fd(), &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
         let st = std::process::Command::new("ip")
             .args(["link", "set", "dev", &name, "up", "mtu", "9000"])
             .status();
@@ -819,9 +825,6 @@ mod tests {
             assert!(tap.is_up().unwrap());
             assert_eq!(tap.mtu().unwrap(), 9000);
         }
-        let mut buf = [0u8; 64];
-        let err = nix_read(tap.as_raw_fd(), &mut buf).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
 
         let (fd, name) = open(libc::IFF_TAP | libc::IFF_NO_PI);
         let err = Tap::from_fd(fd).unwrap_err();
