@@ -312,7 +312,6 @@ impl SplitQueue {
         res
     }
 
-    #[inline(always)]
     fn walk_mixed_inner(
         &self,
         head: u16,
