@@ -10,7 +10,8 @@
 #    BASELINE_REV (default: the last commit before the datapath's own
 #    virtqueue) from a `git archive` of that commit under
 #    target/bench-baseline/REV, so before and after are measured in one session.
-# 2. Counts device-thread instructions per frame with callgrind for both.
+# 2. Counts device-thread instructions per frame with callgrind for both, and
+#    the block device's instructions per request (tools/bench/callgrind-block.sh).
 # 3. Runs the baseline netbench (limit and seed001), then the new one (every
 #    scenario, start-up included, the baseline minivmm's start-ups
 #    interleaved with the new one's).
@@ -54,6 +55,8 @@ git log -1 --format='%h %s' "$baseline_rev" >"$results/baseline-rev.txt"
 log "callgrind: instructions per frame, new and baseline"
 bash devices/benches/callgrind-frames.sh >"$results/callgrind.txt"
 bash "$base/src/devices/benches/callgrind-frames.sh" >"$results/callgrind-baseline.txt"
+log "callgrind: instructions and system calls per block request"
+bash tools/bench/callgrind-block.sh >"$results/callgrind-block.txt"
 
 {
     echo "before the timed runs: $(date -u '+%F %T UTC')"
