@@ -410,11 +410,18 @@ mod tests {
         }
     }
 
-    /// A server whose "VMM" answers 204 to everything and records it, or
-    /// never answers when `silent`.
-    fn start(silent: bool) -> Running {
+    /// A server on a socket of this test thread's own under `tag`: its
+    /// path, stopper, thread, and the commands it sends the "VMM".
+    fn serve_at(
+        tag: &str,
+    ) -> (
+        PathBuf,
+        EventFd,
+        std::thread::JoinHandle<()>,
+        mpsc::Receiver<ApiCommand>,
+    ) {
         let dir = std::env::temp_dir().join(format!(
-            "minivmm-api-test-{}-{:?}",
+            "{tag}-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));
@@ -425,6 +432,13 @@ mod tests {
         let stop = server.stopper().unwrap();
         let (tx, rx) = mpsc::channel::<ApiCommand>();
         let thread = std::thread::spawn(move || server.serve(tx, None));
+        (path, stop, thread, rx)
+    }
+
+    /// A server whose "VMM" answers 204 to everything and records it, or
+    /// never answers when `silent`.
+    fn start(silent: bool) -> Running {
+        let (path, stop, thread, rx) = serve_at("minivmm-api-test");
         let vmm = std::thread::spawn(move || {
             let mut seen = Vec::new();
             let mut held = Vec::new();
@@ -571,18 +585,7 @@ mod tests {
     /// A server whose "VMM" asks for `image` to be opened on the first trip
     /// of every request and answers with what the second trip brought.
     fn start_opener(image: PathBuf) -> (Running, std::thread::JoinHandle<Vec<String>>) {
-        let dir = std::env::temp_dir().join(format!(
-            "minivmm-api-open-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::create_dir_all(&dir);
-        let path = dir.join("api.sock");
-        let _ = std::fs::remove_file(&path);
-        let server = ApiServer::bind(&path).unwrap();
-        let stop = server.stopper().unwrap();
-        let (tx, rx) = mpsc::channel::<ApiCommand>();
-        let thread = std::thread::spawn(move || server.serve(tx, None));
+        let (path, stop, thread, rx) = serve_at("minivmm-api-open");
         let vmm = std::thread::spawn(move || {
             let mut seen = Vec::new();
             for cmd in rx {
