@@ -427,15 +427,7 @@ impl MmioTransport {
             1 => {
                 self.acked_features = (self.acked_features & 0xffff_ffff) | (u64::from(value) << 32)
             }
-            sel => {
-                // No feature bits above 63 exist; acking one is a driver bug
-                // that FEATURES_OK cannot catch, so only log it.
-                if value != 0 {
-                    warn_rate_limited!(
-                        "virtio-mmio: driver acked {value:#x} in feature page {sel}"
-                    );
-                }
-            }
+            sel => log_ack_above_page_1(sel, value),
         }
     }
 
@@ -567,11 +559,12 @@ impl MmioTransport {
     }
 
     /// Enters DEVICE_NEEDS_RESET and tells the driver (virtio 1.1 §2.1.2).
+    /// Only a refused activation gets here, after DRIVER_OK was set: the
+    /// driver is up and listens for the configuration interrupt.
     fn needs_reset(&mut self) {
+        debug_assert_ne!(self.status & status::DRIVER_OK, 0);
         self.status |= status::DEVICE_NEEDS_RESET;
-        if self.status & status::DRIVER_OK != 0 {
-            self.interrupt.signal_config_change();
-        }
+        self.interrupt.signal_config_change();
     }
 
     /// Folds an error the device reported from its own thread into the
@@ -615,6 +608,15 @@ fn set_low(reg: &mut u64, value: u32) {
 
 fn set_high(reg: &mut u64, value: u32) {
     *reg = (*reg & 0xffff_ffff) | (u64::from(value) << 32);
+}
+
+/// No feature bits above 63 exist: acking one is a driver bug that
+/// FEATURES_OK cannot catch (the acked features hold 64 bits), so it is only
+/// logged.
+fn log_ack_above_page_1(sel: u32, value: u32) {
+    if value != 0 {
+        warn_rate_limited!("virtio-mmio: driver acked {value:#x} in feature page {sel}");
+    }
 }
 
 #[cfg(test)]
@@ -825,6 +827,31 @@ mod tests {
         f.add_status(FEATURES_OK);
         f.drv.setup_queues(None).unwrap();
         f.drv.driver_ok().unwrap();
+        assert_eq!(f.activations(), 1);
+    }
+
+    #[test]
+    fn a_driver_that_gave_up_reads_failed_back_until_it_resets() {
+        let mut f = fixture();
+        f.add_status(ACKNOWLEDGE);
+        f.add_status(DRIVER);
+        f.drv.write_driver_features(VERSION_1);
+        f.write(REG_STATUS, ACKNOWLEDGE | DRIVER | FAILED);
+        // The driver reads what it wrote, and writing it again keeps it.
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER | FAILED);
+        f.write(REG_STATUS, ACKNOWLEDGE | DRIVER | FAILED);
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER | FAILED);
+        // No step forward sticks, and no queue register is taken.
+        f.write(REG_STATUS, ACKNOWLEDGE | DRIVER | FAILED | FEATURES_OK);
+        assert_eq!(f.read(REG_STATUS), ACKNOWLEDGE | DRIVER | FAILED);
+        f.write(REG_QUEUE_SEL, 0);
+        f.write(REG_QUEUE_READY, 1);
+        assert_eq!(f.read(REG_QUEUE_READY), 0);
+        assert_eq!(f.activations(), 0);
+        // A reset brings the device back.
+        f.write(REG_STATUS, 0);
+        assert_eq!(f.read(REG_STATUS), 0);
+        f.drv.init(VERSION_1).unwrap();
         assert_eq!(f.activations(), 1);
     }
 
