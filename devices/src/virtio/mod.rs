@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 use queue::SplitQueue;
 
 pub mod block;
+pub(crate) mod events;
 pub mod io_engine;
 pub mod iov;
 pub mod mmio;

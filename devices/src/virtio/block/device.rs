@@ -23,6 +23,7 @@ use super::request::{Rules, MAX_DWZ_SECTORS, MAX_DWZ_SEGS};
 use super::uring::BlockRing;
 use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::virtio::events;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
 use crate::warn::warn_rate_limited;
@@ -462,7 +463,7 @@ impl<B: BlockBackend> Block<B> {
 
     pub(crate) fn kick_event_handler(&self) {
         if let Err(e) = self.activate_evt.write(1) {
-            BlockMetrics::inc(&self.metrics.host_errors);
+            events::inc(&self.metrics.host_errors);
             log::error!("virtio-blk: cannot signal the event loop: {e}");
         }
     }
@@ -510,7 +511,7 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // `wce` is writable only with VIRTIO_BLK_F_CONFIG_WCE, not offered.
-        let n = BlockMetrics::inc(&self.metrics.config_writes_ignored);
+        let n = events::inc(&self.metrics.config_writes_ignored);
         warn_rate_limited!(
             count = n,
             "virtio-blk: ignored {}-byte config write at {offset:#x}",

@@ -19,16 +19,14 @@
 //! that stopped on a full io_uring waits for completions; a throttled one
 //! for the limiter's timer (kicks start no pass meanwhile).
 
-use std::io;
-
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::backend::BlockBackend;
-use super::device::{Active, Block};
+use super::device::{Active, Block, Registered};
 use super::metrics::BlockMetrics;
 use super::pass::PassStatus;
-use crate::rate_limiter::RateLimiter;
+use crate::virtio::events::{self, throttled};
 
 /// `activate_evt`: activation or reset happened.
 pub const PROCESS_ACTIVATE: u32 = 0;
@@ -41,19 +39,13 @@ pub const PROCESS_COMPLETIONS: u32 = 3;
 /// The rate limiter's timer fired: the request it held back fits now.
 pub const PROCESS_RATE_LIMITER: u32 = 4;
 
-fn throttled(limiter: &Option<RateLimiter>) -> bool {
-    limiter.as_ref().is_some_and(RateLimiter::is_blocked)
-}
-
 impl<B: BlockBackend> Block<B> {
-    fn drain(evt: &EventFd, metrics: &BlockMetrics, what: &str) {
-        match evt.read() {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                BlockMetrics::inc(&metrics.host_errors);
-                log::error!("virtio-blk: cannot read the {what} eventfd: {e}");
-            }
+    /// A pass yielded: makes the re-queue eventfd readable, unless it still
+    /// is from the pass before. (Borrowed apart: a pass holds `active`.)
+    fn requeue(registered: &mut Registered, evt: &EventFd, metrics: &BlockMetrics) {
+        if !registered.requeued {
+            registered.requeued = true;
+            metrics.host_errors().signal(evt, "re-queue");
         }
     }
 
@@ -73,13 +65,7 @@ impl<B: BlockBackend> Block<B> {
         );
         match status {
             PassStatus::Yield => {
-                if !self.registered.requeued {
-                    self.registered.requeued = true;
-                    if let Err(e) = self.requeue_evt.write(1) {
-                        BlockMetrics::inc(&self.metrics.host_errors);
-                        log::error!("virtio-blk: cannot write the re-queue eventfd: {e}");
-                    }
-                }
+                Self::requeue(&mut self.registered, &self.requeue_evt, &self.metrics)
             }
             PassStatus::Saturated => a.saturated = true,
             PassStatus::Broken => Self::device_error(a),
@@ -97,7 +83,9 @@ impl<B: BlockBackend> Block<B> {
     }
 
     fn process_activate_event(&mut self) {
-        Self::drain(&self.activate_evt, &self.metrics, "activate");
+        self.metrics
+            .host_errors()
+            .drain(&self.activate_evt, "activate");
         if let Some(a) = self.active.as_mut() {
             if !a.started {
                 a.started = true;
@@ -108,13 +96,17 @@ impl<B: BlockBackend> Block<B> {
     }
 
     fn process_queue_event(&mut self) {
-        Self::drain(&self.queue_evts[0], &self.metrics, "queue");
+        self.metrics
+            .host_errors()
+            .drain(&self.queue_evts[0], "queue");
         self.run_pass();
     }
 
     fn process_requeue_event(&mut self) {
         if self.run_pass() != Some(PassStatus::Yield) {
-            Self::drain(&self.requeue_evt, &self.metrics, "re-queue");
+            self.metrics
+                .host_errors()
+                .drain(&self.requeue_evt, "re-queue");
             self.registered.requeued = false;
         }
     }
@@ -145,13 +137,6 @@ impl<B: BlockBackend> Block<B> {
         self.run_pass();
     }
 
-    fn ctl_result(&self, res: event_manager::Result<()>, what: &str) {
-        if let Err(e) = res {
-            BlockMetrics::inc(&self.metrics.host_errors);
-            log::error!("virtio-blk: cannot update epoll registration of {what}: {e}");
-        }
-    }
-
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.active.as_ref().is_some_and(|a| a.started);
         if want_queues != self.registered.queues {
@@ -164,41 +149,23 @@ impl<B: BlockBackend> Block<B> {
                 } else {
                     ops.remove(Events::empty(evt))
                 };
-                self.ctl_result(res, "a queue eventfd");
+                self.metrics
+                    .host_errors()
+                    .ctl_result(res, "a queue eventfd");
             }
             self.registered.queues = want_queues;
         }
         // The timer follows the limiter whatever the activation state: one
         // armed before a reset still has to unblock it.
-        let Some(l) = self.limiter.as_mut() else {
-            return;
-        };
-        let want = l.is_blocked();
-        if want == self.registered.timer {
-            return;
-        }
-        let res = if want {
-            ops.add(Events::with_data(l, PROCESS_RATE_LIMITER, EventSet::IN))
-        } else {
-            ops.remove(Events::empty(l))
-        };
-        match res {
-            Ok(()) => self.registered.timer = want,
-            Err(e) => {
-                BlockMetrics::inc(&self.metrics.host_errors);
-                log::error!(
-                    "virtio-blk: cannot update epoll registration of the rate limiter: {e}"
-                );
-                if want {
-                    // A wait nothing would end: give it up and retry soon.
-                    l.on_timer();
-                    self.metrics.throttled_ns.stop();
-                    let _ = self.requeue_evt.write(1);
-                    self.registered.requeued = true;
-                } else {
-                    self.registered.timer = true;
-                }
-            }
+        let retry = self.metrics.host_errors().sync_timer(
+            ops,
+            &mut self.limiter,
+            &mut self.registered.timer,
+            PROCESS_RATE_LIMITER,
+            &self.metrics.throttled_ns,
+        );
+        if retry {
+            Self::requeue(&mut self.registered, &self.requeue_evt, &self.metrics);
         }
     }
 }
@@ -210,14 +177,16 @@ impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
             PROCESS_ACTIVATE,
             EventSet::IN,
         ));
-        self.ctl_result(res, "the activation eventfd");
+        self.metrics
+            .host_errors()
+            .ctl_result(res, "the activation eventfd");
         if let Some(e) = self.engine.as_ref() {
             let res = ops.add(Events::with_data(
                 e.ring(),
                 PROCESS_COMPLETIONS,
                 EventSet::IN,
             ));
-            self.ctl_result(res, "the io_uring");
+            self.metrics.host_errors().ctl_result(res, "the io_uring");
         }
         if self.active.is_some() {
             self.process_activate_event();
@@ -233,7 +202,7 @@ impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
             PROCESS_COMPLETIONS => self.process_completions_event(),
             PROCESS_RATE_LIMITER => self.process_rate_limiter_event(),
             other => {
-                BlockMetrics::inc(&self.metrics.host_errors);
+                events::inc(&self.metrics.host_errors);
                 log::error!("virtio-blk: event with unknown token {other}");
             }
         }

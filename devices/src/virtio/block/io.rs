@@ -43,6 +43,7 @@ use super::metrics::{BlockMetrics, Tally};
 use super::request::{Op, Request, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use super::uring::{BlockRing, RingOp, RING_ENTRIES};
 use super::{ID_BYTES, SEG_MAX};
+use crate::virtio::events;
 use crate::virtio::iov;
 use crate::virtio::queue::{split_seg, IoSeg, SplitQueue};
 use crate::virtio::GuestMemory;
@@ -121,7 +122,7 @@ pub(crate) fn finish(
     let used = u32::try_from(data_written + 1).unwrap_or(u32::MAX);
     queue.add_used(req.head, used);
     if status != VIRTIO_BLK_S_OK {
-        let n = BlockMetrics::inc(&metrics.io_errors);
+        let n = events::inc(&metrics.io_errors);
         warn_rate_limited!(count = n, "virtio-blk: {:?} failed", req.op);
         return;
     }
@@ -358,7 +359,7 @@ impl AsyncEngine {
         }
         self.ring.submit()?;
         self.unsubmitted = false;
-        BlockMetrics::inc(&metrics.ring_submissions);
+        events::inc(&metrics.ring_submissions);
         metrics.max_in_flight.fetch_max(
             self.in_flight() as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -424,7 +425,7 @@ impl AsyncEngine {
         for &(tag, res) in &completions {
             let slot = tag as usize;
             let Some(mut f) = self.slots.get_mut(slot).and_then(Option::take) else {
-                BlockMetrics::inc(&metrics.host_errors);
+                events::inc(&metrics.host_errors);
                 log::error!("virtio-blk: io_uring completion with unknown tag {tag}");
                 continue;
             };
@@ -451,7 +452,7 @@ impl AsyncEngine {
         }
         self.completions = completions;
         if let Err(e) = self.submit(metrics) {
-            BlockMetrics::inc(&metrics.host_errors);
+            events::inc(&metrics.host_errors);
             log::error!("virtio-blk: io_uring submission failed: {e}");
         }
         answered

@@ -20,9 +20,11 @@
 //! `descs_walked`) is what a fuzzer checks the pass bound against
 //! (`pass::MAX_PASS_READS`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
+
+use crate::virtio::events::{self, HostErrors};
 
 use crate::virtio::time_counter::TimeCounter;
 
@@ -123,21 +125,19 @@ impl Tally {
             (&m.write_zeroes_count, t.write_zeroes_count),
         ] {
             if n != 0 {
-                BlockMetrics::add(counter, n);
+                events::add(counter, n);
             }
         }
     }
 }
 
 impl BlockMetrics {
-    /// Adds `n` to a counter.
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Increments a counter and returns its new value.
-    pub(crate) fn inc(counter: &AtomicU64) -> u64 {
-        counter.fetch_add(1, Ordering::Relaxed) + 1
+    /// Where this device's host errors are counted and logged.
+    pub(crate) fn host_errors(&self) -> HostErrors<'_> {
+        HostErrors {
+            counter: &self.host_errors,
+            device: "virtio-blk",
+        }
     }
 
     /// The counters as one JSON object (see the module docs for the
@@ -150,6 +150,8 @@ impl BlockMetrics {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     /// The contract's keys: a renamed field fails here.
@@ -185,7 +187,7 @@ mod tests {
     #[test]
     fn test_a_tally_adds_every_count_once() {
         let m = BlockMetrics::default();
-        BlockMetrics::add(&m.read_count, 1);
+        events::add(&m.read_count, 1);
         let mut t = Tally {
             read_count: 2,
             read_bytes: 3,
@@ -217,7 +219,7 @@ mod tests {
     #[test]
     fn test_json_has_every_contract_field() {
         let m = BlockMetrics::default();
-        BlockMetrics::add(&m.read_bytes, 4096);
+        events::add(&m.read_bytes, 4096);
         m.features_negotiated.store(1 << 63 | 1, Ordering::Relaxed);
         let json = m.to_json();
         let obj = json.as_object().unwrap();

@@ -38,6 +38,7 @@ use super::metrics::{BlockMetrics, Tally};
 use super::request::{Op, Parsed, Parser, Reject, Request, Rules, VIRTIO_BLK_S_IOERR};
 use super::{CacheType, ID_BYTES, SECTOR_SIZE};
 use crate::rate_limiter::RateLimiter;
+use crate::virtio::events;
 use crate::virtio::iov;
 use crate::virtio::queue::{Budget, Notify, QueueError, SplitQueue, MAX_CHAIN_SEGS};
 use crate::virtio::Interrupt;
@@ -96,12 +97,12 @@ fn admitted(limiter: Option<&mut RateLimiter>, req: &Request, metrics: &BlockMet
     match l.consume(req.op.data_len()) {
         Ok(true) => true,
         Ok(false) => {
-            BlockMetrics::inc(&metrics.rate_limiter_throttled);
+            events::inc(&metrics.rate_limiter_throttled);
             metrics.throttled_ns.start();
             false
         }
         Err(e) => {
-            let n = BlockMetrics::inc(&metrics.host_errors);
+            let n = events::inc(&metrics.host_errors);
             warn_rate_limited!(count = n, "virtio-blk: rate limiter not applied: {e}");
             true
         }
@@ -207,14 +208,14 @@ impl BlockVirtio {
                 iov::write_bytes_at(std::slice::from_ref(&status), 0, &[why.status()]);
                 self.queue.add_used(head, 1);
                 let n = match why {
-                    Reject::Malformed(_) => BlockMetrics::inc(&metrics.malformed_requests),
-                    Reject::ReadOnly => BlockMetrics::inc(&metrics.read_only_refusals),
-                    Reject::Unsupported(_) => BlockMetrics::inc(&metrics.unsupported),
+                    Reject::Malformed(_) => events::inc(&metrics.malformed_requests),
+                    Reject::ReadOnly => events::inc(&metrics.read_only_refusals),
+                    Reject::Unsupported(_) => events::inc(&metrics.unsupported),
                 };
                 warn_rate_limited!(count = n, "virtio-blk: request {head} refused: {why:?}");
             }
             Parsed::Refused { head, why } => {
-                let n = BlockMetrics::inc(&metrics.malformed_requests);
+                let n = events::inc(&metrics.malformed_requests);
                 match why {
                     Some(e) => {
                         warn_rate_limited!(count = n, "virtio-blk: chain {head} refused: {e}")
@@ -299,13 +300,13 @@ impl BlockVirtio {
         if self.broken {
             return PassStatus::Broken;
         }
-        BlockMetrics::inc(&metrics.passes);
+        events::inc(&metrics.passes);
         let mut budget = Budget::new(PASS_DESC_BUDGET);
         self.queue.disable_notifications();
         let status = match self.fill(&mut budget, backend, engine, limiter, metrics) {
             Ok(s) => s,
             Err(e) => {
-                let n = BlockMetrics::inc(&metrics.queue_errors);
+                let n = events::inc(&metrics.queue_errors);
                 warn_rate_limited!(
                     count = n,
                     "virtio-blk: queue unusable until the driver resets the device: {e}"
@@ -319,7 +320,7 @@ impl BlockVirtio {
             if let Err(err) = e.submit(metrics) {
                 // The entries stay queued and go with the next submission
                 // (the next completion, kick or pass).
-                let n = BlockMetrics::inc(&metrics.host_errors);
+                let n = events::inc(&metrics.host_errors);
                 warn_rate_limited!(count = n, "virtio-blk: io_uring submission failed: {err}");
             }
             // What the kernel completed during the submission (page-cache
@@ -341,10 +342,10 @@ impl BlockVirtio {
         }
         self.tally.flush(metrics);
         if status == PassStatus::Yield {
-            BlockMetrics::inc(&metrics.pass_yields);
+            events::inc(&metrics.pass_yields);
         }
         let reads = u64::from(budget.spent());
-        BlockMetrics::add(&metrics.descs_walked, reads);
+        events::add(&metrics.descs_walked, reads);
         metrics
             .max_descs_per_pass
             .fetch_max(reads, Ordering::Relaxed);
@@ -378,11 +379,11 @@ impl BlockVirtio {
         match self.queue.publish_used() {
             Notify::Nothing => {}
             Notify::Interrupt => {
-                BlockMetrics::inc(&metrics.interrupts);
+                events::inc(&metrics.interrupts);
                 irq.signal_used_queue();
             }
             Notify::Suppressed => {
-                BlockMetrics::inc(&metrics.interrupts_suppressed);
+                events::inc(&metrics.interrupts_suppressed);
             }
         }
     }

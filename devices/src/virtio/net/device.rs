@@ -23,6 +23,7 @@ use super::{
     RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
+use crate::virtio::events;
 use crate::virtio::io_engine::WriteRing;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
@@ -359,7 +360,7 @@ impl<B: NetBackend> Net<B> {
 
     fn kick_event_handler(&self) {
         if let Err(e) = self.activate_evt.write(1) {
-            NetMetrics::inc(&self.metrics.host_errors);
+            events::inc(&self.metrics.host_errors);
             log::error!("virtio-net: cannot signal the event loop: {e}");
         }
     }
@@ -393,7 +394,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // Every field we expose is read-only for a VERSION_1 driver (the
         // MAC is writable only with the legacy interface or CTRL_MAC_ADDR).
-        let n = NetMetrics::inc(&self.metrics.config_writes_ignored);
+        let n = events::inc(&self.metrics.config_writes_ignored);
         warn_rate_limited!(
             count = n,
             "virtio-net: ignored {}-byte config write at {offset:#x}",

@@ -33,18 +33,15 @@
 //! when the driver reset the device is unblocked on time and cannot hold up
 //! the next activation.
 
-use std::io;
-
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::{Active, Net};
-use super::metrics::{NetMetrics, TimeCounter};
 use super::rx::RxStatus;
 use super::tap::NetBackend;
 use super::tx::TxStatus;
 use super::{RX_INDEX, TX_INDEX};
-use crate::rate_limiter::RateLimiter;
+use crate::virtio::events::{self, throttled, HostErrors};
 use crate::warn::warn_rate_limited;
 
 /// `activate_evt`: activation or reset happened.
@@ -64,46 +61,24 @@ pub const PROCESS_RX_RATE_LIMITER: u32 = 6;
 /// The TX rate limiter's timer fired: the frame it held back fits now.
 pub const PROCESS_TX_RATE_LIMITER: u32 = 7;
 
-fn throttled(limiter: &Option<RateLimiter>) -> bool {
-    limiter.as_ref().is_some_and(RateLimiter::is_blocked)
-}
-
 impl<B: NetBackend> Net<B> {
-    fn drain(evt: &EventFd, metrics: &NetMetrics, what: &str) {
-        match evt.read() {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                NetMetrics::inc(&metrics.host_errors);
-                log::error!("virtio-net: cannot read the {what} eventfd: {e}");
-            }
-        }
-    }
-
-    fn signal(evt: &EventFd, metrics: &NetMetrics, what: &str) {
-        if let Err(e) = evt.write(1) {
-            NetMetrics::inc(&metrics.host_errors);
-            log::error!("virtio-net: cannot write the {what} eventfd: {e}");
-        }
-    }
-
     /// Queue `q`'s re-queue eventfd, whether it is readable
     /// (`Registered::rx_requeued`, `Registered::tx_requeued`), the metrics
     /// and the eventfd's name in log lines: the pieces `requeue` and
     /// `requeue_done` work on, borrowed apart.
-    fn requeue_parts(&mut self, q: usize) -> (&EventFd, &mut bool, &NetMetrics, &'static str) {
+    fn requeue_parts(&mut self, q: usize) -> (&EventFd, &mut bool, HostErrors<'_>, &'static str) {
         if q == RX_INDEX {
             (
                 &self.rx_requeue_evt,
                 &mut self.registered.rx_requeued,
-                &self.metrics,
+                self.metrics.host_errors(),
                 "RX re-queue",
             )
         } else {
             (
                 &self.tx_requeue_evt,
                 &mut self.registered.tx_requeued,
-                &self.metrics,
+                self.metrics.host_errors(),
                 "TX re-queue",
             )
         }
@@ -113,10 +88,10 @@ impl<B: NetBackend> Net<B> {
     /// unless it still is from the pass before (see
     /// `Registered::tx_requeued`).
     fn requeue(&mut self, q: usize) {
-        let (evt, queued, metrics, what) = self.requeue_parts(q);
+        let (evt, queued, errors, what) = self.requeue_parts(q);
         if !*queued {
             *queued = true;
-            Self::signal(evt, metrics, what);
+            errors.signal(evt, what);
         }
     }
 
@@ -124,8 +99,8 @@ impl<B: NetBackend> Net<B> {
     /// than by yielding (or none could run): reads the eventfd, so the loop
     /// sleeps.
     fn requeue_done(&mut self, q: usize) {
-        let (evt, queued, metrics, what) = self.requeue_parts(q);
-        Self::drain(evt, metrics, what);
+        let (evt, queued, errors, what) = self.requeue_parts(q);
+        errors.drain(evt, what);
         *queued = false;
     }
 
@@ -153,7 +128,7 @@ impl<B: NetBackend> Net<B> {
             // by another event is taken at the next backend event).
             RxStatus::ZeroRead if hup => self.backend_hung_up(),
             RxStatus::ZeroRead => {
-                let n = NetMetrics::inc(&self.metrics.rx_dropped);
+                let n = events::inc(&self.metrics.rx_dropped);
                 warn_rate_limited!(count = n, "virtio-net: dropped a 0-byte RX frame");
             }
             RxStatus::Drained | RxStatus::Starved | RxStatus::Throttled => {}
@@ -198,7 +173,9 @@ impl<B: NetBackend> Net<B> {
     /// activate_evt: start a new activation (a reset needs only the
     /// registration update that follows every event).
     fn process_activate_event(&mut self) {
-        Self::drain(&self.activate_evt, &self.metrics, "activate");
+        self.metrics
+            .host_errors()
+            .drain(&self.activate_evt, "activate");
         if let Some(a) = self.active.as_mut() {
             if !a.started {
                 a.started = true;
@@ -209,7 +186,9 @@ impl<B: NetBackend> Net<B> {
     }
 
     fn process_rx_queue_event(&mut self) {
-        Self::drain(&self.queue_evts[RX_INDEX], &self.metrics, "RX queue");
+        self.metrics
+            .host_errors()
+            .drain(&self.queue_evts[RX_INDEX], "RX queue");
         // New buffers only matter if we stopped reading for lack of them.
         if let Some(a) = self.active.as_mut() {
             if a.rx.end_starvation(&self.metrics) {
@@ -219,7 +198,9 @@ impl<B: NetBackend> Net<B> {
     }
 
     fn process_tx_queue_event(&mut self) {
-        Self::drain(&self.queue_evts[TX_INDEX], &self.metrics, "TX queue");
+        self.metrics
+            .host_errors()
+            .drain(&self.queue_evts[TX_INDEX], "TX queue");
         self.run_tx(false);
     }
 
@@ -253,10 +234,10 @@ impl<B: NetBackend> Net<B> {
     fn backend_hung_up(&mut self) {
         if !self.registered.backend_hup {
             self.registered.backend_hup = true;
-            NetMetrics::inc(&self.metrics.host_errors);
+            events::inc(&self.metrics.host_errors);
             // Rate-limited on its own count: keyed on host_errors, the
             // line would be skipped whenever other host errors came first.
-            let n = NetMetrics::inc(&self.metrics.backend_hangups);
+            let n = events::inc(&self.metrics.backend_hangups);
             warn_rate_limited!(
                 count = n,
                 "virtio-net: backend hung up; the device stops polling it until a reset"
@@ -323,57 +304,6 @@ impl<B: NetBackend> Net<B> {
         set
     }
 
-    fn ctl_result(&self, res: event_manager::Result<()>, what: &str) {
-        if let Err(e) = res {
-            NetMetrics::inc(&self.metrics.host_errors);
-            log::error!("virtio-net: cannot update epoll registration of {what}: {e}");
-        }
-    }
-
-    /// Registers a limiter's timerfd while the limiter is blocked, and only
-    /// then. A timer that cannot be registered would never end the wait, so
-    /// the limiter gives the wait up (counted as a host error) and the
-    /// direction is re-queued to retry the frame: an epoll failure may cost
-    /// retries until the frame fits, never a direction stopped for good.
-    fn sync_timer(
-        ops: &mut EventOps,
-        (limiter, registered): (&mut Option<RateLimiter>, &mut bool),
-        token: u32,
-        throttled_ns: &TimeCounter,
-        requeue: &EventFd,
-        metrics: &NetMetrics,
-    ) {
-        let Some(l) = limiter.as_mut() else {
-            return;
-        };
-        let want = l.is_blocked();
-        if want == *registered {
-            return;
-        }
-        let res = if want {
-            ops.add(Events::with_data(l, token, EventSet::IN))
-        } else {
-            ops.remove(Events::empty(l))
-        };
-        match res {
-            Ok(()) => *registered = want,
-            Err(e) => {
-                NetMetrics::inc(&metrics.host_errors);
-                log::error!(
-                    "virtio-net: cannot update epoll registration of a rate limiter timer: {e}"
-                );
-                if want {
-                    l.on_timer();
-                    throttled_ns.stop();
-                    Self::signal(requeue, metrics, "re-queue");
-                } else {
-                    // Still registered; a stray expiry is harmless.
-                    *registered = true;
-                }
-            }
-        }
-    }
-
     /// Brings the epoll registrations in line with the device state.
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.active.as_ref().is_some_and(|a| a.started);
@@ -390,7 +320,9 @@ impl<B: NetBackend> Net<B> {
                 } else {
                     ops.remove(Events::empty(evt))
                 };
-                self.ctl_result(res, "a queue eventfd");
+                self.metrics
+                    .host_errors()
+                    .ctl_result(res, "a queue eventfd");
             }
             self.registered.queues = want_queues;
         }
@@ -405,28 +337,32 @@ impl<B: NetBackend> Net<B> {
             Some(cur) if cur != want => ops.modify(ev(want)),
             Some(_) => Ok(()),
         };
-        self.ctl_result(res, "the backend");
+        self.metrics.host_errors().ctl_result(res, "the backend");
         self.registered.backend = (!want.is_empty()).then_some(want);
 
         // The timers follow the limiters whatever the activation state: one
         // armed before a reset still has to unblock its limiter.
-        let m = &*self.metrics;
-        Self::sync_timer(
+        let errors = self.metrics.host_errors();
+        let retry_rx = errors.sync_timer(
             ops,
-            (&mut self.rx_limiter, &mut self.registered.rx_timer),
+            &mut self.rx_limiter,
+            &mut self.registered.rx_timer,
             PROCESS_RX_RATE_LIMITER,
-            &m.rx_throttled_ns,
-            &self.rx_requeue_evt,
-            m,
+            &self.metrics.rx_throttled_ns,
         );
-        Self::sync_timer(
+        let retry_tx = errors.sync_timer(
             ops,
-            (&mut self.tx_limiter, &mut self.registered.tx_timer),
+            &mut self.tx_limiter,
+            &mut self.registered.tx_timer,
             PROCESS_TX_RATE_LIMITER,
-            &m.tx_throttled_ns,
-            &self.tx_requeue_evt,
-            m,
+            &self.metrics.tx_throttled_ns,
         );
+        if retry_rx {
+            self.requeue(RX_INDEX);
+        }
+        if retry_tx {
+            self.requeue(TX_INDEX);
+        }
     }
 }
 
@@ -437,7 +373,9 @@ impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
             PROCESS_ACTIVATE,
             EventSet::IN,
         ));
-        self.ctl_result(res, "the activation eventfd");
+        self.metrics
+            .host_errors()
+            .ctl_result(res, "the activation eventfd");
         // An activation that happened before we were added to the loop.
         if self.active.is_some() {
             self.process_activate_event();
@@ -456,7 +394,7 @@ impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
             PROCESS_RX_RATE_LIMITER => self.process_rx_rate_limiter_event(),
             PROCESS_TX_RATE_LIMITER => self.process_tx_rate_limiter_event(),
             other => {
-                NetMetrics::inc(&self.metrics.host_errors);
+                events::inc(&self.metrics.host_errors);
                 log::error!("virtio-net: event with unknown token {other}");
             }
         }

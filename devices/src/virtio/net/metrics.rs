@@ -19,9 +19,11 @@
 //! `desc_budget_hits` and `descs_walked`) is what a fuzzer checks the pass
 //! bound against.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
+
+use crate::virtio::events::HostErrors;
 
 pub use crate::virtio::time_counter::TimeCounter;
 
@@ -121,14 +123,12 @@ pub struct NetMetrics {
 }
 
 impl NetMetrics {
-    /// Adds `n` to a counter.
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Increments a counter and returns its new value.
-    pub(crate) fn inc(counter: &AtomicU64) -> u64 {
-        counter.fetch_add(1, Ordering::Relaxed) + 1
+    /// Where this device's host errors are counted and logged.
+    pub(crate) fn host_errors(&self) -> HostErrors<'_> {
+        HostErrors {
+            counter: &self.host_errors,
+            device: "virtio-net",
+        }
     }
 
     /// The counters as one JSON object (see the module docs for the contract).
@@ -140,6 +140,8 @@ impl NetMetrics {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     /// Every key the JSON had when it was listed by hand, then the
@@ -183,7 +185,7 @@ mod tests {
     #[test]
     fn test_json_has_every_contract_field() {
         let m = NetMetrics::default();
-        NetMetrics::add(&m.rx_bytes, 1514);
+        crate::virtio::events::add(&m.rx_bytes, 1514);
         m.features_negotiated.store(1 << 63 | 1, Ordering::Relaxed);
         let json = m.to_json();
         let obj = json.as_object().unwrap();

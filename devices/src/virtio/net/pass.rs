@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::metrics::{NetMetrics, TimeCounter};
 use crate::rate_limiter::RateLimiterError;
+use crate::virtio::events;
 use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -154,7 +155,7 @@ impl Pass {
 
     /// Counts why a pass yielded.
     pub(super) fn count_yield(why: Yield, weight_hits: &AtomicU64, m: &NetMetrics) {
-        NetMetrics::inc(match why {
+        events::inc(match why {
             Yield::Weight => weight_hits,
             Yield::Time => &m.time_budget_hits,
             Yield::Descs => &m.desc_budget_hits,
@@ -183,7 +184,7 @@ impl Pass {
     ) {
         let notify = if requeued && queue.unsignalled() < coalesce_limit(queue.size()) {
             if queue.unsignalled() > 0 {
-                NetMetrics::inc(&m.interrupts_coalesced);
+                events::inc(&m.interrupts_coalesced);
             }
             queue.publish_used_quietly();
             Notify::Nothing
@@ -193,15 +194,15 @@ impl Pass {
         match notify {
             Notify::Nothing => {}
             Notify::Interrupt => {
-                NetMetrics::inc(&m.interrupts);
+                events::inc(&m.interrupts);
                 irq.signal_used_queue();
             }
             Notify::Suppressed => {
-                NetMetrics::inc(&m.interrupts_suppressed);
+                events::inc(&m.interrupts_suppressed);
             }
         }
         let reads = u64::from(self.budget.spent());
-        NetMetrics::add(&m.descs_walked, reads);
+        events::add(&m.descs_walked, reads);
         m.max_descs_per_pass.fetch_max(reads, Ordering::Relaxed);
     }
 }
@@ -224,7 +225,7 @@ pub(super) fn return_malformed(
     err: ChainError,
     dir: &str,
 ) {
-    let n = NetMetrics::inc(&metrics.malformed_chains);
+    let n = events::inc(&metrics.malformed_chains);
     warn_rate_limited!(count = n, "virtio-net: {dir} chain {head} refused: {err}");
     // A head outside the table names no chain: there is nothing to give back.
     if err != ChainError::HeadOutOfRange {
@@ -244,12 +245,12 @@ pub(super) fn admitted(
     match res {
         Ok(true) => true,
         Ok(false) => {
-            NetMetrics::inc(throttled);
+            events::inc(throttled);
             throttled_ns.start();
             false
         }
         Err(e) => {
-            let n = NetMetrics::inc(&metrics.host_errors);
+            let n = events::inc(&metrics.host_errors);
             warn_rate_limited!(count = n, "virtio-net: rate limiter not applied: {e}");
             true
         }
@@ -257,7 +258,7 @@ pub(super) fn admitted(
 }
 
 pub(super) fn queue_failed(metrics: &NetMetrics, dir: &str, err: &QueueError) {
-    let n = NetMetrics::inc(&metrics.queue_errors);
+    let n = events::inc(&metrics.queue_errors);
     warn_rate_limited!(
         count = n,
         "virtio-net: {dir} queue unusable until the driver resets the device: {err}"

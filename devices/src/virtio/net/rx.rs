@@ -40,6 +40,7 @@ use super::tap::NetBackend;
 use super::tx::BOUNCE_BUFFER_LEN;
 use super::{NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
+use crate::virtio::events;
 use crate::virtio::iov;
 use crate::virtio::queue::{Chain, ChainRules, IoSeg, QueueError, SplitQueue, IOV_MAX};
 use crate::virtio::Interrupt;
@@ -277,7 +278,7 @@ impl RxVirtio {
         }
         if !(VNET_HDR_LEN..=cap).contains(&n) {
             // The chains keep their place in the cache for the next frame.
-            let d = NetMetrics::inc(&metrics.rx_dropped);
+            let d = events::inc(&metrics.rx_dropped);
             warn_rate_limited!(
                 count = d,
                 "virtio-net: dropped a {n}-byte RX frame: posted buffers hold {cap} bytes"
@@ -329,7 +330,7 @@ impl RxVirtio {
         if self.broken {
             return RxStatus::Broken;
         }
-        NetMetrics::inc(&metrics.rx_passes);
+        events::inc(&metrics.rx_passes);
         let mut pass = Pass::new(self.time_budget);
         let status = loop {
             match self.fill_cache(&mut pass, metrics) {
@@ -357,7 +358,7 @@ impl RxVirtio {
                         // the next pass starts without buffers and starves.
                         Ok(false) if pass.frames > 0 => break RxStatus::Drained,
                         Ok(false) => {
-                            NetMetrics::inc(&metrics.rx_no_avail_buffer);
+                            events::inc(&metrics.rx_no_avail_buffer);
                             self.starved_since = Some(Instant::now());
                             metrics.rx_starved_ns.start();
                             break RxStatus::Starved;
@@ -390,7 +391,7 @@ impl RxVirtio {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break RxStatus::Drained,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    let n = NetMetrics::inc(&metrics.host_errors);
+                    let n = events::inc(&metrics.host_errors);
                     warn_rate_limited!(count = n, "virtio-net: backend read failed: {e}");
                     break RxStatus::Drained;
                 }
@@ -403,9 +404,9 @@ impl RxVirtio {
         if status == RxStatus::Broken {
             self.broken = true;
         }
-        NetMetrics::add(&metrics.rx_frames, pass.frames);
-        NetMetrics::add(&metrics.rx_bytes, pass.payload);
-        NetMetrics::add(&metrics.rx_buffers, pass.buffers);
+        events::add(&metrics.rx_frames, pass.frames);
+        events::add(&metrics.rx_bytes, pass.payload);
+        events::add(&metrics.rx_buffers, pass.buffers);
         pass.finish(&mut self.queue, irq, metrics, status == RxStatus::WeightHit);
         status
     }

@@ -26,6 +26,7 @@ use super::pass::{admitted, queue_failed, return_malformed, Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
+use crate::virtio::events;
 use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
 use crate::virtio::iov::{self, IoVecs};
 use crate::virtio::queue::{ChainRules, IoSeg, QueueError, SplitQueue};
@@ -232,10 +233,10 @@ impl TxVirtio {
     /// alternates good frames and frames the TAP refuses (a bad GSO header)
     /// must not get a log line for every other frame.
     fn refused(&mut self, metrics: &NetMetrics, kind: i32, msg: std::fmt::Arguments<'_>) {
-        NetMetrics::inc(&metrics.tx_dropped);
+        events::inc(&metrics.tx_dropped);
         if self.refusing != Some(kind) {
             self.refusing = Some(kind);
-            let n = NetMetrics::inc(&metrics.tx_refusal_runs);
+            let n = events::inc(&metrics.tx_refusal_runs);
             warn_rate_limited!(count = n, "virtio-net: {msg}; dropped, as is every frame after it refused the same way (tx_dropped)");
         }
     }
@@ -334,14 +335,14 @@ impl TxVirtio {
         results.resize(n, NOT_TRIED);
         // The device builds no ring with a bounce buffer (`Net::with_backend`).
         if let Some(r) = ring.as_mut() {
-            NetMetrics::inc(&metrics.tx_batches);
+            events::inc(&metrics.tx_batches);
             let batch = &self.batch;
             if let Err(e) = r.write_frames(n, |i| batch.frame(i), &mut results) {
                 // Entries the kernel did not take still point at the batch:
                 // the ring goes now, and what it did not write goes frame by
                 // frame below, as everything from now on.
                 *ring = None;
-                NetMetrics::inc(&metrics.host_errors);
+                events::inc(&metrics.host_errors);
                 log::error!(
                     "virtio-net: io_uring submission failed ({e}); writing TX frames one \
                      system call at a time from now on"
@@ -404,7 +405,7 @@ impl TxVirtio {
         }
         self.batch.results = results;
         if again > 0 {
-            NetMetrics::inc(&metrics.tap_eagain);
+            events::inc(&metrics.tap_eagain);
         }
         again == 0
     }
@@ -451,11 +452,11 @@ impl TxVirtio {
         if self.broken {
             return TxStatus::Broken;
         }
-        NetMetrics::inc(&metrics.tx_passes);
+        events::inc(&metrics.tx_passes);
         let mut pass = Pass::new(self.time_budget);
         let status = 'pass: {
             if self.is_blocked() {
-                NetMetrics::inc(&metrics.tx_eagain_retries);
+                events::inc(&metrics.tx_eagain_retries);
             }
             // The guest need not kick while we are draining the ring.
             self.queue.disable_notifications();
@@ -504,8 +505,8 @@ impl TxVirtio {
         if status == TxStatus::Broken {
             self.broken = true;
         }
-        NetMetrics::add(&metrics.tx_frames, pass.frames);
-        NetMetrics::add(&metrics.tx_bytes, pass.payload);
+        events::add(&metrics.tx_frames, pass.frames);
+        events::add(&metrics.tx_bytes, pass.payload);
         pass.finish(&mut self.queue, irq, metrics, status == TxStatus::WeightHit);
         status
     }

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Event-loop pieces every virtio device here uses, whatever its queues:
+//! counters updated from the datapath, eventfd reads and writes whose
+//! failures count as host errors, epoll registration results, and the
+//! registration of a rate limiter's timer while (and only while) the limiter
+//! waits for it.
+//!
+//! A host error is never fatal to a device: it is counted in the device's
+//! `host_errors`, logged under the device's name (`virtio-net`,
+//! `virtio-blk`), and the device goes on.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use event_manager::{EventOps, EventSet, Events};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::rate_limiter::RateLimiter;
+use crate::virtio::time_counter::TimeCounter;
+
+/// Adds `n` to a counter.
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Increments a counter and returns its new value.
+pub(crate) fn inc(counter: &AtomicU64) -> u64 {
+    counter.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// Whether a direction or queue waits for its rate limiter's timer.
+pub(crate) fn throttled(limiter: &Option<RateLimiter>) -> bool {
+    limiter.as_ref().is_some_and(RateLimiter::is_blocked)
+}
+
+/// Where a device's host errors go: its counter and its name in log lines.
+#[derive(Clone, Copy)]
+pub(crate) struct HostErrors<'a> {
+    pub(crate) counter: &'a AtomicU64,
+    pub(crate) device: &'static str,
+}
+
+impl HostErrors<'_> {
+    /// Reads an eventfd down to zero; an empty one is not an error.
+    pub(crate) fn drain(self, evt: &EventFd, what: &str) {
+        match evt.read() {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                inc(self.counter);
+                log::error!("{}: cannot read the {what} eventfd: {e}", self.device);
+            }
+        }
+    }
+
+    /// Makes an eventfd readable.
+    pub(crate) fn signal(self, evt: &EventFd, what: &str) {
+        if let Err(e) = evt.write(1) {
+            inc(self.counter);
+            log::error!("{}: cannot write the {what} eventfd: {e}", self.device);
+        }
+    }
+
+    /// Counts and logs a failed epoll registration change.
+    pub(crate) fn ctl_result(self, res: event_manager::Result<()>, what: &str) {
+        if let Err(e) = res {
+            inc(self.counter);
+            log::error!(
+                "{}: cannot update epoll registration of {what}: {e}",
+                self.device
+            );
+        }
+    }
+
+    /// Registers a limiter's timerfd while the limiter is blocked, and only
+    /// then (`registered` says whether it is). A timer that cannot be
+    /// registered would never end the wait, so the limiter gives the wait up
+    /// (a host error) and this returns true: the caller re-queues its pass
+    /// to retry the frame or request. An epoll failure may cost retries
+    /// until the work fits, never a queue stopped for good.
+    pub(crate) fn sync_timer(
+        self,
+        ops: &mut EventOps,
+        limiter: &mut Option<RateLimiter>,
+        registered: &mut bool,
+        token: u32,
+        throttled_ns: &TimeCounter,
+    ) -> bool {
+        let Some(l) = limiter.as_mut() else {
+            return false;
+        };
+        let want = l.is_blocked();
+        if want == *registered {
+            return false;
+        }
+        let res = if want {
+            ops.add(Events::with_data(l, token, EventSet::IN))
+        } else {
+            ops.remove(Events::empty(l))
+        };
+        match res {
+            Ok(()) => {
+                *registered = want;
+                false
+            }
+            Err(_) if !want => {
+                self.ctl_result(res, "a rate limiter timer");
+                // Still registered; a stray expiry is harmless.
+                *registered = true;
+                false
+            }
+            Err(_) => {
+                self.ctl_result(res, "a rate limiter timer");
+                l.on_timer();
+                throttled_ns.stop();
+                true
+            }
+        }
+    }
+}
