@@ -491,54 +491,63 @@ fn firecracker_definitions() -> Value {
     })
 }
 
+/// Firecracker's `tests/framework/vm_config_network.json` (a root drive and
+/// one network interface, every other section null), as that file has it:
+/// what users start from, and what the tests that read or boot a
+/// Firecracker configuration change the paths of.
+pub fn firecracker_network_example() -> Value {
+    json!({
+        "boot-source": {
+            "kernel_image_path": "vmlinux.bin",
+            "boot_args": "console=ttyS0 reboot=k panic=1",
+            "initrd_path": null
+        },
+        "drives": [{
+            "drive_id": "rootfs",
+            "path_on_host": "bionic.rootfs.ext4",
+            "is_root_device": true,
+            "partuuid": null,
+            "is_read_only": false,
+            "cache_type": "Unsafe",
+            "io_engine": "Sync",
+            "rate_limiter": null
+        }],
+        "machine-config": {
+            "vcpu_count": 2,
+            "mem_size_mib": 1024,
+            "smt": false,
+            "track_dirty_pages": false
+        },
+        "cpu-config": null,
+        "balloon": null,
+        "network-interfaces": [{
+            "iface_id": "eth0",
+            "host_dev_name": "tap0",
+            "guest_mac": "06:00:c0:a8:00:02",
+            "rx_rate_limiter": null,
+            "tx_rate_limiter": null
+        }],
+        "vsock": null,
+        "logger": null,
+        "metrics": null,
+        "mmds-config": null,
+        "entropy": null
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Firecracker's `tests/framework/vm_config_network.json` with the
-    /// sections a 1.17 `GET /vm/config` adds (`pmem`, `memory-hotplug`).
+    /// Firecracker's network example with what a 1.17 `GET /vm/config`
+    /// writes beside it (`socket`, `huge_pages`, `pmem`, `memory-hotplug`).
     fn firecracker_network_config() -> Value {
-        json!({
-            "boot-source": {
-                "kernel_image_path": "vmlinux.bin",
-                "boot_args": "console=ttyS0 reboot=k panic=1",
-                "initrd_path": null
-            },
-            "drives": [{
-                "drive_id": "rootfs",
-                "path_on_host": "bionic.rootfs.ext4",
-                "is_root_device": true,
-                "partuuid": null,
-                "is_read_only": false,
-                "cache_type": "Unsafe",
-                "io_engine": "Sync",
-                "rate_limiter": null,
-                "socket": null
-            }],
-            "machine-config": {
-                "vcpu_count": 2,
-                "mem_size_mib": 1024,
-                "smt": false,
-                "track_dirty_pages": false,
-                "huge_pages": "None"
-            },
-            "cpu-config": null,
-            "balloon": null,
-            "network-interfaces": [{
-                "iface_id": "eth0",
-                "host_dev_name": "tap0",
-                "guest_mac": "06:00:c0:a8:00:02",
-                "rx_rate_limiter": null,
-                "tx_rate_limiter": null
-            }],
-            "vsock": null,
-            "logger": null,
-            "metrics": null,
-            "mmds-config": null,
-            "entropy": null,
-            "pmem": [],
-            "memory-hotplug": null
-        })
+        let mut v = firecracker_network_example();
+        v["drives"][0]["socket"] = Value::Null;
+        v["machine-config"]["huge_pages"] = json!("None");
+        v["pmem"] = json!([]);
+        v["memory-hotplug"] = Value::Null;
+        v
     }
 
     #[test]

@@ -23,8 +23,9 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use minivmm_tests::{
-    debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, guest_image, repo_root,
-    require, sha256_file, Need, NetNs, Vm, DISK_READONLY_OK, DISK_TEST_FILE, DISK_WRITE_OK, READY,
+    debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, fc_schema, guest_image,
+    repo_root, require, sha256_file, Need, NetNs, Vm, DISK_READONLY_OK, DISK_TEST_FILE,
+    DISK_WRITE_OK, READY,
 };
 
 const HOST_IP: &str = "10.0.7.1";
@@ -113,61 +114,20 @@ fn assert_booted_from_disk(vm: &Vm, mode: &str) {
     );
 }
 
-/// The boot-source, drives, machine-config and network-interfaces sections of
-/// Firecracker's `tests/framework/vm_config_network.json`, in its order and with its
-/// values where minivmm's guest does not need others; every other section null as there.
+/// Firecracker's `tests/framework/vm_config_network.json` with its paths,
+/// boot arguments, TAP and MAC changed to this test's and 256 MiB of memory;
+/// every other value and section as there.
 fn firecracker_config(kernel: &Path, boot_args: &str, drive: &Path, tap: &str) -> String {
-    let j = |s: &str| serde_json::to_string(s).expect("a string serializes");
-    let p = |p: &Path| j(p.to_str().expect("UTF-8 path"));
-    format!(
-        r#"{{
-  "boot-source": {{
-    "kernel_image_path": {kernel},
-    "boot_args": {boot_args},
-    "initrd_path": null
-  }},
-  "drives": [
-    {{
-      "drive_id": {drive_id},
-      "path_on_host": {drive},
-      "is_root_device": true,
-      "partuuid": null,
-      "is_read_only": false,
-      "cache_type": "Unsafe",
-      "io_engine": "Sync",
-      "rate_limiter": null
-    }}
-  ],
-  "machine-config": {{
-    "vcpu_count": 2,
-    "mem_size_mib": 256,
-    "smt": false,
-    "track_dirty_pages": false
-  }},
-  "cpu-config": null,
-  "balloon": null,
-  "network-interfaces": [
-    {{
-      "iface_id": "eth0",
-      "host_dev_name": {tap},
-      "guest_mac": "06:00:ac:10:00:02",
-      "rx_rate_limiter": null,
-      "tx_rate_limiter": null
-    }}
-  ],
-  "vsock": null,
-  "logger": null,
-  "metrics": null,
-  "mmds-config": null,
-  "entropy": null
-}}
-"#,
-        kernel = p(kernel),
-        boot_args = j(boot_args),
-        drive_id = j(DRIVE_ID),
-        drive = p(drive),
-        tap = j(tap),
-    )
+    let p = |p: &Path| p.to_str().expect("UTF-8 path").to_string();
+    let mut v = fc_schema::firecracker_network_example();
+    v["boot-source"]["kernel_image_path"] = p(kernel).into();
+    v["boot-source"]["boot_args"] = boot_args.into();
+    v["drives"][0]["drive_id"] = DRIVE_ID.into();
+    v["drives"][0]["path_on_host"] = p(drive).into();
+    v["machine-config"]["mem_size_mib"] = 256.into();
+    v["network-interfaces"][0]["host_dev_name"] = tap.into();
+    v["network-interfaces"][0]["guest_mac"] = "06:00:ac:10:00:02".into();
+    serde_json::to_string_pretty(&v).expect("a JSON value serializes")
 }
 
 #[test]

@@ -380,7 +380,7 @@ mod tests {
     use crate::config::{HostQuirks, TapBackend};
     use devices::virtio::net::{IoEngine, Offloads};
     use log::LevelFilter;
-    use serde_json::Map;
+    use serde_json::{Map, Value};
 
     /// The README's complete example.
     pub const EXAMPLE: &str = r#"{
@@ -638,50 +638,18 @@ mod tests {
 
     #[test]
     fn firecrackers_network_example_with_a_root_drive_parses() {
-        // Firecracker's tests/framework/vm_config_network.json, as written.
-        let text = r#"{
-          "boot-source": {
-            "kernel_image_path": "vmlinux.bin",
-            "boot_args": "console=ttyS0 reboot=k panic=1 pci=off",
-            "initrd_path": null
-          },
-          "drives": [
-            {
-              "drive_id": "rootfs",
-              "partuuid": null,
-              "is_root_device": true,
-              "cache_type": "Unsafe",
-              "is_read_only": false,
-              "path_on_host": "bionic.rootfs.ext4",
-              "io_engine": "Sync",
-              "rate_limiter": null,
-              "socket": null
-            }
-          ],
-          "machine-config": {
-            "vcpu_count": 2,
-            "mem_size_mib": 1024,
-            "smt": false,
-            "track_dirty_pages": false,
-            "huge_pages": "None"
-          },
-          "cpu-config": null,
-          "balloon": null,
-          "network-interfaces": [
-            {
-              "iface_id": "eth0",
-              "host_dev_name": "tap0",
-              "guest_mac": "06:00:c0:a8:00:02",
-              "rx_rate_limiter": null,
-              "tx_rate_limiter": null
-            }
-          ],
-          "vsock": null,
-          "logger": null,
-          "metrics": null,
-          "mmds-config": null,
-          "entropy": null
-        }"#;
+        // As Firecracker's repository has it, and with the keys its later
+        // versions write (`socket`, `huge_pages`).
+        let example = minivmm_tests::fc_schema::firecracker_network_example();
+        let mut later = example.clone();
+        later["drives"][0]["socket"] = Value::Null;
+        later["machine-config"]["huge_pages"] = Value::from("None");
+        for text in [example.to_string(), later.to_string()] {
+            firecrackers_network_example_parses(&text);
+        }
+    }
+
+    fn firecrackers_network_example_parses(text: &str) {
         let s = parse(text).unwrap();
         assert_eq!(s.drives.len(), 1);
         let d = &s.drives[0];

@@ -252,7 +252,9 @@ mod tests {
 
     use clap::Parser;
     use devices::virtio::net::NetConfig;
-    use minivmm_tests::fc_schema::{definitions, validate, validate_minivmm};
+    use minivmm_tests::fc_schema::{
+        definitions, firecracker_network_example, validate, validate_minivmm,
+    };
 
     use super::*;
     use crate::config::cli::{parse_net, Cli};
@@ -767,43 +769,8 @@ mod tests {
         let img = Images::new("fc-example");
         // Firecracker's tests/framework/vm_config_network.json with its
         // root drive on a real file.
-        let source = json!({
-          "boot-source": {
-            "kernel_image_path": "vmlinux.bin",
-            "boot_args": "console=ttyS0 reboot=k panic=1",
-            "initrd_path": null
-          },
-          "drives": [{
-            "drive_id": "rootfs",
-            "path_on_host": img.file("bionic.rootfs.ext4"),
-            "is_root_device": true,
-            "partuuid": null,
-            "is_read_only": false,
-            "cache_type": "Unsafe",
-            "io_engine": "Sync",
-            "rate_limiter": null
-          }],
-          "machine-config": {
-            "vcpu_count": 2,
-            "mem_size_mib": 1024,
-            "smt": false,
-            "track_dirty_pages": false
-          },
-          "cpu-config": null,
-          "balloon": null,
-          "network-interfaces": [{
-            "iface_id": "eth0",
-            "host_dev_name": "tap0",
-            "guest_mac": "06:00:c0:a8:00:02",
-            "rx_rate_limiter": null,
-            "tx_rate_limiter": null
-          }],
-          "vsock": null,
-          "logger": null,
-          "metrics": null,
-          "mmds-config": null,
-          "entropy": null
-        });
+        let mut source = firecracker_network_example();
+        source["drives"][0]["path_on_host"] = json!(img.file("bionic.rootfs.ext4"));
         let cfg = file::parse(&source.to_string()).unwrap().finish().unwrap();
         let rendered = round_trip(&cfg);
         assert_keeps(&source, &rendered, "$");
