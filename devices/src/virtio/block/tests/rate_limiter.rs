@@ -48,12 +48,20 @@ fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
             BASE_FEATURES,
         );
         let posted: Vec<Posted> = (0..6).map(|i| h.post_read(i, 512)).collect();
+        let start = Instant::now();
         h.kick();
         h.run_once(0);
         // The bucket's two go at once (with Async their completions come
-        // in the next iterations); the rest wait.
+        // in the next iterations); the rest wait. A token comes back every
+        // 50 ms: a loaded machine that took longer than that to get here
+        // may have let one more through, never one early.
         let (first, _) = collect(&mut h, 2);
-        assert_eq!(first.len(), 2, "{engine:?}");
+        let due = 2 + (start.elapsed().as_millis() / 50) as usize;
+        assert!(
+            (2..=due.min(5)).contains(&first.len()),
+            "{engine:?}: {} answered, {due} due",
+            first.len()
+        );
         assert!(h.metric(|m| &m.rate_limiter_throttled) >= 1);
         // A kick while throttled starts no pass.
         let passes = h.metric(|m| &m.passes);
@@ -64,10 +72,13 @@ fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
             passes,
             "a kick ran a throttled pass"
         );
-        let (rest, took) = collect(&mut h, 4);
-        assert_eq!(rest.len(), 4, "{engine:?}: all answered");
-        // Four more ops at 20/s: at least about 150 ms.
-        assert!(took >= Duration::from_millis(120), "{took:?}");
+        let left = 6 - first.len();
+        let (rest, took) = collect(&mut h, left);
+        assert_eq!(rest.len(), left, "{engine:?}: all answered");
+        // The rest at 20/s: the first of them may find a token almost due,
+        // each other one waits about 50 ms.
+        let least = Duration::from_millis(40 * (left as u64 - 1));
+        assert!(took >= least, "{left} took {took:?}");
         let heads: Vec<u32> = first.iter().chain(&rest).map(|u| u.0).collect();
         if engine == IoEngine::Sync {
             let want: Vec<u32> = posted.iter().map(|p| u32::from(p.head)).collect();
