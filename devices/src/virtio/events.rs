@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::time_counter::TimeCounter;
+use crate::warn::warn_rate_limited;
 
 /// Adds `n` to a counter.
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -26,6 +27,16 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
 /// Increments a counter and returns its new value.
 pub(crate) fn inc(counter: &AtomicU64) -> u64 {
     counter.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// A driver wrote to a read-only configuration space: counted in
+/// `counter` and logged (rate-limited), and otherwise ignored.
+pub(crate) fn ignored_config_write(counter: &AtomicU64, device: &str, offset: u64, len: usize) {
+    let n = inc(counter);
+    warn_rate_limited!(
+        count = n,
+        "{device}: ignored {len}-byte config write at {offset:#x}"
+    );
 }
 
 /// Whether a direction or queue waits for its rate limiter's timer.

@@ -127,6 +127,41 @@ pub enum ActivateError {
     Backend(String),
 }
 
+/// Copies what a driver's read of a device's configuration space covers;
+/// bytes past its end read as zeros, as an absent field would.
+pub(crate) fn read_config_space(space: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if start < space.len() {
+        let n = data.len().min(space.len() - start);
+        data[..n].copy_from_slice(&space[start..start + n]);
+    }
+}
+
+/// The checks every device makes of the queues a transport hands it at
+/// activation: as many as the device has, each translated against the
+/// device's own guest memory (the view its datapath reads buffers through).
+pub(crate) fn check_queues(
+    queues: &[SplitQueue],
+    expected: usize,
+    mem: &GuestMemory,
+) -> Result<(), ActivateError> {
+    if queues.len() != expected {
+        return Err(ActivateError::QueueCount {
+            expected,
+            got: queues.len(),
+        });
+    }
+    if !queues.iter().all(|q| q.memory().is_snapshot_of(mem)) {
+        return Err(ActivateError::Backend(
+            "queues translated against another guest memory".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// A virtio device behind a transport.
 pub trait VirtioDevice: Send {
     /// Device ID (virtio 1.1 §5): 1 for a network card.

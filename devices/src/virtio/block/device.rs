@@ -25,8 +25,9 @@ use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::virtio::events;
 use crate::virtio::queue::SplitQueue;
-use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
-use crate::warn::warn_rate_limited;
+use crate::virtio::{
+    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioDevice,
+};
 
 /// virtio device ID of a block device (virtio 1.1 §5.2.1).
 pub const BLOCK_DEVICE_ID: u32 = 2;
@@ -494,15 +495,7 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // Past the end: zeros, as for an absent field.
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if start < off::LEN {
-            let n = data.len().min(off::LEN - start);
-            data[..n].copy_from_slice(&self.config_space[start..start + n]);
-        }
+        read_config_space(&self.config_space, offset, data);
     }
 
     fn config_generation(&self) -> u32 {
@@ -511,11 +504,11 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // `wce` is writable only with VIRTIO_BLK_F_CONFIG_WCE, not offered.
-        let n = events::inc(&self.metrics.config_writes_ignored);
-        warn_rate_limited!(
-            count = n,
-            "virtio-blk: ignored {}-byte config write at {offset:#x}",
-            data.len()
+        events::ignored_config_write(
+            &self.metrics.config_writes_ignored,
+            "virtio-blk",
+            offset,
+            data.len(),
         );
     }
 
@@ -529,17 +522,7 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         mut queues: Vec<SplitQueue>,
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
-        if !queues[0].memory().is_snapshot_of(&self.mem) {
-            return Err(ActivateError::Backend(
-                "queues translated against another guest memory".into(),
-            ));
-        }
+        check_queues(&queues, 1, &self.mem)?;
         // An activation without a reset in between starts over too.
         self.deactivate();
         self.acked_features = acked_features & self.avail_features;

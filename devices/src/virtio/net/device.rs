@@ -26,8 +26,9 @@ use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::events;
 use crate::virtio::io_engine::WriteRing;
 use crate::virtio::queue::SplitQueue;
-use crate::virtio::{ActivateError, GuestMemory, Interrupt, VirtioDevice};
-use crate::warn::warn_rate_limited;
+use crate::virtio::{
+    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioDevice,
+};
 
 /// Feature bits (virtio 1.1 §5.1.3, §6), from `virtio-bindings`.
 pub mod features {
@@ -97,9 +98,6 @@ pub enum NetError {
     #[error("{0} rate limiter")]
     RateLimiter(&'static str, #[source] RateLimiterError),
 }
-
-/// Activation refused: the queues were translated against other memory.
-const FOREIGN_MEMORY: &str = "queues translated against another guest memory";
 
 /// State that exists only between activation and reset.
 pub(crate) struct Active {
@@ -380,25 +378,17 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        // Reads past the end return zeros, as for an absent field.
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if start < CONFIG_SPACE_LEN {
-            let n = data.len().min(CONFIG_SPACE_LEN - start);
-            data[..n].copy_from_slice(&self.config_space[start..start + n]);
-        }
+        read_config_space(&self.config_space, offset, data);
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // Every field we expose is read-only for a VERSION_1 driver (the
         // MAC is writable only with the legacy interface or CTRL_MAC_ADDR).
-        let n = events::inc(&self.metrics.config_writes_ignored);
-        warn_rate_limited!(
-            count = n,
-            "virtio-net: ignored {}-byte config write at {offset:#x}",
-            data.len()
+        events::ignored_config_write(
+            &self.metrics.config_writes_ignored,
+            "virtio-net",
+            offset,
+            data.len(),
         );
     }
 
@@ -412,17 +402,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         queues: Vec<SplitQueue>,
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != NUM_QUEUES {
-            return Err(ActivateError::QueueCount {
-                expected: NUM_QUEUES,
-                got: queues.len(),
-            });
-        }
-        // The queues bring the memory view the datapath translates buffers
-        // with; it must be this device's guest memory.
-        if !queues.iter().all(|q| q.memory().is_snapshot_of(&self.mem)) {
-            return Err(ActivateError::Backend(FOREIGN_MEMORY.into()));
-        }
+        check_queues(&queues, NUM_QUEUES, &self.mem)?;
         self.acked_features = acked_features & self.avail_features;
         // Always set the offloads, also to none: a reused TAP keeps those of
         // its last user, and GSO frames into a guest that cannot take them
