@@ -150,11 +150,19 @@ impl TxBatch {
 }
 
 /// Whether a write's result leaves the frame for a retry once the backend
-/// is writable: not tried, EAGAIN, or (from the ring, which does not retry
-/// it itself) EINTR.
+/// is writable: not tried, EAGAIN, or an interrupted ring write.
 #[inline]
 fn pushed_back(res: i32) -> bool {
-    res == NOT_TRIED || res == -libc::EAGAIN || res == -libc::EINTR
+    res == NOT_TRIED || res == -libc::EAGAIN || ring_interrupted(res)
+}
+
+/// EINTR, which only the ring can answer with (the one-frame write retries
+/// it itself). The ring's writes carry RWF_NOWAIT and complete inside the
+/// submission, so a signal has nothing to interrupt: defence, kept so an
+/// interrupted write would be retried, not dropped.
+#[inline]
+fn ring_interrupted(res: i32) -> bool {
+    res == -libc::EINTR
 }
 
 /// How filling the batch ended.

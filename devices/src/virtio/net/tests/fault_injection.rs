@@ -194,7 +194,7 @@ fn rx_fault_matrix() {
                     want[pos].truncate(n);
                     (0, 0)
                 }
-                Fault::Hook => unreachable!(),
+                Fault::Hook | Fault::Kind(_) => unreachable!(),
             };
             let got = h.take_rx_frames();
             assert_eq!(got.len(), want.len(), "{what}");
@@ -692,6 +692,132 @@ fn backend_error_while_tx_waits_on_eagain() {
 }
 
 // ---- a real TAP set down and deleted under a running device ----
+
+/// Frames the backend refuses are dropped and logged once per run of
+/// refusals of one kind: a short write is one kind whatever its length, an
+/// errno another each, and an error the backend gives no errno for (or errno
+/// 0) counts as EIO. Each run's first frame is logged (rate-limited on the
+/// run count), so a guest whose every frame is refused the same way costs
+/// one line, and a new kind of refusal is never hidden behind an old one.
+#[test]
+fn refused_frames_are_dropped_and_logged_once_per_kind_of_refusal() {
+    let mut h = harness(NetConfig::default(), FEATURES);
+    let faults = [
+        Fault::Short(5),
+        Fault::Short(6),
+        Fault::Errno(0),
+        Fault::Short(7),
+        Fault::Errno(libc::EPERM),
+        Fault::Errno(libc::EINVAL),
+        Fault::Errno(libc::EIO),
+    ];
+    {
+        let s = script(&h);
+        let mut s = s.lock().unwrap();
+        for f in faults {
+            s.write_fault_at(0, f);
+        }
+    }
+    let heads: Vec<(u32, u32)> = (0..faults.len() as u8)
+        .map(|i| (u32::from(h.post_tx(&frame(12 + 100, i), &[])), 0))
+        .collect();
+    let before = test_log::lines().len();
+    h.kick_tx();
+    idle(&mut h, "refusals");
+    assert_eq!(
+        h.txq.take_used(&h.mem),
+        heads,
+        "each chain back once, length 0"
+    );
+    assert_eq!(h.metric(|m| &m.tx_dropped), faults.len() as u64);
+    assert_eq!(h.metric(|m| &m.tx_frames), 0);
+    // Short, EIO (errno 0), short, EPERM, EINVAL, EIO.
+    assert_eq!(h.metric(|m| &m.tx_refusal_runs), 6);
+    let lines = test_log::lines()[before..].to_vec();
+    // Runs 1, 2 and 4 are logged (the rate limit's powers of two).
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert!(
+        lines[0].contains("backend took 5 bytes of a 112-byte TX frame"),
+        "{lines:#?}"
+    );
+    assert!(lines[1].contains("Input/output error"), "{lines:#?}");
+    assert!(lines[2].contains("Operation not permitted"), "{lines:#?}");
+    assert_eq!(
+        h.metric(|m| &m.host_errors),
+        0,
+        "a refusal is no host fault"
+    );
+}
+
+/// WouldBlock without an errno is a push-back like EAGAIN: the frame waits
+/// for the backend and goes out, nothing is dropped. Any other error
+/// without an errno is a refusal (EIO).
+#[test]
+fn would_block_without_an_errno_is_retried_and_other_errors_refuse() {
+    let mut h = harness(NetConfig::default(), FEATURES);
+    {
+        let s = script(&h);
+        let mut s = s.lock().unwrap();
+        s.write_fault_at(0, Fault::Kind(std::io::ErrorKind::WouldBlock));
+        s.write_fault_at(0, Fault::Kind(std::io::ErrorKind::Other));
+    }
+    let second = frame(12 + 100, 2);
+    h.post_tx(&frame(12 + 100, 1), &[]);
+    h.post_tx(&second, &[]);
+    let before = test_log::lines().len();
+    h.kick_tx();
+    idle(&mut h, "would block");
+    assert_eq!(h.txq.take_used(&h.mem).len(), 2);
+    // The first frame waited (it is not dropped), its retry met the other
+    // error and was refused, and the second went out.
+    assert_eq!(h.peer_frames(), vec![second]);
+    assert_eq!(h.metric(|m| &m.tap_eagain), 1);
+    assert_eq!(h.metric(|m| &m.tx_dropped), 1);
+    let lines = test_log::lines()[before..].to_vec();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("backend refused a TX frame: Input/output error")),
+        "{lines:#?}"
+    );
+}
+
+/// A TX pass with a time budget looks, before each batch after the first,
+/// whether one more batch of what the batches so far cost would end past
+/// the deadline, and yields if so: writes of 1 ms each, batches of
+/// [`MAX_BATCH`](crate::virtio::io_engine::MAX_BATCH) frames and a 50 ms
+/// budget end the first pass after one batch (32 ms or more), where a pass
+/// that only read the clock while filling a batch would start a second.
+#[test]
+fn a_tx_pass_does_not_start_a_batch_its_time_budget_cannot_hold() {
+    use crate::virtio::io_engine::MAX_BATCH;
+    let mut h = harness(
+        NetConfig {
+            tx_weight_bytes: 0,
+            tx_weight_packets: 0,
+            pass_time_budget_us: 50_000,
+            ..NetConfig::default()
+        },
+        FEATURES,
+    );
+    {
+        let s = script(&h);
+        let mut s = s.lock().unwrap();
+        s.hook = Some(Box::new(|| std::thread::sleep(Duration::from_millis(1))));
+        for _ in 0..2 * MAX_BATCH {
+            s.write_fault_at(0, Fault::Hook);
+        }
+    }
+    for i in 0..2 * MAX_BATCH {
+        h.post_tx(&frame(12 + 64, i as u8), &[]);
+    }
+    h.kick_tx();
+    h.run_once(0);
+    assert_eq!(h.peer_frames().len(), MAX_BATCH, "{}", h.metrics.to_json());
+    assert_eq!(h.metric(|m| &m.time_budget_hits), 1);
+    idle(&mut h, "the rest");
+    assert_eq!(h.peer_frames().len(), MAX_BATCH);
+}
 
 fn ip(test: &str, args: &[&str]) -> bool {
     let ok = Command::new("ip")

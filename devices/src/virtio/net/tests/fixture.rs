@@ -562,6 +562,9 @@ pub fn frame(len: usize, seed: u8) -> Vec<u8> {
 pub enum Fault {
     /// Fails with this errno; the socket is not touched.
     Errno(i32),
+    /// Fails with an error of this kind and no errno, as a backend that is
+    /// not a file descriptor may; the socket is not touched.
+    Kind(std::io::ErrorKind),
     /// Returns 0; the socket is not touched.
     Zero,
     /// RX: reads the next frame but reports only this many bytes. TX: sends
@@ -650,6 +653,7 @@ impl NetBackend for FaultBackend {
     fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
         match self.next(true) {
             Some(Fault::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
+            Some(Fault::Kind(k)) => Err(k.into()),
             Some(Fault::Zero) => Ok(0),
             // A genuine short read: only the first `n` bytes land.
             Some(Fault::Short(n)) => {
@@ -664,6 +668,7 @@ impl NetBackend for FaultBackend {
     fn send_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
         match self.next(false) {
             Some(Fault::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
+            Some(Fault::Kind(k)) => Err(k.into()),
             Some(Fault::Zero) => Ok(0),
             Some(Fault::Short(n)) => {
                 let bytes = bufs.gather();
