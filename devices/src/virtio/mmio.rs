@@ -391,7 +391,7 @@ impl MmioTransport {
     fn update_queue(&mut self, offset: u64, f: impl FnOnce(&mut QueueConfig)) {
         let configuring = self.status & (status::FEATURES_OK | status::DRIVER_OK)
             == status::FEATURES_OK
-            && self.status & (status::FAILED | status::DEVICE_NEEDS_RESET) == 0;
+            && !self.stopped();
         if !configuring {
             warn_rate_limited!(
                 "virtio-mmio: queue register {offset:#x} written in status {:#x}",
@@ -412,6 +412,12 @@ impl MmioTransport {
             return;
         }
         f(q);
+    }
+
+    /// Whether the driver gave up (FAILED) or the device needs a reset:
+    /// nothing but a reset moves the device on.
+    fn stopped(&self) -> bool {
+        self.status & (status::FAILED | status::DEVICE_NEEDS_RESET) != 0
     }
 
     fn write_driver_features(&mut self, value: u32) {
@@ -465,7 +471,7 @@ impl MmioTransport {
             self.status |= FAILED;
             return;
         }
-        if self.status & (FAILED | DEVICE_NEEDS_RESET) != 0 {
+        if self.stopped() {
             warn_rate_limited!(
                 "virtio-mmio: status {value:#x} ignored, device needs reset (status {:#x})",
                 self.status
@@ -852,6 +858,18 @@ mod tests {
         f.write(REG_STATUS, 0);
         assert_eq!(f.read(REG_STATUS), 0);
         f.drv.init(VERSION_1).unwrap();
+        assert_eq!(f.activations(), 1);
+        // Giving up after FEATURES_OK, where queue registers are otherwise
+        // taken: they are not, and DRIVER_OK does not stick.
+        f.write(REG_STATUS, 0);
+        f.reach_features_ok();
+        let s = f.read(REG_STATUS);
+        f.write(REG_STATUS, s | FAILED);
+        f.write(REG_QUEUE_SEL, 0);
+        f.write(REG_QUEUE_READY, 1);
+        assert_eq!(f.read(REG_QUEUE_READY), 0);
+        f.write(REG_STATUS, s | FAILED | DRIVER_OK);
+        assert_eq!(f.read(REG_STATUS), s | FAILED);
         assert_eq!(f.activations(), 1);
     }
 
