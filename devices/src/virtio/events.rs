@@ -129,3 +129,107 @@ impl HostErrors<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+
+    use super::*;
+    use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+
+    fn errors(counter: &AtomicU64) -> HostErrors<'_> {
+        HostErrors {
+            counter,
+            device: "test",
+        }
+    }
+
+    #[test]
+    fn draining_an_empty_eventfd_is_no_host_error() {
+        let c = AtomicU64::new(0);
+        let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        errors(&c).drain(&evt, "empty");
+        errors(&c).signal(&evt, "the");
+        errors(&c).signal(&evt, "the");
+        errors(&c).drain(&evt, "signalled");
+        assert_eq!(
+            evt.read().unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "drained to zero"
+        );
+        assert_eq!(c.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_failed_registration_is_a_host_error() {
+        let c = AtomicU64::new(0);
+        errors(&c).ctl_result(Ok(()), "a fine one");
+        errors(&c).ctl_result(Err(event_manager::Error::FdAlreadyRegistered), "one twice");
+        assert_eq!(c.load(Ordering::Relaxed), 1);
+    }
+
+    /// Runs `sync_timer` from inside an event manager (the only place an
+    /// `EventOps` exists) on a limiter whose registration the test lies
+    /// about, so that epoll refuses the change.
+    #[derive(Default)]
+    struct TimerRig {
+        results: Vec<(bool, bool, bool)>,
+        errors: AtomicU64,
+    }
+
+    impl MutEventSubscriber for TimerRig {
+        fn init(&mut self, ops: &mut EventOps) {
+            let waited = TimeCounter::default();
+            let cfg = RateLimiterConfig {
+                bandwidth: Some(TokenBucketConfig {
+                    size: 100,
+                    one_time_burst: 0,
+                    refill_time: 1000,
+                }),
+                ops: None,
+            };
+            let mut limiter = Some(RateLimiter::new(&cfg).unwrap());
+            let e = errors(&self.errors);
+            let mut step = |limiter: &mut Option<RateLimiter>, registered: &mut bool| {
+                let retry = e.sync_timer(ops, limiter, registered, 7, &waited);
+                let blocked = throttled(limiter);
+                self.results.push((retry, *registered, blocked));
+            };
+            // Not blocked, said to be registered: the removal fails. It
+            // stays registered (a stray expiry is harmless); no retry.
+            let mut registered = true;
+            step(&mut limiter, &mut registered);
+            // Blocked, not registered: registered.
+            let l = limiter.as_mut().unwrap();
+            assert!(l.consume(100).unwrap());
+            assert!(!l.consume(100).unwrap());
+            registered = false;
+            step(&mut limiter, &mut registered);
+            // Blocked, said not to be registered although it is: the add
+            // fails, so the wait is given up and the caller retries.
+            registered = false;
+            step(&mut limiter, &mut registered);
+        }
+
+        fn process(&mut self, _: Events, _: &mut EventOps) {}
+    }
+
+    #[test]
+    fn a_timer_epoll_refuses_never_leaves_a_wait_nothing_ends() {
+        let rig = Arc::new(Mutex::new(TimerRig::default()));
+        let mut em = EventManager::<Arc<Mutex<TimerRig>>>::new().unwrap();
+        em.add_subscriber(rig.clone());
+        let rig = rig.lock().unwrap();
+        assert_eq!(
+            rig.results,
+            [
+                (false, true, false),
+                (false, true, true),
+                (true, false, false)
+            ]
+        );
+        assert_eq!(rig.errors.load(Ordering::Relaxed), 2);
+    }
+}

@@ -131,13 +131,11 @@ pub enum ActivateError {
 /// bytes past its end read as zeros, as an absent field would.
 pub(crate) fn read_config_space(space: &[u8], offset: u64, data: &mut [u8]) {
     data.fill(0);
-    let Ok(start) = usize::try_from(offset) else {
+    let Some(src) = usize::try_from(offset).ok().and_then(|o| space.get(o..)) else {
         return;
     };
-    if start < space.len() {
-        let n = data.len().min(space.len() - start);
-        data[..n].copy_from_slice(&space[start..start + n]);
-    }
+    let n = data.len().min(src.len());
+    data[..n].copy_from_slice(&src[..n]);
 }
 
 /// The checks every device makes of the queues a transport hands it at

@@ -674,10 +674,16 @@ mod tests {
         assert_eq!(b4, [0; 4]);
         n.read_config(u64::MAX, &mut b4);
         assert_eq!(b4, [0; 4]);
-        // Writes are ignored.
+        // Writes are ignored, and counted.
         n.write_config(0, &[9; 6]);
         n.read_config(0, &mut buf);
         assert_eq!(buf[..6], [1, 2, 3, 4, 5, 6]);
+        assert_eq!(
+            n.metrics()
+                .config_writes_ignored
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
     }
 
     #[test]
