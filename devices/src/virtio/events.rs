@@ -162,6 +162,31 @@ mod tests {
         assert_eq!(c.load(Ordering::Relaxed), 0);
     }
 
+    /// An "eventfd" over /dev/null opened one way only: reading or writing
+    /// it the other way fails with EBADF, as no real eventfd does (a real
+    /// one only ever answers EAGAIN, so no safe way makes one).
+    #[allow(unsafe_code)]
+    fn broken_eventfd(write_only: bool) -> EventFd {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        let f = std::fs::OpenOptions::new()
+            .read(!write_only)
+            .write(write_only)
+            .open("/dev/null")
+            .unwrap();
+        // SAFETY: `into_raw_fd` hands over the only owner of a freshly
+        // opened descriptor, which the EventFd now owns and closes.
+        unsafe { EventFd::from_raw_fd(f.into_raw_fd()) }
+    }
+
+    #[test]
+    fn an_eventfd_that_fails_is_a_host_error() {
+        let c = AtomicU64::new(0);
+        errors(&c).drain(&broken_eventfd(true), "broken");
+        assert_eq!(c.load(Ordering::Relaxed), 1);
+        errors(&c).signal(&broken_eventfd(false), "broken");
+        assert_eq!(c.load(Ordering::Relaxed), 2);
+    }
+
     #[test]
     fn a_failed_registration_is_a_host_error() {
         let c = AtomicU64::new(0);
