@@ -29,7 +29,9 @@ use devices::virtio::queue::{
     GuestRegions, RingAddrs, RingFeatures, SplitQueue, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_WRITE,
 };
 use devices::virtio::test_utils::MAX_PASS_READS;
-use devices::virtio::test_utils::{desc_bytes, write_indirect_table, DriverQueue, QueueLayout};
+use devices::virtio::test_utils::{
+    desc_bytes, write_indirect_table, DriverQueue, QueueLayout, TestIrq,
+};
 use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -229,25 +231,6 @@ pub fn uring_available() -> bool {
     })
 }
 
-/// Counts interrupts.
-#[derive(Default)]
-pub struct Irq {
-    /// Used-buffer interrupts.
-    pub used: AtomicU64,
-    /// Device-error reports.
-    pub errors: AtomicU64,
-}
-
-impl Interrupt for Irq {
-    fn signal_used_queue(&self) {
-        self.used.fetch_add(1, Ordering::Relaxed);
-    }
-    fn signal_config_change(&self) {}
-    fn signal_device_error(&self) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// How the input places a queue.
 #[derive(Debug, Clone, Copy)]
 pub enum Placement {
@@ -403,7 +386,7 @@ pub struct DatapathFixture {
     /// The backend's frames.
     pub wire: Arc<Mutex<Wire>>,
     /// Interrupts raised.
-    pub irq: Arc<Irq>,
+    pub irq: Arc<TestIrq>,
     /// The input's knobs.
     pub setup: Setup,
     /// The peer of a [`SockBackend`] (None with [`MemBackend`]).

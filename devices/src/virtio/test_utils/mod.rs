@@ -33,6 +33,8 @@
 //! for e in drv.used(0)? { /* e.id, e.len */ }
 //! ```
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use vm_memory::{GuestAddress, GuestMemoryError};
 
 use super::net::pass::PASS_DESC_BUDGET;
@@ -40,7 +42,7 @@ use super::queue::MAX_CHAIN_SEGS;
 
 #[cfg(doc)]
 use super::mmio::MmioTransport;
-use super::GuestMemory;
+use super::{GuestMemory, Interrupt};
 
 /// Most ring entries and descriptors one net-device pass can read: the
 /// oracle the robustness tests and the fuzz rigs hold every pass to (the
@@ -62,6 +64,37 @@ pub use driver_queue::{
 pub use dummy_device::DummyDevice;
 pub use layouts::{adjacent_cases, aliasing_cases, LayoutCase};
 pub use mock_driver::MockDriver;
+
+/// An interrupt that counts what the device raised: used-buffer
+/// interrupts, configuration changes and device-error reports.
+#[derive(Debug, Default)]
+pub struct TestIrq {
+    /// Used-buffer interrupts.
+    pub used: AtomicU64,
+    /// Configuration-change interrupts.
+    pub config: AtomicU64,
+    /// Device-error reports.
+    pub device_errors: AtomicU64,
+}
+
+impl TestIrq {
+    /// Used-buffer interrupts so far.
+    pub fn count(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+}
+
+impl Interrupt for TestIrq {
+    fn signal_used_queue(&self) {
+        self.used.fetch_add(1, Ordering::SeqCst);
+    }
+    fn signal_config_change(&self) {
+        self.config.fetch_add(1, Ordering::SeqCst);
+    }
+    fn signal_device_error(&self) {
+        self.device_errors.fetch_add(1, Ordering::SeqCst);
+    }
+}
 
 /// Errors of the driver-side helpers. In tests they mean the device (or the test)
 /// did something the driver cannot go on from.

@@ -83,26 +83,7 @@ impl Drop for TempDir {
     }
 }
 
-/// Counts used-buffer interrupts, configuration changes and device-error
-/// reports.
-#[derive(Default)]
-pub struct TestIrq {
-    pub used: AtomicU64,
-    pub config: AtomicU64,
-    pub device_errors: AtomicU64,
-}
-
-impl Interrupt for TestIrq {
-    fn signal_used_queue(&self) {
-        self.used.fetch_add(1, Ordering::SeqCst);
-    }
-    fn signal_config_change(&self) {
-        self.config.fetch_add(1, Ordering::SeqCst);
-    }
-    fn signal_device_error(&self) {
-        self.device_errors.fetch_add(1, Ordering::SeqCst);
-    }
-}
+pub use crate::virtio::test_utils::TestIrq;
 
 /// A fault a [`FaultyBackend`] injects into the next operation of a kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

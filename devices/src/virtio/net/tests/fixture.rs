@@ -43,7 +43,7 @@ impl TakeUsed for DriverQueue {
         used.into_iter().map(|e| (e.id, e.len)).collect()
     }
 }
-use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
 /// VIRTIO_RING_F_EVENT_IDX as a feature bit.
 pub const RING_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
@@ -66,31 +66,7 @@ pub fn queue_at(mem: &GuestMemory, addrs: RingAddrs, features: u64) -> SplitQueu
     .unwrap()
 }
 
-/// Counts used-buffer interrupts and device-error reports.
-#[derive(Default)]
-pub struct TestIrq {
-    pub used: AtomicU64,
-    pub config: AtomicU64,
-    pub device_errors: AtomicU64,
-}
-
-impl TestIrq {
-    pub fn count(&self) -> u64 {
-        self.used.load(Ordering::SeqCst)
-    }
-}
-
-impl Interrupt for TestIrq {
-    fn signal_used_queue(&self) {
-        self.used.fetch_add(1, Ordering::SeqCst);
-    }
-    fn signal_config_change(&self) {
-        self.config.fetch_add(1, Ordering::SeqCst);
-    }
-    fn signal_device_error(&self) {
-        self.device_errors.fetch_add(1, Ordering::SeqCst);
-    }
-}
+pub use crate::virtio::test_utils::TestIrq;
 
 /// The feature set a modern Linux guest acks with offloads off.
 pub const BASE_FEATURES: u64 =
