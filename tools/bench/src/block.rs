@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use devices::virtio::block::{Block, BlockConfig, FileBackend, IoEngine};
 use devices::virtio::mmio::MmioTransport;
-use devices::virtio::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE, VIRTQ_USED_F_NO_NOTIFY};
+use devices::virtio::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use devices::virtio::test_utils::{desc_bytes, guest_memory, MockDriver, Rng};
 use devices::virtio::VirtioDevice;
 use event_manager::{EventManager, SubscriberOps};
@@ -40,7 +40,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rig::host_mem::HostRange;
-use crate::rig::need_event;
+use crate::rig::LeanRing;
 use crate::scenarios::Timing;
 use crate::stats::{median, ratio};
 use crate::sys;
@@ -349,23 +349,15 @@ impl DeviceRig {
     /// Makes the posted requests visible and kicks unless the device said
     /// not to.
     fn publish(&mut self) -> Result<()> {
-        self.avail
-            .u16_at(2)
-            .store(self.next_avail.to_le(), Ordering::Release);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let kick = if self.event_idx {
-            let off = 4 + 8 * usize::from(self.size);
-            let avail_event = u16::from_le(self.used.u16_at(off).load(Ordering::Acquire));
-            need_event(avail_event, self.next_avail, self.published)
-        } else {
-            let flags = u16::from_le(self.used.u16_at(0).load(Ordering::Acquire));
-            flags & VIRTQ_USED_F_NO_NOTIFY == 0
+        let ring = LeanRing {
+            avail: &self.avail,
+            used: &self.used,
+            size: self.size,
+            event_idx: self.event_idx,
+            kick: &self.kick,
         };
-        self.published = self.next_avail;
-        if kick {
-            self.kick.write(1).context("kick")?;
-        }
-        Ok(())
+        ring.publish(self.next_avail, &mut self.published)
+            .context("kick")
     }
 
     /// Posts the first `DEPTH` requests and kicks.

@@ -230,6 +230,41 @@ pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
+/// A lean driver's view of one queue, as both benchmark rigs hold it:
+/// the avail and used rings through host pointers, and the kick eventfd.
+pub(crate) struct LeanRing<'a> {
+    pub(crate) avail: &'a HostRange,
+    pub(crate) used: &'a HostRange,
+    pub(crate) size: u16,
+    pub(crate) event_idx: bool,
+    pub(crate) kick: &'a EventFd,
+}
+
+impl LeanRing<'_> {
+    /// Stores `next_avail` as the avail index, then kicks unless the device
+    /// said not to (EVENT_IDX's avail_event against the index at the last
+    /// decision, `published`, which this moves on; or NO_NOTIFY).
+    pub(crate) fn publish(&self, next_avail: u16, published: &mut u16) -> std::io::Result<()> {
+        self.avail
+            .u16_at(2)
+            .store(next_avail.to_le(), Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let kick = if self.event_idx {
+            let off = 4 + 8 * usize::from(self.size);
+            let avail_event = u16::from_le(self.used.u16_at(off).load(Ordering::Acquire));
+            need_event(avail_event, next_avail, *published)
+        } else {
+            let flags = u16::from_le(self.used.u16_at(0).load(Ordering::Acquire));
+            flags & VIRTQ_USED_F_NO_NOTIFY == 0
+        };
+        *published = next_avail;
+        if kick {
+            self.kick.write(1)?;
+        }
+        Ok(())
+    }
+}
+
 impl Ring {
     /// A ring over `layout` whose descriptor `id` points at `bufs[id]`,
     /// each `buf_len` bytes long.
@@ -285,22 +320,14 @@ impl Ring {
 
     /// Makes posted buffers visible and kicks unless the device said not to.
     fn publish(&mut self) -> Result<()> {
-        self.avail
-            .u16_at(2)
-            .store(self.next_avail.to_le(), Ordering::Release);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let kick = if self.event_idx {
-            let off = 4 + 8 * usize::from(self.layout.size);
-            let avail_event = u16::from_le(self.used.u16_at(off).load(Ordering::Acquire));
-            need_event(avail_event, self.next_avail, self.published)
-        } else {
-            let flags = u16::from_le(self.used.u16_at(0).load(Ordering::Acquire));
-            flags & VIRTQ_USED_F_NO_NOTIFY == 0
+        let ring = LeanRing {
+            avail: &self.avail,
+            used: &self.used,
+            size: self.layout.size,
+            event_idx: self.event_idx,
+            kick: &self.kick,
         };
-        self.published = self.next_avail;
-        if kick {
-            self.kick.write(1)?;
-        }
+        ring.publish(self.next_avail, &mut self.published)?;
         Ok(())
     }
 
