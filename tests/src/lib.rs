@@ -222,6 +222,18 @@ pub struct GuestImage {
     pub disk: PathBuf,
 }
 
+impl GuestImage {
+    /// The words that boot the ELF kernel with the initramfs as root.
+    pub fn vmlinux_and_initramfs_args(&self) -> Vec<String> {
+        cli_args(&[
+            "--kernel",
+            self.vmlinux.to_str().expect("UTF-8 path"),
+            "--initramfs",
+            self.initramfs.to_str().expect("UTF-8 path"),
+        ])
+    }
+}
+
 /// Builds (or reuses from the cache) the guest image, once per test process.
 pub fn guest_image() -> GuestImage {
     static IMAGE: OnceLock<GuestImage> = OnceLock::new();
@@ -386,6 +398,38 @@ pub fn threads_of(pid: u32) -> Vec<(String, String)> {
     threads
 }
 
+/// `words` as owned strings, the form [`Vm::spawn`] takes a command line in.
+pub fn cli_args(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+/// The last line of the metrics file at `path`, parsed: minivmm writes one
+/// JSON line per flush (interval, SIGUSR1, exit), so the last is the newest.
+pub fn last_metrics(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).expect("metrics file");
+    let last = text.lines().last().expect("at least one metrics line");
+    serde_json::from_str(last).expect("metrics JSON")
+}
+
+/// Every line of the metrics file at `path`, parsed; none while it does not exist.
+pub fn metrics_lines(path: &Path) -> Vec<serde_json::Value> {
+    parse_metrics_lines(&std::fs::read_to_string(path).unwrap_or_default())
+}
+
+/// Every line of `text`, each one metrics JSON object.
+pub fn parse_metrics_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l}: {e}")))
+        .collect()
+}
+
+/// Counter `key` of device `device` (`net0`, a drive id) in metrics line `m`.
+pub fn metric(m: &serde_json::Value, device: &str, key: &str) -> u64 {
+    m[device][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("metrics lack {device}.{key}: {m}"))
+}
+
 /// A running minivmm with its console captured.
 pub struct Vm {
     child: Child,
@@ -487,6 +531,16 @@ impl Vm {
             std::thread::sleep(Duration::from_millis(100));
         }
         None
+    }
+
+    /// Sends SIGTERM and asserts that minivmm exits with status 0 within
+    /// `timeout`; returns nothing, as that status is the only one allowed.
+    pub fn terminate(&mut self, timeout: Duration) {
+        self.signal("TERM");
+        let status = self.wait_exit(timeout).unwrap_or_else(|| {
+            panic!("minivmm ignored SIGTERM for {timeout:?}\n{}", self.report())
+        });
+        assert_eq!(status.code(), Some(0), "{}", self.report());
     }
 
     /// Sends a signal to minivmm (not to `ip netns exec`, which execs it, so
@@ -608,25 +662,29 @@ impl NetNs {
     /// Creates namespace `minivmm-<tag>-<pid>` holding TAP `tap` with
     /// `host_cidr` (e.g. "10.0.2.1/24"), link up.
     pub fn new(tag: &str, tap: &str, host_cidr: &str) -> Result<NetNs> {
-        let name = format!("minivmm-{tag}-{}", std::process::id());
-        // A leftover from a crashed earlier run of the same pid is harmless to remove.
-        let _ = ip(&["netns", "del", &name]);
-        ip(&["netns", "add", &name])?;
-        let ns = NetNs {
-            name: name.clone(),
-            tap: tap.to_string(),
-        };
-        ns.exec_ip(&["link", "set", "lo", "up"])?;
-        ns.exec_ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
-        ns.exec_ip(&["addr", "add", host_cidr, "dev", tap])?;
-        ns.exec_ip(&["link", "set", tap, "up"])?;
+        let ns = NetNs::bare(tag, tap)?;
+        ns.add_tap(tap, host_cidr, None)?;
         Ok(ns)
+    }
+
+    /// Adds TAP `tap` with `host_cidr`, link up; `owner` is the uid that may
+    /// open it besides root.
+    pub fn add_tap(&self, tap: &str, host_cidr: &str, owner: Option<u32>) -> Result<()> {
+        let owner = owner.map(|uid| uid.to_string());
+        let mut add = vec!["tuntap", "add", "dev", tap, "mode", "tap"];
+        if let Some(uid) = &owner {
+            add.extend(["user", uid.as_str()]);
+        }
+        self.exec_ip(&add)?;
+        self.exec_ip(&["addr", "add", host_cidr, "dev", tap])?;
+        self.exec_ip(&["link", "set", tap, "up"])
     }
 
     /// Creates namespace `minivmm-<tag>-<pid>` with only loopback up; the test adds
     /// its own devices (`tap` names the first TAP it will create, for reference).
     pub fn bare(tag: &str, tap: &str) -> Result<NetNs> {
         let name = format!("minivmm-{tag}-{}", std::process::id());
+        // A leftover from a crashed earlier run of the same pid is harmless to remove.
         let _ = ip(&["netns", "del", &name]);
         ip(&["netns", "add", &name])?;
         let ns = NetNs {
@@ -649,6 +707,22 @@ impl NetNs {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name]).arg(program);
         c
+    }
+
+    /// Pings `addr` from inside the namespace three times, half a second
+    /// apart, with `options` (such as `-s SIZE`) added; returns ping's output.
+    pub fn ping(&self, addr: &str, options: &[&str]) -> String {
+        let out = self
+            .command("ping")
+            // A deadline, not -W: iputils with -W alone exits before a late
+            // reply (an emulated guest's first 8000-byte reply took over a
+            // second) and counts it lost.
+            .args(["-c", "3", "-i", "0.5", "-w", "30"])
+            .args(options)
+            .arg(addr)
+            .output()
+            .expect("running ping");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 

@@ -25,7 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::fc_schema::{validate, validate_minivmm};
-use minivmm_tests::{guest_image, minivmm_bin, mvperf_bin, require, Need, NetNs, Vm};
+use minivmm_tests::{guest_image, last_metrics, minivmm_bin, mvperf_bin, require, Need, NetNs, Vm};
 use serde_json::{json, Value};
 
 const HOST_IP: &str = "10.0.2.1";
@@ -316,11 +316,7 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     assert_eq!(cfg["vsock"], Value::Null);
     assert!(cfg.get("boot-source").is_none(), "{cfg}");
 
-    vm.signal("TERM");
-    let status = vm
-        .wait_exit(Duration::from_secs(10))
-        .expect("SIGTERM ignored");
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    vm.terminate(Duration::from_secs(10));
     assert!(!sock.exists(), "the socket was left behind");
 }
 
@@ -361,11 +357,6 @@ fn ping_once(ns: &NetNs, deadline_s: u32) -> (bool, Duration) {
         .status
         .success();
     (ok, t.elapsed())
-}
-
-fn last_metrics(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    serde_json::from_str(text.lines().last().expect("a metrics line")).expect("metrics JSON")
 }
 
 /// The uid and gid the jailed minivmm runs as (`nobody`).
@@ -422,6 +413,26 @@ fn hold_lock(path: &Path) -> std::fs::File {
 const RESIZE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// One `Key:` line of /proc/PID/status.
+/// Points drive `scratch` at `/scratch-big.img` (naming the image it already
+/// has tells the guest its new size) and asserts that the guest kernel then
+/// sees `blocks` 512-byte blocks; `what` is what the guest should have seen.
+fn point_scratch_at_big_image(vm: &mut Vm, sock: &Path, blocks: u64, what: &str) {
+    ok(
+        sock,
+        "PATCH",
+        "/drives/scratch",
+        json!({"drive_id": "scratch", "path_on_host": "/scratch-big.img"}),
+    );
+    assert!(
+        vm.wait_for(
+            &format!("[vda] new size: {blocks} 512-byte logical blocks"),
+            RESIZE_TIMEOUT
+        ),
+        "the guest did not see {what}\n{}",
+        vm.report()
+    );
+}
+
 fn status_field(pid: u32, key: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     status
@@ -443,20 +454,8 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     let _ = mvperf_bin();
     let ns = NetNs::bare("api", "tap0").unwrap();
     // The jailed minivmm opens the TAP as its own uid.
-    ns.exec_ip(&[
-        "tuntap",
-        "add",
-        "dev",
-        "tap0",
-        "mode",
-        "tap",
-        "user",
-        &JAIL_ID.to_string(),
-    ])
-    .unwrap();
-    ns.exec_ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", "tap0"])
+    ns.add_tap("tap0", &format!("{HOST_IP}/24"), Some(JAIL_ID))
         .unwrap();
-    ns.exec_ip(&["link", "set", "tap0", "up"]).unwrap();
     let jail = jail_dir(&img);
     // Paths as the jailed process sees them, and as the host does.
     let sock = jail.join("api.sock");
@@ -682,20 +681,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     );
     let cfg = get(&sock, "/vm/config");
     assert_eq!(cfg["drives"][0]["path_on_host"], "/scratch.img", "{cfg}");
-    ok(
-        &sock,
-        "PATCH",
-        "/drives/scratch",
-        json!({"drive_id": "scratch", "path_on_host": "/scratch-big.img"}),
-    );
-    assert!(
-        vm.wait_for(
-            "[vda] new size: 8192 512-byte logical blocks",
-            RESIZE_TIMEOUT
-        ),
-        "the guest did not see the 4 MiB image\n{}",
-        vm.report()
-    );
+    point_scratch_at_big_image(&mut vm, &sock, 8192, "the 4 MiB image");
     // The host grows the image in use; naming it again tells the guest.
     std::fs::OpenOptions::new()
         .write(true)
@@ -703,20 +689,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    ok(
-        &sock,
-        "PATCH",
-        "/drives/scratch",
-        json!({"drive_id": "scratch", "path_on_host": "/scratch-big.img"}),
-    );
-    assert!(
-        vm.wait_for(
-            "[vda] new size: 16384 512-byte logical blocks",
-            RESIZE_TIMEOUT
-        ),
-        "the guest did not see the image grow\n{}",
-        vm.report()
-    );
+    point_scratch_at_big_image(&mut vm, &sock, 16384, "the image grow");
     ok(
         &sock,
         "PATCH",

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use minivmm_tests::{guest_image, minivmm_bin, require, Need, Vm, READY, SELFTEST_PASS};
+use minivmm_tests::{cli_args, guest_image, minivmm_bin, require, Need, Vm, READY, SELFTEST_PASS};
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
 /// cores, and on the shared development host under load one took 6 minutes.
@@ -30,10 +30,6 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// resets the VM.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(660);
 
-fn s(v: &[&str]) -> Vec<String> {
-    v.iter().map(|x| x.to_string()).collect()
-}
-
 /// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the
 /// self-test its PASS line, then init reboots and minivmm must exit 0 by
 /// itself. With `boot_timer` (`--boot-timer`) minivmm must log the guest's
@@ -42,7 +38,7 @@ fn s(v: &[&str]) -> Vec<String> {
 /// the finished VM for more checks.
 fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
     let img = guest_image();
-    let mut args = s(&[
+    let mut args = cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
         "--initramfs",

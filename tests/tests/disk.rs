@@ -23,9 +23,9 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use minivmm_tests::{
-    debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, fc_schema, guest_image,
-    repo_root, require, sha256_file, Need, NetNs, Vm, DISK_READONLY_OK, DISK_TEST_FILE,
-    DISK_WRITE_OK, READY,
+    cli_args, debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, fc_schema,
+    guest_image, last_metrics, metric, repo_root, require, sha256_file, Need, NetNs, Vm,
+    DISK_READONLY_OK, DISK_TEST_FILE, DISK_WRITE_OK, READY,
 };
 
 const HOST_IP: &str = "10.0.7.1";
@@ -53,17 +53,9 @@ fn fresh_seed() -> String {
     format!("seed{}n{nanos}", std::process::id())
 }
 
-/// The last metrics line (minivmm writes one at exit).
-fn last_metrics(path: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    let last = text.lines().last().expect("at least one metrics line");
-    serde_json::from_str(last).expect("metrics JSON")
-}
-
+/// Counter `key` of the test's drive in metrics line `m`.
 fn counter(m: &serde_json::Value, key: &str) -> u64 {
-    m[DRIVE_ID][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("metrics lack {DRIVE_ID}.{key}: {m}"))
+    metric(m, DRIVE_ID, key)
 }
 
 /// The words of the guest kernel's command line, as its console shows them.
@@ -156,17 +148,14 @@ fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
     .unwrap();
     // The file leaves `metrics` null, as Firecracker's does; the flag beside it adds one.
     let metrics = dir.join("metrics.json");
-    let args: Vec<String> = [
+    let args = cli_args(&[
         "--config-file",
         config.to_str().unwrap(),
         "--metrics",
         metrics.to_str().unwrap(),
         "--log-level",
         "info",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
 
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
     let ready = vm.wait_for(READY, BOOT_TIMEOUT);
@@ -191,14 +180,8 @@ fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
         vm.uptime()
     );
     assert_booted_from_disk(&vm, "rw");
-    // The NIC works beside the disk: a deadline, not -W, for the emulated guest's first
-    // (slow) replies.
-    let ping = ns
-        .command("ping")
-        .args(["-c", "3", "-i", "0.5", "-w", "30", GUEST_IP])
-        .output()
-        .expect("running ping");
-    let ping_out = String::from_utf8_lossy(&ping.stdout);
+    // The NIC works beside the disk.
+    let ping_out = ns.ping(GUEST_IP, &[]);
     assert!(
         ping_out.contains("3 received"),
         "ping:\n{ping_out}\n{}",
@@ -207,11 +190,7 @@ fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
 
     // Init remounted the root read-only after its sync: stopping the VM now must leave
     // the file system clean.
-    vm.signal("TERM");
-    let status = vm
-        .wait_exit(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("minivmm ignored SIGTERM\n{}", vm.report()));
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    vm.terminate(Duration::from_secs(30));
     vm.assert_no_crash();
     let console = vm.console();
     assert!(
@@ -258,7 +237,7 @@ fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
         "path={},id={DRIVE_ID},readonly=on,root=on",
         disk.to_str().unwrap()
     );
-    let args: Vec<String> = [
+    let args = cli_args(&[
         "--kernel",
         img.vmlinux.to_str().unwrap(),
         "--disk",
@@ -274,10 +253,7 @@ fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
         metrics.to_str().unwrap(),
         "--log-level",
         "info",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
 
     let mut vm = Vm::spawn(&args, None).unwrap();
     let ready = vm.wait_for(READY, BOOT_TIMEOUT);

@@ -10,25 +10,17 @@
 //! `backend_hangups` and `tx_dropped` counters, every chain returned, no
 //! spinning) is `devices`' `real_tap_set_down_and_deleted_under_a_running_device`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use minivmm_tests::{require, write_halting_kernel, Need, NetNs, Vm};
+use minivmm_tests::{cli_args, metrics_lines, require, write_halting_kernel, Need, NetNs, Vm};
 
 fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("minivmm-fault-{}-{name}", std::process::id()))
 }
 
-fn metrics_lines(path: &PathBuf) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l}: {e}")))
-        .collect()
-}
-
 /// Waits until the metrics file holds at least `n` lines.
-fn wait_lines(path: &PathBuf, n: usize, vm: &Vm) -> Vec<serde_json::Value> {
+fn wait_lines(path: &Path, n: usize, vm: &Vm) -> Vec<serde_json::Value> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let lines = metrics_lines(path);
@@ -56,7 +48,7 @@ fn tap_set_down_and_deleted_under_a_running_vmm() {
     write_halting_kernel(&kernel).unwrap();
     let metrics = tmp("metrics.json");
     let _ = std::fs::remove_file(&metrics);
-    let args: Vec<String> = [
+    let args = cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
         "--mem",
@@ -67,10 +59,7 @@ fn tap_set_down_and_deleted_under_a_running_vmm() {
         metrics.to_str().unwrap(),
         "--metrics-interval",
         "1",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
+    ]);
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
     let first = wait_lines(&metrics, 1, &vm).len();
 
@@ -83,11 +72,7 @@ fn tap_set_down_and_deleted_under_a_running_vmm() {
     assert_eq!(net["host_errors"], 0, "{net}");
     assert_eq!(net["backend_hangups"], 0, "{net}");
 
-    vm.signal("TERM");
-    let status = vm
-        .wait_exit(Duration::from_secs(10))
-        .expect("minivmm exits on SIGTERM");
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    vm.terminate(Duration::from_secs(10));
     let _ = std::fs::remove_file(&metrics);
     let _ = std::fs::remove_file(&kernel);
 }

@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use minivmm_tests::{guest_image, mvperf_bin, repo_root, require, Need, NetNs, Vm};
+use minivmm_tests::{
+    cli_args, guest_image, last_metrics, metric, mvperf_bin, repo_root, require, Need, NetNs, Vm,
+};
 
 const HOST_IP: &str = "10.0.2.1";
 const GUEST_IP: &str = "10.0.2.2";
@@ -57,39 +59,9 @@ const IPERF3_TIMEOUT_S: &str = "180";
 const MRG_RXBUF_BIT: u64 = 1 << 15;
 const VERSION_1_BIT: u64 = 1 << 32;
 
-fn ping(ns: &NetNs, size: u32) -> String {
-    let out = ns
-        .command("ping")
-        .args([
-            "-c",
-            "3",
-            "-i",
-            "0.5",
-            // A deadline, not -W: iputils with -W alone exits before a
-            // late reply (an emulated guest's first 8000-byte reply took
-            // over a second) and counts it lost.
-            "-w",
-            "30",
-            "-s",
-            &size.to_string(),
-            GUEST_IP,
-        ])
-        .output()
-        .expect("running ping");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn read_metrics(path: &std::path::Path) -> serde_json::Value {
-    // One JSON line per flush (interval, SIGUSR1, exit); the last is the newest.
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    let last = text.lines().last().expect("at least one metrics line");
-    serde_json::from_str(last).expect("metrics JSON")
-}
-
+/// Counter `name` of the guest's NIC in metrics line `m`.
 fn field(m: &serde_json::Value, name: &str) -> u64 {
-    m["net0"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("metrics lack net0.{name}: {m}"))
+    metric(m, "net0", name)
 }
 
 #[test]
@@ -138,11 +110,8 @@ fn guest_network_end_to_end() {
         "minivmm.mode=serve ip={GUEST_IP}::{HOST_IP}:255.255.255.0:guest:eth0:off \
          netconsole=6665@{GUEST_IP}/eth0,{NETCONSOLE_PORT}@{HOST_IP}/"
     );
-    let args: Vec<String> = [
-        "--kernel",
-        img.vmlinux.to_str().unwrap(),
-        "--initramfs",
-        img.initramfs.to_str().unwrap(),
+    let mut args = img.vmlinux_and_initramfs_args();
+    args.extend(cli_args(&[
         "--tap",
         "tap0",
         "--metrics",
@@ -151,10 +120,7 @@ fn guest_network_end_to_end() {
         &cmdline,
         "--log-level",
         "info",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]));
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
 
     // The kernel prints "IP-Config: Complete:" and, a line later, the device
@@ -184,7 +150,7 @@ fn guest_network_end_to_end() {
     );
 
     for size in [56, 1472, 8000] {
-        let out = ping(&ns, size);
+        let out = ns.ping(GUEST_IP, &["-s", &size.to_string()]);
         eprintln!(
             "ping -s {size}: {}",
             out.lines()
@@ -231,7 +197,7 @@ fn guest_network_end_to_end() {
     // Metrics on SIGUSR1, before any bulk traffic.
     vm.signal("USR1");
     std::thread::sleep(Duration::from_secs(1));
-    let m = read_metrics(&metrics);
+    let m = last_metrics(&metrics);
     eprintln!("metrics after ping, RST and netconsole: {m}");
     let features = field(&m, "features_negotiated");
     assert_ne!(
@@ -273,12 +239,8 @@ fn guest_network_end_to_end() {
     assert!(!vm.console().contains("MINIVMM-ERROR"), "{}", vm.report());
     vm.assert_no_crash();
 
-    vm.signal("TERM");
-    let status = vm
-        .wait_exit(Duration::from_secs(20))
-        .expect("minivmm ignored SIGTERM");
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
-    let end = read_metrics(&metrics);
+    vm.terminate(Duration::from_secs(20));
+    let end = last_metrics(&metrics);
     eprintln!("metrics at exit: {end}");
     assert!(field(&end, "rx_frames") > rx_frames, "{end}");
     assert!(field(&end, "tx_frames") > field(&m, "tx_frames"), "{end}");

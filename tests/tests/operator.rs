@@ -19,7 +19,10 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use minivmm_tests::{guest_image, minivmm_bin, require, write_halting_kernel, Need, NetNs, Vm};
+use minivmm_tests::{
+    cli_args, guest_image, metrics_lines, minivmm_bin, parse_metrics_lines, require,
+    write_halting_kernel, Need, NetNs, Vm,
+};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
 /// VIRTIO_F_VERSION_1 (virtio 1.1 §6).
@@ -27,10 +30,6 @@ const VERSION_1_BIT: u64 = 1 << 32;
 
 fn tmp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("minivmm-op-{}-{name}", std::process::id()))
-}
-
-fn s(args: &[&str]) -> Vec<String> {
-    args.iter().map(|a| a.to_string()).collect()
 }
 
 /// Runs minivmm to completion: (exit status, stderr).
@@ -57,20 +56,23 @@ fn assert_config_error(args: &[String], want: &str) {
 #[test]
 fn usage_and_config_errors_are_one_line_and_exit_1() {
     // clap's own errors.
-    assert_config_error(&s(&["--bogus"]), "unexpected argument '--bogus'");
-    assert_config_error(&s(&[]), "required arguments were not provided: --kernel");
+    assert_config_error(&cli_args(&["--bogus"]), "unexpected argument '--bogus'");
     assert_config_error(
-        &s(&["--kernel", "k", "--mem", "lots"]),
+        &cli_args(&[]),
+        "required arguments were not provided: --kernel",
+    );
+    assert_config_error(
+        &cli_args(&["--kernel", "k", "--mem", "lots"]),
         "invalid number 'lots'",
     );
-    assert_config_error(&s(&["--kernel", "k", "--log-level", "loud"]), "loud");
+    assert_config_error(&cli_args(&["--kernel", "k", "--log-level", "loud"]), "loud");
     // --net.
     assert_config_error(
-        &s(&["--kernel", "k", "--net", "tap=t0", "--tap", "t0"]),
+        &cli_args(&["--kernel", "k", "--net", "tap=t0", "--tap", "t0"]),
         "TAP 't0' is given to two network interfaces",
     );
     assert_config_error(
-        &s(&[
+        &cli_args(&[
             "--kernel",
             "k",
             "--net",
@@ -148,7 +150,7 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
     ];
     for (name, json, want) in cases {
         let p = file(name, &json);
-        assert_config_error(&s(&["--config-file", p.to_str().unwrap()]), want);
+        assert_config_error(&cli_args(&["--config-file", p.to_str().unwrap()]), want);
         std::fs::remove_file(&p).unwrap();
     }
 }
@@ -164,7 +166,7 @@ fn bad_drives_are_one_line_and_exit_1() {
     };
     let (a, b) = (img("a.img"), img("b.img"));
     let d = dir.to_str().unwrap().to_string();
-    let disk = |spec: &str| s(&["--kernel", "k", "--disk", spec]);
+    let disk = |spec: &str| cli_args(&["--kernel", "k", "--disk", spec]);
     assert_config_error(
         &disk(&format!("path={d}/missing.img")),
         &format!("drive 'disk0': disk image {d}/missing.img: No such file or directory"),
@@ -174,7 +176,7 @@ fn bad_drives_are_one_line_and_exit_1() {
         &format!("drive 'disk0': disk image {d} is not a regular file"),
     );
     assert_config_error(
-        &s(&[
+        &cli_args(&[
             "--kernel",
             "k",
             "--disk",
@@ -185,7 +187,7 @@ fn bad_drives_are_one_line_and_exit_1() {
         "drive 'disk1': drive 'disk0' is the root device already; at most one may be",
     );
     assert_config_error(
-        &s(&[
+        &cli_args(&[
             "--kernel",
             "k",
             "--disk",
@@ -208,7 +210,7 @@ fn bad_drives_are_one_line_and_exit_1() {
             .spawn()
             .expect("flock(1)");
         std::thread::sleep(std::time::Duration::from_millis(300));
-        let (code, err) = run(&s(&[
+        let (code, err) = run(&cli_args(&[
             "--kernel",
             &halting_kernel().display().to_string(),
             "--disk",
@@ -238,7 +240,7 @@ fn halting_kernel() -> PathBuf {
 
 /// Arguments for a VM on the halting kernel writing metrics to `metrics`.
 fn halting_vm(kernel: &Path, metrics: &Path, interval: &str) -> Vec<String> {
-    s(&[
+    cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
         "--mem",
@@ -248,12 +250,6 @@ fn halting_vm(kernel: &Path, metrics: &Path, interval: &str) -> Vec<String> {
         "--metrics-interval",
         interval,
     ])
-}
-
-fn parse_lines(text: &str) -> Vec<serde_json::Value> {
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad metrics line {l}: {e}")))
-        .collect()
 }
 
 /// Reads a FIFO line by line on a thread (reopening it if a writer closes).
@@ -295,7 +291,7 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     let log = tmp("fifo-run.log");
     let _ = std::fs::remove_file(&log);
     let mut args = halting_vm(&kernel, &fifo, "1");
-    args.extend(s(&[
+    args.extend(cli_args(&[
         "--log-path",
         log.to_str().unwrap(),
         "--log-level",
@@ -317,7 +313,7 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
         got.len(),
         vm.report()
     );
-    let parsed = parse_lines(&got.join("\n"));
+    let parsed = parse_metrics_lines(&got.join("\n"));
     for w in parsed.windows(2) {
         let t = |v: &serde_json::Value| v["utc_timestamp_ms"].as_u64().unwrap();
         let up = |v: &serde_json::Value| v["vmm"]["uptime_ms"].as_u64().unwrap();
@@ -333,11 +329,7 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     // SIGUSR1 adds a line at once; SIGTERM ends the VM with 0 and a last line.
     let before = got.len();
     vm.signal("USR1");
-    vm.signal("TERM");
-    let status = vm
-        .wait_exit(Duration::from_secs(10))
-        .expect("minivmm exits on SIGTERM");
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    vm.terminate(Duration::from_secs(10));
     while let Ok(l) = lines.recv_timeout(Duration::from_millis(500)) {
         got.push(l);
     }
@@ -371,29 +363,14 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "", "no timer line");
     vm.signal("USR1");
     std::thread::sleep(Duration::from_millis(300));
-    vm.signal("TERM");
-    let status = vm.wait_exit(Duration::from_secs(10)).expect("exit");
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
-    let lines = parse_lines(&std::fs::read_to_string(&file).unwrap());
+    vm.terminate(Duration::from_secs(10));
+    let lines = metrics_lines(&file);
     assert_eq!(lines.len(), 2);
     assert!(lines[1]["vmm"]["uptime_ms"].as_u64() >= lines[0]["vmm"]["uptime_ms"].as_u64());
     // Without --id, Firecracker's default id.
     assert_eq!(lines[0]["id"], "anonymous-instance");
     std::fs::remove_file(&file).unwrap();
     std::fs::remove_file(&kernel).unwrap();
-}
-
-fn metrics_lines(path: &Path) -> Vec<serde_json::Value> {
-    parse_lines(&std::fs::read_to_string(path).unwrap_or_default())
-}
-
-fn ping(ns: &NetNs, addr: &str) -> String {
-    let out = ns
-        .command("ping")
-        .args(["-c", "3", "-i", "0.5", "-w", "30", addr])
-        .output()
-        .expect("running ping");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -405,11 +382,7 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     let img = guest_image();
     let ns = NetNs::new("op", "tap0", "10.0.2.1/24").unwrap();
     // The second card's TAP, up, with an address of its own in the namespace.
-    ns.exec_ip(&["tuntap", "add", "dev", "tap1", "mode", "tap"])
-        .unwrap();
-    ns.exec_ip(&["addr", "add", "10.0.3.1/24", "dev", "tap1"])
-        .unwrap();
-    ns.exec_ip(&["link", "set", "tap1", "up"]).unwrap();
+    ns.add_tap("tap1", "10.0.3.1/24", None).unwrap();
 
     let metrics = tmp("boot-metrics.json");
     let log = tmp("boot.log");
@@ -462,7 +435,7 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     let file = tmp("vm.json");
     std::fs::write(&file, serde_json::to_string_pretty(&config).unwrap()).unwrap();
     let mut vm = Vm::spawn(
-        &s(&["--config-file", file.to_str().unwrap()]),
+        &cli_args(&["--config-file", file.to_str().unwrap()]),
         Some(&ns.name),
     )
     .unwrap();
@@ -481,7 +454,7 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
         vm.report()
     );
 
-    let replies = ping(&ns, "10.0.2.2");
+    let replies = ns.ping("10.0.2.2", &[]);
     eprintln!("{test}: {}", replies.lines().last().unwrap_or(""));
     assert!(
         replies.contains(" 0% packet loss") || replies.contains("3 received"),
@@ -541,11 +514,7 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
         "{last}"
     );
 
-    vm.signal("TERM");
-    let status = vm
-        .wait_exit(Duration::from_secs(20))
-        .expect("minivmm exits on SIGTERM");
-    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    vm.terminate(Duration::from_secs(20));
     let log_text = std::fs::read_to_string(&log).unwrap();
     // minivmm says what it added to boot_args: one device word per card.
     let added = log_text

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use minivmm_tests::{guest_image, require, Need, NetNs, Vm};
+use minivmm_tests::{cli_args, guest_image, last_metrics, metric, require, Need, NetNs, Vm};
 
 const HOST_CIDR: &str = "10.0.5.1/24";
 const A_IP: &str = "10.0.5.2";
@@ -23,25 +23,16 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// with first-run delays on both emulated guests.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn read_metrics(path: &std::path::Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path).expect("metrics file");
-    let last = text.lines().last().expect("at least one metrics line");
-    serde_json::from_str(last).expect("metrics JSON")
-}
-
+/// Counter `key` of a guest's NIC in metrics line `m`.
 fn frames(m: &serde_json::Value, key: &str) -> u64 {
-    m["net0"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("metrics lack net0.{key}: {m}"))
+    metric(m, "net0", key)
 }
 
-fn vm_args(tap: &str, mac: &str, metrics: &std::path::Path, cmdline: &str) -> Vec<String> {
-    let img = guest_image();
-    [
-        "--kernel",
-        img.vmlinux.to_str().unwrap(),
-        "--initramfs",
-        img.initramfs.to_str().unwrap(),
+/// Starts a guest on `tap` of namespace `ns`, with MAC `mac`, writing its
+/// metrics to `metrics` and booting with `cmdline`.
+fn spawn_guest(ns: &NetNs, tap: &str, mac: &str, metrics: &std::path::Path, cmdline: &str) -> Vm {
+    let mut args = guest_image().vmlinux_and_initramfs_args();
+    args.extend(cli_args(&[
         "--tap",
         tap,
         "--mac",
@@ -54,10 +45,8 @@ fn vm_args(tap: &str, mac: &str, metrics: &std::path::Path, cmdline: &str) -> Ve
         cmdline,
         "--log-level",
         "info",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    ]));
+    Vm::spawn(&args, Some(&ns.name)).unwrap()
 }
 
 #[test]
@@ -86,16 +75,13 @@ fn two_guests_talk_through_a_bridge() {
     let metrics_b = std::env::temp_dir().join(format!("minivmm-two-b-{pid}.json"));
     let ip = |me: &str| format!("ip={me}::10.0.5.1:255.255.255.0:guest:eth0:off");
 
-    let mut a = Vm::spawn(
-        &vm_args(
-            "tap0",
-            "06:00:ac:10:00:02",
-            &metrics_a,
-            &format!("minivmm.mode=serve {}", ip(A_IP)),
-        ),
-        Some(&ns.name),
-    )
-    .unwrap();
+    let mut a = spawn_guest(
+        &ns,
+        "tap0",
+        "06:00:ac:10:00:02",
+        &metrics_a,
+        &format!("minivmm.mode=serve {}", ip(A_IP)),
+    );
     assert!(
         a.wait_for("MINIVMM-SERVING", BOOT_TIMEOUT),
         "guest A never served\n{}",
@@ -104,16 +90,13 @@ fn two_guests_talk_through_a_bridge() {
     a.assert_userspace_ran();
     eprintln!("guest A serving after {:.1} s", a.uptime());
 
-    let mut b = Vm::spawn(
-        &vm_args(
-            "tap1",
-            "06:00:ac:10:00:03",
-            &metrics_b,
-            &format!("minivmm.mode=client minivmm.peer={A_IP} {}", ip(B_IP)),
-        ),
-        Some(&ns.name),
-    )
-    .unwrap();
+    let mut b = spawn_guest(
+        &ns,
+        "tap1",
+        "06:00:ac:10:00:03",
+        &metrics_b,
+        &format!("minivmm.mode=client minivmm.peer={A_IP} {}", ip(B_IP)),
+    );
     let done = b.wait_for("MINIVMM-CLIENT DONE", BOOT_TIMEOUT + CLIENT_TIMEOUT);
     let console = b.console();
     for line in console.lines().filter(|l| l.contains("MINIVMM-CLIENT")) {
@@ -181,7 +164,7 @@ fn two_guests_talk_through_a_bridge() {
     }
     // Both devices carried the TCP_STREAM (at least hundreds of KB, so
     // hundreds of frames each way) and the rest.
-    let (ma, mb) = (read_metrics(&metrics_a), read_metrics(&metrics_b));
+    let (ma, mb) = (last_metrics(&metrics_a), last_metrics(&metrics_b));
     eprintln!("metrics of A at exit: {ma}");
     eprintln!("metrics of B at exit: {mb}");
     for (name, m) in [("A", &ma), ("B", &mb)] {
