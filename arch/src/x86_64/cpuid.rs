@@ -60,20 +60,28 @@ fn update_leaf1(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8) {
     }
 }
 
-/// Leaf 4 (Intel deterministic cache parameters), one entry per cache.
-fn update_leaf4(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
-    // Cache type 0 terminates the list; that entry carries no topology.
-    if entry.eax & 0x1f == 0 {
-        return;
+/// How many vCPUs share the cache that EAX of a deterministic cache leaf describes, minus
+/// one (EAX[25:14]). Intel's leaf 4 and AMD's 0x8000_001d lay out EAX[7:0] alike. One thread
+/// per core: L1/L2 are private, L3 is shared by the whole package. `None` for the entry of
+/// cache type 0, which terminates the list and carries no topology.
+fn cache_sharing_minus_one(eax: u32, nr_vcpus: u8) -> Option<u32> {
+    if eax & 0x1f == 0 {
+        return None;
     }
-    let level = (entry.eax >> 5) & 0x7;
-    let cores_minus_one = u32::from(nr_vcpus - 1).min(0x3f);
-    // One thread per core: L1/L2 are private, L3 is shared by the whole package.
-    let sharing_minus_one = if level >= 3 {
+    let level = (eax >> 5) & 0x7;
+    Some(if level >= 3 {
         u32::from(nr_vcpus - 1)
     } else {
         0
+    })
+}
+
+/// Leaf 4 (Intel deterministic cache parameters), one entry per cache.
+fn update_leaf4(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
+    let Some(sharing_minus_one) = cache_sharing_minus_one(entry.eax, nr_vcpus) else {
+        return;
     };
+    let cores_minus_one = u32::from(nr_vcpus - 1).min(0x3f);
     entry.eax = (entry.eax & 0x0000_3fff) | (sharing_minus_one << 14) | (cores_minus_one << 26);
 }
 
@@ -87,23 +95,18 @@ fn update_leaf4(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
 fn update_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8, complete: bool) {
     let index = entry.index;
     match index {
-        _ if !complete => {
-            entry.eax = 0;
-            entry.ebx = 0;
-            entry.ecx = index & 0xff;
-        }
-        0 => {
+        0 if complete => {
             entry.eax = 0;
             entry.ebx = 1;
             entry.ecx = (LEVEL_TYPE_SMT << 8) | index;
         }
-        1 => {
+        1 if complete => {
             entry.eax = apic_id_bits(u32::from(nr_vcpus));
             entry.ebx = u32::from(nr_vcpus);
             entry.ecx = (LEVEL_TYPE_CORE << 8) | index;
         }
         _ => {
-            // Level type 0: no further levels.
+            // Level type 0: no further levels (on an incomplete leaf, none at all).
             entry.eax = 0;
             entry.ebx = 0;
             entry.ecx = index & 0xff;
@@ -120,14 +123,8 @@ fn update_amd_size_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
 
 /// Leaf 0x8000_001d on AMD (cache topology): L1/L2 private to a core, L3 shared by all.
 fn update_amd_cache_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
-    if entry.eax & 0x1f == 0 {
+    let Some(sharing_minus_one) = cache_sharing_minus_one(entry.eax, nr_vcpus) else {
         return;
-    }
-    let level = (entry.eax >> 5) & 0x7;
-    let sharing_minus_one = if level >= 3 {
-        u32::from(nr_vcpus - 1)
-    } else {
-        0
     };
     entry.eax = (entry.eax & !(0xfff << 14)) | (sharing_minus_one << 14);
 }
@@ -195,11 +192,15 @@ mod tests {
         }
     }
 
+    /// Leaf 0 of an Intel host: max basic leaf 0x1f, vendor "GenuineIntel".
+    fn intel_vendor_leaf() -> kvm_cpuid_entry2 {
+        leaf(0x0, 0, 0x1f, 0x756e_6547, 0x6c65_746e, 0x4965_6e69)
+    }
+
     /// A host-like list: Intel vendor, host APIC id 7 on 16 logical CPUs.
     fn intel_cpuid() -> CpuId {
         CpuId::from_entries(&[
-            // "GenuineIntel"
-            leaf(0x0, 0, 0x1f, 0x756e_6547, 0x6c65_746e, 0x4965_6e69),
+            intel_vendor_leaf(),
             leaf(0x1, 0, 0x000906ea, 0x0710_0800, 0x7ffa_fbff, 0xbfeb_fbff),
             leaf(0x4, 0, 0x1c00_4121, 0x01c0_003f, 0x3f, 0),
             leaf(0x4, 1, 0x1c00_4122, 0x01c0_003f, 0x3f, 0),
@@ -214,6 +215,28 @@ mod tests {
         .unwrap()
     }
 
+    /// A host-like list of an AMD EPYC host.
+    fn amd_cpuid() -> CpuId {
+        CpuId::from_entries(&[
+            // "AuthenticAMD"
+            leaf(0x0, 0, 0x10, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
+            leaf(0x1, 0, 0x00a00f11, 0x0102_0800, 0x8120_2000, 0x078b_fbff),
+            // What KVM reports on an AMD EPYC host: one all-zero subleaf.
+            leaf(0xb, 0, 0, 0, 0, 1),
+            leaf(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
+            leaf(0x8000_001d, 1, 0x0000_0122, 0x01c0_003f, 0x3f, 0),
+            leaf(0x8000_001d, 3, 0x0000_4163, 0x03c0_003f, 0x7fff, 1),
+            leaf(0x8000_001e, 0, 9, 0x104, 0x300, 0),
+        ])
+        .unwrap()
+    }
+
+    /// `cpuid` as [`filter_cpuid`] leaves it for vCPU `vcpu_id` of `nr_vcpus`.
+    fn filtered(mut cpuid: CpuId, vcpu_id: u8, nr_vcpus: u8) -> CpuId {
+        filter_cpuid(&mut cpuid, vcpu_id, nr_vcpus);
+        cpuid
+    }
+
     fn get(cpuid: &CpuId, function: u32, index: u32) -> kvm_cpuid_entry2 {
         *cpuid
             .as_slice()
@@ -222,11 +245,16 @@ mod tests {
             .unwrap()
     }
 
+    /// EAX, EBX and ECX of leaf `function`, subleaf `index`.
+    fn abc(cpuid: &CpuId, function: u32, index: u32) -> (u32, u32, u32) {
+        let e = get(cpuid, function, index);
+        (e.eax, e.ebx, e.ecx)
+    }
+
     #[test]
     fn apic_ids_per_vcpu() {
         for vcpu in 0..4u8 {
-            let mut cpuid = intel_cpuid();
-            filter_cpuid(&mut cpuid, vcpu, 4);
+            let cpuid = filtered(intel_cpuid(), vcpu, 4);
             let l1 = get(&cpuid, 1, 0);
             assert_eq!(l1.ebx >> 24, u32::from(vcpu));
             assert_eq!((l1.ebx >> 16) & 0xff, 4);
@@ -240,36 +268,28 @@ mod tests {
 
     #[test]
     fn hypervisor_and_htt_bits() {
-        let mut cpuid = intel_cpuid();
-        filter_cpuid(&mut cpuid, 0, 2);
-        let l1 = get(&cpuid, 1, 0);
+        let l1 = get(&filtered(intel_cpuid(), 0, 2), 1, 0);
         assert_ne!(l1.ecx & ECX_HYPERVISOR_BIT, 0);
         assert_ne!(l1.edx & EDX_HTT_BIT, 0);
         // Other feature bits untouched.
         assert_eq!(l1.ecx & !ECX_HYPERVISOR_BIT, 0x7ffa_fbff);
 
-        let mut cpuid = intel_cpuid();
-        filter_cpuid(&mut cpuid, 0, 1);
+        let cpuid = filtered(intel_cpuid(), 0, 1);
         assert_eq!(get(&cpuid, 1, 0).edx & EDX_HTT_BIT, 0);
     }
 
     #[test]
     fn extended_topology_levels() {
-        let mut cpuid = intel_cpuid();
-        filter_cpuid(&mut cpuid, 2, 3);
-        let smt = get(&cpuid, 0xb, 0);
-        assert_eq!((smt.eax, smt.ebx, smt.ecx), (0, 1, 0x100));
-        let core = get(&cpuid, 0xb, 1);
+        let cpuid = filtered(intel_cpuid(), 2, 3);
+        assert_eq!(abc(&cpuid, 0xb, 0), (0, 1, 0x100));
         // 3 cores need 2 APIC-id bits.
-        assert_eq!((core.eax, core.ebx, core.ecx), (2, 3, 0x201));
-        let end = get(&cpuid, 0xb, 2);
-        assert_eq!((end.eax, end.ebx, end.ecx), (0, 0, 2));
+        assert_eq!(abc(&cpuid, 0xb, 1), (2, 3, 0x201));
+        assert_eq!(abc(&cpuid, 0xb, 2), (0, 0, 2));
     }
 
     #[test]
     fn cache_leaf_cores_and_sharing() {
-        let mut cpuid = intel_cpuid();
-        filter_cpuid(&mut cpuid, 0, 4);
+        let cpuid = filtered(intel_cpuid(), 0, 4);
         for sub in 0..3 {
             let e = get(&cpuid, 4, sub);
             assert_eq!(e.eax >> 26, 3, "cores per package - 1, subleaf {sub}");
@@ -287,29 +307,14 @@ mod tests {
     #[test]
     fn amd_leaves_only_on_amd() {
         // Intel: 0x8000_0008 ECX untouched.
-        let mut cpuid = intel_cpuid();
-        filter_cpuid(&mut cpuid, 1, 4);
+        let cpuid = filtered(intel_cpuid(), 1, 4);
         assert_eq!(get(&cpuid, 0x8000_0008, 0).ecx, 0);
 
-        let mut cpuid = CpuId::from_entries(&[
-            // "AuthenticAMD"
-            leaf(0x0, 0, 0x10, 0x6874_7541, 0x444d_4163, 0x6974_6e65),
-            leaf(0x1, 0, 0x00a00f11, 0x0102_0800, 0x8120_2000, 0x078b_fbff),
-            // What KVM reports on an AMD EPYC host: one all-zero subleaf.
-            leaf(0xb, 0, 0, 0, 0, 1),
-            leaf(0x8000_0008, 0, 0x3030, 0, 0x7007, 0),
-            leaf(0x8000_001d, 1, 0x0000_0122, 0x01c0_003f, 0x3f, 0),
-            leaf(0x8000_001d, 3, 0x0000_4163, 0x03c0_003f, 0x7fff, 1),
-            leaf(0x8000_001e, 0, 9, 0x104, 0x300, 0),
-        ])
-        .unwrap();
-        filter_cpuid(&mut cpuid, 1, 4);
+        let cpuid = filtered(amd_cpuid(), 1, 4);
         assert_eq!(get(&cpuid, 0x8000_0008, 0).ecx, 3);
-        let t = get(&cpuid, 0x8000_001e, 0);
-        assert_eq!((t.eax, t.ebx, t.ecx), (1, 1, 0));
+        assert_eq!(abc(&cpuid, 0x8000_001e, 0), (1, 1, 0));
         // Leaf 0xb stays "not implemented" so Linux uses the AMD leaves above.
-        let b = get(&cpuid, 0xb, 0);
-        assert_eq!((b.eax, b.ebx, b.ecx), (0, 0, 0));
+        assert_eq!(abc(&cpuid, 0xb, 0), (0, 0, 0));
         // L2 private, L3 shared by all four vCPUs; the other EAX bits are kept.
         let l2 = get(&cpuid, 0x8000_001d, 1);
         assert_eq!(l2.eax, 0x0000_0122);
@@ -323,14 +328,14 @@ mod tests {
     #[test]
     fn incomplete_topology_leaf_is_invalidated() {
         // Subleaf 0 valid but no core level: must not be half-rewritten.
-        let mut cpuid = CpuId::from_entries(&[
-            leaf(0x0, 0, 0x1f, 0x756e_6547, 0x6c65_746e, 0x4965_6e69),
+        let cpuid = CpuId::from_entries(&[
+            intel_vendor_leaf(),
             leaf(0xb, 0, 1, 2, 0x100, 7),
             leaf(0x1f, 0, 1, 2, 0x100, 7),
             leaf(0x1f, 1, 4, 16, 0x201, 7),
         ])
         .unwrap();
-        filter_cpuid(&mut cpuid, 3, 4);
+        let cpuid = filtered(cpuid, 3, 4);
         let b = get(&cpuid, 0xb, 0);
         assert_eq!((b.ebx, b.ecx), (0, 0));
         // 0x1f is complete and rewritten independently.
@@ -340,19 +345,15 @@ mod tests {
 
     #[test]
     fn zero_vcpus_treated_as_one() {
-        let mut cpuid = intel_cpuid();
-        filter_cpuid(&mut cpuid, 0, 0);
+        let cpuid = filtered(intel_cpuid(), 0, 0);
         assert_eq!((get(&cpuid, 1, 0).ebx >> 16) & 0xff, 1);
         assert_eq!(get(&cpuid, 0xb, 1).ebx, 1);
     }
 
     #[test]
     fn apic_id_bit_counts() {
-        assert_eq!(apic_id_bits(1), 0);
-        assert_eq!(apic_id_bits(2), 1);
-        assert_eq!(apic_id_bits(3), 2);
-        assert_eq!(apic_id_bits(4), 2);
-        assert_eq!(apic_id_bits(5), 3);
-        assert_eq!(apic_id_bits(255), 8);
+        for (count, bits) in [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (255, 8)] {
+            assert_eq!(apic_id_bits(count), bits, "{count} cores");
+        }
     }
 }
