@@ -481,6 +481,38 @@ fn udp_worker(
 mod tests {
     use super::*;
 
+    /// Connects the two ends of a UDP test as `run` and the client do: the server polls
+    /// every `UDP_POLL`, the client waits up to 2 s for an answer.
+    fn connect_pair(server: &UdpSocket, client: &UdpSocket) {
+        server
+            .connect(client.local_addr().expect("addr"))
+            .expect("connect");
+        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
+        client
+            .connect(server.local_addr().expect("addr"))
+            .expect("connect");
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+    }
+
+    /// Runs `udp_worker` on `server` for `p` on a thread until the returned flag is set.
+    fn start_worker(
+        server: UdpSocket,
+        p: TestParams,
+        peer: SocketAddr,
+        report_every: Option<Duration>,
+    ) -> (Arc<AtomicBool>, thread::JoinHandle<UdpCounts>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let stop = Arc::clone(&stop);
+            thread::spawn(move || {
+                udp_worker(&server, &p, peer, &stop, &Live::default(), report_every)
+            })
+        };
+        (stop, worker)
+    }
+
     #[test]
     fn udp_worker_counts_and_echoes_only_its_peer() {
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -490,12 +522,7 @@ mod tests {
         let server_addr = server.local_addr().expect("addr");
         // Queued before the server connects: only the sender check can keep it out.
         stranger.send_to(&[7u8; 24], server_addr).expect("send");
-        server.connect(peer).expect("connect");
-        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
-        client.connect(server_addr).expect("connect");
-        client
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("timeout");
+        connect_pair(&server, &client);
         let p = TestParams {
             test: TestKind::UdpRr,
             duration: Duration::from_secs(1),
@@ -503,11 +530,7 @@ mod tests {
             req_size: 1,
             resp_size: 4,
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let worker = {
-            let stop = Arc::clone(&stop);
-            thread::spawn(move || udp_worker(&server, &p, peer, &stop, &Live::default(), None))
-        };
+        let (stop, worker) = start_worker(server, p, peer, None);
         let mut got = [0u8; 64];
         for seq in [1u64, 2, 0x0102_0304_0506_0708] {
             let mut req = seq.to_le_bytes().to_vec();
@@ -540,14 +563,7 @@ mod tests {
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
         let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
         let peer = client.local_addr().expect("addr");
-        server.connect(peer).expect("connect");
-        server.set_read_timeout(Some(UDP_POLL)).expect("timeout");
-        client
-            .connect(server.local_addr().expect("addr"))
-            .expect("connect");
-        client
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("timeout");
+        connect_pair(&server, &client);
         let p = TestParams {
             test: TestKind::UdpStream,
             duration: Duration::from_secs(1),
@@ -555,12 +571,7 @@ mod tests {
             req_size: 1,
             resp_size: 1,
         };
-        let stop = Arc::new(AtomicBool::new(false));
-        let worker = {
-            let stop = Arc::clone(&stop);
-            let every = Some(Duration::from_millis(100));
-            thread::spawn(move || udp_worker(&server, &p, peer, &stop, &Live::default(), every))
-        };
+        let (stop, worker) = start_worker(server, p, peer, Some(Duration::from_millis(100)));
         let mut seen = Vec::new();
         let mut got = [0u8; 512];
         for _ in 0..3 {
