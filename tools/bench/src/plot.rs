@@ -9,6 +9,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde_json::Value;
 
@@ -70,18 +71,14 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
     let (p99, avg, max) = (get("p99_us"), get("avg_us"), get("max_us"));
     let top = max.iter().cloned().fold(10.0, f64::max) * 2.0;
     let n = names.len() as i32;
-    let root = BitMapBackend::new(path, (1300, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "RX latency under a 1-byte TX flood vs TX weight and pass time budget",
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0..n - 1, (1.0..top).log_scale())
-        .map_err(err)?;
+    let root = canvas(path, (1300, 560))?;
+    let mut chart = chart_on(
+        &root,
+        "RX latency under a 1-byte TX flood vs TX weight and pass time budget",
+        70,
+    )
+    .build_cartesian_2d(0..n - 1, (1.0..top).log_scale())
+    .map_err(err)?;
     chart
         .configure_mesh()
         .x_labels(names.len())
@@ -105,12 +102,7 @@ fn latency(out: &Value, path: &Path) -> Result<()> {
             .collect();
         draw_marked_line(&mut chart, pts, color, label)?;
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -125,48 +117,30 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
             .filter_map(|(i, s)| lim[format!("{k}_{s}")].as_f64().map(|v| (i as i32, v)))
             .collect()
     };
-    type Series<'a> = (&'a str, Vec<(i32, f64)>, RGBColor);
-    let all: Vec<Series> = vec![
-        ("RX minivmm/raw", series("rx_ratio"), RED),
-        ("TX minivmm/raw", series("tx_ratio"), BLUE),
-        (
-            "RX bounce/raw",
-            series("rx_bounce_ratio"),
-            RGBColor(240, 150, 150),
-        ),
-        (
-            "TX bounce/raw",
-            series("tx_bounce_ratio"),
-            RGBColor(140, 140, 240),
-        ),
-        (
-            "RX CPU raw/minivmm",
-            series("rx_cpu_ratio"),
-            RGBColor(160, 60, 0),
-        ),
-        (
-            "TX CPU raw/minivmm",
-            series("tx_cpu_ratio"),
-            RGBColor(0, 130, 60),
-        ),
-    ];
+    let all: Vec<_> = [
+        ("RX minivmm/raw", "rx_ratio", RED),
+        ("TX minivmm/raw", "tx_ratio", BLUE),
+        ("RX bounce/raw", "rx_bounce_ratio", RGBColor(240, 150, 150)),
+        ("TX bounce/raw", "tx_bounce_ratio", RGBColor(140, 140, 240)),
+        ("RX CPU raw/minivmm", "rx_cpu_ratio", RGBColor(160, 60, 0)),
+        ("TX CPU raw/minivmm", "tx_cpu_ratio", RGBColor(0, 130, 60)),
+    ]
+    .into_iter()
+    .map(|(label, key, color)| (label, series(key), color))
+    .collect();
     let top = all
         .iter()
         .flat_map(|s| s.1.iter().map(|p| p.1))
         .fold(1.2, f64::max);
     let labels = ["64 B", "1514 B", "64 KiB"];
-    let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "minivmm vs the raw TAP loop: frames/s and CPU-per-frame ratios",
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0..2, 0.0..top)
-        .map_err(err)?;
+    let root = canvas(path, (900, 540))?;
+    let mut chart = chart_on(
+        &root,
+        "minivmm vs the raw TAP loop: frames/s and CPU-per-frame ratios",
+        60,
+    )
+    .build_cartesian_2d(0..2, 0.0..top)
+    .map_err(err)?;
     chart
         .configure_mesh()
         .x_labels(3)
@@ -191,15 +165,46 @@ fn ratios(out: &Value, path: &Path) -> Result<()> {
     for (label, pts, color) in all {
         draw_marked_line(&mut chart, pts, color, label)?;
     }
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// A white PNG canvas of `size` pixels, written to `path` on `present`.
+fn canvas(path: &Path, size: (u32, u32)) -> Result<DrawingArea<BitMapBackend<'_>, Shift>> {
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    Ok(root)
+}
+
+/// A chart on `root` in the layout of every chart here: `caption` on top, the same margins
+/// and x label area, and `y_label_width` pixels for the y axis's labels.
+fn chart_on<'a, 'b>(
+    root: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    caption: &str,
+    y_label_width: u32,
+) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(caption, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(y_label_width);
+    builder
+}
+
+/// Draws the legend of every labelled series at `position`, boxed on white.
+fn draw_legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<()> {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .border_style(BLACK)
         .background_style(WHITE)
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+        .map_err(err)
 }
 
 /// Draws `pts` as a line with a dot on each measured point, under `label`
