@@ -42,11 +42,18 @@ fn size_label(r: &Value) -> String {
     }
 }
 
+/// The rows of a scenario's results `section`, once its `title` is written into `s` after a
+/// blank line; `None`, and nothing written, where the run has no such rows.
+fn titled_rows<'a>(s: &mut String, section: &'a Value, title: &str) -> Option<&'a Vec<Value>> {
+    let rows = section["rows"].as_array()?;
+    let _ = writeln!(s, "\n{title}");
+    Some(rows)
+}
+
 fn limit_table(s: &mut String, lim: &Value) {
-    let Some(rows) = lim["rows"].as_array() else {
+    let Some(rows) = titled_rows(s, lim, "LIMIT  (median of rounds; ratio = minivmm / raw)") else {
         return;
     };
-    let _ = writeln!(s, "\nLIMIT  (median of rounds; ratio = minivmm / raw)");
     let _ = writeln!(
         s,
         "{:<4} {:>9} {:<12} {:>10} {:>10} {:>8} {:>10} {:>5} {:>6} {:>7} {:>6} {:>8} {:>8}",
@@ -212,8 +219,7 @@ fn buffers_tables(s: &mut String, out: &Value) {
             "SEED002  65,000-byte GSO frames into posted buffers (MRG_RXBUF)",
         ),
     ] {
-        if let Some(rows) = out[name]["rows"].as_array() {
-            let _ = writeln!(s, "\n{title}");
+        if let Some(rows) = titled_rows(s, &out[name], title) {
             let _ = writeln!(
                 s,
                 "{:>8} {:>10} {:>10} {:>14} {:>12} {:>9} {:>12}",
@@ -238,13 +244,11 @@ fn buffers_tables(s: &mut String, out: &Value) {
 }
 
 fn seed001_table(s: &mut String, seed: &Value) {
-    let Some(rows) = seed["rows"].as_array() else {
+    let title =
+        "SEED001  RX latency (µs, host send -> used ring) under a TX flood of 1-byte UDP frames";
+    let Some(rows) = titled_rows(s, seed, title) else {
         return;
     };
-    let _ = writeln!(
-        s,
-        "\nSEED001  RX latency (µs, host send -> used ring) under a TX flood of 1-byte UDP frames"
-    );
     let _ = writeln!(
         s,
         "{:<11} {:>5} {:>7} {:>5} {:>6} {:>7} {:>7} {:>9} {:>5} {:>9} {:>8} {:>6} {:>6} {:>6} {:>6}",
@@ -391,13 +395,11 @@ fn startup_table(s: &mut String, st: &Value) {
 }
 
 fn ratelimit_table(s: &mut String, rl: &Value) {
-    let Some(rows) = rl["rows"].as_array() else {
+    let title =
+        "RATELIMIT  achieved / configured under a flood (median of rounds; 0.95..1.05 passes)";
+    let Some(rows) = titled_rows(s, rl, title) else {
         return;
     };
-    let _ = writeln!(
-        s,
-        "\nRATELIMIT  achieved / configured under a flood (median of rounds; 0.95..1.05 passes)"
-    );
     let _ = writeln!(
         s,
         "{:<7} {:>6} {:>14} {:>14} {:<9} {:>7}",
