@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 #
-# Helpers sourced by the resources/ build scripts (not executable on its own).
+# Helpers sourced by the resources/ build scripts and by scripts/ (not executable on its own).
 # Progress goes to stderr so that stdout stays free for the scripts' results.
 
 MINIVMM_CACHE=${MINIVMM_CACHE:-${HOME:-/root}/.cache/minivmm}
@@ -14,6 +14,18 @@ log() {
 die() {
     log "error: $*"
     exit 1
+}
+
+# stop_guest_run PID NETNS DIR: for the EXIT trap of a script that runs a VM: ends
+# process PID (none if empty) if it still runs, deletes network namespace NETNS and
+# removes directory DIR.
+stop_guest_run() {
+    if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
+        kill "$1" 2>/dev/null || true
+        wait "$1" 2>/dev/null || true
+    fi
+    ip netns delete "$2" 2>/dev/null || true
+    rm -rf "$3"
 }
 
 # missing_packages PKG...: prints the packages (one a line) not installed yet.

@@ -155,15 +155,7 @@ fi
 NS=minivmm-qemu-$$
 WORK=$(mktemp -d)
 QEMU_PID=
-cleanup() {
-    if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
-        kill "$QEMU_PID" 2>/dev/null || true
-        wait "$QEMU_PID" 2>/dev/null || true
-    fi
-    ip netns delete "$NS" 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+trap 'stop_guest_run "$QEMU_PID" "$NS" "$WORK"' EXIT
 trap 'exit 1' INT TERM
 
 # The host side runs the very binary the initramfs carries (static, so it runs
@@ -261,7 +253,7 @@ CMDLINE="$BASE_CMDLINE minivmm.mode=serve minivmm.ip=$GUEST_IP/$PREFIX"
 CMDLINE="$CMDLINE ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
 start=$(now_ms)
 # Not through nsx: a backgrounded function is a subshell, and $! must be the
-# process that becomes qemu (ip netns exec execs it) so cleanup can end it.
+# process that becomes qemu (ip netns exec execs it) so the EXIT trap can end it.
 ip netns exec "$NS" "${QEMU[@]}" -serial "file:$LOG2" -append "$CMDLINE" \
     -netdev tap,id=net0,ifname=tap0,script=no,downscript=no \
     -device virtio-net-device,netdev=net0,mac=52:54:00:00:00:02 \

@@ -38,6 +38,8 @@ GUEST_IP=10.0.2.2
 BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-900}
 TEST_SECONDS=5
 
+# shellcheck source=../resources/common.sh
+. resources/common.sh
 log() { echo "boot.sh: $*" >&2; }
 # The console lines that mean a guest program or the guest kernel crashed
 # (the same list as CRASH_MARKERS in tests/src/lib.rs).
@@ -60,15 +62,7 @@ bin=${CARGO_TARGET_DIR:-target}/release
 
 workdir=$(mktemp -d)
 vmm_pid=
-cleanup() {
-    if [ -n "$vmm_pid" ]; then
-        kill "$vmm_pid" 2>/dev/null || true
-        wait "$vmm_pid" 2>/dev/null || true
-    fi
-    ip netns del "$NS" 2>/dev/null || true
-    rm -rf "$workdir"
-}
-trap cleanup EXIT
+trap 'stop_guest_run "$vmm_pid" "$NS" "$workdir"' EXIT
 trap 'exit 1' INT TERM
 
 ip netns add "$NS"
