@@ -550,6 +550,21 @@ mod tests {
         v
     }
 
+    /// Asserts that `check` refuses every body of `cases` under its definition with a
+    /// message starting with the violation the case wants.
+    fn assert_refused(
+        check: fn(&str, &Value) -> Result<(), String>,
+        cases: impl IntoIterator<Item = (&'static str, Value, &'static str)>,
+    ) {
+        for (def, body, want) in cases {
+            let got = check(def, &body).unwrap_err();
+            assert!(
+                got.starts_with(want),
+                "{def}: {body}\ngot  '{got}'\nwant '{want}'"
+            );
+        }
+    }
+
     #[test]
     fn valid_answers_pass() {
         let ok = [
@@ -753,13 +768,7 @@ mod tests {
             // Unknown definition.
             ("Nope", json!({}), "$: unknown definition 'Nope'"),
         ];
-        for (def, body, want) in cases {
-            let got = validate(def, &body).unwrap_err();
-            assert!(
-                got.starts_with(want),
-                "{def}: {body}\ngot  '{got}'\nwant '{want}'"
-            );
-        }
+        assert_refused(validate, cases);
     }
 
     #[test]
@@ -854,13 +863,7 @@ mod tests {
                 "$: missing required property 'host_dev_name'",
             ),
         ];
-        for (def, body, want) in bad {
-            let got = validate_minivmm(def, &body).unwrap_err();
-            assert!(
-                got.starts_with(want),
-                "{def}: {body}\ngot  '{got}'\nwant '{want}'"
-            );
-        }
+        assert_refused(validate_minivmm, bad);
     }
 
     #[test]
