@@ -533,8 +533,8 @@ impl Vm {
         None
     }
 
-    /// Sends SIGTERM and asserts that minivmm exits with status 0 within
-    /// `timeout`; returns nothing, as that status is the only one allowed.
+    /// Sends SIGTERM and asserts that minivmm exits within `timeout`, with
+    /// status 0.
     pub fn terminate(&mut self, timeout: Duration) {
         self.signal("TERM");
         let status = self.wait_exit(timeout).unwrap_or_else(|| {

@@ -412,7 +412,6 @@ fn hold_lock(path: &Path) -> std::fs::File {
 /// configuration-change interrupt (a work item on a loaded emulated guest).
 const RESIZE_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// One `Key:` line of /proc/PID/status.
 /// Points drive `scratch` at `/scratch-big.img` (naming the image it already
 /// has tells the guest its new size) and asserts that the guest kernel then
 /// sees `blocks` 512-byte blocks; `what` is what the guest should have seen.
@@ -433,6 +432,7 @@ fn point_scratch_at_big_image(vm: &mut Vm, sock: &Path, blocks: u64, what: &str)
     );
 }
 
+/// One `Key:` line of /proc/PID/status.
 fn status_field(pid: u32, key: &str) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     status
