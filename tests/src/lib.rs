@@ -533,6 +533,27 @@ impl Vm {
         None
     }
 
+    /// Waits up to `timeout` for the guest kernel to report eth0 configured
+    /// from `ip=` with address `guest_ip`, and asserts that eth0 is the
+    /// virtio-net card with MAC `mac` (lower case, as the kernel prints it).
+    pub fn assert_eth0_configured(&mut self, guest_ip: &str, mac: &str, timeout: Duration) {
+        // The kernel prints "IP-Config: Complete:" and, a line later, the
+        // device with its MAC and address: wait for that whole report.
+        let configured = self.wait_for(&format!("ipaddr={guest_ip},"), timeout);
+        assert!(
+            configured,
+            "the guest did not configure eth0\n{}",
+            self.report()
+        );
+        eprintln!("guest configured eth0 after {:.1} s", self.uptime());
+        assert!(
+            self.console()
+                .contains(&format!("device=eth0, hwaddr={mac}")),
+            "eth0 is not our virtio-net card\n{}",
+            self.report()
+        );
+    }
+
     /// Sends SIGTERM and asserts that minivmm exits within `timeout`, with
     /// status 0.
     pub fn terminate(&mut self, timeout: Duration) {

@@ -123,18 +123,7 @@ fn guest_network_end_to_end() {
     ]));
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
 
-    // The kernel prints "IP-Config: Complete:" and, a line later, the device
-    // with its MAC and address: wait for that whole report.
-    let configured = vm.wait_for(&format!("ipaddr={GUEST_IP},"), BOOT_TIMEOUT);
-    assert!(
-        configured,
-        "the guest did not configure eth0\n{}",
-        vm.report()
-    );
-    eprintln!("guest configured eth0 after {:.1} s", vm.uptime());
-    let console = vm.console();
-    let probed = console.contains("device=eth0, hwaddr=06:00:ac:10:00:02");
-    assert!(probed, "eth0 is not our virtio-net card\n{}", vm.report());
+    vm.assert_eth0_configured(GUEST_IP, "06:00:ac:10:00:02", BOOT_TIMEOUT);
     // The network tests start once the server in the guest listens.
     let serving = vm.wait_for("MINIVMM-SERVING", BOOT_TIMEOUT);
     let serving_at = vm.uptime();

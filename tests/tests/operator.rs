@@ -440,19 +440,7 @@ fn config_file_with_two_nics_and_rate_limiters_boots() {
     )
     .unwrap();
 
-    let configured = vm.wait_for("ipaddr=10.0.2.2,", BOOT_TIMEOUT);
-    assert!(
-        configured,
-        "the guest did not configure eth0\n{}",
-        vm.report()
-    );
-    eprintln!("{test}: guest configured eth0 after {:.1} s", vm.uptime());
-    let console = vm.console();
-    assert!(
-        console.contains("device=eth0, hwaddr=06:00:ac:10:00:02"),
-        "{}",
-        vm.report()
-    );
+    vm.assert_eth0_configured("10.0.2.2", "06:00:ac:10:00:02", BOOT_TIMEOUT);
 
     let replies = ns.ping("10.0.2.2", &[]);
     eprintln!("{test}: {}", replies.lines().last().unwrap_or(""));
