@@ -33,7 +33,7 @@
 //! device-writable one ([`ChainError::ReadableAfterWritable`] otherwise).
 
 use super::{
-    Budget, IoSeg, SplitQueue, IOV_MAX, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT,
+    Budget, HostArea, IoSeg, SplitQueue, IOV_MAX, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT,
     VIRTQ_DESC_F_WRITE,
 };
 
@@ -177,6 +177,121 @@ impl Desc {
     }
 }
 
+/// Runs `walk` with the length of `segs` before it, and removes what it
+/// appended if it fails: a refused chain leaves the caller's vector as it
+/// was.
+#[inline(always)]
+fn undo_segs_on_error<T>(
+    segs: &mut Vec<IoSeg>,
+    walk: impl FnOnce(&mut Vec<IoSeg>, usize) -> Result<T, ChainError>,
+) -> Result<T, ChainError> {
+    let start = segs.len();
+    let res = walk(segs, start);
+    if res.is_err() {
+        segs.truncate(start);
+    }
+    res
+}
+
+/// Where a walk stands in a chain: the table being read (the ring's, then
+/// possibly one indirect) and how many descriptors of it were read, which
+/// bounds a looping chain by the table's size.
+struct DescCursor<'q> {
+    queue: &'q SplitQueue,
+    table: HostArea,
+    entries: u32,
+    in_indirect: bool,
+    idx: u16,
+    read_here: u32,
+    /// Descriptors of the ring's own table read so far (an indirect table
+    /// counts one).
+    ring_descs: usize,
+}
+
+impl<'q> DescCursor<'q> {
+    #[inline(always)]
+    fn new(queue: &'q SplitQueue, head: u16) -> Result<Self, ChainError> {
+        if head > queue.mask {
+            return Err(ChainError::HeadOutOfRange);
+        }
+        Ok(DescCursor {
+            queue,
+            table: queue.desc,
+            entries: u32::from(queue.addrs.size),
+            in_indirect: false,
+            idx: head,
+            read_here: 0,
+            ring_descs: 0,
+        })
+    }
+
+    /// The next buffer descriptor of the chain (never an indirect one: its
+    /// table is checked and entered), charging every read to `budget`.
+    #[inline(always)]
+    fn next_buffer(&mut self, budget: &mut Budget) -> Result<Desc, ChainError> {
+        loop {
+            self.read_here += 1;
+            if self.read_here > self.entries {
+                return Err(ChainError::Unterminated);
+            }
+            budget.charge(1);
+            // SAFETY: idx < entries (the head was checked in `new` and every
+            // `next` in `advance`), and the table is 16 * entries bytes: the
+            // ring's by SplitQueue's invariant, an indirect one as entered
+            // below.
+            let d = Desc::parse(unsafe { self.table.read_16(16 * usize::from(self.idx)) });
+            if !self.in_indirect {
+                self.ring_descs += 1;
+            }
+            if d.flags & VIRTQ_DESC_F_INDIRECT == 0 {
+                return Ok(d);
+            }
+            self.enter_indirect(&d)?;
+        }
+    }
+
+    /// Checks the indirect descriptor `d` and continues the walk at the
+    /// first entry of its table.
+    #[inline(always)]
+    fn enter_indirect(&mut self, d: &Desc) -> Result<(), ChainError> {
+        if self.in_indirect {
+            return Err(ChainError::NestedIndirect);
+        }
+        if !self.queue.features.indirect {
+            return Err(ChainError::IndirectNotNegotiated);
+        }
+        if d.flags & VIRTQ_DESC_F_NEXT != 0 {
+            return Err(ChainError::IndirectWithNext);
+        }
+        if d.len == 0 || d.len & 15 != 0 || d.len / 16 > u32::from(self.queue.addrs.size) {
+            return Err(ChainError::IndirectTableLength);
+        }
+        self.table = self
+            .queue
+            .mem
+            .area(d.addr, d.len as usize, 1)
+            .ok_or(ChainError::OutsideMemory)?;
+        self.entries = d.len / 16;
+        self.in_indirect = true;
+        self.idx = 0;
+        self.read_here = 0;
+        Ok(())
+    }
+
+    /// Moves to the descriptor after `d`: false at the end of the chain.
+    #[inline(always)]
+    fn advance(&mut self, d: &Desc) -> Result<bool, ChainError> {
+        if d.flags & VIRTQ_DESC_F_NEXT == 0 {
+            return Ok(false);
+        }
+        if u32::from(d.next) >= self.entries {
+            return Err(ChainError::NextOutOfRange);
+        }
+        self.idx = d.next;
+        Ok(true)
+    }
+}
+
 impl SplitQueue {
     /// Walks the chain at `head`, appending its segments to `segs` and
     /// charging every descriptor read to `budget`. On error `segs` is left
@@ -189,12 +304,9 @@ impl SplitQueue {
         segs: &mut Vec<IoSeg>,
         budget: &mut Budget,
     ) -> Result<Chain, ChainError> {
-        let start = segs.len();
-        let res = self.walk_inner(head, rules, segs, budget, start);
-        if res.is_err() {
-            segs.truncate(start);
-        }
-        res
+        undo_segs_on_error(segs, |segs, start| {
+            self.walk_inner(head, rules, segs, budget, start)
+        })
     }
 
     #[inline(always)]
@@ -206,54 +318,11 @@ impl SplitQueue {
         budget: &mut Budget,
         start: usize,
     ) -> Result<Chain, ChainError> {
-        if head > self.mask {
-            return Err(ChainError::HeadOutOfRange);
-        }
-        // The table being walked: the ring's, then possibly one indirect.
-        let mut table = self.desc;
-        let mut entries = u32::from(self.addrs.size);
-        let mut in_indirect = false;
-        let mut idx = head;
-        let mut read_here = 0u32;
-        let mut ring_descs = 0usize;
+        let mut cursor = DescCursor::new(self, head)?;
         let mut bufs = 0usize;
         let mut len = 0u64;
         loop {
-            read_here += 1;
-            if read_here > entries {
-                return Err(ChainError::Unterminated);
-            }
-            budget.charge(1);
-            // SAFETY: idx < entries (the head was checked above and every
-            // `next` below), and the table is 16 * entries bytes: the ring's
-            // by SplitQueue's invariant, an indirect one as created below.
-            let d = Desc::parse(unsafe { table.read_16(16 * usize::from(idx)) });
-            if !in_indirect {
-                ring_descs += 1;
-            }
-            if d.flags & VIRTQ_DESC_F_INDIRECT != 0 {
-                if in_indirect {
-                    return Err(ChainError::NestedIndirect);
-                }
-                if !self.features.indirect {
-                    return Err(ChainError::IndirectNotNegotiated);
-                }
-                if d.flags & VIRTQ_DESC_F_NEXT != 0 {
-                    return Err(ChainError::IndirectWithNext);
-                }
-                if d.len == 0 || d.len & 15 != 0 || d.len / 16 > u32::from(self.addrs.size) {
-                    return Err(ChainError::IndirectTableLength);
-                }
-                table = self
-                    .mem
-                    .area(d.addr, d.len as usize, 1)
-                    .ok_or(ChainError::OutsideMemory)?;
-                entries = d.len / 16;
-                in_indirect = true;
-                idx = 0;
-                read_here = 0;
-                continue;
-            }
+            let d = cursor.next_buffer(budget)?;
             if (d.flags & VIRTQ_DESC_F_WRITE != 0) != rules.device_writes {
                 return Err(if rules.device_writes {
                     ChainError::ReadOnlyOnRx
@@ -272,13 +341,9 @@ impl SplitQueue {
             if bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
                 return Err(ChainError::TooManySegments);
             }
-            if d.flags & VIRTQ_DESC_F_NEXT == 0 {
+            if !cursor.advance(&d)? {
                 break;
             }
-            if u32::from(d.next) >= entries {
-                return Err(ChainError::NextOutOfRange);
-            }
-            idx = d.next;
         }
         if len < rules.min_len as u64 {
             return Err(ChainError::TooShort);
@@ -288,7 +353,7 @@ impl SplitQueue {
             // At most MAX_CHAIN_SEGS buffers of u32::MAX bytes, or max_len.
             len: len as usize,
             nsegs: segs.len() - start,
-            ring_descs,
+            ring_descs: cursor.ring_descs,
         })
     }
 
@@ -304,12 +369,9 @@ impl SplitQueue {
         segs: &mut Vec<IoSeg>,
         budget: &mut Budget,
     ) -> Result<MixedChain, ChainError> {
-        let start = segs.len();
-        let res = self.walk_mixed_inner(head, max_len, segs, budget, start);
-        if res.is_err() {
-            segs.truncate(start);
-        }
-        res
+        undo_segs_on_error(segs, |segs, start| {
+            self.walk_mixed_inner(head, max_len, segs, budget, start)
+        })
     }
 
     fn walk_mixed_inner(
@@ -320,14 +382,7 @@ impl SplitQueue {
         budget: &mut Budget,
         start: usize,
     ) -> Result<MixedChain, ChainError> {
-        if head > self.mask {
-            return Err(ChainError::HeadOutOfRange);
-        }
-        let mut table = self.desc;
-        let mut entries = u32::from(self.addrs.size);
-        let mut in_indirect = false;
-        let mut idx = head;
-        let mut read_here = 0u32;
+        let mut cursor = DescCursor::new(self, head)?;
         let mut seen_writable = false;
         let mut out = MixedChain {
             head,
@@ -339,41 +394,7 @@ impl SplitQueue {
             ring_descs: 0,
         };
         loop {
-            read_here += 1;
-            if read_here > entries {
-                return Err(ChainError::Unterminated);
-            }
-            budget.charge(1);
-            // SAFETY: idx < entries (the head was checked above and every
-            // `next` below), and the table is 16 * entries bytes: the ring's
-            // by SplitQueue's invariant, an indirect one as created below.
-            let d = Desc::parse(unsafe { table.read_16(16 * usize::from(idx)) });
-            if !in_indirect {
-                out.ring_descs += 1;
-            }
-            if d.flags & VIRTQ_DESC_F_INDIRECT != 0 {
-                if in_indirect {
-                    return Err(ChainError::NestedIndirect);
-                }
-                if !self.features.indirect {
-                    return Err(ChainError::IndirectNotNegotiated);
-                }
-                if d.flags & VIRTQ_DESC_F_NEXT != 0 {
-                    return Err(ChainError::IndirectWithNext);
-                }
-                if d.len == 0 || d.len & 15 != 0 || d.len / 16 > u32::from(self.addrs.size) {
-                    return Err(ChainError::IndirectTableLength);
-                }
-                table = self
-                    .mem
-                    .area(d.addr, d.len as usize, 1)
-                    .ok_or(ChainError::OutsideMemory)?;
-                entries = d.len / 16;
-                in_indirect = true;
-                idx = 0;
-                read_here = 0;
-                continue;
-            }
+            let d = cursor.next_buffer(budget)?;
             let writable = d.flags & VIRTQ_DESC_F_WRITE != 0;
             if writable {
                 seen_writable = true;
@@ -398,15 +419,12 @@ impl SplitQueue {
             if out.bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
                 return Err(ChainError::TooManySegments);
             }
-            if d.flags & VIRTQ_DESC_F_NEXT == 0 {
+            if !cursor.advance(&d)? {
                 break;
             }
-            if u32::from(d.next) >= entries {
-                return Err(ChainError::NextOutOfRange);
-            }
-            idx = d.next;
         }
         out.nsegs = segs.len() - start;
+        out.ring_descs = cursor.ring_descs;
         Ok(out)
     }
 }
