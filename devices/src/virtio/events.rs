@@ -1,22 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Event-loop pieces every virtio device here uses, whatever its queues:
-//! counters updated from the datapath, eventfd reads and writes whose
-//! failures count as host errors, epoll registration results, and the
-//! registration of a rate limiter's timer while (and only while) the limiter
-//! waits for it.
+//! counters updated from the datapath, the state of one activation
+//! ([`Activation`]), eventfd reads and writes whose failures count as host
+//! errors, epoll registration results, and the registration of a rate
+//! limiter's timer while (and only while) the limiter waits for it.
 //!
 //! A host error is never fatal to a device: it is counted in the device's
 //! `host_errors`, logged under the device's name (`virtio-net`,
 //! `virtio-blk`), and the device goes on.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use event_manager::{EventOps, EventSet, Events};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::time_counter::TimeCounter;
+use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
 /// Adds `n` to a counter.
@@ -39,9 +42,84 @@ pub(crate) fn ignored_config_write(counter: &AtomicU64, device: &str, offset: u6
     );
 }
 
+/// A device's counters as one JSON object, the serde field names its keys.
+pub(crate) fn counters_json(counters: &impl serde::Serialize) -> serde_json::Value {
+    // Atomics and time counters serialize to integers; nothing can fail.
+    serde_json::to_value(counters).expect("counters serialize")
+}
+
+/// Checks a device's counters JSON against its contract: every key of
+/// `keys` is there as an integer, and no other key is.
+#[cfg(test)]
+pub(crate) fn assert_counter_keys(json: &serde_json::Value, keys: &[&str]) {
+    let obj = json.as_object().expect("counters are a JSON object");
+    for key in keys {
+        assert!(obj[*key].is_u64(), "{key} missing or not an integer");
+    }
+    assert_eq!(obj.len(), keys.len(), "unexpected keys in {json}");
+}
+
 /// Whether a direction or queue waits for its rate limiter's timer.
 pub(crate) fn throttled(limiter: &Option<RateLimiter>) -> bool {
     limiter.as_ref().is_some_and(RateLimiter::is_blocked)
+}
+
+/// A limiter's timer fired: the work it held back fits now. Unblocks the
+/// limiter and ends the period counted in `throttled_ns`; the caller runs
+/// the pass that was held back.
+pub(crate) fn timer_fired(limiter: &mut Option<RateLimiter>, throttled_ns: &TimeCounter) {
+    if let Some(l) = limiter.as_mut() {
+        l.on_timer();
+    }
+    throttled_ns.stop();
+}
+
+/// Throws away the notifications an eventfd holds: at a reset, kicks that
+/// were pending belong to the old queues.
+pub(crate) fn discard_pending<'a>(evts: impl IntoIterator<Item = &'a EventFd>) {
+    for evt in evts {
+        let _ = evt.read();
+    }
+}
+
+/// What a device holds for one activation besides its queues, the same for
+/// every device: activation and reset happen on a vCPU thread, and the
+/// event handler takes an activation up later, on its own thread.
+pub(crate) struct Activation {
+    /// The transport's interrupt for this activation.
+    pub(crate) interrupt: Arc<dyn Interrupt>,
+    /// The event handler has seen this activation (registered the fds and
+    /// run the first passes).
+    pub(crate) started: bool,
+    /// The transport was told that a queue broke (once per activation).
+    error_signalled: bool,
+}
+
+impl Activation {
+    /// An activation the event handler has not seen yet.
+    pub(crate) fn new(interrupt: Arc<dyn Interrupt>) -> Self {
+        Activation {
+            interrupt,
+            started: false,
+            error_signalled: false,
+        }
+    }
+
+    /// The event handler takes the activation up: true the first time, when
+    /// the caller runs the passes for work posted before DRIVER_OK, which
+    /// has no kick of its own.
+    pub(crate) fn start(&mut self) -> bool {
+        !std::mem::replace(&mut self.started, true)
+    }
+
+    /// A queue became unusable: tells the driver once that the device needs
+    /// a reset, instead of leaving it waiting on a ring that will never move.
+    pub(crate) fn device_error(&mut self) {
+        if !self.error_signalled {
+            self.error_signalled = true;
+            self.interrupt.signal_device_error();
+        }
+    }
 }
 
 /// Where a device's host errors go: its counter and its name in log lines.
@@ -51,7 +129,12 @@ pub(crate) struct HostErrors<'a> {
     pub(crate) device: &'static str,
 }
 
-impl HostErrors<'_> {
+impl<'a> HostErrors<'a> {
+    /// Host errors counted in `counter` and logged as `device`.
+    pub(crate) fn new(counter: &'a AtomicU64, device: &'static str) -> Self {
+        HostErrors { counter, device }
+    }
+
     /// Reads an eventfd down to zero; an empty one is not an error.
     pub(crate) fn drain(self, evt: &EventFd, what: &str) {
         match evt.read() {
@@ -70,6 +153,74 @@ impl HostErrors<'_> {
             inc(self.counter);
             log::error!("{}: cannot write the {what} eventfd: {e}", self.device);
         }
+    }
+
+    /// Makes an eventfd readable unless `signalled` says it still is: epoll
+    /// is level-triggered, so an eventfd left readable brings the loop back
+    /// without another write.
+    pub(crate) fn signal_once(self, evt: &EventFd, signalled: &mut bool, what: &str) {
+        if !*signalled {
+            *signalled = true;
+            self.signal(evt, what);
+        }
+    }
+
+    /// Reads an eventfd [`signal_once`](Self::signal_once) wrote, so the
+    /// loop sleeps until it is signalled again.
+    pub(crate) fn drain_signalled(self, evt: &EventFd, signalled: &mut bool, what: &str) {
+        self.drain(evt, what);
+        *signalled = false;
+    }
+
+    /// Wakes the device's event handler through its activation eventfd:
+    /// activation and reset happen on a vCPU thread, the registrations they
+    /// call for on the event loop's.
+    pub(crate) fn kick_event_loop(self, activate_evt: &EventFd) {
+        if let Err(e) = activate_evt.write(1) {
+            inc(self.counter);
+            log::error!("{}: cannot signal the event loop: {e}", self.device);
+        }
+    }
+
+    /// Registers `fd` for reading with `token` (what it is in log lines).
+    pub(crate) fn add_readable(
+        self,
+        ops: &mut EventOps,
+        fd: &impl AsRawFd,
+        token: u32,
+        what: &str,
+    ) {
+        self.ctl_result(ops.add(Events::with_data(fd, token, EventSet::IN)), what);
+    }
+
+    /// Registers the queue (and re-queue) eventfds of `fds`, each with its
+    /// token, while `want`, and removes them otherwise; `registered` says
+    /// whether they are, and only a change is made.
+    pub(crate) fn sync_queue_eventfds(
+        self,
+        ops: &mut EventOps,
+        fds: &[(&EventFd, u32)],
+        want: bool,
+        registered: &mut bool,
+    ) {
+        if want == *registered {
+            return;
+        }
+        for &(evt, token) in fds {
+            let res = if want {
+                ops.add(Events::with_data(evt, token, EventSet::IN))
+            } else {
+                ops.remove(Events::empty(evt))
+            };
+            self.ctl_result(res, "a queue eventfd");
+        }
+        *registered = want;
+    }
+
+    /// An event carried a token the device never registered.
+    pub(crate) fn unknown_token(self, token: u32) {
+        inc(self.counter);
+        log::error!("{}: event with unknown token {token}", self.device);
     }
 
     /// Counts and logs a failed epoll registration change.
@@ -140,10 +291,7 @@ mod tests {
     use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 
     fn errors(counter: &AtomicU64) -> HostErrors<'_> {
-        HostErrors {
-            counter,
-            device: "test",
-        }
+        HostErrors::new(counter, "test")
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::request::{Rules, MAX_DWZ_SECTORS, MAX_DWZ_SEGS};
 use super::uring::BlockRing;
 use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
-use crate::virtio::events;
+use crate::virtio::events::{self, Activation};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
     check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioDevice,
@@ -103,13 +103,9 @@ pub enum BlockError {
 /// State that exists only between activation and reset.
 pub(crate) struct Active {
     pub(crate) virtio: BlockVirtio,
-    pub(crate) interrupt: Arc<dyn Interrupt>,
-    /// The event handler has seen this activation.
-    pub(crate) started: bool,
+    pub(crate) activation: Activation,
     /// The last pass stopped on a full io_uring: completions start the next.
     pub(crate) saturated: bool,
-    /// The transport was told that the queue broke (once per activation).
-    pub(crate) error_signalled: bool,
 }
 
 /// What the event handler has in the epoll set (only it changes this).
@@ -413,8 +409,12 @@ impl<B: BlockBackend> Block<B> {
         // restarts a pass that stopped on a full ring).
         while engine.in_flight() > 0 {
             engine.wait()?;
-            a.virtio
-                .complete(&mut self.backend, engine, &self.metrics, &*a.interrupt);
+            a.virtio.complete(
+                &mut self.backend,
+                engine,
+                &self.metrics,
+                &*a.activation.interrupt,
+            );
         }
         Ok(())
     }
@@ -428,9 +428,9 @@ impl<B: BlockBackend> Block<B> {
             .copy_from_slice(&capacity.to_le_bytes());
         self.config_generation = self.config_generation.wrapping_add(1);
         if let Some(a) = self.active.as_mut() {
-            a.virtio
-                .set_capacity(capacity, &self.metrics, &*a.interrupt);
-            a.interrupt.signal_config_change();
+            let interrupt = &*a.activation.interrupt;
+            a.virtio.set_capacity(capacity, &self.metrics, interrupt);
+            interrupt.signal_config_change();
         }
     }
 
@@ -463,10 +463,9 @@ impl<B: BlockBackend> Block<B> {
     }
 
     pub(crate) fn kick_event_handler(&self) {
-        if let Err(e) = self.activate_evt.write(1) {
-            events::inc(&self.metrics.host_errors);
-            log::error!("virtio-blk: cannot signal the event loop: {e}");
-        }
+        self.metrics
+            .host_errors()
+            .kick_event_loop(&self.activate_evt);
     }
 
     /// Ends the current activation: waits for what is in flight, drops the
@@ -535,10 +534,8 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         let queue = queues.remove(0);
         self.active = Some(Active {
             virtio: BlockVirtio::new(queue, rules, self.cfg.cache_type, &self.cfg.id),
-            interrupt,
-            started: false,
+            activation: Activation::new(interrupt),
             saturated: false,
-            error_signalled: false,
         });
         self.metrics
             .features_negotiated
@@ -551,10 +548,7 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         self.deactivate();
         self.acked_features = 0;
         self.registered.requeued = false;
-        // Kicks that were pending belong to the old queue.
-        for evt in [&self.queue_evts[0], &self.requeue_evt] {
-            let _ = evt.read();
-        }
+        events::discard_pending([&self.queue_evts[0], &self.requeue_evt]);
         self.kick_event_handler();
     }
 }

@@ -19,11 +19,11 @@
 //! that stopped on a full io_uring waits for completions; a throttled one
 //! for the limiter's timer (kicks start no pass meanwhile).
 
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use event_manager::{EventOps, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::backend::BlockBackend;
-use super::device::{Active, Block, Registered};
+use super::device::{Block, Registered};
 use super::metrics::BlockMetrics;
 use super::pass::PassStatus;
 use crate::virtio::events::{self, throttled};
@@ -43,15 +43,14 @@ impl<B: BlockBackend> Block<B> {
     /// A pass yielded: makes the re-queue eventfd readable, unless it still
     /// is from the pass before. (Borrowed apart: a pass holds `active`.)
     fn requeue(registered: &mut Registered, evt: &EventFd, metrics: &BlockMetrics) {
-        if !registered.requeued {
-            registered.requeued = true;
-            metrics.host_errors().signal(evt, "re-queue");
-        }
+        metrics
+            .host_errors()
+            .signal_once(evt, &mut registered.requeued, "re-queue");
     }
 
     /// Runs one pass if one may run now; returns how it ended.
     fn run_pass(&mut self) -> Option<PassStatus> {
-        let a = self.active.as_mut().filter(|a| a.started)?;
+        let a = self.active.as_mut().filter(|a| a.activation.started)?;
         if throttled(&self.limiter) {
             return None;
         }
@@ -61,37 +60,26 @@ impl<B: BlockBackend> Block<B> {
             &mut self.engine,
             self.limiter.as_mut(),
             &self.metrics,
-            &*a.interrupt,
+            &*a.activation.interrupt,
         );
         match status {
             PassStatus::Yield => {
                 Self::requeue(&mut self.registered, &self.requeue_evt, &self.metrics)
             }
             PassStatus::Saturated => a.saturated = true,
-            PassStatus::Broken => Self::device_error(a),
+            PassStatus::Broken => a.activation.device_error(),
             PassStatus::Done | PassStatus::Throttled => {}
         }
         Some(status)
-    }
-
-    /// The queue became unusable: tell the driver once.
-    fn device_error(a: &mut Active) {
-        if !a.error_signalled {
-            a.error_signalled = true;
-            a.interrupt.signal_device_error();
-        }
     }
 
     fn process_activate_event(&mut self) {
         self.metrics
             .host_errors()
             .drain(&self.activate_evt, "activate");
-        if let Some(a) = self.active.as_mut() {
-            if !a.started {
-                a.started = true;
-                // Requests posted before DRIVER_OK have no kick of their own.
-                self.run_pass();
-            }
+        // Requests posted before DRIVER_OK have no kick of their own.
+        if self.active.as_mut().is_some_and(|a| a.activation.start()) {
+            self.run_pass();
         }
     }
 
@@ -104,10 +92,11 @@ impl<B: BlockBackend> Block<B> {
 
     fn process_requeue_event(&mut self) {
         if self.run_pass() != Some(PassStatus::Yield) {
-            self.metrics
-                .host_errors()
-                .drain(&self.requeue_evt, "re-queue");
-            self.registered.requeued = false;
+            self.metrics.host_errors().drain_signalled(
+                &self.requeue_evt,
+                &mut self.registered.requeued,
+                "re-queue",
+            );
         }
     }
 
@@ -122,39 +111,33 @@ impl<B: BlockBackend> Block<B> {
             engine.quiesce();
             return;
         };
-        a.virtio
-            .complete(&mut self.backend, engine, &self.metrics, &*a.interrupt);
+        a.virtio.complete(
+            &mut self.backend,
+            engine,
+            &self.metrics,
+            &*a.activation.interrupt,
+        );
         if a.saturated {
             self.run_pass();
         }
     }
 
     fn process_rate_limiter_event(&mut self) {
-        if let Some(l) = self.limiter.as_mut() {
-            l.on_timer();
-        }
-        self.metrics.throttled_ns.stop();
+        events::timer_fired(&mut self.limiter, &self.metrics.throttled_ns);
         self.run_pass();
     }
 
     fn sync_registrations(&mut self, ops: &mut EventOps) {
-        let want_queues = self.active.as_ref().is_some_and(|a| a.started);
-        if want_queues != self.registered.queues {
-            for (evt, token) in [
+        let want_queues = self.active.as_ref().is_some_and(|a| a.activation.started);
+        self.metrics.host_errors().sync_queue_eventfds(
+            ops,
+            &[
                 (&self.queue_evts[0], PROCESS_QUEUE),
                 (&self.requeue_evt, PROCESS_REQUEUE),
-            ] {
-                let res = if want_queues {
-                    ops.add(Events::with_data(evt, token, EventSet::IN))
-                } else {
-                    ops.remove(Events::empty(evt))
-                };
-                self.metrics
-                    .host_errors()
-                    .ctl_result(res, "a queue eventfd");
-            }
-            self.registered.queues = want_queues;
-        }
+            ],
+            want_queues,
+            &mut self.registered.queues,
+        );
         // The timer follows the limiter whatever the activation state: one
         // armed before a reset still has to unblock it.
         let retry = self.metrics.host_errors().sync_timer(
@@ -172,21 +155,15 @@ impl<B: BlockBackend> Block<B> {
 
 impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
     fn init(&mut self, ops: &mut EventOps) {
-        let res = ops.add(Events::with_data(
+        let errors = self.metrics.host_errors();
+        errors.add_readable(
+            ops,
             &self.activate_evt,
             PROCESS_ACTIVATE,
-            EventSet::IN,
-        ));
-        self.metrics
-            .host_errors()
-            .ctl_result(res, "the activation eventfd");
+            "the activation eventfd",
+        );
         if let Some(e) = self.engine.as_ref() {
-            let res = ops.add(Events::with_data(
-                e.ring(),
-                PROCESS_COMPLETIONS,
-                EventSet::IN,
-            ));
-            self.metrics.host_errors().ctl_result(res, "the io_uring");
+            errors.add_readable(ops, e.ring(), PROCESS_COMPLETIONS, "the io_uring");
         }
         if self.active.is_some() {
             self.process_activate_event();
@@ -201,10 +178,7 @@ impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
             PROCESS_REQUEUE => self.process_requeue_event(),
             PROCESS_COMPLETIONS => self.process_completions_event(),
             PROCESS_RATE_LIMITER => self.process_rate_limiter_event(),
-            other => {
-                events::inc(&self.metrics.host_errors);
-                log::error!("virtio-blk: event with unknown token {other}");
-            }
+            other => self.metrics.host_errors().unknown_token(other),
         }
         self.sync_registrations(ops);
     }

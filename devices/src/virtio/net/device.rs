@@ -23,7 +23,7 @@ use super::{
     RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
-use crate::virtio::events;
+use crate::virtio::events::{self, Activation};
 use crate::virtio::io_engine::WriteRing;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
@@ -103,14 +103,9 @@ pub enum NetError {
 pub(crate) struct Active {
     pub(crate) rx: RxVirtio,
     pub(crate) tx: TxVirtio,
-    pub(crate) interrupt: Arc<dyn Interrupt>,
-    /// The event handler has seen this activation (registered the fds and
-    /// run the first passes).
-    pub(crate) started: bool,
+    pub(crate) activation: Activation,
     /// An RX pass hit its weight: reading waits for the RX re-queue event.
     pub(crate) rx_deferred: bool,
-    /// The transport was told that a queue broke (once per activation).
-    pub(crate) error_signalled: bool,
 }
 
 /// What the event handler currently has in the epoll set: state of the
@@ -357,10 +352,9 @@ impl<B: NetBackend> Net<B> {
     }
 
     fn kick_event_handler(&self) {
-        if let Err(e) = self.activate_evt.write(1) {
-            events::inc(&self.metrics.host_errors);
-            log::error!("virtio-net: cannot signal the event loop: {e}");
-        }
+        self.metrics
+            .host_errors()
+            .kick_event_loop(&self.activate_evt);
     }
 }
 
@@ -436,10 +430,8 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         self.active = Some(Active {
             rx,
             tx,
-            interrupt,
-            started: false,
+            activation: Activation::new(interrupt),
             rx_deferred: false,
-            error_signalled: false,
         });
         self.metrics
             .features_negotiated
@@ -459,14 +451,11 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         self.registered.backend_hup = false;
         self.registered.tx_requeued = false;
         self.registered.rx_requeued = false;
-        // Kicks that were pending belong to the old queues.
-        for evt in self
-            .queue_evts
-            .iter()
-            .chain([&self.rx_requeue_evt, &self.tx_requeue_evt])
-        {
-            let _ = evt.read();
-        }
+        events::discard_pending(
+            self.queue_evts
+                .iter()
+                .chain([&self.rx_requeue_evt, &self.tx_requeue_evt]),
+        );
         self.kick_event_handler();
     }
 }
@@ -491,6 +480,14 @@ mod tests {
     fn net(cfg: NetConfig) -> Net<SeqPacket> {
         let (a, _b) = SeqPacket::pair().unwrap();
         Net::with_backend(a, cfg, mem()).unwrap()
+    }
+
+    /// Why a device with `cfg` cannot be made (it must not be).
+    fn refusal(cfg: NetConfig) -> NetError {
+        let (a, _b) = SeqPacket::pair().unwrap();
+        Net::with_backend(a, cfg, mem())
+            .err()
+            .expect("the configuration is refused")
     }
 
     #[test]
@@ -552,7 +549,6 @@ mod tests {
             csum | bit(VIRTIO_NET_F_HOST_UFO) | bit(VIRTIO_NET_F_GUEST_UFO)
         );
         // TSO without checksum offload is refused.
-        let (a, _b) = SeqPacket::pair().unwrap();
         let cfg = NetConfig {
             offloads: Offloads {
                 tso4: true,
@@ -561,8 +557,8 @@ mod tests {
             ..NetConfig::default()
         };
         assert!(matches!(
-            Net::with_backend(a, cfg, mem()),
-            Err(NetError::Config(NetConfigError::Offloads(_)))
+            refusal(cfg),
+            NetError::Config(NetConfigError::Offloads(_))
         ));
     }
 
@@ -583,14 +579,13 @@ mod tests {
         n.read_config(CONFIG_MTU_OFFSET as u64, &mut b);
         assert_eq!(u16::from_le_bytes(b), 9000, "read-only");
         for bad in [0, 67] {
-            let (a, _b) = SeqPacket::pair().unwrap();
             let cfg = NetConfig {
                 mtu: Some(bad),
                 ..NetConfig::default()
             };
             assert!(matches!(
-                Net::with_backend(a, cfg, mem()),
-                Err(NetError::Config(NetConfigError::Mtu(m))) if m == bad
+                refusal(cfg),
+                NetError::Config(NetConfigError::Mtu(m)) if m == bad
             ));
         }
     }
@@ -634,14 +629,13 @@ mod tests {
     #[test]
     fn test_bad_queue_size() {
         for qs in [0, 3, 100, 65535] {
-            let (a, _b) = SeqPacket::pair().unwrap();
             let cfg = NetConfig {
                 queue_size: qs,
                 ..NetConfig::default()
             };
             assert!(matches!(
-                Net::with_backend(a, cfg, mem()),
-                Err(NetError::Config(NetConfigError::QueueSize(q))) if q == qs
+                refusal(cfg),
+                NetError::Config(NetConfigError::QueueSize(q)) if q == qs
             ));
         }
     }

@@ -36,7 +36,7 @@
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::device::{Active, Net};
+use super::device::Net;
 use super::rx::RxStatus;
 use super::tap::NetBackend;
 use super::tx::TxStatus;
@@ -89,10 +89,7 @@ impl<B: NetBackend> Net<B> {
     /// `Registered::tx_requeued`).
     fn requeue(&mut self, q: usize) {
         let (evt, queued, errors, what) = self.requeue_parts(q);
-        if !*queued {
-            *queued = true;
-            errors.signal(evt, what);
-        }
+        errors.signal_once(evt, queued, what);
     }
 
     /// A pass of queue `q` run from its re-queue eventfd ended otherwise
@@ -100,14 +97,13 @@ impl<B: NetBackend> Net<B> {
     /// sleeps.
     fn requeue_done(&mut self, q: usize) {
         let (evt, queued, errors, what) = self.requeue_parts(q);
-        errors.drain(evt, what);
-        *queued = false;
+        errors.drain_signalled(evt, queued, what);
     }
 
     /// Runs one RX pass if reading is allowed now; returns how it ended.
     /// `hup`: the backend reported EPOLLHUP or EPOLLERR with this event.
     fn run_rx(&mut self, hup: bool) -> Option<RxStatus> {
-        let a = self.active.as_mut().filter(|a| a.started)?;
+        let a = self.active.as_mut().filter(|a| a.activation.started)?;
         if a.rx_deferred || a.rx.starved_since().is_some() || throttled(&self.rx_limiter) {
             return None;
         }
@@ -115,14 +111,14 @@ impl<B: NetBackend> Net<B> {
             &self.backend,
             self.rx_limiter.as_mut(),
             &self.metrics,
-            &*a.interrupt,
+            &*a.activation.interrupt,
         );
         match status {
             RxStatus::WeightHit => {
                 a.rx_deferred = true;
                 self.requeue(RX_INDEX);
             }
-            RxStatus::Broken => Self::device_error(a),
+            RxStatus::Broken => a.activation.device_error(),
             // End of file only with a hangup reported; otherwise a 0-byte
             // message, a runt frame (a hangup that arrives in a pass started
             // by another event is taken at the next backend event).
@@ -139,7 +135,7 @@ impl<B: NetBackend> Net<B> {
     /// Runs one TX pass unless a frame waits for the backend; returns how
     /// it ended.
     fn run_tx(&mut self, retry: bool) -> Option<TxStatus> {
-        let a = self.active.as_mut().filter(|a| a.started)?;
+        let a = self.active.as_mut().filter(|a| a.activation.started)?;
         // While blocked, only writability (EPOLLOUT) may resume TX: a kick
         // would just hit EAGAIN again. While throttled, only the limiter's
         // timer may.
@@ -151,23 +147,14 @@ impl<B: NetBackend> Net<B> {
             &mut self.tx_ring,
             self.tx_limiter.as_mut(),
             &self.metrics,
-            &*a.interrupt,
+            &*a.activation.interrupt,
         );
         match status {
             TxStatus::WeightHit => self.requeue(TX_INDEX),
-            TxStatus::Broken => Self::device_error(a),
+            TxStatus::Broken => a.activation.device_error(),
             TxStatus::Done | TxStatus::Blocked | TxStatus::Throttled => {}
         }
         Some(status)
-    }
-
-    /// A queue became unusable: tell the driver once that the device needs a
-    /// reset, instead of leaving it waiting on a ring that will never move.
-    fn device_error(a: &mut Active) {
-        if !a.error_signalled {
-            a.error_signalled = true;
-            a.interrupt.signal_device_error();
-        }
     }
 
     /// activate_evt: start a new activation (a reset needs only the
@@ -176,12 +163,9 @@ impl<B: NetBackend> Net<B> {
         self.metrics
             .host_errors()
             .drain(&self.activate_evt, "activate");
-        if let Some(a) = self.active.as_mut() {
-            if !a.started {
-                a.started = true;
-                // Frames queued before DRIVER_OK have no kick of their own.
-                self.run_tx(false);
-            }
+        // Frames queued before DRIVER_OK have no kick of their own.
+        if self.active.as_mut().is_some_and(|a| a.activation.start()) {
+            self.run_tx(false);
         }
     }
 
@@ -262,19 +246,13 @@ impl<B: NetBackend> Net<B> {
 
     /// The RX limiter's timer: the frame it waited for fits; read again.
     fn process_rx_rate_limiter_event(&mut self) {
-        if let Some(l) = self.rx_limiter.as_mut() {
-            l.on_timer();
-        }
-        self.metrics.rx_throttled_ns.stop();
+        events::timer_fired(&mut self.rx_limiter, &self.metrics.rx_throttled_ns);
         self.run_rx(false);
     }
 
     /// The TX limiter's timer: send the chain it held back, and what follows.
     fn process_tx_rate_limiter_event(&mut self) {
-        if let Some(l) = self.tx_limiter.as_mut() {
-            l.on_timer();
-        }
-        self.metrics.tx_throttled_ns.stop();
+        events::timer_fired(&mut self.tx_limiter, &self.metrics.tx_throttled_ns);
         self.run_tx(false);
     }
 
@@ -284,7 +262,7 @@ impl<B: NetBackend> Net<B> {
         if self.registered.backend_hup {
             return set;
         }
-        if let Some(a) = self.active.as_ref().filter(|a| a.started) {
+        if let Some(a) = self.active.as_ref().filter(|a| a.activation.started) {
             if !a.rx_deferred
                 && a.rx.starved_since().is_none()
                 && !a.rx.is_broken()
@@ -306,26 +284,18 @@ impl<B: NetBackend> Net<B> {
 
     /// Brings the epoll registrations in line with the device state.
     fn sync_registrations(&mut self, ops: &mut EventOps) {
-        let want_queues = self.active.as_ref().is_some_and(|a| a.started);
-        if want_queues != self.registered.queues {
-            let fds = [
+        let want_queues = self.active.as_ref().is_some_and(|a| a.activation.started);
+        self.metrics.host_errors().sync_queue_eventfds(
+            ops,
+            &[
                 (&self.queue_evts[RX_INDEX], PROCESS_RX_QUEUE),
                 (&self.queue_evts[TX_INDEX], PROCESS_TX_QUEUE),
                 (&self.rx_requeue_evt, PROCESS_RX_REQUEUE),
                 (&self.tx_requeue_evt, PROCESS_TX_REQUEUE),
-            ];
-            for (evt, token) in fds {
-                let res = if want_queues {
-                    ops.add(Events::with_data(evt, token, EventSet::IN))
-                } else {
-                    ops.remove(Events::empty(evt))
-                };
-                self.metrics
-                    .host_errors()
-                    .ctl_result(res, "a queue eventfd");
-            }
-            self.registered.queues = want_queues;
-        }
+            ],
+            want_queues,
+            &mut self.registered.queues,
+        );
 
         let want = self.wanted_backend_interest();
         let fd = self.backend.as_raw_fd();
@@ -368,14 +338,12 @@ impl<B: NetBackend> Net<B> {
 
 impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
     fn init(&mut self, ops: &mut EventOps) {
-        let res = ops.add(Events::with_data(
+        self.metrics.host_errors().add_readable(
+            ops,
             &self.activate_evt,
             PROCESS_ACTIVATE,
-            EventSet::IN,
-        ));
-        self.metrics
-            .host_errors()
-            .ctl_result(res, "the activation eventfd");
+            "the activation eventfd",
+        );
         // An activation that happened before we were added to the loop.
         if self.active.is_some() {
             self.process_activate_event();
@@ -393,10 +361,7 @@ impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
             PROCESS_TX_REQUEUE => self.process_tx_requeue_event(),
             PROCESS_RX_RATE_LIMITER => self.process_rx_rate_limiter_event(),
             PROCESS_TX_RATE_LIMITER => self.process_tx_rate_limiter_event(),
-            other => {
-                events::inc(&self.metrics.host_errors);
-                log::error!("virtio-net: event with unknown token {other}");
-            }
+            other => self.metrics.host_errors().unknown_token(other),
         }
         self.sync_registrations(ops);
     }
