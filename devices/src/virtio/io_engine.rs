@@ -278,6 +278,14 @@ mod tests {
         std::iter::from_fn(|| peer.recv(&mut buf).ok().map(|n| buf[..n].to_vec())).collect()
     }
 
+    /// Every write of `out` took its frame of `frames` whole, and the peer
+    /// received them all, in order.
+    fn assert_sent_whole(out: &[i32], frames: &[Vec<u8>], peer: &SeqPacket) {
+        let lens: Vec<i32> = frames.iter().map(|f| f.len() as i32).collect();
+        assert_eq!(out, lens);
+        assert_eq!(received(peer), frames);
+    }
+
     /// A socket pair whose device end takes a whole batch without EAGAIN
     /// (SO_SNDBUF as large as the host allows) and whose peer does not
     /// block.
@@ -297,9 +305,7 @@ mod tests {
         let bufs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let mut out = vec![0; bufs.len()];
         ring.write_bufs(&bufs, &mut out).unwrap();
-        let lens: Vec<i32> = frames.iter().map(|f| f.len() as i32).collect();
-        assert_eq!(out, lens);
-        assert_eq!(received(&peer), frames);
+        assert_sent_whole(&out, &frames, &peer);
     }
 
     #[test]
@@ -325,9 +331,7 @@ mod tests {
             .collect();
         let segs: Vec<Vec<IoSeg>> = frames.iter().zip(&lens).map(|(f, l)| cut(f, l)).collect();
         let out = write(&mut ring, &segs);
-        let lens: Vec<i32> = frames.iter().map(|f| f.len() as i32).collect();
-        assert_eq!(out, lens);
-        assert_eq!(received(&peer), frames);
+        assert_sent_whole(&out, &frames, &peer);
     }
 
     #[test]

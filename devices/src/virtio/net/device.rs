@@ -482,8 +482,11 @@ mod tests {
         Net::with_backend(a, cfg, mem()).unwrap()
     }
 
-    /// Why a device with `cfg` cannot be made (it must not be).
-    fn refusal(cfg: NetConfig) -> NetError {
+    /// Why a device cannot be made with the default configuration changed
+    /// by `change` (it must not be).
+    fn refusal(change: impl FnOnce(&mut NetConfig)) -> NetError {
+        let mut cfg = NetConfig::default();
+        change(&mut cfg);
         let (a, _b) = SeqPacket::pair().unwrap();
         Net::with_backend(a, cfg, mem())
             .err()
@@ -549,15 +552,12 @@ mod tests {
             csum | bit(VIRTIO_NET_F_HOST_UFO) | bit(VIRTIO_NET_F_GUEST_UFO)
         );
         // TSO without checksum offload is refused.
-        let cfg = NetConfig {
-            offloads: Offloads {
-                tso4: true,
-                ..Offloads::NONE
-            },
-            ..NetConfig::default()
+        let tso4_only = Offloads {
+            tso4: true,
+            ..Offloads::NONE
         };
         assert!(matches!(
-            refusal(cfg),
+            refusal(|c| c.offloads = tso4_only),
             NetError::Config(NetConfigError::Offloads(_))
         ));
     }
@@ -579,12 +579,8 @@ mod tests {
         n.read_config(CONFIG_MTU_OFFSET as u64, &mut b);
         assert_eq!(u16::from_le_bytes(b), 9000, "read-only");
         for bad in [0, 67] {
-            let cfg = NetConfig {
-                mtu: Some(bad),
-                ..NetConfig::default()
-            };
             assert!(matches!(
-                refusal(cfg),
+                refusal(|c| c.mtu = Some(bad)),
                 NetError::Config(NetConfigError::Mtu(m)) if m == bad
             ));
         }
@@ -629,12 +625,8 @@ mod tests {
     #[test]
     fn test_bad_queue_size() {
         for qs in [0, 3, 100, 65535] {
-            let cfg = NetConfig {
-                queue_size: qs,
-                ..NetConfig::default()
-            };
             assert!(matches!(
-                refusal(cfg),
+                refusal(|c| c.queue_size = qs),
                 NetError::Config(NetConfigError::QueueSize(q)) if q == qs
             ));
         }

@@ -381,6 +381,14 @@ mod tests {
 
     const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
+    /// A device activated with MRG_RXBUF whose configuration is the default
+    /// changed by `change`.
+    fn fixture_with(change: impl FnOnce(&mut NetConfig)) -> NetFixture {
+        let mut cfg = NetConfig::default();
+        change(&mut cfg);
+        NetFixture::new(cfg, MRG_FEATURES)
+    }
+
     /// The queue whose re-queue (`Registered::*_requeued` and its eventfd)
     /// a test looks at: RX and TX yield and re-queue the same way.
     #[derive(Clone, Copy)]
@@ -438,13 +446,7 @@ mod tests {
 
     #[test]
     fn test_tx_requeue_stays_readable_while_passes_yield() {
-        let mut h = NetFixture::new(
-            NetConfig {
-                tx_weight_packets: 4,
-                ..NetConfig::default()
-            },
-            MRG_FEATURES,
-        );
+        let mut h = fixture_with(|c| c.tx_weight_packets = 4);
         let frames: Vec<Vec<u8>> = (0..20).map(|i| frame(12 + 64, i)).collect();
         for f in &frames {
             h.post_tx(f, &[]);
@@ -473,13 +475,7 @@ mod tests {
 
     #[test]
     fn test_rx_requeue_stays_readable_while_passes_yield() {
-        let mut h = NetFixture::new(
-            NetConfig {
-                rx_weight_packets: 4,
-                ..NetConfig::default()
-            },
-            MRG_FEATURES,
-        );
+        let mut h = fixture_with(|c| c.rx_weight_packets = 4);
         let bufs = h.post_rx(&[1526; 40]);
         h.kick_rx();
         let frames: Vec<Vec<u8>> = (0..18).map(|i| frame(12 + 64, i)).collect();

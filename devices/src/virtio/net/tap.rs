@@ -600,6 +600,12 @@ mod tests {
     use super::*;
     use crate::virtio::queue::IoSeg;
 
+    /// A new TAP named after `pattern`, in a private network namespace
+    /// (see [`enter_private_netns`]); `None` where `test` has to skip.
+    fn private_tap(test: &str, pattern: &str) -> Option<Tap> {
+        enter_private_netns(test).then(|| Tap::open_named(pattern).unwrap())
+    }
+
     #[test]
     fn test_invalid_names() {
         assert!(matches!(Tap::open_named(""), Err(TapError::InvalidName(_))));
@@ -632,10 +638,9 @@ mod tests {
     /// creates is invisible to the host and disappears with the namespace.
     #[test]
     fn test_real_tap_open_and_offload() {
-        if !enter_private_netns("test_real_tap_open_and_offload") {
+        let Some(tap) = private_tap("test_real_tap_open_and_offload", "mvtest%d") else {
             return;
-        }
-        let tap = Tap::open_named("mvtest%d").unwrap();
+        };
         assert!(tap.if_name().starts_with("mvtest"), "{}", tap.if_name());
         tap.set_offload(libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6)
             .unwrap();
@@ -656,10 +661,12 @@ mod tests {
     /// hand it over) a write can meet EAGAIN, and a batch could reorder.
     #[test]
     fn test_real_tap_is_batched_only_with_an_unlimited_send_buffer() {
-        if !enter_private_netns("test_real_tap_is_batched_only_with_an_unlimited_send_buffer") {
+        let Some(tap) = private_tap(
+            "test_real_tap_is_batched_only_with_an_unlimited_send_buffer",
+            "mvsnd%d",
+        ) else {
             return;
-        }
-        let tap = Tap::open_named("mvsnd%d").unwrap();
+        };
         assert_eq!(tap.send_buffer().unwrap(), libc::c_int::MAX);
         assert!(tap.batched_writes());
         let limit: libc::c_int = 65536;
@@ -679,10 +686,9 @@ mod tests {
     /// would look like one that fills the buffers exactly.
     #[test]
     fn test_real_tap_read_returns_only_what_fit() {
-        if !enter_private_netns("test_real_tap_read_returns_only_what_fit") {
+        let Some(tap) = private_tap("test_real_tap_read_returns_only_what_fit", "mvlen%d") else {
             return;
-        }
-        let tap = Tap::open_named("mvlen%d").unwrap();
+        };
         let mut ifr = query_interface(tap.if_name(), libc::SIOCGIFFLAGS as libc::c_ulong).unwrap();
         ifr.set_flags(ifr.flags() | libc::IFF_UP);
         interface_ioctl(libc::SIOCSIFFLAGS as libc::c_ulong, &mut ifr).unwrap();
