@@ -18,6 +18,7 @@ use event_manager::{EventOps, EventSet, Events};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rate_limiter::RateLimiter;
+use crate::virtio::queue::Notify;
 use crate::virtio::time_counter::TimeCounter;
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -30,6 +31,28 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
 /// Increments a counter and returns its new value.
 pub(crate) fn inc(counter: &AtomicU64) -> u64 {
     counter.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+/// Acts on what the driver asked for after a batch of used entries: raises
+/// the used-queue interrupt it wants, counted in `interrupts`, or counts the
+/// one it suppressed in `suppressed`.
+#[inline]
+pub(crate) fn notify_driver(
+    notify: Notify,
+    irq: &dyn Interrupt,
+    interrupts: &AtomicU64,
+    suppressed: &AtomicU64,
+) {
+    match notify {
+        Notify::Nothing => {}
+        Notify::Interrupt => {
+            inc(interrupts);
+            irq.signal_used_queue();
+        }
+        Notify::Suppressed => {
+            inc(suppressed);
+        }
+    }
 }
 
 /// A driver wrote to a read-only configuration space: counted in

@@ -82,21 +82,13 @@ impl WriteRing {
     /// sysctl, a seccomp filter already in place); the device then writes
     /// frame by frame.
     pub fn new(fd: RawFd) -> io::Result<WriteRing> {
-        let ring = IoUring::builder()
-            .setup_r_disabled()
+        let ring = restricted_ring(
             // No IORING_SETUP_SINGLE_ISSUER: the ring is built on the thread
             // that builds the VM, and used on the event loop's.
-            .setup_coop_taskrun()
-            .build(MAX_BATCH as u32)?;
-        let submitter = ring.submitter();
-        let mut rules = [
-            Restriction::sqe_op(opcode::Write::CODE),
-            Restriction::sqe_op(opcode::Writev::CODE),
-            // No IOSQE_* flag: no links, drains or forced async workers.
-            Restriction::sqe_flags_allowed(0),
-        ];
-        submitter.register_restrictions(&mut rules)?;
-        submitter.register_enable_rings()?;
+            IoUring::builder().setup_coop_taskrun(),
+            MAX_BATCH as u32,
+            &[opcode::Write::CODE, opcode::Writev::CODE],
+        )?;
         Ok(WriteRing { ring, fd })
     }
 
@@ -188,6 +180,34 @@ impl WriteRing {
         let pushed = unsafe { self.ring.submission().push(&entry) };
         pushed.map_err(|_| io::Error::other("io_uring submission queue full"))
     }
+}
+
+/// Builds a ring of `entries` entries with `builder`'s setup, disabled
+/// until it is restricted to the opcodes `ops` with no `IOSQE_*` flag (no
+/// links, drains or forced async workers) and no further
+/// `io_uring_register` operation, then enabled: what the ring may do is
+/// fixed before the VMM's seccomp filters, which do not see what a ring
+/// runs.
+pub(crate) fn restricted_ring(
+    builder: &mut io_uring::Builder,
+    entries: u32,
+    ops: &[u8],
+) -> io::Result<IoUring> {
+    let ring = builder.setup_r_disabled().build(entries)?;
+    let submitter = ring.submitter();
+    let mut rules: Vec<Restriction> = ops.iter().map(|&op| Restriction::sqe_op(op)).collect();
+    rules.push(Restriction::sqe_flags_allowed(0));
+    submitter.register_restrictions(&mut rules)?;
+    submitter.register_enable_rings()?;
+    Ok(ring)
+}
+
+/// Checks that a [`restricted_ring`] refuses any further `io_uring_register`
+/// operation, here registering `fd` as a fixed file.
+#[cfg(test)]
+pub(crate) fn assert_registering_refused(ring: &IoUring, fd: RawFd) {
+    let err = ring.submitter().register_files(&[fd]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
 }
 
 /// A ring without the restrictions that only the calling thread may submit
@@ -447,12 +467,7 @@ mod tests {
             assert_eq!(res, -libc::EACCES, "{what}");
         }
         assert_eq!(received(&peer), vec![data.to_vec(); 2]);
-        let err = ring
-            .ring
-            .submitter()
-            .register_files(&[dev.as_raw_fd()])
-            .unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+        assert_registering_refused(&ring.ring, dev.as_raw_fd());
         let mut rules = [Restriction::sqe_op(opcode::Nop::CODE)];
         let err = ring.ring.submitter().register_restrictions(&mut rules);
         assert!(err.is_err(), "restrictions registered twice");

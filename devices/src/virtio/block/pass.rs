@@ -40,7 +40,7 @@ use super::{CacheType, ID_BYTES, SECTOR_SIZE};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov;
-use crate::virtio::queue::{Budget, Notify, QueueError, SplitQueue, MAX_CHAIN_SEGS};
+use crate::virtio::queue::{Budget, QueueError, SplitQueue, MAX_CHAIN_SEGS};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
@@ -376,15 +376,11 @@ impl BlockVirtio {
     /// Publishes the used entries and raises the interrupt the driver asked
     /// for.
     fn publish(&mut self, irq: &dyn Interrupt, metrics: &BlockMetrics) {
-        match self.queue.publish_used() {
-            Notify::Nothing => {}
-            Notify::Interrupt => {
-                events::inc(&metrics.interrupts);
-                irq.signal_used_queue();
-            }
-            Notify::Suppressed => {
-                events::inc(&metrics.interrupts_suppressed);
-            }
-        }
+        events::notify_driver(
+            self.queue.publish_used(),
+            irq,
+            &metrics.interrupts,
+            &metrics.interrupts_suppressed,
+        );
     }
 }

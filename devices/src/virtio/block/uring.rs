@@ -37,9 +37,10 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
-use io_uring::{opcode, register::Restriction, types, IoUring};
+use io_uring::{opcode, types, IoUring};
 
 use super::backend::FallocMode;
+use crate::virtio::io_engine::restricted_ring;
 use crate::virtio::queue::IoSeg;
 
 /// Entries of the submission queue: also the most requests in flight (the
@@ -92,23 +93,20 @@ impl BlockRing {
     /// Builds the ring for `fd` (see the module doc). Fails where io_uring
     /// is unavailable or refused; the device then runs `Sync`.
     pub fn new(fd: RawFd) -> io::Result<BlockRing> {
-        let ring = IoUring::builder()
-            .setup_r_disabled()
+        let ring = restricted_ring(
             // No SINGLE_ISSUER: built on the VMM's build thread, used on
             // the event loop's.
-            .build(RING_ENTRIES)?;
-        let submitter = ring.submitter();
-        let mut rules = [
-            Restriction::sqe_op(opcode::Read::CODE),
-            Restriction::sqe_op(opcode::Readv::CODE),
-            Restriction::sqe_op(opcode::Write::CODE),
-            Restriction::sqe_op(opcode::Writev::CODE),
-            Restriction::sqe_op(opcode::Fsync::CODE),
-            Restriction::sqe_op(opcode::Fallocate::CODE),
-            Restriction::sqe_flags_allowed(0),
-        ];
-        submitter.register_restrictions(&mut rules)?;
-        submitter.register_enable_rings()?;
+            &mut IoUring::builder(),
+            RING_ENTRIES,
+            &[
+                opcode::Read::CODE,
+                opcode::Readv::CODE,
+                opcode::Write::CODE,
+                opcode::Writev::CODE,
+                opcode::Fsync::CODE,
+                opcode::Fallocate::CODE,
+            ],
+        )?;
         Ok(BlockRing {
             ring,
             fd,
@@ -244,6 +242,7 @@ mod tests {
     use io_uring::squeue::{Entry, Flags};
 
     use super::*;
+    use crate::virtio::io_engine::assert_registering_refused;
 
     /// Submits `entry` alone and returns its completion's result.
     fn submit_one(ring: &mut BlockRing, entry: &Entry) -> i32 {
@@ -327,12 +326,7 @@ mod tests {
         for (what, e) in &refused {
             assert_eq!(submit_one(&mut ring, e), -libc::EACCES, "{what}");
         }
-        let err = ring
-            .ring
-            .submitter()
-            .register_files(&[file.as_raw_fd()])
-            .unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+        assert_registering_refused(&ring.ring, file.as_raw_fd());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

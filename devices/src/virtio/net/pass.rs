@@ -191,16 +191,7 @@ impl Pass {
         } else {
             queue.publish_used()
         };
-        match notify {
-            Notify::Nothing => {}
-            Notify::Interrupt => {
-                events::inc(&m.interrupts);
-                irq.signal_used_queue();
-            }
-            Notify::Suppressed => {
-                events::inc(&m.interrupts_suppressed);
-            }
-        }
+        events::notify_driver(notify, irq, &m.interrupts, &m.interrupts_suppressed);
         let reads = u64::from(self.budget.spent());
         events::add(&m.descs_walked, reads);
         m.max_descs_per_pass.fetch_max(reads, Ordering::Relaxed);
