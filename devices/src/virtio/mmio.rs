@@ -649,6 +649,22 @@ mod tests {
         fixture_with(|_| {})
     }
 
+    /// A transport at FEATURES_OK (VERSION_1 negotiated).
+    fn fixture_at_features_ok() -> Fixture {
+        let mut f = fixture();
+        f.reach_features_ok();
+        f
+    }
+
+    /// A transport at FEATURES_OK with queue 0 programmed (256 entries,
+    /// valid rings at 0x10000): where the queue-layout tests start, each
+    /// programming queue 1 its own way.
+    fn fixture_with_queue_0() -> Fixture {
+        let mut f = fixture_at_features_ok();
+        f.program_queue(0, 256, 0x10000);
+        f
+    }
+
     fn fixture_with(f: impl FnOnce(&mut DummyDevice)) -> Fixture {
         let mem = guest_memory(MEM_SIZE).unwrap();
         let mut d = DummyDevice::new().unwrap();
@@ -901,8 +917,7 @@ mod tests {
 
     #[test]
     fn features_frozen_after_features_ok() {
-        let mut f = fixture();
-        f.reach_features_ok();
+        let mut f = fixture_at_features_ok();
         f.drv.write_driver_features(VERSION_1 | EVENT_IDX);
         assert_eq!(f.drv.transport().acked_features(), VERSION_1);
         f.drv.setup_queues(None).unwrap();
@@ -926,35 +941,34 @@ mod tests {
         assert_eq!(f.drv.take_irq_count(), 1);
     }
 
+    /// Sets DRIVER_OK on a layout the transport must refuse: it needs a
+    /// reset and the device is not activated.
+    fn assert_driver_ok_refused(f: &mut Fixture) {
+        f.add_status(DRIVER_OK);
+        assert_needs_reset_not_activated(f);
+    }
+
     #[test]
     fn non_power_of_two_queue_num_needs_reset() {
-        let mut f = fixture();
-        f.reach_features_ok();
+        let mut f = fixture_at_features_ok();
         f.program_queue(0, 100, 0x10000);
         f.program_queue(1, 64, 0x20000);
-        f.add_status(DRIVER_OK);
-        assert_needs_reset_not_activated(&mut f);
+        assert_driver_ok_refused(&mut f);
     }
 
     #[test]
     fn oversized_or_zero_queue_num_needs_reset() {
         for num in [512, 0, 0x1_0000 + 64] {
-            let mut f = fixture();
-            f.reach_features_ok();
-            f.program_queue(0, 256, 0x10000);
+            let mut f = fixture_with_queue_0();
             f.program_queue(1, num, 0x20000);
-            f.add_status(DRIVER_OK);
-            assert_needs_reset_not_activated(&mut f);
+            assert_driver_ok_refused(&mut f);
         }
     }
 
     #[test]
     fn queue_not_ready_needs_reset() {
-        let mut f = fixture();
-        f.reach_features_ok();
-        f.program_queue(0, 256, 0x10000);
-        f.add_status(DRIVER_OK);
-        assert_needs_reset_not_activated(&mut f);
+        let mut f = fixture_with_queue_0();
+        assert_driver_ok_refused(&mut f);
     }
 
     /// Negotiates `features`, programs both queues as given and sets
@@ -1060,8 +1074,7 @@ mod tests {
         f.drv
             .setup_queue_at(1, layout(64, 0x40000 - 0x200, 0x44000, 0x48000))
             .unwrap();
-        f.add_status(DRIVER_OK);
-        assert_needs_reset_not_activated(&mut f);
+        assert_driver_ok_refused(&mut f);
     }
 
     #[test]
@@ -1069,12 +1082,9 @@ mod tests {
         // Entirely outside, straddling the end, and above 4 GiB via the
         // high register.
         for base in [MEM_SIZE as u64 + 0x1000, MEM_SIZE as u64 - 0x8010, 1 << 32] {
-            let mut f = fixture();
-            f.reach_features_ok();
-            f.program_queue(0, 256, 0x10000);
+            let mut f = fixture_with_queue_0();
             f.program_queue(1, 64, base);
-            f.add_status(DRIVER_OK);
-            assert_needs_reset_not_activated(&mut f);
+            assert_driver_ok_refused(&mut f);
         }
     }
 
@@ -1087,9 +1097,7 @@ mod tests {
             REG_QUEUE_DRIVER_HIGH,
             REG_QUEUE_DEVICE_HIGH,
         ] {
-            let mut f = fixture();
-            f.reach_features_ok();
-            f.program_queue(0, 256, 0x10000);
+            let mut f = fixture_with_queue_0();
             f.write(REG_QUEUE_SEL, 1);
             f.write(REG_QUEUE_NUM, 64);
             for (low, v) in [
@@ -1101,8 +1109,7 @@ mod tests {
             }
             f.write(high, 1);
             f.write(REG_QUEUE_READY, 1);
-            f.add_status(DRIVER_OK);
-            assert_needs_reset_not_activated(&mut f);
+            assert_driver_ok_refused(&mut f);
         }
     }
 
@@ -1111,9 +1118,7 @@ mod tests {
         // High half first, then the low half: the low write keeps the high
         // half (0 here), replaces the low half written before (a stale
         // value first), and the rings are where the driver put them.
-        let mut f = fixture();
-        f.reach_features_ok();
-        f.program_queue(0, 256, 0x10000);
+        let mut f = fixture_with_queue_0();
         f.write(REG_QUEUE_SEL, 1);
         f.write(REG_QUEUE_NUM, 64);
         for (high, low, v) in [
@@ -1139,16 +1144,13 @@ mod tests {
 
     #[test]
     fn misaligned_rings_need_reset() {
-        let mut f = fixture();
-        f.reach_features_ok();
-        f.program_queue(0, 256, 0x10000);
+        let mut f = fixture_with_queue_0();
         f.program_queue(1, 64, 0x20000);
         f.write(REG_QUEUE_SEL, 1);
         f.write(REG_QUEUE_READY, 0);
         f.write(REG_QUEUE_DEVICE_LOW, 0x28002);
         f.write(REG_QUEUE_READY, 1);
-        f.add_status(DRIVER_OK);
-        assert_needs_reset_not_activated(&mut f);
+        assert_driver_ok_refused(&mut f);
     }
 
     #[test]

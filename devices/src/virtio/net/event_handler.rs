@@ -389,6 +389,15 @@ mod tests {
         NetFixture::new(cfg, MRG_FEATURES)
     }
 
+    /// A device activated with MRG_RXBUF and the default configuration,
+    /// given `n` 1526-byte RX buffers and a kick of the RX queue.
+    fn with_rx_buffers(n: usize) -> NetFixture {
+        let mut h = fixture_with(|_| {});
+        h.post_rx(&vec![1526; n]);
+        h.kick_rx();
+        h
+    }
+
     /// The queue whose re-queue (`Registered::*_requeued` and its eventfd)
     /// a test looks at: RX and TX yield and re-queue the same way.
     #[derive(Clone, Copy)]
@@ -541,9 +550,7 @@ mod tests {
 
     #[test]
     fn test_rx_notify_without_starvation_reads_nothing_extra() {
-        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
-        h.post_rx(&[1526; 4]);
-        h.kick_rx();
+        let mut h = with_rx_buffers(4);
         h.run_until_idle();
         // No frame was waiting: the notify alone does not start a pass.
         assert_eq!(h.metric(|m| &m.rx_passes), 0);
@@ -552,9 +559,7 @@ mod tests {
 
     #[test]
     fn test_rx_kicks_suppressed_while_buffers_cached() {
-        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
-        h.post_rx(&[1526; 2]);
-        h.kick_rx();
+        let mut h = with_rx_buffers(2);
         h.peer.send(&frame(100, 1)).unwrap();
         h.run_until_idle();
         // One buffer left in the cache: no kicks wanted (VRING_USED_F_NO_NOTIFY).
@@ -712,9 +717,7 @@ mod tests {
 
     #[test]
     fn test_backend_hangup_stops_polling() {
-        let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
-        h.post_rx(&[1526; 4]);
-        h.kick_rx();
+        let mut h = with_rx_buffers(4);
         h.peer.send(&frame(100, 1)).unwrap();
         let NetFixture { peer, .. } = &mut h;
         // Replace the peer by closing it: swap in a fresh pair's end.
