@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Event-loop pieces every virtio device here uses, whatever its queues:
-//! counters updated from the datapath, the state of one activation
-//! ([`Activation`]), eventfd reads and writes whose failures count as host
-//! errors, epoll registration results, and the registration of a rate
-//! limiter's timer while (and only while) the limiter waits for it.
+//! counters updated from the datapath, the interrupt a pass raises (or the
+//! driver suppressed), the state of one activation ([`Activation`]),
+//! eventfd reads and writes whose failures count as host errors, epoll
+//! registration results, and the registration of a rate limiter's timer
+//! while (and only while) the limiter waits for it.
 //!
 //! A host error is never fatal to a device: it is counted in the device's
 //! `host_errors`, logged under the device's name (`virtio-net`,

@@ -12,7 +12,8 @@
 //!
 //! What the ring may do is fixed when it is built, before the VMM installs
 //! its seccomp filters, because operations submitted through a ring are not
-//! system calls a filter sees:
+//! system calls a filter sees (`restricted_ring`, which the block
+//! device's ring is built with too):
 //! - the ring is created disabled, and `IORING_REGISTER_RESTRICTIONS`
 //!   allows only `WRITE` and `WRITEV` with no `IOSQE_*` flag (no links, no
 //!   forced async workers) and no further `io_uring_register` operation;
