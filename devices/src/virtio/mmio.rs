@@ -385,6 +385,10 @@ impl MmioTransport {
         self.queues.get(usize::try_from(self.queue_sel).ok()?)
     }
 
+    fn selected_queue_mut(&mut self) -> Option<&mut QueueConfig> {
+        self.queues.get_mut(usize::try_from(self.queue_sel).ok()?)
+    }
+
     /// Applies a queue register write if the spec allows it now: after
     /// FEATURES_OK, before DRIVER_OK, and never to a queue already ready
     /// (QueueReady itself stays writable so the driver can un-ready it).
@@ -400,10 +404,7 @@ impl MmioTransport {
             return;
         }
         let sel = self.queue_sel;
-        let Some(q) = usize::try_from(sel)
-            .ok()
-            .and_then(|i| self.queues.get_mut(i))
-        else {
+        let Some(q) = self.selected_queue_mut() else {
             warn_rate_limited!("virtio-mmio: queue register {offset:#x} with bad QueueSel {sel}");
             return;
         };
