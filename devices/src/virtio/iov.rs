@@ -212,6 +212,7 @@ pub(crate) fn copy_to_segs(segs: &[IoSeg], offset: usize, data: &[u8]) -> usize 
 
 /// Writes a few bytes (a header field) at byte `offset` of the segments.
 /// The same as [`copy_to_segs`] without the bulk-copy machinery.
+#[inline]
 pub(crate) fn write_bytes_at(segs: &[IoSeg], offset: usize, data: &[u8]) {
     for_each_piece(segs, offset, data.len(), |seg, at, done, n| {
         for (i, b) in data[done..done + n].iter().enumerate() {
