@@ -47,9 +47,6 @@ fn desc_at(m: &GuestMemory, table: u64, i: u16, (addr, len, flags, next): (u64, 
     .unwrap();
 }
 
-/// Builds a chain layout in guest memory through the driver.
-type Setup<'a> = Box<dyn Fn(&GuestMemory, &mut Driver) + 'a>;
-
 /// The driver's side of a queue laid out by `addrs`: the shared
 /// [`DriverQueue`], with the shorthand these tests use (descriptors by
 /// index, failures as panics).
@@ -541,6 +538,34 @@ fn buffer_across_regions_becomes_two_segments() {
     assert_eq!(pop_walk(&mut q, &TX).0, Err(ChainError::OutsideMemory));
 }
 
+/// One descriptor as the driver writes it: (addr, len, flags, next).
+type Desc = (u64, u32, u16, u16);
+
+/// Where the indirect-table cases put their table.
+const TABLE: u64 = BUFS + 0x8000;
+
+const N: u16 = VIRTQ_DESC_F_NEXT;
+const W: u16 = VIRTQ_DESC_F_WRITE;
+const IND: u16 = VIRTQ_DESC_F_INDIRECT;
+
+/// Lays out `ring` in descriptor slots 0.. and `table` at [`TABLE`], offers
+/// head 0 and returns why the chain was refused.
+fn chain_refused(ring: &[Desc], table: &[Desc], rules: &ChainRules, f: RingFeatures) -> ChainError {
+    refused(
+        |m, d| {
+            for (i, &(addr, len, flags, next)) in (0..).zip(ring) {
+                d.desc(m, i, addr, len, flags, next);
+            }
+            for (i, &entry) in (0..).zip(table) {
+                desc_at(m, TABLE, i, entry);
+            }
+            d.publish(m, 0)
+        },
+        rules,
+        f,
+    )
+}
+
 fn refused(
     setup: impl FnOnce(&GuestMemory, &mut Driver),
     rules: &ChainRules,
@@ -566,93 +591,23 @@ fn indirect() -> RingFeatures {
 fn malformed_chains_are_refused() {
     use ChainError::*;
     let plain = RingFeatures::default();
-    let w = VIRTQ_DESC_F_WRITE;
-    let n = VIRTQ_DESC_F_NEXT;
-    let cases: Vec<(ChainError, &ChainRules, Setup)> = vec![
-        (HeadOutOfRange, &TX, Box::new(|m, d| d.publish(m, 16))),
-        (
-            OutsideMemory,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, MEM - 10, 100, 0, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            WriteOnlyOnTx,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 12, n, 1);
-                d.desc(m, 1, BUFS, 12, w, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            ReadOnlyOnRx,
-            &RX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 12, w | n, 1);
-                d.desc(m, 1, BUFS, 12, 0, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            Unterminated,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 12, n, 1);
-                d.desc(m, 1, BUFS, 12, n, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            NextOutOfRange,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 12, n, 16);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            TooShort,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 11, 0, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            TooLong,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 12, n, 1);
-                d.desc(m, 1, BUFS, 65551, 0, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            IndirectNotNegotiated,
-            &TX,
-            Box::new(|m, d| {
-                d.desc(m, 0, BUFS, 16, VIRTQ_DESC_F_INDIRECT, 0);
-                d.publish(m, 0)
-            }),
-        ),
+    assert_eq!(refused(|m, d| d.publish(m, 16), &TX, plain), HeadOutOfRange);
+    let cases: [(ChainError, &ChainRules, &[Desc]); 8] = [
+        (OutsideMemory, &TX, &[(MEM - 10, 100, 0, 0)]),
+        (WriteOnlyOnTx, &TX, &[(BUFS, 12, N, 1), (BUFS, 12, W, 0)]),
+        (ReadOnlyOnRx, &RX, &[(BUFS, 12, W | N, 1), (BUFS, 12, 0, 0)]),
+        (Unterminated, &TX, &[(BUFS, 12, N, 1), (BUFS, 12, N, 0)]),
+        (NextOutOfRange, &TX, &[(BUFS, 12, N, 16)]),
+        (TooShort, &TX, &[(BUFS, 11, 0, 0)]),
+        (TooLong, &TX, &[(BUFS, 12, N, 1), (BUFS, 65551, 0, 0)]),
+        (IndirectNotNegotiated, &TX, &[(BUFS, 16, IND, 0)]),
     ];
-    for (want, rules, setup) in cases {
-        assert_eq!(refused(setup, rules, plain), want);
+    for (want, rules, ring) in cases {
+        assert_eq!(chain_refused(ring, &[], rules, plain), want);
     }
     // The same layouts with INDIRECT_DESC negotiated are still refused.
     assert_eq!(
-        refused(
-            |m, d| {
-                d.desc(m, 0, BUFS, 12, n, 1);
-                d.desc(m, 1, BUFS, 12, w, 0);
-                d.publish(m, 0)
-            },
-            &TX,
-            indirect()
-        ),
+        chain_refused(&[(BUFS, 12, N, 1), (BUFS, 12, W, 0)], &[], &TX, indirect()),
         WriteOnlyOnTx
     );
 }
@@ -670,18 +625,15 @@ fn tx_chain_of_exactly_the_limit_is_accepted() {
 
 #[test]
 fn indirect_tables() {
-    let ind = VIRTQ_DESC_F_INDIRECT;
-    let n = VIRTQ_DESC_F_NEXT;
-    let table = BUFS + 0x8000;
     // A direct header descriptor followed by a table of two buffers, as the
     // spec allows; the table descriptor's WRITE flag is ignored.
     let m = mem();
     let mut q = queue_with(&m, addrs(16), indirect());
     let mut d = Driver::new(addrs(16));
-    d.desc(&m, 0, BUFS, 12, n, 1);
-    d.desc(&m, 1, table, 32, ind | VIRTQ_DESC_F_WRITE, 0);
-    desc_at(&m, table, 0, (BUFS + 0x100, 100, n, 1));
-    desc_at(&m, table, 1, (BUFS + 0x200, 50, 0, 0));
+    d.desc(&m, 0, BUFS, 12, N, 1);
+    d.desc(&m, 1, TABLE, 32, IND | W, 0);
+    desc_at(&m, TABLE, 0, (BUFS + 0x100, 100, N, 1));
+    desc_at(&m, TABLE, 1, (BUFS + 0x200, 50, 0, 0));
     d.publish(&m, 0);
     let (r, segs, reads) = pop_walk(&mut q, &TX);
     assert_eq!(
@@ -697,72 +649,28 @@ fn indirect_tables() {
     assert_eq!(reads, 1 + 2 + 2);
 
     use ChainError::*;
-    let cases: Vec<(ChainError, Setup)> = vec![
-        (
-            IndirectWithNext,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 16, ind | n, 1);
-                d.publish(m, 0)
-            }),
-        ),
+    let cases: [(ChainError, &[Desc], &[Desc]); 8] = [
+        (IndirectWithNext, &[(TABLE, 16, IND | N, 1)], &[]),
         (
             NestedIndirect,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 16, ind, 0);
-                desc_at(m, table, 0, (table, 16, ind, 0));
-                d.publish(m, 0)
-            }),
+            &[(TABLE, 16, IND, 0)],
+            &[(TABLE, 16, IND, 0)],
         ),
-        (
-            IndirectTableLength,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 0, ind, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            IndirectTableLength,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 24, ind, 0);
-                d.publish(m, 0)
-            }),
-        ),
+        (IndirectTableLength, &[(TABLE, 0, IND, 0)], &[]),
+        (IndirectTableLength, &[(TABLE, 24, IND, 0)], &[]),
         // More entries than the queue size (16).
-        (
-            IndirectTableLength,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 17 * 16, ind, 0);
-                d.publish(m, 0)
-            }),
-        ),
-        (
-            OutsideMemory,
-            Box::new(|m, d| {
-                d.desc(m, 0, MEM - 16, 32, ind, 0);
-                d.publish(m, 0)
-            }),
-        ),
+        (IndirectTableLength, &[(TABLE, 17 * 16, IND, 0)], &[]),
+        (OutsideMemory, &[(MEM - 16, 32, IND, 0)], &[]),
         // A loop inside the table.
         (
             Unterminated,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 32, ind, 0);
-                desc_at(m, table, 0, (BUFS, 12, n, 1));
-                desc_at(m, table, 1, (BUFS, 12, n, 0));
-                d.publish(m, 0)
-            }),
+            &[(TABLE, 32, IND, 0)],
+            &[(BUFS, 12, N, 1), (BUFS, 12, N, 0)],
         ),
-        (
-            NextOutOfRange,
-            Box::new(move |m, d| {
-                d.desc(m, 0, table, 32, ind, 0);
-                desc_at(m, table, 0, (BUFS, 12, n, 2));
-                d.publish(m, 0)
-            }),
-        ),
+        (NextOutOfRange, &[(TABLE, 32, IND, 0)], &[(BUFS, 12, N, 2)]),
     ];
-    for (want, setup) in cases {
-        assert_eq!(refused(setup, &TX, indirect()), want);
+    for (want, ring, table) in cases {
+        assert_eq!(chain_refused(ring, table, &TX, indirect()), want);
     }
 }
 
