@@ -135,14 +135,7 @@ fn run(engine: IoEngine) {
             OpKind::Read => h.post_read(8, 4096),
             OpKind::Write => h.post_write(8, &data),
             OpKind::Flush => h.post_bare(VIRTIO_BLK_T_FLUSH, 0),
-            OpKind::Fallocate => h.post(
-                &[
-                    Part::Out(header(VIRTIO_BLK_T_DISCARD, 0)),
-                    Part::Out(dwz(8, 8, 0)),
-                    Part::In(1),
-                ],
-                Layout::Direct,
-            ),
+            OpKind::Fallocate => h.post_dwz(VIRTIO_BLK_T_DISCARD, 8, 8, 0),
         };
         // A neighbour of another kind in flight with it, which the fault
         // must not touch.

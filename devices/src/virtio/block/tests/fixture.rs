@@ -8,6 +8,9 @@
 //! [`Part`]s, so a test says exactly how a request is cut into descriptors
 //! and in which direction each goes, and what it reads back is what a
 //! guest sees: status bytes, used lengths, guest memory, the file.
+//!
+//! [`MmioFixture`] instead puts the device behind the real MMIO transport
+//! and reaches it only through a [`MockDriver`]'s register accesses.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -15,15 +18,19 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use crate::virtio::block::backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, OpKind};
 use crate::virtio::block::device::features::*;
 use crate::virtio::block::request::{take_range, HEADER_LEN};
-use crate::virtio::block::{Block, BlockConfig, BlockError, BlockMetrics};
+use crate::virtio::block::{Block, BlockConfig, BlockError, BlockMetrics, IoEngine};
+use crate::virtio::mmio::MmioTransport;
 use crate::virtio::queue::{GuestRegions, IoSeg, RingFeatures, SplitQueue};
+use crate::virtio::test_utils::{guest_memory, MockDriver, UsedElem};
 pub use crate::virtio::test_utils::{DriverQueue, Rng, Segment};
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
 
@@ -243,6 +250,23 @@ pub fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
     (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
+/// A bucket of `size` tokens refilled every `refill_ms`, with no burst.
+pub fn bucket(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
+    Some(TokenBucketConfig {
+        size,
+        one_time_burst: 0,
+        refill_time: refill_ms,
+    })
+}
+
+/// A limit of `size` requests every `refill_ms`, whatever their bytes.
+pub fn ops_limit(size: u64, refill_ms: u64) -> RateLimiterConfig {
+    RateLimiterConfig {
+        bandwidth: None,
+        ops: bucket(size, refill_ms),
+    }
+}
+
 /// A device over an image in a temporary directory, driven from the
 /// driver side.
 pub struct BlockFixture<B: BlockBackend + 'static = FileBackend> {
@@ -269,6 +293,16 @@ impl BlockFixture<FileBackend> {
         let dir = TempDir::new();
         let path = dir.file("disk.img", image);
         Self::over(dir, path, cfg, features)
+    }
+
+    /// [`BlockFixture::new`] on `engine`, configured further by `cfg`, with
+    /// everything offered acked.
+    pub fn with_engine(engine: IoEngine, image: &[u8], cfg: impl FnOnce(&mut BlockConfig)) -> Self {
+        let cfg = |c: &mut BlockConfig| {
+            c.io_engine = engine;
+            cfg(c);
+        };
+        Self::new(image, cfg, BASE_FEATURES)
     }
 
     /// [`BlockFixture::new`] over an image the caller made at `path`, in
@@ -454,6 +488,29 @@ impl<B: BlockBackend + 'static> BlockFixture<B> {
         )
     }
 
+    /// A DISCARD or WRITE_ZEROES (`kind`) of one segment: header (its
+    /// sector field unused, so 0), the segment, status.
+    pub fn post_dwz(&mut self, kind: u32, sector: u64, num: u32, flags: u32) -> Posted {
+        self.post(
+            &[
+                Part::Out(header(kind, 0)),
+                Part::Out(dwz(sector, num, flags)),
+                Part::In(1),
+            ],
+            Layout::Direct,
+        )
+    }
+
+    /// Reads `len` bytes at `sector` as one request and returns them,
+    /// asserting that it alone came back, answered OK.
+    #[track_caller]
+    pub fn read_ok(&mut self, sector: u64, len: u32) -> Vec<u8> {
+        let p = self.post_read(sector, len);
+        self.go();
+        assert_answer(self, &p, VIRTIO_BLK_S_OK, len + 1);
+        self.read(p.parts[1].0, len as usize)
+    }
+
     /// A request with no data: header and status.
     pub fn post_bare(&mut self, kind: u32, sector: u64) -> Posted {
         self.post(
@@ -488,6 +545,18 @@ impl<B: BlockBackend + 'static> BlockFixture<B> {
     pub fn go(&mut self) {
         self.kick();
         self.run_until_idle();
+    }
+
+    /// Runs the loop until `n` used entries came back (or 5 s passed);
+    /// returns them and the time it took.
+    pub fn collect(&mut self, n: usize) -> (Vec<(u32, u32)>, Duration) {
+        let start = Instant::now();
+        let mut used = Vec::new();
+        while used.len() < n && start.elapsed() < Duration::from_secs(5) {
+            self.run_once(20);
+            used.extend(self.used());
+        }
+        (used, start.elapsed())
     }
 
     /// The used entries since the last call, as `(id, len)`.
@@ -529,4 +598,87 @@ pub fn assert_answer<B: BlockBackend>(h: &mut BlockFixture<B>, p: &Posted, statu
     let used = h.used();
     assert_eq!(used, vec![(u32::from(p.head), len)], "used entries");
     assert_eq!(h.status(p), status, "status byte");
+}
+
+/// A device behind the real MMIO transport, reached only through the
+/// register accesses of a [`MockDriver`], as the VMM attaches it.
+pub struct MmioFixture {
+    pub mem: GuestMemory,
+    pub blk: Arc<Mutex<Block>>,
+    pub em: EventManager<Arc<Mutex<Block>>>,
+    pub drv: MockDriver,
+}
+
+impl MmioFixture {
+    /// A device named `id` over the image at `path`, in 16 MiB of guest
+    /// memory of which the driver allocates from 1 MiB on; not initialised.
+    pub fn new(id: &str, path: &Path) -> Self {
+        let mem = guest_memory(16 << 20).unwrap();
+        let blk = Arc::new(Mutex::new(
+            Block::new(BlockConfig::new(id, path), mem.clone()).unwrap(),
+        ));
+        let mut em = EventManager::new().unwrap();
+        em.add_subscriber(blk.clone());
+        let dev: Arc<Mutex<dyn VirtioDevice>> = blk.clone();
+        let t = MmioTransport::new(mem.clone(), dev).unwrap();
+        let drv = MockDriver::with_alloc_range(
+            mem.clone(),
+            t,
+            GuestAddress(0x100000),
+            (16 << 20) - 0x100000,
+        );
+        MmioFixture { mem, blk, em, drv }
+    }
+
+    /// Acks what the device offers of [`BASE_FEATURES`] (a driver may ack
+    /// only that) and runs the loop until idle; returns the acked features.
+    pub fn init(&mut self) -> u64 {
+        let acked = self.drv.device_features() & BASE_FEATURES;
+        self.drv.init(acked).unwrap();
+        self.run_until_idle();
+        acked
+    }
+
+    pub fn run_until_idle(&mut self) {
+        while self.em.run_with_timeout(0).unwrap() > 0 {}
+    }
+
+    /// The capacity field of the configuration space, in sectors.
+    pub fn capacity(&mut self) -> u64 {
+        u64::from(self.drv.read_reg(0x100)) | u64::from(self.drv.read_reg(0x104)) << 32
+    }
+
+    /// Submits an IN of `len` bytes at `sector` on queue 0; returns where
+    /// the data and the status byte land.
+    pub fn submit_read(&mut self, sector: u64, len: u32) -> (GuestAddress, GuestAddress) {
+        let hdr = self.drv.alloc(16, 16).unwrap();
+        self.mem
+            .write_slice(&header(VIRTIO_BLK_T_IN, sector), hdr)
+            .unwrap();
+        let buf = self.drv.alloc(u64::from(len), 16).unwrap();
+        let st = self.drv.alloc(1, 1).unwrap();
+        self.drv
+            .submit(
+                0,
+                &[
+                    Segment::readable(hdr, 16),
+                    Segment::writable(buf, len),
+                    Segment::writable(st, 1),
+                ],
+            )
+            .unwrap();
+        (buf, st)
+    }
+
+    /// Runs the loop until it is idle with something used on queue 0
+    /// (completions may need a moment with the io_uring), or about 2 s
+    /// passed; returns the used entries.
+    pub fn wait_used(&mut self) -> Vec<UsedElem> {
+        for _ in 0..100 {
+            if self.em.run_with_timeout(20).unwrap() == 0 && self.drv.used_idx(0).unwrap() > 0 {
+                break;
+            }
+        }
+        self.drv.used(0).unwrap()
+    }
 }

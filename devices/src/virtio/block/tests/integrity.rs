@@ -45,6 +45,17 @@ fn cut(rng: &mut Rng, total: usize, n: usize) -> Vec<usize> {
     out
 }
 
+/// `bytes` cut into consecutive pieces of `lens` (which sum to its length).
+fn split_into(bytes: &[u8], lens: &[usize]) -> Vec<Vec<u8>> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&l| {
+            at += l;
+            bytes[at - l..at].to_vec()
+        })
+        .collect()
+}
+
 /// The parts of a request: the header cut up, the data (readable or
 /// writable) cut up, the status last, with random merging.
 fn shape(
@@ -58,32 +69,14 @@ fn shape(
     let mut parts = Vec::new();
     // Header pieces (1 to 3), possibly the last merged with OUT data.
     let n = rng.range(1, 3);
-    let hcuts = cut(rng, 16, n);
-    let mut off = 0;
-    let mut hbytes: Vec<Vec<u8>> = hcuts
-        .iter()
-        .map(|&l| {
-            let v = hdr[off..off + l].to_vec();
-            off += l;
-            v
-        })
-        .collect();
+    let mut hbytes = split_into(&hdr, &cut(rng, 16, n));
     let first_data;
     let data_parts;
     match data {
         Some(d) => {
             let n = rng.range(1, 8);
-            let pieces = cut(rng, d.len(), n);
+            let mut dp = split_into(d, &cut(rng, d.len(), n));
             let merge = rng.chance(3);
-            let mut at = 0;
-            let mut dp: Vec<Vec<u8>> = pieces
-                .iter()
-                .map(|&l| {
-                    let v = d[at..at + l].to_vec();
-                    at += l;
-                    v
-                })
-                .collect();
             if merge {
                 let first = dp.remove(0);
                 hbytes.last_mut().unwrap().extend_from_slice(&first);
@@ -130,14 +123,7 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 fn run(engine: IoEngine, cache: CacheType, seed: u64) {
     let mut rng = Rng(seed);
     let mut model = random_bytes(&mut rng, SECTORS * SECTOR);
-    let mut h = BlockFixture::new(
-        &model,
-        |c| {
-            c.io_engine = engine;
-            c.cache_type = cache;
-        },
-        BASE_FEATURES,
-    );
+    let mut h = BlockFixture::with_engine(engine, &model, |c| c.cache_type = cache);
     assert_eq!(h.dev().uses_io_uring(), engine == IoEngine::Async);
     let dwz = h.dev().avail_features() & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0;
     let (mut reads, mut writes, mut zeroes) = (0u64, 0u64, 0u64);

@@ -6,47 +6,18 @@
 use std::time::{Duration, Instant};
 
 use super::fixture::*;
-use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use crate::rate_limiter::RateLimiterConfig;
 use crate::virtio::block::IoEngine;
 
 const SECTOR: usize = 512;
-
-fn bucket(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
-    Some(TokenBucketConfig {
-        size,
-        one_time_burst: 0,
-        refill_time: refill_ms,
-    })
-}
-
-/// Runs the loop until `n` used entries came back (or 5 s passed); returns
-/// them and the time it took.
-fn collect(h: &mut BlockFixture, n: usize) -> (Vec<(u32, u32)>, Duration) {
-    let start = Instant::now();
-    let mut used = Vec::new();
-    while used.len() < n && start.elapsed() < Duration::from_secs(5) {
-        h.run_once(20);
-        used.extend(h.used());
-    }
-    (used, start.elapsed())
-}
 
 #[test]
 fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
     for engine in [IoEngine::Sync, IoEngine::Async] {
         let data = random_bytes(&mut Rng(21), 64 * SECTOR);
         // Two requests per 100 ms.
-        let mut h = BlockFixture::new(
-            &data,
-            |c| {
-                c.io_engine = engine;
-                c.rate_limiter = RateLimiterConfig {
-                    bandwidth: None,
-                    ops: bucket(2, 100),
-                };
-            },
-            BASE_FEATURES,
-        );
+        let mut h =
+            BlockFixture::with_engine(engine, &data, |c| c.rate_limiter = ops_limit(2, 100));
         let posted: Vec<Posted> = (0..6).map(|i| h.post_read(i, 512)).collect();
         let start = Instant::now();
         h.kick();
@@ -55,7 +26,7 @@ fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
         // in the next iterations); the rest wait. A token comes back every
         // 50 ms: a loaded machine that took longer than that to get here
         // may have let one more through, never one early.
-        let (first, _) = collect(&mut h, 2);
+        let (first, _) = h.collect(2);
         let due = 2 + (start.elapsed().as_millis() / 50) as usize;
         assert!(
             (2..=due.min(5)).contains(&first.len()),
@@ -73,7 +44,7 @@ fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
             "a kick ran a throttled pass"
         );
         let left = 6 - first.len();
-        let (rest, took) = collect(&mut h, left);
+        let (rest, took) = h.collect(left);
         assert_eq!(rest.len(), left, "{engine:?}: all answered");
         // The rest at 20/s: the first of them may find a token almost due,
         // each other one waits about 50 ms.
@@ -101,17 +72,12 @@ fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
 fn test_bandwidth_bucket_charges_data_bytes_only() {
     let data = random_bytes(&mut Rng(22), 64 * SECTOR);
     // 4 KiB per 100 ms.
-    let mut h = BlockFixture::new(
-        &data,
-        |c| {
-            c.io_engine = IoEngine::Sync;
-            c.rate_limiter = RateLimiterConfig {
-                bandwidth: bucket(4096, 100),
-                ops: None,
-            };
-        },
-        BASE_FEATURES,
-    );
+    let mut h = BlockFixture::with_engine(IoEngine::Sync, &data, |c| {
+        c.rate_limiter = RateLimiterConfig {
+            bandwidth: bucket(4096, 100),
+            ops: None,
+        }
+    });
     // Requests without data pass whatever the bucket holds.
     let w = h.post_write(0, &[5; 4096]);
     for _ in 0..3 {
@@ -124,7 +90,7 @@ fn test_bandwidth_bucket_charges_data_bytes_only() {
     assert_eq!(used.len(), 4);
     assert_eq!(used[0], (u32::from(w.head), 1));
     assert_eq!(h.metric(|m| &m.rate_limiter_throttled), 1);
-    let (rest, took) = collect(&mut h, 1);
+    let (rest, took) = h.collect(1);
     assert_eq!(rest, vec![(u32::from(r.head), 4097)]);
     assert!(took >= Duration::from_millis(60), "{took:?}");
     assert_eq!(h.read(r.parts[1].0, 4096), vec![5; 4096]);
@@ -133,17 +99,8 @@ fn test_bandwidth_bucket_charges_data_bytes_only() {
 #[test]
 fn test_a_reset_while_throttled_drops_the_held_request_and_the_next_activation_runs() {
     let data = random_bytes(&mut Rng(23), 64 * SECTOR);
-    let mut h = BlockFixture::new(
-        &data,
-        |c| {
-            c.io_engine = IoEngine::Sync;
-            c.rate_limiter = RateLimiterConfig {
-                bandwidth: None,
-                ops: bucket(1, 50),
-            };
-        },
-        BASE_FEATURES,
-    );
+    let mut h =
+        BlockFixture::with_engine(IoEngine::Sync, &data, |c| c.rate_limiter = ops_limit(1, 50));
     h.post_read(0, 512);
     h.post_read(1, 512);
     h.go();
@@ -154,6 +111,6 @@ fn test_a_reset_while_throttled_drops_the_held_request_and_the_next_activation_r
     h.activate(BASE_FEATURES);
     let p = h.post_read(2, 512);
     h.kick();
-    let (used, _) = collect(&mut h, 1);
+    let (used, _) = h.collect(1);
     assert_eq!(used, vec![(u32::from(p.head), 513)]);
 }

@@ -140,10 +140,7 @@ fn test_capacity_rounds_a_partial_last_sector_down_and_never_touches_it() {
     h.dev().read_config(0, &mut cap);
     assert_eq!(u64::from_le_bytes(cap), 8);
     // The last whole sector is reachable, the partial one is not.
-    let p = h.post_read(7, 512);
-    h.go();
-    assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 513);
-    assert_eq!(h.read(p.parts[1].0, 512), data[7 * SECTOR..8 * SECTOR]);
+    assert_eq!(h.read_ok(7, 512), data[7 * SECTOR..8 * SECTOR]);
     for (sector, len) in [(8, 512), (7, 1024)] {
         let p = h.post_read(sector, len);
         h.go();
@@ -256,14 +253,7 @@ fn test_discard_and_write_zeroes_zero_their_range_only() {
         (VIRTIO_BLK_T_DISCARD, 63, 0, 0),
     ];
     for (kind, sector, num, flags) in cases {
-        let p = h.post(
-            &[
-                Part::Out(header(kind, 0)),
-                Part::Out(dwz(sector, num, flags)),
-                Part::In(1),
-            ],
-            Layout::Direct,
-        );
+        let p = h.post_dwz(kind, sector, num, flags);
         h.go();
         assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 1);
         let s = sector as usize * SECTOR;
@@ -274,14 +264,7 @@ fn test_discard_and_write_zeroes_zero_their_range_only() {
     assert_eq!(h.metric(|m| &m.write_zeroes_count), 2);
     // Flags the spec does not allow: UNSUPP, nothing zeroed.
     for (kind, flags) in [(VIRTIO_BLK_T_DISCARD, 1), (VIRTIO_BLK_T_WRITE_ZEROES, 2)] {
-        let p = h.post(
-            &[
-                Part::Out(header(kind, 0)),
-                Part::Out(dwz(0, 1, flags)),
-                Part::In(1),
-            ],
-            Layout::Direct,
-        );
+        let p = h.post_dwz(kind, 0, 1, flags);
         h.go();
         assert_answer(&mut h, &p, VIRTIO_BLK_S_UNSUPP, 1);
     }
@@ -294,14 +277,7 @@ fn test_discard_and_write_zeroes_unsupported_unless_negotiated() {
     let features = BASE_FEATURES & !bit(VIRTIO_BLK_F_DISCARD) & !bit(VIRTIO_BLK_F_WRITE_ZEROES);
     let mut h = BlockFixture::new(&data, |_| {}, features);
     for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
-        let p = h.post(
-            &[
-                Part::Out(header(kind, 0)),
-                Part::Out(dwz(0, 2, 0)),
-                Part::In(1),
-            ],
-            Layout::Direct,
-        );
+        let p = h.post_dwz(kind, 0, 2, 0);
         h.go();
         assert_answer(&mut h, &p, VIRTIO_BLK_S_UNSUPP, 1);
     }
@@ -317,22 +293,12 @@ fn test_read_only_drive_refuses_every_write_and_reads() {
     h.go();
     assert_answer(&mut h, &w, VIRTIO_BLK_S_IOERR, 1);
     for kind in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
-        let p = h.post(
-            &[
-                Part::Out(header(kind, 0)),
-                Part::Out(dwz(0, 2, 0)),
-                Part::In(1),
-            ],
-            Layout::Direct,
-        );
+        let p = h.post_dwz(kind, 0, 2, 0);
         h.go();
         assert_answer(&mut h, &p, VIRTIO_BLK_S_IOERR, 1);
     }
     assert_eq!(h.metric(|m| &m.read_only_refusals), 3);
-    let r = h.post_read(1, 1024);
-    h.go();
-    assert_answer(&mut h, &r, VIRTIO_BLK_S_OK, 1025);
-    assert_eq!(h.read(r.parts[1].0, 1024), data[512..1536]);
+    assert_eq!(h.read_ok(1, 1024), data[512..1536]);
     assert_eq!(h.image(), data);
     // The file itself was opened read-only: a read-only image opens.
     let mut perms = std::fs::metadata(h.path()).unwrap().permissions();
@@ -521,10 +487,7 @@ fn test_a_direct_image_serves_aligned_requests_and_refuses_misaligned_buffers() 
         assert_eq!(flags & libc::O_NONBLOCK, 0, "blocking ({engine:?})");
         // Header, then a page-aligned data buffer.
         h.align_next(4096, crate::virtio::block::request::HEADER_LEN as u64);
-        let p = h.post_read(8, 4096);
-        h.go();
-        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 4097);
-        assert_eq!(h.read(p.parts[1].0, 4096), data[8 * SECTOR..16 * SECTOR]);
+        assert_eq!(h.read_ok(8, 4096), data[8 * SECTOR..16 * SECTOR]);
         h.align_next(4096, crate::virtio::block::request::HEADER_LEN as u64);
         let p = h.post_write(16, &[0x3c; 4096]);
         h.go();

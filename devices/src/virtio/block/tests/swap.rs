@@ -6,21 +6,15 @@
 //! configuration-change interrupt, and what requests read and write.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use event_manager::{EventManager, SubscriberOps};
-use vm_memory::{Bytes, GuestAddress};
-
 use super::fixture::*;
-use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use crate::rate_limiter::RateLimiterConfig;
 use crate::virtio::block::backend::{DiskInfo, FileBackend};
 use crate::virtio::block::device::config_offsets;
 use crate::virtio::block::device::features::{VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_WRITE_ZEROES};
 use crate::virtio::block::CacheType;
-use crate::virtio::block::{Block, BlockConfig, BlockError, IoEngine};
-use crate::virtio::mmio::MmioTransport;
-use crate::virtio::test_utils::{guest_memory, MockDriver};
+use crate::virtio::block::{BlockError, IoEngine};
 use crate::virtio::{VirtioDevice, VIRTIO_MMIO_INT_CONFIG};
 
 const SECTOR: usize = 512;
@@ -32,17 +26,6 @@ fn capacity<B: crate::virtio::block::BlockBackend + 'static>(h: &BlockFixture<B>
     u64::from_le_bytes(b)
 }
 
-/// Runs the loop until `n` used entries came back (or 5 s passed).
-fn collect(h: &mut BlockFixture, n: usize) -> Vec<(u32, u32)> {
-    let start = Instant::now();
-    let mut used = Vec::new();
-    while used.len() < n && start.elapsed() < Duration::from_secs(5) {
-        h.run_once(20);
-        used.extend(h.used());
-    }
-    used
-}
-
 #[test]
 fn test_a_new_image_reaches_the_driver_through_the_transport() {
     let dir = TempDir::new();
@@ -50,74 +33,42 @@ fn test_a_new_image_reaches_the_driver_through_the_transport() {
     let new = random_bytes(&mut Rng(42), 96 * SECTOR);
     let old_path = dir.file("old.img", &old);
     let new_path = dir.file("new.img", &new);
-    let mem = guest_memory(16 << 20).unwrap();
-    let blk = Arc::new(Mutex::new(
-        Block::new(BlockConfig::new("swap0", &old_path), mem.clone()).unwrap(),
-    ));
-    let mut em = EventManager::new().unwrap();
-    em.add_subscriber(blk.clone());
-    let dev: Arc<Mutex<dyn VirtioDevice>> = blk.clone();
-    let t = MmioTransport::new(mem.clone(), dev).unwrap();
-    let mut drv = MockDriver::with_alloc_range(mem.clone(), t, GuestAddress(0x100000), 15 << 20);
-    let offered = drv.device_features();
-    drv.init(offered & BASE_FEATURES).unwrap();
-    while em.run_with_timeout(0).unwrap() > 0 {}
-    let cap = |drv: &mut MockDriver| {
-        u64::from(drv.read_reg(0x100)) | u64::from(drv.read_reg(0x104)) << 32
-    };
+    let mut f = MmioFixture::new("swap0", &old_path);
+    f.init();
     const GENERATION: u64 = 0xfc;
-    assert_eq!(cap(&mut drv), 32);
-    assert_eq!(drv.read_reg(GENERATION), 0);
-    assert_eq!(drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG, 0);
-    drv.take_irq_count();
+    assert_eq!(f.capacity(), 32);
+    assert_eq!(f.drv.read_reg(GENERATION), 0);
+    assert_eq!(f.drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG, 0);
+    f.drv.take_irq_count();
 
     let backend = FileBackend::open(&new_path, false).unwrap();
-    blk.lock()
+    f.blk
+        .lock()
         .unwrap()
         .swap_backend(backend, new_path.clone())
         .unwrap();
     // What the guest's driver sees: an interrupt whose status says the
     // configuration changed, a new generation, the new capacity.
-    assert!(drv.take_irq_count() >= 1, "no interrupt");
+    assert!(f.drv.take_irq_count() >= 1, "no interrupt");
     assert_eq!(
-        drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG,
+        f.drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG,
         VIRTIO_MMIO_INT_CONFIG
     );
-    assert_eq!(drv.read_reg(GENERATION), 1);
-    assert_eq!(cap(&mut drv), 96);
-    drv.ack_interrupt(VIRTIO_MMIO_INT_CONFIG);
-    assert_eq!(drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG, 0);
-    assert_eq!(blk.lock().unwrap().config().path, new_path);
-    assert_eq!(blk.lock().unwrap().capacity(), 96);
+    assert_eq!(f.drv.read_reg(GENERATION), 1);
+    assert_eq!(f.capacity(), 96);
+    f.drv.ack_interrupt(VIRTIO_MMIO_INT_CONFIG);
+    assert_eq!(f.drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG, 0);
+    assert_eq!(f.blk.lock().unwrap().config().path, new_path);
+    assert_eq!(f.blk.lock().unwrap().capacity(), 96);
 
     // A read past the old end, and one of the first sectors: the new bytes.
     for sector in [60u64, 0] {
-        let hdr = drv.alloc(16, 16).unwrap();
-        mem.write_slice(&header(VIRTIO_BLK_T_IN, sector), hdr)
-            .unwrap();
-        let buf = drv.alloc(1024, 16).unwrap();
-        let st = drv.alloc(1, 1).unwrap();
-        drv.submit(
-            0,
-            &[
-                Segment::readable(hdr, 16),
-                Segment::writable(buf, 1024),
-                Segment::writable(st, 1),
-            ],
-        )
-        .unwrap();
-        let mut used = Vec::new();
-        for _ in 0..100 {
-            em.run_with_timeout(20).unwrap();
-            used.extend(drv.used(0).unwrap());
-            if !used.is_empty() {
-                break;
-            }
-        }
+        let (buf, st) = f.submit_read(sector, 1024);
+        let used = f.wait_used();
         assert_eq!(used.len(), 1, "sector {sector}");
-        assert_eq!(drv.read_mem(st, 1).unwrap(), [VIRTIO_BLK_S_OK]);
+        assert_eq!(f.drv.read_mem(st, 1).unwrap(), [VIRTIO_BLK_S_OK]);
         let at = sector as usize * SECTOR;
-        assert_eq!(drv.read_mem(buf, 1024).unwrap(), new[at..at + 1024]);
+        assert_eq!(f.drv.read_mem(buf, 1024).unwrap(), new[at..at + 1024]);
     }
     // The old image's lock went with it; the new one is held.
     assert!(FileBackend::open(&old_path, false).is_ok());
@@ -156,14 +107,7 @@ fn test_a_read_only_drive_keeps_refusing_writes_on_its_new_image() {
     for engine in [IoEngine::Sync, IoEngine::Async] {
         let old = random_bytes(&mut Rng(43), 16 * SECTOR);
         let new = random_bytes(&mut Rng(44), 48 * SECTOR);
-        let mut h = BlockFixture::new(
-            &old,
-            |c| {
-                c.read_only = true;
-                c.io_engine = engine;
-            },
-            BASE_FEATURES,
-        );
+        let mut h = BlockFixture::with_engine(engine, &old, |c| c.read_only = true);
         let new_path = h.dir.file("new.img", &new);
         let backend = FileBackend::open(&new_path, true).unwrap();
         h.dev().swap_backend(backend, new_path.clone()).unwrap();
@@ -174,10 +118,7 @@ fn test_a_read_only_drive_keeps_refusing_writes_on_its_new_image() {
         assert_answer(&mut h, &w, VIRTIO_BLK_S_IOERR, 1);
         assert_eq!(h.metric(|m| &m.read_only_refusals), 1);
         assert_eq!(std::fs::read(&new_path).unwrap(), new);
-        let r = h.post_read(40, 1024);
-        h.go();
-        assert_answer(&mut h, &r, VIRTIO_BLK_S_OK, 1025);
-        assert_eq!(h.read(r.parts[1].0, 1024), new[40 * SECTOR..42 * SECTOR]);
+        assert_eq!(h.read_ok(40, 1024), new[40 * SECTOR..42 * SECTOR]);
         // A read-only image is shared: readers may open it, writers not.
         assert!(FileBackend::open(&new_path, true).is_ok());
         assert!(matches!(
@@ -191,15 +132,10 @@ fn test_a_read_only_drive_keeps_refusing_writes_on_its_new_image() {
 fn test_requests_in_flight_complete_on_the_old_image_before_the_swap() {
     let old = random_bytes(&mut Rng(45), 1024 * SECTOR);
     let new = random_bytes(&mut Rng(46), 1024 * SECTOR);
-    let mut h = BlockFixture::new(
-        &old,
-        |c| {
-            c.io_engine = IoEngine::Async;
-            c.cache_type = CacheType::Writeback;
-            c.queue_size = 512;
-        },
-        BASE_FEATURES,
-    );
+    let mut h = BlockFixture::with_engine(IoEngine::Async, &old, |c| {
+        c.cache_type = CacheType::Writeback;
+        c.queue_size = 512;
+    });
     assert!(h.dev().uses_io_uring());
     // Writes and a FLUSH behind them: page-cache I/O may complete inside
     // the submission (the pass answers it at once), but an fdatasync always
@@ -289,10 +225,7 @@ fn test_a_new_image_that_cannot_do_what_was_offered_is_refused_and_nothing_chang
     assert_eq!(h.dev().config_generation(), 0);
     assert_eq!(h.irq.config.load(Ordering::SeqCst), 0);
     assert_eq!(h.dev().config().path, h.path);
-    let r = h.post_read(3, 512);
-    h.go();
-    assert_answer(&mut h, &r, VIRTIO_BLK_S_OK, 513);
-    assert_eq!(h.read(r.parts[1].0, 512), old[3 * SECTOR..4 * SECTOR]);
+    assert_eq!(h.read_ok(3, 512), old[3 * SECTOR..4 * SECTOR]);
     // The refused image was closed, its lock with it.
     assert!(FileBackend::open(&new_path, false).is_ok());
 
@@ -327,35 +260,16 @@ fn test_a_swap_while_not_activated_changes_the_configuration_and_interrupts_nobo
     assert_eq!(h.irq.config.load(Ordering::SeqCst), 0);
     // The driver comes back and finds the new image.
     h.activate(BASE_FEATURES);
-    let r = h.post_read(20, 1024);
-    h.go();
-    assert_answer(&mut h, &r, VIRTIO_BLK_S_OK, 1025);
-    assert_eq!(h.read(r.parts[1].0, 1024), new[20 * SECTOR..22 * SECTOR]);
-}
-
-fn bucket(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
-    Some(TokenBucketConfig {
-        size,
-        one_time_burst: 0,
-        refill_time: refill_ms,
-    })
+    assert_eq!(h.read_ok(20, 1024), new[20 * SECTOR..22 * SECTOR]);
 }
 
 #[test]
 fn test_a_resize_moves_the_end_and_a_held_request_past_it_is_answered() {
     let data = random_bytes(&mut Rng(50), 16 * SECTOR);
     // One request a minute: the second one is held back.
-    let mut h = BlockFixture::new(
-        &data,
-        |c| {
-            c.io_engine = IoEngine::Sync;
-            c.rate_limiter = RateLimiterConfig {
-                bandwidth: None,
-                ops: bucket(1, 60_000),
-            };
-        },
-        BASE_FEATURES,
-    );
+    let mut h = BlockFixture::with_engine(IoEngine::Sync, &data, |c| {
+        c.rate_limiter = ops_limit(1, 60_000)
+    });
     let r0 = h.post_read(0, 512);
     let w = h.post_write(12, &[9; 1024]);
     h.go();
@@ -394,7 +308,7 @@ fn test_a_resize_moves_the_end_and_a_held_request_past_it_is_answered() {
     let past = h.post_read(8, 512);
     let last = h.post_read(7, 512);
     h.kick();
-    let used = collect(&mut h, 2);
+    let used = h.collect(2).0;
     assert_eq!(
         used,
         vec![(u32::from(past.head), 1), (u32::from(last.head), 513)]
@@ -414,19 +328,13 @@ fn test_rate_limits_change_while_the_device_runs() {
         .unwrap();
     assert!(h.dev().limiter.is_none());
     // A bad one is refused and changes nothing.
-    let bad = RateLimiterConfig {
-        bandwidth: None,
-        ops: bucket(5, 0),
-    };
+    let bad = ops_limit(5, 0);
     let e = h.dev().set_rate_limiter(&bad).unwrap_err().to_string();
     assert!(e.starts_with("drive testdisk: rate limiter: "), "{e}");
     assert!(h.dev().limiter.is_none());
     assert!(h.dev().config().rate_limiter.is_unlimited());
     // One request a minute, set live: the second waits.
-    let slow = RateLimiterConfig {
-        bandwidth: None,
-        ops: bucket(1, 60_000),
-    };
+    let slow = ops_limit(1, 60_000);
     h.dev().set_rate_limiter(&slow).unwrap();
     assert_eq!(h.dev().config().rate_limiter, slow);
     let a = h.post_read(0, 512);
@@ -435,14 +343,11 @@ fn test_rate_limits_change_while_the_device_runs() {
     assert_eq!(h.used(), vec![(u32::from(a.head), 513)]);
     assert_eq!(h.metric(|m| &m.rate_limiter_throttled), 1);
     // A faster bucket replaces it and the held request goes at once.
-    let fast = RateLimiterConfig {
-        bandwidth: None,
-        ops: bucket(100, 10),
-    };
+    let fast = ops_limit(100, 10);
     h.dev().set_rate_limiter(&fast).unwrap();
     assert_eq!(h.dev().config().rate_limiter, fast);
     let t = Instant::now();
-    assert_eq!(collect(&mut h, 1), vec![(u32::from(b.head), 513)]);
+    assert_eq!(h.collect(1).0, vec![(u32::from(b.head), 513)]);
     assert!(t.elapsed() < Duration::from_secs(5));
     assert_eq!(h.read(b.parts[1].0, 512), data[SECTOR..2 * SECTOR]);
 }
