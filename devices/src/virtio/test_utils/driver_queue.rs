@@ -141,36 +141,44 @@ impl QueueLayout {
         }
     }
 
-    fn avail_idx_addr(&self) -> GuestAddress {
-        self.avail_ring.unchecked_add(2)
+    /// Where `field` of the avail ring lies (2-byte entries).
+    fn avail(&self, field: RingField) -> GuestAddress {
+        self.ring_field(self.avail_ring, 2, field)
     }
 
-    fn avail_slot_addr(&self, idx: u16) -> GuestAddress {
-        self.avail_ring
-            .unchecked_add(4 + 2 * u64::from(idx % self.size.max(1)))
+    /// Where `field` of the used ring lies (8-byte entries).
+    fn used(&self, field: RingField) -> GuestAddress {
+        self.ring_field(self.used_ring, 8, field)
     }
 
-    fn used_event_addr(&self) -> GuestAddress {
-        self.avail_ring.unchecked_add(4 + 2 * u64::from(self.size))
-    }
-
-    fn used_idx_addr(&self) -> GuestAddress {
-        self.used_ring.unchecked_add(2)
-    }
-
-    fn used_slot_addr(&self, idx: u16) -> GuestAddress {
-        self.used_ring
-            .unchecked_add(4 + 8 * u64::from(idx % self.size.max(1)))
-    }
-
-    fn avail_event_addr(&self) -> GuestAddress {
-        self.used_ring.unchecked_add(4 + 8 * u64::from(self.size))
+    /// Both rings are `le16 flags; le16 idx;`, `size` entries of
+    /// `entry_len` bytes, then the `le16` event field (virtio 1.1 §2.6.6,
+    /// §2.6.8). Entry indices wrap at the queue size.
+    fn ring_field(&self, ring: GuestAddress, entry_len: u64, field: RingField) -> GuestAddress {
+        let offset = match field {
+            RingField::Idx => 2,
+            RingField::Entry(idx) => 4 + entry_len * u64::from(idx % self.size.max(1)),
+            RingField::Event => 4 + entry_len * u64::from(self.size),
+        };
+        ring.unchecked_add(offset)
     }
 
     fn desc_addr(&self, index: u16) -> GuestAddress {
         self.desc_table
             .unchecked_add(16 * u64::from(index % self.size.max(1)))
     }
+}
+
+/// A field of the avail or the used ring.
+#[derive(Debug, Clone, Copy)]
+enum RingField {
+    /// The ring's `idx`.
+    Idx,
+    /// The entry at this ring index.
+    Entry(u16),
+    /// The event field after the entries: `used_event` in the avail ring,
+    /// `avail_event` in the used ring.
+    Event,
 }
 
 /// `struct virtq_desc { le64 addr; le32 len; le16 flags; le16 next; }`
@@ -203,6 +211,12 @@ pub fn write_indirect_table(
         )?;
     }
     Ok(())
+}
+
+/// A `le16` ring index or event field, read with acquire ordering (whichever
+/// side stores it does so with release).
+fn load_le16(mem: &GuestMemory, at: GuestAddress) -> Result<u16, DriverError> {
+    Ok(u16::from_le(mem.load(at, Ordering::Acquire)?))
 }
 
 /// The guest's side of one split virtqueue (see the module doc).
@@ -429,7 +443,10 @@ impl DriverQueue {
 
     /// Puts `head` in the next avail slot, without publishing it.
     pub fn push_avail(&mut self, mem: &GuestMemory, head: u16) -> Result<(), DriverError> {
-        mem.write_obj(head.to_le(), self.layout.avail_slot_addr(self.next_avail))?;
+        mem.write_obj(
+            head.to_le(),
+            self.layout.avail(RingField::Entry(self.next_avail)),
+        )?;
         self.next_avail = self.next_avail.wrapping_add(1);
         Ok(())
     }
@@ -440,7 +457,7 @@ impl DriverQueue {
         fence(Ordering::SeqCst);
         mem.store(
             self.next_avail.to_le(),
-            self.layout.avail_idx_addr(),
+            self.layout.avail(RingField::Idx),
             Ordering::Release,
         )?;
         Ok(())
@@ -454,22 +471,18 @@ impl DriverQueue {
 
     /// The avail idx the driver has published.
     pub fn avail_idx(&self, mem: &GuestMemory) -> Result<u16, DriverError> {
-        Ok(u16::from_le(
-            mem.load(self.layout.avail_idx_addr(), Ordering::Acquire)?,
-        ))
+        load_le16(mem, self.layout.avail(RingField::Idx))
     }
 
     /// The device's used idx.
     pub fn used_idx(&self, mem: &GuestMemory) -> Result<u16, DriverError> {
-        Ok(u16::from_le(
-            mem.load(self.layout.used_idx_addr(), Ordering::Acquire)?,
-        ))
+        load_le16(mem, self.layout.used(RingField::Idx))
     }
 
     /// Used-ring entry `i` (folded into the ring), whether or not the device
     /// published it.
     pub fn used_elem(&self, mem: &GuestMemory, i: u16) -> Result<UsedElem, DriverError> {
-        let slot = self.layout.used_slot_addr(i);
+        let slot = self.layout.used(RingField::Entry(i));
         Ok(UsedElem {
             id: u32::from_le(mem.read_obj(slot)?),
             len: u32::from_le(mem.read_obj(slot.unchecked_add(4))?),
@@ -522,16 +535,12 @@ impl DriverQueue {
     /// The `avail_event` field the device writes at the end of the used ring
     /// (EVENT_IDX, virtio 1.1 §2.6.10).
     pub fn avail_event(&self, mem: &GuestMemory) -> Result<u16, DriverError> {
-        Ok(u16::from_le(
-            mem.load(self.layout.avail_event_addr(), Ordering::Acquire)?,
-        ))
+        load_le16(mem, self.layout.used(RingField::Event))
     }
 
     /// The `used_event` field at the end of the avail ring.
     pub fn used_event(&self, mem: &GuestMemory) -> Result<u16, DriverError> {
-        Ok(u16::from_le(
-            mem.load(self.layout.used_event_addr(), Ordering::Acquire)?,
-        ))
+        load_le16(mem, self.layout.avail(RingField::Event))
     }
 
     /// Sets `used_event`: with EVENT_IDX the driver wants an interrupt only
@@ -539,7 +548,7 @@ impl DriverQueue {
     pub fn set_used_event(&self, mem: &GuestMemory, value: u16) -> Result<(), DriverError> {
         mem.store(
             value.to_le(),
-            self.layout.used_event_addr(),
+            self.layout.avail(RingField::Event),
             Ordering::Release,
         )?;
         Ok(())

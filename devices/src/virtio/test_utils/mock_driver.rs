@@ -454,13 +454,21 @@ mod tests {
         o
     }
 
-    #[test]
-    fn driver_chain_reaches_device_and_used_ring_comes_back() {
+    /// A driver that acked `features` (the dummy device offers them on top
+    /// of its own) with queues of `size`, and the device behind it.
+    fn initialised(features: u64, size: u16) -> (GuestMemory, Arc<Mutex<DummyDevice>>, MockDriver) {
         let mem = guest_memory(1 << 20).unwrap();
         let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
+        dev.lock().unwrap().avail_features |= features;
         let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
         let mut drv = MockDriver::new(mem.clone(), t).unwrap();
-        drv.init_with_queue_size(1 << 32, Some(8)).unwrap();
+        drv.init_with_queue_size(features, Some(size)).unwrap();
+        (mem, dev, drv)
+    }
+
+    #[test]
+    fn driver_chain_reaches_device_and_used_ring_comes_back() {
+        let (mem, dev, mut drv) = initialised(1 << 32, 8);
 
         let a = drv.alloc(100, 8).unwrap();
         let b = drv.alloc(200, 8).unwrap();
@@ -498,13 +506,7 @@ mod tests {
 
     #[test]
     fn indirect_chain_reaches_device_and_frees_one_ring_descriptor() {
-        let mem = guest_memory(1 << 20).unwrap();
-        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
-        dev.lock().unwrap().avail_features |= 1 << 28;
-        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
-        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
-        drv.init_with_queue_size(1 << 32 | 1 << 28, Some(8))
-            .unwrap();
+        let (mem, dev, mut drv) = initialised(1 << 32 | 1 << 28, 8);
 
         let bufs: Vec<GuestAddress> = (0..4).map(|_| drv.alloc(64, 8).unwrap()).collect();
         let table = drv.alloc(48, 16).unwrap();
@@ -536,11 +538,7 @@ mod tests {
 
     #[test]
     fn descriptors_recycle_across_many_chains() {
-        let mem = guest_memory(1 << 20).unwrap();
-        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
-        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
-        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
-        drv.init_with_queue_size(1 << 32, Some(4)).unwrap();
+        let (mem, dev, mut drv) = initialised(1 << 32, 4);
         let buf = drv.alloc(64, 8).unwrap();
         let mut q = oracle(&dev.lock().unwrap().queues[0]);
         // 3 × size chains of 2 descriptors wrap the avail and used rings.
@@ -560,11 +558,7 @@ mod tests {
 
     #[test]
     fn out_of_order_completion_frees_the_right_descriptors() {
-        let mem = guest_memory(1 << 20).unwrap();
-        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
-        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
-        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
-        drv.init_with_queue_size(1 << 32, Some(4)).unwrap();
+        let (mem, dev, mut drv) = initialised(1 << 32, 4);
         let s = Segment::writable(GuestAddress(0x1000), 1);
         let a = drv.add_chain(0, &[s, s]).unwrap();
         let b = drv.add_chain(0, &[s]).unwrap();
@@ -590,11 +584,7 @@ mod tests {
 
     #[test]
     fn chain_larger_than_free_descriptors_is_refused() {
-        let mem = guest_memory(1 << 20).unwrap();
-        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
-        let t = MmioTransport::new(mem.clone(), dev).unwrap();
-        let mut drv = MockDriver::new(mem, t).unwrap();
-        drv.init_with_queue_size(1 << 32, Some(2)).unwrap();
+        let (_, _, mut drv) = initialised(1 << 32, 2);
         let s = Segment::readable(GuestAddress(0), 1);
         assert!(matches!(
             drv.add_chain(0, &[s, s, s]),
@@ -616,12 +606,7 @@ mod tests {
 
     #[test]
     fn event_idx_fields_are_where_the_device_looks() {
-        let mem = guest_memory(1 << 20).unwrap();
-        let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
-        let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
-        let mut drv = MockDriver::new(mem.clone(), t).unwrap();
-        drv.init_with_queue_size((1 << 32) | (1 << 29), Some(16))
-            .unwrap();
+        let (_, dev, mut drv) = initialised((1 << 32) | (1 << 29), 16);
         drv.set_used_event(0, 7).unwrap();
         assert_eq!(drv.used_event(0).unwrap(), 7);
         for _ in 0..5 {

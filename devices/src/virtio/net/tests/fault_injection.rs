@@ -81,6 +81,20 @@ fn rx_shape(i: usize) -> (Vec<u32>, Layout) {
 
 const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
 
+/// The errnos both fault matrices inject: flow control, an interrupted
+/// call, and the host errors a TAP may return either way.
+const ERRNO_FAULTS: [Fault; 5] = [
+    EAGAIN,
+    Fault::Errno(libc::EINTR),
+    Fault::Errno(libc::EIO),
+    Fault::Errno(libc::EINVAL),
+    Fault::Errno(libc::ENOBUFS),
+];
+
+/// Where a fault matrix puts its fault: the first, a middle and the last of
+/// its 8 operations.
+const FAULT_POSITIONS: [usize; 3] = [0, 3, 7];
+
 /// The TX fault matrix: every kind of failure at the first, a middle and the
 /// last of 8 sends. Every chain comes back once, in order, with length 0;
 /// EAGAIN and EINTR lose nothing, a refusal or a 0-byte write drops that
@@ -88,18 +102,9 @@ const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
 /// no host error is counted; the loop goes idle.
 #[test]
 fn tx_fault_matrix() {
-    let faults = [
-        EAGAIN,
-        Fault::Errno(libc::EINTR),
-        Fault::Errno(libc::EIO),
-        Fault::Errno(libc::EINVAL),
-        Fault::Errno(libc::ENOBUFS),
-        Fault::Errno(libc::EBADFD),
-        Fault::Zero,
-        Fault::Short(20),
-    ];
-    for fault in faults {
-        for pos in [0, 3, 7] {
+    let others = [Fault::Errno(libc::EBADFD), Fault::Zero, Fault::Short(20)];
+    for fault in ERRNO_FAULTS.into_iter().chain(others) {
+        for pos in FAULT_POSITIONS {
             let what = format!("{fault:?} at send {pos}");
             let mut h = harness(NetConfig::default(), FEATURES);
             script(&h).lock().unwrap().write_fault_at(pos, fault);
@@ -152,18 +157,9 @@ fn tx_fault_matrix() {
 /// goes idle.
 #[test]
 fn rx_fault_matrix() {
-    let faults = [
-        EAGAIN,
-        Fault::Errno(libc::EINTR),
-        Fault::Errno(libc::EIO),
-        Fault::Errno(libc::EINVAL),
-        Fault::Errno(libc::ENOBUFS),
-        Fault::Zero,
-        Fault::Short(42),
-        Fault::Short(5),
-    ];
-    for fault in faults {
-        for pos in [0, 3, 7] {
+    let others = [Fault::Zero, Fault::Short(42), Fault::Short(5)];
+    for fault in ERRNO_FAULTS.into_iter().chain(others) {
+        for pos in FAULT_POSITIONS {
             let what = format!("{fault:?} at receive {pos}");
             let mut h = harness(NetConfig::default(), FEATURES);
             for i in 0..8 {
@@ -612,6 +608,43 @@ fn a_hangup_is_logged_once_whatever_came_before() {
     assert_eq!(h.run_once(20), 0);
 }
 
+/// Used-ring entries as `(id, len)`.
+type UsedEntries = Vec<(u32, u32)>;
+
+/// Posts `n` frames of `len` bytes (the header in its own descriptor),
+/// kicks TX and runs until it waits on EAGAIN; returns the `(head, 0)` entry
+/// each frame must come back as, and those that came back so far.
+fn block_tx<B: crate::virtio::net::NetBackend + 'static>(
+    h: &mut NetFixture<B>,
+    n: u8,
+    len: usize,
+    what: &str,
+) -> (UsedEntries, UsedEntries) {
+    let heads: UsedEntries = (0..n)
+        .map(|i| (u32::from(h.post_tx(&frame(len, i), &[12])), 0))
+        .collect();
+    h.kick_tx();
+    idle(h, what);
+    assert!(h.dev().active.as_ref().unwrap().tx.is_blocked(), "{what}");
+    let used = h.txq.take_used(&h.mem);
+    assert!(used.len() < usize::from(n), "{what}");
+    (heads, used)
+}
+
+/// After the backend went away under a TX blocked by [`block_tx`]: TX stops
+/// waiting and every chain has come back, those in `used` first.
+fn assert_tx_drained<B: crate::virtio::net::NetBackend + 'static>(
+    h: &mut NetFixture<B>,
+    heads: &[(u32, u32)],
+    mut used: UsedEntries,
+    what: &str,
+) {
+    wait_tx_unblocked(h, what);
+    used.extend(h.txq.take_used(&h.mem));
+    assert_eq!(used, heads, "{}", h.metrics.to_json());
+    assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
+}
+
 /// The peer goes away while TX waits on EAGAIN: the waiting chain and every
 /// one behind it come back (the peer is gone, so they are dropped), and the
 /// loop goes idle; nothing is leaked until a reset.
@@ -619,22 +652,12 @@ fn a_hangup_is_logged_once_whatever_came_before() {
 fn peer_gone_while_tx_waits_on_eagain() {
     let mut h = NetFixture::new(NetConfig::default(), FEATURES);
     h.dev().backend().set_send_buffer(40000).unwrap();
-    let heads: Vec<(u32, u32)> = (0..8)
-        .map(|i| (u32::from(h.post_tx(&frame(12 + 30000, i), &[12])), 0))
-        .collect();
-    h.kick_tx();
-    idle(&mut h, "TX blocked");
-    assert!(h.dev().active.as_ref().unwrap().tx.is_blocked());
-    let mut used = h.txq.take_used(&h.mem);
-    assert!(used.len() < 8);
+    let (heads, used) = block_tx(&mut h, 8, 12 + 30000, "TX blocked");
     // RX has no buffers, so the device does not poll for the hangup; TX
     // learns of it from its own writes.
     let (fresh, _other) = SeqPacket::pair().unwrap();
     drop(std::mem::replace(&mut h.peer, fresh));
-    wait_tx_unblocked(&mut h, "peer gone");
-    used.extend(h.txq.take_used(&h.mem));
-    assert_eq!(used, heads, "{}", h.metrics.to_json());
-    assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
+    assert_tx_drained(&mut h, &heads, used, "peer gone");
     // Later frames come back too.
     let head = h.post_tx(&frame(100, 9), &[]);
     h.kick_tx();
@@ -673,20 +696,10 @@ fn backend_error_while_tx_waits_on_eagain() {
     let mut h = NetFixture::with_backend(PipeBackend(w), peer, NetConfig::default(), mem);
     h.activate(FEATURES);
     // 2000-byte frames (atomic pipe writes): the 64 KiB pipe takes 32.
-    let heads: Vec<(u32, u32)> = (0..48)
-        .map(|i| (u32::from(h.post_tx(&frame(2000, i), &[12])), 0))
-        .collect();
-    h.kick_tx();
-    idle(&mut h, "pipe full");
-    assert!(h.dev().active.as_ref().unwrap().tx.is_blocked());
-    let mut used = h.txq.take_used(&h.mem);
-    assert!(used.len() < 48);
+    let (heads, used) = block_tx(&mut h, 48, 2000, "pipe full");
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_tx_unblocked(&mut h, "pipe broken");
-    used.extend(h.txq.take_used(&h.mem));
-    assert_eq!(used, heads, "{}", h.metrics.to_json());
-    assert!(!h.dev().active.as_ref().unwrap().tx.is_blocked());
+    assert_tx_drained(&mut h, &heads, used, "pipe broken");
     assert_eq!(h.metric(|m| &m.tx_dropped), 48 - h.metric(|m| &m.tx_frames));
     assert_eq!(h.run_once(20), 0);
 }
