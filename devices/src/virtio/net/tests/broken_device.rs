@@ -460,13 +460,7 @@ fn no_rx_interrupt_when_nothing_was_used() {
 /// device would spin on the level-triggered fd).
 #[test]
 fn rx_deferred_or_starved_does_not_wake_for_the_backend() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            rx_weight_packets: 2,
-            ..cfg()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, MRG_FEATURES);
     for _ in 0..3 {
         h.post_rx_shaped(&[1526], Layout::Direct);
     }

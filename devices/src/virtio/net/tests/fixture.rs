@@ -102,6 +102,13 @@ impl NetFixture<SeqPacket> {
         h
     }
 
+    /// [`new`](Self::new) with the default configuration changed by `cfg`.
+    pub fn configured(cfg: impl FnOnce(&mut NetConfig), features: u64) -> Self {
+        let mut c = NetConfig::default();
+        cfg(&mut c);
+        Self::new(c, features)
+    }
+
     /// Builds and registers a device without activating it.
     pub fn new_inactive(cfg: NetConfig) -> Self {
         Self::new_inactive_with(

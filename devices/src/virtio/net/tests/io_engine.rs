@@ -195,13 +195,7 @@ fn send_without_batches<B: NetBackend + 'static>(h: &mut NetFixture<B>, frames: 
 #[test]
 fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
     let frames: Vec<Vec<u8>> = (0..40).map(|i| frame(12 + 100 + i, i as u8)).collect();
-    let mut h = NetFixture::new(
-        NetConfig {
-            bounce_buffer: true,
-            ..NetConfig::default()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.bounce_buffer = true, MRG_FEATURES);
     send_without_batches(&mut h, &frames);
 
     let (b, peer) = FaultBackend::pair();
@@ -219,13 +213,7 @@ fn test_async_engine_keeps_one_call_per_frame_where_it_must() {
 fn misplaced_under_back_pressure(engine: IoEngine) -> usize {
     const N: u32 = 20_000;
     const LEN: usize = 1000;
-    let mut h = NetFixture::new(
-        NetConfig {
-            io_engine: engine,
-            ..NetConfig::default()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.io_engine = engine, MRG_FEATURES);
     h.dev().backend().set_send_buffer(4096).unwrap();
     let peer = h.peer.try_clone().unwrap();
     let reader = std::thread::spawn(move || {

@@ -30,13 +30,7 @@ fn flood_tx_beside_one_rx_frame(h: &mut NetFixture, n: u8) -> Vec<Vec<u8>> {
 
 #[test]
 fn test_tx_packet_weight_lets_rx_run_first() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            tx_weight_packets: 4,
-            ..cfg()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.tx_weight_packets = 4, MRG_FEATURES);
     // One loop iteration: one TX pass of 4 frames, and the RX frame.
     flood_tx_beside_one_rx_frame(&mut h, 10);
     assert_eq!(h.peer_frames().len(), 4);
@@ -53,11 +47,10 @@ fn test_tx_packet_weight_lets_rx_run_first() {
 
 #[test]
 fn test_tx_byte_weight() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            tx_weight_bytes: 3000,
-            tx_weight_packets: 0,
-            ..cfg()
+    let mut h = NetFixture::configured(
+        |c| {
+            c.tx_weight_bytes = 3000;
+            c.tx_weight_packets = 0;
         },
         MRG_FEATURES,
     );
@@ -88,11 +81,10 @@ fn assert_one_pass_drains_200(mut h: NetFixture) {
 
 #[test]
 fn test_no_weight_drains_in_one_pass() {
-    assert_one_pass_drains_200(NetFixture::new(
-        NetConfig {
-            tx_weight_bytes: 0,
-            tx_weight_packets: 0,
-            ..cfg()
+    assert_one_pass_drains_200(NetFixture::configured(
+        |c| {
+            c.tx_weight_bytes = 0;
+            c.tx_weight_packets = 0;
         },
         MRG_FEATURES,
     ));
@@ -100,13 +92,7 @@ fn test_no_weight_drains_in_one_pass() {
 
 #[test]
 fn test_rx_packet_weight() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            rx_weight_packets: 2,
-            ..cfg()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, MRG_FEATURES);
     h.post_rx(&[1526; 8]);
     h.kick_rx();
     for i in 0..5 {
@@ -127,13 +113,7 @@ fn test_rx_packet_weight() {
 /// of 2 (every pass but the last is cut short and re-queued), run to
 /// idle; returns the harness.
 fn rx_in_short_passes(features: u64, frames: u8, used_event: Option<u16>) -> NetFixture {
-    let mut h = NetFixture::new(
-        NetConfig {
-            rx_weight_packets: 2,
-            ..cfg()
-        },
-        features,
-    );
+    let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, features);
     if let Some(e) = used_event {
         h.rxq.set_used_event(&h.mem, e).unwrap();
     }
@@ -212,11 +192,10 @@ fn test_a_deferred_decision_honours_used_event_crossed_meanwhile() {
 
 #[test]
 fn test_rx_byte_weight_runs_tx_between_passes() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            rx_weight_bytes: 2000,
-            rx_weight_packets: 0,
-            ..cfg()
+    let mut h = NetFixture::configured(
+        |c| {
+            c.rx_weight_bytes = 2000;
+            c.rx_weight_packets = 0;
         },
         MRG_FEATURES,
     );

@@ -406,11 +406,10 @@ fn test_metrics_show_throttling_in_progress_and_done() {
 #[test]
 fn test_throttling_counts_no_weight_hit() {
     // Weight 4 frames per pass, 6 frames in the bucket, then 1 per second.
-    let mut h = NetFixture::new(
-        NetConfig {
-            tx_weight_packets: 4,
-            tx_rate_limiter: ops(6, 6000),
-            ..NetConfig::default()
+    let mut h = NetFixture::configured(
+        |c| {
+            c.tx_weight_packets = 4;
+            c.tx_rate_limiter = ops(6, 6000);
         },
         MRG_FEATURES,
     );

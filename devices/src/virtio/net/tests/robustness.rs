@@ -197,13 +197,7 @@ fn avail_idx_rewritten_wildly_under_the_device() {
 /// runs in between.
 #[test]
 fn refused_tx_chains_count_against_the_weight() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            tx_weight_packets: 16,
-            ..NetConfig::default()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.tx_weight_packets = 16, MRG_FEATURES);
     h.post_rx(&[1526]);
     for _ in 0..200 {
         let a = h.alloc(64);
@@ -229,13 +223,7 @@ fn refused_tx_chains_count_against_the_weight() {
 /// them a few passes later.
 #[test]
 fn refused_rx_chains_count_against_the_weight() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            rx_weight_packets: 8,
-            ..NetConfig::default()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.rx_weight_packets = 8, MRG_FEATURES);
     for _ in 0..100 {
         let a = h.alloc(1526);
         // Device-readable: refused on RX.

@@ -165,13 +165,7 @@ fn test_rx_reads_once_one_readv_can_take_no_more_buffers() {
     // 1023 buffers of 64 bytes: short of a 64 KiB frame (65,472 bytes) and
     // of the ring (2048), but one readv takes no more vectors (IOV_MAX, less
     // the one the tail needs). Waiting for more would stall the frame.
-    let mut h = NetFixture::new(
-        NetConfig {
-            queue_size: 2048,
-            ..cfg()
-        },
-        MRG_FEATURES | GUEST_GSO,
-    );
+    let mut h = NetFixture::configured(|c| c.queue_size = 2048, MRG_FEATURES | GUEST_GSO);
     let bufs = h.post_rx(&[64; 1023]);
     h.kick_rx();
     h.peer.send(&frame(12 + 1514, 3)).unwrap();
@@ -190,13 +184,7 @@ fn test_rx_waits_for_the_whole_ring_again_after_a_frame_took_part_of_it() {
     // holds every descriptor the guest can post. After one frame took one
     // buffer, 15 are left: the device must wait for the guest to post the
     // 16th, or a frame that needs all 16 would be read too soon and dropped.
-    let mut h = NetFixture::new(
-        NetConfig {
-            queue_size: 16,
-            ..cfg()
-        },
-        MRG_FEATURES | GUEST_GSO,
-    );
+    let mut h = NetFixture::configured(|c| c.queue_size = 16, MRG_FEATURES | GUEST_GSO);
     h.post_rx(&[1526; 16]);
     h.kick_rx();
     h.peer.send(&frame(12 + 100, 1)).unwrap();
@@ -220,13 +208,7 @@ fn test_rx_dropped_frames_count_against_the_packet_weight() {
     // Frames too big for the guest's one buffer are read and dropped; each
     // costs a read, so a flood of them must end passes at the packet weight
     // like delivered frames do, or one pass would drain the whole backlog.
-    let mut h = NetFixture::new(
-        NetConfig {
-            rx_weight_packets: 2,
-            ..cfg()
-        },
-        BASE_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, BASE_FEATURES);
     h.post_rx(&[1000]);
     h.kick_rx();
     for i in 0..6 {
@@ -285,13 +267,7 @@ fn test_rx_without_mrg_exact_fit() {
 
 #[test]
 fn test_rx_bounce_buffer_matches() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            bounce_buffer: true,
-            ..cfg()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.bounce_buffer = true, MRG_FEATURES);
     let bufs = h.post_rx(&[1000, 1000]);
     h.kick_rx();
     let f = frame(12 + 1514, 8);

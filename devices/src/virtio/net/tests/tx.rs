@@ -50,13 +50,7 @@ fn test_tx_multi_descriptor() {
 
 #[test]
 fn test_tx_bounce_buffer_matches() {
-    let mut h = NetFixture::new(
-        NetConfig {
-            bounce_buffer: true,
-            ..cfg()
-        },
-        MRG_FEATURES,
-    );
+    let mut h = NetFixture::configured(|c| c.bounce_buffer = true, MRG_FEATURES);
     let f = frame(12 + 1400, 4);
     h.post_tx(&f, &[12, 700]);
     h.kick_tx();
