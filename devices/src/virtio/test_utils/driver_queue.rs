@@ -346,6 +346,23 @@ impl DriverQueue {
         Ok(head)
     }
 
+    /// [`post_chain`](Self::post_chain) with the last descriptor linked
+    /// (NEXT) to descriptor `next(head)`: back into the chain for a loop,
+    /// past the table for a link out of range. Returns the head.
+    pub fn post_chain_linked(
+        &mut self,
+        mem: &GuestMemory,
+        descs: &[(u64, u32, u16)],
+        next: impl FnOnce(u16) -> u16,
+    ) -> Result<u16, DriverError> {
+        let head = self.write_chain(mem, descs)?;
+        let last = (head + descs.len() as u16 - 1) % self.layout.size.max(1);
+        let (addr, len, flags) = descs[descs.len() - 1];
+        self.write_desc(mem, last, addr, len, flags | VIRTQ_DESC_F_NEXT, next(head))?;
+        self.offer(mem, head)?;
+        Ok(head)
+    }
+
     /// Writes a chain of `segments` from the free list and puts its head in
     /// the next avail slot, without publishing it. Returns the head index,
     /// which is the `id` the device returns in the used ring.

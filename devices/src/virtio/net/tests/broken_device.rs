@@ -74,8 +74,7 @@ fn rx_every_chain_shape_lands_byte_exact() {
                 h.kick_rx();
                 h.restain_rx();
                 let f = noisy_frame(len, i as u8 + 1);
-                h.peer.send(&f).unwrap();
-                h.run_until_idle();
+                h.deliver(&f);
                 let got = h.take_rx_frames();
                 assert_eq!(got.len(), 1, "{what}, {len} bytes");
                 assert_eq!(got[0].heads, vec![head], "{what}");
@@ -110,8 +109,7 @@ fn rx_mergeable_frame_over_chains_of_every_shape() {
     h.kick_rx();
     h.restain_rx();
     let f = noisy_frame(1526, 9);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let got = h.take_rx_frames();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].heads, heads);
@@ -144,8 +142,7 @@ fn rx_num_buffers_above_255() {
     let mut f = frame(VNET_HDR_LEN + MAX_FRAME_GSO, 3);
     f[10] = 0;
     f[11] = 0;
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let got = h.take_rx_frames();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].num_buffers(), 328);
@@ -175,8 +172,7 @@ fn rx_ring_smaller_than_the_largest_frame_still_reads() {
         for (i, &len) in sizes.iter().enumerate() {
             h.restain_rx();
             let f = noisy_frame(len, i as u8);
-            h.peer.send(&f).unwrap();
-            h.run_until_idle();
+            h.deliver(&f);
             let got = h.take_rx_frames();
             if len > 16 * 1526 {
                 // More than the 16 posted chains hold: dropped.
@@ -354,8 +350,7 @@ fn rx_cache_full_of_vectors_reads_what_it_has() {
     }
     h.kick_rx();
     let f = noisy_frame(500, 5);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let got = h.take_rx_frames();
     assert_eq!(got.len(), 1, "{}", h.metrics.to_json());
     assert_eq!(got[0].lens, vec![256, 244]);
@@ -376,14 +371,12 @@ fn rx_frame_longer_than_one_readv_takes_is_dropped_not_truncated() {
         h.post_rx_shaped(&[1; 256], Layout::Indirect);
     }
     h.kick_rx();
-    h.peer.send(&noisy_frame(1100, 6)).unwrap();
-    h.run_until_idle();
+    h.deliver(&noisy_frame(1100, 6));
     assert!(h.take_rx_frames().is_empty());
     assert_eq!(h.metric(|m| &m.rx_dropped), 1);
     h.restain_rx();
     let f = noisy_frame(700, 7);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let got = h.take_rx_frames();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].lens, vec![256, 256, 188]);
@@ -400,8 +393,7 @@ fn rx_chain_of_1024_buffers_is_refused() {
     let mut h = NetFixture::new(with_queue_size(1024), MRG_FEATURES | RING_INDIRECT);
     let head = h.post_rx_shaped(&[2; 1024], Layout::Indirect);
     h.kick_rx();
-    h.peer.send(&noisy_frame(2100, 8)).unwrap();
-    h.run_until_idle();
+    h.deliver(&noisy_frame(2100, 8));
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(head), 0)]);
     assert_eq!(h.metric(|m| &m.malformed_chains), 1);
     assert_eq!(h.metric(|m| &m.rx_frames), 0);
@@ -421,8 +413,7 @@ fn no_rx_interrupt_when_nothing_was_used() {
         let mut h = NetFixture::new(cfg(), features);
         h.rxq.set_used_event(&h.mem, 0).unwrap();
         // Starved.
-        h.peer.send(&frame(12 + 1514, 1)).unwrap();
-        h.run_until_idle();
+        h.deliver(&frame(12 + 1514, 1));
         assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 1);
         // Dropped: 1000 bytes posted, no MRG_RXBUF.
         h.post_rx_shaped(&[1000], Layout::Direct);
@@ -430,8 +421,7 @@ fn no_rx_interrupt_when_nothing_was_used() {
         h.run_until_idle();
         assert_eq!(h.metric(|m| &m.rx_dropped), 1);
         // A runt.
-        h.peer.send(&[]).unwrap();
-        h.run_until_idle();
+        h.deliver(&[]);
         assert_eq!(h.metric(|m| &m.rx_dropped), 2);
         // A kick with nothing to read: the pass reads EAGAIN.
         h.post_rx_shaped(&[1000], Layout::Direct);
@@ -444,8 +434,7 @@ fn no_rx_interrupt_when_nothing_was_used() {
         // Something used: one interrupt.
         h.restain_rx();
         let f = noisy_frame(12 + 100, 2);
-        h.peer.send(&f).unwrap();
-        h.run_until_idle();
+        h.deliver(&f);
         h.take_rx_frames()[0].assert_is(&f);
         assert_eq!(h.irq.count(), 1, "features {features:#x}");
     }

@@ -236,6 +236,33 @@ impl<B: NetBackend + 'static> NetFixture<B> {
         out
     }
 
+    /// [`post_rx`](Self::post_rx) and a kick of the RX queue.
+    pub fn offer_rx(&mut self, sizes: &[u32]) -> Vec<(u16, u64)> {
+        let bufs = self.post_rx(sizes);
+        self.kick_rx();
+        bufs
+    }
+
+    /// Offers on queue `index` ([`RX_INDEX`] or [`TX_INDEX`]) a chain of
+    /// `(offset, len, flags)` descriptors into a fresh buffer of `buf_len`
+    /// bytes, which the test may lay out as no driver should; returns its
+    /// head.
+    pub fn post_chain_in_buffer(
+        &mut self,
+        index: usize,
+        buf_len: u64,
+        descs: &[(u64, u32, u16)],
+    ) -> u16 {
+        let a = self.alloc(buf_len);
+        let descs: Vec<_> = descs.iter().map(|&(off, l, f)| (a + off, l, f)).collect();
+        let q = if index == RX_INDEX {
+            &mut self.rxq
+        } else {
+            &mut self.txq
+        };
+        q.post_chain(&self.mem, &descs).unwrap()
+    }
+
     /// Places `frame` (header included) in guest memory split as `split`
     /// descriptor lengths (the rest in a last descriptor) and publishes it.
     pub fn post_tx(&mut self, frame: &[u8], split: &[usize]) -> u16 {
@@ -275,6 +302,12 @@ impl<B: NetBackend + 'static> NetFixture<B> {
             }
         }
         panic!("event loop never went idle (busy loop?)");
+    }
+
+    /// The peer sends `frame` and the loop runs until idle.
+    pub fn deliver(&mut self, frame: &[u8]) {
+        self.peer.send(frame).unwrap();
+        self.run_until_idle();
     }
 
     /// Reads every message the device sent to the peer.

@@ -93,8 +93,7 @@ fn test_no_weight_drains_in_one_pass() {
 #[test]
 fn test_rx_packet_weight() {
     let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, MRG_FEATURES);
-    h.post_rx(&[1526; 8]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 8]);
     for i in 0..5 {
         h.peer.send(&frame(12 + 100, i)).unwrap();
     }
@@ -199,8 +198,7 @@ fn test_rx_byte_weight_runs_tx_between_passes() {
         },
         MRG_FEATURES,
     );
-    h.post_rx(&[1526; 8]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 8]);
     for i in 0..6 {
         h.peer.send(&frame(12 + 1000, i)).unwrap();
     }
@@ -261,8 +259,7 @@ fn test_tx_time_budget_ends_the_pass_and_lets_rx_run() {
 #[test]
 fn test_rx_time_budget_ends_the_pass() {
     let mut h = NetFixture::timed(timed_only(), MRG_FEATURES);
-    h.post_rx(&[1526; 32]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 32]);
     for i in 0..16 {
         h.peer.send(&frame(12 + 100, i)).unwrap();
     }

@@ -125,8 +125,7 @@ fn rx_second_frame_held(period_ms: u64, bufs: usize) -> NetFixture {
     h.post_rx(&vec![1526; bufs]);
     h.kick_rx();
     h.peer.send(&frame(12 + 64, 1)).unwrap();
-    h.peer.send(&frame(12 + 64, 2)).unwrap();
-    h.run_until_idle();
+    h.deliver(&frame(12 + 64, 2));
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
     assert!(rx_throttled(&h));
     h
@@ -197,8 +196,7 @@ fn test_tx_ops_limit_sleeps_between_frames() {
 fn test_rx_bandwidth_limit_stops_reading_the_backend() {
     // 2500 bytes per 25 ms: 100 bytes per ms.
     let mut h = NetFixture::new(rx_limited(bw(2500, 25)), MRG_FEATURES);
-    let bufs = h.post_rx(&[1526; 8]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1526; 8]);
     let frames: Vec<Vec<u8>> = (0..6).map(|i| frame(12 + 1000, i)).collect();
     for f in &frames {
         h.peer.send(f).unwrap();
@@ -233,8 +231,7 @@ fn test_rx_bandwidth_limit_stops_reading_the_backend() {
 fn test_rx_ops_limit() {
     // 2 frames per 20 ms: one every 10 ms once the bucket is spent.
     let mut h = NetFixture::new(rx_limited(ops(2, 20)), MRG_FEATURES);
-    h.post_rx(&[1526; 8]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 8]);
     for i in 0..5 {
         h.peer.send(&frame(12 + 64, i)).unwrap();
     }
@@ -271,8 +268,7 @@ fn test_throttled_tx_neither_spins_nor_blocks_rx() {
     assert!(h.peer_frames().is_empty());
 
     // RX runs as usual meanwhile.
-    h.post_rx(&[1526; 5]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 5]);
     for i in 0..5 {
         h.peer.send(&frame(12 + 100, i)).unwrap();
     }
@@ -327,8 +323,7 @@ fn test_tx_pushed_back_and_throttled_sleeps_until_the_timer() {
 #[test]
 fn test_throttled_rx_neither_spins_nor_blocks_tx() {
     let mut h = NetFixture::new(rx_limited(ops(1, 10_000)), MRG_FEATURES);
-    h.post_rx(&[1526; 4]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 4]);
     for i in 0..3 {
         h.peer.send(&frame(12 + 100, i)).unwrap();
     }
@@ -339,8 +334,7 @@ fn test_throttled_rx_neither_spins_nor_blocks_tx() {
     let passes = h.metric(|m| &m.rx_passes);
     assert_eq!(h.run_once(100), 0);
     // New buffers and their kick start no pass either.
-    h.post_rx(&[1526; 4]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 4]);
     h.run_until_idle();
     assert_eq!(h.metric(|m| &m.rx_passes), passes);
 
@@ -467,8 +461,7 @@ fn test_rx_reset_while_throttled_leaves_nothing_stuck() {
     h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
     h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
     h.activate(MRG_FEATURES);
-    let bufs = h.post_rx(&[1526; 3]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1526; 3]);
     // The frame that waited in the backend arrives into the new rings.
     run_until(&mut h, |h| h.metric(|m| &m.rx_frames) == 2);
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 76)]);

@@ -331,8 +331,7 @@ fn indirect_chains_both_ways() {
         .unwrap();
     h.kick_rx();
     let r = frame(12 + 1514, 10);
-    h.peer.send(&r).unwrap();
-    h.run_until_idle();
+    h.deliver(&r);
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(head), 1526)]);
     let mut got = h.read(b1, 800);
     got.extend(h.read(b2, 726));
@@ -377,8 +376,7 @@ fn buffers_across_a_memory_region_boundary() {
     let r1 = frame(12 + 1514, 17);
     let r2 = frame(12 + 1514, 18);
     h.peer.send(&r1).unwrap();
-    h.peer.send(&r2).unwrap();
-    h.run_until_idle();
+    h.deliver(&r2);
     assert_eq!(h.peer_frames(), vec![f]);
     assert_eq!(
         h.rxq.take_used(&h.mem),
@@ -418,12 +416,10 @@ fn indirect_without_the_feature_is_refused() {
 #[test]
 fn a_zero_byte_read_is_not_end_of_file() {
     let mut h = NetFixture::new(NetConfig::default(), MRG_FEATURES);
-    let bufs = h.post_rx(&[1526; 2]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1526; 2]);
     h.peer.send(&[]).unwrap();
     let f = frame(12 + 200, 12);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     assert!(!h.dev().registered.backend_hup);
     assert_eq!(h.metric(|m| &m.rx_dropped), 1);
     assert_eq!(h.metric(|m| &m.host_errors), 0);
@@ -446,10 +442,8 @@ fn a_reset_polls_the_backend_again() {
     h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
     h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
     h.activate(MRG_FEATURES);
-    let bufs = h.post_rx(&[1526]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 64, 13)).unwrap();
-    h.run_until_idle();
+    let bufs = h.offer_rx(&[1526]);
+    h.deliver(&frame(12 + 64, 13));
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 76)]);
 
     // A peer that is really gone is found gone again after each reset (the
@@ -464,8 +458,7 @@ fn a_reset_polls_the_backend_again() {
             h.activate(MRG_FEATURES);
         }
         // RX must have buffers to read (and so to see end of file).
-        h.post_rx(&[1526; 2]);
-        h.kick_rx();
+        h.offer_rx(&[1526; 2]);
         for _ in 0..100 {
             h.run_until_idle();
             if h.dev().registered.backend_hup {

@@ -6,7 +6,7 @@
 use vm_memory::{Bytes, GuestAddress};
 
 use super::fixture::*;
-use crate::virtio::net::NetConfig;
+use crate::virtio::net::{NetConfig, RX_INDEX};
 
 fn cfg() -> NetConfig {
     NetConfig::default()
@@ -22,8 +22,7 @@ fn num_buffers(h: &NetFixture, addr: u64) -> u16 {
 #[test]
 fn test_rx_one_buffer_header_inclusive() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
-    let bufs = h.post_rx(&[1526; 10]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1526; 10]);
     // Stale bytes where num_buffers goes: the device must overwrite them.
     for (_, a) in &bufs {
         h.mem.write_obj(0xffffu16, GuestAddress(a + 10)).unwrap();
@@ -48,8 +47,7 @@ fn test_rx_one_buffer_header_inclusive() {
 #[test]
 fn test_rx_mtu_sized_buffers_need_two() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
-    let bufs = h.post_rx(&[1500; 20]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1500; 20]);
     for i in 0..10 {
         h.peer.send(&frame(12 + 1514, i)).unwrap();
     }
@@ -68,11 +66,9 @@ fn test_rx_mtu_sized_buffers_need_two() {
 #[test]
 fn test_rx_two_buffers_data() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
-    let bufs = h.post_rx(&[1000, 1000]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1000, 1000]);
     let f = frame(12 + 1514, 5);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let used = h.rxq.take_used(&h.mem);
     assert_eq!(
         used,
@@ -88,11 +84,9 @@ fn test_rx_two_buffers_data() {
 fn test_rx_many_buffers_gso() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES | GUEST_GSO);
     // Page-sized buffers, as Linux posts with big packets.
-    let bufs = h.post_rx(&[4096; 20]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[4096; 20]);
     let f = frame(12 + 65550, 6);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let used = h.rxq.take_used(&h.mem);
     // 65562 = 16 * 4096 + 26
     assert_eq!(used.len(), 17);
@@ -107,8 +101,7 @@ fn test_rx_many_buffers_gso() {
     assert_eq!(h.metric(|m| &m.rx_buffers), 17);
     // The 3 buffers left stay cached; a small frame takes the first.
     h.peer.send(&frame(100, 1)).unwrap();
-    h.post_rx(&[4096; 14]);
-    h.kick_rx();
+    h.offer_rx(&[4096; 14]);
     h.run_until_idle();
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[17].0), 100)]);
 }
@@ -116,11 +109,9 @@ fn test_rx_many_buffers_gso() {
 #[test]
 fn test_rx_small_buffers_many() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
-    let bufs = h.post_rx(&[256; 8]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[256; 8]);
     let f = frame(12 + 1514, 7);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     let used = h.rxq.take_used(&h.mem);
     // 1526 = 5 * 256 + 246
     assert_eq!(used.len(), 6);
@@ -132,18 +123,14 @@ fn test_rx_small_buffers_many() {
 fn test_rx_reads_without_waiting_for_64k() {
     // Without guest GSO one 1526-byte buffer is enough to read.
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
-    h.post_rx(&[1526]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 1514, 1)).unwrap();
-    h.run_until_idle();
+    h.offer_rx(&[1526]);
+    h.deliver(&frame(12 + 1514, 1));
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
 
     // With guest GSO a 64 KiB frame may come: 1526 bytes are not enough.
     let mut h = NetFixture::new(cfg(), MRG_FEATURES | GUEST_GSO);
-    h.post_rx(&[1526]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 1514, 1)).unwrap();
-    h.run_until_idle();
+    h.offer_rx(&[1526]);
+    h.deliver(&frame(12 + 1514, 1));
     assert_eq!(h.metric(|m| &m.rx_frames), 0);
     assert!(h
         .dev()
@@ -153,8 +140,7 @@ fn test_rx_reads_without_waiting_for_64k() {
         .rx
         .starved_since()
         .is_some());
-    h.post_rx(&[1526; 42]);
-    h.kick_rx();
+    h.offer_rx(&[1526; 42]);
     h.run_until_idle();
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
     assert_eq!(h.metric(|m| &m.rx_buffers), 1);
@@ -166,10 +152,8 @@ fn test_rx_reads_once_one_readv_can_take_no_more_buffers() {
     // of the ring (2048), but one readv takes no more vectors (IOV_MAX, less
     // the one the tail needs). Waiting for more would stall the frame.
     let mut h = NetFixture::configured(|c| c.queue_size = 2048, MRG_FEATURES | GUEST_GSO);
-    let bufs = h.post_rx(&[64; 1023]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 1514, 3)).unwrap();
-    h.run_until_idle();
+    let bufs = h.offer_rx(&[64; 1023]);
+    h.deliver(&frame(12 + 1514, 3));
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
     // 1526 = 23 * 64 + 54
     let used = h.rxq.take_used(&h.mem);
@@ -185,19 +169,15 @@ fn test_rx_waits_for_the_whole_ring_again_after_a_frame_took_part_of_it() {
     // buffer, 15 are left: the device must wait for the guest to post the
     // 16th, or a frame that needs all 16 would be read too soon and dropped.
     let mut h = NetFixture::configured(|c| c.queue_size = 16, MRG_FEATURES | GUEST_GSO);
-    h.post_rx(&[1526; 16]);
-    h.kick_rx();
-    h.peer.send(&frame(12 + 100, 1)).unwrap();
-    h.run_until_idle();
+    h.offer_rx(&[1526; 16]);
+    h.deliver(&frame(12 + 100, 1));
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
     // 24,012 bytes: 16 buffers of 1526 hold it, 15 do not.
     let big = frame(12 + 24_000, 2);
-    h.peer.send(&big).unwrap();
-    h.run_until_idle();
+    h.deliver(&big);
     assert_eq!(h.metric(|m| &m.rx_dropped), 0, "read with 15 of 16 buffers");
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
-    h.post_rx(&[1526]);
-    h.kick_rx();
+    h.offer_rx(&[1526]);
     h.run_until_idle();
     assert_eq!(h.metric(|m| &m.rx_frames), 2);
     assert_eq!(h.metric(|m| &m.rx_buffers), 17);
@@ -209,8 +189,7 @@ fn test_rx_dropped_frames_count_against_the_packet_weight() {
     // costs a read, so a flood of them must end passes at the packet weight
     // like delivered frames do, or one pass would drain the whole backlog.
     let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, BASE_FEATURES);
-    h.post_rx(&[1000]);
-    h.kick_rx();
+    h.offer_rx(&[1000]);
     for i in 0..6 {
         h.peer.send(&frame(12 + 1514, i)).unwrap();
     }
@@ -231,8 +210,7 @@ fn test_rx_without_mrg_drops_frame_too_big() {
     let mut h = NetFixture::new(cfg(), BASE_FEATURES);
     // Two chains that together would hold the frame: without MRG_RXBUF a
     // frame takes one chain or none.
-    let bufs = h.post_rx(&[1000, 1000]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1000, 1000]);
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
     check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
     // Not split, not consumed: the chain waits for a frame that fits,
@@ -241,8 +219,7 @@ fn test_rx_without_mrg_drops_frame_too_big() {
     assert_eq!(h.irq.count(), 0);
     assert_eq!(h.metric(|m| &m.interrupts_suppressed), 0);
     let small = frame(12 + 500, 2);
-    h.peer.send(&small).unwrap();
-    h.run_until_idle();
+    h.deliver(&small);
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(bufs[0].0), 512)]);
     assert_eq!(num_buffers(&h, bufs[0].1), 1);
     assert_eq!(h.read(bufs[0].1 + 12, 500), small[12..]);
@@ -253,11 +230,9 @@ fn test_rx_without_mrg_exact_fit() {
     // A frame exactly as long as the chain is not mistaken for a
     // truncated one.
     let mut h = NetFixture::new(cfg(), BASE_FEATURES);
-    let bufs = h.post_rx(&[1526, 1526]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1526, 1526]);
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
-    h.peer.send(&frame(12 + 1514, 2)).unwrap();
-    h.run_until_idle();
+    h.deliver(&frame(12 + 1514, 2));
     assert_eq!(
         h.rxq.take_used(&h.mem),
         vec![(u32::from(bufs[0].0), 1526), (u32::from(bufs[1].0), 1526)]
@@ -268,11 +243,9 @@ fn test_rx_without_mrg_exact_fit() {
 #[test]
 fn test_rx_bounce_buffer_matches() {
     let mut h = NetFixture::configured(|c| c.bounce_buffer = true, MRG_FEATURES);
-    let bufs = h.post_rx(&[1000, 1000]);
-    h.kick_rx();
+    let bufs = h.offer_rx(&[1000, 1000]);
     let f = frame(12 + 1514, 8);
-    h.peer.send(&f).unwrap();
-    h.run_until_idle();
+    h.deliver(&f);
     assert_eq!(h.rxq.take_used(&h.mem).len(), 2);
     let mut got = h.read(bufs[0].1, 1000);
     got.extend(h.read(bufs[1].1, 526));
@@ -296,8 +269,7 @@ fn test_rx_header_split_across_descriptors() {
         )
         .unwrap();
     h.kick_rx();
-    h.peer.send(&frame(12 + 1514, 3)).unwrap();
-    h.run_until_idle();
+    h.deliver(&frame(12 + 1514, 3));
     assert_eq!(h.rxq.take_used(&h.mem), vec![(u32::from(head), 1526)]);
     assert_eq!(h.read(a + 10, 1), vec![1]);
     assert_eq!(h.read(a + 100, 1), vec![0]);
@@ -308,8 +280,7 @@ fn test_rx_header_split_across_descriptors() {
 fn check_bad_rx(write: impl FnOnce(&mut NetFixture) -> u16) {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bad = write(&mut h);
-    let good = h.post_rx(&[1526]);
-    h.kick_rx();
+    let good = h.offer_rx(&[1526]);
     h.peer.send(&frame(12 + 1514, 1)).unwrap();
     check_metric_after_block!(h.metrics.malformed_chains, 1, h.run_until_idle());
     assert_eq!(
@@ -322,13 +293,11 @@ fn check_bad_rx(write: impl FnOnce(&mut NetFixture) -> u16) {
 #[test]
 fn test_rx_read_only_descriptor() {
     check_bad_rx(|h| {
-        let a = h.alloc(2000);
-        h.rxq
-            .post_chain(
-                &h.mem,
-                &[(a, 1000, VIRTQ_DESC_F_WRITE), (a + 1000, 1000, 0)],
-            )
-            .unwrap()
+        h.post_chain_in_buffer(
+            RX_INDEX,
+            2000,
+            &[(0, 1000, VIRTQ_DESC_F_WRITE), (1000, 1000, 0)],
+        )
     });
 }
 
@@ -343,42 +312,23 @@ fn test_rx_outside_memory() {
 
 #[test]
 fn test_rx_shorter_than_header() {
-    check_bad_rx(|h| {
-        let a = h.alloc(16);
-        h.rxq
-            .post_chain(&h.mem, &[(a, 8, VIRTQ_DESC_F_WRITE)])
-            .unwrap()
-    });
+    check_bad_rx(|h| h.post_chain_in_buffer(RX_INDEX, 16, &[(0, 8, VIRTQ_DESC_F_WRITE)]));
 }
 
 #[test]
 fn test_rx_looping_chain() {
     check_bad_rx(|h| {
         let a = h.alloc(64);
-        let head = h
-            .rxq
-            .write_chain(&h.mem, &[(a, 64, VIRTQ_DESC_F_WRITE)])
-            .unwrap();
         h.rxq
-            .write_desc(
-                &h.mem,
-                head,
-                a,
-                64,
-                VIRTQ_DESC_F_WRITE | VIRTQ_DESC_F_NEXT,
-                head,
-            )
-            .unwrap();
-        h.rxq.offer(&h.mem, head).unwrap();
-        head
+            .post_chain_linked(&h.mem, &[(a, 64, VIRTQ_DESC_F_WRITE)], |head| head)
+            .unwrap()
     });
 }
 
 #[test]
 fn test_rx_short_backend_frame_is_dropped() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
-    h.post_rx(&[1526]);
-    h.kick_rx();
+    h.offer_rx(&[1526]);
     h.peer.send(&[0u8; 5]).unwrap();
     check_metric_after_block!(h.metrics.rx_dropped, 1, h.run_until_idle());
     assert!(h.rxq.take_used(&h.mem).is_empty());

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::fixture::*;
-use crate::virtio::net::NetConfig;
+use crate::virtio::net::{NetConfig, TX_INDEX};
 
 fn cfg() -> NetConfig {
     NetConfig::default()
@@ -174,10 +174,7 @@ fn check_bad_tx(write: impl FnOnce(&mut NetFixture) -> u16) {
 #[test]
 fn test_tx_write_only_descriptor() {
     check_bad_tx(|h| {
-        let a = h.alloc(100);
-        h.txq
-            .post_chain(&h.mem, &[(a, 12, 0), (a + 12, 88, VIRTQ_DESC_F_WRITE)])
-            .unwrap()
+        h.post_chain_in_buffer(TX_INDEX, 100, &[(0, 12, 0), (12, 88, VIRTQ_DESC_F_WRITE)])
     });
 }
 
@@ -193,38 +190,22 @@ fn test_tx_outside_memory() {
 
 #[test]
 fn test_tx_shorter_than_header() {
-    check_bad_tx(|h| {
-        let a = h.alloc(16);
-        h.txq
-            .post_chain(&h.mem, &[(a, 4, 0), (a + 4, 4, 0)])
-            .unwrap()
-    });
+    check_bad_tx(|h| h.post_chain_in_buffer(TX_INDEX, 16, &[(0, 4, 0), (4, 4, 0)]));
 }
 
 #[test]
 fn test_tx_oversize_frame() {
-    check_bad_tx(|h| {
-        let a = h.alloc(70000);
-        h.txq
-            .post_chain(&h.mem, &[(a, 12, 0), (a + 12, 65551, 0)])
-            .unwrap()
-    });
+    check_bad_tx(|h| h.post_chain_in_buffer(TX_INDEX, 70000, &[(0, 12, 0), (12, 65551, 0)]));
 }
 
 #[test]
 fn test_tx_looping_chain() {
     check_bad_tx(|h| {
         let a = h.alloc(64);
-        let head = h
-            .txq
-            .write_chain(&h.mem, &[(a, 32, 0), (a + 32, 32, 0)])
-            .unwrap();
         // The second descriptor points back to the first.
         h.txq
-            .write_desc(&h.mem, head + 1, a + 32, 32, VIRTQ_DESC_F_NEXT, head)
-            .unwrap();
-        h.txq.offer(&h.mem, head).unwrap();
-        head
+            .post_chain_linked(&h.mem, &[(a, 32, 0), (a + 32, 32, 0)], |head| head)
+            .unwrap()
     });
 }
 
@@ -232,12 +213,9 @@ fn test_tx_looping_chain() {
 fn test_tx_next_out_of_range() {
     check_bad_tx(|h| {
         let a = h.alloc(64);
-        let head = h.txq.write_chain(&h.mem, &[(a, 64, 0)]).unwrap();
         h.txq
-            .write_desc(&h.mem, head, a, 64, VIRTQ_DESC_F_NEXT, 9999)
-            .unwrap();
-        h.txq.offer(&h.mem, head).unwrap();
-        head
+            .post_chain_linked(&h.mem, &[(a, 64, 0)], |_| 9999)
+            .unwrap()
     });
 }
 
@@ -270,9 +248,7 @@ fn test_tx_avail_index_too_far_breaks_only_tx() {
     h.run_until_idle();
     assert_eq!(h.irq.device_errors.load(Ordering::SeqCst), 1);
     // RX still works.
-    h.post_rx(&[1526]);
-    h.kick_rx();
-    h.peer.send(&frame(100, 1)).unwrap();
-    h.run_until_idle();
+    h.offer_rx(&[1526]);
+    h.deliver(&frame(100, 1));
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
 }
