@@ -335,6 +335,17 @@ fn chain_of_more_segments_than_one_syscall_takes_is_refused() {
     }
 }
 
+/// A device with four RX chains posted and kicked, each an indirect table of
+/// 256 one-byte buffers.
+fn rx_cache_of_1024_vectors() -> NetFixture {
+    let mut h = NetFixture::new(cfg(), MRG_FEATURES | RING_INDIRECT);
+    for _ in 0..4 {
+        h.post_rx_shaped(&[1; 256], Layout::Indirect);
+    }
+    h.kick_rx();
+    h
+}
+
 /// Four RX chains that are indirect tables of 256 one-byte buffers: 1024
 /// I/O vectors and 1024 bytes in four ring entries, less than a frame may
 /// need. The cache cannot grow past one `readv`, so the device reads with
@@ -344,11 +355,7 @@ fn chain_of_more_segments_than_one_syscall_takes_is_refused() {
 /// (the device would wait for buffers forever).
 #[test]
 fn rx_cache_full_of_vectors_reads_what_it_has() {
-    let mut h = NetFixture::new(cfg(), MRG_FEATURES | RING_INDIRECT);
-    for _ in 0..4 {
-        h.post_rx_shaped(&[1; 256], Layout::Indirect);
-    }
-    h.kick_rx();
+    let mut h = rx_cache_of_1024_vectors();
     let f = noisy_frame(500, 5);
     h.deliver(&f);
     let got = h.take_rx_frames();
@@ -366,11 +373,7 @@ fn rx_cache_full_of_vectors_reads_what_it_has() {
 /// IOV_MAX vectors.
 #[test]
 fn rx_frame_longer_than_one_readv_takes_is_dropped_not_truncated() {
-    let mut h = NetFixture::new(cfg(), MRG_FEATURES | RING_INDIRECT);
-    for _ in 0..4 {
-        h.post_rx_shaped(&[1; 256], Layout::Indirect);
-    }
-    h.kick_rx();
+    let mut h = rx_cache_of_1024_vectors();
     h.deliver(&noisy_frame(1100, 6));
     assert!(h.take_rx_frames().is_empty());
     assert_eq!(h.metric(|m| &m.rx_dropped), 1);
@@ -453,9 +456,7 @@ fn rx_deferred_or_starved_does_not_wake_for_the_backend() {
     for _ in 0..3 {
         h.post_rx_shaped(&[1526], Layout::Direct);
     }
-    for i in 0..6 {
-        h.peer.send(&frame(12 + 100, i)).unwrap();
-    }
+    h.peer_sends(6, 12 + 100);
     // The backend: two frames, then the pass yields to its weight.
     assert_eq!(h.run_once(0), 1);
     assert_eq!(h.metric(|m| &m.rx_frames), 2);

@@ -304,6 +304,13 @@ impl<B: NetBackend + 'static> NetFixture<B> {
         panic!("event loop never went idle (busy loop?)");
     }
 
+    /// The peer sends `n` frames of `len` bytes ([`frame`] seeds 0, 1, ...).
+    pub fn peer_sends(&self, n: u8, len: usize) {
+        for i in 0..n {
+            self.peer.send(&frame(len, i)).unwrap();
+        }
+    }
+
     /// The peer sends `frame` and the loop runs until idle.
     pub fn deliver(&mut self, frame: &[u8]) {
         self.peer.send(frame).unwrap();
@@ -665,33 +672,49 @@ impl std::os::fd::AsRawFd for FaultBackend {
     }
 }
 
-impl NetBackend for FaultBackend {
-    fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
-        match self.next(true) {
+impl FaultBackend {
+    /// Makes a receive (`rx`) or send call as the script says: a fault in
+    /// place of the call, `short(n)` for a short transfer, `call()` for the
+    /// real system call.
+    fn scripted(
+        &self,
+        rx: bool,
+        short: impl FnOnce(usize) -> std::io::Result<usize>,
+        call: impl FnOnce() -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        match self.next(rx) {
             Some(Fault::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
             Some(Fault::Kind(k)) => Err(k.into()),
             Some(Fault::Zero) => Ok(0),
+            Some(Fault::Short(n)) => short(n),
+            None | Some(Fault::Hook) => call(),
+        }
+    }
+}
+
+impl NetBackend for FaultBackend {
+    fn recv_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        self.scripted(
+            true,
             // A genuine short read: only the first `n` bytes land.
-            Some(Fault::Short(n)) => {
+            |n| {
                 let mut frame = vec![0u8; bufs.len()];
                 let got = self.sock.recv(&mut frame)?;
                 Ok(bufs.scatter(&frame[..got.min(n)]))
-            }
-            None | Some(Fault::Hook) => bufs.readv(self.as_raw_fd()),
-        }
+            },
+            || bufs.readv(self.as_raw_fd()),
+        )
     }
 
     fn send_frame(&self, bufs: IoVecs<'_>) -> std::io::Result<usize> {
-        match self.next(false) {
-            Some(Fault::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
-            Some(Fault::Kind(k)) => Err(k.into()),
-            Some(Fault::Zero) => Ok(0),
-            Some(Fault::Short(n)) => {
+        self.scripted(
+            false,
+            |n| {
                 let bytes = bufs.gather();
                 self.sock.send(&bytes[..n.min(bytes.len())])
-            }
-            None | Some(Fault::Hook) => bufs.writev(self.as_raw_fd()),
-        }
+            },
+            || bufs.writev(self.as_raw_fd()),
+        )
     }
 }
 

@@ -94,9 +94,7 @@ fn test_no_weight_drains_in_one_pass() {
 fn test_rx_packet_weight() {
     let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, MRG_FEATURES);
     h.offer_rx(&[1526; 8]);
-    for i in 0..5 {
-        h.peer.send(&frame(12 + 100, i)).unwrap();
-    }
+    h.peer_sends(5, 12 + 100);
     h.run_once(0);
     assert_eq!(h.metric(|m| &m.rx_frames), 2);
     assert_eq!(h.metric(|m| &m.rx_weight_hits), 1);
@@ -118,9 +116,7 @@ fn rx_in_short_passes(features: u64, frames: u8, used_event: Option<u16>) -> Net
     }
     h.post_rx(&vec![1526; usize::from(frames)]);
     h.kick_rx();
-    for i in 0..frames {
-        h.peer.send(&frame(12 + 100, i)).unwrap();
-    }
+    h.peer_sends(frames, 12 + 100);
     h
 }
 
@@ -163,11 +159,9 @@ fn test_a_saturated_direction_interrupts_every_64_entries() {
 
 #[test]
 fn test_a_small_ring_waits_for_at_most_a_quarter_of_it() {
-    assert_eq!(coalesce_limit(1024), 64);
-    assert_eq!(coalesce_limit(256), 64);
-    assert_eq!(coalesce_limit(32), 8);
-    assert_eq!(coalesce_limit(2), 1);
-    assert_eq!(coalesce_limit(1), 1);
+    for (ring, limit) in [(1024, 64), (256, 64), (32, 8), (2, 1), (1, 1)] {
+        assert_eq!(coalesce_limit(ring), limit, "a ring of {ring}");
+    }
 }
 
 /// With EVENT_IDX the decision that follows covers every entry since
@@ -199,9 +193,7 @@ fn test_rx_byte_weight_runs_tx_between_passes() {
         MRG_FEATURES,
     );
     h.offer_rx(&[1526; 8]);
-    for i in 0..6 {
-        h.peer.send(&frame(12 + 1000, i)).unwrap();
-    }
+    h.peer_sends(6, 12 + 1000);
     h.run_once(0);
     assert_eq!(h.metric(|m| &m.rx_frames), 2);
     h.post_tx(&frame(100, 1), &[]);
@@ -260,9 +252,7 @@ fn test_tx_time_budget_ends_the_pass_and_lets_rx_run() {
 fn test_rx_time_budget_ends_the_pass() {
     let mut h = NetFixture::timed(timed_only(), MRG_FEATURES);
     h.offer_rx(&[1526; 32]);
-    for i in 0..16 {
-        h.peer.send(&frame(12 + 100, i)).unwrap();
-    }
+    h.peer_sends(16, 12 + 100);
     h.run_once(0);
     let first = h.metric(|m| &m.rx_frames);
     assert!(

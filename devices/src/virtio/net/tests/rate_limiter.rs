@@ -232,9 +232,7 @@ fn test_rx_ops_limit() {
     // 2 frames per 20 ms: one every 10 ms once the bucket is spent.
     let mut h = NetFixture::new(rx_limited(ops(2, 20)), MRG_FEATURES);
     h.offer_rx(&[1526; 8]);
-    for i in 0..5 {
-        h.peer.send(&frame(12 + 64, i)).unwrap();
-    }
+    h.peer_sends(5, 12 + 64);
     let start = Instant::now();
     h.run_until_idle();
     assert_eq!(h.metric(|m| &m.rx_frames), 2);
@@ -269,9 +267,7 @@ fn test_throttled_tx_neither_spins_nor_blocks_rx() {
 
     // RX runs as usual meanwhile.
     h.offer_rx(&[1526; 5]);
-    for i in 0..5 {
-        h.peer.send(&frame(12 + 100, i)).unwrap();
-    }
+    h.peer_sends(5, 12 + 100);
     h.run_until_idle();
     assert_eq!(h.metric(|m| &m.rx_frames), 5);
     assert!(tx_throttled(&h));
@@ -324,9 +320,7 @@ fn test_tx_pushed_back_and_throttled_sleeps_until_the_timer() {
 fn test_throttled_rx_neither_spins_nor_blocks_tx() {
     let mut h = NetFixture::new(rx_limited(ops(1, 10_000)), MRG_FEATURES);
     h.offer_rx(&[1526; 4]);
-    for i in 0..3 {
-        h.peer.send(&frame(12 + 100, i)).unwrap();
-    }
+    h.peer_sends(3, 12 + 100);
     h.run_until_idle();
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
     assert!(rx_throttled(&h));

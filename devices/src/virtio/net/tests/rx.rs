@@ -19,6 +19,23 @@ fn num_buffers(h: &NetFixture, addr: u64) -> u16 {
     h.mem.read_obj(GuestAddress(addr + 10)).unwrap()
 }
 
+/// Asserts that one frame came back spread over the first `n` of `bufs`,
+/// the last holding `last_len` bytes, and that its header says `n`
+/// (num_buffers); returns the used entries.
+#[track_caller]
+fn assert_one_frame_in(
+    h: &mut NetFixture,
+    bufs: &[(u16, u64)],
+    n: usize,
+    last_len: u32,
+) -> Vec<(u32, u32)> {
+    let used = h.rxq.take_used(&h.mem);
+    assert_eq!(used.len(), n);
+    assert_eq!(used[n - 1].1, last_len);
+    assert_eq!(num_buffers(h, bufs[0].1), n as u16);
+    used
+}
+
 #[test]
 fn test_rx_one_buffer_header_inclusive() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
@@ -48,9 +65,7 @@ fn test_rx_one_buffer_header_inclusive() {
 fn test_rx_mtu_sized_buffers_need_two() {
     let mut h = NetFixture::new(cfg(), MRG_FEATURES);
     let bufs = h.offer_rx(&[1500; 20]);
-    for i in 0..10 {
-        h.peer.send(&frame(12 + 1514, i)).unwrap();
-    }
+    h.peer_sends(10, 12 + 1514);
     h.run_until_idle();
     let used = h.rxq.take_used(&h.mem);
     assert_eq!(used.len(), 20);
@@ -74,7 +89,14 @@ fn test_rx_two_buffers_data() {
         used,
         vec![(u32::from(bufs[0].0), 1000), (u32::from(bufs[1].0), 526)]
     );
-    assert_eq!(num_buffers(&h, bufs[0].1), 2);
+    assert_in_two_buffers(&h, &bufs, &f);
+}
+
+/// Asserts that `f`, an MTU frame (1526 bytes with its header), landed in
+/// the two 1000-byte `bufs` and that its header says 2 (num_buffers).
+#[track_caller]
+fn assert_in_two_buffers(h: &NetFixture, bufs: &[(u16, u64)], f: &[u8]) {
+    assert_eq!(num_buffers(h, bufs[0].1), 2);
     let mut got = h.read(bufs[0].1, 1000);
     got.extend(h.read(bufs[1].1, 526));
     assert_eq!(got[12..], f[12..]);
@@ -87,12 +109,9 @@ fn test_rx_many_buffers_gso() {
     let bufs = h.offer_rx(&[4096; 20]);
     let f = frame(12 + 65550, 6);
     h.deliver(&f);
-    let used = h.rxq.take_used(&h.mem);
     // 65562 = 16 * 4096 + 26
-    assert_eq!(used.len(), 17);
+    let used = assert_one_frame_in(&mut h, &bufs, 17, 26);
     assert!(used[..16].iter().all(|&(_, l)| l == 4096));
-    assert_eq!(used[16].1, 26);
-    assert_eq!(num_buffers(&h, bufs[0].1), 17);
     let mut got = Vec::new();
     for (i, (_, l)) in used.iter().enumerate() {
         got.extend(h.read(bufs[i].1, *l as usize));
@@ -112,11 +131,8 @@ fn test_rx_small_buffers_many() {
     let bufs = h.offer_rx(&[256; 8]);
     let f = frame(12 + 1514, 7);
     h.deliver(&f);
-    let used = h.rxq.take_used(&h.mem);
     // 1526 = 5 * 256 + 246
-    assert_eq!(used.len(), 6);
-    assert_eq!(used[5].1, 246);
-    assert_eq!(num_buffers(&h, bufs[0].1), 6);
+    assert_one_frame_in(&mut h, &bufs, 6, 246);
 }
 
 #[test]
@@ -156,10 +172,7 @@ fn test_rx_reads_once_one_readv_can_take_no_more_buffers() {
     h.deliver(&frame(12 + 1514, 3));
     assert_eq!(h.metric(|m| &m.rx_frames), 1);
     // 1526 = 23 * 64 + 54
-    let used = h.rxq.take_used(&h.mem);
-    assert_eq!(used.len(), 24);
-    assert_eq!(used[23].1, 54);
-    assert_eq!(num_buffers(&h, bufs[0].1), 24);
+    assert_one_frame_in(&mut h, &bufs, 24, 54);
 }
 
 #[test]
@@ -190,9 +203,7 @@ fn test_rx_dropped_frames_count_against_the_packet_weight() {
     // like delivered frames do, or one pass would drain the whole backlog.
     let mut h = NetFixture::configured(|c| c.rx_weight_packets = 2, BASE_FEATURES);
     h.offer_rx(&[1000]);
-    for i in 0..6 {
-        h.peer.send(&frame(12 + 1514, i)).unwrap();
-    }
+    h.peer_sends(6, 12 + 1514);
     h.run_once(0);
     assert_eq!(
         h.metric(|m| &m.rx_dropped),
@@ -247,10 +258,7 @@ fn test_rx_bounce_buffer_matches() {
     let f = frame(12 + 1514, 8);
     h.deliver(&f);
     assert_eq!(h.rxq.take_used(&h.mem).len(), 2);
-    let mut got = h.read(bufs[0].1, 1000);
-    got.extend(h.read(bufs[1].1, 526));
-    assert_eq!(got[12..], f[12..]);
-    assert_eq!(num_buffers(&h, bufs[0].1), 2);
+    assert_in_two_buffers(&h, &bufs, &f);
 }
 
 #[test]
