@@ -821,10 +821,7 @@ fn a_tx_pass_does_not_start_a_batch_its_time_budget_cannot_hold() {
             s.write_fault_at(0, Fault::Hook);
         }
     }
-    for i in 0..2 * MAX_BATCH {
-        h.post_tx(&frame(12 + 64, i as u8), &[]);
-    }
-    h.kick_tx();
+    h.offer_tx_frames(2 * MAX_BATCH, 12 + 64);
     h.run_once(0);
     assert_eq!(h.peer_frames().len(), MAX_BATCH, "{}", h.metrics.to_json());
     assert_eq!(h.metric(|m| &m.time_budget_hits), 1);

@@ -281,6 +281,15 @@ impl<B: NetBackend + 'static> NetFixture<B> {
         self.txq.post_chain(&self.mem, &descs).unwrap()
     }
 
+    /// Posts `n` one-descriptor TX frames of `len` bytes ([`frame`] seeds
+    /// 0, 1, ..., wrapping) and kicks the TX queue.
+    pub fn offer_tx_frames(&mut self, n: usize, len: usize) {
+        for i in 0..n {
+            self.post_tx(&frame(len, i as u8), &[]);
+        }
+        self.kick_tx();
+    }
+
     pub fn kick_rx(&self) {
         self.dev().queue_events()[RX_INDEX].write(1).unwrap();
     }

@@ -54,10 +54,7 @@ fn test_tx_byte_weight() {
         },
         MRG_FEATURES,
     );
-    for i in 0..10 {
-        h.post_tx(&frame(1012, i), &[]);
-    }
-    h.kick_tx();
+    h.offer_tx_frames(10, 1012);
     h.run_once(0);
     // 2 * 1012 < 3000 <= 3 * 1012
     assert_eq!(h.peer_frames().len(), 3);
@@ -68,10 +65,7 @@ fn test_tx_byte_weight() {
 
 /// 200 TX frames and one kick: one pass sends them all.
 fn assert_one_pass_drains_200(mut h: NetFixture) {
-    for i in 0..200 {
-        h.post_tx(&frame(100, i as u8), &[]);
-    }
-    h.kick_tx();
+    h.offer_tx_frames(200, 100);
     h.run_once(0);
     assert_eq!(h.peer_frames().len(), 200);
     assert_eq!(h.metric(|m| &m.tx_weight_hits), 0);

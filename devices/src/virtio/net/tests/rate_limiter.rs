@@ -248,10 +248,7 @@ fn test_rx_ops_limit() {
 fn test_throttled_tx_neither_spins_nor_blocks_rx() {
     // One frame, then the next token is 10 s away.
     let mut h = NetFixture::new(tx_limited(ops(1, 10_000)), MRG_FEATURES);
-    for i in 0..3 {
-        h.post_tx(&frame(12 + 64, i), &[]);
-    }
-    h.kick_tx();
+    h.offer_tx_frames(3, 12 + 64);
     h.run_until_idle();
     assert_eq!(h.peer_frames().len(), 1);
     assert!(tx_throttled(&h));
@@ -401,10 +398,7 @@ fn test_throttling_counts_no_weight_hit() {
         },
         MRG_FEATURES,
     );
-    for i in 0..10 {
-        h.post_tx(&frame(12 + 64, i), &[]);
-    }
-    h.kick_tx();
+    h.offer_tx_frames(10, 12 + 64);
     h.run_once(0);
     assert_eq!(h.peer_frames().len(), 4);
     assert_eq!(h.metric(|m| &m.tx_weight_hits), 1);

@@ -138,10 +138,7 @@ fn test_tx_refusals_logged_once_per_run() {
     let mut h = NetFixture::with_backend(b, peer, cfg(), mem);
     h.activate(MRG_FEATURES);
     let before = test_log::lines().len();
-    for i in 0..19 {
-        h.post_tx(&frame(12 + 60, i), &[]);
-    }
-    h.kick_tx();
+    h.offer_tx_frames(19, 12 + 60);
     h.run_until_idle();
     assert_eq!(h.txq.take_used(&h.mem).len(), 19);
     assert_eq!(h.metric(|m| &m.tx_dropped), 18);
