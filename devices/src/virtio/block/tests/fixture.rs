@@ -639,6 +639,7 @@ impl MmioFixture {
         acked
     }
 
+    /// Runs the loop until nothing is ready.
     pub fn run_until_idle(&mut self) {
         while self.em.run_with_timeout(0).unwrap() > 0 {}
     }
