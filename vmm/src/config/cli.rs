@@ -18,7 +18,7 @@ use super::drive::parse_disk;
 use super::error::ConfigError;
 use super::file::{self, FileError};
 use super::net::{
-    key_values, limiter_from_keys, parse_io_engine, parse_offloads, MacAddr, NetSpec,
+    key_values, limiter_from_keys, limiter_key, parse_io_engine, parse_offloads, MacAddr, NetSpec,
 };
 use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
 use super::VmmConfig;
@@ -456,17 +456,8 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
                     Some(("tx", rest)) => (&[1usize][..], rest),
                     _ => (&[0usize, 1][..], key),
                 };
-                let (kind, field) = match rest.split_once('_') {
-                    Some(("bw", f)) => (0, f),
-                    Some(("ops", f)) => (1, f),
-                    _ => return Err(format!("unknown key '{key}' (see --help)")),
-                };
-                let field = match field {
-                    "size" => 0,
-                    "one_time_burst" => 1,
-                    "refill_time" => 2,
-                    _ => return Err(format!("unknown key '{key}' (see --help)")),
-                };
+                let (kind, field) =
+                    limiter_key(rest).ok_or_else(|| format!("unknown key '{key}' (see --help)"))?;
                 let v = num(value)?;
                 for &d in dirs {
                     // A per-direction key overrides the shared one.
@@ -892,57 +883,6 @@ mod tests {
                 "TAP 'a' is given to two",
             ),
             (
-                &["--kernel", "k", "--net", "tap=a,colour=red"],
-                "unknown key 'colour'",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,tap=b"],
-                "tap is given twice",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,mac="],
-                "mac has no value",
-            ),
-            (&["--kernel", "k", "--net", "tap"], "is not key=value"),
-            (
-                &["--kernel", "k", "--net", "tap=a,mac=06:00:00:00:00"],
-                "invalid MAC",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,fd=[3,4]"],
-                "one fd per card",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,mtu=big"],
-                "invalid number 'big'",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,offloads=gro"],
-                "unknown offload 'gro'",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,mrg_rxbuf=maybe"],
-                "not on or off",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,bw_size=100"],
-                "rx_bw_refill_time is missing",
-            ),
-            (
-                &["--kernel", "k", "--net", "tap=a,tx_ops_refill_time=100"],
-                "tx_ops_size is missing",
-            ),
-            (
-                &[
-                    "--kernel",
-                    "k",
-                    "--net",
-                    "tap=a,bw_size=100,bw_refill_time=0",
-                ],
-                "refill_time must be at least 1 ms",
-            ),
-            (&["--kernel", "k", "--net", "fd=2"], "0, 1 and 2"),
-            (
                 &["--kernel", "k", "--metrics-interval", "5"],
                 "needs a metrics path",
             ),
@@ -955,6 +895,30 @@ mod tests {
         for (args, want) in cases {
             let err = parse(args).unwrap_err();
             assert!(err.contains(want), "{args:?}: got '{err}', want '{want}'");
+        }
+        let bad_nets = [
+            ("tap=a,colour=red", "unknown key 'colour'"),
+            ("tap=a,tap=b", "tap is given twice"),
+            ("tap=a,mac=", "mac has no value"),
+            ("tap=a,mac=06:00:00:00:00", "invalid MAC"),
+            ("tap=a,fd=[3,4]", "one fd per card"),
+            ("tap=a,mtu=big", "invalid number 'big'"),
+            ("tap=a,offloads=gro", "unknown offload 'gro'"),
+            ("tap=a,mrg_rxbuf=maybe", "not on or off"),
+            ("tap=a,bw_size=100", "rx_bw_refill_time is missing"),
+            ("tap=a,tx_ops_refill_time=100", "tx_ops_size is missing"),
+            (
+                "tap=a,bw_size=100,bw_refill_time=0",
+                "refill_time must be at least 1 ms",
+            ),
+            ("fd=2", "0, 1 and 2"),
+        ];
+        for (spec, want) in bad_nets {
+            let err = parse(&["--kernel", "k", "--net", spec]).unwrap_err();
+            assert!(
+                err.contains(want),
+                "--net {spec}: got '{err}', want '{want}'"
+            );
         }
     }
 

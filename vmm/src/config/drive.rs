@@ -28,7 +28,7 @@ use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZ
 use devices::virtio::queue::MAX_QUEUE_SIZE;
 
 use super::error::ConfigError;
-use super::net::{key_values, limiter_from_keys, parse_io_engine};
+use super::net::{key_values, limiter_from_keys, limiter_key, parse_io_engine};
 use super::settings::parse_number;
 use super::DriveConfig;
 
@@ -101,17 +101,8 @@ fn parse_disk_inner(spec: &str) -> Result<DriveSpec, String> {
                 return Err("vhost-user drives are not supported by minivmm".into())
             }
             _ => {
-                let (kind, field) = match key.split_once('_') {
-                    Some(("bw", f)) => (0, f),
-                    Some(("ops", f)) => (1, f),
-                    _ => return Err(format!("unknown key '{key}' (see --help)")),
-                };
-                let field = match field {
-                    "size" => 0,
-                    "one_time_burst" => 1,
-                    "refill_time" => 2,
-                    _ => return Err(format!("unknown key '{key}' (see --help)")),
-                };
+                let (kind, field) =
+                    limiter_key(key).ok_or_else(|| format!("unknown key '{key}' (see --help)"))?;
                 buckets[kind][field] = Some(num(value)?);
             }
         }

@@ -317,6 +317,25 @@ pub fn key_values<'a>(
     Ok(out)
 }
 
+/// Where a limiter key without its direction (`bw_size`, `ops_refill_time`,
+/// ...) goes in the table [`limiter_from_keys`] reads: (bucket, field), or
+/// `None` when `key` is not a limiter key.
+pub fn limiter_key(key: &str) -> Option<(usize, usize)> {
+    let (bucket, field) = key.split_once('_')?;
+    let bucket = match bucket {
+        "bw" => 0,
+        "ops" => 1,
+        _ => return None,
+    };
+    let field = match field {
+        "size" => 0,
+        "one_time_burst" => 1,
+        "refill_time" => 2,
+        _ => return None,
+    };
+    Some((bucket, field))
+}
+
 /// A limiter from the `bw_*`/`ops_*` command-line keys: `keys[bucket]` is
 /// (size, one_time_burst, refill_time) of bandwidth (0) and ops (1); `dir`
 /// prefixes the key names in errors (`rx_`, `tx_` or nothing).
