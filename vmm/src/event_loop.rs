@@ -39,43 +39,40 @@ const STDIN_EVENT: u32 = 3;
 const METRICS_EVENT: u32 = 4;
 const API_EVENT: u32 = 5;
 
+/// What [`Control`] serves, as the VM hands it over: named fields, so that
+/// the two `EventFd`s and the two options cannot be swapped by position.
+pub struct ControlSources {
+    /// Records what ends the VM; its wake-up `EventFd` is served.
+    pub exit: ExitLatch,
+    /// The i8042's reset line.
+    pub reset_evt: EventFd,
+    /// The stop signals and SIGUSR1.
+    pub signals: SignalFd,
+    /// Where console input goes.
+    pub serial: Arc<Mutex<SerialDevice>>,
+    /// Tells a reset after a guest kernel panic from a plain one.
+    pub panicked: Arc<AtomicBool>,
+    /// Flushed on `metrics_timer` and SIGUSR1.
+    pub metrics: Option<Arc<Mutex<Metrics>>>,
+    /// The `--metrics-interval` timer.
+    pub metrics_timer: Option<TimerFd>,
+}
+
 /// Serves the VM's control events on the main loop.
 pub struct Control {
-    exit: ExitLatch,
+    src: ControlSources,
     exit_evt: EventFd,
-    reset_evt: EventFd,
-    signals: SignalFd,
-    serial: Arc<Mutex<SerialDevice>>,
-    panicked: Arc<AtomicBool>,
-    metrics: Option<Arc<Mutex<Metrics>>>,
-    metrics_timer: Option<TimerFd>,
     stdin_open: bool,
     api: Option<(ApiChannel, Runtime)>,
 }
 
 impl Control {
-    /// Serves `exit` (its wake-up `EventFd`), the i8042's `reset_evt`,
-    /// `signals`, console input into `serial`, and `metrics` on
-    /// `metrics_timer` and SIGUSR1. `panicked` tells a reset after a guest
-    /// kernel panic from a plain one.
-    pub fn new(
-        exit: ExitLatch,
-        reset_evt: EventFd,
-        signals: SignalFd,
-        serial: Arc<Mutex<SerialDevice>>,
-        panicked: Arc<AtomicBool>,
-        metrics: Option<Arc<Mutex<Metrics>>>,
-        metrics_timer: Option<TimerFd>,
-    ) -> io::Result<Control> {
+    /// Serves every one of `src`; console input only where stdin can be
+    /// polled.
+    pub fn new(src: ControlSources) -> io::Result<Control> {
         Ok(Control {
-            exit_evt: exit.evt().try_clone()?,
-            exit,
-            reset_evt,
-            signals,
-            serial,
-            panicked,
-            metrics,
-            metrics_timer,
+            exit_evt: src.exit.evt().try_clone()?,
+            src,
             stdin_open: false,
             api: None,
         })
@@ -102,16 +99,16 @@ impl Control {
     }
 
     fn flush_metrics(&self) {
-        if let Some(m) = &self.metrics {
+        if let Some(m) = &self.src.metrics {
             lock_metrics(m).flush();
         }
     }
 
     fn on_signal(&mut self) {
         loop {
-            match self.signals.read() {
+            match self.src.signals.read() {
                 Ok(Some(libc::SIGUSR1)) => self.flush_metrics(),
-                Ok(Some(sig)) => self.exit.report(VmExit::Signal(sig)),
+                Ok(Some(sig)) => self.src.exit.report(VmExit::Signal(sig)),
                 Ok(None) => break,
                 Err(e) => {
                     error!("cannot read signalfd: {e}");
@@ -126,7 +123,7 @@ impl Control {
         match io::stdin().lock().read(&mut buf) {
             Ok(0) => self.close_stdin(ops),
             Ok(n) => {
-                let mut serial = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+                let mut serial = self.src.serial.lock().unwrap_or_else(|p| p.into_inner());
                 if let Err(e) = serial.enqueue_input(&buf[..n]) {
                     warn!("console input dropped: {e}");
                 }
@@ -154,18 +151,18 @@ impl MutEventSubscriber for Control {
                 let _ = self.exit_evt.read();
             }
             RESET_EVENT => {
-                let _ = self.reset_evt.read();
-                let reason = if self.panicked.load(Ordering::SeqCst) {
+                let _ = self.src.reset_evt.read();
+                let reason = if self.src.panicked.load(Ordering::SeqCst) {
                     VmExit::PanicReset
                 } else {
                     VmExit::Reset
                 };
-                self.exit.report(reason);
+                self.src.exit.report(reason);
             }
             SIGNAL_EVENT => self.on_signal(),
             API_EVENT => self.on_api(),
             METRICS_EVENT => {
-                if let Some(t) = &mut self.metrics_timer {
+                if let Some(t) = &mut self.src.metrics_timer {
                     // Readable, so the read returns the expiry count at once.
                     let _ = t.wait();
                 }
@@ -186,10 +183,11 @@ impl MutEventSubscriber for Control {
     fn init(&mut self, ops: &mut EventOps) {
         let regs = [
             (self.exit_evt.as_raw_fd(), EXIT_EVENT),
-            (self.reset_evt.as_raw_fd(), RESET_EVENT),
-            (self.signals.as_raw_fd(), SIGNAL_EVENT),
+            (self.src.reset_evt.as_raw_fd(), RESET_EVENT),
+            (self.src.signals.as_raw_fd(), SIGNAL_EVENT),
         ];
         let timer = self
+            .src
             .metrics_timer
             .as_ref()
             .map(|t| (t.as_raw_fd(), METRICS_EVENT));
@@ -234,15 +232,15 @@ mod tests {
             path: PathBuf::new(),
         };
         let serial = SerialDevice::new(Box::new(std::io::sink())).unwrap();
-        let mut control = Control::new(
-            ExitLatch::new().unwrap(),
-            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
-            SignalFd::new(&[]).unwrap(),
-            Arc::new(Mutex::new(serial)),
-            Arc::new(AtomicBool::new(false)),
-            None,
-            None,
-        )
+        let mut control = Control::new(ControlSources {
+            exit: ExitLatch::new().unwrap(),
+            reset_evt: EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            signals: SignalFd::new(&[]).unwrap(),
+            serial: Arc::new(Mutex::new(serial)),
+            panicked: Arc::new(AtomicBool::new(false)),
+            metrics: None,
+            metrics_timer: None,
+        })
         .unwrap()
         .with_api(channel, runtime(&[("rootfs", &old, true)]));
         let ask = |request: ApiRequest, image: Option<OpenedImage>| -> Receiver<Answer> {

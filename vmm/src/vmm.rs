@@ -25,7 +25,7 @@ use crate::api::runtime::{NetControl, Runtime};
 use crate::api::ApiChannel;
 use crate::config::VmmConfig;
 use crate::device_manager::{DeviceManager, Events};
-use crate::event_loop::{Control, LOG_TARGET};
+use crate::event_loop::{Control, ControlSources, LOG_TARGET};
 use crate::metrics::{lock_metrics, Metrics};
 use crate::pause::{install_kick_handler, PauseGate};
 use crate::seccomp::{Filters, Gate, Thread};
@@ -200,24 +200,25 @@ impl Vmm {
                     })?,
             );
         }
-        let mut control = Control::new(
-            self.exit.clone(),
+        let mut control = Control::new(ControlSources {
+            exit: self.exit.clone(),
             reset_evt,
             signals,
-            self.serial.clone(),
-            self.panicked.clone(),
-            metrics.clone(),
+            serial: self.serial.clone(),
+            panicked: self.panicked.clone(),
+            metrics: metrics.clone(),
             metrics_timer,
-        )?;
+        })?;
         if let Some(api) = self.api.take() {
-            let runtime = Runtime::new(
-                api.id,
-                api.config,
+            let runtime = Runtime {
+                id: api.id,
+                config: api.config,
                 pause,
-                threads,
-                metrics.clone(),
-                self.i8042.clone(),
-                self.devices
+                vcpus: threads,
+                metrics: metrics.clone(),
+                i8042: self.i8042.clone(),
+                nets: self
+                    .devices
                     .nets()
                     .iter()
                     .map(|(id, net)| {
@@ -225,8 +226,8 @@ impl Vmm {
                         (id.clone(), net)
                     })
                     .collect(),
-                self.devices.blocks().to_vec(),
-            );
+                drives: self.devices.blocks().to_vec(),
+            };
             control = control.with_api(api.channel, runtime);
         }
         self.events.add_subscriber(Arc::new(Mutex::new(control)));

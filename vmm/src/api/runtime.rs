@@ -134,16 +134,26 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What the running VM's API can reach.
+/// What the running VM's API can reach. Built with a struct literal, so
+/// every part is named where the VM hands it over.
 pub struct Runtime {
-    id: String,
-    config: VmmConfig,
-    pause: Arc<PauseGate>,
-    vcpus: Vec<JoinHandle<()>>,
-    metrics: Option<Arc<Mutex<Metrics>>>,
-    i8042: Arc<Mutex<I8042>>,
-    nets: Vec<NetHandle>,
-    drives: Vec<(String, Arc<Mutex<Block>>)>,
+    /// The instance id the API reports.
+    pub(crate) id: String,
+    /// The configuration the VM was built from (limiter and image changes
+    /// are written back into it).
+    pub(crate) config: VmmConfig,
+    /// The gate the vCPU threads honour.
+    pub(crate) pause: Arc<PauseGate>,
+    /// The vCPU threads.
+    pub(crate) vcpus: Vec<JoinHandle<()>>,
+    /// The metrics, when they are on.
+    pub(crate) metrics: Option<Arc<Mutex<Metrics>>>,
+    /// The keyboard controller, for `SendCtrlAltDel`.
+    pub(crate) i8042: Arc<Mutex<I8042>>,
+    /// The network cards by id.
+    pub(crate) nets: Vec<NetHandle>,
+    /// The drives by id.
+    pub(crate) drives: Vec<(String, Arc<Mutex<Block>>)>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -194,32 +204,6 @@ fn updated_limiter(
 }
 
 impl Runtime {
-    /// The running VM `id` built from `config`: its vCPU threads (which
-    /// honour `pause`), metrics, keyboard controller, network cards and
-    /// drives.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        id: String,
-        config: VmmConfig,
-        pause: Arc<PauseGate>,
-        vcpus: Vec<JoinHandle<()>>,
-        metrics: Option<Arc<Mutex<Metrics>>>,
-        i8042: Arc<Mutex<I8042>>,
-        nets: Vec<NetHandle>,
-        drives: Vec<(String, Arc<Mutex<Block>>)>,
-    ) -> Self {
-        Runtime {
-            id,
-            config,
-            pause,
-            vcpus,
-            metrics,
-            i8042,
-            nets,
-            drives,
-        }
-    }
-
     /// The configuration in force (limiter and image changes included).
     pub fn config(&self) -> &VmmConfig {
         &self.config
@@ -344,19 +328,20 @@ impl Runtime {
         let new = |what: &str, cur: &RateLimiterConfig, v: Option<Value>| {
             v.map(|v| updated_limiter(what, cur, v)).transpose()
         };
-        let rx = match new(
+        let limits = new(
             "rx_rate_limiter",
             &current.rx_rate_limiter,
             patch.rx_rate_limiter,
-        ) {
-            Ok(l) => l,
-            Err(e) => return Response::fault(&format!("network interface '{id}': {e}")),
-        };
-        let tx = match new(
-            "tx_rate_limiter",
-            &current.tx_rate_limiter,
-            patch.tx_rate_limiter,
-        ) {
+        )
+        .and_then(|rx| {
+            let tx = new(
+                "tx_rate_limiter",
+                &current.tx_rate_limiter,
+                patch.tx_rate_limiter,
+            )?;
+            Ok((rx, tx))
+        });
+        let (rx, tx) = match limits {
             Ok(l) => l,
             Err(e) => return Response::fault(&format!("network interface '{id}': {e}")),
         };
@@ -583,16 +568,16 @@ mod tests {
             let stop = Arc::new(AtomicBool::new(false));
             let kbd = Arc::new(Mutex::new(I8042::new().unwrap()));
             let handle: Arc<Mutex<dyn NetControl>> = net.clone();
-            let rt = Runtime::new(
-                "vm-7".into(),
+            let rt = Runtime {
+                id: "vm-7".into(),
                 config,
-                gate.clone(),
-                vcpus(&gate, &stop, threads),
+                pause: gate.clone(),
+                vcpus: vcpus(&gate, &stop, threads),
                 metrics,
-                kbd.clone(),
-                vec![("eth0".into(), handle)],
-                Vec::new(),
-            );
+                i8042: kbd.clone(),
+                nets: vec![("eth0".into(), handle)],
+                drives: Vec::new(),
+            };
             Rig {
                 rt,
                 gate,
@@ -990,16 +975,16 @@ pub(crate) mod drive_tests {
             host_quirks: crate::config::HostQuirks::Off,
             seccomp: crate::seccomp::SeccompMode::Off,
         };
-        Runtime::new(
-            "vm0".into(),
+        Runtime {
+            id: "vm0".into(),
             config,
-            Arc::new(PauseGate::new()),
-            Vec::new(),
-            None,
-            Arc::new(Mutex::new(I8042::new().unwrap())),
-            Vec::new(),
-            blocks,
-        )
+            pause: Arc::new(PauseGate::new()),
+            vcpus: Vec::new(),
+            metrics: None,
+            i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
+            nets: Vec::new(),
+            drives: blocks,
+        }
     }
 
     pub(crate) fn patch(id: &str, body: Value) -> ApiRequest {
