@@ -149,26 +149,44 @@ fn serve(
 ) -> ExitCode {
     let id = parts.launch.id.clone();
     let mut logger_ready = false;
-    if parts.has_file || parts.flags.kernel.is_some() {
+    let (vmm, config) = if parts.has_file || parts.flags.kernel.is_some() {
         // Configured at start, as Firecracker with --config-file: the API
         // serves the run-time requests.
         let config = match parts.file.overlay(parts.flags).finish() {
             Ok(c) => c,
             Err(e) => return fail(&error_line(&e)),
         };
-        let vmm = match prepare(&config, &parts.launch, start, &mut logger_ready) {
-            Ok(v) => v,
+        match prepare(&config, &parts.launch, start, &mut logger_ready) {
+            Ok(v) => (v, config),
             Err(msg) => return fail(&msg),
-        };
-        return boot(
-            vmm,
-            config,
-            &parts.launch,
-            start,
-            filters,
-            Some((channel, id)),
-        );
-    }
+        }
+    } else {
+        match configure_by_api(&parts, &channel, signals, sock, start, &mut logger_ready) {
+            Ok(built) => built,
+            Err(code) => return code,
+        }
+    };
+    boot(
+        vmm,
+        config,
+        &parts.launch,
+        start,
+        filters,
+        Some((channel, id)),
+    )
+}
+
+/// Answers the pre-boot API until an InstanceStart builds a VM, which it
+/// returns with its configuration; or the exit status when a stop signal
+/// or the API thread's end comes first.
+fn configure_by_api(
+    parts: &CliParts,
+    channel: &ApiChannel,
+    signals: &SignalFd,
+    sock: &Path,
+    start: Instant,
+    logger_ready: &mut bool,
+) -> Result<(vmm::vmm::Vmm, VmmConfig), ExitCode> {
     let mut pre = Preboot::new();
     loop {
         let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
@@ -181,16 +199,16 @@ fn serve(
                         // main thread's seccomp filter allows no unlink: the
                         // socket stays, as Firecracker's does.)
                         let _ = std::fs::remove_file(sock);
-                        return ExitCode::SUCCESS;
+                        return Err(ExitCode::SUCCESS);
                     }
                 }
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => {
-                return fail("the API socket's thread stopped before InstanceStart");
+                return Err(fail("the API socket's thread stopped before InstanceStart"));
             }
         };
-        let settings = match pre.handle(cmd.request, &id) {
+        let settings = match pre.handle(cmd.request, &parts.launch.id) {
             Step::Reply(r) => {
                 let _ = cmd.reply.try_send(r.into());
                 continue;
@@ -202,19 +220,12 @@ fn serve(
             .finish()
             .map_err(|e| error_line(&e))
             .and_then(|config| {
-                prepare(&config, &parts.launch, start, &mut logger_ready).map(|v| (v, config))
+                prepare(&config, &parts.launch, start, logger_ready).map(|v| (v, config))
             });
         match built {
-            Ok((vmm, config)) => {
+            Ok(built) => {
                 let _ = cmd.reply.try_send(Response::no_content().into());
-                return boot(
-                    vmm,
-                    config,
-                    &parts.launch,
-                    start,
-                    filters,
-                    Some((channel, id)),
-                );
+                return Ok(built);
             }
             Err(msg) => {
                 let _ = cmd
