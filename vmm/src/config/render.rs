@@ -316,6 +316,11 @@ mod tests {
         c.nets.iter().any(|n| f(&n.device))
     }
 
+    /// Whether some card's `field` differs from the device's default.
+    fn any_dev_off_default(c: &VmmConfig, field: fn(&NetConfig) -> u64) -> bool {
+        any_dev(c, |n| field(n) != field(&NetConfig::default()))
+    }
+
     fn minimal() -> VmmConfig {
         Settings {
             kernel: Some("k".into()),
@@ -503,29 +508,19 @@ mod tests {
             }),
             ("mrg_rxbuf", |c| any_dev(c, |n| !n.mrg_rxbuf)),
             ("tx_weight_bytes", |c| {
-                any_dev(c, |n| {
-                    n.tx_weight_bytes != NetConfig::default().tx_weight_bytes
-                })
+                any_dev_off_default(c, |n| n.tx_weight_bytes)
             }),
             ("tx_weight_packets", |c| {
-                any_dev(c, |n| {
-                    n.tx_weight_packets != NetConfig::default().tx_weight_packets
-                })
+                any_dev_off_default(c, |n| n.tx_weight_packets)
             }),
             ("rx_weight_bytes", |c| {
-                any_dev(c, |n| {
-                    n.rx_weight_bytes != NetConfig::default().rx_weight_bytes
-                })
+                any_dev_off_default(c, |n| n.rx_weight_bytes)
             }),
             ("rx_weight_packets", |c| {
-                any_dev(c, |n| {
-                    n.rx_weight_packets != NetConfig::default().rx_weight_packets
-                })
+                any_dev_off_default(c, |n| n.rx_weight_packets)
             }),
             ("pass_time_budget_us", |c| {
-                any_dev(c, |n| {
-                    n.pass_time_budget_us != NetConfig::default().pass_time_budget_us
-                })
+                any_dev_off_default(c, |n| n.pass_time_budget_us)
             }),
             ("io_engine", |c| {
                 any_dev(c, |n| n.io_engine == IoEngine::Sync)
