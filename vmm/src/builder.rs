@@ -546,13 +546,21 @@ fn create_vcpus(
 }
 
 /// A VM as [`build`] makes one up to its vCPUs (KVM checked, `mem_mib` MiB
-/// of guest memory, irqchip and PIT), for tests that run a vCPU on real KVM.
+/// of guest memory, irqchip and PIT), for tests that need real KVM; `None`,
+/// with a SKIP line naming `test`, where this host has no KVM.
 #[cfg(test)]
-pub(crate) fn test_vm(mem_mib: u64) -> Result<(Kvm, VmFd, GuestMemoryMmap), BuildError> {
-    let (kvm, vm) = create_vm(1)?;
-    let mem = guest_memory(&vm, mem_mib)?;
-    create_irqchip(&vm)?;
-    Ok((kvm, vm, mem))
+pub(crate) fn test_vm(test: &str, mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        println!("SKIP {test}: no /dev/kvm on this host");
+        return None;
+    }
+    let vm = || -> Result<_, BuildError> {
+        let (kvm, vm) = create_vm(1)?;
+        let mem = guest_memory(&vm, mem_mib)?;
+        create_irqchip(&vm)?;
+        Ok((kvm, vm, mem))
+    };
+    Some(vm().unwrap_or_else(|e| panic!("{}", crate::error_line(&e))))
 }
 
 #[cfg(test)]

@@ -608,11 +608,11 @@ mod tests {
     #[test]
     fn a_drive_gets_its_window_and_is_listed_for_the_api() {
         use crate::api::runtime::drive_tests::Scratch;
-        if !std::path::Path::new("/dev/kvm").exists() {
-            println!("SKIP a_drive_gets_its_window_and_is_listed_for_the_api: no /dev/kvm");
+        let Some((_kvm, vm, mem)) =
+            crate::builder::test_vm("a_drive_gets_its_window_and_is_listed_for_the_api", 32)
+        else {
             return;
-        }
-        let (_kvm, vm, mem) = crate::builder::test_vm(32).unwrap();
+        };
         let dir = Scratch::new("attach");
         let image = dir.image("data.img", 16);
         let cfg = DriveConfig {
@@ -644,11 +644,11 @@ mod tests {
 
     #[test]
     fn the_i8042_keyboard_interrupt_is_irq_1() {
-        if !std::path::Path::new("/dev/kvm").exists() {
-            println!("SKIP the_i8042_keyboard_interrupt_is_irq_1: no /dev/kvm on this host");
+        let Some((_kvm, vm, _mem)) =
+            crate::builder::test_vm("the_i8042_keyboard_interrupt_is_irq_1", 32)
+        else {
             return;
-        }
-        let (_kvm, vm, _mem) = crate::builder::test_vm(32).unwrap();
+        };
         let mut dm = DeviceManager::new();
         let i8042 = dm.attach_i8042(&vm).unwrap();
         let dev = i8042.lock().unwrap();

@@ -569,7 +569,6 @@ mod tests {
     /// the run reaching the latch, the INT3 recovery of a PVM host).
     mod on_kvm {
         use super::*;
-        use std::path::Path;
         use std::time::{Duration, Instant};
 
         use arch::x86_64::layout::ZERO_PAGE_START;
@@ -652,11 +651,7 @@ mod tests {
         /// A VM as the builder makes it, or `None` (with the SKIP line)
         /// where this host has no KVM.
         fn test_vm(test: &str) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
-            if !Path::new("/dev/kvm").exists() {
-                println!("SKIP {test}: no /dev/kvm on this host");
-                return None;
-            }
-            Some(builder::test_vm(2).unwrap_or_else(|e| panic!("{}", crate::error_line(&e))))
+            builder::test_vm(test, 2)
         }
 
         fn is_pvm(test: &str) -> bool {
