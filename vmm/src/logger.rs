@@ -97,8 +97,21 @@ mod tests {
     use super::*;
     use log::{Level, Log, Record};
 
-    fn tmp(name: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("minivmm-log-{}-{name}", std::process::id()))
+    /// The logger `cfg` (with `rust_log` as RUST_LOG) makes when it writes
+    /// to the file `name` of this test process, no file of an earlier run
+    /// left there; and that file's path.
+    fn logger_to_file(
+        name: &str,
+        cfg: LoggerConfig,
+        rust_log: Option<&str>,
+    ) -> (env_logger::Logger, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("minivmm-log-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let cfg = LoggerConfig {
+            path: Some(path.clone()),
+            ..cfg
+        };
+        (builder(&cfg, rust_log).unwrap().build(), path)
     }
 
     fn emit(logger: &env_logger::Logger, level: Level, target: &str, msg: &str) {
@@ -113,16 +126,11 @@ mod tests {
 
     #[test]
     fn lines_have_time_and_level_and_rust_log_filters_modules() {
-        let p = tmp("filters");
-        let _ = std::fs::remove_file(&p);
         let cfg = LoggerConfig {
-            path: Some(p.clone()),
             level: LevelFilter::Warn,
             ..LoggerConfig::default()
         };
-        let logger = builder(&cfg, Some("devices::virtio::net=debug"))
-            .unwrap()
-            .build();
+        let (logger, p) = logger_to_file("filters", cfg, Some("devices::virtio::net=debug"));
         emit(&logger, Level::Info, "vmm::builder", "hidden");
         emit(&logger, Level::Warn, "vmm::builder", "shown warn");
         emit(
@@ -151,15 +159,13 @@ mod tests {
 
     #[test]
     fn a_module_restricts_the_log_and_origin_is_shown() {
-        let p = tmp("module");
-        let _ = std::fs::remove_file(&p);
         let cfg = LoggerConfig {
-            path: Some(p.clone()),
+            path: None,
             level: LevelFilter::Info,
             module: Some("vmm::event_loop".into()),
             show_origin: true,
         };
-        let logger = builder(&cfg, None).unwrap().build();
+        let (logger, p) = logger_to_file("module", cfg, None);
         emit(&logger, Level::Error, "vmm::builder", "other module");
         logger.log(
             &Record::builder()
