@@ -20,8 +20,9 @@
 use arbitrary::Arbitrary;
 use clap::Parser;
 use vmm::config::cli::Cli;
-use vmm::config::{TapBackend, MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
-use vmm::error_line;
+use vmm::config::TapBackend;
+
+use crate::config_oracles::{assert_one_line, assert_within_bounds};
 
 /// The flags minivmm knows, and a few it does not.
 #[derive(Debug, Clone, Copy, Arbitrary)]
@@ -229,20 +230,9 @@ pub fn run_input(input: &Input) {
     let tap = cli.tap.clone();
     let cards = cli.net.len() + usize::from(tap.is_some());
     match cli.into_config() {
-        Err(e) => {
-            let line = error_line(&e);
-            assert!(!line.is_empty(), "empty error for {args:?}");
-            assert!(
-                !line.contains(['\n', '\r']),
-                "a configuration error spans lines for {args:?}: {line:?}"
-            );
-        }
+        Err(e) => assert_one_line(&e, &args),
         Ok(cfg) => {
-            assert!(
-                (MIN_MEM_MIB..=MAX_MEM_MIB).contains(&cfg.mem_mib),
-                "{args:?}"
-            );
-            assert!((1..=MAX_VCPUS).contains(&cfg.vcpus), "{args:?}");
+            assert_within_bounds(&cfg, &args);
             assert_eq!(Some(&cfg.kernel), kernel.as_ref());
             assert_eq!(cfg.initramfs, initramfs);
             assert_eq!(cfg.cmdline_extra, cmdline);
@@ -250,21 +240,6 @@ pub fn run_input(input: &Input) {
             if let (Some(tap), Some(last)) = (&tap, cfg.nets.last()) {
                 // `--tap` is the last card (after every `--net`).
                 assert_eq!(last.tap, TapBackend::Named(tap.clone()), "{args:?}");
-            }
-            let mut ids = std::collections::HashSet::new();
-            for net in &cfg.nets {
-                assert!(ids.insert(net.id.clone()), "duplicate id from {args:?}");
-                let q = net.device.queue_size;
-                assert!(
-                    q.is_power_of_two() && q <= 32768,
-                    "queue size {q} accepted from {args:?}"
-                );
-                assert_eq!(
-                    net.device.mac[0] & 1,
-                    0,
-                    "multicast MAC accepted from {args:?}"
-                );
-                assert!(net.device.offloads.validate().is_ok(), "{args:?}");
             }
         }
     }

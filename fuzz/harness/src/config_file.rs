@@ -16,8 +16,8 @@
 
 use arbitrary::Arbitrary;
 use serde_json::{Map, Value};
-use vmm::config::{MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
-use vmm::error_line;
+
+use crate::config_oracles::{assert_one_line, assert_within_bounds};
 
 /// Keys that occur in real files, at any level.
 const KEYS: &[&str] = &[
@@ -164,35 +164,15 @@ pub fn run_input(input: &Input) {
         .ok()
         .and_then(|v| v.get("network-interfaces").cloned())
         .and_then(|v| v.as_array().map(Vec::len));
-    let one_line = |e: &dyn std::error::Error| {
-        let line = error_line(e);
-        assert!(!line.is_empty(), "empty error for {text:?}");
-        assert!(
-            !line.contains(['\n', '\r']),
-            "a configuration error spans lines for {text:?}: {line:?}"
-        );
-    };
     let settings = match vmm::config::file::parse(&text) {
         Ok(s) => s,
-        Err(e) => return one_line(&e),
+        Err(e) => return assert_one_line(&e, &text),
     };
     match settings.finish() {
-        Err(e) => one_line(&e),
+        Err(e) => assert_one_line(&e, &text),
         Ok(cfg) => {
-            assert!((MIN_MEM_MIB..=MAX_MEM_MIB).contains(&cfg.mem_mib), "{text}");
-            assert!((1..=MAX_VCPUS).contains(&cfg.vcpus), "{text}");
+            assert_within_bounds(&cfg, &text);
             assert_eq!(Some(cfg.nets.len()), interfaces.or(Some(0)), "{text}");
-            let mut ids = std::collections::HashSet::new();
-            for net in &cfg.nets {
-                assert!(ids.insert(net.id.clone()), "duplicate id from {text}");
-                let q = net.device.queue_size;
-                assert!(
-                    q.is_power_of_two() && q <= 32768,
-                    "queue size {q} accepted from {text}"
-                );
-                assert_eq!(net.device.mac[0] & 1, 0, "multicast MAC from {text}");
-                assert!(net.device.offloads.validate().is_ok(), "{text}");
-            }
         }
     }
 }

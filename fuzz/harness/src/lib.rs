@@ -26,6 +26,7 @@ pub mod chain_walk;
 pub mod cli;
 pub mod common;
 pub mod config_file;
+pub mod config_oracles;
 pub mod datapath;
 pub mod legacy;
 pub mod mmio;
