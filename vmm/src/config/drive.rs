@@ -420,37 +420,23 @@ mod tests {
         let d = tempdir("root");
         let a = image(&d, "a.img");
         let b = image(&d, "b.img");
-        let spec = |s: String| parse_disk(&s).unwrap();
-        let drives = finish_drives(
-            vec![
-                spec(format!("path={}", a.display())),
-                spec(format!("path={},root=on,readonly=on", b.display())),
-            ],
-            &[],
-        )
-        .unwrap();
-        assert_eq!(root_words(&drives), ["root=/dev/vdb", "ro"]);
-        let drives = finish_drives(
-            vec![spec(format!(
-                "path={},root=on,partuuid=0eaa91a0-01",
-                a.display()
-            ))],
-            &[],
-        )
-        .unwrap();
-        assert_eq!(root_words(&drives), ["root=PARTUUID=0eaa91a0-01", "rw"]);
-        let drives = finish_drives(vec![spec(format!("path={}", a.display()))], &[]).unwrap();
-        assert!(root_words(&drives).is_empty());
+        let (a, b) = (a.display(), b.display());
+        // The drives `--disk` makes of `specs`, checked.
+        let drives = |specs: &[String]| {
+            let specs = specs.iter().map(|s| parse_disk(s).unwrap()).collect();
+            finish_drives(specs, &[]).unwrap()
+        };
+        let two = drives(&[format!("path={a}"), format!("path={b},root=on,readonly=on")]);
+        assert_eq!(root_words(&two), ["root=/dev/vdb", "ro"]);
+        let by_partuuid = drives(&[format!("path={a},root=on,partuuid=0eaa91a0-01")]);
+        assert_eq!(
+            root_words(&by_partuuid),
+            ["root=PARTUUID=0eaa91a0-01", "rw"]
+        );
+        assert!(root_words(&drives(&[format!("path={a}")])).is_empty());
         // An id of exactly the 20 bytes GET_ID returns is fine.
-        let drives = finish_drives(
-            vec![spec(format!(
-                "path={},id=abcdefghij0123456789",
-                a.display()
-            ))],
-            &[],
-        )
-        .unwrap();
-        assert_eq!(drives[0].device.id, "abcdefghij0123456789");
+        let longest_id = drives(&[format!("path={a},id=abcdefghij0123456789")]);
+        assert_eq!(longest_id[0].device.id, "abcdefghij0123456789");
         let _ = std::fs::remove_dir_all(&d);
     }
 
