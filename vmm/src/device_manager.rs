@@ -438,6 +438,16 @@ mod tests {
         }
     }
 
+    /// A device manager with COM1 only, and what COM1 transmits.
+    fn with_serial() -> (DeviceManager, Shared) {
+        let out = Shared::default();
+        let mut dm = DeviceManager::new();
+        dm.serial = Some(Arc::new(Mutex::new(
+            SerialDevice::new(Box::new(out.clone())).unwrap(),
+        )));
+        (dm, out)
+    }
+
     #[test]
     fn console_notices_a_panic_split_across_writes() {
         let flag = Arc::new(AtomicBool::new(false));
@@ -488,11 +498,7 @@ mod tests {
 
     #[test]
     fn a_wide_port_access_reaches_every_byte() {
-        let out = Shared::default();
-        let mut dm = DeviceManager::new();
-        dm.serial = Some(Arc::new(Mutex::new(
-            SerialDevice::new(Box::new(out.clone())).unwrap(),
-        )));
+        let (dm, out) = with_serial();
         // `out 0x3f8, ax`: 'A' to THR, then 0x0f (every interrupt) to IER.
         dm.pio_write(0x3f8, 2, &[b'A', 0x0f]);
         let mut ier = [0u8; 2];
@@ -505,13 +511,10 @@ mod tests {
         dm.pio_read(0x3ff, 2, &mut w);
         assert_eq!(w, [0x42, 0xff]);
     }
+
     #[test]
     fn a_string_port_access_goes_to_one_port() {
-        let out = Shared::default();
-        let mut dm = DeviceManager::new();
-        dm.serial = Some(Arc::new(Mutex::new(
-            SerialDevice::new(Box::new(out.clone())).unwrap(),
-        )));
+        let (dm, out) = with_serial();
         // `rep outsb` of eight bytes to THR: eight characters transmitted,
         // nothing written to IER, FCR, LCR, MCR or the scratch register.
         let regs = |dm: &DeviceManager| {
