@@ -117,6 +117,19 @@ fn allow(syscall: libc::c_long) -> Entry {
     (syscall, Vec::new())
 }
 
+/// Argument `arg` equals `value`, compared as 32 bits: every argument the
+/// filters look at is a kernel `int` or `unsigned int` (flags, modes, file
+/// descriptors, request numbers, signals).
+fn arg_eq(arg: u8, value: u64) -> SeccompCondition {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
+        .expect("argument indexes 0 to 5 are valid")
+}
+
+/// A rule that holds when every one of `conds` does.
+fn all_of(conds: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(conds).expect("a rule with at least one condition is valid")
+}
+
 /// `ioctl(fd, request, ...)` for these request numbers only.
 fn allow_ioctls(requests: &[u64]) -> Entry {
     ioctls_on(None, requests)
@@ -137,19 +150,10 @@ fn ioctls_on(fd: Option<u64>, requests: &[u64]) -> Entry {
         .iter()
         .map(|&request| {
             // The request is the kernel's `unsigned int cmd`, the fd an
-            // `unsigned int` too: compare 32 bits.
-            let mut conds =
-                vec![
-                    SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
-                        .expect("argument index 1 is valid"),
-                ];
-            if let Some(fd) = fd {
-                conds.push(
-                    SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, fd)
-                        .expect("argument index 0 is valid"),
-                );
-            }
-            SeccompRule::new(conds).expect("a rule with one or two conditions is valid")
+            // `unsigned int` too.
+            let mut conds = vec![arg_eq(1, request)];
+            conds.extend(fd.map(|fd| arg_eq(0, fd)));
+            all_of(conds)
         })
         .collect();
     (libc::SYS_ioctl, rules)
@@ -164,15 +168,7 @@ fn ioctls_on(fd: Option<u64>, requests: &[u64]) -> Entry {
 /// `io_uring_setup` and `io_uring_register` stay forbidden, so no thread can
 /// make a ring that does more, nor lift those restrictions.
 fn allow_io_uring_submit() -> Entry {
-    let rules = [IORING_ENTER_GETEVENTS, 0]
-        .into_iter()
-        .map(|flags| {
-            let cond = SeccompCondition::new(3, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, flags)
-                .expect("argument index 3 is valid");
-            SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
-        })
-        .collect();
-    (libc::SYS_io_uring_enter, rules)
+    allow_arg_in(libc::SYS_io_uring_enter, 3, &[IORING_ENTER_GETEVENTS, 0])
 }
 
 /// `fallocate(fd, mode, offset, len)` in the block device's two modes only,
@@ -181,18 +177,14 @@ fn allow_io_uring_submit() -> Entry {
 /// range (`FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE`). Growing the file,
 /// collapsing or inserting ranges stay forbidden.
 fn allow_block_fallocate() -> Entry {
-    let rules = [
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-    ]
-    .into_iter()
-    .map(|mode| {
-        let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, mode as u64)
-            .expect("argument index 1 is valid");
-        SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
-    })
-    .collect();
-    (libc::SYS_fallocate, rules)
+    allow_arg_in(
+        libc::SYS_fallocate,
+        1,
+        &[
+            (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64,
+            (libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE) as u64,
+        ],
+    )
 }
 
 /// linux/io_uring.h; libc does not export it.
@@ -203,17 +195,7 @@ const IORING_ENTER_GETEVENTS: u64 = 1;
 /// limiters' timerfds, dropped at exit under the filter). Reading the close-on-exec
 /// flag reveals nothing and changes nothing; release builds never call it.
 fn allow_fcntl_getfd() -> Entry {
-    let cond = SeccompCondition::new(
-        1,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::F_GETFD as u64,
-    )
-    .expect("argument index 1 is valid");
-    (
-        libc::SYS_fcntl,
-        vec![SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")],
-    )
+    allow_arg_in(libc::SYS_fcntl, 1, &[libc::F_GETFD as u64])
 }
 
 /// An ioctl request number as the filter compares it. libc's `Ioctl` is
@@ -341,15 +323,10 @@ pub fn event_loop_rules() -> Vec<Entry> {
 
 /// `timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)` only.
 fn allow_timerfd_create() -> Entry {
-    let eq = |arg, v: i32| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v as u64)
-            .expect("argument indexes 0 and 1 are valid")
-    };
-    let rule = SeccompRule::new(vec![
-        eq(0, libc::CLOCK_MONOTONIC),
-        eq(1, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK),
-    ])
-    .expect("a rule with two conditions is valid");
+    let rule = all_of(vec![
+        arg_eq(0, libc::CLOCK_MONOTONIC as u64),
+        arg_eq(1, (libc::TFD_CLOEXEC | libc::TFD_NONBLOCK) as u64),
+    ]);
     (libc::SYS_timerfd_create, vec![rule])
 }
 
@@ -357,26 +334,14 @@ fn allow_timerfd_create() -> Entry {
 /// (the thread group is the caller's own; the kernel refuses a tid that is
 /// not in it).
 fn allow_tgkill_kick() -> Entry {
-    let sig = SeccompCondition::new(
-        2,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        crate::pause::kick_signal() as u64,
-    )
-    .expect("argument index 2 is valid");
-    let rule = SeccompRule::new(vec![sig]).expect("a rule with one condition is valid");
-    (libc::SYS_tgkill, vec![rule])
+    allow_arg_in(libc::SYS_tgkill, 2, &[crate::pause::kick_signal() as u64])
 }
 
 /// `syscall` when argument `arg` (32 bits) is one of `values`.
 fn allow_arg_in(syscall: libc::c_long, arg: u8, values: &[u64]) -> Entry {
     let rules = values
         .iter()
-        .map(|&v| {
-            let cond = SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
-                .expect("the argument index is valid");
-            SeccompRule::new(vec![cond]).expect("a rule with one condition is valid")
-        })
+        .map(|&v| all_of(vec![arg_eq(arg, v)]))
         .collect();
     (syscall, rules)
 }
@@ -384,12 +349,7 @@ fn allow_arg_in(syscall: libc::c_long, arg: u8, values: &[u64]) -> Entry {
 /// `fcntl(fd, F_SETFL, 0)` only: a file opened non-blocking made blocking
 /// again (the kernel reads the flags as 32 bits).
 fn allow_fcntl_clear_flags() -> Entry {
-    let eq = |arg, v: u64| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
-            .expect("argument indexes 1 and 2 are valid")
-    };
-    let rule = SeccompRule::new(vec![eq(1, libc::F_SETFL as u64), eq(2, 0)])
-        .expect("a rule with two conditions is valid");
+    let rule = all_of(vec![arg_eq(1, libc::F_SETFL as u64), arg_eq(2, 0)]);
     (libc::SYS_fcntl, vec![rule])
 }
 
