@@ -18,7 +18,8 @@ use super::drive::parse_disk;
 use super::error::ConfigError;
 use super::file::{self, FileError};
 use super::net::{
-    key_values, limiter_from_keys, limiter_key, parse_io_engine, parse_offloads, MacAddr, NetSpec,
+    key_values, limiter_from_keys, limiter_key, on_off, parse_io_engine, parse_offloads,
+    parse_option, MacAddr, NetSpec,
 };
 use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
 use super::VmmConfig;
@@ -399,27 +400,16 @@ fn split_items(spec: &str) -> Vec<&str> {
     items
 }
 
-fn on_off(v: &str) -> Result<bool, String> {
-    match v {
-        "on" | "true" => Ok(true),
-        "off" | "false" => Ok(false),
-        _ => Err(format!("'{v}' is not on or off")),
-    }
-}
-
 /// The rate limiter keys of one `--net`: [direction][bw, ops] ->
 /// (size, one_time_burst, refill_time).
 type BucketKeys = [[[Option<u64>; 3]; 2]; 2];
 
 /// Parses one `--net` value (see the keys in `--help`).
 pub fn parse_net(spec: &str) -> Result<NetSpec, ConfigError> {
-    parse_net_inner(spec).map_err(|reason| ConfigError::NetSpec {
-        spec: spec.to_string(),
-        reason,
-    })
+    parse_option("--net", spec, parse_net_keys)
 }
 
-fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
+fn parse_net_keys(spec: &str) -> Result<NetSpec, String> {
     let mut n = NetSpec::default();
     let mut buckets: BucketKeys = Default::default();
     let mut any_bucket = [false; 2];
@@ -440,10 +430,10 @@ fn parse_net_inner(spec: &str) -> Result<NetSpec, String> {
             "queue_size" => n.queue_size = Some(num(value)?),
             "mtu" => n.mtu = Some(num(value)?),
             "offloads" => n.offloads = Some(parse_offloads(value.split('+'))?),
-            "offload_csum" => csum = Some(on_off(value)?),
-            "offload_tso" => tso = Some(on_off(value)?),
-            "offload_ufo" => ufo = Some(on_off(value)?),
-            "mrg_rxbuf" => n.mrg_rxbuf = Some(on_off(value)?),
+            "offload_csum" => csum = Some(on_off(key, value)?),
+            "offload_tso" => tso = Some(on_off(key, value)?),
+            "offload_ufo" => ufo = Some(on_off(key, value)?),
+            "mrg_rxbuf" => n.mrg_rxbuf = Some(on_off(key, value)?),
             "tx_weight_bytes" => n.tx_weight_bytes = Some(num(value)?),
             "tx_weight_packets" => n.tx_weight_packets = Some(num(value)?),
             "rx_weight_bytes" => n.rx_weight_bytes = Some(num(value)?),

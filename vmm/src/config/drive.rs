@@ -28,7 +28,9 @@ use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZ
 use devices::virtio::queue::MAX_QUEUE_SIZE;
 
 use super::error::ConfigError;
-use super::net::{key_values, limiter_from_keys, limiter_key, parse_io_engine};
+use super::net::{
+    key_values, limiter_from_keys, limiter_key, on_off, parse_io_engine, parse_option,
+};
 use super::settings::parse_number;
 use super::DriveConfig;
 
@@ -66,23 +68,12 @@ pub fn parse_cache_type(v: &str) -> Result<CacheType, String> {
     }
 }
 
-fn on_off(key: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "on" | "true" => Ok(true),
-        "off" | "false" => Ok(false),
-        _ => Err(format!("{key}: '{v}' is not on or off")),
-    }
-}
-
 /// Parses one `--disk` value.
 pub fn parse_disk(spec: &str) -> Result<DriveSpec, ConfigError> {
-    parse_disk_inner(spec).map_err(|reason| ConfigError::DiskSpec {
-        spec: spec.to_string(),
-        reason,
-    })
+    parse_option("--disk", spec, parse_disk_keys)
 }
 
-fn parse_disk_inner(spec: &str) -> Result<DriveSpec, String> {
+fn parse_disk_keys(spec: &str) -> Result<DriveSpec, String> {
     let mut d = DriveSpec::default();
     // [bw, ops] x (size, one_time_burst, refill_time)
     let mut buckets = [[None::<u64>; 3]; 2];

@@ -38,10 +38,12 @@ pub enum ConfigError {
     /// Neither the command line nor the config file names a kernel.
     #[error("no kernel: give --kernel or boot-source.kernel_image_path in --config-file")]
     NoKernel,
-    /// A `--net` specification that does not parse.
-    #[error("--net '{spec}': {reason}")]
-    NetSpec {
-        /// The specification as given.
+    /// A `--net` or `--disk` value that does not parse.
+    #[error("{flag} '{spec}': {reason}")]
+    OptionSpec {
+        /// The option (`--net`, `--disk`).
+        flag: &'static str,
+        /// The value as given.
         spec: String,
         /// What is wrong with it.
         reason: String,
@@ -113,14 +115,6 @@ pub enum ConfigError {
         /// What is wrong.
         #[source]
         source: RateLimiterError,
-    },
-    /// A `--disk` value that does not parse.
-    #[error("--disk '{spec}': {reason}")]
-    DiskSpec {
-        /// The value as given.
-        spec: String,
-        /// What is wrong with it.
-        reason: String,
     },
     /// A drive that cannot be used.
     #[error("drive '{id}': {reason}")]

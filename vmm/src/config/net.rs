@@ -113,16 +113,6 @@ pub struct NetSpec {
     pub io_engine: Option<IoEngine>,
 }
 
-/// Parses an `io_engine` value: `Async` (io_uring batches) or `Sync`, in
-/// any case, as Firecracker spells them.
-pub fn parse_io_engine(v: &str) -> Result<IoEngine, String> {
-    match v.to_ascii_lowercase().as_str() {
-        "async" => Ok(IoEngine::Async),
-        "sync" => Ok(IoEngine::Sync),
-        _ => Err(format!("io_engine '{v}' is neither Async nor Sync")),
-    }
-}
-
 impl NetSpec {
     /// `self` with every field it leaves open taken from `defaults`.
     pub(super) fn or(self, d: &NetSpec) -> NetSpec {
@@ -294,6 +284,39 @@ pub fn parse_offloads<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Of
         }
     }
     Ok(o)
+}
+
+/// Parses the value of `flag` (`--net`, `--disk`) with `parse`; an error
+/// quotes the flag and the whole value, so the user sees which one is wrong.
+pub fn parse_option<T>(
+    flag: &'static str,
+    spec: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, ConfigError> {
+    parse(spec).map_err(|reason| ConfigError::OptionSpec {
+        flag,
+        spec: spec.to_string(),
+        reason,
+    })
+}
+
+/// Parses an on/off switch (`true`/`false` too); an error names `key`.
+pub fn on_off(key: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("{key}: '{v}' is not on or off")),
+    }
+}
+
+/// Parses an `io_engine` value: `Async` (io_uring batches) or `Sync`, in
+/// any case, as Firecracker spells them.
+pub fn parse_io_engine(v: &str) -> Result<IoEngine, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "async" => Ok(IoEngine::Async),
+        "sync" => Ok(IoEngine::Sync),
+        _ => Err(format!("io_engine '{v}' is neither Async nor Sync")),
+    }
 }
 
 /// The `key=value` items of a `--net` or `--disk` value, each key once and
