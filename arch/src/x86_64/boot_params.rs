@@ -295,39 +295,56 @@ mod tests {
         entries.iter().map(|e| (e.addr, e.size, e.r#type)).collect()
     }
 
+    /// What every map starts with: conventional memory up to the EBDA,
+    /// then the EBDA reserved.
+    const BELOW_640K: [(u64, u64, u32); 2] =
+        [(0, 0x9_fc00, E820_RAM), (0x9_fc00, 0x400, E820_RESERVED)];
+
+    /// The e820 map of a guest of `mem_size` bytes, as (addr, size, type).
+    fn e820_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
+        as_tuples(&e820_entries(&regions(mem_size)).unwrap())
+    }
+
     fn read_params(mem: &GuestMemoryMmap<()>) -> boot_params {
         mem.read_obj(GuestAddress(ZERO_PAGE_START)).unwrap()
     }
 
+    /// A boot protocol 2.15 header whose kernel takes an initrd ending at or
+    /// below `initrd_addr_max`.
+    fn header_with_initrd_max(initrd_addr_max: u32) -> setup_header {
+        setup_header {
+            version: 0x020f,
+            initrd_addr_max,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn e820_256m() {
-        let entries = e820_entries(&regions(256 * MIB)).unwrap();
         assert_eq!(
-            as_tuples(&entries),
-            vec![
-                (0, 0x9_fc00, E820_RAM),
-                (0x9_fc00, 0x400, E820_RESERVED),
-                (0x10_0000, 255 * MIB, E820_RAM),
-            ]
+            e820_map(256 * MIB),
+            [&BELOW_640K[..], &[(0x10_0000, 255 * MIB, E820_RAM)]].concat()
         );
     }
 
     #[test]
     fn e820_5g_has_gap() {
-        let entries = e820_entries(&regions(5 * GIB)).unwrap();
+        let map = e820_map(5 * GIB);
         assert_eq!(
-            as_tuples(&entries),
-            vec![
-                (0, 0x9_fc00, E820_RAM),
-                (0x9_fc00, 0x400, E820_RESERVED),
-                (0x10_0000, 3 * GIB - MIB, E820_RAM),
-                (MMIO_GAP_END, 2 * GIB, E820_RAM),
+            map,
+            [
+                &BELOW_640K[..],
+                &[
+                    (0x10_0000, 3 * GIB - MIB, E820_RAM),
+                    (MMIO_GAP_END, 2 * GIB, E820_RAM),
+                ]
             ]
+            .concat()
         );
         // Nothing is RAM inside the gap.
-        for e in &entries {
-            let end = e.addr + e.size;
-            assert!(end <= MMIO_GAP_START || e.addr >= MMIO_GAP_END);
+        for &(addr, size, _) in &map {
+            let end = addr + size;
+            assert!(end <= MMIO_GAP_START || addr >= MMIO_GAP_END);
         }
     }
 
@@ -459,11 +476,7 @@ mod tests {
         let addr = initrd_load_addr(&mem, 4096, None, GuestAddress(0)).unwrap();
         assert_eq!(addr.raw_value(), 0x3800_0000 - 4096);
         // Header allowing 2 GiB - 1.
-        let hdr = setup_header {
-            version: 0x020f,
-            initrd_addr_max: 0x7fff_ffff,
-            ..Default::default()
-        };
+        let hdr = header_with_initrd_max(0x7fff_ffff);
         let addr = initrd_load_addr(&mem, 4096, Some(&hdr), GuestAddress(0)).unwrap();
         assert_eq!(addr.raw_value(), 0x8000_0000 - 4096);
     }
@@ -471,11 +484,7 @@ mod tests {
     #[test]
     fn initrd_stays_below_gap() {
         let mem = guest_mem(5 * GIB);
-        let hdr = setup_header {
-            version: 0x020f,
-            initrd_addr_max: 0xffff_ffff,
-            ..Default::default()
-        };
+        let hdr = header_with_initrd_max(0xffff_ffff);
         let addr = initrd_load_addr(&mem, 8192, Some(&hdr), GuestAddress(0)).unwrap();
         assert_eq!(addr.raw_value(), MMIO_GAP_START - 8192);
     }
