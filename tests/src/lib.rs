@@ -40,8 +40,26 @@ pub enum Need {
     Tun,
 }
 
-/// Returns whether every need is met; prints the reason for a skip otherwise.
-pub fn require(test: &str, needs: &[Need]) -> bool {
+/// The name of the test running on this thread. libtest runs every test on a
+/// thread named after it (also with `--test-threads=1`), so a test need not
+/// spell its own name; a thread it did not name falls back to the test binary's.
+pub fn current_test_name() -> String {
+    let thread = std::thread::current();
+    match thread.name() {
+        Some(name) if name != "main" => name.to_string(),
+        _ => std::env::args()
+            .next()
+            .and_then(|arg0| {
+                let binary = Path::new(&arg0).file_name()?;
+                Some(binary.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "test".to_string()),
+    }
+}
+
+/// Returns whether every need is met; prints the reason for a skip, as
+/// `SKIP <test>: why` under the [`current_test_name`], otherwise.
+pub fn require(needs: &[Need]) -> bool {
     for need in needs {
         let missing = match need {
             Need::Kvm => std::fs::OpenOptions::new()
@@ -56,7 +74,7 @@ pub fn require(test: &str, needs: &[Need]) -> bool {
             }
         };
         if let Some(why) = missing {
-            eprintln!("SKIP {test}: {why}");
+            eprintln!("SKIP {}: {why}", current_test_name());
             return false;
         }
     }
@@ -132,7 +150,7 @@ pub const SELFTEST_PASS: &str = "MINIVMM-SELFTEST PASS";
 /// Console text that means a guest program or the guest kernel crashed: the kernel's log of a
 /// user-mode fault (`segfault at`, `traps:` for #GP/#UD/#DE and friends), a kernel-mode
 /// `general protection` fault, and a panic. Any of them fails a boot test whatever the exit
-/// status (issue 19: a guest program that dies leaves the VMM running and exiting 0).
+/// status, because a guest program that dies leaves the VMM running and exiting 0.
 pub const CRASH_MARKERS: [&str; 4] = [
     "segfault at",
     "traps:",

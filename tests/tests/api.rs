@@ -444,10 +444,7 @@ fn status_field(pid: u32, key: &str) -> String {
 
 #[test]
 fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api() {
-    if !require(
-        "a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api",
-        &[Need::Kvm, Need::Root, Need::Tun],
-    ) {
+    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
         return;
     }
     let img = guest_image();

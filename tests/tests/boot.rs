@@ -173,10 +173,7 @@ fn check_boot_timer(log: &str, on: bool, ready_at: f64, report: &str) {
 /// single vCPU reaches userspace and exits cleanly.
 #[test]
 fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
-    if !require(
-        "bzimage_with_one_vcpu_boots_to_ready_and_exits_0",
-        &[Need::Kvm],
-    ) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     let vm = boot_to_ready(&guest_image().bzimage, "1", false);
@@ -189,10 +186,7 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
 
 #[test]
 fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
-    if !require(
-        "vmlinux_with_two_vcpus_boots_to_ready_and_exits_0",
-        &[Need::Kvm],
-    ) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     let vm = boot_to_ready(&guest_image().vmlinux, "2", true);
@@ -228,7 +222,7 @@ fn assert_one_line_error(args: &[&str], want: &str) {
 
 #[test]
 fn bad_input_gets_one_clear_line() {
-    if !require("bad_input_gets_one_clear_line", &[Need::Kvm]) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     let img = guest_image();
@@ -277,7 +271,7 @@ fn bad_input_gets_one_clear_line() {
 /// With /dev hidden in a private mount namespace there is no /dev/kvm.
 #[test]
 fn missing_dev_kvm_is_one_clear_line() {
-    if !require("missing_dev_kvm_is_one_clear_line", &[Need::Root]) {
+    if !require(&[Need::Root]) {
         return;
     }
     let img = guest_image();

@@ -124,8 +124,7 @@ fn firecracker_config(kernel: &Path, boot_args: &str, drive: &Path, tap: &str) -
 
 #[test]
 fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
-    let test = "firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes";
-    if !require(test, &[Need::Kvm, Need::Root, Need::Tun]) {
+    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
         return;
     }
     let img = guest_image();
@@ -219,8 +218,7 @@ fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
 
 #[test]
 fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
-    let test = "read_only_disk_root_refuses_writes_and_stays_byte_identical";
-    if !require(test, &[Need::Kvm]) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     let img = guest_image();
@@ -294,7 +292,7 @@ fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
 /// disk-root default, /sbin/init, has room to write and is clean as built.
 #[test]
 fn root_disk_image_holds_the_init_and_is_clean() {
-    if !require("root_disk_image_holds_the_init_and_is_clean", &[Need::Root]) {
+    if !require(&[Need::Root]) {
         return;
     }
     let img = guest_image();

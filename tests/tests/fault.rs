@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Faults under a running minivmm (issue 8): its TAP set down and then
-//! deleted while it runs.
+//! Faults under a running minivmm: its TAP set down and then deleted while
+//! it runs.
 //!
 //! The VM runs a "kernel" that halts at once (no guest boot: seconds), so
 //! its virtio-net device is never activated and what this shows is the
@@ -39,8 +39,7 @@ fn wait_lines(path: &Path, n: usize, vm: &Vm) -> Vec<serde_json::Value> {
 
 #[test]
 fn tap_set_down_and_deleted_under_a_running_vmm() {
-    const TEST: &str = "tap_set_down_and_deleted_under_a_running_vmm";
-    if !require(TEST, &[Need::Kvm, Need::Root, Need::Tun]) {
+    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
         return;
     }
     let ns = NetNs::new("fault", "tap0", "10.0.4.1/24").unwrap();

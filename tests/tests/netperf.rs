@@ -66,10 +66,7 @@ fn field(m: &serde_json::Value, name: &str) -> u64 {
 
 #[test]
 fn guest_network_end_to_end() {
-    if !require(
-        "guest_network_end_to_end",
-        &[Need::Kvm, Need::Root, Need::Tun],
-    ) {
+    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
         return;
     }
     let img = guest_image();
@@ -249,8 +246,8 @@ fn run_guest_netperf(ns: &NetNs, tool: &Path) {
     for test in ["TCP_STREAM", "TCP_MAERTS", "TCP_RR", "UDP_STREAM", "UDP_RR"] {
         let mut cmd = ns.command(tool);
         cmd.args(["-t", test, "-H", GUEST_IP, "-l", TEST_SECONDS]);
-        // UDP_STREAM runs exactly as a user would (issue 19): default grace,
-        // default TAP queue; mvperf must wait for the backlog by itself.
+        // UDP_STREAM runs exactly as a user would, so that mvperf is shown to
+        // wait for the backlog by itself: default grace, default TAP queue.
         if test != "UDP_STREAM" {
             cmd.args(["--grace", TEST_GRACE]);
         }
@@ -432,10 +429,7 @@ fn run_guest_iperf3(ns: &NetNs, vm: &Vm) {
 /// newer qemu-utils); it exits 77 only if that cannot be done.
 #[test]
 fn guest_image_runs_netperf_under_qemu_tcg() {
-    if !require(
-        "guest_image_runs_netperf_under_qemu_tcg",
-        &[Need::Root, Need::Tun],
-    ) {
+    if !require(&[Need::Root, Need::Tun]) {
         return;
     }
     let _ = guest_image();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! What an operator coming from Firecracker or Cloud Hypervisor relies on
-//! (issue 11): the config file, several NICs with rate limiters, metrics they
-//! can collect, and exit statuses.
+//! What an operator coming from Firecracker or Cloud Hypervisor relies on:
+//! the config file, several NICs with rate limiters, metrics they can
+//! collect, and exit statuses.
 //!
 //! - Every bad configuration and usage error is one line and exit status 1
 //!   (no KVM needed: all of it is caught before KVM is opened).
@@ -20,8 +20,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    cli_args, guest_image, metrics_lines, minivmm_bin, parse_metrics_lines, require,
-    write_halting_kernel, Need, NetNs, Vm,
+    cli_args, current_test_name, guest_image, metrics_lines, minivmm_bin, parse_metrics_lines,
+    require, write_halting_kernel, Need, NetNs, Vm,
 };
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(420);
@@ -271,10 +271,7 @@ fn fifo_reader(path: PathBuf) -> mpsc::Receiver<String> {
 
 #[test]
 fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
-    if !require(
-        "metrics_lines_on_an_interval_on_sigusr1_and_at_exit",
-        &[Need::Kvm],
-    ) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     let kernel = halting_kernel();
@@ -375,10 +372,10 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
 
 #[test]
 fn config_file_with_two_nics_and_rate_limiters_boots() {
-    let test = "config_file_with_two_nics_and_rate_limiters_boots";
-    if !require(test, &[Need::Kvm, Need::Root, Need::Tun]) {
+    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
         return;
     }
+    let test = current_test_name();
     let img = guest_image();
     let ns = NetNs::new("op", "tap0", "10.0.2.1/24").unwrap();
     // The second card's TAP, up, with an address of its own in the namespace.

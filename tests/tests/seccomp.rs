@@ -167,7 +167,7 @@ fn boot_and_check(mode: &str, want: &str) {
 
 #[test]
 fn every_thread_runs_under_its_filter() {
-    if !require("every_thread_runs_under_its_filter", &[Need::Kvm]) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     // 2 is SECCOMP_MODE_FILTER.
@@ -176,7 +176,7 @@ fn every_thread_runs_under_its_filter() {
 
 #[test]
 fn seccomp_log_filters_and_off_does_not() {
-    if !require("seccomp_log_filters_and_off_does_not", &[Need::Kvm]) {
+    if !require(&[Need::Kvm]) {
         return;
     }
     // log installs the same filters with a logging default action.

@@ -51,10 +51,7 @@ fn spawn_guest(ns: &NetNs, tap: &str, mac: &str, metrics: &std::path::Path, cmdl
 
 #[test]
 fn two_guests_talk_through_a_bridge() {
-    if !require(
-        "two_guests_talk_through_a_bridge",
-        &[Need::Kvm, Need::Root, Need::Tun],
-    ) {
+    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
         return;
     }
     let _ = guest_image();

@@ -616,7 +616,7 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
             );
         }
     }
-    let _ = writeln!(s, "\nGOALS (issue 10)");
+    let _ = writeln!(s, "\nGOALS");
     for dir in ["rx", "tx"] {
         for size in [64u64, 1514, 65536] {
             let la = &after["limit"];
