@@ -5,6 +5,8 @@
 //! Addresses live only inside the benchmark's namespace: the TAP is
 //! 10.201.0.1, the fake guest 10.201.0.2 with a static neighbour entry.
 
+use virtio_bindings::virtio_net;
+
 use crate::sys::VNET_HDR_LEN;
 
 /// The TAP's address inside the namespace.
@@ -28,10 +30,10 @@ pub const TSO_MSS: u16 = 1460;
 /// Marks a latency probe's payload.
 pub const PROBE_MAGIC: u64 = 0x6d76_6d62_7072_6f62;
 
-/// virtio_net_hdr flags and GSO types (virtio 1.1 §5.1.6).
-pub const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
-/// TCPv4 segmentation.
-pub const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
+/// `virtio_net_hdr` flag: the device completes the checksum (virtio 1.1 §5.1.6).
+pub const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = virtio_net::VIRTIO_NET_HDR_F_NEEDS_CSUM as u8;
+/// `virtio_net_hdr` GSO type: TCPv4 segmentation (virtio 1.1 §5.1.6).
+pub const VIRTIO_NET_HDR_GSO_TCPV4: u8 = virtio_net::VIRTIO_NET_HDR_GSO_TCPV4 as u8;
 
 /// The 12-byte `virtio_net_hdr_v1`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
