@@ -2,9 +2,10 @@
 //! Firecracker's API description, as data, and a checker for it, so tests
 //! can say "this answer is what a Firecracker client expects".
 //!
-//! [`definitions`] holds, written out by hand as JSON Schema, the
-//! definitions of Firecracker's `src/firecracker/swagger/firecracker.yaml`
-//! that minivmm answers with: `InstanceInfo` (`GET /`),
+//! [`definitions`] holds, written out by hand as JSON Schema in
+//! `tests/data/firecracker_definitions.json`, the definitions of
+//! Firecracker's `src/firecracker/swagger/firecracker.yaml` that minivmm
+//! answers with: `InstanceInfo` (`GET /`),
 //! `FirecrackerVersion` (`GET /version`), `MachineConfiguration`
 //! (`GET /machine-config`), `FullVmConfiguration` (`GET /vm/config`) with
 //! everything it references, and `Error` (every failure). They follow the
@@ -47,10 +48,16 @@ use serde_json::{json, Map, Value};
 /// The version of Firecracker's API description [`definitions`] follows.
 pub const FIRECRACKER_API_VERSION: &str = "1.17.0-dev";
 
+/// The text of [`definitions`]: data, so it is kept as a JSON file.
+const FIRECRACKER_DEFINITIONS: &str = include_str!("../data/firecracker_definitions.json");
+
 /// Firecracker's definitions by name (see the module doc).
 pub fn definitions() -> &'static Value {
     static DEFS: OnceLock<Value> = OnceLock::new();
-    DEFS.get_or_init(firecracker_definitions)
+    DEFS.get_or_init(|| {
+        serde_json::from_str(FIRECRACKER_DEFINITIONS)
+            .expect("tests/data/firecracker_definitions.json is valid JSON")
+    })
 }
 
 /// The keys minivmm's config file (and so `GET /vm/config`) has beyond
@@ -249,246 +256,6 @@ impl Checker<'_> {
         }
         Ok(())
     }
-}
-
-/// Firecracker's definitions (see the module doc for the version).
-fn firecracker_definitions() -> Value {
-    let rate_limiter = json!({"$ref": "#/definitions/RateLimiter"});
-    json!({
-        "Balloon": {
-            "type": "object",
-            "required": ["amount_mib", "deflate_on_oom"],
-            "properties": {
-                "amount_mib": {"type": "integer"},
-                "deflate_on_oom": {"type": "boolean"},
-                "stats_polling_interval_s": {"type": "integer"},
-                "free_page_hinting": {"type": "boolean"},
-                "free_page_reporting": {"type": "boolean"}
-            }
-        },
-        "BootSource": {
-            "type": "object",
-            "required": ["kernel_image_path"],
-            "properties": {
-                "boot_args": {"type": "string"},
-                "initrd_path": {"type": "string"},
-                "kernel_image_path": {"type": "string"}
-            }
-        },
-        "CpuTemplate": {
-            "type": "string",
-            "enum": ["C3", "T2", "T2S", "T2CL", "T2A", "V1N1", "None"]
-        },
-        "CpuConfig": {
-            "type": "object",
-            "properties": {
-                "kvm_capabilities": {"type": "array", "items": {"type": "string"}},
-                "cpuid_modifiers": {"type": "array", "items": {"$ref": "#/definitions/CpuidLeafModifier"}},
-                "msr_modifiers": {"type": "array", "items": {"$ref": "#/definitions/MsrModifier"}},
-                "reg_modifiers": {"type": "array", "items": {"$ref": "#/definitions/ArmRegisterModifier"}},
-                "vcpu_features": {"type": "array", "items": {"$ref": "#/definitions/VcpuFeatures"}}
-            }
-        },
-        "CpuidLeafModifier": {
-            "type": "object",
-            "required": ["leaf", "subleaf", "flags", "modifiers"],
-            "properties": {
-                "leaf": {"type": "string"},
-                "subleaf": {"type": "string"},
-                "flags": {"type": "integer"},
-                "modifiers": {"type": "array", "items": {"$ref": "#/definitions/CpuidRegisterModifier"}}
-            }
-        },
-        "CpuidRegisterModifier": {
-            "type": "object",
-            "required": ["register", "bitmap"],
-            "properties": {
-                "register": {"type": "string", "enum": ["eax", "ebx", "ecx", "edx"]},
-                "bitmap": {"type": "string"}
-            }
-        },
-        "MsrModifier": {
-            "type": "object",
-            "required": ["addr", "bitmap"],
-            "properties": {
-                "addr": {"type": "string"},
-                "bitmap": {"type": "string"}
-            }
-        },
-        "ArmRegisterModifier": {
-            "type": "object",
-            "required": ["addr", "bitmap"],
-            "properties": {
-                "addr": {"type": "string"},
-                "bitmap": {"type": "string"}
-            }
-        },
-        "VcpuFeatures": {
-            "type": "object",
-            "required": ["index", "bitmap"],
-            "properties": {
-                "index": {"type": "integer"},
-                "bitmap": {"type": "string"}
-            }
-        },
-        "Drive": {
-            "type": "object",
-            "required": ["drive_id", "is_root_device"],
-            "properties": {
-                "drive_id": {"type": "string"},
-                "partuuid": {"type": "string"},
-                "is_root_device": {"type": "boolean"},
-                "cache_type": {"type": "string", "enum": ["Unsafe", "Writeback"]},
-                "is_read_only": {"type": "boolean"},
-                "path_on_host": {"type": "string"},
-                "rate_limiter": rate_limiter,
-                "io_engine": {"type": "string", "enum": ["Sync", "Async"]},
-                "socket": {"type": "string"}
-            }
-        },
-        "Pmem": {
-            "type": "object",
-            "required": ["id", "path_on_host"],
-            "properties": {
-                "id": {"type": "string"},
-                "path_on_host": {"type": "string"},
-                "root_device": {"type": "boolean"},
-                "read_only": {"type": "boolean"},
-                "rate_limiter": rate_limiter
-            }
-        },
-        "Error": {
-            "type": "object",
-            "properties": {
-                "fault_message": {"type": "string"}
-            }
-        },
-        "FullVmConfiguration": {
-            "type": "object",
-            "properties": {
-                "balloon": {"$ref": "#/definitions/Balloon"},
-                "drives": {"type": "array", "items": {"$ref": "#/definitions/Drive"}},
-                "boot-source": {"$ref": "#/definitions/BootSource"},
-                "cpu-config": {"$ref": "#/definitions/CpuConfig"},
-                "logger": {"$ref": "#/definitions/Logger"},
-                "machine-config": {"$ref": "#/definitions/MachineConfiguration"},
-                "metrics": {"$ref": "#/definitions/Metrics"},
-                "memory-hotplug": {"$ref": "#/definitions/MemoryHotplugConfig"},
-                "mmds-config": {"$ref": "#/definitions/MmdsConfig"},
-                "network-interfaces": {"type": "array", "items": {"$ref": "#/definitions/NetworkInterface"}},
-                "pmem": {"type": "array", "items": {"$ref": "#/definitions/Pmem"}},
-                "vsock": {"$ref": "#/definitions/Vsock"},
-                "entropy": {"$ref": "#/definitions/EntropyDevice"}
-            }
-        },
-        "InstanceInfo": {
-            "type": "object",
-            "required": ["app_name", "id", "state", "vmm_version"],
-            "properties": {
-                "app_name": {"type": "string"},
-                "id": {"type": "string"},
-                "state": {"type": "string", "enum": ["Not started", "Running", "Paused"]},
-                "vmm_version": {"type": "string"}
-            }
-        },
-        "Logger": {
-            "type": "object",
-            "properties": {
-                "level": {"type": "string", "enum": ["Error", "Warning", "Info", "Debug", "Trace", "Off"]},
-                "log_path": {"type": "string"},
-                "show_level": {"type": "boolean"},
-                "show_log_origin": {"type": "boolean"},
-                "module": {"type": "string"}
-            }
-        },
-        "MachineConfiguration": {
-            "type": "object",
-            "required": ["mem_size_mib", "vcpu_count"],
-            "properties": {
-                "cpu_template": {"$ref": "#/definitions/CpuTemplate"},
-                "smt": {"type": "boolean"},
-                "mem_size_mib": {"type": "integer"},
-                "track_dirty_pages": {"type": "boolean"},
-                "vcpu_count": {"type": "integer", "minimum": 1, "maximum": 32},
-                "huge_pages": {"type": "string", "enum": ["None", "Transparent", "2M"]}
-            }
-        },
-        "Metrics": {
-            "type": "object",
-            "required": ["metrics_path"],
-            "properties": {
-                "metrics_path": {"type": "string"}
-            }
-        },
-        "MmdsConfig": {
-            "type": "object",
-            "required": ["network_interfaces"],
-            "properties": {
-                "version": {"type": "string", "enum": ["V1", "V2"]},
-                "network_interfaces": {"type": "array", "items": {"type": "string"}},
-                "ipv4_address": {"type": "string"},
-                "imds_compat": {"type": "boolean"}
-            }
-        },
-        "NetworkInterface": {
-            "type": "object",
-            "required": ["host_dev_name", "iface_id"],
-            "properties": {
-                "guest_mac": {"type": "string"},
-                "host_dev_name": {"type": "string"},
-                "iface_id": {"type": "string"},
-                "mtu": {"type": "integer", "minimum": 68, "maximum": 65535},
-                "rx_rate_limiter": rate_limiter,
-                "tx_rate_limiter": rate_limiter
-            }
-        },
-        "RateLimiter": {
-            "type": "object",
-            "properties": {
-                "bandwidth": {"$ref": "#/definitions/TokenBucket"},
-                "ops": {"$ref": "#/definitions/TokenBucket"}
-            }
-        },
-        "TokenBucket": {
-            "type": "object",
-            "required": ["refill_time", "size"],
-            "properties": {
-                "one_time_burst": {"type": "integer", "minimum": 0},
-                "refill_time": {"type": "integer", "minimum": 0},
-                "size": {"type": "integer", "minimum": 0}
-            }
-        },
-        "EntropyDevice": {
-            "type": "object",
-            "properties": {
-                "rate_limiter": rate_limiter
-            }
-        },
-        "MemoryHotplugConfig": {
-            "type": "object",
-            "properties": {
-                "total_size_mib": {"type": "integer"},
-                "slot_size_mib": {"type": "integer", "minimum": 128},
-                "block_size_mib": {"type": "integer", "minimum": 2}
-            }
-        },
-        "FirecrackerVersion": {
-            "type": "object",
-            "required": ["firecracker_version"],
-            "properties": {
-                "firecracker_version": {"type": "string"}
-            }
-        },
-        "Vsock": {
-            "type": "object",
-            "required": ["guest_cid", "uds_path"],
-            "properties": {
-                "guest_cid": {"type": "integer", "minimum": 3},
-                "uds_path": {"type": "string"},
-                "vsock_id": {"type": "string"}
-            }
-        }
-    })
 }
 
 /// Firecracker's `tests/framework/vm_config_network.json` (a root drive and
