@@ -273,7 +273,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_four_cases_are_the_issues_limits() {
+    fn the_four_cases_are_the_limits_benchmarks_md_states() {
         let c = cases();
         let names: Vec<_> = c.iter().map(|c| c.name).collect();
         assert_eq!(names, ["tx_bw", "tx_ops", "rx_bw", "rx_ops"]);
