@@ -734,7 +734,7 @@ mod tests {
     fn new_rejects_bad_devices() {
         let mem = guest_memory(MEM_SIZE).unwrap();
         let mut d = DummyDevice::new().unwrap();
-        d.max_sizes = vec![256, 100];
+        d.common.queue_sizes = vec![256, 100];
         let r = MmioTransport::new(mem.clone(), Arc::new(Mutex::new(d)));
         assert!(matches!(
             r,
@@ -744,7 +744,7 @@ mod tests {
             })
         ));
         let mut d = DummyDevice::new().unwrap();
-        d.max_sizes = vec![256];
+        d.common.queue_sizes = vec![256];
         let r = MmioTransport::new(mem, Arc::new(Mutex::new(d)));
         assert!(matches!(
             r,
@@ -757,7 +757,7 @@ mod tests {
 
     #[test]
     fn device_features_are_paged_by_selector() {
-        let mut f = fixture_with(|d| d.avail_features = 0x1234_5678_9abc_def0);
+        let mut f = fixture_with(|d| d.common.avail_features = 0x1234_5678_9abc_def0);
         assert_eq!(f.read(REG_DEVICE_FEATURES), 0x9abc_def0);
         f.write(REG_DEVICE_FEATURES_SEL, 1);
         assert_eq!(f.read(REG_DEVICE_FEATURES), 0x1234_5678);
@@ -770,7 +770,7 @@ mod tests {
 
     #[test]
     fn driver_features_are_paged_by_selector() {
-        let mut f = fixture_with(|d| d.avail_features = u64::MAX);
+        let mut f = fixture_with(|d| d.common.avail_features = u64::MAX);
         f.add_status(ACKNOWLEDGE);
         f.add_status(DRIVER);
         f.write(REG_DRIVER_FEATURES_SEL, 1);
@@ -803,7 +803,7 @@ mod tests {
 
         let d = f.dev.lock().unwrap();
         assert_eq!(d.activate_calls, 1);
-        assert_eq!(d.acked_features, VERSION_1 | EVENT_IDX | 1);
+        assert_eq!(d.common.acked_features, VERSION_1 | EVENT_IDX | 1);
         assert_eq!(d.queues.len(), 2);
         for (q, l) in d.queues.iter().zip([l0, l1]) {
             assert!(q.features().event_idx);
@@ -923,7 +923,7 @@ mod tests {
         assert_eq!(f.drv.transport().acked_features(), VERSION_1);
         f.drv.setup_queues(None).unwrap();
         f.drv.driver_ok().unwrap();
-        assert_eq!(f.dev.lock().unwrap().acked_features, VERSION_1);
+        assert_eq!(f.dev.lock().unwrap().common.acked_features, VERSION_1);
     }
 
     #[test]
@@ -1305,8 +1305,8 @@ mod tests {
         f.drv.kick(2);
         f.drv.kick(u32::MAX as usize);
         let d = f.dev.lock().unwrap();
-        assert_eq!(d.queue_evts[0].read().unwrap(), 1);
-        assert_eq!(d.queue_evts[1].read().unwrap(), 2);
+        assert_eq!(d.common.queue_evts[0].read().unwrap(), 1);
+        assert_eq!(d.common.queue_evts[1].read().unwrap(), 2);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! queue configuration and the interrupt status register. A device implements
 //! [`VirtioDevice`] and only sees fully configured queues, handed over once in
 //! [`VirtioDevice::activate`] when the driver sets DRIVER_OK: validated and
-//! translated to host pointers ([`queue::SplitQueue`]).
+//! translated to host pointers ([`queue::SplitQueue`]). What the transport
+//! reads of every device (ID, features, queue sizes, notification eventfds)
+//! lives in one [`VirtioCommon`] that each device embeds.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -14,9 +16,11 @@ use std::sync::Arc;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+pub use common::VirtioCommon;
 use queue::SplitQueue;
 
 pub mod block;
+mod common;
 pub(crate) mod events;
 pub mod io_engine;
 pub mod iov;
@@ -162,12 +166,21 @@ pub(crate) fn check_queues(
 
 /// A virtio device behind a transport.
 pub trait VirtioDevice: Send {
+    /// The state every device keeps for the transport, which the getters
+    /// below read.
+    fn common(&self) -> &VirtioCommon;
     /// Device ID (virtio 1.1 §5): 1 for a network card.
-    fn device_type(&self) -> u32;
+    fn device_type(&self) -> u32 {
+        self.common().device_type
+    }
     /// The feature bits the device offers (including VIRTIO_F_VERSION_1).
-    fn avail_features(&self) -> u64;
+    fn avail_features(&self) -> u64 {
+        self.common().avail_features
+    }
     /// Maximum size of each queue; the length of the slice is the number of queues.
-    fn queue_max_sizes(&self) -> &[u16];
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.common().queue_sizes
+    }
     /// Reads the device-specific configuration space at `offset`.
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Writes the device-specific configuration space at `offset`.
@@ -184,7 +197,9 @@ pub trait VirtioDevice: Send {
     /// The VMM registers each as an ioeventfd on QueueNotify with the queue
     /// index as datamatch; the transport writes it itself when a notify
     /// reaches it as an MMIO exit.
-    fn queue_events(&self) -> &[EventFd];
+    fn queue_events(&self) -> &[EventFd] {
+        &self.common().queue_evts
+    }
     /// Starts the device with the negotiated features and the queues the
     /// driver made ready, validated and translated by the transport (sizes,
     /// alignment, placement in guest memory, no overlaps; see

@@ -26,7 +26,8 @@ use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::virtio::events::{self, Activation};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioDevice,
+    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
+    VirtioDevice,
 };
 
 /// virtio device ID of a block device (virtio 1.1 §5.2.1).
@@ -131,14 +132,12 @@ pub struct Block<B: BlockBackend = FileBackend> {
     pub(crate) mem: GuestMemory,
     pub(crate) backend: B,
     info: DiskInfo,
-    avail_features: u64,
-    pub(crate) acked_features: u64,
+    /// ID, features, queue size and notification eventfd.
+    pub(crate) common: VirtioCommon,
     config_space: [u8; off::LEN],
     /// ConfigGeneration: changed with the configuration space (a new
     /// image's capacity).
     config_generation: u32,
-    queue_sizes: [u16; 1],
-    pub(crate) queue_evts: [EventFd; 1],
     pub(crate) activate_evt: EventFd,
     pub(crate) requeue_evt: EventFd,
     pub(crate) metrics: Arc<BlockMetrics>,
@@ -196,12 +195,11 @@ impl<B: BlockBackend> Block<B> {
             .then(|| RateLimiter::new(&cfg.rate_limiter))
             .transpose()
             .map_err(|e| config_err(format!("rate limiter: {e}")))?;
-        let evt = || {
-            EventFd::new(libc::EFD_NONBLOCK).map_err(|source| BlockError::Open {
-                path: cfg.path.clone(),
-                source,
-            })
+        let evt_err = |source| BlockError::Open {
+            path: cfg.path.clone(),
+            source,
         };
+        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(evt_err);
         let info = backend.info();
         let capacity = info.size / SECTOR_SIZE;
         let tail = info.size % SECTOR_SIZE;
@@ -268,17 +266,15 @@ impl<B: BlockBackend> Block<B> {
             None
         };
 
+        let common = VirtioCommon::new(BLOCK_DEVICE_ID, f, vec![qs]).map_err(evt_err)?;
         Ok(Block {
-            queue_sizes: [qs],
-            queue_evts: [evt()?],
+            common,
             activate_evt: evt()?,
             requeue_evt: evt()?,
             cfg,
             mem,
             backend,
             info,
-            avail_features: f,
-            acked_features: 0,
             config_space: cs,
             config_generation: 0,
             metrics: Arc::default(),
@@ -346,14 +342,14 @@ impl<B: BlockBackend> Block<B> {
         let id = self.cfg.id.clone();
         let refuse = |msg: String| BlockError::Config { id, msg };
         let info = backend.info();
-        if self.avail_features & bit(VIRTIO_BLK_F_DISCARD) != 0 && !info.punch_hole {
+        if self.common.avail_features & bit(VIRTIO_BLK_F_DISCARD) != 0 && !info.punch_hole {
             return Err(refuse(format!(
                 "the file system of {} cannot punch holes, which DISCARD (offered to the \
                  guest) needs",
                 path.display()
             )));
         }
-        if self.avail_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0 && !info.zero_range {
+        if self.common.avail_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0 && !info.zero_range {
             return Err(refuse(format!(
                 "the file system of {} cannot zero ranges, which WRITE_ZEROES (offered to \
                  the guest) needs",
@@ -481,16 +477,8 @@ impl<B: BlockBackend> Block<B> {
 }
 
 impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
-    fn device_type(&self) -> u32 {
-        BLOCK_DEVICE_ID
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -511,10 +499,6 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         );
     }
 
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-
     fn activate(
         &mut self,
         acked_features: u64,
@@ -524,12 +508,12 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         check_queues(&queues, 1, &self.mem)?;
         // An activation without a reset in between starts over too.
         self.deactivate();
-        self.acked_features = acked_features & self.avail_features;
+        let acked = self.common.ack_features(acked_features);
         let rules = Rules {
             capacity: self.capacity(),
             read_only: self.cfg.read_only,
-            discard: self.acked_features & bit(VIRTIO_BLK_F_DISCARD) != 0,
-            write_zeroes: self.acked_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0,
+            discard: self.common.has_feature(VIRTIO_BLK_F_DISCARD),
+            write_zeroes: self.common.has_feature(VIRTIO_BLK_F_WRITE_ZEROES),
         };
         let queue = queues.remove(0);
         self.active = Some(Active {
@@ -539,16 +523,16 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         });
         self.metrics
             .features_negotiated
-            .store(self.acked_features, Ordering::Relaxed);
+            .store(acked, Ordering::Relaxed);
         self.kick_event_handler();
         Ok(())
     }
 
     fn reset(&mut self) {
         self.deactivate();
-        self.acked_features = 0;
+        self.common.acked_features = 0;
         self.registered.requeued = false;
-        events::discard_pending([&self.queue_evts[0], &self.requeue_evt]);
+        events::discard_pending([&self.common.queue_evts[0], &self.requeue_evt]);
         self.kick_event_handler();
     }
 }

@@ -86,7 +86,7 @@ impl<B: BlockBackend> Block<B> {
     fn process_queue_event(&mut self) {
         self.metrics
             .host_errors()
-            .drain(&self.queue_evts[0], "queue");
+            .drain(&self.common.queue_evts[0], "queue");
         self.run_pass();
     }
 
@@ -132,7 +132,7 @@ impl<B: BlockBackend> Block<B> {
         self.metrics.host_errors().sync_queue_eventfds(
             ops,
             &[
-                (&self.queue_evts[0], PROCESS_QUEUE),
+                (&self.common.queue_evts[0], PROCESS_QUEUE),
                 (&self.requeue_evt, PROCESS_REQUEUE),
             ],
             want_queues,

@@ -27,8 +27,12 @@ use crate::virtio::events::{self, Activation};
 use crate::virtio::io_engine::WriteRing;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioDevice,
+    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
+    VirtioDevice,
 };
+
+/// virtio device ID of a network card (virtio 1.1 §5.1.1).
+pub const NET_DEVICE_ID: u32 = 1;
 
 /// Feature bits (virtio 1.1 §5.1.3, §6), from `virtio-bindings`.
 pub mod features {
@@ -141,11 +145,9 @@ pub struct Net<B: NetBackend = Tap> {
     pub(crate) cfg: NetConfig,
     pub(crate) mem: GuestMemory,
     pub(crate) backend: B,
-    avail_features: u64,
-    pub(crate) acked_features: u64,
+    /// ID, features, queue sizes and notification eventfds.
+    pub(crate) common: VirtioCommon,
     config_space: [u8; CONFIG_SPACE_LEN],
-    queue_sizes: [u16; NUM_QUEUES],
-    pub(crate) queue_evts: [EventFd; NUM_QUEUES],
     pub(crate) activate_evt: EventFd,
     pub(crate) rx_requeue_evt: EventFd,
     pub(crate) tx_requeue_evt: EventFd,
@@ -234,15 +236,14 @@ impl<B: NetBackend> Net<B> {
             None
         };
 
+        let common = VirtioCommon::new(NET_DEVICE_ID, avail_features, vec![qs; NUM_QUEUES])
+            .map_err(NetError::EventFd)?;
         Ok(Net {
-            queue_sizes: [qs; NUM_QUEUES],
             cfg,
             mem,
             backend,
-            avail_features,
-            acked_features: 0,
+            common,
             config_space,
-            queue_evts: [evt()?, evt()?],
             activate_evt: evt()?,
             rx_requeue_evt: evt()?,
             tx_requeue_evt: evt()?,
@@ -312,7 +313,7 @@ impl<B: NetBackend> Net<B> {
     }
 
     fn has(&self, f: u32) -> bool {
-        self.acked_features & bit(f) != 0
+        self.common.has_feature(f)
     }
 
     /// TUN_F_* flags matching what the guest accepts on receive. TUN refuses
@@ -359,16 +360,8 @@ impl<B: NetBackend> Net<B> {
 }
 
 impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
-    fn device_type(&self) -> u32 {
-        1
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -386,10 +379,6 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         );
     }
 
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-
     fn activate(
         &mut self,
         acked_features: u64,
@@ -397,7 +386,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
         check_queues(&queues, NUM_QUEUES, &self.mem)?;
-        self.acked_features = acked_features & self.avail_features;
+        self.common.ack_features(acked_features);
         // Always set the offloads, also to none: a reused TAP keeps those of
         // its last user, and GSO frames into a guest that cannot take them
         // would be dropped.
@@ -435,7 +424,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         });
         self.metrics
             .features_negotiated
-            .store(self.acked_features, Ordering::Relaxed);
+            .store(self.common.acked_features, Ordering::Relaxed);
         self.kick_event_handler();
         Ok(())
     }
@@ -444,7 +433,7 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         if let Some(mut old) = self.active.take() {
             old.rx.end_starvation(&self.metrics);
         }
-        self.acked_features = 0;
+        self.common.acked_features = 0;
         // A backend that hung up is polled again: a reset is the driver's
         // way to start over, and a backend that is really gone reports its
         // hangup again (rate-limited).
@@ -452,7 +441,8 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         self.registered.tx_requeued = false;
         self.registered.rx_requeued = false;
         events::discard_pending(
-            self.queue_evts
+            self.common
+                .queue_evts
                 .iter()
                 .chain([&self.rx_requeue_evt, &self.tx_requeue_evt]),
         );
@@ -573,7 +563,7 @@ mod tests {
         n.read_config(CONFIG_MTU_OFFSET as u64, &mut b);
         assert_eq!(u16::from_le_bytes(b), 9000);
         // Without GSO the device takes jumbo frames up to MTU + 14.
-        n.acked_features = bit(VIRTIO_F_VERSION_1) | bit(VIRTIO_NET_F_MTU);
+        n.common.acked_features = bit(VIRTIO_F_VERSION_1) | bit(VIRTIO_NET_F_MTU);
         assert_eq!(n.max_rx_frame(), 12 + 9014);
         n.write_config(CONFIG_MTU_OFFSET as u64, &[0, 0]);
         n.read_config(CONFIG_MTU_OFFSET as u64, &mut b);
@@ -701,20 +691,20 @@ mod tests {
     #[test]
     fn test_offload_flags_and_max_frame() {
         let mut n = net(NetConfig::default());
-        n.acked_features = MRG_FEATURES;
+        n.common.acked_features = MRG_FEATURES;
         assert_eq!(n.tun_offload_flags(), 0);
         assert_eq!(n.max_rx_frame(), 12 + 1514);
-        n.acked_features = MRG_FEATURES | bit(VIRTIO_NET_F_GUEST_CSUM);
+        n.common.acked_features = MRG_FEATURES | bit(VIRTIO_NET_F_GUEST_CSUM);
         assert_eq!(n.tun_offload_flags(), libc::TUN_F_CSUM);
         assert_eq!(n.max_rx_frame(), 12 + 1514);
-        n.acked_features = MRG_FEATURES | GUEST_GSO | bit(VIRTIO_NET_F_GUEST_UFO);
+        n.common.acked_features = MRG_FEATURES | GUEST_GSO | bit(VIRTIO_NET_F_GUEST_UFO);
         assert_eq!(
             n.tun_offload_flags(),
             libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_UFO
         );
         assert_eq!(n.max_rx_frame(), 12 + 65550);
         // TSO without checksum offload is not a valid combination: no GSO.
-        n.acked_features = MRG_FEATURES | bit(VIRTIO_NET_F_GUEST_TSO4);
+        n.common.acked_features = MRG_FEATURES | bit(VIRTIO_NET_F_GUEST_TSO4);
         assert_eq!(n.tun_offload_flags(), 0);
     }
 

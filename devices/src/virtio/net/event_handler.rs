@@ -172,7 +172,7 @@ impl<B: NetBackend> Net<B> {
     fn process_rx_queue_event(&mut self) {
         self.metrics
             .host_errors()
-            .drain(&self.queue_evts[RX_INDEX], "RX queue");
+            .drain(&self.common.queue_evts[RX_INDEX], "RX queue");
         // New buffers only matter if we stopped reading for lack of them.
         if let Some(a) = self.active.as_mut() {
             if a.rx.end_starvation(&self.metrics) {
@@ -184,7 +184,7 @@ impl<B: NetBackend> Net<B> {
     fn process_tx_queue_event(&mut self) {
         self.metrics
             .host_errors()
-            .drain(&self.queue_evts[TX_INDEX], "TX queue");
+            .drain(&self.common.queue_evts[TX_INDEX], "TX queue");
         self.run_tx(false);
     }
 
@@ -288,8 +288,8 @@ impl<B: NetBackend> Net<B> {
         self.metrics.host_errors().sync_queue_eventfds(
             ops,
             &[
-                (&self.queue_evts[RX_INDEX], PROCESS_RX_QUEUE),
-                (&self.queue_evts[TX_INDEX], PROCESS_TX_QUEUE),
+                (&self.common.queue_evts[RX_INDEX], PROCESS_RX_QUEUE),
+                (&self.common.queue_evts[TX_INDEX], PROCESS_TX_QUEUE),
                 (&self.rx_requeue_evt, PROCESS_RX_REQUEUE),
                 (&self.tx_requeue_evt, PROCESS_TX_REQUEUE),
             ],

@@ -4,21 +4,15 @@
 
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
-
 use crate::virtio::queue::SplitQueue;
-use crate::virtio::{ActivateError, Interrupt, VirtioDevice};
+use crate::virtio::{ActivateError, Interrupt, VirtioCommon, VirtioDevice};
 
 /// A device that does nothing but record what the transport did to it.
 pub struct DummyDevice {
-    /// Reported device ID.
-    pub device_type: u32,
-    /// Offered features.
-    pub avail_features: u64,
-    /// QueueNumMax of each queue.
-    pub max_sizes: Vec<u16>,
-    /// One notification eventfd per queue.
-    pub queue_evts: Vec<EventFd>,
+    /// Reported device ID, offered features, QueueNumMax and notification
+    /// eventfd of each queue; `acked_features` holds the features passed
+    /// to the last `activate`, as they were passed.
+    pub common: VirtioCommon,
     /// Configuration space contents.
     pub config: Vec<u8>,
     /// Make `activate` fail.
@@ -27,8 +21,6 @@ pub struct DummyDevice {
     pub activate_calls: usize,
     /// Calls to `reset`.
     pub reset_calls: usize,
-    /// Features passed to the last `activate`.
-    pub acked_features: u64,
     /// Queues passed to the last `activate`.
     pub queues: Vec<SplitQueue>,
     /// Interrupt passed to the last `activate`.
@@ -38,10 +30,10 @@ pub struct DummyDevice {
 impl std::fmt::Debug for DummyDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DummyDevice")
-            .field("device_type", &self.device_type)
+            .field("device_type", &self.common.device_type)
             .field("activate_calls", &self.activate_calls)
             .field("reset_calls", &self.reset_calls)
-            .field("acked_features", &self.acked_features)
+            .field("acked_features", &self.common.acked_features)
             .finish_non_exhaustive()
     }
 }
@@ -50,21 +42,12 @@ impl DummyDevice {
     /// Device ID 0x1234, features VERSION_1 | EVENT_IDX | bit 0, queues of
     /// 256 and 64 entries, 16 bytes of config space holding 0, 1, 2, ….
     pub fn new() -> std::io::Result<Self> {
-        let max_sizes = vec![256, 64];
-        let queue_evts = max_sizes
-            .iter()
-            .map(|_| EventFd::new(libc::EFD_NONBLOCK))
-            .collect::<std::io::Result<_>>()?;
         Ok(DummyDevice {
-            device_type: 0x1234,
-            avail_features: (1 << 32) | (1 << 29) | 1,
-            max_sizes,
-            queue_evts,
+            common: VirtioCommon::new(0x1234, (1 << 32) | (1 << 29) | 1, vec![256, 64])?,
             config: (0..16).collect(),
             fail_activate: false,
             activate_calls: 0,
             reset_calls: 0,
-            acked_features: 0,
             queues: Vec::new(),
             interrupt: None,
         })
@@ -72,16 +55,8 @@ impl DummyDevice {
 }
 
 impl VirtioDevice for DummyDevice {
-    fn device_type(&self) -> u32 {
-        self.device_type
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.max_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -103,10 +78,6 @@ impl VirtioDevice for DummyDevice {
         }
     }
 
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-
     fn activate(
         &mut self,
         acked_features: u64,
@@ -117,7 +88,7 @@ impl VirtioDevice for DummyDevice {
         if self.fail_activate {
             return Err(ActivateError::Backend("dummy told to fail".into()));
         }
-        self.acked_features = acked_features;
+        self.common.acked_features = acked_features;
         self.queues = queues;
         self.interrupt = Some(interrupt);
         Ok(())

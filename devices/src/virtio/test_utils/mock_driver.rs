@@ -459,7 +459,7 @@ mod tests {
     fn initialised(features: u64, size: u16) -> (GuestMemory, Arc<Mutex<DummyDevice>>, MockDriver) {
         let mem = guest_memory(1 << 20).unwrap();
         let dev = Arc::new(Mutex::new(DummyDevice::new().unwrap()));
-        dev.lock().unwrap().avail_features |= features;
+        dev.lock().unwrap().common.avail_features |= features;
         let t = MmioTransport::new(mem.clone(), dev.clone()).unwrap();
         let mut drv = MockDriver::new(mem.clone(), t).unwrap();
         drv.init_with_queue_size(features, Some(size)).unwrap();
@@ -477,7 +477,7 @@ mod tests {
             .submit(1, &[Segment::readable(a, 5), Segment::writable(b, 200)])
             .unwrap();
         assert_eq!(drv.free_descriptors(1).unwrap(), 6);
-        assert_eq!(dev.lock().unwrap().queue_evts[1].read().unwrap(), 1);
+        assert_eq!(dev.lock().unwrap().common.queue_evts[1].read().unwrap(), 1);
 
         // Device side: pop the chain with virtio-queue and return it.
         let d = dev.lock().unwrap();
