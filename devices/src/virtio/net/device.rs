@@ -852,10 +852,7 @@ mod tests {
                 .unwrap()
                 .activate(
                     features,
-                    vec![
-                        queue_at(&m, rxq.ring_addrs(), features),
-                        queue_at(&m, txq.ring_addrs(), features),
-                    ],
+                    rx_tx_queues(&m, &rxq, &txq, features),
                     Arc::new(TestIrq::default()),
                 )
                 .unwrap();

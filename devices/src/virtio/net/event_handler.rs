@@ -669,10 +669,7 @@ mod tests {
             .unwrap()
             .activate(
                 MRG_FEATURES,
-                vec![
-                    queue_at(&mem, rxq.ring_addrs(), MRG_FEATURES),
-                    queue_at(&mem, txq.ring_addrs(), MRG_FEATURES),
-                ],
+                rx_tx_queues(&mem, &rxq, &txq, MRG_FEATURES),
                 irq,
             )
             .unwrap();

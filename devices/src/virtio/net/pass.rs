@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! What the RX and TX passes share: one pass's bookkeeping ([`Pass`]), the
+//! What the RX and TX passes share: one pass's bookkeeping (`Pass`), the
 //! bounds that end it, and how it returns refused chains and reports queue
 //! and rate-limiter failures.
 //!

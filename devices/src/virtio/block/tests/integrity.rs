@@ -125,7 +125,7 @@ fn run(engine: IoEngine, cache: CacheType, seed: u64) {
     let mut model = random_bytes(&mut rng, SECTORS * SECTOR);
     let mut h = BlockFixture::with_engine(engine, &model, |c| c.cache_type = cache);
     assert_eq!(h.dev().uses_io_uring(), engine == IoEngine::Async);
-    let dwz = h.dev().avail_features() & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0;
+    let dwz_offered = h.dev().avail_features() & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0;
     let (mut reads, mut writes, mut zeroes) = (0u64, 0u64, 0u64);
     for _batch in 0..40 {
         let mut expects = Vec::new();
@@ -163,7 +163,7 @@ fn run(engine: IoEngine, cache: CacheType, seed: u64) {
                     read: Some((data_parts, model[range.0..range.1].to_vec())),
                     used_len: len as u32 + 1,
                 }
-            } else if what < 8 || !dwz {
+            } else if what < 8 || !dwz_offered {
                 let data = random_bytes(&mut rng, len);
                 let (parts, _, _) =
                     shape(&mut rng, VIRTIO_BLK_T_OUT, sector as u64, Some(&data), 0);
@@ -184,7 +184,7 @@ fn run(engine: IoEngine, cache: CacheType, seed: u64) {
                 let posted = h.post(
                     &[
                         Part::Out(header(kind, 0)),
-                        Part::Out(dwz_seg(sector as u64, sectors as u32, flags)),
+                        Part::Out(dwz(sector as u64, sectors as u32, flags)),
                         Part::In(1),
                     ],
                     layout,
@@ -251,10 +251,6 @@ fn run(engine: IoEngine, cache: CacheType, seed: u64) {
             "requests went in flight together"
         );
     }
-}
-
-fn dwz_seg(sector: u64, num: u32, flags: u32) -> Vec<u8> {
-    dwz(sector, num, flags)
 }
 
 #[test]

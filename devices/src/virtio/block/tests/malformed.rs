@@ -297,23 +297,27 @@ fn test_chains_the_walk_refuses_get_no_status() {
     h.go();
     assert!(h.used().is_empty());
 
-    // A buffer outside guest memory, and a loop, written by hand.
+    // A buffer outside guest memory, and a chain whose last descriptor
+    // links back to its head (a loop).
     let hdr = h.alloc(16);
     h.mem
         .write_slice(&header(VIRTIO_BLK_T_IN, 0), GuestAddress(hdr))
         .unwrap();
     let st = h.alloc(1);
-    for descs in [
-        vec![(hdr, 16u32, 0u16), (MEM_SIZE + 4096, 512, 2), (st, 1, 2)],
-        vec![(hdr, 16, 0), (hdr, 16, 0)],
+    for (descs, looped) in [
+        (
+            vec![(hdr, 16u32, 0u16), (MEM_SIZE + 4096, 512, 2), (st, 1, 2)],
+            false,
+        ),
+        (vec![(hdr, 16, 0), (hdr, 16, 0)], true),
     ] {
         let mut q = h.q.clone();
-        let head = q.write_chain(&mem, &descs).unwrap();
-        if descs.len() == 2 {
-            // Make the second descriptor point back at the first.
-            q.write_desc(&mem, head + 1, hdr, 16, 1, head).unwrap();
+        let head = if looped {
+            q.post_chain_linked(&mem, &descs, |head| head)
+        } else {
+            q.post_chain(&mem, &descs)
         }
-        q.offer(&mem, head).unwrap();
+        .unwrap();
         h.go();
         let used = q.used(&mem).unwrap();
         assert_eq!(used.len(), 1);

@@ -439,10 +439,7 @@ fn reset_from_a_vcpu_in_the_middle_of_a_pass() {
         // tell the two apart.
         let new_rx = DriverQueue::packed(&h.mem, GuestAddress(0x40000), 256);
         let new_tx = DriverQueue::packed(&h.mem, GuestAddress(0xc0000), 256);
-        let queues = vec![
-            queue_at(&h.mem, new_rx.ring_addrs(), FEATURES),
-            queue_at(&h.mem, new_tx.ring_addrs(), FEATURES),
-        ];
+        let queues = rx_tx_queues(&h.mem, &new_rx, &new_tx, FEATURES);
         let vcpu: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Default::default();
         {
             let (net, irq, vcpu) = (h.net.clone(), h.irq.clone(), vcpu.clone());
@@ -952,10 +949,7 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
     idle(&mut h, "TAP deleted, reset");
     h.rxq = DriverQueue::packed(&h.mem, GuestAddress(0x10000), 256);
     h.txq = DriverQueue::packed(&h.mem, GuestAddress(0x80000), 256);
-    let queues = vec![
-        queue_at(&h.mem, h.rxq.ring_addrs(), MRG_FEATURES),
-        queue_at(&h.mem, h.txq.ring_addrs(), MRG_FEATURES),
-    ];
+    let queues = rx_tx_queues(&h.mem, &h.rxq, &h.txq, MRG_FEATURES);
     let irq = h.irq.clone();
     let err = h.dev().activate(MRG_FEATURES, queues, irq).unwrap_err();
     assert!(

@@ -66,6 +66,20 @@ pub fn queue_at(mem: &GuestMemory, addrs: RingAddrs, features: u64) -> SplitQueu
     .unwrap()
 }
 
+/// The RX and TX queues a transport would hand the device for the
+/// driver's rings `rxq` and `txq`, in the device's queue order.
+pub fn rx_tx_queues(
+    mem: &GuestMemory,
+    rxq: &DriverQueue,
+    txq: &DriverQueue,
+    features: u64,
+) -> Vec<SplitQueue> {
+    vec![
+        queue_at(mem, rxq.ring_addrs(), features),
+        queue_at(mem, txq.ring_addrs(), features),
+    ]
+}
+
 pub use crate::virtio::test_utils::TestIrq;
 
 /// The feature set a modern Linux guest acks with offloads off.
@@ -178,10 +192,7 @@ impl<B: NetBackend + 'static> NetFixture<B> {
     /// Activates the device as the transport does at DRIVER_OK, then lets
     /// the event loop pick the activation up.
     pub fn activate(&mut self, features: u64) {
-        let queues = vec![
-            queue_at(&self.mem, self.rxq.ring_addrs(), features),
-            queue_at(&self.mem, self.txq.ring_addrs(), features),
-        ];
+        let queues = rx_tx_queues(&self.mem, &self.rxq, &self.txq, features);
         if let Err(e) = self.dev().activate(features, queues, self.irq.clone()) {
             panic!("activation failed: {e:?}");
         }
