@@ -209,16 +209,184 @@ impl MutEventSubscriber for Control {
     }
 }
 
+// The tests signal their own thread and stand a pipe in for stdin: raw
+// libc calls, each with its SAFETY argument.
 #[cfg(test)]
+#[allow(unsafe_code)]
 mod tests {
     use std::path::PathBuf;
     use std::sync::mpsc::{self, Receiver};
+
+    use event_manager::{EventManager, SubscriberOps};
 
     use super::*;
     use crate::api::routes::ApiRequest;
     use crate::api::runtime::drive_tests::{runtime, Scratch};
     use crate::api::runtime::{open_image, OpenedImage};
     use crate::api::server::{Answer, ApiCommand};
+
+    /// A [`Control`] over fresh sources on an event manager of its own,
+    /// with the handles the tests poke and read.
+    struct Served {
+        em: EventManager<Control>,
+        exit: ExitLatch,
+        reset: EventFd,
+        panicked: Arc<AtomicBool>,
+        serial: Arc<Mutex<SerialDevice>>,
+    }
+
+    impl Served {
+        /// Serves the signals `signals` (blocked in this test's thread) and,
+        /// with `metrics`, its timer.
+        fn new(signals: &[libc::c_int], metrics: Option<(Metrics, TimerFd)>) -> Served {
+            let exit = ExitLatch::new().unwrap();
+            let reset = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+            let panicked = Arc::new(AtomicBool::new(false));
+            let serial = SerialDevice::new(Box::new(std::io::sink())).unwrap();
+            let serial = Arc::new(Mutex::new(serial));
+            let (metrics, metrics_timer) = match metrics {
+                Some((m, t)) => (Some(Arc::new(Mutex::new(m))), Some(t)),
+                None => (None, None),
+            };
+            let control = Control::new(ControlSources {
+                exit: exit.clone(),
+                reset_evt: reset.try_clone().unwrap(),
+                signals: SignalFd::new(signals).unwrap(),
+                serial: serial.clone(),
+                panicked: panicked.clone(),
+                metrics,
+                metrics_timer,
+            })
+            .unwrap();
+            let mut em = EventManager::new().unwrap();
+            em.add_subscriber(control);
+            Served {
+                em,
+                exit,
+                reset,
+                panicked,
+                serial,
+            }
+        }
+
+        /// Runs the loop until `done` holds, for at most about two seconds.
+        fn run_until(&mut self, done: impl Fn(&Served) -> bool) -> bool {
+            for _ in 0..200 {
+                if done(self) {
+                    return true;
+                }
+                self.em.run_with_timeout(10).unwrap();
+            }
+            done(self)
+        }
+    }
+
+    /// The lines the metrics file holds.
+    fn lines_in(path: &std::path::Path) -> usize {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// A scratch metrics file, and the metrics writing to it.
+    fn metrics_file(name: &str) -> (PathBuf, Metrics) {
+        let path = std::env::temp_dir().join(format!(
+            "minivmm-control-{name}-{}.json",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let metrics = Metrics::open(&path).unwrap();
+        (path, metrics)
+    }
+
+    #[test]
+    fn the_reset_line_ends_the_vm_as_a_reset_or_after_a_panic_as_a_panic_reset() {
+        for (panicked, want) in [(false, VmExit::Reset), (true, VmExit::PanicReset)] {
+            let mut s = Served::new(&[], None);
+            s.panicked.store(panicked, Ordering::SeqCst);
+            s.reset.write(1).unwrap();
+            assert!(s.run_until(|s| s.exit.reason().is_some()));
+            assert_eq!(s.exit.reason(), Some(want));
+            // The line was read: the loop does not spin on it.
+            assert!(s.reset.read().is_err());
+        }
+    }
+
+    #[test]
+    fn a_stop_signal_ends_the_vm_and_sigusr1_writes_a_metrics_line() {
+        let (path, metrics) = metrics_file("signal");
+        // A timer that never fires: only the signal may write the line.
+        let timer = TimerFd::new().unwrap();
+        let mut s = Served::new(&[libc::SIGUSR1, libc::SIGTERM], Some((metrics, timer)));
+        // SAFETY: signals this thread, which blocked both (Served::new), so
+        // they wait for the signalfd instead of being delivered.
+        let kill = |sig| assert_eq!(unsafe { libc::pthread_kill(libc::pthread_self(), sig) }, 0);
+        kill(libc::SIGUSR1);
+        assert!(s.run_until(|_| lines_in(&path) == 1));
+        assert_eq!(s.exit.reason(), None, "SIGUSR1 does not stop the VM");
+        kill(libc::SIGTERM);
+        assert!(s.run_until(|s| s.exit.reason().is_some()));
+        assert_eq!(s.exit.reason(), Some(VmExit::Signal(libc::SIGTERM)));
+        assert_eq!(lines_in(&path), 1);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_metrics_timer_writes_a_line_each_time_it_fires() {
+        let (path, metrics) = metrics_file("timer");
+        let mut timer = TimerFd::new().unwrap();
+        let period = std::time::Duration::from_millis(20);
+        timer.reset(period, Some(period)).unwrap();
+        let mut s = Served::new(&[], Some((metrics, timer)));
+        assert!(s.run_until(|_| lines_in(&path) >= 2));
+        assert_eq!(s.exit.reason(), None);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn console_input_reaches_the_serial_port_until_stdin_closes() {
+        // fd 0 becomes a pipe for the length of the test (no test of this
+        // binary reads stdin), then gets its old file back.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two fds pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: dup and dup2 take and return fds this process owns; the
+        // pipe's read end stands in for stdin until the last dup2.
+        let saved = unsafe { libc::dup(0) };
+        assert!(saved >= 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::dup2(fds[0], 0) }, 0);
+        let mut s = Served::new(&[], None);
+        // The line status register's data-ready bit.
+        let ready = |s: &Served| s.serial.lock().unwrap().read(5) & 1 != 0;
+        // SAFETY: writes 3 bytes from a live buffer to the pipe's write end.
+        assert_eq!(
+            unsafe { libc::write(fds[1], b"ls\n".as_ptr().cast(), 3) },
+            3
+        );
+        assert!(
+            s.run_until(ready),
+            "console input did not reach the serial port"
+        );
+        let got: Vec<u8> = (0..3).map(|_| s.serial.lock().unwrap().read(0)).collect();
+        // SAFETY: closes the write end this test opened: stdin reads EOF.
+        unsafe { libc::close(fds[1]) };
+        // EOF: stdin leaves the loop (a loop still polling it would spin).
+        for _ in 0..3 {
+            s.em.run_with_timeout(10).unwrap();
+        }
+        let polled_after_eof = s.em.run_with_timeout(0).unwrap();
+        // SAFETY: gives fd 0 its old file back and closes the copies.
+        unsafe {
+            libc::dup2(saved, 0);
+            libc::close(saved);
+            libc::close(fds[0]);
+        }
+        assert_eq!(got, b"ls\n");
+        assert_eq!(polled_after_eof, 0, "stdin still polled after EOF");
+        assert_eq!(s.exit.reason(), None);
+    }
 
     #[test]
     fn every_api_command_waiting_is_answered_on_the_loop() {
