@@ -361,10 +361,8 @@ mod tests {
         // The line status register's data-ready bit.
         let ready = |s: &Served| s.serial.lock().unwrap().read(5) & 1 != 0;
         // SAFETY: writes 3 bytes from a live buffer to the pipe's write end.
-        assert_eq!(
-            unsafe { libc::write(fds[1], b"ls\n".as_ptr().cast(), 3) },
-            3
-        );
+        let written = unsafe { libc::write(fds[1], b"ls\n".as_ptr().cast(), 3) };
+        assert_eq!(written, 3);
         assert!(
             s.run_until(ready),
             "console input did not reach the serial port"
