@@ -171,57 +171,48 @@ fn volatile(seg: &IoSeg) -> VolatileSlice<'_> {
     unsafe { VolatileSlice::new(seg.base() as *mut u8, seg.len()) }
 }
 
-/// Splits the bytes `[offset, offset + len)` of the segments into their
-/// pieces, one per segment, in order, and calls `f(seg, at, done, n)` for
-/// each: `n > 0` bytes from byte `at` of `seg` (so `at + n <= seg.len()`),
-/// which are bytes `done..done + n` of the range. Returns the bytes of the
-/// range the segments hold (fewer than `len` when they end first).
-#[inline(always)]
-fn for_each_piece(
-    segs: &[IoSeg],
-    mut offset: usize,
-    len: usize,
-    mut f: impl FnMut(&IoSeg, usize, usize, usize),
-) -> usize {
+/// Copies `data` into the segments from byte `offset` on, in order; returns
+/// the bytes copied (fewer when the segments end first).
+pub(crate) fn copy_to_segs(segs: &[IoSeg], mut offset: usize, data: &[u8]) -> usize {
     let mut done = 0;
     for seg in segs {
-        if done == len {
+        if done == data.len() {
             break;
         }
         if offset >= seg.len() {
             offset -= seg.len();
             continue;
         }
-        let n = (seg.len() - offset).min(len - done);
-        f(seg, offset, done, n);
+        let n = (seg.len() - offset).min(data.len() - done);
+        if let Ok(dst) = volatile(seg).subslice(offset, n) {
+            dst.copy_from(&data[done..done + n]);
+        }
         done += n;
         offset = 0;
     }
     done
 }
 
-/// Copies `data` into the segments from byte `offset` on, in order; returns
-/// the bytes copied (fewer when the segments end first).
-pub(crate) fn copy_to_segs(segs: &[IoSeg], offset: usize, data: &[u8]) -> usize {
-    for_each_piece(segs, offset, data.len(), |seg, at, done, n| {
-        if let Ok(dst) = volatile(seg).subslice(at, n) {
-            dst.copy_from(&data[done..done + n]);
-        }
-    })
-}
-
 /// Writes a few bytes (a header field) at byte `offset` of the segments.
 /// The same as [`copy_to_segs`] without the bulk-copy machinery.
-#[inline]
-pub(crate) fn write_bytes_at(segs: &[IoSeg], offset: usize, data: &[u8]) {
-    for_each_piece(segs, offset, data.len(), |seg, at, done, n| {
-        for (i, b) in data[done..done + n].iter().enumerate() {
-            // SAFETY: at + i < at + n <= len, so the byte is inside the
-            // segment: mapped guest memory (module docs), written volatile
-            // because the guest may access it concurrently.
-            unsafe { std::ptr::write_volatile((seg.base() + at + i) as *mut u8, *b) };
+pub(crate) fn write_bytes_at(segs: &[IoSeg], mut offset: usize, data: &[u8]) {
+    let mut bytes = data.iter();
+    for seg in segs {
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
         }
-    });
+        for i in offset..seg.len() {
+            let Some(b) = bytes.next() else {
+                return;
+            };
+            // SAFETY: i < len, so the byte is inside the segment: mapped
+            // guest memory (module docs), written volatile because the guest
+            // may access it concurrently.
+            unsafe { std::ptr::write_volatile((seg.base() + i) as *mut u8, *b) };
+        }
+        offset = 0;
+    }
 }
 
 /// The `N` bytes at byte `offset` of the segments (a request header), and
@@ -255,15 +246,29 @@ pub(crate) fn read_array<const N: usize>(segs: &[IoSeg], offset: usize) -> ([u8;
 /// Reads `out.len()` bytes at byte `offset` of the segments, in order;
 /// returns the bytes read (fewer when the segments end first). The
 /// counterpart of [`write_bytes_at`].
-pub(crate) fn read_bytes_at(segs: &[IoSeg], offset: usize, out: &mut [u8]) -> usize {
-    for_each_piece(segs, offset, out.len(), |seg, at, done, n| {
-        for (i, b) in out[done..done + n].iter_mut().enumerate() {
-            // SAFETY: at + i < at + n <= len, so the byte is inside the
-            // segment: mapped guest memory (module docs), read volatile
-            // because the guest may write it concurrently.
-            *b = unsafe { std::ptr::read_volatile((seg.base() + at + i) as *const u8) };
+pub(crate) fn read_bytes_at(segs: &[IoSeg], mut offset: usize, out: &mut [u8]) -> usize {
+    let mut done = 0;
+    for seg in segs {
+        if done == out.len() {
+            break;
         }
-    })
+        if offset >= seg.len() {
+            offset -= seg.len();
+            continue;
+        }
+        for i in offset..seg.len() {
+            let Some(b) = out.get_mut(done) else {
+                break;
+            };
+            // SAFETY: i < len, so the byte is inside the segment: mapped
+            // guest memory (module docs), read volatile because the guest
+            // may write it concurrently.
+            *b = unsafe { std::ptr::read_volatile((seg.base() + i) as *const u8) };
+            done += 1;
+        }
+        offset = 0;
+    }
+    done
 }
 
 /// Copies the segments in order into `out` (bounce-buffer baseline).
