@@ -344,46 +344,88 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
-    #[test]
-    fn console_input_reaches_the_serial_port_until_stdin_closes() {
-        // fd 0 becomes a pipe for the length of the test (no test of this
-        // binary reads stdin), then gets its old file back.
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two fds pipe2 writes.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: dup and dup2 take and return fds this process owns; the
-        // pipe's read end stands in for stdin until the last dup2.
+    /// Runs `f` with `fd` standing in for stdin (fd 0), then gives fd 0 its
+    /// old file back. No test of this binary reads stdin; the tests that
+    /// swap it take turns.
+    fn with_stdin<R>(fd: &impl AsRawFd, f: impl FnOnce() -> R) -> R {
+        static STDIN: Mutex<()> = Mutex::new(());
+        let _turn = STDIN.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: dup takes an fd this process owns and returns a new one.
         let saved = unsafe { libc::dup(0) };
         assert!(saved >= 0);
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::dup2(fds[0], 0) }, 0);
-        let mut s = Served::new(&[], None);
-        // The line status register's data-ready bit.
-        let ready = |s: &Served| s.serial.lock().unwrap().read(5) & 1 != 0;
-        // SAFETY: writes 3 bytes from a live buffer to the pipe's write end.
-        let written = unsafe { libc::write(fds[1], b"ls\n".as_ptr().cast(), 3) };
-        assert_eq!(written, 3);
-        assert!(
-            s.run_until(ready),
-            "console input did not reach the serial port"
-        );
-        let got: Vec<u8> = (0..3).map(|_| s.serial.lock().unwrap().read(0)).collect();
-        // SAFETY: closes the write end this test opened: stdin reads EOF.
-        unsafe { libc::close(fds[1]) };
-        // EOF: stdin leaves the loop (a loop still polling it would spin).
-        for _ in 0..3 {
-            s.em.run_with_timeout(10).unwrap();
-        }
-        let polled_after_eof = s.em.run_with_timeout(0).unwrap();
-        // SAFETY: gives fd 0 its old file back and closes the copies.
+        // SAFETY: `fd` is open (borrowed for the call); fd 0 becomes a copy.
+        assert_eq!(unsafe { libc::dup2(fd.as_raw_fd(), 0) }, 0);
+        let r = f();
+        // SAFETY: gives fd 0 its old file back and closes the saved copy.
         unsafe {
             libc::dup2(saved, 0);
             libc::close(saved);
-            libc::close(fds[0]);
         }
+        r
+    }
+
+    /// After `s` served stdin's last event: whether the loop still polls it
+    /// (a loop that kept a closed stdin would spin on it).
+    fn stdin_still_polled(s: &mut Served) -> bool {
+        for _ in 0..3 {
+            s.em.run_with_timeout(10).unwrap();
+        }
+        s.em.run_with_timeout(0).unwrap() > 0
+    }
+
+    #[test]
+    fn console_input_reaches_the_serial_port_until_stdin_closes() {
+        use std::io::Write;
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let (got, polled_after_eof, exit) = with_stdin(&reader, || {
+            let mut s = Served::new(&[], None);
+            // The line status register's data-ready bit.
+            let ready = |s: &Served| s.serial.lock().unwrap().read(5) & 1 != 0;
+            writer.write_all(b"ls\n").unwrap();
+            assert!(
+                s.run_until(ready),
+                "console input did not reach the serial port"
+            );
+            let got: Vec<u8> = (0..3).map(|_| s.serial.lock().unwrap().read(0)).collect();
+            // The write end closed: stdin reads EOF.
+            drop(writer);
+            (got, stdin_still_polled(&mut s), s.exit.reason())
+        });
         assert_eq!(got, b"ls\n");
-        assert_eq!(polled_after_eof, 0, "stdin still polled after EOF");
-        assert_eq!(s.exit.reason(), None);
+        assert!(!polled_after_eof, "stdin still polled after EOF");
+        assert_eq!(exit, None);
+    }
+
+    #[test]
+    fn a_stdin_that_fails_to_read_leaves_the_loop() {
+        // A loopback TCP connection its peer reset: the read fails with
+        // ECONNRESET (not EINTR, which would be tried again).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (conn, _) = listener.accept().unwrap();
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: sets SO_LINGER from a live struct of the size passed on a
+        // socket this test owns; a zero linger makes close send a reset.
+        let rc = unsafe {
+            libc::setsockopt(
+                peer.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        drop(peer);
+        let (polled, exit) = with_stdin(&conn, || {
+            let mut s = Served::new(&[], None);
+            (stdin_still_polled(&mut s), s.exit.reason())
+        });
+        assert!(!polled, "a failed stdin still polled");
+        assert_eq!(exit, None);
     }
 
     #[test]
