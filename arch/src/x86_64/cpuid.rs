@@ -331,6 +331,8 @@ mod tests {
         let cpuid = CpuId::from_entries(&[
             intel_vendor_leaf(),
             leaf(0xb, 0, 1, 2, 0x100, 7),
+            // A core subleaf without a level (EBX 0): the leaf is incomplete.
+            leaf(0xb, 1, 0, 0, 0x001, 7),
             leaf(0x1f, 0, 1, 2, 0x100, 7),
             leaf(0x1f, 1, 4, 16, 0x201, 7),
         ])
@@ -338,6 +340,9 @@ mod tests {
         let cpuid = filtered(cpuid, 3, 4);
         let b = get(&cpuid, 0xb, 0);
         assert_eq!((b.ebx, b.ecx), (0, 0));
+        // Nor is its core subleaf given a level.
+        let b1 = get(&cpuid, 0xb, 1);
+        assert_eq!((b1.eax, b1.ebx, b1.ecx, b1.edx), (0, 0, 1, 3));
         // 0x1f is complete and rewritten independently.
         let c = get(&cpuid, 0x1f, 1);
         assert_eq!((c.eax, c.ebx, c.ecx, c.edx), (2, 4, 0x201, 3));

@@ -319,6 +319,14 @@ mod tests {
     }
 
     #[test]
+    fn an_event_with_an_unknown_token_is_a_host_error() {
+        let c = AtomicU64::new(0);
+        errors(&c).unknown_token(99);
+        errors(&c).unknown_token(7);
+        assert_eq!(c.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
     fn draining_an_empty_eventfd_is_no_host_error() {
         let c = AtomicU64::new(0);
         let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
