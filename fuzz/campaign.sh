@@ -39,9 +39,15 @@ cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O ${FUZZ_FLAGS:-} "$target" "$wo
 logs=("$log")
 for f in fuzz-*.log; do [ -e "$f" ] && logs+=("$f"); done
 grep -hE "^#[0-9]+[[:space:]]+(DONE|INITED)|ERROR|panicked" "${logs[@]}" || true
-execs=$(cat "${logs[@]}" | grep -oE "stat::number_of_executed_units: [0-9]+" \
+execs=$(cat "${logs[@]}" | { grep -oE "stat::number_of_executed_units: [0-9]+" || true; } \
     | awk '{s += $2} END {print s + 0}')
 echo "campaign $target: ${secs}s x $jobs job(s), $execs executions, exit status $status"
+if [ "$execs" = 0 ]; then
+    # Nothing ran (cargo-fuzz or nightly missing, a build error): say why
+    # instead of reporting an empty campaign.
+    tail -n 20 "$log" >&2
+    exit "$(( status ? status : 1 ))"
+fi
 # Coverage the working corpus reaches in minivmm's own files: libFuzzer's
 # per-function edge counts (-print_coverage) summed per source file. Edges
 # count every branch the compiler emitted, panic and error paths included;
