@@ -140,50 +140,55 @@ const _: () = assert!(libc::c_long::BITS == 64);
 
 /// Reads `segs.len()` vectors at `offset` of `fd`.
 pub(crate) fn preadv(fd: RawFd, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
-    let pos = off(offset)?;
-    if let [seg] = segs {
-        // SAFETY: pread64(fd, buf, count, pos) writes at most `len` bytes
-        // at `base`: writable guest memory from a checked translation, kept
-        // mapped by the queue's GuestRegions that the request holds (or a
-        // test's host buffer borrowed for the call).
-        let ret = unsafe { libc::syscall(libc::SYS_pread64, fd, seg.base(), seg.len(), pos) };
-        return cvt(ret as isize);
-    }
-    // SAFETY: preadv(fd, iov, iovcnt, pos_l, pos_h): IoSeg has the layout
-    // of `struct iovec` (asserted where it is defined), and every segment
-    // is writable memory as above. The kernel writes at most `len` bytes
-    // into each.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_preadv,
-            fd,
-            segs.as_ptr().cast::<libc::iovec>(),
-            iov_count(segs),
-            pos,
-            0,
-        )
-    };
-    cvt(ret as isize)
+    // SAFETY: the pair reads from `fd` into the segments: writable guest
+    // memory from a checked translation, kept mapped by the queue's
+    // GuestRegions that the request holds (or a test's host buffer
+    // borrowed for the call). The kernel writes at most `len` bytes into
+    // each.
+    unsafe { transfer(fd, segs, offset, libc::SYS_pread64, libc::SYS_preadv) }
 }
 
 /// Writes `segs.len()` vectors at `offset` of `fd`.
 pub(crate) fn pwritev(fd: RawFd, segs: &[IoSeg], offset: u64) -> io::Result<usize> {
+    // SAFETY: as in `preadv`; the pair only reads the segments.
+    unsafe { transfer(fd, segs, offset, libc::SYS_pwrite64, libc::SYS_pwritev) }
+}
+
+/// One positioned transfer between `fd` and the segments: `one(fd, buf,
+/// count, pos)` for a single segment, `many(fd, iov, iovcnt, pos_l, pos_h)`
+/// for more (see above for both).
+///
+/// # Safety
+/// `one` and `many` are `pread64`/`preadv` or `pwrite64`/`pwritev`, and
+/// every segment is memory the call may write (a read) or read (a write)
+/// for its whole `len`.
+#[inline(always)]
+unsafe fn transfer(
+    fd: RawFd,
+    segs: &[IoSeg],
+    offset: u64,
+    one: libc::c_long,
+    many: libc::c_long,
+) -> io::Result<usize> {
     let pos = off(offset)?;
-    if let [seg] = segs {
-        // SAFETY: as in `preadv`; the kernel only reads the segment.
-        let ret = unsafe { libc::syscall(libc::SYS_pwrite64, fd, seg.base(), seg.len(), pos) };
-        return cvt(ret as isize);
-    }
-    // SAFETY: as in `preadv`; the kernel only reads the segments.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_pwritev,
-            fd,
-            segs.as_ptr().cast::<libc::iovec>(),
-            iov_count(segs),
-            pos,
-            0,
-        )
+    let ret = if let [seg] = segs {
+        // SAFETY: the caller's contract for the one segment; the call
+        // touches `len` bytes at `base` and nothing else.
+        unsafe { libc::syscall(one, fd, seg.base(), seg.len(), pos) }
+    } else {
+        // SAFETY: IoSeg has the layout of `struct iovec` (asserted where it
+        // is defined) and the caller vouches for every segment; the kernel
+        // touches at most `len` bytes of each.
+        unsafe {
+            libc::syscall(
+                many,
+                fd,
+                segs.as_ptr().cast::<libc::iovec>(),
+                iov_count(segs),
+                pos,
+                0,
+            )
+        }
     };
     cvt(ret as isize)
 }
