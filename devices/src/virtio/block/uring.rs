@@ -19,11 +19,18 @@
 //!   than the event loop's `pread`/`preadv`/`pwrite`/`pwritev`/`fdatasync`/
 //!   `fallocate` could; the event-loop filter allows `io_uring_enter` only.
 //!
-//! No `IORING_SETUP_COOP_TASKRUN` (which the network ring uses): block I/O
-//! completes later, often from a kernel worker, and a completion's task work
-//! must be able to interrupt the event loop's `epoll_wait` so that the
-//! completion is posted and the ring polls readable; with cooperative task
-//! running it would wait for the thread's next system call.
+//! `IORING_SETUP_COOP_TASKRUN`, as the network ring: a request a kernel
+//! worker runs (on ext4 every buffered write: it has no non-blocking
+//! buffered writes, so io_uring hands each one to an io-wq worker) is
+//! posted to the event loop as task work. Without the flag the worker
+//! interrupts the running loop thread with an IPI for each one; with it the
+//! work waits for the thread's next entry into the kernel, which comes at
+//! the latest at the loop's next `epoll_wait` (a thread already asleep
+//! there is woken: the wait returns EINTR, the event manager turns again,
+//! and the ring polls readable). 4 KiB page-cache writes through the
+//! worker ran at 0.47 of a raw `pwrite` loop with the IPIs and about 1.0
+//! without (BENCHMARKS.md, "Block device"); the loop thread's CPU per
+//! write fell by half.
 //!
 //! **Buffers stay valid until completion.** An entry points at the
 //! request's vector of segments (a `Vec` owned by the device's in-flight
@@ -96,7 +103,7 @@ impl BlockRing {
         let ring = restricted_ring(
             // No SINGLE_ISSUER: built on the VMM's build thread, used on
             // the event loop's.
-            &mut IoUring::builder(),
+            IoUring::builder().setup_coop_taskrun(),
             RING_ENTRIES,
             &[
                 opcode::Read::CODE,

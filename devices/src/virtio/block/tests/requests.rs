@@ -194,6 +194,48 @@ fn test_flush_completes_with_either_cache_type() {
     }
 }
 
+/// A request a kernel worker completes wakes the event loop asleep in
+/// `epoll_wait`: io_uring never runs an fsync inline, so a `Writeback`
+/// FLUSH on `Async` always goes to an io-wq worker, whose completion
+/// reaches the loop as task work (posted cooperatively, see `uring`). Each
+/// turn may sleep 3 s; a loop that slept through the completion would
+/// spend at least one whole turn.
+#[test]
+fn test_a_completion_from_a_kernel_worker_wakes_the_waiting_loop() {
+    use std::time::{Duration, Instant};
+    let mut h = BlockFixture::new(
+        &image(64),
+        |c| {
+            c.io_engine = IoEngine::Async;
+            c.cache_type = CacheType::Writeback;
+        },
+        BASE_FEATURES,
+    );
+    let w = h.post_write(0, &[0x77; 16 * SECTOR]);
+    let f = h.post_bare(VIRTIO_BLK_T_FLUSH, 0);
+    h.kick();
+    let start = Instant::now();
+    let unanswered = |h: &BlockFixture| h.status(&f) == 0xee || h.status(&w) == 0xee;
+    while unanswered(&h) && start.elapsed() < Duration::from_secs(10) {
+        h.run_once(3_000);
+    }
+    let took = start.elapsed();
+    assert!(!unanswered(&h), "no answer in {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the loop slept through a completion: answered after {took:?}"
+    );
+    let mut used = h.used();
+    used.sort_unstable();
+    assert_eq!(used, [(u32::from(w.head), 1), (u32::from(f.head), 1)]);
+    assert_eq!(
+        (h.status(&w), h.status(&f)),
+        (VIRTIO_BLK_S_OK, VIRTIO_BLK_S_OK)
+    );
+    assert_eq!(h.metric(|m| &m.flush_count), 1);
+    assert_eq!(h.image()[..16 * SECTOR], [0x77; 16 * SECTOR]);
+}
+
 #[test]
 fn test_get_id_is_the_drive_id_zero_padded() {
     let mut h = BlockFixture::new(&image(8), |c| c.id = "rootfs".into(), BASE_FEATURES);
