@@ -291,6 +291,13 @@ impl DeviceRig {
         for slot in 0..DEPTH {
             let hdr = driver.alloc(16, 16).context("alloc")?;
             let data = driver.alloc(u64::from(size), 4096).context("alloc")?;
+            // Written once, as a guest fills a buffer before writing it
+            // out and as the raw loop's buffers are: untouched, it reads
+            // as the kernel's shared zero page, and `pwrite` copied from
+            // that 20 % slower here (128 KiB page-cache writes: 0.85 of
+            // the raw loop, all of it in the kernel's copy).
+            mem.write_slice(&vec![0x5au8; size as usize], data)
+                .context("data buffer")?;
             let st = driver.alloc(1, 1).context("alloc")?;
             let d = (slot * DESCS) as u16;
             let descs = [
