@@ -295,6 +295,12 @@ pub fn guest_image() -> GuestImage {
         .clone()
 }
 
+/// The guest image ([`guest_image`]) for a test that needs every one of
+/// `needs` to boot it; `None`, after [`require`] printed why, when it must skip.
+pub fn guest_image_if(needs: &[Need]) -> Option<GuestImage> {
+    require(needs).then(guest_image)
+}
+
 /// The file the guest's init writes on a disk root with `minivmm.disk=write:SEED`
 /// (resources/initramfs/init).
 pub const DISK_TEST_FILE: &str = "/minivmm-disk-test";

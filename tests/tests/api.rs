@@ -25,7 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::fc_schema::{validate, validate_minivmm};
-use minivmm_tests::{guest_image, last_metrics, minivmm_bin, mvperf_bin, require, Need, NetNs, Vm};
+use minivmm_tests::{guest_image_if, last_metrics, minivmm_bin, mvperf_bin, Need, NetNs, Vm};
 use serde_json::{json, Value};
 
 const HOST_IP: &str = "10.0.2.1";
@@ -444,10 +444,9 @@ fn status_field(pid: u32, key: &str) -> String {
 
 #[test]
 fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api() {
-    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
+    let Some(img) = guest_image_if(&[Need::Kvm, Need::Root, Need::Tun]) else {
         return;
-    }
-    let img = guest_image();
+    };
     let _ = mvperf_bin();
     let ns = NetNs::bare("api", "tap0").unwrap();
     // The jailed minivmm opens the TAP as its own uid.

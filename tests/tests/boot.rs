@@ -19,7 +19,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use minivmm_tests::{cli_args, guest_image, minivmm_bin, require, Need, Vm, READY, SELFTEST_PASS};
+use minivmm_tests::{
+    cli_args, guest_image, guest_image_if, minivmm_bin, Need, Vm, READY, SELFTEST_PASS,
+};
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
 /// cores, and on the shared development host under load one took 6 minutes.
@@ -173,10 +175,10 @@ fn check_boot_timer(log: &str, on: bool, ready_at: f64, report: &str) {
 /// single vCPU reaches userspace and exits cleanly.
 #[test]
 fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
-    if !require(&[Need::Kvm]) {
+    let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
-    }
-    let vm = boot_to_ready(&guest_image().bzimage, "1", false);
+    };
+    let vm = boot_to_ready(&img.bzimage, "1", false);
     assert!(
         vm.stderr().contains("bzImage kernel at 0x100200"),
         "{}",
@@ -186,10 +188,10 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
 
 #[test]
 fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
-    if !require(&[Need::Kvm]) {
+    let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
-    }
-    let vm = boot_to_ready(&guest_image().vmlinux, "2", true);
+    };
+    let vm = boot_to_ready(&img.vmlinux, "2", true);
     assert!(
         vm.console().contains("Brought up 1 node, 2 CPUs"),
         "{}",
@@ -222,10 +224,9 @@ fn assert_one_line_error(args: &[&str], want: &str) {
 
 #[test]
 fn bad_input_gets_one_clear_line() {
-    if !require(&[Need::Kvm]) {
+    let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
-    }
-    let img = guest_image();
+    };
     let tmp = std::env::temp_dir().join(format!("minivmm-bad-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let garbage = tmp.join("garbage");
@@ -271,10 +272,9 @@ fn bad_input_gets_one_clear_line() {
 /// With /dev hidden in a private mount namespace there is no /dev/kvm.
 #[test]
 fn missing_dev_kvm_is_one_clear_line() {
-    if !require(&[Need::Root]) {
+    let Some(img) = guest_image_if(&[Need::Root]) else {
         return;
-    }
-    let img = guest_image();
+    };
     let script = format!(
         "mount -t tmpfs none /dev && exec {} --kernel {}",
         minivmm_bin().display(),

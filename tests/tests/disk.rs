@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use minivmm_tests::{
     cli_args, debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, fc_schema,
-    guest_image, last_metrics, metric, repo_root, require, sha256_file, Need, NetNs, Vm,
+    guest_image_if, last_metrics, metric, repo_root, sha256_file, Need, NetNs, Vm,
     DISK_READONLY_OK, DISK_TEST_FILE, DISK_WRITE_OK, READY,
 };
 
@@ -124,10 +124,9 @@ fn firecracker_config(kernel: &Path, boot_args: &str, drive: &Path, tap: &str) -
 
 #[test]
 fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
-    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
+    let Some(img) = guest_image_if(&[Need::Kvm, Need::Root, Need::Tun]) else {
         return;
-    }
-    let img = guest_image();
+    };
     let dir = scratch("rw");
     let disk = disk_copy(&dir, "rootfs.ext4").unwrap();
     let seed = fresh_seed();
@@ -218,10 +217,9 @@ fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
 
 #[test]
 fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
-    if !require(&[Need::Kvm]) {
+    let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
-    }
-    let img = guest_image();
+    };
     let dir = scratch("ro");
     let disk = disk_copy(&dir, "rootfs.ext4").unwrap();
     let before = sha256_file(&disk).unwrap();
@@ -292,10 +290,9 @@ fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
 /// disk-root default, /sbin/init, has room to write and is clean as built.
 #[test]
 fn root_disk_image_holds_the_init_and_is_clean() {
-    if !require(&[Need::Root]) {
+    let Some(img) = guest_image_if(&[Need::Root]) else {
         return;
-    }
-    let img = guest_image();
+    };
     let init = std::fs::read(repo_root().join("resources/initramfs/init")).unwrap();
     assert_eq!(debugfs_cat(&img.disk, "/init").unwrap(), init);
     let sbin = debugfs_stat(&img.disk, "/sbin/init").unwrap();

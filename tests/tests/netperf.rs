@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, guest_image, last_metrics, metric, mvperf_bin, repo_root, require, Need, NetNs, Vm,
+    cli_args, guest_image, guest_image_if, last_metrics, metric, mvperf_bin, repo_root, require,
+    Need, NetNs, Vm,
 };
 
 const HOST_IP: &str = "10.0.2.1";
@@ -66,10 +67,9 @@ fn field(m: &serde_json::Value, name: &str) -> u64 {
 
 #[test]
 fn guest_network_end_to_end() {
-    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
+    let Some(img) = guest_image_if(&[Need::Kvm, Need::Root, Need::Tun]) else {
         return;
-    }
-    let img = guest_image();
+    };
     // Built before the boot, not beside the emulated guest.
     let tool = mvperf_bin();
     // The TAP keeps the kernel's default queue length (1000), as a user's does.
@@ -356,16 +356,8 @@ fn iperf3(ns: &NetNs, vm: &Vm, clients: &mut usize, extra: &[&str]) -> serde_jso
 
 /// Sets the TAP's queue length (`txqueuelen`: the frames it holds for the guest).
 fn set_tap_queue(ns: &NetNs, len: &str) {
-    let out = ns
-        .command("ip")
-        .args(["link", "set", "dev", "tap0", "txqueuelen", len])
-        .output()
-        .expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip link set tap0 txqueuelen {len}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ns.exec_ip(&["link", "set", "dev", "tap0", "txqueuelen", len])
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// iperf3 TCP both ways and UDP at a fixed rate, host against the guest.

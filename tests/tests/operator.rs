@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    cli_args, current_test_name, guest_image, metrics_lines, minivmm_bin, parse_metrics_lines,
+    cli_args, current_test_name, guest_image_if, metrics_lines, minivmm_bin, parse_metrics_lines,
     require, write_halting_kernel, Need, NetNs, Vm,
 };
 
@@ -372,11 +372,10 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
 
 #[test]
 fn config_file_with_two_nics_and_rate_limiters_boots() {
-    if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
+    let Some(img) = guest_image_if(&[Need::Kvm, Need::Root, Need::Tun]) else {
         return;
-    }
+    };
     let test = current_test_name();
-    let img = guest_image();
     let ns = NetNs::new("op", "tap0", "10.0.2.1/24").unwrap();
     // The second card's TAP, up, with an address of its own in the namespace.
     ns.add_tap("tap1", "10.0.3.1/24", None).unwrap();
