@@ -611,9 +611,7 @@ mod tests {
     #[test]
     fn a_drive_gets_its_window_and_is_listed_for_the_api() {
         use crate::api::runtime::drive_tests::Scratch;
-        let Some((_kvm, vm, mem)) =
-            crate::builder::test_vm("a_drive_gets_its_window_and_is_listed_for_the_api", 32)
-        else {
+        let Some((_kvm, vm, mem)) = crate::builder::test_vm(32) else {
             return;
         };
         let dir = Scratch::new("attach");
@@ -647,9 +645,7 @@ mod tests {
 
     #[test]
     fn the_i8042_keyboard_interrupt_is_irq_1() {
-        let Some((_kvm, vm, _mem)) =
-            crate::builder::test_vm("the_i8042_keyboard_interrupt_is_irq_1", 32)
-        else {
+        let Some((_kvm, vm, _mem)) = crate::builder::test_vm(32) else {
             return;
         };
         let mut dm = DeviceManager::new();

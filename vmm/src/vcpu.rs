@@ -650,14 +650,14 @@ mod tests {
 
         /// A VM as the builder makes it, or `None` (with the SKIP line)
         /// where this host has no KVM.
-        fn test_vm(test: &str) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
-            builder::test_vm(test, 2)
+        fn test_vm() -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
+            builder::test_vm(2)
         }
 
-        fn is_pvm(test: &str) -> bool {
+        fn is_pvm() -> bool {
             let pvm = pvm::is_pvm_host();
             if !pvm {
-                println!("SKIP {test}: not a PVM host (INT3 never fails emulation here)");
+                builder::print_skip("not a PVM host (INT3 never fails emulation here)");
             }
             pvm
         }
@@ -730,7 +730,7 @@ mod tests {
 
         #[test]
         fn port_io_reaches_the_bus_access_by_access_and_a_triple_fault_ends_the_run() {
-            let Some(vm) = test_vm("port_io_reaches_the_bus_access_by_access") else {
+            let Some(vm) = test_vm() else {
                 return;
             };
             let mut code = Vec::new();
@@ -831,7 +831,7 @@ mod tests {
 
         #[test]
         fn configure_puts_the_bsp_in_long_mode_at_the_entry_and_sets_every_vcpu_s_msrs() {
-            let Some(vm) = test_vm("configure_puts_the_bsp_in_long_mode") else {
+            let Some(vm) = test_vm() else {
                 return;
             };
             let bus = Arc::new(Recorder::default());
@@ -915,12 +915,11 @@ mod tests {
         /// INT3 recovery on or off, and returns how the run ended and what
         /// reached the bus. `None` (after a printed SKIP) elsewhere.
         fn run_emulation_failure(
-            test: &str,
             first: &[u8],
             recover_int3: bool,
         ) -> Option<(VmExit, Arc<Recorder>)> {
-            let vm = test_vm(test)?;
-            if !is_pvm(test) {
+            let vm = test_vm()?;
+            if !is_pvm() {
                 return None;
             }
             let bus = Arc::new(Recorder::default());
@@ -931,8 +930,7 @@ mod tests {
 
         #[test]
         fn int3_that_fails_emulation_reaches_the_guest_handler_when_recovering() {
-            let test = "int3_that_fails_emulation_reaches_the_guest_handler_when_recovering";
-            let Some((reason, bus)) = run_emulation_failure(test, &[0xcc], true) else {
+            let Some((reason, bus)) = run_emulation_failure(&[0xcc], true) else {
                 return;
             };
             assert_eq!(
@@ -945,8 +943,7 @@ mod tests {
 
         #[test]
         fn int3_that_fails_emulation_ends_the_vm_without_recovery() {
-            let test = "int3_that_fails_emulation_ends_the_vm_without_recovery";
-            let Some((reason, bus)) = run_emulation_failure(test, &[0xcc], false) else {
+            let Some((reason, bus)) = run_emulation_failure(&[0xcc], false) else {
                 return;
             };
             // KVM reports the bytes it fetched (here 15), the INT3 first.
@@ -960,10 +957,8 @@ mod tests {
 
         #[test]
         fn other_emulation_failures_end_the_vm_even_when_recovering_int3() {
-            let test = "other_emulation_failures_end_the_vm_even_when_recovering_int3";
             // popcnt eax, ecx: fails emulation at CPL0 on a PVM host.
-            let Some((reason, bus)) = run_emulation_failure(test, &[0xf3, 0x0f, 0xb8, 0xc1], true)
-            else {
+            let Some((reason, bus)) = run_emulation_failure(&[0xf3, 0x0f, 0xb8, 0xc1], true) else {
                 return;
             };
             assert!(
@@ -1011,7 +1006,7 @@ mod tests {
         #[test]
         fn a_signal_interrupting_kvm_run_does_not_end_the_vm() {
             use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
-            let Some(vm) = test_vm("a_signal_interrupting_kvm_run_does_not_end_the_vm") else {
+            let Some(vm) = test_vm() else {
                 return;
             };
             // A handler, not the default action (which ends the process)

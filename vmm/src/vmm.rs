@@ -262,8 +262,7 @@ mod tests {
 
     #[test]
     fn the_id_reaches_the_metrics_lines() {
-        let Some((kvm, fd, mem)) = crate::builder::test_vm("the_id_reaches_the_metrics_lines", 32)
-        else {
+        let Some((kvm, fd, mem)) = crate::builder::test_vm(32) else {
             return;
         };
         let path = std::env::temp_dir().join(format!("minivmm-vmm-id-{}", std::process::id()));
