@@ -24,6 +24,11 @@ use crate::virtio::time_counter::TimeCounter;
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
+/// Every device's first event token: its internal `activate_evt`, written
+/// on activation and reset ([`HostErrors::kick_event_loop`]) and registered
+/// for the device's whole life ([`HostErrors::add_activate_evt`]).
+pub(crate) const PROCESS_ACTIVATE: u32 = 0;
+
 /// Adds `n` to a counter.
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -206,6 +211,31 @@ impl<'a> HostErrors<'a> {
         }
     }
 
+    /// Registers the device's `activate_evt` with [`PROCESS_ACTIVATE`], from
+    /// `init`: every other registration follows the state it announces.
+    pub(crate) fn add_activate_evt(self, ops: &mut EventOps, activate_evt: &EventFd) {
+        self.add_readable(
+            ops,
+            activate_evt,
+            PROCESS_ACTIVATE,
+            "the activation eventfd",
+        );
+    }
+
+    /// `activate_evt` fired (an activation or a reset happened): reads it
+    /// and takes `activation`, the device's current one if any, up. True the
+    /// first time ([`Activation::start`]), when the caller runs the passes for
+    /// work posted before DRIVER_OK, which has no kick of its own; a reset
+    /// needs only the registration update that follows every event.
+    pub(crate) fn activation_event(
+        self,
+        activate_evt: &EventFd,
+        activation: Option<&mut Activation>,
+    ) -> bool {
+        self.drain(activate_evt, "activate");
+        activation.is_some_and(Activation::start)
+    }
+
     /// Registers `fd` for reading with `token` (what it is in log lines).
     pub(crate) fn add_readable(
         self,
@@ -313,6 +343,7 @@ mod tests {
 
     use super::*;
     use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+    use crate::virtio::test_utils::TestIrq;
 
     fn errors(counter: &AtomicU64) -> HostErrors<'_> {
         HostErrors::new(counter, "test")
@@ -339,6 +370,25 @@ mod tests {
             io::ErrorKind::WouldBlock,
             "drained to zero"
         );
+        assert_eq!(c.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_activation_event_is_read_and_takes_a_new_activation_up_once() {
+        let c = AtomicU64::new(0);
+        let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let mut activation = Activation::new(Arc::new(TestIrq::default()));
+        errors(&c).kick_event_loop(&evt);
+        assert!(errors(&c).activation_event(&evt, Some(&mut activation)));
+        assert!(activation.started);
+        assert_eq!(
+            evt.read().unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "the event was read"
+        );
+        // The same activation again, or none (a reset): no first passes.
+        assert!(!errors(&c).activation_event(&evt, Some(&mut activation)));
+        assert!(!errors(&c).activation_event(&evt, None));
         assert_eq!(c.load(Ordering::Relaxed), 0);
     }
 

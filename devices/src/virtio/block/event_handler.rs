@@ -26,10 +26,8 @@ use super::backend::BlockBackend;
 use super::device::{Block, Registered};
 use super::metrics::BlockMetrics;
 use super::pass::PassStatus;
-use crate::virtio::events::{self, throttled};
+use crate::virtio::events::{self, throttled, PROCESS_ACTIVATE};
 
-/// `activate_evt`: activation or reset happened.
-pub const PROCESS_ACTIVATE: u32 = 0;
 /// The driver notified the request queue.
 pub const PROCESS_QUEUE: u32 = 1;
 /// A pass yielded and asked to run again.
@@ -74,11 +72,10 @@ impl<B: BlockBackend> Block<B> {
     }
 
     fn process_activate_event(&mut self) {
-        self.metrics
-            .host_errors()
-            .drain(&self.activate_evt, "activate");
+        let activation = self.active.as_mut().map(|a| &mut a.activation);
+        let errors = self.metrics.host_errors();
         // Requests posted before DRIVER_OK have no kick of their own.
-        if self.active.as_mut().is_some_and(|a| a.activation.start()) {
+        if errors.activation_event(&self.activate_evt, activation) {
             self.run_pass();
         }
     }
@@ -156,15 +153,11 @@ impl<B: BlockBackend> Block<B> {
 impl<B: BlockBackend + 'static> MutEventSubscriber for Block<B> {
     fn init(&mut self, ops: &mut EventOps) {
         let errors = self.metrics.host_errors();
-        errors.add_readable(
-            ops,
-            &self.activate_evt,
-            PROCESS_ACTIVATE,
-            "the activation eventfd",
-        );
+        errors.add_activate_evt(ops, &self.activate_evt);
         if let Some(e) = self.engine.as_ref() {
             errors.add_readable(ops, e.ring(), PROCESS_COMPLETIONS, "the io_uring");
         }
+        // An activation that happened before the device joined the loop.
         if self.active.is_some() {
             self.process_activate_event();
             self.sync_registrations(ops);

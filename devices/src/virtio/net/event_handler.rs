@@ -41,11 +41,9 @@ use super::rx::RxStatus;
 use super::tap::NetBackend;
 use super::tx::TxStatus;
 use super::{RX_INDEX, TX_INDEX};
-use crate::virtio::events::{self, throttled, HostErrors};
+use crate::virtio::events::{self, throttled, HostErrors, PROCESS_ACTIVATE};
 use crate::warn::warn_rate_limited;
 
-/// `activate_evt`: activation or reset happened.
-pub const PROCESS_ACTIVATE: u32 = 0;
 /// The driver notified the RX queue (new receive buffers).
 pub const PROCESS_RX_QUEUE: u32 = 1;
 /// The driver notified the TX queue (new frames to send).
@@ -160,11 +158,10 @@ impl<B: NetBackend> Net<B> {
     /// activate_evt: start a new activation (a reset needs only the
     /// registration update that follows every event).
     fn process_activate_event(&mut self) {
-        self.metrics
-            .host_errors()
-            .drain(&self.activate_evt, "activate");
+        let activation = self.active.as_mut().map(|a| &mut a.activation);
+        let errors = self.metrics.host_errors();
         // Frames queued before DRIVER_OK have no kick of their own.
-        if self.active.as_mut().is_some_and(|a| a.activation.start()) {
+        if errors.activation_event(&self.activate_evt, activation) {
             self.run_tx(false);
         }
     }
@@ -312,39 +309,43 @@ impl<B: NetBackend> Net<B> {
 
         // The timers follow the limiters whatever the activation state: one
         // armed before a reset still has to unblock its limiter.
-        let errors = self.metrics.host_errors();
-        let retry_rx = errors.sync_timer(
-            ops,
-            &mut self.rx_limiter,
-            &mut self.registered.rx_timer,
-            PROCESS_RX_RATE_LIMITER,
-            &self.metrics.rx_throttled_ns,
-        );
-        let retry_tx = errors.sync_timer(
-            ops,
-            &mut self.tx_limiter,
-            &mut self.registered.tx_timer,
-            PROCESS_TX_RATE_LIMITER,
-            &self.metrics.tx_throttled_ns,
-        );
-        if retry_rx {
-            self.requeue(RX_INDEX);
+        for q in [RX_INDEX, TX_INDEX] {
+            self.sync_timer(ops, q);
         }
-        if retry_tx {
-            self.requeue(TX_INDEX);
+    }
+
+    /// Registers queue `q`'s limiter timer while the limiter waits for it
+    /// ([`HostErrors::sync_timer`]), and re-queues the pass if the wait had
+    /// to be given up.
+    fn sync_timer(&mut self, ops: &mut EventOps, q: usize) {
+        let errors = self.metrics.host_errors();
+        let (limiter, registered, token, throttled_ns) = if q == RX_INDEX {
+            (
+                &mut self.rx_limiter,
+                &mut self.registered.rx_timer,
+                PROCESS_RX_RATE_LIMITER,
+                &self.metrics.rx_throttled_ns,
+            )
+        } else {
+            (
+                &mut self.tx_limiter,
+                &mut self.registered.tx_timer,
+                PROCESS_TX_RATE_LIMITER,
+                &self.metrics.tx_throttled_ns,
+            )
+        };
+        if errors.sync_timer(ops, limiter, registered, token, throttled_ns) {
+            self.requeue(q);
         }
     }
 }
 
 impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
     fn init(&mut self, ops: &mut EventOps) {
-        self.metrics.host_errors().add_readable(
-            ops,
-            &self.activate_evt,
-            PROCESS_ACTIVATE,
-            "the activation eventfd",
-        );
-        // An activation that happened before we were added to the loop.
+        self.metrics
+            .host_errors()
+            .add_activate_evt(ops, &self.activate_evt);
+        // An activation that happened before the device joined the loop.
         if self.active.is_some() {
             self.process_activate_event();
             self.sync_registrations(ops);
