@@ -12,14 +12,17 @@
 //!   silent in any phase costs at most `-l` + grace.
 //! - A peer that vanishes is an error with one line naming what was going on, not a result.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams, RR_SEQ_LEN};
+use crate::proto::{
+    describe, is_timeout, read_full, receive_stream, send_stream, Control, TestKind, TestParams,
+    RR_SEQ_LEN,
+};
 use crate::sockopt;
 use crate::stats::Histogram;
 
@@ -364,15 +367,8 @@ impl DataTest<'_> {
         let buf = vec![0x5au8; self.cfg.params.msg_size];
         let (start, end, g) = self.budget.data_phase()?;
         set_tcp_timeouts(&data, g)?;
-        let mut sent = 0u64;
-        while Instant::now() < end {
-            match data.write(&buf) {
-                Ok(0) => bail!("sending data: server closed the connection"),
-                Ok(n) => sent += n as u64,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => bail!("sending data: {}", describe(&e, "server", g)),
-            }
-        }
+        let sent = send_stream(&mut data, &buf, end)
+            .map_err(|e| anyhow!("sending data: {}", describe(&e, "server", g)))?;
         data.shutdown(Shutdown::Write)
             .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
         // The server replies once it has read everything up to our FIN, so the elapsed time
@@ -391,18 +387,11 @@ impl DataTest<'_> {
         let mut buf = vec![0u8; self.cfg.params.msg_size.max(64 * 1024)];
         let (start, _, g) = self.budget.data_phase()?;
         set_tcp_timeouts(&data, g)?;
-        let mut received = 0u64;
-        loop {
-            match data.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => received += n as u64,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => bail!("receiving data: {}", describe(&e, "server", g)),
-            }
-            if Instant::now() > self.budget.hard {
-                bail!("receiving data: server kept sending past the test length plus grace");
-            }
-        }
+        let received = receive_stream(&mut data, &mut buf, self.budget.hard)
+            .map_err(|e| anyhow!("receiving data: {}", describe(&e, "server", g)))?
+            .ok_or_else(|| {
+                anyhow!("receiving data: server kept sending past the test length plus grace")
+            })?;
         let elapsed = start.elapsed();
         // A server killed mid-test also ends the stream with a FIN; only its report proves the
         // stream ended because the test did.

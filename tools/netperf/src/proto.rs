@@ -23,7 +23,7 @@ use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
@@ -286,6 +286,44 @@ pub fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
+/// The sending side of a TCP stream test (the client's STREAM, the server's MAERTS): writes
+/// `buf` over and over until `end` and returns the bytes written. A write of nothing (the
+/// peer closed the connection) is a `WriteZero` error; `EINTR` is retried.
+pub fn send_stream(w: &mut impl Write, buf: &[u8], end: Instant) -> io::Result<u64> {
+    let mut sent = 0u64;
+    while Instant::now() < end {
+        match w.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(sent)
+}
+
+/// The receiving side of a TCP stream test: reads into `buf` until the sender's write
+/// shutdown and returns the bytes read, or `None` once `deadline` passes with the sender still
+/// sending. `EINTR` is retried.
+pub fn receive_stream(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<Option<u64>> {
+    let mut received = 0u64;
+    loop {
+        match r.read(buf) {
+            Ok(0) => return Ok(Some(received)),
+            Ok(n) => received += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+    }
+}
+
 /// Whether an I/O error is a socket timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` expiring shows as
 /// `EAGAIN`, i.e. `WouldBlock`).
 pub fn is_timeout(e: &io::Error) -> bool {
@@ -307,6 +345,7 @@ pub fn describe(e: &io::Error, peer: &str, waited: Duration) -> String {
             format!("{peer} went away (connection reset)")
         }
         io::ErrorKind::BrokenPipe => format!("{peer} went away (broken pipe)"),
+        io::ErrorKind::WriteZero => format!("{peer} closed the connection"),
         io::ErrorKind::UnexpectedEof => format!("{peer} went away ({e})"),
         io::ErrorKind::ConnectionRefused => {
             format!("{peer} is not listening (connection refused / port unreachable)")
@@ -385,5 +424,57 @@ mod tests {
         assert_eq!(&buf, b"abcd");
         let e = read_full(&mut &b"ab"[..], &mut buf).expect_err("torn");
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    /// A writer that takes `room` bytes in all, then writes nothing (a closed peer), with an
+    /// EINTR before every accepted write.
+    struct Sink {
+        room: usize,
+        interrupt: bool,
+    }
+
+    impl Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.interrupt = !self.interrupt;
+            if self.interrupt {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn send_stream_counts_until_the_end_and_reports_a_closed_peer() {
+        let now = Instant::now();
+        let mut sink = Sink {
+            room: 10,
+            interrupt: false,
+        };
+        assert_eq!(send_stream(&mut sink, b"abcd", now).expect("no time"), 0);
+        let later = now + Duration::from_secs(60);
+        let e = send_stream(&mut sink, b"abcd", later).expect_err("closed");
+        assert_eq!(e.kind(), io::ErrorKind::WriteZero);
+        assert_eq!(sink.room, 0, "every byte it took was written first");
+        assert_eq!(
+            describe(&e, "server", later - now),
+            "server closed the connection"
+        );
+    }
+
+    #[test]
+    fn receive_stream_counts_to_the_end_or_gives_up_at_the_deadline() {
+        let mut buf = [0u8; 3];
+        let later = Instant::now() + Duration::from_secs(60);
+        let got = receive_stream(&mut &b"abcdefgh"[..], &mut buf, later).expect("read");
+        assert_eq!(got, Some(8));
+        let past = Instant::now() - Duration::from_millis(1);
+        let got = receive_stream(&mut &b"abcdefgh"[..], &mut buf, past).expect("read");
+        assert_eq!(got, None);
     }
 }

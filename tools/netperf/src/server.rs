@@ -6,7 +6,7 @@
 //! test length, and a session's failure (a client that vanishes, a bogus request) ends only that
 //! session: it is logged as one line on stderr and the accept loop carries on.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::proto::{describe, is_timeout, read_full, Control, TestKind, TestParams, RR_SEQ_LEN};
+use crate::proto::{
+    describe, is_timeout, read_full, receive_stream, send_stream, Control, TestKind, TestParams,
+    RR_SEQ_LEN,
+};
 use crate::sockopt;
 
 /// How long a client may take for each step that does not depend on the test length: sending
@@ -232,32 +235,15 @@ fn tcp_session(
     match p.test {
         TestKind::TcpStream => {
             let mut buf = vec![0u8; SINK_BUF];
-            let mut bytes = 0u64;
-            loop {
-                match data.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => bytes += n as u64,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(fail("receiving stream", e)),
-                }
-                if Instant::now() > deadline {
-                    bail!("client kept sending past the test length");
-                }
-            }
+            let bytes = receive_stream(&mut data, &mut buf, deadline)
+                .map_err(|e| fail("receiving stream", e))?
+                .ok_or_else(|| anyhow!("client kept sending past the test length"))?;
             Ok(json!({"bytes": bytes, "elapsed_s": start.elapsed().as_secs_f64()}))
         }
         TestKind::TcpMaerts => {
             let buf = vec![0x5au8; p.msg_size];
             let end = start + p.duration;
-            let mut bytes = 0u64;
-            while Instant::now() < end {
-                match data.write(&buf) {
-                    Ok(0) => bail!("sending stream: connection closed"),
-                    Ok(n) => bytes += n as u64,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(fail("sending stream", e)),
-                }
-            }
+            let bytes = send_stream(&mut data, &buf, end).map_err(|e| fail("sending stream", e))?;
             data.shutdown(Shutdown::Write)
                 .map_err(|e| fail("ending stream", e))?;
             Ok(json!({"bytes_sent": bytes, "elapsed_s": start.elapsed().as_secs_f64()}))
