@@ -435,6 +435,14 @@ pub fn last_metrics(path: &Path) -> serde_json::Value {
     serde_json::from_str(last).expect("metrics JSON")
 }
 
+/// The metrics line minivmm wrote as it exited (the last of the file at `path`), also
+/// printed to the test's log so that a failed check on it shows every counter.
+pub fn exit_metrics(path: &Path) -> serde_json::Value {
+    let m = last_metrics(path);
+    eprintln!("metrics at exit: {m}");
+    m
+}
+
 /// Every line of the metrics file at `path`, parsed; none while it does not exist.
 pub fn metrics_lines(path: &Path) -> Vec<serde_json::Value> {
     parse_metrics_lines(&std::fs::read_to_string(path).unwrap_or_default())

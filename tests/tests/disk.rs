@@ -23,9 +23,9 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use minivmm_tests::{
-    cli_args, debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, fc_schema,
-    guest_image_if, last_metrics, metric, repo_root, sha256_file, Need, NetNs, Vm,
-    DISK_READONLY_OK, DISK_TEST_FILE, DISK_WRITE_OK, READY,
+    cli_args, debugfs_cat, debugfs_stat, disk_copy, disk_test_content, e2fsck_clean, exit_metrics,
+    fc_schema, guest_image_if, metric, repo_root, sha256_file, Need, NetNs, Vm, DISK_READONLY_OK,
+    DISK_TEST_FILE, DISK_WRITE_OK, READY,
 };
 
 const HOST_IP: &str = "10.0.7.1";
@@ -208,8 +208,7 @@ fn firecracker_config_boots_a_read_write_disk_root_that_keeps_its_writes() {
     let fsck = e2fsck_clean(&disk).unwrap();
     eprintln!("e2fsck -fn after the boot:\n{fsck}");
     // The device carried the writes: at least the file's bytes, the journal's on top.
-    let m = last_metrics(&metrics);
-    eprintln!("metrics at exit: {m}");
+    let m = exit_metrics(&metrics);
     assert!(counter(&m, "write_bytes") >= want.len() as u64, "{m}");
     assert!(counter(&m, "read_bytes") > 0, "{m}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -278,8 +277,7 @@ fn read_only_disk_root_refuses_writes_and_stays_byte_identical() {
         before, after,
         "the read-only image changed under the guest\n{report}"
     );
-    let m = last_metrics(&metrics);
-    eprintln!("metrics at exit: {m}");
+    let m = exit_metrics(&metrics);
     assert_eq!(counter(&m, "write_count"), 0, "{m}");
     assert_eq!(counter(&m, "write_bytes"), 0, "{m}");
     assert!(counter(&m, "read_bytes") > 0, "{m}");

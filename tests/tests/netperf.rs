@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, guest_image, guest_image_if, last_metrics, metric, mvperf_bin, repo_root, require,
-    Need, NetNs, Vm,
+    cli_args, exit_metrics, guest_image, guest_image_if, last_metrics, metric, mvperf_bin,
+    repo_root, require, Need, NetNs, Vm,
 };
 
 const HOST_IP: &str = "10.0.2.1";
@@ -226,8 +226,7 @@ fn guest_network_end_to_end() {
     vm.assert_no_crash();
 
     vm.terminate(Duration::from_secs(20));
-    let end = last_metrics(&metrics);
-    eprintln!("metrics at exit: {end}");
+    let end = exit_metrics(&metrics);
     assert!(field(&end, "rx_frames") > rx_frames, "{end}");
     assert!(field(&end, "tx_frames") > field(&m, "tx_frames"), "{end}");
     assert!(
