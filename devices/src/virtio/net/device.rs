@@ -462,6 +462,7 @@ mod tests {
     use super::super::tap::{enter_private_netns, SeqPacket};
     use super::super::tests::fixture::*;
     use super::*;
+    use crate::virtio::test_utils::print_skip;
 
     fn mem() -> GuestMemory {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
@@ -822,10 +823,17 @@ mod tests {
     /// RX buffers kept posted: more than the 43 a 64 KiB frame needs.
     const RIG_RX_BUFS: usize = 64;
 
+    /// Checksum offload both ways, which TSO either way depends on (virtio
+    /// 1.1 §5.1.3.1).
+    const CSUM_OFFLOADS: u64 = bit(VIRTIO_NET_F_CSUM) | bit(VIRTIO_NET_F_GUEST_CSUM);
+
     impl TapRig {
-        /// None (after printing why) when the test must be skipped.
-        fn new(test: &str, features: u64) -> Option<TapRig> {
-            if !enter_private_netns(test) {
+        /// A device on a real TAP, activated with MRG_FEATURES and
+        /// `offloads`; None (after printing why) when the test must be
+        /// skipped.
+        fn new(offloads: u64) -> Option<TapRig> {
+            let features = MRG_FEATURES | offloads;
+            if !enter_private_netns() {
                 return None;
             }
             let tap = Tap::open_named("mvnet%d").unwrap();
@@ -836,7 +844,7 @@ mod tests {
             ] {
                 let st = Command::new("ip").args(&args).status();
                 if !st.is_ok_and(|s| s.success()) {
-                    eprintln!("SKIP {test}: `ip {args:?}` failed");
+                    print_skip(&format!("`ip {args:?}` failed"));
                     return None;
                 }
             }
@@ -1026,7 +1034,7 @@ mod tests {
     /// 1526-byte buffer.
     #[test]
     fn test_real_tap_arp_and_mtu_ping() {
-        let Some(mut rig) = TapRig::new("test_real_tap_arp_and_mtu_ping", MRG_FEATURES) else {
+        let Some(mut rig) = TapRig::new(0) else {
             return;
         };
         let host_mac = rig.arp();
@@ -1056,11 +1064,7 @@ mod tests {
     /// the closed port with a RST.
     #[test]
     fn test_real_tap_tso_frame_accepted() {
-        let features = MRG_FEATURES
-            | bit(VIRTIO_NET_F_CSUM)
-            | bit(VIRTIO_NET_F_HOST_TSO4)
-            | bit(VIRTIO_NET_F_GUEST_CSUM);
-        let Some(mut rig) = TapRig::new("test_real_tap_tso_frame_accepted", features) else {
+        let Some(mut rig) = TapRig::new(CSUM_OFFLOADS | bit(VIRTIO_NET_F_HOST_TSO4)) else {
             return;
         };
         let host_mac = rig.arp();
@@ -1086,11 +1090,7 @@ mod tests {
     /// right `num_buffers` (the case Cloud Hypervisor got wrong).
     #[test]
     fn test_real_tap_gso_rx_spans_buffers() {
-        let features = MRG_FEATURES
-            | bit(VIRTIO_NET_F_CSUM)
-            | bit(VIRTIO_NET_F_GUEST_CSUM)
-            | bit(VIRTIO_NET_F_GUEST_TSO4);
-        let Some(mut rig) = TapRig::new("test_real_tap_gso_rx_spans_buffers", features) else {
+        let Some(mut rig) = TapRig::new(CSUM_OFFLOADS | bit(VIRTIO_NET_F_GUEST_TSO4)) else {
             return;
         };
         let host_mac = rig.arp();

@@ -573,23 +573,22 @@ pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<(), TapErr
 /// disappears with the thread. Returns false (after printing why) when the
 /// test must be skipped: not root, no /dev/net/tun, or unshare refused.
 #[cfg(test)]
-pub(crate) fn enter_private_netns(test: &str) -> bool {
+pub(crate) fn enter_private_netns() -> bool {
+    use crate::virtio::test_utils::print_skip;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP {test}: needs root (CAP_NET_ADMIN) to create a TAP");
+        print_skip("needs root (CAP_NET_ADMIN) to create a TAP");
         return false;
     }
     if !std::path::Path::new("/dev/net/tun").exists() {
-        eprintln!("SKIP {test}: /dev/net/tun is missing");
+        print_skip("/dev/net/tun is missing");
         return false;
     }
     // SAFETY: unshare only changes the namespaces of the calling thread;
     // each test runs on its own thread, so no other test is affected.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        eprintln!(
-            "SKIP {test}: unshare(CLONE_NEWNET) failed: {}",
-            io::Error::last_os_error()
-        );
+        let e = io::Error::last_os_error();
+        print_skip(&format!("unshare(CLONE_NEWNET) failed: {e}"));
         return false;
     }
     true
@@ -601,9 +600,9 @@ mod tests {
     use crate::virtio::queue::IoSeg;
 
     /// A new TAP named after `pattern`, in a private network namespace
-    /// (see [`enter_private_netns`]); `None` where `test` has to skip.
-    fn private_tap(test: &str, pattern: &str) -> Option<Tap> {
-        enter_private_netns(test).then(|| Tap::open_named(pattern).unwrap())
+    /// (see [`enter_private_netns`]); `None` where the test has to skip.
+    fn private_tap(pattern: &str) -> Option<Tap> {
+        enter_private_netns().then(|| Tap::open_named(pattern).unwrap())
     }
 
     #[test]
@@ -638,7 +637,7 @@ mod tests {
     /// creates is invisible to the host and disappears with the namespace.
     #[test]
     fn test_real_tap_open_and_offload() {
-        let Some(tap) = private_tap("test_real_tap_open_and_offload", "mvtest%d") else {
+        let Some(tap) = private_tap("mvtest%d") else {
             return;
         };
         assert!(tap.if_name().starts_with("mvtest"), "{}", tap.if_name());
@@ -661,10 +660,7 @@ mod tests {
     /// hand it over) a write can meet EAGAIN, and a batch could reorder.
     #[test]
     fn test_real_tap_is_batched_only_with_an_unlimited_send_buffer() {
-        let Some(tap) = private_tap(
-            "test_real_tap_is_batched_only_with_an_unlimited_send_buffer",
-            "mvsnd%d",
-        ) else {
+        let Some(tap) = private_tap("mvsnd%d") else {
             return;
         };
         assert_eq!(tap.send_buffer().unwrap(), libc::c_int::MAX);
@@ -686,7 +682,7 @@ mod tests {
     /// would look like one that fills the buffers exactly.
     #[test]
     fn test_real_tap_read_returns_only_what_fit() {
-        let Some(tap) = private_tap("test_real_tap_read_returns_only_what_fit", "mvlen%d") else {
+        let Some(tap) = private_tap("mvlen%d") else {
             return;
         };
         let mut ifr = query_interface(tap.if_name(), libc::SIOCGIFFLAGS as libc::c_ulong).unwrap();
@@ -795,7 +791,7 @@ mod tests {
     /// state and MTU are read back.
     #[test]
     fn test_real_tap_from_fd_and_queries() {
-        if !enter_private_netns("test_real_tap_from_fd_and_queries") {
+        if !enter_private_netns() {
             return;
         }
         let open = |flags: libc::c_int| -> (OwnedFd, String) {

@@ -28,6 +28,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::fixture::*;
 use crate::virtio::net::tap::{enter_private_netns, Tap};
 use crate::virtio::net::{NetConfig, SeqPacket};
+use crate::virtio::test_utils::print_skip;
 use crate::virtio::VirtioDevice;
 
 /// Event-loop iterations within which the device must go idle once the
@@ -826,13 +827,13 @@ fn a_tx_pass_does_not_start_a_batch_its_time_budget_cannot_hold() {
     assert_eq!(h.peer_frames().len(), MAX_BATCH);
 }
 
-fn ip(test: &str, args: &[&str]) -> bool {
+fn ip(args: &[&str]) -> bool {
     let ok = Command::new("ip")
         .args(args)
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIP {test}: `ip {args:?}` failed");
+        print_skip(&format!("`ip {args:?}` failed"));
     }
     ok
 }
@@ -860,14 +861,13 @@ fn arp_request() -> Vec<u8> {
 /// still resets; a re-activation over the gone TAP is refused.
 #[test]
 fn real_tap_set_down_and_deleted_under_a_running_device() {
-    const TEST: &str = "real_tap_set_down_and_deleted_under_a_running_device";
-    if !enter_private_netns(TEST) {
+    if !enter_private_netns() {
         return;
     }
     let tap = Tap::open_named("mvflt%d").unwrap();
     let name = tap.if_name().to_string();
-    if !ip(TEST, &["link", "set", "dev", &name, "up"])
-        || !ip(TEST, &["addr", "add", "10.78.0.1/24", "dev", &name])
+    if !ip(&["link", "set", "dev", &name, "up"])
+        || !ip(&["addr", "add", "10.78.0.1/24", "dev", &name])
     {
         return;
     }
@@ -916,7 +916,7 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
     assert_eq!(h.txq.take_used(&h.mem), heads);
 
     // Down.
-    assert!(ip(TEST, &["link", "set", "dev", &name, "down"]));
+    assert!(ip(&["link", "set", "dev", &name, "down"]));
     let heads = send(&mut h, 20);
     idle(&mut h, "TAP down");
     assert_eq!(h.txq.take_used(&h.mem), heads);
@@ -926,14 +926,14 @@ fn real_tap_set_down_and_deleted_under_a_running_device() {
     assert!(lines[0].contains("Input/output error"), "{lines:#?}");
 
     // Up again.
-    assert!(ip(TEST, &["link", "set", "dev", &name, "up"]));
+    assert!(ip(&["link", "set", "dev", &name, "up"]));
     let heads = send(&mut h, 1);
     assert!(arp_reply(&mut h), "no ARP reply once the TAP is up again");
     assert_eq!(h.txq.take_used(&h.mem), heads);
 
     // Deleted.
     let log1 = test_log::lines().len();
-    assert!(ip(TEST, &["link", "del", &name]));
+    assert!(ip(&["link", "del", &name]));
     let heads = send(&mut h, 20);
     idle(&mut h, "TAP deleted");
     assert_eq!(h.txq.take_used(&h.mem), heads);
