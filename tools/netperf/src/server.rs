@@ -150,17 +150,9 @@ fn session(stream: TcpStream) -> Result<String> {
         TestKind::TcpStream | TestKind::TcpMaerts | TestKind::TcpRr => {
             tcp_session(&mut ctrl, &params, local_ip, peer_ip, deadline)
         }
-        TestKind::UdpStream | TestKind::UdpRr => match client_data_port(&req) {
-            Ok(port) => udp_session(
-                &mut ctrl,
-                &req,
-                &params,
-                local_ip,
-                SocketAddr::new(peer_ip, port),
-                deadline,
-            ),
-            Err(e) => Err(e),
-        },
+        TestKind::UdpStream | TestKind::UdpRr => {
+            udp_session(&mut ctrl, &req, &params, local_ip, peer_ip, deadline)
+        }
     };
     let report = match result {
         Ok(r) => r,
@@ -340,9 +332,10 @@ fn udp_session(
     ctrl_req: &Value,
     p: &TestParams,
     local_ip: IpAddr,
-    peer: SocketAddr,
+    peer_ip: IpAddr,
     deadline: Instant,
 ) -> Result<Value> {
+    let peer = SocketAddr::new(peer_ip, client_data_port(ctrl_req)?);
     let sock = UdpSocket::bind(SocketAddr::new(local_ip, 0)).context("data socket")?;
     // Connected, the kernel drops datagrams from every other source; the worker also checks
     // each sender for the few that may have queued between bind and connect.
@@ -482,6 +475,18 @@ mod tests {
             .expect("timeout");
     }
 
+    /// A second of UDP `test` with datagrams of `msg_size` (STREAM) or 1-byte requests and
+    /// `resp_size`-byte responses (RR).
+    fn udp_params(test: TestKind, msg_size: usize, resp_size: usize) -> TestParams {
+        TestParams {
+            test,
+            duration: Duration::from_secs(1),
+            msg_size,
+            req_size: 1,
+            resp_size,
+        }
+    }
+
     /// Runs `udp_worker` on `server` for `p` on a thread until the returned flag is set.
     fn start_worker(
         server: UdpSocket,
@@ -509,13 +514,7 @@ mod tests {
         // Queued before the server connects: only the sender check can keep it out.
         stranger.send_to(&[7u8; 24], server_addr).expect("send");
         connect_pair(&server, &client);
-        let p = TestParams {
-            test: TestKind::UdpRr,
-            duration: Duration::from_secs(1),
-            msg_size: 1,
-            req_size: 1,
-            resp_size: 4,
-        };
+        let p = udp_params(TestKind::UdpRr, 1, 4);
         let (stop, worker) = start_worker(server, p, peer, None);
         let mut got = [0u8; 64];
         for seq in [1u64, 2, 0x0102_0304_0506_0708] {
@@ -550,13 +549,7 @@ mod tests {
         let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
         let peer = client.local_addr().expect("addr");
         connect_pair(&server, &client);
-        let p = TestParams {
-            test: TestKind::UdpStream,
-            duration: Duration::from_secs(1),
-            msg_size: 100,
-            req_size: 1,
-            resp_size: 1,
-        };
+        let p = udp_params(TestKind::UdpStream, 100, 1);
         let (stop, worker) = start_worker(server, p, peer, Some(Duration::from_millis(100)));
         let mut seen = Vec::new();
         let mut got = [0u8; 512];
