@@ -62,6 +62,16 @@ fn ok(sock: &Path, method: &str, path: &str, body: Value) {
     assert_eq!((code, text.as_str()), (204, ""), "{method} {path} {body}");
 }
 
+/// A PUT that must succeed with `204`.
+fn put(sock: &Path, path: &str, body: Value) {
+    ok(sock, "PUT", path, body);
+}
+
+/// A PATCH that must succeed with `204`.
+fn patch(sock: &Path, path: &str, body: Value) {
+    ok(sock, "PATCH", path, body);
+}
+
 /// A GET that must answer `200` with a JSON object.
 fn get(sock: &Path, path: &str) -> Value {
     let (code, text) = curl(sock, "GET", path, None);
@@ -296,18 +306,12 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
 
     // What was accepted is what GET /vm/config returns; refused requests
     // left no trace.
-    ok(
+    put(
         &sock,
-        "PUT",
         "/machine-config",
         json!({"vcpu_count": 2, "mem_size_mib": 300}),
     );
-    ok(
-        &sock,
-        "PATCH",
-        "/machine-config",
-        json!({"mem_size_mib": 320}),
-    );
+    patch(&sock, "/machine-config", json!({"mem_size_mib": 320}));
     let cfg = get(&sock, "/vm/config");
     assert_eq!(cfg["machine-config"]["vcpu_count"], 2);
     assert_eq!(cfg["machine-config"]["mem_size_mib"], 320);
@@ -416,9 +420,8 @@ const RESIZE_TIMEOUT: Duration = Duration::from_secs(180);
 /// has tells the guest its new size) and asserts that the guest kernel then
 /// sees `blocks` 512-byte blocks; `what` is what the guest should have seen.
 fn point_scratch_at_big_image(vm: &mut Vm, sock: &Path, blocks: u64, what: &str) {
-    ok(
+    patch(
         sock,
-        "PATCH",
         "/drives/scratch",
         json!({"drive_id": "scratch", "path_on_host": "/scratch-big.img"}),
     );
@@ -495,15 +498,13 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     );
 
     // The README's flow.
-    ok(
+    put(
         &sock,
-        "PUT",
         "/machine-config",
         json!({"vcpu_count": 1, "mem_size_mib": 256}),
     );
-    ok(
+    put(
         &sock,
-        "PUT",
         "/boot-source",
         json!({
             "kernel_image_path": "/vmlinux",
@@ -514,37 +515,28 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
             ),
         }),
     );
-    ok(
+    put(
         &sock,
-        "PUT",
         "/network-interfaces/eth0",
         json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
     );
-    ok(
+    put(
         &sock,
-        "PUT",
         "/drives/scratch",
         json!({"drive_id": "scratch", "path_on_host": "/scratch.img",
                "is_root_device": false, "is_read_only": false}),
     );
-    ok(
+    put(
         &sock,
-        "PUT",
         "/metrics",
         json!({"metrics_path": "/metrics.json", "interval_s": 0}),
     );
-    ok(
+    put(
         &sock,
-        "PUT",
         "/logger",
         json!({"level": "Info", "show_level": true}),
     );
-    ok(
-        &sock,
-        "PUT",
-        "/actions",
-        json!({"action_type": "InstanceStart"}),
-    );
+    put(&sock, "/actions", json!({"action_type": "InstanceStart"}));
     assert_eq!(get(&sock, "/")["state"], "Running");
     refused(
         &sock,
@@ -575,7 +567,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     assert!(up, "no ping before the pause\n{}", vm.report());
 
     // Pause: the guest is silent; a ping sent now is answered after resume.
-    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    patch(&sock, "/vm", json!({"state": "Paused"}));
     assert_eq!(get(&sock, "/")["state"], "Paused");
     let (answered, _) = ping_once(&ns, 3);
     assert!(!answered, "a paused guest answered ping");
@@ -588,7 +580,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         (out.status.success(), t.elapsed())
     });
     std::thread::sleep(Duration::from_secs(3));
-    ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+    patch(&sock, "/vm", json!({"state": "Resumed"}));
     assert_eq!(get(&sock, "/")["state"], "Running");
     let (late_ok, waited) = late.join().unwrap().unwrap();
     assert!(
@@ -604,20 +596,14 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     // A limiter on the guest's RX (host to guest), set live: 25,000 bytes
     // per 100 ms is 2 Mbit/s.
     let before = stream_into_guest(&ns);
-    ok(
+    patch(
         &sock,
-        "PATCH",
         "/network-interfaces/eth0",
         json!({"iface_id": "eth0",
                "rx_rate_limiter": {"bandwidth": {"size": 2500, "refill_time": 100}}}),
     );
     let limited = stream_into_guest(&ns);
-    ok(
-        &sock,
-        "PUT",
-        "/actions",
-        json!({"action_type": "FlushMetrics"}),
-    );
+    put(&sock, "/actions", json!({"action_type": "FlushMetrics"}));
     let m = last_metrics(&metrics);
     let throttled = m["eth0"]["rx_rate_limiter_throttled"]
         .as_u64()
@@ -686,9 +672,8 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         .set_len(8 << 20)
         .unwrap();
     point_scratch_at_big_image(&mut vm, &sock, 16384, "the image grow");
-    ok(
+    patch(
         &sock,
-        "PATCH",
         "/drives/scratch",
         json!({"drive_id": "scratch",
                "rate_limiter": {"ops": {"size": 100, "refill_time": 100}}}),
@@ -701,12 +686,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     drop(hold_lock(&jail.join("scratch.img")));
 
     // Ctrl-Alt-Del: the guest's init reboots, minivmm exits 0.
-    ok(
-        &sock,
-        "PUT",
-        "/actions",
-        json!({"action_type": "SendCtrlAltDel"}),
-    );
+    put(&sock, "/actions", json!({"action_type": "SendCtrlAltDel"}));
     let status = vm
         .wait_exit(Duration::from_secs(300))
         .unwrap_or_else(|| panic!("no exit after SendCtrlAltDel\n{}", vm.report()));
