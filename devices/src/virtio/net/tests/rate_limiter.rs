@@ -459,6 +459,43 @@ fn test_rx_reset_while_throttled_leaves_nothing_stuck() {
     assert!(!h.metrics.rx_throttled_ns.is_running());
 }
 
+/// Epoll refusing a throttled direction's timer (here: told the timer is not
+/// registered, it registers it again and gets EEXIST) makes the limiter give
+/// its wait up, and re-queues that direction's pass, not the other's, to
+/// retry the held frame.
+#[test]
+fn test_a_refused_timer_requeues_its_own_direction() {
+    for dir in [RX_INDEX, TX_INDEX] {
+        let mut h = if dir == RX_INDEX {
+            rx_second_frame_held(300, 2)
+        } else {
+            tx_second_frame_held(300)
+        };
+        let errors = h.metric(|m| &m.host_errors);
+        {
+            let mut dev = h.dev();
+            let timer = if dir == RX_INDEX {
+                &mut dev.registered.rx_timer
+            } else {
+                &mut dev.registered.tx_timer
+            };
+            *timer = false;
+        }
+        // A kick starts no pass while throttled; the registrations are
+        // brought in line after it.
+        if dir == RX_INDEX {
+            h.kick_rx();
+        } else {
+            h.kick_tx();
+        }
+        h.run_once(0);
+        assert_eq!(h.metric(|m| &m.host_errors), errors + 1, "dir {dir}");
+        let dev = h.dev();
+        let requeued = (dev.registered.rx_requeued, dev.registered.tx_requeued);
+        assert_eq!(requeued, (dir == RX_INDEX, dir == TX_INDEX), "dir {dir}");
+    }
+}
+
 #[test]
 fn test_limiter_configuration() {
     let mem = || vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
