@@ -208,6 +208,40 @@ pub(crate) mod host_mem {
             unsafe { self.ptr.add(off).write_volatile(v) }
         }
 
+        /// One `pread` (`write` false) or `pwrite` of the whole range at
+        /// `at` of `file`, continued after a short transfer: the raw loop's
+        /// request, on the very memory the device's request uses.
+        pub fn transfer(&self, file: &std::fs::File, at: u64, write: bool) -> Result<()> {
+            use std::os::fd::AsRawFd;
+            let mut done = 0;
+            while done < self.len {
+                let (buf, left) = (self.ptr.wrapping_add(done), self.len - done);
+                let pos = (at + done as u64) as libc::off_t;
+                let n = if write {
+                    // SAFETY: the kernel reads `left` bytes at `buf`: the
+                    // rest of the range, mapped while `self` lives.
+                    unsafe { libc::pwrite(file.as_raw_fd(), buf.cast(), left, pos) }
+                } else {
+                    // SAFETY: the kernel writes `left` bytes at `buf`, the
+                    // rest of the range, which nothing else touches during
+                    // the call (the device has no request in flight while
+                    // the raw loop runs) and no Rust reference covers.
+                    unsafe { libc::pread(file.as_raw_fd(), buf.cast(), left, pos) }
+                };
+                match n {
+                    n if n > 0 => done += n as usize,
+                    0 => anyhow::bail!("raw transfer at {at}: end of file"),
+                    _ => {
+                        let e = std::io::Error::last_os_error();
+                        if e.kind() != std::io::ErrorKind::Interrupted {
+                            return Err(e).context("raw transfer");
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+
         /// The little-endian 16-bit value at byte `off`, at any alignment.
         pub fn read_u16_unaligned(&self, off: usize) -> u16 {
             assert!(off + 2 <= self.len);
