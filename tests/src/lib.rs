@@ -57,8 +57,14 @@ pub fn current_test_name() -> String {
     }
 }
 
-/// Returns whether every need is met; prints the reason for a skip, as
-/// `SKIP <test>: why` under the [`current_test_name`], otherwise.
+/// Prints why the running test skips, as `SKIP <test>: <why>` under the
+/// [`current_test_name`], for the test summary of `scripts/test.sh` to count.
+pub fn print_skip(why: &str) {
+    eprintln!("SKIP {}: {why}", current_test_name());
+}
+
+/// Returns whether every need is met; prints the reason for a skip
+/// ([`print_skip`]) otherwise.
 pub fn require(needs: &[Need]) -> bool {
     for need in needs {
         let missing = match need {
@@ -74,7 +80,7 @@ pub fn require(needs: &[Need]) -> bool {
             }
         };
         if let Some(why) = missing {
-            eprintln!("SKIP {}: {why}", current_test_name());
+            print_skip(&why);
             return false;
         }
     }

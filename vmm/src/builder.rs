@@ -545,21 +545,13 @@ fn create_vcpus(
     Ok(vcpus)
 }
 
-/// Prints why the running test skips, as `SKIP <test>: <why>`: libtest runs
-/// every test on a thread named after it, so no test spells its own name.
-#[cfg(test)]
-pub(crate) fn print_skip(why: &str) {
-    let thread = std::thread::current();
-    println!("SKIP {}: {why}", thread.name().unwrap_or("test"));
-}
-
 /// A VM as [`build`] makes one up to its vCPUs (KVM checked, `mem_mib` MiB
 /// of guest memory, irqchip and PIT), for tests that need real KVM; `None`,
 /// after a SKIP line, where this host has no KVM.
 #[cfg(test)]
 pub(crate) fn test_vm(mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
     if !std::path::Path::new("/dev/kvm").exists() {
-        print_skip("no /dev/kvm on this host");
+        minivmm_tests::print_skip("no /dev/kvm on this host");
         return None;
     }
     let vm = || -> Result<_, BuildError> {

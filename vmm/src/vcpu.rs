@@ -657,7 +657,7 @@ mod tests {
         fn is_pvm() -> bool {
             let pvm = pvm::is_pvm_host();
             if !pvm {
-                builder::print_skip("not a PVM host (INT3 never fails emulation here)");
+                minivmm_tests::print_skip("not a PVM host (INT3 never fails emulation here)");
             }
             pvm
         }

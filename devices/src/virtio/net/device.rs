@@ -462,7 +462,7 @@ mod tests {
     use super::super::tap::{enter_private_netns, SeqPacket};
     use super::super::tests::fixture::*;
     use super::*;
-    use crate::virtio::test_utils::print_skip;
+    use minivmm_tests::print_skip;
 
     fn mem() -> GuestMemory {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()

@@ -574,7 +574,7 @@ pub(crate) fn set_nonblocking(fd: RawFd, nonblocking: bool) -> Result<(), TapErr
 /// test must be skipped: not root, no /dev/net/tun, or unshare refused.
 #[cfg(test)]
 pub(crate) fn enter_private_netns() -> bool {
-    use crate::virtio::test_utils::print_skip;
+    use minivmm_tests::print_skip;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         print_skip("needs root (CAP_NET_ADMIN) to create a TAP");

@@ -65,13 +65,6 @@ pub use dummy_device::DummyDevice;
 pub use layouts::{adjacent_cases, aliasing_cases, LayoutCase};
 pub use mock_driver::MockDriver;
 
-/// Prints why the running test skips, as `SKIP <test>: <why>`: libtest runs
-/// every test on a thread named after it, so no test spells its own name.
-pub fn print_skip(why: &str) {
-    let thread = std::thread::current();
-    eprintln!("SKIP {}: {why}", thread.name().unwrap_or("test"));
-}
-
 /// An interrupt that counts what the device raised: used-buffer
 /// interrupts, configuration changes and device-error reports.
 #[derive(Debug, Default)]

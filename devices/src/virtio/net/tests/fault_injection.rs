@@ -28,8 +28,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::fixture::*;
 use crate::virtio::net::tap::{enter_private_netns, Tap};
 use crate::virtio::net::{NetConfig, SeqPacket};
-use crate::virtio::test_utils::print_skip;
 use crate::virtio::VirtioDevice;
+use minivmm_tests::print_skip;
 
 /// Event-loop iterations within which the device must go idle once the
 /// guest and the peer stop.
