@@ -40,12 +40,12 @@ use crate::config::drive::root_words;
 use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
+use crate::kvm::memory::{self, MemoryError};
+use crate::kvm::pvm;
+use crate::kvm::vcpu::{Vcpu, VcpuError};
+use crate::kvm::vm_exit::ExitLatch;
 use crate::kvm::{self, KvmError};
-use crate::memory::{self, MemoryError};
 use crate::metrics::Metrics;
-use crate::pvm;
-use crate::vcpu::{Vcpu, VcpuError};
-use crate::vm_exit::ExitLatch;
 use crate::vmm::{Devices, KvmVm, Vmm};
 
 /// The command line every guest starts from: the console on the UART we
@@ -624,7 +624,7 @@ mod tests {
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
-            seccomp: crate::seccomp::SeccompMode::Off,
+            seccomp: crate::process::seccomp::SeccompMode::Off,
         };
         let err = build(&cfg("/nonexistent/bzImage"), TapFds::new(), None)
             .err()

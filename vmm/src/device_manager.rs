@@ -21,8 +21,8 @@ use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 
 use crate::config::{DriveConfig, NicConfig};
+use crate::kvm::vcpu::ExitBus;
 use crate::metrics::VcpuExits;
-use crate::vcpu::ExitBus;
 
 /// The event manager every device's backend work runs on.
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;

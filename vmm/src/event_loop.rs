@@ -22,9 +22,9 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::api::runtime::Runtime;
 use crate::api::ApiChannel;
+use crate::kvm::vm_exit::{ExitLatch, VmExit};
 use crate::metrics::{lock_metrics, Metrics};
-use crate::signals::SignalFd;
-use crate::vm_exit::{ExitLatch, VmExit};
+use crate::process::signals::SignalFd;
 
 /// The log target of this module's lines and of [`crate::vmm::Vmm::run`]'s
 /// ("boot: N ms from start to first vCPU entry", "run time: N ms"), so that

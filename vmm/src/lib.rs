@@ -9,20 +9,12 @@ pub mod builder;
 pub mod config;
 pub mod device_manager;
 pub mod event_loop;
-pub mod jail;
 pub mod kernel;
 pub mod kvm;
 pub mod line_writer;
 pub mod logger;
-pub mod memory;
 pub mod metrics;
-pub mod pause;
-pub mod pvm;
-pub mod seccomp;
-pub mod signals;
-pub mod terminal;
-pub mod vcpu;
-pub mod vm_exit;
+pub mod process;
 pub mod vmm;
 
 /// Formats an error and its causes on one line (`a: b: c`): every

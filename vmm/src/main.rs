@@ -24,9 +24,9 @@ use vmm::api::ApiChannel;
 use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::VmmConfig;
 use vmm::error_line;
-use vmm::seccomp::{self, Filters};
-use vmm::signals::SignalFd;
-use vmm::vm_exit::VmExit;
+use vmm::kvm::vm_exit::VmExit;
+use vmm::process::seccomp::{self, Filters};
+use vmm::process::signals::SignalFd;
 
 /// Bad usage or configuration, or a failure before the guest runs.
 const EXIT_CONFIG: u8 = 1;
@@ -128,7 +128,7 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
     // Jailed before the socket exists: the socket, and every path the API
     // is given later (kernel, drives, metrics, logs), is inside the jail.
     if let Some(jail) = &parts.launch.jail {
-        if let Err(e) = vmm::jail::enter(jail) {
+        if let Err(e) = vmm::process::jail::enter(jail) {
             return fail(&error_line(&e));
         }
     }
@@ -239,7 +239,7 @@ fn configure_by_api(
 fn main() -> ExitCode {
     let start = Instant::now();
     // Before anything can panic: a panic on any thread ends the process.
-    vmm::terminal::install_panic_hook();
+    vmm::process::terminal::install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
@@ -278,11 +278,11 @@ fn main() -> ExitCode {
             .chain(&parts.flags.nets)
             .filter_map(|n| n.fd.and_then(|fd| i32::try_from(fd).ok()))
             .collect();
-        if let Err(e) = vmm::jail::close_inherited(&keep) {
+        if let Err(e) = vmm::process::jail::close_inherited(&keep) {
             return fail(&format!("jail: cannot close inherited descriptors: {e}"));
         }
         // What needs the host's /sys, asked before the jail hides it.
-        let _ = vmm::pvm::is_pvm_host();
+        let _ = vmm::kvm::pvm::is_pvm_host();
     }
     if let Some(sock) = parts.launch.api_sock.clone() {
         return main_with_api(start, parts, filters, &sock);
@@ -300,7 +300,7 @@ fn main() -> ExitCode {
     if let Some(jail) = &launch.jail {
         // Everything the VM needs is open; from here no path outside the
         // jail resolves, and the process has no privilege left.
-        if let Err(e) = vmm::jail::enter(jail) {
+        if let Err(e) = vmm::process::jail::enter(jail) {
             return fail(&error_line(&e));
         }
     }

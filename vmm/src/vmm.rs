@@ -26,13 +26,13 @@ use crate::api::ApiChannel;
 use crate::config::VmmConfig;
 use crate::device_manager::{DeviceManager, Events};
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
+use crate::kvm::pause::{install_kick_handler, PauseGate};
+use crate::kvm::vcpu::Vcpu;
+use crate::kvm::vm_exit::{ExitLatch, VmExit};
 use crate::metrics::{lock_metrics, Metrics};
-use crate::pause::{install_kick_handler, PauseGate};
-use crate::seccomp::{Filters, Gate, Thread};
-use crate::signals::SignalFd;
-use crate::terminal::RawTerminal;
-use crate::vcpu::Vcpu;
-use crate::vm_exit::{ExitLatch, VmExit};
+use crate::process::seccomp::{Filters, Gate, Thread};
+use crate::process::signals::SignalFd;
+use crate::process::terminal::RawTerminal;
 
 /// The KVM objects of a VM. Never read once the VM is built, only owned:
 /// the VM fd and guest memory must outlive the vCPU threads, which run until

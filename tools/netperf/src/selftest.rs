@@ -25,7 +25,7 @@
 //!   picks its vector implementation from CPUID, and a guest kernel that does not save the
 //!   vector state it picked (AMD PVM hosts: user CPUID is not trapped there, so AVX-512 is seen,
 //!   while the guest kernel saves only x87/SSE) gives wrong answers here; it did, before minivmm
-//!   kept the guest's glibc off AVX (vmm/src/pvm.rs).
+//!   kept the guest's glibc off AVX (vmm/src/kvm/pvm.rs).
 //!
 //! Background threads keep checking their thread-locals (with short sleeps, so timer wake-ups
 //! and context switches happen) through all phases. Counts are fixed, not time-based, so a run

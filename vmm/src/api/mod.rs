@@ -19,7 +19,7 @@ use std::sync::mpsc::{self, Receiver};
 use seccompiler::BpfProgram;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::seccomp::{self, Thread};
+use crate::process::seccomp::{self, Thread};
 
 pub mod http;
 pub mod preboot;

@@ -36,8 +36,8 @@ use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
 use super::server::Answer;
 use crate::config::{file, VmmConfig};
+use crate::kvm::pause::{kick_all, PauseGate};
 use crate::metrics::{lock_metrics, Metrics};
-use crate::pause::{kick_all, PauseGate};
 
 /// How long `PATCH /vm` `Paused` waits for every vCPU to park.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -507,7 +507,7 @@ mod tests {
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     use crate::config::cli::Cli;
-    use crate::pause::install_kick_handler;
+    use crate::kvm::pause::install_kick_handler;
 
     type TestNet = Arc<Mutex<Net<SeqPacket>>>;
 
@@ -973,7 +973,7 @@ pub(crate) mod drive_tests {
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
-            seccomp: crate::seccomp::SeccompMode::Off,
+            seccomp: crate::process::seccomp::SeccompMode::Off,
         };
         Runtime {
             id: "vm0".into(),

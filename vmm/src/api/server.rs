@@ -91,7 +91,7 @@ pub enum ServerError {
     Exists(PathBuf),
     /// The API thread's seccomp filter could not be installed.
     #[error("API socket: {0}")]
-    Filter(#[source] crate::seccomp::SeccompError),
+    Filter(#[source] crate::process::seccomp::SeccompError),
     /// bind, epoll or eventfd failed.
     #[error("API socket {}: {source}", path.display())]
     Io {

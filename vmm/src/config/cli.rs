@@ -23,7 +23,7 @@ use super::net::{
 };
 use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
 use super::VmmConfig;
-use crate::seccomp::SeccompMode;
+use crate::process::seccomp::SeccompMode;
 
 /// Errors turning the command line, and the config file it names, into a
 /// [`VmmConfig`].
@@ -61,7 +61,7 @@ pub struct Launch {
     /// Log the time from start to the guest's boot-complete write.
     pub boot_timer: bool,
     /// Where and as whom to run jailed.
-    pub jail: Option<crate::jail::JailConfig>,
+    pub jail: Option<crate::process::jail::JailConfig>,
 }
 
 /// The command line taken apart: the file's settings (empty without
@@ -279,7 +279,7 @@ impl Cli {
             })
         };
         let jail = match &self.jail {
-            Some(root) => Some(crate::jail::JailConfig {
+            Some(root) => Some(crate::process::jail::JailConfig {
                 root: root.clone(),
                 uid: id32("uid", self.uid)?,
                 gid: id32("gid", self.gid)?,

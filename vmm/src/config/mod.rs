@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use log::LevelFilter;
 
-use crate::seccomp::SeccompMode;
+use crate::process::seccomp::SeccompMode;
 
 pub mod cli;
 pub mod drive;

@@ -58,7 +58,7 @@
 //! card on a descriptor with no `host_dev_name` (required there), and more
 //! than 32 vCPUs (its `vcpu_count` maximum; minivmm takes up to 254).
 //!
-//! [`SeccompMode::default`]: crate::seccomp::SeccompMode
+//! [`SeccompMode::default`]: crate::process::seccomp::SeccompMode
 
 use std::path::Path;
 
@@ -262,7 +262,7 @@ mod tests {
     use crate::config::file;
     use crate::config::settings::Settings;
     use crate::config::{DEFAULT_MEM_MIB, DEFAULT_METRICS_INTERVAL_S};
-    use crate::seccomp::SeccompMode;
+    use crate::process::seccomp::SeccompMode;
 
     /// Image files for drives (`finish` checks that they exist), removed on
     /// drop.

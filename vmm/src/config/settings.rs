@@ -18,7 +18,7 @@ use super::{
     HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
     DEFAULT_METRICS_INTERVAL_S, MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB,
 };
-use crate::seccomp::SeccompMode;
+use crate::process::seccomp::SeccompMode;
 
 /// What one source (the config file or the command line) says, before
 /// defaults. `None` means "not said here".

@@ -16,9 +16,9 @@ use kvm_bindings::{
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use log::{debug, info};
 
-use crate::pause::PauseGate;
-use crate::pvm;
-use crate::vm_exit::{ExitLatch, VmExit};
+use crate::kvm::pause::PauseGate;
+use crate::kvm::pvm;
+use crate::kvm::vm_exit::{ExitLatch, VmExit};
 
 /// Where port and MMIO exits go.
 pub trait ExitBus: Send + Sync {

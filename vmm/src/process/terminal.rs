@@ -151,7 +151,7 @@ mod tests {
     use minivmm_tests::pty::{self, canonical};
 
     use super::*;
-    use crate::seccomp::{self, SeccompMode, Thread, BAD_SYSCALL_EXIT_STATUS};
+    use crate::process::seccomp::{self, SeccompMode, Thread, BAD_SYSCALL_EXIT_STATUS};
 
     /// Set in a re-executed test binary: the test named by its value runs
     /// the crash itself instead of spawning the child.
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn a_panic_in_a_filtered_thread_ends_with_101_one_line_and_the_terminal_back() {
         const NAME: &str =
-            "terminal::tests::a_panic_in_a_filtered_thread_ends_with_101_one_line_and_the_terminal_back";
+            "process::terminal::tests::a_panic_in_a_filtered_thread_ends_with_101_one_line_and_the_terminal_back";
         if in_child(NAME) {
             raw_then_filtered_thread(|| panic!("boom\nsecond line"));
         }
@@ -218,7 +218,7 @@ mod tests {
             .collect();
         assert_eq!(ours.len(), 1, "stderr: {stderr}");
         assert!(
-            ours[0].contains("panicked at vmm/src/terminal.rs:"),
+            ours[0].contains("panicked at vmm/src/process/terminal.rs:"),
             "{}",
             ours[0]
         );
@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_forbidden_call_gives_the_terminal_back() {
-        const NAME: &str = "terminal::tests::a_forbidden_call_gives_the_terminal_back";
+        const NAME: &str = "process::terminal::tests::a_forbidden_call_gives_the_terminal_back";
         if in_child(NAME) {
             raw_then_filtered_thread(|| {
                 // SAFETY: uname is in no allowlist; a null buffer would fail

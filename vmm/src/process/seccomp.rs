@@ -334,7 +334,11 @@ fn allow_timerfd_create() -> Entry {
 /// (the thread group is the caller's own; the kernel refuses a tid that is
 /// not in it).
 fn allow_tgkill_kick() -> Entry {
-    allow_arg_in(libc::SYS_tgkill, 2, &[crate::pause::kick_signal() as u64])
+    allow_arg_in(
+        libc::SYS_tgkill,
+        2,
+        &[crate::kvm::pause::kick_signal() as u64],
+    )
 }
 
 /// `syscall` when argument `arg` (32 bits) is one of `values`.
@@ -557,7 +561,7 @@ extern "C" fn sigsys_handler(
     };
     let mut line = [0u8; 96];
     let len = bad_syscall_line(nr, &mut line);
-    crate::terminal::restore_at_crash();
+    crate::process::terminal::restore_at_crash();
     // SAFETY: `line[..len]` is initialised memory owned by this frame; fd 2
     // is stderr (a failed write changes nothing); _exit never returns and
     // runs no atexit handler, which is what a signal handler may do.
@@ -765,7 +769,7 @@ mod tests {
             || {
                 raw(
                     libc::SYS_tgkill,
-                    [0, -1, crate::pause::kick_signal() as _, 0, 0, 0],
+                    [0, -1, crate::kvm::pause::kick_signal() as _, 0, 0, 0],
                 )
             },
             || raw(libc::SYS_getpid, [0; 6]),

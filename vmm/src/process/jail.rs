@@ -349,7 +349,7 @@ mod tests {
             .args([
                 "--ignored",
                 "--exact",
-                "jail::tests::jail_child",
+                "process::jail::tests::jail_child",
                 "--nocapture",
             ])
             .env(CHILD_ENV, &dir)

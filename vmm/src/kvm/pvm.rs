@@ -174,7 +174,7 @@ mod tests {
             assert!(caps.contains(&cap), "{cap} missing from {value}");
         }
         // The kernel patch must register and announce the very word we add.
-        let patch = include_str!("../../resources/kernel/pvm-syscall-fixup.patch");
+        let patch = include_str!("../../../resources/kernel/pvm-syscall-fixup.patch");
         let setup = format!("__setup(\"{PVM_SYSCALL_FIXUP}\",");
         assert!(patch.contains(&setup), "the kernel patch has no {setup}");
         assert!(patch.contains(&format!("pr_info(\"{PVM_SYSCALL_FIXUP}: active:")));

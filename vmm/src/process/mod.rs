@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Process hardening: what stands between a compromised minivmm thread, or
+//! a hostile operator-side event, and the host.
+//!
+//! - [`jail`]: the mount namespace, ids, rlimits and device nodes of
+//!   `--jail`;
+//! - [`seccomp`]: one system-call allowlist per kind of thread;
+//! - [`signals`]: SIGTERM, SIGINT and SIGUSR1 as events on the event loop;
+//! - [`terminal`]: the console's terminal mode, restored on every way out.
+//!
+//! The VM's own kernel state (memory, vCPUs) is in [`crate::kvm`].
+
+pub mod jail;
+pub mod seccomp;
+pub mod signals;
+pub mod terminal;
