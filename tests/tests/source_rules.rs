@@ -53,7 +53,6 @@ const KNOWN_CYCLES: &[&[&str]] = &[
         "devices/src/virtio/block/pass.rs",
         "devices/src/virtio/block/uring.rs",
     ],
-    &["vmm/src/api/runtime.rs", "vmm/src/api/server.rs"],
     &[
         "vmm/src/config/cli.rs",
         "vmm/src/config/drive.rs",
