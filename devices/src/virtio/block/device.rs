@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use super::backend::{BlockBackend, DiskInfo, FileBackend};
+use super::error::BlockError;
 use super::io::AsyncEngine;
 use super::metrics::BlockMetrics;
 use super::pass::BlockVirtio;
@@ -71,34 +72,6 @@ pub mod config_offsets {
     pub const LEN: usize = 60;
 }
 use config_offsets as off;
-
-/// Why a block device could not be made; each names the image file.
-#[derive(Debug, thiserror::Error)]
-pub enum BlockError {
-    /// The image cannot be opened (missing, unreadable, not writable).
-    #[error("cannot open disk image {}: {source}", path.display())]
-    Open {
-        /// The image.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The path is a directory or another non-regular file.
-    #[error("disk image {} is not a regular file", .0.display())]
-    NotAFile(std::path::PathBuf),
-    /// Another process (another minivmm) holds the image's lock.
-    #[error("disk image {} is in use by another process (locked)", .0.display())]
-    Locked(std::path::PathBuf),
-    /// A setting is outside its bounds.
-    #[error("drive {id}: {msg}")]
-    Config {
-        /// The drive id.
-        id: String,
-        /// What is wrong.
-        msg: String,
-    },
-}
 
 /// State that exists only between activation and reset.
 pub(crate) struct Active {
