@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! virtio devices and the virtio-MMIO transport (virtio 1.1 §4.2).
+//! virtio devices and the virtio-MMIO transport (virtio 1.1 §4.2): the
+//! pieces every device shares here, each device in its folder (`net`,
+//! `block`, `rng`).
 //!
 //! The transport ([`mmio::MmioTransport`]) owns everything the specification
 //! puts in the register window: feature negotiation, the status state machine,
@@ -174,7 +176,8 @@ pub trait VirtioDevice: Send {
     /// The state every device keeps for the transport, which the getters
     /// below read.
     fn common(&self) -> &VirtioCommon;
-    /// Device ID (virtio 1.1 §5): 1 for a network card.
+    /// Device ID (virtio 1.1 §5, `virtio_bindings::virtio_ids`): 1 for a
+    /// network card, 2 for a block device, 4 for an entropy source.
     fn device_type(&self) -> u32 {
         self.common().device_type
     }

@@ -32,6 +32,7 @@ pub mod legacy;
 pub mod mmio;
 pub mod net_rig;
 pub mod race;
+pub mod rng;
 
 /// Turns `data` into a structured input and runs `f` on it; bytes that do
 /// not make a whole input are no input (libFuzzer moves on).
@@ -88,5 +89,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "api_http",
         run: api_http::run,
+    },
+    Target {
+        name: "rng_datapath",
+        run: rng::run,
     },
 ];

@@ -137,6 +137,11 @@ fn api_http() {
 }
 
 #[test]
+fn rng_datapath() {
+    replay("rng_datapath");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {

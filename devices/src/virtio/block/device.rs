@@ -31,7 +31,7 @@ use crate::virtio::{
 };
 
 /// virtio device ID of a block device (virtio 1.1 §5.2.1).
-pub const BLOCK_DEVICE_ID: u32 = 2;
+pub const BLOCK_DEVICE_ID: u32 = virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 
 /// Feature bits (virtio 1.1 §5.2.3, §6), from `virtio-bindings`.
 pub mod features {

@@ -33,7 +33,7 @@ use crate::virtio::{
 };
 
 /// virtio device ID of a network card (virtio 1.1 §5.1.1).
-pub const NET_DEVICE_ID: u32 = 1;
+pub const NET_DEVICE_ID: u32 = virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 
 /// Feature bits (virtio 1.1 §5.1.3, §6), from `virtio-bindings`.
 pub mod features {

@@ -46,8 +46,14 @@
 //! Everything here is pure over a memory snapshot: no file descriptors, no
 //! epoll, so a pass can be run and fuzzed from a test.
 //!
-//! With `iov` and `tap` in the network device, this is the only code allowed
-//! `unsafe`: the raw ring and buffer accesses, each with its bounds argument.
+//! This module and `memory` are allowed `unsafe` for the raw ring and
+//! buffer accesses, each with its bounds argument. The rest of the crate's
+//! `unsafe` is in the system calls on guest memory and host descriptors:
+//! `virtio::iov` (`readv`, `writev`, `getrandom`), `virtio::io_engine` and
+//! the block device's `io`, `backend` and `uring` (io_uring and positioned
+//! I/O), the network device's `tap` (its ioctls), and the rate limiter's
+//! timerfd; every other module denies it (`#![deny(unsafe_code)]` at the
+//! crate root).
 #![allow(unsafe_code)]
 
 mod chain;

@@ -494,3 +494,32 @@ fn test_a_bad_configuration_makes_no_device() {
         "unchanged on Err"
     );
 }
+
+/// A guest repeating refused chains adds a bounded number of log lines
+/// (the 1st, 2nd, 4th, 8th... of each kind), not one per chain, and every
+/// chain still comes back.
+#[test]
+fn test_a_flood_of_refused_chains_logs_a_few_lines() {
+    use crate::virtio::test_utils::checks::test_log;
+    let mut r = rig(RngConfig::default());
+    let base = test_log::records();
+    let seg = buffers(&mut r, &[16])[0];
+    let readable = Segment::readable(seg.addr, 16);
+    let mut refused = 0;
+    for _ in 0..20 {
+        for _ in 0..50 {
+            r.drv.add_chain(0, &[readable]).unwrap();
+        }
+        r.drv.publish(0).unwrap();
+        r.drv.kick(0);
+        r.run_until_idle();
+        let used = r.drv.used(0).unwrap();
+        assert!(used.iter().all(|e| e.len == 0));
+        refused += used.len();
+    }
+    assert_eq!(refused, 1000);
+    assert_eq!(r.metric("malformed_chains"), 1000);
+    let lines = test_log::records() - base;
+    // 1, 2, 4, ..., 512: ten lines for a thousand refusals.
+    assert!((1..=12).contains(&lines), "{lines} log lines");
+}
