@@ -9,6 +9,7 @@
 //! two devices with one id, whatever their kinds.
 
 use super::error::ConfigError;
+use super::DeviceKind;
 
 /// Firecracker's default instance id.
 pub const DEFAULT_ID: &str = "anonymous-instance";
@@ -32,21 +33,21 @@ pub fn check_device_id(id: &str, max_len: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks that no two devices share an id: `devices` are (what the device
-/// is, in words with its article, `a drive`, and its id).
+/// Checks that no two devices share an id: `devices` are each device's
+/// kind and id.
 pub fn check_unique_ids<'a>(
-    devices: impl IntoIterator<Item = (&'static str, &'a str)>,
+    devices: impl IntoIterator<Item = (DeviceKind, &'a str)>,
 ) -> Result<(), ConfigError> {
-    let mut seen: Vec<(&'static str, &str)> = Vec::new();
-    for (what, id) in devices {
+    let mut seen: Vec<(DeviceKind, &str)> = Vec::new();
+    for (kind, id) in devices {
         if let Some((first, _)) = seen.iter().find(|(_, other)| *other == id) {
             return Err(ConfigError::DuplicateId {
                 id: id.to_string(),
-                first,
-                second: what,
+                first: first.a_name(),
+                second: kind.a_name(),
             });
         }
-        seen.push((what, id));
+        seen.push((kind, id));
     }
     Ok(())
 }
@@ -74,19 +75,14 @@ mod tests {
 
     #[test]
     fn two_devices_of_any_kinds_may_not_share_an_id() {
-        let ok = [("a network interface", "a"), ("a drive", "b")];
-        assert!(check_unique_ids(ok).is_ok());
-        let e = check_unique_ids([
-            ("a network interface", "a"),
-            ("a drive", "b"),
-            ("a drive", "a"),
-        ])
-        .unwrap_err();
+        use DeviceKind::{Block, Net};
+        assert!(check_unique_ids([(Net, "a"), (Block, "b")]).is_ok());
+        let e = check_unique_ids([(Net, "a"), (Block, "b"), (Block, "a")]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "id 'a' is used twice, by a network interface and by a drive: device ids are metrics keys"
         );
-        let e = check_unique_ids([("a drive", "x"), ("a drive", "x")]).unwrap_err();
+        let e = check_unique_ids([(Block, "x"), (Block, "x")]).unwrap_err();
         assert!(e
             .to_string()
             .starts_with("id 'x' is used twice, by a drive and by a drive"));

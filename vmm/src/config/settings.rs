@@ -110,11 +110,6 @@ impl Settings {
             return Err(ConfigError::TooManyDevices(nets.len() + self.drives.len()));
         }
         let drives = finish_drives(self.drives)?;
-        check_unique_ids(
-            nets.iter()
-                .map(|n| ("a network interface", n.id.as_str()))
-                .chain(drives.iter().map(|d| ("a drive", d.device.id.as_str()))),
-        )?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -124,7 +119,7 @@ impl Settings {
             (None, None) => None,
         };
         let defaults = LoggerConfig::default();
-        Ok(VmmConfig {
+        let cfg = VmmConfig {
             kernel,
             initramfs: self.initramfs,
             boot_args: self.boot_args,
@@ -142,7 +137,9 @@ impl Settings {
             },
             host_quirks: self.host_quirks.unwrap_or_default(),
             seccomp: self.seccomp.unwrap_or_default(),
-        })
+        };
+        check_unique_ids(cfg.device_ids())?;
+        Ok(cfg)
     }
 }
 
