@@ -25,8 +25,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use devices::virtio::block::BlockMetrics;
-use devices::virtio::net::NetMetrics;
+use devices::virtio::DeviceMetrics;
 use serde::ser::SerializeMap;
 use serde::Serialize;
 
@@ -58,24 +57,6 @@ struct VmmLine<'a> {
     vcpu_exits: &'a VcpuExits,
     /// Metrics lines a FIFO reader did not take in time.
     metrics_lines_dropped: u64,
-}
-
-/// A device's counters, as the metrics writer collects them.
-pub trait DeviceMetrics: Send + Sync {
-    /// The counters as one JSON object, field names as keys.
-    fn to_json(&self) -> serde_json::Value;
-}
-
-impl DeviceMetrics for NetMetrics {
-    fn to_json(&self) -> serde_json::Value {
-        NetMetrics::to_json(self)
-    }
-}
-
-impl DeviceMetrics for BlockMetrics {
-    fn to_json(&self) -> serde_json::Value {
-        BlockMetrics::to_json(self)
-    }
 }
 
 /// One device's counters under its id.
@@ -190,6 +171,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devices::virtio::block::BlockMetrics;
+    use devices::virtio::net::NetMetrics;
     use std::sync::atomic::Ordering;
 
     /// A metrics writer on a fresh file named after the test.

@@ -20,13 +20,13 @@ use std::sync::{Arc, Mutex};
 
 use arch::x86_64::layout;
 use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE, QUEUE_NOTIFY_OFFSET};
-use devices::virtio::{GuestMemory, VirtioDevice};
+use devices::virtio::{DeviceMetrics, GuestMemory, VirtioDevice};
 use event_manager::{MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 
 use crate::config::DeviceKind;
 use crate::control::{Controls, DeviceControl};
-use crate::metrics::{DeviceCounters, DeviceMetrics};
+use crate::metrics::DeviceCounters;
 
 /// The event manager every device's backend work runs on.
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
@@ -102,25 +102,10 @@ impl std::fmt::Debug for VirtioSlot {
 }
 
 /// A device the registry can hold: a virtio device whose backend runs on
-/// the event manager and whose counters the metrics writer collects.
-pub trait Attachable: VirtioDevice + MutEventSubscriber + Send + 'static {
-    /// The device's counters.
-    fn counters(&self) -> Arc<dyn DeviceMetrics>;
-}
+/// the event manager (its counters come through `VirtioDevice`).
+pub trait Attachable: VirtioDevice + MutEventSubscriber + Send + 'static {}
 
-impl<B: devices::virtio::net::NetBackend + 'static> Attachable for devices::virtio::net::Net<B> {
-    fn counters(&self) -> Arc<dyn DeviceMetrics> {
-        self.metrics()
-    }
-}
-
-impl<B: devices::virtio::block::BlockBackend + 'static> Attachable
-    for devices::virtio::block::Block<B>
-{
-    fn counters(&self) -> Arc<dyn DeviceMetrics> {
-        self.metrics()
-    }
-}
+impl<T: VirtioDevice + MutEventSubscriber + Send + 'static> Attachable for T {}
 
 /// Locks a device; a poisoned lock means a thread panicked while it held
 /// the device, whose state is still the best there is.
@@ -158,7 +143,7 @@ impl Registry {
             id: id.to_string(),
             source: Box::new(e),
         })?;
-        let metrics = device.counters();
+        let metrics = device.device_metrics();
         let device = Arc::new(Mutex::new(device));
         let index = self.slots.len() as u64;
         let gsi = layout::IRQ_BASE + index as u32;
