@@ -114,7 +114,8 @@ fn level(s: &str) -> Result<LevelFilter, String> {
     parse_level(s).map_err(|e| e.to_string())
 }
 
-/// A small KVM virtual machine monitor with a built-in virtio-net device.
+/// A small KVM virtual machine monitor with built-in virtio network, block and
+/// entropy devices.
 #[derive(Debug, Parser, PartialEq)]
 #[command(
     name = "minivmm",
