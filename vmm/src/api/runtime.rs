@@ -143,7 +143,8 @@ impl Runtime {
             | ApiRequest::PutNetworkInterface(..)
             | ApiRequest::PutDrive(..)
             | ApiRequest::PutLogger(_)
-            | ApiRequest::PutMetrics(_) => Response::fault(
+            | ApiRequest::PutMetrics(_)
+            | ApiRequest::PutEntropy(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -542,6 +543,7 @@ mod tests {
             ApiRequest::PutDrive("d".into(), json!({})),
             ApiRequest::PutLogger(json!({})),
             ApiRequest::PutMetrics(json!({})),
+            ApiRequest::PutEntropy(json!({})),
         ] {
             let msg = fault(&rig.rt.handle(req));
             assert!(msg.contains("not allowed after it started"), "{msg}");
@@ -646,6 +648,7 @@ pub(crate) mod drive_tests {
             vcpus: 1,
             nets: Vec::new(),
             drives: configs,
+            entropy: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
