@@ -30,6 +30,7 @@ pub mod mmio;
 pub mod net;
 pub(crate) mod pass;
 pub mod queue;
+pub mod request_queue;
 pub mod rng;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
