@@ -206,17 +206,20 @@ pub(crate) fn updated_limiter(
     Ok(out)
 }
 
+/// A bucket of `size` tokens per `refill` ms, for the tests of a limiter
+/// change.
+#[cfg(test)]
+pub(crate) fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
+    Some(TokenBucketConfig {
+        size,
+        one_time_burst: 0,
+        refill_time: refill,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
 
     #[test]
     fn a_limiter_update_replaces_what_it_names_and_keeps_the_rest() {

@@ -192,16 +192,9 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+    use crate::api::patch::bucket;
+    use devices::rate_limiter::RateLimiterConfig;
     use devices::virtio::net::Net;
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
 
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -556,22 +549,15 @@ mod tests {
 pub(crate) mod drive_tests {
     use super::*;
     use crate::api::command::open_image;
+    use crate::api::patch::bucket;
     use crate::config::DriveConfig;
     use crate::registry::lock;
-    use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+    use devices::rate_limiter::RateLimiterConfig;
     use devices::virtio::block::Block;
     use devices::virtio::block::FileBackend;
     use devices::virtio::block::{BlockConfig, IoEngine};
     use devices::virtio::VirtioDevice;
     use std::path::{Path, PathBuf};
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
 
     /// A directory of the test's own, removed when dropped.
     pub(crate) struct Scratch(pub PathBuf);
