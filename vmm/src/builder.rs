@@ -31,6 +31,7 @@ use arch::x86_64::{arch_memory_regions, setup_mptable};
 use devices::legacy::serial::SerialDevice;
 use devices::virtio::block::Block;
 use devices::virtio::net::{Net, Tap, TapError};
+use devices::virtio::rng::Rng;
 use event_manager::EventManager;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
@@ -40,6 +41,7 @@ use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::drive::root_words;
+use crate::config::entropy::ENTROPY_ID;
 use crate::config::{DeviceKind, HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager};
 use crate::images::{check_images, ImageError};
@@ -414,7 +416,7 @@ fn attach_devices(
 
 /// Attaches every virtio device of `cfg` in MMIO window order, each kind
 /// with one line: the network cards (a bad TAP fails here, before boot),
-/// then the drives (a locked image fails here).
+/// the drives (a locked image fails here), then the entropy device.
 fn attach_virtio(
     virtio: &mut Registry,
     env: &mut AttachEnv<'_>,
@@ -431,6 +433,9 @@ fn attach_virtio(
     for drive in &cfg.drives {
         let block = Block::new(drive.device.clone(), mem.clone());
         virtio.attach_controlled(env, DeviceKind::Block, &drive.device.id, block)?;
+    }
+    if let Some(rng) = cfg.entropy {
+        virtio.attach(env, DeviceKind::Rng, ENTROPY_ID, Rng::new(rng, mem.clone()))?;
     }
     Ok(())
 }
@@ -664,6 +669,7 @@ mod tests {
             vcpus: 1,
             nets: Vec::new(),
             drives: Vec::new(),
+            entropy: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

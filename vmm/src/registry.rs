@@ -274,27 +274,37 @@ mod tests {
         Net::with_backend(a, NetConfig::default(), mem.clone())
     }
 
-    #[test]
-    fn every_device_gets_the_next_window_and_gsi_and_is_found_by_kind_and_id() {
+    /// Runs `test` with what attaching needs on a real KVM VM (after a
+    /// SKIP line where this host has no KVM).
+    fn with_env(test: impl FnOnce(&mut AttachEnv<'_>, &GuestMemory)) {
         let Some((_kvm, vm, mem)) = crate::builder::test_vm(32) else {
             return;
         };
-        let dir = Scratch::new("registry");
-        let image = dir.image("data.img", 16);
         let mut events = Events::new().unwrap();
         let mut env = AttachEnv {
             vm: &vm,
             mem: &mem,
             events: &mut events,
         };
+        test(&mut env, &mem);
+    }
+
+    #[test]
+    fn every_device_gets_the_next_window_and_gsi_and_is_found_by_kind_and_id() {
+        with_env(windows_gsis_and_lookups);
+    }
+
+    fn windows_gsis_and_lookups(env: &mut AttachEnv<'_>, mem: &GuestMemory) {
+        let dir = Scratch::new("registry");
+        let image = dir.image("data.img", 16);
         let mut dm = DeviceManager::new();
         let virtio = dm.virtio_mut();
         virtio
-            .attach_controlled(&mut env, DeviceKind::Net, "eth0", net(&mem))
+            .attach_controlled(env, DeviceKind::Net, "eth0", net(mem))
             .unwrap();
         let drive = Block::new(BlockConfig::new("data", &image), mem.clone());
         let block = virtio
-            .attach_controlled(&mut env, DeviceKind::Block, "data", drive)
+            .attach_controlled(env, DeviceKind::Block, "data", drive)
             .unwrap();
         assert_eq!(lock(&block).capacity(), 16);
         let slots = virtio.slots();
@@ -351,22 +361,17 @@ mod tests {
 
     #[test]
     fn a_device_that_cannot_be_made_is_named_and_takes_no_window() {
-        let Some((_kvm, vm, mem)) = crate::builder::test_vm(32) else {
-            return;
-        };
+        with_env(a_refused_device);
+    }
+
+    fn a_refused_device(env: &mut AttachEnv<'_>, mem: &GuestMemory) {
         let dir = Scratch::new("registry-refused");
         let image = dir.image("data.img", 16);
-        let mut events = Events::new().unwrap();
-        let mut env = AttachEnv {
-            vm: &vm,
-            mem: &mem,
-            events: &mut events,
-        };
         let mut virtio = Registry::new();
         let cfg = BlockConfig::new("data", &image);
         virtio
             .attach_controlled(
-                &mut env,
+                env,
                 DeviceKind::Block,
                 "data",
                 Block::new(cfg.clone(), mem.clone()),
@@ -375,7 +380,7 @@ mod tests {
         // The image is this VM's now: a second drive on it is refused.
         let again = Block::new(cfg, mem.clone());
         let err = virtio
-            .attach_controlled(&mut env, DeviceKind::Block, "again", again)
+            .attach_controlled(env, DeviceKind::Block, "again", again)
             .unwrap_err();
         let line = crate::error_line(&err);
         assert!(line.starts_with("drive 'again': "), "{line}");
@@ -385,25 +390,18 @@ mod tests {
 
     #[test]
     fn the_irq_lines_bound_the_devices() {
-        let Some((_kvm, vm, mem)) = crate::builder::test_vm(32) else {
-            return;
-        };
-        let mut events = Events::new().unwrap();
-        let mut env = AttachEnv {
-            vm: &vm,
-            mem: &mem,
-            events: &mut events,
-        };
+        with_env(irq_lines_bound);
+    }
+
+    fn irq_lines_bound(env: &mut AttachEnv<'_>, mem: &GuestMemory) {
         let mut virtio = Registry::new();
         let lines = (layout::IRQ_MAX - layout::IRQ_BASE + 1) as usize;
         for i in 0..lines {
             let id = format!("net{i}");
-            virtio
-                .attach(&mut env, DeviceKind::Net, &id, net(&mem))
-                .unwrap();
+            virtio.attach(env, DeviceKind::Net, &id, net(mem)).unwrap();
         }
         assert_eq!(virtio.slots().last().map(|s| s.gsi), Some(layout::IRQ_MAX));
-        let err = virtio.attach(&mut env, DeviceKind::Net, "one-more", net(&mem));
+        let err = virtio.attach(env, DeviceKind::Net, "one-more", net(mem));
         assert!(matches!(err, Err(AttachError::NoIrq)));
         assert_eq!(virtio.slots().len(), lines);
         // A device attached without a control has none to offer.

@@ -120,7 +120,7 @@ fn read_change(kind: DeviceKind, dev: &dyn DeviceControl, body: Value) -> Result
     let has_image = dev.image().is_some();
     let mut change = Change::default();
     for (key, value) in body {
-        if key == kind.id_key() {
+        if Some(key.as_str()) == kind.id_key() {
             continue;
         }
         if let Some((name, cur)) = current.iter().find(|(n, _)| *n == key) {
@@ -133,10 +133,10 @@ fn read_change(kind: DeviceKind, dev: &dyn DeviceControl, body: Value) -> Result
             let path = serde_json::from_value(value).map_err(|e| format!("path_on_host: {e}"))?;
             change.path = Some(path);
         } else {
+            let known: Vec<&str> = kind.id_key().into_iter().chain(fields(dev)).collect();
             return Err(format!(
-                "unknown field `{key}`, expected one of {}, {}",
-                kind.id_key(),
-                fields(dev).join(", ")
+                "unknown field `{key}`, expected one of {}",
+                known.join(", ")
             ));
         }
     }
@@ -206,17 +206,20 @@ pub(crate) fn updated_limiter(
     Ok(out)
 }
 
+/// A bucket of `size` tokens per `refill` ms, for the tests of a limiter
+/// change.
+#[cfg(test)]
+pub(crate) fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
+    Some(TokenBucketConfig {
+        size,
+        one_time_burst: 0,
+        refill_time: refill,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
 
     #[test]
     fn a_limiter_update_replaces_what_it_names_and_keeps_the_rest() {

@@ -143,7 +143,8 @@ impl Runtime {
             | ApiRequest::PutNetworkInterface(..)
             | ApiRequest::PutDrive(..)
             | ApiRequest::PutLogger(_)
-            | ApiRequest::PutMetrics(_) => Response::fault(
+            | ApiRequest::PutMetrics(_)
+            | ApiRequest::PutEntropy(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -191,16 +192,9 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+    use crate::api::patch::bucket;
+    use devices::rate_limiter::RateLimiterConfig;
     use devices::virtio::net::Net;
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
 
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -542,6 +536,7 @@ mod tests {
             ApiRequest::PutDrive("d".into(), json!({})),
             ApiRequest::PutLogger(json!({})),
             ApiRequest::PutMetrics(json!({})),
+            ApiRequest::PutEntropy(json!({})),
         ] {
             let msg = fault(&rig.rt.handle(req));
             assert!(msg.contains("not allowed after it started"), "{msg}");
@@ -554,22 +549,15 @@ mod tests {
 pub(crate) mod drive_tests {
     use super::*;
     use crate::api::command::open_image;
+    use crate::api::patch::bucket;
     use crate::config::DriveConfig;
     use crate::registry::lock;
-    use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+    use devices::rate_limiter::RateLimiterConfig;
     use devices::virtio::block::Block;
     use devices::virtio::block::FileBackend;
     use devices::virtio::block::{BlockConfig, IoEngine};
     use devices::virtio::VirtioDevice;
     use std::path::{Path, PathBuf};
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
 
     /// A directory of the test's own, removed when dropped.
     pub(crate) struct Scratch(pub PathBuf);
@@ -646,6 +634,7 @@ pub(crate) mod drive_tests {
             vcpus: 1,
             nets: Vec::new(),
             drives: configs,
+            entropy: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

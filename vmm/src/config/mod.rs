@@ -9,7 +9,7 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → the device sections (`net`, `drive`) → the shared pieces
+//! `settings` → the device sections (`net`, `drive`, `entropy`) → the shared pieces
 //! ([`parse`], the value parsers; [`ids`], the rule for instance and device
 //! ids) → `error` → this module, which depends on none of them (`render`
 //! reads `net` and this module only).
@@ -29,6 +29,7 @@ use crate::process::seccomp::SeccompMode;
 
 pub mod cli;
 pub mod drive;
+pub mod entropy;
 pub mod error;
 pub mod file;
 pub mod ids;
@@ -49,8 +50,8 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 /// The largest vCPU count: APIC ids are one byte in the MP table and the
 /// IOAPIC id follows the last CPU.
 pub const MAX_VCPUS: u8 = 254;
-/// The most virtio devices (network cards and drives together): one IRQ
-/// line each between the layout's IRQ_BASE and IRQ_MAX.
+/// The most virtio devices (network cards, drives and the entropy device
+/// together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
 pub const MAX_NICS: usize =
     (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
 /// The default metrics flush interval (Firecracker's).
@@ -75,6 +76,8 @@ pub enum DeviceKind {
     Net,
     /// A drive (virtio-blk).
     Block,
+    /// The entropy device (virtio-rng).
+    Rng,
 }
 
 impl DeviceKind {
@@ -84,6 +87,7 @@ impl DeviceKind {
         match self {
             DeviceKind::Net => "network interface",
             DeviceKind::Block => "drive",
+            DeviceKind::Rng => "entropy device",
         }
     }
 
@@ -92,15 +96,17 @@ impl DeviceKind {
         match self {
             DeviceKind::Net => "a network interface",
             DeviceKind::Block => "a drive",
+            DeviceKind::Rng => "the entropy device",
         }
     }
 
     /// The field of Firecracker's bodies that names a device of the kind
-    /// (`iface_id`, `drive_id`).
-    pub fn id_key(self) -> &'static str {
+    /// (`iface_id`, `drive_id`); none for the one entropy device.
+    pub fn id_key(self) -> Option<&'static str> {
         match self {
-            DeviceKind::Net => "iface_id",
-            DeviceKind::Block => "drive_id",
+            DeviceKind::Net => Some("iface_id"),
+            DeviceKind::Block => Some("drive_id"),
+            DeviceKind::Rng => None,
         }
     }
 
@@ -206,6 +212,9 @@ pub struct VmmConfig {
     pub nets: Vec<NicConfig>,
     /// The drives, in MMIO slot order after the network cards.
     pub drives: Vec<DriveConfig>,
+    /// The entropy device, if there is one (after the drives), under
+    /// [`entropy::ENTROPY_ID`].
+    pub entropy: Option<devices::virtio::rng::RngConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.
@@ -225,7 +234,11 @@ impl VmmConfig {
             .drives
             .iter()
             .map(|d| (DeviceKind::Block, d.device.id.as_str()));
-        nets.chain(drives)
+        let entropy = self
+            .entropy
+            .as_ref()
+            .map(|_| (DeviceKind::Rng, entropy::ENTROPY_ID));
+        nets.chain(drives).chain(entropy)
     }
 
     /// The rate limiter `name` (its field in Firecracker's layout) of the
@@ -249,6 +262,13 @@ impl VmmConfig {
                 let drive = &mut self.drives.iter_mut().find(|d| d.device.id == id)?.device;
                 (name == "rate_limiter").then_some(&mut drive.rate_limiter)
             }
+            DeviceKind::Rng => {
+                let rng = self
+                    .entropy
+                    .as_mut()
+                    .filter(|_| id == entropy::ENTROPY_ID)?;
+                (name == "rate_limiter").then_some(&mut rng.rate_limiter)
+            }
         }
     }
 
@@ -260,7 +280,7 @@ impl VmmConfig {
                 let drive = self.drives.iter_mut().find(|d| d.device.id == id)?;
                 Some(&mut drive.device.path)
             }
-            DeviceKind::Net => None,
+            DeviceKind::Net | DeviceKind::Rng => None,
         }
     }
 }

@@ -313,6 +313,9 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow(libc::SYS_pwrite64),
         allow(libc::SYS_fdatasync),
         allow_block_fallocate(),
+        // The entropy device fills the guest's buffers straight from the
+        // kernel's generator, never waiting for it (GRND_NONBLOCK).
+        allow_arg_in(libc::SYS_getrandom, 2, &[libc::GRND_NONBLOCK as u64]),
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),
@@ -1036,6 +1039,66 @@ mod tests {
         .unwrap();
         assert_eq!(status, 204);
         assert_eq!(rt.config().drives[0].device.path, b);
+    }
+
+    /// The entropy device's pass on the event loop (a request filled from
+    /// getrandom, its interrupt) under the loop's real filter, and the one
+    /// call it adds allowed with GRND_NONBLOCK only.
+    #[test]
+    fn the_entropy_devices_pass_runs_under_the_event_loops_filter() {
+        use devices::virtio::rng::{Rng, RngConfig};
+        use devices::virtio::test_utils::{guest_memory, DeviceRig, Segment};
+        let mem = guest_memory(16 << 20).unwrap();
+        let dev = Rng::new(RngConfig::default(), mem.clone()).unwrap();
+        let mut rig = DeviceRig::new(&mem, dev);
+        let features = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+        rig.drv.init(features).unwrap();
+        let buf = rig.drv.alloc(4096, 8).unwrap();
+        install_sigsys_handler().unwrap();
+        let prog = filter(Thread::EventLoop, SeccompMode::On).unwrap();
+        let (used, data) = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            rig.run_until_idle();
+            rig.drv.submit(0, &[Segment::writable(buf, 4096)]).unwrap();
+            rig.run_until_idle();
+            let used = rig.drv.used(0).unwrap();
+            (used, rig.drv.read_mem(buf, 4096).unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(used.len(), 1);
+        assert_eq!(used[0].len, 4096);
+        assert!(data.iter().any(|&b| b != data[0]), "not filled");
+        // getrandom with other flags (a read that may block on the pool,
+        // GRND_RANDOM) stays forbidden, and no other thread may call it.
+        const NONBLOCK: libc::c_long = libc::GRND_NONBLOCK as _;
+        const RANDOM: libc::c_long = (libc::GRND_RANDOM | libc::GRND_NONBLOCK) as _;
+        let cases: [(Thread, fn(), i32); 4] = [
+            (
+                Thread::EventLoop,
+                || raw(libc::SYS_getrandom, [0, 0, NONBLOCK, 0, 0, 0]),
+                0,
+            ),
+            (
+                Thread::EventLoop,
+                || raw(libc::SYS_getrandom, [0, 0, 0, 0, 0, 0]),
+                148,
+            ),
+            (
+                Thread::EventLoop,
+                || raw(libc::SYS_getrandom, [0, 0, RANDOM, 0, 0, 0]),
+                148,
+            ),
+            (
+                Thread::Vcpu,
+                || raw(libc::SYS_getrandom, [0, 0, NONBLOCK, 0, 0, 0]),
+                148,
+            ),
+        ];
+        for (i, (thread, call, want)) in cases.into_iter().enumerate() {
+            let status = in_filtered_child(thread, SeccompMode::On, call);
+            assert_eq!(exit_status(status), Some(want), "case {i}: {thread:?}");
+        }
     }
 
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {
