@@ -30,6 +30,7 @@ pub mod queue;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod time_counter;
+pub mod vsock;
 
 /// Guest memory as every device in minivmm sees it.
 pub type GuestMemory = GuestMemoryMmap<()>;
