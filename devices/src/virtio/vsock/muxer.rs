@@ -848,6 +848,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn ranges_of_segments() {
         let mut buf = [0u8; 64];
         let base = buf.as_mut_ptr() as usize;

@@ -343,9 +343,4 @@ impl VsockVirtio {
         self.publish(EVT_INDEX, m, irq);
         pass.finish(m, status)
     }
-
-    /// Whether an RX chain taken from the ring waits for the next packet.
-    pub(crate) fn has_spare(&self) -> bool {
-        self.spare.is_some()
-    }
 }
