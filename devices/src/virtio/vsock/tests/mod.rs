@@ -7,7 +7,9 @@
 //!   backend.
 //! - `protocol`: connections both ways, credit, half-close, time-outs, the
 //!   cap, hostile headers, TRANSPORT_RESET.
+//! - `faults`: fault injection on the Unix sockets and the bounds of a pass.
 
+mod faults;
 #[allow(dead_code)]
 pub(super) mod fixture;
 mod protocol;
