@@ -224,7 +224,8 @@ impl Rig {
         let features = dev.lock().expect("lock").avail_features();
         let d: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
         let transport = MmioTransport::new(mem.clone(), d).expect("transport");
-        let driver = MockDriver::with_alloc_range(mem.clone(), transport, GuestAddress(0), 0x4_0000);
+        let driver =
+            MockDriver::with_alloc_range(mem.clone(), transport, GuestAddress(0), 0x4_0000);
         let mut em = EventManager::new().expect("event manager");
         em.add_subscriber(dev.clone());
         let mut rig = Rig {
@@ -461,12 +462,26 @@ impl Rig {
             let Some((a, total)) = self.rx.remove(&(e.id as u16)) else {
                 panic!("RX used id {} was never posted (or came back twice)", e.id);
             };
-            assert!(e.len <= total, "RX used length {} past the chain's {total}", e.len);
+            assert!(
+                e.len <= total,
+                "RX used length {} past the chain's {total}",
+                e.len
+            );
             let mut b = [0u8; HDR_LEN];
-            self.mem.read_slice(&mut b, GuestAddress(a)).expect("guest memory");
+            self.mem
+                .read_slice(&mut b, GuestAddress(a))
+                .expect("guest memory");
             let h = Header::parse(&b);
-            assert_eq!(e.len as usize, HDR_LEN + h.len as usize, "used length {h:?}");
-            assert_eq!((h.src_cid, h.dst_cid, h.kind), (2, CID, TYPE_STREAM), "{h:?}");
+            assert_eq!(
+                e.len as usize,
+                HDR_LEN + h.len as usize,
+                "used length {h:?}"
+            );
+            assert_eq!(
+                (h.src_cid, h.dst_cid, h.kind),
+                (2, CID, TYPE_STREAM),
+                "{h:?}"
+            );
             let op = Op::from_u16(h.op).unwrap_or_else(|| panic!("op {} to the guest", h.op));
             self.guest_got(op, &h);
         }
@@ -486,7 +501,9 @@ impl Rig {
             return;
         };
         if op == Op::Rw {
-            let room = c.buf_alloc.saturating_sub(c.received.wrapping_sub(c.fwd_sent));
+            let room = c
+                .buf_alloc
+                .saturating_sub(c.received.wrapping_sub(c.fwd_sent));
             assert!(
                 c.tainted || h.len <= room,
                 "credit exceeded: {} bytes to a guest with room for {room} ({c:?})",
@@ -500,14 +517,29 @@ impl Rig {
         let dev = self.dev.lock().expect("lock");
         let m = dev.metrics();
         let max = m.max_descs_per_pass.load(Ordering::Relaxed);
-        assert!(max <= u64::from(MAX_PASS_READS), "a pass read {max} descriptors");
+        assert!(
+            max <= u64::from(MAX_PASS_READS),
+            "a pass read {max} descriptors"
+        );
         let conns = dev.connections();
         assert!(conns <= MAX_CONNS, "{conns} connections");
-        assert_eq!(m.conns_active.load(Ordering::Relaxed), conns as u64, "the gauge");
+        assert_eq!(
+            m.conns_active.load(Ordering::Relaxed),
+            conns as u64,
+            "the gauge"
+        );
         let bound = conns * (BUF_ALLOC as usize + 32);
-        assert!(dev.pending_bytes() <= bound, "{} bytes held", dev.pending_bytes());
+        assert!(
+            dev.pending_bytes() <= bound,
+            "{} bytes held",
+            dev.pending_bytes()
+        );
         assert!(dev.queued_rsts() <= MAX_QUEUED_RSTS);
-        assert_eq!(dev.sockets_closing(), 0, "a socket left to close after an event");
+        assert_eq!(
+            dev.sockets_closing(),
+            0,
+            "a socket left to close after an event"
+        );
     }
 
     fn finish(&mut self) {

@@ -8,8 +8,10 @@
 //! - `protocol`: connections both ways, credit, half-close, time-outs, the
 //!   cap, hostile headers, TRANSPORT_RESET.
 //! - `faults`: fault injection on the Unix sockets and the bounds of a pass.
+//! - `transport`: the device behind the real MMIO transport.
 
 mod faults;
 #[allow(dead_code)]
 pub(super) mod fixture;
 mod protocol;
+mod transport;
