@@ -161,15 +161,15 @@ mod tests {
     use super::*;
     use crate::virtio::iov::host_buf;
 
-    fn dir() -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("minivmm-vsock-be-{}", std::process::id()));
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("minivmm-vsock-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d
     }
 
     #[test]
     fn the_unix_backend_moves_bytes_and_reports_a_gone_peer() {
-        let d = dir();
+        let d = dir("be");
         let path = d.join("l.sock");
         let _ = std::fs::remove_file(&path);
         let l = bind_listener(&path).unwrap();
@@ -208,6 +208,26 @@ mod tests {
         let long = d.join("x".repeat(120));
         let err = b.connect(&long).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENAMETOOLONG));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_connect_to_a_full_backlog_fails_at_once_instead_of_blocking() {
+        let d = dir("backlog");
+        let path = d.join("full.sock");
+        let _ = std::fs::remove_file(&path);
+        let _l = bind_listener(&path).unwrap();
+        let mut b = UnixBackend;
+        let mut held = Vec::new();
+        let err = loop {
+            match b.connect(&path) {
+                Ok(s) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100_000, "the backlog never filled");
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::EAGAIN));
+        assert!(!held.is_empty());
         let _ = std::fs::remove_dir_all(&d);
     }
 }
