@@ -175,7 +175,14 @@ struct Rig {
     /// RX chains posted: head -> (buffer address, length).
     rx: HashMap<u16, (u64, u32)>,
     next_buf: u64,
+    /// Driver resets so far: each lays out new rings from the driver's
+    /// area, which holds [`MAX_RESETS`] of them.
+    resets: usize,
 }
+
+/// Driver resets honoured per input (later ones are skipped): the rings of
+/// each take about 16 KiB of the driver's 256 KiB area.
+const MAX_RESETS: usize = 8;
 
 fn temp_dir() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -242,6 +249,7 @@ impl Rig {
             assigned: Vec::new(),
             rx: HashMap::new(),
             next_buf: 0x8_0000,
+            resets: 0,
         };
         rig.init();
         for step in input.steps.iter().take(64) {
@@ -334,7 +342,11 @@ impl Rig {
                     let _ = self.driver.submit(2, &[Segment::writable(a, 4)]);
                 }
             }
-            Step::Reset => self.init(),
+            Step::Reset if self.resets < MAX_RESETS => {
+                self.resets += 1;
+                self.init();
+            }
+            Step::Reset => {}
         }
         self.accept_all();
         self.idle();
