@@ -9,14 +9,20 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → `net` → `error` → this module, which depends on none of them.
+//! `settings` → the device sections (`net`, `drive`) → the shared pieces
+//! ([`parse`], the value parsers; [`ids`], the rule for instance and device
+//! ids) → `error` → this module, which depends on none of them (`render`
+//! reads `net` and this module only).
 //!
-//! Plain data only: a `fd=N` is a number here, claimed by the builder, so a
-//! config can be compared, cloned and tested without the host. The bounds
-//! below are the ones every accepted configuration is within.
+//! Plain data only: nothing here opens a file or touches the host. A
+//! `fd=N` is a number, claimed by the builder, and a drive's image is a
+//! path, opened by the builder; so a config can be compared, cloned and
+//! tested without the host. The bounds below are the ones every accepted
+//! configuration is within.
 
 use std::path::PathBuf;
 
+use devices::rate_limiter::RateLimiterConfig;
 use log::LevelFilter;
 
 use crate::process::seccomp::SeccompMode;
@@ -25,7 +31,9 @@ pub mod cli;
 pub mod drive;
 pub mod error;
 pub mod file;
+pub mod ids;
 pub mod net;
+pub mod parse;
 pub mod render;
 pub mod settings;
 
@@ -58,6 +66,50 @@ pub enum HostQuirks {
     On,
     /// Never apply them.
     Off,
+}
+
+/// The kinds of virtio device a VM may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A network interface (virtio-net).
+    Net,
+    /// A drive (virtio-blk).
+    Block,
+}
+
+impl DeviceKind {
+    /// One device of the kind in words, as messages name it (Firecracker's
+    /// words): `network interface`, `drive`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Net => "network interface",
+            DeviceKind::Block => "drive",
+        }
+    }
+
+    /// [`name`](Self::name) with its article, for a message about two.
+    pub fn a_name(self) -> &'static str {
+        match self {
+            DeviceKind::Net => "a network interface",
+            DeviceKind::Block => "a drive",
+        }
+    }
+
+    /// The field of Firecracker's bodies that names a device of the kind
+    /// (`iface_id`, `drive_id`).
+    pub fn id_key(self) -> &'static str {
+        match self {
+            DeviceKind::Net => "iface_id",
+            DeviceKind::Block => "drive_id",
+        }
+    }
+
+    /// Whether a `PATCH` that changes nothing is refused (Firecracker's
+    /// rule for drives) rather than answered as done (its rule for
+    /// network interfaces).
+    pub fn patch_needs_a_change(self) -> bool {
+        self == DeviceKind::Block
+    }
 }
 
 /// Where a NIC's frames go on the host.
@@ -163,4 +215,52 @@ pub struct VmmConfig {
     /// The system-call filter of every thread (`--seccomp`; the config file
     /// has no place for it, as Firecracker's has none).
     pub seccomp: SeccompMode,
+}
+
+impl VmmConfig {
+    /// Every virtio device's kind and id, in MMIO window order.
+    pub fn device_ids(&self) -> impl Iterator<Item = (DeviceKind, &str)> {
+        let nets = self.nets.iter().map(|n| (DeviceKind::Net, n.id.as_str()));
+        let drives = self
+            .drives
+            .iter()
+            .map(|d| (DeviceKind::Block, d.device.id.as_str()));
+        nets.chain(drives)
+    }
+
+    /// The rate limiter `name` (its field in Firecracker's layout) of the
+    /// device `kind` `id`, to change it in place (`PATCH` on a running VM).
+    pub fn limiter_mut(
+        &mut self,
+        kind: DeviceKind,
+        id: &str,
+        name: &str,
+    ) -> Option<&mut RateLimiterConfig> {
+        match kind {
+            DeviceKind::Net => {
+                let nic = &mut self.nets.iter_mut().find(|n| n.id == id)?.device;
+                match name {
+                    "rx_rate_limiter" => Some(&mut nic.rx_rate_limiter),
+                    "tx_rate_limiter" => Some(&mut nic.tx_rate_limiter),
+                    _ => None,
+                }
+            }
+            DeviceKind::Block => {
+                let drive = &mut self.drives.iter_mut().find(|d| d.device.id == id)?.device;
+                (name == "rate_limiter").then_some(&mut drive.rate_limiter)
+            }
+        }
+    }
+
+    /// The image path of the device `kind` `id`, if it has one, to change
+    /// it in place.
+    pub fn image_mut(&mut self, kind: DeviceKind, id: &str) -> Option<&mut PathBuf> {
+        match kind {
+            DeviceKind::Block => {
+                let drive = self.drives.iter_mut().find(|d| d.device.id == id)?;
+                Some(&mut drive.device.path)
+            }
+            DeviceKind::Net => None,
+        }
+    }
 }

@@ -35,13 +35,15 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::metrics::NetMetrics;
-use super::pass::{admitted, queue_failed, return_malformed, Pass, Yield};
+use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::tx::BOUNCE_BUFFER_LEN;
 use super::{NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov;
+use crate::virtio::metrics::Counters;
+use crate::virtio::pass::{admitted, queue_failed, refuse_chain};
 use crate::virtio::queue::{Chain, ChainRules, IoSeg, QueueError, SplitQueue, IOV_MAX};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -63,7 +65,7 @@ fn rx_admit(l: &mut RateLimiter, metrics: &NetMetrics) -> bool {
         l.admit(),
         &metrics.rx_rate_limiter_throttled,
         &metrics.rx_throttled_ns,
-        metrics,
+        metrics.host_errors(),
     )
 }
 
@@ -223,7 +225,14 @@ impl RxVirtio {
                 }
                 Err(err) => {
                     pass.packets += 1;
-                    return_malformed(&mut self.queue, metrics, head, err, "RX");
+                    refuse_chain(
+                        &mut self.queue,
+                        &metrics.malformed_chains,
+                        "virtio-net",
+                        "RX ",
+                        head,
+                        err,
+                    );
                 }
             }
         }
@@ -335,7 +344,7 @@ impl RxVirtio {
         let status = loop {
             match self.fill_cache(&mut pass, metrics) {
                 Err(e) => {
-                    queue_failed(metrics, "RX", &e);
+                    queue_failed(&metrics.queue_errors, "virtio-net", "RX ", &e);
                     break RxStatus::Broken;
                 }
                 Ok(Fill::Yield(why)) => {
@@ -364,7 +373,7 @@ impl RxVirtio {
                             break RxStatus::Starved;
                         }
                         Err(e) => {
-                            queue_failed(metrics, "RX", &e);
+                            queue_failed(&metrics.queue_errors, "virtio-net", "RX ", &e);
                             break RxStatus::Broken;
                         }
                     }

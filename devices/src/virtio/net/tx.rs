@@ -22,13 +22,15 @@ use std::io;
 use std::time::Duration;
 
 use super::metrics::NetMetrics;
-use super::pass::{admitted, queue_failed, return_malformed, Pass, Yield};
+use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
 use crate::virtio::iov::{self, IoVecs};
+use crate::virtio::metrics::Counters;
+use crate::virtio::pass::{admitted, more_after_drained, queue_failed, refuse_chain};
 use crate::virtio::queue::{ChainRules, IoSeg, QueueError, SplitQueue};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -64,7 +66,7 @@ fn tx_consume(l: &mut RateLimiter, len: usize, metrics: &NetMetrics) -> bool {
         l.consume(len.saturating_sub(VNET_HDR_LEN) as u64),
         &metrics.tx_rate_limiter_throttled,
         &metrics.tx_throttled_ns,
-        metrics,
+        metrics.host_errors(),
     )
 }
 
@@ -314,7 +316,14 @@ impl TxVirtio {
                 }
                 Err(err) => {
                     pass.packets += 1;
-                    return_malformed(&mut self.queue, metrics, head, err, "TX");
+                    refuse_chain(
+                        &mut self.queue,
+                        &metrics.malformed_chains,
+                        "virtio-net",
+                        "TX ",
+                        head,
+                        err,
+                    );
                 }
             }
         }
@@ -478,7 +487,7 @@ impl TxVirtio {
                     Err(e) => {
                         // What was walked before the failure still goes out.
                         self.flush(backend, ring, &mut pass, metrics);
-                        queue_failed(metrics, "TX", &e);
+                        queue_failed(&metrics.queue_errors, "virtio-net", "TX ", &e);
                         break 'pass TxStatus::Broken;
                     }
                 };
@@ -497,14 +506,11 @@ impl TxVirtio {
                 // Re-enable kicks; if chains arrived meanwhile, keep going
                 // (each such look counts against the budget, so a guest that
                 // keeps moving avail.idx cannot keep the pass here).
-                match self.queue.enable_notifications() {
-                    Ok(true) => {
-                        pass.budget.charge(1);
-                        self.queue.disable_notifications();
-                    }
+                match more_after_drained(&mut self.queue, &mut pass.budget) {
+                    Ok(true) => {}
                     Ok(false) => break 'pass TxStatus::Done,
                     Err(e) => {
-                        queue_failed(metrics, "TX", &e);
+                        queue_failed(&metrics.queue_errors, "virtio-net", "TX ", &e);
                         break 'pass TxStatus::Broken;
                     }
                 }

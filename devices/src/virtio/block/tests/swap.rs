@@ -326,12 +326,12 @@ fn test_rate_limits_change_while_the_device_runs() {
     h.dev()
         .set_rate_limiter(&RateLimiterConfig::default())
         .unwrap();
-    assert!(h.dev().limiter.is_none());
+    assert!(h.dev().rq.limiter.is_none());
     // A bad one is refused and changes nothing.
     let bad = ops_limit(5, 0);
     let e = h.dev().set_rate_limiter(&bad).unwrap_err().to_string();
     assert!(e.starts_with("drive testdisk: rate limiter: "), "{e}");
-    assert!(h.dev().limiter.is_none());
+    assert!(h.dev().rq.limiter.is_none());
     assert!(h.dev().config().rate_limiter.is_unlimited());
     // One request a minute, set live: the second waits.
     let slow = ops_limit(1, 60_000);
