@@ -35,7 +35,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use devices::virtio::mmio::MmioTransport;
-use devices::virtio::test_utils::{MockDriver, Segment, MAX_PASS_READS};
+use devices::virtio::queue::MAX_PASS_READS;
+use devices::virtio::test_utils::{MockDriver, Segment};
 use devices::virtio::vsock::packet::{Header, Op, HDR_LEN, TYPE_STREAM};
 use devices::virtio::vsock::{Tunables, UnixBackend, Vsock, VsockConfig, MAX_QUEUED_RSTS};
 use devices::virtio::{GuestMemory, VirtioDevice};

@@ -28,10 +28,11 @@ use super::muxer::Muxer;
 use super::pass::VsockVirtio;
 use super::{Tunables, VsockConfig, MIN_GUEST_CID};
 use crate::virtio::events::{self, Activation};
+use crate::virtio::metrics::Counters;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
-    VirtioDevice,
+    check_queues, read_config_space, ActivateError, DeviceMetrics, GuestMemory, Interrupt,
+    VirtioCommon, VirtioDevice,
 };
 
 /// Feature bits (virtio 1.1 §6), from `virtio-bindings`.
@@ -319,6 +320,10 @@ impl<B: VsockBackend + 'static> VirtioDevice for Vsock<B> {
             .store(acked, Ordering::Relaxed);
         self.kick_event_handler();
         Ok(())
+    }
+
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
+        self.metrics.clone()
     }
 
     fn reset(&mut self) {

@@ -30,6 +30,7 @@ use super::backend::VsockBackend;
 use super::device::Vsock;
 use super::pass::PassStatus;
 use crate::virtio::events::PROCESS_ACTIVATE;
+use crate::virtio::metrics::Counters;
 
 /// The driver notified the RX queue (buffers posted).
 pub const PROCESS_RXQ: u32 = 1;

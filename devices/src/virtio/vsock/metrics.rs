@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
-use crate::virtio::events::{self, HostErrors};
+use crate::virtio::metrics::Counters;
 
 /// Lock-free counters of one vsock device.
 #[derive(Debug, Default, Serialize)]
@@ -102,21 +102,18 @@ pub struct VsockMetrics {
     pub features_negotiated: AtomicU64,
 }
 
-impl VsockMetrics {
-    /// Where this device's host errors are counted and logged.
-    pub(crate) fn host_errors(&self) -> HostErrors<'_> {
-        HostErrors::new(&self.host_errors, "virtio-vsock")
-    }
-
-    /// The counters as one JSON object (see the module docs).
-    pub fn to_json(&self) -> serde_json::Value {
-        events::counters_json(self)
+impl Counters for VsockMetrics {
+    const DEVICE: &'static str = "virtio-vsock";
+    fn host_error_counter(&self) -> &AtomicU64 {
+        &self.host_errors
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtio::events;
+    use crate::virtio::metrics::{assert_counter_keys, DeviceMetrics};
 
     /// The contract's keys: a renamed field fails here.
     const KEYS: [&str; 35] = [
@@ -162,7 +159,8 @@ mod tests {
         let m = VsockMetrics::default();
         events::add(&m.tx_bytes, 4096);
         let json = m.to_json();
-        events::assert_counter_keys(&json, &KEYS);
+        assert_counter_keys(&json, &KEYS);
         assert_eq!(json["tx_bytes"], 4096);
+        assert_eq!(m.device_name(), "virtio-vsock");
     }
 }

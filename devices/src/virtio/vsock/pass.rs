@@ -8,8 +8,8 @@
 //! [`PASS_DESC_BUDGET`] ring entries and descriptors read, good and refused
 //! chains alike, and the event glue re-queues it behind every other ready
 //! event. So a pass never reads more than
-//! [`MAX_PASS_READS`](crate::virtio::test_utils::MAX_PASS_READS)
-//! (with this device's budget, the same number) ring entries and descriptors;
+//! [`MAX_PASS_READS`](crate::virtio::queue::MAX_PASS_READS) ring entries
+//! and descriptors (the budget every device shares);
 //! `VsockMetrics::max_descs_per_pass` shows the largest seen.
 //!
 //! **Chains.** A TX chain is device-readable: the 44-byte header, then the
@@ -32,7 +32,7 @@ use super::muxer::{take_range, Muxer};
 use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
 use crate::virtio::events::{add, inc, notify_driver};
 use crate::virtio::iov::{read_array, write_bytes_at};
-use crate::virtio::queue::{Budget, Chain, ChainRules, IoSeg, SplitQueue};
+use crate::virtio::queue::{Budget, Chain, ChainRules, IoSeg, SplitQueue, PASS_DESC_BUDGET};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
@@ -43,9 +43,6 @@ pub const TX_INDEX: usize = 1;
 /// Index of the event queue.
 pub const EVT_INDEX: usize = 2;
 
-/// Ring entries and descriptors one pass may read before it yields (the
-/// network device's budget).
-pub const PASS_DESC_BUDGET: u32 = 8192;
 /// Packets one pass handles before it yields (vhost's packet weight).
 pub const PASS_PACKETS: u32 = 256;
 /// Payload bytes one pass moves before it yields (vhost's byte weight).

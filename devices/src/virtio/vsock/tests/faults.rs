@@ -8,7 +8,7 @@
 use std::io::Write;
 
 use super::fixture::*;
-use crate::virtio::test_utils::MAX_PASS_READS;
+use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::vsock::muxer::MAX_QUEUED_RSTS;
 use crate::virtio::vsock::packet::{Header, Op, SHUTDOWN_SEND};
 

@@ -22,6 +22,7 @@ use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::virtio::iov::IoVecs;
+use crate::virtio::metrics::DeviceMetrics;
 use crate::virtio::queue::{GuestRegions, RingFeatures, SplitQueue};
 use crate::virtio::test_utils::{guest_memory, DriverQueue, Segment, TestIrq};
 use crate::virtio::vsock::backend::{UnixBackend, VsockBackend};
