@@ -37,6 +37,7 @@ pub mod rng;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod time_counter;
+pub mod vsock;
 
 /// Guest memory as every device in minivmm sees it.
 pub type GuestMemory = GuestMemoryMmap<()>;
