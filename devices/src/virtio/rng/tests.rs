@@ -215,12 +215,16 @@ fn test_a_failing_host_returns_what_was_filled_and_counts() {
         // The next request: nothing twice in a row.
         Step::Short(0),
         Step::Short(0),
+        // The next: EINTR twice in a row.
+        Step::Errno(libc::EINTR),
+        Step::Errno(libc::EINTR),
     ]);
     let mut r = rig_with(RngConfig::default(), src);
     let a = buffers(&mut r, &[64, 64]);
     let b = buffers(&mut r, &[64]);
+    let d = buffers(&mut r, &[64]);
     let c = buffers(&mut r, &[64]);
-    let heads: Vec<u16> = [&a, &b, &c]
+    let heads: Vec<u16> = [&a, &b, &d, &c]
         .iter()
         .map(|s| r.drv.add_chain(0, s).unwrap())
         .collect();
@@ -235,15 +239,15 @@ fn test_a_failing_host_returns_what_was_filled_and_counts() {
         .map(|e| (e.id, e.len))
         .collect();
     let h = |i: usize| u32::from(heads[i]);
-    assert_eq!(used, [(h(0), 30), (h(1), 0), (h(2), 64)]);
+    assert_eq!(used, [(h(0), 30), (h(1), 0), (h(2), 0), (h(3), 64)]);
     let (data, _) = contents(&r, &a);
     assert!(
         data[30..].iter().all(|&b| b == 0xee),
         "nothing past what was filled"
     );
-    assert_eq!(r.metric("host_rng_fails"), 2);
-    assert_eq!(r.metric("host_errors"), 2);
-    assert_eq!(r.metric("requests"), 3);
+    assert_eq!(r.metric("host_rng_fails"), 3);
+    assert_eq!(r.metric("host_errors"), 3);
+    assert_eq!(r.metric("requests"), 4);
     assert_eq!(r.metric("entropy_bytes"), 94, "the sum of the used lengths");
 }
 
