@@ -527,3 +527,55 @@ fn test_a_flood_of_refused_chains_logs_a_few_lines() {
     // 1, 2, 4, ..., 512: ten lines for a thousand refusals.
     assert!((1..=12).contains(&lines), "{lines} log lines");
 }
+
+/// The shared bound is tight: a pass whose budget has one read left when
+/// it takes the costliest chain there is (an indirect table of one more
+/// buffer than a chain may have) reads `MAX_PASS_READS - 1`, the last read
+/// of the bound being the look at `avail.idx` that only a driver racing
+/// the device makes the pass take.
+#[test]
+fn test_a_pass_reads_up_to_the_shared_bound_and_no_more() {
+    use crate::virtio::queue::{MAX_CHAIN_SEGS, PASS_DESC_BUDGET};
+    let cfg = RngConfig {
+        queue_size: 1024,
+        ..RngConfig::default()
+    };
+    let mut r = rig(cfg);
+    let byte = buffers(&mut r, &[1])[0];
+    let post = |r: &mut DeviceRig<Rng>, bufs: usize| {
+        let table = r.drv.alloc(16 * bufs as u64, 16).unwrap();
+        r.drv
+            .add_chain_indirect(0, &vec![byte; bufs], 0, table)
+            .unwrap()
+    };
+    // Seven chains of 1,022 buffers (1,024 reads each: the avail entry,
+    // the table's descriptor, its entries), then one of 1,021: 8,191 reads.
+    for _ in 0..7 {
+        post(&mut r, 1022);
+    }
+    post(&mut r, 1021);
+    let costly = post(&mut r, MAX_CHAIN_SEGS + 1);
+    r.drv.publish(0).unwrap();
+    r.drv.kick(0);
+    r.run_once(0);
+    let used = r.drv.used(0).unwrap();
+    assert_eq!(used.len(), 9);
+    assert_eq!(
+        used[8],
+        UsedElem {
+            id: u32::from(costly),
+            len: 0
+        }
+    );
+    assert_eq!(
+        r.metric("malformed_chains"),
+        1,
+        "the costly chain is refused"
+    );
+    let max = r.metric("max_descs_per_pass");
+    assert_eq!(
+        max,
+        u64::from(PASS_DESC_BUDGET) - 1 + 2 + (MAX_CHAIN_SEGS as u64 + 1)
+    );
+    assert_eq!(max, u64::from(MAX_PASS_READS) - 1);
+}
