@@ -404,8 +404,16 @@ pub fn reset_clears<D: ContractDevice>() {
     r.drv.reset();
     r.run_until_idle();
     assert!(!r.drv.transport().is_activated());
+    assert_eq!(
+        r.dev().common().acked_features,
+        0,
+        "features of the old activation"
+    );
     let stale = DriverQueue::new(old).used_idx(&mem).expect("old used idx");
     assert_eq!(stale, 1, "the old ring was served after the reset");
+    // A reset device polls no queue: a kick now wakes nothing.
+    r.drv.kick(D::QUEUE);
+    assert_eq!(r.run_once(0), 0, "a kick reached a reset device");
     let version_1 = 1u64 << VIRTIO_F_VERSION_1;
     r.drv.init(version_1).expect("the device starts again");
     r.run_until_idle();

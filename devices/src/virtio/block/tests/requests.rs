@@ -248,6 +248,25 @@ fn test_get_id_is_the_drive_id_zero_padded() {
 }
 
 #[test]
+fn test_the_queue_size_is_a_power_of_two_up_to_32768() {
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &image(1));
+    let make = |queue_size| {
+        let mut cfg = BlockConfig::new("q", &path);
+        cfg.queue_size = queue_size;
+        Block::new(cfg, test_memory())
+    };
+    for qs in [1, 256, 32768] {
+        let blk = make(qs).unwrap_or_else(|e| panic!("{qs}: {e}"));
+        assert_eq!(blk.queue_max_sizes(), [qs]);
+    }
+    for qs in [0, 3, 384, 65535] {
+        let err = make(qs).unwrap_err();
+        assert!(matches!(err, BlockError::Config { .. }), "{qs}: {err}");
+    }
+}
+
+#[test]
 fn test_unknown_types_are_unsupported() {
     let mut h = BlockFixture::new(&image(8), |_| {}, BASE_FEATURES);
     for kind in [2, 3, 99, 14, u32::MAX] {
