@@ -247,6 +247,67 @@ fn test_get_id_is_the_drive_id_zero_padded() {
     assert!(matches!(err, BlockError::Config { .. }), "{err}");
 }
 
+/// DISCARD needs a file system that punches holes, WRITE_ZEROES one that
+/// also zeroes ranges, whatever the other can do (what the host's file
+/// system reports, told here by the backend).
+#[test]
+fn test_discard_and_write_zeroes_follow_what_the_file_system_can_do() {
+    use crate::virtio::block::backend::{DiskInfo, FileBackend};
+    let dir = TempDir::new();
+    let path = dir.file("d.img", &image(8));
+    let offered = |punch_hole, zero_range| {
+        let mut backend = FaultyBackend::new(FileBackend::open(&path, false).unwrap());
+        backend.info = Some(DiskInfo {
+            size: 8 * SECTOR as u64,
+            punch_hole,
+            zero_range,
+        });
+        let blk = Block::with_backend(BlockConfig::new("d", &path), test_memory(), backend);
+        let f = blk.unwrap().avail_features();
+        (
+            f & bit(VIRTIO_BLK_F_DISCARD) != 0,
+            f & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0,
+        )
+    };
+    assert_eq!(offered(false, false), (false, false));
+    assert_eq!(offered(false, true), (false, false));
+    assert_eq!(offered(true, false), (true, false));
+    assert_eq!(offered(true, true), (true, true));
+}
+
+/// An image whose size is not a whole number of sectors says so once, at
+/// open, with the bytes the guest cannot see; a whole one says nothing.
+#[test]
+fn test_a_partial_last_sector_is_logged_at_open() {
+    use crate::virtio::test_utils::checks::test_log;
+    let dir = TempDir::new();
+    for (name, len, want) in [
+        ("whole.img", 8 * SECTOR, None),
+        ("tail.img", 8 * SECTOR + 100, Some(100)),
+    ] {
+        let path = dir.file(name, &vec![0; len]);
+        let before = test_log::lines().len();
+        let blk = Block::new(BlockConfig::new("d", &path), test_memory()).unwrap();
+        assert_eq!(blk.capacity(), 8);
+        let lines: Vec<String> = test_log::lines()[before..]
+            .iter()
+            .filter(|l| l.contains("not a whole number"))
+            .cloned()
+            .collect();
+        match want {
+            None => assert!(lines.is_empty(), "{lines:?}"),
+            Some(tail) => {
+                assert_eq!(lines.len(), 1, "{lines:?}");
+                assert!(
+                    lines[0].contains(&format!("the last {tail} bytes")),
+                    "{}",
+                    lines[0]
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn test_the_queue_size_is_a_power_of_two_up_to_32768() {
     let dir = TempDir::new();
