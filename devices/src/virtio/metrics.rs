@@ -92,6 +92,21 @@ mod tests {
         }
     }
 
+    /// What the event glue reports through a device's sink lands in that
+    /// device's own `host_errors`, the one its metrics line shows.
+    #[test]
+    fn every_device_s_host_errors_land_in_its_own_counter() {
+        fn check<M: Counters + DeviceMetrics + Default>() {
+            let m = M::default();
+            m.host_errors().unknown_token(9);
+            m.host_errors().unknown_token(10);
+            assert_eq!(m.to_json()["host_errors"], 2, "{}", m.device_name());
+        }
+        check::<crate::virtio::net::NetMetrics>();
+        check::<crate::virtio::block::BlockMetrics>();
+        check::<crate::virtio::rng::RngMetrics>();
+    }
+
     #[test]
     fn any_device_s_counters_are_collected_through_the_trait() {
         let p = Arc::new(Probe::default());
