@@ -114,6 +114,104 @@ impl<B: BlockBackend> std::fmt::Debug for Block<B> {
     }
 }
 
+/// The settings with bounds: the queue size, and an id GET_ID can return.
+fn check_config(cfg: &BlockConfig) -> Result<(), String> {
+    let qs = cfg.queue_size;
+    if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
+        return Err(format!(
+            "queue size {qs} is not a power of two between 1 and 32768"
+        ));
+    }
+    if cfg.id.len() > super::ID_BYTES {
+        return Err(format!(
+            "id is {} bytes, GET_ID returns at most {}",
+            cfg.id.len(),
+            super::ID_BYTES
+        ));
+    }
+    Ok(())
+}
+
+/// An image of `size` bytes whose last sector is partial: said once, at
+/// open (see the module docs of `block`).
+fn warn_partial_sector(cfg: &BlockConfig, size: u64) {
+    let tail = size % SECTOR_SIZE;
+    if tail != 0 {
+        log::warn!(
+            "virtio-blk: drive {}: {} is {size} bytes, not a whole number of 512-byte \
+             sectors; the last {tail} bytes are not visible to the guest",
+            cfg.id,
+            cfg.path.display(),
+        );
+    }
+}
+
+/// The features offered and the configuration space of a drive `cfg` over
+/// an image `info` says.
+fn offer(cfg: &BlockConfig, info: &DiskInfo) -> (u64, [u8; off::LEN]) {
+    let mut f = bit(VIRTIO_F_VERSION_1)
+        | bit(VIRTIO_BLK_F_BLK_SIZE)
+        | bit(VIRTIO_BLK_F_SEG_MAX)
+        | bit(VIRTIO_RING_F_EVENT_IDX)
+        | bit(VIRTIO_RING_F_INDIRECT_DESC);
+    if cfg.read_only {
+        f |= bit(VIRTIO_BLK_F_RO);
+    }
+    if cfg.cache_type == CacheType::Writeback {
+        f |= bit(VIRTIO_BLK_F_FLUSH);
+    }
+    let discard = !cfg.read_only && info.punch_hole;
+    let write_zeroes = discard && info.zero_range;
+    if discard {
+        f |= bit(VIRTIO_BLK_F_DISCARD);
+    }
+    if write_zeroes {
+        f |= bit(VIRTIO_BLK_F_WRITE_ZEROES);
+    }
+    let mut cs = [0u8; off::LEN];
+    let mut put32 = |at: usize, v: u32| cs[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    put32(off::SEG_MAX, SEG_MAX);
+    put32(off::BLK_SIZE, SECTOR_SIZE as u32);
+    if discard {
+        put32(off::MAX_DISCARD_SECTORS, MAX_DWZ_SECTORS);
+        put32(off::MAX_DISCARD_SEG, MAX_DWZ_SEGS);
+        put32(off::DISCARD_SECTOR_ALIGNMENT, 1);
+    }
+    if write_zeroes {
+        put32(off::MAX_WRITE_ZEROES_SECTORS, MAX_DWZ_SECTORS);
+        put32(off::MAX_WRITE_ZEROES_SEG, MAX_DWZ_SEGS);
+    }
+    let capacity = info.size / SECTOR_SIZE;
+    cs[off::CAPACITY..off::CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
+    if write_zeroes {
+        cs[off::WRITE_ZEROES_MAY_UNMAP] = 1;
+    }
+    (f, cs)
+}
+
+/// The io_uring of an `Async` drive, or none: `Sync`, or a host that
+/// refuses the ring (the requests then run one system call each).
+fn async_engine<B: BlockBackend>(
+    cfg: &BlockConfig,
+    backend: &B,
+    mem: &GuestMemory,
+) -> Option<AsyncEngine> {
+    if cfg.io_engine != IoEngine::Async {
+        return None;
+    }
+    match BlockRing::new(backend.as_raw_fd()) {
+        Ok(ring) => Some(AsyncEngine::new(ring, mem.clone())),
+        Err(e) => {
+            log::info!(
+                "virtio-blk: drive {}: io_uring unavailable ({e}); requests run one system \
+                 call each",
+                cfg.id
+            );
+            None
+        }
+    }
+}
+
 impl Block<FileBackend> {
     /// Opens and locks the image and builds the device (and, for
     /// `IoEngine::Async`, its io_uring): everything that must happen before
@@ -135,99 +233,26 @@ impl<B: BlockBackend> Block<B> {
             id: cfg.id.clone(),
             msg,
         };
-        let qs = cfg.queue_size;
-        if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
-            return Err(config_err(format!(
-                "queue size {qs} is not a power of two between 1 and 32768"
-            )));
-        }
-        if cfg.id.len() > super::ID_BYTES {
-            return Err(config_err(format!(
-                "id is {} bytes, GET_ID returns at most {}",
-                cfg.id.len(),
-                super::ID_BYTES
-            )));
-        }
+        check_config(&cfg).map_err(config_err)?;
         let limiter =
             limiter_for(&cfg.rate_limiter).map_err(|e| config_err(format!("rate limiter: {e}")))?;
-        let evt_err = |source| BlockError::Open {
-            path: cfg.path.clone(),
-            source,
-        };
         let info = backend.info();
-        let capacity = info.size / SECTOR_SIZE;
-        let tail = info.size % SECTOR_SIZE;
-        if tail != 0 {
-            log::warn!(
-                "virtio-blk: drive {}: {} is {} bytes, not a whole number of 512-byte \
-                 sectors; the last {tail} bytes are not visible to the guest",
-                cfg.id,
-                cfg.path.display(),
-                info.size
-            );
-        }
-
-        let mut f = bit(VIRTIO_F_VERSION_1)
-            | bit(VIRTIO_BLK_F_BLK_SIZE)
-            | bit(VIRTIO_BLK_F_SEG_MAX)
-            | bit(VIRTIO_RING_F_EVENT_IDX)
-            | bit(VIRTIO_RING_F_INDIRECT_DESC);
-        if cfg.read_only {
-            f |= bit(VIRTIO_BLK_F_RO);
-        }
-        if cfg.cache_type == CacheType::Writeback {
-            f |= bit(VIRTIO_BLK_F_FLUSH);
-        }
-        let discard = !cfg.read_only && info.punch_hole;
-        let write_zeroes = discard && info.zero_range;
-        if discard {
-            f |= bit(VIRTIO_BLK_F_DISCARD);
-        }
-        if write_zeroes {
-            f |= bit(VIRTIO_BLK_F_WRITE_ZEROES);
-        }
-        let mut cs = [0u8; off::LEN];
-        let mut put32 = |at: usize, v: u32| cs[at..at + 4].copy_from_slice(&v.to_le_bytes());
-        put32(off::SEG_MAX, SEG_MAX);
-        put32(off::BLK_SIZE, SECTOR_SIZE as u32);
-        if discard {
-            put32(off::MAX_DISCARD_SECTORS, MAX_DWZ_SECTORS);
-            put32(off::MAX_DISCARD_SEG, MAX_DWZ_SEGS);
-            put32(off::DISCARD_SECTOR_ALIGNMENT, 1);
-        }
-        if write_zeroes {
-            put32(off::MAX_WRITE_ZEROES_SECTORS, MAX_DWZ_SECTORS);
-            put32(off::MAX_WRITE_ZEROES_SEG, MAX_DWZ_SEGS);
-        }
-        cs[off::CAPACITY..off::CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
-        if write_zeroes {
-            cs[off::WRITE_ZEROES_MAY_UNMAP] = 1;
-        }
-
-        let engine = if cfg.io_engine == IoEngine::Async {
-            match BlockRing::new(backend.as_raw_fd()) {
-                Ok(ring) => Some(AsyncEngine::new(ring, mem.clone())),
-                Err(e) => {
-                    log::info!(
-                        "virtio-blk: drive {}: io_uring unavailable ({e}); requests run one \
-                         system call each",
-                        cfg.id
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-
-        let rq = RequestQueue::new(BLOCK_DEVICE_ID, f, qs, limiter).map_err(evt_err)?;
+        warn_partial_sector(&cfg, info.size);
+        let (features, config_space) = offer(&cfg, &info);
+        let engine = async_engine(&cfg, &backend, &mem);
+        let rq = RequestQueue::new(BLOCK_DEVICE_ID, features, cfg.queue_size, limiter).map_err(
+            |source| BlockError::Open {
+                path: cfg.path.clone(),
+                source,
+            },
+        )?;
         Ok(Block {
             rq,
             cfg,
             mem,
             backend,
             info,
-            config_space: cs,
+            config_space,
             config_generation: 0,
             metrics: Arc::default(),
             engine,

@@ -649,11 +649,15 @@ mod tests {
     #[test]
     fn test_activation_before_registration() {
         let NetFixture {
-            mem,
-            net,
+            rig:
+                DirectRig {
+                    mem,
+                    dev: net,
+                    evmgr,
+                    irq,
+                    ..
+                },
             peer,
-            evmgr,
-            irq,
             ..
         } = NetFixture::new_inactive(NetConfig::default());
         // Forget the harness' event manager: a second one will pick the

@@ -350,11 +350,40 @@ impl TxVirtio {
         let mut results = std::mem::take(&mut self.batch.results);
         results.clear();
         results.resize(n, NOT_TRIED);
+        self.write_batch(backend, ring, &mut results, metrics);
+        let again = self.settle(&results, pass, metrics);
+        if again == 0 && n == self.batch.items.len() {
+            self.batch.items.clear();
+            self.batch.segs.clear();
+        } else {
+            // Keep what the backend pushed back, and the unpaid tail.
+            self.batch
+                .retain(|i| results.get(i).is_none_or(|&r| pushed_back(r)));
+        }
+        self.batch.results = results;
+        if again > 0 {
+            events::inc(&metrics.tap_eagain);
+        }
+        again == 0
+    }
+
+    /// Writes the paid chains of the batch: through the ring, or one
+    /// system call each without one and for what a failed ring did not
+    /// write, until the backend pushes one back. Each result is what the
+    /// kernel said of its frame, or `NOT_TRIED`.
+    #[inline(always)]
+    fn write_batch<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<WriteRing>,
+        results: &mut [i32],
+        metrics: &NetMetrics,
+    ) {
         // The device builds no ring with a bounce buffer (`Net::with_backend`).
         if let Some(r) = ring.as_mut() {
             events::inc(&metrics.tx_batches);
             let batch = &self.batch;
-            if let Err(e) = r.write_frames(n, |i| batch.frame(i), &mut results) {
+            if let Err(e) = r.write_frames(results.len(), |i| batch.frame(i), results) {
                 // Entries the kernel did not take still point at the batch:
                 // the ring goes now, and what it did not write goes frame by
                 // frame below, as everything from now on.
@@ -376,6 +405,12 @@ impl TxVirtio {
                 break;
             }
         }
+    }
+
+    /// Returns every chain whose frame the backend took or refused to the
+    /// guest and counts it; returns how many it pushed back (they stay).
+    #[inline(always)]
+    fn settle(&mut self, results: &[i32], pass: &mut Pass, metrics: &NetMetrics) -> usize {
         let mut again = 0usize;
         for (i, &res) in results.iter().enumerate() {
             let it = self.batch.items[i];
@@ -412,19 +447,7 @@ impl TxVirtio {
             }
             self.queue.add_used(it.head, 0);
         }
-        if again == 0 && n == self.batch.items.len() {
-            self.batch.items.clear();
-            self.batch.segs.clear();
-        } else {
-            // Keep what the backend pushed back, and the unpaid tail.
-            self.batch
-                .retain(|i| results.get(i).is_none_or(|&r| pushed_back(r)));
-        }
-        self.batch.results = results;
-        if again > 0 {
-            events::inc(&metrics.tap_eagain);
-        }
-        again == 0
+        again
     }
 
     /// One frame, one system call (EINTR retried), through the bounce

@@ -5,7 +5,8 @@
 //!
 //! **Every pass is bounded** by the weights and the budget every device
 //! shares: it stops after [`PASS_WEIGHT_CHAINS`] chains, once it has filled
-//! [`PASS_WEIGHT_BYTES`], or once it has read [`PASS_DESC_BUDGET`] ring
+//! [`PASS_WEIGHT_BYTES`], or once it has read
+//! [`PASS_DESC_BUDGET`](crate::virtio::queue::PASS_DESC_BUDGET) ring
 //! entries and descriptors (good and refused chains alike), whichever comes
 //! first, and the event glue re-queues it behind every other ready event.
 //! A request gets at most [`MAX_REQUEST_BYTES`], so a pass fills at most
