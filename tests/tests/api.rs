@@ -263,6 +263,15 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     );
     let mac = r#"{"iface_id":"eth0","host_dev_name":"tap0","guest_mac":"06:00"}"#;
     refused(&sock, "PUT", "/network-interfaces/eth0", Some(mac), "06:00");
+    let bucket = r#"{"rate_limiter":{"bandwidth":{"size":1000}}}"#;
+    refused(&sock, "PUT", "/entropy", Some(bucket), "refill_time");
+    refused(
+        &sock,
+        "PUT",
+        "/entropy",
+        Some(r#"{"src":"/dev/urandom"}"#),
+        "src",
+    );
     // What minivmm has not, named as such.
     refused(&sock, "PUT", "/vsock", Some("{}"), "vsock");
     refused(&sock, "PUT", "/balloon", Some("{}"), "balloon");
@@ -318,6 +327,7 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     assert_eq!(cfg["drives"], json!([]));
     assert_eq!(cfg["network-interfaces"], json!([]));
     assert_eq!(cfg["vsock"], Value::Null);
+    assert_eq!(cfg["entropy"], Value::Null);
     assert!(cfg.get("boot-source").is_none(), "{cfg}");
 
     vm.terminate(Duration::from_secs(10));
@@ -531,6 +541,11 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         "/metrics",
         json!({"metrics_path": "/metrics.json", "interval_s": 0}),
     );
+    // The entropy device, as Firecracker's clients add it: the guest
+    // kernel's hw_random core reads from it on its own.
+    let entropy =
+        json!({"rate_limiter": {"ops": {"size": 100, "one_time_burst": 0, "refill_time": 100}}});
+    put(&sock, "/entropy", entropy.clone());
     put(
         &sock,
         "/logger",
@@ -617,6 +632,18 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     let cfg = get(&sock, "/vm/config");
     let nic = &cfg["network-interfaces"][0];
     assert_eq!(nic["rx_rate_limiter"]["bandwidth"]["size"], 2500, "{cfg}");
+    assert_eq!(
+        cfg["entropy"]["rate_limiter"]["ops"],
+        entropy["rate_limiter"]["ops"]
+    );
+    let served = m["entropy"]["entropy_bytes"]
+        .as_u64()
+        .expect("entropy metrics");
+    assert!(
+        served > 0,
+        "the guest took nothing from the entropy device: {m}"
+    );
+    refused(&sock, "PUT", "/entropy", Some("{}"), "after it started");
     refused(
         &sock,
         "PATCH",

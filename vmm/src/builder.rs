@@ -214,9 +214,7 @@ fn open_tap(
         ),
         Err(e) => warn!("network interface '{}': {}", net.id, crate::error_line(&e)),
     }
-    if !taps.insert(tap.if_name().to_string()) {
-        return Err(BuildError::DuplicateTap(tap.if_name().to_string()));
-    }
+    claim_tap(taps, tap.if_name())?;
     if let (Some(mtu), Ok(host)) = (net.device.mtu, tap.mtu()) {
         if host != u32::from(mtu) {
             warn!(
@@ -228,6 +226,15 @@ fn open_tap(
         }
     }
     Ok(tap)
+}
+
+/// Records that a card has the TAP `name`; `taps` are those of the cards
+/// before it, which may not have it too.
+fn claim_tap(taps: &mut HashSet<String>, name: &str) -> Result<(), BuildError> {
+    if !taps.insert(name.to_string()) {
+        return Err(BuildError::DuplicateTap(name.to_string()));
+    }
+    Ok(())
 }
 
 /// Assembles the guest command line: `base` (the user's whole command line,
@@ -650,6 +657,67 @@ mod tests {
             c.as_cstring().unwrap().into_string().unwrap(),
             "virtio_mmio.device=4K@0xd0000000:5"
         );
+    }
+
+    #[test]
+    fn two_cards_may_not_end_up_on_one_tap() {
+        let mut taps = HashSet::new();
+        claim_tap(&mut taps, "tap0").unwrap();
+        claim_tap(&mut taps, "tap1").unwrap();
+        let err = claim_tap(&mut taps, "tap0").unwrap_err();
+        assert!(
+            matches!(&err, BuildError::DuplicateTap(t) if t == "tap0"),
+            "{err}"
+        );
+    }
+
+    /// The devices a configuration without cards gets: the legacy ones and,
+    /// through the registry's attach step, its drive and entropy device in
+    /// window order, announced on the command line.
+    #[test]
+    fn every_virtio_device_of_the_configuration_is_attached_in_window_order() {
+        use crate::api::runtime::drive_tests::Scratch;
+        use crate::config::entropy::ENTROPY_ID;
+        use arch::x86_64::layout;
+        let Some((_kvm, vm, mem)) = test_vm(32) else {
+            return;
+        };
+        let dir = Scratch::new("build-devices");
+        let image = dir.image("data.img", 8);
+        let cfg = VmmConfig {
+            drives: vec![crate::config::DriveConfig {
+                is_root_device: false,
+                partuuid: None,
+                device: devices::virtio::block::BlockConfig::new("data", &image),
+            }],
+            entropy: Some(devices::virtio::rng::RngConfig::default()),
+            ..crate::config::settings::Settings {
+                kernel: Some("k".into()),
+                ..Default::default()
+            }
+            .finish()
+            .unwrap()
+        };
+        let devices = attach_devices(&cfg, &vm, &mem, &mut TapFds::new(), None).unwrap();
+        let slots: Vec<(DeviceKind, &str, u32)> = devices
+            .manager
+            .virtio()
+            .slots()
+            .iter()
+            .map(|s| (s.kind, s.id.as_str(), s.gsi))
+            .collect();
+        assert_eq!(
+            slots,
+            [
+                (DeviceKind::Block, "data", layout::IRQ_BASE),
+                (DeviceKind::Rng, ENTROPY_ID, layout::IRQ_BASE + 1),
+            ]
+        );
+        assert_eq!(devices.manager.cmdline_words().len(), 2);
+        // The drive takes PATCH; the entropy device has nothing to change.
+        let controls = devices.manager.virtio().controls();
+        assert!(controls.get(DeviceKind::Block, "data").is_some());
+        assert!(controls.get(DeviceKind::Rng, ENTROPY_ID).is_none());
     }
 
     #[test]

@@ -450,6 +450,22 @@ mod tests {
     }
 
     #[test]
+    fn a_card_patch_that_changes_nothing_is_done_as_in_firecracker() {
+        let mut rig = Rig::new(0, None);
+        let before = rig.net.lock().unwrap().rate_limits();
+        for patch in [
+            json!({"iface_id": "eth0"}),
+            json!({"iface_id": "eth0", "rx_rate_limiter": null}),
+        ] {
+            let r = rig
+                .rt
+                .handle(ApiRequest::PatchNetworkInterface("eth0".into(), patch));
+            assert_eq!((r.status, r.body), (204, None));
+        }
+        assert_eq!(rig.net.lock().unwrap().rate_limits(), before);
+    }
+
+    #[test]
     fn a_card_missing_from_the_device_list_is_no_card() {
         let mut rig = Rig::new(0, None);
         rig.rt.devices.clear();

@@ -262,13 +262,9 @@ impl VmmConfig {
                 let drive = &mut self.drives.iter_mut().find(|d| d.device.id == id)?.device;
                 (name == "rate_limiter").then_some(&mut drive.rate_limiter)
             }
-            DeviceKind::Rng => {
-                let rng = self
-                    .entropy
-                    .as_mut()
-                    .filter(|_| id == entropy::ENTROPY_ID)?;
-                (name == "rate_limiter").then_some(&mut rng.rate_limiter)
-            }
+            // Nothing of the entropy device changes while it runs (it has
+            // no control).
+            DeviceKind::Rng => None,
         }
     }
 
