@@ -279,12 +279,15 @@ fn signal_group(pgid: u32, sig: libc::c_int) {
 
 /// How often a watched command is looked at.
 const POLL: Duration = Duration::from_millis(100);
+/// How often a watched command's probe runs (it may start a process of its own).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How long a command ended by SIGINT gets to print its summary before SIGKILL.
 const INT_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs `cmd` to its end, stdin empty and its output captured, in a process group of its own,
 /// under a [`Watch`] of `patience` over the threads of `pids`: its progress is any output byte
-/// or any change in the counters `probe` returns (frames on a TAP, say). When the watch expires
+/// or any change in the counters `probe` returns (frames on a TAP, say; asked once a second).
+/// When the watch expires
 /// the group gets SIGINT (ping and iperf3 print their summary on it), then SIGKILL. When the
 /// command has ended, by itself or not, its group gets SIGKILL too, so no process it started
 /// outlives it or holds its output open.
@@ -306,6 +309,7 @@ pub fn run_watched(
     let (stdout, out_thread) = drain(child.stdout.take().expect("piped stdout"));
     let (stderr, err_thread) = drain(child.stderr.take().expect("piped stderr"));
     let mut watch = Watch::new(patience, pids);
+    let mut probed: (Option<Instant>, Vec<u64>) = (None, Vec::new());
     let mut expired = None;
     let mut interrupted_at: Option<Instant> = None;
     let status = loop {
@@ -318,7 +322,10 @@ pub fn run_watched(
                     stdout.lock().expect("no reader panics").len() as u64,
                     stderr.lock().expect("no reader panics").len() as u64,
                 ];
-                marks.extend(probe());
+                if probed.0.is_none_or(|t| t.elapsed() >= PROBE_EVERY) {
+                    probed = (Some(Instant::now()), probe());
+                }
+                marks.extend_from_slice(&probed.1);
                 if let Err(why) = watch.check(&marks) {
                     expired = Some(why);
                     interrupted_at = Some(Instant::now());
