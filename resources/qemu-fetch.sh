@@ -15,8 +15,8 @@
 # tree the last fetch made, for the check to find with no network and no
 # look at apt's lists (which another `apt-get update` may have moved on).
 #
-# Usage: qemu-fetch.sh            fetch (the set-up: scripts/host-deps.sh),
-#                                 or reuse the tree of the same key
+# Usage: qemu-fetch.sh            the set-up (scripts/host-deps.sh): the
+#                                 current tree if whole, else fetch one
 #        qemu-fetch.sh --cached   never fetch: the current tree, if whole
 # Prints the tree's root (the last line of stdout); fails with one log line.
 # The fetch is bounded (fetch_watched in common.sh): an unreachable registry
@@ -44,33 +44,40 @@ usable() {
     ! qemu_env "$1/root" ldd "$1/root/usr/bin/qemu-system-x86_64" 2>/dev/null | grep -q 'not found'
 }
 
-if [ "${1:-}" = --cached ]; then
-    key=$(cat "$BASE/current" 2>/dev/null || true)
-    if [ -n "$key" ] && usable "$BASE/$key"; then
-        echo "$BASE/$key/root"
-        exit 0
-    fi
-    die "no private QEMU in $BASE (the set-up, scripts/host-deps.sh setup, fetches it)"
-fi
-[ $# -eq 0 ] || die "usage: $0 [--cached]"
+case "${1:-}" in
+    --cached | "")
+        # A whole tree is kept for good (a newer QEMU in the archive is no
+        # reason to fetch again): a warm set-up does no work.
+        key=$(cat "$BASE/current" 2>/dev/null || true)
+        if [ -n "$key" ] && usable "$BASE/$key"; then
+            touch "$BASE/$key"
+            echo "$BASE/$key/root"
+            exit 0
+        fi
+        [ -z "${1:-}" ] || die "no private QEMU in $BASE (the set-up, scripts/host-deps.sh setup, fetches it)"
+        ;;
+    *) die "usage: $0 [--cached]" ;;
+esac
 
 # Every package in qemu-system-x86's dependency closure (alternatives
 # included) that the machine lacks; unneeded extras only cost disk space.
 closure() {
-    apt-cache depends --recurse --no-recommends --no-suggests \
+    local all
+    mapfile -t all < <(apt-cache depends --recurse --no-recommends --no-suggests \
         --no-conflicts --no-breaks --no-replaces --no-enhances qemu-system-x86 |
-        grep -v '^[ <]' | sort -u | while read -r p; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
-    done
+        grep -v '^[ <]' | sort -u)
+    # One dpkg-query for all: the installed ones, then those not among them.
+    comm -23 <(printf '%s\n' "${all[@]}") \
+        <(dpkg-query -W -f='${Package} ${Status}\n' "${all[@]}" 2>/dev/null |
+            awk '/ install ok installed$/ { print $1 }' | sort -u)
 }
 
 # content_key PKG...: a hash of the candidate version's SHA256 of each
 # package, from apt's lists (no network); fails when apt knows none.
 content_key() {
-    local p sums
-    sums=$(for p in "$@"; do
-        apt-cache show --no-all-versions "$p" 2>/dev/null | awk -v p="$p" '/^SHA256:/ { print p, $2; exit }'
-    done)
+    local sums
+    sums=$(apt-cache show --no-all-versions "$@" 2>/dev/null |
+        awk '/^Package:/ { p = $2 } /^SHA256:/ { print p, $2 }')
     [ -n "$sums" ] || return 1
     printf '%s\n' "$sums" | sort | sha256sum | cut -c1-16
 }
