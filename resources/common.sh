@@ -56,13 +56,16 @@ stalled() {
 }
 
 # Bounds of every network fetch (fetch_watched): it ends after FETCH_STALL
-# seconds without progress and after FETCH_CAP seconds in all.
-FETCH_STALL=${MINIVMM_FETCH_STALL:-60}
+# seconds without progress (so that, with the work around it, a registry that
+# cannot be reached fails a fetch within a minute) and after FETCH_CAP
+# seconds in all.
+FETCH_STALL=${MINIVMM_FETCH_STALL:-40}
 FETCH_CAP=${MINIVMM_FETCH_CAP:-3600}
-# apt's own network settings for every apt command that fetches: one retry,
-# and a connection that moves no byte for 30 s fails (apt's default retries a
-# name that does not resolve, item after item, for as long as it is left).
-APT_NET=(-o Acquire::Retries=1 -o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30)
+# apt's own network settings for every apt command that fetches: no retry
+# (apt retries a name that does not resolve item after item, each try as long
+# as the resolver's time-outs: the set-up is run again instead), and a
+# connection that moves no byte for 30 s fails.
+APT_NET=(-o Acquire::Retries=0 -o Acquire::http::Timeout=30 -o Acquire::https::Timeout=30)
 # cargo's: one retry, 30 s without a byte.
 export CARGO_NET_RETRY=${CARGO_NET_RETRY:-1}
 export CARGO_HTTP_TIMEOUT=${CARGO_HTTP_TIMEOUT:-30}
@@ -88,7 +91,10 @@ dirs_fingerprint() {
 # group (a build after the download). Also ends it after FETCH_CAP seconds
 # whatever, and when this script is interrupted. On success CMD's output goes
 # to stderr; on failure one log line says why, with the most telling line of
-# the output. Returns CMD's status (1 when it was ended).
+# the output, and FETCH_UNREACHABLE is set when the cause was the network (no
+# progress, a name that did not resolve, a connection that failed), so that
+# callers do not try another fetch. Returns CMD's status (1 when it was
+# ended).
 fetch_watched() {
     local what=$1 dirs=() out pid fp last_fp cpu last_cpu since start why= status=0 said
     local prev_exit prev_signals prev_cmd=
@@ -100,8 +106,9 @@ fetch_watched() {
     shift
     out=$(mktemp)
     # A background job of a script is not a group leader, so setsid execs CMD
-    # in place: $! is CMD's pid, and its session's and group's id.
-    setsid "$@" >"$out" 2>&1 </dev/null &
+    # in place: $! is CMD's pid, and its session's and group's id. Line
+    # buffered, so that a CMD ended by the watch has written what it said.
+    setsid stdbuf -oL -eL "$@" >"$out" 2>&1 </dev/null &
     pid=$!
     # An interrupted or exiting caller takes the group with it, then runs its
     # own EXIT trap as before; both traps are put back afterwards.
@@ -152,10 +159,18 @@ fetch_watched() {
         return 0
     fi
     [ -n "$why" ] || why="status $status"
-    said=$(grep -E -i -m 1 'resolv|could not connect|connection (refused|timed out)|network is unreachable|spurious network error|failed to fetch|error' "$out" ||
-        grep -v '^[[:space:]]*$' "$out" | tail -n 1 || true)
+    # The line that names the cause, if any does; else the last one.
+    local net='resolv|could not connect|connection (refused|timed out)|network is unreachable|timed out'
+    if said=$(grep -E -i -m 1 "$net" "$out"); then
+        FETCH_UNREACHABLE=1
+    else
+        said=$(grep -E -i -m 1 'failed to fetch|error' "$out" ||
+            grep -v '^[[:space:]]*$' "$out" | tail -n 1 || true)
+    fi
+    case "$why" in no\ progress*) FETCH_UNREACHABLE=1 ;; esac
+    said=$(printf '%s' "$said" | sed 's/^[[:space:]]*//')
     rm -f "$out"
-    log "$what failed ($why; is the registry reachable?): ${said:-no output}"
+    log "$what failed ($why; is the registry reachable?)${said:+: $said}"
     [ "$status" -ne 0 ] || status=1
     return "$status"
 }
@@ -179,11 +194,15 @@ apt_update() {
 }
 
 # apt_install PKG...: downloads the packages (bounded, fetch_watched), then
-# installs them from what was downloaded, with no network.
+# installs them from what was downloaded, with no network; fails with one
+# log line.
 apt_install() {
     fetch_watched "downloading $*" /var/cache/apt/archives -- \
         apt-get "${APT_NET[@]}" install -y --no-install-recommends --download-only "$@" || return 1
-    apt-get install -y --no-install-recommends --no-download "$@" >&2
+    apt-get install -y --no-install-recommends --no-download "$@" >&2 || {
+        log "apt-get install $* failed"
+        return 1
+    }
 }
 
 # apt_plan PKG...: apt's dry run of installing PKG without recommends; fails
@@ -220,25 +239,26 @@ try_packages() {
     apt_plan "${missing[@]}" || planned=$?
     # Absent or stale lists make a package look unknown: plan again on fresh
     # ones. A removal is final.
-    if [ "$planned" -eq 1 ] && apt_update; then
+    if [ "$planned" -eq 1 ] && apt_update && [ -z "${FETCH_UNREACHABLE:-}" ]; then
         log "planning again on refreshed package lists"
         planned=0
         apt_plan "${missing[@]}" || planned=$?
     fi
     [ "$planned" -eq 0 ] || return 1
     log "installing ${missing[*]} (without recommends)"
+    # (Each failure below has said why in one line.)
     if ! apt_install "${missing[@]}"; then
-        # Lists older than the archive name files it no longer has.
-        apt_update || { log "apt-get install ${missing[*]} failed"; return 1; }
+        # Lists older than the archive name files it no longer has; a
+        # registry out of reach stays so.
+        [ -z "${FETCH_UNREACHABLE:-}" ] || return 1
+        apt_update || return 1
         apt_plan "${missing[@]}" || return 1
-        apt_install "${missing[@]}" || {
-            log "apt-get install ${missing[*]} failed"
-            return 1
-        }
+        apt_install "${missing[@]}" || return 1
     fi
 }
 
-# ensure_packages PKG...: try_packages, and stop the script when it fails.
+# ensure_packages PKG...: try_packages, and stop the script when it fails
+# (try_packages has said why).
 ensure_packages() {
-    try_packages "$@" || die "required packages missing: $(missing_packages "$@" | tr '\n' ' ')"
+    try_packages "$@" || exit 1
 }

@@ -79,10 +79,12 @@ ensure_cargo_mutants() {
         return 0
     fi
     log "building cargo-mutants $MUTANTS_VERSION into $root (once; minutes)"
+    local status=0
     fetch_watched "cargo install cargo-mutants@$MUTANTS_VERSION" "${CARGO_DIRS[@]}" -- \
         cargo install --locked --quiet --root "$root" --target-dir "$root/build" \
-        "cargo-mutants@$MUTANTS_VERSION"
+        "cargo-mutants@$MUTANTS_VERSION" || status=$?
     rm -rf "$root/build"
+    return "$status"
 }
 
 # The private QEMU of the QEMU check, unless the machine has one on PATH. A
@@ -99,10 +101,11 @@ case "${1:-}" in
     setup | test)
         ensure_packages "${test[@]}"
         ensure_rust_components
-        fetch_crates || die "the crates of Cargo.lock are not all in cargo's cache"
-        ensure_cargo_mutants || die "cargo-mutants $MUTANTS_VERSION is not installed"
+        # (Each failure has said why in one line.)
+        fetch_crates || exit 1
+        ensure_cargo_mutants || exit 1
         ensure_qemu
         ;;
-    mutants) ensure_cargo_mutants || die "cargo-mutants $MUTANTS_VERSION is not installed" ;;
+    mutants) ensure_cargo_mutants || exit 1 ;;
     *) die "usage: $0 boot|setup|test|mutants" ;;
 esac
