@@ -613,6 +613,15 @@ impl Vm {
         loop {
             let console = self.console();
             if done(&console) {
+                // How close a passing wait came to its window, for the log.
+                eprintln!(
+                    "{}: {what} after {:.1} s; longest silence {:.1} s of the VMM's own time \
+                     (window {:.0} s)",
+                    current_test_name(),
+                    watch.waited().as_secs_f64(),
+                    watch.longest_idle().as_secs_f64(),
+                    patience.stall.as_secs_f64()
+                );
                 return Ok(());
             }
             if let Ok(Some(status)) = self.child.try_wait() {

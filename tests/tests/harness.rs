@@ -85,7 +85,31 @@ fn a_wait_that_keeps_progressing_ends_at_the_cap() {
     }
     assert_eq!(
         w.check_at(t0 + secs(30), &none, &[99]),
-        Err(Expired::Capped { waited: secs(30) })
+        Err(Expired::Capped {
+            own: secs(30),
+            waited: secs(30)
+        })
+    );
+    // The cap is in own time too: 50 s on the clock of which 25 waiting for a CPU is 25 s.
+    let mut w = Watch::new_at(
+        t0,
+        Patience::new(secs(10), secs(30)),
+        &[],
+        delay(3, secs(1)),
+    );
+    for (i, at) in (0..50).step_by(5).enumerate() {
+        let waited_for_cpu = delay(3, secs(1 + at / 2));
+        assert_eq!(
+            w.check_at(t0 + secs(at), &waited_for_cpu, &[i as u64]),
+            Ok(())
+        );
+    }
+    assert_eq!(
+        w.check_at(t0 + secs(60), &delay(3, secs(31)), &[99]),
+        Err(Expired::Capped {
+            own: secs(30),
+            waited: secs(60)
+        })
     );
     assert_eq!(
         Patience::of(secs(60)),
