@@ -16,6 +16,13 @@
 #                    (the guest may write it; the copy goes at the end)
 #   --disk-readonly  the same with `readonly=on`, on the same kind of copy
 # All traffic stays inside the namespace this script creates and deletes.
+#
+# It is also the set-up: before the boot it fetches everything the tests use
+# (scripts/host-deps.sh setup: host packages, crates, cargo-mutants, the QEMU
+# of the QEMU check; resources/build.sh: the guest image), so that
+# scripts/test.sh needs no network afterwards. Its waits on the guest follow
+# progress: console silence for MINIVMM_BOOT_TIMEOUT seconds (900) fails the
+# boot, and three times that in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +54,7 @@ CRASH_RE='segfault at|traps:|general protection|Kernel panic'
 crashed() { grep -E "$CRASH_RE" "$workdir/console" 2>/dev/null; }
 [ "$(id -u)" -eq 0 ] || { log "needs root (network namespace, TAP, /dev/kvm)"; exit 1; }
 
-bash scripts/host-deps.sh boot
+bash scripts/host-deps.sh setup
 # The last four lines: vmlinux, bzImage, initramfs, root disk.
 images=$(bash resources/build.sh | tail -n 4)
 vmlinux=$(sed -n 1p <<<"$images")
@@ -97,7 +104,7 @@ ip netns exec "$NS" "$bin/minivmm" --kernel "$kernel" "${root_args[@]}" --tap ta
     </dev/null > >(tee "$workdir/console") &
 vmm_pid=$!
 
-deadline=$((SECONDS + BOOT_TIMEOUT))
+progress_start
 until grep -q MINIVMM-SERVING "$workdir/console" 2>/dev/null; do
     if grep -qE 'MINIVMM-ERROR|MINIVMM-DISK-[A-Z]+ FAIL' "$workdir/console" 2>/dev/null; then
         log "the guest's init reported an error (see above)"
@@ -115,27 +122,34 @@ until grep -q MINIVMM-SERVING "$workdir/console" 2>/dev/null; do
         [ "$status" -eq 3 ] && log "the guest kernel panicked; on a PVM-backed host its kernel needs resources/kernel/pvm-syscall-fixup.patch (rebuild with resources/build.sh)"
         exit 1
     fi
-    [ $SECONDS -lt $deadline ] || { log "guest not serving after ${BOOT_TIMEOUT}s"; exit 1; }
+    if stalled "$workdir/console" "$BOOT_TIMEOUT"; then
+        log "guest not serving after $((SECONDS - start)) s"
+        exit 1
+    fi
     sleep 1
 done
 log "guest serving after $((SECONDS - start)) s; pinging it from the host side"
 ip netns exec "$NS" ping -c 3 -w 30 -s 1472 "$GUEST_IP" >&2
 # The guest's iperf3 -s takes one client at a time and prints this line each
 # time it is ready for the next; an emulated guest takes seconds, and a
-# client that comes earlier is reset.
+# client that comes earlier is reset. A wait that stalls (120 s without a
+# console byte) goes on to the client anyway.
 iperf3_clients=0
 wait_iperf3_listening() {
-    local deadline=$((SECONDS + 120))
+    progress_start
     while [ "$(grep -c 'Server listening on 5201' "$workdir/console")" -le "$iperf3_clients" ] &&
-        [ $SECONDS -lt $deadline ]; do
+        ! stalled "$workdir/console" 120; do
         sleep 1
     done
     iperf3_clients=$((iperf3_clients + 1))
 }
+# iperf3 has no overall deadline of its own: its receive idle timeout (120 s
+# by default) fails a run whose data stops, and `timeout` caps a run at 15
+# minutes.
 for dir in "" -R; do
     wait_iperf3_listening
     log "iperf3 -c $GUEST_IP -t $TEST_SECONDS $dir (Debian's iperf3 on the host against iperf3 -s in the guest)"
-    ip netns exec "$NS" timeout 180 iperf3 -c "$GUEST_IP" -t "$TEST_SECONDS" ${dir:+"$dir"} \
+    ip netns exec "$NS" timeout 900 iperf3 -c "$GUEST_IP" -t "$TEST_SECONDS" ${dir:+"$dir"} \
         >"$workdir/iperf3$dir.txt"
 done
 for t in TCP_STREAM TCP_RR; do

@@ -21,11 +21,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+LOG_PREFIX=mutants.sh
+# shellcheck source=../resources/common.sh
+. resources/common.sh
 VERSION=27.1.0
+# The set-up (scripts/host-deps.sh, run by scripts/boot.sh and scripts/test.sh)
+# builds this version into the cache; a cargo-mutants of the same version on
+# PATH does as well. Missing, it is built now (bounded: an unreachable
+# registry fails it within a minute).
 ensure_cargo_mutants() {
+    export PATH=$MINIVMM_CACHE/cargo-mutants-$VERSION/bin:$PATH
     if ! cargo mutants --version 2>/dev/null | grep -q "$VERSION"; then
-        echo "mutants.sh: installing cargo-mutants $VERSION" >&2
-        cargo install --locked --quiet "cargo-mutants@$VERSION"
+        bash scripts/host-deps.sh mutants
     fi
 }
 

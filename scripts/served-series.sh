@@ -17,6 +17,9 @@
 # MINIVMM_SERIES_VCPUS=N gives every boot N vCPUs (two series, one per vCPU
 # count, can then run side by side: each boot has its own namespace).
 # All traffic stays inside the namespace each boot creates and deletes.
+# Waits on a guest follow progress (`stalled` in resources/common.sh): console
+# silence for MINIVMM_BOOT_TIMEOUT seconds (900) fails a boot, and three times
+# that in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +30,8 @@ GUEST_IP=10.0.2.2
 BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-900}
 CRASH_RE='segfault at|traps:|general protection|Kernel panic'
 
+# shellcheck source=../resources/common.sh
+. resources/common.sh
 log() { echo "served-series.sh: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "needs root (network namespace, TAP, /dev/kvm)"; exit 1; }
 case "$COUNT" in '' | *[!0-9]*) log "COUNT must be a number, not '$COUNT'"; exit 1 ;; esac
@@ -82,10 +87,10 @@ one_boot() {
         --cmdline "minivmm.mode=serve ip=$GUEST_IP::$HOST_IP:255.255.255.0:guest:eth0:off" \
         </dev/null >"$dir/console" 2>"$dir/minivmm.log" &
     vmm_pid=$!
-    local deadline=$((SECONDS + BOOT_TIMEOUT))
+    progress_start
     while ! grep -q MINIVMM-SERVING "$dir/console"; do
         if grep -qE "MINIVMM-ERROR|$CRASH_RE" "$dir/console" || ! kill -0 "$vmm_pid" 2>/dev/null ||
-            [ $SECONDS -ge $deadline ]; then
+            stalled "$dir/console" "$BOOT_TIMEOUT"; then
             verdict=not-served
             break
         fi
@@ -99,12 +104,15 @@ one_boot() {
         else
             verdict=tcp_rr-failed
         fi
-        # The guest's iperf3 -s may still be starting: its line says when it listens.
-        local wait_until=$((SECONDS + 120))
-        until grep -q 'Server listening on 5201' "$dir/console" || [ $SECONDS -ge $wait_until ]; do
+        # The guest's iperf3 -s may still be starting: its line says when it
+        # listens (a wait that stalls 120 s goes on to the client anyway).
+        progress_start
+        until grep -q 'Server listening on 5201' "$dir/console" || stalled "$dir/console" 120; do
             sleep 1
         done
-        if ip netns exec "$NS" timeout 180 iperf3 -c "$GUEST_IP" -t 3 --json >"$dir/iperf3.json" 2>&1; then
+        # iperf3's receive idle timeout (120 s) fails a run whose data stops;
+        # `timeout` caps it.
+        if ip netns exec "$NS" timeout 900 iperf3 -c "$GUEST_IP" -t 3 --json >"$dir/iperf3.json" 2>&1; then
             ip3=$(json_field "$dir/iperf3.json" end.sum_received.bits_per_second 1e-6)
         else
             [ $verdict = ok ] && verdict=iperf3-failed

@@ -10,6 +10,12 @@
 //! them. Tests that need KVM, root or TUN call [`require`] first, which prints
 //! why and returns false where they are missing. [`fc_schema`] checks JSON
 //! answers against Firecracker's API description.
+//!
+//! No wait on a guest has a fixed wall-clock deadline: each follows progress
+//! ([`progress`]): console bytes for the VM's own waits, output and the TAP's
+//! counters for host-side commands run against the guest ([`run_watched`]),
+//! measured in the VMM's own time, so a host loaded by other work slows a test
+//! down without failing it, while a guest that stops still fails in bounded time.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -20,6 +26,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 pub mod fc_schema;
+pub mod progress;
+
+pub use progress::{run_watched, Expired, Patience, Watch, Watched};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -112,9 +121,31 @@ pub fn pvm_host() -> bool {
 /// without using a CPU, so minivmm runs its event loop and nothing else.
 /// Written to `path` (no guest boot: a VM on it is up in a second).
 pub fn write_halting_kernel(path: &Path) -> std::io::Result<()> {
+    write_elf_kernel(path, &[0xf4, 0xeb, 0xfd])
+}
+
+/// A 64-bit ELF "kernel" that prints an empty console line (a newline to COM1) and then
+/// counts `0x100000` down, over and over: a guest that keeps making progress without a boot,
+/// one line about every second where the guest kernel runs emulated (the PVM hosts), far more
+/// often on hardware virtualization. Written to `path`.
+pub fn write_ticking_kernel(path: &Path) -> std::io::Result<()> {
+    let code = [
+        0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8 (COM1's data register)
+        0xb0, 0x0a, // mov al, '\n'
+        0xee, // out dx, al
+        0xb9, 0x00, 0x00, 0x10, 0x00, // mov ecx, 0x100000
+        0xff, 0xc9, // dec ecx
+        0x75, 0xfc, // jnz (the dec)
+        0xeb, 0xee, // jmp (the start)
+    ];
+    write_elf_kernel(path, &code)
+}
+
+/// Writes a 64-bit ELF executable to `path` whose one segment, loaded at 2 MiB and entered
+/// there, is `code`.
+fn write_elf_kernel(path: &Path, code: &[u8]) -> std::io::Result<()> {
     const LOAD: u64 = 0x20_0000;
     const CODE_OFF: u64 = 0x1000;
-    let code = [0xf4u8, 0xeb, 0xfd];
     let mut f = Vec::new();
     f.extend_from_slice(b"\x7fELF\x02\x01\x01\x00");
     f.extend_from_slice(&[0; 8]);
@@ -138,7 +169,7 @@ pub fn write_halting_kernel(path: &Path) -> std::io::Result<()> {
     f.extend_from_slice(&(code.len() as u64).to_le_bytes());
     f.extend_from_slice(&0x1000u64.to_le_bytes());
     f.resize(CODE_OFF as usize, 0);
-    f.extend_from_slice(&code);
+    f.extend_from_slice(code);
     std::fs::write(path, f)
 }
 
@@ -549,34 +580,93 @@ impl Vm {
         self.stderr.lock().unwrap().clone()
     }
 
-    /// Waits until the console contains `pattern`; false on timeout or exit.
+    /// Waits until the console contains `pattern`; false (after a line saying why) when the
+    /// guest stops making progress or minivmm exits first. `timeout` is a stall window, not a
+    /// deadline: the wait fails after `timeout` of the VMM's own time without a console byte,
+    /// or at [`Patience::CAP_FACTOR`] times `timeout` in all ([`Patience::of`]).
     pub fn wait_for(&mut self, pattern: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.console().contains(pattern) {
-                return true;
-            }
-            if let Ok(Some(_)) = self.child.try_wait() {
-                // Let the reader threads drain what is left.
-                std::thread::sleep(Duration::from_millis(200));
-                return self.console().contains(pattern);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
+        self.wait_for_with(pattern, Patience::of(timeout), &[])
     }
 
-    /// Waits for minivmm to exit by itself.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
+    /// [`Vm::wait_for`] with its own patience, also counting the CPU waits of the processes
+    /// `others` (a peer VM this guest's progress depends on) as time the host took away.
+    pub fn wait_for_with(&mut self, pattern: &str, patience: Patience, others: &[u32]) -> bool {
+        let what = format!("console text {pattern:?}");
+        self.wait_until(&what, patience, others, |console| console.contains(pattern))
+            .is_ok()
+    }
+
+    /// Waits until `done(console so far)` holds, under a [`Watch`] of `patience` whose progress
+    /// is console output and whose own time is that of minivmm and of `others`. On failure it
+    /// prints why (`what` names the wait) and returns it: the watch's verdict, or minivmm's
+    /// exit.
+    pub fn wait_until(
+        &mut self,
+        what: &str,
+        patience: Patience,
+        others: &[u32],
+        mut done: impl FnMut(&str) -> bool,
+    ) -> Result<(), String> {
+        let mut pids = vec![self.pid()];
+        pids.extend_from_slice(others);
+        let mut watch = Watch::new(patience, &pids);
+        loop {
+            let console = self.console();
+            if done(&console) {
+                // How close a passing wait came to its window, for the log.
+                eprintln!(
+                    "{}: {what} after {:.1} s; longest silence {:.1} s of the VMM's own time \
+                     (window {:.0} s)",
+                    current_test_name(),
+                    watch.waited().as_secs_f64(),
+                    watch.longest_idle().as_secs_f64(),
+                    patience.stall.as_secs_f64()
+                );
+                return Ok(());
+            }
             if let Ok(Some(status)) = self.child.try_wait() {
+                // Let the reader threads drain what is left.
                 std::thread::sleep(Duration::from_millis(200));
-                return Some(status);
+                if done(&self.console()) {
+                    return Ok(());
+                }
+                let why = format!("minivmm exited ({status}) first");
+                eprintln!("{}: waiting for {what}: {why}", current_test_name());
+                return Err(why);
+            }
+            if let Err(e) = watch.check(&[console.len() as u64]) {
+                let why = e.to_string();
+                eprintln!("{}: waiting for {what}: {why}", current_test_name());
+                return Err(why);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        None
+    }
+
+    /// Waits for minivmm to exit by itself; `None` when it did not. Like [`Vm::wait_for`],
+    /// `timeout` is a stall window over console output, capped at [`Patience::CAP_FACTOR`]
+    /// times it.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let mut exited = None;
+        let child = &mut self.child;
+        let console = self.console.clone();
+        let mut watch = Watch::new(Patience::of(timeout), &[child.id()]);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                exited = Some(status);
+                break;
+            }
+            let bytes = console.lock().unwrap().len() as u64;
+            if let Err(e) = watch.check(&[bytes]) {
+                eprintln!("{}: waiting for minivmm to exit: {e}", current_test_name());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if exited.is_some() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        exited
     }
 
     /// Waits up to `timeout` for the guest kernel to report eth0 configured
@@ -778,20 +868,55 @@ impl NetNs {
 
     /// Pings `addr` from inside the namespace three times, half a second
     /// apart, with `options` (such as `-s SIZE`) added; returns ping's output.
+    /// Each reply is progress: ping is ended (with SIGINT, so it prints its
+    /// summary) after [`PING_PATIENCE`]'s stall window without one.
     pub fn ping(&self, addr: &str, options: &[&str]) -> String {
-        let out = self
-            .command("ping")
-            // A deadline, not -W: iputils with -W alone exits before a late
-            // reply (an emulated guest's first 8000-byte reply took over a
-            // second) and counts it lost.
-            .args(["-c", "3", "-i", "0.5", "-w", "30"])
-            .args(options)
-            .arg(addr)
-            .output()
-            .expect("running ping");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let cap = PING_PATIENCE.cap.as_secs().to_string();
+        let out = run_watched(
+            self.command("ping")
+                // A deadline, not -W: iputils with -W alone exits before a late
+                // reply (an emulated guest's first 8000-byte reply took over a
+                // second) and counts it lost. The deadline is the cap; the
+                // watch ends a ping that stopped hearing replies sooner.
+                .args(["-c", "3", "-i", "0.5", "-w", &cap])
+                .args(options)
+                .arg(addr),
+            PING_PATIENCE,
+            &[],
+            Vec::new,
+        )
+        .expect("running ping");
+        let mut text = out.stdout_text();
+        if let Some(why) = out.expired {
+            text.push_str(&format!("(ping ended by the test's watch: {why})\n"));
+        }
+        text
+    }
+
+    /// The bytes received and sent on `dev` inside the namespace (`ip -s link`), as progress
+    /// marks for a [`run_watched`] command that moves traffic through it; none if unreadable.
+    pub fn link_bytes(&self, dev: &str) -> Vec<u64> {
+        let out = Command::new("ip")
+            .args(["-n", &self.name, "-j", "-s", "link", "show", "dev", dev])
+            .output();
+        let Ok(out) = out else {
+            return Vec::new();
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+            return Vec::new();
+        };
+        let stats = &v[0]["stats64"];
+        ["rx", "tx"]
+            .iter()
+            .filter_map(|dir| stats[*dir]["bytes"].as_u64())
+            .collect()
     }
 }
+
+/// How long [`NetNs::ping`] waits: 30 s without a reply (what its fixed deadline was), 120 s in
+/// all while replies come.
+pub const PING_PATIENCE: Patience =
+    Patience::new(Duration::from_secs(30), Duration::from_secs(120));
 
 impl NetNs {
     /// Runs `f` on a new thread that has joined this namespace, so sockets it

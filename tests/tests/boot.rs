@@ -31,11 +31,14 @@ use minivmm_tests::{
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
 /// cores, and on the shared development host under load one took 6 minutes.
+/// A stall window (the harness's waits follow progress): console silence
+/// this long, of the VMM's own time, fails the boot; three times it in all.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// From MINIVMM-READY to minivmm's exit: the self-test (20 to 90 s of guest
 /// time on a PVM host; 196 s before its last phase on an AMD host running
-/// three VMs on 2 cores; its own watchdog at 600 s), then init syncs and
-/// resets the VM.
+/// three VMs on 2 cores; its own watchdog fails after 600 s without
+/// progress), then init syncs and resets the VM. Also a stall window over the
+/// console (the self-test prints a line per phase).
 const EXIT_TIMEOUT: Duration = Duration::from_secs(660);
 
 /// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the

@@ -17,6 +17,9 @@
 //! runs on real KVM and on the PVM-backed development hosts, where the guest
 //! kernel's system-call fix-up must be on (asserted: without it no guest
 //! process runs, and the test fails instead of passing on kernel checks).
+//! Every wait on the guest follows progress (the harness's `Watch`): console
+//! output, the TAP's byte counters, a command's output, in the VMM's own
+//! time, so a host loaded by other work slows the test without failing it.
 
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::Path;
@@ -26,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, exit_metrics, guest_image, guest_image_if, last_metrics, metric, mvperf_bin,
-    repo_root, require, Need, NetNs, Vm,
+    cli_args, exit_metrics, guest_image, guest_image_if, last_metrics, metric, metrics_lines,
+    mvperf_bin, repo_root, require, run_watched, Need, NetNs, Patience, Vm, Watch,
 };
 
 const HOST_IP: &str = "10.0.2.1";
@@ -35,7 +38,9 @@ const GUEST_IP: &str = "10.0.2.2";
 const NETCONSOLE_PORT: u16 = 6666;
 /// A served boot took 7.5 minutes on the shared development host under a
 /// load average of 7 (other jobs compiling and fuzzing); a quiet machine
-/// needs well under two.
+/// needs well under two. The stall window of the boot's waits: console
+/// silence this long (of the VMM's own time) fails it, and the waits are
+/// capped at three times this.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// Length of each mvperf test. The guest kernel runs emulated on the PVM
 /// hosts, so each test sees tens to hundreds of transactions or frames.
@@ -53,9 +58,17 @@ const IPERF3_SECONDS: &str = "5";
 const IPERF3_UDP_RATE: &str = "10M";
 /// The TAP's queue during iperf3's UDP run (see `run_guest_iperf3`).
 const IPERF3_UDP_TAP_QUEUE: &str = "100";
-/// An outer bound on one iperf3 run (it has no overall deadline of its own);
-/// the emulated guest needs seconds for a first run of a kernel path.
-const IPERF3_TIMEOUT_S: &str = "180";
+/// How long one iperf3 run may go without output or a byte through the TAP
+/// (it has no overall deadline of its own; the emulated guest needs seconds
+/// for a first run of a kernel path), and its cap.
+const IPERF3_PATIENCE: Patience = Patience::new(Duration::from_secs(180), Duration::from_secs(900));
+/// The host-side mvperf's outer watch: mvperf ends by itself after its grace
+/// without progress; this only bounds a tool that hangs.
+const MVPERF_PATIENCE: Patience = Patience::new(Duration::from_secs(180), Duration::from_secs(900));
+/// How long the guest may take to answer a SYN to a closed port (in the
+/// VMM's own time): a single event, so no progress to watch but the time the
+/// VMM got.
+const RST_PATIENCE: Patience = Patience::new(Duration::from_secs(20), Duration::from_secs(120));
 /// VIRTIO_NET_F_MRG_RXBUF (virtio 1.1 §5.1.3) and VIRTIO_F_VERSION_1.
 const MRG_RXBUF_BIT: u64 = 1 << 15;
 const VERSION_1_BIT: u64 = 1 << 32;
@@ -152,12 +165,23 @@ fn guest_network_end_to_end() {
     }
 
     // A SYN to a port nobody listens on must be refused by the guest kernel.
+    // Attempts of a second each (a SYN each) until one is answered, for as
+    // long as the VMM's own time allows.
+    let vmm = vm.pid();
     let refused = ns
-        .in_thread(|| {
+        .in_thread(move || {
             let addr: SocketAddr = format!("{GUEST_IP}:7").parse().unwrap();
-            TcpStream::connect_timeout(&addr, Duration::from_secs(20))
-                .map(|_| ())
-                .map_err(|e| e.kind())
+            let mut watch = Watch::new(RST_PATIENCE, &[vmm]);
+            loop {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                    other => break other.map(|_| ()).map_err(|e| e.kind()),
+                }
+                if let Err(why) = watch.check(&[]) {
+                    eprintln!("no answer to a SYN: {why}");
+                    break Err(std::io::ErrorKind::TimedOut);
+                }
+            }
         })
         .join()
         .unwrap()
@@ -180,9 +204,17 @@ fn guest_network_end_to_end() {
         lines.lock().unwrap().len()
     );
 
-    // Metrics on SIGUSR1, before any bulk traffic.
+    // Metrics on SIGUSR1, before any bulk traffic: a new line once minivmm
+    // has flushed them.
+    let lines_before = metrics_lines(&metrics).len();
     vm.signal("USR1");
-    std::thread::sleep(Duration::from_secs(1));
+    let mut watch = Watch::new(Patience::of(Duration::from_secs(10)), &[vm.pid()]);
+    while metrics_lines(&metrics).len() <= lines_before {
+        watch
+            .check(&[])
+            .unwrap_or_else(|why| panic!("no metrics line after SIGUSR1: {why}"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let m = last_metrics(&metrics);
     eprintln!("metrics after ping, RST and netconsole: {m}");
     let features = field(&m, "features_negotiated");
@@ -211,7 +243,7 @@ fn guest_network_end_to_end() {
     assert!(field(&m, "tx_batches") > 0, "{m}");
     assert_eq!(field(&m, "host_errors"), 0, "{m}");
 
-    run_guest_netperf(&ns, &tool);
+    run_guest_netperf(&ns, &tool, vm.pid());
     for test in ["TCP_STREAM", "TCP_MAERTS", "TCP_RR", "UDP_STREAM", "UDP_RR"] {
         // The server in the guest logs each session it completed, just after
         // it sent the client its counts.
@@ -221,7 +253,7 @@ fn guest_network_end_to_end() {
             vm.report()
         );
     }
-    run_guest_iperf3(&ns, &vm);
+    run_guest_iperf3(&ns, &mut vm);
     assert!(!vm.console().contains("MINIVMM-ERROR"), "{}", vm.report());
     vm.assert_no_crash();
 
@@ -240,8 +272,9 @@ fn guest_network_end_to_end() {
 }
 
 /// The five netperf-style tests from the host against the server in the
-/// guest; each must report traffic, the RR tests latency percentiles too.
-fn run_guest_netperf(ns: &NetNs, tool: &Path) {
+/// guest (minivmm is process `vmm`); each must report traffic, the RR tests
+/// latency percentiles too.
+fn run_guest_netperf(ns: &NetNs, tool: &Path, vmm: u32) {
     for test in ["TCP_STREAM", "TCP_MAERTS", "TCP_RR", "UDP_STREAM", "UDP_RR"] {
         let mut cmd = ns.command(tool);
         cmd.args(["-t", test, "-H", GUEST_IP, "-l", TEST_SECONDS]);
@@ -250,16 +283,11 @@ fn run_guest_netperf(ns: &NetNs, tool: &Path) {
         if test != "UDP_STREAM" {
             cmd.args(["--grace", TEST_GRACE]);
         }
-        let out = cmd
-            .args(["--udp-timeout-ms", UDP_TIMEOUT_MS, "--json"])
-            .output()
+        cmd.args(["--udp-timeout-ms", UDP_TIMEOUT_MS, "--json"]);
+        let out = run_watched(&mut cmd, MVPERF_PATIENCE, &[vmm], || ns.link_bytes("tap0"))
             .expect("running mvperf");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{test} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = out.stdout_text();
+        assert!(out.success(), "{test} failed: {}", out.stderr_text());
         let v: serde_json::Value = serde_json::from_str(text.trim()).expect("mvperf JSON");
         eprintln!("MVPERF {v}");
         let num = |path: &[&str]| {
@@ -302,37 +330,33 @@ const IPERF3_LISTENING: &str = "Server listening on 5201";
 /// to listen again after one: a client that came too early was seen to be
 /// reset ("unable to receive control message: Connection reset by peer").
 /// So each attempt first waits for the server's next "listening" line on the
-/// console (`*clients` counts the attempts so far), and a busy or reset
+/// console (`*clients` counts the attempts so far; a wait that stalls goes
+/// on to the attempt anyway, as the fixed wait did), and a busy or reset
 /// answer is retried.
-fn iperf3(ns: &NetNs, vm: &Vm, clients: &mut usize, extra: &[&str]) -> serde_json::Value {
+fn iperf3(ns: &NetNs, vm: &mut Vm, clients: &mut usize, extra: &[&str]) -> serde_json::Value {
     for attempt in 1..=5 {
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while vm.console().matches(IPERF3_LISTENING).count() <= *clients
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let seen = *clients;
+        let _ = vm.wait_until(
+            "iperf3's listening line",
+            Patience::of(Duration::from_secs(120)),
+            &[],
+            |console| console.matches(IPERF3_LISTENING).count() > seen,
+        );
         *clients += 1;
-        let out = ns
-            .command("timeout")
-            .args([
-                IPERF3_TIMEOUT_S,
-                "iperf3",
-                "-c",
-                GUEST_IP,
-                "-t",
-                IPERF3_SECONDS,
-            ])
+        let mut cmd = ns.command("iperf3");
+        cmd.args(["-c", GUEST_IP, "-t", IPERF3_SECONDS])
             .args(extra)
-            .arg("--json")
-            .output()
-            .expect("running iperf3");
-        let text = String::from_utf8_lossy(&out.stdout);
+            .arg("--json");
+        let out = run_watched(&mut cmd, IPERF3_PATIENCE, &[vm.pid()], || {
+            ns.link_bytes("tap0")
+        })
+        .expect("running iperf3");
+        let text = out.stdout_text();
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {
             panic!(
                 "iperf3 {extra:?}: no JSON ({e}; status {}): {text}\n{}",
                 out.status,
-                String::from_utf8_lossy(&out.stderr)
+                out.stderr_text()
             )
         });
         let busy = v["error"]
@@ -344,9 +368,10 @@ fn iperf3(ns: &NetNs, vm: &Vm, clients: &mut usize, extra: &[&str]) -> serde_jso
             continue;
         }
         assert!(
-            out.status.success() && v.get("error").is_none(),
-            "iperf3 {extra:?} failed (status {}): {v}",
-            out.status
+            out.success() && v.get("error").is_none(),
+            "iperf3 {extra:?} failed (status {}): {v}\n{}",
+            out.status,
+            out.stderr_text()
         );
         return v;
     }
@@ -360,7 +385,7 @@ fn set_tap_queue(ns: &NetNs, len: &str) {
 }
 
 /// iperf3 TCP both ways and UDP at a fixed rate, host against the guest.
-fn run_guest_iperf3(ns: &NetNs, vm: &Vm) {
+fn run_guest_iperf3(ns: &NetNs, vm: &mut Vm) {
     let mut clients = 0;
     let f = |v: &serde_json::Value, path: &[&str]| {
         path.iter()
@@ -424,12 +449,18 @@ fn guest_image_runs_netperf_under_qemu_tcg() {
         return;
     }
     let _ = guest_image();
-    let out = Command::new("bash")
-        .arg(repo_root().join("resources/qemu-check.sh"))
-        .output()
-        .expect("running qemu-check.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The script's own waits follow the serial log's progress; this outer
+    // watch over its output only bounds a script that hangs, and ends its
+    // whole process group afterwards, so nothing it started outlives it.
+    let out = run_watched(
+        Command::new("bash").arg(repo_root().join("resources/qemu-check.sh")),
+        Patience::new(Duration::from_secs(900), Duration::from_secs(3600)),
+        &[],
+        Vec::new,
+    )
+    .expect("running qemu-check.sh");
+    let stdout = out.stdout_text();
+    let stderr = out.stderr_text();
     eprintln!("{stdout}");
     if out.status.code() == Some(77) {
         let why = stderr
@@ -439,8 +470,5 @@ fn guest_image_runs_netperf_under_qemu_tcg() {
         eprintln!("SKIP guest_image_runs_netperf_under_qemu_tcg: {why}");
         return;
     }
-    assert!(
-        out.status.success(),
-        "qemu-check.sh failed\n{stdout}\n{stderr}"
-    );
+    assert!(out.success(), "qemu-check.sh failed\n{stdout}\n{stderr}");
 }

@@ -10,18 +10,27 @@
 //! devices and the bridge, so both VMs' metrics must show the traffic. Both
 //! end with 0 on SIGTERM. Two boots, one after the other (a boot is 30 to
 //! 120 s on a PVM host; two at once on two shared cores only slow both).
+//! Every wait follows progress (the harness's `Watch`): B's console, in the
+//! time both VMMs got a CPU, so a host loaded by other work slows the test
+//! without failing it; inside B, mvperf's own waits follow progress too.
 
 use std::time::Duration;
 
-use minivmm_tests::{cli_args, guest_image, last_metrics, metric, require, Need, NetNs, Vm};
+use minivmm_tests::{
+    cli_args, guest_image, last_metrics, metric, require, Need, NetNs, Patience, Vm, READY,
+};
 
 const HOST_CIDR: &str = "10.0.5.1/24";
 const A_IP: &str = "10.0.5.2";
 const B_IP: &str = "10.0.5.3";
+/// A boot's stall window: console silence this long (of the VMM's own time)
+/// fails it; [`Vm::wait_for`] caps it at three times this.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
-/// B's whole client run: ping, two 5 s mvperf tests and a 5 s iperf3, each
-/// with first-run delays on both emulated guests.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(600);
+/// B's client run: ping, two 5 s mvperf tests and a 5 s iperf3, each with
+/// first-run delays on both emulated guests; B prints a line before each
+/// step, so this long without a line (in the time either VMM got a CPU)
+/// is a stall. An mvperf that fails ends after its grace (60 s) with a line.
+const CLIENT_STALL: Duration = Duration::from_secs(600);
 
 /// Counter `key` of a guest's NIC in metrics line `m`.
 fn frames(m: &serde_json::Value, key: &str) -> u64 {
@@ -94,7 +103,16 @@ fn two_guests_talk_through_a_bridge() {
         &metrics_b,
         &format!("minivmm.mode=client minivmm.peer={A_IP} {}", ip(B_IP)),
     );
-    let done = b.wait_for("MINIVMM-CLIENT DONE", BOOT_TIMEOUT + CLIENT_TIMEOUT);
+    // B's progress depends on A's too: the time either waited for a CPU is
+    // time the host took.
+    let booted = b.wait_for_with(READY, Patience::of(BOOT_TIMEOUT), &[a.pid()]);
+    assert!(booted, "guest B never booted\n{}", b.report());
+    eprintln!("guest B ready after {:.1} s", b.uptime());
+    let done = b.wait_for_with(
+        "MINIVMM-CLIENT DONE",
+        Patience::of(CLIENT_STALL),
+        &[a.pid()],
+    );
     let console = b.console();
     for line in console.lines().filter(|l| l.contains("MINIVMM-CLIENT")) {
         eprintln!("guest B: {line}");

@@ -7,7 +7,7 @@
 //! the binary links statically and runs in a busybox initramfs.
 //!
 //! Exit status: 0 when the test completed with traffic, 1 when it did not (server unreachable,
-//! refused, vanished, silent past `-l` + grace, or nothing got through), 2 for a bad command
+//! refused, vanished, silent for a grace period, or nothing got through), 2 for a bad command
 //! line. Every failure is one line on stderr.
 #![deny(unsafe_code)]
 
@@ -99,7 +99,9 @@ struct Cli {
     #[arg(long)]
     json: bool,
 
-    /// Extra seconds allowed beyond -l (and for connecting) before a silent server is an error.
+    /// Seconds any wait may go without progress (a connection, a control message, bytes or a
+    /// transaction moved) before a silent server is an error; the whole run is capped at -l
+    /// plus ten times this.
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = parse_secs)]
     grace: f64,
 
@@ -148,7 +150,7 @@ enum Command {
     /// Stress what userspace relies on (threads and their TLS, clone, fork, exec, signals,
     /// context switches), print one `MINIVMM-SELFTEST PASS|FAIL` line, exit 0 or 1.
     Selftest {
-        /// Fail (and exit) if the run has not finished after this many seconds.
+        /// Fail (and exit) after this many seconds without progress (three times this in all).
         #[arg(long, value_name = "SECONDS", default_value = "600", value_parser = parse_secs)]
         timeout: f64,
         /// Program to exec that exits 0.

@@ -32,7 +32,10 @@
 //! does the same work on any host; on the emulated guest kernel (~2,000 system calls/s) it
 //! took 34 s with 2 vCPUs on a loaded host before the counts were cut to about two thirds;
 //! aim: 10 to 20 s. On an AMD PVM host running three VMs on 2 cores the phases before `libc`
-//! took 196 s with 1 vCPU, so the watchdog (`--timeout`, 600 s by default) is for hangs only.
+//! took 196 s with 1 vCPU. So the watchdog follows progress: the run fails after `--timeout`
+//! (600 s by default) without a step of the main flow done (a thread joined, a turn, a signal
+//! handled, a fork, an exec, a round of C-library checks), or after three times that in all;
+//! a slow host makes the run slower, a hang makes it fail.
 //!
 //! One line on stdout ends the run: `MINIVMM-SELFTEST PASS ...` with the counts, or
 //! `MINIVMM-SELFTEST FAIL <what>`; the exit status is 0 or 1 to match.
@@ -68,8 +71,9 @@ const THREAD_SPAWNS: usize = 2;
 /// runs meanwhile (each a fork and exec: other processes' vector code between the checks).
 const LIBC_THREADS: usize = 3;
 const LIBC_SPAWNS: usize = 3;
-/// How long one signal may take to be handled before it counts as lost.
-const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one signal may take to be handled before it counts as lost: like
+/// [`PING_PONG_STALL`], a step that long without its one event is stuck, not slow.
+const SIGNAL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the first read of [`TAG`] must give in a new thread: a new TLS block starts from the
 /// binary's TLS initialisation image, whatever the parent's value is.
@@ -85,12 +89,24 @@ thread_local! {
 
 /// Signals handled, and handlers that found a thread-local not belonging to their thread.
 static HANDLED: AtomicU64 = AtomicU64::new(0);
+/// Steps of the main flow done (with [`HANDLED`], what the watchdog sees as progress).
+static STEPS: AtomicU64 = AtomicU64::new(0);
+/// The watchdog's cap: this many times `--timeout` in all, progress or not.
+const WATCHDOG_CAP_FACTOR: u32 = 3;
+/// How often the watchdog looks at the progress counters.
+const WATCHDOG_POLL: Duration = Duration::from_secs(1);
+
+/// Counts one step of the main flow done.
+fn step_done() {
+    STEPS.fetch_add(1, Ordering::Relaxed);
+}
 static HANDLER_MISMATCHES: AtomicU64 = AtomicU64::new(0);
 
 /// The self-test's configuration.
 #[derive(Debug, Clone)]
 pub struct SelftestConfig {
-    /// Watchdog: the run fails if it has not finished by then.
+    /// Watchdog: the run fails after this long without progress (and after
+    /// [`WATCHDOG_CAP_FACTOR`] times this in all).
     pub timeout: Duration,
     /// Program to exec (must exit 0 with no arguments).
     pub true_bin: String,
@@ -118,11 +134,10 @@ pub fn run(cfg: &SelftestConfig) -> bool {
     let _ = thread::Builder::new()
         .name("watchdog".into())
         .spawn(move || {
-            thread::sleep(timeout);
-            println!(
-                "MINIVMM-SELFTEST FAIL timed out after {:.0} s",
-                timeout.as_secs_f64()
-            );
+            let why = watch_progress(timeout, || {
+                STEPS.load(Ordering::Relaxed) + HANDLED.load(Ordering::Relaxed)
+            });
+            println!("MINIVMM-SELFTEST FAIL {why}");
             std::process::exit(1);
         });
     match stress(cfg) {
@@ -146,6 +161,33 @@ pub fn run(cfg: &SelftestConfig) -> bool {
         Err(e) => {
             println!("MINIVMM-SELFTEST FAIL {e:#}");
             false
+        }
+    }
+}
+
+/// Returns (why) once `progress()` has not changed for `stall`, or after
+/// [`WATCHDOG_CAP_FACTOR`] times `stall` in all.
+fn watch_progress(stall: Duration, progress: impl Fn() -> u64) -> String {
+    let started = Instant::now();
+    let (mut last, mut progressed) = (progress(), Instant::now());
+    loop {
+        thread::sleep(WATCHDOG_POLL.min(stall));
+        let now = progress();
+        if now != last {
+            (last, progressed) = (now, Instant::now());
+        }
+        if progressed.elapsed() >= stall {
+            return format!(
+                "no progress for {:.1} s (hung after {last} steps)",
+                stall.as_secs_f64()
+            );
+        }
+        if started.elapsed() >= stall * WATCHDOG_CAP_FACTOR {
+            return format!(
+                "still running after {:.0} s ({last} steps), {WATCHDOG_CAP_FACTOR} times the \
+                 stall window",
+                started.elapsed().as_secs_f64()
+            );
         }
     }
 }
@@ -240,6 +282,7 @@ fn phases(
                 bail!("threads: round {round} thread {i} returned another thread's result");
             }
             counts.threads += 1;
+            step_done();
         }
         check_tls(fs_offset, 0).context("threads: main thread")?;
     }
@@ -265,6 +308,7 @@ fn phases(
         }
         counts.forks += 1;
         counts.execs += u64::from(i < FORK_EXECS);
+        step_done();
     }
     check_tls(fs_offset, 0).context("fork: main thread")?;
     phase_done("fork", t);
@@ -328,6 +372,7 @@ fn libc_under_switches(true_bin: &str) -> Result<u64> {
                     // At least a few rounds, so a host that runs the spawns at once still checks.
                     while round < 16 || !stop.load(Ordering::SeqCst) {
                         calls += check_libc_round(i, round)?;
+                        step_done();
                         round += 1;
                     }
                     Ok(calls)
@@ -389,6 +434,7 @@ fn spawn_true(bin: &str) -> Result<()> {
     if !status.success() {
         bail!("exec: {bin} ended with {status}");
     }
+    step_done();
     Ok(())
 }
 
@@ -462,6 +508,7 @@ fn ping_pong(fs_offset: u64, checks: &Arc<AtomicU64>) -> Result<u64> {
                 while *turn < 2 * PING_PONGS {
                     if *turn % 2 == parity {
                         *turn += 1;
+                        step_done();
                         cv.notify_all();
                     } else {
                         let (t, _) = cv
@@ -694,6 +741,41 @@ mod sys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watchdog_fails_a_stall_and_caps_a_run_that_keeps_going() {
+        let stall = Duration::from_millis(300);
+        let t = Instant::now();
+        let why = watch_progress(stall, || 7);
+        assert_eq!(why, "no progress for 0.3 s (hung after 7 steps)");
+        assert!(
+            t.elapsed() >= stall && t.elapsed() < stall * 3,
+            "{:?}",
+            t.elapsed()
+        );
+
+        let ticks = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let (ticks, stop) = (Arc::clone(&ticks), Arc::clone(&stop));
+            thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    ticks.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let t = Instant::now();
+        let why = watch_progress(stall, || ticks.load(Ordering::SeqCst));
+        stop.store(true, Ordering::SeqCst);
+        ticker.join().expect("ticker");
+        assert!(why.starts_with("still running after"), "{why}");
+        assert!(
+            t.elapsed() >= stall * WATCHDOG_CAP_FACTOR,
+            "{:?}",
+            t.elapsed()
+        );
+    }
 
     #[test]
     fn tls_checks_catch_a_wrong_value() {

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Socket calls std does not expose: buffer sizes, and a send with `MSG_CONFIRM`.
+//! Socket calls std does not expose: buffer sizes, what a TCP socket still holds for its peer,
+//! and a send with `MSG_CONFIRM`.
 //!
 //! netperf prints the send and receive socket buffer sizes of both ends; reading them needs
 //! `getsockopt(SO_SNDBUF/SO_RCVBUF)`. This is the crate's only unsafe code.
@@ -35,6 +36,37 @@ pub fn recv_buf(fd: &impl AsRawFd) -> u64 {
     get_int_opt(fd, libc::SO_RCVBUF).unwrap_or(0)
 }
 
+/// Sets `SO_RCVBUF` (tests: a receiver with a small window).
+#[cfg(test)]
+pub fn set_recv_buf(fd: &impl AsRawFd, bytes: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: `fd` is a live socket borrowed for the call; the option value is a valid int
+    // whose exact size is passed, and the kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The bytes a TCP socket holds that its peer has not acknowledged yet (`SIOCOUTQ`: unsent
+/// plus in flight); `None` if the kernel does not say.
+pub fn unacked(fd: &impl AsRawFd) -> Option<u64> {
+    let mut val: libc::c_int = 0;
+    // SAFETY: `fd` is a live socket borrowed for the call; SIOCOUTQ (the same request number as
+    // TIOCOUTQ) writes one int into `val`, a valid, writable local of that type.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut val) };
+    (rc == 0).then(|| u64::try_from(val).unwrap_or(0))
+}
+
 /// Sends one datagram on a connected socket with `MSG_CONFIRM`: the caller has just heard
 /// from the peer, so the kernel may take its neighbour entry as reachable instead of probing
 /// it. A probe's answer can wait behind a flood the peer is sending us (a TAP's 1000 frames
@@ -63,6 +95,37 @@ mod tests {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
         assert!(send_buf(&s) > 0);
         assert!(recv_buf(&s) > 0);
+    }
+
+    #[test]
+    fn unacked_counts_what_the_peer_has_not_taken() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let mut tx =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (mut rx, _) = listener.accept().expect("accept");
+        assert_eq!(unacked(&tx), Some(0));
+        // More than the receiver's buffer takes: the rest waits in ours, unacknowledged.
+        tx.set_nonblocking(true).expect("nonblocking");
+        let chunk = [7u8; 65536];
+        let mut written = 0u64;
+        while let Ok(n) = tx.write(&chunk) {
+            written += n as u64;
+        }
+        let held = unacked(&tx).expect("SIOCOUTQ");
+        assert!(held > 0 && held <= written, "{held} of {written}");
+        let mut got = vec![0u8; 1 << 20];
+        let n = rx.read(&mut got).expect("read");
+        assert!(n > 0);
+        // Reading opened the window: what we held moves on, and is soon acknowledged.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while unacked(&tx) == Some(held) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(unacked(&tx).expect("SIOCOUTQ") < held);
+        // Not a TCP socket: the kernel says nothing useful, and nothing breaks.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let _ = unacked(&udp);
     }
 
     #[test]
