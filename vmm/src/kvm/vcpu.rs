@@ -205,6 +205,17 @@ impl Vcpu {
         self.id
     }
 
+    /// The vCPU's KVM descriptor, for reading and writing its state.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// The vCPU's KVM descriptor, for a test that drives it by hand.
+    #[cfg(test)]
+    pub fn into_fd(self) -> VcpuFd {
+        self.fd
+    }
+
     /// Applies CPUID, MSRs, FPU and LAPIC LINT setup; the boot vCPU also gets
     /// the long-mode registers pointing at the kernel entry.
     pub fn configure(
