@@ -35,7 +35,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::queue::{
     check_overlaps, GuestRegions, RingAddrs, RingFeatures, SplitQueue, MAX_QUEUE_SIZE,
 };
+use super::persist::{PersistError, QueueState, TransportState, VirtioState};
 use super::{status, GuestMemory, Interrupt, IrqTrigger, VirtioDevice};
+use super::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use crate::warn::warn_rate_limited;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
@@ -272,6 +274,128 @@ impl MmioTransport {
     /// The features the driver acked (meaningful once FEATURES_OK stuck).
     pub fn acked_features(&self) -> u64 {
         self.acked_features
+    }
+
+    /// The window's registers and the device's own state, for a snapshot
+    /// (taken between two passes of the device, with the vCPUs paused).
+    pub fn save(&self) -> VirtioState {
+        let transport = TransportState {
+            device_id: self.device_id,
+            status: self.status,
+            activated: self.activated,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            acked_features: self.acked_features,
+            queue_sel: self.queue_sel,
+            queues: self
+                .queues
+                .iter()
+                .map(|q| QueueState {
+                    max_size: q.max_size,
+                    size: q.size,
+                    ready: q.ready,
+                    desc_table: q.desc_table,
+                    avail_ring: q.avail_ring,
+                    used_ring: q.used_ring,
+                })
+                .collect(),
+            interrupt_status: self.interrupt.status.load(Ordering::SeqCst),
+        };
+        VirtioState {
+            transport,
+            device: lock(&self.device).save_state(),
+        }
+    }
+
+    /// Takes back what [`save`](Self::save) returned, into a transport
+    /// that has not been touched since it was made. The saved state is
+    /// input from outside: it is checked as the driver's register writes
+    /// would have been (features offered, status reachable), the device's
+    /// own part by the device, and an activated device's queues exactly as
+    /// at DRIVER_OK before the device is activated over them, each ring
+    /// resumed from its `used.idx`. An activated device then gets one
+    /// used-buffer interrupt: an interrupt pending at the snapshot is not
+    /// lost, and an extra one only makes the driver look at its rings. On
+    /// an error the transport is left half restored; the caller discards
+    /// the VM.
+    pub fn restore(&mut self, state: &VirtioState) -> Result<(), PersistError> {
+        let t = &state.transport;
+        self.check_restorable(t)?;
+        lock(&self.device).restore_state(&state.device)?;
+        self.status = t.status;
+        self.device_features_sel = t.device_features_sel;
+        self.driver_features_sel = t.driver_features_sel;
+        self.acked_features = t.acked_features;
+        self.queue_sel = t.queue_sel;
+        for (q, saved) in self.queues.iter_mut().zip(&t.queues) {
+            q.size = saved.size;
+            q.ready = saved.ready;
+            q.desc_table = saved.desc_table;
+            q.avail_ring = saved.avail_ring;
+            q.used_ring = saved.used_ring;
+        }
+        self.interrupt
+            .status
+            .store(t.interrupt_status, Ordering::SeqCst);
+        if t.activated {
+            let mut queues = self.build_queues().map_err(PersistError::Activate)?;
+            queues.iter_mut().for_each(SplitQueue::resume_from_ring);
+            let interrupt: Arc<dyn Interrupt> = self.interrupt.clone();
+            lock(&self.device)
+                .activate(self.acked_features, queues, interrupt)
+                .map_err(|e| PersistError::Activate(e.to_string()))?;
+            self.activated = true;
+            self.interrupt.signal_used_queue();
+        }
+        Ok(())
+    }
+
+    /// The checks of [`restore`](Self::restore) that need no device lock.
+    fn check_restorable(&self, t: &TransportState) -> Result<(), PersistError> {
+        use status::*;
+        if t.device_id != self.device_id {
+            return Err(PersistError::DeviceType {
+                saved: t.device_id,
+                actual: self.device_id,
+            });
+        }
+        let actual_sizes: Vec<u16> = self.queues.iter().map(|q| q.max_size).collect();
+        let saved_sizes: Vec<u16> = t.queues.iter().map(|q| q.max_size).collect();
+        if saved_sizes != actual_sizes {
+            return Err(PersistError::Queues {
+                saved: t.queues.len(),
+                saved_sizes,
+                actual_sizes,
+            });
+        }
+        let bad = |why: String| Err(PersistError::Transport(why));
+        let steps = t.status & !(DEVICE_NEEDS_RESET | FAILED);
+        let reachable = [
+            0,
+            ACKNOWLEDGE,
+            ACKNOWLEDGE | DRIVER,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        ];
+        if !reachable.contains(&steps) {
+            return bad(format!("status {:#x} cannot be reached", t.status));
+        }
+        if t.activated && steps & DRIVER_OK == 0 {
+            return bad(format!("activated in status {:#x}", t.status));
+        }
+        if t.acked_features & !self.avail_features != 0 {
+            return bad(format!(
+                "acked features {:#x} were not offered ({:#x})",
+                t.acked_features, self.avail_features
+            ));
+        }
+        if steps & FEATURES_OK != 0 && t.acked_features & (1 << VIRTIO_F_VERSION_1) == 0 {
+            return bad("FEATURES_OK without VIRTIO_F_VERSION_1".into());
+        }
+        if t.interrupt_status & !(VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG) != 0 {
+            return bad(format!("interrupt status {:#x}", t.interrupt_status));
+        }
+        Ok(())
     }
 
     /// Handles a guest read of `data.len()` bytes at `offset` in the window.
