@@ -31,10 +31,10 @@ use devices::virtio::net::{Net, NetBackend, NetError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::command::Answer;
 use super::http::Response;
 use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
-use super::server::Answer;
 use crate::config::{file, VmmConfig};
 use crate::kvm::pause::{kick_all, PauseGate};
 use crate::metrics::{lock_metrics, Metrics};
