@@ -9,7 +9,9 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → `net` → `error` → this module, which depends on none of them.
+//! `settings` → `net` → `error` → this module, which depends on none of them;
+//! [`json`] (the parser that refuses a key given twice, for files and API
+//! bodies) depends on none of them either.
 //!
 //! Plain data only: a `fd=N` is a number here, claimed by the builder, so a
 //! config can be compared, cloned and tested without the host. The bounds
@@ -25,6 +27,7 @@ pub mod cli;
 pub mod drive;
 pub mod error;
 pub mod file;
+pub mod json;
 pub mod net;
 pub mod render;
 pub mod settings;
