@@ -20,7 +20,7 @@
 //! size outside the bounds, a vhost-user `socket`. A locked image (another
 //! VM has it) is found when the device opens it, also before boot.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 
 use devices::rate_limiter::RateLimiterConfig;
@@ -163,6 +163,9 @@ pub fn finish_drives(
         std::fs::OpenOptions::new()
             .read(true)
             .write(!read_only)
+            // A FIFO put in the file's place since the check above must not
+            // hold this open up (the file is only looked at, then closed).
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&path)
             .map_err(|e| err(format!("disk image {}: {e}", path.display())))?;
         let key = (meta.dev(), meta.ino());
