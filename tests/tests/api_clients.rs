@@ -214,8 +214,11 @@ fn a_running_jailed_vm_survives_clients_that_never_read_and_counts_refusals() {
         .map(|_| {
             let mut s = UnixStream::connect(&sock).unwrap();
             s.set_nonblocking(true).unwrap();
-            let one = b"GET /vm/config HTTP/1.1\r\n\r\n".repeat(64);
-            while s.write(&one).is_ok() {}
+            // Whole requests until the socket takes no more.
+            let mut pending = b"GET /vm/config HTTP/1.1\r\n\r\n".repeat(64);
+            while let Ok(n) = s.write(&pending) {
+                pending.rotate_left(n);
+            }
             s
         })
         .collect();
