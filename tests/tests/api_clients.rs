@@ -231,7 +231,11 @@ fn a_running_jailed_vm_survives_clients_that_never_read_and_counts_refusals() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(refused >= 10, "only {refused} connections were refused");
+    assert!(
+        refused >= 10,
+        "only {refused} connections were refused\n{}",
+        vm.report()
+    );
     // The tally of the last second is written a second after the one before.
     std::thread::sleep(Duration::from_millis(1500));
     let log = vm.stderr()[before.len()..].to_string();

@@ -237,6 +237,17 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
     /// was refused (and closed) because every open one is busy.
     pub fn accept(&mut self, stream: S, now: Duration) -> Option<u64> {
         if self.conns.len() >= MAX_CONNECTIONS {
+            // What has arrived counts: a connection whose request is in its
+            // socket, not read yet, is not idle.
+            let reading: Vec<u64> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| matches!(c.phase, Phase::Reading { .. }))
+                .map(|(t, _)| *t)
+                .collect();
+            for t in reading {
+                self.progress(t, now);
+            }
             // The idle connection that waited longest, preferring those
             // with no byte of a request yet.
             let idle = self
@@ -905,19 +916,23 @@ mod tests {
             let (client, t) = connect(&mut c, MS * i);
             clients.push((client, t.unwrap()));
         }
-        // Half a request makes a connection the last to give way.
+        // Half a request makes a connection the last to give way, and a
+        // whole one, not read yet, makes it busy.
         let (first, t0) = &clients[0];
         send(&mut c, first, *t0, b"GET", S);
+        clients[1].0.borrow_mut().to_server.extend(GET);
+        assert_eq!(c.phases()[1].1, PhaseKind::Reading);
         let (newcomer, t) = connect(&mut c, S);
         assert!(!first.borrow().closed);
+        assert_eq!(c.phases()[1].1, PhaseKind::Waiting, "its request was read");
         assert!(
-            clients[1].0.borrow().closed,
+            clients[2].0.borrow().closed,
             "the oldest empty one gives way"
         );
         assert_eq!(c.len(), MAX_CONNECTIONS);
         // Every connection busy: refused, whatever their age.
         send(&mut c, &newcomer, t.unwrap(), GET, S);
-        for (client, t) in &clients[2..] {
+        for (client, t) in &clients[3..] {
             send(&mut c, client, *t, GET, S);
         }
         send(&mut c, first, *t0, b" / HTTP/1.1\r\n\r\n", S);
