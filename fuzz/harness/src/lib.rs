@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 
 pub mod api_http;
+pub mod api_server;
 pub mod block;
 pub mod chain_walk;
 pub mod cli;
@@ -88,5 +89,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "api_http",
         run: api_http::run,
+    },
+    Target {
+        name: "api_server",
+        run: api_server::run,
     },
 ];

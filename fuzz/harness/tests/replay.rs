@@ -137,6 +137,11 @@ fn api_http() {
 }
 
 #[test]
+fn api_server() {
+    replay("api_server");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {
