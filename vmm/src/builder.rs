@@ -3,7 +3,7 @@
 //!
 //! [`build`] runs named steps in an order that fails cheapest first: the
 //! kernel, initramfs and metrics files are opened and the kernel recognised
-//! ([`crate::kernel`]); KVM is checked and the VM created (`create_vm`);
+//! ([`crate::kernel`]), and the drives' images checked ([`crate::images`]); KVM is checked and the VM created (`create_vm`);
 //! guest memory is created (`guest_memory`), then the irqchip and PIT
 //! (`create_irqchip`); the devices are attached (`attach_serial`, the
 //! i8042, `attach_net`, where a bad TAP fails, before boot); the kernel and
@@ -39,6 +39,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::config::drive::root_words;
 use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
+use crate::images::{check_images, ImageError};
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::memory::{self, MemoryError};
 use crate::kvm::pvm;
@@ -80,6 +81,9 @@ pub enum BuildError {
     /// A device could not be attached.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// A drive's image cannot be used.
+    #[error(transparent)]
+    Image(#[from] ImageError),
     /// The kernel command line is invalid or too long.
     #[error("invalid kernel command line")]
     Cmdline(#[source] linux_loader::cmdline::Error),
@@ -285,6 +289,7 @@ pub fn build(
     let mut kernel = KernelImage::open(&cfg.kernel)?;
     let metrics = open_metrics(cfg)?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
+    check_images(&cfg.drives)?;
     steps.done("files");
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;

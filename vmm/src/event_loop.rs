@@ -220,10 +220,9 @@ mod tests {
     use event_manager::{EventManager, SubscriberOps};
 
     use super::*;
-    use crate::api::command::{Answer, ApiCommand, Ticket};
+    use crate::api::command::{open_image, Answer, ApiCommand, OpenedImage, Ticket};
     use crate::api::routes::ApiRequest;
     use crate::api::runtime::drive_tests::{runtime, Scratch};
-    use crate::api::runtime::{open_image, OpenedImage};
 
     /// A [`Control`] over fresh sources on an event manager of its own,
     /// with the handles the tests poke and read.

@@ -14,8 +14,8 @@
 //! key); `id` is the instance id (`--id`, `anonymous-instance` without it),
 //! which Firecracker's lines lack: several VMs writing into one FIFO are told
 //! apart by it; `vmm` holds the VMM's own counters; every network card and
-//! drive follows under its id, so none may be named as one of
-//! [`RESERVED_KEYS`]. Unlike Firecracker's, whose counters restart at every flush, every
+//! drive follows under its id, so none may be named as one of those three
+//! (`config::ids::RESERVED_KEYS`, where the rule for device ids is). Unlike Firecracker's, whose counters restart at every flush, every
 //! counter here is cumulative since minivmm started: a reader takes deltas
 //! between lines and a lost line loses nothing. The objects are serde
 //! serializations of the counter structs, so the keys are their field names.
@@ -30,11 +30,10 @@ use devices::virtio::block::BlockMetrics;
 use devices::virtio::net::NetMetrics;
 use serde::Serialize;
 
+use crate::config::ids::DEFAULT_ID;
+#[cfg(test)]
+use crate::config::ids::RESERVED_KEYS;
 use crate::line_writer::NonBlockingLineWriter;
-
-/// The keys of a line's own fields, which no card or drive id may take
-/// (the configuration checks).
-pub const RESERVED_KEYS: [&str; 3] = ["utc_timestamp_ms", "id", "vmm"];
 
 /// How long the exit flush waits for a slow FIFO reader.
 const EXIT_DRAIN: Duration = Duration::from_secs(1);
@@ -96,7 +95,7 @@ impl Metrics {
     pub fn open(path: &Path) -> std::io::Result<Metrics> {
         Ok(Metrics {
             out: NonBlockingLineWriter::open(path)?,
-            id: crate::config::cli::DEFAULT_ID.to_string(),
+            id: DEFAULT_ID.to_string(),
             start: Instant::now(),
             exits: Arc::default(),
             nets: Vec::new(),
@@ -248,7 +247,7 @@ mod tests {
         m.set_id("vm-7");
         m.flush();
         let lines = lines_of(&p);
-        assert_eq!(lines[0]["id"], crate::config::cli::DEFAULT_ID);
+        assert_eq!(lines[0]["id"], DEFAULT_ID);
         assert_eq!(lines[1]["id"], "vm-7");
         // Firecracker's layout otherwise: the timestamp first, the VMM's
         // object, the devices by id; nothing else at the top.

@@ -40,13 +40,12 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use serde_json::{json, Value};
-use vmm::api::command::{Answer, ApiCommand, Claimed, Ticket};
+use vmm::api::command::{Answer, ApiCommand, Claimed, OpenedImage, Ticket};
 use vmm::api::connections::{
     Connections, PhaseKind, Vmm, MAX_BUFFERED, MAX_CONNECTIONS, MAX_IN_FLIGHT,
 };
 use vmm::api::http::{self, Parsed, Response};
 use vmm::api::routes::{route, ApiRequest};
-use vmm::api::runtime::OpenedImage;
 
 /// One request or stretch of bytes a client sends.
 #[derive(Debug, Clone, Arbitrary)]

@@ -22,15 +22,26 @@
 //!
 //! The VMM wakes the API thread after each answer through an eventfd the
 //! API thread polls, so that thread never waits on the VMM.
+//!
+//! `PATCH /drives/{id}` with a `path_on_host` takes two trips: the event
+//! loop may open no file (its seccomp filter), so its first answer is
+//! [`Answer::Open`] (the path and the drive's read-only setting); the API
+//! thread, whose filter allows opening and locking an image and nothing
+//! more, opens it with [`open_image`] (the same steps as at start:
+//! `FileBackend`'s open, regular-file check and lock) and sends the request
+//! again with the [`OpenedImage`] (`connections` does both trips). The path
+//! resolves where the API thread runs: inside the jail, if minivmm was
+//! jailed. The event loop checks everything that needs no file before it
+//! asks, so a bad request opens nothing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use devices::virtio::block::{BlockError, FileBackend, FileId};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::http::Response;
 use super::routes::ApiRequest;
-use super::runtime::OpenedImage;
 
 /// What the VMM answers a command with.
 #[derive(Debug)]
@@ -50,6 +61,49 @@ pub enum Answer {
 impl From<Response> for Answer {
     fn from(r: Response) -> Self {
         Answer::Reply(r)
+    }
+}
+
+/// What the API thread found opening an image for `PATCH /drives`
+/// ([`open_image`]).
+#[derive(Debug)]
+pub enum OpenedImage {
+    /// A regular file, opened as the drive is (read-only or not) and
+    /// locked; not probed yet (the event loop does that).
+    Image(FileBackend),
+    /// A regular file whose lock another open file holds: another
+    /// process's image, another drive's, or this drive's own (named again
+    /// so that the guest sees its new size).
+    Locked {
+        /// Which file it is.
+        id: FileId,
+        /// Its size in bytes.
+        size: u64,
+        /// The error to report if it is not this drive's.
+        error: String,
+    },
+    /// Why it could not be opened, in one line.
+    Failed(String),
+}
+
+/// Opens the image `path` for a drive (`read_only` as the drive is) as
+/// the builder does at start, less the `fallocate` probes: on the API
+/// thread, whose filter allows this and nothing more.
+pub fn open_image(path: &Path, read_only: bool) -> OpenedImage {
+    let line = |e: BlockError| crate::one_line(e.to_string());
+    let image = match FileBackend::open_unlocked(path, read_only) {
+        Ok(i) => i,
+        Err(e) => return OpenedImage::Failed(line(e)),
+    };
+    let (id, size) = (image.id(), image.size());
+    match image.lock() {
+        Ok(b) => OpenedImage::Image(b),
+        Err(e @ BlockError::Locked(_)) => OpenedImage::Locked {
+            id,
+            size,
+            error: line(e),
+        },
+        Err(e) => OpenedImage::Failed(line(e)),
     }
 }
 

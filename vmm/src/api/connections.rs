@@ -43,10 +43,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use super::command::{Answer, Ticket};
+use super::command::{Answer, OpenedImage, Ticket};
 use super::http::{self, Parsed, Response};
 use super::routes::{route, ApiRequest};
-use super::runtime::OpenedImage;
 
 /// Most open connections.
 pub const MAX_CONNECTIONS: usize = 16;

@@ -25,6 +25,7 @@ use super::routes::{Action, ApiRequest};
 use crate::config::file;
 use crate::config::settings::Settings;
 use crate::config::DEFAULT_MEM_MIB;
+use crate::images::check_images;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
@@ -191,8 +192,13 @@ impl Preboot {
         if settings.kernel.is_none() {
             settings.kernel = Some(PathBuf::from("/"));
         }
-        if let Err(e) = settings.finish() {
-            return fault(&e);
+        match settings.finish() {
+            Ok(cfg) => {
+                if let Err(e) = check_images(&cfg.drives) {
+                    return fault(&e);
+                }
+            }
+            Err(e) => return fault(&e),
         }
         self.doc = candidate;
         Response::no_content()

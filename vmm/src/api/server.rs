@@ -35,10 +35,9 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::command::{ApiCommand, Ticket};
+use super::command::{open_image, ApiCommand, OpenedImage, Ticket};
 use super::connections::{Connections, Vmm};
 use super::routes::ApiRequest;
-use super::runtime::{open_image, OpenedImage};
 
 const LISTENER: u64 = u64::MAX;
 const STOP: u64 = u64::MAX - 1;

@@ -17,11 +17,13 @@ use log::LevelFilter;
 use super::drive::parse_disk;
 use super::error::ConfigError;
 use super::file::{self, FileError};
-use super::net::{
-    key_values, limiter_from_keys, limiter_key, on_off, parse_io_engine, parse_offloads,
-    parse_option, MacAddr, NetSpec,
+use super::ids::DEFAULT_ID;
+use super::net::{parse_offloads, MacAddr, NetSpec};
+use super::parse::{
+    key_values, limiter_from_keys, limiter_key, on_off, parse_host_quirks, parse_io_engine,
+    parse_level, parse_number, parse_option,
 };
-use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
+use super::settings::Settings;
 use super::VmmConfig;
 use crate::process::seccomp::SeccompMode;
 
@@ -39,9 +41,6 @@ pub enum CliError {
     #[error("{0}")]
     Launch(String),
 }
-
-/// Firecracker's default instance id.
-pub const DEFAULT_ID: &str = "anonymous-instance";
 
 /// How minivmm was launched, beside the VM's configuration: the API
 /// socket, the instance id and the jailer's timing flags.

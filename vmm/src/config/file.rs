@@ -29,8 +29,9 @@ use serde_json::Value;
 
 use super::drive::{parse_cache_type, DriveSpec};
 use super::error::ConfigError;
-use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
-use super::settings::{parse_host_quirks, parse_level, Settings};
+use super::net::{parse_offloads, MacAddr, NetSpec};
+use super::parse::{parse_host_quirks, parse_io_engine, parse_level};
+use super::settings::Settings;
 
 /// Errors reading a config file; each names what it is about.
 #[derive(Debug, thiserror::Error)]

@@ -9,13 +9,17 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → `net` → `error` → this module, which depends on none of them;
-//! [`json`] (the parser that refuses a key given twice, for files and API
-//! bodies) depends on none of them either.
+//! `settings` → the device sections (`net`, `drive`) → the shared pieces
+//! ([`parse`], the value parsers; [`ids`], the rule for instance and device
+//! ids) → `error` → this module, which depends on none of them (`render`
+//! reads `net` and this module only); [`json`] (the parser that refuses a
+//! key given twice, for files and API bodies) depends on none of them.
 //!
-//! Plain data only: a `fd=N` is a number here, claimed by the builder, so a
-//! config can be compared, cloned and tested without the host. The bounds
-//! below are the ones every accepted configuration is within.
+//! Plain data only: nothing here opens a file or touches the host. A
+//! `fd=N` is a number, claimed by the builder, and a drive's image is a
+//! path, opened by the builder; so a config can be compared, cloned and
+//! tested without the host. The bounds below are the ones every accepted
+//! configuration is within.
 
 use std::path::PathBuf;
 
@@ -27,8 +31,10 @@ pub mod cli;
 pub mod drive;
 pub mod error;
 pub mod file;
+pub mod ids;
 pub mod json;
 pub mod net;
+pub mod parse;
 pub mod render;
 pub mod settings;
 

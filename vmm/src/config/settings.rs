@@ -5,7 +5,8 @@
 //! each turn their text into [`Settings`], which holds only what the user
 //! wrote; [`Settings::overlay`] layers the command line over the file and
 //! [`Settings::finish`] applies the defaults and validates everything into
-//! one [`VmmConfig`]. The value parsers both inputs share live here too.
+//! one [`VmmConfig`]. The value parsers both inputs share are in
+//! [`super::parse`].
 
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ use log::LevelFilter;
 
 use super::drive::{finish_drives, DriveSpec};
 use super::error::ConfigError;
+use super::ids::check_unique_ids;
 use super::net::{check_unique, finish_net, NetSpec};
 use super::{
     HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
@@ -107,8 +109,12 @@ impl Settings {
         if nets.len() + self.drives.len() > MAX_NICS {
             return Err(ConfigError::TooManyDevices(nets.len() + self.drives.len()));
         }
-        let nic_ids: Vec<&str> = nets.iter().map(|n| n.id.as_str()).collect();
-        let drives = finish_drives(self.drives, &nic_ids)?;
+        let drives = finish_drives(self.drives)?;
+        check_unique_ids(
+            nets.iter()
+                .map(|n| ("a network interface", n.id.as_str()))
+                .chain(drives.iter().map(|d| ("a drive", d.device.id.as_str()))),
+        )?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -140,25 +146,6 @@ impl Settings {
     }
 }
 
-/// Parses an unsigned number in decimal or, with a `0x` prefix, hexadecimal
-/// (`0x80000`, as vhost-net's weights are usually written).
-pub fn parse_number(s: &str) -> Result<u64, ConfigError> {
-    let t = s.trim();
-    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => t.parse(),
-    };
-    parsed.map_err(|_| ConfigError::Number(s.to_string()))
-}
-
-/// Parses a log level, Firecracker's spellings (`Warning`, any case) included.
-pub fn parse_level(s: &str) -> Result<LevelFilter, ConfigError> {
-    match s.to_ascii_lowercase().as_str() {
-        "warning" => Ok(LevelFilter::Warn),
-        l => l.parse().map_err(|_| ConfigError::LogLevel(s.to_string())),
-    }
-}
-
 /// Checks the memory size.
 pub fn validate_mem(mib: u64) -> Result<u64, ConfigError> {
     if mib < MIN_MEM_MIB {
@@ -181,16 +168,6 @@ pub fn validate_vcpus(n: u64) -> Result<u8, ConfigError> {
     }
 }
 
-/// Parses the host quirks switch: `auto`, `on` or `off`.
-pub fn parse_host_quirks(s: &str) -> Result<HostQuirks, ConfigError> {
-    match s {
-        "auto" => Ok(HostQuirks::Auto),
-        "on" => Ok(HostQuirks::On),
-        "off" => Ok(HostQuirks::Off),
-        _ => Err(ConfigError::Quirks(s.to_string())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,28 +175,6 @@ mod tests {
     use crate::config::TapBackend;
     use devices::rate_limiter::RateLimiterConfig;
     use devices::virtio::net::Offloads;
-
-    #[test]
-    fn numbers_in_decimal_and_hex() {
-        assert_eq!(parse_number("524288").unwrap(), 0x80000);
-        assert_eq!(parse_number("0x80000").unwrap(), 0x80000);
-        assert_eq!(parse_number("0X1F").unwrap(), 31);
-        for bad in ["", "0x", "-1", "12k", "0x1g", "1.5"] {
-            assert!(
-                matches!(parse_number(bad), Err(ConfigError::Number(_))),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn log_levels_in_both_spellings() {
-        assert_eq!(parse_level("Warning").unwrap(), LevelFilter::Warn);
-        assert_eq!(parse_level("warn").unwrap(), LevelFilter::Warn);
-        assert_eq!(parse_level("INFO").unwrap(), LevelFilter::Info);
-        assert_eq!(parse_level("Off").unwrap(), LevelFilter::Off);
-        assert!(parse_level("loud").is_err());
-    }
 
     fn nic(tap: &str) -> NetSpec {
         NetSpec {
@@ -234,6 +189,33 @@ mod tests {
             nets,
             ..Settings::default()
         }
+    }
+
+    #[test]
+    fn no_two_devices_share_an_id_whatever_their_kinds() {
+        let drive = |id: &str| super::super::drive::DriveSpec {
+            id: Some(id.into()),
+            path: Some("/images/a.img".into()),
+            ..Default::default()
+        };
+        let with = |drives| Settings {
+            drives,
+            ..with_nets(vec![nic("t0")])
+        };
+        // A drive may not take a card's id: both are metrics keys.
+        let e = with(vec![drive("net0")]).finish().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "id 'net0' is used twice, by a network interface and by a drive: device ids are metrics keys"
+        );
+        let e = with(vec![drive("x"), drive("x")]).finish().unwrap_err();
+        assert!(e.to_string().contains("by a drive and by a drive"), "{e}");
+        // No image is opened to say so, nor to accept a good one.
+        let cfg = with(vec![drive("x")]).finish().unwrap();
+        assert_eq!(
+            cfg.drives[0].device.path,
+            std::path::Path::new("/images/a.img")
+        );
     }
 
     #[test]
@@ -466,13 +448,5 @@ mod tests {
             validate_vcpus(255),
             Err(ConfigError::TooManyVcpus(255))
         ));
-    }
-
-    #[test]
-    fn quirks_parse() {
-        assert_eq!(parse_host_quirks("auto").unwrap(), HostQuirks::Auto);
-        assert_eq!(parse_host_quirks("on").unwrap(), HostQuirks::On);
-        assert_eq!(parse_host_quirks("off").unwrap(), HostQuirks::Off);
-        assert!(parse_host_quirks("yes").is_err());
     }
 }

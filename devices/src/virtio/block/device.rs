@@ -24,10 +24,11 @@ use super::uring::BlockRing;
 use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::virtio::events::{self, Activation};
+use crate::virtio::metrics::Counters;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
-    VirtioDevice,
+    check_queues, read_config_space, ActivateError, DeviceMetrics, GuestMemory, Interrupt,
+    VirtioCommon, VirtioDevice,
 };
 
 /// virtio device ID of a block device (virtio 1.1 §5.2.1).
@@ -534,5 +535,9 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         self.registered.requeued = false;
         events::discard_pending([&self.common.queue_evts[0], &self.requeue_evt]);
         self.kick_event_handler();
+    }
+
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
+        self.metrics.clone()
     }
 }

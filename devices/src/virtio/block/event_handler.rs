@@ -27,6 +27,7 @@ use super::device::{Block, Registered};
 use super::metrics::BlockMetrics;
 use super::pass::PassStatus;
 use crate::virtio::events::{self, throttled, PROCESS_ACTIVATE};
+use crate::virtio::metrics::Counters;
 
 /// The driver notified the request queue.
 pub const PROCESS_QUEUE: u32 = 1;

@@ -8,7 +8,7 @@
 //! entries and descriptors (good and refused chains alike, indirect tables
 //! included), whichever comes first, and the event glue re-queues it
 //! through an eventfd behind every other ready event. So a pass reads at
-//! most [`MAX_PASS_READS`] entries and descriptors, whatever the guest
+//! most [`MAX_PASS_READS`](crate::virtio::queue::MAX_PASS_READS) entries and descriptors, whatever the guest
 //! writes into its rings; `BlockMetrics::max_descs_per_pass` shows the
 //! largest seen. With `Sync` a pass also does at most `PASS_REQUESTS`
 //! requests' I/O; with `Async` it queues at most that many (and never
@@ -40,19 +40,13 @@ use super::{CacheType, ID_BYTES, SECTOR_SIZE};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov;
-use crate::virtio::queue::{Budget, QueueError, SplitQueue, MAX_CHAIN_SEGS};
+use crate::virtio::queue::{Budget, QueueError, SplitQueue, PASS_DESC_BUDGET, PASS_WEIGHT_CHAINS};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
-/// Requests one pass takes at most (vhost-net's packet weight).
-pub const PASS_REQUESTS: u32 = 256;
-/// Ring entries and descriptors one pass may read before it yields.
-pub const PASS_DESC_BUDGET: u32 = 8192;
-/// Most ring entries and descriptors a pass can read: the budget is checked
-/// before each chain, one chain costs at most its avail entry, an indirect
-/// descriptor and `MAX_CHAIN_SEGS + 1` buffer descriptors, and the pass may
-/// look at `avail.idx` once more after re-enabling notifications.
-pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
+/// Requests one pass takes at most (vhost-net's packet weight, the shared
+/// [`PASS_WEIGHT_CHAINS`]).
+pub const PASS_REQUESTS: u32 = PASS_WEIGHT_CHAINS;
 
 /// How a pass ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,10 +25,11 @@ use super::{
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::events::{self, Activation};
 use crate::virtio::io_engine::WriteRing;
+use crate::virtio::metrics::Counters;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
-    VirtioDevice,
+    check_queues, read_config_space, ActivateError, DeviceMetrics, GuestMemory, Interrupt,
+    VirtioCommon, VirtioDevice,
 };
 
 /// virtio device ID of a network card (virtio 1.1 §5.1.1).
@@ -447,6 +448,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
                 .chain([&self.rx_requeue_evt, &self.tx_requeue_evt]),
         );
         self.kick_event_handler();
+    }
+
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
+        self.metrics.clone()
     }
 }
 

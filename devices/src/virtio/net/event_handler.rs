@@ -42,6 +42,7 @@ use super::tap::NetBackend;
 use super::tx::TxStatus;
 use super::{RX_INDEX, TX_INDEX};
 use crate::virtio::events::{self, throttled, HostErrors, PROCESS_ACTIVATE};
+use crate::virtio::metrics::Counters;
 use crate::warn::warn_rate_limited;
 
 /// The driver notified the RX queue (new receive buffers).

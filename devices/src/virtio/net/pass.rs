@@ -7,7 +7,7 @@
 //! or a packet weight (vhost-net's 0x80000 bytes / 256 packets by default) so
 //! that a flood in one direction cannot delay the other. Independently of the
 //! weights, and also when they are 0, a pass stops once it has read
-//! [`PASS_DESC_BUDGET`] ring entries and descriptors: every descriptor read
+//! [`PASS_DESC_BUDGET`] (shared by every device) ring entries and descriptors: every descriptor read
 //! counts, through indirect tables too, for good and refused chains alike,
 //! and a refused chain counts as one packet against the packet weight. RX
 //! cache filling spends the same budget. A pass may also end by time: with a
@@ -17,8 +17,8 @@
 //! their size and the host; the time budget bounds what the other direction
 //! waits for, which is what fairness is about. A pass cut short any of these
 //! ways returns `WeightHit` and the event glue re-queues it behind every
-//! other ready event. So a pass never reads more than `MAX_PASS_READS`
-//! (the bound the tests and fuzz rigs hold it to, in `test_utils`) ring
+//! other ready event. So a pass never reads more than
+//! [`MAX_PASS_READS`](crate::virtio::queue::MAX_PASS_READS) ring
 //! entries and descriptors, whatever the guest writes into its rings and
 //! whenever it writes it; `NetMetrics::max_descs_per_pass` shows the largest
 //! seen.
@@ -32,15 +32,9 @@ use std::time::{Duration, Instant};
 use super::metrics::{NetMetrics, TimeCounter};
 use crate::rate_limiter::RateLimiterError;
 use crate::virtio::events;
-use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue};
+use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue, PASS_DESC_BUDGET};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
-
-/// Ring entries and descriptors one pass may read before it yields, whatever
-/// the weights (a fixed hard cap: 0 weights only turn the weights off). Well
-/// above what a weighted pass of real traffic reads: 256 frames of 19
-/// descriptors (a 64 KiB frame in page fragments) are 5,120.
-pub const PASS_DESC_BUDGET: u32 = 8192;
 
 /// Packets (frames and refused chains) between two looks at the clock when a
 /// pass has a time budget. The clock is the vDSO's (tens of ns, about 1 % of

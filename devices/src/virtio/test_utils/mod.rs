@@ -37,26 +37,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use vm_memory::{GuestAddress, GuestMemoryError};
 
-use super::net::pass::PASS_DESC_BUDGET;
-use super::queue::MAX_CHAIN_SEGS;
-
 #[cfg(doc)]
 use super::mmio::MmioTransport;
 use super::{GuestMemory, Interrupt};
-
-/// Most ring entries and descriptors one net-device pass can read: the
-/// oracle the robustness tests and the fuzz rigs hold every pass to (the
-/// device itself stops at its budget and never looks at this bound). The
-/// budget is checked before each chain, one chain costs at most its avail
-/// entry, the descriptor pointing to an indirect table and
-/// `MAX_CHAIN_SEGS + 1` buffer descriptors (the last one refused), and the
-/// pass may look at `avail.idx` once more after re-enabling notifications.
-pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
 
 mod driver_queue;
 mod dummy_device;
 mod layouts;
 mod mock_driver;
+mod rig;
 
 pub use driver_queue::{
     desc_bytes, write_indirect_table, DriverQueue, QueueLayout, Segment, UsedElem,
@@ -64,6 +53,7 @@ pub use driver_queue::{
 pub use dummy_device::DummyDevice;
 pub use layouts::{adjacent_cases, aliasing_cases, LayoutCase};
 pub use mock_driver::MockDriver;
+pub use rig::{DeviceRig, DRIVER_ALLOC_BASE};
 
 /// An interrupt that counts what the device raised: used-buffer
 /// interrupts, configuration changes and device-error reports.

@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering;
 use vm_memory::Bytes;
 
 use super::fixture::*;
-use crate::virtio::block::pass::{MAX_PASS_READS, PASS_REQUESTS};
+use crate::virtio::block::pass::PASS_REQUESTS;
 use crate::virtio::block::{IoEngine, OpKind, SEG_MAX};
+use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::VirtioDevice;
 
 const SECTOR: usize = 512;

@@ -29,6 +29,7 @@ use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 pub use crate::virtio::queue::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 pub use crate::virtio::test_utils::DriverQueue;
 use crate::virtio::test_utils::{write_indirect_table, MockDriver};
+pub use crate::virtio::DeviceMetrics;
 
 /// The used entries a queue returned since the last call, as `(id, len)`
 /// pairs: the shape the suites compare and destructure.

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::fixture::*;
-use crate::virtio::net::pass::PASS_DESC_BUDGET;
 use crate::virtio::net::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::virtio::queue::RingAddrs;
-use crate::virtio::test_utils::{aliasing_cases, QueueLayout, Segment, MAX_PASS_READS};
+use crate::virtio::queue::{MAX_PASS_READS, PASS_DESC_BUDGET};
+use crate::virtio::test_utils::{aliasing_cases, QueueLayout, Segment};
 use crate::virtio::VirtioDevice;
 
 /// Event-loop iterations within which the device must go idle once the

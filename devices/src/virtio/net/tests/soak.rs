@@ -42,6 +42,7 @@ use crate::virtio::net::{
     NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::virtio::test_utils::{MockDriver, Rng, Segment, UsedElem};
+use crate::virtio::DeviceMetrics;
 
 /// The bytes frames are cut from: frame `seq` of a direction is a window
 /// of this at an offset that depends on `seq`, so the peer and the checker
