@@ -146,43 +146,52 @@ impl Tally {
 
     /// Writes the line if one is waiting and the last is old enough.
     fn flush(&mut self, now: Duration) {
-        if self.due().is_none_or(|d| d > now) {
-            return;
+        if let Some(line) = self.take_line(now) {
+            log::warn!("{line}");
         }
-        let mut parts = Vec::new();
-        let mut part = |n: u64, what: String| {
-            if n > 0 {
-                parts.push(format!("{n} {what}"));
-            }
-        };
-        part(
-            self.refused,
-            format!("connection(s) refused ({MAX_CONNECTIONS} open, none idle)"),
-        );
-        part(
-            self.evicted,
-            "idle connection(s) closed for newer ones".into(),
-        );
-        part(
-            self.half_requests,
-            format!(
-                "connection(s) closed with half a request after {} s",
-                IDLE_TIMEOUT.as_secs()
+    }
+
+    /// The line to write now, if one is waiting and the last is old
+    /// enough; the counts start again from it.
+    fn take_line(&mut self, now: Duration) -> Option<String> {
+        if self.due().is_none_or(|d| d > now) {
+            return None;
+        }
+        let counts = [
+            (
+                self.refused,
+                format!("connection(s) refused ({MAX_CONNECTIONS} open, none idle)"),
             ),
-        );
-        part(
-            self.unread,
-            format!(
-                "connection(s) closed with an answer unread for {} s",
-                ANSWER_TIMEOUT.as_secs()
+            (
+                self.evicted,
+                "idle connection(s) closed for newer ones".to_string(),
             ),
-        );
-        log::warn!("API socket: {}", parts.join(", "));
+            (
+                self.half_requests,
+                format!(
+                    "connection(s) closed with half a request after {} s",
+                    IDLE_TIMEOUT.as_secs()
+                ),
+            ),
+            (
+                self.unread,
+                format!(
+                    "connection(s) closed with an answer unread for {} s",
+                    ANSWER_TIMEOUT.as_secs()
+                ),
+            ),
+        ];
+        let parts: Vec<String> = counts
+            .into_iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
         *self = Tally {
             last: Some(now),
             lines: self.lines + 1,
             ..Tally::default()
         };
+        Some(format!("API socket: {}", parts.join(", ")))
     }
 }
 
@@ -637,17 +646,15 @@ fn write_out<S: Write>(stream: &mut S, out: &mut Vec<u8>) -> bool {
     ok
 }
 
-/// Reads what has arrived, up to [`MAX_BUFFERED`]: `Some(true)` when bytes
-/// came, `Some(false)` at the end of the stream (or an error, which ends
-/// it as well), `None` when nothing is there yet or the buffer is full.
+/// Reads what has arrived: `Some(true)` when bytes came, `Some(false)` at
+/// the end of the stream (or an error, which ends it as well), `None` when
+/// nothing is there yet. Called only while the buffer holds less than a
+/// whole request at the parser's bounds, so it stays within
+/// [`MAX_BUFFERED`].
 fn read_in<S: Read>(stream: &mut S, buf: &mut Vec<u8>) -> Option<bool> {
-    let room = MAX_BUFFERED.saturating_sub(buf.len()).min(READ_CHUNK);
-    if room == 0 {
-        return None;
-    }
     let mut chunk = [0u8; READ_CHUNK];
     loop {
-        match stream.read(&mut chunk[..room]) {
+        match stream.read(&mut chunk) {
             Ok(0) => return Some(false),
             Ok(n) => {
                 buf.extend_from_slice(&chunk[..n]);
@@ -682,6 +689,12 @@ mod tests {
         gone: bool,
         /// The server closed it.
         closed: bool,
+        /// The next read is interrupted (EINTR).
+        interrupt_read: bool,
+        /// The next write is interrupted.
+        interrupt_write: bool,
+        /// Writes take nothing and say so (`Ok(0)`).
+        zero: bool,
     }
 
     type Client = Rc<RefCell<Pipe>>;
@@ -691,6 +704,9 @@ mod tests {
     impl Read for Stream {
         fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
             let mut p = self.0.borrow_mut();
+            if std::mem::take(&mut p.interrupt_read) {
+                return Err(ErrorKind::Interrupted.into());
+            }
             if p.to_server.is_empty() {
                 return if p.shut || p.gone {
                     Ok(0)
@@ -711,6 +727,12 @@ mod tests {
             let mut p = self.0.borrow_mut();
             if p.gone {
                 return Err(ErrorKind::BrokenPipe.into());
+            }
+            if std::mem::take(&mut p.interrupt_write) {
+                return Err(ErrorKind::Interrupted.into());
+            }
+            if p.zero {
+                return Ok(0);
             }
             let n = buf.len().min(p.room);
             if n == 0 {
@@ -1045,5 +1067,61 @@ mod tests {
         vmm_answers(&mut c, 204, S);
         assert!(got(&client).contains("Connection: close"));
         assert!(client.borrow().closed);
+    }
+
+    #[test]
+    fn interrupted_calls_are_tried_again_and_a_write_of_nothing_ends_the_connection() {
+        let mut c = Conns::new(Queue::default());
+        let (client, t) = connect(&mut c, Duration::ZERO);
+        let t = t.unwrap();
+        // The read and the write are each interrupted once.
+        client.borrow_mut().interrupt_read = true;
+        client.borrow_mut().interrupt_write = true;
+        send(&mut c, &client, t, b"GET / HTT", Duration::ZERO);
+        assert!(c.buffered() > 0, "half a request is buffered");
+        assert!(!client.borrow().interrupt_read, "not read again");
+        send(&mut c, &client, t, b"P/1.1\r\n\r\n", Duration::ZERO);
+        vmm_answers(&mut c, 204, MS);
+        assert!(got(&client).starts_with("HTTP/1.1 204"));
+        assert!(!client.borrow().interrupt_write, "not written again");
+        // A socket that takes nothing: the client is gone.
+        client.borrow_mut().zero = true;
+        send(&mut c, &client, t, GET, MS);
+        vmm_answers(&mut c, 204, MS);
+        assert!(c.is_empty());
+        // A connection the caller could not poll is dropped without a word.
+        let (client, t) = connect(&mut c, S);
+        c.drop_connection(t.unwrap());
+        assert!(client.borrow().closed && c.is_empty());
+        assert_eq!(c.log_lines(), 0);
+    }
+
+    #[test]
+    fn a_log_line_names_what_happened_and_counts_start_again() {
+        let mut t = Tally::default();
+        assert_eq!((t.due(), t.take_line(S)), (None, None));
+        t.refused = 3;
+        t.unread = 1;
+        assert_eq!(t.due(), Some(Duration::ZERO));
+        assert_eq!(
+            t.take_line(S).as_deref(),
+            Some(
+                "API socket: 3 connection(s) refused (16 open, none idle), \
+                 1 connection(s) closed with an answer unread for 5 s"
+            )
+        );
+        assert_eq!((t.lines, t.refused, t.unread), (1, 0, 0));
+        t.evicted = 1;
+        t.half_requests = 2;
+        assert_eq!(t.due(), Some(2 * S));
+        assert_eq!(t.take_line(2 * S - MS), None);
+        assert_eq!(
+            t.take_line(2 * S).as_deref(),
+            Some(
+                "API socket: 1 idle connection(s) closed for newer ones, \
+                 2 connection(s) closed with half a request after 5 s"
+            )
+        );
+        assert_eq!(t.lines, 2);
     }
 }

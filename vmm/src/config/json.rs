@@ -63,10 +63,6 @@ impl<'de> Visitor<'de> for StrictVisitor {
         Ok(Value::String(v.to_owned()))
     }
 
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-
     fn visit_unit<E>(self) -> Result<Value, E> {
         Ok(Value::Null)
     }
@@ -131,5 +127,15 @@ mod tests {
         // Nesting is bounded as serde_json bounds it.
         let deep = "[".repeat(10_000);
         assert!(parse(deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn what_is_not_json_says_what_was_expected() {
+        // serde_json never hands over bytes; another deserializer could.
+        let bytes = serde::de::value::BytesDeserializer::<serde::de::value::Error>::new(b"x");
+        let e = Strict::deserialize(bytes)
+            .err()
+            .expect("bytes are no JSON value");
+        assert!(e.to_string().contains("expected any JSON value"), "{e}");
     }
 }
