@@ -13,9 +13,9 @@
 //!   ([`VirtioDevice::device_metrics`](super::VirtioDevice::device_metrics)),
 //!   so it writes a metrics line by iterating over its devices, whatever
 //!   their kind;
-//! - inside the crate a counter struct implements [`Counters`] (its device
+//! - inside the crate a counter struct implements `Counters` (its device
 //!   name and its host-error counter), and gets [`DeviceMetrics`] and the
-//!   [`HostErrors`] sink of the event glue from it.
+//!   `HostErrors` sink of the event glue from it.
 //!
 //! [`TimeCounter`]: super::time_counter::TimeCounter
 

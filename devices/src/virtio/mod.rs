@@ -30,10 +30,12 @@ pub mod mmio;
 pub mod net;
 pub(crate) mod pass;
 pub mod queue;
+pub(crate) mod request_queue;
 pub mod rng;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod time_counter;
+pub mod vsock;
 
 /// Guest memory as every device in minivmm sees it.
 pub type GuestMemory = GuestMemoryMmap<()>;

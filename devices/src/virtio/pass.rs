@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! What every device's pass over a queue does alike, written once: the
-//! limiter's verdict on a chain, a refused chain given back, a queue that
-//! broke, the look at the ring after it drained, and the reads a pass made.
+//! start and the end of a pass over a request queue, the limiter's verdict
+//! on a chain, a refused chain given back, a queue that broke, the look at
+//! the ring after it drained, and the reads a pass made.
 //!
 //! The bounds themselves ([`PASS_DESC_BUDGET`](super::queue::PASS_DESC_BUDGET),
 //! [`MAX_PASS_READS`](super::queue::MAX_PASS_READS) and the shared weights)
@@ -12,9 +13,60 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::rate_limiter::RateLimiterError;
 use crate::virtio::events::{self, HostErrors};
-use crate::virtio::queue::{Budget, ChainError, QueueError, SplitQueue};
+use crate::virtio::queue::{Budget, ChainError, QueueError, SplitQueue, PASS_DESC_BUDGET};
 use crate::virtio::time_counter::TimeCounter;
+use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
+
+/// The counters of the passes over one request queue, the same in every
+/// device that has such a queue (block, entropy), borrowed from its
+/// metrics for [`end`].
+pub(crate) struct PassCounters<'a> {
+    /// Passes cut short and re-queued.
+    pub(crate) pass_yields: &'a AtomicU64,
+    /// Ring entries and descriptors read.
+    pub(crate) descs_walked: &'a AtomicU64,
+    /// The most one pass read.
+    pub(crate) max_descs_per_pass: &'a AtomicU64,
+    /// Used-buffer interrupts raised.
+    pub(crate) interrupts: &'a AtomicU64,
+    /// Used-buffer interrupts the driver suppressed.
+    pub(crate) interrupts_suppressed: &'a AtomicU64,
+}
+
+/// The start of every pass over a request queue: none on a queue that
+/// broke (`None`); otherwise the pass is counted in `passes`, kicks are
+/// off while it drains the ring, and it gets a fresh descriptor budget.
+pub(crate) fn begin(queue: &mut SplitQueue, broken: bool, passes: &AtomicU64) -> Option<Budget> {
+    if broken {
+        return None;
+    }
+    events::inc(passes);
+    queue.disable_notifications();
+    Some(Budget::new(PASS_DESC_BUDGET))
+}
+
+/// The end of every pass over a request queue: a yield counted, its reads
+/// counted, its used entries published and the interrupt the driver asked
+/// for raised, once for the whole pass.
+pub(crate) fn end(
+    queue: &mut SplitQueue,
+    budget: &Budget,
+    yielded: bool,
+    irq: &dyn Interrupt,
+    c: &PassCounters<'_>,
+) {
+    if yielded {
+        events::inc(c.pass_yields);
+    }
+    count_reads(budget, c.descs_walked, c.max_descs_per_pass);
+    events::notify_driver(
+        queue.publish_used(),
+        irq,
+        c.interrupts,
+        c.interrupts_suppressed,
+    );
+}
 
 /// Whether a rate limiter let a frame or request go (`res`, from
 /// `consume` or `admit`); a refusal is counted in `throttled` and starts

@@ -15,7 +15,9 @@
 //!   with the one decision between a time-out and the request's application;
 //! - [`preboot`]: the requests before `InstanceStart`, which build the
 //!   configuration in the config-file layout;
-//! - [`runtime`]: the requests once the VM runs, served on the event loop.
+//! - [`runtime`]: the requests once the VM runs, served on the event loop;
+//! - [`patch`]: `PATCH` on a running device, whatever its kind, through its
+//!   control.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
@@ -28,6 +30,7 @@ use crate::process::seccomp::{self, Thread};
 pub mod command;
 pub mod connections;
 pub mod http;
+pub mod patch;
 pub mod preboot;
 pub mod routes;
 pub mod runtime;

@@ -14,7 +14,7 @@
 //! twice is refused, at any depth, as Firecracker refuses it.
 //!
 //! Paths of features minivmm does not have (balloon, vsock, MMDS,
-//! snapshots, entropy, CPU templates, hotplug, serial) are refused with a
+//! snapshots, CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
 use serde::Deserialize;
@@ -71,6 +71,8 @@ pub enum ApiRequest {
     PutLogger(Value),
     /// `PUT /metrics`.
     PutMetrics(Value),
+    /// `PUT /entropy`.
+    PutEntropy(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -83,7 +85,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("vsock", "vsock"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
-    ("entropy", "the entropy device"),
     ("cpu-config", "CPU templates"),
     ("hotplug", "hotplug"),
     ("serial", "serial output redirection"),
@@ -137,6 +138,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         ("logger", None, Method::Put) => ApiRequest::PutLogger(json(req)?),
         ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
+        ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -147,7 +149,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "actions" | "vm",
             _,
             _,
         ) if known_path(first, second) => {
@@ -168,9 +170,8 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
 /// Whether `first`/`second` is one of the paths above with some method.
 fn known_path(first: &str, second: Option<&str>) -> bool {
     match first {
-        "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "actions" => {
-            second.is_none()
-        }
+        "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "entropy"
+        | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
         "vm" => matches!(second, None | Some("config")),
         _ => false,
@@ -265,6 +266,10 @@ mod tests {
             (
                 req(Put, "/metrics", r#"{"metrics_path":"m"}"#),
                 "PutMetrics",
+            ),
+            (
+                req(Put, "/entropy", r#"{"rate_limiter":null}"#),
+                "PutEntropy",
             ),
             (req(Get, "/machine-config", ""), "GetMachineConfig"),
             (req(Get, "/", ""), "GetInstanceInfo"),

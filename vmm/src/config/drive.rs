@@ -135,13 +135,7 @@ pub fn finish_drives(specs: Vec<DriveSpec>) -> Result<Vec<DriveConfig>, ConfigEr
 /// values: id, path, queue size, limiter, partuuid.
 fn finish_drive(index: usize, spec: DriveSpec) -> Result<DriveConfig, ConfigError> {
     let id = spec.id.unwrap_or_else(|| format!("disk{index}"));
-    if let Err(reason) = check_device_id(&id, ID_BYTES) {
-        return Err(ConfigError::BadId {
-            what: "drive",
-            id,
-            reason,
-        });
-    }
+    check_device_id("drive", &id, ID_BYTES)?;
     let err = |reason: String| ConfigError::Drive {
         id: id.clone(),
         reason,

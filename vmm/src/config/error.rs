@@ -136,8 +136,14 @@ pub enum ConfigError {
         reason: String,
     },
     /// More virtio devices than IRQ lines.
-    #[error("{0} virtio devices (network interfaces and drives) is too many: at most {MAX_NICS}")]
+    #[error(
+        "{0} virtio devices (network interfaces, drives and the entropy device) is too many: \
+         at most {MAX_NICS}"
+    )]
     TooManyDevices(usize),
+    /// A bad rate limiter bucket of the entropy device.
+    #[error("entropy device: rate_limiter")]
+    Entropy(#[source] RateLimiterError),
     /// A log level that does not parse.
     #[error("invalid log level '{0}': expected off, error, warn(ing), info, debug or trace")]
     LogLevel(String),

@@ -153,13 +153,7 @@ fn valid_tap_name(name: &str) -> bool {
 /// id, TAP name or descriptor, MTU, offloads, rate limiters and queue size.
 pub(super) fn finish_net(index: usize, s: NetSpec) -> Result<NicConfig, ConfigError> {
     let id = s.id.unwrap_or_else(|| format!("net{index}"));
-    if let Err(reason) = check_device_id(&id, MAX_ID_LEN) {
-        return Err(ConfigError::BadId {
-            what: "network interface",
-            id,
-            reason,
-        });
-    }
+    check_device_id("network interface", &id, MAX_ID_LEN)?;
     if let Some(name) = &s.tap {
         if !valid_tap_name(name) {
             return Err(ConfigError::TapName {

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use log::LevelFilter;
 
 use super::drive::{finish_drives, DriveSpec};
+use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
 use super::ids::check_unique_ids;
 use super::net::{check_unique, finish_net, NetSpec};
@@ -44,6 +45,8 @@ pub struct Settings {
     pub net_defaults: NetSpec,
     /// Drives in order.
     pub drives: Vec<DriveSpec>,
+    /// The entropy device, if asked for.
+    pub entropy: Option<EntropySpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -84,6 +87,10 @@ impl Settings {
             nets,
             net_defaults: over.net_defaults.or(&self.net_defaults),
             drives,
+            entropy: match (over.entropy, self.entropy) {
+                (Some(o), Some(s)) => Some(o.or(s)),
+                (o, s) => o.or(s),
+            },
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -106,15 +113,12 @@ impl Settings {
             nets.push(finish_net(index, spec.or(&self.net_defaults))?);
         }
         check_unique(&nets)?;
-        if nets.len() + self.drives.len() > MAX_NICS {
-            return Err(ConfigError::TooManyDevices(nets.len() + self.drives.len()));
+        let devices = nets.len() + self.drives.len() + usize::from(self.entropy.is_some());
+        if devices > MAX_NICS {
+            return Err(ConfigError::TooManyDevices(devices));
         }
         let drives = finish_drives(self.drives)?;
-        check_unique_ids(
-            nets.iter()
-                .map(|n| ("a network interface", n.id.as_str()))
-                .chain(drives.iter().map(|d| ("a drive", d.device.id.as_str()))),
-        )?;
+        let entropy = self.entropy.map(finish_entropy).transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -124,7 +128,7 @@ impl Settings {
             (None, None) => None,
         };
         let defaults = LoggerConfig::default();
-        Ok(VmmConfig {
+        let cfg = VmmConfig {
             kernel,
             initramfs: self.initramfs,
             boot_args: self.boot_args,
@@ -133,6 +137,7 @@ impl Settings {
             vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
             nets,
             drives,
+            entropy,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,
@@ -142,7 +147,9 @@ impl Settings {
             },
             host_quirks: self.host_quirks.unwrap_or_default(),
             seccomp: self.seccomp.unwrap_or_default(),
-        })
+        };
+        check_unique_ids(cfg.device_ids())?;
+        Ok(cfg)
     }
 }
 

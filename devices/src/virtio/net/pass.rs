@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! What the RX and TX passes share: one pass's bookkeeping (`Pass`), the
-//! bounds that end it, and how it returns refused chains and reports queue
-//! and rate-limiter failures.
+//! What the RX and TX passes share: one pass's bookkeeping (`Pass`) and the
+//! bounds that end it. How a refused chain is returned and a queue or
+//! limiter failure reported is the same for every device
+//! (`virtio::pass`).
 //!
 //! **Every pass is bounded.** Both directions stop a pass after a byte weight
 //! or a packet weight (vhost-net's 0x80000 bytes / 256 packets by default) so
@@ -26,15 +27,14 @@
 //! Used entries are published once per pass (see [`SplitQueue`]), and the
 //! per-frame counters are added to [`NetMetrics`] once per pass as well.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use super::metrics::{NetMetrics, TimeCounter};
-use crate::rate_limiter::RateLimiterError;
+use super::metrics::NetMetrics;
 use crate::virtio::events;
-use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue, PASS_DESC_BUDGET};
+use crate::virtio::pass::count_reads;
+use crate::virtio::queue::{Budget, Notify, SplitQueue, PASS_DESC_BUDGET};
 use crate::virtio::Interrupt;
-use crate::warn::warn_rate_limited;
 
 /// Packets (frames and refused chains) between two looks at the clock when a
 /// pass has a time budget. The clock is the vDSO's (tens of ns, about 1 % of
@@ -186,9 +186,7 @@ impl Pass {
             queue.publish_used()
         };
         events::notify_driver(notify, irq, &m.interrupts, &m.interrupts_suppressed);
-        let reads = u64::from(self.budget.spent());
-        events::add(&m.descs_walked, reads);
-        m.max_descs_per_pass.fetch_max(reads, Ordering::Relaxed);
+        count_reads(&self.budget, &m.descs_walked, &m.max_descs_per_pass);
     }
 }
 
@@ -200,54 +198,6 @@ impl Pass {
 #[inline]
 pub(super) fn coalesce_limit(queue_size: u16) -> u16 {
     (queue_size / 4).clamp(1, 64)
-}
-
-/// Returns a refused chain to the guest with length 0 and counts it.
-pub(super) fn return_malformed(
-    queue: &mut SplitQueue,
-    metrics: &NetMetrics,
-    head: u16,
-    err: ChainError,
-    dir: &str,
-) {
-    let n = events::inc(&metrics.malformed_chains);
-    warn_rate_limited!(count = n, "virtio-net: {dir} chain {head} refused: {err}");
-    // A head outside the table names no chain: there is nothing to give back.
-    if err != ChainError::HeadOutOfRange {
-        queue.add_used(head, 0);
-    }
-}
-/// Whether the rate limiter let a frame go; a refusal is counted in
-/// `throttled` and starts `throttled_ns` (the timer's event stops it). A
-/// timer that cannot be armed lets the frame go: blocking without a wake-up
-/// would stop the direction for good.
-pub(super) fn admitted(
-    res: Result<bool, RateLimiterError>,
-    throttled: &std::sync::atomic::AtomicU64,
-    throttled_ns: &TimeCounter,
-    metrics: &NetMetrics,
-) -> bool {
-    match res {
-        Ok(true) => true,
-        Ok(false) => {
-            events::inc(throttled);
-            throttled_ns.start();
-            false
-        }
-        Err(e) => {
-            let n = events::inc(&metrics.host_errors);
-            warn_rate_limited!(count = n, "virtio-net: rate limiter not applied: {e}");
-            true
-        }
-    }
-}
-
-pub(super) fn queue_failed(metrics: &NetMetrics, dir: &str, err: &QueueError) {
-    let n = events::inc(&metrics.queue_errors);
-    warn_rate_limited!(
-        count = n,
-        "virtio-net: {dir} queue unusable until the driver resets the device: {err}"
-    );
 }
 
 #[cfg(test)]

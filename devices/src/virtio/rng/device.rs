@@ -6,24 +6,23 @@
 //! through the MMIO transport and only change state here and write
 //! `activate_evt`; the event handler brings the epoll registrations in line.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::metrics::RngMetrics;
 use super::pass::RngVirtio;
 use super::source::{EntropySource, Getrandom};
 use super::RngConfig;
-use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
-use crate::virtio::events::{self, Activation, QueueRegistrations};
+use crate::rate_limiter::{RateLimiterConfig, RateLimiterError};
+use crate::virtio::events::{self, Activation};
 use crate::virtio::metrics::Counters;
 use crate::virtio::queue::{SplitQueue, MAX_QUEUE_SIZE};
+use crate::virtio::request_queue::{limiter_for, update_limiter, RequestQueue};
 use crate::virtio::{
-    check_queues, ActivateError, DeviceMetrics, GuestMemory, Interrupt, VirtioCommon, VirtioDevice,
+    ActivateError, DeviceMetrics, GuestMemory, Interrupt, VirtioCommon, VirtioDevice,
 };
 
 /// Why an entropy device could not be made, or its limits not changed.
@@ -52,15 +51,11 @@ pub struct Rng<S: EntropySource = Getrandom> {
     pub(crate) cfg: RngConfig,
     pub(crate) mem: GuestMemory,
     pub(crate) source: S,
-    /// ID, features, queue size and notification eventfd.
-    pub(crate) common: VirtioCommon,
-    pub(crate) activate_evt: EventFd,
-    pub(crate) requeue_evt: EventFd,
+    /// The transport's view, the eventfds, the limiter and the
+    /// registrations of its one queue.
+    pub(crate) rq: RequestQueue,
     pub(crate) metrics: Arc<RngMetrics>,
-    /// Limits on requests; `None` without any bucket. Outlives activations.
-    pub(crate) limiter: Option<RateLimiter>,
     pub(crate) active: Option<Active>,
-    pub(crate) registered: QueueRegistrations,
 }
 
 impl<S: EntropySource> std::fmt::Debug for Rng<S> {
@@ -88,27 +83,18 @@ impl<S: EntropySource> Rng<S> {
         if qs == 0 || !qs.is_power_of_two() || qs > MAX_QUEUE_SIZE {
             return Err(RngError::QueueSize(qs));
         }
-        cfg.rate_limiter.validate().map_err(RngError::RateLimiter)?;
-        let limiter = (!cfg.rate_limiter.is_unlimited())
-            .then(|| RateLimiter::new(&cfg.rate_limiter))
-            .transpose()
-            .map_err(RngError::RateLimiter)?;
+        let limiter = limiter_for(&cfg.rate_limiter).map_err(RngError::RateLimiter)?;
         let features = 1 << VIRTIO_F_VERSION_1
             | 1 << VIRTIO_RING_F_EVENT_IDX
             | 1 << VIRTIO_RING_F_INDIRECT_DESC;
-        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(RngError::EventFd);
         Ok(Rng {
-            common: VirtioCommon::new(VIRTIO_ID_RNG, features, vec![qs])
+            rq: RequestQueue::new(VIRTIO_ID_RNG, features, qs, limiter)
                 .map_err(RngError::EventFd)?,
-            activate_evt: evt()?,
-            requeue_evt: evt()?,
             cfg,
             mem,
             source,
             metrics: Arc::default(),
-            limiter,
             active: None,
-            registered: QueueRegistrations::default(),
         })
     }
 
@@ -140,20 +126,9 @@ impl<S: EntropySource> Rng<S> {
     /// loop's thread). The stored configuration follows. On `Err` nothing
     /// changed.
     pub fn set_rate_limiter(&mut self, cfg: &RateLimiterConfig) -> Result<(), RngError> {
-        cfg.validate().map_err(RngError::RateLimiter)?;
-        match self.limiter.as_mut() {
-            Some(l) => l.update(cfg).map_err(RngError::RateLimiter)?,
-            None if cfg.is_unlimited() => {}
-            None => self.limiter = Some(RateLimiter::new(cfg).map_err(RngError::RateLimiter)?),
-        }
+        update_limiter(&mut self.rq.limiter, cfg).map_err(RngError::RateLimiter)?;
         self.cfg.rate_limiter = *cfg;
         Ok(())
-    }
-
-    pub(crate) fn kick_event_handler(&self) {
-        self.metrics
-            .host_errors()
-            .kick_event_loop(&self.activate_evt);
     }
 
     /// Ends the current activation: drops the queue and any request the
@@ -167,7 +142,7 @@ impl<S: EntropySource> Rng<S> {
 
 impl<S: EntropySource + 'static> VirtioDevice for Rng<S> {
     fn common(&self) -> &VirtioCommon {
-        &self.common
+        &self.rq.common
     }
 
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
@@ -187,30 +162,25 @@ impl<S: EntropySource + 'static> VirtioDevice for Rng<S> {
     fn activate(
         &mut self,
         acked_features: u64,
-        mut queues: Vec<SplitQueue>,
+        queues: Vec<SplitQueue>,
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
-        check_queues(&queues, 1, &self.mem)?;
+        let (queue, acked) = self.rq.take_queue(acked_features, queues, &self.mem)?;
         // An activation without a reset in between starts over too.
         self.deactivate();
-        let acked = self.common.ack_features(acked_features);
         self.active = Some(Active {
-            virtio: RngVirtio::new(queues.remove(0)),
+            virtio: RngVirtio::new(queue),
             activation: Activation::new(interrupt),
         });
-        self.metrics
-            .features_negotiated
-            .store(acked, Ordering::Relaxed);
-        self.kick_event_handler();
+        let m = &self.metrics;
+        self.rq
+            .activated(acked, &m.features_negotiated, m.host_errors());
         Ok(())
     }
 
     fn reset(&mut self) {
         self.deactivate();
-        self.common.acked_features = 0;
-        self.registered.requeued = false;
-        events::discard_pending([&self.common.queue_evts[0], &self.requeue_evt]);
-        self.kick_event_handler();
+        self.rq.reset(self.metrics.host_errors());
     }
 
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {

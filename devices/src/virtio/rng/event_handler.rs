@@ -23,96 +23,67 @@ use vmm_sys_util::eventfd::EventFd;
 use super::device::Rng;
 use super::pass::PassStatus;
 use super::source::EntropySource;
-use crate::virtio::events::{self, throttled, Activation, EventHandler, HostErrors, QueueTokens};
+use crate::virtio::events::{self, Activation, EventHandler, HostErrors};
 use crate::virtio::metrics::Counters;
-
-/// The driver notified the request queue.
-pub const PROCESS_QUEUE: u32 = 1;
-/// A pass yielded and asked to run again.
-pub const PROCESS_REQUEUE: u32 = 2;
-/// The rate limiter's timer fired: the request it held back fits now.
-pub const PROCESS_RATE_LIMITER: u32 = 3;
-
-const TOKENS: QueueTokens = QueueTokens {
-    queue: PROCESS_QUEUE,
-    requeue: PROCESS_REQUEUE,
-    timer: PROCESS_RATE_LIMITER,
-};
+pub use crate::virtio::request_queue::{PROCESS_QUEUE, PROCESS_RATE_LIMITER, PROCESS_REQUEUE};
 
 impl<S: EntropySource> Rng<S> {
     /// Runs one pass if one may run now; returns how it ended.
     fn run_pass(&mut self) -> Option<PassStatus> {
         let a = self.active.as_mut().filter(|a| a.activation.started)?;
-        if throttled(&self.limiter) {
+        if self.rq.throttled() {
             return None;
         }
         let status = a.virtio.process(
             &mut self.source,
-            self.limiter.as_mut(),
+            self.rq.limiter.as_mut(),
             &self.metrics,
             &*a.activation.interrupt,
         );
         match status {
-            PassStatus::Yield => self
-                .registered
-                .requeue(self.metrics.host_errors(), &self.requeue_evt),
+            PassStatus::Yield => self.rq.requeue(self.metrics.host_errors()),
             PassStatus::Broken => a.activation.device_error(),
             PassStatus::Done | PassStatus::Throttled => {}
         }
         Some(status)
-    }
-
-    fn process_queue_event(&mut self) {
-        self.metrics
-            .host_errors()
-            .drain(&self.common.queue_evts[0], "queue");
-        self.run_pass();
-    }
-
-    fn process_requeue_event(&mut self) {
-        if self.run_pass() != Some(PassStatus::Yield) {
-            self.registered
-                .requeue_done(self.metrics.host_errors(), &self.requeue_evt);
-        }
-    }
-
-    fn process_rate_limiter_event(&mut self) {
-        events::timer_fired(&mut self.limiter, &self.metrics.throttled_ns);
-        self.run_pass();
     }
 }
 
 impl<S: EntropySource> EventHandler for Rng<S> {
     fn activation_parts(&mut self) -> (HostErrors<'_>, &EventFd, Option<&mut Activation>) {
         let activation = self.active.as_mut().map(|a| &mut a.activation);
-        (self.metrics.host_errors(), &self.activate_evt, activation)
+        (
+            self.metrics.host_errors(),
+            &self.rq.activate_evt,
+            activation,
+        )
     }
 
+    /// Requests posted before DRIVER_OK have no kick of their own.
     fn first_passes(&mut self) {
         self.run_pass();
     }
 
     fn handle(&mut self, token: u32, _: EventSet) -> bool {
         match token {
-            PROCESS_QUEUE => self.process_queue_event(),
-            PROCESS_REQUEUE => self.process_requeue_event(),
-            PROCESS_RATE_LIMITER => self.process_rate_limiter_event(),
+            PROCESS_QUEUE => self.rq.drain_queue(self.metrics.host_errors()),
+            PROCESS_REQUEUE => {
+                if self.run_pass() != Some(PassStatus::Yield) {
+                    self.rq.requeue_done(self.metrics.host_errors());
+                }
+                return true;
+            }
+            PROCESS_RATE_LIMITER => self.rq.timer_fired(&self.metrics.throttled_ns),
             _ => return false,
         }
+        self.run_pass();
         true
     }
 
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let started = self.active.as_ref().is_some_and(|a| a.activation.started);
-        self.registered.sync(
-            self.metrics.host_errors(),
-            ops,
-            (&self.common.queue_evts[0], &self.requeue_evt),
-            started,
-            &mut self.limiter,
-            &self.metrics.throttled_ns,
-            TOKENS,
-        );
+        let m = &self.metrics;
+        self.rq.sync(ops, started, m.host_errors(), &m.throttled_ns);
     }
 }
 

@@ -5,7 +5,8 @@
 //!
 //! **Every pass is bounded** by the weights and the budget every device
 //! shares: it stops after [`PASS_WEIGHT_CHAINS`] chains, once it has filled
-//! [`PASS_WEIGHT_BYTES`], or once it has read [`PASS_DESC_BUDGET`] ring
+//! [`PASS_WEIGHT_BYTES`], or once it has read
+//! [`PASS_DESC_BUDGET`](crate::virtio::queue::PASS_DESC_BUDGET) ring
 //! entries and descriptors (good and refused chains alike), whichever comes
 //! first, and the event glue re-queues it behind every other ready event.
 //! A request gets at most [`MAX_REQUEST_BYTES`], so a pass fills at most
@@ -28,10 +29,12 @@ use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov::IoVecs;
 use crate::virtio::metrics::Counters;
-use crate::virtio::pass::{admitted, count_reads, more_after_drained, queue_failed, refuse_chain};
+use crate::virtio::pass::{
+    self, admitted, more_after_drained, queue_failed, refuse_chain, PassCounters,
+};
 use crate::virtio::queue::{
-    split_seg, Budget, ChainRules, IoSeg, QueueError, SplitQueue, PASS_DESC_BUDGET,
-    PASS_WEIGHT_BYTES, PASS_WEIGHT_CHAINS,
+    split_seg, Budget, ChainRules, IoSeg, QueueError, SplitQueue, PASS_WEIGHT_BYTES,
+    PASS_WEIGHT_CHAINS,
 };
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -108,16 +111,14 @@ impl RngVirtio {
         metrics: &RngMetrics,
         irq: &dyn Interrupt,
     ) -> PassStatus {
-        if self.broken {
+        let Some(budget) = pass::begin(&mut self.queue, self.broken, &metrics.passes) else {
             return PassStatus::Broken;
-        }
-        events::inc(&metrics.passes);
+        };
         let mut p = Progress {
-            budget: Budget::new(PASS_DESC_BUDGET),
+            budget,
             chains: 0,
             bytes: 0,
         };
-        self.queue.disable_notifications();
         let status = match self.fill(&mut p, source, limiter, metrics) {
             Ok(s) => s,
             Err(e) => {
@@ -126,20 +127,15 @@ impl RngVirtio {
                 PassStatus::Broken
             }
         };
-        if status == PassStatus::Yield {
-            events::inc(&metrics.pass_yields);
-        }
-        count_reads(
-            &p.budget,
-            &metrics.descs_walked,
-            &metrics.max_descs_per_pass,
-        );
-        events::notify_driver(
-            self.queue.publish_used(),
-            irq,
-            &metrics.interrupts,
-            &metrics.interrupts_suppressed,
-        );
+        let c = PassCounters {
+            pass_yields: &metrics.pass_yields,
+            descs_walked: &metrics.descs_walked,
+            max_descs_per_pass: &metrics.max_descs_per_pass,
+            interrupts: &metrics.interrupts,
+            interrupts_suppressed: &metrics.interrupts_suppressed,
+        };
+        let yielded = status == PassStatus::Yield;
+        pass::end(&mut self.queue, &p.budget, yielded, irq, &c);
         status
     }
 

@@ -16,8 +16,9 @@ use crate::virtio::iov::IoVecs;
 use crate::virtio::queue::{
     MAX_PASS_READS, PASS_WEIGHT_BYTES, PASS_WEIGHT_CHAINS, VIRTQ_DESC_F_WRITE,
 };
-use crate::virtio::test_utils::{guest_memory, DeviceRig, Segment, UsedElem};
-use crate::virtio::{VirtioDevice, VIRTIO_MMIO_INT_VRING};
+use crate::virtio::test_utils::contract::{contract_suite, ContractDevice};
+use crate::virtio::test_utils::{guest_memory, DeviceRig, MockDriver, Segment, UsedElem};
+use crate::virtio::{GuestMemory, VirtioDevice, VIRTIO_MMIO_INT_VRING};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
@@ -26,6 +27,26 @@ const MEM_SIZE: usize = 16 << 20;
 /// What a Linux driver acks: everything offered.
 const FEATURES: u64 =
     1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_RING_F_EVENT_IDX | 1 << VIRTIO_RING_F_INDIRECT_DESC;
+
+/// The entropy device in the contract suite: requests of 8-byte buffers.
+impl ContractDevice for Rng {
+    type Keep = ();
+    const QUEUE: usize = 0;
+    const CONFIG_LEN: u64 = 0;
+    const REFUSED: &'static str = "malformed_chains";
+
+    fn make(mem: &GuestMemory) -> (Self, ()) {
+        (Rng::new(RngConfig::default(), mem.clone()).unwrap(), ())
+    }
+
+    fn request(drv: &mut MockDriver, bufs: usize) -> Vec<Segment> {
+        (0..bufs)
+            .map(|_| Segment::writable(drv.alloc(8, 8).unwrap(), 8))
+            .collect()
+    }
+}
+
+contract_suite!(Rng);
 
 /// What one call of a [`ScriptedSource`] does.
 #[derive(Debug, Clone, Copy)]
