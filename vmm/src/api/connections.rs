@@ -244,37 +244,10 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
     /// Takes a new connection (non-blocking): its token, or `None` when it
     /// was refused (and closed) because every open one is busy.
     pub fn accept(&mut self, stream: S, now: Duration) -> Option<u64> {
-        if self.conns.len() >= MAX_CONNECTIONS {
-            // What has arrived counts: a connection whose request is in its
-            // socket, not read yet, is not idle.
-            let reading: Vec<u64> = self
-                .conns
-                .iter()
-                .filter(|(_, c)| matches!(c.phase, Phase::Reading { .. }))
-                .map(|(t, _)| *t)
-                .collect();
-            for t in reading {
-                self.progress(t, now);
-            }
-            // The idle connection that waited longest, preferring those
-            // with no byte of a request yet.
-            let idle = self
-                .conns
-                .iter()
-                .filter_map(|(t, c)| match c.phase {
-                    Phase::Reading { since, .. } => Some(((!c.inbuf.is_empty(), since), *t)),
-                    _ => None,
-                })
-                .min()
-                .map(|(_, t)| t);
-            match idle {
-                Some(t) => self.close(t, Why::Evicted, now),
-                None => {
-                    self.tally.refused += 1;
-                    self.tally.flush(now);
-                    return None;
-                }
-            }
+        if !self.make_room(now) {
+            self.tally.refused += 1;
+            self.tally.flush(now);
+            return None;
         }
         let token = self.next_token;
         self.next_token += 1;
@@ -292,6 +265,44 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
             },
         );
         Some(token)
+    }
+
+    /// Whether a new connection fits, after closing the idle one that
+    /// waited longest (preferring those with no byte of a request yet) if
+    /// all are taken.
+    fn make_room(&mut self, now: Duration) -> bool {
+        if self.conns.len() < MAX_CONNECTIONS {
+            return true;
+        }
+        // What has arrived counts: a connection whose request (or end) is
+        // in its socket, not read yet, is not idle, and one that ended
+        // makes room itself.
+        let reading: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Reading { .. }))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in reading {
+            self.progress(t, now);
+        }
+        if self.conns.len() < MAX_CONNECTIONS {
+            return true;
+        }
+        let idle = self
+            .conns
+            .iter()
+            .filter_map(|(t, c)| match c.phase {
+                Phase::Reading { since, .. } => Some(((!c.inbuf.is_empty(), since), *t)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, t)| t);
+        let Some(t) = idle else {
+            return false;
+        };
+        self.close(t, Why::Evicted, now);
+        true
     }
 
     /// Closes `token` without a word (the caller could not poll it).
@@ -937,6 +948,13 @@ mod tests {
             let (client, t) = connect(&mut c, MS * i);
             clients.push((client, t.unwrap()));
         }
+        // A connection whose client left, not noticed yet, makes room
+        // itself: nobody gives way for the newcomer.
+        clients[3].0.borrow_mut().gone = true;
+        let (back, t3) = connect(&mut c, MS * 20);
+        assert!(clients[3].0.borrow().closed && !clients[4].0.borrow().closed);
+        assert_eq!((c.len(), c.log_lines()), (MAX_CONNECTIONS, 0));
+        clients[3] = (back, t3.unwrap());
         // Half a request makes a connection the last to give way, and a
         // whole one, not read yet, makes it busy.
         let (first, t0) = &clients[0];
