@@ -690,6 +690,11 @@ impl Vm {
         );
     }
 
+    /// The exit status if minivmm has exited, without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Sends SIGTERM and asserts that minivmm exits within `timeout`, with
     /// status 0.
     pub fn terminate(&mut self, timeout: Duration) {

@@ -208,9 +208,14 @@ fn configure_by_api(
                 return Err(fail("the API socket's thread stopped before InstanceStart"));
             }
         };
+        // One the API thread gave up on (and told its client so) is
+        // dropped unapplied.
+        let Some(cmd) = cmd.claim() else {
+            continue;
+        };
         let settings = match pre.handle(cmd.request, &parts.launch.id) {
             Step::Reply(r) => {
-                let _ = cmd.reply.try_send(r.into());
+                cmd.reply.send(r);
                 continue;
             }
             Step::Start(s) => s,
@@ -224,14 +229,12 @@ fn configure_by_api(
             });
         match built {
             Ok(built) => {
-                let _ = cmd.reply.try_send(Response::no_content().into());
+                cmd.reply.send(Response::no_content());
                 return Ok(built);
             }
-            Err(msg) => {
-                let _ = cmd
-                    .reply
-                    .try_send(Response::fault(&format!("InstanceStart: {msg}")).into());
-            }
+            Err(msg) => cmd
+                .reply
+                .send(Response::fault(&format!("InstanceStart: {msg}"))),
         }
     }
 }
