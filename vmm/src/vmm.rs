@@ -165,6 +165,10 @@ impl Vmm {
             }
             _ => None,
         };
+        // The VM's filters for this process as it runs the VM (its pid,
+        // after the jail) and for what its vCPUs do (the PVM recoveries).
+        let pvm_recoveries = self.vcpus.iter().any(Vcpu::recovers_int3);
+        let filters = filters.for_vm(pvm_recoveries).map_err(io::Error::other)?;
         // No vCPU enters the guest before every thread is filtered. A failed
         // spawn returns from here and ends the process, and with it the
         // threads waiting at the gate.

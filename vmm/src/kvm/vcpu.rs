@@ -194,6 +194,12 @@ impl Vcpu {
         }
     }
 
+    /// Whether this vCPU recovers the PVM host's INT3 emulation failures
+    /// (which takes calls its seccomp filter allows only then).
+    pub fn recovers_int3(&self) -> bool {
+        self.recover_int3
+    }
+
     /// Makes this vCPU honour `gate`'s pause requests (shared by all vCPUs
     /// of the VM).
     pub fn set_pause_gate(&mut self, gate: Arc<PauseGate>) {
