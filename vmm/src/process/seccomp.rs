@@ -1523,6 +1523,41 @@ mod tests {
         assert_eq!(rt.config().drives[0].device.path, b);
     }
 
+    /// The exit's last metrics line into a FIFO whose reader stalled, under
+    /// the event loop's real filter: nothing may wait there (a sleep ended
+    /// minivmm with 148 on SIGTERM), and what the FIFO did not take is
+    /// counted.
+    #[test]
+    fn the_exit_flush_into_a_stalled_fifo_runs_under_the_event_loops_filter() {
+        let p = std::env::temp_dir().join(format!("minivmm-seccomp-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap()
+            .success());
+        let mut m = crate::metrics::Metrics::open(&p).unwrap();
+        let _stalled_reader = std::fs::File::open(&p).unwrap();
+        // Far more than the pipe holds: lines wait for the reader.
+        for _ in 0..1000 {
+            m.flush();
+        }
+        install_sigsys_handler().unwrap();
+        let prog = Filters::new(SeccompMode::On)
+            .unwrap()
+            .for_vm(false)
+            .unwrap()
+            .event_loop;
+        let lost = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            m.finish()
+        })
+        .join()
+        .unwrap();
+        assert!(lost >= 2, "{lost}");
+        std::fs::remove_file(&p).unwrap();
+    }
+
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {
         // SAFETY: a null termios makes the kernel fail with EFAULT (or
         // ENOTTY when `fd` is no terminal) before it changes anything.
