@@ -171,7 +171,7 @@ impl Metrics {
         let lost = self.out.finish(line.as_bytes());
         if lost > 0 {
             log::warn!(
-                "metrics: the reader did not take the last {lost} line(s), the exit line \
+                "the metrics reader did not take the last {lost} line(s), the exit line \
                  among them; dropped ({} dropped in all)",
                 self.out.dropped_lines()
             );
