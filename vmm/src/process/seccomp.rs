@@ -727,7 +727,7 @@ fn bad_syscall_line(nr: i32, buf: &mut [u8; LINE_MAX]) -> usize {
         put(b"-");
     }
     put(&digits[i..]);
-    if let Some(name) = crate::process::syscall_names::name(i64::from(nr)) {
+    if let Some(name) = crate::process::syscall_names::name(libc::c_long::from(nr)) {
         put(b" (");
         put(name.as_bytes());
         put(b")");

@@ -80,10 +80,10 @@ SYS_set_mempolicy_home_node}
 
 /// The name of system call `nr` on x86_64 ("restart_syscall" for 219), if
 /// libc names it. No allocation, no lock: callable from a signal handler.
-pub fn name(nr: i64) -> Option<&'static str> {
+pub fn name(nr: libc::c_long) -> Option<&'static str> {
     TABLE
         .iter()
-        .find(|(n, _)| i64::from(*n) == nr)
+        .find(|(n, _)| *n == nr)
         .map(|(_, name)| name.strip_prefix("SYS_").unwrap_or(name))
 }
 
