@@ -49,10 +49,24 @@ use minivmm_tests::{
     print_skip, require, write_halting_kernel, Need, NetNs, Vm,
 };
 
-/// A minivmm whose console is collected by a reader thread.
+/// A minivmm whose console and stderr are collected by reader threads.
 struct Running {
     child: Child,
     console: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+/// Collects everything `from` yields into `sink`, on a thread.
+fn collect(mut from: impl Read + Send + 'static, sink: Arc<Mutex<Vec<u8>>>) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
 }
 
 impl Running {
@@ -67,22 +81,33 @@ impl Running {
             .args(["--seccomp", seccomp])
             .stdin(stdin)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawning minivmm");
         let console = Arc::new(Mutex::new(Vec::new()));
-        let sink = console.clone();
-        let mut out = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = out.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Running { child, console }
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        collect(child.stdout.take().expect("piped stdout"), console.clone());
+        collect(child.stderr.take().expect("piped stderr"), stderr.clone());
+        Running {
+            child,
+            console,
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Panics with `why` and how minivmm ended (the refused call, for 148).
+    fn fail(&mut self, why: &str) -> ! {
+        std::thread::sleep(Duration::from_millis(200));
+        let code = self.child.try_wait().ok().flatten().map(|s| s.code());
+        let note = match code {
+            Some(code) => exit_note(code, &self.stderr()),
+            None => "minivmm still runs".to_string(),
+        };
+        panic!("{why}: {note}\n--- minivmm stderr ---\n{}", self.stderr());
     }
 
     /// Waits until the guest printed its first line (the kernel banner).
@@ -92,11 +117,8 @@ impl Running {
             if String::from_utf8_lossy(&self.console.lock().unwrap()).contains("Linux version") {
                 return;
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "minivmm exited early with {status} (its stderr is above); {}",
-                    exit_note(status.code(), "")
-                );
+            if let Ok(Some(_)) = self.child.try_wait() {
+                self.fail("minivmm exited before the guest printed a line");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -119,6 +141,9 @@ impl Running {
                 std::thread::sleep(Duration::from_millis(200));
                 let console = String::from_utf8_lossy(&self.console.lock().unwrap()).into_owned();
                 assert_no_crash(&console, "(seccomp boot)");
+                if status.code() != Some(0) {
+                    self.fail("SIGTERM did not end minivmm with 0");
+                }
                 return status.code();
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -167,7 +192,9 @@ fn boot_and_check(mode: &str, want: &str) {
         // The guest kernel runs (emulated on a PVM host: MMIO and port exits
         // by the thousand, an AP backing off in its sleep) while the whole
         // process is stopped and continued.
-        stop_and_continue(vm.child.id(), 20);
+        if let Err(why) = stop_and_continue(vm.child.id(), 20) {
+            vm.fail(&why);
+        }
         signal(vm.child.id(), libc::SIGUSR1);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::fs::read_to_string(&metrics)
@@ -198,12 +225,10 @@ fn boot_and_check(mode: &str, want: &str) {
             "thread {name} has Seccomp {seccomp} with --seccomp {mode}"
         );
     }
-    let code = vm.stop();
     assert_eq!(
-        code,
+        vm.stop(),
         Some(0),
-        "--seccomp {mode}: SIGTERM must end with 0; {} (its stderr is above)",
-        exit_note(code, "")
+        "--seccomp {mode}: SIGTERM must end with 0"
     );
     if let Some((_, slave)) = &tty {
         assert!(
@@ -257,35 +282,53 @@ fn proc_state(pid: u32) -> String {
         .to_string()
 }
 
+/// Whether process `pid` has ended (a zombie, or gone).
+fn ended(pid: u32) -> bool {
+    matches!(proc_state(pid).as_str(), "" | "Z" | "X")
+}
+
 /// Stops `pid` with SIGSTOP and continues it with SIGCONT, `times` times:
 /// each time it waits until the kernel shows the process stopped, and the
-/// pauses between vary so that the stops land in different places.
-fn stop_and_continue(pid: u32, times: u32) {
+/// pauses between vary so that the stops land in different places. An
+/// error when the process ended meanwhile.
+fn stop_and_continue(pid: u32, times: u32) -> Result<(), String> {
     for i in 0..times {
         signal(pid, libc::SIGSTOP);
         let deadline = Instant::now() + Duration::from_secs(10);
         while proc_state(pid) != "T" {
-            assert!(
-                Instant::now() < deadline,
-                "minivmm did not stop (state {:?})",
-                proc_state(pid)
-            );
+            if ended(pid) {
+                return Err(format!("minivmm ended after {i} SIGSTOP/SIGCONT"));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("minivmm did not stop ({:?})", proc_state(pid)));
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(Duration::from_millis(5));
         signal(pid, libc::SIGCONT);
         std::thread::sleep(Duration::from_millis(u64::from(3 + i % 7 * 3)));
     }
+    if ended(pid) {
+        return Err(format!("minivmm ended after {times} SIGSTOP/SIGCONT"));
+    }
+    Ok(())
 }
 
 /// One HTTP request on `stream` (kept alive) and its answer: (status, body).
-fn exchange(stream: &mut UnixStream, method: &str, path: &str, body: &str) -> (u16, String) {
+fn exchange(
+    stream: &mut UnixStream,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(request.as_bytes()).expect("sending");
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("sending: {e}"))?;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -305,13 +348,17 @@ fn exchange(stream: &mut UnixStream, method: &str, path: &str, body: &str) -> (u
                     .split_whitespace()
                     .nth(1)
                     .and_then(|s| s.parse().ok())
-                    .expect("a status code");
+                    .ok_or_else(|| format!("no status code in {head:?}"))?;
                 let body = String::from_utf8_lossy(&got[end + 4..end + 4 + len]).into_owned();
-                return (status, body);
+                return Ok((status, body));
             }
         }
-        let n = stream.read(&mut buf).expect("reading the answer");
-        assert!(n > 0, "the API closed the connection mid-answer");
+        let n = stream
+            .read(&mut buf)
+            .map_err(|e| format!("reading the answer: {e}"))?;
+        if n == 0 {
+            return Err("the API closed the connection mid-answer".into());
+        }
         got.extend_from_slice(&buf[..n]);
     }
 }
@@ -335,7 +382,8 @@ fn connect(sock: &Path) -> UnixStream {
 /// One request on a connection of its own; panics unless the status is
 /// `want`, and returns the body.
 fn request(sock: &Path, method: &str, path: &str, body: &str, want: u16) -> String {
-    let (status, answer) = exchange(&mut connect(sock), method, path, body);
+    let (status, answer) = exchange(&mut connect(sock), method, path, body)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
     assert_eq!(status, want, "{method} {path} {body}: {answer}");
     answer
 }
@@ -353,11 +401,14 @@ impl Traffic {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU64::new(0));
         let (s, a, sock) = (stop.clone(), answered.clone(), sock.to_path_buf());
+        // A request that fails ends the client; the test then says why,
+        // from how minivmm ended.
         let thread = std::thread::spawn(move || {
             let mut stream = connect(&sock);
             while !s.load(Ordering::SeqCst) {
-                let (status, _) = exchange(&mut stream, "GET", "/", "");
-                assert_eq!(status, 200);
+                if !matches!(exchange(&mut stream, "GET", "/", ""), Ok((200, _))) {
+                    return;
+                }
                 a.fetch_add(1, Ordering::SeqCst);
             }
         });
@@ -372,21 +423,27 @@ impl Traffic {
         self.answered.load(Ordering::SeqCst)
     }
 
-    /// Waits until `more` answers came after this call.
-    fn wait_for(&self, more: u64) {
+    /// Waits until `more` answers came after this call; an error when the
+    /// client stopped (a request failed) or 30 s passed first.
+    fn wait_for(&self, more: u64) -> Result<(), String> {
         let target = self.answered() + more;
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.answered() < target {
-            assert!(Instant::now() < deadline, "the API stopped answering");
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+                return Err("an API request failed".into());
+            }
+            if Instant::now() > deadline {
+                return Err("the API stopped answering".into());
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
+        Ok(())
     }
 
     fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
-            // A client that panicked (the API closed on it) shows here.
-            t.join().expect("the API client failed");
+            let _ = t.join();
         }
         self.answered()
     }
@@ -398,16 +455,36 @@ impl Drop for Traffic {
     }
 }
 
-/// Runs `disturb` (stops, freezes) against minivmm while API requests flow,
-/// and checks the API answered throughout.
-fn under_traffic(sock: &Path, what: &str, disturb: impl FnOnce()) {
+/// Runs `disturb` (stops, freezes) against `vm` while API requests flow,
+/// and checks the API answered throughout; a failure says how minivmm
+/// ended (the refused call, for 148).
+fn under_traffic(
+    vm: &mut Vm,
+    sock: &Path,
+    what: &str,
+    disturb: impl FnOnce() -> Result<(), String>,
+) {
     let traffic = Traffic::start(sock);
-    traffic.wait_for(10);
-    let before = traffic.answered();
-    disturb();
-    traffic.wait_for(10);
-    let answered = traffic.finish();
-    println!("{what}: {} requests answered", answered - before);
+    let outcome = traffic.wait_for(10).and_then(|()| {
+        let before = traffic.answered();
+        disturb()?;
+        traffic.wait_for(10)?;
+        Ok(traffic.answered() - before)
+    });
+    traffic.finish();
+    match outcome {
+        Ok(answered) => println!("{what}: {answered} requests answered"),
+        Err(why) => fail(vm, &format!("{what}: {why}")),
+    }
+}
+
+/// Panics with `why` and how `vm` ended (the refused call, for 148).
+fn fail(vm: &mut Vm, why: &str) -> ! {
+    let note = match vm.wait_exit(Duration::from_secs(5)) {
+        Some(status) => exit_note(status.code(), &vm.stderr()),
+        None => "minivmm still runs".to_string(),
+    };
+    panic!("{why}: {note}\n{}", vm.report());
 }
 
 /// Asserts that `vm` exited with `want` after `sig`, naming a refused call.
@@ -479,7 +556,7 @@ fn sigstop_and_sigcont_during_api_traffic_before_boot() {
     )
     .unwrap();
     let pid = vm.pid();
-    under_traffic(&sock, "before boot, stopped and continued", || {
+    under_traffic(&mut vm, &sock, "before boot, stopped and continued", || {
         stop_and_continue(pid, 40)
     });
     // Still configurable after it all.
@@ -509,11 +586,11 @@ fn sigstop_and_sigcont_with_a_vm_running_and_paused() {
     )
     .unwrap();
     let pid = vm.pid();
-    under_traffic(&sock, "running, stopped and continued", || {
+    under_traffic(&mut vm, &sock, "running, stopped and continued", || {
         stop_and_continue(pid, 40)
     });
     request(&sock, "PATCH", "/vm", r#"{"state": "Paused"}"#, 204);
-    under_traffic(&sock, "paused, stopped and continued", || {
+    under_traffic(&mut vm, &sock, "paused, stopped and continued", || {
         stop_and_continue(pid, 40)
     });
     assert!(request(&sock, "GET", "/", "", 200).contains("Paused"));
@@ -559,8 +636,9 @@ impl FreezableCgroup {
     }
 
     /// Freezes the cgroup, waits until the kernel says it is frozen, and
-    /// thaws it.
-    fn freeze_and_thaw(&self, times: u32) {
+    /// thaws it, `times` times; an error when `pid` (in the cgroup) ended
+    /// meanwhile.
+    fn freeze_and_thaw(&self, pid: u32, times: u32) -> Result<(), String> {
         for i in 0..times {
             std::fs::write(self.dir.join("cgroup.freeze"), "1").expect("freezing");
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -568,13 +646,22 @@ impl FreezableCgroup {
                 .unwrap_or_default()
                 .contains("frozen 1")
             {
-                assert!(Instant::now() < deadline, "the cgroup never froze");
+                if Instant::now() > deadline {
+                    return Err("the cgroup never froze".into());
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
             std::thread::sleep(Duration::from_millis(5));
             std::fs::write(self.dir.join("cgroup.freeze"), "0").expect("thawing");
+            if ended(pid) {
+                return Err(format!("minivmm ended after {i} freezes"));
+            }
             std::thread::sleep(Duration::from_millis(u64::from(3 + i % 7 * 3)));
         }
+        if ended(pid) {
+            return Err(format!("minivmm ended after {times} freezes"));
+        }
+        Ok(())
     }
 }
 
@@ -605,13 +692,14 @@ fn a_frozen_cgroup_thaws_with_the_vm_running_and_paused() {
         None,
     )
     .unwrap();
-    cgroup.enter(vm.pid());
-    under_traffic(&sock, "running, frozen and thawed", || {
-        cgroup.freeze_and_thaw(40)
+    let pid = vm.pid();
+    cgroup.enter(pid);
+    under_traffic(&mut vm, &sock, "running, frozen and thawed", || {
+        cgroup.freeze_and_thaw(pid, 40)
     });
     request(&sock, "PATCH", "/vm", r#"{"state": "Paused"}"#, 204);
-    under_traffic(&sock, "paused, frozen and thawed", || {
-        cgroup.freeze_and_thaw(40)
+    under_traffic(&mut vm, &sock, "paused, frozen and thawed", || {
+        cgroup.freeze_and_thaw(pid, 40)
     });
     request(&sock, "PATCH", "/vm", r#"{"state": "Resumed"}"#, 204);
     end_with(&mut vm, "TERM", 0);
@@ -802,7 +890,9 @@ fn the_rare_paths_run_under_seccomp_on() {
     // Pause and resume, twice, with a stop in between.
     for _ in 0..2 {
         request(&sock, "PATCH", "/vm", r#"{"state": "Paused"}"#, 204);
-        stop_and_continue(pid, 3);
+        if let Err(why) = stop_and_continue(pid, 3) {
+            fail(&mut vm, &why);
+        }
         request(&sock, "PATCH", "/vm", r#"{"state": "Paused"}"#, 204);
         request(&sock, "PATCH", "/vm", r#"{"state": "Resumed"}"#, 204);
     }
