@@ -2,7 +2,7 @@
 //! Seccomp filters: every minivmm thread runs under an allowlist of the
 //! system calls it makes.
 //!
-//! minivmm has two kinds of thread ([`Thread`]), and each gets its own list,
+//! minivmm has three kinds of thread ([`Thread`]), and each gets its own list,
 //! built from what that thread was seen to call on real boots, so a
 //! compromised device or vCPU path cannot reach the rest of the kernel:
 //!
@@ -11,9 +11,12 @@
 //!   line, and the virtio-MMIO transport, which activates (TUNSETOFFLOAD) and
 //!   resets the net device when the guest driver says so;
 //! - the **event loop** (the main thread) serves the net device's TAP and
-//!   queue events, console input, the signals and the metrics file.
+//!   queue events, console input, the signals and the metrics file;
+//! - the **API** thread (`--api-sock`) serves the socket and opens a drive's
+//!   new image; it installs its filter as its first act, before it reads a
+//!   byte.
 //!
-//! Both filters are installed before the guest runs its first instruction:
+//! The VM's filters are installed before the guest runs its first instruction:
 //! each vCPU thread installs its own as its first act, the main thread
 //! installs its own after spawning the vCPU threads (a filter is inherited by
 //! threads created later, so the order keeps the lists apart), and no vCPU
@@ -60,7 +63,7 @@
 //! ```
 //!
 //! The main thread's id is minivmm's pid; the vCPU threads are named
-//! `vcpu<N>` (`/proc/<pid>/task/<tid>/comm`). `--seccomp log` also makes the
+//! `fc_vcpu N` and the API thread `fc_api` (`/proc/<pid>/task/<tid>/comm`). `--seccomp log` also makes the
 //! kernel log every call a list misses (`dmesg | grep type=1326`, with the
 //! thread's name and the call's number), which is how the last entries of
 //! these lists were found.
