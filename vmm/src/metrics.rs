@@ -166,15 +166,22 @@ impl Metrics {
     pub fn finish(&mut self) -> u64 {
         let line = self.line();
         let lost = self.out.finish(line.as_bytes());
-        if lost > 0 {
-            log::warn!(
-                "the metrics reader did not take the last {lost} line(s), the exit line \
-                 among them; dropped ({} dropped in all)",
-                self.out.dropped_lines()
-            );
+        if let Some(warning) = exit_warning(lost, self.out.dropped_lines()) {
+            log::warn!("{warning}");
         }
         lost
     }
+}
+
+/// What the exit says when `lost` lines never reached the reader (`None`
+/// when all did), with the `dropped` of the whole run.
+fn exit_warning(lost: u64, dropped: u64) -> Option<String> {
+    (lost > 0).then(|| {
+        format!(
+            "the metrics reader did not take the last {lost} line(s), the exit line among \
+             them; dropped ({dropped} dropped in all)"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -381,5 +388,19 @@ mod tests {
         let next: serde_json::Value = serde_json::from_str(&m.line()).unwrap();
         assert_eq!(next["vmm"]["metrics_lines_dropped"], lost);
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn the_exit_warns_only_when_lines_were_lost() {
+        assert_eq!(exit_warning(0, 0), None);
+        assert_eq!(exit_warning(0, 7), None);
+        assert_eq!(
+            exit_warning(3, 10).as_deref(),
+            Some(
+                "the metrics reader did not take the last 3 line(s), the exit line among \
+                 them; dropped (10 dropped in all)"
+            )
+        );
+        assert!(exit_warning(1, 1).is_some());
     }
 }
