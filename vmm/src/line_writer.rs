@@ -356,6 +356,25 @@ mod tests {
     }
 
     #[test]
+    fn finish_returns_the_lines_lost_at_exit_beside_those_dropped_before() {
+        // No reader: the pipe and the 1 MiB buffer fill and lines drop.
+        let p = fifo("finish-after-drops");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let lines = numbered(1500, 1000);
+        for l in &lines[..1499] {
+            s.write_line(l);
+        }
+        let dropped_before = s.dropped_lines();
+        assert!(dropped_before > 0);
+        let waiting = s.pending_bytes().div_ceil(1000) as u64;
+        // The last line does not fit the buffer either: dropped whole, once.
+        let lost = s.finish(&lines[1499]);
+        assert_eq!(lost, waiting + 1);
+        assert_eq!(s.dropped_lines(), dropped_before + lost);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
     fn finish_counts_a_last_line_without_newline_once() {
         let p = fifo("finish-unterminated");
         let mut s = NonBlockingLineWriter::open(&p).unwrap();
