@@ -122,7 +122,7 @@ impl Running {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("the guest printed nothing within 120 s");
+        self.fail("the guest printed nothing within 120 s");
     }
 
     /// (thread name, Seccomp mode) of every thread of the process.
