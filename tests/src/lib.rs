@@ -216,6 +216,31 @@ pub fn assert_no_crash(console: &str, report: &str) {
     );
 }
 
+/// The exit status of a minivmm whose thread made a system call its seccomp filter forbids.
+pub const BAD_SYSCALL_STATUS: i32 = 148;
+
+/// The line minivmm's SIGSYS handler writes before it ends with [`BAD_SYSCALL_STATUS`]
+/// (`minivmm: error: forbidden system call 219 (restart_syscall) under seccomp, ...`),
+/// if `stderr` has one.
+pub fn forbidden_call(stderr: &str) -> Option<&str> {
+    stderr.lines().find(|l| l.contains("forbidden system call"))
+}
+
+/// Why minivmm's exit `code` is not the one a test wanted, for its failure message: for
+/// [`BAD_SYSCALL_STATUS`] the call the filter refused, by name, from minivmm's `stderr`.
+pub fn exit_note(code: Option<i32>, stderr: &str) -> String {
+    match (code, forbidden_call(stderr)) {
+        (Some(BAD_SYSCALL_STATUS), Some(line)) => {
+            format!("minivmm exited 148: a seccomp filter refused a system call: {line}")
+        }
+        (Some(BAD_SYSCALL_STATUS), None) => {
+            "minivmm exited 148 (a seccomp filter refused a system call) without naming it"
+                .to_string()
+        }
+        (code, _) => format!("minivmm exited with {code:?}"),
+    }
+}
+
 /// Runs `cargo build --release` for one package and returns the path of `bin`.
 fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -702,7 +727,13 @@ impl Vm {
         let status = self.wait_exit(timeout).unwrap_or_else(|| {
             panic!("minivmm ignored SIGTERM for {timeout:?}\n{}", self.report())
         });
-        assert_eq!(status.code(), Some(0), "{}", self.report());
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "{}\n{}",
+            exit_note(status.code(), &self.stderr()),
+            self.report()
+        );
     }
 
     /// Sends a signal to minivmm (not to `ip netns exec`, which execs it, so
