@@ -90,6 +90,9 @@ pub enum Thread {
     EventLoop,
     /// The API socket's thread: accepts, reads and answers requests.
     Api,
+    /// The process `--jail` leaves outside its PID namespace: waits for the
+    /// jailed minivmm and forwards signals to it.
+    Supervisor,
 }
 
 /// Errors building or installing a filter. None is caused by the guest.
@@ -407,6 +410,29 @@ pub fn api_rules() -> Vec<Entry> {
     ]
 }
 
+/// The supervisor `--jail` leaves outside its PID namespace
+/// (`jail::pidns`), after it dropped its privileges and closed every
+/// descriptor but stdio: it waits for signals and for the jailed minivmm's
+/// end, and signals it.
+pub fn supervisor_rules() -> Vec<Entry> {
+    vec![
+        // sigwaitinfo: the forwarded signals and SIGCHLD.
+        allow(libc::SYS_rt_sigtimedwait),
+        // The supervisor stopped and continued (SIGSTOP, a frozen cgroup)
+        // inside sigwaitinfo resumes the call through restart_syscall.
+        allow(libc::SYS_restart_syscall),
+        // waitpid(child, WNOHANG) on SIGCHLD.
+        allow(libc::SYS_wait4),
+        // The forwarded stop and metrics signals, and SIGKILL for those
+        // whose default action would have ended an unjailed minivmm.
+        allow_arg_in(
+            libc::SYS_kill,
+            1,
+            &[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1, libc::SIGKILL].map(|s| s as u64),
+        ),
+    ]
+}
+
 /// Merges entries by system call. An unconditional entry wins over rules
 /// for the same call (it allows more).
 fn merge(entries: impl IntoIterator<Item = Entry>) -> BTreeMap<i64, Vec<SeccompRule>> {
@@ -431,6 +457,7 @@ pub fn rules(thread: Thread) -> BTreeMap<i64, Vec<SeccompRule>> {
         Thread::Vcpu => vcpu_rules(),
         Thread::EventLoop => event_loop_rules(),
         Thread::Api => api_rules(),
+        Thread::Supervisor => supervisor_rules(),
     };
     merge(common_rules().into_iter().chain(own))
 }
