@@ -706,7 +706,12 @@ mod tests {
 
     #[test]
     fn a_forbidden_call_ends_the_process_with_148() {
-        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+        for thread in [
+            Thread::Vcpu,
+            Thread::EventLoop,
+            Thread::Api,
+            Thread::Supervisor,
+        ] {
             let status = in_filtered_child(thread, SeccompMode::On, forbidden_syscall);
             assert_eq!(
                 exit_status(status),
@@ -830,6 +835,67 @@ mod tests {
             raw(libc::SYS_timerfd_create, [MONO, FLAGS, 0, 0, 0, 0])
         });
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    #[test]
+    fn the_jail_supervisor_may_wait_and_signal_and_nothing_more() {
+        // The signals go to pid INT_MAX, which no process has: the calls
+        // fail with ESRCH, harmlessly, once the filter let them through.
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_rt_sigtimedwait, [0, 0, 0, 8, 0, 0]),
+            || raw(libc::SYS_wait4, [-1, 0, libc::WNOHANG as _, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGTERM as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGINT as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGUSR1 as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGKILL as _, 0, 0, 0, 0],
+                )
+            },
+        ];
+        for f in allowed {
+            let status = in_filtered_child(Thread::Supervisor, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        // No other signal, no file, no process, no KVM.
+        let forbidden: &[fn()] = &[
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGSTOP as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_tgkill,
+                    [i32::MAX as _, 1, libc::SIGTERM as _, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_openat, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_clone, [0, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_RUN() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_setuid, [0, 0, 0, 0, 0, 0]),
+        ];
+        for f in forbidden {
+            let status = in_filtered_child(Thread::Supervisor, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
     }
 
     #[test]
