@@ -428,6 +428,48 @@ pub fn threads_of(pid: u32) -> Vec<(String, String)> {
     threads
 }
 
+/// The children of process `pid`, whichever of its threads forked them.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return kids;
+    };
+    for task in tasks.flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        kids.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    kids
+}
+
+/// The mount points of the cgroup hierarchies, v1 and v2 (`/proc/mounts`).
+pub fn cgroup_mounts() -> Vec<(PathBuf, bool)> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.get(2).copied() {
+                Some("cgroup2") => Some((PathBuf::from(f[1]), true)),
+                Some("cgroup") => Some((PathBuf::from(f[1]), false)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Removes cgroup `parent/id` (and `parent`, once empty) from every
+/// hierarchy: the leaf a jailed minivmm leaves behind when it ends, as
+/// Firecracker's jailer does.
+pub fn remove_cgroups(parent: &str, id: &str) {
+    for (mount, _) in cgroup_mounts() {
+        let _ = std::fs::remove_dir(mount.join(parent).join(id));
+        let _ = std::fs::remove_dir(mount.join(parent));
+    }
+}
+
 /// `words` as owned strings, the form [`Vm::spawn`] takes a command line in.
 pub fn cli_args(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
@@ -506,8 +548,15 @@ impl Vm {
             }
             None => Command::new(&bin),
         };
-        cmd.args(args)
-            .stdin(Stdio::null())
+        cmd.args(args);
+        Vm::spawn_command(cmd)
+    }
+
+    /// Starts `cmd` (minivmm, or a launcher that execs it in place, such as
+    /// the `jailer`) with stdin from /dev/null and its console and log
+    /// captured.
+    pub fn spawn_command(mut cmd: Command) -> Result<Vm> {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().context("spawning minivmm")?;
@@ -613,6 +662,13 @@ impl Vm {
     /// minivmm's pid (`ip netns exec` execs it, so the child is minivmm).
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The pid of the jailed minivmm a `--jail` run started: minivmm's own
+    /// process stays outside the jail's PID namespace as its supervisor,
+    /// and the jailed minivmm is its only child.
+    pub fn jailed_pid(&self) -> Option<u32> {
+        children_of(self.pid()).first().copied()
     }
 
     /// The name and `Seccomp:` mode of every thread of minivmm, sorted.
