@@ -11,16 +11,22 @@
 //! reboot, and leave minivmm exiting 0 by itself. The vmlinux boot also runs
 //! with `--boot-timer`: init's write of 123 to the register must show as
 //! one `Guest-boot-time` line (the bzImage boot, without it, must show
-//! none). A kernel panic or any crash line on the console (`segfault at`,
-//! `traps:`, ...) is a failure on every host. Bad-input cases need no boot
-//! and run in well under a second each.
+//! none). The vmlinux boot also has the entropy device (`--rng`): init's
+//! `minivmm.rng=check` must find it current in the guest's hw_random core
+//! and read 512 bytes from `/dev/hwrng`, and the metrics line minivmm writes
+//! at exit must count at least those bytes served (`entropy.entropy_bytes`;
+//! the guest kernel's own hwrng reads add to them). A kernel panic or any
+//! crash line on the console (`segfault at`, `traps:`, ...) is a failure on
+//! every host. Bad-input cases need no boot and run in well under a second
+//! each.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, guest_image, guest_image_if, minivmm_bin, Need, Vm, READY, SELFTEST_PASS,
+    cli_args, exit_metrics, guest_image, guest_image_if, metric, minivmm_bin, Need, Vm, READY,
+    RNG_CHECK_BYTES, RNG_OK, SELFTEST_PASS,
 };
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
@@ -36,10 +42,15 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(660);
 /// self-test its PASS line, then init reboots and minivmm must exit 0 by
 /// itself. With `boot_timer` (`--boot-timer`) minivmm must log the guest's
 /// boot-complete write once, with a time between its first vCPU entry and
-/// MINIVMM-READY; without it, nothing of the boot timer may show. Returns
-/// the finished VM for more checks.
-fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
+/// MINIVMM-READY; without it, nothing of the boot timer may show. With
+/// `entropy` (a metrics path) the VM has the entropy device and the guest
+/// checks it (see the module doc). Returns the finished VM for more checks.
+fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, entropy: Option<&Path>) -> Vm {
     let img = guest_image();
+    let words = match entropy {
+        Some(_) => "minivmm.mode=selftest minivmm.rng=check",
+        None => "minivmm.mode=selftest",
+    };
     let mut args = cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
@@ -50,12 +61,23 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
         "--mem",
         "256",
         "--cmdline",
-        "minivmm.mode=selftest",
+        words,
         "--log-level",
         "info",
     ]);
     if boot_timer {
         args.push("--boot-timer".into());
+    }
+    if let Some(metrics) = entropy {
+        let _ = std::fs::remove_file(metrics);
+        let metrics = metrics.to_str().unwrap();
+        args.extend(cli_args(&[
+            "--rng",
+            "--metrics",
+            metrics,
+            "--metrics-interval",
+            "0",
+        ]));
     }
     let name = kernel.file_name().unwrap().to_string_lossy().into_owned();
     let mut vm = Vm::spawn(&args, None).unwrap();
@@ -101,6 +123,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
         "minivmm saw a panic\n{report}"
     );
     check_boot_timer(&log, boot_timer, ready_at, &report);
+    if let Some(metrics) = entropy {
+        check_entropy(&console, metrics, &report);
+    }
     eprintln!(
         "FIGURE boot-timer {name} {vcpus} vCPU(s): {}",
         log.lines()
@@ -108,6 +133,31 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
             .map_or("(off)", str::trim)
     );
     vm
+}
+
+/// The entropy device's traces of a boot with `--rng` and init's
+/// `minivmm.rng=check`: the guest's check passed, and the metrics line
+/// written at exit counts at least the bytes it read.
+fn check_entropy(console: &str, metrics: &Path, report: &str) {
+    let line = console
+        .lines()
+        .find(|l| l.contains("MINIVMM-RNG"))
+        .unwrap_or_else(|| panic!("no MINIVMM-RNG line\n{report}"));
+    assert!(
+        line.contains(RNG_OK) && line.contains("current=virtio_rng"),
+        "{line}\n{report}"
+    );
+    let m = exit_metrics(metrics);
+    let served = metric(&m, "entropy", "entropy_bytes");
+    assert!(served >= RNG_CHECK_BYTES, "{served} bytes served\n{report}");
+    assert!(metric(&m, "entropy", "requests") > 0, "{m}");
+    assert_eq!(metric(&m, "entropy", "malformed_chains"), 0, "{m}");
+    eprintln!(
+        "FIGURE entropy: {} / {served} bytes / {} requests",
+        line.trim(),
+        metric(&m, "entropy", "requests")
+    );
+    let _ = std::fs::remove_file(metrics);
 }
 
 /// Firecracker's boot-time line, which minivmm logs with `--boot-timer`.
@@ -178,7 +228,7 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.bzimage, "1", false);
+    let vm = boot_to_ready(&img.bzimage, "1", false, None);
     assert!(
         vm.stderr().contains("bzImage kernel at 0x100200"),
         "{}",
@@ -191,7 +241,9 @@ fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.vmlinux, "2", true);
+    let metrics =
+        std::env::temp_dir().join(format!("minivmm-boot-rng-{}.json", std::process::id()));
+    let vm = boot_to_ready(&img.vmlinux, "2", true, Some(&metrics));
     assert!(
         vm.console().contains("Brought up 1 node, 2 CPUs"),
         "{}",

@@ -293,7 +293,7 @@ fn main() -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail(&error_line(&e)),
     };
-    if parts.launch.id != vmm::config::cli::DEFAULT_ID {
+    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
         vmm::logger::set_instance_id(&parts.launch.id);
     }
     if let Some(sock) = parts.launch.api_sock.clone() {
