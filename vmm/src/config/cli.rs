@@ -81,7 +81,7 @@ pub struct CliParts {
 
 /// Firecracker's rule for an instance id: 1 to 64 characters, ASCII
 /// letters, digits and `-`.
-fn check_id(id: &str) -> Result<(), CliError> {
+pub fn check_id(id: &str) -> Result<(), CliError> {
     if id.is_empty() || id.len() > 64 || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     {
         return Err(CliError::Launch(format!(

@@ -195,11 +195,11 @@ extern "C" {
     static mut environ: *const *mut libc::c_char;
 }
 
-/// Empties the environment but the [`KEPT_ENV`] variables, overwriting
+/// Empties the environment but the variables named in `keep`, overwriting
 /// every string first, so that no variable of the launcher's is left in
 /// memory or in `/proc/PID/environ`. Single-threaded callers only.
-pub fn empty_environment() {
-    let kept: Vec<(&str, OsString)> = KEPT_ENV
+pub fn empty_environment(keep: &[&str]) {
+    let kept: Vec<(&str, OsString)> = keep
         .iter()
         .filter_map(|&k| std::env::var_os(k).map(|v| (k, v)))
         .collect();
@@ -244,7 +244,7 @@ pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
     if !cfg.root.is_dir() {
         return Err(JailError::NotADirectory(cfg.root.clone()));
     }
-    empty_environment();
+    empty_environment(&KEPT_ENV);
     if let Some(ns) = &cfg.netns {
         join_netns(ns)?;
     }
