@@ -187,8 +187,23 @@ pub fn assert_no_crash(console: &str, report: &str) {
 
 /// Runs `cargo build --release` for one package and returns the path of `bin`.
 fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    cargo_build(package, bin, &[], None)
+}
+
+/// Runs `cargo build --release` with `extra` arguments and `rustflags` (if
+/// given) for one package and returns the path of `bin`.
+fn cargo_build(
+    package: &str,
+    bin: &str,
+    extra: &[&str],
+    rustflags: Option<&str>,
+) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let mut cmd = Command::new(cargo);
+    if let Some(flags) = rustflags {
+        cmd.env("RUSTFLAGS", flags);
+    }
+    let out = cmd
         .current_dir(repo_root())
         .args([
             "build",
@@ -199,6 +214,7 @@ fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
             "--bin",
             bin,
         ])
+        .args(extra)
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo build")?;
@@ -223,6 +239,31 @@ pub fn minivmm_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| cargo_build_bin("vmm", "minivmm").expect("building minivmm"))
         .clone()
+}
+
+/// The target of the static builds (the guest image's `mvperf` is built
+/// the same way, `resources/initramfs/build.sh`).
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// The static release `minivmm` and `jailer` (`-C target-feature=+crt-static`,
+/// `--target` [`STATIC_TARGET`], kept apart from the ordinary build): a
+/// jail holds no shared library, so the binary the `jailer` copies into
+/// one must need none. Built once per test process.
+pub fn static_minivmm_and_jailer() -> (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let build = |bin| {
+            cargo_build(
+                "vmm",
+                bin,
+                &["--target", STATIC_TARGET],
+                Some("-C target-feature=+crt-static"),
+            )
+            .expect("building the static minivmm and jailer")
+        };
+        (build("minivmm"), build("jailer"))
+    })
+    .clone()
 }
 
 /// The release `mvperf` binary (host side of the netperf-style tests).
