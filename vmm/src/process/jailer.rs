@@ -13,7 +13,7 @@
 //!
 //! [`Jailer::run`] takes Firecracker's jailer's steps in its order: every
 //! inherited descriptor but stdio closed and the environment emptied (at
-//! start, [`main`]); the arguments checked (the id as Firecracker's, the
+//! start, by the binary, `vmm/src/bin/jailer.rs`); the arguments checked (the id as Firecracker's, the
 //! exec file a static executable: the jail holds no shared library); the
 //! chroot `<chroot-base-dir>/<exec-file name>/<id>/root` made and the exec
 //! file copied into it, owned by the uid (a copy, so two VMs never share
@@ -41,12 +41,11 @@ use std::io::{self, Read};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use clap::Parser;
 
 use super::jail::cgroup::{parse_file, parse_parent, CgroupError, CgroupSpec, CgroupVersion};
-use super::jail::sys::{close_all_but, SysError};
+use super::jail::sys::SysError;
 use super::jail::{creds, join_netns, mount, pidns, JailError, ResourceLimits};
 
 /// Firecracker's jailer's default chroot base.
@@ -454,38 +453,6 @@ impl Jailer {
     }
 }
 
-fn fail(msg: &str) -> ExitCode {
-    eprintln!("jailer: error: {msg}");
-    ExitCode::from(1)
-}
-
-/// The `jailer` binary: exit status 1 and one line on stderr when a step
-/// fails; otherwise it becomes the VMM (or, with `--daemonize` or
-/// `--new-pid-ns`, exits 0 once the VMM's process is on its way).
-pub fn main() -> ExitCode {
-    let started_us = crate::monotonic_us();
-    // Nothing of the caller's but stdio and the command line goes on.
-    if let Err(e) = close_all_but(&[]) {
-        return fail(&crate::error_line(&e));
-    }
-    super::jail::empty_environment(&[]);
-    let args = match JailerArgs::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            return fail(&crate::config::cli::clap_line(&e));
-        }
-    };
-    match args.validate() {
-        Ok(jailer) => fail(&crate::error_line(&jailer.run(started_us))),
-        Err(e) => fail(&crate::error_line(&e)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -737,6 +704,204 @@ mod tests {
             format!("cannot overwrite {}: it has other hard links", to.display())
         );
         assert_eq!(std::fs::read_to_string(dir.join("other")).unwrap(), "other");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A static x86-64 executable that exits with its argc:
+    /// `mov rdi, [rsp]; mov eax, 60; syscall`, loaded at 0x401000.
+    fn exit_argc_elf() -> Vec<u8> {
+        let code = [0x48, 0x8b, 0x3c, 0x24, 0xb8, 60, 0, 0, 0, 0x0f, 0x05];
+        let mut f = elf(libc::PT_LOAD, b"");
+        f.truncate(120);
+        f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+        f[18..20].copy_from_slice(&0x3eu16.to_le_bytes()); // EM_X86_64
+        f[20..24].copy_from_slice(&1u32.to_le_bytes());
+        f[24..32].copy_from_slice(&0x40_1000u64.to_le_bytes()); // e_entry
+        f[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+        f[68..72].copy_from_slice(&5u32.to_le_bytes()); // R X
+        f[72..80].copy_from_slice(&0x1000u64.to_le_bytes()); // p_offset
+        f[80..88].copy_from_slice(&0x40_1000u64.to_le_bytes()); // p_vaddr
+        f[88..96].copy_from_slice(&0x40_1000u64.to_le_bytes()); // p_paddr
+        f[96..104].copy_from_slice(&(code.len() as u64).to_le_bytes());
+        f[104..112].copy_from_slice(&(code.len() as u64).to_le_bytes());
+        f[112..120].copy_from_slice(&0x1000u64.to_le_bytes());
+        f.resize(0x1000, 0);
+        f.extend_from_slice(&code);
+        f
+    }
+
+    const CHILD_ENV: &str = "MINIVMM_JAILER_TEST";
+
+    /// The body of the run tests, in a child test process: parses the
+    /// jailer's words from the environment, forks (a single-threaded
+    /// process takes the jail) and reports how the fork ended.
+    #[test]
+    #[ignore = "the body of the jailer run tests, run in a child process"]
+    fn jailer_child() {
+        let Ok(words) = std::env::var(CHILD_ENV) else {
+            return;
+        };
+        let jailer = parse(&words.split(' ').collect::<Vec<_>>())
+            .unwrap()
+            .validate()
+            .unwrap();
+        // SAFETY: the fork runs the jailer, which execs or _exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let e = jailer.run(crate::monotonic_us());
+            println!("\nERROR {}", crate::error_line(&e));
+            std::io::Write::flush(&mut std::io::stdout()).unwrap();
+            // SAFETY: ends the fork without returning into libtest.
+            unsafe { libc::_exit(3) }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the fork just made; `status` is a live int.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        println!("\nFORK {pid} STATUS {}", libc::WEXITSTATUS(status));
+        std::io::Write::flush(&mut std::io::stdout()).unwrap();
+        // SAFETY: ends the child test process without returning into libtest.
+        unsafe { libc::_exit(0) }
+    }
+
+    /// Runs the jailer with `flags` on the exit-argc executable in a
+    /// child; its output, and the fork's pid and exit status.
+    fn run_jailer(dir: &Path, flags: &[&str]) -> (String, u32, i32) {
+        std::fs::write(dir.join("vmm"), exit_argc_elf()).unwrap();
+        std::fs::set_permissions(dir.join("vmm"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut words = vec!["--id", "vm-1", "--uid", "65534", "--gid", "65534"];
+        let (exec, base) = (dir.join("vmm"), dir.join("base"));
+        words.extend(["--exec-file", exec.to_str().unwrap()]);
+        words.extend(["--chroot-base-dir", base.to_str().unwrap()]);
+        words.extend(flags);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "process::jailer::tests::jailer_child",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, words.join(" "))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let fork = text
+            .lines()
+            .find_map(|l| l.strip_prefix("FORK "))
+            .unwrap_or_else(|| panic!("{text}"));
+        let (pid, status) = fork.split_once(" STATUS ").unwrap();
+        (text.clone(), pid.parse().unwrap(), status.parse().unwrap())
+    }
+
+    fn skip_unless_root() -> bool {
+        // SAFETY: a getter.
+        if unsafe { libc::geteuid() } != 0 {
+            minivmm_tests::print_skip("the jail needs root (CI runs as root)");
+            return true;
+        }
+        false
+    }
+
+    #[test]
+    fn the_jailer_execs_the_vmm_in_its_chroot_with_firecrackers_flags() {
+        if skip_unless_root() {
+            return;
+        }
+        let dir = scratch("run");
+        let parent = format!("minivmm-jailer-unit-{}", std::process::id());
+        let flags = [
+            "--cgroup-version",
+            "2",
+            "--parent-cgroup",
+            &parent,
+            "--cgroup",
+            "cgroup.max.descendants=0",
+            "--",
+            "--api-sock",
+            "/run/firecracker.socket",
+        ];
+        let (text, pid, status) = run_jailer(&dir, &flags);
+        // argv: the path, four flags with their values, the two after `--`.
+        assert_eq!(status, 1 + 8 + 2, "{text}");
+        let root = std::fs::canonicalize(dir.join("base"))
+            .unwrap()
+            .join("vmm/vm-1/root");
+        assert_eq!(
+            std::fs::read_to_string(root.join("vmm.pid")).unwrap(),
+            pid.to_string()
+        );
+        for (p, mode) in [
+            ("", 0o700),
+            ("dev", 0o700),
+            ("dev/net", 0o700),
+            ("run", 0o700),
+            ("vmm", 0o755),
+        ] {
+            let m = std::fs::metadata(root.join(p)).unwrap();
+            assert_eq!(
+                (m.uid(), m.gid(), m.mode() & 0o7777),
+                (65534, 65534, mode),
+                "{p}"
+            );
+        }
+        if Path::new("/dev/kvm").exists() {
+            let m = std::fs::metadata(root.join("dev/kvm")).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o600));
+        }
+        // The leaf was made, its limit written, the jailer moved in.
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let v2 = mounts
+            .lines()
+            .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"));
+        if let Some(v2) = v2.and_then(|l| l.split_whitespace().nth(1)) {
+            let leaf = Path::new(v2).join(&parent).join("vm-1");
+            let limit = std::fs::read_to_string(leaf.join("cgroup.max.descendants"));
+            let _ = std::fs::remove_dir(&leaf);
+            let _ = std::fs::remove_dir(leaf.parent().unwrap());
+            assert_eq!(limit.unwrap().trim(), "0");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn with_new_pid_ns_and_daemonize_the_jailer_returns_at_once() {
+        if skip_unless_root() {
+            return;
+        }
+        for (tag, flags) in [("pidns", "--new-pid-ns"), ("daemon", "--daemonize")] {
+            let dir = scratch(tag);
+            let (text, pid, status) = run_jailer(&dir, &[flags]);
+            assert_eq!(status, 0, "{flags}: {text}");
+            // The pid file names another process: the VMM's.
+            let pid_file = std::fs::canonicalize(dir.join("base"))
+                .unwrap()
+                .join("vmm/vm-1/root/vmm.pid");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let vmm: u32 = loop {
+                if let Ok(Ok(p)) = std::fs::read_to_string(&pid_file).map(|s| s.parse()) {
+                    break p;
+                }
+                assert!(std::time::Instant::now() < deadline, "{flags}: no pid file");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            assert_ne!(vmm, pid, "{flags}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[test]
+    fn a_failed_step_comes_back_as_one_line() {
+        if skip_unless_root() {
+            return;
+        }
+        let dir = scratch("fail");
+        let (text, _, status) = run_jailer(&dir, &["--netns", "/nonexistent/netns"]);
+        assert_eq!(status, 3, "{text}");
+        assert!(
+            text.contains(
+                "ERROR jail: cannot join the network namespace /nonexistent/netns: No such file"
+            ),
+            "{text}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
