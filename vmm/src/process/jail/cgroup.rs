@@ -371,3 +371,299 @@ impl Plan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake cgroup tree: plain directories and files stand for the
+    /// hierarchies (the kernel's files are written and read the same way).
+    struct Fake(PathBuf);
+
+    impl Fake {
+        fn new(tag: &str) -> Fake {
+            let dir =
+                std::env::temp_dir().join(format!("minivmm-cgroup-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            for sub in ["unified", "pids", "cpuset"] {
+                std::fs::create_dir_all(dir.join(sub)).unwrap();
+            }
+            std::fs::write(dir.join("unified/cgroup.controllers"), "cpu pids\n").unwrap();
+            Fake(dir)
+        }
+
+        fn p(&self, rel: &str) -> PathBuf {
+            self.0.join(rel)
+        }
+
+        /// A mount table naming the fake hierarchies, with other lines.
+        fn mounts(&self) -> String {
+            let d = self.0.display();
+            format!(
+                "proc /proc proc rw 0 0\n\
+                 cgroup2 {d}/unified cgroup2 rw,nsdelegate 0 0\n\
+                 cgroup {d}/pids cgroup rw,relatime,pids 0 0\n\
+                 cgroup {d}/cpuset cgroup rw,cpuset 0 0\n\
+                 short line\n"
+            )
+        }
+
+        fn read(&self, rel: &str) -> String {
+            std::fs::read_to_string(self.p(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn spec(version: CgroupVersion, files: &[&str]) -> CgroupSpec {
+        CgroupSpec {
+            version,
+            parent: PathBuf::from("vms/all"),
+            files: files.iter().map(|f| parse_file(f).unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn files_parents_and_versions_are_checked() {
+        assert_eq!(
+            parse_file("pids.max=64").unwrap(),
+            ("pids.max".into(), "64".into())
+        );
+        assert_eq!(
+            parse_file("cpuset.cpus=0-1,3").unwrap(),
+            ("cpuset.cpus".into(), "0-1,3".into())
+        );
+        for bad in [
+            "pids.max",
+            "pids.max=",
+            "pidsmax=1",
+            ".max=1",
+            "pids.=1",
+            "a/b.c=1",
+            "p.m=1\n2",
+        ] {
+            let e = parse_file(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("--cgroup '{bad}': expected FILE=VALUE")),
+                "{e}"
+            );
+        }
+        assert_eq!(parse_parent("a/b").unwrap(), Path::new("a/b"));
+        for bad in ["", "..", "/abs", "a/../b", "./a"] {
+            let e = parse_parent(bad).unwrap_err().to_string();
+            assert_eq!(
+                e,
+                format!("--parent-cgroup '{bad}': expected a relative path without '.' or '..'")
+            );
+        }
+        assert_eq!(CgroupVersion::parse("1").unwrap(), CgroupVersion::V1);
+        assert_eq!(CgroupVersion::parse("2").unwrap(), CgroupVersion::V2);
+        assert_eq!(
+            CgroupVersion::parse("v2").unwrap_err().to_string(),
+            "--cgroup-version 'v2': expected 1 or 2"
+        );
+        assert_eq!(controller("pids.max"), "pids");
+        assert_eq!(controller("cgroup.max.depth"), "cgroup");
+    }
+
+    #[test]
+    fn the_mount_table_is_read_with_its_escapes() {
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+        assert_eq!(unescape(r"/a\134b\011"), "/a\\b\t");
+        assert_eq!(unescape(r"/a\08b\"), r"/a\08b\");
+        let m = cgroup_mounts(
+            "cgroup2 /sys/fs/cgroup/my\\040v2 cgroup2 rw 0 0\n\
+             cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n\
+             tmpfs /sys/fs/cgroup tmpfs rw 0 0\n",
+        );
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m[0].dir.as_path(), m[0].v2),
+            (Path::new("/sys/fs/cgroup/my v2"), true)
+        );
+        assert_eq!(
+            (m[1].dir.as_path(), m[1].v2),
+            (Path::new("/sys/fs/cgroup/cpu,cpuacct"), false)
+        );
+        assert_eq!(m[1].options, ["rw", "cpu", "cpuacct"]);
+    }
+
+    #[test]
+    fn a_v2_leaf_enables_its_controllers_down_to_its_parent_and_holds_the_limits() {
+        let f = Fake::new("v2");
+        let plan = spec(
+            CgroupVersion::V2,
+            &["pids.max=64", "cgroup.max.descendants=0"],
+        )
+        .plan("vm-1", &f.mounts(), false)
+        .unwrap();
+        assert_eq!(plan.join, None);
+        assert_eq!(plan.leaves.len(), 1);
+        assert_eq!(plan.leaves[0].dir, f.p("unified/vms/all/vm-1"));
+        assert_eq!(plan.leaves[0].mount, f.p("unified"));
+        plan.apply(4242).unwrap();
+        assert_eq!(f.read("unified/vms/all/vm-1/pids.max"), "64");
+        assert_eq!(f.read("unified/vms/all/vm-1/cgroup.max.descendants"), "0");
+        assert_eq!(f.read("unified/vms/all/vm-1/cgroup.procs"), "4242");
+        for dir in ["unified", "unified/vms", "unified/vms/all"] {
+            assert_eq!(
+                f.read(&format!("{dir}/cgroup.subtree_control")),
+                "+pids",
+                "{dir}"
+            );
+        }
+        assert!(!f.p("unified/vms/all/vm-1/cgroup.subtree_control").exists());
+        // A leaf that holds a process is another VM's.
+        let e = plan.apply(4343).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cgroup {} already holds processes: is another VM running with this id?",
+                f.p("unified/vms/all/vm-1").display()
+            )
+        );
+    }
+
+    #[test]
+    fn without_files_a_v2_leaf_only_when_always_and_the_jailer_joins_the_parent() {
+        let f = Fake::new("v2none");
+        let s = spec(CgroupVersion::V2, &[]);
+        let plan = s.plan("vm-1", &f.mounts(), true).unwrap();
+        assert_eq!(plan.leaves.len(), 1);
+        assert!(plan.leaves[0].files.is_empty());
+        plan.apply(7).unwrap();
+        assert_eq!(f.read("unified/vms/all/vm-1/cgroup.procs"), "7");
+        assert!(
+            !f.p("unified/cgroup.subtree_control").exists(),
+            "no controller to enable"
+        );
+        // The jailer's rule: no file, v2: join the parent when it exists.
+        let plan = s.plan("vm-2", &f.mounts(), false).unwrap();
+        assert_eq!(
+            plan,
+            Plan {
+                leaves: Vec::new(),
+                join: Some(f.p("unified/vms/all"))
+            }
+        );
+        plan.apply(8).unwrap();
+        assert_eq!(f.read("unified/vms/all/cgroup.procs"), "8");
+        let mut gone = s.clone();
+        gone.parent = PathBuf::from("missing");
+        assert_eq!(
+            gone.plan("vm-2", &f.mounts(), false).unwrap(),
+            Plan::default()
+        );
+        // No v2 hierarchy: nothing without files, an error with some.
+        let v1_only = "cgroup /x cgroup rw,pids 0 0\n";
+        assert_eq!(s.plan("vm", v1_only, true).unwrap(), Plan::default());
+        assert_eq!(s.plan("vm", v1_only, false).unwrap(), Plan::default());
+        let e = spec(CgroupVersion::V2, &["pids.max=1"])
+            .plan("vm", v1_only, true)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cgroup: no cgroup v2 hierarchy is mounted (try --cgroup-version 1)"
+        );
+    }
+
+    #[test]
+    fn a_controller_the_v2_hierarchy_lacks_is_refused() {
+        let f = Fake::new("v2lack");
+        let e = spec(CgroupVersion::V2, &["cgroup.max.depth=1", "memory.max=1G"])
+            .plan("vm-1", &f.mounts(), true)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "cgroup: the memory controller is not available in the v2 hierarchy at {} \
+                 (a v1 hierarchy may hold it: try --cgroup-version 1)",
+                f.p("unified").display()
+            )
+        );
+        assert!(
+            !f.p("unified/vms").exists(),
+            "nothing made for a refused plan"
+        );
+        std::fs::remove_file(f.p("unified/cgroup.controllers")).unwrap();
+        let e = spec(CgroupVersion::V2, &["pids.max=1"])
+            .plan("vm-1", &f.mounts(), true)
+            .unwrap_err();
+        assert!(e.to_string().starts_with("cgroup: cannot read "), "{e}");
+    }
+
+    #[test]
+    fn v1_leaves_one_per_hierarchy_and_a_cpuset_inherits_its_parents_cpus() {
+        let f = Fake::new("v1");
+        std::fs::write(f.p("cpuset/cpuset.cpus"), "0-3\n").unwrap();
+        std::fs::write(f.p("cpuset/cpuset.mems"), "0\n").unwrap();
+        // An existing level with its own CPUs passes those on.
+        std::fs::create_dir_all(f.p("cpuset/vms")).unwrap();
+        std::fs::write(f.p("cpuset/vms/cpuset.cpus"), "2-3").unwrap();
+        let plan = spec(
+            CgroupVersion::V1,
+            &["pids.max=10", "cpuset.mems=0", "pids.max=20"],
+        )
+        .plan("vm-1", &f.mounts(), true)
+        .unwrap();
+        assert_eq!(plan.leaves.len(), 2);
+        assert_eq!(plan.leaves[0].dir, f.p("pids/vms/all/vm-1"));
+        assert_eq!(plan.leaves[0].files.len(), 2, "both pids files in one leaf");
+        assert_eq!(plan.leaves[1].dir, f.p("cpuset/vms/all/vm-1"));
+        plan.apply(99).unwrap();
+        assert_eq!(
+            f.read("pids/vms/all/vm-1/pids.max"),
+            "20",
+            "in order: the last wins"
+        );
+        assert_eq!(f.read("pids/vms/all/vm-1/cgroup.procs"), "99");
+        assert_eq!(f.read("cpuset/vms/all/vm-1/cgroup.procs"), "99");
+        assert_eq!(f.read("cpuset/vms/cpuset.mems"), "0");
+        assert_eq!(f.read("cpuset/vms/cpuset.cpus"), "2-3");
+        assert_eq!(f.read("cpuset/vms/all/cpuset.cpus"), "2-3");
+        assert_eq!(f.read("cpuset/vms/all/vm-1/cpuset.cpus"), "2-3");
+        assert!(
+            !f.p("pids/vms/all/vm-1/cpuset.cpus").exists(),
+            "pids is no cpuset"
+        );
+        assert!(!f.p("unified/vms").exists(), "v1 leaves only");
+        let e = spec(CgroupVersion::V1, &["memory.limit_in_bytes=1"])
+            .plan("vm-1", &f.mounts(), true)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cgroup: no cgroup v1 hierarchy holds the memory controller"
+        );
+        // Without files, v1 makes nothing.
+        assert_eq!(
+            spec(CgroupVersion::V1, &[])
+                .plan("vm", &f.mounts(), true)
+                .unwrap(),
+            Plan::default()
+        );
+    }
+
+    #[test]
+    fn a_write_the_kernel_refuses_names_the_file() {
+        let f = Fake::new("refuse");
+        // A directory where the limit's file would be: the write fails.
+        std::fs::create_dir_all(f.p("unified/vms/all/vm-1/pids.max")).unwrap();
+        let e = spec(CgroupVersion::V2, &["pids.max=64"])
+            .plan("vm-1", &f.mounts(), true)
+            .unwrap()
+            .apply(1)
+            .unwrap_err();
+        assert_eq!(
+            crate::error_line(&e),
+            format!(
+                "cgroup: cannot write 64 to {}: Is a directory (os error 21)",
+                f.p("unified/vms/all/vm-1/pids.max").display()
+            )
+        );
+    }
+}
