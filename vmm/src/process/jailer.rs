@@ -398,14 +398,13 @@ impl Jailer {
         mount::device_nodes(&self.chroot, self.uid, self.gid)?;
         mount::pivot_into(&self.chroot)?;
         self.own_folders()?;
-        // The CPU time of the processes before the forks below (a fork's
-        // child starts from zero).
-        let parent_cpu_us = crate::process_cpu_us();
+        // The jailer's CPU time before the forks below (a fork's child
+        // starts from zero): `--parent-cpu-time-us`.
+        let jailer_cpu_us = crate::process_cpu_us();
         if let Some(null) = &dev_null {
             use std::os::fd::AsRawFd;
             pidns::daemonize(null.as_raw_fd())?;
         }
-        let forked = self.daemonize || self.new_pid_ns;
         if self.new_pid_ns {
             if let Some(child) = pidns::fork_and_leave()? {
                 self.write_pid(child)?;
@@ -417,19 +416,19 @@ impl Jailer {
             self.write_pid(std::process::id() as i32)?;
         }
         creds::drop_privileges(self.uid, self.gid)?;
-        Err(self.exec(started_us, if forked { parent_cpu_us } else { 0 }))
+        Err(self.exec(started_us, jailer_cpu_us))
     }
 
     /// Execs the VMM inside the jail with Firecracker's jailer's flags and
     /// an empty environment; returns why it could not.
-    fn exec(&self, started_us: u64, parent_cpu_us: u64) -> JailerError {
+    fn exec(&self, started_us: u64, jailer_cpu_us: u64) -> JailerError {
         let path = Path::new("/").join(&self.exec_name);
         let mut words: Vec<OsString> = vec![path.clone().into_os_string()];
         for (flag, value) in [
             ("--id", self.id.clone()),
             ("--start-time-us", started_us.to_string()),
             ("--start-time-cpu-us", crate::process_cpu_us().to_string()),
-            ("--parent-cpu-time-us", parent_cpu_us.to_string()),
+            ("--parent-cpu-time-us", jailer_cpu_us.to_string()),
         ] {
             words.extend([flag.into(), value.into()]);
         }
@@ -710,7 +709,17 @@ mod tests {
     /// A static x86-64 executable that exits with its argc:
     /// `mov rdi, [rsp]; mov eax, 60; syscall`, loaded at 0x401000.
     fn exit_argc_elf() -> Vec<u8> {
-        let code = [0x48, 0x8b, 0x3c, 0x24, 0xb8, 60, 0, 0, 0, 0x0f, 0x05];
+        static_elf(&[0x48, 0x8b, 0x3c, 0x24, 0xb8, 60, 0, 0, 0, 0x0f, 0x05])
+    }
+
+    /// A static x86-64 executable that waits for signals for good
+    /// (`pause` in a loop).
+    fn pause_elf() -> Vec<u8> {
+        static_elf(&[0xb8, 34, 0, 0, 0, 0x0f, 0x05, 0xeb, 0xf7])
+    }
+
+    /// `code` as a static x86-64 executable loaded at 0x401000.
+    fn static_elf(code: &[u8]) -> Vec<u8> {
         let mut f = elf(libc::PT_LOAD, b"");
         f.truncate(120);
         f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
@@ -726,11 +735,14 @@ mod tests {
         f[104..112].copy_from_slice(&(code.len() as u64).to_le_bytes());
         f[112..120].copy_from_slice(&0x1000u64.to_le_bytes());
         f.resize(0x1000, 0);
-        f.extend_from_slice(&code);
+        f.extend_from_slice(code);
         f
     }
 
     const CHILD_ENV: &str = "MINIVMM_JAILER_TEST";
+    /// `1`: the jailer runs as a session leader, `0`: it does not; set,
+    /// the jailer's output goes to stderr (null), out of the VMM's hands.
+    const LEADER_ENV: &str = "MINIVMM_JAILER_TEST_LEADER";
 
     /// The body of the run tests, in a child test process: parses the
     /// jailer's words from the environment, forks (a single-threaded
@@ -748,6 +760,16 @@ mod tests {
         // SAFETY: the fork runs the jailer, which execs or _exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
+            if let Some(leader) = std::env::var_os(LEADER_ENV) {
+                if leader == "1" {
+                    // SAFETY: no arguments; a fork's child leads no group.
+                    unsafe { libc::setsid() };
+                }
+                // The VMM of these tests pauses for good: it must not hold
+                // the output the test reads to its end (stderr is null).
+                // SAFETY: duplicates an open descriptor onto stdout.
+                unsafe { libc::dup2(2, 1) };
+            }
             let e = jailer.run(crate::monotonic_us());
             println!("\nERROR {}", crate::error_line(&e));
             std::io::Write::flush(&mut std::io::stdout()).unwrap();
@@ -766,23 +788,44 @@ mod tests {
     /// Runs the jailer with `flags` on the exit-argc executable in a
     /// child; its output, and the fork's pid and exit status.
     fn run_jailer(dir: &Path, flags: &[&str]) -> (String, u32, i32) {
-        std::fs::write(dir.join("vmm"), exit_argc_elf()).unwrap();
+        run_jailer_on(dir, &exit_argc_elf(), flags, None)
+    }
+
+    /// Runs the jailer with `flags` on executable `vmm`, which pauses, in a
+    /// child, as a session leader if `leader`.
+    fn run_paused(dir: &Path, vmm: &[u8], flags: &[&str], leader: bool) -> (String, u32, i32) {
+        run_jailer_on(dir, vmm, flags, Some(leader))
+    }
+
+    /// Runs the jailer with `flags` on executable `vmm` in a child; with
+    /// `leader` given, as a session leader or not and with its output out
+    /// of the VMM's hands.
+    fn run_jailer_on(
+        dir: &Path,
+        vmm: &[u8],
+        flags: &[&str],
+        leader: Option<bool>,
+    ) -> (String, u32, i32) {
+        std::fs::write(dir.join("vmm"), vmm).unwrap();
         std::fs::set_permissions(dir.join("vmm"), std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut words = vec!["--id", "vm-1", "--uid", "65534", "--gid", "65534"];
         let (exec, base) = (dir.join("vmm"), dir.join("base"));
         words.extend(["--exec-file", exec.to_str().unwrap()]);
         words.extend(["--chroot-base-dir", base.to_str().unwrap()]);
         words.extend(flags);
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "process::jailer::tests::jailer_child",
-            ])
-            .args(["--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, words.join(" "))
-            .output()
-            .unwrap();
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--ignored",
+            "--exact",
+            "process::jailer::tests::jailer_child",
+        ])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, words.join(" "));
+        if let Some(leader) = leader {
+            cmd.env(LEADER_ENV, if leader { "1" } else { "0" })
+                .stderr(std::process::Stdio::null());
+        }
+        let out = cmd.output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let fork = text
             .lines()
@@ -862,30 +905,110 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The pid the jailer wrote into the chroot of `dir`'s VM.
+    fn vmm_pid(dir: &Path) -> u32 {
+        let root = std::fs::canonicalize(dir.join("base")).unwrap();
+        let pid_file = root.join("vmm/vm-1/root/vmm.pid");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Ok(Ok(p)) = std::fs::read_to_string(&pid_file).map(|s| s.parse()) {
+                return p;
+            }
+            assert!(std::time::Instant::now() < deadline, "no pid file");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Field `n` (from 1, as proc(5) numbers them) of /proc/PID/stat.
+    fn stat_field(pid: u32, n: usize) -> String {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after = stat.rsplit(')').next().unwrap();
+        after.split_whitespace().nth(n - 3).unwrap().to_string()
+    }
+
+    /// Waits until `pid` runs the exec'd program (its copy in the chroot).
+    fn wait_exec(pid: u32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_link(format!("/proc/{pid}/exe")).map_or(true, |e| !e.ends_with("vmm")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{pid} never exec'd the VMM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    fn kill(pid: u32) {
+        // SAFETY: SIGKILL to the VMM process this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+
+    /// Runs the paused VMM with `flags` (the jailer a session leader if
+    /// `leader`): the jailer's fork's pid, the VMM's pid, and its session
+    /// id, process group, NSpid line and stdio as read before it is killed.
+    fn paused_vmm(
+        tag: &str,
+        flags: &[&str],
+        leader: bool,
+    ) -> (u32, u32, [String; 3], Vec<PathBuf>) {
+        let dir = scratch(tag);
+        let (text, pid, status) = run_paused(&dir, &pause_elf(), flags, leader);
+        assert_eq!(status, 0, "{flags:?}: {text}");
+        let vmm = vmm_pid(&dir);
+        wait_exec(vmm);
+        let status = std::fs::read_to_string(format!("/proc/{vmm}/status")).unwrap();
+        let nspid = status
+            .lines()
+            .find(|l| l.starts_with("NSpid:"))
+            .unwrap_or_default();
+        let seen = [stat_field(vmm, 6), stat_field(vmm, 5), nspid.to_string()];
+        let stdio = (0..3)
+            .map(|fd| std::fs::read_link(format!("/proc/{vmm}/fd/{fd}")).unwrap())
+            .collect();
+        kill(vmm);
+        let _ = std::fs::remove_dir_all(&dir);
+        (pid, vmm, seen, stdio)
+    }
+
     #[test]
-    fn with_new_pid_ns_and_daemonize_the_jailer_returns_at_once() {
+    fn with_new_pid_ns_the_jailer_leaves_and_the_vmm_is_init_of_its_own() {
         if skip_unless_root() {
             return;
         }
-        for (tag, flags) in [("pidns", "--new-pid-ns"), ("daemon", "--daemonize")] {
-            let dir = scratch(tag);
-            let (text, pid, status) = run_jailer(&dir, &[flags]);
-            assert_eq!(status, 0, "{flags}: {text}");
-            // The pid file names another process: the VMM's.
-            let pid_file = std::fs::canonicalize(dir.join("base"))
-                .unwrap()
-                .join("vmm/vm-1/root/vmm.pid");
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            let vmm: u32 = loop {
-                if let Ok(Ok(p)) = std::fs::read_to_string(&pid_file).map(|s| s.parse()) {
-                    break p;
-                }
-                assert!(std::time::Instant::now() < deadline, "{flags}: no pid file");
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            };
-            assert_ne!(vmm, pid, "{flags}");
-            let _ = std::fs::remove_dir_all(&dir);
+        for leader in [true, false] {
+            let (jailer, vmm, [sid, _, nspid], _) = paused_vmm("pidns", &["--new-pid-ns"], leader);
+            assert_ne!(vmm, jailer);
+            assert_eq!(nspid, format!("NSpid:\t{vmm}\t1"));
+            // A jailer that leads its session gives the VMM a session of
+            // its own (its end would send the session SIGHUP); one that
+            // does not leaves the VMM in its own (the jailer's) session.
+            match leader {
+                true => assert_eq!(sid, vmm.to_string()),
+                false => assert_eq!(sid, stat_field(std::process::id(), 6)),
+            }
         }
+    }
+
+    #[test]
+    fn daemonized_the_vmm_has_stdio_on_dev_null_and_a_session_it_does_not_lead() {
+        if skip_unless_root() {
+            return;
+        }
+        let (jailer, vmm, [sid, pgrp, nspid], stdio) =
+            paused_vmm("daemon", &["--daemonize"], false);
+        assert_ne!(vmm, jailer);
+        assert_eq!(nspid, format!("NSpid:\t{vmm}"), "no new PID namespace");
+        assert_eq!(stdio, [Path::new("/dev/null"); 3]);
+        assert_ne!(sid, stat_field(std::process::id(), 6), "a new session");
+        assert_ne!(
+            sid,
+            vmm.to_string(),
+            "not its leader: it cannot regain a terminal"
+        );
+        assert_eq!(
+            pgrp, sid,
+            "the process group of the first fork, which leads the session"
+        );
     }
 
     #[test]

@@ -71,7 +71,7 @@ fn empty_bounding_set() -> Result<(), SysError> {
         let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         if ret < 0 {
             let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINVAL) && cap > 0 {
+            if e.raw_os_error() == Some(libc::EINVAL) {
                 return Ok(());
             }
             return Err(SysError::new("empty the capability bounding set", e));

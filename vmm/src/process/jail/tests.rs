@@ -349,6 +349,13 @@ fn check_from_outside(rig: &Rig, sup: u32, gc: u32, plan: &Plan) {
         assert_eq!(field(&status, caps), "0000000000000000", "{caps}");
     }
     assert_eq!(field(&status, "NoNewPrivs:"), "1");
+    // SIGXFSZ ignored: a write past fsize fails instead of killing it.
+    let ignored = u64::from_str_radix(&field(&status, "SigIgn:"), 16).unwrap();
+    assert_ne!(
+        ignored & (1 << (libc::SIGXFSZ - 1)),
+        0,
+        "SigIgn: {ignored:x}"
+    );
     // Its own PID and mount namespaces, and the network namespace given.
     for kind in ["pid", "mnt", "net"] {
         assert_ne!(ns_of(&gc.to_string(), kind), ns_of("self", kind), "{kind}");
@@ -577,7 +584,15 @@ fn the_supervisor_forwards_sigterm_and_exits_with_the_jailed_status() {
     if skip_unless_root() {
         return;
     }
-    let (rig, mut child, sup, _) = signal_rig("term");
+    let (rig, mut child, sup, gc) = signal_rig("term");
+    // A jailed process stopped and continued is no end: the supervisor
+    // waits on.
+    for sig in [libc::SIGSTOP, libc::SIGCONT] {
+        // SAFETY: a signal to the jailed process this test started.
+        unsafe { libc::kill(gc as i32, sig) };
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "the supervisor left");
     // SAFETY: a signal to the supervisor this test started.
     unsafe { libc::kill(sup, libc::SIGTERM) };
     let status = child.wait().unwrap();
@@ -621,6 +636,39 @@ fn killing_the_supervisor_kills_the_jailed_process() {
     let ended = gone(gc);
     remove_signal_rig_cgroup(&rig);
     assert!(ended, "the jailed process outlived its supervisor");
+}
+
+#[test]
+fn inherited_descriptors_are_closed_but_those_kept() {
+    let open = || std::fs::File::open("/dev/null").unwrap();
+    let files = [open(), open(), open()];
+    let fds: Vec<i32> = files.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
+    for (keep, want) in [
+        (vec![fds[1], fds[1], 1, -5], [false, true, false]),
+        (vec![fds[2], fds[0]], [true, false, true]),
+        (vec![], [false, false, false]),
+    ] {
+        // SAFETY: the child only makes system calls (close_range, fcntl)
+        // and _exits; it touches memory set up before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut code = i32::from(close_inherited(&keep).is_ok()) << 4;
+            for (i, fd) in fds.iter().chain(&[2]).enumerate() {
+                // SAFETY: F_GETFD only reads a descriptor's flags.
+                code |= i32::from(unsafe { libc::fcntl(*fd, libc::F_GETFD) } >= 0) << i;
+            }
+            // SAFETY: ends the child without returning into the harness.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just made.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        let want = want
+            .iter()
+            .enumerate()
+            .fold(0x18, |a, (i, &w)| a | (i32::from(w) << i));
+        assert_eq!(libc::WEXITSTATUS(status), want, "keep {keep:?} of {fds:?}");
+    }
 }
 
 #[test]
