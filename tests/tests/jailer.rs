@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    guest_image_if, remove_cgroups, require, static_minivmm_and_jailer, threads_of,
+    guest_image_if, pvm_host, remove_cgroups, require, static_minivmm_and_jailer, threads_of,
     write_halting_kernel, Need, NetNs, Vm,
 };
 
@@ -194,7 +194,15 @@ fn the_jailer_lays_out_firecrackers_chroot_and_execs_the_vmm_in_it() {
         "--resource-limit",
         "no-file=512",
     ];
-    let mut cmd = base.command(&extra, &["--kernel", "/halt.elf", "--mem", "64"]);
+    let vmm = [
+        "--kernel",
+        "/halt.elf",
+        "--mem",
+        "64",
+        "--log-level",
+        "info",
+    ];
+    let mut cmd = base.command(&extra, &vmm);
     cmd.env("MINIVMM_TEST_SECRET", "hunter2");
     let mut vm = Vm::spawn_command(cmd).unwrap();
     // The jailer execs the VMM in place: same pid, the pid file says so.
@@ -205,6 +213,18 @@ fn the_jailer_lays_out_firecrackers_chroot_and_execs_the_vmm_in_it() {
         vm.pid().to_string()
     );
     check_jailed_vmm(&base, vm.pid(), &netns_path);
+    // The jailed VMM knows the host as the unjailed one does: on a PVM host
+    // it adds its recoveries (the jailer mirrors what it reads of /sys).
+    let log = vm.stderr();
+    let cmdline = log
+        .lines()
+        .find(|l| l.contains("kernel command line"))
+        .unwrap_or_else(|| panic!("no command line logged\n{log}"));
+    assert_eq!(
+        cmdline.contains("pvm_syscall_fixup"),
+        pvm_host(),
+        "{cmdline}"
+    );
     vm.terminate(Duration::from_secs(30));
 }
 

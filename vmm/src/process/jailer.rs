@@ -17,7 +17,8 @@
 //! exec file a static executable: the jail holds no shared library); the
 //! chroot `<chroot-base-dir>/<exec-file name>/<id>/root` made and the exec
 //! file copied into it, owned by the uid (a copy, so two VMs never share
-//! the binary's pages); the network namespace joined; the rlimits; the
+//! the binary's pages), and what minivmm reads of the host's `/sys`
+//! mirrored there ([`Jailer::mirror_host_facts`]); the network namespace joined; the rlimits; the
 //! cgroup ([`super::jail::cgroup`], Firecracker's rules for which leaves
 //! exist); the device nodes and the mount namespace with the chroot as its
 //! root ([`super::jail::mount`]); `/`, `/dev`, `/dev/net` and `/run` owned
@@ -47,6 +48,7 @@ use clap::Parser;
 use super::jail::cgroup::{parse_file, parse_parent, CgroupError, CgroupSpec, CgroupVersion};
 use super::jail::sys::SysError;
 use super::jail::{creds, join_netns, mount, pidns, JailError, ResourceLimits};
+use crate::kvm::pvm::PVM_MODULE;
 
 /// Firecracker's jailer's default chroot base.
 pub const DEFAULT_CHROOT_BASE: &str = "/srv/jailer";
@@ -334,6 +336,19 @@ impl Jailer {
         Ok(to)
     }
 
+    /// What the VMM reads of the host's `/sys`, which the jail does not
+    /// have, mirrored into the chroot (as Firecracker's jailer copies the
+    /// CPU cache and MIDR files there on aarch64): minivmm's PVM-host check
+    /// looks for [`PVM_MODULE`], so an empty directory of that name stands
+    /// for the host's where the host has it.
+    pub fn mirror_host_facts(&self) -> Result<(), JailerError> {
+        if Path::new(PVM_MODULE).is_dir() {
+            let inside = self.chroot.join(PVM_MODULE.trim_start_matches('/'));
+            std::fs::create_dir_all(&inside).map_err(io_err("create", &inside))?;
+        }
+        Ok(())
+    }
+
     /// Makes the folders of [`OWNED_FOLDERS`] (inside the jail) the uid's.
     fn own_folders(&self) -> Result<(), JailerError> {
         for folder in OWNED_FOLDERS.map(Path::new) {
@@ -381,6 +396,7 @@ impl Jailer {
 
     fn jail_and_exec(&self, started_us: u64) -> Result<std::convert::Infallible, JailerError> {
         self.copy_exec_file()?;
+        self.mirror_host_facts()?;
         if let Some(ns) = &self.netns {
             join_netns(ns)?;
         }
@@ -890,6 +906,13 @@ mod tests {
             let m = std::fs::metadata(root.join("dev/kvm")).unwrap();
             assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o600));
         }
+        // The host's PVM module mirrored where minivmm looks for it.
+        let mirrored = root.join("sys/module/kvm_pvm").is_dir();
+        assert_eq!(
+            mirrored,
+            Path::new(PVM_MODULE).is_dir(),
+            "sys/module/kvm_pvm"
+        );
         // The leaf was made, its limit written, the jailer moved in.
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
         let v2 = mounts
