@@ -924,6 +924,113 @@ mod tests {
         assert!(mode(&["--seccomp", "maybe"]).is_err());
     }
 
+    fn launch_of(args: &[&str]) -> Result<Launch, String> {
+        let cli = Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied()))
+            .map_err(|e| clap_line(&e))?;
+        cli.launch().map_err(|e| crate::error_line(&e))
+    }
+
+    #[test]
+    fn the_jail_flags_land_in_the_jail_config_without_reading_a_file() {
+        use crate::process::jail::cgroup::CgroupVersion;
+        use crate::process::jail::ResourceLimits;
+        let base = ["--kernel", "k", "--jail", "/j", "--uid", "7", "--gid", "8"];
+        let jail = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            launch_of(&args).map(|l| l.jail.expect("jailed"))
+        };
+        let j = jail(&["--id", "vm-1"]).unwrap();
+        assert_eq!(
+            (j.root.as_path(), j.uid, j.gid),
+            (std::path::Path::new("/j"), 7, 8)
+        );
+        assert_eq!(j.id, "vm-1");
+        assert_eq!(j.netns, None);
+        assert_eq!(j.cgroup.version, CgroupVersion::V2);
+        assert_eq!(j.cgroup.parent, std::path::Path::new("minivmm"));
+        assert!(j.cgroup.files.is_empty());
+        assert_eq!(j.limits, ResourceLimits::default());
+        assert_eq!(j.seccomp, SeccompMode::On);
+        let j = jail(&[
+            "--netns",
+            "/var/run/netns/a",
+            "--cgroup",
+            "pids.max=9",
+            "--cgroup",
+            "cpu.weight=50",
+            "--cgroup-version",
+            "1",
+            "--parent-cgroup",
+            "vms",
+            "--resource-limit",
+            "fsize=4096",
+            "--resource-limit",
+            "no-file=99",
+            "--seccomp",
+            "log",
+        ])
+        .unwrap();
+        assert_eq!(
+            j.netns.as_deref(),
+            Some(std::path::Path::new("/var/run/netns/a"))
+        );
+        assert_eq!(j.cgroup.version, CgroupVersion::V1);
+        assert_eq!(j.cgroup.parent, std::path::Path::new("vms"));
+        assert_eq!(
+            j.cgroup.files,
+            [
+                ("pids.max".into(), "9".into()),
+                ("cpu.weight".into(), "50".into())
+            ]
+        );
+        assert_eq!(
+            j.limits,
+            ResourceLimits {
+                fsize: Some(4096),
+                nofile: 99
+            }
+        );
+        assert_eq!(j.seccomp, SeccompMode::Log);
+        // The config file is not read by launch(): it may be the jail's.
+        let l = launch_of(&["--config-file", "/nonexistent/vm.json"]).unwrap();
+        assert_eq!(l.jail, None);
+        for (extra, want) in [
+            (
+                &["--cgroup", "pids"][..],
+                "--cgroup 'pids': expected FILE=VALUE",
+            ),
+            (
+                &["--cgroup-version", "3"],
+                "--cgroup-version '3': expected 1 or 2",
+            ),
+            (
+                &["--parent-cgroup", "/abs"],
+                "--parent-cgroup '/abs': expected a relative path",
+            ),
+            (
+                &["--resource-limit", "nproc=1"],
+                "--resource-limit 'nproc=1': expected",
+            ),
+        ] {
+            let e = jail(extra).unwrap_err();
+            assert!(e.starts_with(want), "{extra:?}: {e}");
+        }
+        // The jail's flags need --jail.
+        let e = launch_of(&["--kernel", "k", "--netns", "/n"]).unwrap_err();
+        assert!(e.contains("--jail"), "{e}");
+        let e = launch_of(&[
+            "--kernel",
+            "k",
+            "--jail",
+            "/j",
+            "--uid",
+            "4294967296",
+            "--gid",
+            "1",
+        ]);
+        assert_eq!(e.unwrap_err(), "--uid: 4294967296 is out of range");
+    }
+
     #[test]
     fn seccomp_is_part_of_the_config() {
         assert_eq!(parse(&["--kernel", "k"]).unwrap().seccomp, SeccompMode::On);
