@@ -318,7 +318,7 @@ impl Jailer {
             .write(true)
             .create(true)
             .custom_flags(libc::O_NOFOLLOW)
-            .mode(mode & 0o7777)
+            .mode(0o700)
             .open(&to)
             .map_err(io_err("create", &to))?;
         if copy.metadata().map_err(io_err("stat", &to))?.nlink() > 1 {

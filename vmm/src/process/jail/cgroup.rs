@@ -649,6 +649,24 @@ mod tests {
     }
 
     #[test]
+    fn a_leaf_whose_processes_cannot_be_read_is_an_error() {
+        let f = Fake::new("procs");
+        std::fs::create_dir_all(f.p("unified/vms/all/vm-1/cgroup.procs")).unwrap();
+        let e = spec(CgroupVersion::V2, &[])
+            .plan("vm-1", &f.mounts(), true)
+            .unwrap()
+            .apply(1)
+            .unwrap_err();
+        assert_eq!(
+            crate::error_line(&e),
+            format!(
+                "cgroup: cannot read {}: Is a directory (os error 21)",
+                f.p("unified/vms/all/vm-1/cgroup.procs").display()
+            )
+        );
+    }
+
+    #[test]
     fn a_write_the_kernel_refuses_names_the_file() {
         let f = Fake::new("refuse");
         // A directory where the limit's file would be: the write fails.

@@ -113,3 +113,56 @@ fn device_node(host: &Path, inside: &Path, uid: u32, gid: u32) -> Result<(), Sys
     })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt;
+
+    fn scratch(tag: &str) -> Option<std::path::PathBuf> {
+        // SAFETY: a getter.
+        if unsafe { libc::geteuid() } != 0 {
+            minivmm_tests::print_skip("mknod needs root (CI runs as root)");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("minivmm-mount-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(dir)
+    }
+
+    #[test]
+    fn the_device_nodes_are_the_hosts_devices_owned_by_the_jails_ids() {
+        let Some(dir) = scratch("nodes") else { return };
+        // A stale file where a node goes is replaced.
+        std::fs::create_dir_all(dir.join("dev/net")).unwrap();
+        std::fs::write(dir.join("dev/kvm"), "stale").unwrap();
+        device_nodes(&dir, 65534, 65533).unwrap();
+        for dev in DEVICES {
+            let host = Path::new("/dev").join(dev);
+            let Ok(host) = std::fs::metadata(host) else {
+                continue;
+            };
+            let node = std::fs::metadata(dir.join("dev").join(dev)).unwrap();
+            assert!(node.file_type().is_char_device(), "{dev}");
+            assert_eq!(node.rdev(), host.rdev(), "{dev}");
+            assert_eq!((node.uid(), node.gid()), (65534, 65533), "{dev}");
+            assert_eq!(node.mode() & 0o7777, 0o600, "{dev}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_directory_where_a_node_goes_is_an_error_naming_the_step() {
+        if !Path::new("/dev/kvm").exists() {
+            minivmm_tests::print_skip("no /dev/kvm on this host");
+            return;
+        }
+        let Some(dir) = scratch("dir") else { return };
+        std::fs::create_dir_all(dir.join("dev/kvm")).unwrap();
+        let e = device_nodes(&dir, 1, 1).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(e.step, "replace a device node");
+        assert_eq!(e.source.raw_os_error(), Some(libc::EISDIR));
+    }
+}

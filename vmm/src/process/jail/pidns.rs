@@ -79,7 +79,7 @@ pub fn supervised(uid: u32, gid: u32, mode: SeccompMode) -> Result<(), SysError>
     check("block signals", unsafe {
         libc::sigprocmask(libc::SIG_BLOCK, &all, &mut before)
     })?;
-    let mut pipe = [-1; 2];
+    let mut pipe = [0; 2];
     // SAFETY: `pipe` has room for the two descriptors.
     check("pipe", unsafe {
         libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC)
@@ -179,29 +179,27 @@ fn supervise(child: libc::pid_t) -> i32 {
     loop {
         // SAFETY: `set` is a live sigset_t; no siginfo is asked for.
         let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
-        match sig {
-            // Interrupted (the supervisor was stopped and continued).
-            s if s < 0 => continue,
-            libc::SIGCHLD => {
-                let mut status = 0;
-                // SAFETY: `status` is a live int; the child is ours.
-                let got = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
-                if got == child && libc::WIFEXITED(status) {
+        // Anything else than the three below is a wait a handled signal
+        // interrupted (-1): waited on again.
+        if sig == libc::SIGCHLD {
+            let mut status = 0;
+            // SAFETY: `status` is a live int; the child is ours. A child
+            // stopped or continued is reported as 0 (no WUNTRACED).
+            if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == child {
+                if libc::WIFEXITED(status) {
                     return libc::WEXITSTATUS(status);
                 }
-                if got == child && libc::WIFSIGNALED(status) {
+                if libc::WIFSIGNALED(status) {
                     return 128 + fatal.unwrap_or(libc::WTERMSIG(status));
                 }
             }
-            s if FORWARDED.contains(&s) => {
-                // SAFETY: a signal to the child this process forked.
-                unsafe { libc::kill(child, s) };
-            }
-            s => {
-                fatal = Some(s);
-                // SAFETY: a signal to the child this process forked.
-                unsafe { libc::kill(child, libc::SIGKILL) };
-            }
+        } else if FORWARDED.contains(&sig) {
+            // SAFETY: a signal to the child this process forked.
+            unsafe { libc::kill(child, sig) };
+        } else if FATAL.contains(&sig) {
+            fatal = Some(sig);
+            // SAFETY: a signal to the child this process forked.
+            unsafe { libc::kill(child, libc::SIGKILL) };
         }
     }
 }
