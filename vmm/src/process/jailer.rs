@@ -728,10 +728,16 @@ mod tests {
         static_elf(&[0x48, 0x8b, 0x3c, 0x24, 0xb8, 60, 0, 0, 0, 0x0f, 0x05])
     }
 
-    /// A static x86-64 executable that waits for signals for good
-    /// (`pause` in a loop).
+    /// A static x86-64 executable that sleeps 60 s, then exits 0 (so that
+    /// one a failed test left behind goes by itself): `lea rdi, [rip+18];
+    /// xor esi, esi; mov eax, 35; syscall` (nanosleep), `mov eax, 60; xor
+    /// edi, edi; syscall`, and the timespec `{60, 0}`.
     fn pause_elf() -> Vec<u8> {
-        static_elf(&[0xb8, 34, 0, 0, 0, 0x0f, 0x05, 0xeb, 0xf7])
+        let mut code = vec![0x48, 0x8d, 0x3d, 18, 0, 0, 0, 0x31, 0xf6, 0xb8, 35, 0, 0, 0];
+        code.extend([0x0f, 0x05, 0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]);
+        code.extend(60u64.to_le_bytes());
+        code.extend(0u64.to_le_bytes());
+        static_elf(&code)
     }
 
     /// `code` as a static x86-64 executable loaded at 0x401000.

@@ -549,6 +549,17 @@ fn a_jailed_process_gets_cgroup_v1_leaves_with_their_limits() {
     run_probe("v1", CgroupVersion::V1, "pids.max=32");
 }
 
+/// SIGKILL to a supervisor when dropped (its jailed process dies with it),
+/// so that a failed test leaves nothing running.
+struct KillOnDrop(i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a process this test started.
+        unsafe { libc::kill(self.0, libc::SIGKILL) };
+    }
+}
+
 /// Starts a jailed child that reads SIGTERM from a signalfd: the child
 /// test process, the supervisor's pid and the jailed process's.
 fn signal_rig(tag: &str) -> (Rig, Child, i32, u32) {
@@ -585,6 +596,7 @@ fn the_supervisor_forwards_sigterm_and_exits_with_the_jailed_status() {
         return;
     }
     let (rig, mut child, sup, gc) = signal_rig("term");
+    let _reap = KillOnDrop(sup);
     // A jailed process stopped and continued is no end: the supervisor
     // waits on.
     for sig in [libc::SIGSTOP, libc::SIGCONT] {
@@ -614,6 +626,7 @@ fn sighup_to_the_supervisor_ends_the_jailed_process() {
         return;
     }
     let (rig, mut child, sup, gc) = signal_rig("hup");
+    let _reap = KillOnDrop(sup);
     // SAFETY: a signal to the supervisor this test started.
     unsafe { libc::kill(sup, libc::SIGHUP) };
     let status = child.wait().unwrap();
