@@ -345,6 +345,65 @@ fn open_tap(name: &str) -> OwnedFd {
     tun.into()
 }
 
+/// `cmd` with each `(fd, to)`: `fd`, open in the test, as its descriptor
+/// `to`.
+fn inherit<const N: usize>(cmd: &mut Command, pairs: [(i32, i32); N]) {
+    // SAFETY: fcntl and dup2 are async-signal-safe (and nothing here
+    // allocates); the descriptors are open in the parent, so they are in the
+    // child between fork and exec. All go out of the way first (one may sit
+    // on another's target), then dup2 puts each in place, open across the
+    // exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut high = pairs;
+            for (fd, _) in high.iter_mut() {
+                *fd = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 100);
+                if *fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (moved, to) in high {
+                if libc::dup2(moved, to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn an_unjailed_minivmm_leaves_inherited_descriptors_alone() {
+    // Without a jail, a path such as /dev/fd/N (a log FIFO the launcher
+    // opened) must keep working: only the jail closes what it inherited.
+    if !require(&[Need::Kvm]) {
+        return;
+    }
+    let kernel = std::env::temp_dir().join(format!("minivmm-unjailed-{}.elf", std::process::id()));
+    write_halting_kernel(&kernel).unwrap();
+    let stray_path = std::env::temp_dir().join(format!("minivmm-kept-{}", std::process::id()));
+    let stray = std::fs::File::create(&stray_path).unwrap();
+    let mut cmd = Command::new(minivmm_bin());
+    cmd.args(["--kernel", kernel.to_str().unwrap(), "--mem", "64"]);
+    inherit(&mut cmd, [(stray.as_raw_fd(), 4)]);
+    let mut vm = Vm::spawn_command(cmd).unwrap();
+    drop(stray);
+    let pid = vm.pid();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !threads_of(pid)
+        .iter()
+        .any(|(n, _)| n.starts_with("fc_vcpu"))
+    {
+        assert!(Instant::now() < deadline, "no VM running\n{}", vm.report());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let kept = std::fs::read_link(format!("/proc/{pid}/fd/4"));
+    let _ = std::fs::remove_file(&stray_path);
+    let _ = std::fs::remove_file(&kernel);
+    assert_eq!(kept.ok().as_deref(), Some(stray_path.as_path()));
+    vm.terminate(Duration::from_secs(30));
+}
+
 #[test]
 fn an_inherited_tap_descriptor_survives_the_jail_and_nothing_else_does() {
     if !require(&[Need::Kvm, Need::Root, Need::Tun]) {
@@ -370,21 +429,7 @@ fn an_inherited_tap_descriptor_survives_the_jail_and_nothing_else_does() {
         &parent,
         &["--kernel", "/halt.elf", "--net", "fd=3,id=lan"],
     ));
-    // SAFETY: fcntl and dup2 are async-signal-safe; both source descriptors
-    // are open in the parent, so they are in the child between fork and
-    // exec. Each goes out of the way first (it may be 3 or 4 already), and
-    // dup2 leaves the copy open across the exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            for (from, to) in [(tap_fd, 3), (stray_fd, 4)] {
-                let high = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, 100);
-                if high < 0 || libc::dup2(high, to) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    inherit(&mut cmd, [(tap_fd, 3), (stray_fd, 4)]);
     let mut vm = Vm::spawn_command(cmd).unwrap();
     drop((tap, stray));
     let pid = wait_jailed(&mut vm);

@@ -342,6 +342,18 @@ fn what_the_jailer_refuses_is_one_line_and_status_1() {
             missing.display()
         )
     );
+    // The parser's own errors are one line too; --version is no error.
+    let (code, err) = run(Command::new(&jailer).args(["--id", "x"]));
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("jailer: error: ") && err.contains("--exec-file"),
+        "{err}"
+    );
+    let out = Command::new(&jailer).arg("--version").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(version.starts_with("jailer v"), "{version}");
     // Nothing was made for the refused VMs.
     assert_eq!(std::fs::read_dir(&base.dir).unwrap().count(), 0);
 }
