@@ -692,6 +692,18 @@ fn inherited_descriptors_are_closed_but_those_kept() {
 }
 
 #[test]
+fn a_file_that_is_no_network_namespace_is_refused() {
+    // Opened, but setns refuses it: nothing changes for the test process.
+    let e = join_netns(Path::new("/dev/null")).unwrap_err();
+    assert_eq!(
+        crate::error_line(&e),
+        "jail: cannot join the network namespace /dev/null: Invalid argument (os error 22)"
+    );
+    let e = join_netns(Path::new("/nonexistent/netns")).unwrap_err();
+    assert!(crate::error_line(&e).ends_with("No such file or directory (os error 2)"));
+}
+
+#[test]
 fn a_missing_directory_is_one_line() {
     let e = enter(&JailConfig::new(
         "/nonexistent/minivmm-jail".into(),
