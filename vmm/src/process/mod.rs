@@ -13,6 +13,7 @@
 //! The VM's own kernel state (memory, vCPUs) is in [`crate::kvm`].
 
 pub mod jail;
+pub mod jailer;
 pub mod seccomp;
 pub mod signals;
 pub mod syscall_names;
