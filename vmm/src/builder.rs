@@ -38,7 +38,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::drive::root_words;
 use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
-use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager, Events};
+use crate::device_manager::{DeviceError, DeviceManager, Events};
+use crate::guest_panic::ConsoleOut;
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::memory::{self, MemoryError};
 use crate::kvm::pvm;
@@ -300,8 +301,9 @@ pub fn build(
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut devices = DeviceManager::new();
-    let serial = attach_serial(&mut devices, &vm, panicked.clone())?;
+    let serial = attach_serial(&mut devices, &vm)?;
     let i8042 = devices.attach_i8042(&vm)?;
+    devices.attach_pvpanic(panicked.clone());
     attach_net(
         &mut devices,
         &vm,
@@ -433,14 +435,12 @@ fn host_quirks(mode: HostQuirks) -> bool {
     quirks
 }
 
-/// Puts the console UART on stdout; `panicked` is set when the guest's
-/// console shows a kernel panic.
+/// Puts the console UART on stdout.
 fn attach_serial(
     devices: &mut DeviceManager,
     vm: &VmFd,
-    panicked: Arc<AtomicBool>,
 ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
-    let console = ConsoleOut::new(std::io::stdout(), panicked);
+    let console = ConsoleOut::new(std::io::stdout());
     Ok(devices.attach_serial(vm, Box::new(console))?)
 }
 

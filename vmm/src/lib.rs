@@ -9,6 +9,7 @@ pub mod builder;
 pub mod config;
 pub mod device_manager;
 pub mod event_loop;
+pub mod guest_panic;
 pub mod kernel;
 pub mod kvm;
 pub mod line_writer;
