@@ -11,16 +11,23 @@
 //! reboot, and leave minivmm exiting 0 by itself. The vmlinux boot also runs
 //! with `--boot-timer`: init's write of 123 to the register must show as
 //! one `Guest-boot-time` line (the bzImage boot, without it, must show
-//! none). A kernel panic or any crash line on the console (`segfault at`,
-//! `traps:`, ...) is a failure on every host. Bad-input cases need no boot
-//! and run in well under a second each.
+//! none). Before it reboots, the vmlinux guest's init also prints the
+//! kernel's panic banner to /dev/console (`minivmm.panic=fake`), as any
+//! guest process could: minivmm must still exit 0, since only the guest
+//! kernel's pvpanic report means a panic. A third boot panics the guest
+//! kernel for real (init exits, `minivmm.panic=kernel`): minivmm must learn
+//! it from the kernel's pvpanic driver and exit 3. Any other kernel panic or
+//! crash line on the console (`segfault at`, `traps:`, ...) is a failure on
+//! every host. Bad-input cases need no boot and run in well under a second
+//! each.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, guest_image, guest_image_if, minivmm_bin, Need, Vm, READY, SELFTEST_PASS,
+    cli_args, guest_image, guest_image_if, minivmm_bin, Need, Vm, FAKE_PANIC, INIT_EXIT_PANIC,
+    READY, SELFTEST_PASS,
 };
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
@@ -32,14 +39,27 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// resets the VM.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(660);
 
+/// What the guest kernel logs when it registers the pvpanic device minivmm
+/// announces (resources/kernel/pvpanic-mmio-cmdline.patch).
+const PVPANIC_DEVICE: &str = "pvpanic-mmio: device at 0xc0001000-0xc0001000 from the command line";
+
+/// What minivmm logs when the guest kernel's pvpanic driver reports a panic.
+const PVPANIC_REPORT: &str = "the guest kernel reported a panic through the pvpanic device";
+
 /// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the
 /// self-test its PASS line, then init reboots and minivmm must exit 0 by
 /// itself. With `boot_timer` (`--boot-timer`) minivmm must log the guest's
 /// boot-complete write once, with a time between its first vCPU entry and
-/// MINIVMM-READY; without it, nothing of the boot timer may show. Returns
-/// the finished VM for more checks.
-fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
+/// MINIVMM-READY; without it, nothing of the boot timer may show. With
+/// `fake_panic` init prints the kernel's panic banner before it reboots,
+/// which must change nothing. Returns the finished VM for more checks.
+fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, fake_panic: bool) -> Vm {
     let img = guest_image();
+    let mode = if fake_panic {
+        "minivmm.mode=selftest minivmm.panic=fake"
+    } else {
+        "minivmm.mode=selftest"
+    };
     let mut args = cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
@@ -50,7 +70,7 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
         "--mem",
         "256",
         "--cmdline",
-        "minivmm.mode=selftest",
+        mode,
         "--log-level",
         "info",
     ]);
@@ -59,6 +79,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
     }
     let name = kernel.file_name().unwrap().to_string_lossy().into_owned();
     let mut vm = Vm::spawn(&args, None).unwrap();
+    if fake_panic {
+        vm.expect_crash_line(FAKE_PANIC);
+    }
     let ready = vm.wait_for(READY, BOOT_TIMEOUT);
     let ready_at = vm.uptime();
     let status = vm.wait_exit(if ready {
@@ -79,6 +102,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
          minivmm exited ({status}) after {:.1} s",
         vm.uptime()
     );
+    if fake_panic {
+        check_fake_panic(&vm, status.code(), &report);
+    }
     assert_eq!(status.code(), Some(0), "{report}");
     vm.assert_userspace_ran();
     let console = vm.console();
@@ -97,8 +123,12 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
     );
     assert!(log.contains("run time:"), "no run-time report\n{report}");
     assert!(
-        !log.contains("after a kernel panic"),
+        !log.contains("after a kernel panic") && !log.contains(PVPANIC_REPORT),
         "minivmm saw a panic\n{report}"
+    );
+    assert!(
+        console.contains(PVPANIC_DEVICE),
+        "the guest kernel did not register the pvpanic device\n{report}"
     );
     check_boot_timer(&log, boot_timer, ready_at, &report);
     eprintln!(
@@ -108,6 +138,28 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool) -> Vm {
             .map_or("(off)", str::trim)
     );
     vm
+}
+
+/// The guest's init printed the kernel's panic banner to /dev/console and
+/// rebooted: minivmm must have seen the text (its log says so) and still
+/// ended with 0, since no guest process can speak for the kernel.
+fn check_fake_panic(vm: &Vm, code: Option<i32>, report: &str) {
+    let console = vm.console();
+    assert!(
+        console.lines().any(|l| l.trim_end() == FAKE_PANIC)
+            && console.contains("printed a fake kernel panic banner"),
+        "init did not print the fake panic banner\n{report}"
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "a panic banner printed by a guest process changed minivmm's exit status\n{report}"
+    );
+    assert!(
+        vm.stderr()
+            .contains("the guest console shows a kernel panic banner"),
+        "minivmm did not log the console's banner\n{report}"
+    );
 }
 
 /// Firecracker's boot-time line, which minivmm logs with `--boot-timer`.
@@ -178,7 +230,7 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.bzimage, "1", false);
+    let vm = boot_to_ready(&img.bzimage, "1", false, false);
     assert!(
         vm.stderr().contains("bzImage kernel at 0x100200"),
         "{}",
@@ -191,12 +243,67 @@ fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.vmlinux, "2", true);
+    let vm = boot_to_ready(&img.vmlinux, "2", true, true);
     assert!(
         vm.console().contains("Brought up 1 node, 2 CPUs"),
         "{}",
         vm.report()
     );
+}
+
+/// A real guest kernel panic: init exits after MINIVMM-READY, the kernel
+/// panics ("Attempted to kill init!"), its pvpanic driver writes the
+/// register, and with `panic=-1` it resets at once. minivmm must log the
+/// report and exit 3.
+#[test]
+fn a_guest_kernel_panic_reaches_minivmm_through_pvpanic_and_exits_3() {
+    let Some(img) = guest_image_if(&[Need::Kvm]) else {
+        return;
+    };
+    let args = cli_args(&[
+        "--kernel",
+        img.vmlinux.to_str().unwrap(),
+        "--initramfs",
+        img.initramfs.to_str().unwrap(),
+        "--cmdline",
+        "minivmm.panic=kernel",
+        "--log-level",
+        "info",
+    ]);
+    let mut vm = Vm::spawn(&args, None).unwrap();
+    vm.expect_crash_line(INIT_EXIT_PANIC);
+    let ready = vm.wait_for(READY, BOOT_TIMEOUT);
+    let status = vm.wait_exit(if ready {
+        EXIT_TIMEOUT
+    } else {
+        Duration::from_secs(1)
+    });
+    let report = vm.report();
+    assert!(ready, "no {READY} (minivmm status {status:?})\n{report}");
+    let status = status.unwrap_or_else(|| {
+        panic!("minivmm did not exit within {EXIT_TIMEOUT:?} of {READY}\n{report}")
+    });
+    eprintln!(
+        "FIGURE panic boot: minivmm exited ({status}) after {:.1} s",
+        vm.uptime()
+    );
+    vm.assert_userspace_ran();
+    let console = vm.console();
+    assert!(console.contains(PVPANIC_DEVICE), "{report}");
+    assert!(
+        console.contains("exiting (minivmm.panic=kernel)") && console.contains(INIT_EXIT_PANIC),
+        "the guest kernel did not panic\n{report}"
+    );
+    let log = vm.stderr();
+    assert!(
+        log.contains(&format!("{PVPANIC_REPORT} (PANICKED)")),
+        "no pvpanic report in minivmm's log\n{report}"
+    );
+    assert!(
+        log.contains("guest reset the machine after a kernel panic"),
+        "{report}"
+    );
+    assert_eq!(status.code(), Some(3), "{report}");
 }
 
 /// Runs minivmm to completion and returns (exit code, stderr).
