@@ -221,10 +221,10 @@ mod tests {
     use event_manager::{EventManager, SubscriberOps};
 
     use super::*;
+    use crate::api::command::{open_image, OpenedImage};
+    use crate::api::command::{Answer, ApiCommand};
     use crate::api::routes::ApiRequest;
     use crate::api::runtime::drive_tests::{runtime, Scratch};
-    use crate::api::runtime::{open_image, OpenedImage};
-    use crate::api::server::{Answer, ApiCommand};
 
     /// A [`Control`] over fresh sources on an event manager of its own,
     /// with the handles the tests poke and read.

@@ -9,6 +9,8 @@
 //!
 //! - [`server`]: the socket on its own thread, epoll over bounded
 //!   connections, each routed request sent to the VMM as one command;
+//! - [`command`]: that command, its answer, and the two trips of a drive's
+//!   image swap (the API thread opens the image the event loop may not);
 //! - [`preboot`]: the requests before `InstanceStart`, which build the
 //!   configuration in the config-file layout;
 //! - [`runtime`]: the requests once the VM runs, served on the event loop.
@@ -21,13 +23,15 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::process::seccomp::{self, Thread};
 
+pub mod command;
 pub mod http;
 pub mod preboot;
 pub mod routes;
 pub mod runtime;
 pub mod server;
 
-use server::{ApiCommand, ApiServer, ServerError};
+use command::ApiCommand;
+use server::{ApiServer, ServerError};
 
 /// The VMM's end of the API: the commands, in arrival order, and the
 /// eventfd the API thread signals after each (the event loop's wake-up).

@@ -11,12 +11,9 @@
 //! the old one (`Block::swap_backend`).
 //!
 //! `PATCH /drives/{id}` with a `path_on_host` takes two trips
-//! ([`Runtime::serve`]): the event loop may open no file (its seccomp
-//! filter), so the first answer asks the API thread to open the image
-//! ([`Answer::Open`], with the drive's read-only setting), which it does
-//! with [`open_image`] (the same steps as at start: `FileBackend`'s open,
-//! regular-file check and lock) and sends the request again with the
-//! result. Every check that needs no file comes first, so a bad request
+//! ([`Runtime::serve`], and [`super::command`] for the protocol): the
+//! first answer asks the API thread to open the image, the second trip
+//! brings it. Every check that needs no file comes first, so a bad request
 //! opens nothing.
 
 use std::path::{Path, PathBuf};
@@ -26,15 +23,15 @@ use std::time::Duration;
 
 use devices::legacy::i8042::I8042;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use devices::virtio::block::{Block, BlockError, FileBackend, FileId};
+use devices::virtio::block::{Block, BlockError, FileId};
 use devices::virtio::net::{Net, NetBackend, NetError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::command::{Answer, OpenedImage};
 use super::http::Response;
 use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
-use super::server::Answer;
 use crate::config::{file, VmmConfig};
 use crate::kvm::pause::{kick_all, PauseGate};
 use crate::metrics::{lock_metrics, Metrics};
@@ -85,49 +82,6 @@ struct DrivePatch {
     drive_id: String,
     path_on_host: Option<PathBuf>,
     rate_limiter: Option<Value>,
-}
-
-/// What the API thread found opening an image for `PATCH /drives`
-/// ([`open_image`]).
-#[derive(Debug)]
-pub enum OpenedImage {
-    /// A regular file, opened as the drive is (read-only or not) and
-    /// locked; not probed yet (the event loop does that).
-    Image(FileBackend),
-    /// A regular file whose lock another open file holds: another
-    /// process's image, another drive's, or this drive's own (named again
-    /// so that the guest sees its new size).
-    Locked {
-        /// Which file it is.
-        id: FileId,
-        /// Its size in bytes.
-        size: u64,
-        /// The error to report if it is not this drive's.
-        error: String,
-    },
-    /// Why it could not be opened, in one line.
-    Failed(String),
-}
-
-/// Opens the image `path` for a drive (`read_only` as the drive is) as
-/// the builder does at start, less the `fallocate` probes: on the API
-/// thread, whose filter allows this and nothing more.
-pub fn open_image(path: &Path, read_only: bool) -> OpenedImage {
-    let line = |e: BlockError| crate::one_line(e.to_string());
-    let image = match FileBackend::open_unlocked(path, read_only) {
-        Ok(i) => i,
-        Err(e) => return OpenedImage::Failed(line(e)),
-    };
-    let (id, size) = (image.id(), image.size());
-    match image.lock() {
-        Ok(b) => OpenedImage::Image(b),
-        Err(e @ BlockError::Locked(_)) => OpenedImage::Locked {
-            id,
-            size,
-            error: line(e),
-        },
-        Err(e) => OpenedImage::Failed(line(e)),
-    }
 }
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -895,7 +849,9 @@ mod tests {
 #[cfg(test)]
 pub(crate) mod drive_tests {
     use super::*;
+    use crate::api::command::open_image;
     use crate::config::DriveConfig;
+    use devices::virtio::block::FileBackend;
     use devices::virtio::block::{BlockConfig, IoEngine};
     use devices::virtio::VirtioDevice;
 

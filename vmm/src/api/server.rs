@@ -11,77 +11,39 @@
 //!   ([`http::MAX_HEAD_BYTES`] + [`http::MAX_BODY_BYTES`]), and at most
 //!   [`MAX_CONNECTIONS`] are open: one more is accepted and closed at once;
 //! - the VMM sees only routed requests, one at a time, through a channel;
-//!   its answer comes back through a channel of one. A VMM that does not
-//!   answer within [`VMM_TIMEOUT`] gets the request answered with a fault,
-//!   so the API stays responsive while the VMM is busy;
+//!   its answer comes back through a channel of one, or a fault after
+//!   [`VMM_TIMEOUT`] ([`super::command`]);
 //! - an answer the client does not read is dropped with the connection
 //!   rather than waited on;
 //! - the one file this thread opens is a disk image for `PATCH /drives`,
-//!   when the VMM asks for it ([`Answer::Open`]): the VMM's own thread may
-//!   open no file (its seccomp filter), this one may open and lock an
-//!   image (and nothing more, see `seccomp::api_rules`), and the request
-//!   goes to the VMM again with the open image. The path resolves where
-//!   this thread runs: inside the jail, if minivmm was jailed.
+//!   when the VMM asks for it (the two trips of [`super::command`]; this
+//!   thread may open and lock an image and nothing more, see
+//!   `seccomp::api_rules`).
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use super::command::{ask, ApiCommand};
 use super::http::{self, Parsed, Response};
-use super::routes::{route, ApiRequest};
-use super::runtime::{open_image, OpenedImage};
+use super::routes::route;
 
 /// Most open connections.
 pub const MAX_CONNECTIONS: usize = 16;
 /// How long a connection may sit on an unfinished request.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long the VMM may take to answer one request.
-pub const VMM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes read per `read` call.
 const READ_CHUNK: usize = 4096;
 
 const LISTENER: u64 = u64::MAX;
 const STOP: u64 = u64::MAX - 1;
-
-/// One request for the VMM and where its answer goes.
-#[derive(Debug)]
-pub struct ApiCommand {
-    /// What the client asked.
-    pub request: ApiRequest,
-    /// The disk image the VMM asked this thread to open for the request
-    /// ([`Answer::Open`]); `None` the first time.
-    pub image: Option<OpenedImage>,
-    /// Where the answer goes (a channel of one).
-    pub reply: SyncSender<Answer>,
-}
-
-/// What the VMM answers a command with.
-#[derive(Debug)]
-pub enum Answer {
-    /// The client's answer.
-    Reply(Response),
-    /// `PATCH /drives` with a `path_on_host`: open this image (read-only or
-    /// not, as the drive is) and send the request again with it.
-    Open {
-        /// The image, as the client named it.
-        path: PathBuf,
-        /// Whether the drive is read-only.
-        read_only: bool,
-    },
-}
-
-impl From<Response> for Answer {
-    fn from(r: Response) -> Self {
-        Answer::Reply(r)
-    }
-}
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -328,47 +290,6 @@ impl ApiServer {
     }
 }
 
-/// Hands one request to the VMM and waits for its answer; opens the image
-/// the VMM asks for, if it does, and hands the request over again with it.
-fn ask(vmm: &Sender<ApiCommand>, wake: Option<&EventFd>, request: ApiRequest) -> Response {
-    let (path, read_only) = match exchange(vmm, wake, request.clone(), None) {
-        Answer::Reply(r) => return r,
-        Answer::Open { path, read_only } => (path, read_only),
-    };
-    let image = open_image(&path, read_only);
-    match exchange(vmm, wake, request, Some(image)) {
-        Answer::Reply(r) => r,
-        Answer::Open { .. } => Response::fault("the VMM asked for the image again"),
-    }
-}
-
-/// One command to the VMM and its answer (a fault after [`VMM_TIMEOUT`]).
-fn exchange(
-    vmm: &Sender<ApiCommand>,
-    wake: Option<&EventFd>,
-    request: ApiRequest,
-    image: Option<OpenedImage>,
-) -> Answer {
-    let (reply, answer): (SyncSender<Answer>, Receiver<Answer>) = mpsc::sync_channel(1);
-    if vmm
-        .send(ApiCommand {
-            request,
-            image,
-            reply,
-        })
-        .is_err()
-    {
-        return Response::fault("the VMM is shutting down").into();
-    }
-    if let Some(w) = wake {
-        // A full counter means a wake-up is pending already.
-        let _ = w.write(1);
-    }
-    answer
-        .recv_timeout(VMM_TIMEOUT)
-        .unwrap_or_else(|_| Response::fault("the VMM did not answer in time").into())
-}
-
 /// Writes an answer; false when the client is gone or does not read.
 fn send(stream: &mut UnixStream, r: &Response, close: bool) -> bool {
     let bytes = r.to_bytes(close);
@@ -390,8 +311,11 @@ fn send(stream: &mut UnixStream, r: &Response, close: bool) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::mpsc;
+
     use super::*;
-    use crate::api::routes::Action;
+    use crate::api::command::{Answer, OpenedImage, VMM_TIMEOUT};
+    use crate::api::routes::{Action, ApiRequest};
 
     struct Running {
         path: PathBuf,

@@ -954,7 +954,7 @@ mod tests {
     /// this test process with status 148).
     #[test]
     fn the_api_threads_image_open_runs_under_its_filter() {
-        use crate::api::runtime::{open_image, OpenedImage};
+        use crate::api::command::{open_image, OpenedImage};
         let dir = std::env::temp_dir().join(format!("minivmm-seccomp-img-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let image = dir.join("a.img");
@@ -1008,8 +1008,8 @@ mod tests {
     /// image the API thread opened, a new limiter) under its real filter.
     #[test]
     fn the_event_loops_half_of_a_drive_patch_runs_under_its_filter() {
+        use crate::api::command::open_image;
         use crate::api::runtime::drive_tests::{patch, reply, runtime, Scratch};
-        use crate::api::runtime::open_image;
         use serde_json::json;
         let dir = Scratch::new("seccomp");
         let (a, b) = (dir.image("a.img", 8), dir.image("b.img", 16));
