@@ -40,7 +40,7 @@ use std::time::Instant;
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::net::{IoEngine, Net, NetConfig, Offloads, SeqPacket, RX_INDEX, TX_INDEX};
 use devices::virtio::test_utils::{guest_memory, MockDriver, Segment};
-use devices::virtio::VirtioDevice;
+use devices::virtio::{DeviceMetrics, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
 use vm_memory::GuestAddress;
 

@@ -457,7 +457,7 @@ impl RateLimiter {
 /// single `timerfd_create` (the only call a limiter made while the VM runs
 /// needs the event loop's seccomp filter to allow).
 #[allow(unsafe_code)]
-fn nonblocking_timer() -> io::Result<TimerFd> {
+pub(crate) fn nonblocking_timer() -> io::Result<TimerFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: timerfd_create takes no pointers; the result is checked.
     let fd = unsafe {

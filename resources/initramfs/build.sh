@@ -56,7 +56,7 @@ fi
 
 # Applets init uses, plus a few for poking around on a console.
 APPLETS=(sh ash mount umount mkdir cat echo grep sleep sync reboot poweroff halt
-    ip ifconfig ping kill ps ls dmesg uname hostname true false devmem)
+    ip ifconfig ping kill ps ls dmesg uname hostname true false devmem head wc)
 
 OUTDIR=$MINIVMM_CACHE/initramfs
 mkdir -p "$OUTDIR"

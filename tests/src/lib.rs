@@ -330,6 +330,14 @@ pub const DISK_WRITE_OK: &str = "MINIVMM-DISK-WRITE ok";
 /// `MINIVMM-DISK-READONLY FAIL <what>`.
 pub const DISK_READONLY_OK: &str = "MINIVMM-DISK-READONLY ok";
 
+/// What init prints with `minivmm.rng=check` when the entropy device is the guest's current
+/// hardware generator and `/dev/hwrng` gave [`RNG_CHECK_BYTES`] from it: the full line is
+/// `MINIVMM-RNG ok current=virtio_rng.N bytes=512`; a failure prints `MINIVMM-RNG FAIL <what>`.
+pub const RNG_OK: &str = "MINIVMM-RNG ok";
+
+/// The bytes init reads from `/dev/hwrng` with `minivmm.rng=check`.
+pub const RNG_CHECK_BYTES: u64 = 512;
+
 /// The bytes init writes to [`DISK_TEST_FILE`] for `seed`: 4096 distinct lines (so a block
 /// at the wrong offset shows), built the same way as the init's `disk_pattern`.
 pub fn disk_test_content(seed: &str) -> Vec<u8> {

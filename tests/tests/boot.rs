@@ -11,14 +11,18 @@
 //! reboot, and leave minivmm exiting 0 by itself. The vmlinux boot also runs
 //! with `--boot-timer`: init's write of 123 to the register must show as
 //! one `Guest-boot-time` line (the bzImage boot, without it, must show
-//! none). Before it reboots, the vmlinux guest's init also prints the
-//! kernel's panic banner to /dev/console (`minivmm.panic=fake`), as any
-//! guest process could: minivmm must still exit 0, since only the guest
-//! kernel's pvpanic report means a panic. A third boot panics the guest
-//! kernel for real (init exits, `minivmm.panic=kernel`): minivmm must learn
-//! it from the kernel's pvpanic driver and exit 3. Any other kernel panic or
-//! crash line on the console (`segfault at`, `traps:`, ...) is a failure on
-//! every host. Bad-input cases need no boot and run in well under a second
+//! none). The vmlinux boot also has the entropy device (`--rng`): init's
+//! `minivmm.rng=check` must find it current in the guest's hw_random core
+//! and read 512 bytes from `/dev/hwrng`, and the metrics line minivmm writes
+//! at exit must count at least those bytes served (`entropy.entropy_bytes`;
+//! the guest kernel's own hwrng reads add to them). Before it reboots, the
+//! vmlinux guest's init also prints the kernel's panic banner to
+//! /dev/console (`minivmm.panic=fake`), as any guest process could: minivmm
+//! must still exit 0, since only the guest kernel's pvpanic report means a
+//! panic. A third boot panics the guest kernel for real (init exits,
+//! `minivmm.panic=kernel`): minivmm must learn it from the kernel's pvpanic
+//! driver and exit 3. Any other kernel panic or crash line on the console
+//! (`segfault at`, `traps:`, ...) is a failure on every host. Bad-input cases need no boot and run in well under a second
 //! each.
 
 use std::path::Path;
@@ -26,8 +30,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, guest_image, guest_image_if, minivmm_bin, Need, Vm, FAKE_PANIC, INIT_EXIT_PANIC,
-    READY, SELFTEST_PASS,
+    cli_args, exit_metrics, guest_image, guest_image_if, metric, minivmm_bin, Need, Vm,
+    FAKE_PANIC, INIT_EXIT_PANIC, READY, RNG_CHECK_BYTES, RNG_OK, SELFTEST_PASS,
 };
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
@@ -46,20 +50,40 @@ const PVPANIC_DEVICE: &str = "pvpanic-mmio: device at 0xc0001000-0xc0001000 from
 /// What minivmm logs when the guest kernel's pvpanic driver reports a panic.
 const PVPANIC_REPORT: &str = "the guest kernel reported a panic through the pvpanic device";
 
+/// What a boot checks beside the self-test.
+#[derive(Default)]
+struct Extras<'a> {
+    /// `--boot-timer`.
+    boot_timer: bool,
+    /// The entropy device, with this metrics path.
+    entropy: Option<&'a Path>,
+    /// `minivmm.panic=fake`.
+    fake_panic: bool,
+}
+
 /// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the
 /// self-test its PASS line, then init reboots and minivmm must exit 0 by
 /// itself. With `boot_timer` (`--boot-timer`) minivmm must log the guest's
 /// boot-complete write once, with a time between its first vCPU entry and
 /// MINIVMM-READY; without it, nothing of the boot timer may show. With
-/// `fake_panic` init prints the kernel's panic banner before it reboots,
-/// which must change nothing. Returns the finished VM for more checks.
-fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, fake_panic: bool) -> Vm {
+/// `entropy` (a metrics path) the VM has the entropy device and the guest
+/// checks it (see the module doc). With `fake_panic` init prints the
+/// kernel's panic banner before it reboots, which must change nothing.
+/// Returns the finished VM for more checks.
+fn boot_to_ready(kernel: &Path, vcpus: &str, extras: Extras) -> Vm {
+    let Extras {
+        boot_timer,
+        entropy,
+        fake_panic,
+    } = extras;
     let img = guest_image();
-    let mode = if fake_panic {
-        "minivmm.mode=selftest minivmm.panic=fake"
-    } else {
-        "minivmm.mode=selftest"
-    };
+    let mut words = "minivmm.mode=selftest".to_string();
+    if entropy.is_some() {
+        words.push_str(" minivmm.rng=check");
+    }
+    if fake_panic {
+        words.push_str(" minivmm.panic=fake");
+    }
     let mut args = cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
@@ -70,12 +94,23 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, fake_panic: bool)
         "--mem",
         "256",
         "--cmdline",
-        mode,
+        &words,
         "--log-level",
         "info",
     ]);
     if boot_timer {
         args.push("--boot-timer".into());
+    }
+    if let Some(metrics) = entropy {
+        let _ = std::fs::remove_file(metrics);
+        let metrics = metrics.to_str().unwrap();
+        args.extend(cli_args(&[
+            "--rng",
+            "--metrics",
+            metrics,
+            "--metrics-interval",
+            "0",
+        ]));
     }
     let name = kernel.file_name().unwrap().to_string_lossy().into_owned();
     let mut vm = Vm::spawn(&args, None).unwrap();
@@ -131,6 +166,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, fake_panic: bool)
         "the guest kernel did not register the pvpanic device\n{report}"
     );
     check_boot_timer(&log, boot_timer, ready_at, &report);
+    if let Some(metrics) = entropy {
+        check_entropy(&console, metrics, &report);
+    }
     eprintln!(
         "FIGURE boot-timer {name} {vcpus} vCPU(s): {}",
         log.lines()
@@ -138,6 +176,31 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, fake_panic: bool)
             .map_or("(off)", str::trim)
     );
     vm
+}
+
+/// The entropy device's traces of a boot with `--rng` and init's
+/// `minivmm.rng=check`: the guest's check passed, and the metrics line
+/// written at exit counts at least the bytes it read.
+fn check_entropy(console: &str, metrics: &Path, report: &str) {
+    let line = console
+        .lines()
+        .find(|l| l.contains("MINIVMM-RNG"))
+        .unwrap_or_else(|| panic!("no MINIVMM-RNG line\n{report}"));
+    assert!(
+        line.contains(RNG_OK) && line.contains("current=virtio_rng"),
+        "{line}\n{report}"
+    );
+    let m = exit_metrics(metrics);
+    let served = metric(&m, "entropy", "entropy_bytes");
+    assert!(served >= RNG_CHECK_BYTES, "{served} bytes served\n{report}");
+    assert!(metric(&m, "entropy", "requests") > 0, "{m}");
+    assert_eq!(metric(&m, "entropy", "malformed_chains"), 0, "{m}");
+    eprintln!(
+        "FIGURE entropy: {} / {served} bytes / {} requests",
+        line.trim(),
+        metric(&m, "entropy", "requests")
+    );
+    let _ = std::fs::remove_file(metrics);
 }
 
 /// The guest's init printed the kernel's panic banner to /dev/console and
@@ -230,7 +293,7 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.bzimage, "1", false, false);
+    let vm = boot_to_ready(&img.bzimage, "1", Extras::default());
     assert!(
         vm.stderr().contains("bzImage kernel at 0x100200"),
         "{}",
@@ -243,7 +306,14 @@ fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.vmlinux, "2", true, true);
+    let metrics =
+        std::env::temp_dir().join(format!("minivmm-boot-rng-{}.json", std::process::id()));
+    let extras = Extras {
+        boot_timer: true,
+        entropy: Some(&metrics),
+        fake_panic: true,
+    };
+    let vm = boot_to_ready(&img.vmlinux, "2", extras);
     assert!(
         vm.console().contains("Brought up 1 node, 2 CPUs"),
         "{}",

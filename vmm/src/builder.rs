@@ -2,15 +2,17 @@
 //! Building a VM from a [`VmmConfig`].
 //!
 //! [`build`] runs named steps in an order that fails cheapest first: the
-//! kernel, initramfs and metrics files are opened and the kernel recognised
-//! ([`crate::kernel`]); KVM is checked and the VM created (`create_vm`);
-//! guest memory is created (`guest_memory`), then the irqchip and PIT
-//! (`create_irqchip`); the devices are attached (`attach_serial`, the
-//! i8042, `attach_net`, where a bad TAP fails, before boot); the kernel and
-//! initramfs are loaded; the command line is composed (`kernel_cmdline`)
-//! and the boot tables written (`write_boot_tables`); and the vCPUs are
-//! created and configured (`create_vcpus`). `--log-level debug` shows how
-//! long each step took.
+//! kernel, initramfs and metrics files are opened, the kernel recognised
+//! ([`crate::kernel`]) and the drives' images checked ([`crate::images`])
+//! (`open_files`); KVM is checked and the VM created (`create_vm`); guest
+//! memory is created (`guest_memory`), then the irqchip and PIT
+//! (`create_irqchip`); the devices are attached (`attach_devices`: the
+//! serial port, the i8042, then every virtio device through the registry's
+//! one attach step, `attach_virtio`, where a bad TAP or a locked image
+//! fails, before boot); the kernel and initramfs are loaded; the command
+//! line is composed (`kernel_cmdline`) and the boot tables written
+//! (`write_boot_tables`); and the vCPUs are created and configured
+//! (`create_vcpus`). `--log-level debug` shows how long each step took.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -27,7 +29,9 @@ use arch::x86_64::layout::{
 };
 use arch::x86_64::{arch_memory_regions, setup_mptable};
 use devices::legacy::serial::SerialDevice;
-use devices::virtio::net::{Tap, TapError};
+use devices::virtio::block::Block;
+use devices::virtio::net::{Net, Tap, TapError};
+use devices::virtio::rng::Rng;
 use event_manager::EventManager;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
@@ -37,9 +41,11 @@ use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::drive::root_words;
-use crate::config::{HostQuirks, NicConfig, TapBackend, VmmConfig};
-use crate::device_manager::{DeviceError, DeviceManager, Events};
+use crate::config::entropy::ENTROPY_ID;
+use crate::config::{DeviceKind, HostQuirks, NicConfig, TapBackend, VmmConfig};
+use crate::device_manager::{DeviceError, DeviceManager};
 use crate::guest_panic::ConsoleOut;
+use crate::images::{check_images, ImageError};
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::memory::{self, MemoryError};
 use crate::kvm::pvm;
@@ -47,6 +53,7 @@ use crate::kvm::vcpu::{Vcpu, VcpuError};
 use crate::kvm::vm_exit::ExitLatch;
 use crate::kvm::{self, KvmError};
 use crate::metrics::Metrics;
+use crate::registry::{AttachEnv, AttachError, Events, Registry};
 use crate::vmm::{Devices, KvmVm, Vmm};
 
 /// The command line every guest starts from: the console on the UART we
@@ -81,6 +88,12 @@ pub enum BuildError {
     /// A device could not be attached.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// A virtio device could not be created or attached.
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    /// A drive's image cannot be used.
+    #[error(transparent)]
+    Image(#[from] ImageError),
     /// The kernel command line is invalid or too long.
     #[error("invalid kernel command line")]
     Cmdline(#[source] linux_loader::cmdline::Error),
@@ -152,8 +165,14 @@ pub fn claim_tap_fds(cfg: &VmmConfig) -> Result<TapFds, BuildError> {
 
 /// Opens (or adopts) the TAP of `net`, saying at warn level what an
 /// operator should know: a TAP that had to be created, a TAP that is down,
-/// a host MTU that differs from the guest's.
-fn open_tap(net: &NicConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
+/// a host MTU that differs from the guest's. `taps` are the TAPs opened so
+/// far: two cards may not end up on one, which a name and a descriptor of
+/// the same interface would do.
+fn open_tap(
+    net: &NicConfig,
+    fds: &mut TapFds,
+    taps: &mut HashSet<String>,
+) -> Result<Tap, BuildError> {
     let tap_err = |e| BuildError::Tap(net.id.clone(), e);
     let tap = match &net.tap {
         TapBackend::Named(name) => {
@@ -195,6 +214,9 @@ fn open_tap(net: &NicConfig, fds: &mut TapFds) -> Result<Tap, BuildError> {
             tap.if_name()
         ),
         Err(e) => warn!("network interface '{}': {}", net.id, crate::error_line(&e)),
+    }
+    if !taps.insert(tap.if_name().to_string()) {
+        return Err(BuildError::DuplicateTap(tap.if_name().to_string()));
     }
     if let (Some(mtu), Ok(host)) = (net.device.mtu, tap.mtu()) {
         if host != u32::from(mtu) {
@@ -283,9 +305,7 @@ pub fn build(
     let mut steps = Steps::new();
     // The files first: a typo in a path is the commonest mistake; say so
     // before anything else happens.
-    let mut kernel = KernelImage::open(&cfg.kernel)?;
-    let metrics = open_metrics(cfg)?;
-    let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
+    let mut files = open_files(cfg)?;
     steps.done("files");
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
@@ -295,51 +315,29 @@ pub fn build(
     create_irqchip(&vm)?;
     steps.done("irqchip");
     let quirks = host_quirks(cfg.host_quirks);
-
-    let mut events: Events = EventManager::new()
-        .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
-    let panicked = Arc::new(AtomicBool::new(false));
-    let mut devices = DeviceManager::new();
-    let serial = attach_serial(&mut devices, &vm)?;
-    let i8042 = devices.attach_i8042(&vm)?;
-    devices.attach_pvpanic(panicked.clone());
-    attach_net(
-        &mut devices,
-        &vm,
-        &mem,
-        &cfg.nets,
-        &mut tap_fds,
-        &mut events,
-    )?;
-    for drive in &cfg.drives {
-        devices.attach_block(&vm, &mem, drive, &mut events)?;
-    }
-    if let Some(start) = boot_timer {
-        devices.enable_boot_timer(start);
-    }
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer)?;
     steps.done("devices");
 
-    let loaded = kernel.load(&mem)?;
+    let loaded = files.kernel.load(&mem)?;
     let entry = kernel_entry_point(&loaded);
     steps.done("kernel");
-    let initrd = initramfs.map(|i| i.load(&mem, &loaded)).transpose()?;
+    let initrd = files.initramfs.map(|i| i.load(&mem, &loaded)).transpose()?;
     steps.done("initramfs");
 
-    let mut device_words = devices.cmdline_words().to_vec();
+    let mut device_words = devices.manager.cmdline_words();
     device_words.extend(root_words(&cfg.drives));
     let cmdline = kernel_cmdline(cfg, quirks, &device_words)?;
     write_boot_tables(&mem, &cmdline, initrd, &loaded, cfg.vcpus)?;
     steps.done("boot tables");
 
-    let devices = Arc::new(devices);
     let boot = (entry.0, ZERO_PAGE_START);
-    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices, cfg.vcpus, boot, quirks)?;
+    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices.manager, cfg.vcpus, boot, quirks)?;
     steps.done("vcpus");
     steps.log();
     info!(
         "{} kernel at {:#x}, {} MiB, {} vCPU(s)",
-        match kernel.format() {
+        match files.kernel.format() {
             KernelFormat::Elf => "ELF",
             KernelFormat::BzImage => "bzImage",
         },
@@ -350,26 +348,98 @@ pub fn build(
 
     Ok(Vmm::new(
         KvmVm::new(kvm, vm, mem),
-        Devices {
-            manager: devices,
-            events,
-            serial,
-            i8042,
-            panicked,
-        },
+        devices,
         vcpus,
         exit,
-        metrics,
+        files.metrics,
         cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
     ))
 }
 
-/// Opens the metrics file or FIFO, if the configuration names one.
-fn open_metrics(cfg: &VmmConfig) -> Result<Option<Metrics>, BuildError> {
-    cfg.metrics
+/// What the build opens before it touches KVM.
+struct Files {
+    kernel: KernelImage,
+    initramfs: Option<Initramfs>,
+    metrics: Option<Metrics>,
+}
+
+/// Opens the kernel (recognising its format), the metrics file or FIFO and
+/// the initramfs, and checks the drives' images, so that a bad path fails
+/// before anything else happens.
+fn open_files(cfg: &VmmConfig) -> Result<Files, BuildError> {
+    let kernel = KernelImage::open(&cfg.kernel)?;
+    let metrics = cfg
+        .metrics
         .as_ref()
         .map(|m| Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e)))
-        .transpose()
+        .transpose()?;
+    let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
+    check_images(&cfg.drives)?;
+    Ok(Files {
+        kernel,
+        initramfs,
+        metrics,
+    })
+}
+
+/// Attaches every device: the console UART and the i8042, the virtio
+/// devices (see [`attach_virtio`]), and the boot-timer register if asked.
+fn attach_devices(
+    cfg: &VmmConfig,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    tap_fds: &mut TapFds,
+    boot_timer: Option<Instant>,
+) -> Result<Devices, BuildError> {
+    let mut events: Events = EventManager::new()
+        .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
+    let panicked = Arc::new(AtomicBool::new(false));
+    let mut manager = DeviceManager::new();
+    let serial = attach_serial(&mut manager, vm)?;
+    let i8042 = manager.attach_i8042(vm)?;
+    manager.attach_pvpanic(panicked.clone());
+    let mut env = AttachEnv {
+        vm,
+        mem,
+        events: &mut events,
+    };
+    attach_virtio(manager.virtio_mut(), &mut env, cfg, tap_fds)?;
+    if let Some(start) = boot_timer {
+        manager.enable_boot_timer(start);
+    }
+    Ok(Devices {
+        manager: Arc::new(manager),
+        events,
+        serial,
+        i8042,
+        panicked,
+    })
+}
+
+/// Attaches every virtio device of `cfg` in MMIO window order, each kind
+/// with one line: the network cards (a bad TAP fails here, before boot),
+/// the drives (a locked image fails here), then the entropy device.
+fn attach_virtio(
+    virtio: &mut Registry,
+    env: &mut AttachEnv<'_>,
+    cfg: &VmmConfig,
+    tap_fds: &mut TapFds,
+) -> Result<(), BuildError> {
+    let mem = env.mem;
+    let mut taps = HashSet::new();
+    for nic in &cfg.nets {
+        let tap = open_tap(nic, tap_fds, &mut taps)?;
+        let net = Net::with_backend(tap, nic.device.clone(), mem.clone());
+        virtio.attach_controlled(env, DeviceKind::Net, &nic.id, net)?;
+    }
+    for drive in &cfg.drives {
+        let block = Block::new(drive.device.clone(), mem.clone());
+        virtio.attach_controlled(env, DeviceKind::Block, &drive.device.id, block)?;
+    }
+    if let Some(rng) = cfg.entropy {
+        virtio.attach(env, DeviceKind::Rng, ENTROPY_ID, Rng::new(rng, mem.clone()))?;
+    }
+    Ok(())
 }
 
 /// Opens and checks KVM, checks the vCPU count against its limit, and
@@ -442,28 +512,6 @@ fn attach_serial(
 ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
     let console = ConsoleOut::new(std::io::stdout());
     Ok(devices.attach_serial(vm, Box::new(console))?)
-}
-
-/// Opens each NIC's TAP (so a bad one fails before boot) and attaches its
-/// virtio-net device. Two NICs may not end up on one TAP, which a name and
-/// a descriptor of the same interface would do.
-fn attach_net(
-    devices: &mut DeviceManager,
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    nics: &[NicConfig],
-    tap_fds: &mut TapFds,
-    events: &mut Events,
-) -> Result<(), BuildError> {
-    let mut tap_names = HashSet::new();
-    for nic in nics {
-        let tap = open_tap(nic, tap_fds)?;
-        if !tap_names.insert(tap.if_name().to_string()) {
-            return Err(BuildError::DuplicateTap(tap.if_name().to_string()));
-        }
-        devices.attach_net(vm, mem, nic, tap, events)?;
-    }
-    Ok(())
 }
 
 /// Composes the guest command line from the configuration, the host
@@ -621,6 +669,7 @@ mod tests {
             vcpus: 1,
             nets: Vec::new(),
             drives: Vec::new(),
+            entropy: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Device placement and the exit buses.
 //!
-//! The device manager decides where devices live (port ranges, MMIO windows,
-//! IRQ lines), wires their `EventFd`s into KVM (irqfd for interrupts,
-//! ioeventfd for virtqueue notifications) and dispatches vCPU port and MMIO
-//! exits to them. It holds no device logic.
+//! The device manager decides where the legacy devices live (port ranges,
+//! IRQ lines), holds the [`Registry`] of the virtio devices (which places
+//! each in its MMIO window and wires it into KVM), and dispatches vCPU port
+//! and MMIO exits to them. It holds no device logic.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,22 +13,12 @@ use std::sync::{Arc, Mutex};
 use arch::x86_64::layout;
 use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
-use devices::virtio::block::{Block, BlockMetrics};
-use devices::virtio::mmio::{MmioTransport, MMIO_WINDOW_SIZE, QUEUE_NOTIFY_OFFSET};
-use devices::virtio::net::{Net, NetMetrics, Tap};
-use devices::virtio::{GuestMemory, VirtioDevice};
-use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
-use kvm_ioctls::{IoEventAddress, VmFd};
+use kvm_ioctls::VmFd;
 
-use crate::config::{DriveConfig, NicConfig};
 use crate::guest_panic::{pvpanic_word, PanicRegister};
 use crate::kvm::vcpu::ExitBus;
 use crate::metrics::VcpuExits;
-
-/// The event manager every device's backend work runs on.
-pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
-/// The VMM's event manager.
-pub type Events = EventManager<Subscriber>;
+use crate::registry::{lock, Registry};
 
 /// COM1: the port range and ISA IRQ every PC OS expects.
 const SERIAL_PORT: u16 = 0x3f8;
@@ -49,30 +39,9 @@ pub enum DeviceError {
     /// The i8042 could not be created.
     #[error("cannot create the i8042 controller")]
     I8042(#[source] devices::legacy::i8042::I8042Error),
-    /// The network device could not be created.
-    #[error("cannot attach network interface '{0}'")]
-    Net(String, #[source] devices::virtio::net::NetError),
-    /// A drive could not be opened (missing, locked, ...): the device's
-    /// error names the image.
-    #[error("drive '{0}': {1}")]
-    Block(String, #[source] devices::virtio::block::BlockError),
-    /// The MMIO transport could not be created.
-    #[error("cannot create the virtio-MMIO transport")]
-    Mmio(#[source] devices::virtio::mmio::MmioError),
     /// KVM refused an irqfd.
     #[error("cannot register irqfd for IRQ {0}")]
     Irqfd(u32, #[source] kvm_ioctls::Error),
-    /// KVM refused an ioeventfd.
-    #[error("cannot register ioeventfd at {0:#x}")]
-    Ioeventfd(u64, #[source] kvm_ioctls::Error),
-    /// No IRQ lines left for virtio devices.
-    #[error("no free IRQ line for another virtio device")]
-    NoIrq,
-}
-
-struct MmioSlot {
-    base: u64,
-    transport: Arc<Mutex<MmioTransport>>,
 }
 
 /// All devices of a VM and the buses that reach them.
@@ -81,12 +50,8 @@ pub struct DeviceManager {
     serial: Option<Arc<Mutex<SerialDevice>>>,
     i8042: Option<Arc<Mutex<I8042>>>,
     pvpanic: Option<PanicRegister>,
-    mmio: Vec<MmioSlot>,
+    virtio: Registry,
     cmdline_words: Vec<String>,
-    net_metrics: Vec<(String, Arc<NetMetrics>)>,
-    nets: Vec<(String, Arc<Mutex<Net>>)>,
-    block_metrics: Vec<(String, Arc<BlockMetrics>)>,
-    blocks: Vec<(String, Arc<Mutex<Block>>)>,
     exits: Arc<VcpuExits>,
     /// Set by `--boot-timer`: when minivmm started.
     boot_timer: std::sync::OnceLock<std::time::Instant>,
@@ -132,114 +97,27 @@ impl DeviceManager {
         self.cmdline_words.push(pvpanic_word());
     }
 
-    /// Creates the virtio-net device over `tap` (opened by the builder, so a
-    /// bad TAP fails before boot), places it in the next MMIO window with the
-    /// next IRQ, wires its interrupt and queue notifications into KVM,
-    /// registers its backend with the event manager, and records the
-    /// `virtio_mmio.device=` word that tells the guest where it is.
-    pub fn attach_net(
-        &mut self,
-        vm: &VmFd,
-        mem: &GuestMemory,
-        cfg: &NicConfig,
-        tap: Tap,
-        events: &mut Events,
-    ) -> Result<(), DeviceError> {
-        let net = Net::with_backend(tap, cfg.device.clone(), mem.clone())
-            .map_err(|e| DeviceError::Net(cfg.id.clone(), e))?;
-        self.net_metrics.push((cfg.id.clone(), net.metrics()));
-        let net = Arc::new(Mutex::new(net));
-        self.attach_virtio(vm, mem, net.clone())?;
-        self.nets.push((cfg.id.clone(), net.clone()));
-        events.add_subscriber(net);
-        Ok(())
+    fn pvpanic_at(&self, addr: u64) -> Option<&PanicRegister> {
+        self.pvpanic.as_ref().filter(|r| r.contains(addr))
     }
 
-    /// Creates the virtio-blk device over its image (opened and locked
-    /// here, so a missing or locked image fails before boot) and attaches it
-    /// as [`attach_net`](Self::attach_net) does a network card.
-    pub fn attach_block(
-        &mut self,
-        vm: &VmFd,
-        mem: &GuestMemory,
-        cfg: &DriveConfig,
-        events: &mut Events,
-    ) -> Result<(), DeviceError> {
-        let block = Block::new(cfg.device.clone(), mem.clone())
-            .map_err(|e| DeviceError::Block(cfg.device.id.clone(), e))?;
-        self.block_metrics
-            .push((cfg.device.id.clone(), block.metrics()));
-        let block = Arc::new(Mutex::new(block));
-        self.attach_virtio(vm, mem, block.clone())?;
-        self.blocks.push((cfg.device.id.clone(), block.clone()));
-        events.add_subscriber(block);
-        Ok(())
+    /// The virtio devices.
+    pub fn virtio(&self) -> &Registry {
+        &self.virtio
     }
 
-    fn attach_virtio(
-        &mut self,
-        vm: &VmFd,
-        mem: &GuestMemory,
-        device: Arc<Mutex<dyn VirtioDevice>>,
-    ) -> Result<(), DeviceError> {
-        let index = self.mmio.len() as u64;
-        let irq = layout::IRQ_BASE + index as u32;
-        if irq > layout::IRQ_MAX {
-            return Err(DeviceError::NoIrq);
-        }
-        let base = layout::VIRTIO_MMIO_BASE + index * MMIO_WINDOW_SIZE;
-        let transport =
-            MmioTransport::new(mem.clone(), device.clone()).map_err(DeviceError::Mmio)?;
-        vm.register_irqfd(transport.interrupt_evt(), irq)
-            .map_err(|e| DeviceError::Irqfd(irq, e))?;
-        {
-            let dev = device.lock().expect("device lock poisoned during setup");
-            let notify = base + QUEUE_NOTIFY_OFFSET;
-            for (queue, evt) in dev.queue_events().iter().enumerate() {
-                // Datamatch on the queue index: the driver writes the index
-                // of the queue it kicks (virtio 1.1 §4.2.2, QueueNotify).
-                vm.register_ioevent(evt, &IoEventAddress::Mmio(notify), queue as u32)
-                    .map_err(|e| DeviceError::Ioeventfd(notify, e))?;
-            }
-        }
-        self.cmdline_words.push(format!(
-            "virtio_mmio.device={}K@{:#x}:{}",
-            MMIO_WINDOW_SIZE / 1024,
-            base,
-            irq
-        ));
-        self.mmio.push(MmioSlot {
-            base,
-            transport: Arc::new(Mutex::new(transport)),
-        });
-        Ok(())
+    /// The virtio devices, to attach one.
+    pub fn virtio_mut(&mut self) -> &mut Registry {
+        &mut self.virtio
     }
 
-    /// Kernel command-line words announcing the virtio-MMIO devices.
-    pub fn cmdline_words(&self) -> &[String] {
-        &self.cmdline_words
-    }
-
-    /// Metrics of every network device with its id, in attach order.
-    pub fn net_metrics(&self) -> &[(String, Arc<NetMetrics>)] {
-        &self.net_metrics
-    }
-
-    /// Every network device with its id, in attach order (for the API's
-    /// live limiter changes, made on the event loop's thread).
-    pub fn nets(&self) -> &[(String, Arc<Mutex<Net>>)] {
-        &self.nets
-    }
-
-    /// Metrics of every drive with its id, in attach order.
-    pub fn block_metrics(&self) -> &[(String, Arc<BlockMetrics>)] {
-        &self.block_metrics
-    }
-
-    /// Every drive with its id, in attach order (for the API's image and
-    /// limiter changes, made on the event loop's thread).
-    pub fn blocks(&self) -> &[(String, Arc<Mutex<Block>>)] {
-        &self.blocks
+    /// Kernel command-line words: where each virtio device is, then those
+    /// of the other devices (the pvpanic and boot-timer registers).
+    pub fn cmdline_words(&self) -> Vec<String> {
+        self.virtio
+            .cmdline_words()
+            .chain(self.cmdline_words.iter().cloned())
+            .collect()
     }
 
     /// Logs, once, the time from `start` to the guest's one-byte write of
@@ -270,17 +148,6 @@ impl DeviceManager {
     pub fn vcpu_exits(&self) -> Arc<VcpuExits> {
         self.exits.clone()
     }
-
-    fn pvpanic_at(&self, addr: u64) -> Option<&PanicRegister> {
-        self.pvpanic.as_ref().filter(|r| r.contains(addr))
-    }
-
-    fn mmio_slot(&self, addr: u64) -> Option<(&MmioSlot, u64)> {
-        self.mmio
-            .iter()
-            .find(|s| (s.base..s.base + MMIO_WINDOW_SIZE).contains(&addr))
-            .map(|s| (s, addr - s.base))
-    }
 }
 
 /// The kernel command-line word naming the boot-timer register, added with
@@ -299,12 +166,6 @@ fn boot_time_line(wall: std::time::Duration, cpu_us: u64) -> String {
         us / 1000,
         cpu_us / 1000
     )
-}
-
-/// Locks a device; a poisoned lock means a device thread panicked, and the
-/// device state is still the best we have, so keep serving it.
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn count(c: &std::sync::atomic::AtomicU64) {
@@ -375,7 +236,7 @@ impl ExitBus for DeviceManager {
         if let Some(reg) = self.pvpanic_at(addr) {
             return reg.read(addr, data);
         }
-        match self.mmio_slot(addr) {
+        match self.virtio.at(addr) {
             Some((slot, offset)) => lock(&slot.transport).read(offset, data),
             None => data.fill(0xff),
         }
@@ -391,7 +252,7 @@ impl ExitBus for DeviceManager {
             reg.write(addr, data);
             return;
         }
-        if let Some((slot, offset)) = self.mmio_slot(addr) {
+        if let Some((slot, offset)) = self.virtio.at(addr) {
             lock(&slot.transport).write(offset, data);
         }
     }
@@ -578,41 +439,6 @@ mod tests {
             boot_time_line(std::time::Duration::from_micros(999), 5),
             "Guest-boot-time =    999 us 0 ms,      5 CPU us 0 CPU ms"
         );
-    }
-
-    #[test]
-    fn a_drive_gets_its_window_and_is_listed_for_the_api() {
-        use crate::api::runtime::drive_tests::Scratch;
-        let Some((_kvm, vm, mem)) = crate::builder::test_vm(32) else {
-            return;
-        };
-        let dir = Scratch::new("attach");
-        let image = dir.image("data.img", 16);
-        let cfg = DriveConfig {
-            is_root_device: false,
-            partuuid: None,
-            device: devices::virtio::block::BlockConfig::new("data", &image),
-        };
-        let mut dm = DeviceManager::new();
-        let mut events = Events::new().unwrap();
-        dm.attach_block(&vm, &mem, &cfg, &mut events).unwrap();
-        let blocks = dm.blocks();
-        assert_eq!(blocks.len(), 1);
-        assert_eq!(blocks[0].0, "data");
-        assert_eq!(blocks[0].1.lock().unwrap().capacity(), 16);
-        assert_eq!(dm.block_metrics()[0].0, "data");
-        assert_eq!(
-            dm.cmdline_words(),
-            [format!(
-                "virtio_mmio.device=4K@{:#x}:{}",
-                layout::VIRTIO_MMIO_BASE,
-                layout::IRQ_BASE
-            )]
-        );
-        // The image is this VM's now: a second drive on it is refused.
-        let err = dm.attach_block(&vm, &mem, &cfg, &mut events).unwrap_err();
-        assert!(err.to_string().contains("data"), "{err}");
-        assert_eq!(dm.blocks().len(), 1);
     }
 
     #[test]

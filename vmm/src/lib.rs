@@ -7,15 +7,18 @@
 pub mod api;
 pub mod builder;
 pub mod config;
+pub mod control;
 pub mod device_manager;
 pub mod event_loop;
 pub mod guest_panic;
+pub mod images;
 pub mod kernel;
 pub mod kvm;
 pub mod line_writer;
 pub mod logger;
 pub mod metrics;
 pub mod process;
+pub mod registry;
 pub mod vmm;
 
 /// Formats an error and its causes on one line (`a: b: c`): every

@@ -264,7 +264,7 @@ fn main() -> ExitCode {
         Ok(f) => f,
         Err(e) => return fail(&error_line(&e)),
     };
-    if parts.launch.id != vmm::config::cli::DEFAULT_ID {
+    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
         vmm::logger::set_instance_id(&parts.launch.id);
     }
     if parts.launch.jail.is_some() {

@@ -14,27 +14,25 @@
 //! key); `id` is the instance id (`--id`, `anonymous-instance` without it),
 //! which Firecracker's lines lack: several VMs writing into one FIFO are told
 //! apart by it; `vmm` holds the VMM's own counters; every network card and
-//! drive follows under its id, so none may be named as one of
-//! [`RESERVED_KEYS`]. Unlike Firecracker's, whose counters restart at every flush, every
+//! drive follows under its id, so none may be named as one of those three
+//! (`config::ids::RESERVED_KEYS`, where the rule for device ids is). Unlike Firecracker's, whose counters restart at every flush, every
 //! counter here is cumulative since minivmm started: a reader takes deltas
 //! between lines and a lost line loses nothing. The objects are serde
 //! serializations of the counter structs, so the keys are their field names.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use devices::virtio::block::BlockMetrics;
-use devices::virtio::net::NetMetrics;
+use devices::virtio::DeviceMetrics;
+use serde::ser::SerializeMap;
 use serde::Serialize;
 
+use crate::config::ids::DEFAULT_ID;
+#[cfg(test)]
+use crate::config::ids::RESERVED_KEYS;
 use crate::line_writer::NonBlockingLineWriter;
-
-/// The keys of a line's own fields, which no card or drive id may take
-/// (the configuration checks).
-pub const RESERVED_KEYS: [&str; 3] = ["utc_timestamp_ms", "id", "vmm"];
 
 /// How long the exit flush waits for a slow FIFO reader.
 const EXIT_DRAIN: Duration = Duration::from_secs(1);
@@ -61,18 +59,30 @@ struct VmmLine<'a> {
     metrics_lines_dropped: u64,
 }
 
-/// One line.
-#[derive(Debug, Serialize)]
+/// One device's counters under its id.
+pub type DeviceCounters = (String, Arc<dyn DeviceMetrics>);
+
+/// One line: its own keys first, then every device's counters under its id
+/// in attach order (device ids never equal each other nor the line's own
+/// keys: the configuration checks).
 struct Line<'a> {
     utc_timestamp_ms: u64,
     id: &'a str,
     vmm: VmmLine<'a>,
-    #[serde(flatten)]
-    nets: BTreeMap<&'a str, &'a NetMetrics>,
-    /// Drive ids never equal card ids (the configuration checks), so the
-    /// two maps share the line's top level.
-    #[serde(flatten)]
-    drives: BTreeMap<&'a str, &'a BlockMetrics>,
+    devices: &'a [DeviceCounters],
+}
+
+impl Serialize for Line<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(3 + self.devices.len()))?;
+        map.serialize_entry("utc_timestamp_ms", &self.utc_timestamp_ms)?;
+        map.serialize_entry("id", self.id)?;
+        map.serialize_entry("vmm", &self.vmm)?;
+        for (id, counters) in self.devices {
+            map.serialize_entry(id, &counters.to_json())?;
+        }
+        map.end()
+    }
 }
 
 /// Locks a shared metrics writer; a poisoned lock still holds usable counters.
@@ -81,14 +91,21 @@ pub fn lock_metrics(m: &Mutex<Metrics>) -> MutexGuard<'_, Metrics> {
 }
 
 /// The metrics writer: where lines go and what they report.
-#[derive(Debug)]
 pub struct Metrics {
     out: NonBlockingLineWriter,
     id: String,
     start: Instant,
     exits: Arc<VcpuExits>,
-    nets: Vec<(String, Arc<NetMetrics>)>,
-    drives: Vec<(String, Arc<BlockMetrics>)>,
+    devices: Vec<DeviceCounters>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("id", &self.id)
+            .field("devices", &self.devices.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
@@ -96,35 +113,24 @@ impl Metrics {
     pub fn open(path: &Path) -> std::io::Result<Metrics> {
         Ok(Metrics {
             out: NonBlockingLineWriter::open(path)?,
-            id: crate::config::cli::DEFAULT_ID.to_string(),
+            id: DEFAULT_ID.to_string(),
             start: Instant::now(),
             exits: Arc::default(),
-            nets: Vec::new(),
-            drives: Vec::new(),
+            devices: Vec::new(),
         })
     }
 
-    /// Reports `exits` and the cards' counters under their ids, and the
+    /// Reports `exits` and every device's counters under its id, and the
     /// uptime from `start` (when the process started).
-    pub fn attach(
-        &mut self,
-        exits: Arc<VcpuExits>,
-        nets: Vec<(String, Arc<NetMetrics>)>,
-        start: Instant,
-    ) {
+    pub fn attach(&mut self, exits: Arc<VcpuExits>, devices: Vec<DeviceCounters>, start: Instant) {
         self.exits = exits;
-        self.nets = nets;
+        self.devices = devices;
         self.start = start;
     }
 
     /// Names the instance in every line (`--id`).
     pub fn set_id(&mut self, id: &str) {
         self.id = id.to_string();
-    }
-
-    /// Reports the drives' counters under their ids too.
-    pub fn attach_drives(&mut self, drives: Vec<(String, Arc<BlockMetrics>)>) {
-        self.drives = drives;
     }
 
     /// The line as it would be written now.
@@ -140,16 +146,7 @@ impl Metrics {
                 vcpu_exits: &self.exits,
                 metrics_lines_dropped: self.out.dropped_lines(),
             },
-            nets: self
-                .nets
-                .iter()
-                .map(|(id, m)| (id.as_str(), &**m))
-                .collect(),
-            drives: self
-                .drives
-                .iter()
-                .map(|(id, m)| (id.as_str(), &**m))
-                .collect(),
+            devices: &self.devices,
         };
         // Serializing plain structs and counters into a String cannot fail.
         let mut text = serde_json::to_string(&line).expect("metrics serialize");
@@ -174,6 +171,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devices::virtio::block::BlockMetrics;
+    use devices::virtio::net::NetMetrics;
     use std::sync::atomic::Ordering;
 
     /// A metrics writer on a fresh file named after the test.
@@ -182,6 +181,11 @@ mod tests {
         let _ = std::fs::remove_file(&p);
         let m = Metrics::open(&p).unwrap();
         (p, m)
+    }
+
+    /// `m` under `id`, as the registry hands a device's counters over.
+    fn counters<M: DeviceMetrics + 'static>(id: &str, m: &Arc<M>) -> DeviceCounters {
+        (id.to_string(), m.clone())
     }
 
     /// Every line of the file, parsed.
@@ -203,7 +207,7 @@ mod tests {
         );
         m.attach(
             exits.clone(),
-            vec![("net0".into(), a.clone()), ("wan".into(), b.clone())],
+            vec![counters("net0", &a), counters("wan", &b)],
             Instant::now(),
         );
         m.flush();
@@ -238,17 +242,17 @@ mod tests {
     #[test]
     fn lines_name_the_instance_and_hold_only_reserved_keys_and_device_ids() {
         let (p, mut m) = metrics_file("id");
-        m.attach(
-            Arc::default(),
-            vec![("net0".into(), Arc::default())],
-            Instant::now(),
-        );
-        m.attach_drives(vec![("rootfs".into(), Arc::default())]);
+        let devices = vec![
+            counters("net0", &Arc::<NetMetrics>::default()),
+            counters("rootfs", &Arc::<BlockMetrics>::default()),
+            counters("lan", &Arc::<NetMetrics>::default()),
+        ];
+        m.attach(Arc::default(), devices, Instant::now());
         m.flush();
         m.set_id("vm-7");
         m.flush();
         let lines = lines_of(&p);
-        assert_eq!(lines[0]["id"], crate::config::cli::DEFAULT_ID);
+        assert_eq!(lines[0]["id"], DEFAULT_ID);
         assert_eq!(lines[1]["id"], "vm-7");
         // Firecracker's layout otherwise: the timestamp first, the VMM's
         // object, the devices by id; nothing else at the top.
@@ -264,10 +268,15 @@ mod tests {
         let mut want: Vec<&str> = RESERVED_KEYS
             .iter()
             .copied()
-            .chain(["net0", "rootfs"])
+            .chain(["net0", "rootfs", "lan"])
             .collect();
         want.sort_unstable();
         assert_eq!(keys, want);
+        // In that order: the line's own keys, then the devices as attached.
+        let last = text.lines().last().unwrap();
+        let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
+        let order = ["utc_timestamp_ms", "id", "vmm", "net0", "rootfs", "lan"].map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
         std::fs::remove_file(&p).unwrap();
     }
 
@@ -275,12 +284,11 @@ mod tests {
     fn lines_carry_every_drive_by_id() {
         let (p, mut m) = metrics_file("drives");
         let disk = Arc::new(BlockMetrics::default());
-        m.attach(
-            Arc::default(),
-            vec![("net0".into(), Arc::default())],
-            Instant::now(),
-        );
-        m.attach_drives(vec![("rootfs".into(), disk.clone())]);
+        let devices = vec![
+            counters("net0", &Arc::<NetMetrics>::default()),
+            counters("rootfs", &disk),
+        ];
+        m.attach(Arc::default(), devices, Instant::now());
         disk.write_bytes.fetch_add(4096, Ordering::Relaxed);
         disk.read_count.fetch_add(2, Ordering::Relaxed);
         m.flush();

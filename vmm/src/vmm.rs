@@ -12,6 +12,7 @@
 use std::io;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use devices::legacy::i8042::I8042;
@@ -21,10 +22,10 @@ use kvm_ioctls::{Kvm, VmFd};
 use log::info;
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::api::runtime::{NetControl, Runtime};
+use crate::api::runtime::Runtime;
 use crate::api::ApiChannel;
 use crate::config::VmmConfig;
-use crate::device_manager::{DeviceManager, Events};
+use crate::device_manager::DeviceManager;
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
 use crate::kvm::pause::{install_kick_handler, PauseGate};
 use crate::kvm::vcpu::Vcpu;
@@ -33,6 +34,11 @@ use crate::metrics::{lock_metrics, Metrics};
 use crate::process::seccomp::{Filters, Gate, Thread};
 use crate::process::signals::SignalFd;
 use crate::process::terminal::RawTerminal;
+use crate::registry::{lock, Events};
+
+/// The metrics writer, shared by the event loop's timer, its signal and the
+/// API.
+type SharedMetrics = Option<Arc<Mutex<Metrics>>>;
 
 /// The KVM objects of a VM. Never read once the VM is built, only owned:
 /// the VM fd and guest memory must outlive the vCPU threads, which run until
@@ -141,30 +147,8 @@ impl Vmm {
         // Block the stop signals before any thread exists so every thread
         // inherits the mask and only the signalfd sees them.
         let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
-        let reset_evt = self
-            .i8042
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .reset_evt()
-            .try_clone()?;
-        let metrics = self.metrics.take().map(|mut m| {
-            m.attach(
-                self.devices.vcpu_exits(),
-                self.devices.net_metrics().to_vec(),
-                start,
-            );
-            m.attach_drives(self.devices.block_metrics().to_vec());
-            Arc::new(Mutex::new(m))
-        });
-        let metrics_timer = match (&metrics, self.metrics_interval_s) {
-            (Some(_), secs) if secs > 0 => {
-                let mut t = TimerFd::new().map_err(io::Error::from)?;
-                let every = Duration::from_secs(secs);
-                t.reset(every, Some(every)).map_err(io::Error::from)?;
-                Some(t)
-            }
-            _ => None,
-        };
+        let reset_evt = lock(&self.i8042).reset_evt().try_clone()?;
+        let (metrics, metrics_timer) = self.start_metrics(start)?;
         // No vCPU enters the guest before every thread is filtered. A failed
         // spawn returns from here and ends the process, and with it the
         // threads waiting at the gate.
@@ -173,6 +157,86 @@ impl Vmm {
         if self.api.is_some() {
             install_kick_handler()?;
         }
+        let threads = self.spawn_vcpus(start, &gate, &pause, &filters)?;
+        let mut control = Control::new(ControlSources {
+            exit: self.exit.clone(),
+            reset_evt,
+            signals,
+            serial: self.serial.clone(),
+            panicked: self.panicked.clone(),
+            metrics: metrics.clone(),
+            metrics_timer,
+        })?;
+        if let Some(api) = self.api.take() {
+            let runtime = Runtime {
+                id: api.id,
+                config: api.config,
+                pause,
+                vcpus: threads,
+                metrics: metrics.clone(),
+                i8042: self.i8042.clone(),
+                devices: self.devices.virtio().controls(),
+            };
+            control = control.with_api(api.channel, runtime);
+        }
+        self.events.add_subscriber(Arc::new(Mutex::new(control)));
+        let terminal = RawTerminal::new();
+
+        // After the spawns, so the vCPU threads do not inherit this list.
+        gate.install_and_wait(Thread::EventLoop, filters.event_loop.as_ref())
+            .map_err(io::Error::other)?;
+
+        while self.exit.reason().is_none() {
+            if let Err(e) = self.events.run() {
+                self.exit
+                    .report(VmExit::Fault(format!("event loop failed: {e}")));
+            }
+        }
+        drop(terminal);
+        if let Some(m) = &metrics {
+            lock_metrics(m).finish();
+        }
+        let reason = self
+            .exit
+            .reason()
+            .expect("the loop ends only once a reason is recorded");
+        info!(target: LOG_TARGET, "run time: {} ms", start.elapsed().as_millis());
+        Ok(reason)
+    }
+
+    /// The metrics writer, reporting the vCPU exits and every device's
+    /// counters, and the timer of its interval (none for an interval of 0).
+    fn start_metrics(&mut self, start: Instant) -> io::Result<(SharedMetrics, Option<TimerFd>)> {
+        let metrics = self.metrics.take().map(|mut m| {
+            m.attach(
+                self.devices.vcpu_exits(),
+                self.devices.virtio().counters(),
+                start,
+            );
+            Arc::new(Mutex::new(m))
+        });
+        let timer = match (&metrics, self.metrics_interval_s) {
+            (Some(_), secs) if secs > 0 => {
+                let mut t = TimerFd::new().map_err(io::Error::from)?;
+                let every = Duration::from_secs(secs);
+                t.reset(every, Some(every)).map_err(io::Error::from)?;
+                Some(t)
+            }
+            _ => None,
+        };
+        Ok((metrics, timer))
+    }
+
+    /// Starts one thread per vCPU (`fc_vcpu N`, Firecracker's name), each
+    /// installing its filter and waiting at `gate` before it enters the
+    /// guest, and honouring `pause`.
+    fn spawn_vcpus(
+        &mut self,
+        start: Instant,
+        gate: &Arc<Gate>,
+        pause: &Arc<PauseGate>,
+        filters: &Filters,
+    ) -> io::Result<Vec<JoinHandle<()>>> {
         let mut threads = Vec::with_capacity(self.vcpus.len());
         for mut vcpu in self.vcpus.drain(..) {
             let exit = self.exit.clone();
@@ -200,59 +264,7 @@ impl Vmm {
                     })?,
             );
         }
-        let mut control = Control::new(ControlSources {
-            exit: self.exit.clone(),
-            reset_evt,
-            signals,
-            serial: self.serial.clone(),
-            panicked: self.panicked.clone(),
-            metrics: metrics.clone(),
-            metrics_timer,
-        })?;
-        if let Some(api) = self.api.take() {
-            let runtime = Runtime {
-                id: api.id,
-                config: api.config,
-                pause,
-                vcpus: threads,
-                metrics: metrics.clone(),
-                i8042: self.i8042.clone(),
-                nets: self
-                    .devices
-                    .nets()
-                    .iter()
-                    .map(|(id, net)| {
-                        let net: Arc<Mutex<dyn NetControl>> = net.clone();
-                        (id.clone(), net)
-                    })
-                    .collect(),
-                drives: self.devices.blocks().to_vec(),
-            };
-            control = control.with_api(api.channel, runtime);
-        }
-        self.events.add_subscriber(Arc::new(Mutex::new(control)));
-        let terminal = RawTerminal::new();
-
-        // After the spawns, so the vCPU threads do not inherit this list.
-        gate.install_and_wait(Thread::EventLoop, filters.event_loop.as_ref())
-            .map_err(io::Error::other)?;
-
-        while self.exit.reason().is_none() {
-            if let Err(e) = self.events.run() {
-                self.exit
-                    .report(VmExit::Fault(format!("event loop failed: {e}")));
-            }
-        }
-        drop(terminal);
-        if let Some(m) = &metrics {
-            lock_metrics(m).finish();
-        }
-        let reason = self
-            .exit
-            .reason()
-            .expect("the loop ends only once a reason is recorded");
-        info!(target: LOG_TARGET, "run time: {} ms", start.elapsed().as_millis());
-        Ok(reason)
+        Ok(threads)
     }
 }
 

@@ -71,23 +71,6 @@ pub(crate) fn ignored_config_write(counter: &AtomicU64, device: &str, offset: u6
     );
 }
 
-/// A device's counters as one JSON object, the serde field names its keys.
-pub(crate) fn counters_json(counters: &impl serde::Serialize) -> serde_json::Value {
-    // Atomics and time counters serialize to integers; nothing can fail.
-    serde_json::to_value(counters).expect("counters serialize")
-}
-
-/// Checks a device's counters JSON against its contract: every key of
-/// `keys` is there as an integer, and no other key is.
-#[cfg(test)]
-pub(crate) fn assert_counter_keys(json: &serde_json::Value, keys: &[&str]) {
-    let obj = json.as_object().expect("counters are a JSON object");
-    for key in keys {
-        assert!(obj[*key].is_u64(), "{key} missing or not an integer");
-    }
-    assert_eq!(obj.len(), keys.len(), "unexpected keys in {json}");
-}
-
 /// Whether a direction or queue waits for its rate limiter's timer.
 pub(crate) fn throttled(limiter: &Option<RateLimiter>) -> bool {
     limiter.as_ref().is_some_and(RateLimiter::is_blocked)
@@ -148,6 +131,66 @@ impl Activation {
             self.error_signalled = true;
             self.interrupt.signal_device_error();
         }
+    }
+}
+
+/// A device's event handler as the start-up and the dispatch every device
+/// shares ([`init`], [`process`]) see it: each device's
+/// `MutEventSubscriber` is those two calls, and the device says only what
+/// is its own.
+pub(crate) trait EventHandler {
+    /// Where its host errors go, its `activate_evt` and its current
+    /// activation, if any (borrowed together: they are apart in the device).
+    fn activation_parts(&mut self) -> (HostErrors<'_>, &EventFd, Option<&mut Activation>);
+    /// Runs the passes for work posted before DRIVER_OK, which has no kick
+    /// of its own, when the handler first takes an activation up.
+    fn first_passes(&mut self);
+    /// Registers what the device polls for its whole life besides
+    /// `activate_evt` (the block device's io_uring); nothing by default.
+    fn add_fixed(&mut self, _ops: &mut EventOps) {}
+    /// Handles an event with one of the device's own tokens; false for a
+    /// token it never registered.
+    fn handle(&mut self, token: u32, set: EventSet) -> bool;
+    /// Brings the epoll registrations in line with the device state (after
+    /// every event).
+    fn sync_registrations(&mut self, ops: &mut EventOps);
+}
+
+/// `MutEventSubscriber::init` of every device: `activate_evt` and the
+/// device's fixed descriptors registered, and an activation that happened
+/// before the device joined the loop taken up.
+pub(crate) fn init(dev: &mut impl EventHandler, ops: &mut EventOps) {
+    let (errors, activate_evt, activation) = dev.activation_parts();
+    errors.add_activate_evt(ops, activate_evt);
+    let activated = activation.is_some();
+    dev.add_fixed(ops);
+    if activated {
+        activation_event(dev);
+        dev.sync_registrations(ops);
+    }
+}
+
+/// `MutEventSubscriber::process` of every device: the activation event
+/// here, the device's own tokens in [`EventHandler::handle`], an unknown
+/// token counted as a host error, and the registrations brought in line.
+pub(crate) fn process(dev: &mut impl EventHandler, events: Events, ops: &mut EventOps) {
+    match events.data() {
+        PROCESS_ACTIVATE => activation_event(dev),
+        token => {
+            if !dev.handle(token, events.event_set()) {
+                dev.activation_parts().0.unknown_token(token);
+            }
+        }
+    }
+    dev.sync_registrations(ops);
+}
+
+/// `activate_evt` fired: an activation or a reset happened (see
+/// [`HostErrors::activation_event`]).
+fn activation_event(dev: &mut impl EventHandler) {
+    let (errors, activate_evt, activation) = dev.activation_parts();
+    if errors.activation_event(activate_evt, activation) {
+        dev.first_passes();
     }
 }
 

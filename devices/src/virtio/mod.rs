@@ -17,6 +17,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use common::VirtioCommon;
+pub use metrics::DeviceMetrics;
 use queue::SplitQueue;
 
 pub mod block;
@@ -24,12 +25,17 @@ mod common;
 pub(crate) mod events;
 pub mod io_engine;
 pub mod iov;
+pub mod metrics;
 pub mod mmio;
 pub mod net;
+pub(crate) mod pass;
 pub mod queue;
+pub(crate) mod request_queue;
+pub mod rng;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 pub mod time_counter;
+pub mod vsock;
 
 /// Guest memory as every device in minivmm sees it.
 pub type GuestMemory = GuestMemoryMmap<()>;
@@ -212,4 +218,7 @@ pub trait VirtioDevice: Send {
     ) -> Result<(), ActivateError>;
     /// Returns the device to its state before activation (driver wrote 0 to Status).
     fn reset(&mut self);
+    /// The device's counters, shared with the VMM's metrics writer, which
+    /// collects every device's through this one trait.
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics>;
 }

@@ -62,6 +62,8 @@ const KEYS: &[&str] = &[
     "module",
     "unknown_key",
     "io_engine",
+    "entropy",
+    "rate_limiter",
 ];
 
 /// Strings worth trying as values.

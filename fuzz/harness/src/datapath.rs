@@ -54,6 +54,7 @@ use crate::net_rig::{
     DatapathFixture, GuestDesc, GuestTableEntry, Placement, RxChains, Setup, TxChain,
 };
 use arbitrary::Arbitrary;
+use devices::virtio::DeviceMetrics;
 
 /// One step of the guest or the network.
 #[derive(Debug, Clone, Arbitrary)]

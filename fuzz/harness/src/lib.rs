@@ -32,6 +32,7 @@ pub mod legacy;
 pub mod mmio;
 pub mod net_rig;
 pub mod race;
+pub mod vsock;
 
 /// Turns `data` into a structured input and runs `f` on it; bytes that do
 /// not make a whole input are no input (libFuzzer moves on).
@@ -53,6 +54,10 @@ pub struct Target {
 
 /// Every target.
 pub const TARGETS: &[Target] = &[
+    Target {
+        name: "vsock_datapath",
+        run: vsock::run,
+    },
     Target {
         name: "mmio_transport",
         run: mmio::run,

@@ -26,13 +26,13 @@ use devices::virtio::io_engine::WriteRing;
 use devices::virtio::iov::IoVecs;
 use devices::virtio::net::{Net, NetBackend, NetConfig, NetMetrics, SeqPacket};
 use devices::virtio::queue::{
-    GuestRegions, RingAddrs, RingFeatures, SplitQueue, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_WRITE,
+    GuestRegions, RingAddrs, RingFeatures, SplitQueue, MAX_PASS_READS, VIRTQ_DESC_F_INDIRECT,
+    VIRTQ_DESC_F_WRITE,
 };
-use devices::virtio::test_utils::MAX_PASS_READS;
 use devices::virtio::test_utils::{
     desc_bytes, write_indirect_table, DriverQueue, QueueLayout, TestIrq,
 };
-use devices::virtio::{GuestMemory, Interrupt, VirtioDevice};
+use devices::virtio::{DeviceMetrics, GuestMemory, Interrupt, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
+use devices::virtio::DeviceMetrics;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::net_rig::{

@@ -132,6 +132,11 @@ fn block_datapath() {
 }
 
 #[test]
+fn vsock_datapath() {
+    replay("vsock_datapath");
+}
+
+#[test]
 fn api_http() {
     replay("api_http");
 }

@@ -32,7 +32,7 @@ use devices::virtio::block::{Block, BlockConfig, FileBackend, IoEngine};
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::queue::{VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
 use devices::virtio::test_utils::{desc_bytes, guest_memory, MockDriver, Rng};
-use devices::virtio::VirtioDevice;
+use devices::virtio::{DeviceMetrics, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
 use serde_json::{json, Value};
 use vm_memory::{Bytes, GuestAddress};

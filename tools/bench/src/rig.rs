@@ -33,7 +33,7 @@ use devices::virtio::mmio::MmioTransport;
 use devices::virtio::net::{Net, NetConfig, NetMetrics, NUM_BUFFERS_OFFSET, RX_INDEX, TX_INDEX};
 use devices::virtio::queue::{VIRTQ_DESC_F_WRITE, VIRTQ_USED_F_NO_NOTIFY};
 use devices::virtio::test_utils::{guest_memory, MockDriver, QueueLayout};
-use devices::virtio::GuestMemory;
+use devices::virtio::{DeviceMetrics, GuestMemory};
 use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;

@@ -87,6 +87,17 @@ pub enum OpenedImage {
     Failed(String),
 }
 
+impl OpenedImage {
+    /// Which file was opened, if one was.
+    pub fn file(&self) -> Option<FileId> {
+        match self {
+            OpenedImage::Image(b) => Some(b.id()),
+            OpenedImage::Locked { id, .. } => Some(*id),
+            OpenedImage::Failed(_) => None,
+        }
+    }
+}
+
 /// Opens the image `path` for a drive (`read_only` as the drive is) as
 /// the builder does at start, less the `fallocate` probes: on the API
 /// thread, whose filter allows this and nothing more.

@@ -13,7 +13,9 @@
 //!   image swap (the API thread opens the image the event loop may not);
 //! - [`preboot`]: the requests before `InstanceStart`, which build the
 //!   configuration in the config-file layout;
-//! - [`runtime`]: the requests once the VM runs, served on the event loop.
+//! - [`runtime`]: the requests once the VM runs, served on the event loop;
+//! - [`patch`]: `PATCH` on a running device, whatever its kind, through its
+//!   control.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
@@ -25,6 +27,7 @@ use crate::process::seccomp::{self, Thread};
 
 pub mod command;
 pub mod http;
+pub mod patch;
 pub mod preboot;
 pub mod routes;
 pub mod runtime;

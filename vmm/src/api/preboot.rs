@@ -3,7 +3,7 @@
 //! the config-file layout, and `InstanceStart` hands it to the builder.
 //!
 //! Each accepted `PUT` replaces one section (`/boot-source`,
-//! `/machine-config`, `/logger`, `/metrics`) or one entry of a list
+//! `/machine-config`, `/logger`, `/metrics`, `/entropy`) or one entry of a list
 //! (`/network-interfaces/{id}`, `/drives/{id}`, by id, in the order first
 //! put) of a document that is exactly what `--config-file` reads. So the
 //! API and the file share one parser and cannot disagree on a field, and
@@ -25,14 +25,16 @@ use super::routes::{Action, ApiRequest};
 use crate::config::file;
 use crate::config::settings::Settings;
 use crate::config::DEFAULT_MEM_MIB;
+use crate::images::check_images;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
 /// `vmm_version` in `GET /` and `firecracker_version` in `GET /version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Sections of Firecracker's full configuration that minivmm has not:
-/// `GET /vm/config` shows them as `null`, as Firecracker shows an unset one.
+/// Sections of Firecracker's full configuration that are `null` unless
+/// put (`entropy`) or that minivmm has not (the rest): `GET /vm/config`
+/// shows them as `null`, as Firecracker shows an unset one.
 const ABSENT_SECTIONS: &[&str] = &["balloon", "vsock", "mmds-config", "entropy", "cpu-config"];
 
 /// `GET /`: Firecracker's `InstanceInfo`.
@@ -105,6 +107,7 @@ impl Preboot {
             ApiRequest::PutDrive(id, v) => self.put_entry("drives", "drive_id", &id, v),
             ApiRequest::PutLogger(v) => self.put("logger", v),
             ApiRequest::PutMetrics(v) => self.put("metrics", v),
+            ApiRequest::PutEntropy(v) => self.put("entropy", v),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
                 Ok(s) => return Step::Start(Box::new(s)),
                 Err(r) => r,
@@ -182,8 +185,13 @@ impl Preboot {
         if settings.kernel.is_none() {
             settings.kernel = Some(PathBuf::from("/"));
         }
-        if let Err(e) = settings.finish() {
-            return fault(&e);
+        match settings.finish() {
+            Ok(cfg) => {
+                if let Err(e) = check_images(&cfg.drives) {
+                    return fault(&e);
+                }
+            }
+            Err(e) => return fault(&e),
         }
         self.doc = candidate;
         Response::no_content()
@@ -258,6 +266,48 @@ mod tests {
         );
         let r = reply(&mut p, ApiRequest::GetVersion);
         assert_eq!(body(&r), json!({"firecracker_version": VERSION}));
+    }
+
+    #[test]
+    fn put_entropy_adds_the_device_and_a_bad_one_changes_nothing() {
+        let mut p = Preboot::new();
+        let before = body(&reply(&mut p, ApiRequest::GetVmConfig));
+        assert_eq!(before["entropy"], Value::Null);
+        let limited = json!({"rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}}});
+        for bad in [
+            json!({"rate_limiter": {"bandwidth": {"size": 1000}}}),
+            json!({"rate_limiter": {"ops": {"size": 0, "refill_time": 100}}}),
+            json!({"source": "/dev/random"}),
+            json!([]),
+        ] {
+            let e = fault_of(&reply(&mut p, ApiRequest::PutEntropy(bad.clone())));
+            assert!(e.contains("entropy"), "{bad}: {e}");
+            assert_eq!(body(&reply(&mut p, ApiRequest::GetVmConfig)), before);
+        }
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutEntropy(limited.clone())).status,
+            204
+        );
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["entropy"],
+            limited
+        );
+        // InstanceStart builds it: the settings carry the device.
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap();
+        let rl = cfg.entropy.map(|e| e.rate_limiter.bandwidth);
+        assert_eq!(
+            rl.flatten().map(|b| (b.size, b.refill_time)),
+            Some((1000, 100))
+        );
+        // Put again, it replaces the section: no limiter now.
+        let plain = json!({});
+        assert_eq!(reply(&mut p, ApiRequest::PutEntropy(plain)).status, 204);
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap();
+        assert!(cfg.entropy.is_some_and(|e| e.rate_limiter.is_unlimited()));
     }
 
     #[test]

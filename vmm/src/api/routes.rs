@@ -13,7 +13,7 @@
 //! file and the API cannot disagree on a field.
 //!
 //! Paths of features minivmm does not have (balloon, vsock, MMDS,
-//! snapshots, entropy, CPU templates, hotplug, serial) are refused with a
+//! snapshots, CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
 use serde::Deserialize;
@@ -70,6 +70,8 @@ pub enum ApiRequest {
     PutLogger(Value),
     /// `PUT /metrics`.
     PutMetrics(Value),
+    /// `PUT /entropy`.
+    PutEntropy(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -82,7 +84,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("vsock", "vsock"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
-    ("entropy", "the entropy device"),
     ("cpu-config", "CPU templates"),
     ("hotplug", "hotplug"),
     ("serial", "serial output redirection"),
@@ -136,6 +137,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         ("logger", None, Method::Put) => ApiRequest::PutLogger(json(req)?),
         ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
+        ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -146,7 +148,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "actions" | "vm",
             _,
             _,
         ) if known_path(first, second) => {
@@ -167,9 +169,8 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
 /// Whether `first`/`second` is one of the paths above with some method.
 fn known_path(first: &str, second: Option<&str>) -> bool {
     match first {
-        "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "actions" => {
-            second.is_none()
-        }
+        "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "entropy"
+        | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
         "vm" => matches!(second, None | Some("config")),
         _ => false,
@@ -264,6 +265,10 @@ mod tests {
             (
                 req(Put, "/metrics", r#"{"metrics_path":"m"}"#),
                 "PutMetrics",
+            ),
+            (
+                req(Put, "/entropy", r#"{"rate_limiter":null}"#),
+                "PutEntropy",
             ),
             (req(Get, "/machine-config", ""), "GetMachineConfig"),
             (req(Get, "/", ""), "GetInstanceInfo"),

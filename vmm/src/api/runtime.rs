@@ -10,83 +10,31 @@
 //! without blocking, a new disk image waits for the requests in flight on
 //! the old one (`Block::swap_backend`).
 //!
-//! `PATCH /drives/{id}` with a `path_on_host` takes two trips
+//! A `PATCH` on a device reaches it through its control, looked up by kind
+//! and id ([`super::patch`]); one with a new `path_on_host` takes two trips
 //! ([`Runtime::serve`], and [`super::command`] for the protocol): the
 //! first answer asks the API thread to open the image, the second trip
-//! brings it. Every check that needs no file comes first, so a bad request
-//! opens nothing.
+//! brings it.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use devices::legacy::i8042::I8042;
-use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use devices::virtio::block::{Block, BlockError, FileId};
-use devices::virtio::net::{Net, NetBackend, NetError};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::command::{Answer, OpenedImage};
 use super::http::Response;
+use super::patch::patch_device;
 use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
-use crate::config::{file, VmmConfig};
+use crate::config::{DeviceKind, VmmConfig};
+use crate::control::Controls;
 use crate::kvm::pause::{kick_all, PauseGate};
 use crate::metrics::{lock_metrics, Metrics};
 
 /// How long `PATCH /vm` `Paused` waits for every vCPU to park.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The body of `PATCH /network-interfaces/{id}` (Firecracker's
-/// `PartialNetworkInterface`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NetPatch {
-    #[allow(dead_code)] // checked against the path by the router
-    iface_id: String,
-    rx_rate_limiter: Option<Value>,
-    tx_rate_limiter: Option<Value>,
-}
-
-/// What the API changes on a running network card: the device itself
-/// (locked on the event loop, between its passes), or a stand-in in tests.
-pub trait NetControl: Send {
-    /// Replaces the RX and TX limits named (`None` keeps one).
-    fn set_rate_limits(
-        &mut self,
-        rx: Option<&RateLimiterConfig>,
-        tx: Option<&RateLimiterConfig>,
-    ) -> Result<(), NetError>;
-}
-
-impl<B: NetBackend + Send> NetControl for Net<B> {
-    fn set_rate_limits(
-        &mut self,
-        rx: Option<&RateLimiterConfig>,
-        tx: Option<&RateLimiterConfig>,
-    ) -> Result<(), NetError> {
-        Net::set_rate_limits(self, rx, tx)
-    }
-}
-
-/// A running card under its id, as the API reaches it.
-pub type NetHandle = (String, Arc<Mutex<dyn NetControl>>);
-
-/// The body of `PATCH /drives/{id}` (Firecracker's `PartialDrive`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DrivePatch {
-    #[allow(dead_code)] // checked against the path by the router
-    drive_id: String,
-    path_on_host: Option<PathBuf>,
-    rate_limiter: Option<Value>,
-}
-
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// What the running VM's API can reach. Built with a struct literal, so
 /// every part is named where the VM hands it over.
@@ -104,10 +52,8 @@ pub struct Runtime {
     pub(crate) metrics: Option<Arc<Mutex<Metrics>>>,
     /// The keyboard controller, for `SendCtrlAltDel`.
     pub(crate) i8042: Arc<Mutex<I8042>>,
-    /// The network cards by id.
-    pub(crate) nets: Vec<NetHandle>,
-    /// The drives by id.
-    pub(crate) drives: Vec<(String, Arc<Mutex<Block>>)>,
+    /// The controls of the devices the API may change, by kind and id.
+    pub(crate) devices: Controls,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -117,44 +63,6 @@ impl std::fmt::Debug for Runtime {
             .field("vcpus", &self.vcpus.len())
             .finish_non_exhaustive()
     }
-}
-
-/// Applies a Firecracker limiter update to `current`: a bucket given
-/// replaces the one in force, a bucket of size 0 turns it off (as
-/// Firecracker's update does), a bucket absent or `null` stays.
-fn updated_limiter(
-    what: &str,
-    current: &RateLimiterConfig,
-    update: Value,
-) -> Result<RateLimiterConfig, String> {
-    let Value::Object(update) = update else {
-        return Err(format!("{what}: must be a JSON object"));
-    };
-    let mut out = *current;
-    for (key, bucket) in update {
-        let slot: &mut Option<TokenBucketConfig> = match key.as_str() {
-            "bandwidth" => &mut out.bandwidth,
-            "ops" => &mut out.ops,
-            other => return Err(format!("{what}: unknown field '{other}'")),
-        };
-        if bucket.is_null() {
-            continue;
-        }
-        if bucket.get("size").and_then(Value::as_u64) == Some(0) {
-            *slot = None;
-            continue;
-        }
-        let parsed = file::rate_limiter(what, json!({ key.as_str(): bucket }))
-            .map_err(|e| crate::error_line(&e).replacen("config file: ", "", 1))?;
-        *slot = if key == "bandwidth" {
-            parsed.bandwidth
-        } else {
-            parsed.ops
-        };
-    }
-    out.validate()
-        .map_err(|e| format!("{what}: {}", crate::error_line(&e)))?;
-    Ok(out)
 }
 
 impl Runtime {
@@ -168,7 +76,10 @@ impl Runtime {
     /// ([`Answer::Open`]).
     pub fn serve(&mut self, req: ApiRequest, image: Option<OpenedImage>) -> Answer {
         match req {
-            ApiRequest::PatchDrive(id, body) => self.patch_drive(&id, body, image),
+            ApiRequest::PatchDrive(id, body) => self.patch(DeviceKind::Block, &id, body, image),
+            ApiRequest::PatchNetworkInterface(id, body) => {
+                self.patch(DeviceKind::Net, &id, body, image)
+            }
             req => Answer::Reply(self.handle(req)),
         }
     }
@@ -204,7 +115,6 @@ impl Runtime {
                 self.pause.resume();
                 Response::no_content()
             }
-            ApiRequest::PatchNetworkInterface(id, body) => self.patch_net(&id, body),
             ApiRequest::Action(Action::FlushMetrics) => match &self.metrics {
                 Some(m) => {
                     lock_metrics(m).flush();
@@ -216,12 +126,14 @@ impl Runtime {
                 ),
             },
             ApiRequest::Action(Action::SendCtrlAltDel) => self.ctrl_alt_del(),
-            ApiRequest::PatchDrive(id, body) => match self.patch_drive(&id, body, None) {
-                Answer::Reply(r) => r,
-                Answer::Open { .. } => Response::fault(&format!(
-                    "drive '{id}': a new image is opened by the API thread (Runtime::serve)"
-                )),
-            },
+            ApiRequest::PatchDrive(..) | ApiRequest::PatchNetworkInterface(..) => {
+                match self.serve(req, None) {
+                    Answer::Reply(r) => r,
+                    Answer::Open { .. } => {
+                        Response::fault("a new image is opened by the API thread (Runtime::serve)")
+                    }
+                }
+            }
             ApiRequest::Action(Action::InstanceStart) => {
                 Response::fault("InstanceStart: the microVM is already running")
             }
@@ -231,7 +143,8 @@ impl Runtime {
             | ApiRequest::PutNetworkInterface(..)
             | ApiRequest::PutDrive(..)
             | ApiRequest::PutLogger(_)
-            | ApiRequest::PutMetrics(_) => Response::fault(
+            | ApiRequest::PutMetrics(_)
+            | ApiRequest::PutEntropy(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -245,6 +158,17 @@ impl Runtime {
             Ok(()) => Response::no_content(),
             Err(e) => Response::fault(&format!("SendCtrlAltDel: {}", crate::error_line(&e))),
         }
+    }
+
+    /// `PATCH` on a running device (see [`super::patch`]).
+    fn patch(
+        &mut self,
+        kind: DeviceKind,
+        id: &str,
+        body: Value,
+        image: Option<OpenedImage>,
+    ) -> Answer {
+        patch_device(&mut self.config, &self.devices, kind, id, body, image)
     }
 
     fn pause(&mut self) -> Response {
@@ -263,193 +187,14 @@ impl Runtime {
             ))
         }
     }
-
-    fn patch_net(&mut self, id: &str, body: Value) -> Response {
-        let patch: NetPatch = match serde_json::from_value(body) {
-            Ok(p) => p,
-            Err(e) => return Response::fault(&format!("network interface '{id}': {e}")),
-        };
-        let index = self.config.nets.iter().position(|n| n.id == id);
-        let dev = self
-            .nets
-            .iter()
-            .find(|(n, _)| n == id)
-            .map(|(_, d)| d.clone());
-        let (Some(index), Some(dev)) = (index, dev) else {
-            return Response::fault(&format!("no network interface '{id}'"));
-        };
-        let current = &self.config.nets[index].device;
-        let new = |what: &str, cur: &RateLimiterConfig, v: Option<Value>| {
-            v.map(|v| updated_limiter(what, cur, v)).transpose()
-        };
-        let limits = new(
-            "rx_rate_limiter",
-            &current.rx_rate_limiter,
-            patch.rx_rate_limiter,
-        )
-        .and_then(|rx| {
-            let tx = new(
-                "tx_rate_limiter",
-                &current.tx_rate_limiter,
-                patch.tx_rate_limiter,
-            )?;
-            Ok((rx, tx))
-        });
-        let (rx, tx) = match limits {
-            Ok(l) => l,
-            Err(e) => return Response::fault(&format!("network interface '{id}': {e}")),
-        };
-        let mut net = dev.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = net.set_rate_limits(rx.as_ref(), tx.as_ref()) {
-            return Response::fault(&format!(
-                "network interface '{id}': {}",
-                crate::error_line(&e)
-            ));
-        }
-        let nic = &mut self.config.nets[index].device;
-        if let Some(rx) = rx {
-            nic.rx_rate_limiter = rx;
-        }
-        if let Some(tx) = tx {
-            nic.tx_rate_limiter = tx;
-        }
-        log::info!("network interface '{id}': rate limits changed");
-        Response::no_content()
-    }
-
-    /// `PATCH /drives/{id}`: a new image (see the module doc), new limits,
-    /// or both. Refused as a whole, with nothing changed, but where the
-    /// image changed and the limiter then could not be made (the host
-    /// refused a timer), which the message says.
-    fn patch_drive(&mut self, id: &str, body: Value, image: Option<OpenedImage>) -> Answer {
-        let fault = |msg: &str| Answer::Reply(Response::fault(&format!("drive '{id}': {msg}")));
-        let patch: DrivePatch = match serde_json::from_value(body) {
-            Ok(p) => p,
-            Err(e) => return fault(&e.to_string()),
-        };
-        let Some(index) = self.config.drives.iter().position(|d| d.device.id == id) else {
-            return Response::fault(&format!("no drive '{id}'")).into();
-        };
-        let Some(dev) = self
-            .drives
-            .iter()
-            .find(|(n, _)| n == id)
-            .map(|(_, d)| d.clone())
-        else {
-            return Response::fault(&format!("no drive '{id}'")).into();
-        };
-        if patch.path_on_host.is_none() && patch.rate_limiter.is_none() {
-            return fault("nothing to change: give path_on_host, rate_limiter or both");
-        }
-        let drive = &self.config.drives[index].device;
-        let limiter = match patch
-            .rate_limiter
-            .map(|v| updated_limiter("rate_limiter", &drive.rate_limiter, v))
-            .transpose()
-        {
-            Ok(l) => l,
-            Err(e) => return fault(&e),
-        };
-        let mut changed = Vec::new();
-        if let Some(path) = patch.path_on_host {
-            let Some(image) = image else {
-                return Answer::Open {
-                    path,
-                    read_only: drive.read_only,
-                };
-            };
-            if let Err(msg) = self.change_image(id, &dev, &path, image) {
-                return fault(&msg);
-            }
-            changed.push(format!(
-                "image {}",
-                crate::one_line(path.display().to_string())
-            ));
-            self.config.drives[index].device.path = path;
-        }
-        if let Some(l) = limiter {
-            if let Err(e) = lock(&dev).set_rate_limiter(&l) {
-                let why = crate::one_line(e.to_string());
-                return fault(&if changed.is_empty() {
-                    why
-                } else {
-                    format!(
-                        "the {} is in use, but the rate limiter is not: {why}",
-                        changed[0]
-                    )
-                });
-            }
-            self.config.drives[index].device.rate_limiter = l;
-            changed.push("rate limits".into());
-        }
-        log::info!("drive '{id}': {} changed", changed.join(" and "));
-        Response::no_content().into()
-    }
-
-    /// Puts the image the API thread opened under the drive `dev` (see
-    /// [`OpenedImage`]); `Err` is a one-line reason, and then nothing
-    /// changed.
-    fn change_image(
-        &self,
-        id: &str,
-        dev: &Mutex<Block>,
-        path: &Path,
-        image: OpenedImage,
-    ) -> Result<(), String> {
-        // Another drive on the same file: two writers, or a reader whose
-        // data changes under it. Each lock is taken alone.
-        let other = |file: FileId| {
-            self.drives
-                .iter()
-                .filter(|(n, _)| n != id)
-                .find(|(_, d)| lock(d).backend().id() == file)
-                .map(|(n, _)| n.clone())
-        };
-        let taken = |o: String| {
-            let path = crate::one_line(path.display().to_string());
-            Err(format!("disk image {path} is already drive '{o}'"))
-        };
-        match image {
-            OpenedImage::Failed(msg) => Err(msg),
-            OpenedImage::Locked { id: file, size, .. } if file == lock(dev).backend().id() => {
-                // This drive's own image, which it holds locked: the host
-                // resized it, and the guest is to see the new size.
-                lock(dev).resize(size);
-                Ok(())
-            }
-            OpenedImage::Locked {
-                id: file, error, ..
-            } => match other(file) {
-                Some(o) => taken(o),
-                None => Err(error),
-            },
-            OpenedImage::Image(mut backend) => {
-                if let Some(o) = other(backend.id()) {
-                    return taken(o);
-                }
-                backend.probe();
-                lock(dev)
-                    .swap_backend(backend, path.to_path_buf())
-                    .map_err(|e| match e {
-                        BlockError::Config { msg, .. } => msg,
-                        e => crate::one_line(e.to_string()),
-                    })
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
+    use crate::api::patch::bucket;
+    use devices::rate_limiter::RateLimiterConfig;
+    use devices::virtio::net::Net;
 
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -521,7 +266,8 @@ mod tests {
             let gate = Arc::new(PauseGate::new());
             let stop = Arc::new(AtomicBool::new(false));
             let kbd = Arc::new(Mutex::new(I8042::new().unwrap()));
-            let handle: Arc<Mutex<dyn NetControl>> = net.clone();
+            let mut devices = Controls::new();
+            devices.add(DeviceKind::Net, "eth0", net.clone());
             let rt = Runtime {
                 id: "vm-7".into(),
                 config,
@@ -529,8 +275,7 @@ mod tests {
                 vcpus: vcpus(&gate, &stop, threads),
                 metrics,
                 i8042: kbd.clone(),
-                nets: vec![("eth0".into(), handle)],
-                drives: Vec::new(),
+                devices,
             };
             Rig {
                 rt,
@@ -707,7 +452,7 @@ mod tests {
     #[test]
     fn a_card_missing_from_the_device_list_is_no_card() {
         let mut rig = Rig::new(0, None);
-        rig.rt.nets.clear();
+        rig.rt.devices.clear();
         let msg = fault(&rig.rt.handle(ApiRequest::PatchNetworkInterface(
             "eth0".into(),
             json!({"iface_id": "eth0"}),
@@ -791,57 +536,11 @@ mod tests {
             ApiRequest::PutDrive("d".into(), json!({})),
             ApiRequest::PutLogger(json!({})),
             ApiRequest::PutMetrics(json!({})),
+            ApiRequest::PutEntropy(json!({})),
         ] {
             let msg = fault(&rig.rt.handle(req));
             assert!(msg.contains("not allowed after it started"), "{msg}");
         }
-    }
-
-    #[test]
-    fn a_limiter_update_replaces_what_it_names_and_keeps_the_rest() {
-        let cur = RateLimiterConfig {
-            bandwidth: bucket(1000, 100),
-            ops: bucket(10, 100),
-        };
-        let up = json!({"bandwidth": {"size": 5000, "refill_time": 50}});
-        let out = updated_limiter("rx", &cur, up).expect("ok");
-        assert_eq!(out.bandwidth, bucket(5000, 50));
-        assert_eq!(out.ops, cur.ops);
-        // null keeps, size 0 turns off.
-        let out = updated_limiter(
-            "rx",
-            &cur,
-            json!({"bandwidth": null, "ops": {"size": 0, "refill_time": 0}}),
-        )
-        .expect("ok");
-        assert_eq!(out.bandwidth, cur.bandwidth);
-        assert_eq!(out.ops, None);
-        let burst = json!({"ops": {"size": 7, "one_time_burst": 3, "refill_time": 9}});
-        let out = updated_limiter("rx", &cur, burst).expect("ok");
-        assert_eq!(
-            out.ops.map(|b| (b.size, b.one_time_burst, b.refill_time)),
-            Some((7, 3, 9))
-        );
-    }
-
-    #[test]
-    fn a_bad_limiter_update_is_refused_with_its_reason() {
-        let cur = RateLimiterConfig::default();
-        let e =
-            updated_limiter("tx_rate_limiter", &cur, json!({"bandwith": {}})).expect_err("typo");
-        assert!(e.contains("bandwith"), "{e}");
-        let e = updated_limiter("tx_rate_limiter", &cur, json!([1])).expect_err("not an object");
-        assert!(e.contains("object"), "{e}");
-        let e = updated_limiter(
-            "tx_rate_limiter",
-            &cur,
-            json!({"ops": {"size": 5, "refill_time": 0}}),
-        )
-        .expect_err("refill 0");
-        assert!(e.contains("tx_rate_limiter"), "{e}");
-        let e = updated_limiter("tx_rate_limiter", &cur, json!({"ops": {"size": 5}}))
-            .expect_err("no refill_time");
-        assert!(e.contains("refill_time"), "{e}");
     }
 }
 
@@ -850,18 +549,15 @@ mod tests {
 pub(crate) mod drive_tests {
     use super::*;
     use crate::api::command::open_image;
+    use crate::api::patch::bucket;
     use crate::config::DriveConfig;
+    use crate::registry::lock;
+    use devices::rate_limiter::RateLimiterConfig;
+    use devices::virtio::block::Block;
     use devices::virtio::block::FileBackend;
     use devices::virtio::block::{BlockConfig, IoEngine};
     use devices::virtio::VirtioDevice;
-
-    fn bucket(size: u64, refill: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: 0,
-            refill_time: refill,
-        })
-    }
+    use std::path::{Path, PathBuf};
 
     /// A directory of the test's own, removed when dropped.
     pub(crate) struct Scratch(pub PathBuf);
@@ -892,8 +588,16 @@ pub(crate) mod drive_tests {
         }
     }
 
+    /// The drives of a runtime the tests reach.
+    type Blocks = Vec<Arc<Mutex<Block>>>;
+
     /// A runtime with one drive per `(id, image, read_only)` and no vCPU.
     pub(crate) fn runtime(drives: &[(&str, &Path, bool)]) -> Runtime {
+        runtime_with_blocks(drives).0
+    }
+
+    /// [`runtime`] and its drives.
+    fn runtime_with_blocks(drives: &[(&str, &Path, bool)]) -> (Runtime, Blocks) {
         let mem =
             vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)])
                 .unwrap();
@@ -910,11 +614,15 @@ pub(crate) mod drive_tests {
                 }
             })
             .collect();
-        let blocks = configs
+        let mut devices = Controls::new();
+        let blocks: Blocks = configs
             .iter()
             .map(|c| {
-                let b = Block::new(c.device.clone(), mem.clone()).unwrap();
-                (c.device.id.clone(), Arc::new(Mutex::new(b)))
+                let b = Arc::new(Mutex::new(
+                    Block::new(c.device.clone(), mem.clone()).unwrap(),
+                ));
+                devices.add(DeviceKind::Block, &c.device.id, b.clone());
+                b
             })
             .collect();
         let config = VmmConfig {
@@ -926,21 +634,22 @@ pub(crate) mod drive_tests {
             vcpus: 1,
             nets: Vec::new(),
             drives: configs,
+            entropy: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
             seccomp: crate::process::seccomp::SeccompMode::Off,
         };
-        Runtime {
+        let rt = Runtime {
             id: "vm0".into(),
             config,
             pause: Arc::new(PauseGate::new()),
             vcpus: Vec::new(),
             metrics: None,
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
-            nets: Vec::new(),
-            drives: blocks,
-        }
+            devices,
+        };
+        (rt, blocks)
     }
 
     pub(crate) fn patch(id: &str, body: Value) -> ApiRequest {
@@ -981,8 +690,8 @@ pub(crate) mod drive_tests {
         serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
     }
 
-    fn capacity(rt: &Runtime, index: usize) -> u64 {
-        lock(&rt.drives[index].1).capacity()
+    fn capacity(blocks: &Blocks, index: usize) -> u64 {
+        lock(&blocks[index]).capacity()
     }
 
     #[test]
@@ -990,7 +699,7 @@ pub(crate) mod drive_tests {
         let dir = Scratch::new("swap");
         let (a, b) = (dir.image("a.img", 8), dir.image("b.img", 8));
         let (bigger, ro_new) = (dir.image("bigger.img", 40), dir.image("ro-new.img", 24));
-        let mut rt = runtime(&[("rootfs", &a, false), ("data", &b, true)]);
+        let (mut rt, blocks) = runtime_with_blocks(&[("rootfs", &a, false), ("data", &b, true)]);
         // The first trip opens nothing and says how to open the image.
         let body = json!({"drive_id": "rootfs", "path_on_host": bigger});
         match rt.serve(patch("rootfs", body.clone()), None) {
@@ -999,11 +708,11 @@ pub(crate) mod drive_tests {
             }
             Answer::Reply(r) => panic!("{r:?}"),
         }
-        assert_eq!(capacity(&rt, 0), 8);
+        assert_eq!(capacity(&blocks, 0), 8);
         let r = reply(patch_image(&mut rt, "rootfs", body));
         assert_eq!(r.status, 204, "{r:?}");
-        assert_eq!(capacity(&rt, 0), 40);
-        assert_eq!(lock(&rt.drives[0].1).config().path, bigger);
+        assert_eq!(capacity(&blocks, 0), 40);
+        assert_eq!(lock(&blocks[0]).config().path, bigger);
         assert_eq!(rt.config().drives[0].device.path, bigger);
         assert_eq!(
             vm_config(&mut rt)["drives"][0]["path_on_host"],
@@ -1022,7 +731,7 @@ pub(crate) mod drive_tests {
             Answer::Reply(r) => panic!("{r:?}"),
         }
         assert_eq!(reply(patch_image(&mut rt, "data", body)).status, 204);
-        assert_eq!(capacity(&rt, 1), 24);
+        assert_eq!(capacity(&blocks, 1), 24);
         assert_eq!(rt.config().drives[1].device.path, ro_new);
     }
 
@@ -1032,7 +741,7 @@ pub(crate) mod drive_tests {
         let (a, b) = (dir.image("a.img", 8), dir.image("b.img", 16));
         let elsewhere = dir.image("elsewhere.img", 32);
         let missing = dir.0.join("missing.img");
-        let mut rt = runtime(&[("rootfs", &a, false), ("data", &b, false)]);
+        let (mut rt, blocks) = runtime_with_blocks(&[("rootfs", &a, false), ("data", &b, false)]);
         // Held by "another process" (another open file of this one).
         let _held = FileBackend::open(&elsewhere, false).unwrap();
         let path = |p: &Path| p.display().to_string();
@@ -1050,7 +759,7 @@ pub(crate) mod drive_tests {
             (
                 "rootfs",
                 json!({"drive_id": "rootfs", "path_on_host": 7}),
-                "drive 'rootfs': invalid type".into(),
+                "drive 'rootfs': path_on_host: invalid type".into(),
             ),
             (
                 "rootfs",
@@ -1104,10 +813,10 @@ pub(crate) mod drive_tests {
             let e = fault_of(patch_image(&mut rt, id, body.clone()));
             assert!(e.contains(&want), "{body}: '{e}' lacks '{want}'");
             assert!(!e.contains('\n'), "{e}");
-            assert_eq!(capacity(&rt, 0), 8, "{body}");
+            assert_eq!(capacity(&blocks, 0), 8, "{body}");
             assert_eq!(rt.config().drives[0].device.path, a, "{body}");
             assert_eq!(vm_config(&mut rt)["drives"][0]["path_on_host"], json!(a));
-            assert_eq!(lock(&rt.drives[0].1).config_generation(), 0, "{body}");
+            assert_eq!(lock(&blocks[0]).config_generation(), 0, "{body}");
         }
         // A bad limiter is refused before any image is opened.
         let both = json!({"drive_id": "rootfs", "path_on_host": elsewhere,
@@ -1124,7 +833,7 @@ pub(crate) mod drive_tests {
     fn the_drives_own_image_named_again_shows_its_new_size() {
         let dir = Scratch::new("resize");
         let a = dir.image("a.img", 8);
-        let mut rt = runtime(&[("rootfs", &a, false)]);
+        let (mut rt, blocks) = runtime_with_blocks(&[("rootfs", &a, false)]);
         // The host grows the file and says so.
         std::fs::OpenOptions::new()
             .write(true)
@@ -1134,8 +843,8 @@ pub(crate) mod drive_tests {
             .unwrap();
         let body = json!({"drive_id": "rootfs", "path_on_host": a});
         assert_eq!(reply(patch_image(&mut rt, "rootfs", body)).status, 204);
-        assert_eq!(capacity(&rt, 0), 64);
-        assert_eq!(lock(&rt.drives[0].1).config_generation(), 1);
+        assert_eq!(capacity(&blocks, 0), 64);
+        assert_eq!(lock(&blocks[0]).config_generation(), 1);
         assert_eq!(rt.config().drives[0].device.path, a);
     }
 
@@ -1143,7 +852,7 @@ pub(crate) mod drive_tests {
     fn a_drives_rate_limiter_changes_alone() {
         let dir = Scratch::new("limiter");
         let a = dir.image("a.img", 8);
-        let mut rt = runtime(&[("rootfs", &a, false)]);
+        let (mut rt, blocks) = runtime_with_blocks(&[("rootfs", &a, false)]);
         let body = json!({"drive_id": "rootfs",
                           "rate_limiter": {"bandwidth": {"size": 5000, "refill_time": 100}}});
         // No image is asked for.
@@ -1153,7 +862,7 @@ pub(crate) mod drive_tests {
             ops: None,
         };
         assert_eq!(rt.config().drives[0].device.rate_limiter, want);
-        assert_eq!(lock(&rt.drives[0].1).config().rate_limiter, want);
+        assert_eq!(lock(&blocks[0]).config().rate_limiter, want);
         let cfg = vm_config(&mut rt);
         assert_eq!(cfg["drives"][0]["rate_limiter"]["bandwidth"]["size"], 5000);
         // Partial: the ops bucket added, the bandwidth kept; then removed.
@@ -1165,7 +874,7 @@ pub(crate) mod drive_tests {
         let body = json!({"drive_id": "rootfs",
                           "rate_limiter": {"bandwidth": {"size": 0, "refill_time": 0}}});
         assert_eq!(reply(rt.serve(patch("rootfs", body), None)).status, 204);
-        let l = lock(&rt.drives[0].1).config().rate_limiter;
+        let l = lock(&blocks[0]).config().rate_limiter;
         assert_eq!((l.bandwidth, l.ops), (None, bucket(10, 1000)));
         assert_eq!(rt.config().drives[0].device.rate_limiter, l);
         // Image and limiter in one request.
@@ -1173,7 +882,7 @@ pub(crate) mod drive_tests {
         let body = json!({"drive_id": "rootfs", "path_on_host": b,
                           "rate_limiter": {"ops": {"size": 0, "refill_time": 0}}});
         assert_eq!(reply(patch_image(&mut rt, "rootfs", body)).status, 204);
-        assert_eq!(capacity(&rt, 0), 16);
+        assert_eq!(capacity(&blocks, 0), 16);
         assert!(rt.config().drives[0].device.rate_limiter.is_unlimited());
     }
 }

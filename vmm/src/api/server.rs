@@ -389,9 +389,15 @@ mod tests {
         stream.set_read_timeout(Some(VMM_TIMEOUT * 2)).unwrap();
         let mut got = Vec::new();
         let mut b = [0u8; 4096];
-        // One answer: read until its head and body are in.
+        // One answer: read until its head and body are in. Other tests of
+        // this process send signals (the pause kick, SIGUSR1 to the
+        // process) that may land on this thread: a read they interrupt is
+        // read again.
         loop {
-            let n = stream.read(&mut b).unwrap();
+            let n = match stream.read(&mut b) {
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                r => r.unwrap(),
+            };
             if n == 0 {
                 break;
             }

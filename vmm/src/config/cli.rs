@@ -15,13 +15,16 @@ use devices::virtio::net::Offloads;
 use log::LevelFilter;
 
 use super::drive::parse_disk;
+use super::entropy::parse_rng;
 use super::error::ConfigError;
 use super::file::{self, FileError};
-use super::net::{
-    key_values, limiter_from_keys, limiter_key, on_off, parse_io_engine, parse_offloads,
-    parse_option, MacAddr, NetSpec,
+use super::ids::DEFAULT_ID;
+use super::net::{parse_offloads, MacAddr, NetSpec};
+use super::parse::{
+    key_values, limiter_from_keys, limiter_key, on_off, parse_host_quirks, parse_io_engine,
+    parse_level, parse_number, parse_option,
 };
-use super::settings::{parse_host_quirks, parse_level, parse_number, Settings};
+use super::settings::Settings;
 use super::VmmConfig;
 use crate::process::seccomp::SeccompMode;
 
@@ -39,9 +42,6 @@ pub enum CliError {
     #[error("{0}")]
     Launch(String),
 }
-
-/// Firecracker's default instance id.
-pub const DEFAULT_ID: &str = "anonymous-instance";
 
 /// How minivmm was launched, beside the VM's configuration: the API
 /// socket, the instance id and the jailer's timing flags.
@@ -115,7 +115,8 @@ fn level(s: &str) -> Result<LevelFilter, String> {
     parse_level(s).map_err(|e| e.to_string())
 }
 
-/// A small KVM virtual machine monitor with a built-in virtio-net device.
+/// A small KVM virtual machine monitor with built-in virtio network, block and
+/// entropy devices.
 #[derive(Debug, Parser, PartialEq)]
 #[command(
     name = "minivmm",
@@ -154,6 +155,11 @@ pub struct Cli {
     /// keys]`; repeatable. A root drive adds `root=/dev/vdX ro|rw` to the command line.
     #[arg(long = "disk", value_name = "KEY=VALUE,...")]
     pub disk: Vec<String>,
+    /// The entropy device (virtio-rng, filled from getrandom): `--rng` alone, or
+    /// `src=/dev/urandom` (Cloud Hypervisor's form; the only source) and the
+    /// `bw_*`/`ops_*` limiter keys.
+    #[arg(long, value_name = "KEY=VALUE,...", num_args = 0..=1, default_missing_value = "")]
+    pub rng: Option<String>,
     /// Shorthand for `--net tap=NAME` (opened, or created with a warning if missing).
     #[arg(long, value_name = "NAME")]
     pub tap: Option<String>,
@@ -344,6 +350,7 @@ impl Cli {
                 .iter()
                 .map(|s| parse_disk(s))
                 .collect::<Result<Vec<_>, _>>()?,
+            entropy: self.rng.as_deref().map(parse_rng).transpose()?,
             metrics_path: self.metrics,
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,
@@ -518,6 +525,33 @@ mod tests {
         );
         let empty = clap::Error::raw(clap::error::ErrorKind::InvalidValue, "\n\n");
         assert_eq!(clap_line(&empty), "invalid arguments (see --help)");
+    }
+
+    #[test]
+    fn rng_alone_or_in_cloud_hypervisors_form_adds_the_entropy_device() {
+        assert!(parse(&["--kernel", "k"]).unwrap().entropy.is_none());
+        // Alone, also before another flag: the flag is not taken as its value.
+        for args in [
+            &["--kernel", "k", "--rng"][..],
+            &["--rng", "--kernel", "k"],
+            &["--kernel", "k", "--rng", "src=/dev/urandom"],
+            &["--kernel", "k", "--rng=src=/dev/urandom"],
+        ] {
+            let cfg = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let rng = cfg.entropy.unwrap_or_else(|| panic!("{args:?}: no device"));
+            assert!(rng.rate_limiter.is_unlimited(), "{args:?}");
+        }
+        let cfg = parse(&["--kernel", "k", "--rng", "ops_size=10,ops_refill_time=1000"]).unwrap();
+        let ops = cfg.entropy.and_then(|e| e.rate_limiter.ops);
+        assert_eq!(ops.map(|b| (b.size, b.refill_time)), Some((10, 1000)));
+        let e = parse(&["--kernel", "k", "--rng", "src=/tmp/seed"]).unwrap_err();
+        assert!(
+            e.starts_with("--rng 'src=/tmp/seed': src=/tmp/seed: only /dev/urandom"),
+            "{e}"
+        );
+        // One device: its id is taken, as a card's or a drive's is.
+        let e = parse(&["--kernel", "k", "--rng", "--net", "tap=t0,id=entropy"]).unwrap_err();
+        assert!(e.contains("id 'entropy' is used twice"), "{e}");
     }
 
     #[test]

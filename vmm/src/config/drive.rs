@@ -13,25 +13,26 @@
 //! order of their MMIO windows and IRQs (after the network cards) and so of
 //! the guest's `/dev/vda`, `/dev/vdb`, ...
 //!
-//! Checked before anything is opened for the VM, each a one-line error
-//! naming the drive: a missing, unreadable or non-regular file, two drives
-//! on one file (compared by device and inode, so two spellings of one path
-//! are caught), two drives with one id, more than one root drive, a queue
-//! size outside the bounds, a vhost-user `socket`. A locked image (another
-//! VM has it) is found when the device opens it, also before boot.
+//! Checked here, as plain data, each a one-line error naming the drive: an
+//! id that breaks the device-id rule ([`super::ids`], which also keeps two
+//! devices from sharing one), more than one root drive, a queue size
+//! outside the bounds, a vhost-user `socket`. The images themselves are
+//! the builder's to check (`crate::images`: a missing, unreadable or
+//! non-regular file, two drives on one file), before anything is opened
+//! for the VM; a locked image (another VM has it) is found when the device
+//! opens it, also before boot.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use devices::rate_limiter::RateLimiterConfig;
-use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZE};
+use devices::virtio::block::{BlockConfig, CacheType, IoEngine, DEFAULT_QUEUE_SIZE, ID_BYTES};
 use devices::virtio::queue::MAX_QUEUE_SIZE;
 
 use super::error::ConfigError;
-use super::net::{
-    key_values, limiter_from_keys, limiter_key, on_off, parse_io_engine, parse_option,
+use super::ids::check_device_id;
+use super::parse::{
+    key_values, limiter_from_keys, limiter_key, on_off, parse_io_engine, parse_number, parse_option,
 };
-use super::settings::parse_number;
 use super::DriveConfig;
 
 /// One drive as the user wrote it (no defaults applied).
@@ -107,113 +108,71 @@ fn parse_disk_keys(spec: &str) -> Result<DriveSpec, String> {
     Ok(d)
 }
 
-/// Applies the defaults and checks every drive (see the module doc).
-/// `nic_ids` are the network cards' ids, which share the metrics namespace.
-pub fn finish_drives(
-    specs: Vec<DriveSpec>,
-    nic_ids: &[&str],
-) -> Result<Vec<DriveConfig>, ConfigError> {
+/// Applies the defaults and checks every drive (see the module doc); the
+/// ids are checked against the other devices' by [`super::ids`], and the
+/// images by the builder, which opens them.
+pub fn finish_drives(specs: Vec<DriveSpec>) -> Result<Vec<DriveConfig>, ConfigError> {
     let mut out: Vec<DriveConfig> = Vec::with_capacity(specs.len());
-    let mut files = Vec::new();
     for (index, spec) in specs.into_iter().enumerate() {
-        let id = spec.id.unwrap_or_else(|| format!("disk{index}"));
-        let err = |reason: String| ConfigError::Drive {
-            id: id.clone(),
-            reason,
-        };
-        if id.is_empty()
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        {
-            return Err(err(
-                "the id may hold only letters, digits, '_', '-' and '.'".into(),
-            ));
-        }
-        if id.len() > devices::virtio::block::ID_BYTES {
-            return Err(err(format!(
-                "the id is longer than the {} bytes GET_ID returns",
-                devices::virtio::block::ID_BYTES
-            )));
-        }
-        if crate::metrics::RESERVED_KEYS.contains(&id.as_str()) {
-            return Err(err(
-                "the id is a key of the metrics line itself (not utc_timestamp_ms, id or vmm)"
-                    .into(),
-            ));
-        }
-        if nic_ids.contains(&id.as_str()) {
-            return Err(err("the id is a network interface's too".into()));
-        }
-        if out.iter().any(|d| d.device.id == id) {
-            return Err(err("the id is used by two drives".into()));
-        }
-        let path = spec
-            .path
-            .ok_or_else(|| err("no path_on_host (path=FILE)".into()))?;
-        let meta = std::fs::metadata(&path)
-            .map_err(|e| err(format!("disk image {}: {e}", path.display())))?;
-        if !meta.is_file() {
-            return Err(err(format!(
-                "disk image {} is not a regular file",
-                path.display()
-            )));
-        }
-        let read_only = spec.read_only.unwrap_or(false);
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(&path)
-            .map_err(|e| err(format!("disk image {}: {e}", path.display())))?;
-        let key = (meta.dev(), meta.ino());
-        if let Some((_, other)) = files.iter().find(|(k, _)| *k == key) {
-            return Err(err(format!(
-                "disk image {} is already drive '{other}'",
-                path.display()
-            )));
-        }
-        files.push((key, id.clone()));
-        let is_root = spec.root.unwrap_or(false);
-        if is_root {
+        let drive = finish_drive(index, spec)?;
+        if drive.is_root_device {
             if let Some(other) = out.iter().find(|d| d.is_root_device) {
-                return Err(err(format!(
-                    "drive '{}' is the root device already; at most one may be",
-                    other.device.id
-                )));
+                return Err(ConfigError::Drive {
+                    id: drive.device.id,
+                    reason: format!(
+                        "drive '{}' is the root device already; at most one may be",
+                        other.device.id
+                    ),
+                });
             }
         }
-        let qs = spec.queue_size.unwrap_or(u64::from(DEFAULT_QUEUE_SIZE));
-        if qs == 0 || qs > u64::from(MAX_QUEUE_SIZE) || !qs.is_power_of_two() {
-            return Err(err(format!(
-                "queue size {qs} is not a power of two between 1 and {MAX_QUEUE_SIZE}"
-            )));
-        }
-        let rate_limiter = spec.rate_limiter.unwrap_or_default();
-        rate_limiter
-            .validate()
-            .map_err(|e| err(format!("rate_limiter: {e}")))?;
-        if spec
-            .partuuid
-            .as_deref()
-            .is_some_and(|u| u.is_empty() || !u.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
-        {
-            return Err(err("partuuid must be hex digits and '-'".into()));
-        }
-        out.push(DriveConfig {
-            is_root_device: is_root,
-            partuuid: spec.partuuid,
-            device: BlockConfig {
-                id: id.clone(),
-                path,
-                read_only,
-                cache_type: spec.cache_type.unwrap_or_default(),
-                io_engine: spec.io_engine.unwrap_or_default(),
-                rate_limiter,
-                queue_size: qs as u16,
-            },
-        });
+        out.push(drive);
     }
     Ok(out)
+}
+
+/// Applies the defaults to the drive at `index` and checks each of its
+/// values: id, path, queue size, limiter, partuuid.
+fn finish_drive(index: usize, spec: DriveSpec) -> Result<DriveConfig, ConfigError> {
+    let id = spec.id.unwrap_or_else(|| format!("disk{index}"));
+    check_device_id("drive", &id, ID_BYTES)?;
+    let err = |reason: String| ConfigError::Drive {
+        id: id.clone(),
+        reason,
+    };
+    let path = spec
+        .path
+        .ok_or_else(|| err("no path_on_host (path=FILE)".into()))?;
+    let qs = spec.queue_size.unwrap_or(u64::from(DEFAULT_QUEUE_SIZE));
+    if qs == 0 || qs > u64::from(MAX_QUEUE_SIZE) || !qs.is_power_of_two() {
+        return Err(err(format!(
+            "queue size {qs} is not a power of two between 1 and {MAX_QUEUE_SIZE}"
+        )));
+    }
+    let rate_limiter = spec.rate_limiter.unwrap_or_default();
+    rate_limiter
+        .validate()
+        .map_err(|e| err(format!("rate_limiter: {e}")))?;
+    if spec
+        .partuuid
+        .as_deref()
+        .is_some_and(|u| u.is_empty() || !u.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+    {
+        return Err(err("partuuid must be hex digits and '-'".into()));
+    }
+    Ok(DriveConfig {
+        is_root_device: spec.root.unwrap_or(false),
+        partuuid: spec.partuuid,
+        device: BlockConfig {
+            id,
+            path,
+            read_only: spec.read_only.unwrap_or(false),
+            cache_type: spec.cache_type.unwrap_or_default(),
+            io_engine: spec.io_engine.unwrap_or_default(),
+            rate_limiter,
+            queue_size: qs as u16,
+        },
+    })
 }
 
 /// The guest device name of the `index`-th virtio disk: vda, ..., vdz,
@@ -277,7 +236,7 @@ mod tests {
             p.display()
         ))
         .unwrap();
-        let cfg = finish_drives(vec![spec], &[]).unwrap();
+        let cfg = finish_drives(vec![spec]).unwrap();
         let c = &cfg[0];
         assert!(c.is_root_device);
         assert_eq!(c.device.id, "rootfs");
@@ -295,11 +254,8 @@ mod tests {
             rl.ops.map(|b| (b.size, b.one_time_burst, b.refill_time)),
             Some((10, 5, 1000))
         );
-        let plain = finish_drives(
-            vec![parse_disk(&format!("path={}", p.display())).unwrap()],
-            &[],
-        )
-        .unwrap();
+        let plain =
+            finish_drives(vec![parse_disk(&format!("path={}", p.display())).unwrap()]).unwrap();
         let c = &plain[0].device;
         assert_eq!(
             (
@@ -341,71 +297,53 @@ mod tests {
 
     #[test]
     fn bad_drives_are_refused_naming_the_drive() {
-        let d = tempdir("bad");
-        let a = image(&d, "a.img");
-        let b = image(&d, "b.img");
-        let spec = |s: String| parse_disk(&s).unwrap();
-        let cases: Vec<(Vec<DriveSpec>, String)> = vec![
+        // Plain data: no image needs to exist for these checks.
+        let spec = |s: &str| parse_disk(s).unwrap();
+        let cases: Vec<(Vec<DriveSpec>, &str)> = vec![
             (
-                vec![spec(format!("path={}/missing.img", d.display()))],
-                format!("drive 'disk0': disk image {}/missing.img: No such file or directory (os error 2)", d.display()),
+                vec![spec("path=a,root=on"), spec("path=b,root=on")],
+                "drive 'disk1': drive 'disk0' is the root device already; at most one may be",
             ),
             (
-                vec![spec(format!("path={}", d.display()))],
-                format!("drive 'disk0': disk image {} is not a regular file", d.display()),
+                vec![spec("path=a,queue_size=3")],
+                "drive 'disk0': queue size 3 is not a power of two between 1 and 32768",
             ),
             (
-                vec![spec(format!("path={},root=on", a.display())), spec(format!("path={},root=on", b.display()))],
-                "drive 'disk1': drive 'disk0' is the root device already; at most one may be".into(),
+                vec![spec("path=a,partuuid=zz")],
+                "drive 'disk0': partuuid must be hex digits and '-'",
             ),
             (
-                vec![spec(format!("path={}", a.display())), spec(format!("path={}/./a.img", d.display()))],
-                format!("drive 'disk1': disk image {}/./a.img is already drive 'disk0'", d.display()),
+                vec![spec("path=a,id=abcdefghij0123456789x")],
+                "invalid drive id 'abcdefghij0123456789x': 1 to 20 letters, digits, '_', '-' or '.'",
             ),
             (
-                vec![spec(format!("path={},id=x", a.display())), spec(format!("path={},id=x", b.display()))],
-                "drive 'x': the id is used by two drives".into(),
+                vec![spec("path=a,id=a/b")],
+                "invalid drive id 'a/b': 1 to 20 letters, digits, '_', '-' or '.'",
             ),
             (
-                vec![spec(format!("path={},queue_size=3", a.display()))],
-                "drive 'disk0': queue size 3 is not a power of two between 1 and 32768".into(),
-            ),
-            (
-                vec![spec(format!("path={},partuuid=zz", a.display()))],
-                "drive 'disk0': partuuid must be hex digits and '-'".into(),
-            ),
-            (
-                vec![spec(format!("path={},id=abcdefghij0123456789x", a.display()))],
-                "drive 'abcdefghij0123456789x': the id is longer than the 20 bytes GET_ID returns".into(),
-            ),
-            (
-                vec![spec(format!("path={},id=a/b", a.display()))],
-                "drive 'a/b': the id may hold only letters, digits, '_', '-' and '.'".into(),
+                vec![spec("path=a,bw_size=5,bw_refill_time=0")],
+                "drive 'disk0': rate_limiter: ",
             ),
         ];
+        for (specs, want) in cases {
+            let e = finish_drives(specs).unwrap_err().to_string();
+            assert!(e.starts_with(want), "'{e}' is not '{want}'");
+        }
         // The metrics line's own keys: a drive under one of them would
         // repeat a key of its line.
-        let cases = cases.into_iter().chain(crate::metrics::RESERVED_KEYS.iter().map(|key| {
-            (
-                vec![spec(format!("path={},id={key}", a.display()))],
-                format!("drive '{key}': the id is a key of the metrics line itself (not utc_timestamp_ms, id or vmm)"),
-            )
-        }));
-        for (specs, want) in cases {
-            assert_eq!(finish_drives(specs, &[]).unwrap_err().to_string(), want);
+        for key in crate::config::ids::RESERVED_KEYS {
+            let e = finish_drives(vec![spec(&format!("path=a,id={key}"))]).unwrap_err();
+            assert!(
+                e.to_string().starts_with(&format!(
+                    "invalid drive id '{key}': a key of the metrics line"
+                )),
+                "{e}"
+            );
         }
-        // A drive may not take a network card's id: both are metrics keys.
-        let e = finish_drives(
-            vec![spec(format!("path={},id=net0", a.display()))],
-            &["net0"],
-        );
-        assert_eq!(
-            e.unwrap_err().to_string(),
-            "drive 'net0': the id is a network interface's too"
-        );
-        let _ = std::fs::remove_dir_all(&d);
+        // A spec with no path (a config file's entry without path_on_host).
+        let e = finish_drives(vec![DriveSpec::default()]).unwrap_err();
+        assert_eq!(e.to_string(), "drive 'disk0': no path_on_host (path=FILE)");
     }
-
     #[test]
     fn root_words_follow_firecracker() {
         let d = tempdir("root");
@@ -415,7 +353,7 @@ mod tests {
         // The drives `--disk` makes of `specs`, checked.
         let drives = |specs: &[String]| {
             let specs = specs.iter().map(|s| parse_disk(s).unwrap()).collect();
-            finish_drives(specs, &[]).unwrap()
+            finish_drives(specs).unwrap()
         };
         let two = drives(&[format!("path={a}"), format!("path={b},root=on,readonly=on")]);
         assert_eq!(root_words(&two), ["root=/dev/vdb", "ro"]);

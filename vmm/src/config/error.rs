@@ -70,18 +70,29 @@ pub enum ConfigError {
     /// A descriptor minivmm itself uses.
     #[error("fd={0}: descriptors 0, 1 and 2 are minivmm's own; pass a TAP fd of 3 or more")]
     StdioFd(i64),
-    /// Two NICs with one id.
-    #[error("network interface id '{0}' is used twice")]
-    DuplicateId(String),
+    /// Two devices with one id (see [`super::ids`]).
+    #[error("id '{id}' is used twice, by {first} and by {second}: device ids are metrics keys")]
+    DuplicateId {
+        /// The id.
+        id: String,
+        /// The device that has it first, in words.
+        first: &'static str,
+        /// The device that has it too.
+        second: &'static str,
+    },
     /// Two NICs with one MAC (as the MAC prints).
     #[error("MAC address {0} is given to two network interfaces")]
     DuplicateMac(String),
-    /// An id that cannot be a metrics key.
-    #[error(
-        "invalid network interface id '{0}': 1 to 64 letters, digits, '_', '-' or '.', \
-         and not 'utc_timestamp_ms', 'id' or 'vmm' (metrics keys)"
-    )]
-    BadId(String),
+    /// An id that breaks the rule for device ids (see [`super::ids`]).
+    #[error("invalid {what} id '{id}': {reason}")]
+    BadId {
+        /// The kind of device, in words.
+        what: &'static str,
+        /// The id given.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// More NICs than IRQ lines for them.
     #[error("{0} network interfaces is too many: at most {MAX_NICS}")]
     TooManyNics(usize),
@@ -125,8 +136,14 @@ pub enum ConfigError {
         reason: String,
     },
     /// More virtio devices than IRQ lines.
-    #[error("{0} virtio devices (network interfaces and drives) is too many: at most {MAX_NICS}")]
+    #[error(
+        "{0} virtio devices (network interfaces, drives and the entropy device) is too many: \
+         at most {MAX_NICS}"
+    )]
     TooManyDevices(usize),
+    /// A bad rate limiter bucket of the entropy device.
+    #[error("entropy device: rate_limiter")]
+    Entropy(#[source] RateLimiterError),
     /// A log level that does not parse.
     #[error("invalid log level '{0}': expected off, error, warn(ing), info, debug or trace")]
     LogLevel(String),

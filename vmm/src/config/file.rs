@@ -4,7 +4,7 @@
 //! A Firecracker user's file works as written when it uses what minivmm has:
 //! `boot-source`, `machine-config`, `network-interfaces` (with
 //! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
-//! `metrics` and `logger`; every other Firecracker section may be `null` (as
+//! `entropy` (with `rate_limiter`), `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
 //! a vhost-user drive (`socket`), a `vsock`, `balloon`, `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
@@ -27,9 +27,11 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::drive::{parse_cache_type, DriveSpec};
+use super::entropy::EntropySpec;
 use super::error::ConfigError;
-use super::net::{parse_io_engine, parse_offloads, MacAddr, NetSpec};
-use super::settings::{parse_host_quirks, parse_level, Settings};
+use super::net::{parse_offloads, MacAddr, NetSpec};
+use super::parse::{parse_host_quirks, parse_io_engine, parse_level};
+use super::settings::Settings;
 
 /// Errors reading a config file; each names what it is about.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +69,6 @@ pub enum FileError {
 const UNSUPPORTED: &[&str] = &[
     "balloon",
     "cpu-config",
-    "entropy",
     "memory-hotplug",
     "mmds-config",
     "pmem",
@@ -169,6 +170,12 @@ struct Drive {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct Entropy {
+    rate_limiter: Option<Limiter>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Metrics {
     metrics_path: PathBuf,
     /// minivmm: seconds between lines.
@@ -224,13 +231,19 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                     s.drives.push(drive(i, v)?);
                 }
             }
+            "entropy" if !value.is_null() => {
+                let e: Entropy = section(&key, value)?;
+                s.entropy = Some(EntropySpec {
+                    rate_limiter: e.rate_limiter.map(Into::into),
+                });
+            }
             "metrics" if !value.is_null() => {
                 let m: Metrics = section(&key, value)?;
                 s.metrics_path = Some(m.metrics_path);
                 s.metrics_interval_s = m.interval_s;
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
-            "metrics" | "logger" => {}
+            "metrics" | "logger" | "entropy" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
@@ -674,6 +687,36 @@ mod tests {
         }
         let s = parse(&Value::Object(top).to_string()).unwrap();
         assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn the_entropy_section_is_firecrackers() {
+        assert_eq!(parse(r#"{"entropy": null}"#).unwrap(), Settings::default());
+        let s = parse(r#"{"entropy": {}}"#).unwrap();
+        assert_eq!(s.entropy, Some(EntropySpec::default()));
+        let s = parse(
+            r#"{"entropy": {"rate_limiter": {"bandwidth": {"size": 1000, "one_time_burst": 0, "refill_time": 100}}}}"#,
+        )
+        .unwrap();
+        let bw = s
+            .entropy
+            .and_then(|e| e.rate_limiter)
+            .and_then(|l| l.bandwidth);
+        assert_eq!(bw.map(|b| (b.size, b.refill_time)), Some((1000, 100)));
+        for (refused, want) in [
+            (
+                r#"{"entropy": {"src": "/dev/urandom"}}"#,
+                "in 'entropy': unknown field `src`",
+            ),
+            (
+                r#"{"entropy": {"rate_limiter": {"bandwidth": {"size": 1}}}}"#,
+                "missing field `refill_time`",
+            ),
+            (r#"{"entropy": []}"#, "in 'entropy'"),
+        ] {
+            let line = crate::error_line(&parse(refused).unwrap_err());
+            assert!(line.contains(want), "{refused}: {line}");
+        }
     }
 
     #[test]

@@ -9,23 +9,32 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → `net` → `error` → this module, which depends on none of them.
+//! `settings` → the device sections (`net`, `drive`, `entropy`) → the shared pieces
+//! ([`parse`], the value parsers; [`ids`], the rule for instance and device
+//! ids) → `error` → this module, which depends on none of them (`render`
+//! reads `net` and this module only).
 //!
-//! Plain data only: a `fd=N` is a number here, claimed by the builder, so a
-//! config can be compared, cloned and tested without the host. The bounds
-//! below are the ones every accepted configuration is within.
+//! Plain data only: nothing here opens a file or touches the host. A
+//! `fd=N` is a number, claimed by the builder, and a drive's image is a
+//! path, opened by the builder; so a config can be compared, cloned and
+//! tested without the host. The bounds below are the ones every accepted
+//! configuration is within.
 
 use std::path::PathBuf;
 
+use devices::rate_limiter::RateLimiterConfig;
 use log::LevelFilter;
 
 use crate::process::seccomp::SeccompMode;
 
 pub mod cli;
 pub mod drive;
+pub mod entropy;
 pub mod error;
 pub mod file;
+pub mod ids;
 pub mod net;
+pub mod parse;
 pub mod render;
 pub mod settings;
 
@@ -41,8 +50,8 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 /// The largest vCPU count: APIC ids are one byte in the MP table and the
 /// IOAPIC id follows the last CPU.
 pub const MAX_VCPUS: u8 = 254;
-/// The most virtio devices (network cards and drives together): one IRQ
-/// line each between the layout's IRQ_BASE and IRQ_MAX.
+/// The most virtio devices (network cards, drives and the entropy device
+/// together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
 pub const MAX_NICS: usize =
     (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
 /// The default metrics flush interval (Firecracker's).
@@ -58,6 +67,55 @@ pub enum HostQuirks {
     On,
     /// Never apply them.
     Off,
+}
+
+/// The kinds of virtio device a VM may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A network interface (virtio-net).
+    Net,
+    /// A drive (virtio-blk).
+    Block,
+    /// The entropy device (virtio-rng).
+    Rng,
+}
+
+impl DeviceKind {
+    /// One device of the kind in words, as messages name it (Firecracker's
+    /// words): `network interface`, `drive`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Net => "network interface",
+            DeviceKind::Block => "drive",
+            DeviceKind::Rng => "entropy device",
+        }
+    }
+
+    /// [`name`](Self::name) with its article, for a message about two.
+    pub fn a_name(self) -> &'static str {
+        match self {
+            DeviceKind::Net => "a network interface",
+            DeviceKind::Block => "a drive",
+            DeviceKind::Rng => "the entropy device",
+        }
+    }
+
+    /// The field of Firecracker's bodies that names a device of the kind
+    /// (`iface_id`, `drive_id`); none for the one entropy device.
+    pub fn id_key(self) -> Option<&'static str> {
+        match self {
+            DeviceKind::Net => Some("iface_id"),
+            DeviceKind::Block => Some("drive_id"),
+            DeviceKind::Rng => None,
+        }
+    }
+
+    /// Whether a `PATCH` that changes nothing is refused (Firecracker's
+    /// rule for drives) rather than answered as done (its rule for
+    /// network interfaces).
+    pub fn patch_needs_a_change(self) -> bool {
+        self == DeviceKind::Block
+    }
 }
 
 /// Where a NIC's frames go on the host.
@@ -154,6 +212,9 @@ pub struct VmmConfig {
     pub nets: Vec<NicConfig>,
     /// The drives, in MMIO slot order after the network cards.
     pub drives: Vec<DriveConfig>,
+    /// The entropy device, if there is one (after the drives), under
+    /// [`entropy::ENTROPY_ID`].
+    pub entropy: Option<devices::virtio::rng::RngConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.
@@ -163,4 +224,63 @@ pub struct VmmConfig {
     /// The system-call filter of every thread (`--seccomp`; the config file
     /// has no place for it, as Firecracker's has none).
     pub seccomp: SeccompMode,
+}
+
+impl VmmConfig {
+    /// Every virtio device's kind and id, in MMIO window order.
+    pub fn device_ids(&self) -> impl Iterator<Item = (DeviceKind, &str)> {
+        let nets = self.nets.iter().map(|n| (DeviceKind::Net, n.id.as_str()));
+        let drives = self
+            .drives
+            .iter()
+            .map(|d| (DeviceKind::Block, d.device.id.as_str()));
+        let entropy = self
+            .entropy
+            .as_ref()
+            .map(|_| (DeviceKind::Rng, entropy::ENTROPY_ID));
+        nets.chain(drives).chain(entropy)
+    }
+
+    /// The rate limiter `name` (its field in Firecracker's layout) of the
+    /// device `kind` `id`, to change it in place (`PATCH` on a running VM).
+    pub fn limiter_mut(
+        &mut self,
+        kind: DeviceKind,
+        id: &str,
+        name: &str,
+    ) -> Option<&mut RateLimiterConfig> {
+        match kind {
+            DeviceKind::Net => {
+                let nic = &mut self.nets.iter_mut().find(|n| n.id == id)?.device;
+                match name {
+                    "rx_rate_limiter" => Some(&mut nic.rx_rate_limiter),
+                    "tx_rate_limiter" => Some(&mut nic.tx_rate_limiter),
+                    _ => None,
+                }
+            }
+            DeviceKind::Block => {
+                let drive = &mut self.drives.iter_mut().find(|d| d.device.id == id)?.device;
+                (name == "rate_limiter").then_some(&mut drive.rate_limiter)
+            }
+            DeviceKind::Rng => {
+                let rng = self
+                    .entropy
+                    .as_mut()
+                    .filter(|_| id == entropy::ENTROPY_ID)?;
+                (name == "rate_limiter").then_some(&mut rng.rate_limiter)
+            }
+        }
+    }
+
+    /// The image path of the device `kind` `id`, if it has one, to change
+    /// it in place.
+    pub fn image_mut(&mut self, kind: DeviceKind, id: &str) -> Option<&mut PathBuf> {
+        match kind {
+            DeviceKind::Block => {
+                let drive = self.drives.iter_mut().find(|d| d.device.id == id)?;
+                Some(&mut drive.device.path)
+            }
+            DeviceKind::Net | DeviceKind::Rng => None,
+        }
+    }
 }

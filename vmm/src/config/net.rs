@@ -10,13 +10,14 @@ use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
-use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+use devices::rate_limiter::RateLimiterConfig;
 use devices::virtio::net::{
     IoEngine, Offloads, DEFAULT_MAC, DEFAULT_PASS_TIME_BUDGET_US, DEFAULT_QUEUE_SIZE,
     DEFAULT_WEIGHT_BYTES, DEFAULT_WEIGHT_PACKETS,
 };
 
 use super::error::ConfigError;
+use super::ids::check_device_id;
 use super::{NicConfig, TapBackend};
 
 /// A guest NIC MAC address.
@@ -137,14 +138,8 @@ impl NetSpec {
     }
 }
 
-/// Whether `id` can be a NIC id and a metrics key.
-fn valid_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        && !crate::metrics::RESERVED_KEYS.contains(&id)
-}
+/// The longest network interface id.
+const MAX_ID_LEN: usize = 64;
 
 /// Checks a TAP name as the kernel would (IFNAMSIZ, no '/', no NUL), so a
 /// typo is a configuration error before anything is opened.
@@ -158,9 +153,7 @@ fn valid_tap_name(name: &str) -> bool {
 /// id, TAP name or descriptor, MTU, offloads, rate limiters and queue size.
 pub(super) fn finish_net(index: usize, s: NetSpec) -> Result<NicConfig, ConfigError> {
     let id = s.id.unwrap_or_else(|| format!("net{index}"));
-    if !valid_id(&id) {
-        return Err(ConfigError::BadId(id));
-    }
+    check_device_id("network interface", &id, MAX_ID_LEN)?;
     if let Some(name) = &s.tap {
         if !valid_tap_name(name) {
             return Err(ConfigError::TapName {
@@ -229,18 +222,11 @@ pub(super) fn finish_net(index: usize, s: NetSpec) -> Result<NicConfig, ConfigEr
     Ok(NicConfig { id, tap, device })
 }
 
-/// Two NICs may share neither an id, a TAP, a descriptor nor a MAC.
+/// Two NICs may share neither a TAP, a descriptor nor a MAC (nor an id,
+/// which [`super::ids`] checks across every device).
 pub(super) fn check_unique(nets: &[NicConfig]) -> Result<(), ConfigError> {
-    let (mut ids, mut taps, mut fds, mut macs) = (
-        HashSet::new(),
-        HashSet::new(),
-        HashSet::new(),
-        HashSet::new(),
-    );
+    let (mut taps, mut fds, mut macs) = (HashSet::new(), HashSet::new(), HashSet::new());
     for n in nets {
-        if !ids.insert(n.id.as_str()) {
-            return Err(ConfigError::DuplicateId(n.id.clone()));
-        }
         let name = match &n.tap {
             TapBackend::Named(name) => Some(name),
             TapBackend::Fd { fd, name } => {
@@ -286,105 +272,6 @@ pub fn parse_offloads<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Of
     Ok(o)
 }
 
-/// Parses the value of `flag` (`--net`, `--disk`) with `parse`; an error
-/// quotes the flag and the whole value, so the user sees which one is wrong.
-pub fn parse_option<T>(
-    flag: &'static str,
-    spec: &str,
-    parse: fn(&str) -> Result<T, String>,
-) -> Result<T, ConfigError> {
-    parse(spec).map_err(|reason| ConfigError::OptionSpec {
-        flag,
-        spec: spec.to_string(),
-        reason,
-    })
-}
-
-/// Parses an on/off switch (`true`/`false` too); an error names `key`.
-pub fn on_off(key: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "on" | "true" => Ok(true),
-        "off" | "false" => Ok(false),
-        _ => Err(format!("{key}: '{v}' is not on or off")),
-    }
-}
-
-/// Parses an `io_engine` value: `Async` (io_uring batches) or `Sync`, in
-/// any case, as Firecracker spells them.
-pub fn parse_io_engine(v: &str) -> Result<IoEngine, String> {
-    match v.to_ascii_lowercase().as_str() {
-        "async" => Ok(IoEngine::Async),
-        "sync" => Ok(IoEngine::Sync),
-        _ => Err(format!("io_engine '{v}' is neither Async nor Sync")),
-    }
-}
-
-/// The `key=value` items of a `--net` or `--disk` value, each key once and
-/// each with a value; `Err` says which item is wrong.
-pub fn key_values<'a>(
-    items: impl IntoIterator<Item = &'a str>,
-) -> Result<Vec<(&'a str, &'a str)>, String> {
-    let mut out: Vec<(&str, &str)> = Vec::new();
-    for item in items {
-        let (key, value) = item
-            .split_once('=')
-            .ok_or_else(|| format!("'{item}' is not key=value"))?;
-        if value.is_empty() {
-            return Err(format!("{key} has no value"));
-        }
-        if out.iter().any(|(k, _)| *k == key) {
-            return Err(format!("{key} is given twice"));
-        }
-        out.push((key, value));
-    }
-    Ok(out)
-}
-
-/// Where a limiter key without its direction (`bw_size`, `ops_refill_time`,
-/// ...) goes in the table [`limiter_from_keys`] reads: (bucket, field), or
-/// `None` when `key` is not a limiter key.
-pub fn limiter_key(key: &str) -> Option<(usize, usize)> {
-    let (bucket, field) = key.split_once('_')?;
-    let bucket = match bucket {
-        "bw" => 0,
-        "ops" => 1,
-        _ => return None,
-    };
-    let field = match field {
-        "size" => 0,
-        "one_time_burst" => 1,
-        "refill_time" => 2,
-        _ => return None,
-    };
-    Some((bucket, field))
-}
-
-/// A limiter from the `bw_*`/`ops_*` command-line keys: `keys[bucket]` is
-/// (size, one_time_burst, refill_time) of bandwidth (0) and ops (1); `dir`
-/// prefixes the key names in errors (`rx_`, `tx_` or nothing).
-pub fn limiter_from_keys(
-    keys: &[[Option<u64>; 3]; 2],
-    dir: &str,
-) -> Result<RateLimiterConfig, String> {
-    let mut out = [None, None];
-    for (k, kind) in ["bw", "ops"].iter().enumerate() {
-        out[k] = match keys[k] {
-            [None, None, None] => None,
-            [Some(size), burst, Some(refill_time)] => Some(TokenBucketConfig {
-                size,
-                one_time_burst: burst.unwrap_or(0),
-                refill_time,
-            }),
-            [None, ..] => return Err(format!("{dir}{kind}_size is missing")),
-            [_, _, None] => return Err(format!("{dir}{kind}_refill_time is missing")),
-        };
-    }
-    Ok(RateLimiterConfig {
-        bandwidth: out[0],
-        ops: out[1],
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,19 +307,6 @@ mod tests {
             "01:00:5e:00:00:01".parse::<MacAddr>(),
             Err(ConfigError::MulticastMac(_))
         ));
-    }
-
-    #[test]
-    fn io_engine_in_firecracker_spelling_or_any_case() {
-        for (v, want) in [
-            ("Async", IoEngine::Async),
-            ("async", IoEngine::Async),
-            ("Sync", IoEngine::Sync),
-            ("SYNC", IoEngine::Sync),
-        ] {
-            assert_eq!(parse_io_engine(v), Ok(want), "{v}");
-        }
-        assert!(parse_io_engine("uring").unwrap_err().contains("'uring'"));
     }
 
     #[test]

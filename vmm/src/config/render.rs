@@ -29,15 +29,15 @@
 //!   `machine-config` carries `host_quirks` only when it is not `auto`, so
 //!   the common case is Firecracker's section exactly; `smt`,
 //!   `track_dirty_pages` and `huge_pages` are the only values minivmm
-//!   accepts (`false`, `"None"`).
+//!   accepts (`false`, `"None"`). `entropy` is `null` without the device,
+//!   and `{"rate_limiter": ...}` with it, as Firecracker writes it.
 //!   `boot-source` carries `cmdline_extra` (`--cmdline`, words after
 //!   everything minivmm adds) only when set; it is a minivmm key of the
 //!   file like `host_quirks`, since folding the words into `boot_args` would
 //!   move them before the device and root words and change the command line.
 //! - Firecracker's sections minivmm does not have are written as
 //!   Firecracker's own answer has them (its `VmmConfig`): `balloon`,
-//!   `cpu-config`, `entropy`, `memory-hotplug`, `mmds-config` and `vsock`
-//!   `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
+//!   `cpu-config`, `memory-hotplug`, `mmds-config` and `vsock` `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
 //!   it); `serial`, which Firecracker never answers with, is left out.
 //! - `logger.level` uses the spellings of Firecracker's enum (`Warning`, not
 //!   `warn`); `show_level` is `true` because minivmm always shows it.
@@ -65,6 +65,7 @@ use std::path::Path;
 use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::block::CacheType;
 use devices::virtio::net::{IoEngine, Offloads};
+use devices::virtio::rng::RngConfig;
 use log::LevelFilter;
 use serde_json::{json, Value};
 
@@ -103,7 +104,7 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
         "metrics": cfg.metrics.as_ref().map(metrics),
         "balloon": null,
         "cpu-config": null,
-        "entropy": null,
+        "entropy": cfg.entropy.as_ref().map(entropy),
         "memory-hotplug": null,
         "mmds-config": null,
         "pmem": [],
@@ -225,6 +226,10 @@ fn drive(d: &DriveConfig) -> Value {
     })
 }
 
+fn entropy(e: &RngConfig) -> Value {
+    json!({ "rate_limiter": limiter(&e.rate_limiter) })
+}
+
 /// `null` at the defaults (see the module doc).
 fn logger(l: &LoggerConfig) -> Value {
     if *l == LoggerConfig::default() {
@@ -259,6 +264,7 @@ mod tests {
     use super::*;
     use crate::config::cli::{parse_net, Cli};
     use crate::config::drive::parse_disk;
+    use crate::config::entropy::parse_rng;
     use crate::config::file;
     use crate::config::settings::Settings;
     use crate::config::{DEFAULT_MEM_MIB, DEFAULT_METRICS_INTERVAL_S};
@@ -372,6 +378,9 @@ mod tests {
                     img.file("ro.img")
                 )),
             ],
+            entropy: Some(
+                parse_rng("bw_size=1000,bw_one_time_burst=10,bw_refill_time=100").unwrap(),
+            ),
             metrics_path: Some("/run/minivmm/metrics.fifo".into()),
             metrics_interval_s: Some(0),
             log_path: Some("/var/log/minivmm.log".into()),
@@ -404,6 +413,7 @@ mod tests {
           ],
           "metrics": {"metrics_path": "metrics.fifo", "interval_s": 10},
           "logger": {"log_path": "minivmm.log", "level": "Info", "show_level": true, "show_log_origin": false},
+          "entropy": {"rate_limiter": {"ops": {"size": 100, "refill_time": 1000}}},
           "vsock": null, "balloon": null, "mmds-config": null
         }"#;
         std::fs::write(&file, text).unwrap();
@@ -427,6 +437,7 @@ mod tests {
             "0x1000",
             "--seccomp",
             "off",
+            "--rng",
         ])
         .unwrap()
         .into_config()
@@ -459,6 +470,7 @@ mod tests {
             interval_s: DEFAULT_METRICS_INTERVAL_S,
         });
         c.vcpus = 254;
+        c.entropy = Some(RngConfig::default());
         configs.push(c);
         for cfg in &configs {
             round_trip(cfg);
@@ -578,6 +590,19 @@ mod tests {
             }),
             ("drive queue_size", |c| {
                 c.drives.iter().any(|d| d.device.queue_size != 256)
+            }),
+            ("entropy without a limiter", |c| {
+                c.entropy.is_some_and(|e| e.rate_limiter.is_unlimited())
+            }),
+            ("entropy bandwidth with a burst", |c| {
+                c.entropy.is_some_and(|e| {
+                    e.rate_limiter
+                        .bandwidth
+                        .is_some_and(|b| b.one_time_burst > 0)
+                })
+            }),
+            ("entropy ops", |c| {
+                c.entropy.is_some_and(|e| e.rate_limiter.ops.is_some())
             }),
         ];
         for (what, covered) in checks {
@@ -731,6 +756,32 @@ mod tests {
             json!({"metrics_path": "/run/minivmm/metrics.fifo", "interval_s": 0})
         );
         assert_eq!(v["boot-source"]["initrd_path"], "/boot/initramfs.cpio");
+        assert_eq!(
+            v["entropy"],
+            json!({"rate_limiter": {
+                "bandwidth": {"size": 1000, "one_time_burst": 10, "refill_time": 100},
+                "ops": null
+            }})
+        );
+    }
+
+    #[test]
+    fn the_entropy_device_is_firecrackers_section_and_its_flag_keeps_the_files_limiter() {
+        let img = Images::new("entropy");
+        let cfg = from_the_command_line(&img);
+        // `--rng` alone over the file's section: the file's limiter stays.
+        let ops = cfg.entropy.and_then(|e| e.rate_limiter.ops);
+        assert_eq!(ops.map(|b| (b.size, b.refill_time)), Some((100, 1000)));
+        let v = round_trip(&cfg);
+        assert_eq!(validate("EntropyDevice", &v["entropy"]), Ok(()));
+        let mut plain = minimal();
+        plain.entropy = Some(RngConfig::default());
+        assert_eq!(round_trip(&plain)["entropy"], json!({"rate_limiter": null}));
+        // The device takes a window, and its id, beside the others'.
+        assert_eq!(
+            plain.device_ids().collect::<Vec<_>>(),
+            [(crate::config::DeviceKind::Rng, "entropy")]
+        );
     }
 
     /// Every value `source` gives is in `rendered` at the same place; a

@@ -5,14 +5,17 @@
 //! each turn their text into [`Settings`], which holds only what the user
 //! wrote; [`Settings::overlay`] layers the command line over the file and
 //! [`Settings::finish`] applies the defaults and validates everything into
-//! one [`VmmConfig`]. The value parsers both inputs share live here too.
+//! one [`VmmConfig`]. The value parsers both inputs share are in
+//! [`super::parse`].
 
 use std::path::PathBuf;
 
 use log::LevelFilter;
 
 use super::drive::{finish_drives, DriveSpec};
+use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
+use super::ids::check_unique_ids;
 use super::net::{check_unique, finish_net, NetSpec};
 use super::{
     HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
@@ -42,6 +45,8 @@ pub struct Settings {
     pub net_defaults: NetSpec,
     /// Drives in order.
     pub drives: Vec<DriveSpec>,
+    /// The entropy device, if asked for.
+    pub entropy: Option<EntropySpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -82,6 +87,10 @@ impl Settings {
             nets,
             net_defaults: over.net_defaults.or(&self.net_defaults),
             drives,
+            entropy: match (over.entropy, self.entropy) {
+                (Some(o), Some(s)) => Some(o.or(s)),
+                (o, s) => o.or(s),
+            },
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -104,11 +113,12 @@ impl Settings {
             nets.push(finish_net(index, spec.or(&self.net_defaults))?);
         }
         check_unique(&nets)?;
-        if nets.len() + self.drives.len() > MAX_NICS {
-            return Err(ConfigError::TooManyDevices(nets.len() + self.drives.len()));
+        let devices = nets.len() + self.drives.len() + usize::from(self.entropy.is_some());
+        if devices > MAX_NICS {
+            return Err(ConfigError::TooManyDevices(devices));
         }
-        let nic_ids: Vec<&str> = nets.iter().map(|n| n.id.as_str()).collect();
-        let drives = finish_drives(self.drives, &nic_ids)?;
+        let drives = finish_drives(self.drives)?;
+        let entropy = self.entropy.map(finish_entropy).transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -118,7 +128,7 @@ impl Settings {
             (None, None) => None,
         };
         let defaults = LoggerConfig::default();
-        Ok(VmmConfig {
+        let cfg = VmmConfig {
             kernel,
             initramfs: self.initramfs,
             boot_args: self.boot_args,
@@ -127,6 +137,7 @@ impl Settings {
             vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
             nets,
             drives,
+            entropy,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,
@@ -136,26 +147,9 @@ impl Settings {
             },
             host_quirks: self.host_quirks.unwrap_or_default(),
             seccomp: self.seccomp.unwrap_or_default(),
-        })
-    }
-}
-
-/// Parses an unsigned number in decimal or, with a `0x` prefix, hexadecimal
-/// (`0x80000`, as vhost-net's weights are usually written).
-pub fn parse_number(s: &str) -> Result<u64, ConfigError> {
-    let t = s.trim();
-    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => t.parse(),
-    };
-    parsed.map_err(|_| ConfigError::Number(s.to_string()))
-}
-
-/// Parses a log level, Firecracker's spellings (`Warning`, any case) included.
-pub fn parse_level(s: &str) -> Result<LevelFilter, ConfigError> {
-    match s.to_ascii_lowercase().as_str() {
-        "warning" => Ok(LevelFilter::Warn),
-        l => l.parse().map_err(|_| ConfigError::LogLevel(s.to_string())),
+        };
+        check_unique_ids(cfg.device_ids())?;
+        Ok(cfg)
     }
 }
 
@@ -181,16 +175,6 @@ pub fn validate_vcpus(n: u64) -> Result<u8, ConfigError> {
     }
 }
 
-/// Parses the host quirks switch: `auto`, `on` or `off`.
-pub fn parse_host_quirks(s: &str) -> Result<HostQuirks, ConfigError> {
-    match s {
-        "auto" => Ok(HostQuirks::Auto),
-        "on" => Ok(HostQuirks::On),
-        "off" => Ok(HostQuirks::Off),
-        _ => Err(ConfigError::Quirks(s.to_string())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,28 +182,6 @@ mod tests {
     use crate::config::TapBackend;
     use devices::rate_limiter::RateLimiterConfig;
     use devices::virtio::net::Offloads;
-
-    #[test]
-    fn numbers_in_decimal_and_hex() {
-        assert_eq!(parse_number("524288").unwrap(), 0x80000);
-        assert_eq!(parse_number("0x80000").unwrap(), 0x80000);
-        assert_eq!(parse_number("0X1F").unwrap(), 31);
-        for bad in ["", "0x", "-1", "12k", "0x1g", "1.5"] {
-            assert!(
-                matches!(parse_number(bad), Err(ConfigError::Number(_))),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn log_levels_in_both_spellings() {
-        assert_eq!(parse_level("Warning").unwrap(), LevelFilter::Warn);
-        assert_eq!(parse_level("warn").unwrap(), LevelFilter::Warn);
-        assert_eq!(parse_level("INFO").unwrap(), LevelFilter::Info);
-        assert_eq!(parse_level("Off").unwrap(), LevelFilter::Off);
-        assert!(parse_level("loud").is_err());
-    }
 
     fn nic(tap: &str) -> NetSpec {
         NetSpec {
@@ -234,6 +196,33 @@ mod tests {
             nets,
             ..Settings::default()
         }
+    }
+
+    #[test]
+    fn no_two_devices_share_an_id_whatever_their_kinds() {
+        let drive = |id: &str| super::super::drive::DriveSpec {
+            id: Some(id.into()),
+            path: Some("/images/a.img".into()),
+            ..Default::default()
+        };
+        let with = |drives| Settings {
+            drives,
+            ..with_nets(vec![nic("t0")])
+        };
+        // A drive may not take a card's id: both are metrics keys.
+        let e = with(vec![drive("net0")]).finish().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "id 'net0' is used twice, by a network interface and by a drive: device ids are metrics keys"
+        );
+        let e = with(vec![drive("x"), drive("x")]).finish().unwrap_err();
+        assert!(e.to_string().contains("by a drive and by a drive"), "{e}");
+        // No image is opened to say so, nor to accept a good one.
+        let cfg = with(vec![drive("x")]).finish().unwrap();
+        assert_eq!(
+            cfg.drives[0].device.path,
+            std::path::Path::new("/images/a.img")
+        );
     }
 
     #[test]
@@ -466,13 +455,5 @@ mod tests {
             validate_vcpus(255),
             Err(ConfigError::TooManyVcpus(255))
         ));
-    }
-
-    #[test]
-    fn quirks_parse() {
-        assert_eq!(parse_host_quirks("auto").unwrap(), HostQuirks::Auto);
-        assert_eq!(parse_host_quirks("on").unwrap(), HostQuirks::On);
-        assert_eq!(parse_host_quirks("off").unwrap(), HostQuirks::Off);
-        assert!(parse_host_quirks("yes").is_err());
     }
 }

@@ -2,22 +2,29 @@
 //! Seccomp filters: every minivmm thread runs under an allowlist of the
 //! system calls it makes.
 //!
-//! minivmm has two kinds of thread ([`Thread`]), and each gets its own list,
-//! built from what that thread was seen to call on real boots, so a
-//! compromised device or vCPU path cannot reach the rest of the kernel:
+//! minivmm has three kinds of thread ([`Thread`]), and each gets its own
+//! list, built from what that thread was seen to call on real boots, so a
+//! compromised device, vCPU or API path cannot reach the rest of the kernel:
 //!
 //! - a **vCPU** thread runs `KVM_RUN` and serves the guest's port and MMIO
 //!   exits: the UART (console output to stdout, its irqfd), the i8042 reset
-//!   line, and the virtio-MMIO transport, which activates (TUNSETOFFLOAD) and
-//!   resets the net device when the guest driver says so;
-//! - the **event loop** (the main thread) serves the net device's TAP and
-//!   queue events, console input, the signals and the metrics file.
+//!   line, and the virtio-MMIO transports, which activate (TUNSETOFFLOAD for
+//!   a network card) and reset their devices when the guest driver says so;
+//! - the **event loop** (the main thread) serves every virtio device's
+//!   backend and queue events (the network cards' TAPs, the drives' images
+//!   and io_uring, the entropy device's `getrandom`), the rate limiters'
+//!   timers, console input, the signals, the metrics file and the API's
+//!   run-time requests;
+//! - the **API** thread (`fc_api`, with `--api-sock`) accepts, reads and
+//!   answers the socket's requests, and opens and locks a drive's new
+//!   image for `PATCH /drives`.
 //!
-//! Both filters are installed before the guest runs its first instruction:
-//! each vCPU thread installs its own as its first act, the main thread
-//! installs its own after spawning the vCPU threads (a filter is inherited by
-//! threads created later, so the order keeps the lists apart), and no vCPU
-//! enters `KVM_RUN` before both are in place ([`Gate`]). With `--seccomp on`
+//! The vCPU and event-loop filters are installed before the guest runs its
+//! first instruction: each vCPU thread installs its own as its first act,
+//! the main thread installs its own after spawning the vCPU threads (a
+//! filter is inherited by threads created later, so the order keeps the
+//! lists apart), and no vCPU enters `KVM_RUN` before both are in place
+//! ([`Gate`]). The API thread installs its own before it reads a byte. With `--seccomp on`
 //! a call outside the list raises SIGSYS, whose handler writes one line naming
 //! the call and ends the process with [`BAD_SYSCALL_EXIT_STATUS`] (148, as
 //! Firecracker does); `--seccomp log` lets the call through and has the kernel
@@ -26,8 +33,8 @@
 //! # Adding and regenerating entries
 //!
 //! Each thread's list is one function below ([`vcpu_rules`],
-//! [`event_loop_rules`], plus `common_rules` for what every Rust thread
-//! needs), one entry per call with a comment where the reason is not obvious.
+//! [`event_loop_rules`], [`api_rules`], plus `common_rules` for what every
+//! Rust thread needs), one entry per call with a comment where the reason is not obvious.
 //! New work that makes new calls (a metrics writer on a timer, a rate
 //! limiter's timerfds, a log file) adds its entries to the thread that makes
 //! them. To see what a thread calls, trace boots that exercise every path
@@ -48,7 +55,8 @@
 //! ```
 //!
 //! The main thread's id is minivmm's pid; the vCPU threads are named
-//! `vcpu<N>` (`/proc/<pid>/task/<tid>/comm`). `--seccomp log` also makes the
+//! `fc_vcpu N` and the API thread `fc_api` (`/proc/<pid>/task/<tid>/comm`),
+//! as Firecracker names them. `--seccomp log` also makes the
 //! kernel log every call a list misses (`dmesg | grep type=1326`, with the
 //! thread's name and the call's number), which is how the last entries of
 //! these lists were found.
@@ -305,6 +313,9 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow(libc::SYS_pwrite64),
         allow(libc::SYS_fdatasync),
         allow_block_fallocate(),
+        // The entropy device fills the guest's buffers straight from the
+        // kernel's generator, never waiting for it (GRND_NONBLOCK).
+        allow_arg_in(libc::SYS_getrandom, 2, &[libc::GRND_NONBLOCK as u64]),
         // A rate limiter that holds a frame back arms its timerfd for when
         // the frame fits (the metrics timer is armed before the filter).
         allow(libc::SYS_timerfd_settime),
@@ -1028,6 +1039,66 @@ mod tests {
         .unwrap();
         assert_eq!(status, 204);
         assert_eq!(rt.config().drives[0].device.path, b);
+    }
+
+    /// The entropy device's pass on the event loop (a request filled from
+    /// getrandom, its interrupt) under the loop's real filter, and the one
+    /// call it adds allowed with GRND_NONBLOCK only.
+    #[test]
+    fn the_entropy_devices_pass_runs_under_the_event_loops_filter() {
+        use devices::virtio::rng::{Rng, RngConfig};
+        use devices::virtio::test_utils::{guest_memory, DeviceRig, Segment};
+        let mem = guest_memory(16 << 20).unwrap();
+        let dev = Rng::new(RngConfig::default(), mem.clone()).unwrap();
+        let mut rig = DeviceRig::new(&mem, dev);
+        let features = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+        rig.drv.init(features).unwrap();
+        let buf = rig.drv.alloc(4096, 8).unwrap();
+        install_sigsys_handler().unwrap();
+        let prog = filter(Thread::EventLoop, SeccompMode::On).unwrap();
+        let (used, data) = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            rig.run_until_idle();
+            rig.drv.submit(0, &[Segment::writable(buf, 4096)]).unwrap();
+            rig.run_until_idle();
+            let used = rig.drv.used(0).unwrap();
+            (used, rig.drv.read_mem(buf, 4096).unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(used.len(), 1);
+        assert_eq!(used[0].len, 4096);
+        assert!(data.iter().any(|&b| b != data[0]), "not filled");
+        // getrandom with other flags (a read that may block on the pool,
+        // GRND_RANDOM) stays forbidden, and no other thread may call it.
+        const NONBLOCK: libc::c_long = libc::GRND_NONBLOCK as _;
+        const RANDOM: libc::c_long = (libc::GRND_RANDOM | libc::GRND_NONBLOCK) as _;
+        let cases: [(Thread, fn(), i32); 4] = [
+            (
+                Thread::EventLoop,
+                || raw(libc::SYS_getrandom, [0, 0, NONBLOCK, 0, 0, 0]),
+                0,
+            ),
+            (
+                Thread::EventLoop,
+                || raw(libc::SYS_getrandom, [0, 0, 0, 0, 0, 0]),
+                148,
+            ),
+            (
+                Thread::EventLoop,
+                || raw(libc::SYS_getrandom, [0, 0, RANDOM, 0, 0, 0]),
+                148,
+            ),
+            (
+                Thread::Vcpu,
+                || raw(libc::SYS_getrandom, [0, 0, NONBLOCK, 0, 0, 0]),
+                148,
+            ),
+        ];
+        for (i, (thread, call, want)) in cases.into_iter().enumerate() {
+            let status = in_filtered_child(thread, SeccompMode::On, call);
+            assert_eq!(exit_status(status), Some(want), "case {i}: {thread:?}");
+        }
     }
 
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {

@@ -33,7 +33,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::device::BlockError;
+use super::error::BlockError;
 use crate::virtio::queue::IoSeg;
 
 /// What `fallocate` is asked to do.

@@ -10,23 +10,23 @@
 //! so that no completion lands in the buffers of a driver that has started
 //! over (see `io`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
-
 use super::backend::{BlockBackend, DiskInfo, FileBackend};
+use super::error::BlockError;
 use super::io::AsyncEngine;
 use super::metrics::BlockMetrics;
 use super::pass::BlockVirtio;
 use super::request::{Rules, MAX_DWZ_SECTORS, MAX_DWZ_SEGS};
 use super::uring::BlockRing;
 use super::{BlockConfig, CacheType, IoEngine, SECTOR_SIZE, SEG_MAX};
-use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
+use crate::rate_limiter::RateLimiterConfig;
 use crate::virtio::events::{self, Activation};
+use crate::virtio::metrics::Counters;
 use crate::virtio::queue::SplitQueue;
+use crate::virtio::request_queue::{limiter_for, update_limiter, RequestQueue};
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
+    read_config_space, ActivateError, DeviceMetrics, GuestMemory, Interrupt, VirtioCommon,
     VirtioDevice,
 };
 
@@ -73,51 +73,12 @@ pub mod config_offsets {
 }
 use config_offsets as off;
 
-/// Why a block device could not be made; each names the image file.
-#[derive(Debug, thiserror::Error)]
-pub enum BlockError {
-    /// The image cannot be opened (missing, unreadable, not writable).
-    #[error("cannot open disk image {}: {source}", path.display())]
-    Open {
-        /// The image.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The path is a directory or another non-regular file.
-    #[error("disk image {} is not a regular file", .0.display())]
-    NotAFile(std::path::PathBuf),
-    /// Another process (another minivmm) holds the image's lock.
-    #[error("disk image {} is in use by another process (locked)", .0.display())]
-    Locked(std::path::PathBuf),
-    /// A setting is outside its bounds.
-    #[error("drive {id}: {msg}")]
-    Config {
-        /// The drive id.
-        id: String,
-        /// What is wrong.
-        msg: String,
-    },
-}
-
 /// State that exists only between activation and reset.
 pub(crate) struct Active {
     pub(crate) virtio: BlockVirtio,
     pub(crate) activation: Activation,
     /// The last pass stopped on a full io_uring: completions start the next.
     pub(crate) saturated: bool,
-}
-
-/// What the event handler has in the epoll set (only it changes this).
-#[derive(Debug, Default)]
-pub(crate) struct Registered {
-    /// The queue and re-queue eventfds.
-    pub(crate) queues: bool,
-    /// The limiter's timerfd.
-    pub(crate) timer: bool,
-    /// The re-queue eventfd holds a count (a pass yielded).
-    pub(crate) requeued: bool,
 }
 
 /// A virtio-blk device over a raw image file (or, in tests, any
@@ -132,19 +93,15 @@ pub struct Block<B: BlockBackend = FileBackend> {
     pub(crate) mem: GuestMemory,
     pub(crate) backend: B,
     info: DiskInfo,
-    /// ID, features, queue size and notification eventfd.
-    pub(crate) common: VirtioCommon,
+    /// The transport's view, the eventfds, the limiter and the
+    /// registrations of its one queue.
+    pub(crate) rq: RequestQueue,
     config_space: [u8; off::LEN],
     /// ConfigGeneration: changed with the configuration space (a new
     /// image's capacity).
     config_generation: u32,
-    pub(crate) activate_evt: EventFd,
-    pub(crate) requeue_evt: EventFd,
     pub(crate) metrics: Arc<BlockMetrics>,
-    /// Limits on requests; `None` without any bucket. Outlives activations.
-    pub(crate) limiter: Option<RateLimiter>,
     pub(crate) active: Option<Active>,
-    pub(crate) registered: Registered,
 }
 
 impl<B: BlockBackend> std::fmt::Debug for Block<B> {
@@ -154,6 +111,104 @@ impl<B: BlockBackend> std::fmt::Debug for Block<B> {
             .field("path", &self.cfg.path)
             .field("active", &self.active.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// The settings with bounds: the queue size, and an id GET_ID can return.
+fn check_config(cfg: &BlockConfig) -> Result<(), String> {
+    let qs = cfg.queue_size;
+    if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
+        return Err(format!(
+            "queue size {qs} is not a power of two between 1 and 32768"
+        ));
+    }
+    if cfg.id.len() > super::ID_BYTES {
+        return Err(format!(
+            "id is {} bytes, GET_ID returns at most {}",
+            cfg.id.len(),
+            super::ID_BYTES
+        ));
+    }
+    Ok(())
+}
+
+/// An image of `size` bytes whose last sector is partial: said once, at
+/// open (see the module docs of `block`).
+fn warn_partial_sector(cfg: &BlockConfig, size: u64) {
+    let tail = size % SECTOR_SIZE;
+    if tail != 0 {
+        log::warn!(
+            "virtio-blk: drive {}: {} is {size} bytes, not a whole number of 512-byte \
+             sectors; the last {tail} bytes are not visible to the guest",
+            cfg.id,
+            cfg.path.display(),
+        );
+    }
+}
+
+/// The features offered and the configuration space of a drive `cfg` over
+/// an image `info` says.
+fn offer(cfg: &BlockConfig, info: &DiskInfo) -> (u64, [u8; off::LEN]) {
+    let mut f = bit(VIRTIO_F_VERSION_1)
+        | bit(VIRTIO_BLK_F_BLK_SIZE)
+        | bit(VIRTIO_BLK_F_SEG_MAX)
+        | bit(VIRTIO_RING_F_EVENT_IDX)
+        | bit(VIRTIO_RING_F_INDIRECT_DESC);
+    if cfg.read_only {
+        f |= bit(VIRTIO_BLK_F_RO);
+    }
+    if cfg.cache_type == CacheType::Writeback {
+        f |= bit(VIRTIO_BLK_F_FLUSH);
+    }
+    let discard = !cfg.read_only && info.punch_hole;
+    let write_zeroes = discard && info.zero_range;
+    if discard {
+        f |= bit(VIRTIO_BLK_F_DISCARD);
+    }
+    if write_zeroes {
+        f |= bit(VIRTIO_BLK_F_WRITE_ZEROES);
+    }
+    let mut cs = [0u8; off::LEN];
+    let mut put32 = |at: usize, v: u32| cs[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    put32(off::SEG_MAX, SEG_MAX);
+    put32(off::BLK_SIZE, SECTOR_SIZE as u32);
+    if discard {
+        put32(off::MAX_DISCARD_SECTORS, MAX_DWZ_SECTORS);
+        put32(off::MAX_DISCARD_SEG, MAX_DWZ_SEGS);
+        put32(off::DISCARD_SECTOR_ALIGNMENT, 1);
+    }
+    if write_zeroes {
+        put32(off::MAX_WRITE_ZEROES_SECTORS, MAX_DWZ_SECTORS);
+        put32(off::MAX_WRITE_ZEROES_SEG, MAX_DWZ_SEGS);
+    }
+    let capacity = info.size / SECTOR_SIZE;
+    cs[off::CAPACITY..off::CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
+    if write_zeroes {
+        cs[off::WRITE_ZEROES_MAY_UNMAP] = 1;
+    }
+    (f, cs)
+}
+
+/// The io_uring of an `Async` drive, or none: `Sync`, or a host that
+/// refuses the ring (the requests then run one system call each).
+fn async_engine<B: BlockBackend>(
+    cfg: &BlockConfig,
+    backend: &B,
+    mem: &GuestMemory,
+) -> Option<AsyncEngine> {
+    if cfg.io_engine != IoEngine::Async {
+        return None;
+    }
+    match BlockRing::new(backend.as_raw_fd()) {
+        Ok(ring) => Some(AsyncEngine::new(ring, mem.clone())),
+        Err(e) => {
+            log::info!(
+                "virtio-blk: drive {}: io_uring unavailable ({e}); requests run one system \
+                 call each",
+                cfg.id
+            );
+            None
+        }
     }
 }
 
@@ -178,110 +233,30 @@ impl<B: BlockBackend> Block<B> {
             id: cfg.id.clone(),
             msg,
         };
-        let qs = cfg.queue_size;
-        if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
-            return Err(config_err(format!(
-                "queue size {qs} is not a power of two between 1 and 32768"
-            )));
-        }
-        if cfg.id.len() > super::ID_BYTES {
-            return Err(config_err(format!(
-                "id is {} bytes, GET_ID returns at most {}",
-                cfg.id.len(),
-                super::ID_BYTES
-            )));
-        }
-        let limiter = (!cfg.rate_limiter.is_unlimited())
-            .then(|| RateLimiter::new(&cfg.rate_limiter))
-            .transpose()
-            .map_err(|e| config_err(format!("rate limiter: {e}")))?;
-        let evt_err = |source| BlockError::Open {
-            path: cfg.path.clone(),
-            source,
-        };
-        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(evt_err);
+        check_config(&cfg).map_err(config_err)?;
+        let limiter =
+            limiter_for(&cfg.rate_limiter).map_err(|e| config_err(format!("rate limiter: {e}")))?;
         let info = backend.info();
-        let capacity = info.size / SECTOR_SIZE;
-        let tail = info.size % SECTOR_SIZE;
-        if tail != 0 {
-            log::warn!(
-                "virtio-blk: drive {}: {} is {} bytes, not a whole number of 512-byte \
-                 sectors; the last {tail} bytes are not visible to the guest",
-                cfg.id,
-                cfg.path.display(),
-                info.size
-            );
-        }
-
-        let mut f = bit(VIRTIO_F_VERSION_1)
-            | bit(VIRTIO_BLK_F_BLK_SIZE)
-            | bit(VIRTIO_BLK_F_SEG_MAX)
-            | bit(VIRTIO_RING_F_EVENT_IDX)
-            | bit(VIRTIO_RING_F_INDIRECT_DESC);
-        if cfg.read_only {
-            f |= bit(VIRTIO_BLK_F_RO);
-        }
-        if cfg.cache_type == CacheType::Writeback {
-            f |= bit(VIRTIO_BLK_F_FLUSH);
-        }
-        let discard = !cfg.read_only && info.punch_hole;
-        let write_zeroes = discard && info.zero_range;
-        if discard {
-            f |= bit(VIRTIO_BLK_F_DISCARD);
-        }
-        if write_zeroes {
-            f |= bit(VIRTIO_BLK_F_WRITE_ZEROES);
-        }
-        let mut cs = [0u8; off::LEN];
-        let mut put32 = |at: usize, v: u32| cs[at..at + 4].copy_from_slice(&v.to_le_bytes());
-        put32(off::SEG_MAX, SEG_MAX);
-        put32(off::BLK_SIZE, SECTOR_SIZE as u32);
-        if discard {
-            put32(off::MAX_DISCARD_SECTORS, MAX_DWZ_SECTORS);
-            put32(off::MAX_DISCARD_SEG, MAX_DWZ_SEGS);
-            put32(off::DISCARD_SECTOR_ALIGNMENT, 1);
-        }
-        if write_zeroes {
-            put32(off::MAX_WRITE_ZEROES_SECTORS, MAX_DWZ_SECTORS);
-            put32(off::MAX_WRITE_ZEROES_SEG, MAX_DWZ_SEGS);
-        }
-        cs[off::CAPACITY..off::CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
-        if write_zeroes {
-            cs[off::WRITE_ZEROES_MAY_UNMAP] = 1;
-        }
-
-        let engine = if cfg.io_engine == IoEngine::Async {
-            match BlockRing::new(backend.as_raw_fd()) {
-                Ok(ring) => Some(AsyncEngine::new(ring, mem.clone())),
-                Err(e) => {
-                    log::info!(
-                        "virtio-blk: drive {}: io_uring unavailable ({e}); requests run one \
-                         system call each",
-                        cfg.id
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-
-        let common = VirtioCommon::new(BLOCK_DEVICE_ID, f, vec![qs]).map_err(evt_err)?;
+        warn_partial_sector(&cfg, info.size);
+        let (features, config_space) = offer(&cfg, &info);
+        let engine = async_engine(&cfg, &backend, &mem);
+        let rq = RequestQueue::new(BLOCK_DEVICE_ID, features, cfg.queue_size, limiter).map_err(
+            |source| BlockError::Open {
+                path: cfg.path.clone(),
+                source,
+            },
+        )?;
         Ok(Block {
-            common,
-            activate_evt: evt()?,
-            requeue_evt: evt()?,
+            rq,
             cfg,
             mem,
             backend,
             info,
-            config_space: cs,
+            config_space,
             config_generation: 0,
             metrics: Arc::default(),
-            limiter,
             engine,
             active: None,
-            registered: Registered::default(),
         })
     }
 
@@ -342,14 +317,14 @@ impl<B: BlockBackend> Block<B> {
         let id = self.cfg.id.clone();
         let refuse = |msg: String| BlockError::Config { id, msg };
         let info = backend.info();
-        if self.common.avail_features & bit(VIRTIO_BLK_F_DISCARD) != 0 && !info.punch_hole {
+        if self.rq.common.avail_features & bit(VIRTIO_BLK_F_DISCARD) != 0 && !info.punch_hole {
             return Err(refuse(format!(
                 "the file system of {} cannot punch holes, which DISCARD (offered to the \
                  guest) needs",
                 path.display()
             )));
         }
-        if self.common.avail_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0 && !info.zero_range {
+        if self.rq.common.avail_features & bit(VIRTIO_BLK_F_WRITE_ZEROES) != 0 && !info.zero_range {
             return Err(refuse(format!(
                 "the file system of {} cannot zero ranges, which WRITE_ZEROES (offered to \
                  the guest) needs",
@@ -442,12 +417,7 @@ impl<B: BlockBackend> Block<B> {
             id: self.cfg.id.clone(),
             msg: format!("rate limiter: {e}"),
         };
-        cfg.validate().map_err(err)?;
-        match self.limiter.as_mut() {
-            Some(l) => l.update(cfg).map_err(err)?,
-            None if cfg.is_unlimited() => {}
-            None => self.limiter = Some(RateLimiter::new(cfg).map_err(err)?),
-        }
+        update_limiter(&mut self.rq.limiter, cfg).map_err(err)?;
         self.cfg.rate_limiter = *cfg;
         Ok(())
     }
@@ -456,12 +426,6 @@ impl<B: BlockBackend> Block<B> {
     /// the changes made while the device runs).
     pub fn config(&self) -> &BlockConfig {
         &self.cfg
-    }
-
-    pub(crate) fn kick_event_handler(&self) {
-        self.metrics
-            .host_errors()
-            .kick_event_loop(&self.activate_evt);
     }
 
     /// Ends the current activation: waits for what is in flight, drops the
@@ -478,7 +442,7 @@ impl<B: BlockBackend> Block<B> {
 
 impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
     fn common(&self) -> &VirtioCommon {
-        &self.common
+        &self.rq.common
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -502,37 +466,35 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
     fn activate(
         &mut self,
         acked_features: u64,
-        mut queues: Vec<SplitQueue>,
+        queues: Vec<SplitQueue>,
         interrupt: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
-        check_queues(&queues, 1, &self.mem)?;
+        let (queue, acked) = self.rq.take_queue(acked_features, queues, &self.mem)?;
         // An activation without a reset in between starts over too.
         self.deactivate();
-        let acked = self.common.ack_features(acked_features);
         let rules = Rules {
             capacity: self.capacity(),
             read_only: self.cfg.read_only,
-            discard: self.common.has_feature(VIRTIO_BLK_F_DISCARD),
-            write_zeroes: self.common.has_feature(VIRTIO_BLK_F_WRITE_ZEROES),
+            discard: self.rq.common.has_feature(VIRTIO_BLK_F_DISCARD),
+            write_zeroes: self.rq.common.has_feature(VIRTIO_BLK_F_WRITE_ZEROES),
         };
-        let queue = queues.remove(0);
         self.active = Some(Active {
             virtio: BlockVirtio::new(queue, rules, self.cfg.cache_type, &self.cfg.id),
             activation: Activation::new(interrupt),
             saturated: false,
         });
-        self.metrics
-            .features_negotiated
-            .store(acked, Ordering::Relaxed);
-        self.kick_event_handler();
+        let m = &self.metrics;
+        self.rq
+            .activated(acked, &m.features_negotiated, m.host_errors());
         Ok(())
     }
 
     fn reset(&mut self) {
         self.deactivate();
-        self.common.acked_features = 0;
-        self.registered.requeued = false;
-        events::discard_pending([&self.common.queue_evts[0], &self.requeue_evt]);
-        self.kick_event_handler();
+        self.rq.reset(self.metrics.host_errors());
+    }
+
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
+        self.metrics.clone()
     }
 }

@@ -18,13 +18,14 @@
 //! `io_errors` instead, one the guest got wrong in `malformed_requests`,
 //! and each is answered exactly once. `max_descs_per_pass` (with
 //! `descs_walked`) is what a fuzzer checks the pass bound against
-//! (`pass::MAX_PASS_READS`).
+//! (`queue::MAX_PASS_READS`).
 
 use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
-use crate::virtio::events::{self, HostErrors};
+use crate::virtio::events;
+use crate::virtio::metrics::Counters;
 
 use crate::virtio::time_counter::TimeCounter;
 
@@ -65,7 +66,7 @@ pub struct BlockMetrics {
     /// Ring entries and descriptors read by the datapath.
     pub descs_walked: AtomicU64,
     /// The most ring entries and descriptors one pass has read (a gauge;
-    /// never above `pass::MAX_PASS_READS`).
+    /// never above `queue::MAX_PASS_READS`).
     pub max_descs_per_pass: AtomicU64,
     /// Passes cut short by their request or descriptor budget and
     /// re-queued behind the other ready events.
@@ -131,16 +132,10 @@ impl Tally {
     }
 }
 
-impl BlockMetrics {
-    /// Where this device's host errors are counted and logged.
-    pub(crate) fn host_errors(&self) -> HostErrors<'_> {
-        HostErrors::new(&self.host_errors, "virtio-blk")
-    }
-
-    /// The counters as one JSON object (see the module docs for the
-    /// contract).
-    pub fn to_json(&self) -> serde_json::Value {
-        events::counters_json(self)
+impl Counters for BlockMetrics {
+    const DEVICE: &'static str = "virtio-blk";
+    fn host_error_counter(&self) -> &AtomicU64 {
+        &self.host_errors
     }
 }
 
@@ -149,6 +144,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+    use crate::virtio::metrics::{assert_counter_keys, DeviceMetrics};
 
     /// The contract's keys: a renamed field fails here.
     const KEYS: [&str; 26] = [
@@ -218,7 +214,7 @@ mod tests {
         events::add(&m.read_bytes, 4096);
         m.features_negotiated.store(1 << 63 | 1, Ordering::Relaxed);
         let json = m.to_json();
-        events::assert_counter_keys(&json, &KEYS);
+        assert_counter_keys(&json, &KEYS);
         assert_eq!(json["read_bytes"], 4096);
         assert_eq!(json["features_negotiated"].as_u64(), Some(1 << 63 | 1));
     }

@@ -12,6 +12,7 @@
 //! | module | role |
 //! |---|---|
 //! | `device` | opening the image, features, configuration space, activation and reset |
+//! | `error` | [`BlockError`], what opening an image or a setting can fail with |
 //! | `request` | one chain read as a request, with every check (what is malformed, what is UNSUPP) |
 //! | `pass` | one bounded pass over the request queue, the rate limiter |
 //! | `io` | running requests (`Sync`: one `preadv`/`pwritev` each; `Async`: the io_uring) and answering each once |
@@ -62,6 +63,7 @@ pub use crate::virtio::io_engine::IoEngine;
 
 pub mod backend;
 pub mod device;
+pub mod error;
 pub mod event_handler;
 mod io;
 pub mod metrics;
@@ -73,7 +75,8 @@ mod uring;
 mod tests;
 
 pub use backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, FileId, OpKind, UnlockedImage};
-pub use device::{Block, BlockError};
+pub use device::Block;
+pub use error::BlockError;
 pub use metrics::BlockMetrics;
 
 /// Data segments one request may have (`seg_max`): with the header and

@@ -4,11 +4,11 @@
 //! it stopped ([`PassStatus`]) so the event glue knows what to wait for.
 //!
 //! **Every pass is bounded**, as the network device's: it stops after
-//! [`PASS_REQUESTS`] requests or once it has read [`PASS_DESC_BUDGET`] ring
+//! [`PASS_REQUESTS`] requests or once it has read [`PASS_DESC_BUDGET`](crate::virtio::queue::PASS_DESC_BUDGET) ring
 //! entries and descriptors (good and refused chains alike, indirect tables
 //! included), whichever comes first, and the event glue re-queues it
 //! through an eventfd behind every other ready event. So a pass reads at
-//! most [`MAX_PASS_READS`] entries and descriptors, whatever the guest
+//! most [`MAX_PASS_READS`](crate::virtio::queue::MAX_PASS_READS) entries and descriptors, whatever the guest
 //! writes into its rings; `BlockMetrics::max_descs_per_pass` shows the
 //! largest seen. With `Sync` a pass also does at most `PASS_REQUESTS`
 //! requests' I/O; with `Async` it queues at most that many (and never
@@ -30,8 +30,6 @@
 //! that stopped on a full ring and found room again that way is re-queued
 //! (`Yield`), since no completion is left to restart it.
 
-use std::sync::atomic::Ordering;
-
 use super::backend::BlockBackend;
 use super::io::{finish, run_sync, without_io, AsyncEngine, Needs, SegPool};
 use super::metrics::{BlockMetrics, Tally};
@@ -40,19 +38,17 @@ use super::{CacheType, ID_BYTES, SECTOR_SIZE};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov;
-use crate::virtio::queue::{Budget, QueueError, SplitQueue, MAX_CHAIN_SEGS};
+use crate::virtio::metrics::Counters;
+use crate::virtio::pass::{
+    self, admitted, more_after_drained, queue_failed, refuse_chain, PassCounters,
+};
+use crate::virtio::queue::{Budget, QueueError, SplitQueue, PASS_WEIGHT_CHAINS};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
-/// Requests one pass takes at most (vhost-net's packet weight).
-pub const PASS_REQUESTS: u32 = 256;
-/// Ring entries and descriptors one pass may read before it yields.
-pub const PASS_DESC_BUDGET: u32 = 8192;
-/// Most ring entries and descriptors a pass can read: the budget is checked
-/// before each chain, one chain costs at most its avail entry, an indirect
-/// descriptor and `MAX_CHAIN_SEGS + 1` buffer descriptors, and the pass may
-/// look at `avail.idx` once more after re-enabling notifications.
-pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
+/// Requests one pass takes at most (vhost-net's packet weight, the shared
+/// [`PASS_WEIGHT_CHAINS`]).
+pub const PASS_REQUESTS: u32 = PASS_WEIGHT_CHAINS;
 
 /// How a pass ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,26 +83,28 @@ pub struct BlockVirtio {
     tally: Tally,
 }
 
-/// Whether the limiter lets `req` run now; counts a refusal. A timer that
-/// cannot be armed lets it run: waiting without a wake-up would stop the
-/// queue for good.
-fn admitted(limiter: Option<&mut RateLimiter>, req: &Request, metrics: &BlockMetrics) -> bool {
+/// The drive's pass counters.
+fn counters(m: &BlockMetrics) -> PassCounters<'_> {
+    PassCounters {
+        pass_yields: &m.pass_yields,
+        descs_walked: &m.descs_walked,
+        max_descs_per_pass: &m.max_descs_per_pass,
+        interrupts: &m.interrupts,
+        interrupts_suppressed: &m.interrupts_suppressed,
+    }
+}
+
+/// Whether the limiter lets `req` run now; counts a refusal.
+fn admit(limiter: Option<&mut RateLimiter>, req: &Request, metrics: &BlockMetrics) -> bool {
     let Some(l) = limiter else {
         return true;
     };
-    match l.consume(req.op.data_len()) {
-        Ok(true) => true,
-        Ok(false) => {
-            events::inc(&metrics.rate_limiter_throttled);
-            metrics.throttled_ns.start();
-            false
-        }
-        Err(e) => {
-            let n = events::inc(&metrics.host_errors);
-            warn_rate_limited!(count = n, "virtio-blk: rate limiter not applied: {e}");
-            true
-        }
-    }
+    admitted(
+        l.consume(req.op.data_len()),
+        &metrics.rate_limiter_throttled,
+        &metrics.throttled_ns,
+        metrics.host_errors(),
+    )
 }
 
 impl BlockVirtio {
@@ -214,21 +212,21 @@ impl BlockVirtio {
                 };
                 warn_rate_limited!(count = n, "virtio-blk: request {head} refused: {why:?}");
             }
-            Parsed::Refused { head, why } => {
+            Parsed::Refused { head, why: Some(e) } => refuse_chain(
+                &mut self.queue,
+                &metrics.malformed_requests,
+                "virtio-blk",
+                "",
+                head,
+                e,
+            ),
+            Parsed::Refused { head, why: None } => {
                 let n = events::inc(&metrics.malformed_requests);
-                match why {
-                    Some(e) => {
-                        warn_rate_limited!(count = n, "virtio-blk: chain {head} refused: {e}")
-                    }
-                    None => warn_rate_limited!(
-                        count = n,
-                        "virtio-blk: chain {head} refused: no status byte"
-                    ),
-                }
-                // A head outside the table names no chain to give back.
-                if why != Some(crate::virtio::queue::ChainError::HeadOutOfRange) {
-                    self.queue.add_used(head, 0);
-                }
+                warn_rate_limited!(
+                    count = n,
+                    "virtio-blk: chain {head} refused: no status byte"
+                );
+                self.queue.add_used(head, 0);
             }
         }
     }
@@ -245,7 +243,7 @@ impl BlockVirtio {
     ) -> Result<PassStatus, QueueError> {
         let mut requests = 0u32;
         if let Some(req) = self.throttled.take() {
-            if !admitted(limiter.as_deref_mut(), &req, metrics) {
+            if !admit(limiter.as_deref_mut(), &req, metrics) {
                 self.throttled = Some(req);
                 return Ok(PassStatus::Throttled);
             }
@@ -270,21 +268,16 @@ impl BlockVirtio {
                     self.answer(parsed, metrics);
                     continue;
                 };
-                if !admitted(limiter.as_deref_mut(), &req, metrics) {
+                if !admit(limiter.as_deref_mut(), &req, metrics) {
                     self.throttled = Some(req);
                     return Ok(PassStatus::Throttled);
                 }
                 self.start(req, backend, engine, metrics);
                 continue;
             }
-            // Re-enable kicks; if chains arrived meanwhile, keep going
-            // (each such look is charged, so a guest that keeps moving
-            // avail.idx cannot keep the pass here).
-            if !self.queue.enable_notifications()? {
+            if !more_after_drained(&mut self.queue, budget)? {
                 return Ok(PassStatus::Done);
             }
-            budget.charge(1);
-            self.queue.disable_notifications();
         }
     }
 
@@ -297,20 +290,13 @@ impl BlockVirtio {
         metrics: &BlockMetrics,
         irq: &dyn Interrupt,
     ) -> PassStatus {
-        if self.broken {
+        let Some(mut budget) = pass::begin(&mut self.queue, self.broken, &metrics.passes) else {
             return PassStatus::Broken;
-        }
-        events::inc(&metrics.passes);
-        let mut budget = Budget::new(PASS_DESC_BUDGET);
-        self.queue.disable_notifications();
+        };
         let status = match self.fill(&mut budget, backend, engine, limiter, metrics) {
             Ok(s) => s,
             Err(e) => {
-                let n = events::inc(&metrics.queue_errors);
-                warn_rate_limited!(
-                    count = n,
-                    "virtio-blk: queue unusable until the driver resets the device: {e}"
-                );
+                queue_failed(&metrics.queue_errors, "virtio-blk", "", &e);
                 self.broken = true;
                 PassStatus::Broken
             }
@@ -341,15 +327,8 @@ impl BlockVirtio {
             }
         }
         self.tally.flush(metrics);
-        if status == PassStatus::Yield {
-            events::inc(&metrics.pass_yields);
-        }
-        let reads = u64::from(budget.spent());
-        events::add(&metrics.descs_walked, reads);
-        metrics
-            .max_descs_per_pass
-            .fetch_max(reads, Ordering::Relaxed);
-        self.publish(irq, metrics);
+        let yielded = status == PassStatus::Yield;
+        pass::end(&mut self.queue, &budget, yielded, irq, &counters(metrics));
         status
     }
 
@@ -376,11 +355,12 @@ impl BlockVirtio {
     /// Publishes the used entries and raises the interrupt the driver asked
     /// for.
     fn publish(&mut self, irq: &dyn Interrupt, metrics: &BlockMetrics) {
+        let c = counters(metrics);
         events::notify_driver(
             self.queue.publish_used(),
             irq,
-            &metrics.interrupts,
-            &metrics.interrupts_suppressed,
+            c.interrupts,
+            c.interrupts_suppressed,
         );
     }
 }

@@ -32,7 +32,7 @@
 
 use super::{SECTOR_SIZE, SEG_MAX};
 use crate::virtio::iov;
-use crate::virtio::queue::{split_seg, Budget, ChainError, IoSeg, SplitQueue};
+use crate::virtio::queue::{split_seg, Budget, ChainError, IoSeg, MixedChain, SplitQueue};
 
 /// `VIRTIO_BLK_T_*` (virtio 1.1 §5.2.6), from the bindings.
 pub use virtio_bindings::virtio_blk::{
@@ -208,6 +208,17 @@ pub fn take_range(segs: &[IoSeg], mut from: usize, mut len: usize, out: &mut Vec
     }
 }
 
+/// A request's two byte streams around its header and status byte.
+#[derive(Debug, Clone, Copy)]
+struct Streams {
+    /// The device-readable segments: the first this many of the chain's.
+    readable_segs: usize,
+    /// Readable bytes after the header.
+    readable_data: u64,
+    /// Writable bytes before the status byte.
+    writable_data: u64,
+}
+
 /// Reads a request out of chains, reusing its buffer from one to the next.
 #[derive(Debug, Default)]
 pub struct Parser {
@@ -252,127 +263,164 @@ impl Parser {
             return Parsed::Refused { head, why: None };
         };
         let (_, status) = split_seg(last, last.len() - 1);
-        let answer = |why| Parsed::Answer { head, status, why };
+        match self.check(&chain, rules, &mut data) {
+            Ok(op) => Parsed::Ready(Request {
+                head,
+                op,
+                data,
+                status,
+            }),
+            Err(why) => Parsed::Answer { head, status, why },
+        }
+    }
+
+    /// Checks a walked chain that has a status byte as a request: the
+    /// header, the read-only rule, then what the type asks of the data.
+    #[inline(always)]
+    fn check(
+        &self,
+        chain: &MixedChain,
+        rules: &Rules,
+        data: &mut Vec<IoSeg>,
+    ) -> Result<Op, Reject> {
         if chain.readable_len < HEADER_LEN as u64 {
-            return answer(Reject::Malformed("header shorter than 16 readable bytes"));
+            return Err(Reject::Malformed("header shorter than 16 readable bytes"));
         }
         if chain.bufs > SEG_MAX as usize + 2 {
-            return answer(Reject::Malformed("more than seg_max data buffers"));
+            return Err(Reject::Malformed("more than seg_max data buffers"));
         }
-        let r = chain.readable_segs;
-        let header: [u8; HEADER_LEN] = self.read(r, 0);
+        let header: [u8; HEADER_LEN] = self.read(chain.readable_segs, 0);
         let kind = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
         let mut sector = [0u8; 8];
         sector.copy_from_slice(&header[8..16]);
-        let sector = u64::from_le_bytes(sector);
         // Bytes after the header, and before the status byte. Both fit
         // usize: the chain is at most MAX_REQUEST_LEN bytes.
-        let readable_data = chain.readable_len - HEADER_LEN as u64;
-        let writable_data = chain.writable_len - 1;
+        let s = Streams {
+            readable_segs: chain.readable_segs,
+            readable_data: chain.readable_len - HEADER_LEN as u64,
+            writable_data: chain.writable_len - 1,
+        };
         let writes = matches!(
             kind,
             VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES
         );
         if writes && rules.read_only {
-            return answer(Reject::ReadOnly);
+            return Err(Reject::ReadOnly);
         }
-        let op = match kind {
+        match kind {
             VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
-                let (len, wrong) = if kind == VIRTIO_BLK_T_IN {
-                    (writable_data, readable_data)
-                } else {
-                    (readable_data, writable_data)
-                };
-                if wrong != 0 {
-                    return answer(Reject::Malformed("data in the wrong direction"));
-                }
-                if len == 0 || !len.is_multiple_of(SECTOR_SIZE) {
-                    return answer(Reject::Malformed("data not a whole number of sectors"));
-                }
-                let Some(offset) = byte_range(sector, len, rules.capacity) else {
-                    return answer(Reject::Malformed("sectors outside the disk"));
-                };
-                if kind == VIRTIO_BLK_T_IN {
-                    take_range(&self.segs[r..], 0, len as usize, &mut data);
-                    Op::Read { offset, len }
-                } else {
-                    take_range(&self.segs[..r], HEADER_LEN, len as usize, &mut data);
-                    Op::Write { offset, len }
-                }
+                self.transfer(kind, u64::from_le_bytes(sector), s, rules, data)
             }
             VIRTIO_BLK_T_FLUSH => {
-                if readable_data != 0 || writable_data != 0 {
-                    return answer(Reject::Malformed("data in a FLUSH"));
+                if s.readable_data != 0 || s.writable_data != 0 {
+                    return Err(Reject::Malformed("data in a FLUSH"));
                 }
-                Op::Flush
+                Ok(Op::Flush)
             }
-            VIRTIO_BLK_T_GET_ID => {
-                if readable_data != 0 {
-                    return answer(Reject::Malformed("readable data in a GET_ID"));
-                }
-                if writable_data == 0 {
-                    return answer(Reject::Malformed("no room for the id"));
-                }
-                let len = (writable_data as usize).min(super::ID_BYTES);
-                take_range(&self.segs[r..], 0, len, &mut data);
-                Op::GetId { len }
-            }
+            VIRTIO_BLK_T_GET_ID => self.get_id(s, data),
             VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES => {
-                let discard = kind == VIRTIO_BLK_T_DISCARD;
-                if !(if discard {
-                    rules.discard
-                } else {
-                    rules.write_zeroes
-                }) {
-                    return answer(Reject::Unsupported(kind));
-                }
-                if writable_data != 0 {
-                    return answer(Reject::Malformed("writable data in a DISCARD/WRITE_ZEROES"));
-                }
-                if readable_data == 0 || !readable_data.is_multiple_of(DWZ_SEG_LEN as u64) {
-                    return answer(Reject::Malformed("DISCARD/WRITE_ZEROES segments cut short"));
-                }
-                if readable_data / DWZ_SEG_LEN as u64 > u64::from(MAX_DWZ_SEGS) {
-                    return answer(Reject::Malformed(
-                        "more DISCARD/WRITE_ZEROES segments than offered",
-                    ));
-                }
-                let seg: [u8; DWZ_SEG_LEN] = self.read(r, HEADER_LEN);
-                let mut s = [0u8; 8];
-                s.copy_from_slice(&seg[0..8]);
-                let dsector = u64::from_le_bytes(s);
-                let num = u32::from_le_bytes([seg[8], seg[9], seg[10], seg[11]]);
-                let flags = u32::from_le_bytes([seg[12], seg[13], seg[14], seg[15]]);
-                // §5.2.6.2: UNSUPP for the unmap flag on DISCARD and any
-                // flag the spec does not define.
-                let allowed = if discard { 0 } else { WRITE_ZEROES_FLAG_UNMAP };
-                if flags & !allowed != 0 {
-                    return answer(Reject::Unsupported(kind));
-                }
-                if num > MAX_DWZ_SECTORS {
-                    return answer(Reject::Malformed("more sectors than offered"));
-                }
-                let len = u64::from(num) * SECTOR_SIZE;
-                let Some(offset) = byte_range(dsector, len, rules.capacity) else {
-                    return answer(Reject::Malformed("sectors outside the disk"));
-                };
-                if discard {
-                    Op::Discard { offset, len }
-                } else {
-                    Op::WriteZeroes {
-                        offset,
-                        len,
-                        unmap: flags & WRITE_ZEROES_FLAG_UNMAP != 0,
-                    }
-                }
+                self.discard_or_zeroes(kind, s, rules)
             }
-            other => return answer(Reject::Unsupported(other)),
+            other => Err(Reject::Unsupported(other)),
+        }
+    }
+
+    /// IN or OUT (`kind`) at `sector`: whole sectors of data the way the
+    /// type says, inside the disk.
+    #[inline(always)]
+    fn transfer(
+        &self,
+        kind: u32,
+        sector: u64,
+        s: Streams,
+        rules: &Rules,
+        data: &mut Vec<IoSeg>,
+    ) -> Result<Op, Reject> {
+        let (len, wrong) = if kind == VIRTIO_BLK_T_IN {
+            (s.writable_data, s.readable_data)
+        } else {
+            (s.readable_data, s.writable_data)
         };
-        Parsed::Ready(Request {
-            head,
-            op,
-            data,
-            status,
+        if wrong != 0 {
+            return Err(Reject::Malformed("data in the wrong direction"));
+        }
+        if len == 0 || !len.is_multiple_of(SECTOR_SIZE) {
+            return Err(Reject::Malformed("data not a whole number of sectors"));
+        }
+        let Some(offset) = byte_range(sector, len, rules.capacity) else {
+            return Err(Reject::Malformed("sectors outside the disk"));
+        };
+        let r = s.readable_segs;
+        if kind == VIRTIO_BLK_T_IN {
+            take_range(&self.segs[r..], 0, len as usize, data);
+            Ok(Op::Read { offset, len })
+        } else {
+            take_range(&self.segs[..r], HEADER_LEN, len as usize, data);
+            Ok(Op::Write { offset, len })
+        }
+    }
+
+    /// GET_ID: no readable data, room for the id (or part of it).
+    fn get_id(&self, s: Streams, data: &mut Vec<IoSeg>) -> Result<Op, Reject> {
+        if s.readable_data != 0 {
+            return Err(Reject::Malformed("readable data in a GET_ID"));
+        }
+        if s.writable_data == 0 {
+            return Err(Reject::Malformed("no room for the id"));
+        }
+        let len = (s.writable_data as usize).min(super::ID_BYTES);
+        take_range(&self.segs[s.readable_segs..], 0, len, data);
+        Ok(Op::GetId { len })
+    }
+
+    /// DISCARD or WRITE_ZEROES (`kind`): negotiated, one whole segment of
+    /// defined flags inside the disk.
+    fn discard_or_zeroes(&self, kind: u32, s: Streams, rules: &Rules) -> Result<Op, Reject> {
+        let discard = kind == VIRTIO_BLK_T_DISCARD;
+        if !(if discard {
+            rules.discard
+        } else {
+            rules.write_zeroes
+        }) {
+            return Err(Reject::Unsupported(kind));
+        }
+        if s.writable_data != 0 {
+            return Err(Reject::Malformed("writable data in a DISCARD/WRITE_ZEROES"));
+        }
+        if s.readable_data == 0 || !s.readable_data.is_multiple_of(DWZ_SEG_LEN as u64) {
+            return Err(Reject::Malformed("DISCARD/WRITE_ZEROES segments cut short"));
+        }
+        if s.readable_data / DWZ_SEG_LEN as u64 > u64::from(MAX_DWZ_SEGS) {
+            return Err(Reject::Malformed(
+                "more DISCARD/WRITE_ZEROES segments than offered",
+            ));
+        }
+        let seg: [u8; DWZ_SEG_LEN] = self.read(s.readable_segs, HEADER_LEN);
+        let mut sector = [0u8; 8];
+        sector.copy_from_slice(&seg[0..8]);
+        let num = u32::from_le_bytes([seg[8], seg[9], seg[10], seg[11]]);
+        let flags = u32::from_le_bytes([seg[12], seg[13], seg[14], seg[15]]);
+        // §5.2.6.2: UNSUPP for the unmap flag on DISCARD and any flag the
+        // spec does not define.
+        let allowed = if discard { 0 } else { WRITE_ZEROES_FLAG_UNMAP };
+        if flags & !allowed != 0 {
+            return Err(Reject::Unsupported(kind));
+        }
+        if num > MAX_DWZ_SECTORS {
+            return Err(Reject::Malformed("more sectors than offered"));
+        }
+        let len = u64::from(num) * SECTOR_SIZE;
+        let Some(offset) = byte_range(u64::from_le_bytes(sector), len, rules.capacity) else {
+            return Err(Reject::Malformed("sectors outside the disk"));
+        };
+        Ok(if discard {
+            Op::Discard { offset, len }
+        } else {
+            Op::WriteZeroes {
+                offset,
+                len,
+                unmap: flags & WRITE_ZEROES_FLAG_UNMAP != 0,
+            }
         })
     }
 }

@@ -25,10 +25,11 @@ use super::{
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::events::{self, Activation};
 use crate::virtio::io_engine::WriteRing;
+use crate::virtio::metrics::Counters;
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
-    check_queues, read_config_space, ActivateError, GuestMemory, Interrupt, VirtioCommon,
-    VirtioDevice,
+    check_queues, read_config_space, ActivateError, DeviceMetrics, GuestMemory, Interrupt,
+    VirtioCommon, VirtioDevice,
 };
 
 /// virtio device ID of a network card (virtio 1.1 §5.1.1).
@@ -76,7 +77,7 @@ pub const OFFLOAD_FEATURES: u64 = offload_features(Offloads::ALL);
 
 /// Length of the configuration space we expose: `mac`, `status`,
 /// `max_virtqueue_pairs` and `mtu` (virtio 1.1 §5.1.4).
-const CONFIG_SPACE_LEN: usize = 12;
+pub(crate) const CONFIG_SPACE_LEN: usize = 12;
 /// Offset of `max_virtqueue_pairs` in the configuration space.
 const CONFIG_MAX_PAIRS_OFFSET: usize = 8;
 /// Offset of `mtu` in the configuration space.
@@ -448,6 +449,10 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
         );
         self.kick_event_handler();
     }
+
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
+        self.metrics.clone()
+    }
 }
 
 #[cfg(test)]
@@ -456,7 +461,6 @@ mod tests {
     use std::process::Command;
     use std::time::{Duration, Instant};
 
-    use event_manager::{EventManager, SubscriberOps};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     use super::super::tap::{enter_private_netns, SeqPacket};
@@ -664,32 +668,6 @@ mod tests {
     }
 
     #[test]
-    fn test_activate_wrong_queue_count() {
-        let mut n = net(NetConfig::default());
-        let m = mem();
-        let q = queue_at(
-            &m,
-            DriverQueue::packed(&m, GuestAddress(0x10000), 256).ring_addrs(),
-            MRG_FEATURES,
-        );
-        let err = n
-            .activate(
-                MRG_FEATURES,
-                vec![q],
-                std::sync::Arc::new(TestIrq::default()),
-            )
-            .unwrap_err();
-        assert!(matches!(
-            err,
-            ActivateError::QueueCount {
-                expected: 2,
-                got: 1
-            }
-        ));
-        assert!(!n.is_activated());
-    }
-
-    #[test]
     fn test_offload_flags_and_max_frame() {
         let mut n = net(NetConfig::default());
         n.common.acked_features = MRG_FEATURES;
@@ -801,8 +779,7 @@ mod tests {
     /// driver side; the host side is that namespace's kernel stack.
     struct TapRig {
         m: GuestMemory,
-        net: Arc<std::sync::Mutex<Net<Tap>>>,
-        em: EventManager<Arc<std::sync::Mutex<Net<Tap>>>>,
+        rig: DirectRig<Net<Tap>>,
         rxq: DriverQueue,
         txq: DriverQueue,
         /// Buffer address of each posted RX descriptor.
@@ -849,25 +826,15 @@ mod tests {
                 }
             }
             let m = mem();
-            let net = Arc::new(std::sync::Mutex::new(
-                Net::with_backend(tap, NetConfig::default(), m.clone()).unwrap(),
-            ));
-            let mut em = EventManager::new().unwrap();
-            em.add_subscriber(net.clone());
+            let net = Net::with_backend(tap, NetConfig::default(), m.clone()).unwrap();
+            let mut direct = DirectRig::new(m.clone(), net);
             let rxq = DriverQueue::packed(&m, GuestAddress(0x10000), 256);
             let txq = DriverQueue::packed(&m, GuestAddress(0x80000), 256);
-            net.lock()
-                .unwrap()
-                .activate(
-                    features,
-                    rx_tx_queues(&m, &rxq, &txq, features),
-                    Arc::new(TestIrq::default()),
-                )
-                .unwrap();
+            let rings = [rxq.ring_addrs(), txq.ring_addrs()];
+            direct.activate_rings(features, &rings).unwrap();
             let mut rig = TapRig {
                 m,
-                net,
-                em,
+                rig: direct,
                 rxq,
                 txq,
                 bufs: HashMap::new(),
@@ -889,13 +856,11 @@ mod tests {
                     .unwrap();
                 self.bufs.insert(head, a);
             }
-            self.net.lock().unwrap().queue_events()[RX_INDEX]
-                .write(1)
-                .unwrap();
+            self.rig.dev().queue_events()[RX_INDEX].write(1).unwrap();
         }
 
         fn metrics(&self) -> serde_json::Value {
-            self.net.lock().unwrap().metrics().to_json()
+            self.rig.dev().metrics().to_json()
         }
 
         /// Sends a frame (vnet header included) from the "guest".
@@ -909,16 +874,14 @@ mod tests {
             if self.tx_addr > 0x3000000 {
                 self.tx_addr = 0x200000;
             }
-            self.net.lock().unwrap().queue_events()[TX_INDEX]
-                .write(1)
-                .unwrap();
+            self.rig.dev().queue_events()[TX_INDEX].write(1).unwrap();
         }
 
         /// Runs the device until a received frame satisfies `pick`.
         fn wait_for(&mut self, pick: &dyn Fn(&Received) -> bool) -> Received {
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
-                self.em.run_with_timeout(20).unwrap();
+                self.rig.run_once(20);
                 let m = self.m.clone();
                 self.used.extend(self.rxq.take_used(&m));
                 while let Some(&(id, len)) = self.used.front() {

@@ -41,7 +41,8 @@ use super::rx::RxStatus;
 use super::tap::NetBackend;
 use super::tx::TxStatus;
 use super::{RX_INDEX, TX_INDEX};
-use crate::virtio::events::{self, throttled, HostErrors, PROCESS_ACTIVATE};
+use crate::virtio::events::{self, throttled, Activation, EventHandler, HostErrors};
+use crate::virtio::metrics::Counters;
 use crate::warn::warn_rate_limited;
 
 /// The driver notified the RX queue (new receive buffers).
@@ -153,17 +154,6 @@ impl<B: NetBackend> Net<B> {
             TxStatus::Done | TxStatus::Blocked | TxStatus::Throttled => {}
         }
         Some(status)
-    }
-
-    /// activate_evt: start a new activation (a reset needs only the
-    /// registration update that follows every event).
-    fn process_activate_event(&mut self) {
-        let activation = self.active.as_mut().map(|a| &mut a.activation);
-        let errors = self.metrics.host_errors();
-        // Frames queued before DRIVER_OK have no kick of their own.
-        if errors.activation_event(&self.activate_evt, activation) {
-            self.run_tx(false);
-        }
     }
 
     fn process_rx_queue_event(&mut self) {
@@ -279,6 +269,57 @@ impl<B: NetBackend> Net<B> {
         set
     }
 
+    /// Registers queue `q`'s limiter timer while the limiter waits for it
+    /// ([`HostErrors::sync_timer`]), and re-queues the pass if the wait had
+    /// to be given up.
+    fn sync_timer(&mut self, ops: &mut EventOps, q: usize) {
+        let errors = self.metrics.host_errors();
+        let (limiter, registered, token, throttled_ns) = if q == RX_INDEX {
+            (
+                &mut self.rx_limiter,
+                &mut self.registered.rx_timer,
+                PROCESS_RX_RATE_LIMITER,
+                &self.metrics.rx_throttled_ns,
+            )
+        } else {
+            (
+                &mut self.tx_limiter,
+                &mut self.registered.tx_timer,
+                PROCESS_TX_RATE_LIMITER,
+                &self.metrics.tx_throttled_ns,
+            )
+        };
+        if errors.sync_timer(ops, limiter, registered, token, throttled_ns) {
+            self.requeue(q);
+        }
+    }
+}
+
+impl<B: NetBackend> EventHandler for Net<B> {
+    fn activation_parts(&mut self) -> (HostErrors<'_>, &EventFd, Option<&mut Activation>) {
+        let activation = self.active.as_mut().map(|a| &mut a.activation);
+        (self.metrics.host_errors(), &self.activate_evt, activation)
+    }
+
+    /// Frames queued before DRIVER_OK have no kick of their own.
+    fn first_passes(&mut self) {
+        self.run_tx(false);
+    }
+
+    fn handle(&mut self, token: u32, set: EventSet) -> bool {
+        match token {
+            PROCESS_RX_QUEUE => self.process_rx_queue_event(),
+            PROCESS_TX_QUEUE => self.process_tx_queue_event(),
+            PROCESS_BACKEND => self.process_backend_event(set),
+            PROCESS_RX_REQUEUE => self.process_rx_requeue_event(),
+            PROCESS_TX_REQUEUE => self.process_tx_requeue_event(),
+            PROCESS_RX_RATE_LIMITER => self.process_rx_rate_limiter_event(),
+            PROCESS_TX_RATE_LIMITER => self.process_tx_rate_limiter_event(),
+            _ => return false,
+        }
+        true
+    }
+
     /// Brings the epoll registrations in line with the device state.
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.active.as_ref().is_some_and(|a| a.activation.started);
@@ -313,58 +354,15 @@ impl<B: NetBackend> Net<B> {
             self.sync_timer(ops, q);
         }
     }
-
-    /// Registers queue `q`'s limiter timer while the limiter waits for it
-    /// ([`HostErrors::sync_timer`]), and re-queues the pass if the wait had
-    /// to be given up.
-    fn sync_timer(&mut self, ops: &mut EventOps, q: usize) {
-        let errors = self.metrics.host_errors();
-        let (limiter, registered, token, throttled_ns) = if q == RX_INDEX {
-            (
-                &mut self.rx_limiter,
-                &mut self.registered.rx_timer,
-                PROCESS_RX_RATE_LIMITER,
-                &self.metrics.rx_throttled_ns,
-            )
-        } else {
-            (
-                &mut self.tx_limiter,
-                &mut self.registered.tx_timer,
-                PROCESS_TX_RATE_LIMITER,
-                &self.metrics.tx_throttled_ns,
-            )
-        };
-        if errors.sync_timer(ops, limiter, registered, token, throttled_ns) {
-            self.requeue(q);
-        }
-    }
 }
 
 impl<B: NetBackend + 'static> MutEventSubscriber for Net<B> {
     fn init(&mut self, ops: &mut EventOps) {
-        self.metrics
-            .host_errors()
-            .add_activate_evt(ops, &self.activate_evt);
-        // An activation that happened before the device joined the loop.
-        if self.active.is_some() {
-            self.process_activate_event();
-            self.sync_registrations(ops);
-        }
+        events::init(self, ops);
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
-        match events.data() {
-            PROCESS_ACTIVATE => self.process_activate_event(),
-            PROCESS_RX_QUEUE => self.process_rx_queue_event(),
-            PROCESS_TX_QUEUE => self.process_tx_queue_event(),
-            PROCESS_BACKEND => self.process_backend_event(events.event_set()),
-            PROCESS_RX_REQUEUE => self.process_rx_requeue_event(),
-            PROCESS_TX_REQUEUE => self.process_tx_requeue_event(),
-            PROCESS_RX_RATE_LIMITER => self.process_rx_rate_limiter_event(),
-            PROCESS_TX_RATE_LIMITER => self.process_tx_rate_limiter_event(),
-            other => self.metrics.host_errors().unknown_token(other),
-        }
-        self.sync_registrations(ops);
+        events::process(self, events, ops);
     }
 }
 
@@ -651,11 +649,15 @@ mod tests {
     #[test]
     fn test_activation_before_registration() {
         let NetFixture {
-            mem,
-            net,
+            rig:
+                DirectRig {
+                    mem,
+                    dev: net,
+                    evmgr,
+                    irq,
+                    ..
+                },
             peer,
-            evmgr,
-            irq,
             ..
         } = NetFixture::new_inactive(NetConfig::default());
         // Forget the harness' event manager: a second one will pick the

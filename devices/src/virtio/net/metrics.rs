@@ -23,7 +23,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
-use crate::virtio::events::{self, HostErrors};
+use crate::virtio::metrics::Counters;
 
 pub use crate::virtio::time_counter::TimeCounter;
 
@@ -88,7 +88,7 @@ pub struct NetMetrics {
     /// Guest writes to the read-only configuration space, ignored.
     pub config_writes_ignored: AtomicU64,
     /// Passes (either direction) cut short by the descriptor budget
-    /// (`pass::PASS_DESC_BUDGET`) rather than by a weight.
+    /// (`queue::PASS_DESC_BUDGET`) rather than by a weight.
     pub desc_budget_hits: AtomicU64,
     /// Passes (either direction) cut short by the time budget
     /// (`NetConfig::pass_time_budget_us`) rather than by a weight or the
@@ -98,7 +98,7 @@ pub struct NetMetrics {
     /// chains alike.
     pub descs_walked: AtomicU64,
     /// The most ring entries and descriptors one pass has read (a gauge;
-    /// never above `pass::MAX_PASS_READS`).
+    /// never above `queue::MAX_PASS_READS`).
     pub max_descs_per_pass: AtomicU64,
     /// Runs of TX frames the backend refused the same way (not exported:
     /// what rate-limits their log lines across activations).
@@ -122,15 +122,10 @@ pub struct NetMetrics {
     pub tx_batches: AtomicU64,
 }
 
-impl NetMetrics {
-    /// Where this device's host errors are counted and logged.
-    pub(crate) fn host_errors(&self) -> HostErrors<'_> {
-        HostErrors::new(&self.host_errors, "virtio-net")
-    }
-
-    /// The counters as one JSON object (see the module docs for the contract).
-    pub fn to_json(&self) -> serde_json::Value {
-        events::counters_json(self)
+impl Counters for NetMetrics {
+    const DEVICE: &'static str = "virtio-net";
+    fn host_error_counter(&self) -> &AtomicU64 {
+        &self.host_errors
     }
 }
 
@@ -139,6 +134,8 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+    use crate::virtio::events;
+    use crate::virtio::metrics::{assert_counter_keys, DeviceMetrics};
 
     /// Every key the JSON had when it was listed by hand, then the
     /// limiter's: a renamed field fails here.
@@ -184,7 +181,7 @@ mod tests {
         events::add(&m.rx_bytes, 1514);
         m.features_negotiated.store(1 << 63 | 1, Ordering::Relaxed);
         let json = m.to_json();
-        events::assert_counter_keys(&json, &KEYS);
+        assert_counter_keys(&json, &KEYS);
         assert_eq!(json["rx_bytes"], 1514);
         // The full 64-bit feature word survives the round trip through JSON.
         let text = serde_json::to_string(&serde_json::json!({ "net0": json })).unwrap();

@@ -55,7 +55,7 @@ pub use tap::{NetBackend, SeqPacket, Tap, TapError};
 use virtio_bindings::virtio_net::virtio_net_hdr_v1;
 
 use crate::rate_limiter::RateLimiterConfig;
-use crate::virtio::queue::MAX_QUEUE_SIZE;
+use crate::virtio::queue::{MAX_QUEUE_SIZE, PASS_WEIGHT_BYTES, PASS_WEIGHT_CHAINS};
 
 /// Index of the receive queue (virtio 1.1 §5.1.2).
 pub const RX_INDEX: usize = 0;
@@ -116,10 +116,12 @@ pub struct NetConfig {
     pub io_engine: IoEngine,
 }
 
-/// vhost-net's `VHOST_NET_WEIGHT`: bytes per pass before yielding.
-pub const DEFAULT_WEIGHT_BYTES: u64 = 0x80000;
-/// vhost-net's `VHOST_NET_PKT_WEIGHT`: frames per pass before yielding.
-pub const DEFAULT_WEIGHT_PACKETS: u64 = 256;
+/// vhost-net's `VHOST_NET_WEIGHT`: bytes per pass before yielding (the
+/// shared [`PASS_WEIGHT_BYTES`]).
+pub const DEFAULT_WEIGHT_BYTES: u64 = PASS_WEIGHT_BYTES;
+/// vhost-net's `VHOST_NET_PKT_WEIGHT`: frames per pass before yielding (the
+/// shared [`PASS_WEIGHT_CHAINS`]).
+pub const DEFAULT_WEIGHT_PACKETS: u64 = PASS_WEIGHT_CHAINS as u64;
 /// Default time budget of a pass in µs. In netbench's seed001 experiment
 /// (the RX latency of a probe every 1 ms under a TX flood of 1-byte UDP
 /// frames, BENCHMARKS.md), packet weight 256 with a 100 µs budget kept the

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-//! What the RX and TX passes share: one pass's bookkeeping (`Pass`), the
-//! bounds that end it, and how it returns refused chains and reports queue
-//! and rate-limiter failures.
+//! What the RX and TX passes share: one pass's bookkeeping (`Pass`) and the
+//! bounds that end it. How a refused chain is returned and a queue or
+//! limiter failure reported is the same for every device
+//! (`virtio::pass`).
 //!
 //! **Every pass is bounded.** Both directions stop a pass after a byte weight
 //! or a packet weight (vhost-net's 0x80000 bytes / 256 packets by default) so
 //! that a flood in one direction cannot delay the other. Independently of the
 //! weights, and also when they are 0, a pass stops once it has read
-//! [`PASS_DESC_BUDGET`] ring entries and descriptors: every descriptor read
+//! [`PASS_DESC_BUDGET`] (shared by every device) ring entries and descriptors: every descriptor read
 //! counts, through indirect tables too, for good and refused chains alike,
 //! and a refused chain counts as one packet against the packet weight. RX
 //! cache filling spends the same budget. A pass may also end by time: with a
@@ -17,8 +18,8 @@
 //! their size and the host; the time budget bounds what the other direction
 //! waits for, which is what fairness is about. A pass cut short any of these
 //! ways returns `WeightHit` and the event glue re-queues it behind every
-//! other ready event. So a pass never reads more than `MAX_PASS_READS`
-//! (the bound the tests and fuzz rigs hold it to, in `test_utils`) ring
+//! other ready event. So a pass never reads more than
+//! [`MAX_PASS_READS`](crate::virtio::queue::MAX_PASS_READS) ring
 //! entries and descriptors, whatever the guest writes into its rings and
 //! whenever it writes it; `NetMetrics::max_descs_per_pass` shows the largest
 //! seen.
@@ -26,21 +27,14 @@
 //! Used entries are published once per pass (see [`SplitQueue`]), and the
 //! per-frame counters are added to [`NetMetrics`] once per pass as well.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use super::metrics::{NetMetrics, TimeCounter};
-use crate::rate_limiter::RateLimiterError;
+use super::metrics::NetMetrics;
 use crate::virtio::events;
-use crate::virtio::queue::{Budget, ChainError, Notify, QueueError, SplitQueue};
+use crate::virtio::pass::count_reads;
+use crate::virtio::queue::{Budget, Notify, SplitQueue, PASS_DESC_BUDGET};
 use crate::virtio::Interrupt;
-use crate::warn::warn_rate_limited;
-
-/// Ring entries and descriptors one pass may read before it yields, whatever
-/// the weights (a fixed hard cap: 0 weights only turn the weights off). Well
-/// above what a weighted pass of real traffic reads: 256 frames of 19
-/// descriptors (a 64 KiB frame in page fragments) are 5,120.
-pub const PASS_DESC_BUDGET: u32 = 8192;
 
 /// Packets (frames and refused chains) between two looks at the clock when a
 /// pass has a time budget. The clock is the vDSO's (tens of ns, about 1 % of
@@ -192,9 +186,7 @@ impl Pass {
             queue.publish_used()
         };
         events::notify_driver(notify, irq, &m.interrupts, &m.interrupts_suppressed);
-        let reads = u64::from(self.budget.spent());
-        events::add(&m.descs_walked, reads);
-        m.max_descs_per_pass.fetch_max(reads, Ordering::Relaxed);
+        count_reads(&self.budget, &m.descs_walked, &m.max_descs_per_pass);
     }
 }
 
@@ -206,54 +198,6 @@ impl Pass {
 #[inline]
 pub(super) fn coalesce_limit(queue_size: u16) -> u16 {
     (queue_size / 4).clamp(1, 64)
-}
-
-/// Returns a refused chain to the guest with length 0 and counts it.
-pub(super) fn return_malformed(
-    queue: &mut SplitQueue,
-    metrics: &NetMetrics,
-    head: u16,
-    err: ChainError,
-    dir: &str,
-) {
-    let n = events::inc(&metrics.malformed_chains);
-    warn_rate_limited!(count = n, "virtio-net: {dir} chain {head} refused: {err}");
-    // A head outside the table names no chain: there is nothing to give back.
-    if err != ChainError::HeadOutOfRange {
-        queue.add_used(head, 0);
-    }
-}
-/// Whether the rate limiter let a frame go; a refusal is counted in
-/// `throttled` and starts `throttled_ns` (the timer's event stops it). A
-/// timer that cannot be armed lets the frame go: blocking without a wake-up
-/// would stop the direction for good.
-pub(super) fn admitted(
-    res: Result<bool, RateLimiterError>,
-    throttled: &std::sync::atomic::AtomicU64,
-    throttled_ns: &TimeCounter,
-    metrics: &NetMetrics,
-) -> bool {
-    match res {
-        Ok(true) => true,
-        Ok(false) => {
-            events::inc(throttled);
-            throttled_ns.start();
-            false
-        }
-        Err(e) => {
-            let n = events::inc(&metrics.host_errors);
-            warn_rate_limited!(count = n, "virtio-net: rate limiter not applied: {e}");
-            true
-        }
-    }
-}
-
-pub(super) fn queue_failed(metrics: &NetMetrics, dir: &str, err: &QueueError) {
-    let n = events::inc(&metrics.queue_errors);
-    warn_rate_limited!(
-        count = n,
-        "virtio-net: {dir} queue unusable until the driver resets the device: {err}"
-    );
 }
 
 #[cfg(test)]

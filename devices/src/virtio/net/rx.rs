@@ -35,13 +35,15 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use super::metrics::NetMetrics;
-use super::pass::{admitted, queue_failed, return_malformed, Pass, Yield};
+use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::tx::BOUNCE_BUFFER_LEN;
 use super::{NUM_BUFFERS_OFFSET, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov;
+use crate::virtio::metrics::Counters;
+use crate::virtio::pass::{admitted, queue_failed, refuse_chain};
 use crate::virtio::queue::{Chain, ChainRules, IoSeg, QueueError, SplitQueue, IOV_MAX};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -63,7 +65,7 @@ fn rx_admit(l: &mut RateLimiter, metrics: &NetMetrics) -> bool {
         l.admit(),
         &metrics.rx_rate_limiter_throttled,
         &metrics.rx_throttled_ns,
-        metrics,
+        metrics.host_errors(),
     )
 }
 
@@ -223,7 +225,14 @@ impl RxVirtio {
                 }
                 Err(err) => {
                     pass.packets += 1;
-                    return_malformed(&mut self.queue, metrics, head, err, "RX");
+                    refuse_chain(
+                        &mut self.queue,
+                        &metrics.malformed_chains,
+                        "virtio-net",
+                        "RX ",
+                        head,
+                        err,
+                    );
                 }
             }
         }
@@ -237,42 +246,8 @@ impl RxVirtio {
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> io::Result<ReadOutcome> {
-        // Chains offered to this read: without MRG_RXBUF only the first; with
-        // it, as many as the largest frame needs and one syscall takes.
-        let mut nsegs = 0;
-        let mut cap = 0;
-        let mut nchains = 0;
-        for (i, c) in self.chains.items().iter().enumerate() {
-            if i > 0 && (!self.mrg_rxbuf || cap >= self.max_frame || nsegs + c.nsegs >= IOV_MAX) {
-                break;
-            }
-            nsegs += c.nsegs;
-            cap += c.len;
-            nchains += 1;
-        }
-
-        let n = match self.bounce.as_mut() {
-            Some(bounce) => {
-                let n = iov::host_buf(bounce, |io| backend.recv_frame(io))?;
-                if n <= cap {
-                    iov::copy_to_segs(&self.segs.items()[..nsegs], 0, &bounce[..n]);
-                }
-                n
-            }
-            // The usual case: the read may fill every cached segment, so
-            // they are the I/O vector as they lie.
-            None if nsegs == self.segs.len() => {
-                let (v, from) = self.segs.raw();
-                iov::with_tail(v, from, &mut self.overflow, |io| backend.recv_frame(io))?
-            }
-            None => {
-                self.iov.clear();
-                self.iov.extend_from_slice(&self.segs.items()[..nsegs]);
-                iov::with_tail(&mut self.iov, 0, &mut self.overflow, |io| {
-                    backend.recv_frame(io)
-                })?
-            }
-        };
+        let (nsegs, cap, nchains) = self.offered();
+        let n = self.recv(backend, nsegs, cap)?;
         if n == 0 {
             return Ok(ReadOutcome::Zero);
         }
@@ -285,9 +260,66 @@ impl RxVirtio {
             );
             return Ok(ReadOutcome::Dropped);
         }
+        let used = self.return_chains(n, nchains);
+        pass.frames += 1;
+        pass.payload += (n - VNET_HDR_LEN) as u64;
+        pass.buffers += used as u64;
+        Ok(ReadOutcome::Frame(n))
+    }
 
-        // Return the chains the frame filled, each with the bytes it got
-        // (n <= cap, the capacity of the first `nchains`).
+    /// The chains offered to the next read, as (segments, bytes, chains):
+    /// without MRG_RXBUF only the first; with it, as many as the largest
+    /// frame needs and one system call takes.
+    #[inline(always)]
+    fn offered(&self) -> (usize, usize, usize) {
+        let mut nsegs = 0;
+        let mut cap = 0;
+        let mut nchains = 0;
+        for (i, c) in self.chains.items().iter().enumerate() {
+            if i > 0 && (!self.mrg_rxbuf || cap >= self.max_frame || nsegs + c.nsegs >= IOV_MAX) {
+                break;
+            }
+            nsegs += c.nsegs;
+            cap += c.len;
+            nchains += 1;
+        }
+        (nsegs, cap, nchains)
+    }
+
+    /// One read from the backend into the first `nsegs` cached segments
+    /// (`cap` bytes), with the host byte after them that catches a frame
+    /// too long for them; the bytes read.
+    #[inline(always)]
+    fn recv<B: NetBackend>(&mut self, backend: &B, nsegs: usize, cap: usize) -> io::Result<usize> {
+        match self.bounce.as_mut() {
+            Some(bounce) => {
+                let n = iov::host_buf(bounce, |io| backend.recv_frame(io))?;
+                if n <= cap {
+                    iov::copy_to_segs(&self.segs.items()[..nsegs], 0, &bounce[..n]);
+                }
+                Ok(n)
+            }
+            // The usual case: the read may fill every cached segment, so
+            // they are the I/O vector as they lie.
+            None if nsegs == self.segs.len() => {
+                let (v, from) = self.segs.raw();
+                iov::with_tail(v, from, &mut self.overflow, |io| backend.recv_frame(io))
+            }
+            None => {
+                self.iov.clear();
+                self.iov.extend_from_slice(&self.segs.items()[..nsegs]);
+                iov::with_tail(&mut self.iov, 0, &mut self.overflow, |io| {
+                    backend.recv_frame(io)
+                })
+            }
+        }
+    }
+
+    /// Returns the chains a frame of `n` bytes filled (of the first
+    /// `nchains`, which hold at least `n`), each with the bytes it got, and
+    /// writes `num_buffers`; how many it took.
+    #[inline(always)]
+    fn return_chains(&mut self, n: usize, nchains: usize) -> usize {
         let mut left = n;
         let mut used = 0usize;
         let mut used_segs = 0;
@@ -310,11 +342,7 @@ impl RxVirtio {
         iov::write_bytes_at(self.segs.items(), NUM_BUFFERS_OFFSET, &nb);
         self.chains.consume(used);
         self.segs.consume(used_segs);
-
-        pass.frames += 1;
-        pass.payload += (n - VNET_HDR_LEN) as u64;
-        pass.buffers += used as u64;
-        Ok(ReadOutcome::Frame(n))
+        used
     }
 
     /// One RX pass: reads frames until the backend is empty, the guest runs
@@ -333,72 +361,14 @@ impl RxVirtio {
         events::inc(&metrics.rx_passes);
         let mut pass = Pass::new(self.time_budget);
         let status = loop {
-            match self.fill_cache(&mut pass, metrics) {
-                Err(e) => {
-                    queue_failed(metrics, "RX", &e);
-                    break RxStatus::Broken;
-                }
-                Ok(Fill::Yield(why)) => {
-                    Pass::count_yield(why, &metrics.rx_weight_hits, metrics);
-                    break RxStatus::WeightHit;
-                }
-                // We have buffers: the guest need not kick us for more until
-                // we run short again.
-                Ok(Fill::Enough) => self.queue.disable_notifications(),
-                Ok(Fill::Empty) => {
-                    // Ask for a kick when buffers are posted, then look once
-                    // more: some may have arrived before the request landed.
-                    match self.queue.enable_notifications() {
-                        Ok(true) => {
-                            pass.budget.charge(1);
-                            continue;
-                        }
-                        // We cannot tell whether another frame waits without
-                        // reading it. Keep polling the backend: if one does,
-                        // the next pass starts without buffers and starves.
-                        Ok(false) if pass.frames > 0 => break RxStatus::Drained,
-                        Ok(false) => {
-                            events::inc(&metrics.rx_no_avail_buffer);
-                            self.starved_since = Some(Instant::now());
-                            metrics.rx_starved_ns.start();
-                            break RxStatus::Starved;
-                        }
-                        Err(e) => {
-                            queue_failed(metrics, "RX", &e);
-                            break RxStatus::Broken;
-                        }
-                    }
-                }
+            match self.buffers(&mut pass, metrics) {
+                Some(Ok(())) => {}
+                Some(Err(status)) => break status,
+                None => continue,
             }
-            // The frame's size is known only once it is read: admit it on
-            // any token and charge it after, so the debt makes later frames
-            // wait (the long-run rate stays exact).
-            if let Some(l) = limiter.as_deref_mut() {
-                if !rx_admit(l, metrics) {
-                    break RxStatus::Throttled;
-                }
-            }
-            match self.read_frame(backend, &mut pass, metrics) {
-                Ok(ReadOutcome::Frame(n)) => {
-                    pass.packets += 1;
-                    pass.bytes += n as u64;
-                    if let Some(l) = limiter.as_deref_mut() {
-                        rx_charge(l, n);
-                    }
-                }
-                Ok(ReadOutcome::Dropped) => pass.packets += 1,
-                Ok(ReadOutcome::Zero) => break RxStatus::ZeroRead,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break RxStatus::Drained,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    let n = events::inc(&metrics.host_errors);
-                    warn_rate_limited!(count = n, "virtio-net: backend read failed: {e}");
-                    break RxStatus::Drained;
-                }
-            }
-            if let Some(why) = pass.must_yield(self.weight_bytes, self.weight_packets) {
-                Pass::count_yield(why, &metrics.rx_weight_hits, metrics);
-                break RxStatus::WeightHit;
+            if let Some(status) = self.read_one(backend, limiter.as_deref_mut(), &mut pass, metrics)
+            {
+                break status;
             }
         };
         if status == RxStatus::Broken {
@@ -409,6 +379,92 @@ impl RxVirtio {
         events::add(&metrics.rx_buffers, pass.buffers);
         pass.finish(&mut self.queue, irq, metrics, status == RxStatus::WeightHit);
         status
+    }
+
+    /// Makes sure buffers for a frame are cached: `Ok` to read one, `Err`
+    /// with how the pass ends, `None` to look at the ring again (chains
+    /// arrived while kicks were being re-enabled).
+    #[inline(always)]
+    fn buffers(&mut self, pass: &mut Pass, metrics: &NetMetrics) -> Option<Result<(), RxStatus>> {
+        match self.fill_cache(pass, metrics) {
+            Err(e) => {
+                queue_failed(&metrics.queue_errors, "virtio-net", "RX ", &e);
+                Some(Err(RxStatus::Broken))
+            }
+            Ok(Fill::Yield(why)) => {
+                Pass::count_yield(why, &metrics.rx_weight_hits, metrics);
+                Some(Err(RxStatus::WeightHit))
+            }
+            // We have buffers: the guest need not kick us for more until
+            // we run short again.
+            Ok(Fill::Enough) => {
+                self.queue.disable_notifications();
+                Some(Ok(()))
+            }
+            // Ask for a kick when buffers are posted, then look once
+            // more: some may have arrived before the request landed.
+            Ok(Fill::Empty) => match self.queue.enable_notifications() {
+                Ok(true) => {
+                    pass.budget.charge(1);
+                    None
+                }
+                // We cannot tell whether another frame waits without
+                // reading it. Keep polling the backend: if one does,
+                // the next pass starts without buffers and starves.
+                Ok(false) if pass.frames > 0 => Some(Err(RxStatus::Drained)),
+                Ok(false) => {
+                    events::inc(&metrics.rx_no_avail_buffer);
+                    self.starved_since = Some(Instant::now());
+                    metrics.rx_starved_ns.start();
+                    Some(Err(RxStatus::Starved))
+                }
+                Err(e) => {
+                    queue_failed(&metrics.queue_errors, "virtio-net", "RX ", &e);
+                    Some(Err(RxStatus::Broken))
+                }
+            },
+        }
+    }
+
+    /// Reads one frame into the cached buffers, within the limiter and the
+    /// pass's bounds; how the pass ends, or `None` to go on.
+    #[inline(always)]
+    fn read_one<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        mut limiter: Option<&mut RateLimiter>,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Option<RxStatus> {
+        // The frame's size is known only once it is read: admit it on
+        // any token and charge it after, so the debt makes later frames
+        // wait (the long-run rate stays exact).
+        if let Some(l) = limiter.as_deref_mut() {
+            if !rx_admit(l, metrics) {
+                return Some(RxStatus::Throttled);
+            }
+        }
+        match self.read_frame(backend, pass, metrics) {
+            Ok(ReadOutcome::Frame(n)) => {
+                pass.packets += 1;
+                pass.bytes += n as u64;
+                if let Some(l) = limiter {
+                    rx_charge(l, n);
+                }
+            }
+            Ok(ReadOutcome::Dropped) => pass.packets += 1,
+            Ok(ReadOutcome::Zero) => return Some(RxStatus::ZeroRead),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(RxStatus::Drained),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+            Err(e) => {
+                let n = events::inc(&metrics.host_errors);
+                warn_rate_limited!(count = n, "virtio-net: backend read failed: {e}");
+                return Some(RxStatus::Drained);
+            }
+        }
+        let why = pass.must_yield(self.weight_bytes, self.weight_packets)?;
+        Pass::count_yield(why, &metrics.rx_weight_hits, metrics);
+        Some(RxStatus::WeightHit)
     }
 }
 

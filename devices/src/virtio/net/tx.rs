@@ -22,13 +22,15 @@ use std::io;
 use std::time::Duration;
 
 use super::metrics::NetMetrics;
-use super::pass::{admitted, queue_failed, return_malformed, Pass, Yield};
+use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
 use crate::virtio::iov::{self, IoVecs};
+use crate::virtio::metrics::Counters;
+use crate::virtio::pass::{admitted, more_after_drained, queue_failed, refuse_chain};
 use crate::virtio::queue::{ChainRules, IoSeg, QueueError, SplitQueue};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -64,7 +66,7 @@ fn tx_consume(l: &mut RateLimiter, len: usize, metrics: &NetMetrics) -> bool {
         l.consume(len.saturating_sub(VNET_HDR_LEN) as u64),
         &metrics.tx_rate_limiter_throttled,
         &metrics.tx_throttled_ns,
-        metrics,
+        metrics.host_errors(),
     )
 }
 
@@ -314,7 +316,14 @@ impl TxVirtio {
                 }
                 Err(err) => {
                     pass.packets += 1;
-                    return_malformed(&mut self.queue, metrics, head, err, "TX");
+                    refuse_chain(
+                        &mut self.queue,
+                        &metrics.malformed_chains,
+                        "virtio-net",
+                        "TX ",
+                        head,
+                        err,
+                    );
                 }
             }
         }
@@ -341,11 +350,40 @@ impl TxVirtio {
         let mut results = std::mem::take(&mut self.batch.results);
         results.clear();
         results.resize(n, NOT_TRIED);
+        self.write_batch(backend, ring, &mut results, metrics);
+        let again = self.settle(&results, pass, metrics);
+        if again == 0 && n == self.batch.items.len() {
+            self.batch.items.clear();
+            self.batch.segs.clear();
+        } else {
+            // Keep what the backend pushed back, and the unpaid tail.
+            self.batch
+                .retain(|i| results.get(i).is_none_or(|&r| pushed_back(r)));
+        }
+        self.batch.results = results;
+        if again > 0 {
+            events::inc(&metrics.tap_eagain);
+        }
+        again == 0
+    }
+
+    /// Writes the paid chains of the batch: through the ring, or one
+    /// system call each without one and for what a failed ring did not
+    /// write, until the backend pushes one back. Each result is what the
+    /// kernel said of its frame, or `NOT_TRIED`.
+    #[inline(always)]
+    fn write_batch<B: NetBackend>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<WriteRing>,
+        results: &mut [i32],
+        metrics: &NetMetrics,
+    ) {
         // The device builds no ring with a bounce buffer (`Net::with_backend`).
         if let Some(r) = ring.as_mut() {
             events::inc(&metrics.tx_batches);
             let batch = &self.batch;
-            if let Err(e) = r.write_frames(n, |i| batch.frame(i), &mut results) {
+            if let Err(e) = r.write_frames(results.len(), |i| batch.frame(i), results) {
                 // Entries the kernel did not take still point at the batch:
                 // the ring goes now, and what it did not write goes frame by
                 // frame below, as everything from now on.
@@ -367,6 +405,12 @@ impl TxVirtio {
                 break;
             }
         }
+    }
+
+    /// Returns every chain whose frame the backend took or refused to the
+    /// guest and counts it; returns how many it pushed back (they stay).
+    #[inline(always)]
+    fn settle(&mut self, results: &[i32], pass: &mut Pass, metrics: &NetMetrics) -> usize {
         let mut again = 0usize;
         for (i, &res) in results.iter().enumerate() {
             let it = self.batch.items[i];
@@ -403,19 +447,7 @@ impl TxVirtio {
             }
             self.queue.add_used(it.head, 0);
         }
-        if again == 0 && n == self.batch.items.len() {
-            self.batch.items.clear();
-            self.batch.segs.clear();
-        } else {
-            // Keep what the backend pushed back, and the unpaid tail.
-            self.batch
-                .retain(|i| results.get(i).is_none_or(|&r| pushed_back(r)));
-        }
-        self.batch.results = results;
-        if again > 0 {
-            events::inc(&metrics.tap_eagain);
-        }
-        again == 0
+        again
     }
 
     /// One frame, one system call (EINTR retried), through the bounce
@@ -478,7 +510,7 @@ impl TxVirtio {
                     Err(e) => {
                         // What was walked before the failure still goes out.
                         self.flush(backend, ring, &mut pass, metrics);
-                        queue_failed(metrics, "TX", &e);
+                        queue_failed(&metrics.queue_errors, "virtio-net", "TX ", &e);
                         break 'pass TxStatus::Broken;
                     }
                 };
@@ -497,14 +529,11 @@ impl TxVirtio {
                 // Re-enable kicks; if chains arrived meanwhile, keep going
                 // (each such look counts against the budget, so a guest that
                 // keeps moving avail.idx cannot keep the pass here).
-                match self.queue.enable_notifications() {
-                    Ok(true) => {
-                        pass.budget.charge(1);
-                        self.queue.disable_notifications();
-                    }
+                match more_after_drained(&mut self.queue, &mut pass.budget) {
+                    Ok(true) => {}
                     Ok(false) => break 'pass TxStatus::Done,
                     Err(e) => {
-                        queue_failed(metrics, "TX", &e);
+                        queue_failed(&metrics.queue_errors, "virtio-net", "TX ", &e);
                         break 'pass TxStatus::Broken;
                     }
                 }

@@ -234,6 +234,29 @@ pub enum Notify {
     Suppressed,
 }
 
+/// Ring entries and descriptors one pass of any device may read before it
+/// yields, whatever its weights (a fixed hard cap: 0 weights only turn the
+/// weights off). Well above what a weighted pass of real traffic reads: 256
+/// frames of 19 descriptors (a 64 KiB frame in page fragments) are 5,120.
+pub const PASS_DESC_BUDGET: u32 = 8192;
+
+/// Most ring entries and descriptors a pass can read, whatever the guest
+/// writes into its rings: the bound the tests and fuzz rigs hold every
+/// pass to (a device stops at its budget and never looks at this). The
+/// budget is checked before each chain, one chain costs at most its avail
+/// entry, the descriptor pointing to an indirect table and
+/// `MAX_CHAIN_SEGS + 1` buffer descriptors (the last one refused), and the
+/// pass may look at `avail.idx` once more after re-enabling notifications.
+pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
+
+/// Chains (frames, requests) after which a pass yields to the event loop:
+/// vhost-net's `VHOST_NET_PKT_WEIGHT`, the default weight of every device.
+pub const PASS_WEIGHT_CHAINS: u32 = 256;
+
+/// Bytes after which a pass yields to the event loop: vhost-net's
+/// `VHOST_NET_WEIGHT`, the default weight of every device that moves data.
+pub const PASS_WEIGHT_BYTES: u64 = 0x80000;
+
 /// Work a pass may still do: ring entries and descriptors read, each
 /// counting one, whether the chain they belong to is good or refused.
 #[derive(Debug, Clone, Copy)]

@@ -2,10 +2,28 @@
 //! [`DummyDevice`]: a device that does nothing but record what the
 //! transport did to it, for the transport's own tests.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use serde::Serialize;
+
+use crate::virtio::metrics::Counters;
 use crate::virtio::queue::SplitQueue;
-use crate::virtio::{ActivateError, Interrupt, VirtioCommon, VirtioDevice};
+use crate::virtio::{ActivateError, DeviceMetrics, Interrupt, VirtioCommon, VirtioDevice};
+
+/// The dummy's counters: none of its own, the host errors every device has.
+#[derive(Debug, Default, Serialize)]
+pub struct DummyMetrics {
+    /// Host-side faults (none: the dummy has no host side).
+    pub host_errors: AtomicU64,
+}
+
+impl Counters for DummyMetrics {
+    const DEVICE: &'static str = "virtio-dummy";
+    fn host_error_counter(&self) -> &AtomicU64 {
+        &self.host_errors
+    }
+}
 
 /// A device that does nothing but record what the transport did to it.
 pub struct DummyDevice {
@@ -25,6 +43,8 @@ pub struct DummyDevice {
     pub queues: Vec<SplitQueue>,
     /// Interrupt passed to the last `activate`.
     pub interrupt: Option<Arc<dyn Interrupt>>,
+    /// Its counters.
+    pub metrics: Arc<DummyMetrics>,
 }
 
 impl std::fmt::Debug for DummyDevice {
@@ -50,6 +70,7 @@ impl DummyDevice {
             reset_calls: 0,
             queues: Vec::new(),
             interrupt: None,
+            metrics: Arc::default(),
         })
     }
 }
@@ -98,5 +119,9 @@ impl VirtioDevice for DummyDevice {
         self.reset_calls += 1;
         self.queues.clear();
         self.interrupt = None;
+    }
+
+    fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
+        self.metrics.clone()
     }
 }

@@ -12,6 +12,15 @@
 //!   [`DriverQueue`] per queue in guest memory at addresses it allocates from
 //!   a bump allocator, posts chains, kicks through QueueNotify and reads back
 //!   the used ring. It knows nothing about any particular device type.
+//! - [`DeviceRig`] and [`DirectRig`] (`rig`): any device on its own event
+//!   loop, behind the real transport and a `MockDriver`, or activated
+//!   straight over rings the test writes. Each device's fixture is one of
+//!   them with what is the device's own.
+//! - `contract` (tests only): the suite every virtio device passes, written
+//!   once, generic over a device (`ContractDevice`); a device joins with
+//!   one line, `contract_suite!(TheDevice)`.
+//! - `checks` (tests only): log capture, `check_metric_after_block!`, a
+//!   temporary directory.
 //! - [`DummyDevice`] (`dummy_device`): a device that records what the
 //!   transport did to it.
 //! - [`aliasing_cases`] and [`adjacent_cases`] (`layouts`): ring layouts that
@@ -34,29 +43,24 @@
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use vm_memory::{GuestAddress, GuestMemoryError};
 
-use super::net::pass::PASS_DESC_BUDGET;
-use super::queue::MAX_CHAIN_SEGS;
-
 #[cfg(doc)]
 use super::mmio::MmioTransport;
+use super::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
 use super::{GuestMemory, Interrupt};
 
-/// Most ring entries and descriptors one net-device pass can read: the
-/// oracle the robustness tests and the fuzz rigs hold every pass to (the
-/// device itself stops at its budget and never looks at this bound). The
-/// budget is checked before each chain, one chain costs at most its avail
-/// entry, the descriptor pointing to an indirect table and
-/// `MAX_CHAIN_SEGS + 1` buffer descriptors (the last one refused), and the
-/// pass may look at `avail.idx` once more after re-enabling notifications.
-pub const MAX_PASS_READS: u32 = PASS_DESC_BUDGET + MAX_CHAIN_SEGS as u32 + 3;
-
+#[cfg(test)]
+pub(crate) mod checks;
+#[cfg(test)]
+pub(crate) mod contract;
 mod driver_queue;
 mod dummy_device;
 mod layouts;
 mod mock_driver;
+mod rig;
 
 pub use driver_queue::{
     desc_bytes, write_indirect_table, DriverQueue, QueueLayout, Segment, UsedElem,
@@ -64,6 +68,7 @@ pub use driver_queue::{
 pub use dummy_device::DummyDevice;
 pub use layouts::{adjacent_cases, aliasing_cases, LayoutCase};
 pub use mock_driver::MockDriver;
+pub use rig::{DeviceRig, DirectRig, BUF_BASE};
 
 /// An interrupt that counts what the device raised: used-buffer
 /// interrupts, configuration changes and device-error reports.
@@ -170,6 +175,21 @@ impl Rng {
     pub fn chance(&mut self, one_in: u64) -> bool {
         self.next_u64().checked_rem(one_in) == Some(0)
     }
+}
+
+/// A device-side queue over the driver's rings at `addrs`, validated and
+/// translated as the transport does at DRIVER_OK (without its overlap
+/// check, so tests can build the layouts it refuses), with the ring
+/// features of `features`: what a test hands a device's `activate`.
+pub fn queue_at(mem: &GuestMemory, addrs: RingAddrs, features: u64) -> SplitQueue {
+    let regions = Arc::new(GuestRegions::new(mem).expect("guest memory regions"));
+    SplitQueue::new(
+        regions,
+        addrs,
+        addrs.size.max(256),
+        RingFeatures::from_bits(features),
+    )
+    .expect("a queue the transport would accept")
 }
 
 /// Guest memory of `size` bytes at address 0, for tests.

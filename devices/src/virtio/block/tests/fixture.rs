@@ -9,30 +9,33 @@
 //! and in which direction each goes, and what it reads back is what a
 //! guest sees: status bytes, used lengths, guest memory, the file.
 //!
-//! [`MmioFixture`] instead puts the device behind the real MMIO transport
-//! and reaches it only through a [`MockDriver`]'s register accesses.
+//! [`mmio_rig`] instead puts the device behind the real MMIO transport
+//! ([`DeviceRig`]) and reaches it only through a [`MockDriver`]'s register
+//! accesses.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use crate::virtio::block::backend::{BlockBackend, DiskInfo, FallocMode, FileBackend, OpKind};
+use crate::virtio::block::device::config_offsets;
 use crate::virtio::block::device::features::*;
 use crate::virtio::block::request::{take_range, HEADER_LEN};
 use crate::virtio::block::{Block, BlockConfig, BlockError, BlockMetrics, IoEngine};
-use crate::virtio::mmio::MmioTransport;
-use crate::virtio::queue::{GuestRegions, IoSeg, RingFeatures, SplitQueue};
-use crate::virtio::test_utils::{guest_memory, MockDriver, UsedElem};
+use crate::virtio::queue::IoSeg;
+pub use crate::virtio::test_utils::checks::TempDir;
+use crate::virtio::test_utils::contract::ContractDevice;
+pub use crate::virtio::test_utils::DirectRig;
+use crate::virtio::test_utils::{guest_memory, DeviceRig, MockDriver, UsedElem, BUF_BASE};
 pub use crate::virtio::test_utils::{DriverQueue, Rng, Segment};
-use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
 pub use crate::virtio::block::request::{
     VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_DISCARD,
@@ -42,8 +45,6 @@ pub use crate::virtio::block::request::{
 
 /// Size of the test guest memory.
 pub const MEM_SIZE: u64 = 64 << 20;
-/// Where the driver's buffers start.
-const BUF_BASE: u64 = 0x100000;
 
 /// A feature bit.
 pub const fn bit(b: u32) -> u64 {
@@ -60,37 +61,6 @@ pub const BASE_FEATURES: u64 = bit(VIRTIO_F_VERSION_1)
     | bit(VIRTIO_BLK_F_DISCARD)
     | bit(VIRTIO_BLK_F_WRITE_ZEROES)
     | bit(VIRTIO_BLK_F_RO);
-
-/// A directory removed with everything in it when dropped.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new() -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "minivmm-blk-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    /// A file `name` in it holding `data`.
-    pub fn file(&self, name: &str, data: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, data).unwrap();
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-pub use crate::virtio::test_utils::TestIrq;
 
 /// A fault a [`FaultyBackend`] injects into the next operation of a kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,18 +237,32 @@ pub fn ops_limit(size: u64, refill_ms: u64) -> RateLimiterConfig {
     }
 }
 
-/// A device over an image in a temporary directory, driven from the
-/// driver side.
+/// A device over an image in a temporary directory, activated straight and
+/// driven from the driver side: the shared [`DirectRig`] (the device, its
+/// event loop, its interrupt, reached through `Deref`) with the image and
+/// the request queue's ring.
 pub struct BlockFixture<B: BlockBackend + 'static = FileBackend> {
+    pub rig: DirectRig<Block<B>>,
+    /// Guest memory (the rig's, kept here too so a test borrows it beside
+    /// the ring).
+    pub mem: GuestMemory,
     pub dir: TempDir,
     pub path: PathBuf,
-    pub mem: GuestMemory,
-    pub blk: Arc<Mutex<Block<B>>>,
-    pub evmgr: EventManager<Arc<Mutex<Block<B>>>>,
     pub q: DriverQueue,
-    pub irq: Arc<TestIrq>,
     pub metrics: Arc<BlockMetrics>,
-    next_buf: u64,
+}
+
+impl<B: BlockBackend + 'static> std::ops::Deref for BlockFixture<B> {
+    type Target = DirectRig<Block<B>>;
+    fn deref(&self) -> &Self::Target {
+        &self.rig
+    }
+}
+
+impl<B: BlockBackend + 'static> std::ops::DerefMut for BlockFixture<B> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.rig
+    }
 }
 
 /// A fresh memory for a fixture.
@@ -313,39 +297,24 @@ impl BlockFixture<FileBackend> {
         cfg: impl FnOnce(&mut BlockConfig),
         features: u64,
     ) -> Self {
-        let mut c = BlockConfig::new("testdisk", &path);
-        cfg(&mut c);
-        c.path = path.clone();
-        let mem = test_memory();
-        let blk = Block::new(c, mem.clone()).unwrap();
-        let mut h = Self::with_device(dir, path, mem, blk);
-        h.activate(features);
-        h
+        let open = |p: &Path, ro| Some(FileBackend::open(p, ro).unwrap());
+        Self::build(dir, path, cfg, features, open).expect("opened")
     }
-}
 
-impl BlockFixture<FileBackend> {
     /// [`BlockFixture::new`] over an image opened with `O_DIRECT`
     /// ([`FileBackend::open_direct`]), or `None` where the temporary
     /// directory's file system refuses direct I/O (EINVAL: tmpfs).
     pub fn direct(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Option<Self> {
         let dir = TempDir::new();
         let path = dir.file("disk.img", image);
-        let mut c = BlockConfig::new("testdisk", &path);
-        cfg(&mut c);
-        c.path = path.clone();
-        let backend = match FileBackend::open_direct(&path, c.read_only) {
-            Ok(b) => b,
+        let open = |p: &Path, ro| match FileBackend::open_direct(p, ro) {
+            Ok(b) => Some(b),
             Err(BlockError::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                return None
+                None
             }
             Err(e) => panic!("{e}"),
         };
-        let mem = test_memory();
-        let blk = Block::with_backend(c, mem.clone(), backend).unwrap();
-        let mut h = Self::with_device(dir, path, mem, blk);
-        h.activate(features);
-        Some(h)
+        Self::build(dir, path, cfg, features, open)
     }
 }
 
@@ -354,57 +323,47 @@ impl BlockFixture<FaultyBackend> {
     pub fn faulty(image: &[u8], cfg: impl FnOnce(&mut BlockConfig), features: u64) -> Self {
         let dir = TempDir::new();
         let path = dir.file("disk.img", image);
-        let mut c = BlockConfig::new("testdisk", &path);
-        cfg(&mut c);
-        c.path = path.clone();
-        let mem = test_memory();
-        let backend = FaultyBackend::new(FileBackend::open(&path, c.read_only).unwrap());
-        let blk = Block::with_backend(c, mem.clone(), backend).unwrap();
-        let mut h = Self::with_device(dir, path, mem, blk);
-        h.activate(features);
-        h
+        let open = |p: &Path, ro| Some(FaultyBackend::new(FileBackend::open(p, ro).unwrap()));
+        Self::build(dir, path, cfg, features, open).expect("opened")
     }
 }
 
 impl<B: BlockBackend + 'static> BlockFixture<B> {
-    fn with_device(dir: TempDir, path: PathBuf, mem: GuestMemory, blk: Block<B>) -> Self {
+    /// A drive over the image at `path` (in `dir`) opened by `open` (`None`
+    /// if it would not open), configured by `cfg`, activated with
+    /// `features`.
+    fn build(
+        dir: TempDir,
+        path: PathBuf,
+        cfg: impl FnOnce(&mut BlockConfig),
+        features: u64,
+        open: impl FnOnce(&Path, bool) -> Option<B>,
+    ) -> Option<Self> {
+        let mut c = BlockConfig::new("testdisk", &path);
+        cfg(&mut c);
+        c.path = path.clone();
+        let backend = open(&path, c.read_only)?;
+        let mem = test_memory();
+        let blk = Block::with_backend(c, mem.clone(), backend).unwrap();
         let qs = blk.queue_max_sizes()[0];
-        let metrics = blk.metrics();
-        let blk = Arc::new(Mutex::new(blk));
-        let mut evmgr = EventManager::new().unwrap();
-        evmgr.add_subscriber(blk.clone());
-        let q = DriverQueue::packed(&mem, GuestAddress(0x10000), qs);
-        BlockFixture {
+        let mut h = BlockFixture {
+            metrics: blk.metrics(),
+            q: DriverQueue::packed(&mem, GuestAddress(0x10000), qs),
+            rig: DirectRig::new(mem.clone(), blk),
+            mem,
             dir,
             path,
-            mem,
-            blk,
-            evmgr,
-            q,
-            irq: Arc::new(TestIrq::default()),
-            metrics,
-            next_buf: BUF_BASE,
-        }
+        };
+        h.activate(features);
+        Some(h)
     }
 
     /// Activates the device as the transport does at DRIVER_OK.
     pub fn activate(&mut self, features: u64) {
         self.q = DriverQueue::packed(&self.mem, self.q.layout().desc_table, self.q.size());
-        let regions = Arc::new(GuestRegions::new(&self.mem).unwrap());
-        let queue = SplitQueue::new(
-            regions,
-            self.q.ring_addrs(),
-            self.q.size(),
-            RingFeatures::from_bits(features),
-        )
-        .unwrap();
-        let irq: Arc<dyn Interrupt> = self.irq.clone();
-        self.dev().activate(features, vec![queue], irq).unwrap();
+        let ring = self.q.ring_addrs();
+        self.rig.activate_rings(features, &[ring]).unwrap();
         self.run_until_idle();
-    }
-
-    pub fn dev(&self) -> MutexGuard<'_, Block<B>> {
-        self.blk.lock().unwrap()
     }
 
     /// Allocates `len` bytes of guest memory (16-byte aligned); starts over
@@ -413,9 +372,7 @@ impl<B: BlockBackend + 'static> BlockFixture<B> {
         if self.next_buf + len >= MEM_SIZE {
             self.next_buf = BUF_BASE;
         }
-        let a = self.next_buf;
-        self.next_buf = (self.next_buf + len + 15) & !15;
-        a
+        self.rig.alloc(len)
     }
 
     /// Moves the next allocation on so that `after` bytes past it lie at a
@@ -523,11 +480,6 @@ impl<B: BlockBackend + 'static> BlockFixture<B> {
         self.dev().queue_events()[0].write(1).unwrap();
     }
 
-    /// One event-loop iteration; returns the events dispatched.
-    pub fn run_once(&mut self, timeout_ms: i32) -> usize {
-        self.evmgr.run_with_timeout(timeout_ms).unwrap()
-    }
-
     /// Runs the loop until nothing is ready and nothing is in flight;
     /// returns the iterations.
     pub fn run_until_idle(&mut self) -> usize {
@@ -565,13 +517,6 @@ impl<B: BlockBackend + 'static> BlockFixture<B> {
         used.into_iter().map(|e| (e.id, e.len)).collect()
     }
 
-    /// Reads `len` bytes of guest memory.
-    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        self.mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
-        v
-    }
-
     /// The status byte of `p` (its last part's last byte).
     pub fn status(&self, p: &Posted) -> u8 {
         let &(a, l) = p.parts.last().unwrap();
@@ -600,36 +545,44 @@ pub fn assert_answer<B: BlockBackend>(h: &mut BlockFixture<B>, p: &Posted, statu
     assert_eq!(h.status(p), status, "status byte");
 }
 
-/// A device behind the real MMIO transport, reached only through the
-/// register accesses of a [`MockDriver`], as the VMM attaches it.
-pub struct MmioFixture {
-    pub mem: GuestMemory,
-    pub blk: Arc<Mutex<Block>>,
-    pub em: EventManager<Arc<Mutex<Block>>>,
-    pub drv: MockDriver,
-}
+/// The block device in the contract suite: a 1 MiB image, `Sync` (no
+/// completion arrives after the loop went idle), reads of 512-byte buffers.
+impl ContractDevice for Block<FileBackend> {
+    type Keep = TempDir;
+    const QUEUE: usize = 0;
+    const CONFIG_LEN: u64 = config_offsets::LEN as u64;
+    const REFUSED: &'static str = "malformed_requests";
 
-impl MmioFixture {
-    /// A device named `id` over the image at `path`, in 16 MiB of guest
-    /// memory of which the driver allocates from 1 MiB on; not initialised.
-    pub fn new(id: &str, path: &Path) -> Self {
-        let mem = guest_memory(16 << 20).unwrap();
-        let blk = Arc::new(Mutex::new(
-            Block::new(BlockConfig::new(id, path), mem.clone()).unwrap(),
-        ));
-        let mut em = EventManager::new().unwrap();
-        em.add_subscriber(blk.clone());
-        let dev: Arc<Mutex<dyn VirtioDevice>> = blk.clone();
-        let t = MmioTransport::new(mem.clone(), dev).unwrap();
-        let drv = MockDriver::with_alloc_range(
-            mem.clone(),
-            t,
-            GuestAddress(0x100000),
-            (16 << 20) - 0x100000,
-        );
-        MmioFixture { mem, blk, em, drv }
+    fn make(mem: &GuestMemory) -> (Self, TempDir) {
+        let dir = TempDir::new();
+        let path = dir.file("disk.img", &vec![0x11; 1 << 20]);
+        let mut cfg = BlockConfig::new("contract", path);
+        cfg.io_engine = IoEngine::Sync;
+        (Block::new(cfg, mem.clone()).unwrap(), dir)
     }
 
+    fn request(drv: &mut MockDriver, bufs: usize) -> Vec<Segment> {
+        let hdr = drv.alloc(16, 16).unwrap();
+        drv.write_mem(hdr, &header(VIRTIO_BLK_T_IN, 0)).unwrap();
+        let mut segs = vec![Segment::readable(hdr, 16)];
+        for _ in 2..bufs {
+            segs.push(Segment::writable(drv.alloc(512, 16).unwrap(), 512));
+        }
+        segs.push(Segment::writable(drv.alloc(1, 1).unwrap(), 1));
+        segs
+    }
+}
+
+/// A drive named `id` over the image at `path`, behind the real MMIO
+/// transport ([`DeviceRig`]), in 16 MiB of guest memory; not initialised.
+pub fn mmio_rig(id: &str, path: &Path) -> DeviceRig<Block> {
+    let mem = guest_memory(16 << 20).unwrap();
+    let blk = Block::new(BlockConfig::new(id, path), mem.clone()).unwrap();
+    DeviceRig::new(&mem, blk)
+}
+
+/// What the block suites do with a drive behind its transport.
+impl DeviceRig<Block> {
     /// Acks what the device offers of [`BASE_FEATURES`] (a driver may ack
     /// only that) and runs the loop until idle; returns the acked features.
     pub fn init(&mut self) -> u64 {
@@ -637,11 +590,6 @@ impl MmioFixture {
         self.drv.init(acked).unwrap();
         self.run_until_idle();
         acked
-    }
-
-    /// Runs the loop until nothing is ready.
-    pub fn run_until_idle(&mut self) {
-        while self.em.run_with_timeout(0).unwrap() > 0 {}
     }
 
     /// The capacity field of the configuration space, in sectors.
@@ -653,8 +601,8 @@ impl MmioFixture {
     /// the data and the status byte land.
     pub fn submit_read(&mut self, sector: u64, len: u32) -> (GuestAddress, GuestAddress) {
         let hdr = self.drv.alloc(16, 16).unwrap();
-        self.mem
-            .write_slice(&header(VIRTIO_BLK_T_IN, sector), hdr)
+        self.drv
+            .write_mem(hdr, &header(VIRTIO_BLK_T_IN, sector))
             .unwrap();
         let buf = self.drv.alloc(u64::from(len), 16).unwrap();
         let st = self.drv.alloc(1, 1).unwrap();
@@ -676,7 +624,7 @@ impl MmioFixture {
     /// passed; returns the used entries.
     pub fn wait_used(&mut self) -> Vec<UsedElem> {
         for _ in 0..100 {
-            if self.em.run_with_timeout(20).unwrap() == 0 && self.drv.used_idx(0).unwrap() > 0 {
+            if self.run_once(20) == 0 && self.drv.used_idx(0).unwrap() > 0 {
                 break;
             }
         }

@@ -4,11 +4,10 @@
 
 use std::sync::atomic::Ordering;
 
-use vm_memory::Bytes;
-
 use super::fixture::*;
-use crate::virtio::block::pass::{MAX_PASS_READS, PASS_REQUESTS};
-use crate::virtio::block::{IoEngine, OpKind, SEG_MAX};
+use crate::virtio::block::pass::PASS_REQUESTS;
+use crate::virtio::block::{IoEngine, OpKind};
+use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::VirtioDevice;
 
 const SECTOR: usize = 512;
@@ -57,31 +56,6 @@ fn test_thousands_of_requests_get_bounded_passes_and_all_answers() {
 }
 
 #[test]
-fn test_long_chains_end_a_pass_on_the_descriptor_budget() {
-    let data = random_bytes(&mut Rng(10), 256 * SECTOR);
-    let mut h = BlockFixture::with_engine(IoEngine::Sync, &data, |c| c.queue_size = 512);
-    // 200 requests of SEG_MAX + 2 descriptors each (indirect): the 8192
-    // descriptor budget ends a pass after about 64 of them.
-    let mut parts = vec![Part::Out(header(VIRTIO_BLK_T_IN, 0))];
-    parts.extend((0..SEG_MAX).map(|_| Part::In(512)));
-    parts.push(Part::In(1));
-    for _ in 0..200 {
-        h.post(&parts, Layout::Indirect(1));
-    }
-    h.kick();
-    h.run_once(0);
-    let first = h.q.used_idx(&h.mem).unwrap();
-    assert!((60..=70).contains(&first), "first pass answered {first}");
-    h.run_until_idle();
-    let used = h.used();
-    assert_eq!(used.len(), 200);
-    assert!(used.iter().all(|&(_, len)| len == SEG_MAX * 512 + 1));
-    let max = h.metric(|m| &m.max_descs_per_pass);
-    assert!(max <= u64::from(MAX_PASS_READS), "{max}");
-    assert!(h.metric(|m| &m.pass_yields) >= 3);
-}
-
-#[test]
 fn test_a_flood_of_refused_chains_is_bounded_too() {
     let data = vec![0u8; 8 * SECTOR];
     let mut h = BlockFixture::new(&data, |c| c.io_engine = IoEngine::Sync, BASE_FEATURES);
@@ -98,29 +72,6 @@ fn test_a_flood_of_refused_chains_is_bounded_too() {
     let p = h.post_read(0, 512);
     h.go();
     assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 513);
-}
-
-#[test]
-fn test_a_corrupt_avail_index_asks_for_a_reset_once() {
-    let data = vec![0u8; 8 * SECTOR];
-    for engine in [IoEngine::Sync, IoEngine::Async] {
-        let mut h = BlockFixture::new(&data, |c| c.io_engine = engine, BASE_FEATURES);
-        let avail_idx = h.q.layout().avail_ring.0 + 2;
-        h.mem
-            .write_obj(300u16, vm_memory::GuestAddress(avail_idx))
-            .unwrap();
-        h.go();
-        h.go();
-        assert_eq!(h.irq.device_errors.load(Ordering::SeqCst), 1);
-        assert_eq!(h.metric(|m| &m.queue_errors), 1);
-        // The driver resets and starts over: the device works again.
-        h.dev().reset();
-        h.run_until_idle();
-        h.activate(BASE_FEATURES);
-        let p = h.post_read(1, 512);
-        h.go();
-        assert_answer(&mut h, &p, VIRTIO_BLK_S_OK, 513);
-    }
 }
 
 #[test]

@@ -79,7 +79,7 @@ fn test_features_follow_the_configuration_and_the_file_system() {
 }
 
 #[test]
-fn test_config_space_reads_at_any_width_and_offset() {
+fn test_config_space_holds_the_drive_s_limits() {
     let dir = TempDir::new();
     let path = dir.file("d.img", &image(1000));
     let blk = Block::new(BlockConfig::new("d", &path), test_memory()).unwrap();
@@ -103,30 +103,10 @@ fn test_config_space_reads_at_any_width_and_offset() {
             [1]
         );
     }
-    // Every width at every offset agrees with the whole space, zeros past
-    // its end.
-    let whole = read_config(&blk, 0, off::LEN);
-    for width in [1, 2, 4, 8] {
-        for o in 0..off::LEN + 8 {
-            let got = read_config(&blk, o as u64, width);
-            let want: Vec<u8> = (o..o + width)
-                .map(|i| whole.get(i).copied().unwrap_or(0))
-                .collect();
-            assert_eq!(got, want, "width {width} at {o}");
-        }
-    }
+    // Reads at every width and offset, and writes (ignored and counted),
+    // are the contract suite's; an offset past any window reads zeros.
     assert_eq!(read_config(&blk, u64::MAX, 4), [0; 4]);
     assert_eq!(read_config(&blk, u64::MAX - 1, 8), [0; 8]);
-    // Writes are ignored and counted.
-    let mut blk = blk;
-    blk.write_config(0, &[9; 8]);
-    assert_eq!(read_config(&blk, 0, off::LEN), whole);
-    assert_eq!(
-        blk.metrics()
-            .config_writes_ignored
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
 }
 
 #[test]

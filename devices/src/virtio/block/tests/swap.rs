@@ -33,7 +33,7 @@ fn test_a_new_image_reaches_the_driver_through_the_transport() {
     let new = random_bytes(&mut Rng(42), 96 * SECTOR);
     let old_path = dir.file("old.img", &old);
     let new_path = dir.file("new.img", &new);
-    let mut f = MmioFixture::new("swap0", &old_path);
+    let mut f = mmio_rig("swap0", &old_path);
     f.init();
     const GENERATION: u64 = 0xfc;
     assert_eq!(f.capacity(), 32);
@@ -42,11 +42,7 @@ fn test_a_new_image_reaches_the_driver_through_the_transport() {
     f.drv.take_irq_count();
 
     let backend = FileBackend::open(&new_path, false).unwrap();
-    f.blk
-        .lock()
-        .unwrap()
-        .swap_backend(backend, new_path.clone())
-        .unwrap();
+    f.dev().swap_backend(backend, new_path.clone()).unwrap();
     // What the guest's driver sees: an interrupt whose status says the
     // configuration changed, a new generation, the new capacity.
     assert!(f.drv.take_irq_count() >= 1, "no interrupt");
@@ -58,8 +54,8 @@ fn test_a_new_image_reaches_the_driver_through_the_transport() {
     assert_eq!(f.capacity(), 96);
     f.drv.ack_interrupt(VIRTIO_MMIO_INT_CONFIG);
     assert_eq!(f.drv.interrupt_status() & VIRTIO_MMIO_INT_CONFIG, 0);
-    assert_eq!(f.blk.lock().unwrap().config().path, new_path);
-    assert_eq!(f.blk.lock().unwrap().capacity(), 96);
+    assert_eq!(f.dev().config().path, new_path);
+    assert_eq!(f.dev().capacity(), 96);
 
     // A read past the old end, and one of the first sectors: the new bytes.
     for sector in [60u64, 0] {
@@ -326,12 +322,12 @@ fn test_rate_limits_change_while_the_device_runs() {
     h.dev()
         .set_rate_limiter(&RateLimiterConfig::default())
         .unwrap();
-    assert!(h.dev().limiter.is_none());
+    assert!(h.dev().rq.limiter.is_none());
     // A bad one is refused and changes nothing.
     let bad = ops_limit(5, 0);
     let e = h.dev().set_rate_limiter(&bad).unwrap_err().to_string();
     assert!(e.starts_with("drive testdisk: rate limiter: "), "{e}");
-    assert!(h.dev().limiter.is_none());
+    assert!(h.dev().rq.limiter.is_none());
     assert!(h.dev().config().rate_limiter.is_unlimited());
     // One request a minute, set live: the second waits.
     let slow = ops_limit(1, 60_000);

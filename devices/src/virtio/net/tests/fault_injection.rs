@@ -443,7 +443,7 @@ fn reset_from_a_vcpu_in_the_middle_of_a_pass() {
         let queues = rx_tx_queues(&h.mem, &new_rx, &new_tx, FEATURES);
         let vcpu: Arc<Mutex<Option<std::thread::JoinHandle<()>>>> = Default::default();
         {
-            let (net, irq, vcpu) = (h.net.clone(), h.irq.clone(), vcpu.clone());
+            let (net, irq, vcpu) = (h.dev.clone(), h.irq.clone(), vcpu.clone());
             let mut queues = Some(queues);
             let s = script(&h);
             let mut s = s.lock().unwrap();

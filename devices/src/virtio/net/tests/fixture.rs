@@ -6,29 +6,33 @@
 //! the peer end of the socket. Its two queues are
 //! [`DriverQueue`](crate::virtio::test_utils::DriverQueue)s, the guest-side
 //! ring writer every driver-side harness shares, so tests can also write the
-//! malformed chains a driver never should. [`TransportFixture`] puts the
-//! device behind the real MMIO transport, reached through
+//! malformed chains a driver never should. [`transport_rig`] puts the
+//! device behind the real MMIO transport ([`DeviceRig`]), reached through
 //! [`MockDriver`].
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use event_manager::{EventManager, SubscriberOps};
+use event_manager::EventManager;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::virtio::iov::IoVecs;
-use crate::virtio::mmio::MmioTransport;
 use crate::virtio::net::device::features::*;
-use crate::virtio::net::device::Net;
+use crate::virtio::net::device::{Net, CONFIG_SPACE_LEN};
 use crate::virtio::net::metrics::NetMetrics;
 use crate::virtio::net::tap::{NetBackend, SeqPacket};
 use crate::virtio::net::{NetConfig, RX_INDEX, TX_INDEX, VNET_HDR_LEN};
-use crate::virtio::queue::{GuestRegions, RingAddrs, RingFeatures, SplitQueue};
+use crate::virtio::queue::{RingAddrs, SplitQueue};
 pub use crate::virtio::queue::{VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+pub(crate) use crate::virtio::test_utils::checks::{check_metric_after_block, test_log};
+use crate::virtio::test_utils::contract::ContractDevice;
+pub use crate::virtio::test_utils::queue_at;
+pub use crate::virtio::test_utils::DirectRig;
 pub use crate::virtio::test_utils::DriverQueue;
-use crate::virtio::test_utils::{write_indirect_table, MockDriver};
+use crate::virtio::test_utils::{write_indirect_table, DeviceRig, MockDriver, Segment};
+pub use crate::virtio::DeviceMetrics;
 
 /// The used entries a queue returned since the last call, as `(id, len)`
 /// pairs: the shape the suites compare and destructure.
@@ -53,19 +57,6 @@ pub const RING_INDIRECT: u64 = 1 << VIRTIO_RING_F_INDIRECT_DESC;
 /// Size of the test guest memory.
 pub const MEM_SIZE: u64 = 64 << 20;
 
-/// A device-side queue at `addrs`, validated as the transport does it
-/// (without the overlap check, so tests can build what it refuses).
-pub fn queue_at(mem: &GuestMemory, addrs: RingAddrs, features: u64) -> SplitQueue {
-    let regions = Arc::new(GuestRegions::new(mem).unwrap());
-    SplitQueue::new(
-        regions,
-        addrs,
-        addrs.size.max(256),
-        RingFeatures::from_bits(features),
-    )
-    .unwrap()
-}
-
 /// The RX and TX queues a transport would hand the device for the
 /// driver's rings `rxq` and `txq`, in the device's queue order.
 pub fn rx_tx_queues(
@@ -80,8 +71,6 @@ pub fn rx_tx_queues(
     ]
 }
 
-pub use crate::virtio::test_utils::TestIrq;
-
 /// The feature set a modern Linux guest acks with offloads off.
 pub const BASE_FEATURES: u64 =
     1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_NET_F_MAC | 1 << VIRTIO_NET_F_STATUS;
@@ -92,20 +81,35 @@ pub const GUEST_GSO: u64 =
     1 << VIRTIO_NET_F_GUEST_CSUM | 1 << VIRTIO_NET_F_GUEST_TSO4 | 1 << VIRTIO_NET_F_GUEST_TSO6;
 
 /// A device over a socket pair (or a backend wrapping one end of it, such
-/// as a fault-injecting one), driven from the driver side.
-pub struct NetFixture<B: NetBackend = SeqPacket> {
+/// as a fault-injecting one), activated straight and driven from the
+/// driver side: the shared [`DirectRig`] (the device, its event loop, its
+/// interrupt, the buffer allocator, reached through `Deref`) with the two
+/// rings and the socket's other end.
+pub struct NetFixture<B: NetBackend + 'static = SeqPacket> {
+    pub rig: DirectRig<Net<B>>,
+    /// Guest memory (the rig's, kept here too so a test borrows it beside
+    /// a ring).
     pub mem: GuestMemory,
-    pub net: Arc<Mutex<Net<B>>>,
     pub peer: SeqPacket,
-    pub evmgr: EventManager<Arc<Mutex<Net<B>>>>,
     pub rxq: DriverQueue,
     pub txq: DriverQueue,
-    pub irq: Arc<TestIrq>,
     pub metrics: Arc<NetMetrics>,
-    next_buf: u64,
     /// Buffers of each RX chain posted with `post_rx_shaped` and not yet
     /// returned, by head.
     pub rx_chains: HashMap<u16, Vec<(u64, u32)>>,
+}
+
+impl<B: NetBackend + 'static> std::ops::Deref for NetFixture<B> {
+    type Target = DirectRig<Net<B>>;
+    fn deref(&self) -> &Self::Target {
+        &self.rig
+    }
+}
+
+impl<B: NetBackend + 'static> std::ops::DerefMut for NetFixture<B> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.rig
+    }
 }
 
 impl NetFixture<SeqPacket> {
@@ -167,24 +171,17 @@ impl<B: NetBackend + 'static> NetFixture<B> {
     pub fn with_backend(backend: B, peer: SeqPacket, cfg: NetConfig, mem: GuestMemory) -> Self {
         peer.set_nonblocking(true).unwrap();
         let qs = cfg.queue_size;
-        let net = Arc::new(Mutex::new(
-            Net::with_backend(backend, cfg, mem.clone()).unwrap(),
-        ));
-        let metrics = net.lock().unwrap().metrics();
-        let mut evmgr = EventManager::new().unwrap();
-        evmgr.add_subscriber(net.clone());
+        let net = Net::with_backend(backend, cfg, mem.clone()).unwrap();
+        let metrics = net.metrics();
         let rxq = DriverQueue::packed(&mem, GuestAddress(0x10000), qs);
         let txq = DriverQueue::packed(&mem, GuestAddress(0x80000), qs);
         NetFixture {
+            rig: DirectRig::new(mem.clone(), net),
             mem,
-            net,
             peer,
-            evmgr,
             rxq,
             txq,
-            irq: Arc::new(TestIrq::default()),
             metrics,
-            next_buf: 0x100000,
             rx_chains: HashMap::new(),
         }
     }
@@ -192,8 +189,8 @@ impl<B: NetBackend + 'static> NetFixture<B> {
     /// Activates the device as the transport does at DRIVER_OK, then lets
     /// the event loop pick the activation up.
     pub fn activate(&mut self, features: u64) {
-        let queues = rx_tx_queues(&self.mem, &self.rxq, &self.txq, features);
-        if let Err(e) = self.dev().activate(features, queues, self.irq.clone()) {
+        let rings = [self.rxq.ring_addrs(), self.txq.ring_addrs()];
+        if let Err(e) = self.rig.activate_rings(features, &rings) {
             panic!("activation failed: {e:?}");
         }
         self.run_until_idle();
@@ -205,32 +202,8 @@ impl<B: NetBackend + 'static> NetFixture<B> {
     pub fn activate_at(&mut self, features: u64, layouts: [RingAddrs; 2], max: usize) {
         self.rxq = DriverQueue::zeroed(&self.mem, layouts[0].into());
         self.txq = DriverQueue::zeroed(&self.mem, layouts[1].into());
-        let queues = layouts
-            .iter()
-            .map(|a| queue_at(&self.mem, *a, features))
-            .collect();
-        self.dev()
-            .activate(features, queues, self.irq.clone())
-            .unwrap();
+        self.rig.activate_rings(features, &layouts).unwrap();
         self.run_bounded(max);
-    }
-
-    /// Runs the loop until nothing is ready, at most `max` iterations;
-    /// `None` if it was still busy.
-    pub fn run_bounded(&mut self, max: usize) -> Option<usize> {
-        (0..max).find(|_| self.run_once(0) == 0)
-    }
-
-    pub fn dev(&self) -> MutexGuard<'_, Net<B>> {
-        self.net.lock().unwrap()
-    }
-
-    /// Allocates `len` bytes of guest memory for buffers (16-byte aligned).
-    pub fn alloc(&mut self, len: u64) -> u64 {
-        let a = self.next_buf;
-        self.next_buf = (self.next_buf + len + 15) & !15;
-        assert!(self.next_buf < MEM_SIZE, "test guest memory exhausted");
-        a
     }
 
     /// Posts one single-descriptor RX buffer per size; returns (head, addr).
@@ -309,21 +282,6 @@ impl<B: NetBackend + 'static> NetFixture<B> {
         self.dev().queue_events()[TX_INDEX].write(1).unwrap();
     }
 
-    /// One event-loop iteration; returns the events dispatched.
-    pub fn run_once(&mut self, timeout_ms: i32) -> usize {
-        self.evmgr.run_with_timeout(timeout_ms).unwrap()
-    }
-
-    /// Runs the loop until nothing is ready; returns the iterations.
-    pub fn run_until_idle(&mut self) -> usize {
-        for i in 0..10_000 {
-            if self.run_once(0) == 0 {
-                return i;
-            }
-        }
-        panic!("event loop never went idle (busy loop?)");
-    }
-
     /// The peer sends `n` frames of `len` bytes ([`frame`] seeds 0, 1, ...).
     pub fn peer_sends(&self, n: u8, len: usize) {
         for i in 0..n {
@@ -347,59 +305,56 @@ impl<B: NetBackend + 'static> NetFixture<B> {
         out
     }
 
-    /// Reads `len` bytes of guest memory.
-    pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        self.mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
-        v
-    }
-
     pub fn metric(&self, f: impl Fn(&NetMetrics) -> &AtomicU64) -> u64 {
         f(&self.metrics).load(Ordering::Relaxed)
+    }
+}
+
+/// The network device in the contract suite: its TX queue, which it drains
+/// on a kick alone, frames to a socket peer.
+impl ContractDevice for Net<SeqPacket> {
+    type Keep = SeqPacket;
+    const QUEUE: usize = TX_INDEX;
+    const CONFIG_LEN: u64 = CONFIG_SPACE_LEN as u64;
+    const REFUSED: &'static str = "malformed_chains";
+
+    fn make(mem: &GuestMemory) -> (Self, SeqPacket) {
+        let (dev_end, peer) = SeqPacket::pair().unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let cfg = NetConfig {
+            pass_time_budget_us: 0,
+            ..NetConfig::default()
+        };
+        (Net::with_backend(dev_end, cfg, mem.clone()).unwrap(), peer)
+    }
+
+    /// The vnet header, then a byte per buffer: frames small enough that
+    /// a ring of them fits the socket's buffer.
+    fn request(drv: &mut MockDriver, bufs: usize) -> Vec<Segment> {
+        let len = VNET_HDR_LEN + bufs - 1;
+        let frame = drv.alloc(len as u64, 8).unwrap();
+        drv.write_mem(frame, &vec![0; len]).unwrap();
+        let mut segs = vec![Segment::readable(frame, VNET_HDR_LEN as u32)];
+        segs.extend(
+            (VNET_HDR_LEN..len).map(|i| Segment::readable(GuestAddress(frame.0 + i as u64), 1)),
+        );
+        segs
     }
 }
 
 /// The event loop of a [`Net`] over a socket pair.
 pub type NetLoop = EventManager<Arc<Mutex<Net<SeqPacket>>>>;
 
-/// The device behind the real MMIO transport over a socket pair, reached
-/// only the way a guest reaches it (through [`MockDriver`]).
-pub struct TransportFixture {
-    /// The device's event loop.
-    pub em: NetLoop,
-    /// The guest driver, allocating from 1 MiB up.
-    pub drv: MockDriver,
-    /// The other end of the backend (non-blocking).
-    pub peer: SeqPacket,
-    /// The device.
-    pub net: Arc<Mutex<Net<SeqPacket>>>,
-    /// Its counters.
-    pub metrics: Arc<NetMetrics>,
-}
-
-impl TransportFixture {
-    /// A default device on `mem_size` bytes of guest memory.
-    pub fn new(mem_size: u64) -> Self {
-        let mem = crate::virtio::test_utils::guest_memory(mem_size as usize).unwrap();
-        let (dev_end, peer) = SeqPacket::pair().unwrap();
-        peer.set_nonblocking(true).unwrap();
-        let net = Arc::new(Mutex::new(
-            Net::with_backend(dev_end, NetConfig::default(), mem.clone()).unwrap(),
-        ));
-        let metrics = net.lock().unwrap().metrics();
-        let mut em = EventManager::new().unwrap();
-        em.add_subscriber(net.clone());
-        let dev: Arc<Mutex<dyn VirtioDevice>> = net.clone();
-        let t = MmioTransport::new(mem.clone(), dev).unwrap();
-        let drv = MockDriver::with_alloc_range(mem, t, GuestAddress(0x100000), mem_size - 0x100000);
-        TransportFixture {
-            em,
-            drv,
-            peer,
-            net,
-            metrics,
-        }
-    }
+/// The device with the default configuration behind the real MMIO
+/// transport over a socket pair, in `mem_size` bytes of guest memory
+/// ([`DeviceRig`]: reached only the way a guest reaches it), and the
+/// socket's other end (non-blocking).
+pub fn transport_rig(mem_size: u64) -> (DeviceRig<Net<SeqPacket>>, SeqPacket) {
+    let mem = crate::virtio::test_utils::guest_memory(mem_size as usize).unwrap();
+    let (dev_end, peer) = SeqPacket::pair().unwrap();
+    peer.set_nonblocking(true).unwrap();
+    let net = Net::with_backend(dev_end, NetConfig::default(), mem.clone()).unwrap();
+    (DeviceRig::new(&mem, net), peer)
 }
 
 /// How the buffers of a chain are described to the device.
@@ -737,63 +692,3 @@ impl NetBackend for FaultBackend {
         )
     }
 }
-
-/// Captures log records per thread (tests run in parallel in one process,
-/// each driving its device from its own thread).
-pub mod test_log {
-    use std::cell::RefCell;
-    use std::sync::Once;
-
-    struct Capture;
-
-    thread_local! {
-        static LINES: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
-    }
-
-    impl log::Log for Capture {
-        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-            true
-        }
-        fn log(&self, r: &log::Record<'_>) {
-            LINES.with(|l| l.borrow_mut().push(r.args().to_string()));
-        }
-        fn flush(&self) {}
-    }
-
-    static CAPTURE: Capture = Capture;
-    static INSTALL: Once = Once::new();
-
-    /// Installs the logger (once per process) and returns the lines this
-    /// thread logged so far.
-    pub fn lines() -> Vec<String> {
-        INSTALL.call_once(|| {
-            if log::set_logger(&CAPTURE).is_ok() {
-                log::set_max_level(log::LevelFilter::Trace);
-            }
-        });
-        LINES.with(|l| l.borrow().clone())
-    }
-
-    /// How many lines this thread logged so far.
-    pub fn records() -> u64 {
-        lines().len() as u64
-    }
-}
-
-/// Asserts that a metric changed by `delta` across `block`.
-macro_rules! check_metric_after_block {
-    ($metric:expr, $delta:expr, $block:expr) => {{
-        let before = $metric.load(std::sync::atomic::Ordering::Relaxed);
-        let r = $block;
-        let after = $metric.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(
-            after - before,
-            $delta,
-            "{} changed by {}",
-            stringify!($metric),
-            after - before
-        );
-        r
-    }};
-}
-pub(crate) use check_metric_after_block;

@@ -92,11 +92,11 @@ fn throttled<B: crate::virtio::net::NetBackend + 'static>(h: &NetFixture<B>, dir
 }
 
 fn tx_throttled<B: crate::virtio::net::NetBackend + 'static>(h: &NetFixture<B>) -> bool {
-    throttled(h, TX_INDEX)
+    throttled::<B>(h, TX_INDEX)
 }
 
 fn rx_throttled(h: &NetFixture) -> bool {
-    throttled(h, RX_INDEX)
+    throttled::<SeqPacket>(h, RX_INDEX)
 }
 
 /// Whether a TX chain is held back by the limiter.

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::fixture::*;
-use crate::virtio::net::pass::PASS_DESC_BUDGET;
 use crate::virtio::net::{NetConfig, SeqPacket, RX_INDEX, TX_INDEX};
 use crate::virtio::queue::RingAddrs;
-use crate::virtio::test_utils::{aliasing_cases, QueueLayout, Segment, MAX_PASS_READS};
+use crate::virtio::queue::{MAX_PASS_READS, PASS_DESC_BUDGET};
+use crate::virtio::test_utils::{aliasing_cases, DeviceRig, QueueLayout, Segment};
 use crate::virtio::VirtioDevice;
 
 /// Event-loop iterations within which the device must go idle once the
@@ -477,12 +477,13 @@ fn a_reset_polls_the_backend_again() {
 /// ways.
 #[test]
 fn avail_ring_at_address_zero_end_to_end() {
-    let TransportFixture {
-        mut em,
-        mut drv,
+    let (
+        DeviceRig {
+            rig: DirectRig { evmgr: mut em, .. },
+            mut drv,
+        },
         peer,
-        ..
-    } = TransportFixture::new(4 << 20);
+    ) = transport_rig(4 << 20);
     drv.negotiate(MRG_FEATURES).unwrap();
     let rx = QueueLayout {
         size: 256,
@@ -522,12 +523,13 @@ fn avail_ring_at_address_zero_end_to_end() {
 fn no_log_line_per_guest_attempt() {
     let base = test_log::records();
     let round = |reps: usize| {
-        let TransportFixture {
-            mut em,
-            mut drv,
+        let (
+            DeviceRig {
+                rig: DirectRig { evmgr: mut em, .. },
+                mut drv,
+            },
             peer,
-            ..
-        } = TransportFixture::new(4 << 20);
+        ) = transport_rig(4 << 20);
         let ring = |base: u64| QueueLayout {
             size: 16,
             desc_table: GuestAddress(base),

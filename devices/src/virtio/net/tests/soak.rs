@@ -34,14 +34,14 @@ use std::time::Instant;
 use vm_memory::GuestAddress;
 
 use super::fixture::{
-    NetLoop, TransportFixture, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX,
-    RING_INDIRECT,
+    transport_rig, NetLoop, BASE_FEATURES, GUEST_GSO, MRG_FEATURES, RING_EVENT_IDX, RING_INDIRECT,
 };
 use crate::virtio::net::device::features::*;
 use crate::virtio::net::{
     NetMetrics, SeqPacket, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
-use crate::virtio::test_utils::{MockDriver, Rng, Segment, UsedElem};
+use crate::virtio::test_utils::{DeviceRig, DirectRig, MockDriver, Rng, Segment, UsedElem};
+use crate::virtio::DeviceMetrics;
 
 /// The bytes frames are cut from: frame `seq` of a direction is a window
 /// of this at an offset that depends on `seq`, so the peer and the checker
@@ -162,13 +162,19 @@ struct Soak {
 
 impl Soak {
     fn new(features: u64, seed: u64) -> Soak {
-        let TransportFixture {
-            em,
-            mut drv,
+        let (
+            DeviceRig {
+                rig:
+                    DirectRig {
+                        dev: net,
+                        evmgr: em,
+                        ..
+                    },
+                mut drv,
+            },
             peer,
-            net,
-            metrics,
-        } = TransportFixture::new(64 << 20);
+        ) = transport_rig(64 << 20);
+        let metrics = net.lock().unwrap().metrics();
         net.lock()
             .unwrap()
             .backend()

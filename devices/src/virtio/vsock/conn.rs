@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: Apache-2.0
+//! One vsock connection: its state, the credit both ways (virtio 1.2
+//! §5.10.6.3), and the bytes the host socket has not taken yet.
+//!
+//! **States.** A host-initiated connection reads its `CONNECT <port>\n`
+//! line ([`State::AwaitLine`]), then waits for the guest's RESPONSE to the
+//! REQUEST the device sent ([`State::LocalInit`]); a guest-initiated one is
+//! [`State::Established`] as soon as the host listener accepted it (its
+//! RESPONSE goes out before any data). Half-closes are flags beside the
+//! state: the guest's SHUTDOWN bits and the host's EOF.
+//!
+//! **Credit.** The guest may have at most `buf_alloc` bytes in the
+//! device's hands that the host socket has not taken (`rx_cnt - fwd_cnt`);
+//! the guest learns `fwd_cnt` from every header the device sends, and a
+//! CREDIT_UPDATE goes out unasked once half the buffer has been freed
+//! since the last one it saw ([`Conn::wants_credit_update`]), so a guest
+//! that streams never stops for want of credit while the host keeps up.
+//! The other way, the device reads from the host socket no more than the
+//! guest's `buf_alloc - (tx_cnt - peer_fwd_cnt)` ([`Conn::peer_free`]).
+//!
+//! **Memory.** Guest data goes from guest memory to the socket with one
+//! `writev`; only what the socket refused is copied into `pending`, which
+//! credit bounds by `buf_alloc` (a guest that sends past its credit is
+//! reset). Host data goes from the socket into guest buffers with one
+//! `readv` and is never held here.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Longest `CONNECT <port>\n` line accepted (`CONNECT 4294967295\n` is 19
+/// bytes; a little slack for leading zeros).
+pub const MAX_CONNECT_LINE: usize = 32;
+
+/// Where a connection stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// A host process connected to `uds_path`; its `CONNECT` line so far.
+    AwaitLine(Vec<u8>),
+    /// The device asked the guest (REQUEST) and waits for its RESPONSE.
+    LocalInit,
+    /// Data may flow.
+    Established,
+}
+
+/// Control packets a connection owes the guest, sent before its data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owed {
+    /// REQUEST (a host-initiated connection).
+    pub request: bool,
+    /// RESPONSE (the host accepted a guest's REQUEST).
+    pub response: bool,
+    /// SHUTDOWN with SEND: the host sent EOF.
+    pub shutdown: bool,
+    /// CREDIT_UPDATE.
+    pub credit_update: bool,
+    /// CREDIT_REQUEST: the device has data for a guest without credit.
+    pub credit_request: bool,
+}
+
+/// One connection.
+#[derive(Debug)]
+pub struct Conn<S> {
+    /// The host socket.
+    pub stream: S,
+    /// The guest's port.
+    pub guest_port: u32,
+    /// The host's port (a host-initiated connection's is assigned).
+    pub host_port: u32,
+    /// Where it stands.
+    pub state: State,
+    /// Control packets it owes the guest.
+    pub owed: Owed,
+    /// The guest said it sends no more (SHUTDOWN SEND).
+    pub guest_shut_send: bool,
+    /// The guest said it receives no more (SHUTDOWN RCV).
+    pub guest_shut_rcv: bool,
+    /// The host socket returned EOF.
+    pub host_eof: bool,
+    /// `shutdown(SHUT_WR)` was called on the host socket.
+    pub host_write_shut: bool,
+    /// Epoll said the host socket is readable and no read has drained it.
+    pub readable: bool,
+    /// The connection is in the muxer's list of RX work.
+    pub queued: bool,
+    /// The device waits on credit to read for the guest (a stall counted).
+    pub credit_stalled: bool,
+    /// When it is reset if it has not moved on (the `CONNECT` line, the
+    /// guest's RESPONSE, draining after a SHUTDOWN).
+    pub deadline: Option<Instant>,
+    /// Guest bytes the host socket has not taken yet, after `OK <port>\n`.
+    pub pending: VecDeque<u8>,
+    /// Bytes at the front of `pending` that are not guest data (the `OK`
+    /// line), which free no credit when written.
+    pub pending_ctl: usize,
+    /// The device's receive buffer, advertised in every header.
+    pub buf_alloc: u32,
+    /// Payload bytes received from the guest (wrapping).
+    pub rx_cnt: u32,
+    /// Payload bytes handed to the host socket (wrapping).
+    pub fwd_cnt: u32,
+    /// `fwd_cnt` as the guest last saw it.
+    pub adv_fwd_cnt: u32,
+    /// The guest's receive buffer.
+    pub peer_buf_alloc: u32,
+    /// Bytes the guest has taken from its buffer.
+    pub peer_fwd_cnt: u32,
+    /// Payload bytes sent to the guest (wrapping).
+    pub tx_cnt: u32,
+}
+
+impl<S> Conn<S> {
+    /// A connection in `state` over `stream`.
+    pub fn new(stream: S, guest_port: u32, host_port: u32, state: State, buf_alloc: u32) -> Self {
+        Conn {
+            stream,
+            guest_port,
+            host_port,
+            state,
+            owed: Owed::default(),
+            guest_shut_send: false,
+            guest_shut_rcv: false,
+            host_eof: false,
+            host_write_shut: false,
+            readable: false,
+            queued: false,
+            credit_stalled: false,
+            deadline: None,
+            pending: VecDeque::new(),
+            pending_ctl: 0,
+            buf_alloc,
+            rx_cnt: 0,
+            fwd_cnt: 0,
+            adv_fwd_cnt: 0,
+            peer_buf_alloc: 0,
+            peer_fwd_cnt: 0,
+            tx_cnt: 0,
+        }
+    }
+
+    /// Takes the guest's credit from one of its headers.
+    pub fn peer_credit(&mut self, buf_alloc: u32, fwd_cnt: u32) {
+        self.peer_buf_alloc = buf_alloc;
+        self.peer_fwd_cnt = fwd_cnt;
+    }
+
+    /// Bytes the guest has room for: its buffer less what it has not taken.
+    /// A guest whose `fwd_cnt` runs ahead of what it was sent has none.
+    pub fn peer_free(&self) -> u32 {
+        let in_flight = self.tx_cnt.wrapping_sub(self.peer_fwd_cnt);
+        self.peer_buf_alloc.saturating_sub(in_flight)
+    }
+
+    /// Bytes of the device's buffer the guest may still fill, as the guest
+    /// was told (what it may send without breaking the protocol).
+    pub fn guest_credit(&self) -> u32 {
+        let in_flight = self.rx_cnt.wrapping_sub(self.adv_fwd_cnt);
+        self.buf_alloc.saturating_sub(in_flight)
+    }
+
+    /// Whether the device should tell the guest its `fwd_cnt` unasked:
+    /// half the buffer freed since the guest last heard.
+    pub fn wants_credit_update(&self) -> bool {
+        self.fwd_cnt.wrapping_sub(self.adv_fwd_cnt) >= self.buf_alloc / 2
+    }
+
+    /// Whether the connection may read from the host socket for the guest.
+    pub fn can_read_host(&self) -> bool {
+        self.state == State::Established && !self.host_eof && !self.guest_shut_rcv
+    }
+
+    /// Whether both directions are over and nothing waits for the host:
+    /// the device resets the connection (the clean end of the spec's
+    /// SHUTDOWN then RST).
+    pub fn finished(&self) -> bool {
+        let host_done = self.host_eof || self.guest_shut_rcv;
+        self.state == State::Established
+            && self.pending.is_empty()
+            && self.guest_shut_send
+            && host_done
+            && !self.owed.response
+            && !self.owed.shutdown
+    }
+
+    /// What the host socket is polled for: reading while the device wants
+    /// to read and has not been told it can, writing while bytes wait.
+    pub fn interest(&self) -> (bool, bool) {
+        let read = match self.state {
+            State::AwaitLine(_) => true,
+            State::LocalInit => false,
+            State::Established => self.can_read_host() && !self.readable,
+        };
+        (read, !self.pending.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn() -> Conn<()> {
+        Conn::new((), 1000, 52, State::Established, 4096)
+    }
+
+    #[test]
+    fn the_guest_never_gets_more_than_it_has_room_for() {
+        let mut c = conn();
+        assert_eq!(c.peer_free(), 0, "nothing before the guest says");
+        c.peer_credit(1000, 0);
+        assert_eq!(c.peer_free(), 1000);
+        c.tx_cnt = 600;
+        assert_eq!(c.peer_free(), 400);
+        c.peer_credit(1000, 600);
+        assert_eq!(c.peer_free(), 1000);
+        // Wrapping counters.
+        c.tx_cnt = 10;
+        c.peer_credit(1000, u32::MAX - 9);
+        assert_eq!(c.peer_free(), 980);
+        // A guest that shrinks its buffer below what is in flight.
+        c.peer_credit(5, u32::MAX - 9);
+        assert_eq!(c.peer_free(), 0);
+    }
+
+    #[test]
+    fn the_device_s_credit_and_its_updates() {
+        let mut c = conn();
+        assert_eq!(c.guest_credit(), 4096);
+        c.rx_cnt = 3000;
+        assert_eq!(c.guest_credit(), 1096);
+        c.fwd_cnt = 2047;
+        assert!(!c.wants_credit_update());
+        c.fwd_cnt = 2048;
+        assert!(c.wants_credit_update());
+        c.adv_fwd_cnt = 2048;
+        assert!(!c.wants_credit_update());
+        assert_eq!(c.guest_credit(), 4096 - 952);
+        c.rx_cnt = 9000;
+        assert_eq!(c.guest_credit(), 0, "past its credit");
+    }
+
+    #[test]
+    fn interest_follows_the_state() {
+        let mut c = conn();
+        assert_eq!(c.interest(), (true, false));
+        c.readable = true;
+        assert_eq!(c.interest(), (false, false));
+        c.pending.push_back(1);
+        assert_eq!(c.interest(), (false, true));
+        c.readable = false;
+        c.guest_shut_rcv = true;
+        assert_eq!(c.interest(), (false, true));
+        c.state = State::LocalInit;
+        c.pending.clear();
+        assert_eq!(c.interest(), (false, false));
+        c.state = State::AwaitLine(Vec::new());
+        assert_eq!(c.interest(), (true, false));
+    }
+
+    #[test]
+    fn a_connection_is_finished_when_both_directions_are() {
+        let mut c = conn();
+        assert!(!c.finished());
+        c.guest_shut_send = true;
+        assert!(!c.finished(), "the host may still send");
+        c.host_eof = true;
+        assert!(c.finished());
+        c.pending.push_back(0);
+        assert!(!c.finished(), "bytes still wait for the host");
+        c.pending.clear();
+        c.owed.shutdown = true;
+        assert!(!c.finished(), "the guest is still owed the host's SHUTDOWN");
+        let mut d = conn();
+        d.guest_shut_rcv = true;
+        d.guest_shut_send = true;
+        assert!(d.finished(), "the guest closed both ways");
+        let mut e = conn();
+        e.guest_shut_rcv = true;
+        assert!(!e.finished(), "the guest may still send");
+        e.state = State::LocalInit;
+        e.guest_shut_send = true;
+        assert!(!e.finished());
+    }
+}

@@ -1,0 +1,869 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The connection multiplexer: the guest's packets to the host sockets
+//! they belong to, and the host sockets' data and events back into packets
+//! for the guest, with Firecracker's host-side protocol.
+//!
+//! **Host-initiated.** A host process connects to `uds_path` (the
+//! listener) and writes `CONNECT <port>\n`; the muxer reads the line a byte
+//! at a time (so no byte the process sends after it is consumed), assigns
+//! the connection a host port from `[1 << 30, 1 << 31)` and sends the guest
+//! a REQUEST; the guest's RESPONSE makes it write `OK <host port>\n` to the
+//! process and relay from then on; the guest's RST, a line that is not a
+//! `CONNECT`, or no RESPONSE within the connect time-out closes the socket.
+//!
+//! **Guest-initiated.** A guest REQUEST to port P connects to
+//! `<uds_path>_P`; the muxer answers RESPONSE, or RST when nothing listens
+//! there or the connection cap is reached.
+//!
+//! **The end of a connection.** The guest's SHUTDOWN SEND drains what the
+//! host socket has not taken, then shuts the socket's write side; the host's
+//! EOF becomes a SHUTDOWN SEND to the guest; once neither side can send
+//! ([`Conn::finished`]) the muxer resets the connection, as the spec's
+//! "SHUTDOWN then RST" asks. A SHUTDOWN that leaves bytes the host does not
+//! take is reset after the shutdown time-out. A host socket that fails
+//! (`EPIPE`, `ECONNRESET`) resets the connection; the guest's RST closes it.
+//!
+//! **Bounds.** At most `max_connections` connections (host sockets waiting
+//! for their `CONNECT` line included); each holds at most `buf_alloc`
+//! bytes the host did not take (credit: a guest that sends past it is
+//! reset); RSTs owed for packets of no connection wait in a queue of
+//! [`MAX_QUEUED_RSTS`], beyond which they are dropped and counted. The muxer
+//! never polls a socket it cannot act on: a readable socket leaves the
+//! poll set until a read drains it, and one whose guest has no credit
+//! waits for the guest's credit before it is read again.
+//!
+//! Sockets are closed only after the event handler took them out of the
+//! poll set (`graveyard`), so that no descriptor number is reused while
+//! epoll still knows it.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::backend::VsockBackend;
+use super::conn::{Conn, State, MAX_CONNECT_LINE};
+use super::metrics::VsockMetrics;
+use super::packet::{Header, Op, HDR_LEN, MAX_PAYLOAD, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
+use super::Tunables;
+use crate::virtio::events::{add, inc};
+use crate::virtio::iov::{copy_from_segs, IoVecs};
+use crate::virtio::queue::{split_seg, IoSeg};
+use crate::warn::warn_rate_limited;
+
+/// RSTs owed for packets that belong to no connection, or for connections
+/// already gone, held for RX buffers; beyond this they are dropped.
+pub const MAX_QUEUED_RSTS: usize = 1024;
+
+/// Host connections accepted per listener event: the rest wait for the
+/// next one (the listener stays readable), so a flood of connects cannot
+/// hold the event loop.
+pub const ACCEPTS_PER_EVENT: usize = 16;
+
+/// First host port given to host-initiated connections (Firecracker's).
+pub const FIRST_HOST_PORT: u32 = 1 << 30;
+
+/// A connection's key: (guest port, host port).
+type Key = (u32, u32);
+
+/// The poll interest of a connection's socket (read, write).
+pub(crate) type Interest = (bool, bool);
+
+/// A socket taken out of service, closed once it left the poll set.
+pub(crate) struct Grave<S> {
+    pub(crate) stream: S,
+    pub(crate) registered: bool,
+}
+
+/// The multiplexer.
+pub(crate) struct Muxer<B: VsockBackend> {
+    pub(crate) backend: B,
+    pub(crate) listener: UnixListener,
+    uds_path: PathBuf,
+    guest_cid: u64,
+    tun: Tunables,
+    pub(crate) slots: Vec<Option<Conn<B::Stream>>>,
+    /// What each slot's socket is registered for, if it is.
+    pub(crate) registered: Vec<Option<Interest>>,
+    map: HashMap<Key, usize>,
+    rx_work: VecDeque<usize>,
+    rsts: VecDeque<Key>,
+    next_host_port: u32,
+    /// Slots whose poll interest may have changed.
+    pub(crate) dirty: Vec<usize>,
+    pub(crate) graveyard: Vec<Grave<B::Stream>>,
+    /// A deadline was set or cleared since the timer was last armed.
+    pub(crate) deadlines_changed: bool,
+    metrics: Arc<VsockMetrics>,
+    scratch: Vec<IoSeg>,
+    copy: Vec<u8>,
+}
+
+/// The segments of `segs` from byte `from` on, at most `len` bytes.
+pub(crate) fn take_range(segs: &[IoSeg], mut from: usize, mut len: usize, out: &mut Vec<IoSeg>) {
+    out.clear();
+    for &seg in segs {
+        if len == 0 {
+            break;
+        }
+        if from >= seg.len() {
+            from -= seg.len();
+            continue;
+        }
+        let (_, rest) = split_seg(seg, from);
+        let (part, _) = split_seg(rest, len);
+        len -= part.len();
+        from = 0;
+        out.push(part);
+    }
+}
+
+impl<B: VsockBackend> Muxer<B> {
+    pub(crate) fn new(
+        backend: B,
+        listener: UnixListener,
+        uds_path: PathBuf,
+        guest_cid: u64,
+        tun: Tunables,
+        metrics: Arc<VsockMetrics>,
+    ) -> Self {
+        Muxer {
+            backend,
+            listener,
+            uds_path,
+            guest_cid,
+            tun,
+            slots: Vec::new(),
+            registered: Vec::new(),
+            map: HashMap::new(),
+            rx_work: VecDeque::new(),
+            rsts: VecDeque::new(),
+            next_host_port: FIRST_HOST_PORT,
+            dirty: Vec::new(),
+            graveyard: Vec::new(),
+            deadlines_changed: false,
+            metrics,
+            scratch: Vec::new(),
+            copy: Vec::new(),
+        }
+    }
+
+    /// Connections open (host sockets waiting for their line included).
+    pub(crate) fn connections(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Bytes held for host sockets that did not take them, in all.
+    pub(crate) fn pending_bytes(&self) -> usize {
+        self.slots.iter().flatten().map(|c| c.pending.len()).sum()
+    }
+
+    /// RSTs waiting for RX buffers.
+    pub(crate) fn queued_rsts(&self) -> usize {
+        self.rsts.len()
+    }
+
+    /// Whether a packet waits for an RX buffer.
+    pub(crate) fn has_rx_work(&self) -> bool {
+        !self.rsts.is_empty() || !self.rx_work.is_empty()
+    }
+
+    /// The connection in `slot`, if any.
+    pub(crate) fn conn(&self, slot: usize) -> Option<&Conn<B::Stream>> {
+        self.slots.get(slot).and_then(Option::as_ref)
+    }
+
+    /// The earliest deadline of any connection.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.slots.iter().flatten().filter_map(|c| c.deadline).min()
+    }
+
+    fn alloc_slot(&mut self, conn: Conn<B::Stream>) -> usize {
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(s) => s,
+            None => {
+                self.slots.push(None);
+                self.registered.push(None);
+                self.slots.len() - 1
+            }
+        };
+        self.slots[slot] = Some(conn);
+        self.registered[slot] = None;
+        self.dirty.push(slot);
+        inc(&self.metrics.conns_active);
+        slot
+    }
+
+    fn queue_rst(&mut self, key: Key) {
+        if self.rsts.len() >= MAX_QUEUED_RSTS {
+            let n = inc(&self.metrics.rsts_dropped);
+            warn_rate_limited!(count = n, "virtio-vsock: RX queue full, an RST was dropped");
+            return;
+        }
+        self.rsts.push_back(key);
+    }
+
+    /// Takes the connection in `slot` out of service; an `rst` tells the
+    /// guest (a connection it knows of).
+    pub(crate) fn kill(&mut self, slot: usize, rst: bool) {
+        let Some(conn) = self.slots.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        self.metrics
+            .conns_active
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let key = (conn.guest_port, conn.host_port);
+        if self.map.get(&key) == Some(&slot) {
+            self.map.remove(&key);
+        }
+        if conn.queued {
+            self.rx_work.retain(|&s| s != slot);
+        }
+        if conn.deadline.is_some() {
+            self.deadlines_changed = true;
+        }
+        if rst {
+            self.queue_rst(key);
+        }
+        let registered = self.registered[slot].take().is_some();
+        self.graveyard.push(Grave {
+            stream: conn.stream,
+            registered,
+        });
+    }
+
+    /// Forgets every connection, telling the guest nothing (a reset or a
+    /// transport reset: the driver has forgotten them itself).
+    pub(crate) fn kill_all(&mut self) {
+        for slot in 0..self.slots.len() {
+            self.kill(slot, false);
+        }
+        self.rsts.clear();
+        self.rx_work.clear();
+    }
+
+    /// Puts `slot` on the RX work list if it owes the guest a packet.
+    fn schedule(&mut self, slot: usize) {
+        let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        self.dirty.push(slot);
+        let data = c.readable && c.can_read_host();
+        let owed = c.owed;
+        let any = owed.request
+            || owed.response
+            || owed.shutdown
+            || owed.credit_update
+            || owed.credit_request
+            || data && (c.peer_free() > 0 || !c.credit_stalled);
+        if any && !c.queued {
+            c.queued = true;
+            self.rx_work.push_back(slot);
+        }
+    }
+
+    /// Resets the connection if both directions are over.
+    fn settle(&mut self, slot: usize) {
+        if self.conn(slot).is_some_and(Conn::finished) {
+            inc(&self.metrics.conns_closed);
+            self.kill(slot, true);
+        } else {
+            self.schedule(slot);
+        }
+    }
+
+    // ---- the guest's packets -------------------------------------------
+
+    /// One packet from the guest whose header passed
+    /// [`Header::check_from_guest`]; `payload` is the chain after the header
+    /// (at least `hdr.len` bytes).
+    pub(crate) fn on_guest_packet(&mut self, hdr: &Header, payload: &[IoSeg]) {
+        let key = (hdr.src_port, hdr.dst_port);
+        let Some(op) = Op::from_u16(hdr.op) else {
+            let n = inc(&self.metrics.unknown_ops);
+            warn_rate_limited!(
+                count = n,
+                "virtio-vsock: unknown op {} answered RST",
+                hdr.op
+            );
+            self.refuse(key, hdr.op);
+            return;
+        };
+        if hdr.kind != TYPE_STREAM {
+            let n = inc(&self.metrics.bad_types);
+            warn_rate_limited!(
+                count = n,
+                "virtio-vsock: socket type {} answered RST",
+                hdr.kind
+            );
+            self.refuse(key, hdr.op);
+            return;
+        }
+        let Some(&slot) = self.map.get(&key) else {
+            match op {
+                Op::Rst => {}
+                Op::Request => self.guest_connect(hdr),
+                _ => self.refuse(key, hdr.op),
+            }
+            return;
+        };
+        match op {
+            Op::Rst => {
+                inc(&self.metrics.rsts_received);
+                self.kill(slot, false);
+            }
+            Op::Request => {
+                // A second REQUEST for a live connection: both ends reset.
+                inc(&self.metrics.protocol_errors);
+                self.kill(slot, true);
+            }
+            _ => self.on_conn_packet(slot, op, hdr, payload),
+        }
+    }
+
+    /// An RST for a packet the muxer cannot act on, unless it is one.
+    fn refuse(&mut self, key: Key, op: u16) {
+        if op != Op::Rst as u16 {
+            self.queue_rst(key);
+        }
+    }
+
+    fn guest_connect(&mut self, hdr: &Header) {
+        let key = (hdr.src_port, hdr.dst_port);
+        if self.connections() >= self.tun.max_connections {
+            inc(&self.metrics.conns_refused);
+            let n = inc(&self.metrics.conns_capped);
+            warn_rate_limited!(
+                count = n,
+                "virtio-vsock: {} connections open, a guest connection was refused",
+                self.tun.max_connections
+            );
+            self.queue_rst(key);
+            return;
+        }
+        let mut path = self.uds_path.clone().into_os_string();
+        path.push(format!("_{}", hdr.dst_port));
+        match self.backend.connect(std::path::Path::new(&path)) {
+            Ok(stream) => {
+                let mut c = Conn::new(
+                    stream,
+                    hdr.src_port,
+                    hdr.dst_port,
+                    State::Established,
+                    self.tun.buf_alloc,
+                );
+                c.peer_credit(hdr.buf_alloc, hdr.fwd_cnt);
+                c.owed.response = true;
+                let slot = self.alloc_slot(c);
+                self.map.insert(key, slot);
+                inc(&self.metrics.conns_opened_guest);
+                self.schedule(slot);
+            }
+            Err(e) => {
+                let n = inc(&self.metrics.conns_refused);
+                log::debug!(
+                    "virtio-vsock: guest connection to port {} refused: {e} (occurrence {n})",
+                    hdr.dst_port
+                );
+                self.queue_rst(key);
+            }
+        }
+    }
+
+    fn on_conn_packet(&mut self, slot: usize, op: Op, hdr: &Header, payload: &[IoSeg]) {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        let was_stalled = c.credit_stalled && c.peer_free() == 0;
+        c.peer_credit(hdr.buf_alloc, hdr.fwd_cnt);
+        if was_stalled && c.peer_free() > 0 {
+            c.credit_stalled = false;
+        }
+        match op {
+            Op::Response => self.guest_accepted(slot),
+            Op::Rw => self.guest_data(slot, hdr.len as usize, payload),
+            Op::Shutdown => self.guest_shutdown(slot, hdr.flags),
+            Op::CreditRequest => {
+                c.owed.credit_update = true;
+                self.schedule(slot);
+            }
+            Op::CreditUpdate => self.schedule(slot),
+            Op::Request | Op::Rst => {}
+        }
+    }
+
+    fn protocol_error(&mut self, slot: usize) {
+        let n = inc(&self.metrics.protocol_errors);
+        warn_rate_limited!(
+            count = n,
+            "virtio-vsock: packet out of protocol, connection reset"
+        );
+        self.kill(slot, true);
+    }
+
+    fn guest_accepted(&mut self, slot: usize) {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if c.state != State::LocalInit {
+            self.protocol_error(slot);
+            return;
+        }
+        c.state = State::Established;
+        c.deadline = None;
+        self.deadlines_changed = true;
+        let ok = format!("OK {}\n", c.host_port);
+        c.pending_ctl = ok.len();
+        c.pending.extend(ok.bytes());
+        inc(&self.metrics.conns_opened_host);
+        self.flush(slot);
+    }
+
+    fn guest_data(&mut self, slot: usize, len: usize, payload: &[IoSeg]) {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if c.state != State::Established || c.guest_shut_send {
+            self.protocol_error(slot);
+            return;
+        }
+        if len > c.guest_credit() as usize {
+            let n = inc(&self.metrics.credit_exceeded);
+            warn_rate_limited!(count = n, "virtio-vsock: guest sent past its credit, reset");
+            self.kill(slot, true);
+            return;
+        }
+        // len <= buf_alloc, a u32.
+        c.rx_cnt = c.rx_cnt.wrapping_add(len as u32);
+        add(&self.metrics.tx_bytes, len as u64);
+        if c.guest_credit() == 0 {
+            inc(&self.metrics.tx_credit_stalls);
+        }
+        take_range(payload, 0, len, &mut self.scratch);
+        let mut sent = 0;
+        if c.pending.is_empty() && len > 0 {
+            match self
+                .backend
+                .send(&mut c.stream, IoVecs::guest(&self.scratch))
+            {
+                Ok(n) => sent = n.min(len),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    self.host_failed(slot, &e);
+                    return;
+                }
+            }
+        }
+        c.fwd_cnt = c.fwd_cnt.wrapping_add(sent as u32);
+        if sent < len {
+            // What the socket refused waits in `pending` (bounded by the
+            // credit just checked) for EPOLLOUT.
+            inc(&self.metrics.tx_short_writes);
+            let mut rest = Vec::new();
+            take_range(payload, sent, len - sent, &mut rest);
+            copy_from_segs(&rest, &mut self.copy);
+            c.pending.extend(self.copy.iter());
+        }
+        if c.wants_credit_update() {
+            c.owed.credit_update = true;
+        }
+        self.schedule(slot);
+    }
+
+    fn guest_shutdown(&mut self, slot: usize, flags: u32) {
+        let timeout = self.tun.shutdown_timeout;
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if c.state != State::Established {
+            self.protocol_error(slot);
+            return;
+        }
+        c.guest_shut_rcv |= flags & SHUTDOWN_RCV != 0;
+        c.guest_shut_send |= flags & SHUTDOWN_SEND != 0;
+        if c.guest_shut_send && c.deadline.is_none() && !c.pending.is_empty() {
+            c.deadline = Some(Instant::now() + timeout);
+            self.deadlines_changed = true;
+        }
+        self.shut_host_write(slot);
+        self.settle(slot);
+    }
+
+    /// After the guest's SHUTDOWN SEND and once `pending` is drained, tells
+    /// the host process no more data comes.
+    fn shut_host_write(&mut self, slot: usize) {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if c.guest_shut_send && c.pending.is_empty() && !c.host_write_shut {
+            c.host_write_shut = true;
+            if let Err(e) = self.backend.shutdown_write(&mut c.stream) {
+                log::debug!("virtio-vsock: shutdown of a host socket: {e}");
+            }
+        }
+    }
+
+    /// The host socket failed: the connection is reset.
+    fn host_failed(&mut self, slot: usize, e: &std::io::Error) {
+        let n = inc(&self.metrics.host_socket_errors);
+        log::debug!("virtio-vsock: host socket error, connection reset: {e} (occurrence {n})");
+        self.kill(slot, true);
+    }
+
+    // ---- the host side -------------------------------------------------
+
+    /// Accepts host connections waiting on the listener (at most
+    /// [`ACCEPTS_PER_EVENT`]); at the cap each is accepted and closed.
+    pub(crate) fn accept_host(&mut self) {
+        for _ in 0..ACCEPTS_PER_EVENT {
+            let stream = match self.backend.accept(&self.listener) {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // ECONNABORTED, EMFILE: this one is lost, the next may do.
+                    let n = inc(&self.metrics.host_socket_errors);
+                    warn_rate_limited!(count = n, "virtio-vsock: accept failed: {e}");
+                    return;
+                }
+            };
+            if self.connections() >= self.tun.max_connections {
+                inc(&self.metrics.conns_refused);
+                inc(&self.metrics.conns_capped);
+                self.graveyard.push(Grave {
+                    stream,
+                    registered: false,
+                });
+                continue;
+            }
+            let mut c = Conn::new(
+                stream,
+                0,
+                0,
+                State::AwaitLine(Vec::new()),
+                self.tun.buf_alloc,
+            );
+            c.deadline = Some(Instant::now() + self.tun.connect_timeout);
+            self.deadlines_changed = true;
+            self.alloc_slot(c);
+        }
+    }
+
+    /// The host socket of `slot` polled readable, writable or hung up.
+    pub(crate) fn on_socket_event(
+        &mut self,
+        slot: usize,
+        readable: bool,
+        writable: bool,
+        active: bool,
+    ) {
+        let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if matches!(c.state, State::AwaitLine(_)) {
+            self.read_line(slot, active);
+            return;
+        }
+        if writable {
+            self.flush(slot);
+        }
+        let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if readable && c.can_read_host() {
+            c.readable = true;
+        }
+        self.schedule(slot);
+    }
+
+    /// Reads the `CONNECT <port>\n` line of a host connection, a byte at a
+    /// time, as far as the socket has it.
+    fn read_line(&mut self, slot: usize, active: bool) {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        let State::AwaitLine(line) = &mut c.state else {
+            return;
+        };
+        loop {
+            let mut b = [0u8; 1];
+            match self.backend.read_bytes(&mut c.stream, &mut b) {
+                Ok(1) => line.push(b[0]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                // EOF or an error before the line ended.
+                _ => return self.kill(slot, false),
+            }
+            if b[0] == b'\n' {
+                break;
+            }
+            if line.len() >= MAX_CONNECT_LINE {
+                inc(&self.metrics.bad_connect_lines);
+                return self.kill(slot, false);
+            }
+        }
+        let port = parse_connect(line);
+        let Some(port) = port else {
+            inc(&self.metrics.bad_connect_lines);
+            return self.kill(slot, false);
+        };
+        if !active {
+            // No driver to ask: refused as a guest that listens on nothing.
+            inc(&self.metrics.conns_refused);
+            return self.kill(slot, false);
+        }
+        let host_port = self.assign_host_port(port);
+        let c = self.slots[slot].as_mut().expect("slot checked above");
+        c.guest_port = port;
+        c.host_port = host_port;
+        c.state = State::LocalInit;
+        c.owed.request = true;
+        c.deadline = Some(Instant::now() + self.tun.connect_timeout);
+        self.deadlines_changed = true;
+        self.map.insert((port, host_port), slot);
+        self.schedule(slot);
+    }
+
+    /// The next host port no connection to guest port `port` uses.
+    fn assign_host_port(&mut self, port: u32) -> u32 {
+        loop {
+            let p = self.next_host_port;
+            self.next_host_port = if p >= u32::MAX >> 1 {
+                FIRST_HOST_PORT
+            } else {
+                p + 1
+            };
+            // At most max_connections ports are taken: this ends.
+            if !self.map.contains_key(&(port, p)) {
+                return p;
+            }
+        }
+    }
+
+    /// Writes what waits for the host socket of `slot`.
+    pub(crate) fn flush(&mut self, slot: usize) {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return;
+        };
+        while !c.pending.is_empty() {
+            let (front, _) = c.pending.as_slices();
+            match self.backend.write_bytes(&mut c.stream, front) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let n = n.min(front.len());
+                    c.pending.drain(..n);
+                    // `OK <port>\n` is no guest data: it frees no credit.
+                    let ctl = n.min(c.pending_ctl);
+                    c.pending_ctl -= ctl;
+                    c.fwd_cnt = c.fwd_cnt.wrapping_add((n - ctl) as u32);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return self.host_failed(slot, &e),
+            }
+        }
+        if c.pending.is_empty() && c.guest_shut_send && c.deadline.is_some() {
+            c.deadline = None;
+            self.deadlines_changed = true;
+        }
+        if c.wants_credit_update() {
+            c.owed.credit_update = true;
+        }
+        self.shut_host_write(slot);
+        self.settle(slot);
+    }
+
+    /// Resets every connection whose deadline passed by `now`.
+    pub(crate) fn expire(&mut self, now: Instant) {
+        for slot in 0..self.slots.len() {
+            let Some(c) = self.slots[slot].as_ref() else {
+                continue;
+            };
+            if c.deadline.is_some_and(|d| d <= now) {
+                inc(&self.metrics.conns_timed_out);
+                // A host socket still waiting for its line is no
+                // connection the guest knows of.
+                let known = !matches!(c.state, State::AwaitLine(_));
+                if c.state == State::LocalInit {
+                    inc(&self.metrics.conns_refused);
+                }
+                self.kill(slot, known);
+            }
+        }
+        self.deadlines_changed = true;
+    }
+
+    // ---- packets for the guest -----------------------------------------
+
+    /// Writes the next packet owed to the guest into an RX chain: its header
+    /// at the start of `segs` and, for data, up to `room` payload bytes read
+    /// from the host socket straight after it. `None` when nothing is owed.
+    pub(crate) fn next_rx(&mut self, segs: &[IoSeg], room: usize) -> Option<(Header, usize)> {
+        if let Some((guest_port, host_port)) = self.rsts.pop_front() {
+            inc(&self.metrics.rsts_sent);
+            let hdr = Header::to_guest(self.guest_cid, host_port, guest_port, Op::Rst);
+            return Some((hdr, 0));
+        }
+        while let Some(slot) = self.rx_work.pop_front() {
+            let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            c.queued = false;
+            if let Some(out) = self.conn_rx(slot, segs, room) {
+                self.settle(slot);
+                return Some(out);
+            }
+            self.settle(slot);
+        }
+        None
+    }
+
+    /// The packet connection `slot` owes the guest, if any.
+    fn conn_rx(&mut self, slot: usize, segs: &[IoSeg], room: usize) -> Option<(Header, usize)> {
+        let cid = self.guest_cid;
+        let c = self.slots[slot].as_mut()?;
+        let op = if std::mem::take(&mut c.owed.request) {
+            Op::Request
+        } else if std::mem::take(&mut c.owed.response) {
+            Op::Response
+        } else if c.readable && c.can_read_host() && c.peer_free() > 0 && room > 0 {
+            return self.read_host(slot, segs, room);
+        } else if std::mem::take(&mut c.owed.shutdown) {
+            Op::Shutdown
+        } else if std::mem::take(&mut c.owed.credit_update) {
+            Op::CreditUpdate
+        } else if std::mem::take(&mut c.owed.credit_request) {
+            Op::CreditRequest
+        } else if c.readable && c.can_read_host() && c.peer_free() == 0 && !c.credit_stalled {
+            // Data waits for a guest without room: asked once per stall.
+            c.credit_stalled = true;
+            inc(&self.metrics.rx_credit_stalls);
+            Op::CreditRequest
+        } else {
+            return None;
+        };
+        let mut hdr = Header::to_guest(cid, c.host_port, c.guest_port, op);
+        if op == Op::Shutdown {
+            hdr.flags = SHUTDOWN_SEND;
+        }
+        Some((Self::credit(c, hdr), 0))
+    }
+
+    /// Stamps the device's credit on a header for the guest.
+    fn credit(c: &mut Conn<B::Stream>, mut hdr: Header) -> Header {
+        hdr.buf_alloc = c.buf_alloc;
+        hdr.fwd_cnt = c.fwd_cnt;
+        c.adv_fwd_cnt = c.fwd_cnt;
+        c.owed.credit_update = false;
+        hdr
+    }
+
+    /// One `readv` from the host socket of `slot` into the payload part of
+    /// `segs`.
+    fn read_host(&mut self, slot: usize, segs: &[IoSeg], room: usize) -> Option<(Header, usize)> {
+        let cid = self.guest_cid;
+        let c = self.slots[slot].as_mut()?;
+        let want = room.min(c.peer_free() as usize).min(MAX_PAYLOAD as usize);
+        take_range(segs, HDR_LEN, want, &mut self.scratch);
+        match self
+            .backend
+            .recv(&mut c.stream, IoVecs::guest(&self.scratch))
+        {
+            Ok(0) => {
+                c.host_eof = true;
+                c.readable = false;
+                let hdr = Header {
+                    flags: SHUTDOWN_SEND,
+                    ..Header::to_guest(cid, c.host_port, c.guest_port, Op::Shutdown)
+                };
+                Some((Self::credit(c, hdr), 0))
+            }
+            Ok(n) => {
+                let n = n.min(want);
+                if n < want {
+                    // The socket is drained: poll it again.
+                    c.readable = false;
+                }
+                c.tx_cnt = c.tx_cnt.wrapping_add(n as u32);
+                add(&self.metrics.rx_bytes, n as u64);
+                let hdr = Header {
+                    len: n as u32,
+                    ..Header::to_guest(cid, c.host_port, c.guest_port, Op::Rw)
+                };
+                Some((Self::credit(c, hdr), n))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                c.readable = false;
+                // Another packet it owes, if any.
+                self.conn_rx(slot, segs, 0)
+            }
+            Err(e) => {
+                self.host_failed(slot, &e);
+                // The RST just queued goes out in this chain.
+                self.next_rx_rst()
+            }
+        }
+    }
+
+    fn next_rx_rst(&mut self) -> Option<(Header, usize)> {
+        let (guest_port, host_port) = self.rsts.pop_front()?;
+        inc(&self.metrics.rsts_sent);
+        let hdr = Header::to_guest(self.guest_cid, host_port, guest_port, Op::Rst);
+        Some((hdr, 0))
+    }
+}
+
+/// The port of a `CONNECT <port>\n` line (Firecracker's host protocol).
+pub(crate) fn parse_connect(line: &[u8]) -> Option<u32> {
+    let line = std::str::from_utf8(line).ok()?;
+    let rest = line.strip_suffix('\n')?.strip_prefix("CONNECT ")?;
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_lines() {
+        assert_eq!(parse_connect(b"CONNECT 52\n"), Some(52));
+        assert_eq!(parse_connect(b"CONNECT 4294967295\n"), Some(u32::MAX));
+        assert_eq!(parse_connect(b"CONNECT 0052\n"), Some(52));
+        for bad in [
+            &b"CONNECT 52"[..],
+            b"CONNECT 4294967296\n",
+            b"CONNECT \n",
+            b"CONNECT -1\n",
+            b"CONNECT +5\n",
+            b"connect 52\n",
+            b"CONNECT  52\n",
+            b"CONNECT 52 \n",
+            b"CONNECT 5a\n",
+            b"OK 52\n",
+            b"\xffCONNECT 52\n",
+        ] {
+            assert_eq!(parse_connect(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn ranges_of_segments() {
+        let mut buf = [0u8; 64];
+        let base = buf.as_mut_ptr() as usize;
+        // SAFETY: both segments lie inside `buf`, alive for the test.
+        let segs = unsafe { [IoSeg::new(base, 10), IoSeg::new(base + 10, 30)] };
+        let mut out = Vec::new();
+        take_range(&segs, 5, 10, &mut out);
+        // SAFETY: as above.
+        let want = unsafe { [IoSeg::new(base + 5, 5), IoSeg::new(base + 10, 5)] };
+        assert_eq!(out, want);
+        take_range(&segs, 10, 100, &mut out);
+        assert_eq!(out, [segs[1]]);
+        take_range(&segs, 40, 1, &mut out);
+        assert!(out.is_empty());
+        take_range(&segs, 0, 0, &mut out);
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Bounded passes over the three queues (virtio 1.2 §5.10.2): TX (the
+//! guest's packets into the muxer), RX (the muxer's packets into the
+//! guest's buffers) and the event queue (TRANSPORT_RESET).
+//!
+//! **Every pass is bounded**, as the other devices' are: it stops after
+//! [`PASS_PACKETS`] packets, [`PASS_BYTES`] payload bytes or
+//! [`PASS_DESC_BUDGET`] ring entries and descriptors read, good and refused
+//! chains alike, and the event glue re-queues it behind every other ready
+//! event. So a pass never reads more than
+//! [`MAX_PASS_READS`](crate::virtio::queue::MAX_PASS_READS) ring entries
+//! and descriptors (the budget every device shares);
+//! `VsockMetrics::max_descs_per_pass` shows the largest seen.
+//!
+//! **Chains.** A TX chain is device-readable: the 44-byte header, then the
+//! payload, cut into descriptors however the driver likes (Linux 6.1 puts
+//! the header in one descriptor and the payload in another; later kernels
+//! put both in one). An RX chain is device-writable, header first, payload
+//! after it, again cut anywhere. A chain that breaks the ring's rules, is
+//! shorter than the header or longer than the device accepts is returned
+//! with used length 0 and counted in `malformed_packets`.
+//!
+//! An RX chain taken from the ring when the muxer turned out to have
+//! nothing to put in it (a socket that had no data after all) is kept for
+//! the next packet, not returned empty.
+
+use std::sync::atomic::Ordering;
+
+use super::backend::VsockBackend;
+use super::metrics::VsockMetrics;
+use super::muxer::{take_range, Muxer};
+use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
+use crate::virtio::events::{add, inc, notify_driver};
+use crate::virtio::iov::{read_array, write_bytes_at};
+use crate::virtio::queue::{Budget, Chain, ChainRules, IoSeg, SplitQueue, PASS_DESC_BUDGET};
+use crate::virtio::Interrupt;
+use crate::warn::warn_rate_limited;
+
+/// Index of the RX queue (virtio 1.2 §5.10.2).
+pub const RX_INDEX: usize = 0;
+/// Index of the TX queue.
+pub const TX_INDEX: usize = 1;
+/// Index of the event queue.
+pub const EVT_INDEX: usize = 2;
+
+/// Packets one pass handles before it yields (vhost's packet weight).
+pub const PASS_PACKETS: u32 = 256;
+/// Payload bytes one pass moves before it yields (vhost's byte weight).
+pub const PASS_BYTES: u64 = 0x80000;
+
+/// The longest RX chain used: the header and the largest payload Linux's
+/// driver ever posts room for, with slack for a driver that posts a little
+/// more. Longer chains are refused.
+pub const MAX_RX_CHAIN: usize = 1 << 20;
+
+/// How a pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PassStatus {
+    /// Nothing left to do, or waiting on the guest.
+    Done,
+    /// A bound was reached: run again after the other ready events.
+    Yield,
+    /// The queue is unusable (avail index out of range): the device needs
+    /// a reset.
+    Broken,
+}
+
+/// One pass's bookkeeping.
+struct Pass {
+    budget: Budget,
+    packets: u32,
+    bytes: u64,
+}
+
+impl Pass {
+    fn new() -> Self {
+        Pass {
+            budget: Budget::new(PASS_DESC_BUDGET),
+            packets: 0,
+            bytes: 0,
+        }
+    }
+
+    fn must_yield(&self) -> bool {
+        self.budget.exhausted() || self.packets >= PASS_PACKETS || self.bytes >= PASS_BYTES
+    }
+
+    fn finish(&self, m: &VsockMetrics, status: PassStatus) -> PassStatus {
+        let spent = u64::from(self.budget.spent());
+        inc(&m.passes);
+        add(&m.descs_walked, spent);
+        m.max_descs_per_pass.fetch_max(spent, Ordering::Relaxed);
+        if status == PassStatus::Yield {
+            inc(&m.pass_yields);
+        }
+        status
+    }
+}
+
+/// The three queues of one activation.
+pub(crate) struct VsockVirtio {
+    pub(crate) queues: [SplitQueue; 3],
+    guest_cid: u64,
+    segs: Vec<IoSeg>,
+    payload: Vec<IoSeg>,
+    /// An RX chain taken and not used; its segments are `rx_segs`.
+    spare: Option<Chain>,
+    rx_segs: Vec<IoSeg>,
+    /// A TRANSPORT_RESET waits for an event buffer.
+    pub(crate) event_pending: bool,
+}
+
+/// A queue-level failure: counted, and the pass reports a broken queue.
+fn queue_failed(m: &VsockMetrics, what: impl std::fmt::Display) -> PassStatus {
+    let n = inc(&m.queue_errors);
+    warn_rate_limited!(
+        count = n,
+        "virtio-vsock: {what}; the queue stops until a reset"
+    );
+    PassStatus::Broken
+}
+
+fn malformed(m: &VsockMetrics, what: impl std::fmt::Display) {
+    let n = inc(&m.malformed_packets);
+    warn_rate_limited!(count = n, "virtio-vsock: malformed packet: {what}");
+}
+
+impl VsockVirtio {
+    pub(crate) fn new(queues: [SplitQueue; 3], guest_cid: u64) -> Self {
+        VsockVirtio {
+            queues,
+            guest_cid,
+            segs: Vec::new(),
+            payload: Vec::new(),
+            spare: None,
+            rx_segs: Vec::new(),
+            event_pending: false,
+        }
+    }
+
+    /// Publishes the used entries of queue `q` and interrupts the driver if
+    /// it wants.
+    fn publish(&mut self, q: usize, m: &VsockMetrics, irq: &dyn Interrupt) {
+        let notify = self.queues[q].publish_used();
+        notify_driver(notify, irq, &m.interrupts, &m.interrupts_suppressed);
+    }
+
+    /// The next chain of queue `q`, re-enabling notifications when the ring
+    /// looks empty (and looking once more, charged to the budget).
+    fn next_head(&mut self, q: usize, pass: &mut Pass) -> Result<Option<u16>, PassStatus> {
+        let queue = &mut self.queues[q];
+        loop {
+            match queue.pop(&mut pass.budget) {
+                Ok(Some(h)) => return Ok(Some(h)),
+                Ok(None) => {}
+                Err(_) => return Err(PassStatus::Broken),
+            }
+            match queue.enable_notifications() {
+                Ok(true) => {
+                    pass.budget.charge(1);
+                    queue.disable_notifications();
+                }
+                Ok(false) => return Ok(None),
+                Err(_) => return Err(PassStatus::Broken),
+            }
+        }
+    }
+
+    /// A TX pass: every packet the guest posted, within the bounds.
+    pub(crate) fn tx_pass<B: VsockBackend>(
+        &mut self,
+        mux: &mut Muxer<B>,
+        m: &VsockMetrics,
+        irq: &dyn Interrupt,
+    ) -> PassStatus {
+        let mut pass = Pass::new();
+        let rules = ChainRules {
+            device_writes: false,
+            min_len: HDR_LEN,
+            max_len: HDR_LEN + MAX_PAYLOAD as usize,
+        };
+        self.queues[TX_INDEX].disable_notifications();
+        let status = loop {
+            if pass.must_yield() {
+                break PassStatus::Yield;
+            }
+            let head = match self.next_head(TX_INDEX, &mut pass) {
+                Ok(Some(h)) => h,
+                Ok(None) => break PassStatus::Done,
+                Err(s) => break s,
+            };
+            pass.packets += 1;
+            inc(&m.tx_packets);
+            self.segs.clear();
+            let q = &self.queues[TX_INDEX];
+            match q.walk(head, &rules, &mut self.segs, &mut pass.budget) {
+                Ok(chain) => pass.bytes += self.tx_packet(chain.len, mux, m),
+                Err(e) => malformed(m, e),
+            }
+            self.queues[TX_INDEX].add_used(head, 0);
+        };
+        if status == PassStatus::Broken {
+            let _ = queue_failed(m, "TX avail index out of range");
+        }
+        self.publish(TX_INDEX, m, irq);
+        pass.finish(m, status)
+    }
+
+    /// One packet of `len` bytes in `self.segs`; returns its payload bytes.
+    fn tx_packet<B: VsockBackend>(
+        &mut self,
+        len: usize,
+        mux: &mut Muxer<B>,
+        m: &VsockMetrics,
+    ) -> u64 {
+        let (bytes, _) = read_array::<HDR_LEN>(&self.segs, 0);
+        let hdr = Header::parse(&bytes);
+        if let Err(e) = hdr.check_from_guest(self.guest_cid, len) {
+            malformed(m, e);
+            return 0;
+        }
+        take_range(&self.segs, HDR_LEN, hdr.len as usize, &mut self.payload);
+        mux.on_guest_packet(&hdr, &self.payload);
+        u64::from(hdr.len)
+    }
+
+    /// An RX pass: packets the muxer owes the guest, into the buffers the
+    /// guest posted, within the bounds.
+    pub(crate) fn rx_pass<B: VsockBackend>(
+        &mut self,
+        mux: &mut Muxer<B>,
+        m: &VsockMetrics,
+        irq: &dyn Interrupt,
+    ) -> PassStatus {
+        let mut pass = Pass::new();
+        let status = loop {
+            if !mux.has_rx_work() {
+                break PassStatus::Done;
+            }
+            if pass.must_yield() {
+                break PassStatus::Yield;
+            }
+            let chain = match self.spare.take() {
+                Some(c) => c,
+                None => match self.take_rx_chain(&mut pass, m) {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break PassStatus::Done,
+                    Err(s) => break s,
+                },
+            };
+            let room = chain.len - HDR_LEN;
+            let Some((hdr, n)) = mux.next_rx(&self.rx_segs, room) else {
+                self.spare = Some(chain);
+                break PassStatus::Done;
+            };
+            write_bytes_at(&self.rx_segs, 0, &hdr.to_bytes());
+            // HDR_LEN + n <= chain.len <= MAX_RX_CHAIN.
+            self.queues[RX_INDEX].add_used(chain.head, (HDR_LEN + n) as u32);
+            inc(&m.rx_packets);
+            pass.packets += 1;
+            pass.bytes += n as u64;
+        };
+        if status == PassStatus::Broken {
+            let _ = queue_failed(m, "RX avail index out of range");
+        }
+        self.publish(RX_INDEX, m, irq);
+        pass.finish(m, status)
+    }
+
+    /// The next good RX chain, its segments in `rx_segs`; refused chains
+    /// are returned with length 0 on the way.
+    fn take_rx_chain(
+        &mut self,
+        pass: &mut Pass,
+        m: &VsockMetrics,
+    ) -> Result<Option<Chain>, PassStatus> {
+        let rules = ChainRules {
+            device_writes: true,
+            min_len: HDR_LEN,
+            max_len: MAX_RX_CHAIN,
+        };
+        loop {
+            if pass.must_yield() {
+                return Err(PassStatus::Yield);
+            }
+            let Some(head) = self.next_head(RX_INDEX, pass)? else {
+                return Ok(None);
+            };
+            self.rx_segs.clear();
+            let q = &self.queues[RX_INDEX];
+            match q.walk(head, &rules, &mut self.rx_segs, &mut pass.budget) {
+                Ok(chain) => return Ok(Some(chain)),
+                Err(e) => {
+                    pass.packets += 1;
+                    malformed(m, e);
+                    self.queues[RX_INDEX].add_used(head, 0);
+                }
+            }
+        }
+    }
+
+    /// Delivers a pending TRANSPORT_RESET into an event buffer, if the guest
+    /// posted one.
+    pub(crate) fn event_pass(&mut self, m: &VsockMetrics, irq: &dyn Interrupt) -> PassStatus {
+        if !self.event_pending {
+            return PassStatus::Done;
+        }
+        let mut pass = Pass::new();
+        let rules = ChainRules {
+            device_writes: true,
+            min_len: 4,
+            max_len: 4096,
+        };
+        let status = loop {
+            if pass.must_yield() {
+                break PassStatus::Yield;
+            }
+            let head = match self.next_head(EVT_INDEX, &mut pass) {
+                Ok(Some(h)) => h,
+                Ok(None) => break PassStatus::Done,
+                Err(s) => break s,
+            };
+            pass.packets += 1;
+            self.segs.clear();
+            let q = &self.queues[EVT_INDEX];
+            if let Err(e) = q.walk(head, &rules, &mut self.segs, &mut pass.budget) {
+                malformed(m, e);
+                self.queues[EVT_INDEX].add_used(head, 0);
+                continue;
+            }
+            write_bytes_at(&self.segs, 0, &EVENT_TRANSPORT_RESET.to_le_bytes());
+            self.queues[EVT_INDEX].add_used(head, 4);
+            self.event_pending = false;
+            inc(&m.transport_resets);
+            break PassStatus::Done;
+        };
+        if status == PassStatus::Broken {
+            let _ = queue_failed(m, "event avail index out of range");
+        }
+        self.publish(EVT_INDEX, m, irq);
+        pass.finish(m, status)
+    }
+}

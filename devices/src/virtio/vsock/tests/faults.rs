@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Fault injection on the Unix sockets (EAGAIN, EPIPE, ECONNRESET, short
+//! writes, ECONNREFUSED, a failed accept) and the bounds of a pass under a
+//! flood. The oracles: the host receives the guest's bytes exactly once and
+//! in order whatever the socket refused; a failed socket resets its
+//! connection and nothing else; the device goes idle.
+
+use std::io::Write;
+
+use super::fixture::*;
+use crate::virtio::queue::MAX_PASS_READS;
+use crate::virtio::vsock::muxer::MAX_QUEUED_RSTS;
+use crate::virtio::vsock::packet::{Header, Op, SHUTDOWN_SEND};
+
+const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn refused_and_short_writes_reach_the_host_whole_and_in_order() {
+    for faults in [
+        vec![EAGAIN],
+        vec![Fault::Short(1)],
+        vec![Fault::Short(700), EAGAIN],
+        vec![EAGAIN, EAGAIN, EAGAIN],
+    ] {
+        let mut f = VsockFixture::faulty();
+        let l = f.host_listen(9);
+        let mut s = f.open_from_guest(&l, 1, 9);
+        f.dev().backend_mut().inject(Op2::Send, &faults);
+        f.dev()
+            .backend_mut()
+            .inject(Op2::WriteBytes, &[Fault::Short(3)]);
+        let a = bytes(2000, 1);
+        let b = bytes(1500, 2);
+        f.send(&guest_hdr(1, 9, Op::Rw), &a);
+        f.send(&guest_hdr(1, 9, Op::Rw), &b);
+        f.run_for(20);
+        let mut want = a.clone();
+        want.extend_from_slice(&b);
+        assert_eq!(read_n(&mut s, 3500), want, "{faults:?}");
+        assert_eq!(f.dev().pending_bytes(), 0, "{faults:?}");
+        assert!(f.metric(|m| &m.tx_short_writes) >= 1, "{faults:?}");
+        assert_eq!(f.metric(|m| &m.host_socket_errors), 0);
+    }
+}
+
+#[test]
+fn a_guest_shutdown_drains_what_the_host_has_not_taken_then_ends() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.dev().backend_mut().inject(Op2::Send, &[EAGAIN]);
+    f.dev().backend_mut().inject(Op2::WriteBytes, &[EAGAIN]);
+    let a = bytes(3000, 5);
+    f.send(&guest_hdr(1, 9, Op::Rw), &a);
+    f.send(
+        &Header {
+            flags: SHUTDOWN_SEND,
+            ..guest_hdr(1, 9, Op::Shutdown)
+        },
+        &[],
+    );
+    f.run_for(20);
+    assert_eq!(read_n(&mut s, 3000), a);
+    assert!(host_sees_eof(&mut s), "the write side is shut once drained");
+    assert_eq!(f.dev().connections(), 1, "the host may still send");
+    s.write_all(b"late answer").unwrap();
+    f.run_until_idle();
+    let pkts = f.recv();
+    assert_eq!(
+        pkts.iter().find(|p| p.op() == Some(Op::Rw)).unwrap().data,
+        b"late answer"
+    );
+}
+
+#[test]
+fn a_shutdown_the_host_never_drains_is_reset_at_its_deadline() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let _s = f.open_from_guest(&l, 1, 9);
+    // More than the socket's buffer, and a host that never reads.
+    for i in 0..4 {
+        f.send(&guest_hdr(1, 9, Op::Rw), &bytes(60_000, i));
+    }
+    assert!(f.dev().pending_bytes() > 0, "the socket took it all");
+    f.send(
+        &Header {
+            flags: SHUTDOWN_SEND,
+            ..guest_hdr(1, 9, Op::Shutdown)
+        },
+        &[],
+    );
+    f.run_for(400);
+    assert_eq!(f.metric(|m| &m.conns_timed_out), 1);
+    assert_eq!(f.dev().connections(), 0);
+    assert!(f.recv().iter().any(|p| p.op() == Some(Op::Rst)));
+}
+
+#[test]
+fn epipe_and_econnreset_reset_only_their_connection() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let mut keep = f.open_from_guest(&l, 1, 9);
+    let _gone = f.open_from_guest(&l, 2, 9);
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Send, &[Fault::Errno(libc::EPIPE)]);
+    f.send(&guest_hdr(2, 9, Op::Rw), b"x");
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1);
+    assert_eq!((pkts[0].op(), pkts[0].hdr.dst_port), (Some(Op::Rst), 2));
+    f.send(&guest_hdr(1, 9, Op::Rw), b"still here");
+    assert_eq!(read_n(&mut keep, 10), b"still here");
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Recv, &[Fault::Errno(libc::ECONNRESET)]);
+    keep.write_all(b"y").unwrap();
+    f.run_until_idle();
+    let pkts = f.recv();
+    assert_eq!(
+        pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+        [Some(Op::Rst)]
+    );
+    assert_eq!(f.metric(|m| &m.host_socket_errors), 2);
+    assert_eq!(f.dev().connections(), 0);
+}
+
+#[test]
+fn a_read_with_nothing_after_all_keeps_the_rx_buffer() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let before = f.rx_outstanding();
+    f.dev().backend_mut().inject(Op2::Recv, &[EAGAIN]);
+    s.write_all(b"abc").unwrap();
+    f.run_until_idle();
+    // The read that found nothing used no buffer; the socket was polled
+    // again and the bytes came in the same chain.
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1, "{pkts:?}");
+    assert_eq!(pkts[0].data, b"abc");
+    assert_eq!(f.rx_outstanding(), before - 1);
+    assert_eq!(f.dev().backend_mut().calls[&Op2::Recv], 2);
+}
+
+#[test]
+fn a_refused_connect_and_a_failed_accept_are_counted_and_survived() {
+    let mut f = VsockFixture::faulty();
+    let _l = f.host_listen(9);
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Connect, &[Fault::Errno(libc::ECONNREFUSED)]);
+    f.post_rx(4, 4096);
+    f.send(&guest_hdr(1, 9, Op::Request), &[]);
+    assert_eq!(f.recv()[0].op(), Some(Op::Rst));
+    assert_eq!(f.metric(|m| &m.conns_refused), 1);
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Accept, &[Fault::Errno(libc::EMFILE)]);
+    let mut s = f.host_connect();
+    f.run_until_idle();
+    assert_eq!(f.metric(|m| &m.host_socket_errors), 1);
+    // The connection still waits in the backlog and is taken next time.
+    s.write_all(b"CONNECT 5\n").unwrap();
+    let _t = f.host_connect();
+    f.run_until_idle();
+    assert!(f.recv().iter().any(|p| p.op() == Some(Op::Request)));
+}
+
+#[test]
+fn a_flood_of_packets_for_no_connection_is_bounded() {
+    let mut f = VsockFixture::new();
+    let total = 1400;
+    let mut sent = 0;
+    while sent < total {
+        for _ in 0..200 {
+            let h = Header {
+                len: 0,
+                ..guest_hdr(sent as u32, 7, Op::Rw)
+            };
+            f.post_tx(&h, &[], &[]);
+            sent += 1;
+        }
+        f.run_until_idle();
+        f.qs[1].used(&f.mem).unwrap();
+    }
+    assert_eq!(f.dev().queued_rsts(), MAX_QUEUED_RSTS);
+    assert_eq!(
+        f.metric(|m| &m.rsts_dropped),
+        (total - MAX_QUEUED_RSTS) as u64
+    );
+    assert!(f.metric(|m| &m.max_descs_per_pass) <= u64::from(MAX_PASS_READS));
+    f.post_rx(100, 64);
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 100);
+    assert!(pkts.iter().all(|p| p.op() == Some(Op::Rst)));
+}
+
+#[test]
+fn a_pass_stops_at_its_descriptor_budget_and_comes_back() {
+    use crate::virtio::test_utils::Segment;
+    use vm_memory::{Bytes, GuestAddress};
+    let mut f = VsockFixture::new();
+    // 60 RSTs for no connection, each 200 one-byte descriptors in an
+    // indirect table: 202 reads a chain, past the budget in one pass.
+    for i in 0..60u32 {
+        let hdr = guest_hdr(i, 7, Op::Rst).to_bytes();
+        let a = f.alloc(200);
+        let mut bytes = hdr.to_vec();
+        bytes.resize(200, 0);
+        f.mem.write_slice(&bytes, GuestAddress(a)).unwrap();
+        let segs: Vec<_> = (0..200)
+            .map(|j| Segment::readable(GuestAddress(a + j), 1))
+            .collect();
+        let table = f.alloc(16 * 200);
+        f.qs[1]
+            .add_chain_indirect(&f.mem, &segs, 0, GuestAddress(table))
+            .unwrap();
+    }
+    f.qs[1].publish(&f.mem).unwrap();
+    f.kick(1);
+    f.run_until_idle();
+    assert_eq!(f.qs[1].used(&f.mem).unwrap().len(), 60);
+    assert_eq!(f.metric(|m| &m.pass_yields), 1);
+    assert_eq!(f.metric(|m| &m.tx_packets), 60);
+    assert_eq!(f.metric(|m| &m.malformed_packets), 0);
+    let max = f.metric(|m| &m.max_descs_per_pass);
+    assert!(max >= 8192 && max <= u64::from(MAX_PASS_READS), "{max}");
+    assert!(f.recv().is_empty(), "no answer to an RST");
+}

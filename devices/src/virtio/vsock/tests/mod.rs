@@ -1,0 +1,17 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The vsock device's test suites, each driving a whole
+//! [`Vsock`](super::Vsock) from the driver side over real Unix sockets.
+//!
+//! - `fixture`: [`VsockFixture`](fixture::VsockFixture), the device wired to
+//!   an `EventManager`, packets built and read back, the fault-injecting
+//!   backend.
+//! - `protocol`: connections both ways, credit, half-close, time-outs, the
+//!   cap, hostile headers, TRANSPORT_RESET.
+//! - `faults`: fault injection on the Unix sockets and the bounds of a pass.
+//! - `transport`: the device behind the real MMIO transport.
+
+mod faults;
+#[allow(dead_code)]
+pub(super) mod fixture;
+mod protocol;
+mod transport;

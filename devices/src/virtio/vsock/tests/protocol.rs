@@ -1,0 +1,520 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Connections both ways with Firecracker's host protocol, credit, the end
+//! of a connection, time-outs and the cap, and TRANSPORT_RESET.
+
+use std::io::{Read, Write};
+
+use vm_memory::Bytes;
+
+use super::fixture::*;
+use crate::virtio::vsock::packet::{Op, SHUTDOWN_RCV, SHUTDOWN_SEND};
+use crate::virtio::vsock::{Tunables, UnixBackend};
+use crate::virtio::VirtioDevice;
+
+#[test]
+fn a_host_connect_reaches_the_guest_and_data_flows_both_ways() {
+    let mut f = VsockFixture::new();
+    let (mut s, host_port) = f.open_from_host(52);
+    assert!(host_port >= 1 << 30, "host ports start at 1 << 30");
+    assert_eq!(f.metric(|m| &m.conns_opened_host), 1);
+    // Host to guest.
+    s.write_all(b"ping from the host").unwrap();
+    f.run_until_idle();
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1);
+    assert_eq!(pkts[0].op(), Some(Op::Rw));
+    assert_eq!(pkts[0].data, b"ping from the host");
+    assert_eq!((pkts[0].hdr.src_cid, pkts[0].hdr.dst_cid), (2, CID));
+    assert_eq!(
+        (pkts[0].hdr.src_port, pkts[0].hdr.dst_port),
+        (host_port, 52)
+    );
+    assert_eq!(pkts[0].hdr.buf_alloc, Tunables::default().buf_alloc);
+    // Guest to host.
+    f.send(&guest_hdr(52, host_port, Op::Rw), b"pong from the guest");
+    assert_eq!(read_n(&mut s, 19), b"pong from the guest");
+    assert_eq!(f.metric(|m| &m.tx_bytes), 19);
+    assert_eq!(f.metric(|m| &m.rx_bytes), 18);
+    // The guest closes both ways: the host sees EOF, the guest gets RST.
+    f.send(
+        &Header {
+            flags: SHUTDOWN_RCV | SHUTDOWN_SEND,
+            ..guest_hdr(52, host_port, Op::Shutdown)
+        },
+        &[],
+    );
+    assert!(host_sees_eof(&mut s));
+    let pkts = f.recv();
+    assert_eq!(
+        pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+        [Some(Op::Rst)]
+    );
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(f.metric(|m| &m.conns_closed), 1);
+}
+
+use crate::virtio::vsock::packet::Header;
+
+#[test]
+fn a_guest_connect_reaches_the_host_listener_at_uds_path_port() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(1234);
+    let mut s = f.open_from_guest(&l, 5000, 1234);
+    assert_eq!(f.metric(|m| &m.conns_opened_guest), 1);
+    f.send(&guest_hdr(5000, 1234, Op::Rw), b"hello host");
+    assert_eq!(read_n(&mut s, 10), b"hello host");
+    s.write_all(b"hello guest").unwrap();
+    f.run_until_idle();
+    let pkts = f.recv();
+    assert_eq!(pkts[0].data, b"hello guest");
+    // The host closes: the guest hears SHUTDOWN SEND, and may still send
+    // (half-close) until the host's socket refuses.
+    drop(s);
+    f.run_until_idle();
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1, "{pkts:?}");
+    assert_eq!(pkts[0].op(), Some(Op::Shutdown));
+    assert_eq!(pkts[0].hdr.flags, SHUTDOWN_SEND);
+    // The guest shuts down its sending side: nothing can flow, RST.
+    f.send(
+        &Header {
+            flags: SHUTDOWN_SEND,
+            ..guest_hdr(5000, 1234, Op::Shutdown)
+        },
+        &[],
+    );
+    let pkts = f.recv();
+    assert_eq!(
+        pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+        [Some(Op::Rst)]
+    );
+    assert_eq!(f.dev().connections(), 0);
+}
+
+#[test]
+fn a_half_closed_host_still_receives_the_guest_s_answer() {
+    let mut f = VsockFixture::new();
+    let (mut s, hp) = f.open_from_host(80);
+    s.write_all(b"GET /").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    f.run_until_idle();
+    let ops: Vec<_> = f.recv().iter().map(|p| (p.op(), p.data.clone())).collect();
+    assert_eq!(
+        ops,
+        [
+            (Some(Op::Rw), b"GET /".to_vec()),
+            (Some(Op::Shutdown), vec![])
+        ]
+    );
+    f.send(&guest_hdr(80, hp, Op::Rw), b"200 OK");
+    assert_eq!(read_n(&mut s, 6), b"200 OK");
+    f.send(
+        &Header {
+            flags: SHUTDOWN_SEND,
+            ..guest_hdr(80, hp, Op::Shutdown)
+        },
+        &[],
+    );
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.recv()[0].op(), Some(Op::Rst));
+}
+
+#[test]
+fn a_guest_connect_to_nothing_is_answered_rst_and_counted() {
+    let mut f = VsockFixture::new();
+    f.post_rx(4, 4096);
+    f.send(&guest_hdr(5000, 9999, Op::Request), &[]);
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1);
+    assert_eq!(pkts[0].op(), Some(Op::Rst));
+    assert_eq!((pkts[0].hdr.src_port, pkts[0].hdr.dst_port), (9999, 5000));
+    assert_eq!(f.metric(|m| &m.conns_refused), 1);
+    assert_eq!(f.dev().connections(), 0);
+}
+
+#[test]
+fn the_guest_s_rst_closes_the_host_socket() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(7);
+    let mut s = f.open_from_guest(&l, 1, 7);
+    f.send(&guest_hdr(1, 7, Op::Rst), &[]);
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.metric(|m| &m.rsts_received), 1);
+    assert!(f.recv().is_empty(), "no answer to an RST");
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(
+        f.dev().sockets_closing(),
+        0,
+        "closed once out of the poll set"
+    );
+}
+
+#[test]
+fn a_guest_refusing_a_host_connect_closes_it() {
+    let mut f = VsockFixture::new();
+    let mut s = f.host_connect();
+    s.write_all(b"CONNECT 99\n").unwrap();
+    f.run_until_idle();
+    f.post_rx(2, 4096);
+    let req = f.recv();
+    assert_eq!(req[0].op(), Some(Op::Request));
+    f.send(&guest_hdr(99, req[0].hdr.src_port, Op::Rst), &[]);
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.metric(|m| &m.conns_opened_host), 0);
+}
+
+#[test]
+fn a_connect_the_guest_never_answers_times_out() {
+    let mut f = VsockFixture::new();
+    let mut s = f.host_connect();
+    s.write_all(b"CONNECT 99\n").unwrap();
+    f.post_rx(2, 4096);
+    let req = f.recv();
+    assert_eq!(req[0].op(), Some(Op::Request));
+    f.run_for(400);
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.metric(|m| &m.conns_timed_out), 1);
+    assert_eq!(f.metric(|m| &m.conns_refused), 1);
+    // The guest is told to forget the request.
+    let pkts = f.recv();
+    assert_eq!(
+        pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+        [Some(Op::Rst)]
+    );
+    // A host that never sends its line is closed too.
+    let mut quiet = f.host_connect();
+    f.run_for(400);
+    assert!(host_sees_eof(&mut quiet));
+    assert_eq!(f.metric(|m| &m.conns_timed_out), 2);
+    assert!(f.recv().is_empty(), "the guest never knew of it");
+    assert_eq!(f.dev().connections(), 0);
+}
+
+#[test]
+fn bad_connect_lines_and_connects_before_the_driver_is_up_are_closed() {
+    for line in [
+        &b"CONNECT x\n"[..],
+        b"HELLO 52\n",
+        b"CONNECT 52 extra words\n",
+    ] {
+        let mut f = VsockFixture::new();
+        let mut s = f.host_connect();
+        s.write_all(line).unwrap();
+        f.run_until_idle();
+        assert!(host_sees_eof(&mut s), "{line:?}");
+        assert_eq!(f.metric(|m| &m.bad_connect_lines), 1, "{line:?}");
+    }
+    let mut long = VsockFixture::new();
+    let mut s = long.host_connect();
+    s.write_all(&[b'7'; 100]).unwrap();
+    long.run_until_idle();
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(long.metric(|m| &m.bad_connect_lines), 1);
+
+    let mut idle = VsockFixture::with(test_tunables(), UnixBackend, false);
+    let mut s = idle.host_connect();
+    s.write_all(b"CONNECT 52\n").unwrap();
+    idle.run_until_idle();
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(idle.metric(|m| &m.conns_refused), 1);
+}
+
+#[test]
+fn data_sent_right_after_the_connect_line_is_not_lost() {
+    let mut f = VsockFixture::new();
+    let mut s = f.host_connect();
+    s.write_all(b"CONNECT 52\nearly bytes").unwrap();
+    f.run_until_idle();
+    f.post_rx(4, 4096);
+    let req = f.recv();
+    assert_eq!(req.len(), 1);
+    let hp = req[0].hdr.src_port;
+    f.send(&guest_hdr(52, hp, Op::Response), &[]);
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1, "{pkts:?}");
+    assert_eq!(pkts[0].data, b"early bytes");
+    let mut ok = [0u8; 32];
+    let n = s.read(&mut ok).unwrap();
+    assert_eq!(&ok[..n], format!("OK {hp}\n").as_bytes());
+}
+
+#[test]
+fn the_guest_never_gets_more_than_its_credit() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    f.send(
+        &Header {
+            buf_alloc: 1000,
+            ..guest_hdr(1, 9, Op::Request)
+        },
+        &[],
+    );
+    f.post_rx(16, 4096);
+    assert_eq!(f.recv()[0].op(), Some(Op::Response));
+    let (mut s, _) = l.accept().unwrap();
+    s.write_all(&[7u8; 5000]).unwrap();
+    f.run_until_idle();
+    let pkts = f.recv();
+    let data: usize = pkts.iter().map(|p| p.data.len()).sum();
+    assert_eq!(data, 1000, "exactly its buffer");
+    // Out of credit, the device asks once.
+    let asks = pkts
+        .iter()
+        .filter(|p| p.op() == Some(Op::CreditRequest))
+        .count();
+    assert_eq!(asks, 1, "{pkts:?}");
+    assert_eq!(f.metric(|m| &m.rx_credit_stalls), 1);
+    // The guest took 600 bytes: 600 more come.
+    f.send(
+        &Header {
+            buf_alloc: 1000,
+            fwd_cnt: 600,
+            ..guest_hdr(1, 9, Op::CreditUpdate)
+        },
+        &[],
+    );
+    let data: usize = f.recv().iter().map(|p| p.data.len()).sum();
+    assert_eq!(data, 600);
+    let view = f.dev().credit_view();
+    assert_eq!(view[0].3, 1000, "in flight never above the guest's buffer");
+}
+
+#[test]
+fn a_guest_past_its_credit_is_reset() {
+    let tun = Tunables {
+        buf_alloc: 4096,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.send(&guest_hdr(1, 9, Op::Rw), &[1u8; 3000]);
+    // Half the buffer forwarded: the guest is told unasked.
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1);
+    assert_eq!(pkts[0].op(), Some(Op::CreditUpdate));
+    assert_eq!((pkts[0].hdr.buf_alloc, pkts[0].hdr.fwd_cnt), (4096, 3000));
+    // Its whole credit is 4096 bytes again; 5000 is past it.
+    f.send(&guest_hdr(1, 9, Op::Rw), &[2u8; 5000]);
+    assert_eq!(f.metric(|m| &m.credit_exceeded), 1);
+    assert_eq!(read_n(&mut s, 3000), [1u8; 3000]);
+    assert!(
+        host_sees_eof(&mut s),
+        "nothing past the credit reaches the host"
+    );
+    f.post_rx(4, 4096);
+    let ops: Vec<_> = f.recv().iter().map(Pkt::op).collect();
+    assert_eq!(ops.last(), Some(&Some(Op::Rst)), "{ops:?}");
+}
+
+#[test]
+fn credit_updates_keep_a_streaming_guest_going() {
+    let tun = Tunables {
+        buf_alloc: 8192,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.post_rx(16, 4096);
+    let mut credit = 8192u32;
+    let mut sent = 0u32;
+    let mut fwd_seen = 0u32;
+    for i in 0..40u8 {
+        let chunk = [i; 1000];
+        assert!(credit >= 1000, "the guest ran out of credit at packet {i}");
+        f.send(&guest_hdr(1, 9, Op::Rw), &chunk);
+        sent += 1000;
+        assert_eq!(read_n(&mut s, 1000), chunk);
+        for p in f.recv() {
+            assert_eq!(p.op(), Some(Op::CreditUpdate));
+            fwd_seen = p.hdr.fwd_cnt;
+            f.post_rx(1, 4096);
+        }
+        credit = 8192 - (sent - fwd_seen);
+    }
+    assert_eq!(f.metric(|m| &m.credit_exceeded), 0);
+    assert_eq!(f.metric(|m| &m.tx_bytes), 40_000);
+}
+
+#[test]
+fn unknown_ops_and_types_are_answered_rst_bad_headers_dropped() {
+    let mut f = VsockFixture::new();
+    f.post_rx(16, 4096);
+    f.send(
+        &Header {
+            op: 42,
+            ..guest_hdr(1, 2, Op::Rw)
+        },
+        &[],
+    );
+    f.send(
+        &Header {
+            kind: 2,
+            ..guest_hdr(1, 2, Op::Request)
+        },
+        &[],
+    );
+    assert_eq!(f.metric(|m| &m.unknown_ops), 1);
+    assert_eq!(f.metric(|m| &m.bad_types), 1);
+    let ops: Vec<_> = f.recv().iter().map(Pkt::op).collect();
+    assert_eq!(ops, [Some(Op::Rst), Some(Op::Rst)]);
+    // Not from the guest's CID, not to the host, a length past the chain:
+    // dropped and counted, never answered.
+    let bad_src = Header {
+        src_cid: 4,
+        ..guest_hdr(1, 2, Op::Request)
+    };
+    let bad_dst = Header {
+        dst_cid: 1,
+        ..guest_hdr(1, 2, Op::Request)
+    };
+    f.send(&bad_src, &[]);
+    f.send(&bad_dst, &[]);
+    let long = Header {
+        len: 100,
+        ..guest_hdr(1, 2, Op::Rw)
+    };
+    f.post_tx(&long, &[0u8; 50], &[]);
+    f.run_until_idle();
+    // A chain shorter than the header.
+    let a = f.alloc(20);
+    let seg = crate::virtio::test_utils::Segment::readable(vm_memory::GuestAddress(a), 20);
+    f.qs[1].add_chain(&f.mem, &[seg]).unwrap();
+    f.qs[1].publish(&f.mem).unwrap();
+    f.kick(1);
+    f.run_until_idle();
+    assert_eq!(f.metric(|m| &m.malformed_packets), 4);
+    assert!(f.recv().is_empty());
+    // A header cut across descriptors is read whole: an RW for no
+    // connection, answered RST.
+    f.post_tx(&guest_hdr(1, 2, Op::Rw), &[], &[1, 20, 43]);
+    f.run_until_idle();
+    assert_eq!(
+        f.recv().iter().map(Pkt::op).collect::<Vec<_>>(),
+        [Some(Op::Rst)]
+    );
+    // RW, SHUTDOWN, RESPONSE for no connection: RST; an RST: nothing.
+    for op in [Op::Rw, Op::Shutdown, Op::Response, Op::CreditUpdate] {
+        f.send(&guest_hdr(1, 2, op), &[]);
+    }
+    f.send(&guest_hdr(1, 2, Op::Rst), &[]);
+    assert_eq!(f.recv().len(), 4);
+}
+
+#[test]
+fn the_connection_cap_refuses_both_ways_and_counts() {
+    let tun = Tunables {
+        max_connections: 2,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let l = f.host_listen(9);
+    let _a = f.open_from_guest(&l, 1, 9);
+    let (_b, _) = f.open_from_host(10);
+    f.send(&guest_hdr(3, 9, Op::Request), &[]);
+    let pkts = f.recv();
+    assert_eq!(pkts[0].op(), Some(Op::Rst));
+    let mut c = f.host_connect();
+    f.run_until_idle();
+    assert!(host_sees_eof(&mut c));
+    assert_eq!(f.metric(|m| &m.conns_capped), 2);
+    assert_eq!(f.metric(|m| &m.conns_active), 2);
+    assert_eq!(f.dev().connections(), 2);
+}
+
+#[test]
+fn a_dead_host_peer_resets_the_connection() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let s = f.open_from_guest(&l, 1, 9);
+    drop(s);
+    f.run_until_idle();
+    assert_eq!(f.recv()[0].op(), Some(Op::Shutdown));
+    f.send(&guest_hdr(1, 9, Op::Rw), b"anyone there?");
+    assert_eq!(f.metric(|m| &m.host_socket_errors), 1);
+    assert_eq!(f.recv()[0].op(), Some(Op::Rst));
+    assert_eq!(f.dev().connections(), 0);
+}
+
+#[test]
+fn a_transport_reset_reaches_the_event_queue_and_closes_everything() {
+    let mut f = VsockFixture::new();
+    let (mut s, _) = f.open_from_host(52);
+    f.dev().transport_reset();
+    f.run_until_idle();
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(f.metric(|m| &m.transport_resets), 0, "no event buffer yet");
+    let a = f.alloc(4);
+    f.mem
+        .write_obj(0xffff_ffffu32, vm_memory::GuestAddress(a))
+        .unwrap();
+    let seg = crate::virtio::test_utils::Segment::writable(vm_memory::GuestAddress(a), 4);
+    let head = f.qs[2].add_chain(&f.mem, &[seg]).unwrap();
+    f.qs[2].publish(&f.mem).unwrap();
+    f.kick(2);
+    f.run_until_idle();
+    let used = f.qs[2].used(&f.mem).unwrap();
+    assert_eq!(used, [(u32::from(head), 4)]);
+    let id: u32 = f.mem.read_obj(vm_memory::GuestAddress(a)).unwrap();
+    assert_eq!(id, 0, "VIRTIO_VSOCK_EVENT_TRANSPORT_RESET");
+    assert_eq!(f.metric(|m| &m.transport_resets), 1);
+}
+
+#[test]
+fn a_reset_closes_every_host_socket() {
+    let mut f = VsockFixture::new();
+    let (mut s, _) = f.open_from_host(52);
+    f.dev().reset();
+    f.run_until_idle();
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(f.metric(|m| &m.conns_active), 0);
+    f.activate(FEATURES);
+    let (_s, _) = f.open_from_host(53);
+}
+
+#[test]
+fn rx_chains_of_any_shape_carry_the_header_and_data() {
+    for shape in [
+        &[4140u32][..],
+        &[10, 34, 4096],
+        &[44, 1, 1, 4094],
+        &[50, 50, 4040],
+    ] {
+        let mut f = VsockFixture::new();
+        let l = f.host_listen(9);
+        let mut s = f.open_from_guest(&l, 1, 9);
+        // Use the eight chains open_from_guest posted first.
+        while f.rx_outstanding() > 0 {
+            s.write_all(b"x").unwrap();
+            f.run_until_idle();
+            f.recv();
+        }
+        f.post_rx_shaped(shape);
+        let msg: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        s.write_all(&msg).unwrap();
+        f.run_until_idle();
+        let pkts = f.recv();
+        assert_eq!(pkts.len(), 1, "{shape:?}");
+        assert_eq!(pkts[0].data, msg, "{shape:?}");
+    }
+}
+
+#[test]
+fn the_configuration_space_holds_the_guest_cid() {
+    let f = VsockFixture::new();
+    let mut b = [0u8; 8];
+    f.dev().read_config(0, &mut b);
+    assert_eq!(u64::from_le_bytes(b), CID);
+    let mut hi = [0u8; 4];
+    f.dev().read_config(4, &mut hi);
+    assert_eq!(hi, [0; 4]);
+    f.dev().write_config(0, &[9; 8]);
+    f.dev().read_config(0, &mut b);
+    assert_eq!(u64::from_le_bytes(b), CID, "read-only");
+    assert_eq!(f.metric(|m| &m.config_writes_ignored), 1);
+    assert_eq!(f.dev().device_type(), 19);
+    assert_eq!(f.dev().queue_max_sizes().len(), 3);
+}
