@@ -170,8 +170,10 @@ pub const CRASH_MARKERS: [&str; 4] = [
 pub const FAKE_PANIC: &str =
     "[    9.999999] Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100";
 
-/// What the guest kernel prints when it panics because init exited (`minivmm.panic=kernel`).
-pub const INIT_EXIT_PANIC: &str = "Kernel panic - not syncing: Attempted to kill init!";
+/// What the guest kernel prints when it panics because init exited with status 1
+/// (`minivmm.panic=kernel`).
+pub const INIT_EXIT_PANIC: &str =
+    "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100";
 
 /// The console lines that contain a [`CRASH_MARKERS`] entry.
 pub fn crash_lines(console: &str) -> Vec<&str> {
