@@ -186,16 +186,31 @@ mod tests {
         assert!(flag.load(Ordering::SeqCst));
     }
 
+    /// A sink that keeps what it was given and counts its flushes.
     #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
+    struct Shared(Arc<Mutex<Vec<u8>>>, Arc<std::sync::atomic::AtomicUsize>);
     impl Write for Shared {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
+            self.1.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
+    }
+
+    #[test]
+    fn the_console_shows_each_line_as_it_ends() {
+        let sink = Shared::default();
+        let flushes = || sink.1.load(Ordering::SeqCst);
+        let mut out = ConsoleOut::new(sink.clone());
+        out.write_all(b"no end yet").unwrap();
+        assert_eq!(flushes(), 0);
+        out.write_all(b"\n").unwrap();
+        assert_eq!(flushes(), 1);
+        out.flush().unwrap();
+        assert_eq!(flushes(), 2);
     }
 
     #[test]

@@ -21,15 +21,15 @@
 //! of a wider access read as all ones and are dropped on write, as on an
 //! 8-bit bus.
 
-/// The guest kernel panicked (`PVPANIC_PANICKED`, bit 0 in Linux's
+/// The guest kernel panicked (`PVPANIC_PANICKED`, `1 << 0` in Linux's
 /// `include/uapi/misc/pvpanic.h`; no bindings crate carries that header).
-pub const PVPANIC_PANICKED: u8 = 1 << 0;
+pub const PVPANIC_PANICKED: u8 = 0x01;
 /// The guest kernel panicked and a crash kernel (kdump) is loaded
-/// (`PVPANIC_CRASH_LOADED`, bit 1 in the same header).
-pub const PVPANIC_CRASH_LOADED: u8 = 1 << 1;
-/// The events this device supports: what a read of the register returns,
-/// and what the driver masks its writes with.
-pub const PVPANIC_SUPPORTED: u8 = PVPANIC_PANICKED | PVPANIC_CRASH_LOADED;
+/// (`PVPANIC_CRASH_LOADED`, `1 << 1` in the same header).
+pub const PVPANIC_CRASH_LOADED: u8 = 0x02;
+/// The events this device supports, both of the above: what a read of the
+/// register returns, and what the driver masks its writes with.
+pub const PVPANIC_SUPPORTED: u8 = 0x03;
 /// Bytes of the device's window: the one register.
 pub const PVPANIC_SIZE: u64 = 1;
 
@@ -105,6 +105,13 @@ impl PvPanic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_supported_events_are_linux_s_two_bits() {
+        assert_eq!(PVPANIC_PANICKED, 1 << 0);
+        assert_eq!(PVPANIC_CRASH_LOADED, 1 << 1);
+        assert_eq!(PVPANIC_SUPPORTED, PVPANIC_PANICKED | PVPANIC_CRASH_LOADED);
+    }
 
     #[test]
     fn the_register_reads_the_supported_events_and_nothing_else_decodes() {
