@@ -70,7 +70,7 @@ run_bin() {
     # The binary-level tests that boot no guest (the boots take minutes).
     local tests=(--test api --test operator --test boot --test jail --test jailer --
         --skip a_jailed_guest --skip config_file_with_two_nics_and_rate_limiters_boots
-        --skip boots_to_ready --skip a_guest_booted_through_the_jailer)
+        --skip boots_to_ready --skip a_guest_booted_through_the_jailer --skip a_guest_kernel_panic)
     echo "mutants.sh: the binaries' own code (vmm/src/main.rs, vmm/src/bin/) against tests/"
     # cargo-mutants (27.1) runs its baseline on the mutated package's tests,
     # not on --test-package's: the unmutated run is made here instead, and

@@ -195,6 +195,17 @@ pub const CRASH_MARKERS: [&str; 4] = [
     "Kernel panic",
 ];
 
+/// The kernel's panic banner as the guest's init prints it with `minivmm.panic=fake`, to
+/// /dev/console just before it reboots (`resources/initramfs/init`): what any guest process
+/// can print, which must not make minivmm report a panic.
+pub const FAKE_PANIC: &str =
+    "[    9.999999] Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100";
+
+/// What the guest kernel prints when it panics because init exited with status 1
+/// (`minivmm.panic=kernel`).
+pub const INIT_EXIT_PANIC: &str =
+    "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100";
+
 /// The console lines that contain a [`CRASH_MARKERS`] entry.
 pub fn crash_lines(console: &str) -> Vec<&str> {
     console
@@ -621,6 +632,8 @@ pub struct Vm {
     console: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
     started: Instant,
+    /// Crash lines the test provoked on purpose (see [`Vm::expect_crash_line`]).
+    expected_crashes: Vec<String>,
 }
 
 fn capture<R: Read + Send + 'static>(r: R, sink: Arc<Mutex<String>>, echo: &'static str) {
@@ -682,6 +695,7 @@ impl Vm {
             console,
             stderr,
             started: Instant::now(),
+            expected_crashes: Vec::new(),
         })
     }
 
@@ -886,10 +900,23 @@ impl Vm {
         );
     }
 
-    /// Fails if the console so far has a crash line ([`CRASH_MARKERS`]). Also run when the
-    /// VM is dropped, so a test that forgets it still fails on a crash.
+    /// Fails if the console so far has a crash line ([`CRASH_MARKERS`]) other than those the
+    /// test expects ([`Vm::expect_crash_line`]). Also run when the VM is dropped, so a test
+    /// that forgets it still fails on a crash.
     pub fn assert_no_crash(&self) {
-        assert_no_crash(&self.console(), &self.report());
+        let console = self.console();
+        let unexpected: String = console
+            .lines()
+            .filter(|l| !self.expected_crashes.iter().any(|e| l.contains(e.as_str())))
+            .flat_map(|l| [l, "\n"])
+            .collect();
+        assert_no_crash(&unexpected, &self.report());
+    }
+
+    /// Tells the crash checks that console lines containing `text` are the test's own doing
+    /// (a panic it provoked), not a crash. Every other crash line still fails the test.
+    pub fn expect_crash_line(&mut self, text: &str) {
+        self.expected_crashes.push(text.to_string());
     }
 
     /// A summary for assertion messages: the tail of the console and the log.

@@ -4,8 +4,8 @@
 //! Exit status: 0 when the guest reboots or powers off or minivmm is stopped
 //! by SIGTERM/SIGINT; 1 for bad usage or configuration (the argument parser's
 //! own errors included) or a failure before boot, always one line on stderr;
-//! 2 when the VM fails at run time; 3 when the guest reset after a kernel
-//! panic.
+//! 2 when the VM fails at run time; 3 when the guest reset after its kernel
+//! reported a panic through the pvpanic register.
 //! 101 when minivmm itself panicked, on any thread (a bug).
 //! 148 when a thread made a system call its seccomp filter forbids.
 

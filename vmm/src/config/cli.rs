@@ -97,7 +97,7 @@ Exit status:
   0  the guest rebooted or powered off, or SIGTERM/SIGINT stopped minivmm
   1  bad usage or configuration, or a failure before boot (one line on stderr)
   2  the VM failed at run time (KVM error, triple fault, emulation failure)
-  3  the guest reset after a kernel panic
+  3  the guest reset after its kernel reported a panic (pvpanic; console text never counts)
   101  minivmm panicked, on any thread: a bug (one line on stderr says where)
   148  a thread made a system call its seccomp filter forbids (--seccomp on)
 
