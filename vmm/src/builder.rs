@@ -135,6 +135,9 @@ pub enum BuildError {
     /// The metrics path cannot be opened.
     #[error("cannot open metrics path '{0}'")]
     Metrics(PathBuf, #[source] std::io::Error),
+    /// A snapshot cannot be restored: what of it, and why.
+    #[error("snapshot: {0}")]
+    Restore(String),
 }
 
 /// TAP descriptors inherited from the parent (`fd=N`), by number.
@@ -363,6 +366,14 @@ pub fn build(
     ))
 }
 
+/// Opens the metrics file or FIFO, if the configuration has one.
+pub(crate) fn open_metrics(cfg: &VmmConfig) -> Result<Option<Metrics>, BuildError> {
+    cfg.metrics
+        .as_ref()
+        .map(|m| Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e)))
+        .transpose()
+}
+
 /// What the build opens before it touches KVM.
 struct Files {
     kernel: KernelImage,
@@ -375,11 +386,7 @@ struct Files {
 /// before anything else happens.
 fn open_files(cfg: &VmmConfig) -> Result<Files, BuildError> {
     let kernel = KernelImage::open(&cfg.kernel)?;
-    let metrics = cfg
-        .metrics
-        .as_ref()
-        .map(|m| Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e)))
-        .transpose()?;
+    let metrics = open_metrics(cfg)?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     check_images(&cfg.drives)?;
     Ok(Files {
@@ -391,7 +398,7 @@ fn open_files(cfg: &VmmConfig) -> Result<Files, BuildError> {
 
 /// Attaches every device: the console UART and the i8042, the virtio
 /// devices (see [`attach_virtio`]), and the boot-timer register if asked.
-fn attach_devices(
+pub(crate) fn attach_devices(
     cfg: &VmmConfig,
     vm: &VmFd,
     mem: &GuestMemoryMmap,
@@ -451,7 +458,7 @@ fn attach_virtio(
 
 /// Opens and checks KVM, checks the vCPU count against its limit, and
 /// creates the VM.
-fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
+pub(crate) fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
     let kvm = kvm::open_and_check()?;
     let max_vcpus = kvm.get_max_vcpus();
     if usize::from(vcpus) > max_vcpus {
@@ -476,7 +483,7 @@ fn guest_memory(vm: &VmFd, mem_mib: u64) -> Result<GuestMemoryMmap, BuildError> 
 
 /// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
 /// need, the irqchip (PIC, IOAPIC, LAPICs) and the PIT.
-fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
+pub(crate) fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
     // A u64 guest address below 4 GiB, so it fits usize on x86_64.
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(|e| BuildError::Vm("set the TSS address", e))?;
@@ -494,7 +501,7 @@ fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
 
 /// Resolves `--host-quirks` against this host and says so when the PVM
 /// recoveries apply.
-fn host_quirks(mode: HostQuirks) -> bool {
+pub(crate) fn host_quirks(mode: HostQuirks) -> bool {
     let pvm_host = pvm::is_pvm_host();
     let quirks = pvm::quirks_enabled(mode, pvm_host);
     if quirks {

@@ -73,14 +73,20 @@ fn prepare(
     // Inherited TAP descriptors are claimed before this process opens any
     // file, so a number the user names cannot be one of ours.
     let tap_fds = vmm::builder::claim_tap_fds(config).map_err(|e| error_line(&e))?;
-    if !*logger_ready {
-        vmm::logger::init(&config.logger).map_err(|e| error_line(&e))?;
-        *logger_ready = true;
-    }
+    init_logger(config, logger_ready)?;
     let boot_timer = launch.boot_timer.then_some(start);
     let mut vmm = vmm::builder::build(config, tap_fds, boot_timer).map_err(|e| error_line(&e))?;
     vmm.set_id(&launch.id);
     Ok(vmm)
+}
+
+/// Installs the log `config` asks for, once per process (`logger_ready`).
+fn init_logger(config: &VmmConfig, logger_ready: &mut bool) -> Result<(), String> {
+    if !*logger_ready {
+        vmm::logger::init(&config.logger).map_err(|e| error_line(&e))?;
+        *logger_ready = true;
+    }
+    Ok(())
 }
 
 /// Runs a built VM, serving the API's run-time requests if `api` (its
@@ -212,6 +218,26 @@ fn configure_by_api(
                 continue;
             }
             Step::Start(s) => s,
+            Step::Load(req) => {
+                let loaded = vmm::snapshot::restore::load(&req, parts.flags.clone(), |cfg| {
+                    init_logger(cfg, logger_ready)
+                });
+                match loaded {
+                    Ok((mut vmm, config)) => {
+                        vmm.set_id(&parts.launch.id);
+                        info!(
+                            "snapshot loaded in {:.1} ms after start",
+                            start.elapsed().as_secs_f64() * 1e3
+                        );
+                        cmd.reply.send(Response::no_content());
+                        return Ok((vmm, config));
+                    }
+                    Err(msg) => cmd
+                        .reply
+                        .send(Response::fault(&format!("snapshot/load: {msg}"))),
+                }
+                continue;
+            }
         };
         let built = settings
             .overlay(parts.flags.clone())

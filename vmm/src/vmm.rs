@@ -28,6 +28,7 @@ use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
 use crate::kvm::pause::{install_kick_handler, PauseGate};
+use crate::kvm::state::{saveable_msrs, VcpuStateSlots};
 use crate::kvm::vcpu::Vcpu;
 use crate::kvm::vm_exit::{ExitLatch, VmExit};
 use crate::metrics::{lock_metrics, Metrics};
@@ -35,27 +36,28 @@ use crate::process::seccomp::{Filters, Gate, Thread};
 use crate::process::signals::SignalFd;
 use crate::process::terminal::RawTerminal;
 use crate::registry::{lock, Events};
+use crate::snapshot::create::SnapshotSources;
 
 /// The metrics writer, shared by the event loop's timer, its signal and the
 /// API.
 type SharedMetrics = Option<Arc<Mutex<Metrics>>>;
 
-/// The KVM objects of a VM. Never read once the VM is built, only owned:
-/// the VM fd and guest memory must outlive the vCPU threads, which run until
-/// the process exits.
+/// The KVM objects of a VM. Owned for as long as the process lives: the VM
+/// fd and guest memory must outlive the vCPU threads, which run until the
+/// process exits; read only by a snapshot.
 pub(crate) struct KvmVm {
-    _kvm: Kvm,
-    _fd: VmFd,
-    _mem: vm_memory::GuestMemoryMmap<()>,
+    kvm: Kvm,
+    fd: Arc<VmFd>,
+    mem: vm_memory::GuestMemoryMmap<()>,
 }
 
 impl KvmVm {
     /// Keeps `kvm`, the VM `fd` and its guest memory `mem` alive.
     pub(crate) fn new(kvm: Kvm, fd: VmFd, mem: vm_memory::GuestMemoryMmap<()>) -> Self {
         KvmVm {
-            _kvm: kvm,
-            _fd: fd,
-            _mem: mem,
+            kvm,
+            fd: Arc::new(fd),
+            mem,
         }
     }
 }
@@ -76,7 +78,7 @@ pub(crate) struct Devices {
 
 /// A built VM, ready to run.
 pub struct Vmm {
-    _vm: KvmVm,
+    vm: KvmVm,
     devices: Arc<DeviceManager>,
     events: Events,
     serial: Arc<Mutex<SerialDevice>>,
@@ -87,6 +89,9 @@ pub struct Vmm {
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
     api: Option<ApiSetup>,
+    /// Whether the vCPUs start parked (a snapshot loaded without
+    /// `resume_vm`).
+    start_paused: bool,
 }
 
 /// What the running VM's API needs that the builder does not make.
@@ -109,7 +114,7 @@ impl Vmm {
         metrics_interval_s: u64,
     ) -> Vmm {
         Vmm {
-            _vm: vm,
+            vm,
             devices: devices.manager,
             events: devices.events,
             serial: devices.serial,
@@ -120,7 +125,14 @@ impl Vmm {
             metrics,
             metrics_interval_s,
             api: None,
+            start_paused: false,
         }
+    }
+
+    /// Has the vCPUs wait, paused, for `PATCH /vm` `Resumed` before the
+    /// guest runs (a snapshot loaded with `resume_vm: false`).
+    pub fn start_paused(&mut self) {
+        self.start_paused = true;
     }
 
     /// Names the instance (`--id`) in its metrics lines.
@@ -158,10 +170,15 @@ impl Vmm {
         // threads waiting at the gate.
         let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
         let pause = Arc::new(PauseGate::new());
+        if self.start_paused {
+            pause.hold();
+        }
         if self.api.is_some() {
             install_kick_handler()?;
         }
-        let threads = self.spawn_vcpus(start, &gate, &pause, &filters)?;
+        let msrs = saveable_msrs(&self.vm.kvm).map_err(io::Error::other)?;
+        let states = Arc::new(VcpuStateSlots::new(self.vcpus.len(), msrs));
+        let threads = self.spawn_vcpus(start, &gate, &pause, &filters, &states)?;
         let mut control = Control::new(ControlSources {
             exit: self.exit.clone(),
             reset_evt,
@@ -180,6 +197,14 @@ impl Vmm {
                 metrics: metrics.clone(),
                 i8042: self.i8042.clone(),
                 devices: self.devices.virtio().controls(),
+                snapshot: SnapshotSources {
+                    vm: self.vm.fd.clone(),
+                    mem: self.vm.mem.clone(),
+                    devices: self.devices.clone(),
+                    serial: self.serial.clone(),
+                    i8042: self.i8042.clone(),
+                    vcpu_states: states,
+                },
             };
             control = control.with_api(api.channel, runtime);
         }
@@ -240,6 +265,7 @@ impl Vmm {
         gate: &Arc<Gate>,
         pause: &Arc<PauseGate>,
         filters: &Filters,
+        states: &Arc<VcpuStateSlots>,
     ) -> io::Result<Vec<JoinHandle<()>>> {
         let mut threads = Vec::with_capacity(self.vcpus.len());
         for mut vcpu in self.vcpus.drain(..) {
@@ -248,6 +274,7 @@ impl Vmm {
             let gate = gate.clone();
             let filter = filters.vcpu.clone();
             vcpu.set_pause_gate(pause.clone());
+            vcpu.set_state_slots(states.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("fc_vcpu {}", vcpu.id()))

@@ -32,10 +32,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::persist::{PersistError, QueueState, TransportState, VirtioState};
 use super::queue::{
     check_overlaps, GuestRegions, RingAddrs, RingFeatures, SplitQueue, MAX_QUEUE_SIZE,
 };
-use super::persist::{PersistError, QueueState, TransportState, VirtioState};
 use super::{status, GuestMemory, Interrupt, IrqTrigger, VirtioDevice};
 use super::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use crate::warn::warn_rate_limited;
@@ -277,8 +277,11 @@ impl MmioTransport {
     }
 
     /// The window's registers and the device's own state, for a snapshot
-    /// (taken between two passes of the device, with the vCPUs paused).
-    pub fn save(&self) -> VirtioState {
+    /// (taken between two passes of the device, with the vCPUs paused),
+    /// once the device is quiescent ([`VirtioDevice::quiesce`]).
+    pub fn save(&self) -> Result<VirtioState, PersistError> {
+        let mut device = lock(&self.device);
+        device.quiesce()?;
         let transport = TransportState {
             device_id: self.device_id,
             status: self.status,
@@ -301,10 +304,10 @@ impl MmioTransport {
                 .collect(),
             interrupt_status: self.interrupt.status.load(Ordering::SeqCst),
         };
-        VirtioState {
+        Ok(VirtioState {
             transport,
-            device: lock(&self.device).save_state(),
-        }
+            device: device.save_state(),
+        })
     }
 
     /// Takes back what [`save`](Self::save) returned, into a transport

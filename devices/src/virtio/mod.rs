@@ -225,6 +225,15 @@ pub trait VirtioDevice: Send {
     /// The device's counters, shared with the VMM's metrics writer, which
     /// collects every device's through this one trait.
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics>;
+    /// Brings the device to a point a snapshot can be taken at, with the
+    /// vCPUs paused: every chain it took is either completed or among the
+    /// last it took, in order (see
+    /// [`SplitQueue::resume_from_ring`](queue::SplitQueue::resume_from_ring)).
+    /// A device that completes in order is there between any two passes
+    /// (the default); the block device waits for its requests in flight.
+    fn quiesce(&mut self) -> Result<(), persist::PersistError> {
+        Ok(())
+    }
     /// The device's own state for a snapshot, beyond what the transport
     /// saves (features, queues, interrupt status): see [`persist`]. A
     /// device that keeps nothing more returns `null`, the default.

@@ -26,6 +26,7 @@ use crate::config::file;
 use crate::config::settings::Settings;
 use crate::config::DEFAULT_MEM_MIB;
 use crate::images::check_images;
+use crate::snapshot::load::LoadParams;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
@@ -70,6 +71,19 @@ pub enum Step {
     /// Boot with these settings, then answer (`204`, or `400` if the build
     /// fails, after which the document is still here to be corrected).
     Start(Box<Settings>),
+    /// Load this snapshot, then answer as for `Start`.
+    Load(Box<SnapshotLoad>),
+}
+
+/// A `PUT /snapshot/load` the pre-boot API accepted.
+#[derive(Debug)]
+pub struct SnapshotLoad {
+    /// The checked body.
+    pub params: LoadParams,
+    /// The `logger` section put before it, if any.
+    pub logger: Option<Value>,
+    /// The `metrics` section put before it, if any.
+    pub metrics: Option<Value>,
 }
 
 /// The configuration the pre-boot requests have built so far.
@@ -129,8 +143,33 @@ impl Preboot {
             ApiRequest::PatchVm(_) => only_after_start("PATCH /vm"),
             ApiRequest::PatchNetworkInterface(..) => only_after_start("PATCH /network-interfaces"),
             ApiRequest::PatchDrive(..) => only_after_start("PATCH /drives"),
+            ApiRequest::CreateSnapshot(_) => only_after_start("PUT /snapshot/create"),
+            ApiRequest::LoadSnapshot(v) => return self.load(v),
         };
         Step::Reply(r)
+    }
+
+    /// `PUT /snapshot/load`: only in a process nothing but its logger and
+    /// metrics were configured in (as Firecracker: the snapshot brings the
+    /// VM's whole configuration).
+    fn load(&self, body: Value) -> Step {
+        if let Some(section) = self
+            .doc
+            .keys()
+            .find(|k| !matches!(k.as_str(), "logger" | "metrics"))
+        {
+            return Step::Reply(Response::fault(&format!(
+                "snapshot/load: not allowed after the microVM was configured ({section} was                  put); a snapshot brings its whole configuration"
+            )));
+        }
+        match LoadParams::from_body(body) {
+            Ok(params) => Step::Load(Box::new(SnapshotLoad {
+                params,
+                logger: self.doc.get("logger").cloned(),
+                metrics: self.doc.get("metrics").cloned(),
+            })),
+            Err(msg) => Step::Reply(Response::fault(&msg)),
+        }
     }
 
     /// The settings the document says, for `InstanceStart`.

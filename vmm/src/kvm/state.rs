@@ -19,8 +19,8 @@
 
 use kvm_bindings::{
     kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_pit_state2,
-    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
-    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_MAX_CPUID_ENTRIES,
+    kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs, KVM_IRQCHIP_IOAPIC,
+    KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -133,9 +133,13 @@ pub fn save_vcpu(fd: &VcpuFd, msr_indices: &[u32]) -> Result<VcpuState, StateErr
         // The MP state and the events first: KVM settles a pending
         // INIT/SIPI and in-flight event into them as they are read.
         mp_state: fd.get_mp_state().map_err(ioctl("read the MP state"))?,
-        events: fd.get_vcpu_events().map_err(ioctl("read the vCPU events"))?,
+        events: fd
+            .get_vcpu_events()
+            .map_err(ioctl("read the vCPU events"))?,
         regs: fd.get_regs().map_err(ioctl("read the registers"))?,
-        sregs: fd.get_sregs().map_err(ioctl("read the special registers"))?,
+        sregs: fd
+            .get_sregs()
+            .map_err(ioctl("read the special registers"))?,
         xsave: fd.get_xsave().map_err(ioctl("read the XSAVE area"))?,
         xcrs: fd.get_xcrs().map_err(ioctl("read the XCRs"))?,
         msrs: read_msrs(fd, msr_indices)?,
@@ -154,7 +158,8 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), StateError> {
     fd.set_cpuid2(&cpuid).map_err(ioctl("set the CPUID"))?;
     fd.set_sregs(&state.sregs)
         .map_err(ioctl("set the special registers"))?;
-    fd.set_regs(&state.regs).map_err(ioctl("set the registers"))?;
+    fd.set_regs(&state.regs)
+        .map_err(ioctl("set the registers"))?;
     // SAFETY: `state.xsave` is a whole `kvm_xsave` (4 KiB), the size
     // KVM_SET_XSAVE reads; a host with a larger XSAVE area (AMX) would need
     // KVM_SET_XSAVE2, whose buffer this is not, and reports a larger
@@ -182,6 +187,57 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), StateError> {
     fd.set_debug_regs(&state.debug_regs)
         .map_err(ioctl("set the debug registers"))?;
     Ok(())
+}
+
+/// Where each vCPU thread puts its state when a snapshot asks (the
+/// errand of [`crate::kvm::pause::PauseGate::run_errand`]): one slot per
+/// vCPU, by index, and the MSR list they read.
+#[derive(Debug)]
+pub struct VcpuStateSlots {
+    msr_indices: Vec<u32>,
+    slots: std::sync::Mutex<Vec<Option<Result<VcpuState, String>>>>,
+}
+
+impl VcpuStateSlots {
+    /// Empty slots for `count` vCPUs, which read the MSRs `msr_indices`.
+    pub fn new(count: usize, msr_indices: Vec<u32>) -> Self {
+        VcpuStateSlots {
+            msr_indices,
+            slots: std::sync::Mutex::new((0..count).map(|_| None).collect()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<Result<VcpuState, String>>>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// vCPU side: reads `fd`'s state into slot `id`.
+    pub fn save(&self, id: u8, fd: &VcpuFd) {
+        let state = save_vcpu(fd, &self.msr_indices).map_err(|e| crate::error_line(&e));
+        if let Some(slot) = self.lock().get_mut(usize::from(id)) {
+            *slot = Some(state);
+        }
+    }
+
+    /// Empties every slot before an errand.
+    pub fn clear(&self) {
+        self.lock().iter_mut().for_each(|s| *s = None);
+    }
+
+    /// Every vCPU's state, in index order, once each has put it; the
+    /// first failure or missing one otherwise.
+    pub fn take(&self) -> Result<Vec<VcpuState>, String> {
+        let mut slots = self.lock();
+        let mut out = Vec::with_capacity(slots.len());
+        for (id, slot) in slots.iter_mut().enumerate() {
+            match slot.take() {
+                Some(Ok(state)) => out.push(state),
+                Some(Err(e)) => return Err(format!("vCPU {id}: {e}")),
+                None => return Err(format!("vCPU {id} did not save its state")),
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// The VM-wide state KVM holds.
@@ -293,7 +349,10 @@ mod tests {
         assert_eq!(back.lapic.regs[..], saved.lapic.regs[..]);
         assert_eq!(back.cpuid.len(), saved.cpuid.len());
         let vm_back = save_vm(&vm2).unwrap();
-        assert_eq!(vm_back.pit.channels[0].count, vm_saved.pit.channels[0].count);
+        assert_eq!(
+            vm_back.pit.channels[0].count,
+            vm_saved.pit.channels[0].count
+        );
         // The clock goes on from the saved value, never backwards.
         assert!(vm_back.clock.clock >= vm_saved.clock.clock);
     }

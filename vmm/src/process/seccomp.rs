@@ -78,12 +78,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 
-use kvm_bindings::{kvm_regs, kvm_vcpu_events, KVMIO};
+use kvm_bindings::{
+    kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
+    kvm_msrs, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, KVMIO,
+};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
-use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 /// The exit status of minivmm when a thread makes a forbidden system call
 /// (Firecracker's "bad syscall" status). Documented in the README.
@@ -258,6 +261,43 @@ ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
 ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
+ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
+ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
+ioctl_iowr_nr!(KVM_GET_CPUID2, KVMIO, 0x91, kvm_cpuid2);
+ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
+ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
+ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
+ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_xcrs);
+ioctl_iowr_nr!(KVM_GET_IRQCHIP, KVMIO, 0x62, kvm_irqchip);
+ioctl_ior_nr!(KVM_GET_PIT2, KVMIO, 0x9f, kvm_pit_state2);
+ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_clock_data);
+
+/// What a parked vCPU reads of itself for `PUT /snapshot/create`
+/// (`kvm::state::save_vcpu`): reads only, no state changes.
+fn vcpu_state_reads() -> [u64; 10] {
+    [
+        KVM_GET_REGS(),
+        KVM_GET_SREGS(),
+        KVM_GET_XSAVE(),
+        KVM_GET_XCRS(),
+        KVM_GET_MSRS(),
+        KVM_GET_LAPIC(),
+        KVM_GET_MP_STATE(),
+        KVM_GET_VCPU_EVENTS(),
+        KVM_GET_DEBUGREGS(),
+        KVM_GET_CPUID2(),
+    ]
+}
+
+/// `openat(dirfd, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)`
+/// only, what `File::create` makes: `PUT /snapshot/create` writes its two
+/// files from the event loop. Nothing is opened for reading, and no other
+/// flags (no O_PATH, no O_DIRECTORY, no O_APPEND) pass.
+fn allow_snapshot_file_create() -> Entry {
+    let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC) as u64;
+    allow_arg_in(libc::SYS_openat, 2, &[flags])
+}
 
 /// `(arg & PROT_EXEC) == 0`: a protection without execute permission.
 fn no_exec(arg: u8) -> SeccompCondition {
@@ -371,6 +411,8 @@ pub fn vcpu_rules(ctx: &Context) -> Vec<Entry> {
         // which tells the TAP what offloads the guest accepts.
         ioctl_nr(libc::TUNSETOFFLOAD),
     ];
+    // A parked vCPU reads its own state when a snapshot asks.
+    ioctls.extend(vcpu_state_reads());
     if ctx.pvm_recoveries {
         // The INT3 recovery on a PVM host (vcpu.rs): skip the byte and
         // inject #BP. Only where the recoveries are on.
@@ -424,6 +466,11 @@ pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
         // getpid).
         allow(libc::SYS_getpid),
         allow_tgkill_kick(ctx.pid),
+        // `PUT /snapshot/create` (snapshot::create): the VM's irqchip, PIT
+        // and clock read, and the memory and state files created and
+        // written (`write`, in the common rules).
+        allow_ioctls(&[KVM_GET_IRQCHIP(), KVM_GET_PIT2(), KVM_GET_CLOCK()]),
+        allow_snapshot_file_create(),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
     ]
