@@ -80,6 +80,26 @@ fn prepare(
     Ok(vmm)
 }
 
+/// `--snapshot-version` and `--describe-snapshot`: a version on stdout
+/// (as Firecracker prints it, `v` first) and exit, before anything else.
+fn snapshot_info(cli: &Cli) -> Option<ExitCode> {
+    use vmm::snapshot::format;
+    if cli.snapshot_version {
+        println!("v{}", format::SNAPSHOT_VERSION);
+        return Some(ExitCode::SUCCESS);
+    }
+    let path = cli.describe_snapshot.as_ref()?;
+    Some(
+        match format::read_file(path).and_then(|b| format::describe(&b)) {
+            Ok(v) => {
+                println!("v{v}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&error_line(&e)),
+        },
+    )
+}
+
 /// Installs the log `config` asks for, once per process (`logger_ready`).
 fn init_logger(config: &VmmConfig, logger_ready: &mut bool) -> Result<(), String> {
     if !*logger_ready {
@@ -285,6 +305,9 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&clap_line(&e)),
     };
+    if let Some(code) = snapshot_info(&cli) {
+        return code;
+    }
     let mode = cli.seccomp;
     // Jailed before any file the user named is opened, the config file
     // included: from here every path resolves inside the jail.

@@ -711,6 +711,53 @@ impl I8042 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_restored_controller_answers_as_the_saved_one() {
+        let mut a = I8042::new().unwrap();
+        // The guest writes the command byte, then Ctrl-Alt-Del is queued.
+        a.write(COMMAND_OFFSET as u8, 0x60);
+        a.write(DATA_OFFSET as u8, 0x47);
+        a.trigger_ctrl_alt_del().unwrap();
+        let saved = a.save();
+        let text = serde_json::to_string(&saved).unwrap();
+        let saved: I8042Snapshot = serde_json::from_str(&text).unwrap();
+        let mut b = I8042::new().unwrap();
+        b.restore(&saved).unwrap();
+        assert_eq!(b.save(), saved);
+        assert_eq!(b.pending_bytes(), a.pending_bytes());
+        for _ in 0..a.pending_bytes() {
+            assert_eq!(b.read(DATA_OFFSET as u8), a.read(DATA_OFFSET as u8));
+        }
+        for (bad, why) in [
+            (
+                I8042Snapshot {
+                    ram: vec![0; 31],
+                    ..saved.clone()
+                },
+                "RAM",
+            ),
+            (
+                I8042Snapshot {
+                    kbd_buffer: vec![0; KBD_BUFFER_SIZE + 1],
+                    ..saved.clone()
+                },
+                "bound",
+            ),
+            (
+                I8042Snapshot {
+                    kbd_set: 4,
+                    ..saved.clone()
+                },
+                "scancode",
+            ),
+        ] {
+            let before = b.save();
+            let err = b.restore(&bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+            assert_eq!(b.save(), before, "a refused state changed nothing");
+        }
+    }
     use super::*;
 
     fn cmd(i: &mut I8042, c: u8) {

@@ -285,6 +285,52 @@ impl SerialDevice {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_restored_uart_has_the_registers_and_fifo_and_raises_a_pending_interrupt() {
+        let mut a = SerialDevice::new(Box::new(io::sink())).unwrap();
+        // IER: receive-data interrupt on; LCR 8N1; scratch; two bytes in.
+        a.write(1, 0x01);
+        a.write(3, 0x03);
+        a.write(7, 0x5a);
+        a.enqueue_input(b"hi").unwrap();
+        let saved = a.save();
+        assert_eq!(saved.fifo, b"hi");
+        let text = serde_json::to_string(&saved).unwrap();
+        let saved: SerialSnapshot = serde_json::from_str(&text).unwrap();
+
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut b = SerialDevice::new(Box::new(Shared(out.clone()))).unwrap();
+        b.restore(&saved).unwrap();
+        assert_eq!(b.save(), saved);
+        // The pending receive interrupt is raised again on the same eventfd.
+        assert_eq!(b.irq_evt().read().unwrap(), 1);
+        assert_eq!(b.read(7), 0x5a);
+        assert_eq!(b.read(0), b'h');
+        assert_eq!(b.read(0), b'i');
+        // The restored UART still writes to this device's output.
+        b.write(0, b'x');
+        assert_eq!(*out.lock().unwrap(), b"x");
+
+        let too_long = SerialSnapshot {
+            fifo: vec![0; 65],
+            ..saved
+        };
+        assert!(matches!(
+            b.restore(&too_long),
+            Err(SerialError::RestoreFifo(65))
+        ));
+    }
     use super::*;
     use std::sync::{Arc, Mutex};
 

@@ -225,6 +225,12 @@ pub trait VirtioDevice: Send {
     /// The device's counters, shared with the VMM's metrics writer, which
     /// collects every device's through this one trait.
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics>;
+    /// Called once the transport re-activated a restored device over its
+    /// queues, before the guest runs again: what the device owes the guest
+    /// after a restore. The vsock device sends
+    /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (its host connections did not
+    /// survive); the default does nothing.
+    fn restored(&mut self) {}
     /// Brings the device to a point a snapshot can be taken at, with the
     /// vCPUs paused: every chain it took is either completed or among the
     /// last it took, in order (see

@@ -131,7 +131,7 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub config_file: Option<PathBuf>,
     /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
-    #[arg(long, value_name = "PATH", required_unless_present_any = ["config_file", "api_sock"])]
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["config_file", "api_sock", "snapshot_version", "describe_snapshot"])]
     pub kernel: Option<PathBuf>,
     /// Initramfs (cpio archive, optionally compressed) loaded below the top of low memory.
     #[arg(long, value_name = "PATH")]
@@ -243,6 +243,14 @@ pub struct Cli {
     /// value to the boot-timer device (Firecracker's --boot-timer).
     #[arg(long)]
     pub boot_timer: bool,
+    /// Print the snapshot state layout version this minivmm writes and
+    /// reads, and exit (Firecracker's --snapshot-version).
+    #[arg(long)]
+    pub snapshot_version: bool,
+    /// Print the layout version of the snapshot state file PATH, and exit
+    /// (Firecracker's --describe-snapshot).
+    #[arg(long, value_name = "PATH")]
+    pub describe_snapshot: Option<PathBuf>,
     /// MMDS metadata (Firecracker's --metadata): refused, minivmm has no MMDS.
     #[arg(long, value_name = "PATH")]
     pub metadata: Option<PathBuf>,
