@@ -159,7 +159,8 @@ impl Preboot {
             .find(|k| !matches!(k.as_str(), "logger" | "metrics"))
         {
             return Step::Reply(Response::fault(&format!(
-                "snapshot/load: not allowed after the microVM was configured ({section} was                  put); a snapshot brings its whole configuration"
+                "snapshot/load: not allowed after the microVM was configured ({section} was \
+                 put); a snapshot brings its whole configuration"
             )));
         }
         match LoadParams::from_body(body) {
