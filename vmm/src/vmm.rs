@@ -197,14 +197,14 @@ impl Vmm {
                 metrics: metrics.clone(),
                 i8042: self.i8042.clone(),
                 devices: self.devices.virtio().controls(),
-                snapshot: SnapshotSources {
+                snapshot: Some(SnapshotSources {
                     vm: self.vm.fd.clone(),
                     mem: self.vm.mem.clone(),
                     devices: self.devices.clone(),
                     serial: self.serial.clone(),
                     i8042: self.i8042.clone(),
                     vcpu_states: states,
-                },
+                }),
             };
             control = control.with_api(api.channel, runtime);
         }

@@ -288,6 +288,52 @@ mod tests {
         match p.handle(req, "vm0") {
             Step::Reply(r) => r,
             Step::Start(_) => panic!("started"),
+            Step::Load(_) => panic!("loading"),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_loads_only_into_a_process_with_nothing_but_its_log_configured() {
+        let load = || {
+            ApiRequest::LoadSnapshot(json!({"snapshot_path": "/s",
+                "mem_backend": {"backend_type": "File", "backend_path": "/m"}, "resume_vm": true}))
+        };
+        let mut p = Preboot::new();
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutLogger(json!({"level": "Info"}))).status,
+            204
+        );
+        match p.handle(load(), "vm0") {
+            Step::Load(l) => {
+                assert_eq!(l.params.snapshot_path, PathBuf::from("/s"));
+                assert!(l.params.resume_vm);
+                assert_eq!(l.logger, Some(json!({"level": "Info"})));
+                assert_eq!(l.metrics, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::CreateSnapshot(json!({"snapshot_path": "/s", "mem_file_path": "/m"})),
+        ));
+        assert!(
+            e.contains("not allowed before the microVM is started"),
+            "{e}"
+        );
+        assert_eq!(
+            reply(
+                &mut p,
+                ApiRequest::PutMachineConfig(json!({"vcpu_count": 1, "mem_size_mib": 64}))
+            )
+            .status,
+            204
+        );
+        match p.handle(load(), "vm0") {
+            Step::Reply(r) => {
+                let e = fault_of(&r);
+                assert!(e.contains("(machine-config was put)"), "{e}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -55,8 +55,9 @@ pub struct Runtime {
     pub(crate) i8042: Arc<Mutex<I8042>>,
     /// The controls of the devices the API may change, by kind and id.
     pub(crate) devices: Controls,
-    /// What `PUT /snapshot/create` reads.
-    pub(crate) snapshot: SnapshotSources,
+    /// What `PUT /snapshot/create` reads (none in the tests that build a
+    /// runtime without a VM).
+    pub(crate) snapshot: Option<SnapshotSources>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -185,8 +186,11 @@ impl Runtime {
             Ok(p) => p,
             Err(e) => return Response::fault(&format!("snapshot/create: {e}")),
         };
+        let Some(src) = &self.snapshot else {
+            return Response::fault("snapshot/create: this microVM has no state to save");
+        };
         let live = self.vcpus.iter().filter(|t| !t.is_finished()).count();
-        match create(&self.snapshot, &self.pause, live, &self.config, &params) {
+        match create(src, &self.pause, live, &self.config, &params) {
             Ok(_) => Response::no_content(),
             Err(msg) => Response::fault(&format!("snapshot/create: {}", crate::one_line(msg))),
         }
@@ -297,6 +301,7 @@ mod tests {
                 metrics,
                 i8042: kbd.clone(),
                 devices,
+                snapshot: None,
             };
             Rig {
                 rt,
@@ -685,6 +690,7 @@ pub(crate) mod drive_tests {
             metrics: None,
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             devices,
+            snapshot: None,
         };
         (rt, blocks)
     }

@@ -1005,6 +1005,82 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_reads_kvm_state_and_creates_its_files_and_nothing_more() {
+        // On fd -1 every ioctl fails with EBADF after the filter let it by;
+        // the open of an empty path fails with ENOENT the same way.
+        const CREATE: libc::c_long =
+            (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC) as _;
+        let on_loop: &[fn()] = &[
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_IRQCHIP() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_PIT2() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_CLOCK() as _, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as _, c"".as_ptr() as _, CREATE, 0o600, 0, 0],
+                )
+            },
+        ];
+        for f in on_loop {
+            let status = in_child_in(Thread::EventLoop, test_ctx(false), *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        // A parked vCPU reads every piece of its state, without the PVM
+        // recoveries' entries too.
+        let status = in_child_in(Thread::Vcpu, test_ctx(false), || {
+            for nr in vcpu_state_reads() {
+                raw(libc::SYS_ioctl, [-1, nr as _, 0, 0, 0, 0]);
+            }
+        });
+        assert_eq!(exit_status(status), Some(0));
+        let forbidden: &[(Thread, fn())] = &[
+            // Opened for reading or appending, or as a path: not a snapshot's.
+            (Thread::EventLoop, || {
+                raw(
+                    libc::SYS_openat,
+                    [
+                        libc::AT_FDCWD as _,
+                        c"".as_ptr() as _,
+                        libc::O_RDONLY as _,
+                        0,
+                        0,
+                        0,
+                    ],
+                )
+            }),
+            (Thread::EventLoop, || {
+                let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC)
+                    as libc::c_long;
+                raw(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as _, c"".as_ptr() as _, flags, 0, 0, 0],
+                )
+            }),
+            // The loop reads no vCPU's state, a vCPU no VM's, and neither
+            // sets any.
+            (Thread::EventLoop, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_SREGS() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_IRQCHIP() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as _, c"".as_ptr() as _, CREATE, 0, 0, 0],
+                )
+            }),
+            (Thread::Api, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_CLOCK() as _, 0, 0, 0, 0])
+            }),
+        ];
+        for (thread, f) in forbidden {
+            let status = in_child_in(*thread, test_ctx(false), *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
+    }
+
+    #[test]
     fn the_event_loop_may_make_a_limiter_timer_and_kick_vcpus_and_nothing_more() {
         const FLAGS: libc::c_long = (libc::TFD_CLOEXEC | libc::TFD_NONBLOCK) as _;
         const MONO: libc::c_long = libc::CLOCK_MONOTONIC as _;
