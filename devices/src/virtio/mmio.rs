@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::{PersistError, QueueState, TransportState, VirtioState};
+use super::queue::dirty::DirtyPages;
 use super::queue::{
     check_overlaps, GuestRegions, RingAddrs, RingFeatures, SplitQueue, MAX_QUEUE_SIZE,
 };
@@ -185,6 +186,9 @@ pub struct MmioTransport {
     driver_features_sel: u32,
     acked_features: u64,
     queue_sel: u32,
+    /// Where the queues mark the buffers the device may write, when the VM
+    /// tracks dirty pages for Diff snapshots.
+    dirty: Option<Arc<DirtyPages>>,
 }
 
 impl std::fmt::Debug for MmioTransport {
@@ -243,7 +247,14 @@ impl MmioTransport {
             driver_features_sel: 0,
             acked_features: 0,
             queue_sel: 0,
+            dirty: None,
         })
+    }
+
+    /// Has the device's queues mark every buffer it may write in `log`,
+    /// from the next activation on (the VM tracks dirty pages).
+    pub fn set_dirty_log(&mut self, log: Arc<DirtyPages>) {
+        self.dirty = Some(log);
     }
 
     /// The interrupt eventfd; the VMM registers it as a KVM irqfd.
@@ -679,7 +690,11 @@ impl MmioTransport {
             .enumerate()
             .map(|(i, q)| q.addrs().map_err(|e| format!("queue {i}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        let mem = Arc::new(GuestRegions::new(&self.mem).map_err(|e| e.to_string())?);
+        let mem = Arc::new(
+            GuestRegions::new(&self.mem)
+                .map_err(|e| e.to_string())?
+                .with_dirty_log(self.dirty.clone()),
+        );
         let features = RingFeatures::from_bits(self.acked_features);
         let queues = addrs
             .iter()

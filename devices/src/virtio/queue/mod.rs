@@ -57,6 +57,7 @@
 #![allow(unsafe_code)]
 
 mod chain;
+pub mod dirty;
 mod memory;
 
 use std::sync::atomic::{fence, Ordering};
