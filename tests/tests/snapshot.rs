@@ -287,12 +287,13 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
         "FIGURE tick create (64 MiB): {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
+    // A booted VM does not track dirty pages (machine-config refuses it).
     refused(
         &sock,
         "PUT",
         "/snapshot/create",
-        json!({"snapshot_type": "Diff", "snapshot_path": p(&dir.join("d.state")),
-               "mem_file_path": p(&dir.join("d.mem"))}),
+        json!({"snapshot_type": "Diff", "snapshot_path": p(&dir.join("x.state")),
+               "mem_file_path": p(&dir.join("x.mem"))}),
         "track_dirty_pages",
     );
     vm.signal("KILL");
@@ -307,7 +308,10 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     for round in 0..2 {
         let (mut vm, sock) = api_vmm(&dir, &format!("tick-b{round}"), None);
         let t = Instant::now();
-        ok(&sock, "PUT", "/snapshot/load", load_body(&dir, "a", false));
+        let mut body = load_body(&dir, "a", false);
+        // The first load tracks dirty pages, for a Diff snapshot below.
+        body["track_dirty_pages"] = json!(round == 0);
+        ok(&sock, "PUT", "/snapshot/load", body);
         eprintln!(
             "FIGURE tick load answered: {:.1} ms",
             t.elapsed().as_secs_f64() * 1e3
@@ -329,6 +333,9 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
             "round {round}: the restored guest printed nothing\n{}",
             vm.report()
         );
+        if round == 0 {
+            diff_and_rebase(&dir, &mut vm, &sock);
+        }
         vm.terminate(Duration::from_secs(10));
         assert_eq!(
             (std::fs::read(&state).unwrap(), std::fs::read(&mem).unwrap()) == before,
@@ -373,6 +380,57 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     assert_eq!(state_of(&sock), "Not started");
     vm.terminate(Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With the guest of `sock` running: paused, a Diff snapshot (sparse, the
+/// memory file's size), resumed; the Diff rebased onto a copy of the Full
+/// memory file `a.mem` loads in a new process, whose guest goes on.
+fn diff_and_rebase(dir: &Path, vm: &mut Vm, sock: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    ok(sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    let t = Instant::now();
+    let mut diff = create_body(dir, "d");
+    diff["snapshot_type"] = json!("Diff");
+    ok(sock, "PUT", "/snapshot/create", diff);
+    let meta = std::fs::metadata(dir.join("d.mem")).unwrap();
+    eprintln!(
+        "FIGURE tick Diff create: {:.1} ms, {} bytes allocated of {}",
+        t.elapsed().as_secs_f64() * 1e3,
+        meta.blocks() * 512,
+        meta.len()
+    );
+    assert_eq!(meta.len(), 64 << 20);
+    assert!(meta.blocks() * 512 < 8 << 20, "not sparse: {meta:?}");
+    ok(sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+    let printed = lines(vm);
+    assert!(
+        wait_lines(vm, printed, Duration::from_secs(60)),
+        "{}",
+        vm.report()
+    );
+
+    std::fs::copy(dir.join("a.mem"), dir.join("r.mem")).unwrap();
+    std::fs::copy(dir.join("d.state"), dir.join("r.state")).unwrap();
+    let out = minivmm(&[
+        "--rebase-snap",
+        "--base-file",
+        &p(&dir.join("r.mem")),
+        "--diff-file",
+        &p(&dir.join("d.mem")),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut rebased, rsock) = api_vmm(dir, "tick-rebased", None);
+    ok(&rsock, "PUT", "/snapshot/load", load_body(dir, "r", true));
+    assert!(
+        wait_lines(&mut rebased, 1, Duration::from_secs(60)),
+        "the guest of a rebased Diff printed nothing\n{}",
+        rebased.report()
+    );
+    rebased.terminate(Duration::from_secs(10));
 }
 
 fn ping_until_answered(ns: &NetNs, deadline_s: u32) -> Option<Duration> {

@@ -80,13 +80,27 @@ fn prepare(
     Ok(vmm)
 }
 
-/// `--snapshot-version` and `--describe-snapshot`: a version on stdout
-/// (as Firecracker prints it, `v` first) and exit, before anything else.
+/// `--snapshot-version` and `--describe-snapshot` (a version on stdout, as
+/// Firecracker prints it, `v` first) and `--rebase-snap`: done and exit,
+/// before anything else.
 fn snapshot_info(cli: &Cli) -> Option<ExitCode> {
     use vmm::snapshot::format;
     if cli.snapshot_version {
         println!("v{}", format::SNAPSHOT_VERSION);
         return Some(ExitCode::SUCCESS);
+    }
+    if let (true, Some(base), Some(diff)) = (cli.rebase_snap, &cli.base_file, &cli.diff_file) {
+        return Some(match vmm::snapshot::memory::rebase(base, diff) {
+            Ok(n) => {
+                println!(
+                    "{n} bytes of {} copied onto {}",
+                    diff.display(),
+                    base.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&error_line(&e)),
+        });
     }
     let path = cli.describe_snapshot.as_ref()?;
     Some(

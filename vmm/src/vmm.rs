@@ -37,6 +37,7 @@ use crate::process::signals::SignalFd;
 use crate::process::terminal::RawTerminal;
 use crate::registry::{lock, Events};
 use crate::snapshot::create::SnapshotSources;
+use devices::virtio::queue::dirty::DirtyPages;
 
 /// The metrics writer, shared by the event loop's timer, its signal and the
 /// API.
@@ -92,6 +93,8 @@ pub struct Vmm {
     /// Whether the vCPUs start parked (a snapshot loaded without
     /// `resume_vm`).
     start_paused: bool,
+    /// The devices' dirty-page log, when the VM tracks dirty pages.
+    dirty: Option<Arc<DirtyPages>>,
 }
 
 /// What the running VM's API needs that the builder does not make.
@@ -126,7 +129,14 @@ impl Vmm {
             metrics_interval_s,
             api: None,
             start_paused: false,
+            dirty: None,
         }
+    }
+
+    /// The devices' dirty-page log of a VM that tracks dirty pages (its
+    /// memory slots log the guest's writes), for Diff snapshots.
+    pub(crate) fn track_dirty_pages(&mut self, log: Arc<DirtyPages>) {
+        self.dirty = Some(log);
     }
 
     /// Has the vCPUs wait, paused, for `PATCH /vm` `Resumed` before the
@@ -204,6 +214,7 @@ impl Vmm {
                     serial: self.serial.clone(),
                     i8042: self.i8042.clone(),
                     vcpu_states: states,
+                    dirty: self.dirty.clone(),
                 }),
             };
             control = control.with_api(api.channel, runtime);

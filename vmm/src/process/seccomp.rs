@@ -79,8 +79,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 
 use kvm_bindings::{
-    kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
-    kvm_msrs, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, KVMIO,
+    kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_dirty_log, kvm_irqchip, kvm_lapic_state,
+    kvm_mp_state, kvm_msrs, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+    kvm_xsave, KVMIO,
 };
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -272,6 +273,7 @@ ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_xcrs);
 ioctl_iowr_nr!(KVM_GET_IRQCHIP, KVMIO, 0x62, kvm_irqchip);
 ioctl_ior_nr!(KVM_GET_PIT2, KVMIO, 0x9f, kvm_pit_state2);
 ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_clock_data);
+ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
 
 /// What a parked vCPU reads of itself for `PUT /snapshot/create`
 /// (`kvm::state::save_vcpu`): reads only, no state changes.
@@ -471,6 +473,11 @@ pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
         // written (`write`, in the common rules).
         allow_ioctls(&[KVM_GET_IRQCHIP(), KVM_GET_PIT2(), KVM_GET_CLOCK()]),
         allow_snapshot_file_create(),
+        // A Diff snapshot: KVM's log of the pages the guest wrote (read and
+        // reset), and the sparse memory file sized whole (its pages go in
+        // with pwrite64, allowed above).
+        allow_ioctls(&[KVM_GET_DIRTY_LOG()]),
+        allow(libc::SYS_ftruncate),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
     ]
@@ -1014,6 +1021,8 @@ mod tests {
             || raw(libc::SYS_ioctl, [-1, KVM_GET_IRQCHIP() as _, 0, 0, 0, 0]),
             || raw(libc::SYS_ioctl, [-1, KVM_GET_PIT2() as _, 0, 0, 0, 0]),
             || raw(libc::SYS_ioctl, [-1, KVM_GET_CLOCK() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_DIRTY_LOG() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ftruncate, [-1, 0, 0, 0, 0, 0]),
             || {
                 raw(
                     libc::SYS_openat,
@@ -1063,6 +1072,12 @@ mod tests {
             }),
             (Thread::Vcpu, || {
                 raw(libc::SYS_ioctl, [-1, KVM_GET_IRQCHIP() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_DIRTY_LOG() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(libc::SYS_ftruncate, [-1, 0, 0, 0, 0, 0])
             }),
             (Thread::Vcpu, || {
                 raw(

@@ -9,7 +9,10 @@
 //! every virtio device's (after the device is quiescent: a drive's
 //! requests in flight complete first), writes the memory file whole and
 //! then the state file. The state file is written last, so a state file
-//! never names memory that was not written. The VM stays paused.
+//! never names memory that was not written. The VM stays paused. A Full
+//! snapshot writes all of guest memory; a Diff one (a VM loaded with
+//! `track_dirty_pages`) only the pages written since the last snapshot or
+//! the load, as a sparse file (see [`memory`]).
 
 use std::fs::File;
 use std::io::Write;
@@ -29,6 +32,7 @@ use crate::device_manager::DeviceManager;
 use crate::kvm::pause::PauseGate;
 use crate::kvm::state::{save_vm, VcpuStateSlots};
 use crate::registry::lock;
+use devices::virtio::queue::dirty::{DirtyPages, PAGE_SIZE};
 
 /// How long the vCPU threads have to read their state.
 const ERRAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -70,6 +74,9 @@ pub struct SnapshotSources {
     pub i8042: Arc<Mutex<I8042>>,
     /// Where the vCPU threads put their state.
     pub vcpu_states: Arc<VcpuStateSlots>,
+    /// The pages the devices may have written, when the VM tracks dirty
+    /// pages (loaded with `track_dirty_pages`); KVM logs the guest's.
+    pub dirty: Option<Arc<DirtyPages>>,
 }
 
 impl std::fmt::Debug for SnapshotSources {
@@ -132,6 +139,47 @@ pub fn collect(
     })
 }
 
+/// Every page written since the last call (or the load), one bit per page
+/// from guest-physical 0: KVM's dirty log of each memory slot (the
+/// guest's writes), the devices' log (their buffers) and every activated
+/// queue's used ring (the device's ring writes); both logs are emptied.
+fn dirty_pages(
+    src: &SnapshotSources,
+    log: &DirtyPages,
+    state: &SnapshotState,
+) -> Result<Vec<u64>, String> {
+    use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+    let mut pages = log.take();
+    let mut set = |page: u64| {
+        if let Some(w) = usize::try_from(page / 64)
+            .ok()
+            .and_then(|w| pages.get_mut(w))
+        {
+            *w |= 1 << (page % 64);
+        }
+    };
+    for (slot, region) in src.mem.iter().enumerate() {
+        let first = region.start_addr().0 / PAGE_SIZE;
+        let bitmap = src
+            .vm
+            .get_dirty_log(slot as u32, region.len() as usize)
+            .map_err(|e| format!("KVM refused to read the dirty log of slot {slot}: {e}"))?;
+        for (i, word) in bitmap.iter().enumerate() {
+            for bit in (0..64).filter(|b| word & (1 << b) != 0) {
+                set(first + i as u64 * 64 + bit);
+            }
+        }
+    }
+    for device in state.virtio.iter().filter(|d| d.state.transport.activated) {
+        for q in device.state.transport.queues.iter().filter(|q| q.ready) {
+            let len = 6 + 8 * u64::from(q.size);
+            let last = q.used_ring.saturating_add(len - 1) / PAGE_SIZE;
+            (q.used_ring / PAGE_SIZE..=last).for_each(&mut set);
+        }
+    }
+    Ok(pages)
+}
+
 /// Creates (or truncates) `path` for writing.
 fn create_file(path: &Path, what: &str) -> Result<File, String> {
     File::create(path).map_err(|e| format!("cannot create the {what} '{}': {e}", path.display()))
@@ -146,22 +194,38 @@ pub fn create(
     config: &VmmConfig,
     params: &CreateParams,
 ) -> Result<Created, String> {
-    if params.snapshot_type == SnapshotType::Diff {
+    if params.snapshot_type == SnapshotType::Diff && src.dirty.is_none() {
         return Err(
-            "Diff snapshots need track_dirty_pages, which this microVM was not started with".into(),
+            "Diff snapshots need track_dirty_pages, which this microVM was not \
+                    loaded with (PUT /snapshot/load with track_dirty_pages: true)"
+                .into(),
         );
     }
     let started = Instant::now();
     let state = collect(src, pause, vcpus, config)?;
     let bytes = format::encode(&state);
     let mut mem_file = create_file(&params.mem_file_path, "memory file")?;
-    let mem_bytes = memory::write_full(&src.mem, &mut mem_file).map_err(|e| {
+    let mem_err = |e: memory::SnapshotMemoryError| {
         format!(
             "'{}': {}",
             params.mem_file_path.display(),
             crate::error_line(&e)
         )
-    })?;
+    };
+    let mem_bytes = match (params.snapshot_type, &src.dirty) {
+        (SnapshotType::Diff, Some(log)) => {
+            let pages = dirty_pages(src, log, &state)?;
+            memory::write_pages(&src.mem, &pages, &mem_file).map_err(mem_err)?
+        }
+        (_, log) => {
+            let n = memory::write_full(&src.mem, &mut mem_file).map_err(mem_err)?;
+            // The next Diff is relative to this snapshot.
+            if let Some(log) = log {
+                dirty_pages(src, log, &state)?;
+            }
+            n
+        }
+    };
     let mut state_file = create_file(&params.snapshot_path, "snapshot state file")?;
     state_file.write_all(&bytes).map_err(|e| {
         format!(

@@ -5,7 +5,8 @@
 //! The body is Firecracker's `LoadSnapshotParams`: `snapshot_path`, the
 //! memory as `mem_backend` (`File` only; `Uffd` is refused, not yet
 //! supported) or the deprecated `mem_file_path`, `track_dirty_pages` (or the
-//! deprecated `enable_diff_snapshots`), `resume_vm`, `network_overrides`
+//! deprecated `enable_diff_snapshots`: KVM's dirty log and the devices'
+//! for Diff snapshots), `resume_vm`, `network_overrides`
 //! (another TAP for a card, as a clone needs), `vsock_override` (refused:
 //! minivmm attaches no vsock device yet, so no snapshot has one),
 //! `clock_realtime` (only `false`) and `huge_pages` (`Snapshot` or `None`).

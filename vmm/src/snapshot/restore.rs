@@ -15,7 +15,10 @@
 
 use std::fs::File;
 
+use std::sync::Arc;
+
 use devices::virtio::net::Tap;
+use devices::virtio::queue::dirty::DirtyPages;
 
 use super::load::LoadParams;
 use super::SnapshotState;
@@ -111,6 +114,14 @@ pub fn restore(
     let quirks = host_quirks(cfg.host_quirks);
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
     let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None)?;
+    // Before any device is activated: their queues take the log then.
+    let dirty = params.track_dirty_pages.then(|| {
+        let log = Arc::new(DirtyPages::new(&mem));
+        for slot in devices.manager.virtio().slots() {
+            lock(&slot.transport).set_dirty_log(log.clone());
+        }
+        log
+    });
     restore_vm(&vm, &state.vm).map_err(|e| fail(crate::error_line(&e)))?;
     let mut vcpus = Vec::with_capacity(state.vcpus.len());
     for (id, saved) in (0u8..).zip(&state.vcpus) {
@@ -132,6 +143,9 @@ pub fn restore(
     );
     if !params.resume_vm {
         vmm.start_paused();
+    }
+    if let Some(log) = dirty {
+        vmm.track_dirty_pages(log);
     }
     Ok(vmm)
 }
