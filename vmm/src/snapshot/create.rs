@@ -28,7 +28,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::{format, memory, DeviceSnapshot, SnapshotState};
 use crate::config::VmmConfig;
-use crate::device_manager::DeviceManager;
+use crate::registry::VirtioSlot;
 use crate::kvm::pause::PauseGate;
 use crate::kvm::state::{save_vm, VcpuStateSlots};
 use crate::registry::lock;
@@ -60,6 +60,13 @@ pub struct CreateParams {
     pub mem_file_path: PathBuf,
 }
 
+/// Where the snapshot finds the VM's virtio devices (the device manager's
+/// registry), in MMIO window order.
+pub trait VirtioSlots: Send + Sync {
+    /// Every virtio device.
+    fn virtio_slots(&self) -> &[VirtioSlot];
+}
+
 /// What the running VM hands the snapshot code.
 pub struct SnapshotSources {
     /// The VM, for its irqchip, PIT and clock.
@@ -67,7 +74,7 @@ pub struct SnapshotSources {
     /// Guest memory.
     pub mem: GuestMemoryMmap<()>,
     /// The virtio devices, through the registry.
-    pub devices: Arc<DeviceManager>,
+    pub devices: Arc<dyn VirtioSlots>,
     /// The console UART.
     pub serial: Arc<Mutex<SerialDevice>>,
     /// The keyboard controller.
@@ -118,7 +125,7 @@ pub fn collect(
     let vcpus = src.vcpu_states.take()?;
     let vm = save_vm(&src.vm).map_err(|e| crate::error_line(&e))?;
     let mut virtio = Vec::new();
-    for slot in src.devices.virtio().slots() {
+    for slot in src.devices.virtio_slots() {
         let state = lock(&slot.transport)
             .save()
             .map_err(|e| format!("{} '{}': {}", slot.kind.name(), slot.id, e))?;
