@@ -1650,7 +1650,8 @@ mod persist_tests {
     fn a_saved_state_no_driver_could_have_made_is_refused() {
         let (drv, _dev, _) = driven();
         let good = drv.transport().save().unwrap();
-        let cases: Vec<(&str, Box<dyn Fn(&mut VirtioState)>)> = vec![
+        type Damage = Box<dyn Fn(&mut VirtioState)>;
+        let cases: Vec<(&str, Damage)> = vec![
             ("device type", Box::new(|s| s.transport.device_id = 1)),
             (
                 "queue(s)",

@@ -28,10 +28,10 @@ use vm_memory::GuestMemoryMmap;
 
 use super::{format, memory, DeviceSnapshot, SnapshotState};
 use crate::config::VmmConfig;
-use crate::registry::VirtioSlot;
 use crate::kvm::pause::PauseGate;
 use crate::kvm::state::{save_vm, VcpuStateSlots};
 use crate::registry::lock;
+use crate::registry::VirtioSlot;
 use devices::virtio::queue::dirty::{DirtyPages, PAGE_SIZE};
 
 /// How long the vCPU threads have to read their state.
