@@ -272,13 +272,13 @@ pub fn compose_cmdline(
 
 /// How long each build step took: start-up time is their sum plus the
 /// vCPU thread's start, so `--log-level debug` shows where it goes.
-struct Steps {
+pub(crate) struct Steps {
     last: Instant,
     took: Vec<(&'static str, f64)>,
 }
 
 impl Steps {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Steps {
             last: Instant::now(),
             took: Vec::with_capacity(10),
@@ -286,14 +286,14 @@ impl Steps {
     }
 
     /// Ends step `name`.
-    fn done(&mut self, name: &'static str) {
+    pub(crate) fn done(&mut self, name: &'static str) {
         let now = Instant::now();
         self.took
             .push((name, (now - self.last).as_secs_f64() * 1e3));
         self.last = now;
     }
 
-    fn log(&self) {
+    pub(crate) fn log(&self) {
         let total: f64 = self.took.iter().map(|(_, ms)| ms).sum();
         let steps: Vec<String> = self
             .took
@@ -501,7 +501,7 @@ pub(crate) fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
 
 /// Resolves `--host-quirks` against this host and says so when the PVM
 /// recoveries apply.
-pub(crate) fn host_quirks(mode: HostQuirks) -> bool {
+fn host_quirks(mode: HostQuirks) -> bool {
     let pvm_host = pvm::is_pvm_host();
     let quirks = pvm::quirks_enabled(mode, pvm_host);
     if quirks {

@@ -23,11 +23,12 @@ use devices::virtio::queue::dirty::DirtyPages;
 use super::load::LoadParams;
 use super::SnapshotState;
 use crate::builder::{
-    attach_devices, create_irqchip, create_vm, host_quirks, open_metrics, BuildError, TapFds,
+    attach_devices, create_irqchip, create_vm, open_metrics, BuildError, Steps, TapFds,
 };
 use crate::config::{TapBackend, VmmConfig};
 use crate::images::check_images;
 use crate::kvm::memory::register_guest_memory;
+use crate::kvm::pvm;
 use crate::kvm::state::{restore_vcpu, restore_vm};
 use crate::kvm::vcpu::{Vcpu, VcpuError};
 use crate::kvm::vm_exit::ExitLatch;
@@ -94,6 +95,25 @@ fn restore_devices(devices: &Devices, state: &SnapshotState) -> Result<(), Build
     Ok(())
 }
 
+/// Creates each vCPU of `state` and puts its saved state into it.
+fn restore_vcpus(
+    vm: &kvm_ioctls::VmFd,
+    devices: &Devices,
+    state: &SnapshotState,
+    quirks: bool,
+) -> Result<Vec<Vcpu>, BuildError> {
+    let mut vcpus = Vec::with_capacity(state.vcpus.len());
+    for (id, saved) in (0u8..).zip(&state.vcpus) {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(|e| VcpuError::Create(id, e))?;
+        restore_vcpu(&fd, saved)
+            .map_err(|e| fail(format!("vCPU {id}: {}", crate::error_line(&e))))?;
+        vcpus.push(Vcpu::new(fd, id, devices.manager.clone(), quirks));
+    }
+    Ok(vcpus)
+}
+
 /// Rebuilds the VM of `state` (configured as `cfg`) with its memory from
 /// `mem_file`; see the module doc.
 pub fn restore(
@@ -103,15 +123,22 @@ pub fn restore(
     params: &LoadParams,
     mut tap_fds: TapFds,
 ) -> Result<Vmm, BuildError> {
+    let mut steps = Steps::new();
     check(cfg, state)?;
     let metrics = open_metrics(cfg)?;
     check_images(&cfg.drives)?;
+    steps.done("files");
     let (kvm, vm) = create_vm(cfg.vcpus)?;
+    steps.done("kvm");
     let mem = super::memory::map_from_file(mem_file, state.mem_mib)
         .map_err(|e| fail(crate::error_line(&e)))?;
     register_guest_memory(&vm, &mem, params.track_dirty_pages)?;
+    steps.done("memory");
     create_irqchip(&vm)?;
-    let quirks = host_quirks(cfg.host_quirks);
+    steps.done("irqchip");
+    // The recoveries of a PVM host apply to the running guest; the words
+    // they add to a command line were added when it booted.
+    let quirks = pvm::quirks_enabled(cfg.host_quirks, pvm::is_pvm_host());
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
     let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None)?;
     // Before any device is activated: their queues take the log then.
@@ -122,17 +149,13 @@ pub fn restore(
         }
         log
     });
+    steps.done("devices");
     restore_vm(&vm, &state.vm).map_err(|e| fail(crate::error_line(&e)))?;
-    let mut vcpus = Vec::with_capacity(state.vcpus.len());
-    for (id, saved) in (0u8..).zip(&state.vcpus) {
-        let fd = vm
-            .create_vcpu(u64::from(id))
-            .map_err(|e| VcpuError::Create(id, e))?;
-        restore_vcpu(&fd, saved)
-            .map_err(|e| fail(format!("vCPU {id}: {}", crate::error_line(&e))))?;
-        vcpus.push(Vcpu::new(fd, id, devices.manager.clone(), quirks));
-    }
+    let vcpus = restore_vcpus(&vm, &devices, state, quirks)?;
+    steps.done("kvm state");
     restore_devices(&devices, state)?;
+    steps.done("device state");
+    steps.log();
     let mut vmm = Vmm::new(
         KvmVm::new(kvm, vm, mem),
         devices,
