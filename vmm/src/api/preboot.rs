@@ -15,6 +15,13 @@
 //! does not exist, two root drives, two cards on one TAP). A refused
 //! request leaves the document as it was. Only the kernel is left for
 //! `InstanceStart` to check, since it may be put last.
+//!
+//! `PUT /vsock` (`/vsock/{id}`) does more than check: it binds the
+//! device's socket at `uds_path` at once, as Firecracker does, since its
+//! clients wait for the file before they go on ([`crate::host_socket`]).
+//! Put again at another path, the new socket is bound first and the old
+//! one then removed; at the same path the socket stays. The deprecated
+//! `vsock_id` is not kept (Firecracker's `GET /vm/config` leaves it out).
 
 use std::path::PathBuf;
 
@@ -24,8 +31,11 @@ use super::http::Response;
 use super::routes::{Action, ApiRequest};
 use crate::config::file;
 use crate::config::settings::Settings;
-use crate::config::DEFAULT_MEM_MIB;
+use crate::config::{VmmConfig, DEFAULT_MEM_MIB};
+use crate::host_socket::VsockSocket;
 use crate::images::check_images;
+use crate::process::seccomp::SeccompMode;
+use std::sync::Arc;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
@@ -76,6 +86,10 @@ pub enum Step {
 #[derive(Debug, Default)]
 pub struct Preboot {
     doc: Map<String, Value>,
+    /// The vsock socket `PUT /vsock` bound.
+    vsock: Option<Arc<VsockSocket>>,
+    /// The filter of the process that removes that socket.
+    seccomp: SeccompMode,
 }
 
 /// An error line of the file parser as an API fault: the API has no file,
@@ -89,6 +103,20 @@ impl Preboot {
     /// An empty configuration.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty configuration whose vsock socket's remover runs under a
+    /// filter for `mode` (`--seccomp`).
+    pub fn with_seccomp(mode: SeccompMode) -> Self {
+        Preboot {
+            seccomp: mode,
+            ..Self::default()
+        }
+    }
+
+    /// The socket `PUT /vsock` bound, for the builder.
+    pub fn vsock_socket(&self) -> Option<Arc<VsockSocket>> {
+        self.vsock.clone()
     }
 
     /// Handles one request; `id` is the instance id for `GET /`.
@@ -108,6 +136,7 @@ impl Preboot {
             ApiRequest::PutLogger(v) => self.put("logger", v),
             ApiRequest::PutMetrics(v) => self.put("metrics", v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
+            ApiRequest::PutVsock(v) => self.put_vsock(v),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
                 Ok(s) => return Step::Start(Box::new(s)),
                 Err(r) => r,
@@ -161,42 +190,82 @@ impl Preboot {
 
     /// Accepts `candidate` as the new document if it checks out.
     fn commit(&mut self, candidate: Map<String, Value>) -> Response {
-        let settings = match file::parse(&Value::Object(candidate.clone()).to_string()) {
-            Ok(s) => s,
-            Err(e) => return fault(&e),
+        match check(&candidate) {
+            Ok(_) => {
+                self.doc = candidate;
+                Response::no_content()
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// `PUT /vsock`: the section checked, then its socket bound (see the
+    /// module doc).
+    fn put_vsock(&mut self, mut v: Value) -> Response {
+        if let Value::Object(m) = &mut v {
+            m.remove("vsock_id");
+        }
+        let mut candidate = self.doc.clone();
+        candidate.insert("vsock".into(), v);
+        let cfg = match check(&candidate) {
+            Ok(cfg) => cfg,
+            Err(r) => return r,
         };
-        // The values as the command line's are checked; the kernel alone
-        // may still be missing (a placeholder stands in, checked at start).
-        // The boot files must exist now, as Firecracker checks them at PUT.
-        for (what, path) in [
-            ("kernel", &settings.kernel),
-            ("initrd", &settings.initramfs),
-        ] {
-            if let Some(path) = path {
-                if let Err(e) = std::fs::File::open(path) {
-                    return Response::fault(&format!(
-                        "boot-source: cannot open {what} '{}': {e}",
-                        path.display()
-                    ));
-                }
+        let Some(path) = cfg.vsock.map(|v| v.uds_path) else {
+            // `null`: no device, and no socket.
+            if let Some(old) = self.vsock.take().and_then(|s| Arc::try_unwrap(s).ok()) {
+                old.remove_now();
             }
-        }
-        let mut settings = settings;
-        if settings.kernel.is_none() {
-            settings.kernel = Some(PathBuf::from("/"));
-        }
-        match settings.finish() {
-            Ok(cfg) => {
-                if let Err(e) = check_images(&cfg.drives) {
-                    return fault(&e);
-                }
+            self.doc = candidate;
+            return Response::no_content();
+        };
+        if self.vsock.as_ref().is_none_or(|s| s.path() != path) {
+            let new = match VsockSocket::bind(&path, self.seccomp) {
+                Ok(s) => Arc::new(s),
+                Err(e) => return fault(&e),
+            };
+            if let Some(old) = self
+                .vsock
+                .replace(new)
+                .and_then(|s| Arc::try_unwrap(s).ok())
+            {
+                old.remove_now();
             }
-            Err(e) => return fault(&e),
         }
         self.doc = candidate;
         Response::no_content()
     }
+}
 
+/// What `candidate` would make, checked as the command line's values are;
+/// the kernel alone may still be missing (a placeholder stands in, checked
+/// at start). The boot files must exist now, as Firecracker checks them
+/// at PUT.
+fn check(candidate: &Map<String, Value>) -> Result<VmmConfig, Response> {
+    let mut settings =
+        file::parse(&Value::Object(candidate.clone()).to_string()).map_err(|e| fault(&e))?;
+    for (what, path) in [
+        ("kernel", &settings.kernel),
+        ("initrd", &settings.initramfs),
+    ] {
+        if let Some(path) = path {
+            if let Err(e) = std::fs::File::open(path) {
+                return Err(Response::fault(&format!(
+                    "boot-source: cannot open {what} '{}': {e}",
+                    path.display()
+                )));
+            }
+        }
+    }
+    if settings.kernel.is_none() {
+        settings.kernel = Some(PathBuf::from("/"));
+    }
+    let cfg = settings.finish().map_err(|e| fault(&e))?;
+    check_images(&cfg.drives).map_err(|e| fault(&e))?;
+    Ok(cfg)
+}
+
+impl Preboot {
     fn put(&mut self, section: &str, v: Value) -> Response {
         let mut candidate = self.doc.clone();
         candidate.insert(section.into(), v);

@@ -98,6 +98,9 @@ pub enum Thread {
     EventLoop,
     /// The API socket's thread: accepts, reads and answers requests.
     Api,
+    /// The process that removes the vsock socket when minivmm ends
+    /// (`process::remover`): it waits on a pipe and unlinks one path.
+    Remover,
 }
 
 /// Errors building or installing a filter. None is caused by the guest.
@@ -294,7 +297,7 @@ pub fn vcpu_rules() -> Vec<Entry> {
 
 /// The main thread's event loop, after it spawned the vCPUs.
 pub fn event_loop_rules() -> Vec<Entry> {
-    vec![
+    let mut rules = vec![
         // The loop itself, and the net device (de)registering its TAP and
         // requeue events when the guest activates or resets it.
         allow(libc::SYS_epoll_wait),
@@ -317,7 +320,8 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // kernel's generator, never waiting for it (GRND_NONBLOCK).
         allow_arg_in(libc::SYS_getrandom, 2, &[libc::GRND_NONBLOCK as u64]),
         // A rate limiter that holds a frame back arms its timerfd for when
-        // the frame fits (the metrics timer is armed before the filter).
+        // the frame fits (the metrics timer is armed before the filter);
+        // the vsock device arms its connection time-out.
         allow(libc::SYS_timerfd_settime),
         // `PATCH /network-interfaces` on a card without a limiter makes
         // one, with its timer: monotonic, non-blocking, close-on-exec only.
@@ -329,7 +333,44 @@ pub fn event_loop_rules() -> Vec<Entry> {
         allow_tgkill_kick(),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
+    ];
+    // The vsock device (`devices::virtio::vsock::backend`): a host agent's
+    // connection accepted on the listener at `uds_path`, a guest's
+    // connection to the listener at `<uds_path>_<port>` (only Unix stream
+    // sockets are made, non-blocking, so `connect` reaches nothing but a
+    // Unix socket path and never waits), and the write side shut once the
+    // guest sends no more. Data moves with read/write/readv/writev, as for
+    // the TAP.
+    rules.extend(allow_vsock_sockets());
+    rules
+}
+
+/// What the vsock device calls on its sockets (see `event_loop_rules`):
+/// `accept4(fd, _, _, SOCK_NONBLOCK | SOCK_CLOEXEC)`, `socket(AF_UNIX,
+/// SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)`, `connect` (its address
+/// is a pointer, which a filter cannot read) and `shutdown(fd, SHUT_WR)`.
+fn allow_vsock_sockets() -> Vec<Entry> {
+    let flags = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64;
+    let stream = libc::SOCK_STREAM as u64 | flags;
+    let unix = all_of(vec![
+        arg_eq(0, libc::AF_UNIX as u64),
+        arg_eq(1, stream),
+        arg_eq(2, 0),
+    ]);
+    vec![
+        allow_arg_in(libc::SYS_accept4, 3, &[flags]),
+        (libc::SYS_socket, vec![unix]),
+        allow(libc::SYS_connect),
+        allow_arg_in(libc::SYS_shutdown, 1, &[libc::SHUT_WR as u64]),
     ]
+}
+
+/// The remover process (`process::remover`): it blocks every signal and
+/// closes every descriptor but its two pipe ends before its filter, then
+/// says it is ready (`write`, common), waits (`read`, common), unlinks its
+/// one path and exits (common).
+pub fn remover_rules() -> Vec<Entry> {
+    vec![allow(libc::SYS_unlink)]
 }
 
 /// `timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)` only.
@@ -442,6 +483,7 @@ pub fn rules(thread: Thread) -> BTreeMap<i64, Vec<SeccompRule>> {
         Thread::Vcpu => vcpu_rules(),
         Thread::EventLoop => event_loop_rules(),
         Thread::Api => api_rules(),
+        Thread::Remover => remover_rules(),
     };
     merge(common_rules().into_iter().chain(own))
 }
