@@ -194,4 +194,142 @@ mod tests {
         drop(again);
         assert!(!path.exists());
     }
+
+    /// The vsock device's whole datapath on the event loop under the loop's
+    /// real filter: a host agent's connection accepted, its `CONNECT` line
+    /// read, `OK` written, data both ways, a guest connection to a host
+    /// listener made, shut for writing and reset, the time-out timer armed.
+    /// A call outside the list would end this test binary with status 148.
+    #[test]
+    fn the_vsock_datapath_runs_under_the_event_loops_filter() {
+        use crate::process::seccomp::{apply, filter, install_sigsys_handler, Thread};
+        use devices::virtio::test_utils::{guest_memory, DeviceRig, Segment};
+        use devices::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND, TYPE_STREAM};
+        use devices::virtio::vsock::{Vsock, VsockConfig};
+        use std::os::unix::net::UnixListener;
+        use vm_memory::GuestAddress;
+
+        let d = Scratch::new("filtered");
+        let uds = d.0.join("v.sock");
+        let socket = VsockSocket::bind(&uds, SeccompMode::Off).unwrap();
+        let mem = guest_memory(16 << 20).unwrap();
+        let cfg = VsockConfig {
+            id: "vsock".into(),
+            guest_cid: 3,
+            uds_path: uds.clone(),
+        };
+        let dev = Vsock::with_listener(cfg, mem.clone(), socket.listener().unwrap()).unwrap();
+        let mut rig = DeviceRig::new(&mem, dev);
+        rig.drv
+            .init(1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1)
+            .unwrap();
+        rig.run_until_idle();
+        let rx: Vec<(u16, GuestAddress)> = (0..8)
+            .map(|_| {
+                let a = rig.drv.alloc(HDR_LEN as u64 + 4096, 8).unwrap();
+                let seg = Segment::writable(a, HDR_LEN as u32 + 4096);
+                (rig.drv.submit(0, &[seg]).unwrap(), a)
+            })
+            .collect();
+        // The host's side, made before the filter (std's sockets are
+        // blocking ones, which the loop's list does not allow).
+        let listener_52 = UnixListener::bind(format!("{}_52", uds.display())).unwrap();
+        let mut agent = UnixStream::connect(&uds).unwrap();
+        agent.write_all(b"CONNECT 1234\nping").unwrap();
+        let hdr = |src_port, dst_port, op: Op, len: usize| Header {
+            src_cid: 3,
+            dst_cid: 2,
+            src_port,
+            dst_port,
+            len: len as u32,
+            kind: TYPE_STREAM,
+            op: op as u16,
+            flags: 0,
+            buf_alloc: 65536,
+            fwd_cnt: 0,
+        };
+        install_sigsys_handler().unwrap();
+        let prog = filter(Thread::EventLoop, SeccompMode::On).unwrap();
+        let (rig, received, metrics) = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            let mut rig = rig;
+            let mut received = Vec::new();
+            let take = |rig: &mut DeviceRig<Vsock>, received: &mut Vec<(Header, Vec<u8>)>| {
+                for _ in 0..50 {
+                    rig.run_once(20);
+                }
+                for u in rig.drv.used(0).unwrap() {
+                    let addr = rx.iter().find(|(h, _)| u32::from(*h) == u.id).unwrap().1;
+                    let b = rig.drv.read_mem(addr, u.len as usize).unwrap();
+                    let h = Header::parse(&b[..HDR_LEN].try_into().unwrap());
+                    received.push((h, b[HDR_LEN..].to_vec()));
+                }
+            };
+            let send = |rig: &mut DeviceRig<Vsock>, h: Header, data: &[u8]| {
+                let a = rig.drv.alloc((HDR_LEN + data.len()) as u64, 8).unwrap();
+                let mut bytes = h.to_bytes().to_vec();
+                bytes.extend_from_slice(data);
+                rig.drv.write_mem(a, &bytes).unwrap();
+                let seg = Segment::readable(a, bytes.len() as u32);
+                rig.drv.submit(1, &[seg]).unwrap();
+            };
+            take(&mut rig, &mut received);
+            let host_port = received.first().map_or(0, |(h, _)| h.src_port);
+            send(&mut rig, hdr(1234, host_port, Op::Response, 0), b"");
+            take(&mut rig, &mut received);
+            send(&mut rig, hdr(1234, host_port, Op::Rw, 4), b"pong");
+            send(&mut rig, hdr(2000, 52, Op::Request, 0), b"");
+            take(&mut rig, &mut received);
+            let shut = Header {
+                flags: SHUTDOWN_SEND,
+                ..hdr(2000, 52, Op::Shutdown, 0)
+            };
+            send(&mut rig, shut, b"");
+            take(&mut rig, &mut received);
+            send(&mut rig, hdr(2000, 52, Op::Rst, 0), b"");
+            take(&mut rig, &mut received);
+            let metrics = rig.metrics();
+            (rig, received, metrics)
+        })
+        .join()
+        .unwrap();
+        let ops: Vec<(u16, u32, Vec<u8>)> = received
+            .iter()
+            .map(|(h, d)| (h.op, h.dst_port, d.clone()))
+            .collect();
+        assert_eq!(ops[0].0, Op::Request as u16, "{ops:?}");
+        assert_eq!(ops[0].1, 1234);
+        assert!(
+            ops.iter()
+                .any(|(op, port, d)| *op == Op::Rw as u16 && *port == 1234 && d == b"ping"),
+            "{ops:?}"
+        );
+        assert!(
+            ops.iter()
+                .any(|(op, port, _)| *op == Op::Response as u16 && *port == 2000),
+            "{ops:?}"
+        );
+        let mut got = [0u8; 64];
+        agent
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut all = Vec::new();
+        while !all.ends_with(b"pong") {
+            let n = agent.read(&mut got).unwrap();
+            assert!(n > 0, "EOF after {all:?}");
+            all.extend_from_slice(&got[..n]);
+        }
+        assert_eq!(
+            all,
+            format!("OK {}\npong", received[0].0.src_port).as_bytes()
+        );
+        let (mut guest_conn, _) = listener_52.accept().unwrap();
+        guest_conn
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(guest_conn.read(&mut got).unwrap(), 0, "shut for writing");
+        assert_eq!(metrics["conns_opened_host"], 1, "{metrics}");
+        assert_eq!(metrics["conns_opened_guest"], 1, "{metrics}");
+        drop(rig);
+    }
 }

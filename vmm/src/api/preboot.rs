@@ -303,6 +303,7 @@ impl Preboot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn reply(p: &mut Preboot, req: ApiRequest) -> Response {
         match p.handle(req, "vm0") {
@@ -377,6 +378,80 @@ mod tests {
         settings.kernel = Some("/vmlinux".into());
         let cfg = settings.finish().unwrap();
         assert!(cfg.entropy.is_some_and(|e| e.rate_limiter.is_unlimited()));
+    }
+
+    #[test]
+    fn put_vsock_binds_the_socket_at_once_and_a_bad_one_changes_nothing() {
+        let dir =
+            std::env::temp_dir().join(format!("minivmm-preboot-vsock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+        let taken = dir.join("taken");
+        std::fs::write(&taken, b"").unwrap();
+        let mut p = Preboot::new();
+        let vsock = |cid: u64, path: &Path| json!({"guest_cid": cid, "uds_path": path});
+        let before = body(&reply(&mut p, ApiRequest::GetVmConfig));
+        for (bad, want) in [
+            (vsock(2, &a), "vsock: guest_cid 2 is reserved"),
+            (vsock(3, &taken), "exists"),
+            (json!({"guest_cid": 3}), "missing field `uds_path`"),
+            (
+                json!({"guest_cid": 3, "uds_path": a, "x": 1}),
+                "unknown field `x`",
+            ),
+        ] {
+            let e = fault_of(&reply(&mut p, ApiRequest::PutVsock(bad.clone())));
+            assert!(e.contains(want), "{bad}: {e}");
+            assert!(!a.exists(), "{bad}: bound anyway");
+            assert_eq!(body(&reply(&mut p, ApiRequest::GetVmConfig)), before);
+        }
+        // Firecracker's clients wait for the socket after the PUT.
+        let put = json!({"vsock_id": "vsock0", "guest_cid": 3, "uds_path": a});
+        assert_eq!(reply(&mut p, ApiRequest::PutVsock(put)).status, 204);
+        assert!(std::os::unix::net::UnixStream::connect(&a).is_ok());
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["vsock"],
+            vsock(3, &a),
+            "vsock_id is not kept"
+        );
+        // Again at the same path: the same socket stays.
+        let first = p.vsock_socket().unwrap();
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutVsock(vsock(4, &a))).status,
+            204
+        );
+        assert!(Arc::ptr_eq(&first, &p.vsock_socket().unwrap()));
+        drop(first);
+        // At another path: the new one is bound, the old one removed.
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutVsock(vsock(5, &b))).status,
+            204
+        );
+        assert!(b.exists() && !a.exists());
+        // InstanceStart hands the socket and the section to the builder.
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap();
+        let v = cfg.vsock.unwrap();
+        assert_eq!((v.guest_cid, v.uds_path.as_path()), (5, b.as_path()));
+        assert_eq!(p.vsock_socket().unwrap().path(), b);
+        // null: no device and no socket.
+        assert_eq!(reply(&mut p, ApiRequest::PutVsock(Value::Null)).status, 204);
+        assert!(!b.exists());
+        assert!(p.vsock_socket().is_none());
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["vsock"],
+            Value::Null
+        );
+        // Dropped (minivmm ends before InstanceStart): the socket goes.
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutVsock(vsock(3, &a))).status,
+            204
+        );
+        drop(p);
+        assert!(!a.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -760,6 +760,55 @@ mod tests {
         unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
     }
 
+    /// The vsock device's socket calls with the arguments it uses, and
+    /// nothing wider: no other socket family or type, no blocking socket,
+    /// no other shutdown; none on a vCPU thread. The remover may unlink,
+    /// and no other thread may.
+    #[test]
+    fn the_event_loop_may_serve_vsock_sockets_and_nothing_more() {
+        const UNIX: libc::c_long = libc::AF_UNIX as _;
+        const NB: libc::c_long = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as _;
+        const STREAM: libc::c_long = libc::SOCK_STREAM as libc::c_long | NB;
+        const WR: libc::c_long = libc::SHUT_WR as _;
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, NB, 0, 0]),
+            || raw(libc::SYS_socket, [UNIX, STREAM, 0, 0, 0, 0]),
+            || raw(libc::SYS_connect, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_shutdown, [-1, WR, 0, 0, 0, 0]),
+        ];
+        for (i, f) in allowed.iter().enumerate() {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0), "allowed call {i}");
+        }
+        let forbidden: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_accept, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [libc::AF_INET as _, STREAM, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [UNIX, libc::SOCK_STREAM as _, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_socket,
+                    [UNIX, libc::SOCK_DGRAM as libc::c_long | NB, 0, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_shutdown, [-1, libc::SHUT_RDWR as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_recvfrom, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_unlink, [0, 0, 0, 0, 0, 0]),
+        ];
+        for (i, f) in forbidden.iter().enumerate() {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(148), "forbidden call {i}");
+        }
+        let on_vcpu = || raw(libc::SYS_socket, [UNIX, STREAM, 0, 0, 0, 0]);
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, on_vcpu);
+        assert_eq!(exit_status(status), Some(148));
+        let unlink = || raw(libc::SYS_unlink, [0, 0, 0, 0, 0, 0]);
+        let status = in_filtered_child(Thread::Remover, SeccompMode::On, unlink);
+        assert_eq!(exit_status(status), Some(0));
+        let status = in_filtered_child(Thread::Remover, SeccompMode::On, on_vcpu);
+        assert_eq!(exit_status(status), Some(148));
+    }
+
     #[test]
     fn the_event_loop_may_serve_a_block_device_and_nothing_more() {
         const HOLE: libc::c_long = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as _;
