@@ -12,25 +12,44 @@
 //!   silent in any phase costs at most `-l` + grace.
 //! - A peer that vanishes is an error with one line naming what was going on, not a result.
 
-use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::proto::{
-    describe, is_timeout, read_full, receive_stream, send_stream, Control, TestKind, TestParams,
-    RR_SEQ_LEN,
+    describe, is_timeout, read_full, receive_stream, send_stream, Conn, Control, TestKind,
+    TestParams, RR_SEQ_LEN,
 };
 use crate::sockopt;
 use crate::stats::Histogram;
+use crate::vsock::VsockPeer;
+
+/// Where the server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Its control address (TCP and UDP tests).
+    Ip(SocketAddr),
+    /// Its vsock control port, reached through `peer` (VSOCK tests).
+    Vsock(VsockPeer, u32),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Ip(a) => write!(f, "{a}"),
+            Target::Vsock(peer, port) => write!(f, "{} port {port}", peer.describe()),
+        }
+    }
+}
 
 /// Client configuration.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Server control address.
-    pub server: SocketAddr,
+    /// Where the server is.
+    pub server: Target,
     /// Test and sizes.
     pub params: TestParams,
     /// Bounded wait beyond the test length (and for each connect/step).
@@ -109,8 +128,8 @@ pub enum Measured {
 pub struct Outcome {
     /// Test parameters as run.
     pub params: TestParams,
-    /// Control address of the server.
-    pub server: SocketAddr,
+    /// Where the server is.
+    pub server: Target,
     /// Measured data-phase time (for TCP_STREAM: until the server confirmed receipt).
     pub elapsed: Duration,
     /// Socket buffer sizes.
@@ -189,12 +208,49 @@ impl Budget {
 /// unreachable, refused, vanished or silent, or nothing at all got through).
 pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     let b = Budget::new(cfg);
+    let (elapsed, sizes, measured) = match &cfg.server {
+        Target::Ip(addr) => run_ip(cfg, &b, *addr)?,
+        Target::Vsock(peer, port) => run_vsock(cfg, &b, peer, *port)?,
+    };
     let p = &cfg.params;
+    match &measured {
+        Measured::Stream(s) if s.bytes_received == 0 => bail!(
+            "{}: no data reached the receiver in {:.2} s ({} bytes sent)",
+            p.test,
+            elapsed.as_secs_f64(),
+            s.bytes_sent
+        ),
+        Measured::Rr(r) if r.transactions == 0 => bail!(
+            "{}: no transaction completed in {:.2} s ({} lost)",
+            p.test,
+            elapsed.as_secs_f64(),
+            r.lost
+        ),
+        _ => {}
+    }
+    Ok(Outcome {
+        params: p.clone(),
+        server: cfg.server.clone(),
+        elapsed,
+        sizes,
+        udp_timeout: cfg.udp_timeout,
+        measured,
+    })
+}
+
+/// What one data phase gives: its time, the socket sizes, the counts.
+type Ran = (Duration, SockSizes, Measured);
+
+/// A TCP or UDP test against the server at `server`.
+fn run_ip(cfg: &ClientConfig, b: &Budget, server: SocketAddr) -> Result<Ran> {
+    let p = &cfg.params;
+    if p.test.is_vsock() {
+        bail!("{} needs a vsock server (--uds or --cid), not -H", p.test);
+    }
     let g = b.step("connecting")?;
-    let ctrl_stream = TcpStream::connect_timeout(&cfg.server, g).map_err(|e| {
+    let ctrl_stream = TcpStream::connect_timeout(&server, g).map_err(|e| {
         anyhow!(
-            "cannot connect to mvperf server at {}: {}",
-            cfg.server,
+            "cannot connect to mvperf server at {server}: {}",
             describe(&e, "server", g)
         )
     })?;
@@ -221,8 +277,69 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
             .port()
             .into();
     }
+    let (data_port, mut sizes) = negotiate(b, p, &mut ctrl, &request)?;
+    let data_port = u16::try_from(data_port)
+        .map_err(|_| anyhow!("server reply has no valid data port: {data_port}"))?;
+    let addr = SocketAddr::new(server.ip(), data_port);
+    let dial = |_port: u32, g: Duration| TcpStream::connect_timeout(&addr, g);
+    let t = DataTest {
+        cfg,
+        budget: b,
+        ctrl: &mut ctrl,
+        dial: &dial,
+        port: u32::from(data_port),
+        sizes: &mut sizes,
+    };
+    let (elapsed, measured) = match (p.test, udp) {
+        (TestKind::UdpStream, Some(sock)) => t.udp_stream(sock, addr)?,
+        (TestKind::UdpRr, Some(sock)) => t.udp_rr(sock, addr)?,
+        (TestKind::UdpStream | TestKind::UdpRr, None) => {
+            bail!("{}: no UDP data socket was set up", p.test)
+        }
+        _ => t.stream_test()?,
+    };
+    Ok((elapsed, sizes, measured))
+}
+
+/// A VSOCK test against the server on vsock port `port`, reached through `peer`: the TCP
+/// tests' exchange over vsock connections.
+fn run_vsock(cfg: &ClientConfig, b: &Budget, peer: &VsockPeer, port: u32) -> Result<Ran> {
+    let p = &cfg.params;
+    if !p.test.is_vsock() {
+        bail!("{} runs over TCP or UDP (-H), not vsock", p.test);
+    }
+    let g = b.step("connecting")?;
+    let ctrl_stream = peer.connect(port, g).map_err(|e| {
+        anyhow!(
+            "cannot connect to mvperf server at {} port {port}: {}",
+            peer.describe(),
+            describe(&e, "server", g)
+        )
+    })?;
+    let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
+    let (data_port, mut sizes) = negotiate(b, p, &mut ctrl, &p.to_json())?;
+    let dial = |port: u32, g: Duration| peer.connect(port, g);
+    let t = DataTest {
+        cfg,
+        budget: b,
+        ctrl: &mut ctrl,
+        dial: &dial,
+        port: data_port,
+        sizes: &mut sizes,
+    };
+    let (elapsed, measured) = t.stream_test()?;
+    Ok((elapsed, sizes, measured))
+}
+
+/// Sends the test request and reads the server's answer: its data port and socket sizes.
+fn negotiate<S: Conn>(
+    b: &Budget,
+    p: &TestParams,
+    ctrl: &mut Control<S>,
+    request: &Value,
+) -> Result<(u32, SockSizes)> {
     let g = b.step("sending test request")?;
-    ctrl.send(&request, g)
+    ctrl.send(request, g)
         .map_err(|e| anyhow!("sending test request: {}", describe(&e, "server", g)))?;
     let g = b.step("waiting for the server to accept the test")?;
     let reply = ctrl.recv(g).map_err(|e| {
@@ -241,75 +358,37 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     let data_port = reply
         .get("data_port")
         .and_then(Value::as_u64)
-        .and_then(|v| u16::try_from(v).ok())
+        .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| anyhow!("server reply has no valid data port: {reply}"))?;
-    let mut sizes = SockSizes {
+    let sizes = SockSizes {
         remote_recv: reply.get("recv_buf").and_then(Value::as_u64).unwrap_or(0),
         remote_send: reply.get("send_buf").and_then(Value::as_u64).unwrap_or(0),
         ..SockSizes::default()
     };
-    let t = DataTest {
-        cfg,
-        budget: &b,
-        ctrl: &mut ctrl,
-        addr: SocketAddr::new(cfg.server.ip(), data_port),
-        sizes: &mut sizes,
-    };
-    let (elapsed, measured) = match (p.test, udp) {
-        (TestKind::TcpStream, _) => t.tcp_stream()?,
-        (TestKind::TcpMaerts, _) => t.tcp_maerts()?,
-        (TestKind::TcpRr, _) => t.tcp_rr()?,
-        (TestKind::UdpStream, Some(sock)) => t.udp_stream(sock)?,
-        (TestKind::UdpRr, Some(sock)) => t.udp_rr(sock)?,
-        (TestKind::UdpStream | TestKind::UdpRr, None) => {
-            bail!("{}: no UDP data socket was set up", p.test)
-        }
-    };
-    match &measured {
-        Measured::Stream(s) if s.bytes_received == 0 => bail!(
-            "{}: no data reached the receiver in {:.2} s ({} bytes sent)",
-            p.test,
-            elapsed.as_secs_f64(),
-            s.bytes_sent
-        ),
-        Measured::Rr(r) if r.transactions == 0 => bail!(
-            "{}: no transaction completed in {:.2} s ({} lost)",
-            p.test,
-            elapsed.as_secs_f64(),
-            r.lost
-        ),
-        _ => {}
-    }
-    Ok(Outcome {
-        params: p.clone(),
-        server: cfg.server,
-        elapsed,
-        sizes,
-        udp_timeout: cfg.udp_timeout,
-        measured,
-    })
+    Ok((data_port, sizes))
 }
 
 /// One test's data phase, which consumes it: the configuration, the time budget, the control
-/// connection (the server reports on it), the server's data address, and the socket sizes,
-/// where the test records its own socket's.
-struct DataTest<'a> {
+/// connection (the server reports on it), how to open a connection to the server's data
+/// port, and the socket sizes, where the test records its own socket's.
+struct DataTest<'a, S: Conn> {
     cfg: &'a ClientConfig,
     budget: &'a Budget,
-    ctrl: &'a mut Control,
-    addr: SocketAddr,
+    ctrl: &'a mut Control<S>,
+    dial: &'a dyn Fn(u32, Duration) -> io::Result<S>,
+    port: u32,
     sizes: &'a mut SockSizes,
 }
 
-fn set_tcp_timeouts(s: &TcpStream, t: Duration) -> Result<()> {
-    s.set_read_timeout(Some(t))?;
-    s.set_write_timeout(Some(t))?;
+fn set_tcp_timeouts(s: &impl Conn, t: Duration) -> Result<()> {
+    s.read_timeout(Some(t))?;
+    s.write_timeout(Some(t))?;
     Ok(())
 }
 
 /// Waits, until the `hard` deadline, for the server's report of the test
 /// (which it sends once its side of the data phase is over).
-fn await_report(ctrl: &mut Control, hard: Instant) -> Result<Value> {
+fn await_report<S: Conn>(ctrl: &mut Control<S>, hard: Instant) -> Result<Value> {
     let wait = left(hard, "waiting for results")?;
     ctrl.recv(wait)
         .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))
@@ -335,14 +414,24 @@ fn report_u64(report: &Value, key: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("server results lack '{key}': {report}"))
 }
 
-impl DataTest<'_> {
-    /// Opens the TCP data connection and records its buffer sizes.
-    fn connect_tcp(&mut self) -> Result<TcpStream> {
-        let addr = self.addr;
+impl<S: Conn> DataTest<'_, S> {
+    /// Runs the stream test this one is (a VSOCK test runs its TCP namesake's).
+    fn stream_test(self) -> Result<(Duration, Measured)> {
+        match self.cfg.params.test.stream_kind() {
+            TestKind::TcpStream => self.tcp_stream(),
+            TestKind::TcpMaerts => self.tcp_maerts(),
+            TestKind::TcpRr => self.tcp_rr(),
+            other => bail!("{other} is not a stream test"),
+        }
+    }
+
+    /// Opens the data connection and records its buffer sizes.
+    fn connect_tcp(&mut self) -> Result<S> {
         let g = self.budget.step("opening the data connection")?;
-        let s = TcpStream::connect_timeout(&addr, g).map_err(|e| {
+        let s = (self.dial)(self.port, g).map_err(|e| {
             anyhow!(
-                "opening the data connection to {addr}: {}",
+                "opening the data connection to port {}: {}",
+                self.port,
                 describe(&e, "server", g)
             )
         })?;
@@ -354,8 +443,7 @@ impl DataTest<'_> {
     /// Connects the UDP data socket to the server's, so an ICMP port unreachable (server
     /// gone) comes back as ECONNREFUSED and datagrams from anyone else are dropped, and
     /// records its buffer sizes.
-    fn connect_udp(&mut self, sock: &UdpSocket) -> Result<()> {
-        let addr = self.addr;
+    fn connect_udp(&mut self, sock: &UdpSocket, addr: SocketAddr) -> Result<()> {
         sock.connect(addr)
             .with_context(|| format!("connecting the UDP socket to {addr}"))?;
         self.sizes.record_local(sock);
@@ -369,7 +457,7 @@ impl DataTest<'_> {
         set_tcp_timeouts(&data, g)?;
         let sent = send_stream(&mut data, &buf, end)
             .map_err(|e| anyhow!("sending data: {}", describe(&e, "server", g)))?;
-        data.shutdown(Shutdown::Write)
+        data.shutdown_write()
             .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
         // The server replies once it has read everything up to our FIN, so the elapsed time
         // includes draining what was still queued: bytes and time describe the same delivery.
@@ -405,7 +493,7 @@ impl DataTest<'_> {
 
     fn tcp_rr(mut self) -> Result<(Duration, Measured)> {
         let mut data = self.connect_tcp()?;
-        data.set_nodelay(true)?;
+        data.no_delay()?;
         let req = vec![0x5au8; self.cfg.params.req_size];
         let mut resp = vec![0u8; self.cfg.params.resp_size];
         let mut r = RrResult::default();
@@ -424,7 +512,7 @@ impl DataTest<'_> {
             r.transactions += 1;
         }
         let elapsed = start.elapsed();
-        data.shutdown(Shutdown::Write)
+        data.shutdown_write()
             .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
         let report = await_report(self.ctrl, self.budget.hard)?;
         let served = report_u64(&report, "transactions")?;
@@ -437,8 +525,8 @@ impl DataTest<'_> {
         Ok((elapsed, Measured::Rr(r)))
     }
 
-    fn udp_stream(mut self, sock: UdpSocket) -> Result<(Duration, Measured)> {
-        self.connect_udp(&sock)?;
+    fn udp_stream(mut self, sock: UdpSocket, addr: SocketAddr) -> Result<(Duration, Measured)> {
+        self.connect_udp(&sock, addr)?;
         let buf = vec![0x5au8; self.cfg.params.msg_size];
         let mut s = StreamResult::default();
         let (start, end, g) = self.budget.data_phase()?;
@@ -475,9 +563,9 @@ impl DataTest<'_> {
         Ok((elapsed, Measured::Stream(s)))
     }
 
-    fn udp_rr(mut self, sock: UdpSocket) -> Result<(Duration, Measured)> {
+    fn udp_rr(mut self, sock: UdpSocket, addr: SocketAddr) -> Result<(Duration, Measured)> {
         let p = &self.cfg.params;
-        self.connect_udp(&sock)?;
+        self.connect_udp(&sock, addr)?;
         // Each request starts with a 64-bit sequence number that the server echoes, so a response
         // that arrives after we gave up on its request is never mistaken for the current one.
         let mut req = vec![0x5au8; RR_SEQ_LEN + p.req_size];
@@ -560,7 +648,7 @@ fn check_received_le_sent(s: &StreamResult) -> Result<()> {
 }
 
 /// Tells the server the UDP data phase is over and collects its counts.
-fn udp_finish(ctrl: &mut Control, hard: Instant) -> Result<Value> {
+fn udp_finish<S: Conn>(ctrl: &mut Control<S>, hard: Instant) -> Result<Value> {
     let wait = left(hard, "ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
@@ -579,8 +667,8 @@ const PROGRESS_POLL: Duration = Duration::from_millis(100);
 /// those wait behind the same backlog (a flooded guest's reports were held for as long as the
 /// backlog took, and the client gave up). The wait fails only when no report shows progress
 /// for `grace`. It stays bounded: the count cannot pass `sent`.
-fn udp_stream_finish(
-    ctrl: &mut Control,
+fn udp_stream_finish<S: Conn>(
+    ctrl: &mut Control<S>,
     sock: &UdpSocket,
     b: &Budget,
     grace: Duration,
