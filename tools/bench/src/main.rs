@@ -27,6 +27,7 @@ mod startup;
 mod stats;
 #[allow(unsafe_code)]
 mod sys;
+mod vsock;
 
 use std::path::PathBuf;
 
@@ -47,7 +48,7 @@ pub struct Cli {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Run only these scenarios (limit, seed000, seed001, seed002, ratelimit,
-    /// startup, block, smoke); repeatable; default: all but smoke (startup only
+    /// startup, block, vsock, smoke); repeatable; default: all but smoke (startup only
     /// with --minivmm and --kernel).
     #[arg(long)]
     scenario: Vec<String>,
@@ -123,6 +124,7 @@ const ALL: &[&str] = &[
     "ratelimit",
     "startup",
     "block",
+    "vsock",
 ];
 /// Scenarios run only when named.
 const OPT_IN: &[&str] = &["smoke"];
@@ -286,6 +288,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,
             "ratelimit" => ratelimit::ratelimit(&t)?,
             "block" => block::block(&t)?,
+            "vsock" => vsock::vsock(&t)?,
             _ => continue,
         };
         out.insert((*s).to_string(), v);
