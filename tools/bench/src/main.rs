@@ -104,6 +104,10 @@ pub struct Cli {
     /// seqwrite_128k. Needs no root.
     #[arg(long, num_args = 3, value_names = ["MODE", "WORKLOAD", "N"])]
     block_cost: Option<Vec<String>>,
+    /// Run N units of one vsock cell on one side and nothing else, for strace, perf or
+    /// callgrind: CELL is tx_4k, tx_64k, rx_4k or rr_1, SIDE device or raw. Needs no root.
+    #[arg(long, num_args = 3, value_names = ["CELL", "SIDE", "N"])]
+    vsock_cost: Option<Vec<String>>,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -167,6 +171,13 @@ fn run(cli: Cli) -> Result<i32> {
             .parse()
             .with_context(|| format!("{:?} is not a number", a[2]))?;
         block::cost(&a[0], &a[1], n)?;
+        return Ok(0);
+    }
+    if let Some(a) = &cli.vsock_cost {
+        let n = a[2]
+            .parse()
+            .with_context(|| format!("{:?} is not a number", a[2]))?;
+        vsock::cost(&a[0], &a[1], n)?;
         return Ok(0);
     }
     if let Some(ns) = cli.child.clone() {

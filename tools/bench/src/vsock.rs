@@ -134,7 +134,10 @@ impl Peer {
     fn start(cell: Cell, mut s: UnixStream) -> Result<Peer> {
         s.set_read_timeout(Some(Duration::from_millis(50)))?;
         s.set_write_timeout(Some(Duration::from_millis(50)))?;
-        let (stop, count) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let (stop, count) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
         let (st, ct) = (stop.clone(), count.clone());
         let thread = std::thread::Builder::new()
             .name("vsock peer".into())
@@ -278,7 +281,9 @@ impl Lean {
     /// Puts `head` in the next avail slot (visible at `publish`).
     fn push(&mut self, head: u16) {
         let off = 4 + 2 * usize::from(self.next_avail % self.size);
-        self.avail.u16_at(off).store(head.to_le(), Ordering::Relaxed);
+        self.avail
+            .u16_at(off)
+            .store(head.to_le(), Ordering::Relaxed);
         self.next_avail = self.next_avail.wrapping_add(1);
         self.pushed = true;
     }
@@ -471,7 +476,11 @@ impl VsockRig {
     fn open(&mut self, l: &UnixListener) -> Result<UnixStream> {
         let end = Instant::now() + Duration::from_secs(5);
         while self.dev_buf == 0 {
-            ensure!(Instant::now() < end, "no RESPONSE: {}", self.metrics.to_json());
+            ensure!(
+                Instant::now() < end,
+                "no RESPONSE: {}",
+                self.metrics.to_json()
+            );
             self.em.run_with_timeout(10).context("event loop")?;
             self.driver_turn(Cell::Tx(0))?;
         }
@@ -583,22 +592,7 @@ fn raw_window(t: &Timing, cell: Cell, rig: &VsockRig) -> Result<Sample> {
     let sample = window(
         t,
         |_| {
-            match cell {
-                Cell::Tx(p) => {
-                    let n = rig.tx_data[i % TX_SLOTS].fd_io(fd, 0, p, true)?;
-                    ensure!(n > 0, "the peer went away");
-                }
-                Cell::Rx(p) => {
-                    // Into the payload part, where the device's readv puts it.
-                    let n = rig.rx_bufs[i % RX_SLOTS].fd_io(fd, HDR_LEN, p, false)?;
-                    delivered.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Cell::Rr => {
-                    let n = rig.rx_bufs[i % RX_SLOTS].fd_io(fd, HDR_LEN, 1, false)?;
-                    ensure!(n == 1, "the peer went away");
-                    rig.tx_data[i % TX_SLOTS].fd_io(fd, 0, 1, true)?;
-                }
-            }
+            delivered.fetch_add(raw_step(cell, rig, fd, i)?, Ordering::Relaxed);
             i += 1;
             Ok(0)
         },
@@ -609,6 +603,29 @@ fn raw_window(t: &Timing, cell: Cell, rig: &VsockRig) -> Result<Sample> {
     );
     drop(peer);
     sample
+}
+
+/// One packet of the raw relay through `fd`, on the rig's buffers in turn (`i`); the bytes it
+/// put in a guest buffer (RX: what the count of delivered bytes grows by).
+fn raw_step(cell: Cell, rig: &VsockRig, fd: std::os::fd::RawFd, i: usize) -> Result<u64> {
+    match cell {
+        Cell::Tx(p) => {
+            let n = rig.tx_data[i % TX_SLOTS].fd_io(fd, 0, p, true)?;
+            ensure!(n > 0, "the peer went away");
+            Ok(0)
+        }
+        Cell::Rx(p) => {
+            // Into the payload part, where the device's readv puts it.
+            let n = rig.rx_bufs[i % RX_SLOTS].fd_io(fd, HDR_LEN, p, false)?;
+            Ok(n as u64)
+        }
+        Cell::Rr => {
+            let n = rig.rx_bufs[i % RX_SLOTS].fd_io(fd, HDR_LEN, 1, false)?;
+            ensure!(n == 1, "the peer went away");
+            rig.tx_data[i % TX_SLOTS].fd_io(fd, 0, 1, true)?;
+            Ok(0)
+        }
+    }
 }
 
 /// One cell: interleaved rounds of the raw relay and the device, the medians and ratios.
@@ -628,7 +645,10 @@ fn cell(t: &Timing, cell: Cell) -> Result<Value> {
     let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
     let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
     let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
-    let h = dev.iter().map(|s| s.harness_ns).fold(f64::INFINITY, f64::min);
+    let h = dev
+        .iter()
+        .map(|s| s.harness_ns)
+        .fold(f64::INFINITY, f64::min);
     let h = if h.is_finite() { h } else { 0.0 };
     let m = rig.metrics.to_json();
     Ok(json!({
@@ -648,11 +668,61 @@ fn cell(t: &Timing, cell: Cell) -> Result<Value> {
     }))
 }
 
+/// The cells by name.
+const CELLS: [Cell; 4] = [Cell::Tx(4096), Cell::Tx(65536), Cell::Rx(4096), Cell::Rr];
+
+/// `netbench --vsock-cost CELL SIDE N`: `n` units (bytes, or transactions) of one cell on one
+/// side (`device` or `raw`) and nothing else, with the peer thread, for `strace -c -f`, perf
+/// or callgrind: system calls and instructions per unit. Needs no root.
+pub fn cost(name: &str, side: &str, n: u64) -> Result<()> {
+    let c = CELLS
+        .into_iter()
+        .find(|c| c.name() == name)
+        .with_context(|| format!("unknown cell {name:?}"))?;
+    let (mut rig, host) = VsockRig::new(c)?;
+    let started = Instant::now();
+    let done = match side {
+        "device" => {
+            let peer = Peer::start(c, host.try_clone()?)?;
+            let units = |rig: &VsockRig| match c {
+                Cell::Rx(_) => rig.delivered.load(Ordering::Relaxed),
+                _ => peer.count(),
+            };
+            while units(&rig) < n {
+                rig.turn(c)?;
+            }
+            units(&rig)
+        }
+        "raw" => {
+            let (ours, theirs) = UnixStream::pair().context("socketpair")?;
+            let peer = Peer::start(c, theirs)?;
+            let fd = ours.as_raw_fd();
+            let (mut got, mut i) = (0u64, 0usize);
+            while match c {
+                Cell::Rx(_) => got,
+                _ => peer.count(),
+            } < n
+            {
+                got += raw_step(c, &rig, fd, i)?;
+                i += 1;
+            }
+            n
+        }
+        other => bail!("unknown side {other:?} (device, raw)"),
+    };
+    eprintln!(
+        "netbench: vsock-cost {name} {side}: {done} units in {:.2} s; device: {}",
+        started.elapsed().as_secs_f64(),
+        rig.metrics.to_json()
+    );
+    Ok(())
+}
+
 /// Runs every cell; returns the rows and the ratios.
 pub fn vsock(t: &Timing) -> Result<Value> {
     let mut rows = Vec::new();
     let mut ratios = serde_json::Map::new();
-    for c in [Cell::Tx(4096), Cell::Tx(65536), Cell::Rx(4096), Cell::Rr] {
+    for c in CELLS {
         let row = cell(t, c)?;
         eprintln!(
             "netbench: vsock {}: device {:.0}/s raw {:.0}/s ({:.3}), cpu {:.3} ns vs {:.3} ns ({:.3}), {}",
