@@ -399,13 +399,7 @@ fn children_of(pid: u32) -> Vec<(u32, String, String)> {
         let Ok(status) = std::fs::read_to_string(format!("/proc/{child}/status")) else {
             continue;
         };
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_string())
-                .unwrap_or_default()
-        };
+        let field = |name: &str| minivmm_tests::status_field(&status, name);
         if field("PPid:") == pid.to_string() {
             out.push((child, field("Name:"), field("Seccomp:")));
         }

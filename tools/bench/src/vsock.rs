@@ -56,7 +56,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::rig::host_mem::HostRange;
 use crate::rig::LeanRing;
 use crate::scenarios::Timing;
-use crate::stats::{median, ratio};
+use crate::stats::{medians, ratio, Medians, Window};
 use crate::sys;
 
 const GUEST_CID: u64 = 3;
@@ -114,12 +114,7 @@ impl Cell {
 
 /// One window: units (bytes, or transactions) per second, CPU ns per unit of the measured
 /// thread, and the driver's wall ns per unit (0 on the raw side).
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    per_s: f64,
-    cpu_ns: f64,
-    harness_ns: f64,
-}
+type Sample = Window;
 
 /// The host's side of a cell on the other end of a stream socket, on a thread of its own:
 /// it drains (TX), fills (RX) or asks and waits (RR) until told to stop, counting bytes (or
@@ -642,14 +637,13 @@ fn cell(t: &Timing, cell: Cell) -> Result<Value> {
             raw.push(raw_window(t, cell, &rig)?);
         }
     }
-    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
-    let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
-    let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
-    let h = dev
-        .iter()
-        .map(|s| s.harness_ns)
-        .fold(f64::INFINITY, f64::min);
-    let h = if h.is_finite() { h } else { 0.0 };
+    let Medians {
+        dev_per_s: dp,
+        raw_per_s: rp,
+        dev_cpu_ns: dc,
+        raw_cpu_ns: rc,
+        harness_ns: h,
+    } = medians(&dev, &raw);
     let m = rig.metrics.to_json();
     Ok(json!({
         "cell": cell.name(),

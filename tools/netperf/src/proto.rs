@@ -147,41 +147,32 @@ pub trait Conn: io::Read + io::Write + AsRawFd + Send + Sized + 'static {
     fn no_delay(&self) -> io::Result<()>;
 }
 
-impl Conn for TcpStream {
-    fn try_clone_conn(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d)
-    }
-    fn write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_write_timeout(d)
-    }
-    fn shutdown_write(&self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write)
-    }
-    fn no_delay(&self) -> io::Result<()> {
-        self.set_nodelay(true)
-    }
+/// `Conn` for a std stream type whose calls have the same names (`no_delay` given).
+macro_rules! std_conn {
+    ($t:ty, $no_delay:expr) => {
+        impl Conn for $t {
+            fn try_clone_conn(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+                self.set_read_timeout(d)
+            }
+            fn write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+                self.set_write_timeout(d)
+            }
+            fn shutdown_write(&self) -> io::Result<()> {
+                self.shutdown(Shutdown::Write)
+            }
+            fn no_delay(&self) -> io::Result<()> {
+                let f: fn(&Self) -> io::Result<()> = $no_delay;
+                f(self)
+            }
+        }
+    };
 }
 
-impl Conn for UnixStream {
-    fn try_clone_conn(&self) -> io::Result<Self> {
-        self.try_clone()
-    }
-    fn read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(d)
-    }
-    fn write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
-        self.set_write_timeout(d)
-    }
-    fn shutdown_write(&self) -> io::Result<()> {
-        self.shutdown(Shutdown::Write)
-    }
-    fn no_delay(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
+std_conn!(TcpStream, |s| s.set_nodelay(true));
+std_conn!(UnixStream, |_| Ok(()));
 
 impl fmt::Display for TestKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
