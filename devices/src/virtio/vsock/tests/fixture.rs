@@ -433,6 +433,21 @@ impl<B: VsockBackend + 'static> VsockFixture<B> {
         self.rx_bufs.len()
     }
 
+    /// The RX chains the device gave back since the last call without a
+    /// packet (used length 0: refused), forgotten as posted.
+    pub fn rx_refused(&mut self) -> Vec<u16> {
+        self.run_until_idle();
+        let used = self.qs[0].used(&self.mem).unwrap();
+        used.into_iter()
+            .map(|e| {
+                assert_eq!(e.len, 0, "a packet where a refusal was expected");
+                let head = e.id as u16;
+                self.rx_bufs.remove(&head).expect("a posted chain");
+                head
+            })
+            .collect()
+    }
+
     /// Connects to the device's listener as a host agent would.
     pub fn host_connect(&self) -> UnixStream {
         let s = UnixStream::connect(&self.uds).unwrap();
