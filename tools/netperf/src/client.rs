@@ -1118,4 +1118,88 @@ mod tests {
         };
         assert_eq!(s.bytes_received, s.bytes_sent);
     }
+
+    /// A VMM's side of a host connection to the guest's vsock port: reads the `CONNECT`
+    /// line a byte at a time (what follows is the test's), answers `OK`, and says the port.
+    fn uds_accept(l: &std::os::unix::net::UnixListener) -> (std::os::unix::net::UnixStream, u32) {
+        use std::io::Read;
+        let (mut s, _) = l.accept().expect("accept");
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while line.last() != Some(&b'\n') && s.read(&mut b).expect("CONNECT line") == 1 {
+            line.push(b[0]);
+        }
+        let line = String::from_utf8(line).expect("UTF-8");
+        let port = line
+            .strip_prefix("CONNECT ")
+            .and_then(|p| p.trim().parse().ok())
+            .expect("CONNECT <port>");
+        s.write_all(b"OK 1073741824\n").expect("OK");
+        (s, port)
+    }
+
+    #[test]
+    fn a_vsock_stream_backlog_draining_into_a_slow_guest_is_progress() {
+        // Through a VMM's Unix socket, the guest's server reads 16 KiB every 100 ms and reports
+        // only after the client's FIN: what the client's socket still holds (a Unix stream's
+        // send buffer) takes several graces of 0.4 s to drain, each read progress.
+        let dir = std::env::temp_dir().join(format!("mvperf-client-uds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let uds = dir.join("v.sock");
+        let l = std::os::unix::net::UnixListener::bind(&uds).expect("the VMM's socket");
+        let server = std::thread::spawn(move || {
+            let (ctrl, port) = uds_accept(&l);
+            assert_eq!(port, 12865);
+            let mut ctrl = Control::new(ctrl).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            // The guest's server waits as long as the client does for each step.
+            assert_eq!(req["grace_s"].as_f64(), Some(0.4), "{req}");
+            ctrl.send(
+                &json!({"ok": true, "data_port": 1025}),
+                Duration::from_secs(5),
+            )
+            .expect("reply");
+            let (mut data, port) = uds_accept(&l);
+            assert_eq!(port, 1025);
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut total = 0u64;
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+                match std::io::Read::read(&mut data, &mut buf).expect("read") {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            // A client that gave up is gone: its error is the test's.
+            let _ = ctrl.send(&json!({"bytes": total}), Duration::from_secs(5));
+            let _ = ctrl.recv(Duration::from_secs(10));
+        });
+        let cfg = ClientConfig {
+            server: Target::Vsock(VsockPeer::Uds(uds), 12865),
+            params: TestParams {
+                test: TestKind::VsockStream,
+                duration: Duration::from_millis(300),
+                msg_size: 16 * 1024,
+                req_size: 1,
+                resp_size: 1,
+            },
+            grace: Duration::from_millis(400),
+            udp_timeout: Duration::from_millis(250),
+        };
+        let t = Instant::now();
+        let out = run(&cfg);
+        let took = t.elapsed();
+        server.join().expect("fake guest");
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = out.expect("the backlog drains");
+        assert!(
+            took > cfg.params.duration + cfg.grace * 2,
+            "the run took {took:?}: the backlog drained too fast to show anything"
+        );
+        let Measured::Stream(s) = out.measured else {
+            panic!("not a stream result")
+        };
+        assert_eq!(s.bytes_received, s.bytes_sent);
+    }
 }
