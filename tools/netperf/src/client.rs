@@ -1015,19 +1015,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_slow_server_that_keeps_going_is_waited_for() {
-        // Each of three steps takes 0.7 s, within the 1 s grace: the run takes longer than the
-        // test length plus one grace (the old fixed budget, which failed it) and passes.
-        let pause = Duration::from_millis(700);
+    /// A 0.3 s TCP_RR with a 1 s grace against [`slow_rr_server`] pausing `pause` at each
+    /// step: the run's configuration, outcome and time.
+    fn run_against_slow_server(pause: Duration) -> (ClientConfig, Result<Outcome>, Duration) {
         let cfg = rr_config(
             slow_rr_server(pause),
             Duration::from_millis(300),
             Duration::from_secs(1),
         );
         let t = Instant::now();
-        let out = run(&cfg).expect("a slow server still completes");
-        let took = t.elapsed();
+        let out = run(&cfg);
+        (cfg, out, t.elapsed())
+    }
+
+    #[test]
+    fn a_slow_server_that_keeps_going_is_waited_for() {
+        // Each of three steps takes 0.7 s, within the 1 s grace: the run takes longer than the
+        // test length plus one grace (the old fixed budget, which failed it) and passes.
+        let (cfg, out, took) = run_against_slow_server(Duration::from_millis(700));
+        let out = out.expect("a slow server still completes");
         assert!(took > cfg.params.duration + cfg.grace, "took {took:?}");
         let Measured::Rr(r) = out.measured else {
             panic!("not an RR result")
@@ -1037,15 +1043,8 @@ mod tests {
 
     #[test]
     fn a_server_that_stops_fails_the_run_one_grace_later() {
-        let pause = Duration::from_secs(3);
-        let cfg = rr_config(
-            slow_rr_server(pause),
-            Duration::from_millis(300),
-            Duration::from_secs(1),
-        );
-        let t = Instant::now();
-        let e = run(&cfg).expect_err("a stalled server").to_string();
-        let took = t.elapsed();
+        let (_, out, took) = run_against_slow_server(Duration::from_secs(3));
+        let e = out.expect_err("a stalled server").to_string();
         assert!(
             e.contains("waiting for the server to accept the test: server stopped responding"),
             "{e}"
@@ -1093,22 +1092,37 @@ mod tests {
                 .expect("report");
             let _ = ctrl.recv(Duration::from_secs(10));
         });
-        let cfg = ClientConfig {
-            server: Target::Ip(addr),
+        let cfg = backlog_config(Target::Ip(addr), TestKind::TcpStream, 65536);
+        let (out, took) = timed_run(&cfg);
+        server.join().expect("fake server");
+        assert_backlog_drained(&cfg, out, took);
+    }
+
+    /// A 0.3 s stream test of `msg_size` writes with a 0.4 s grace, against `server`.
+    fn backlog_config(server: Target, test: TestKind, msg_size: usize) -> ClientConfig {
+        ClientConfig {
+            server,
             params: TestParams {
-                test: TestKind::TcpStream,
+                test,
                 duration: Duration::from_millis(300),
-                msg_size: 65536,
+                msg_size,
                 req_size: 1,
                 resp_size: 1,
             },
             grace: Duration::from_millis(400),
             udp_timeout: Duration::from_millis(250),
-        };
+        }
+    }
+
+    fn timed_run(cfg: &ClientConfig) -> (Result<Outcome>, Duration) {
         let t = Instant::now();
-        let out = run(&cfg).expect("the backlog drains");
-        let took = t.elapsed();
-        server.join().expect("fake server");
+        let out = run(cfg);
+        (out, t.elapsed())
+    }
+
+    /// The run passed, all that was sent arrived, and draining it took over two graces.
+    fn assert_backlog_drained(cfg: &ClientConfig, out: Result<Outcome>, took: Duration) {
+        let out = out.expect("the backlog drains");
         assert!(
             took > cfg.params.duration + cfg.grace * 2,
             "the run took {took:?}: the backlog drained too fast to show anything"
@@ -1175,31 +1189,11 @@ mod tests {
             let _ = ctrl.send(&json!({"bytes": total}), Duration::from_secs(5));
             let _ = ctrl.recv(Duration::from_secs(10));
         });
-        let cfg = ClientConfig {
-            server: Target::Vsock(VsockPeer::Uds(uds), 12865),
-            params: TestParams {
-                test: TestKind::VsockStream,
-                duration: Duration::from_millis(300),
-                msg_size: 16 * 1024,
-                req_size: 1,
-                resp_size: 1,
-            },
-            grace: Duration::from_millis(400),
-            udp_timeout: Duration::from_millis(250),
-        };
-        let t = Instant::now();
-        let out = run(&cfg);
-        let took = t.elapsed();
+        let target = Target::Vsock(VsockPeer::Uds(uds), 12865);
+        let cfg = backlog_config(target, TestKind::VsockStream, 16 * 1024);
+        let (out, took) = timed_run(&cfg);
         server.join().expect("fake guest");
         let _ = std::fs::remove_dir_all(&dir);
-        let out = out.expect("the backlog drains");
-        assert!(
-            took > cfg.params.duration + cfg.grace * 2,
-            "the run took {took:?}: the backlog drained too fast to show anything"
-        );
-        let Measured::Stream(s) = out.measured else {
-            panic!("not a stream result")
-        };
-        assert_eq!(s.bytes_received, s.bytes_sent);
+        assert_backlog_drained(&cfg, out, took);
     }
 }
