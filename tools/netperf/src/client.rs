@@ -854,6 +854,33 @@ mod tests {
     }
 
     #[test]
+    fn negotiation_gives_the_data_port_and_the_servers_buffer_sizes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let server = std::thread::spawn(move || {
+            let mut ctrl = Control::new(server).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            let reply = json!({"ok": true, "data_port": 70000, "recv_buf": 111, "send_buf": 222});
+            ctrl.send(&reply, Duration::from_secs(5)).expect("reply");
+            req
+        });
+        let cfg = rr_config(
+            "127.0.0.1:1".parse().expect("addr"),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        let mut ctrl = Control::new(client).expect("control");
+        let b = Budget::new(&cfg);
+        let (port, sizes) = negotiate(&b, &cfg.params, &mut ctrl, &request(&cfg)).expect("ok");
+        // A vsock port may be past 65535.
+        assert_eq!(port, 70000);
+        assert_eq!((sizes.remote_recv, sizes.remote_send), (111, 222));
+        let req = server.join().expect("fake server");
+        assert_eq!(req["grace_s"].as_f64(), Some(2.0), "{req}");
+    }
+
+    #[test]
     fn a_step_waits_a_grace_until_the_cap() {
         let b = budget(Duration::from_secs(2), Duration::from_secs(60));
         assert_eq!(b.step("x").expect("before the cap"), Duration::from_secs(2));
