@@ -881,6 +881,30 @@ mod tests {
     }
 
     #[test]
+    fn a_server_that_leaves_while_the_report_is_awaited_fails_at_once() {
+        // The grace is long: only a closed connection, not a silence, can end the wait soon.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let b = budget(Duration::from_secs(20), Duration::from_secs(60));
+        let mut ctrl = Control::new(client).expect("control");
+        let leaving = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(server);
+        });
+        let t = Instant::now();
+        let e = await_report(&mut ctrl, &b, no_probe).expect_err("the server left");
+        let took = t.elapsed();
+        leaving.join().expect("server thread");
+        assert!(
+            e.to_string()
+                .starts_with("waiting for results: server went away"),
+            "{e}"
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
     fn a_step_waits_a_grace_until_the_cap() {
         let b = budget(Duration::from_secs(2), Duration::from_secs(60));
         assert_eq!(b.step("x").expect("before the cap"), Duration::from_secs(2));

@@ -286,13 +286,11 @@ struct Limits {
 /// The step timeout for a request: the client's grace if it names one (`grace_s`), within
 /// [`STEP_TIMEOUT`] and [`MAX_STEP`].
 fn step_timeout(req: &Value) -> Duration {
+    // A negative grace is no duration, and no grace.
     req.get("grace_s")
         .and_then(Value::as_f64)
-        .filter(|g| g.is_finite() && *g > 0.0)
-        .map_or(STEP_TIMEOUT, |g| {
-            Duration::from_secs_f64(g.min(MAX_STEP.as_secs_f64()))
-        })
-        .clamp(STEP_TIMEOUT, MAX_STEP)
+        .and_then(|g| Duration::try_from_secs_f64(g.min(MAX_STEP.as_secs_f64())).ok())
+        .map_or(STEP_TIMEOUT, |g| g.clamp(STEP_TIMEOUT, MAX_STEP))
 }
 
 fn ok_reply(port: u16, sock: &impl std::os::fd::AsRawFd) -> Value {
@@ -786,5 +784,7 @@ mod tests {
         assert_eq!(with(json!(1e12)), MAX_STEP);
         assert_eq!(with(json!(-3)), STEP_TIMEOUT);
         assert_eq!(with(json!("sixty")), STEP_TIMEOUT);
+        assert_eq!(with(json!(0)), STEP_TIMEOUT);
+        assert_eq!(with(json!(1e300)), MAX_STEP);
     }
 }
