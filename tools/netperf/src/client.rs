@@ -406,19 +406,16 @@ fn await_report<S: Conn>(
     mut unacked: impl FnMut() -> Option<u64>,
 ) -> Result<Value> {
     let mut last = unacked();
-    let mut progressed = Instant::now();
+    let mut give_up = Instant::now() + b.grace;
     loop {
-        let idle = progressed.elapsed();
-        if idle >= b.grace {
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             bail!(
                 "waiting for results: server stopped responding (no progress for {:.1} s)",
                 b.grace.as_secs_f64()
             );
         }
-        let wait = b
-            .step("waiting for results")?
-            .min(b.grace - idle)
-            .min(PROGRESS_POLL);
+        let wait = b.step("waiting for results")?.min(left).min(PROGRESS_POLL);
         match ctrl.recv(wait) {
             Ok(v) => return Ok(v),
             Err(e) if is_timeout(&e) => {}
@@ -427,15 +424,13 @@ fn await_report<S: Conn>(
         let now = unacked();
         if now != last {
             last = now;
-            progressed = Instant::now();
+            give_up = Instant::now() + b.grace;
         }
     }
 }
 
 /// No progress to watch while waiting for a report but the report itself.
-fn no_probe() -> Option<u64> {
-    None
-}
+const NO_PROBE: fn() -> Option<u64> = || None;
 
 /// What a TCP stream test (either direction) measured: bytes only, since
 /// TCP has no messages to count.
@@ -526,7 +521,7 @@ impl<S: Conn> DataTest<'_, S> {
         let elapsed = start.elapsed();
         // A server killed mid-test also ends the stream with a FIN; only its report proves the
         // stream ended because the test did.
-        let report = await_report(self.ctrl, self.budget, no_probe)?;
+        let report = await_report(self.ctrl, self.budget, NO_PROBE)?;
         let sent = report_u64(&report, "bytes_sent")?;
         if sent != received {
             bail!("server sent {sent} bytes but {received} arrived");
@@ -557,7 +552,7 @@ impl<S: Conn> DataTest<'_, S> {
         let elapsed = start.elapsed();
         data.shutdown_write()
             .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
-        let report = await_report(self.ctrl, self.budget, no_probe)?;
+        let report = await_report(self.ctrl, self.budget, NO_PROBE)?;
         let served = report_u64(&report, "transactions")?;
         if served != r.transactions {
             bail!(
@@ -691,7 +686,7 @@ fn udp_finish<S: Conn>(ctrl: &mut Control<S>, b: &Budget) -> Result<Value> {
     let wait = b.step("ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
-    await_report(ctrl, b, no_probe)
+    await_report(ctrl, b, NO_PROBE)
 }
 
 /// How long one wait for the results lasts before the progress datagrams are read.
@@ -893,7 +888,7 @@ mod tests {
             drop(server);
         });
         let t = Instant::now();
-        let e = await_report(&mut ctrl, &b, no_probe).expect_err("the server left");
+        let e = await_report(&mut ctrl, &b, NO_PROBE).expect_err("the server left");
         let took = t.elapsed();
         leaving.join().expect("server thread");
         assert!(
