@@ -4,16 +4,16 @@
 //! --unix-socket` as the README shows them.
 //!
 //! - Without KVM: every refused request is a `400` with one line (load
-//!   with a Uffd backend, a vsock override, after a configuration, of a
-//!   file that is no snapshot; create before start); `--snapshot-version`
+//!   with a Uffd backend, after a configuration, of a file that is no
+//!   snapshot; create before start); `--snapshot-version`
 //!   and `--describe-snapshot`.
 //! - With KVM, a guest that needs no boot (a loop that prints a console
 //!   line and counts): create refused while running; paused, snapshotted,
 //!   the process killed; a new one loads it paused, resumes, and the guest
 //!   goes on printing where it stopped; the files are not changed by a
 //!   load, so a second load works; a corrupted state file, another
-//!   version, a short memory file and a missing one are refused with one
-//!   line.
+//!   version, a short memory file and a missing one, and a vsock override
+//!   for a VM without vsock, are refused with one line.
 //! - With KVM, root and TUN, the project's guest booted from its disk and
 //!   serving: a file written to its disk, paused, Full snapshot, minivmm
 //!   killed; a new minivmm loads with `resume_vm` and the guest answers
@@ -168,11 +168,6 @@ fn refused_requests_and_the_version_flags_need_no_kvm() {
             json!({"snapshot_path": p(&junk), "mem_backend":
                 {"backend_type": "Uffd", "backend_path": "/uffd.sock"}}),
             "Uffd memory backend is not supported by minivmm yet",
-        ),
-        (
-            json!({"snapshot_path": p(&junk), "mem_file_path": mem,
-                   "vsock_override": {"uds_path": "/v.sock"}}),
-            "vsock_override",
         ),
         (
             json!({"snapshot_path": p(&junk), "mem_file_path": mem}),
@@ -361,6 +356,15 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     std::fs::write(dir.join("short.mem"), vec![0u8; 4096]).unwrap();
     std::fs::write(dir.join("nomem.state"), &text).unwrap();
     let (mut vm, sock) = api_vmm(&dir, "tick-c", None);
+    let mut vsock = load_body(&dir, "a", true);
+    vsock["vsock_override"] = json!({"uds_path": p(&dir.join("v.sock"))});
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        vsock,
+        "the snapshot has no vsock device",
+    );
     for (tag, needle) in [
         ("bad", "the snapshot state file is corrupted: CRC-32"),
         (

@@ -27,6 +27,7 @@ use crate::api::ApiChannel;
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
+use crate::host_socket::VsockSocket;
 use crate::kvm::pause::{install_kick_handler, PauseGate};
 use crate::kvm::state::{saveable_msrs, VcpuStateSlots};
 use crate::kvm::vcpu::Vcpu;
@@ -75,6 +76,8 @@ pub(crate) struct Devices {
     pub(crate) i8042: Arc<Mutex<I8042>>,
     /// Set once the guest kernel reported a panic (the pvpanic register).
     pub(crate) panicked: Arc<AtomicBool>,
+    /// The vsock device's socket, removed when the last holder drops it.
+    pub(crate) vsock_socket: Option<Arc<VsockSocket>>,
 }
 
 /// A built VM, ready to run.
@@ -95,6 +98,9 @@ pub struct Vmm {
     start_paused: bool,
     /// The devices' dirty-page log, when the VM tracks dirty pages.
     dirty: Option<Arc<DirtyPages>>,
+    /// Held until the VM has ended: its drop removes the socket (the last
+    /// field, so the device's own listener is closed first).
+    _vsock_socket: Option<Arc<VsockSocket>>,
 }
 
 /// What the running VM's API needs that the builder does not make.
@@ -130,6 +136,7 @@ impl Vmm {
             api: None,
             start_paused: false,
             dirty: None,
+            _vsock_socket: devices.vsock_socket,
         }
     }
 
@@ -329,6 +336,7 @@ mod tests {
             )),
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             panicked: Arc::default(),
+            vsock_socket: None,
         };
         let mut vmm = Vmm::new(
             KvmVm::new(kvm, fd, mem),

@@ -99,7 +99,11 @@ fn raw_file(raw: &[u8]) {
         Ok(state) => {
             let again = format::encode(&state);
             assert!(format::decode::<SnapshotState>(&again).is_ok());
-            if let Err(e) = load::settings(&state, &[], None, None) {
+            let params = load::LoadParams::from_body(serde_json::json!({
+                "snapshot_path": "s", "mem_file_path": "m",
+                "vsock_override": {"uds_path": "v.sock"}}))
+            .expect("a valid body");
+            if let Err(e) = load::settings(&state, &params, None, None) {
                 one_line(&e);
             }
         }

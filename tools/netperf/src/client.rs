@@ -13,25 +13,44 @@
 //!   run is also capped at `-l` + [`CAP_GRACES`] graces, whatever the server does.
 //! - A peer that vanishes is an error with one line naming what was going on, not a result.
 
-use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::proto::{
-    describe, is_timeout, read_full, receive_stream, send_stream, Control, TestKind, TestParams,
-    RR_SEQ_LEN,
+    describe, is_timeout, read_full, receive_stream, send_stream, Conn, Control, TestKind,
+    TestParams, RR_SEQ_LEN,
 };
 use crate::sockopt;
 use crate::stats::Histogram;
+use crate::vsock::VsockPeer;
+
+/// Where the server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Its control address (TCP and UDP tests).
+    Ip(SocketAddr),
+    /// Its vsock control port, reached through `peer` (VSOCK tests).
+    Vsock(VsockPeer, u32),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Ip(a) => write!(f, "{a}"),
+            Target::Vsock(peer, port) => write!(f, "{} port {port}", peer.describe()),
+        }
+    }
+}
 
 /// Client configuration.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Server control address.
-    pub server: SocketAddr,
+    /// Where the server is.
+    pub server: Target,
     /// Test and sizes.
     pub params: TestParams,
     /// The longest any wait may go without progress (see the module docs).
@@ -110,8 +129,8 @@ pub enum Measured {
 pub struct Outcome {
     /// Test parameters as run.
     pub params: TestParams,
-    /// Control address of the server.
-    pub server: SocketAddr,
+    /// Where the server is.
+    pub server: Target,
     /// Measured data-phase time (for TCP_STREAM: until the server confirmed receipt).
     pub elapsed: Duration,
     /// Socket buffer sizes.
@@ -191,12 +210,49 @@ impl Budget {
 /// unreachable, refused, vanished or silent, or nothing at all got through).
 pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     let b = Budget::new(cfg);
+    let (elapsed, sizes, measured) = match &cfg.server {
+        Target::Ip(addr) => run_ip(cfg, &b, *addr)?,
+        Target::Vsock(peer, port) => run_vsock(cfg, &b, peer, *port)?,
+    };
     let p = &cfg.params;
+    match &measured {
+        Measured::Stream(s) if s.bytes_received == 0 => bail!(
+            "{}: no data reached the receiver in {:.2} s ({} bytes sent)",
+            p.test,
+            elapsed.as_secs_f64(),
+            s.bytes_sent
+        ),
+        Measured::Rr(r) if r.transactions == 0 => bail!(
+            "{}: no transaction completed in {:.2} s ({} lost)",
+            p.test,
+            elapsed.as_secs_f64(),
+            r.lost
+        ),
+        _ => {}
+    }
+    Ok(Outcome {
+        params: p.clone(),
+        server: cfg.server.clone(),
+        elapsed,
+        sizes,
+        udp_timeout: cfg.udp_timeout,
+        measured,
+    })
+}
+
+/// What one data phase gives: its time, the socket sizes, the counts.
+type Ran = (Duration, SockSizes, Measured);
+
+/// A TCP or UDP test against the server at `server`.
+fn run_ip(cfg: &ClientConfig, b: &Budget, server: SocketAddr) -> Result<Ran> {
+    let p = &cfg.params;
+    if p.test.is_vsock() {
+        bail!("{} needs a vsock server (--uds or --cid), not -H", p.test);
+    }
     let g = b.step("connecting")?;
-    let ctrl_stream = TcpStream::connect_timeout(&cfg.server, g).map_err(|e| {
+    let ctrl_stream = TcpStream::connect_timeout(&server, g).map_err(|e| {
         anyhow!(
-            "cannot connect to mvperf server at {}: {}",
-            cfg.server,
+            "cannot connect to mvperf server at {server}: {}",
             describe(&e, "server", g)
         )
     })?;
@@ -211,9 +267,7 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
         None
     };
     let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
-    let mut request = p.to_json();
-    // The server waits as long as we do for each step of ours.
-    request["grace_s"] = cfg.grace.as_secs_f64().into();
+    let mut request = request(cfg);
     if p.test == TestKind::UdpStream {
         // Count reports while we wait for results (see `udp_stream_finish`).
         request["progress"] = true.into();
@@ -225,8 +279,77 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
             .port()
             .into();
     }
+    let (data_port, mut sizes) = negotiate(b, p, &mut ctrl, &request)?;
+    let data_port = u16::try_from(data_port)
+        .map_err(|_| anyhow!("server reply has no valid data port: {data_port}"))?;
+    let addr = SocketAddr::new(server.ip(), data_port);
+    let dial = |_port: u32, g: Duration| TcpStream::connect_timeout(&addr, g);
+    let t = DataTest {
+        cfg,
+        budget: b,
+        ctrl: &mut ctrl,
+        dial: &dial,
+        port: u32::from(data_port),
+        sizes: &mut sizes,
+    };
+    let (elapsed, measured) = match (p.test, udp) {
+        (TestKind::UdpStream, Some(sock)) => t.udp_stream(sock, addr)?,
+        (TestKind::UdpRr, Some(sock)) => t.udp_rr(sock, addr)?,
+        (TestKind::UdpStream | TestKind::UdpRr, None) => {
+            bail!("{}: no UDP data socket was set up", p.test)
+        }
+        _ => t.stream_test()?,
+    };
+    Ok((elapsed, sizes, measured))
+}
+
+/// A VSOCK test against the server on vsock port `port`, reached through `peer`: the TCP
+/// tests' exchange over vsock connections.
+fn run_vsock(cfg: &ClientConfig, b: &Budget, peer: &VsockPeer, port: u32) -> Result<Ran> {
+    let p = &cfg.params;
+    if !p.test.is_vsock() {
+        bail!("{} runs over TCP or UDP (-H), not vsock", p.test);
+    }
+    let g = b.step("connecting")?;
+    let ctrl_stream = peer.connect(port, g).map_err(|e| {
+        anyhow!(
+            "cannot connect to mvperf server at {} port {port}: {}",
+            peer.describe(),
+            describe(&e, "server", g)
+        )
+    })?;
+    let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
+    let (data_port, mut sizes) = negotiate(b, p, &mut ctrl, &request(cfg))?;
+    let dial = |port: u32, g: Duration| peer.connect(port, g);
+    let t = DataTest {
+        cfg,
+        budget: b,
+        ctrl: &mut ctrl,
+        dial: &dial,
+        port: data_port,
+        sizes: &mut sizes,
+    };
+    let (elapsed, measured) = t.stream_test()?;
+    Ok((elapsed, sizes, measured))
+}
+
+/// The test request: the parameters, and our grace, which the server waits as long as for
+/// each step of ours.
+fn request(cfg: &ClientConfig) -> Value {
+    let mut request = cfg.params.to_json();
+    request["grace_s"] = cfg.grace.as_secs_f64().into();
+    request
+}
+
+/// Sends the test request and reads the server's answer: its data port and socket sizes.
+fn negotiate<S: Conn>(
+    b: &Budget,
+    p: &TestParams,
+    ctrl: &mut Control<S>,
+    request: &Value,
+) -> Result<(u32, SockSizes)> {
     let g = b.step("sending test request")?;
-    ctrl.send(&request, g)
+    ctrl.send(request, g)
         .map_err(|e| anyhow!("sending test request: {}", describe(&e, "server", g)))?;
     let g = b.step("waiting for the server to accept the test")?;
     let reply = ctrl.recv(g).map_err(|e| {
@@ -245,69 +368,31 @@ pub fn run(cfg: &ClientConfig) -> Result<Outcome> {
     let data_port = reply
         .get("data_port")
         .and_then(Value::as_u64)
-        .and_then(|v| u16::try_from(v).ok())
+        .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| anyhow!("server reply has no valid data port: {reply}"))?;
-    let mut sizes = SockSizes {
+    let sizes = SockSizes {
         remote_recv: reply.get("recv_buf").and_then(Value::as_u64).unwrap_or(0),
         remote_send: reply.get("send_buf").and_then(Value::as_u64).unwrap_or(0),
         ..SockSizes::default()
     };
-    let t = DataTest {
-        cfg,
-        budget: &b,
-        ctrl: &mut ctrl,
-        addr: SocketAddr::new(cfg.server.ip(), data_port),
-        sizes: &mut sizes,
-    };
-    let (elapsed, measured) = match (p.test, udp) {
-        (TestKind::TcpStream, _) => t.tcp_stream()?,
-        (TestKind::TcpMaerts, _) => t.tcp_maerts()?,
-        (TestKind::TcpRr, _) => t.tcp_rr()?,
-        (TestKind::UdpStream, Some(sock)) => t.udp_stream(sock)?,
-        (TestKind::UdpRr, Some(sock)) => t.udp_rr(sock)?,
-        (TestKind::UdpStream | TestKind::UdpRr, None) => {
-            bail!("{}: no UDP data socket was set up", p.test)
-        }
-    };
-    match &measured {
-        Measured::Stream(s) if s.bytes_received == 0 => bail!(
-            "{}: no data reached the receiver in {:.2} s ({} bytes sent)",
-            p.test,
-            elapsed.as_secs_f64(),
-            s.bytes_sent
-        ),
-        Measured::Rr(r) if r.transactions == 0 => bail!(
-            "{}: no transaction completed in {:.2} s ({} lost)",
-            p.test,
-            elapsed.as_secs_f64(),
-            r.lost
-        ),
-        _ => {}
-    }
-    Ok(Outcome {
-        params: p.clone(),
-        server: cfg.server,
-        elapsed,
-        sizes,
-        udp_timeout: cfg.udp_timeout,
-        measured,
-    })
+    Ok((data_port, sizes))
 }
 
 /// One test's data phase, which consumes it: the configuration, the time budget, the control
-/// connection (the server reports on it), the server's data address, and the socket sizes,
-/// where the test records its own socket's.
-struct DataTest<'a> {
+/// connection (the server reports on it), how to open a connection to the server's data
+/// port, and the socket sizes, where the test records its own socket's.
+struct DataTest<'a, S: Conn> {
     cfg: &'a ClientConfig,
     budget: &'a Budget,
-    ctrl: &'a mut Control,
-    addr: SocketAddr,
+    ctrl: &'a mut Control<S>,
+    dial: &'a dyn Fn(u32, Duration) -> io::Result<S>,
+    port: u32,
     sizes: &'a mut SockSizes,
 }
 
-fn set_tcp_timeouts(s: &TcpStream, t: Duration) -> Result<()> {
-    s.set_read_timeout(Some(t))?;
-    s.set_write_timeout(Some(t))?;
+fn set_tcp_timeouts(s: &impl Conn, t: Duration) -> Result<()> {
+    s.read_timeout(Some(t))?;
+    s.write_timeout(Some(t))?;
     Ok(())
 }
 
@@ -315,25 +400,22 @@ fn set_tcp_timeouts(s: &TcpStream, t: Duration) -> Result<()> {
 /// is over) while there is progress: `unacked` reads what our data socket still holds for the
 /// server, and any change in it is progress (a STREAM test's backlog draining into a slow
 /// receiver); without it (`None`), only the report itself is.
-fn await_report(
-    ctrl: &mut Control,
+fn await_report<S: Conn>(
+    ctrl: &mut Control<S>,
     b: &Budget,
     mut unacked: impl FnMut() -> Option<u64>,
 ) -> Result<Value> {
     let mut last = unacked();
-    let mut progressed = Instant::now();
+    let mut give_up = Instant::now() + b.grace;
     loop {
-        let idle = progressed.elapsed();
-        if idle >= b.grace {
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             bail!(
                 "waiting for results: server stopped responding (no progress for {:.1} s)",
                 b.grace.as_secs_f64()
             );
         }
-        let wait = b
-            .step("waiting for results")?
-            .min(b.grace - idle)
-            .min(PROGRESS_POLL);
+        let wait = b.step("waiting for results")?.min(left).min(PROGRESS_POLL);
         match ctrl.recv(wait) {
             Ok(v) => return Ok(v),
             Err(e) if is_timeout(&e) => {}
@@ -342,15 +424,13 @@ fn await_report(
         let now = unacked();
         if now != last {
             last = now;
-            progressed = Instant::now();
+            give_up = Instant::now() + b.grace;
         }
     }
 }
 
 /// No progress to watch while waiting for a report but the report itself.
-fn no_probe() -> Option<u64> {
-    None
-}
+const NO_PROBE: fn() -> Option<u64> = || None;
 
 /// What a TCP stream test (either direction) measured: bytes only, since
 /// TCP has no messages to count.
@@ -372,14 +452,24 @@ fn report_u64(report: &Value, key: &str) -> Result<u64> {
         .ok_or_else(|| anyhow!("server results lack '{key}': {report}"))
 }
 
-impl DataTest<'_> {
-    /// Opens the TCP data connection and records its buffer sizes.
-    fn connect_tcp(&mut self) -> Result<TcpStream> {
-        let addr = self.addr;
+impl<S: Conn> DataTest<'_, S> {
+    /// Runs the stream test this one is (a VSOCK test runs its TCP namesake's).
+    fn stream_test(self) -> Result<(Duration, Measured)> {
+        match self.cfg.params.test.stream_kind() {
+            TestKind::TcpStream => self.tcp_stream(),
+            TestKind::TcpMaerts => self.tcp_maerts(),
+            TestKind::TcpRr => self.tcp_rr(),
+            other => bail!("{other} is not a stream test"),
+        }
+    }
+
+    /// Opens the data connection and records its buffer sizes.
+    fn connect_tcp(&mut self) -> Result<S> {
         let g = self.budget.step("opening the data connection")?;
-        let s = TcpStream::connect_timeout(&addr, g).map_err(|e| {
+        let s = (self.dial)(self.port, g).map_err(|e| {
             anyhow!(
-                "opening the data connection to {addr}: {}",
+                "opening the data connection to port {}: {}",
+                self.port,
                 describe(&e, "server", g)
             )
         })?;
@@ -391,8 +481,7 @@ impl DataTest<'_> {
     /// Connects the UDP data socket to the server's, so an ICMP port unreachable (server
     /// gone) comes back as ECONNREFUSED and datagrams from anyone else are dropped, and
     /// records its buffer sizes.
-    fn connect_udp(&mut self, sock: &UdpSocket) -> Result<()> {
-        let addr = self.addr;
+    fn connect_udp(&mut self, sock: &UdpSocket, addr: SocketAddr) -> Result<()> {
         sock.connect(addr)
             .with_context(|| format!("connecting the UDP socket to {addr}"))?;
         self.sizes.record_local(sock);
@@ -407,7 +496,7 @@ impl DataTest<'_> {
         // Every write that moves a byte is progress; one that blocks a grace long is not.
         let sent = send_stream(&mut data, &buf, end)
             .map_err(|e| anyhow!("sending data: {}", describe(&e, "server", g)))?;
-        data.shutdown(Shutdown::Write)
+        data.shutdown_write()
             .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
         // The server replies once it has read everything up to our FIN, so the elapsed time
         // includes draining what was still queued: bytes and time describe the same delivery.
@@ -432,7 +521,7 @@ impl DataTest<'_> {
         let elapsed = start.elapsed();
         // A server killed mid-test also ends the stream with a FIN; only its report proves the
         // stream ended because the test did.
-        let report = await_report(self.ctrl, self.budget, no_probe)?;
+        let report = await_report(self.ctrl, self.budget, NO_PROBE)?;
         let sent = report_u64(&report, "bytes_sent")?;
         if sent != received {
             bail!("server sent {sent} bytes but {received} arrived");
@@ -442,7 +531,7 @@ impl DataTest<'_> {
 
     fn tcp_rr(mut self) -> Result<(Duration, Measured)> {
         let mut data = self.connect_tcp()?;
-        data.set_nodelay(true)?;
+        data.no_delay()?;
         let req = vec![0x5au8; self.cfg.params.req_size];
         let mut resp = vec![0u8; self.cfg.params.resp_size];
         let mut r = RrResult::default();
@@ -461,9 +550,9 @@ impl DataTest<'_> {
             r.transactions += 1;
         }
         let elapsed = start.elapsed();
-        data.shutdown(Shutdown::Write)
+        data.shutdown_write()
             .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
-        let report = await_report(self.ctrl, self.budget, no_probe)?;
+        let report = await_report(self.ctrl, self.budget, NO_PROBE)?;
         let served = report_u64(&report, "transactions")?;
         if served != r.transactions {
             bail!(
@@ -474,8 +563,8 @@ impl DataTest<'_> {
         Ok((elapsed, Measured::Rr(r)))
     }
 
-    fn udp_stream(mut self, sock: UdpSocket) -> Result<(Duration, Measured)> {
-        self.connect_udp(&sock)?;
+    fn udp_stream(mut self, sock: UdpSocket, addr: SocketAddr) -> Result<(Duration, Measured)> {
+        self.connect_udp(&sock, addr)?;
         let buf = vec![0x5au8; self.cfg.params.msg_size];
         let mut s = StreamResult::default();
         let g = self.budget.grace;
@@ -507,9 +596,9 @@ impl DataTest<'_> {
         Ok((elapsed, Measured::Stream(s)))
     }
 
-    fn udp_rr(mut self, sock: UdpSocket) -> Result<(Duration, Measured)> {
+    fn udp_rr(mut self, sock: UdpSocket, addr: SocketAddr) -> Result<(Duration, Measured)> {
         let p = &self.cfg.params;
-        self.connect_udp(&sock)?;
+        self.connect_udp(&sock, addr)?;
         // Each request starts with a 64-bit sequence number that the server echoes, so a response
         // that arrives after we gave up on its request is never mistaken for the current one.
         let mut req = vec![0x5au8; RR_SEQ_LEN + p.req_size];
@@ -593,11 +682,11 @@ fn check_received_le_sent(s: &StreamResult) -> Result<()> {
 }
 
 /// Tells the server the UDP data phase is over and collects its counts.
-fn udp_finish(ctrl: &mut Control, b: &Budget) -> Result<Value> {
+fn udp_finish<S: Conn>(ctrl: &mut Control<S>, b: &Budget) -> Result<Value> {
     let wait = b.step("ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
-    await_report(ctrl, b, no_probe)
+    await_report(ctrl, b, NO_PROBE)
 }
 
 /// How long one wait for the results lasts before the progress datagrams are read.
@@ -612,7 +701,12 @@ const PROGRESS_POLL: Duration = Duration::from_millis(100);
 /// those wait behind the same backlog (a flooded guest's reports were held for as long as the
 /// backlog took, and the client gave up). The wait fails only when no report shows progress
 /// for a grace period, or at the run's cap.
-fn udp_stream_finish(ctrl: &mut Control, sock: &UdpSocket, b: &Budget, sent: u64) -> Result<Value> {
+fn udp_stream_finish<S: Conn>(
+    ctrl: &mut Control<S>,
+    sock: &UdpSocket,
+    b: &Budget,
+    sent: u64,
+) -> Result<Value> {
     let grace = b.grace;
     let wait = b.step("ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
@@ -669,6 +763,8 @@ fn answers(datagram: &[u8], seq: u64, resp_size: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]
@@ -753,6 +849,57 @@ mod tests {
     }
 
     #[test]
+    fn negotiation_gives_the_data_port_and_the_servers_buffer_sizes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let server = std::thread::spawn(move || {
+            let mut ctrl = Control::new(server).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            let reply = json!({"ok": true, "data_port": 70000, "recv_buf": 111, "send_buf": 222});
+            ctrl.send(&reply, Duration::from_secs(5)).expect("reply");
+            req
+        });
+        let cfg = rr_config(
+            "127.0.0.1:1".parse().expect("addr"),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        let mut ctrl = Control::new(client).expect("control");
+        let b = Budget::new(&cfg);
+        let (port, sizes) = negotiate(&b, &cfg.params, &mut ctrl, &request(&cfg)).expect("ok");
+        // A vsock port may be past 65535.
+        assert_eq!(port, 70000);
+        assert_eq!((sizes.remote_recv, sizes.remote_send), (111, 222));
+        let req = server.join().expect("fake server");
+        assert_eq!(req["grace_s"].as_f64(), Some(2.0), "{req}");
+    }
+
+    #[test]
+    fn a_server_that_leaves_while_the_report_is_awaited_fails_at_once() {
+        // The grace is long: only a closed connection, not a silence, can end the wait soon.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let b = budget(Duration::from_secs(20), Duration::from_secs(60));
+        let mut ctrl = Control::new(client).expect("control");
+        let leaving = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(server);
+        });
+        let t = Instant::now();
+        let e = await_report(&mut ctrl, &b, NO_PROBE).expect_err("the server left");
+        let took = t.elapsed();
+        leaving.join().expect("server thread");
+        assert!(
+            e.to_string()
+                .starts_with("waiting for results: server went away"),
+            "{e}"
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
     fn a_step_waits_a_grace_until_the_cap() {
         let b = budget(Duration::from_secs(2), Duration::from_secs(60));
         assert_eq!(b.step("x").expect("before the cap"), Duration::from_secs(2));
@@ -762,7 +909,7 @@ mod tests {
         let e = past.step("waiting").expect_err("past the cap").to_string();
         assert!(e.starts_with("waiting: the run's cap passed"), "{e}");
         let cfg = ClientConfig {
-            server: "127.0.0.1:1".parse().expect("addr"),
+            server: Target::Ip("127.0.0.1:1".parse().expect("addr")),
             params: TestParams {
                 test: TestKind::TcpRr,
                 duration: Duration::from_secs(5),
@@ -901,7 +1048,7 @@ mod tests {
 
     fn rr_config(server: SocketAddr, length: Duration, grace: Duration) -> ClientConfig {
         ClientConfig {
-            server,
+            server: Target::Ip(server),
             params: TestParams {
                 test: TestKind::TcpRr,
                 duration: length,
@@ -914,19 +1061,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_slow_server_that_keeps_going_is_waited_for() {
-        // Each of three steps takes 0.7 s, within the 1 s grace: the run takes longer than the
-        // test length plus one grace (the old fixed budget, which failed it) and passes.
-        let pause = Duration::from_millis(700);
+    /// A 0.3 s TCP_RR with a 1 s grace against [`slow_rr_server`] pausing `pause` at each
+    /// step: the run's configuration, outcome and time.
+    fn run_against_slow_server(pause: Duration) -> (ClientConfig, Result<Outcome>, Duration) {
         let cfg = rr_config(
             slow_rr_server(pause),
             Duration::from_millis(300),
             Duration::from_secs(1),
         );
         let t = Instant::now();
-        let out = run(&cfg).expect("a slow server still completes");
-        let took = t.elapsed();
+        let out = run(&cfg);
+        (cfg, out, t.elapsed())
+    }
+
+    #[test]
+    fn a_slow_server_that_keeps_going_is_waited_for() {
+        // Each of three steps takes 0.7 s, within the 1 s grace: the run takes longer than the
+        // test length plus one grace (the old fixed budget, which failed it) and passes.
+        let (cfg, out, took) = run_against_slow_server(Duration::from_millis(700));
+        let out = out.expect("a slow server still completes");
         assert!(took > cfg.params.duration + cfg.grace, "took {took:?}");
         let Measured::Rr(r) = out.measured else {
             panic!("not an RR result")
@@ -936,15 +1089,8 @@ mod tests {
 
     #[test]
     fn a_server_that_stops_fails_the_run_one_grace_later() {
-        let pause = Duration::from_secs(3);
-        let cfg = rr_config(
-            slow_rr_server(pause),
-            Duration::from_millis(300),
-            Duration::from_secs(1),
-        );
-        let t = Instant::now();
-        let e = run(&cfg).expect_err("a stalled server").to_string();
-        let took = t.elapsed();
+        let (_, out, took) = run_against_slow_server(Duration::from_secs(3));
+        let e = out.expect_err("a stalled server").to_string();
         assert!(
             e.contains("waiting for the server to accept the test: server stopped responding"),
             "{e}"
@@ -992,22 +1138,37 @@ mod tests {
                 .expect("report");
             let _ = ctrl.recv(Duration::from_secs(10));
         });
-        let cfg = ClientConfig {
-            server: addr,
+        let cfg = backlog_config(Target::Ip(addr), TestKind::TcpStream, 65536);
+        let (out, took) = timed_run(&cfg);
+        server.join().expect("fake server");
+        assert_backlog_drained(&cfg, out, took);
+    }
+
+    /// A 0.3 s stream test of `msg_size` writes with a 0.4 s grace, against `server`.
+    fn backlog_config(server: Target, test: TestKind, msg_size: usize) -> ClientConfig {
+        ClientConfig {
+            server,
             params: TestParams {
-                test: TestKind::TcpStream,
+                test,
                 duration: Duration::from_millis(300),
-                msg_size: 65536,
+                msg_size,
                 req_size: 1,
                 resp_size: 1,
             },
             grace: Duration::from_millis(400),
             udp_timeout: Duration::from_millis(250),
-        };
+        }
+    }
+
+    fn timed_run(cfg: &ClientConfig) -> (Result<Outcome>, Duration) {
         let t = Instant::now();
-        let out = run(&cfg).expect("the backlog drains");
-        let took = t.elapsed();
-        server.join().expect("fake server");
+        let out = run(cfg);
+        (out, t.elapsed())
+    }
+
+    /// The run passed, all that was sent arrived, and draining it took over two graces.
+    fn assert_backlog_drained(cfg: &ClientConfig, out: Result<Outcome>, took: Duration) {
+        let out = out.expect("the backlog drains");
         assert!(
             took > cfg.params.duration + cfg.grace * 2,
             "the run took {took:?}: the backlog drained too fast to show anything"
@@ -1016,5 +1177,69 @@ mod tests {
             panic!("not a stream result")
         };
         assert_eq!(s.bytes_received, s.bytes_sent);
+    }
+
+    /// A VMM's side of a host connection to the guest's vsock port: reads the `CONNECT`
+    /// line a byte at a time (what follows is the test's), answers `OK`, and says the port.
+    fn uds_accept(l: &std::os::unix::net::UnixListener) -> (std::os::unix::net::UnixStream, u32) {
+        use std::io::Read;
+        let (mut s, _) = l.accept().expect("accept");
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while line.last() != Some(&b'\n') && s.read(&mut b).expect("CONNECT line") == 1 {
+            line.push(b[0]);
+        }
+        let line = String::from_utf8(line).expect("UTF-8");
+        let port = line
+            .strip_prefix("CONNECT ")
+            .and_then(|p| p.trim().parse().ok())
+            .expect("CONNECT <port>");
+        s.write_all(b"OK 1073741824\n").expect("OK");
+        (s, port)
+    }
+
+    #[test]
+    fn a_vsock_stream_backlog_draining_into_a_slow_guest_is_progress() {
+        // Through a VMM's Unix socket, the guest's server reads 16 KiB every 100 ms and reports
+        // only after the client's FIN: what the client's socket still holds (a Unix stream's
+        // send buffer) takes several graces of 0.4 s to drain, each read progress.
+        let dir = std::env::temp_dir().join(format!("mvperf-client-uds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let uds = dir.join("v.sock");
+        let l = std::os::unix::net::UnixListener::bind(&uds).expect("the VMM's socket");
+        let server = std::thread::spawn(move || {
+            let (ctrl, port) = uds_accept(&l);
+            assert_eq!(port, 12865);
+            let mut ctrl = Control::new(ctrl).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            // The guest's server waits as long as the client does for each step.
+            assert_eq!(req["grace_s"].as_f64(), Some(0.4), "{req}");
+            ctrl.send(
+                &json!({"ok": true, "data_port": 1025}),
+                Duration::from_secs(5),
+            )
+            .expect("reply");
+            let (mut data, port) = uds_accept(&l);
+            assert_eq!(port, 1025);
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut total = 0u64;
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+                match std::io::Read::read(&mut data, &mut buf).expect("read") {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            // A client that gave up is gone: its error is the test's.
+            let _ = ctrl.send(&json!({"bytes": total}), Duration::from_secs(5));
+            let _ = ctrl.recv(Duration::from_secs(10));
+        });
+        let target = Target::Vsock(VsockPeer::Uds(uds), 12865);
+        let cfg = backlog_config(target, TestKind::VsockStream, 16 * 1024);
+        let (out, took) = timed_run(&cfg);
+        server.join().expect("fake guest");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_backlog_drained(&cfg, out, took);
     }
 }

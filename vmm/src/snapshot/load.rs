@@ -7,8 +7,8 @@
 //! supported) or the deprecated `mem_file_path`, `track_dirty_pages` (or the
 //! deprecated `enable_diff_snapshots`: KVM's dirty log and the devices'
 //! for Diff snapshots), `resume_vm`, `network_overrides`
-//! (another TAP for a card, as a clone needs), `vsock_override` (refused:
-//! minivmm attaches no vsock device yet, so no snapshot has one),
+//! (another TAP for a card, as a clone needs), `vsock_override` (another
+//! path for the vsock device's listener),
 //! `clock_realtime` (only `false`) and `huge_pages` (`Snapshot` or `None`).
 //!
 //! The configuration is the snapshot's own (the `GET /vm/config` document
@@ -100,6 +100,8 @@ pub struct LoadParams {
     pub resume_vm: bool,
     /// New TAPs for cards, by id.
     pub network_overrides: Vec<NetworkOverride>,
+    /// A new path for the vsock device's listener.
+    pub vsock_override: Option<VsockOverride>,
 }
 
 impl LoadParams {
@@ -130,13 +132,6 @@ impl LoadParams {
             },
             (None, Some(p)) => p,
         };
-        if let Some(v) = b.vsock_override {
-            return Err(format!(
-                "snapshot/load: vsock_override ({}) names a vsock device, and a minivmm \
-                 snapshot has none",
-                v.uds_path.display()
-            ));
-        }
         if b.clock_realtime {
             return Err(
                 "snapshot/load: clock_realtime is not supported by minivmm; the \
@@ -163,6 +158,7 @@ impl LoadParams {
             track_dirty_pages,
             resume_vm: b.resume_vm,
             network_overrides: b.network_overrides,
+            vsock_override: b.vsock_override,
         })
     }
 }
@@ -174,18 +170,26 @@ pub fn read_state(params: &LoadParams) -> Result<SnapshotState, String> {
 }
 
 /// The settings the snapshot's VM is rebuilt from: its saved configuration
-/// with `overrides` applied and `logger` and `metrics` (this process's
-/// sections, or none) in place of its own.
+/// with the overrides of `params` applied and `logger` and `metrics` (this
+/// process's sections, or none) in place of its own.
 pub fn settings(
     state: &SnapshotState,
-    overrides: &[NetworkOverride],
+    params: &LoadParams,
     logger: Option<&Value>,
     metrics: Option<&Value>,
 ) -> Result<Settings, String> {
+    let overrides = &params.network_overrides;
     let mut doc = state.config.clone();
     let Some(obj) = doc.as_object_mut() else {
         return Err("the snapshot's configuration is not a JSON object".into());
     };
+    if let Some(v) = &params.vsock_override {
+        let Some(vsock) = obj.get_mut("vsock").and_then(Value::as_object_mut) else {
+            return Err("vsock_override: the snapshot has no vsock device".into());
+        };
+        let path = v.uds_path.to_string_lossy().into_owned();
+        vsock.insert("uds_path".into(), Value::String(path));
+    }
     obj.insert("logger".into(), logger.cloned().unwrap_or(Value::Null));
     obj.insert("metrics".into(), metrics.cloned().unwrap_or(Value::Null));
     let cards = obj
@@ -254,11 +258,6 @@ mod tests {
                 json!({"snapshot_path": "s", "mem_file_path": "m", "mem_backend":
                     {"backend_type": "File", "backend_path": "m"}}),
                 "not both",
-            ),
-            (
-                json!({"snapshot_path": "s", "mem_file_path": "m",
-                    "vsock_override": {"uds_path": "v"}}),
-                "a minivmm snapshot has none",
             ),
             (
                 json!({"snapshot_path": "s", "mem_file_path": "m", "clock_realtime": true}),

@@ -26,6 +26,7 @@ use crate::builder::{
     attach_devices, create_irqchip, create_vm, open_metrics, BuildError, Steps, TapFds,
 };
 use crate::config::{TapBackend, VmmConfig};
+use crate::host_socket::VsockSocket;
 use crate::images::check_images;
 use crate::kvm::memory::register_guest_memory;
 use crate::kvm::pvm;
@@ -140,7 +141,13 @@ pub fn restore(
     // they add to a command line were added when it booted.
     let quirks = pvm::quirks_enabled(cfg.host_quirks, pvm::is_pvm_host());
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
-    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None)?;
+    // The vsock device's listener at its `uds_path` (the snapshot's, or
+    // `vsock_override`'s), bound as at boot.
+    let vsock = match &cfg.vsock {
+        Some(v) => Some(Arc::new(VsockSocket::bind(&v.uds_path, cfg.seccomp)?)),
+        None => None,
+    };
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None, vsock)?;
     // Before any device is activated: their queues take the log then.
     let dirty = params.track_dirty_pages.then(|| {
         let log = Arc::new(DirtyPages::new(&mem));
@@ -185,12 +192,8 @@ pub fn load(
 ) -> Result<(Vmm, VmmConfig), String> {
     let params = &req.params;
     let state = super::load::read_state(params)?;
-    let settings = super::load::settings(
-        &state,
-        &params.network_overrides,
-        req.logger.as_ref(),
-        req.metrics.as_ref(),
-    )?;
+    let settings =
+        super::load::settings(&state, params, req.logger.as_ref(), req.metrics.as_ref())?;
     let cfg = settings
         .overlay(flags)
         .finish()
