@@ -20,7 +20,7 @@ use clap::Parser;
 use log::{error, info};
 
 use vmm::api::http::Response;
-use vmm::api::preboot::{Preboot, Step};
+use vmm::api::preboot::{Preboot, SnapshotLoad, Step};
 use vmm::api::ApiChannel;
 use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::VmmConfig;
@@ -117,6 +117,25 @@ fn snapshot_info(cli: &Cli) -> Option<ExitCode> {
             Err(e) => fail(&error_line(&e)),
         },
     )
+}
+
+/// `PUT /snapshot/load` in the pre-boot loop: the snapshot's VM, ready to
+/// run, and its configuration; or the fault's line.
+fn load_snapshot(
+    req: &SnapshotLoad,
+    parts: &CliParts,
+    start: Instant,
+    logger_ready: &mut bool,
+) -> Result<(vmm::vmm::Vmm, VmmConfig), String> {
+    let (mut vmm, config) = vmm::snapshot::restore::load(req, parts.flags.clone(), |cfg| {
+        init_logger(cfg, logger_ready)
+    })?;
+    vmm.set_id(&parts.launch.id);
+    info!(
+        "snapshot loaded in {:.1} ms after start",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    Ok((vmm, config))
 }
 
 /// Installs the log `config` asks for, once per process (`logger_ready`).
@@ -258,26 +277,17 @@ fn configure_by_api(
                 continue;
             }
             Step::Start(s) => s,
-            Step::Load(req) => {
-                let loaded = vmm::snapshot::restore::load(&req, parts.flags.clone(), |cfg| {
-                    init_logger(cfg, logger_ready)
-                });
-                match loaded {
-                    Ok((mut vmm, config)) => {
-                        vmm.set_id(&parts.launch.id);
-                        info!(
-                            "snapshot loaded in {:.1} ms after start",
-                            start.elapsed().as_secs_f64() * 1e3
-                        );
-                        cmd.reply.send(Response::no_content());
-                        return Ok((vmm, config));
-                    }
-                    Err(msg) => cmd
-                        .reply
-                        .send(Response::fault(&format!("snapshot/load: {msg}"))),
+            Step::Load(req) => match load_snapshot(&req, parts, start, logger_ready) {
+                Ok(built) => {
+                    cmd.reply.send(Response::no_content());
+                    return Ok(built);
                 }
-                continue;
-            }
+                Err(msg) => {
+                    cmd.reply
+                        .send(Response::fault(&format!("snapshot/load: {msg}")));
+                    continue;
+                }
+            },
         };
         let built = settings
             .overlay(parts.flags.clone())
