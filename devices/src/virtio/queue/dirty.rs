@@ -107,6 +107,11 @@ mod tests {
         assert_eq!(words[3], 1 << 63);
         assert!(log.take().iter().all(|w| *w == 0));
         assert!(!log.is_marked(0x1000));
+        // A range of exactly one page marks that page and not the next.
+        log.mark(0x5000, PAGE_SIZE);
+        assert!(log.is_marked(0x5000) && !log.is_marked(0x6000));
+        assert!(!log.is_marked(0x4fff));
+        let _ = log.take();
         // A range at the top of the address space does not wrap.
         log.mark(u64::MAX - 10, 100);
         assert!(log.take().iter().all(|w| *w == 0));
