@@ -4,8 +4,8 @@
 //! Exit status: 0 when the guest reboots or powers off or minivmm is stopped
 //! by SIGTERM/SIGINT; 1 for bad usage or configuration (the argument parser's
 //! own errors included) or a failure before boot, always one line on stderr;
-//! 2 when the VM fails at run time; 3 when the guest reset after a kernel
-//! panic.
+//! 2 when the VM fails at run time; 3 when the guest reset after its kernel
+//! reported a panic through the pvpanic register.
 //! 101 when minivmm itself panicked, on any thread (a bug).
 //! 148 when a thread made a system call its seccomp filter forbids.
 
@@ -125,13 +125,6 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot set up the stop signals: {e}")),
     };
-    // Jailed before the socket exists: the socket, and every path the API
-    // is given later (kernel, drives, metrics, logs), is inside the jail.
-    if let Some(jail) = &parts.launch.jail {
-        if let Err(e) = vmm::process::jail::enter(jail) {
-            return fail(&error_line(&e));
-        }
-    }
     let channel = match vmm::api::start(sock, filters.api.clone()) {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
@@ -208,9 +201,14 @@ fn configure_by_api(
                 return Err(fail("the API socket's thread stopped before InstanceStart"));
             }
         };
+        // One the API thread gave up on (and told its client so) is
+        // dropped unapplied.
+        let Some(cmd) = cmd.claim() else {
+            continue;
+        };
         let settings = match pre.handle(cmd.request, &parts.launch.id) {
             Step::Reply(r) => {
-                let _ = cmd.reply.try_send(r.into());
+                cmd.reply.send(r);
                 continue;
             }
             Step::Start(s) => s,
@@ -224,16 +222,28 @@ fn configure_by_api(
             });
         match built {
             Ok(built) => {
-                let _ = cmd.reply.try_send(Response::no_content().into());
+                cmd.reply.send(Response::no_content());
                 return Ok(built);
             }
-            Err(msg) => {
-                let _ = cmd
-                    .reply
-                    .try_send(Response::fault(&format!("InstanceStart: {msg}")).into());
-            }
+            Err(msg) => cmd
+                .reply
+                .send(Response::fault(&format!("InstanceStart: {msg}"))),
         }
     }
+}
+
+/// Enters the jail `--jail` asks for, if any (whether it did, or the error
+/// line). The process that started returns only in the jailed child: it
+/// stays outside as its supervisor and exits with its status.
+fn enter_jail(cli: &Cli) -> Result<bool, String> {
+    let launch = cli.launch().map_err(|e| error_line(&e))?;
+    let Some(jail) = &launch.jail else {
+        return Ok(false);
+    };
+    // What needs the host's /sys, asked before the jail hides it.
+    let _ = vmm::kvm::pvm::is_pvm_host();
+    vmm::process::jail::enter(jail).map_err(|e| error_line(&e))?;
+    Ok(true)
 }
 
 fn main() -> ExitCode {
@@ -250,24 +260,17 @@ fn main() -> ExitCode {
         Err(e) => return fail(&clap_line(&e)),
     };
     let mode = cli.seccomp;
+    // Jailed before any file the user named is opened, the config file
+    // included: from here every path resolves inside the jail.
+    let jailed = match enter_jail(&cli) {
+        Ok(jailed) => jailed,
+        Err(msg) => return fail(&msg),
+    };
     let parts = match cli.into_parts() {
         Ok(p) => p,
         Err(e) => return fail(&error_line(&e)),
     };
-    // Compiled before anything starts, so a broken list is a setup error;
-    // installed by the threads themselves (the API thread at its start,
-    // the others in Vmm::run).
-    let filters = match Filters::new(mode).and_then(|f| {
-        seccomp::install_sigsys_handler()?;
-        Ok(f)
-    }) {
-        Ok(f) => f,
-        Err(e) => return fail(&error_line(&e)),
-    };
-    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
-        vmm::logger::set_instance_id(&parts.launch.id);
-    }
-    if parts.launch.jail.is_some() {
+    if jailed {
         // A jailed minivmm keeps only what it opens itself: inherited
         // descriptors go now, but stdio and the TAPs the configuration
         // names by number (`fd=N`).
@@ -279,10 +282,22 @@ fn main() -> ExitCode {
             .filter_map(|n| n.fd.and_then(|fd| i32::try_from(fd).ok()))
             .collect();
         if let Err(e) = vmm::process::jail::close_inherited(&keep) {
-            return fail(&format!("jail: cannot close inherited descriptors: {e}"));
+            return fail(&error_line(&e));
         }
-        // What needs the host's /sys, asked before the jail hides it.
-        let _ = vmm::kvm::pvm::is_pvm_host();
+    }
+    // Compiled before anything starts, so a broken list is a setup error,
+    // and after the jail, so that a filter naming minivmm's own pid has the
+    // one its PID namespace gives it; installed by the threads themselves
+    // (the API thread at its start, the others in Vmm::run).
+    let filters = match Filters::new(mode).and_then(|f| {
+        seccomp::install_sigsys_handler()?;
+        Ok(f)
+    }) {
+        Ok(f) => f,
+        Err(e) => return fail(&error_line(&e)),
+    };
+    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
+        vmm::logger::set_instance_id(&parts.launch.id);
     }
     if let Some(sock) = parts.launch.api_sock.clone() {
         return main_with_api(start, parts, filters, &sock);
@@ -297,12 +312,5 @@ fn main() -> ExitCode {
         Ok(v) => v,
         Err(msg) => return fail(&msg),
     };
-    if let Some(jail) = &launch.jail {
-        // Everything the VM needs is open; from here no path outside the
-        // jail resolves, and the process has no privilege left.
-        if let Err(e) = vmm::process::jail::enter(jail) {
-            return fail(&error_line(&e));
-        }
-    }
     boot(vmm, config, &launch, start, filters, None)
 }

@@ -70,7 +70,7 @@ pub(crate) struct Devices {
     pub(crate) serial: Arc<Mutex<SerialDevice>>,
     /// The keyboard controller (its reset line ends the VM).
     pub(crate) i8042: Arc<Mutex<I8042>>,
-    /// Set once the console saw a guest kernel panic.
+    /// Set once the guest kernel reported a panic (the pvpanic register).
     pub(crate) panicked: Arc<AtomicBool>,
 }
 
@@ -149,6 +149,10 @@ impl Vmm {
         let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
         let reset_evt = lock(&self.i8042).reset_evt().try_clone()?;
         let (metrics, metrics_timer) = self.start_metrics(start)?;
+        // The VM's filters for this process as it runs the VM (its pid,
+        // after the jail) and for what its vCPUs do (the PVM recoveries).
+        let pvm_recoveries = self.vcpus.iter().any(Vcpu::recovers_int3);
+        let filters = filters.for_vm(pvm_recoveries).map_err(io::Error::other)?;
         // No vCPU enters the guest before every thread is filtered. A failed
         // spawn returns from here and ends the process, and with it the
         // threads waiting at the gate.

@@ -16,7 +16,7 @@
 //! request leaves the document as it was. Only the kernel is left for
 //! `InstanceStart` to check, since it may be put last.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
@@ -83,6 +83,19 @@ pub struct Preboot {
 fn fault(e: &dyn std::error::Error) -> Response {
     let line = crate::error_line(e);
     Response::fault(line.strip_prefix("config file: ").unwrap_or(&line))
+}
+
+/// Why the boot file `path` (`what`: kernel or initrd) will not do, if it
+/// will not: it cannot be opened, or it is not a regular file (it is
+/// opened without waiting, so a FIFO holds nothing up).
+fn boot_file_fault(what: &str, path: &Path) -> Option<Response> {
+    let shown = crate::one_line(path.display().to_string());
+    let msg = match crate::kernel::open_regular(path) {
+        Ok(Some(_)) => return None,
+        Ok(None) => format!("boot-source: {what} '{shown}' is not a regular file"),
+        Err(e) => format!("boot-source: cannot open {what} '{shown}': {e}"),
+    };
+    Some(Response::fault(&msg))
 }
 
 impl Preboot {
@@ -168,17 +181,13 @@ impl Preboot {
         // The values as the command line's are checked; the kernel alone
         // may still be missing (a placeholder stands in, checked at start).
         // The boot files must exist now, as Firecracker checks them at PUT.
-        for (what, path) in [
+        let boot_files = [
             ("kernel", &settings.kernel),
             ("initrd", &settings.initramfs),
-        ] {
-            if let Some(path) = path {
-                if let Err(e) = std::fs::File::open(path) {
-                    return Response::fault(&format!(
-                        "boot-source: cannot open {what} '{}': {e}",
-                        path.display()
-                    ));
-                }
+        ];
+        for (what, path) in boot_files {
+            if let Some(fault) = path.as_deref().and_then(|p| boot_file_fault(what, p)) {
+                return fault;
             }
         }
         let mut settings = settings;
@@ -414,6 +423,14 @@ mod tests {
             e.contains("cannot open kernel '/nonexistent/vmlinux'"),
             "{e}"
         );
+        // A directory, and an initrd that is no file either.
+        let dir = json!({"kernel_image_path": "/"});
+        let e = fault_of(&reply(&mut p, ApiRequest::PutBootSource(dir)));
+        assert_eq!(e, "boot-source: kernel '/' is not a regular file");
+        let exe = std::env::current_exe().expect("test binary");
+        let initrd = json!({"kernel_image_path": exe, "initrd_path": "/"});
+        let e = fault_of(&reply(&mut p, ApiRequest::PutBootSource(initrd)));
+        assert_eq!(e, "boot-source: initrd '/' is not a regular file");
         // Any readable file will do as a kernel until the builder reads it.
         let kernel = std::env::current_exe().expect("test binary");
         let boot = json!({"kernel_image_path": kernel, "boot_args": "console=ttyS0"});

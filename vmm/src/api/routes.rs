@@ -10,7 +10,8 @@
 //! The configuration bodies (`/boot-source`, `/machine-config`, `/drives`,
 //! `/network-interfaces`, `/logger`, `/metrics`) are passed on as JSON and
 //! decoded by the same code that reads them from a config file, so the
-//! file and the API cannot disagree on a field.
+//! file and the API cannot disagree on a field. A body with a key given
+//! twice is refused, at any depth, as Firecracker refuses it.
 //!
 //! Paths of features minivmm does not have (balloon, vsock, MMDS,
 //! snapshots, CPU templates, hotplug, serial) are refused with a
@@ -198,8 +199,8 @@ fn json(req: &Request) -> Result<Value, String> {
             req.path
         ));
     }
-    let v: Value =
-        serde_json::from_slice(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
+    let v =
+        crate::config::json::parse(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
     if !v.is_object() {
         return Err("the JSON body must be an object".into());
     }
@@ -376,6 +377,10 @@ mod tests {
         }
         for (body, starts) in [
             ("{", "malformed JSON body"),
+            (
+                r#"{"action_type":"FlushMetrics","action_type":"InstanceStart"}"#,
+                "malformed JSON body: duplicate field `action_type` at line 1 column",
+            ),
             (
                 r#"{"action_type":"Reboot"}"#,
                 "invalid body: unknown variant `Reboot`",

@@ -17,7 +17,8 @@
 //! `GET /vm/config` writes it (and so does [`super::render`]).
 //!
 //! Each section is deserialized on its own (serde, `deny_unknown_fields`) so
-//! that an error names the section it is in.
+//! that an error names the section it is in. A key given twice anywhere in
+//! the file is refused ([`super::json`]), as Firecracker refuses it.
 
 use std::path::{Path, PathBuf};
 
@@ -209,7 +210,7 @@ pub fn load(path: &Path) -> Result<Settings, FileError> {
 
 /// Parses a config file's text into what it says (no defaults applied).
 pub fn parse(text: &str) -> Result<Settings, FileError> {
-    let top: Value = serde_json::from_str(text).map_err(FileError::Json)?;
+    let top = super::json::parse(text.as_bytes()).map_err(FileError::Json)?;
     let Value::Object(top) = top else {
         return Err(FileError::NotObject);
     };
@@ -510,6 +511,15 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             ("{".into(), "not valid JSON"),
             ("[]".into(), "top level must be a JSON object"),
+            // A key given twice, at the top or inside a section or a list.
+            (
+                format!(r#"{{{boot}, {boot}}}"#),
+                "not valid JSON: duplicate field `boot-source`",
+            ),
+            (
+                net(r#", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 1, "size": 2}}"#),
+                "not valid JSON: duplicate field `size` at line 1",
+            ),
             (
                 format!(r#"{{{boot}, "bogus": 1}}"#),
                 "unknown section 'bogus'",

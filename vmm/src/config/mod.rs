@@ -12,7 +12,8 @@
 //! `settings` → the device sections (`net`, `drive`, `entropy`) → the shared pieces
 //! ([`parse`], the value parsers; [`ids`], the rule for instance and device
 //! ids) → `error` → this module, which depends on none of them (`render`
-//! reads `net` and this module only).
+//! reads `net` and this module only); [`json`] (the parser that refuses a
+//! key given twice, for files and API bodies) depends on none of them.
 //!
 //! Plain data only: nothing here opens a file or touches the host. A
 //! `fd=N` is a number, claimed by the builder, and a drive's image is a
@@ -33,6 +34,7 @@ pub mod entropy;
 pub mod error;
 pub mod file;
 pub mod ids;
+pub mod json;
 pub mod net;
 pub mod parse;
 pub mod render;

@@ -6,11 +6,15 @@
 //!   `--jail`;
 //! - [`seccomp`]: one system-call allowlist per kind of thread;
 //! - [`signals`]: SIGTERM, SIGINT and SIGUSR1 as events on the event loop;
+//! - [`syscall_names`]: the system calls' names, for the SIGSYS handler's
+//!   line;
 //! - [`terminal`]: the console's terminal mode, restored on every way out.
 //!
 //! The VM's own kernel state (memory, vCPUs) is in [`crate::kvm`].
 
 pub mod jail;
+pub mod jailer;
 pub mod seccomp;
 pub mod signals;
+pub mod syscall_names;
 pub mod terminal;
