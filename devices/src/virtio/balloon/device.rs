@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
@@ -185,7 +186,11 @@ impl<D: PageDiscard> Balloon<D> {
         }
         let mem_mib = mem_mib(&mem);
         let num_pages = target_pages(cfg.amount_mib, mem_mib)?;
-        let mut features = 1 << VIRTIO_F_VERSION_1;
+        // The ring features every device here offers; Linux's driver takes
+        // both.
+        let mut features = 1 << VIRTIO_F_VERSION_1
+            | 1 << VIRTIO_RING_F_EVENT_IDX
+            | 1 << VIRTIO_RING_F_INDIRECT_DESC;
         for (on, bit) in [
             (cfg.deflate_on_oom, VIRTIO_BALLOON_F_DEFLATE_ON_OOM),
             (cfg.stats_polling_interval_s > 0, VIRTIO_BALLOON_F_STATS_VQ),

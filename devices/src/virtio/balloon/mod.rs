@@ -31,7 +31,7 @@
 //! present only when its feature is negotiated (virtio 1.1 §5.5.2: the
 //! driver numbers the queues it sets up consecutively): statistics
 //! (`STATS_VQ`), free page hinting (`FREE_PAGE_HINT`), free page reporting
-//! (`PAGE_REPORTING`).
+//! (`PAGE_REPORTING`). Offered besides: VERSION_1, EVENT_IDX, INDIRECT_DESC.
 //!
 //! **Pages given back.** An inflated page is dropped from the host with
 //! `madvise(MADV_DONTNEED)` on its guest memory (minivmm maps guest memory
