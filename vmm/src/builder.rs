@@ -29,6 +29,7 @@ use arch::x86_64::layout::{
 };
 use arch::x86_64::{arch_memory_regions, setup_mptable};
 use devices::legacy::serial::SerialDevice;
+use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::{Net, Tap, TapError};
 use devices::virtio::rng::Rng;
@@ -41,6 +42,7 @@ use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::drive::root_words;
+use crate::config::balloon::BALLOON_ID;
 use crate::config::entropy::ENTROPY_ID;
 use crate::config::{DeviceKind, HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{DeviceError, DeviceManager};
@@ -425,7 +427,8 @@ fn attach_devices(
 
 /// Attaches every virtio device of `cfg` in MMIO window order, each kind
 /// with one line: the network cards (a bad TAP fails here, before boot),
-/// the drives (a locked image fails here), then the entropy device.
+/// the drives (a locked image fails here), the entropy device, then the
+/// balloon.
 fn attach_virtio(
     virtio: &mut Registry,
     env: &mut AttachEnv<'_>,
@@ -445,6 +448,10 @@ fn attach_virtio(
     }
     if let Some(rng) = cfg.entropy {
         virtio.attach(env, DeviceKind::Rng, ENTROPY_ID, Rng::new(rng, mem.clone()))?;
+    }
+    if let Some(b) = cfg.balloon {
+        let balloon = Balloon::new(b, mem.clone());
+        virtio.attach_controlled(env, DeviceKind::Balloon, BALLOON_ID, balloon)?;
     }
     Ok(())
 }

@@ -402,6 +402,7 @@ impl Cli {
                 .map(|s| parse_disk(s))
                 .collect::<Result<Vec<_>, _>>()?,
             entropy: self.rng.as_deref().map(parse_rng).transpose()?,
+            balloon: None,
             metrics_path: self.metrics,
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,

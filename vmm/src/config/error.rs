@@ -137,10 +137,14 @@ pub enum ConfigError {
     },
     /// More virtio devices than IRQ lines.
     #[error(
-        "{0} virtio devices (network interfaces, drives and the entropy device) is too many: \
+        "{0} virtio devices (network interfaces, drives, the entropy device and the balloon) \
+         is too many: \
          at most {MAX_NICS}"
     )]
     TooManyDevices(usize),
+    /// A balloon target above guest memory.
+    #[error("balloon: amount_mib {0} is more than the guest's {1} MiB of memory")]
+    BalloonTooLarge(u32, u64),
     /// A bad rate limiter bucket of the entropy device.
     #[error("entropy device: rate_limiter")]
     Entropy(#[source] RateLimiterError),

@@ -4,9 +4,9 @@
 //! A Firecracker user's file works as written when it uses what minivmm has:
 //! `boot-source`, `machine-config`, `network-interfaces` (with
 //! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
-//! `entropy` (with `rate_limiter`), `metrics` and `logger`; every other Firecracker section may be `null` (as
+//! `entropy` (with `rate_limiter`), `balloon`, `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
-//! a vhost-user drive (`socket`), a `vsock`, `balloon`, `mmds-config` and so on, or
+//! a vhost-user drive (`socket`), a `vsock`, `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
 //! the section they belong to (documented in the README): `cmdline_extra` in
@@ -68,7 +68,6 @@ pub enum FileError {
 /// Sections a Firecracker file may carry that minivmm does not implement;
 /// `null` is accepted for each.
 const UNSUPPORTED: &[&str] = &[
-    "balloon",
     "cpu-config",
     "memory-hotplug",
     "mmds-config",
@@ -244,7 +243,8 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                 s.metrics_interval_s = m.interval_s;
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
-            "metrics" | "logger" | "entropy" => {}
+            "balloon" if !value.is_null() => s.balloon = Some(section(&key, value)?),
+            "metrics" | "logger" | "entropy" | "balloon" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}

@@ -9,7 +9,7 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → the device sections (`net`, `drive`, `entropy`) → the shared pieces
+//! `settings` → the device sections (`net`, `drive`, `entropy`, `balloon`) → the shared pieces
 //! ([`parse`], the value parsers; [`ids`], the rule for instance and device
 //! ids) → `error` → this module, which depends on none of them (`render`
 //! reads `net` and this module only); [`json`] (the parser that refuses a
@@ -28,6 +28,7 @@ use log::LevelFilter;
 
 use crate::process::seccomp::SeccompMode;
 
+pub mod balloon;
 pub mod cli;
 pub mod drive;
 pub mod entropy;
@@ -52,8 +53,8 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 /// The largest vCPU count: APIC ids are one byte in the MP table and the
 /// IOAPIC id follows the last CPU.
 pub const MAX_VCPUS: u8 = 254;
-/// The most virtio devices (network cards, drives and the entropy device
-/// together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
+/// The most virtio devices (network cards, drives, the entropy device and
+/// the balloon together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
 pub const MAX_NICS: usize =
     (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
 /// The default metrics flush interval (Firecracker's).
@@ -80,6 +81,8 @@ pub enum DeviceKind {
     Block,
     /// The entropy device (virtio-rng).
     Rng,
+    /// The balloon (virtio-balloon).
+    Balloon,
 }
 
 impl DeviceKind {
@@ -90,6 +93,7 @@ impl DeviceKind {
             DeviceKind::Net => "network interface",
             DeviceKind::Block => "drive",
             DeviceKind::Rng => "entropy device",
+            DeviceKind::Balloon => "balloon device",
         }
     }
 
@@ -99,16 +103,18 @@ impl DeviceKind {
             DeviceKind::Net => "a network interface",
             DeviceKind::Block => "a drive",
             DeviceKind::Rng => "the entropy device",
+            DeviceKind::Balloon => "the balloon device",
         }
     }
 
     /// The field of Firecracker's bodies that names a device of the kind
-    /// (`iface_id`, `drive_id`); none for the one entropy device.
+    /// (`iface_id`, `drive_id`); none for the one entropy device and the
+    /// one balloon.
     pub fn id_key(self) -> Option<&'static str> {
         match self {
             DeviceKind::Net => Some("iface_id"),
             DeviceKind::Block => Some("drive_id"),
-            DeviceKind::Rng => None,
+            DeviceKind::Rng | DeviceKind::Balloon => None,
         }
     }
 
@@ -217,6 +223,10 @@ pub struct VmmConfig {
     /// The entropy device, if there is one (after the drives), under
     /// [`entropy::ENTROPY_ID`].
     pub entropy: Option<devices::virtio::rng::RngConfig>,
+    /// The balloon, if there is one (after the entropy device), under
+    /// [`balloon::BALLOON_ID`]; its target and statistics interval follow
+    /// the API's changes while the VM runs.
+    pub balloon: Option<devices::virtio::balloon::BalloonConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.
@@ -240,7 +250,11 @@ impl VmmConfig {
             .entropy
             .as_ref()
             .map(|_| (DeviceKind::Rng, entropy::ENTROPY_ID));
-        nets.chain(drives).chain(entropy)
+        let balloon = self
+            .balloon
+            .as_ref()
+            .map(|_| (DeviceKind::Balloon, balloon::BALLOON_ID));
+        nets.chain(drives).chain(entropy).chain(balloon)
     }
 
     /// The rate limiter `name` (its field in Firecracker's layout) of the
@@ -265,8 +279,8 @@ impl VmmConfig {
                 (name == "rate_limiter").then_some(&mut drive.rate_limiter)
             }
             // Nothing of the entropy device changes while it runs (it has
-            // no control).
-            DeviceKind::Rng => None,
+            // no control); the balloon has no limiter.
+            DeviceKind::Rng | DeviceKind::Balloon => None,
         }
     }
 
@@ -278,7 +292,7 @@ impl VmmConfig {
                 let drive = self.drives.iter_mut().find(|d| d.device.id == id)?;
                 Some(&mut drive.device.path)
             }
-            DeviceKind::Net | DeviceKind::Rng => None,
+            DeviceKind::Net | DeviceKind::Rng | DeviceKind::Balloon => None,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use log::LevelFilter;
 
+use super::balloon::{finish_balloon, BalloonSpec};
 use super::drive::{finish_drives, DriveSpec};
 use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
@@ -47,6 +48,9 @@ pub struct Settings {
     pub drives: Vec<DriveSpec>,
     /// The entropy device, if asked for.
     pub entropy: Option<EntropySpec>,
+    /// The balloon, if asked for (the config file and `PUT /balloon`
+    /// only: no flag has one, as in Firecracker).
+    pub balloon: Option<BalloonSpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -91,6 +95,7 @@ impl Settings {
                 (Some(o), Some(s)) => Some(o.or(s)),
                 (o, s) => o.or(s),
             },
+            balloon: over.balloon.or(self.balloon),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -113,12 +118,20 @@ impl Settings {
             nets.push(finish_net(index, spec.or(&self.net_defaults))?);
         }
         check_unique(&nets)?;
-        let devices = nets.len() + self.drives.len() + usize::from(self.entropy.is_some());
+        let devices = nets.len()
+            + self.drives.len()
+            + usize::from(self.entropy.is_some())
+            + usize::from(self.balloon.is_some());
         if devices > MAX_NICS {
             return Err(ConfigError::TooManyDevices(devices));
         }
         let drives = finish_drives(self.drives)?;
         let entropy = self.entropy.map(finish_entropy).transpose()?;
+        let mem_mib = validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?;
+        let balloon = self
+            .balloon
+            .map(|b| finish_balloon(b, mem_mib))
+            .transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -133,11 +146,12 @@ impl Settings {
             initramfs: self.initramfs,
             boot_args: self.boot_args,
             cmdline_extra: self.cmdline_extra,
-            mem_mib: validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?,
+            mem_mib,
             vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
             nets,
             drives,
             entropy,
+            balloon,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,
