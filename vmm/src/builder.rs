@@ -41,8 +41,8 @@ use linux_loader::loader::KernelLoaderResult;
 use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use crate::config::drive::root_words;
 use crate::config::balloon::BALLOON_ID;
+use crate::config::drive::root_words;
 use crate::config::entropy::ENTROPY_ID;
 use crate::config::{DeviceKind, HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{DeviceError, DeviceManager};
@@ -679,8 +679,8 @@ mod tests {
     }
 
     /// The devices a configuration without cards gets: the legacy ones and,
-    /// through the registry's attach step, its drive and entropy device in
-    /// window order, announced on the command line.
+    /// through the registry's attach step, its drive, entropy device and
+    /// balloon in window order, announced on the command line.
     #[test]
     fn every_virtio_device_of_the_configuration_is_attached_in_window_order() {
         use crate::api::runtime::drive_tests::Scratch;
@@ -698,6 +698,7 @@ mod tests {
                 device: devices::virtio::block::BlockConfig::new("data", &image),
             }],
             entropy: Some(devices::virtio::rng::RngConfig::default()),
+            balloon: Some(devices::virtio::balloon::BalloonConfig::default()),
             ..crate::config::settings::Settings {
                 kernel: Some("k".into()),
                 ..Default::default()
@@ -718,13 +719,22 @@ mod tests {
             [
                 (DeviceKind::Block, "data", layout::IRQ_BASE),
                 (DeviceKind::Rng, ENTROPY_ID, layout::IRQ_BASE + 1),
+                (DeviceKind::Balloon, "balloon", layout::IRQ_BASE + 2),
             ]
         );
-        assert_eq!(devices.manager.cmdline_words().len(), 2);
-        // The drive takes PATCH; the entropy device has nothing to change.
+        // One word per virtio window (the pvpanic device adds its own).
+        let words = devices.manager.cmdline_words();
+        let virtio = words
+            .iter()
+            .filter(|w| w.starts_with("virtio_mmio.device="));
+        assert_eq!(virtio.count(), 3, "{words:?}");
+        // The drive takes PATCH and the balloon its requests; the entropy
+        // device has nothing to change.
         let controls = devices.manager.virtio().controls();
         assert!(controls.get(DeviceKind::Block, "data").is_some());
         assert!(controls.get(DeviceKind::Rng, ENTROPY_ID).is_none());
+        let balloon = controls.get(DeviceKind::Balloon, "balloon").unwrap();
+        assert!(crate::registry::lock(balloon).balloon().is_some());
     }
 
     #[test]
@@ -745,6 +755,7 @@ mod tests {
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,
+            balloon: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

@@ -3,7 +3,7 @@
 //! the config-file layout, and `InstanceStart` hands it to the builder.
 //!
 //! Each accepted `PUT` replaces one section (`/boot-source`,
-//! `/machine-config`, `/logger`, `/metrics`, `/entropy`) or one entry of a list
+//! `/machine-config`, `/logger`, `/metrics`, `/entropy`, `/balloon`) or one entry of a list
 //! (`/network-interfaces/{id}`, `/drives/{id}`, by id, in the order first
 //! put) of a document that is exactly what `--config-file` reads. So the
 //! API and the file share one parser and cannot disagree on a field, and
@@ -129,6 +129,8 @@ impl Preboot {
             ApiRequest::PatchVm(_) => only_after_start("PATCH /vm"),
             ApiRequest::PatchNetworkInterface(..) => only_after_start("PATCH /network-interfaces"),
             ApiRequest::PatchDrive(..) => only_after_start("PATCH /drives"),
+            ApiRequest::PutBalloon(v) => self.put("balloon", v),
+            ApiRequest::Balloon(b) => super::balloon::preboot(b, self.doc.get("balloon")),
         };
         Step::Reply(r)
     }

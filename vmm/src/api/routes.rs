@@ -13,7 +13,9 @@
 //! file and the API cannot disagree on a field. A body with a key given
 //! twice is refused, at any depth, as Firecracker refuses it.
 //!
-//! Paths of features minivmm does not have (balloon, vsock, MMDS,
+//! The balloon's paths are routed in [`super::balloon`].
+//!
+//! Paths of features minivmm does not have (vsock, MMDS,
 //! snapshots, CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
@@ -77,11 +79,14 @@ pub enum ApiRequest {
     Action(Action),
     /// `PATCH /vm`.
     PatchVm(VmState),
+    /// `PUT /balloon`.
+    PutBalloon(Value),
+    /// One of the balloon's other paths.
+    Balloon(super::balloon::BalloonRequest),
 }
 
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("balloon", "the balloon device"),
     ("vsock", "vsock"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
@@ -108,6 +113,10 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
     let path = req.path.trim_end_matches('/');
     let mut parts = path.split('/').skip(1);
     let first = parts.next().unwrap_or("");
+    if first == "balloon" {
+        let rest: Vec<&str> = parts.collect();
+        return super::balloon::route(req, &rest);
+    }
     let second = parts.next();
     if parts.next().is_some() {
         return Err(unknown(req));
@@ -178,7 +187,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
     }
 }
 
-fn method_name(m: &Method) -> &str {
+pub(super) fn method_name(m: &Method) -> &str {
     match m {
         Method::Get => "GET",
         Method::Put => "PUT",
@@ -191,7 +200,7 @@ fn unknown(req: &Request) -> String {
     format!("invalid request: unknown path {}", req.path)
 }
 
-fn json(req: &Request) -> Result<Value, String> {
+pub(super) fn json(req: &Request) -> Result<Value, String> {
     if req.body.is_empty() {
         return Err(format!(
             "{} {} needs a JSON body",
@@ -207,7 +216,7 @@ fn json(req: &Request) -> Result<Value, String> {
     Ok(v)
 }
 
-fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
+pub(super) fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
     let v = json(req)?;
     serde_json::from_value(v).map_err(|e| format!("invalid body: {e}"))
 }
@@ -364,7 +373,6 @@ mod tests {
             );
         }
         for (path, feature) in [
-            ("/balloon", "the balloon device"),
             ("/vsock", "vsock"),
             ("/snapshot/create", "snapshots"),
             ("/mmds", "MMDS (the microVM metadata service)"),

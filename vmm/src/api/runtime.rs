@@ -134,6 +134,7 @@ impl Runtime {
                     }
                 }
             }
+            ApiRequest::Balloon(b) => super::balloon::runtime(b, &mut self.config, &self.devices),
             ApiRequest::Action(Action::InstanceStart) => {
                 Response::fault("InstanceStart: the microVM is already running")
             }
@@ -144,7 +145,8 @@ impl Runtime {
             | ApiRequest::PutDrive(..)
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
-            | ApiRequest::PutEntropy(_) => Response::fault(
+            | ApiRequest::PutEntropy(_)
+            | ApiRequest::PutBalloon(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -651,6 +653,7 @@ pub(crate) mod drive_tests {
             nets: Vec::new(),
             drives: configs,
             entropy: None,
+            balloon: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

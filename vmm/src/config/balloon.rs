@@ -39,19 +39,26 @@ pub struct BalloonSpec {
     pub free_page_reporting: bool,
 }
 
+impl BalloonSpec {
+    /// The device configuration it says (the default queue size).
+    pub fn config(self) -> BalloonConfig {
+        BalloonConfig {
+            amount_mib: self.amount_mib,
+            deflate_on_oom: self.deflate_on_oom,
+            stats_polling_interval_s: self.stats_polling_interval_s,
+            free_page_hinting: self.free_page_hinting,
+            free_page_reporting: self.free_page_reporting,
+            ..BalloonConfig::default()
+        }
+    }
+}
+
 /// The device configuration for `spec` in a guest of `mem_mib` MiB.
 pub fn finish_balloon(spec: BalloonSpec, mem_mib: u64) -> Result<BalloonConfig, ConfigError> {
     if u64::from(spec.amount_mib) > mem_mib {
         return Err(ConfigError::BalloonTooLarge(spec.amount_mib, mem_mib));
     }
-    Ok(BalloonConfig {
-        amount_mib: spec.amount_mib,
-        deflate_on_oom: spec.deflate_on_oom,
-        stats_polling_interval_s: spec.stats_polling_interval_s,
-        free_page_hinting: spec.free_page_hinting,
-        free_page_reporting: spec.free_page_reporting,
-        ..BalloonConfig::default()
-    })
+    Ok(spec.config())
 }
 
 /// The balloon in Firecracker's layout (`GET /balloon`, `GET /vm/config`).
@@ -91,7 +98,10 @@ mod tests {
             json!({"amount_mib": 1, "deflate_on_oom": false, "stats_polling_interval_s": 70000}),
             json!({"amount_mib": 1, "deflate_on_oom": false, "size": 1}),
         ] {
-            assert!(serde_json::from_value::<BalloonSpec>(bad.clone()).is_err(), "{bad}");
+            assert!(
+                serde_json::from_value::<BalloonSpec>(bad.clone()).is_err(),
+                "{bad}"
+            );
         }
     }
 }

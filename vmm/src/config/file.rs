@@ -534,7 +534,7 @@ mod tests {
             ),
             (
                 format!(r#"{{{boot}, "balloon": {{"amount_mib": 1}}}}"#),
-                "section 'balloon' is not supported",
+                "in 'balloon': missing field `deflate_on_oom`",
             ),
             (
                 format!(
@@ -697,6 +697,20 @@ mod tests {
         }
         let s = parse(&Value::Object(top).to_string()).unwrap();
         assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn the_balloon_section_is_firecrackers() {
+        assert_eq!(parse(r#"{"balloon": null}"#).unwrap(), Settings::default());
+        let s = parse(
+            r#"{"balloon": {"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1}}"#,
+        )
+        .unwrap();
+        let b = s.balloon.unwrap().config();
+        assert_eq!((b.amount_mib, b.stats_polling_interval_s), (0, 1));
+        assert!(!b.free_page_hinting && !b.free_page_reporting && !b.deflate_on_oom);
+        let e = parse(r#"{"balloon": {"amount_mib": 0, "deflate_on_oom": false, "x": 1}}"#);
+        assert!(e.unwrap_err().to_string().contains("in 'balloon'"));
     }
 
     #[test]
