@@ -319,7 +319,7 @@ pub fn build(
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
-    let mem = guest_memory(&vm, cfg.mem_mib)?;
+    let mem = guest_memory(&vm, cfg.mem_mib, cfg.balloon.is_none())?;
     steps.done("memory");
     create_irqchip(&vm)?;
     steps.done("irqchip");
@@ -470,15 +470,17 @@ fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
     Ok((kvm, vm))
 }
 
-/// Creates `mem_mib` MiB of guest memory laid out around the MMIO gap.
+/// Creates `mem_mib` MiB of guest memory laid out around the MMIO gap,
+/// backed by transparent huge pages when `thp` (not with a balloon:
+/// `memory::create_guest_memory` says why).
 ///
 /// Before the irqchip (as Firecracker orders it): the first memory slot set
 /// after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps in the kernel for 2
 /// to 14 ms on the development hosts (0.2 ms of CPU), the same call before
 /// them takes 0.2 ms.
-fn guest_memory(vm: &VmFd, mem_mib: u64) -> Result<GuestMemoryMmap, BuildError> {
+fn guest_memory(vm: &VmFd, mem_mib: u64, thp: bool) -> Result<GuestMemoryMmap, BuildError> {
     let regions = arch_memory_regions(mem_mib << 20);
-    Ok(memory::create_guest_memory(vm, &regions, mem_mib)?)
+    Ok(memory::create_guest_memory(vm, &regions, mem_mib, thp)?)
 }
 
 /// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
@@ -618,7 +620,7 @@ pub(crate) fn test_vm(mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
     }
     let vm = || -> Result<_, BuildError> {
         let (kvm, vm) = create_vm(1)?;
-        let mem = guest_memory(&vm, mem_mib)?;
+        let mem = guest_memory(&vm, mem_mib, true)?;
         create_irqchip(&vm)?;
         Ok((kvm, vm, mem))
     };
@@ -735,6 +737,31 @@ mod tests {
         assert!(controls.get(DeviceKind::Rng, ENTROPY_ID).is_none());
         let balloon = controls.get(DeviceKind::Balloon, "balloon").unwrap();
         assert!(crate::registry::lock(balloon).balloon().is_some());
+    }
+
+    /// The VmFlags of the mapping at `host` (`hg`: MADV_HUGEPAGE).
+    fn vm_flags(host: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let prefix = format!("{host:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&prefix));
+        assert!(lines.next().is_some(), "no mapping at {host:#x}");
+        let flags = lines.find(|l| l.starts_with("VmFlags:")).unwrap();
+        flags.to_string()
+    }
+
+    #[test]
+    fn guest_memory_asks_for_huge_pages_except_under_a_balloon() {
+        if test_vm(32).is_none() {
+            return;
+        }
+        for thp in [true, false] {
+            let (_kvm, vm) = create_vm(1).unwrap();
+            let mem = guest_memory(&vm, 32, thp).unwrap();
+            let host = vm_memory::GuestMemoryBackend::get_host_address(&mem, GuestAddress(0))
+                .unwrap() as usize;
+            let flags = vm_flags(host);
+            assert_eq!(flags.split_whitespace().any(|f| f == "hg"), thp, "{flags}");
+        }
     }
 
     #[test]

@@ -17,11 +17,19 @@ pub enum MemoryError {
     Register(u32, #[source] kvm_ioctls::Error),
 }
 
-/// Allocates `regions` of anonymous memory and hands each to KVM as a slot.
+/// Allocates `regions` of anonymous memory and hands each to KVM as a slot,
+/// asking for transparent huge pages when `thp`.
+///
+/// A VM with a balloon gets none: the balloon gives 4 KiB pages back with
+/// `MADV_DONTNEED`, which splits a huge page's mapping, and khugepaged
+/// would later collapse such a range into a whole huge page again (the
+/// default `max_ptes_none` lets it fill 511 holes of 512), taking back the
+/// memory the guest gave up.
 pub fn create_guest_memory(
     vm: &VmFd,
     regions: &[(GuestAddress, usize)],
     mem_mib: u64,
+    thp: bool,
 ) -> Result<GuestMemoryMmap<()>, MemoryError> {
     let mem = GuestMemoryMmap::<()>::from_ranges(regions)
         .map_err(|e| MemoryError::Allocate(mem_mib, e))?;
@@ -36,16 +44,19 @@ pub fn create_guest_memory(
         // the development hosts instead of 9 to 12, most of start-up), and
         // KVM can map the guest with large pages. Only advice: where THP is
         // off, or this fails, only speed changes.
-        // SAFETY: the range is exactly the anonymous mapping `region` owns;
-        // MADV_HUGEPAGE only changes how the kernel backs it, not its
-        // contents or permissions.
-        let ret =
-            unsafe { libc::madvise(host_addr.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
-        if ret != 0 {
-            log::debug!(
-                "guest memory slot {slot}: no transparent huge pages: {}",
-                std::io::Error::last_os_error()
-            );
+        if thp {
+            // SAFETY: the range is exactly the anonymous mapping `region`
+            // owns; MADV_HUGEPAGE only changes how the kernel backs it, not
+            // its contents or permissions.
+            let ret = unsafe {
+                libc::madvise(host_addr.cast(), region.len() as usize, libc::MADV_HUGEPAGE)
+            };
+            if ret != 0 {
+                log::debug!(
+                    "guest memory slot {slot}: no transparent huge pages: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
         }
         let kvm_region = kvm_userspace_memory_region {
             slot,
