@@ -146,6 +146,7 @@ impl Runtime {
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
             | ApiRequest::PutEntropy(_)
+            | ApiRequest::PutVsock(_)
             | ApiRequest::PutBalloon(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
@@ -555,6 +556,7 @@ mod tests {
             ApiRequest::PutLogger(json!({})),
             ApiRequest::PutMetrics(json!({})),
             ApiRequest::PutEntropy(json!({})),
+            ApiRequest::PutVsock(json!({})),
         ] {
             let msg = fault(&rig.rt.handle(req));
             assert!(msg.contains("not allowed after it started"), "{msg}");
@@ -654,6 +656,7 @@ pub(crate) mod drive_tests {
             drives: configs,
             entropy: None,
             balloon: None,
+            vsock: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

@@ -18,6 +18,7 @@ use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
 use super::ids::check_unique_ids;
 use super::net::{check_unique, finish_net, NetSpec};
+use super::vsock::{finish_vsock, VsockSpec};
 use super::{
     HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
     DEFAULT_METRICS_INTERVAL_S, MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB,
@@ -48,6 +49,8 @@ pub struct Settings {
     pub drives: Vec<DriveSpec>,
     /// The entropy device, if asked for.
     pub entropy: Option<EntropySpec>,
+    /// The vsock device, if asked for.
+    pub vsock: Option<VsockSpec>,
     /// The balloon, if asked for (the config file and `PUT /balloon`
     /// only: no flag has one, as in Firecracker).
     pub balloon: Option<BalloonSpec>,
@@ -95,6 +98,9 @@ impl Settings {
                 (Some(o), Some(s)) => Some(o.or(s)),
                 (o, s) => o.or(s),
             },
+            // One device, given whole by either input: the command line's
+            // replaces the file's.
+            vsock: over.vsock.or(self.vsock),
             balloon: over.balloon.or(self.balloon),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
@@ -121,12 +127,14 @@ impl Settings {
         let devices = nets.len()
             + self.drives.len()
             + usize::from(self.entropy.is_some())
+            + usize::from(self.vsock.is_some())
             + usize::from(self.balloon.is_some());
         if devices > MAX_NICS {
             return Err(ConfigError::TooManyDevices(devices));
         }
         let drives = finish_drives(self.drives)?;
         let entropy = self.entropy.map(finish_entropy).transpose()?;
+        let vsock = self.vsock.map(finish_vsock).transpose()?;
         let mem_mib = validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?;
         let balloon = self
             .balloon
@@ -151,6 +159,7 @@ impl Settings {
             nets,
             drives,
             entropy,
+            vsock,
             balloon,
             metrics,
             logger: LoggerConfig {
