@@ -122,12 +122,19 @@ fn no_balloon() -> Response {
     )
 }
 
+/// The pre-boot document's `balloon` section (`configured`) in
+/// Firecracker's layout, its defaults filled in; none without a balloon.
+pub fn preboot_config(configured: Option<&Value>) -> Option<Value> {
+    let spec = BalloonSpec::deserialize(configured?).ok()?;
+    Some(render(&spec.config()))
+}
+
 /// What the pre-boot API answers; `configured` is the `balloon` section
 /// of its document.
 pub fn preboot(req: BalloonRequest, configured: Option<&Value>) -> Response {
     match req {
-        BalloonRequest::Get => match configured.and_then(|v| BalloonSpec::deserialize(v).ok()) {
-            Some(s) => Response::json(render(&s.config()).to_string()),
+        BalloonRequest::Get => match preboot_config(configured) {
+            Some(b) => Response::json(b.to_string()),
             None => no_balloon(),
         },
         BalloonRequest::Patch(_) => only_after_start("PATCH /balloon"),
@@ -363,7 +370,7 @@ mod tests {
             "free_page_reporting": false});
         assert_eq!(body(&reply(&mut p, get())), want);
         let cfg = body(&reply(&mut p, ApiRequest::GetVmConfig));
-        assert_eq!(cfg["balloon"]["amount_mib"], 64);
+        assert_eq!(cfg["balloon"], want, "with Firecracker's defaults");
         // The document boots what it shows.
         let s = file::parse(&cfg.to_string()).unwrap();
         assert_eq!(s.balloon.map(|b| b.config().amount_mib), Some(64));
@@ -425,7 +432,10 @@ mod tests {
         assert_eq!(got["stats_polling_interval_s"], 10);
         let e = fault_of(&call(BalloonRequest::Patch(33)));
         assert!(e.contains("more than the guest's 32 MiB"), "{e}");
+        let schema = minivmm_tests::fc_schema::validate;
+        assert_eq!(schema("Balloon", &got), Ok(()));
         let stats = body(&call(BalloonRequest::GetStats));
+        assert_eq!(schema("BalloonStats", &stats), Ok(()));
         assert_eq!(
             stats,
             json!({"target_pages": 2048, "actual_pages": 0, "target_mib": 8, "actual_mib": 0})
@@ -434,10 +444,9 @@ mod tests {
         let e = fault_of(&call(BalloonRequest::PatchStats(0)));
         assert!(e.contains("cannot be turned on or off"), "{e}");
         assert_eq!(call(BalloonRequest::StartHinting(true)).status, 204);
-        assert_eq!(
-            body(&call(BalloonRequest::HintingStatus)),
-            json!({"host_cmd": 2})
-        );
+        let status = body(&call(BalloonRequest::HintingStatus));
+        assert_eq!(status, json!({"host_cmd": 2}));
+        assert_eq!(schema("BalloonHintingStatus", &status), Ok(()));
         assert_eq!(call(BalloonRequest::StopHinting).status, 204);
         assert_eq!(
             body(&call(BalloonRequest::HintingStatus)),

@@ -200,6 +200,11 @@ impl Preboot {
         for absent in ABSENT_SECTIONS {
             doc.entry(*absent).or_insert(Value::Null);
         }
+        // The balloon with Firecracker's defaults filled in, as its GET
+        // /balloon shows it.
+        if let Some(b) = super::balloon::preboot_config(doc.get("balloon")) {
+            doc.insert("balloon".into(), b);
+        }
         Value::Object(doc)
     }
 
