@@ -39,26 +39,9 @@ const STATS_INTERVAL_S: u64 = 1;
 /// run at a few million instructions a second.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// One request with curl; the status and the body.
+/// One request with curl, as the README writes it; the status and the body.
 fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args(["-sS", "--max-time", "30", "--unix-socket"])
-        .arg(sock)
-        .args(["-X", method, "-w", "\n%{http_code}"]);
-    if let Some(b) = body {
-        c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
-    }
-    c.arg(format!("http://localhost{path}"));
-    let out = c.output().expect("running curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    let code = code.trim().parse().unwrap_or_else(|_| {
-        panic!(
-            "curl {method} {path}: no status ({})",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, body.to_string())
+    minivmm_tests::api_curl(sock, method, path, body)
 }
 
 fn get(sock: &Path, path: &str) -> Value {

@@ -23,7 +23,7 @@
 //! ready event. Used entries are published, and the interrupt decided,
 //! once per pass.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::discard::PageDiscard;
 use super::metrics::BalloonMetrics;
@@ -438,23 +438,12 @@ impl BalloonVirtio {
         if chain.writable_len == 0 || !h.running() || h.guest_cmd != Some(h.host_cmd) {
             return Some(0);
         }
-        let mut pages = 0;
-        for k in chain.readable_segs..self.segs.len() {
-            let Some(run) = whole_pages(self.segs[k]) else {
-                continue;
-            };
-            pages += (run.len() as u64) / BALLOON_PAGE_SIZE;
-            match give_back(env, run) {
-                Some(()) => {
-                    events::inc(&m.free_page_hint_count);
-                    events::add(&m.free_page_hint_freed, run.len() as u64);
-                }
-                None => {
-                    events::inc(&m.free_page_hint_fails);
-                }
-            }
-        }
-        Some(pages)
+        let c = RangeCounters {
+            count: &m.free_page_hint_count,
+            freed: &m.free_page_hint_freed,
+            fails: &m.free_page_hint_fails,
+        };
+        Some(give_back_ranges(&self.segs[chain.readable_segs..], env, c))
     }
 
     /// A reporting chain: every reported range given back. `None` when
@@ -479,23 +468,12 @@ impl BalloonVirtio {
             self.refuse(i, head, e, m);
             return None;
         }
-        let mut pages = 0;
-        for k in 0..self.segs.len() {
-            let Some(run) = whole_pages(self.segs[k]) else {
-                continue;
-            };
-            pages += (run.len() as u64) / BALLOON_PAGE_SIZE;
-            match give_back(env, run) {
-                Some(()) => {
-                    events::inc(&m.free_page_report_count);
-                    events::add(&m.free_page_report_freed, run.len() as u64);
-                }
-                None => {
-                    events::inc(&m.free_page_report_fails);
-                }
-            }
-        }
-        Some(pages)
+        let c = RangeCounters {
+            count: &m.free_page_report_count,
+            freed: &m.free_page_report_freed,
+            fails: &m.free_page_report_fails,
+        };
+        Some(give_back_ranges(&self.segs, env, c))
     }
 
     /// The statistics timer fired: gives the held buffer back (the driver
@@ -522,6 +500,33 @@ impl BalloonVirtio {
         );
         true
     }
+}
+
+/// The counters of the ranges of one queue (hinted or reported).
+struct RangeCounters<'a> {
+    count: &'a AtomicU64,
+    freed: &'a AtomicU64,
+    fails: &'a AtomicU64,
+}
+
+/// Gives the whole pages of each of `segs` (ranges the guest named) back,
+/// each counted in `c`; returns the pages (the pass's weight).
+fn give_back_ranges<D: PageDiscard>(
+    segs: &[IoSeg],
+    env: &mut PassEnv<'_, D>,
+    c: RangeCounters<'_>,
+) -> u64 {
+    let mut pages = 0;
+    for run in segs.iter().filter_map(|&seg| whole_pages(seg)) {
+        pages += (run.len() as u64) / BALLOON_PAGE_SIZE;
+        if give_back(env, run).is_some() {
+            events::inc(c.count);
+            events::add(c.freed, run.len() as u64);
+        } else {
+            events::inc(c.fails);
+        }
+    }
+    pages
 }
 
 /// Gives `run` back through the seam: counted in `discard_calls`, a

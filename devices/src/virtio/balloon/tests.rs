@@ -293,7 +293,11 @@ fn test_malformed_page_number_chains_are_refused_and_answered() {
 
 #[test]
 fn test_a_failed_madvise_is_a_host_error_and_the_chain_is_answered() {
-    let (mut r, rec) = rig(BalloonConfig::default());
+    let cfg = BalloonConfig {
+        free_page_reporting: true,
+        ..Default::default()
+    };
+    let (mut r, rec) = rig(cfg);
     *rec.fail.lock().unwrap() = Some(libc::EINVAL);
     let p = pages(&mut r, 2);
     let head = post_pfns(&mut r, 0, &[p, p + 1]);
@@ -308,6 +312,14 @@ fn test_a_failed_madvise_is_a_host_error_and_the_chain_is_answered() {
     assert_eq!(r.metric("discard_fails"), 1);
     assert_eq!(r.metric("host_errors"), 1);
     assert_eq!(r.metric("inflate_freed"), 0);
+    // A reported range likewise (reporting is the third queue here).
+    post_range(&mut r, 2, 2);
+    r.run_until_idle();
+    assert_eq!(r.drv.used(2).unwrap().len(), 1);
+    assert_eq!(r.metric("free_page_report_fails"), 1);
+    assert_eq!(r.metric("free_page_report_count"), 0);
+    assert_eq!(r.metric("discard_fails"), 2);
+    assert_eq!(r.metric("discard_calls"), 2);
 }
 
 #[test]
@@ -521,6 +533,14 @@ fn test_a_hinting_run_gives_back_what_the_guest_hints_for_it_and_is_acknowledged
     assert_eq!(config(&mut r)[2], FREE_PAGE_HINT_DONE);
     // Every chain was answered.
     assert_eq!(r.drv.used(q).unwrap().len(), 7);
+    // A range the host cannot give back is counted as such.
+    *rec.fail.lock().unwrap() = Some(libc::EINVAL);
+    r.dev().start_hinting(true).unwrap();
+    post_cmd(&mut r, q, 4);
+    post_range(&mut r, q, 1);
+    r.run_until_idle();
+    assert_eq!(r.metric("free_page_hint_fails"), 1);
+    assert_eq!(r.metric("free_page_hint_count"), 1);
 }
 
 #[test]
