@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Firecracker's balloon paths: [`route`] turns them into a
-//! [`BalloonRequest`], [`preboot`] and [`runtime`] answer them.
+//! Firecracker's balloon paths once the VM runs: [`runtime`] answers the
+//! [`BalloonRequest`]s `routes` made of them (`preboot` answers them
+//! before boot).
 //!
 //! | path | method | before boot | after |
 //! |---|---|---|---|
@@ -21,129 +22,18 @@
 //! `BalloonStatsUpdate`, `BalloonStartCmd`, unknown fields refused).
 
 use devices::virtio::balloon::BalloonError;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Serialize;
 
-use super::http::{Method, Request, Response};
-use super::preboot::only_after_start;
-use super::routes::{json, method_name, typed, ApiRequest};
-use crate::config::balloon::{render, BalloonSpec, BALLOON_ID};
+use super::http::Response;
+use super::routes::{BalloonRequest, NO_BALLOON};
+use crate::config::balloon::{render, BALLOON_ID};
 use crate::config::{DeviceKind, VmmConfig};
 use crate::control::Controls;
 use crate::registry::lock;
 
-/// A balloon request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum BalloonRequest {
-    /// `GET /balloon`.
-    Get,
-    /// `PATCH /balloon`: the new target in MiB.
-    Patch(u32),
-    /// `GET /balloon/statistics`.
-    GetStats,
-    /// `PATCH /balloon/statistics`: the new interval in seconds.
-    PatchStats(u16),
-    /// `PATCH /balloon/hinting/start`: whether to acknowledge the guest's
-    /// STOP at once.
-    StartHinting(bool),
-    /// `GET /balloon/hinting/status`.
-    HintingStatus,
-    /// `PATCH /balloon/hinting/stop`.
-    StopHinting,
-}
-
-/// Firecracker's `BalloonUpdate`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Update {
-    amount_mib: u32,
-}
-
-/// Firecracker's `BalloonStatsUpdate`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StatsUpdate {
-    stats_polling_interval_s: u16,
-}
-
-/// Firecracker's `BalloonStartCmd`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StartCmd {
-    #[serde(default = "acknowledge_by_default")]
-    acknowledge_on_stop: bool,
-}
-
-fn acknowledge_by_default() -> bool {
-    true
-}
-
-/// Routes `/balloon` and its sub-paths (`rest`, the segments after
-/// `balloon`); `Err` is the fault message of a `400`. `PUT /balloon`, a
-/// configuration body as the others, is `ApiRequest::PutBalloon`.
-pub fn route(req: &Request, rest: &[&str]) -> Result<ApiRequest, String> {
-    use BalloonRequest as B;
-    let m = &req.method;
-    let r = match (rest, m) {
-        ([], Method::Put) => return Ok(ApiRequest::PutBalloon(json(req)?)),
-        ([], Method::Get) => B::Get,
-        ([], Method::Patch) => B::Patch(typed::<Update>(req)?.amount_mib),
-        (["statistics"], Method::Get) => B::GetStats,
-        (["statistics"], Method::Patch) => {
-            B::PatchStats(typed::<StatsUpdate>(req)?.stats_polling_interval_s)
-        }
-        (["hinting", "start"], Method::Patch) if req.body.is_empty() => B::StartHinting(true),
-        (["hinting", "start"], Method::Patch) => {
-            B::StartHinting(typed::<StartCmd>(req)?.acknowledge_on_stop)
-        }
-        (["hinting", "status"], Method::Get) => B::HintingStatus,
-        // Firecracker reads no body here; its examples send `{}`.
-        (["hinting", "stop"], Method::Patch) => B::StopHinting,
-        ([] | ["statistics"] | ["hinting", "start" | "status" | "stop"], _) => {
-            return Err(format!(
-                "invalid request method {} for {}",
-                method_name(m),
-                req.path
-            ))
-        }
-        _ => return Err(format!("invalid request: unknown path {}", req.path)),
-    };
-    if matches!(m, Method::Get) && !req.body.is_empty() {
-        return Err(format!("GET {} takes no body", req.path));
-    }
-    Ok(ApiRequest::Balloon(r))
-}
-
 /// The fault of a balloon request on a VM without a balloon.
 fn no_balloon() -> Response {
-    Response::fault(
-        "no balloon device is configured (PUT /balloon before InstanceStart, or the config \
-         file's balloon section)",
-    )
-}
-
-/// The pre-boot document's `balloon` section (`configured`) in
-/// Firecracker's layout, its defaults filled in; none without a balloon.
-pub fn preboot_config(configured: Option<&Value>) -> Option<Value> {
-    let spec = BalloonSpec::deserialize(configured?).ok()?;
-    Some(render(&spec.config()))
-}
-
-/// What the pre-boot API answers; `configured` is the `balloon` section
-/// of its document.
-pub fn preboot(req: BalloonRequest, configured: Option<&Value>) -> Response {
-    match req {
-        BalloonRequest::Get => match preboot_config(configured) {
-            Some(b) => Response::json(b.to_string()),
-            None => no_balloon(),
-        },
-        BalloonRequest::Patch(_) => only_after_start("PATCH /balloon"),
-        BalloonRequest::GetStats => only_after_start("GET /balloon/statistics"),
-        BalloonRequest::PatchStats(_) => only_after_start("PATCH /balloon/statistics"),
-        BalloonRequest::StartHinting(_) => only_after_start("PATCH /balloon/hinting/start"),
-        BalloonRequest::HintingStatus => only_after_start("GET /balloon/hinting/status"),
-        BalloonRequest::StopHinting => only_after_start("PATCH /balloon/hinting/stop"),
-    }
+    Response::fault(NO_BALLOON)
 }
 
 /// What the running VM answers, through the balloon's control; a target
@@ -192,7 +82,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::http::{Method, Request};
     use crate::api::preboot::{Preboot, Step};
+    use crate::api::routes::ApiRequest;
+    use serde_json::Value;
     use crate::config::file;
 
     fn req(method: Method, path: &str, body: &str) -> Request {

@@ -18,7 +18,7 @@
 //! - [`runtime`]: the requests once the VM runs, served on the event loop;
 //! - [`patch`]: `PATCH` on a running device, whatever its kind, through its
 //!   control;
-//! - [`balloon`]: the balloon's paths, before and after boot.
+//! - [`balloon`]: the balloon's paths once the VM runs.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};

@@ -98,6 +98,31 @@ pub struct HintingStatus {
     pub guest_cmd: Option<u32>,
 }
 
+/// What the event handler keeps besides the device's own state.
+#[derive(Debug, Default)]
+pub(crate) struct Glue {
+    /// The queue eventfds registered: (queue index, token).
+    pub(crate) registered: Vec<(usize, u32)>,
+    /// The re-queue eventfd is registered.
+    pub(crate) requeue_registered: bool,
+    /// The re-queue eventfd holds a count.
+    pub(crate) requeued: bool,
+    /// Queues whose last pass yielded (a bit per queue, in `Vq::ALL`
+    /// order).
+    pub(crate) pending: u8,
+    /// The statistics timer is armed.
+    pub(crate) timer_armed: bool,
+}
+
+impl Glue {
+    /// A reset: no pass is pending. The registrations and the timer
+    /// follow on the event loop.
+    pub(crate) fn reset(&mut self) {
+        self.pending = 0;
+        self.requeued = false;
+    }
+}
+
 /// State that exists only between activation and reset.
 pub(crate) struct Active {
     pub(crate) virtio: BalloonVirtio,
@@ -147,7 +172,7 @@ pub struct Balloon<D: PageDiscard = Madvise> {
     pub(crate) metrics: Arc<BalloonMetrics>,
     pub(crate) active: Option<Active>,
     /// The event handler's bookkeeping (`event_handler`).
-    pub(crate) glue: super::event_handler::Glue,
+    pub(crate) glue: Glue,
 }
 
 impl<D: PageDiscard> std::fmt::Debug for Balloon<D> {

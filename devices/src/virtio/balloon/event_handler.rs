@@ -45,33 +45,9 @@ fn token(vq: Vq) -> u32 {
     PROCESS_INFLATE + pos as u32
 }
 
-/// The bit of queue `vq` in [`Glue::pending`].
+/// The bit of queue `vq` in the pending passes (`Glue::pending`).
 fn bit(vq: Vq) -> u8 {
     1 << (token(vq) - PROCESS_INFLATE)
-}
-
-/// What the event handler keeps besides the device's own state.
-#[derive(Debug, Default)]
-pub(crate) struct Glue {
-    /// The queue eventfds registered: (queue index, token).
-    registered: Vec<(usize, u32)>,
-    /// The re-queue eventfd is registered.
-    requeue_registered: bool,
-    /// The re-queue eventfd holds a count.
-    requeued: bool,
-    /// Queues whose last pass yielded ([`bit`]).
-    pending: u8,
-    /// The statistics timer is armed.
-    pub(crate) timer_armed: bool,
-}
-
-impl Glue {
-    /// A reset: no pass is pending. The registrations and the timer
-    /// follow on the event loop.
-    pub(crate) fn reset(&mut self) {
-        self.pending = 0;
-        self.requeued = false;
-    }
 }
 
 impl<D: PageDiscard> Balloon<D> {
