@@ -85,8 +85,8 @@ mod tests {
     use crate::api::http::{Method, Request};
     use crate::api::preboot::{Preboot, Step};
     use crate::api::routes::ApiRequest;
-    use serde_json::Value;
     use crate::config::file;
+    use serde_json::Value;
 
     fn req(method: Method, path: &str, body: &str) -> Request {
         Request {
