@@ -36,7 +36,7 @@ use crate::virtio::events;
 use crate::virtio::iov::{self, whole_pages};
 use crate::virtio::pass::{self, more_after_drained, queue_failed, refuse_chain, PassCounters};
 use crate::virtio::queue::{
-    Budget, ChainError, ChainRules, IoSeg, QueueError, SplitQueue, PASS_WEIGHT_CHAINS,
+    Budget, Chain, ChainError, ChainRules, IoSeg, QueueError, SplitQueue, PASS_WEIGHT_CHAINS,
 };
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -246,8 +246,36 @@ impl BalloonVirtio {
         0
     }
 
-    /// Refuses the chain at `head` of queue `i` for `err`.
-    fn refuse(&mut self, i: usize, head: u16, err: ChainError, m: &BalloonMetrics) {
+    /// Walks the chain at `head` of queue `i` under `rules` into
+    /// `self.segs`; `None` when it is refused (and given back).
+    fn walk(
+        &mut self,
+        i: usize,
+        head: u16,
+        rules: &ChainRules,
+        budget: &mut Budget,
+        m: &BalloonMetrics,
+    ) -> Option<Chain> {
+        let walked = self.queues[i]
+            .queue
+            .walk(head, rules, &mut self.segs, budget);
+        self.walked(i, head, walked, m)
+    }
+
+    /// The chain a walk of `head` of queue `i` gave, or `None` after the
+    /// chain was refused for the walk's error (given back with length 0,
+    /// counted, logged).
+    fn walked<C>(
+        &mut self,
+        i: usize,
+        head: u16,
+        walked: Result<C, ChainError>,
+        m: &BalloonMetrics,
+    ) -> Option<C> {
+        let err = match walked {
+            Ok(chain) => return Some(chain),
+            Err(e) => e,
+        };
         let q = &mut self.queues[i];
         refuse_chain(
             &mut q.queue,
@@ -257,6 +285,7 @@ impl BalloonVirtio {
             head,
             err,
         );
+        None
     }
 
     /// Refuses the chain at `head` of queue `i` whose length `len` is no
@@ -287,16 +316,7 @@ impl BalloonVirtio {
             max_len: MAX_PFNS_PER_CHAIN * 4,
         };
         let m = env.metrics;
-        let chain = match self.queues[i]
-            .queue
-            .walk(head, &RULES, &mut self.segs, budget)
-        {
-            Ok(c) => c,
-            Err(e) => {
-                self.refuse(i, head, e, m);
-                return None;
-            }
-        };
+        let chain = self.walk(i, head, &RULES, budget, m)?;
         if !chain.len.is_multiple_of(4) {
             self.refuse_len(i, head, chain.len, 4, m);
             return None;
@@ -378,12 +398,8 @@ impl BalloonVirtio {
             max_len: MAX_STATS * STAT_ENTRY_LEN,
         };
         let m = env.metrics;
-        let chain = match self.queues[i]
-            .queue
-            .walk(head, &RULES, &mut self.segs, budget)
-        {
-            Ok(c) => c,
-            Err(e) => return self.refuse(i, head, e, m),
+        let Some(chain) = self.walk(i, head, &RULES, budget, m) else {
+            return;
         };
         if !chain.len.is_multiple_of(STAT_ENTRY_LEN) {
             return self.refuse_len(i, head, chain.len, STAT_ENTRY_LEN, m);
@@ -409,16 +425,10 @@ impl BalloonVirtio {
     ) -> Option<u64> {
         let max = (MAX_PFNS_PER_CHAIN as u64) << 22;
         let m = env.metrics;
-        let chain = match self.queues[i]
+        let walked = self.queues[i]
             .queue
-            .walk_mixed(head, max, &mut self.segs, budget)
-        {
-            Ok(c) => c,
-            Err(e) => {
-                self.refuse(i, head, e, m);
-                return None;
-            }
-        };
+            .walk_mixed(head, max, &mut self.segs, budget);
+        let chain = self.walked(i, head, walked, m)?;
         match chain.readable_len {
             0 => {}
             4 => {
@@ -461,13 +471,7 @@ impl BalloonVirtio {
             max_len: usize::MAX,
         };
         let m = env.metrics;
-        if let Err(e) = self.queues[i]
-            .queue
-            .walk(head, &RULES, &mut self.segs, budget)
-        {
-            self.refuse(i, head, e, m);
-            return None;
-        }
+        self.walk(i, head, &RULES, budget, m)?;
         let c = RangeCounters {
             count: &m.free_page_report_count,
             freed: &m.free_page_report_freed,
