@@ -56,7 +56,8 @@ fi
 
 # Applets init uses, plus a few for poking around on a console.
 APPLETS=(sh ash mount umount mkdir cat echo grep sleep sync reboot poweroff halt
-    ip ifconfig ping kill ps ls dmesg uname hostname true false devmem head wc)
+    ip ifconfig ping kill ps ls dmesg uname hostname true false devmem head wc
+    dd rm mkfifo)
 
 OUTDIR=$MINIVMM_CACHE/initramfs
 mkdir -p "$OUTDIR"

@@ -8,7 +8,9 @@
 //! answers with: `InstanceInfo` (`GET /`),
 //! `FirecrackerVersion` (`GET /version`), `MachineConfiguration`
 //! (`GET /machine-config`), `FullVmConfiguration` (`GET /vm/config`) with
-//! everything it references, and `Error` (every failure). They follow the
+//! everything it references, `BalloonStats` (`GET /balloon/statistics`),
+//! `BalloonHintingStatus` (`GET /balloon/hinting/status`), and `Error`
+//! (every failure). They follow the
 //! description's version **1.17.0-dev** (`info.version`; the `main` branch
 //! at commit 004d935399ba6062240af269638635d54229f5bf, read on 2026-12-03),
 //! in which `FullVmConfiguration` has `pmem` and `memory-hotplug` and

@@ -33,8 +33,7 @@ const GUEST_IP: &str = "10.0.2.2";
 /// See tests/netperf.rs: an emulated guest under load needs minutes.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// One request with curl, as the README writes it; returns the status and
-/// the body.
+/// One request with curl, as the README writes it; the status and the body.
 fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     minivmm_tests::api_curl(sock, method, path, body)
 }
@@ -68,6 +67,9 @@ fn get(sock: &Path, path: &str) -> Value {
         "/version" => validate("FirecrackerVersion", &v),
         "/machine-config" => validate("MachineConfiguration", &v),
         "/vm/config" => validate_minivmm("FullVmConfiguration", &v),
+        "/balloon" => validate("Balloon", &v),
+        "/balloon/statistics" => validate("BalloonStats", &v),
+        "/balloon/hinting/status" => validate("BalloonHintingStatus", &v),
         other => panic!("no schema for GET {other}"),
     };
     if let Err(e) = checked {
@@ -257,9 +259,53 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     );
     // What minivmm has not, named as such.
     refused(&sock, "PUT", "/vsock", Some("{}"), "vsock");
-    refused(&sock, "PUT", "/balloon", Some("{}"), "balloon");
     refused(&sock, "PUT", "/mmds", Some("{}"), "MMDS");
     refused(&sock, "PUT", "/snapshot/create", Some("{}"), "snapshots");
+    // The balloon: Firecracker's body, and its run-time paths only once
+    // the VM runs.
+    refused(
+        &sock,
+        "PUT",
+        "/balloon",
+        Some("{}"),
+        "missing field `amount_mib`",
+    );
+    let too_big = r#"{"amount_mib":4096,"deflate_on_oom":false}"#;
+    refused(
+        &sock,
+        "PUT",
+        "/balloon",
+        Some(too_big),
+        "more than the guest's",
+    );
+    refused(
+        &sock,
+        "GET",
+        "/balloon",
+        None,
+        "no balloon device is configured",
+    );
+    refused(
+        &sock,
+        "PATCH",
+        "/balloon",
+        Some(r#"{"amount_mib":1}"#),
+        "before the microVM",
+    );
+    refused(
+        &sock,
+        "GET",
+        "/balloon/statistics",
+        None,
+        "before the microVM",
+    );
+    refused(
+        &sock,
+        "PATCH",
+        "/balloon/hinting/start",
+        None,
+        "before the microVM",
+    );
     // The wrong phase.
     refused(
         &sock,
@@ -311,7 +357,17 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     assert_eq!(cfg["network-interfaces"], json!([]));
     assert_eq!(cfg["vsock"], Value::Null);
     assert_eq!(cfg["entropy"], Value::Null);
+    assert_eq!(cfg["balloon"], Value::Null);
     assert!(cfg.get("boot-source").is_none(), "{cfg}");
+    // A balloon put before boot: Firecracker's body with its defaults.
+    put(
+        &sock,
+        "/balloon",
+        json!({"amount_mib": 16, "deflate_on_oom": true, "stats_polling_interval_s": 2}),
+    );
+    let balloon = get(&sock, "/balloon");
+    assert_eq!(balloon["free_page_hinting"], false);
+    assert_eq!(get(&sock, "/vm/config")["balloon"], balloon);
 
     vm.terminate(Duration::from_secs(10));
     assert!(!sock.exists(), "the socket was left behind");

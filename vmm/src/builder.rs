@@ -29,6 +29,7 @@ use arch::x86_64::layout::{
 };
 use arch::x86_64::{arch_memory_regions, setup_mptable};
 use devices::legacy::serial::SerialDevice;
+use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::{Net, Tap, TapError};
 use devices::virtio::rng::Rng;
@@ -41,6 +42,7 @@ use linux_loader::loader::KernelLoaderResult;
 use log::{debug, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
+use crate::config::balloon::BALLOON_ID;
 use crate::config::drive::root_words;
 use crate::config::entropy::ENTROPY_ID;
 use crate::config::vsock::VSOCK_ID;
@@ -329,7 +331,7 @@ pub fn build(
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
-    let mem = guest_memory(&vm, cfg.mem_mib)?;
+    let mem = guest_memory(&vm, cfg.mem_mib, cfg.balloon.is_none())?;
     steps.done("memory");
     create_irqchip(&vm)?;
     steps.done("irqchip");
@@ -458,7 +460,8 @@ pub(crate) fn attach_devices(
 /// Attaches every virtio device of `cfg` in MMIO window order, each kind
 /// with one line: the network cards (a bad TAP fails here, before boot),
 /// the drives (a locked image fails here), the entropy device, then the
-/// vsock device over `vsock`, the socket `open_files` bound.
+/// vsock device over `vsock`, the socket `open_files` bound, then the
+/// balloon.
 fn attach_virtio(
     virtio: &mut Registry,
     env: &mut AttachEnv<'_>,
@@ -484,6 +487,10 @@ fn attach_virtio(
         let dev = Vsock::with_listener(v.clone(), mem.clone(), socket.listener()?);
         virtio.attach(env, DeviceKind::Vsock, VSOCK_ID, dev)?;
     }
+    if let Some(b) = cfg.balloon {
+        let balloon = Balloon::new(b, mem.clone());
+        virtio.attach_controlled(env, DeviceKind::Balloon, BALLOON_ID, balloon)?;
+    }
     Ok(())
 }
 
@@ -501,15 +508,17 @@ pub(crate) fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
     Ok((kvm, vm))
 }
 
-/// Creates `mem_mib` MiB of guest memory laid out around the MMIO gap.
+/// Creates `mem_mib` MiB of guest memory laid out around the MMIO gap,
+/// backed by transparent huge pages when `thp` (not with a balloon:
+/// `memory::create_guest_memory` says why).
 ///
 /// Before the irqchip (as Firecracker orders it): the first memory slot set
 /// after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps in the kernel for 2
 /// to 14 ms on the development hosts (0.2 ms of CPU), the same call before
 /// them takes 0.2 ms.
-fn guest_memory(vm: &VmFd, mem_mib: u64) -> Result<GuestMemoryMmap, BuildError> {
+fn guest_memory(vm: &VmFd, mem_mib: u64, thp: bool) -> Result<GuestMemoryMmap, BuildError> {
     let regions = arch_memory_regions(mem_mib << 20);
-    Ok(memory::create_guest_memory(vm, &regions, mem_mib)?)
+    Ok(memory::create_guest_memory(vm, &regions, mem_mib, thp)?)
 }
 
 /// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
@@ -649,7 +658,7 @@ pub(crate) fn test_vm(mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
     }
     let vm = || -> Result<_, BuildError> {
         let (kvm, vm) = create_vm(1)?;
-        let mem = guest_memory(&vm, mem_mib)?;
+        let mem = guest_memory(&vm, mem_mib, true)?;
         create_irqchip(&vm)?;
         Ok((kvm, vm, mem))
     };
@@ -710,8 +719,8 @@ mod tests {
     }
 
     /// The devices a configuration without cards gets: the legacy ones and,
-    /// through the registry's attach step, its drive and entropy device in
-    /// window order, announced on the command line.
+    /// through the registry's attach step, its drive, entropy device and
+    /// balloon in window order, announced on the command line.
     #[test]
     fn every_virtio_device_of_the_configuration_is_attached_in_window_order() {
         use crate::api::runtime::drive_tests::Scratch;
@@ -729,6 +738,7 @@ mod tests {
                 device: devices::virtio::block::BlockConfig::new("data", &image),
             }],
             entropy: Some(devices::virtio::rng::RngConfig::default()),
+            balloon: Some(devices::virtio::balloon::BalloonConfig::default()),
             ..crate::config::settings::Settings {
                 kernel: Some("k".into()),
                 ..Default::default()
@@ -749,14 +759,43 @@ mod tests {
             [
                 (DeviceKind::Block, "data", layout::IRQ_BASE),
                 (DeviceKind::Rng, ENTROPY_ID, layout::IRQ_BASE + 1),
+                (DeviceKind::Balloon, "balloon", layout::IRQ_BASE + 2),
             ]
         );
         // One word per virtio device, and the pvpanic register's.
-        assert_eq!(devices.manager.cmdline_words().len(), 3);
-        // The drive takes PATCH; the entropy device has nothing to change.
+        assert_eq!(devices.manager.cmdline_words().len(), 4);
+        // The drive takes PATCH and the balloon its requests; the entropy
+        // device has nothing to change.
         let controls = devices.manager.virtio().controls();
         assert!(controls.get(DeviceKind::Block, "data").is_some());
         assert!(controls.get(DeviceKind::Rng, ENTROPY_ID).is_none());
+        let balloon = controls.get(DeviceKind::Balloon, "balloon").unwrap();
+        assert!(crate::registry::lock(balloon).balloon().is_some());
+    }
+
+    /// The VmFlags of the mapping at `host` (`hg`: MADV_HUGEPAGE).
+    fn vm_flags(host: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let prefix = format!("{host:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&prefix));
+        assert!(lines.next().is_some(), "no mapping at {host:#x}");
+        let flags = lines.find(|l| l.starts_with("VmFlags:")).unwrap();
+        flags.to_string()
+    }
+
+    #[test]
+    fn guest_memory_asks_for_huge_pages_except_under_a_balloon() {
+        if test_vm(32).is_none() {
+            return;
+        }
+        for thp in [true, false] {
+            let (_kvm, vm) = create_vm(1).unwrap();
+            let mem = guest_memory(&vm, 32, thp).unwrap();
+            let host = vm_memory::GuestMemoryBackend::get_host_address(&mem, GuestAddress(0))
+                .unwrap() as usize;
+            let flags = vm_flags(host);
+            assert_eq!(flags.split_whitespace().any(|f| f == "hg"), thp, "{flags}");
+        }
     }
 
     #[test]
@@ -777,6 +816,7 @@ mod tests {
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,
+            balloon: None,
             vsock: None,
             metrics: None,
             logger: Default::default(),

@@ -10,13 +10,16 @@
 //! (`path_on_host`, a drive's). The run-time side parses the body, works out
 //! the new buckets and, for an image, has the API thread open it
 //! (`api::command`); the device then puts the change in force between two
-//! of its passes, on the event loop's thread. A device with nothing to
-//! change (the entropy device) has no control and is only attached.
+//! of its passes, on the event loop's thread. The balloon's control is the
+//! device itself ([`DeviceControl::balloon`]): its target, statistics and
+//! hinting runs, which `api::balloon` reads and sets. A device with nothing
+//! to change (the entropy device) has no control and is only attached.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use devices::rate_limiter::RateLimiterConfig;
+use devices::virtio::balloon::Balloon;
 use devices::virtio::block::{Block, BlockError, FileId};
 use devices::virtio::net::{Net, NetBackend};
 
@@ -58,6 +61,30 @@ pub trait DeviceControl: Send {
     fn take_image(&mut self, image: OpenedImage, path: &Path) -> Result<(), String> {
         let _ = (image, path);
         Err("this device has no image to replace".into())
+    }
+
+    /// The balloon, for the API's balloon requests (its target, its
+    /// statistics, its hinting runs); none for any other device.
+    fn balloon(&mut self) -> Option<&mut Balloon> {
+        None
+    }
+}
+
+impl DeviceControl for Balloon {
+    /// The balloon has no rate limiter.
+    fn rate_limiters(&self) -> Vec<NamedLimiter> {
+        Vec::new()
+    }
+
+    fn set_rate_limiters(&mut self, new: &[NamedLimiter]) -> Result<(), String> {
+        match new.first() {
+            Some((name, _)) => Err(format!("the balloon device has no {name}")),
+            None => Ok(()),
+        }
+    }
+
+    fn balloon(&mut self) -> Option<&mut Balloon> {
+        Some(self)
     }
 }
 

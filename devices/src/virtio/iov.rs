@@ -161,6 +161,66 @@ impl<'a> IoVecs<'a> {
     }
 }
 
+/// Host page size the balloon gives memory back in (x86-64's base page).
+pub(crate) const HOST_PAGE_SIZE: usize = 4096;
+
+/// The whole host pages inside `seg` (its start rounded up, its end down to
+/// [`HOST_PAGE_SIZE`]), or `None` when it holds none: what may be given
+/// back of a range the guest named.
+pub(crate) fn whole_pages(seg: IoSeg) -> Option<IoSeg> {
+    let start = seg.base().checked_next_multiple_of(HOST_PAGE_SIZE)?;
+    let end = (seg.base() + seg.len()) & !(HOST_PAGE_SIZE - 1);
+    // SAFETY: [start, end) lies inside the segment's own range, which its
+    // holder keeps mapped (module docs).
+    (end > start).then(|| unsafe { IoSeg::new(start, end - start) })
+}
+
+/// `a` and `b` as one segment when `b` starts where `a` ends: both are
+/// mapped guest memory, so the range they cover together is too (two
+/// regions' mappings may touch; a range over both is still the guest's).
+pub(crate) fn join_segs(a: IoSeg, b: IoSeg) -> Option<IoSeg> {
+    let end = a.base().checked_add(a.len())?;
+    // SAFETY: [a.base, b.base + b.len) is the union of the two segments'
+    // ranges, which touch, and each of which its holder keeps mapped.
+    (end == b.base()).then(|| unsafe { IoSeg::new(a.base(), a.len() + b.len()) })
+}
+
+/// Gives the pages of `seg` back to the host: `madvise(MADV_DONTNEED)`, the
+/// balloon's one way to drop guest memory. The segment must be whole host
+/// pages of guest memory (see [`whole_pages`]); anything else is refused
+/// with EINVAL before any system call.
+///
+/// Guest memory is a private anonymous mapping (the VMM's `kvm::memory`):
+/// DONTNEED frees the pages and leaves the range mapped, and the next
+/// access, by the guest or the device, reads zeros. Nothing in the process
+/// holds a Rust reference into guest memory (every access is volatile or
+/// atomic through a raw pointer, `queue::memory`), so no reference sees its
+/// contents change.
+pub(crate) fn discard_pages(seg: IoSeg) -> io::Result<()> {
+    if seg.is_empty()
+        || !seg.base().is_multiple_of(HOST_PAGE_SIZE)
+        || !seg.len().is_multiple_of(HOST_PAGE_SIZE)
+    {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: madvise(addr, len, MADV_DONTNEED) on [base, base + len): whole
+    // pages (checked above) of guest memory from a checked translation,
+    // kept mapped by the `GuestRegions` its holder keeps (module docs). The
+    // call only drops the pages' contents (see above); it never unmaps.
+    let ret = unsafe {
+        libc::madvise(
+            seg.base() as *mut libc::c_void,
+            seg.len(),
+            libc::MADV_DONTNEED,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Calls `f` with `segs[from..]` followed by `tail` (a host buffer used to
 /// detect frames longer than the guest buffers). `segs` is restored before
 /// returning. Inlined into the RX pass, where the push and pop fold away

@@ -105,6 +105,7 @@ mod tests {
         check::<crate::virtio::net::NetMetrics>();
         check::<crate::virtio::block::BlockMetrics>();
         check::<crate::virtio::rng::RngMetrics>();
+        check::<crate::virtio::balloon::BalloonMetrics>();
     }
 
     #[test]

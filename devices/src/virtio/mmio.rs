@@ -684,9 +684,13 @@ impl MmioTransport {
     /// Validates every queue, refuses overlapping rings and translates them
     /// against a fresh snapshot of guest memory.
     fn build_queues(&self) -> Result<Vec<SplitQueue>, String> {
+        // Only the queues the negotiated features bring: a driver numbers
+        // those consecutively and leaves the rest alone.
+        let count = lock(&self.device).active_queues(self.acked_features);
         let addrs = self
             .queues
             .iter()
+            .take(count)
             .enumerate()
             .map(|(i, q)| q.addrs().map_err(|e| format!("queue {i}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;

@@ -22,6 +22,7 @@ pub use common::VirtioCommon;
 pub use metrics::DeviceMetrics;
 use queue::SplitQueue;
 
+pub mod balloon;
 pub mod block;
 mod common;
 pub(crate) mod events;
@@ -190,6 +191,14 @@ pub trait VirtioDevice: Send {
     /// Maximum size of each queue; the length of the slice is the number of queues.
     fn queue_max_sizes(&self) -> &[u16] {
         &self.common().queue_sizes
+    }
+    /// How many of its queues (the first ones) the driver sets up with
+    /// `acked_features`: a device whose optional queues come with features
+    /// (the balloon's) has fewer when those are not negotiated, and the
+    /// transport hands it only those at activation. Every queue by default.
+    fn active_queues(&self, acked_features: u64) -> usize {
+        let _ = acked_features;
+        self.queue_max_sizes().len()
     }
     /// Reads the device-specific configuration space at `offset`.
     fn read_config(&self, offset: u64, data: &mut [u8]);

@@ -22,6 +22,7 @@
 
 pub mod api_http;
 pub mod api_server;
+pub mod balloon;
 pub mod block;
 pub mod chain_walk;
 pub mod cli;
@@ -108,5 +109,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "snapshot_state",
         run: snapshot::run,
+    },
+    Target {
+        name: "balloon_datapath",
+        run: balloon::run,
     },
 ];

@@ -152,6 +152,11 @@ fn api_server() {
 }
 
 #[test]
+fn balloon_datapath() {
+    replay("balloon_datapath");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {

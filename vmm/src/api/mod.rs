@@ -17,7 +17,8 @@
 //!   configuration in the config-file layout;
 //! - [`runtime`]: the requests once the VM runs, served on the event loop;
 //! - [`patch`]: `PATCH` on a running device, whatever its kind, through its
-//!   control.
+//!   control;
+//! - [`balloon`]: the balloon's paths once the VM runs.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver};
@@ -27,6 +28,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::process::seccomp::{self, Thread};
 
+pub mod balloon;
 pub mod command;
 pub mod connections;
 pub mod http;

@@ -3,7 +3,7 @@
 //! the config-file layout, and `InstanceStart` hands it to the builder.
 //!
 //! Each accepted `PUT` replaces one section (`/boot-source`,
-//! `/machine-config`, `/logger`, `/metrics`, `/entropy`) or one entry of a list
+//! `/machine-config`, `/logger`, `/metrics`, `/entropy`, `/balloon`) or one entry of a list
 //! (`/network-interfaces/{id}`, `/drives/{id}`, by id, in the order first
 //! put) of a document that is exactly what `--config-file` reads. So the
 //! API and the file share one parser and cannot disagree on a field, and
@@ -25,10 +25,12 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::http::Response;
-use super::routes::{Action, ApiRequest};
+use super::routes::{Action, ApiRequest, BalloonRequest, NO_BALLOON};
+use crate::config::balloon::{render, BalloonSpec};
 use crate::config::file;
 use crate::config::settings::Settings;
 use crate::config::{VmmConfig, DEFAULT_MEM_MIB};
@@ -126,6 +128,30 @@ fn boot_file_fault(what: &str, path: &Path) -> Option<Response> {
     Some(Response::fault(&msg))
 }
 
+/// The pre-boot document's `balloon` section (`configured`) in
+/// Firecracker's layout, its defaults filled in; none without a balloon.
+fn balloon_config(configured: Option<&Value>) -> Option<Value> {
+    let spec = BalloonSpec::deserialize(configured?).ok()?;
+    Some(render(&spec.config()))
+}
+
+/// What the pre-boot API answers; `configured` is the `balloon` section
+/// of its document.
+fn balloon(req: BalloonRequest, configured: Option<&Value>) -> Response {
+    match req {
+        BalloonRequest::Get => match balloon_config(configured) {
+            Some(b) => Response::json(b.to_string()),
+            None => Response::fault(NO_BALLOON),
+        },
+        BalloonRequest::Patch(_) => only_after_start("PATCH /balloon"),
+        BalloonRequest::GetStats => only_after_start("GET /balloon/statistics"),
+        BalloonRequest::PatchStats(_) => only_after_start("PATCH /balloon/statistics"),
+        BalloonRequest::StartHinting(_) => only_after_start("PATCH /balloon/hinting/start"),
+        BalloonRequest::HintingStatus => only_after_start("GET /balloon/hinting/status"),
+        BalloonRequest::StopHinting => only_after_start("PATCH /balloon/hinting/stop"),
+    }
+}
+
 impl Preboot {
     /// An empty configuration.
     pub fn new() -> Self {
@@ -174,6 +200,8 @@ impl Preboot {
             ApiRequest::PatchDrive(..) => only_after_start("PATCH /drives"),
             ApiRequest::CreateSnapshot(_) => only_after_start("PUT /snapshot/create"),
             ApiRequest::LoadSnapshot(v) => return self.load(v),
+            ApiRequest::PutBalloon(v) => self.put("balloon", v),
+            ApiRequest::Balloon(b) => balloon(b, self.doc.get("balloon")),
         };
         Step::Reply(r)
     }
@@ -237,6 +265,11 @@ impl Preboot {
         }
         for absent in ABSENT_SECTIONS {
             doc.entry(*absent).or_insert(Value::Null);
+        }
+        // The balloon with Firecracker's defaults filled in, as its GET
+        // /balloon shows it.
+        if let Some(b) = balloon_config(doc.get("balloon")) {
+            doc.insert("balloon".into(), b);
         }
         Value::Object(doc)
     }

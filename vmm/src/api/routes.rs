@@ -13,11 +13,14 @@
 //! file and the API cannot disagree on a field. A body with a key given
 //! twice is refused, at any depth, as Firecracker refuses it.
 //!
+//! The balloon's paths are routed here too ([`BalloonRequest`]), and answered
+//! by `preboot` before boot and `balloon` after.
+//!
 //! `PUT /vsock` is taken with or without an id after it (`/vsock/vsock0`,
 //! as clients that still send the deprecated `vsock_id` write it); a
 //! `vsock_id` in the body must then be that id.
 //!
-//! Paths of features minivmm does not have (balloon, MMDS,
+//! Paths of features minivmm does not have (MMDS,
 //! CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
@@ -87,11 +90,14 @@ pub enum ApiRequest {
     CreateSnapshot(Value),
     /// `PUT /snapshot/load`.
     LoadSnapshot(Value),
+    /// `PUT /balloon`.
+    PutBalloon(Value),
+    /// One of the balloon's other paths.
+    Balloon(BalloonRequest),
 }
 
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("balloon", "the balloon device"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("cpu-config", "CPU templates"),
     ("hotplug", "hotplug"),
@@ -116,6 +122,10 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
     let path = req.path.trim_end_matches('/');
     let mut parts = path.split('/').skip(1);
     let first = parts.next().unwrap_or("");
+    if first == "balloon" {
+        let rest: Vec<&str> = parts.collect();
+        return route_balloon(req, &rest);
+    }
     let second = parts.next();
     if parts.next().is_some() {
         return Err(unknown(req));
@@ -179,6 +189,93 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
     Ok(r)
 }
 
+/// The fault of a balloon request on a VM without a balloon.
+pub const NO_BALLOON: &str = "no balloon device is configured (PUT /balloon before \
+                              InstanceStart, or the config file's balloon section)";
+
+/// A request on one of the balloon's paths but `PUT /balloon`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BalloonRequest {
+    /// `GET /balloon`.
+    Get,
+    /// `PATCH /balloon`: the new target in MiB.
+    Patch(u32),
+    /// `GET /balloon/statistics`.
+    GetStats,
+    /// `PATCH /balloon/statistics`: the new interval in seconds.
+    PatchStats(u16),
+    /// `PATCH /balloon/hinting/start`: whether to acknowledge the guest's
+    /// STOP at once.
+    StartHinting(bool),
+    /// `GET /balloon/hinting/status`.
+    HintingStatus,
+    /// `PATCH /balloon/hinting/stop`.
+    StopHinting,
+}
+
+/// Firecracker's `BalloonUpdate`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Update {
+    amount_mib: u32,
+}
+
+/// Firecracker's `BalloonStatsUpdate`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatsUpdate {
+    stats_polling_interval_s: u16,
+}
+
+/// Firecracker's `BalloonStartCmd`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartCmd {
+    #[serde(default = "acknowledge_by_default")]
+    acknowledge_on_stop: bool,
+}
+
+fn acknowledge_by_default() -> bool {
+    true
+}
+
+/// Routes `/balloon` and its sub-paths (`rest`, the segments after
+/// `balloon`); `Err` is the fault message of a `400`. `PUT /balloon`, a
+/// configuration body as the others, is `ApiRequest::PutBalloon`; the
+/// others are answered by `preboot` and `balloon`.
+fn route_balloon(req: &Request, rest: &[&str]) -> Result<ApiRequest, String> {
+    use BalloonRequest as B;
+    let m = &req.method;
+    let r = match (rest, m) {
+        ([], Method::Put) => return Ok(ApiRequest::PutBalloon(json(req)?)),
+        ([], Method::Get) => B::Get,
+        ([], Method::Patch) => B::Patch(typed::<Update>(req)?.amount_mib),
+        (["statistics"], Method::Get) => B::GetStats,
+        (["statistics"], Method::Patch) => {
+            B::PatchStats(typed::<StatsUpdate>(req)?.stats_polling_interval_s)
+        }
+        (["hinting", "start"], Method::Patch) if req.body.is_empty() => B::StartHinting(true),
+        (["hinting", "start"], Method::Patch) => {
+            B::StartHinting(typed::<StartCmd>(req)?.acknowledge_on_stop)
+        }
+        (["hinting", "status"], Method::Get) => B::HintingStatus,
+        // Firecracker reads no body here; its examples send `{}`.
+        (["hinting", "stop"], Method::Patch) => B::StopHinting,
+        ([] | ["statistics"] | ["hinting", "start" | "status" | "stop"], _) => {
+            return Err(format!(
+                "invalid request method {} for {}",
+                method_name(m),
+                req.path
+            ))
+        }
+        _ => return Err(format!("invalid request: unknown path {}", req.path)),
+    };
+    if matches!(m, Method::Get) && !req.body.is_empty() {
+        return Err(format!("GET {} takes no body", req.path));
+    }
+    Ok(ApiRequest::Balloon(r))
+}
+
 /// Whether `first`/`second` is one of the paths above with some method.
 fn known_path(first: &str, second: Option<&str>) -> bool {
     match first {
@@ -192,7 +289,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
     }
 }
 
-fn method_name(m: &Method) -> &str {
+pub(super) fn method_name(m: &Method) -> &str {
     match m {
         Method::Get => "GET",
         Method::Put => "PUT",
@@ -205,7 +302,7 @@ fn unknown(req: &Request) -> String {
     format!("invalid request: unknown path {}", req.path)
 }
 
-fn json(req: &Request) -> Result<Value, String> {
+pub(super) fn json(req: &Request) -> Result<Value, String> {
     if req.body.is_empty() {
         return Err(format!(
             "{} {} needs a JSON body",
@@ -221,7 +318,7 @@ fn json(req: &Request) -> Result<Value, String> {
     Ok(v)
 }
 
-fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
+pub(super) fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
     let v = json(req)?;
     serde_json::from_value(v).map_err(|e| format!("invalid body: {e}"))
 }
@@ -416,10 +513,7 @@ mod tests {
                 r.path
             );
         }
-        for (path, feature) in [
-            ("/balloon", "the balloon device"),
-            ("/mmds", "MMDS (the microVM metadata service)"),
-        ] {
+        for (path, feature) in [("/mmds", "MMDS (the microVM metadata service)")] {
             assert_eq!(
                 route(&req(Put, path, "{}")),
                 Err(format!("{feature} is not supported by minivmm")),

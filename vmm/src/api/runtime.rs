@@ -138,6 +138,7 @@ impl Runtime {
                     }
                 }
             }
+            ApiRequest::Balloon(b) => super::balloon::runtime(b, &mut self.config, &self.devices),
             ApiRequest::Action(Action::InstanceStart) => {
                 Response::fault("InstanceStart: the microVM is already running")
             }
@@ -154,7 +155,8 @@ impl Runtime {
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
             | ApiRequest::PutEntropy(_)
-            | ApiRequest::PutVsock(_) => Response::fault(
+            | ApiRequest::PutVsock(_)
+            | ApiRequest::PutBalloon(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -679,6 +681,7 @@ pub(crate) mod drive_tests {
             nets: Vec::new(),
             drives: configs,
             entropy: None,
+            balloon: None,
             vsock: None,
             metrics: None,
             logger: Default::default(),

@@ -374,10 +374,10 @@ mod tests {
         );
         assert!(ok.starts_with("HTTP/1.1 204 No Content\r\n"), "{ok}");
         // The same connection stays usable after an error the router found.
-        let bad = exchange(&mut c, b"GET /balloon HTTP/1.1\r\n\r\n");
+        let bad = exchange(&mut c, b"GET /nope HTTP/1.1\r\n\r\n");
         assert!(bad.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{bad}");
         assert!(
-            bad.ends_with(r#"{"fault_message":"the balloon device is not supported by minivmm"}"#),
+            bad.ends_with(r#"{"fault_message":"invalid request: unknown path /nope"}"#),
             "{bad}"
         );
         // Pipelined: answered in order, each once.

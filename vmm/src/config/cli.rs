@@ -429,6 +429,7 @@ impl Cli {
                 .map(|s| parse_disk(s))
                 .collect::<Result<Vec<_>, _>>()?,
             entropy: self.rng.as_deref().map(parse_rng).transpose()?,
+            balloon: None,
             vsock: self.vsock.as_deref().map(parse_vsock).transpose()?,
             metrics_path: self.metrics,
             metrics_interval_s: self.metrics_interval,

@@ -137,14 +137,17 @@ pub enum ConfigError {
     },
     /// More virtio devices than IRQ lines.
     #[error(
-        "{0} virtio devices (network interfaces, drives, the entropy and vsock devices) is too many: \
-         at most {MAX_NICS}"
+        "{0} virtio devices (network interfaces, drives, the entropy and vsock devices and \
+         the balloon) is too many: at most {MAX_NICS}"
     )]
     TooManyDevices(usize),
     /// A vsock device the VMM cannot make (a reserved CID, a path that
     /// cannot be a socket).
     #[error("vsock: {0}")]
     Vsock(String),
+    /// A balloon target above guest memory.
+    #[error("balloon: amount_mib {0} is more than the guest's {1} MiB of memory")]
+    BalloonTooLarge(u32, u64),
     /// A bad rate limiter bucket of the entropy device.
     #[error("entropy device: rate_limiter")]
     Entropy(#[source] RateLimiterError),

@@ -5,9 +5,9 @@
 //! `boot-source`, `machine-config`, `network-interfaces` (with
 //! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
 //! `entropy` (with `rate_limiter`), `vsock` (with the deprecated `vsock_id`,
-//! accepted and ignored), `metrics` and `logger`; every other Firecracker section may be `null` (as
+//! accepted and ignored), `balloon`, `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
-//! a vhost-user drive (`socket`), a `balloon`, `mmds-config` and so on, or
+//! a vhost-user drive (`socket`), `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
 //! the section they belong to (documented in the README): `cmdline_extra` in
@@ -70,7 +70,6 @@ pub enum FileError {
 /// Sections a Firecracker file may carry that minivmm does not implement;
 /// `null` is accepted for each.
 const UNSUPPORTED: &[&str] = &[
-    "balloon",
     "cpu-config",
     "memory-hotplug",
     "mmds-config",
@@ -264,7 +263,8 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                 s.metrics_interval_s = m.interval_s;
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
-            "metrics" | "logger" | "entropy" | "vsock" => {}
+            "balloon" if !value.is_null() => s.balloon = Some(section(&key, value)?),
+            "metrics" | "logger" | "entropy" | "vsock" | "balloon" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
@@ -562,7 +562,7 @@ mod tests {
             ),
             (
                 format!(r#"{{{boot}, "balloon": {{"amount_mib": 1}}}}"#),
-                "section 'balloon' is not supported",
+                "in 'balloon': missing field `deflate_on_oom`",
             ),
             (
                 format!(
@@ -728,6 +728,20 @@ mod tests {
     }
 
     #[test]
+    fn the_balloon_section_is_firecrackers() {
+        assert_eq!(parse(r#"{"balloon": null}"#).unwrap(), Settings::default());
+        let s = parse(
+            r#"{"balloon": {"amount_mib": 0, "deflate_on_oom": false, "stats_polling_interval_s": 1}}"#,
+        )
+        .unwrap();
+        let b = s.balloon.unwrap().config();
+        assert_eq!((b.amount_mib, b.stats_polling_interval_s), (0, 1));
+        assert!(!b.free_page_hinting && !b.free_page_reporting && !b.deflate_on_oom);
+        let e = parse(r#"{"balloon": {"amount_mib": 0, "deflate_on_oom": false, "x": 1}}"#);
+        assert!(e.unwrap_err().to_string().contains("in 'balloon'"));
+    }
+
+    #[test]
     fn the_entropy_section_is_firecrackers() {
         assert_eq!(parse(r#"{"entropy": null}"#).unwrap(), Settings::default());
         let s = parse(r#"{"entropy": {}}"#).unwrap();
@@ -788,9 +802,9 @@ mod tests {
             );
         }
         // Only pmem: the other sections are objects in Firecracker's layout.
-        let line = crate::error_line(&parse(r#"{"balloon": []}"#).unwrap_err());
+        let line = crate::error_line(&parse(r#"{"mmds-config": []}"#).unwrap_err());
         assert!(
-            line.contains("section 'balloon' is not supported"),
+            line.contains("section 'mmds-config' is not supported"),
             "{line}"
         );
     }

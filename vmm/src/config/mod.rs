@@ -9,7 +9,7 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → the device sections (`net`, `drive`, `entropy`, `vsock`) → the shared pieces
+//! `settings` → the device sections (`net`, `drive`, `entropy`, `vsock`, `balloon`) → the shared pieces
 //! ([`parse`], the value parsers; [`ids`], the rule for instance and device
 //! ids) → `error` → this module, which depends on none of them (`render`
 //! reads `net` and this module only); [`json`] (the parser that refuses a
@@ -28,6 +28,7 @@ use log::LevelFilter;
 
 use crate::process::seccomp::SeccompMode;
 
+pub mod balloon;
 pub mod cli;
 pub mod drive;
 pub mod entropy;
@@ -54,7 +55,7 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 /// IOAPIC id follows the last CPU.
 pub const MAX_VCPUS: u8 = 254;
 /// The most virtio devices (network cards, drives, the entropy and vsock
-/// devices together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
+/// devices and the balloon together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
 pub const MAX_NICS: usize =
     (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
 /// The default metrics flush interval (Firecracker's).
@@ -83,6 +84,8 @@ pub enum DeviceKind {
     Rng,
     /// The vsock device (virtio-vsock).
     Vsock,
+    /// The balloon (virtio-balloon).
+    Balloon,
 }
 
 impl DeviceKind {
@@ -94,6 +97,7 @@ impl DeviceKind {
             DeviceKind::Block => "drive",
             DeviceKind::Rng => "entropy device",
             DeviceKind::Vsock => "vsock device",
+            DeviceKind::Balloon => "balloon device",
         }
     }
 
@@ -104,17 +108,19 @@ impl DeviceKind {
             DeviceKind::Block => "a drive",
             DeviceKind::Rng => "the entropy device",
             DeviceKind::Vsock => "the vsock device",
+            DeviceKind::Balloon => "the balloon device",
         }
     }
 
     /// The field of Firecracker's bodies that names a device of the kind
     /// (`iface_id`, `drive_id`); none for the one entropy device, nor for
-    /// the one vsock device (whose `vsock_id` is deprecated and ignored).
+    /// the one vsock device (whose `vsock_id` is deprecated and ignored),
+    /// nor for the one balloon.
     pub fn id_key(self) -> Option<&'static str> {
         match self {
             DeviceKind::Net => Some("iface_id"),
             DeviceKind::Block => Some("drive_id"),
-            DeviceKind::Rng | DeviceKind::Vsock => None,
+            DeviceKind::Rng | DeviceKind::Vsock | DeviceKind::Balloon => None,
         }
     }
 
@@ -226,6 +232,10 @@ pub struct VmmConfig {
     /// The vsock device, if there is one (after the entropy device), under
     /// [`vsock::VSOCK_ID`].
     pub vsock: Option<devices::virtio::vsock::VsockConfig>,
+    /// The balloon, if there is one (after the vsock device), under
+    /// [`balloon::BALLOON_ID`]; its target and statistics interval follow
+    /// the API's changes while the VM runs.
+    pub balloon: Option<devices::virtio::balloon::BalloonConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.
@@ -253,7 +263,14 @@ impl VmmConfig {
             .vsock
             .as_ref()
             .map(|v| (DeviceKind::Vsock, v.id.as_str()));
-        nets.chain(drives).chain(entropy).chain(vsock)
+        let balloon = self
+            .balloon
+            .as_ref()
+            .map(|_| (DeviceKind::Balloon, balloon::BALLOON_ID));
+        nets.chain(drives)
+            .chain(entropy)
+            .chain(vsock)
+            .chain(balloon)
     }
 
     /// The rate limiter `name` (its field in Firecracker's layout) of the
@@ -278,8 +295,8 @@ impl VmmConfig {
                 (name == "rate_limiter").then_some(&mut drive.rate_limiter)
             }
             // Nothing of the entropy device changes while it runs (it has
-            // no control).
-            DeviceKind::Rng => None,
+            // no control); the balloon has no limiter.
+            DeviceKind::Rng | DeviceKind::Balloon => None,
             DeviceKind::Vsock => None,
         }
     }
@@ -292,7 +309,7 @@ impl VmmConfig {
                 let drive = self.drives.iter_mut().find(|d| d.device.id == id)?;
                 Some(&mut drive.device.path)
             }
-            DeviceKind::Net | DeviceKind::Rng | DeviceKind::Vsock => None,
+            DeviceKind::Net | DeviceKind::Rng | DeviceKind::Vsock | DeviceKind::Balloon => None,
         }
     }
 }

@@ -32,13 +32,15 @@
 //!   accepts (`false`, `"None"`). `entropy` is `null` without the device,
 //!   and `{"rate_limiter": ...}` with it, as Firecracker writes it; `vsock`
 //!   is `null` without the device and `{"guest_cid": N, "uds_path": PATH}`
-//!   with it, without the deprecated `vsock_id`, as Firecracker writes it.
+//!   with it, without the deprecated `vsock_id`, as Firecracker writes it;
+//!   `balloon` likewise, with Firecracker's five fields when there is one,
+//!   its target and statistics interval as the API last set them.
 //!   `boot-source` carries `cmdline_extra` (`--cmdline`, words after
 //!   everything minivmm adds) only when set; it is a minivmm key of the
 //!   file like `host_quirks`, since folding the words into `boot_args` would
 //!   move them before the device and root words and change the command line.
 //! - Firecracker's sections minivmm does not have are written as
-//!   Firecracker's own answer has them (its `VmmConfig`): `balloon`,
+//!   Firecracker's own answer has them (its `VmmConfig`):
 //!   `cpu-config`, `memory-hotplug` and `mmds-config` `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
 //!   it); `serial`, which Firecracker never answers with, is left out.
 //! - `logger.level` uses the spellings of Firecracker's enum (`Warning`, not
@@ -105,7 +107,7 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
         "drives": cfg.drives.iter().map(drive).collect::<Vec<_>>(),
         "logger": logger(&cfg.logger),
         "metrics": cfg.metrics.as_ref().map(metrics),
-        "balloon": null,
+        "balloon": cfg.balloon.as_ref().map(super::balloon::render),
         "cpu-config": null,
         "entropy": cfg.entropy.as_ref().map(entropy),
         "memory-hotplug": null,

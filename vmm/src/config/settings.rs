@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use log::LevelFilter;
 
+use super::balloon::{finish_balloon, BalloonSpec};
 use super::drive::{finish_drives, DriveSpec};
 use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
@@ -50,6 +51,9 @@ pub struct Settings {
     pub entropy: Option<EntropySpec>,
     /// The vsock device, if asked for.
     pub vsock: Option<VsockSpec>,
+    /// The balloon, if asked for (the config file and `PUT /balloon`
+    /// only: no flag has one, as in Firecracker).
+    pub balloon: Option<BalloonSpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -97,6 +101,7 @@ impl Settings {
             // One device, given whole by either input: the command line's
             // replaces the file's.
             vsock: over.vsock.or(self.vsock),
+            balloon: over.balloon.or(self.balloon),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -122,13 +127,19 @@ impl Settings {
         let devices = nets.len()
             + self.drives.len()
             + usize::from(self.entropy.is_some())
-            + usize::from(self.vsock.is_some());
+            + usize::from(self.vsock.is_some())
+            + usize::from(self.balloon.is_some());
         if devices > MAX_NICS {
             return Err(ConfigError::TooManyDevices(devices));
         }
         let drives = finish_drives(self.drives)?;
         let entropy = self.entropy.map(finish_entropy).transpose()?;
         let vsock = self.vsock.map(finish_vsock).transpose()?;
+        let mem_mib = validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?;
+        let balloon = self
+            .balloon
+            .map(|b| finish_balloon(b, mem_mib))
+            .transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -143,12 +154,13 @@ impl Settings {
             initramfs: self.initramfs,
             boot_args: self.boot_args,
             cmdline_extra: self.cmdline_extra,
-            mem_mib: validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?,
+            mem_mib,
             vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
             nets,
             drives,
             entropy,
             vsock,
+            balloon,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,

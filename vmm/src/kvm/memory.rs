@@ -17,25 +17,35 @@ pub enum MemoryError {
     Register(u32, #[source] kvm_ioctls::Error),
 }
 
-/// Allocates `regions` of anonymous memory and hands each to KVM as a slot.
+/// Allocates `regions` of anonymous memory and hands each to KVM as a slot,
+/// asking for transparent huge pages when `thp`.
+///
+/// A VM with a balloon gets none: the balloon gives 4 KiB pages back with
+/// `MADV_DONTNEED`, which splits a huge page's mapping, and khugepaged
+/// would later collapse such a range into a whole huge page again (the
+/// default `max_ptes_none` lets it fill 511 holes of 512), taking back the
+/// memory the guest gave up.
 pub fn create_guest_memory(
     vm: &VmFd,
     regions: &[(GuestAddress, usize)],
     mem_mib: u64,
+    thp: bool,
 ) -> Result<GuestMemoryMmap<()>, MemoryError> {
     let mem = GuestMemoryMmap::<()>::from_ranges(regions)
         .map_err(|e| MemoryError::Allocate(mem_mib, e))?;
-    register_guest_memory(vm, &mem, false)?;
+    register_guest_memory(vm, &mem, false, thp)?;
     Ok(mem)
 }
 
 /// Hands every region of `mem` to KVM as a slot, numbered in order;
 /// `dirty_log` has KVM track the pages the guest writes
-/// (`KVM_MEM_LOG_DIRTY_PAGES`, for Diff snapshots).
+/// (`KVM_MEM_LOG_DIRTY_PAGES`, for Diff snapshots); `thp` asks for
+/// transparent huge pages ([`create_guest_memory`] says when not).
 pub fn register_guest_memory(
     vm: &VmFd,
     mem: &GuestMemoryMmap<()>,
     dirty_log: bool,
+    thp: bool,
 ) -> Result<(), MemoryError> {
     for (slot, region) in mem.iter().enumerate() {
         let slot = slot as u32;
@@ -49,16 +59,19 @@ pub fn register_guest_memory(
         // KVM can map the guest with large pages. Only advice: where THP is
         // off, or this fails, only speed changes (a private file mapping,
         // a restored guest's memory, takes no huge pages anyway).
-        // SAFETY: the range is exactly the mapping `region` owns;
-        // MADV_HUGEPAGE only changes how the kernel backs it, not its
-        // contents or permissions.
-        let ret =
-            unsafe { libc::madvise(host_addr.cast(), region.len() as usize, libc::MADV_HUGEPAGE) };
-        if ret != 0 {
-            log::debug!(
-                "guest memory slot {slot}: no transparent huge pages: {}",
-                std::io::Error::last_os_error()
-            );
+        if thp {
+            // SAFETY: the range is exactly the anonymous mapping `region`
+            // owns; MADV_HUGEPAGE only changes how the kernel backs it, not
+            // its contents or permissions.
+            let ret = unsafe {
+                libc::madvise(host_addr.cast(), region.len() as usize, libc::MADV_HUGEPAGE)
+            };
+            if ret != 0 {
+                log::debug!(
+                    "guest memory slot {slot}: no transparent huge pages: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
         }
         let kvm_region = kvm_userspace_memory_region {
             slot,

@@ -133,7 +133,7 @@ pub fn restore(
     steps.done("kvm");
     let mem = super::memory::map_from_file(mem_file, state.mem_mib)
         .map_err(|e| fail(crate::error_line(&e)))?;
-    register_guest_memory(&vm, &mem, params.track_dirty_pages)?;
+    register_guest_memory(&vm, &mem, params.track_dirty_pages, false)?;
     steps.done("memory");
     create_irqchip(&vm)?;
     steps.done("irqchip");

@@ -149,6 +149,18 @@ impl GuestRegions {
         (len > 0 && len <= r.len - off).then_some(r.host + off as usize)
     }
 
+    /// `[gpa, gpa + len)` as one host segment, if the whole range lies
+    /// inside one region (`len` > 0): the balloon's way from a page frame
+    /// number the guest sent to the memory it names.
+    #[inline]
+    pub(crate) fn segment(&self, gpa: u64, len: u64) -> Option<IoSeg> {
+        let host = self.host_range(gpa, len)?;
+        // SAFETY: `host_range` found [host, host + len) inside one region,
+        // which `self._mapped` keeps mapped; `len` fits usize because the
+        // region's length does (checked in `new`).
+        Some(unsafe { IoSeg::new(host, len as usize) })
+    }
+
     /// `[gpa, gpa + len)` as a [`HostArea`] aligned to `align` bytes on the
     /// host side too, if it lies inside one region.
     pub(crate) fn area(&self, gpa: u64, len: usize, align: usize) -> Option<HostArea> {

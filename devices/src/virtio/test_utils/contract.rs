@@ -12,7 +12,7 @@
 //! | `kick_before_driver_ok` | serve a request posted and kicked before DRIVER_OK once DRIVER_OK comes |
 //! | `activation_twice` | shrug off DRIVER_OK written twice; a second activation without a reset replaces the first |
 //! | `reset_clears` | after a reset serve nothing of the old rings, not even a kick already made; start clean on new rings with new features |
-//! | `config_space` | answer reads at every offset and width consistently (zeros past its end), ignore and count writes |
+//! | `config_space` | answer reads at every offset and width consistently (zeros past its end), ignore and count writes (but to the bytes the driver may write) |
 //! | `looping_chains` | refuse a chain that loops or links out of its table, give it back with length 0, count it, go on |
 //! | `outside_memory` | the same for buffers outside guest memory or across its end |
 //! | `avail_index` | stop only the queue when the avail index runs too far ahead (DEVICE_NEEDS_RESET), come back after a reset |
@@ -54,6 +54,9 @@ pub trait ContractDevice: VirtioDevice + MutEventSubscriber + Sized + 'static {
     const CONFIG_LEN: u64;
     /// Its counter of chains refused and given back with length 0.
     const REFUSED: &'static str;
+    /// The bytes of its configuration space the driver may write (the
+    /// balloon's `actual`); the contract leaves them alone. None by default.
+    const WRITABLE_CONFIG: std::ops::Range<u64> = 0..0;
 
     /// A device over `mem` with its defaults (and no time budget: what a
     /// pass does must not depend on the machine's speed).
@@ -462,8 +465,12 @@ pub fn config_space<D: ContractDevice>() {
     };
     check(&mut r);
     let mut writes = 0;
+    let w = D::WRITABLE_CONFIG;
     for width in [1, 2, 4, 8] {
         for off in 0..end {
+            if off < w.end && w.start < off + width as u64 {
+                continue;
+            }
             r.drv
                 .transport_mut()
                 .write(CONFIG_SPACE_OFFSET + off, &vec![0x5a; width]);
