@@ -31,6 +31,8 @@ seeds=../corpus/$target
 mkdir -p "$work" "$seeds"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# The workers' logs of an earlier campaign would be counted again.
+rm -f fuzz-*.log
 
 # -timeout: an input runs in milliseconds; 10 s is a hang even on a loaded
 # 2-core machine (1 s gave a spurious timeout: the input ran in 1 ms).
@@ -42,8 +44,13 @@ cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O ${FUZZ_FLAGS:-} "$target" "$wo
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     $([ -n "${RUNS:-}" ] && echo "-runs=$RUNS") \
     $([ "$jobs" -gt 1 ] && echo "-jobs=$jobs -workers=$jobs") >"$log" 2>&1 || status=$?
+# With several jobs each worker writes fuzz-N.log and the main log repeats
+# their lines: count the workers' logs alone (their figures twice, else).
 logs=("$log")
-for f in fuzz-*.log; do [ -e "$f" ] && logs+=("$f"); done
+if [ "$jobs" -gt 1 ]; then
+    logs=()
+    for f in fuzz-*.log; do [ -e "$f" ] && logs+=("$f"); done
+fi
 grep -hE "^#[0-9]+[[:space:]]+(DONE|INITED)|ERROR|panicked" "${logs[@]}" || true
 execs=$(cat "${logs[@]}" | { grep -oE "stat::number_of_executed_units: [0-9]+" || true; } \
     | awk '{s += $2} END {print s + 0}')

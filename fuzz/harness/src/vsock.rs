@@ -395,24 +395,42 @@ impl Rig {
             hdr.len = (len as i64 + i64::from(skew)).max(0) as u32;
         }
         let opens = op == Op::Request as u16 || op == Op::Response as u16;
-        let c = self.conns.entry(key).or_default();
-        if opens {
+        // A packet the device drops before it looks for a connection (a
+        // wrong CID or type, a length past the chain) changes nothing the
+        // device holds, so it must not change the model either: a dropped
+        // REQUEST after raw credit would otherwise make an honest model
+        // of a connection the device still credits by the raw values.
+        let reaches = !p.bad_cid && !p.bad_dst_cid && !p.bad_type && hdr.len as usize <= len;
+        // The model of a key the guest already used: a REQUEST or RESPONSE
+        // on it resets the device's connection, whose RW packets may
+        // already wait in RX buffers, under the old credit.
+        let existed = self.conns.contains_key(&key);
+        let mut scratch = GuestConn::default();
+        let c = match reaches {
+            true => self.conns.entry(key).or_default(),
+            false => self.conns.get_mut(&key).map_or(&mut scratch, |c| &mut *c),
+        };
+        if opens && reaches {
             *c = GuestConn {
                 buf_alloc: u32::from(p.buf_alloc) % 16385,
+                tainted: existed,
                 ..GuestConn::default()
             };
         }
         match p.raw_credit {
             Some((b, f)) => {
-                c.tainted = true;
+                c.tainted |= reaches;
                 hdr.buf_alloc = b;
                 hdr.fwd_cnt = f;
             }
             None => {
                 // Honest: a fixed buffer, everything received consumed.
-                c.fwd_sent = c.received;
+                let fwd = c.received;
+                if reaches {
+                    c.fwd_sent = fwd;
+                }
                 hdr.buf_alloc = c.buf_alloc;
-                hdr.fwd_cnt = c.fwd_sent;
+                hdr.fwd_cnt = fwd;
             }
         }
         self.post_tx(&hdr, len, &p.cuts);
