@@ -91,6 +91,26 @@ fn local_addr(fd: RawFd) -> io::Result<(u32, u32)> {
     Ok((a.svm_cid, a.svm_port))
 }
 
+/// `IOCTL_VM_SOCKETS_GET_LOCAL_CID` (`_IO(7, 0xb9)`, linux/vm_sockets.h), which libc does
+/// not define.
+const IOCTL_VM_SOCKETS_GET_LOCAL_CID: libc::c_ulong = 0x7b9;
+
+/// This machine's own CID as its vsock transport has it (`/dev/vsock`): in a guest, the CID
+/// in the device's configuration space.
+fn device_cid() -> io::Result<u32> {
+    let dev = std::fs::File::open("/dev/vsock")?;
+    let mut cid: u32 = libc::VMADDR_CID_ANY;
+    // SAFETY: the ioctl writes one u32 through the pointer, to `cid`, which outlives the call.
+    cvt(unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            IOCTL_VM_SOCKETS_GET_LOCAL_CID as _,
+            &mut cid,
+        )
+    })?;
+    Ok(cid)
+}
+
 /// An `AF_VSOCK` connection to `cid`:`port` (the kernel's connect time-out, 2 s, applies).
 pub fn connect_cid(cid: u32, port: u32) -> io::Result<UnixStream> {
     let fd = vsock_socket()?;
@@ -299,7 +319,12 @@ impl Drop for VsockListener {
 /// of the connection), shuts the connection down and returns the line.
 pub fn hello(port: u32) -> io::Result<String> {
     let mut s = connect_cid(HOST_CID, port)?;
-    let (cid, _) = local_addr(s.as_raw_fd())?;
+    let (mut cid, _) = local_addr(s.as_raw_fd())?;
+    if cid == libc::VMADDR_CID_ANY {
+        // Linux 6.1 leaves an auto-bound connection's local CID as "any";
+        // the transport knows the guest's own.
+        cid = device_cid()?;
+    }
     let line = format!("MINIVMM-VSOCK-HELLO {cid}\n");
     s.set_write_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(line.as_bytes())?;
@@ -310,6 +335,19 @@ pub fn hello(port: u32) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The transport's CID is a real one (2 on a host, the guest's own, 3 or more, in a
+    /// guest; this machine may itself be a guest), never the wildcard.
+    #[test]
+    fn the_device_cid_is_not_the_wildcard() {
+        if !Path::new("/dev/vsock").exists() {
+            println!("SKIP the_device_cid_is_not_the_wildcard: no /dev/vsock on this host");
+            return;
+        }
+        let cid = device_cid().unwrap();
+        assert_ne!(cid, libc::VMADDR_CID_ANY);
+        assert!(cid >= libc::VMADDR_CID_HOST, "CID {cid}");
+    }
 
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("mvperf-vsock-{name}-{}", std::process::id()));
