@@ -182,6 +182,21 @@ pub(crate) fn with_tail<R>(
     r
 }
 
+/// Fills `buf` from `getrandom(2)` (the kernel's CSPRNG), asking again
+/// after a short return: MMDS's session tokens and sequence numbers.
+pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match host_buf(&mut buf[done..], |io| io.getrandom()) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Calls `f` with a host buffer as the only segment (the bounce-buffer
 /// baseline).
 pub(crate) fn host_buf<R>(buf: &mut [u8], f: impl FnOnce(IoVecs<'_>) -> R) -> R {
