@@ -335,7 +335,7 @@ mod tests {
     fn test_parse_boundaries() {
         assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Parsed::Incomplete);
         assert_eq!(parse(&[b'a'; MAX_REQUEST_LEN]), Parsed::TooLarge);
-        assert_eq!(parse(b"GET / HTTP/2\r\n\r\n"), Parsed::Bad(18));
+        assert_eq!(parse(b"GET / HTTP/2\r\n\r\n"), Parsed::Bad(16));
         assert_eq!(parse(b"get / HTTP/1.1\r\n\r\n"), Parsed::Bad(18));
         assert_eq!(parse(b"GET x HTTP/1.1\r\n\r\n"), Parsed::Bad(18));
         assert_eq!(parse(b"GET /  HTTP/1.1\r\n\r\n"), Parsed::Bad(19));
@@ -346,7 +346,7 @@ mod tests {
             parse(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
             Parsed::Bad(46)
         );
-        assert_eq!(parse(b"\xff / HTTP/1.1\r\n\r\n"), Parsed::Bad(17));
+        assert_eq!(parse(b"\xff / HTTP/1.1\r\n\r\n"), Parsed::Bad(16));
         // A body is waited for, and one that cannot fit is too large.
         assert_eq!(parse(b"PUT / HTTP/1.1\r\nContent-Length: 3\r\n\r\nab"), Parsed::Incomplete);
         let whole = b"PUT / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET";

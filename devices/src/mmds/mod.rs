@@ -37,6 +37,8 @@
 //! cover, for features (retransmission timers, congestion control, options)
 //! this link does not use.
 
+#[cfg(any(test, feature = "test-utils"))]
+pub mod guest;
 pub mod http;
 pub mod metrics;
 pub mod packet;
@@ -44,6 +46,9 @@ pub mod stack;
 pub mod store;
 pub mod tcp;
 pub mod token;
+
+#[cfg(test)]
+mod tests;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 

@@ -270,7 +270,7 @@ mod tests {
         let mut m = Mmds::new(20);
         assert_eq!(m.patch(&json!({"a":1})), Err(MmdsError::NotInitialized));
         m.put(json!({"a":"0123456789"})).expect("18 bytes fit in 20");
-        assert_eq!(m.put(json!({"a":"0123456789x"})), Err(MmdsError::SizeLimit));
+        assert_eq!(m.put(json!({"a":"0123456789xyz"})), Err(MmdsError::SizeLimit));
         assert_eq!(m.patch(&json!({"b":1})), Err(MmdsError::SizeLimit));
         assert_eq!(m.data(), json!({"a":"0123456789"}));
         // Exactly at the bound fits.

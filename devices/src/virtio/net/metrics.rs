@@ -23,6 +23,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
+use crate::mmds::MmdsMetrics;
 use crate::virtio::metrics::Counters;
 
 pub use crate::virtio::time_counter::TimeCounter;
@@ -120,6 +121,10 @@ pub struct NetMetrics {
     /// TX batches handed to the backend with one `io_uring_enter` (0 with
     /// `io_engine` Sync); `tx_frames / tx_batches` is frames per system call.
     pub tx_batches: AtomicU64,
+    /// What MMDS did on this card (keys `mmds_*`, all 0 on a card MMDS
+    /// does not serve).
+    #[serde(flatten)]
+    pub mmds: MmdsMetrics,
 }
 
 impl Counters for NetMetrics {

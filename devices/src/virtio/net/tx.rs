@@ -25,6 +25,8 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
+use crate::mmds::packet::CLAIM_PREFIX;
+use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
@@ -251,12 +253,38 @@ impl TxVirtio {
         }
     }
 
+    /// Hands the chain just walked (its segments from `start` on) to MMDS
+    /// if its frame is for MMDS, and returns it to the guest: such a frame
+    /// never reaches the backend. MMDS frames pay no TX limiter (they use
+    /// no TAP bandwidth); the pass's weights and budget bound them as any
+    /// frame.
+    #[inline(never)]
+    fn to_mmds(
+        &mut self,
+        m: &mut MmdsStack,
+        head: u16,
+        start: usize,
+        len: usize,
+        metrics: &NetMetrics,
+    ) -> bool {
+        let (prefix, _) = iov::read_array::<CLAIM_PREFIX>(&self.batch.segs[start..], 0);
+        if !m.claims(&prefix, len) {
+            return false;
+        }
+        iov::copy_from_segs(&self.batch.segs[start..], m.inbound());
+        self.batch.segs.truncate(start);
+        m.receive_inbound(std::time::Instant::now(), &metrics.mmds);
+        self.queue.add_used(head, 0);
+        true
+    }
+
     /// Walks chains into the batch until it is full, the ring is empty, the
     /// pass must yield or the rate limiter holds a chain back. A chain the
     /// limiter held back before is paid for first.
     fn fill(
         &mut self,
         mut limiter: Option<&mut RateLimiter>,
+        mut mmds: Option<&mut MmdsStack>,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<TxFill, QueueError> {
@@ -297,6 +325,12 @@ impl TxVirtio {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
+                    // Without MMDS on the card this is one branch per frame.
+                    if let Some(m) = mmds.as_deref_mut() {
+                        if self.to_mmds(m, head, start, chain.len, metrics) {
+                            continue;
+                        }
+                    }
                     // Without a limiter this is one branch per frame.
                     let paid = match limiter.as_deref_mut() {
                         None => true,
@@ -486,6 +520,7 @@ impl TxVirtio {
         backend: &B,
         ring: &mut Option<WriteRing>,
         mut limiter: Option<&mut RateLimiter>,
+        mut mmds: Option<&mut MmdsStack>,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
     ) -> TxStatus {
@@ -505,7 +540,7 @@ impl TxVirtio {
                 if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
                     break 'pass TxStatus::Blocked;
                 }
-                let fill = match self.fill(limiter.as_deref_mut(), &mut pass, metrics) {
+                let fill = match self.fill(limiter.as_deref_mut(), mmds.as_deref_mut(), &mut pass, metrics) {
                     Ok(fill) => fill,
                     Err(e) => {
                         // What was walked before the failure still goes out.
