@@ -144,7 +144,7 @@ mod tests {
 
     /// Every key the JSON had when it was listed by hand, then the
     /// limiter's: a renamed field fails here.
-    const KEYS: [&str; 33] = [
+    const KEYS: [&str; 44] = [
         "rx_frames",
         "rx_bytes",
         "rx_buffers",
@@ -178,6 +178,17 @@ mod tests {
         "tx_throttled_ns",
         "tx_batches",
         "interrupts_coalesced",
+        "mmds_rx_frames",
+        "mmds_rx_dropped",
+        "mmds_tx_frames",
+        "mmds_tx_dropped",
+        "mmds_connections_opened",
+        "mmds_connections_reset",
+        "mmds_requests_accepted",
+        "mmds_requests_refused",
+        "mmds_tokens_issued",
+        "mmds_rx_invalid_token",
+        "mmds_rx_no_token",
     ];
 
     #[test]
