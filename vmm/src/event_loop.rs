@@ -50,7 +50,8 @@ pub struct ControlSources {
     pub signals: SignalFd,
     /// Where console input goes.
     pub serial: Arc<Mutex<SerialDevice>>,
-    /// Tells a reset after a guest kernel panic from a plain one.
+    /// Tells a reset after a guest kernel panic from a plain one: set by
+    /// the guest kernel's report through the pvpanic register only.
     pub panicked: Arc<AtomicBool>,
     /// Flushed on `metrics_timer` and SIGUSR1.
     pub metrics: Option<Arc<Mutex<Metrics>>>,
@@ -84,17 +85,17 @@ impl Control {
         self
     }
 
-    /// Answers every request the API thread has sent. The answer goes into
-    /// a channel of one that the API thread waits on; one it gave up on is
-    /// dropped.
+    /// Answers every request the API thread has sent. One the API thread
+    /// gave up on (and told its client so) is dropped unapplied.
     fn on_api(&mut self) {
         let Some((channel, runtime)) = &mut self.api else {
             return;
         };
         let _ = channel.wake.read();
         while let Ok(cmd) = channel.commands.try_recv() {
-            let answer = runtime.serve(cmd.request, cmd.image);
-            let _ = cmd.reply.try_send(answer);
+            if let Some(c) = cmd.claim() {
+                c.reply.send(runtime.serve(c.request, c.image));
+            }
         }
     }
 
@@ -215,13 +216,12 @@ impl MutEventSubscriber for Control {
 #[allow(unsafe_code)]
 mod tests {
     use std::path::PathBuf;
-    use std::sync::mpsc::{self, Receiver};
+    use std::sync::mpsc;
 
     use event_manager::{EventManager, SubscriberOps};
 
     use super::*;
-    use crate::api::command::{open_image, OpenedImage};
-    use crate::api::command::{Answer, ApiCommand};
+    use crate::api::command::{open_image, Answer, ApiCommand, OpenedImage, Ticket};
     use crate::api::routes::ApiRequest;
     use crate::api::runtime::drive_tests::{runtime, Scratch};
 
@@ -434,27 +434,22 @@ mod tests {
         })
         .unwrap()
         .with_api(channel, runtime(&[("rootfs", &old, true)]));
-        let ask = |request: ApiRequest, image: Option<OpenedImage>| -> Receiver<Answer> {
-            let (reply, answer) = mpsc::sync_channel(1);
-            tx.send(ApiCommand {
-                request,
-                image,
-                reply,
-            })
-            .unwrap();
-            answer
+        let ask = |request: ApiRequest, image: Option<OpenedImage>| -> Ticket {
+            let (cmd, ticket) = ApiCommand::new(request, image, None);
+            tx.send(cmd).unwrap();
+            ticket
         };
         let body = serde_json::json!({"drive_id": "rootfs", "path_on_host": new});
         let info = ask(ApiRequest::GetInstanceInfo, None);
         let first = ask(ApiRequest::PatchDrive("rootfs".into(), body.clone()), None);
         wake.write(1).unwrap();
         control.on_api();
-        match info.try_recv() {
-            Ok(Answer::Reply(r)) => assert_eq!(r.status, 200),
+        match info.answer() {
+            Some(Answer::Reply(r)) => assert_eq!(r.status, 200),
             other => panic!("{other:?}"),
         }
-        let (path, read_only) = match first.try_recv() {
-            Ok(Answer::Open { path, read_only }) => (path, read_only),
+        let (path, read_only) = match first.answer() {
+            Some(Answer::Open { path, read_only }) => (path, read_only),
             other => panic!("{other:?}"),
         };
         assert_eq!((path.as_path(), read_only), (new.as_path(), true));
@@ -467,13 +462,29 @@ mod tests {
         );
         wake.write(1).unwrap();
         control.on_api();
-        match second.try_recv() {
-            Ok(Answer::Reply(r)) => assert_eq!(r.status, 204, "{r:?}"),
+        match second.answer() {
+            Some(Answer::Reply(r)) => assert_eq!(r.status, 204, "{r:?}"),
             other => panic!("{other:?}"),
         }
         let Some((_, rt)) = &control.api else {
             panic!("no API");
         };
         assert_eq!(rt.config().drives[0].device.path, new);
+        // A command the API thread gave up on is dropped, not applied.
+        let third = dir.image("third.img", 32);
+        let body = serde_json::json!({"drive_id": "rootfs", "path_on_host": third});
+        let late = ask(
+            ApiRequest::PatchDrive("rootfs".into(), body),
+            Some(open_image(&third, true)),
+        );
+        assert!(late.abandon());
+        wake.write(1).unwrap();
+        control.on_api();
+        assert!(late.answer().is_none(), "answered after it was abandoned");
+        assert!(!late.held_by_vmm(), "the loop kept it");
+        let Some((_, rt)) = &control.api else {
+            panic!("no API");
+        };
+        assert_eq!(rt.config().drives[0].device.path, new, "applied after all");
     }
 }

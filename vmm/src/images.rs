@@ -12,7 +12,7 @@
 //! another process holds an image locked is found when the device opens and
 //! locks it, also before boot.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::config::DriveConfig;
@@ -62,6 +62,9 @@ fn check_image(path: &Path, read_only: bool) -> Result<(u64, u64), String> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(!read_only)
+        // A FIFO put in the file's place since the check above must not
+        // hold this open up (the file is only looked at, then closed).
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| format!("disk image {}: {e}", path.display()))?;
     Ok((meta.dev(), meta.ino()))

@@ -6,9 +6,15 @@
 //! ([`detect_kernel_format`]). linux-loader reads what is there, so a cut
 //! bzImage would boot into garbage: its length is checked against its own
 //! setup header ([`bzimage_expected_len`]) when it is opened.
+//!
+//! Both files are opened without blocking and must be regular files
+//! ([`open_regular`]): a path naming a FIFO (or a device) would otherwise
+//! hold the opening thread until some process opened its other end, and
+//! read as whatever that process wrote.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use arch::x86_64::boot_params::{initrd_load_addr, BootParamsError};
@@ -22,6 +28,10 @@ pub enum KernelError {
     /// The kernel file cannot be opened.
     #[error("cannot open kernel '{0}'")]
     Open(PathBuf, #[source] std::io::Error),
+    /// The kernel or initramfs path names something other than a regular
+    /// file (the first field says which).
+    #[error("{0} '{1}' is not a regular file")]
+    NotAFile(&'static str, PathBuf),
     /// The kernel file is neither ELF nor bzImage.
     #[error("kernel '{0}' is neither an ELF vmlinux nor a bzImage")]
     Format(PathBuf),
@@ -75,6 +85,30 @@ pub fn bzimage_expected_len(head: &[u8]) -> Option<u64> {
     Some((setup_sects + 1) * 512 + u64::from(syssize) * 16)
 }
 
+/// Opens `path` read-only without blocking (a FIFO does not wait for a
+/// writer) and checks that it is a regular file: `Ok(None)` when it is
+/// something else. On a regular file `O_NONBLOCK` changes nothing, so the
+/// flag stays.
+pub fn open_regular(path: &Path) -> std::io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    Ok(file.metadata()?.is_file().then_some(file))
+}
+
+/// [`open_regular`] for `what` (`"kernel"` or `"initramfs"`), `open_err`
+/// wrapping an I/O error.
+fn open_boot_file(
+    what: &'static str,
+    path: &Path,
+    open_err: impl Fn(std::io::Error) -> KernelError,
+) -> Result<File, KernelError> {
+    open_regular(path)
+        .map_err(open_err)?
+        .ok_or_else(|| KernelError::NotAFile(what, path.into()))
+}
+
 /// A kernel image, opened and recognised, not yet loaded.
 #[derive(Debug)]
 pub struct KernelImage {
@@ -88,7 +122,7 @@ impl KernelImage {
     /// header says is refused here.
     pub fn open(path: &Path) -> Result<Self, KernelError> {
         let open_err = |e| KernelError::Open(path.into(), e);
-        let mut file = File::open(path).map_err(open_err)?;
+        let mut file = open_boot_file("kernel", path, open_err)?;
         let mut head = [0u8; 0x206];
         let n = read_up_to(&mut file, &mut head).map_err(open_err)?;
         let format = detect_kernel_format(&head[..n]).ok_or(KernelError::Format(path.into()))?;
@@ -146,7 +180,7 @@ impl Initramfs {
     /// Opens `path` and takes its size.
     pub fn open(path: &Path) -> Result<Self, KernelError> {
         let open_err = |e| KernelError::OpenInitramfs(path.into(), e);
-        let file = File::open(path).map_err(open_err)?;
+        let file = open_boot_file("initramfs", path, open_err)?;
         let len = file.metadata().map_err(open_err)?.len();
         Ok(Initramfs {
             path: path.into(),
@@ -200,6 +234,43 @@ mod tests {
         assert_eq!(detect_kernel_format(&[]), None);
         // A file cut before the signature is not a bzImage.
         assert_eq!(detect_kernel_format(&bz[..0x204]), None);
+    }
+
+    #[test]
+    fn a_fifo_or_a_directory_is_refused_without_waiting() {
+        let dir = std::env::temp_dir().join(format!("minivmm-kernel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("k.fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        // No writer: a blocking open would never return.
+        for (path, what) in [(&fifo, "k.fifo"), (&dir, "minivmm-kernel-")] {
+            let e = KernelImage::open(path).unwrap_err().to_string();
+            assert!(e.starts_with("kernel '") && e.contains(what), "{e}");
+            assert!(e.ends_with("' is not a regular file"), "{e}");
+            let e = Initramfs::open(path).unwrap_err().to_string();
+            assert!(e.starts_with("initramfs '"), "{e}");
+            assert!(e.ends_with("' is not a regular file"), "{e}");
+            assert!(open_regular(path).unwrap().is_none());
+        }
+        let missing = dir.join("missing");
+        let e = KernelImage::open(&missing).unwrap_err();
+        assert!(matches!(e, KernelError::Open(..)), "{e}");
+        let e = Initramfs::open(&missing).unwrap_err();
+        assert!(matches!(e, KernelError::OpenInitramfs(..)), "{e}");
+        // A regular file opens, and reads as usual.
+        let file = dir.join("initrd");
+        std::fs::write(&file, b"0707010").unwrap();
+        assert_eq!(Initramfs::open(&file).unwrap().len, 7);
+        let mut text = String::new();
+        open_regular(&file)
+            .unwrap()
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "0707010");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

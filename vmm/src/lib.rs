@@ -10,6 +10,8 @@ pub mod config;
 pub mod control;
 pub mod device_manager;
 pub mod event_loop;
+pub mod guest_panic;
+pub mod host_socket;
 pub mod images;
 pub mod kernel;
 pub mod kvm;

@@ -11,13 +11,20 @@
 //! Writing must never stall the VMM because a reader is slow or absent: a
 //! line the pipe cannot take now waits in a bounded buffer and goes out with
 //! the next write, ahead of it; whole lines that do not fit the buffer are
-//! dropped and counted. Lines are never interleaved or cut.
+//! dropped and counted. Lines are never interleaved or cut while minivmm
+//! runs.
+//!
+//! Nor does the exit wait ([`NonBlockingLineWriter::finish`]): the last line
+//! goes out behind what is pending if the pipe takes it now, and whatever the
+//! pipe does not take is counted as dropped. (Waiting for a reader would
+//! stall a stop request on a stalled reader, and sleeping is not even allowed
+//! on the thread that exits.) A line the pipe took only the start of stays
+//! cut: a reader sees it without its newline at the end of the stream.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 /// Bytes waiting for a slow reader before whole lines are dropped.
 const MAX_PENDING: usize = 1 << 20;
@@ -82,13 +89,23 @@ impl NonBlockingLineWriter {
         Ok(())
     }
 
-    /// At exit: keeps trying to hand pending lines to a slow reader for up
-    /// to `timeout`.
-    pub fn drain(&mut self, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        while self.push().is_err() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    /// At exit, never waiting: queues `last` as [`write_line`] does, writes
+    /// what the file takes now, and counts every line it did not take as
+    /// dropped (the rest of one it took only the start of included).
+    /// Returns how many lines that was: those pending and, if it did not go
+    /// out, `last`.
+    ///
+    /// [`write_line`]: Self::write_line
+    pub fn finish(&mut self, last: &[u8]) -> u64 {
+        let before = self.dropped_lines;
+        self.write_line(last);
+        let stuck = self.pending.iter().filter(|&&b| b == b'\n').count() as u64;
+        // A line without its newline is one too (the caller's last line
+        // should end in one; a log record always does).
+        let unterminated = u64::from(self.pending.last().is_some_and(|&b| b != b'\n'));
+        self.dropped_lines += stuck + unterminated;
+        self.pending.clear();
+        self.dropped_lines - before
     }
 
     /// Whole lines dropped because a reader did not keep up.
@@ -119,6 +136,16 @@ mod tests {
     use super::*;
     use std::io::Read;
     use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    /// Keeps handing pending lines to a reader (a test's thread) until none
+    /// is left or 10 s passed.
+    fn drain(s: &mut NonBlockingLineWriter) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while s.push().is_err() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 
     fn tmp(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("minivmm-line-writer-{}-{name}", std::process::id()))
@@ -216,7 +243,7 @@ mod tests {
         for l in &lines[10..] {
             s.write_line(l);
         }
-        s.drain(Duration::from_secs(10));
+        drain(&mut s);
         assert_eq!(s.pending_bytes(), 0);
         assert_eq!(s.dropped_lines(), 0);
         drop(s);
@@ -240,7 +267,7 @@ mod tests {
             let p = p.clone();
             std::thread::spawn(move || read_all(&p))
         };
-        s.drain(Duration::from_secs(10));
+        drain(&mut s);
         drop(s);
         let got = reader.join().unwrap();
         // Whole lines, in order, the first ones; the rest counted.
@@ -270,14 +297,96 @@ mod tests {
     }
 
     #[test]
-    fn drain_returns_as_soon_as_nothing_is_pending() {
-        let p = tmp("drain");
+    fn finish_writes_the_last_line_where_there_is_room() {
+        let p = tmp("finish-file");
         let mut s = NonBlockingLineWriter::open(&p).unwrap();
         s.write_line(b"one\n");
-        let t = Instant::now();
-        s.drain(Duration::from_secs(5));
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\n");
+        assert_eq!(s.finish(b"last\n"), 0);
+        assert_eq!(s.dropped_lines(), 0);
+        assert_eq!(s.pending_bytes(), 0);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\nlast\n");
+        std::fs::remove_file(&p).unwrap();
+
+        // A FIFO with room: the reader gets the last line too.
+        let p = fifo("finish-room");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let lines = numbered(3, 100);
+        s.write_line(&lines[0]);
+        s.write_line(&lines[1]);
+        assert_eq!(s.finish(&lines[2]), 0);
+        // Opened while minivmm's end is open (so the open does not wait),
+        // read to the end once it is closed.
+        let mut reader = File::open(&p).unwrap();
+        drop(s);
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        assert_eq!(got, lines.concat());
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn finish_on_a_full_fifo_counts_what_the_reader_never_gets() {
+        // No reader takes anything: the pipe fills, 40 lines wait behind
+        // it, and the last line cannot go either.
+        let p = fifo("finish-full");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let lines = numbered(201, 1000);
+        for l in &lines[..200] {
+            s.write_line(l);
+        }
+        assert_eq!(s.dropped_lines(), 0);
+        let pending = s.pending_bytes();
+        assert!(pending > 0, "the pipe took everything");
+        // Lines of 1000 bytes in pages of 4096: the pipe took one of them
+        // in part, whose rest is among the pending bytes.
+        let waiting = pending.div_ceil(1000) as u64;
+        let lost = s.finish(&lines[200]);
+        assert_eq!(lost, waiting + 1, "{pending} bytes were pending");
+        assert_eq!(s.dropped_lines(), lost);
+        assert_eq!(s.pending_bytes(), 0);
+        // The reader gets exactly what the pipe held: the first lines whole,
+        // then the start of the one it took in part.
+        let mut reader = File::open(&p).unwrap();
+        drop(s);
+        let mut got = Vec::new();
+        reader.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 200 * 1000 - pending);
+        assert_eq!(got[..], lines.concat()[..got.len()]);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn finish_returns_the_lines_lost_at_exit_beside_those_dropped_before() {
+        // No reader: the pipe and the 1 MiB buffer fill and lines drop.
+        let p = fifo("finish-after-drops");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        let lines = numbered(1500, 1000);
+        for l in &lines[..1499] {
+            s.write_line(l);
+        }
+        let dropped_before = s.dropped_lines();
+        assert!(dropped_before > 0);
+        let waiting = s.pending_bytes().div_ceil(1000) as u64;
+        // The last line does not fit the buffer either: dropped whole, once.
+        let lost = s.finish(&lines[1499]);
+        assert_eq!(lost, waiting + 1);
+        assert_eq!(s.dropped_lines(), dropped_before + lost);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn finish_counts_a_last_line_without_newline_once() {
+        let p = fifo("finish-unterminated");
+        let mut s = NonBlockingLineWriter::open(&p).unwrap();
+        // Fill the pipe with page-sized lines until one waits.
+        let mut line = vec![b'z'; 4095];
+        line.push(b'\n');
+        while s.pending_bytes() == 0 {
+            s.write_line(&line);
+        }
+        assert_eq!(s.pending_bytes(), 4096);
+        assert_eq!(s.finish(b"no newline"), 2);
+        assert_eq!(s.dropped_lines(), 2);
         std::fs::remove_file(&p).unwrap();
     }
 }

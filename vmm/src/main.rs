@@ -4,14 +4,15 @@
 //! Exit status: 0 when the guest reboots or powers off or minivmm is stopped
 //! by SIGTERM/SIGINT; 1 for bad usage or configuration (the argument parser's
 //! own errors included) or a failure before boot, always one line on stderr;
-//! 2 when the VM fails at run time; 3 when the guest reset after a kernel
-//! panic.
+//! 2 when the VM fails at run time; 3 when the guest reset after its kernel
+//! reported a panic through the pvpanic register.
 //! 101 when minivmm itself panicked, on any thread (a bug).
 //! 148 when a thread made a system call its seccomp filter forbids.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::error::ErrorKind;
@@ -24,6 +25,7 @@ use vmm::api::ApiChannel;
 use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::VmmConfig;
 use vmm::error_line;
+use vmm::host_socket::VsockSocket;
 use vmm::kvm::vm_exit::VmExit;
 use vmm::process::seccomp::{self, Filters};
 use vmm::process::signals::SignalFd;
@@ -63,12 +65,14 @@ fn run_vm(vmm: vmm::vmm::Vmm, start: Instant, filters: Filters, log_to_file: boo
 
 /// Everything between a configuration and a VM ready to run: inherited
 /// TAP descriptors, the log (installed once per process: `logger_ready`)
-/// and the build. An error is one line.
+/// and the build (over the vsock socket `PUT /vsock` bound, if any). An
+/// error is one line.
 fn prepare(
     config: &VmmConfig,
     launch: &Launch,
     start: Instant,
     logger_ready: &mut bool,
+    vsock: Option<Arc<VsockSocket>>,
 ) -> Result<vmm::vmm::Vmm, String> {
     // Inherited TAP descriptors are claimed before this process opens any
     // file, so a number the user names cannot be one of ours.
@@ -78,7 +82,8 @@ fn prepare(
         *logger_ready = true;
     }
     let boot_timer = launch.boot_timer.then_some(start);
-    let mut vmm = vmm::builder::build(config, tap_fds, boot_timer).map_err(|e| error_line(&e))?;
+    let mut vmm =
+        vmm::builder::build(config, tap_fds, boot_timer, vsock).map_err(|e| error_line(&e))?;
     vmm.set_id(&launch.id);
     Ok(vmm)
 }
@@ -125,13 +130,6 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot set up the stop signals: {e}")),
     };
-    // Jailed before the socket exists: the socket, and every path the API
-    // is given later (kernel, drives, metrics, logs), is inside the jail.
-    if let Some(jail) = &parts.launch.jail {
-        if let Err(e) = vmm::process::jail::enter(jail) {
-            return fail(&error_line(&e));
-        }
-    }
     let channel = match vmm::api::start(sock, filters.api.clone()) {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
@@ -156,7 +154,7 @@ fn serve(
             Ok(c) => c,
             Err(e) => return fail(&error_line(&e)),
         };
-        match prepare(&config, &parts.launch, start, &mut logger_ready) {
+        match prepare(&config, &parts.launch, start, &mut logger_ready, None) {
             Ok(v) => (v, config),
             Err(msg) => return fail(&msg),
         }
@@ -187,7 +185,7 @@ fn configure_by_api(
     start: Instant,
     logger_ready: &mut bool,
 ) -> Result<(vmm::vmm::Vmm, VmmConfig), ExitCode> {
-    let mut pre = Preboot::new();
+    let mut pre = Preboot::with_seccomp(parts.flags.seccomp.unwrap_or_default());
     loop {
         let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
             Ok(cmd) => cmd,
@@ -197,7 +195,8 @@ fn configure_by_api(
                         // Nothing runs yet: a stop request is a clean end,
                         // and the socket goes with it. (Once a VM ran, the
                         // main thread's seccomp filter allows no unlink: the
-                        // socket stays, as Firecracker's does.)
+                        // socket stays, as Firecracker's does. The vsock
+                        // socket has a remover of its own: `pre` drops it.)
                         let _ = std::fs::remove_file(sock);
                         return Err(ExitCode::SUCCESS);
                     }
@@ -208,9 +207,14 @@ fn configure_by_api(
                 return Err(fail("the API socket's thread stopped before InstanceStart"));
             }
         };
+        // One the API thread gave up on (and told its client so) is
+        // dropped unapplied.
+        let Some(cmd) = cmd.claim() else {
+            continue;
+        };
         let settings = match pre.handle(cmd.request, &parts.launch.id) {
             Step::Reply(r) => {
-                let _ = cmd.reply.try_send(r.into());
+                cmd.reply.send(r);
                 continue;
             }
             Step::Start(s) => s,
@@ -220,20 +224,39 @@ fn configure_by_api(
             .finish()
             .map_err(|e| error_line(&e))
             .and_then(|config| {
-                prepare(&config, &parts.launch, start, logger_ready).map(|v| (v, config))
+                prepare(
+                    &config,
+                    &parts.launch,
+                    start,
+                    logger_ready,
+                    pre.vsock_socket(),
+                )
+                .map(|v| (v, config))
             });
         match built {
             Ok(built) => {
-                let _ = cmd.reply.try_send(Response::no_content().into());
+                cmd.reply.send(Response::no_content());
                 return Ok(built);
             }
-            Err(msg) => {
-                let _ = cmd
-                    .reply
-                    .try_send(Response::fault(&format!("InstanceStart: {msg}")).into());
-            }
+            Err(msg) => cmd
+                .reply
+                .send(Response::fault(&format!("InstanceStart: {msg}"))),
         }
     }
+}
+
+/// Enters the jail `--jail` asks for, if any (whether it did, or the error
+/// line). The process that started returns only in the jailed child: it
+/// stays outside as its supervisor and exits with its status.
+fn enter_jail(cli: &Cli) -> Result<bool, String> {
+    let launch = cli.launch().map_err(|e| error_line(&e))?;
+    let Some(jail) = &launch.jail else {
+        return Ok(false);
+    };
+    // What needs the host's /sys, asked before the jail hides it.
+    let _ = vmm::kvm::pvm::is_pvm_host();
+    vmm::process::jail::enter(jail).map_err(|e| error_line(&e))?;
+    Ok(true)
 }
 
 fn main() -> ExitCode {
@@ -250,24 +273,17 @@ fn main() -> ExitCode {
         Err(e) => return fail(&clap_line(&e)),
     };
     let mode = cli.seccomp;
+    // Jailed before any file the user named is opened, the config file
+    // included: from here every path resolves inside the jail.
+    let jailed = match enter_jail(&cli) {
+        Ok(jailed) => jailed,
+        Err(msg) => return fail(&msg),
+    };
     let parts = match cli.into_parts() {
         Ok(p) => p,
         Err(e) => return fail(&error_line(&e)),
     };
-    // Compiled before anything starts, so a broken list is a setup error;
-    // installed by the threads themselves (the API thread at its start,
-    // the others in Vmm::run).
-    let filters = match Filters::new(mode).and_then(|f| {
-        seccomp::install_sigsys_handler()?;
-        Ok(f)
-    }) {
-        Ok(f) => f,
-        Err(e) => return fail(&error_line(&e)),
-    };
-    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
-        vmm::logger::set_instance_id(&parts.launch.id);
-    }
-    if parts.launch.jail.is_some() {
+    if jailed {
         // A jailed minivmm keeps only what it opens itself: inherited
         // descriptors go now, but stdio and the TAPs the configuration
         // names by number (`fd=N`).
@@ -279,10 +295,22 @@ fn main() -> ExitCode {
             .filter_map(|n| n.fd.and_then(|fd| i32::try_from(fd).ok()))
             .collect();
         if let Err(e) = vmm::process::jail::close_inherited(&keep) {
-            return fail(&format!("jail: cannot close inherited descriptors: {e}"));
+            return fail(&error_line(&e));
         }
-        // What needs the host's /sys, asked before the jail hides it.
-        let _ = vmm::kvm::pvm::is_pvm_host();
+    }
+    // Compiled before anything starts, so a broken list is a setup error,
+    // and after the jail, so that a filter naming minivmm's own pid has the
+    // one its PID namespace gives it; installed by the threads themselves
+    // (the API thread at its start, the others in Vmm::run).
+    let filters = match Filters::new(mode).and_then(|f| {
+        seccomp::install_sigsys_handler()?;
+        Ok(f)
+    }) {
+        Ok(f) => f,
+        Err(e) => return fail(&error_line(&e)),
+    };
+    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
+        vmm::logger::set_instance_id(&parts.launch.id);
     }
     if let Some(sock) = parts.launch.api_sock.clone() {
         return main_with_api(start, parts, filters, &sock);
@@ -293,16 +321,9 @@ fn main() -> ExitCode {
         Err(e) => return fail(&error_line(&e)),
     };
     let mut logger_ready = false;
-    let vmm = match prepare(&config, &launch, start, &mut logger_ready) {
+    let vmm = match prepare(&config, &launch, start, &mut logger_ready, None) {
         Ok(v) => v,
         Err(msg) => return fail(&msg),
     };
-    if let Some(jail) = &launch.jail {
-        // Everything the VM needs is open; from here no path outside the
-        // jail resolves, and the process has no privilege left.
-        if let Err(e) = vmm::process::jail::enter(jail) {
-            return fail(&error_line(&e));
-        }
-    }
     boot(vmm, config, &launch, start, filters, None)
 }

@@ -23,7 +23,7 @@
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use devices::virtio::DeviceMetrics;
 use serde::ser::SerializeMap;
@@ -33,9 +33,6 @@ use crate::config::ids::DEFAULT_ID;
 #[cfg(test)]
 use crate::config::ids::RESERVED_KEYS;
 use crate::line_writer::NonBlockingLineWriter;
-
-/// How long the exit flush waits for a slow FIFO reader.
-const EXIT_DRAIN: Duration = Duration::from_secs(1);
 
 /// vCPU exits to userspace, by kind (every vCPU together).
 #[derive(Debug, Default, Serialize)]
@@ -160,12 +157,31 @@ impl Metrics {
         self.out.write_line(line.as_bytes());
     }
 
-    /// Writes the final line and gives a slow FIFO reader a moment to take
-    /// what is pending.
-    pub fn finish(&mut self) {
-        self.flush();
-        self.out.drain(EXIT_DRAIN);
+    /// Writes the final line without waiting for a slow FIFO reader (the
+    /// exit runs under the event loop's seccomp filter, which has no sleep,
+    /// and a stop request must not hang on a stalled reader): what the FIFO
+    /// takes now goes, the lines it does not take, the final one among
+    /// them if it finds no room, are dropped, counted and named in one
+    /// warning. Returns how many were dropped at exit.
+    pub fn finish(&mut self) -> u64 {
+        let line = self.line();
+        let lost = self.out.finish(line.as_bytes());
+        if let Some(warning) = exit_warning(lost, self.out.dropped_lines()) {
+            log::warn!("{warning}");
+        }
+        lost
     }
+}
+
+/// What the exit says when `lost` lines never reached the reader (`None`
+/// when all did), with the `dropped` of the whole run.
+fn exit_warning(lost: u64, dropped: u64) -> Option<String> {
+    (lost > 0).then(|| {
+        format!(
+            "the metrics reader did not take the last {lost} line(s), the exit line among \
+             them; dropped ({dropped} dropped in all)"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -174,6 +190,7 @@ mod tests {
     use devices::virtio::block::BlockMetrics;
     use devices::virtio::net::NetMetrics;
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
 
     /// A metrics writer on a fresh file named after the test.
     fn metrics_file(name: &str) -> (std::path::PathBuf, Metrics) {
@@ -337,10 +354,53 @@ mod tests {
         m.attach(exits.clone(), Vec::new(), Instant::now());
         m.flush();
         exits.io_in.fetch_add(4, Ordering::Relaxed);
-        m.finish();
+        assert_eq!(m.finish(), 0);
         let lines = lines_of(&p);
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert_eq!(lines[1]["vmm"]["vcpu_exits"]["io_in"], 4);
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn the_exit_on_a_stalled_fifo_drops_and_counts_without_waiting() {
+        let p = std::env::temp_dir().join(format!("minivmm-metrics-stall-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap()
+            .success());
+        let mut m = Metrics::open(&p).unwrap();
+        m.attach(Arc::default(), Vec::new(), Instant::now());
+        // A reader that opened the FIFO and reads nothing: the pipe fills
+        // and lines wait.
+        let _stalled = std::fs::File::open(&p).unwrap();
+        while m.out.pending_bytes() == 0 {
+            m.flush();
+        }
+        let waiting = m.out.pending_bytes();
+        let lost = m.finish();
+        // The waiting lines (one of them perhaps begun) and the exit line.
+        assert!(lost >= 2, "{lost} lost, {waiting} bytes were waiting");
+        assert_eq!(m.out.dropped_lines(), lost);
+        assert_eq!(m.out.pending_bytes(), 0);
+        // The next line (were there one) reports them.
+        let next: serde_json::Value = serde_json::from_str(&m.line()).unwrap();
+        assert_eq!(next["vmm"]["metrics_lines_dropped"], lost);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn the_exit_warns_only_when_lines_were_lost() {
+        assert_eq!(exit_warning(0, 0), None);
+        assert_eq!(exit_warning(0, 7), None);
+        assert_eq!(
+            exit_warning(3, 10).as_deref(),
+            Some(
+                "the metrics reader did not take the last 3 line(s), the exit line among \
+                 them; dropped (10 dropped in all)"
+            )
+        );
+        assert!(exit_warning(1, 1).is_some());
     }
 }

@@ -27,6 +27,7 @@ use crate::api::ApiChannel;
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
+use crate::host_socket::VsockSocket;
 use crate::kvm::pause::{install_kick_handler, PauseGate};
 use crate::kvm::vcpu::Vcpu;
 use crate::kvm::vm_exit::{ExitLatch, VmExit};
@@ -70,8 +71,10 @@ pub(crate) struct Devices {
     pub(crate) serial: Arc<Mutex<SerialDevice>>,
     /// The keyboard controller (its reset line ends the VM).
     pub(crate) i8042: Arc<Mutex<I8042>>,
-    /// Set once the console saw a guest kernel panic.
+    /// Set once the guest kernel reported a panic (the pvpanic register).
     pub(crate) panicked: Arc<AtomicBool>,
+    /// The vsock device's socket, removed when the last holder drops it.
+    pub(crate) vsock_socket: Option<Arc<VsockSocket>>,
 }
 
 /// A built VM, ready to run.
@@ -87,6 +90,9 @@ pub struct Vmm {
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
     api: Option<ApiSetup>,
+    /// Held until the VM has ended: its drop removes the socket (the last
+    /// field, so the device's own listener is closed first).
+    _vsock_socket: Option<Arc<VsockSocket>>,
 }
 
 /// What the running VM's API needs that the builder does not make.
@@ -120,6 +126,7 @@ impl Vmm {
             metrics,
             metrics_interval_s,
             api: None,
+            _vsock_socket: devices.vsock_socket,
         }
     }
 
@@ -149,6 +156,10 @@ impl Vmm {
         let signals = SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1])?;
         let reset_evt = lock(&self.i8042).reset_evt().try_clone()?;
         let (metrics, metrics_timer) = self.start_metrics(start)?;
+        // The VM's filters for this process as it runs the VM (its pid,
+        // after the jail) and for what its vCPUs do (the PVM recoveries).
+        let pvm_recoveries = self.vcpus.iter().any(Vcpu::recovers_int3);
+        let filters = filters.for_vm(pvm_recoveries).map_err(io::Error::other)?;
         // No vCPU enters the guest before every thread is filtered. A failed
         // spawn returns from here and ends the process, and with it the
         // threads waiting at the gate.
@@ -287,6 +298,7 @@ mod tests {
             )),
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             panicked: Arc::default(),
+            vsock_socket: None,
         };
         let mut vmm = Vmm::new(
             KvmVm::new(kvm, fd, mem),

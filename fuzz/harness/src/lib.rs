@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 
 pub mod api_http;
+pub mod api_server;
 pub mod block;
 pub mod chain_walk;
 pub mod cli;
@@ -98,5 +99,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "rng_datapath",
         run: rng::run,
+    },
+    Target {
+        name: "api_server",
+        run: api_server::run,
     },
 ];

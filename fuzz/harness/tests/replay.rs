@@ -147,6 +147,11 @@ fn rng_datapath() {
 }
 
 #[test]
+fn api_server() {
+    replay("api_server");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let src = include_str!("replay.rs");
     for t in TARGETS {

@@ -1,12 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The protocol between the API thread and the event loop: one routed
-//! request as an [`ApiCommand`], its [`Answer`], and the two trips of a
-//! drive's image swap, both halves of it here.
+//! One request on its way from the API thread to the VMM, and its answer on
+//! the way back.
 //!
-//! The API thread calls [`ask`] for every routed request: the command goes
-//! to the event loop through a channel, the eventfd wakes it, and the
-//! answer comes back through a channel of one, or a fault after
-//! [`VMM_TIMEOUT`] so that the API stays responsive while the VMM is busy.
+//! The API thread hands the VMM an [`ApiCommand`] and keeps its
+//! [`Ticket`]; both hold one slot under a lock, whose state only moves
+//! forward:
+//!
+//! ```text
+//! Pending ──claim (VMM)──▶ Taken ──Reply::send──▶ Answered ──Ticket::answer──▶ Collected
+//!    └──────abandon (API thread, at its deadline)──▶ Abandoned
+//! ```
+//!
+//! Claiming and abandoning are one decision under that lock: the VMM
+//! applies a request only once it claimed it, and the API thread answers
+//! "did not answer in time" only once it abandoned it. So a client told
+//! that its request timed out can rely on it never being applied, and a
+//! request the VMM took is always answered with what the VMM did (the API
+//! thread waits for that answer however long the VMM takes; each request
+//! is bounded work there). A command the VMM claimed and dropped without an
+//! answer (a bug) is answered with a fault rather than never.
+//!
+//! The VMM wakes the API thread after each answer through an eventfd the
+//! API thread polls, so that thread never waits on the VMM.
 //!
 //! `PATCH /drives/{id}` with a `path_on_host` takes two trips: the event
 //! loop may open no file (its seccomp filter), so its first answer is
@@ -14,35 +29,19 @@
 //! thread, whose filter allows opening and locking an image and nothing
 //! more, opens it with [`open_image`] (the same steps as at start:
 //! `FileBackend`'s open, regular-file check and lock) and sends the request
-//! again with the [`OpenedImage`]. The path resolves where the API thread
-//! runs: inside the jail, if minivmm was jailed. The event loop checks
-//! everything that needs no file before it asks, so a bad request opens
-//! nothing.
+//! again with the [`OpenedImage`] (`connections` does both trips). The path
+//! resolves where the API thread runs: inside the jail, if minivmm was
+//! jailed. The event loop checks everything that needs no file before it
+//! asks, so a bad request opens nothing.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use devices::virtio::block::{BlockError, FileBackend, FileId};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::http::Response;
 use super::routes::ApiRequest;
-
-/// How long the VMM may take to answer one request.
-pub const VMM_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// One request for the VMM and where its answer goes.
-#[derive(Debug)]
-pub struct ApiCommand {
-    /// What the client asked.
-    pub request: ApiRequest,
-    /// The disk image the VMM asked this thread to open for the request
-    /// ([`Answer::Open`]); `None` the first time.
-    pub image: Option<OpenedImage>,
-    /// Where the answer goes (a channel of one).
-    pub reply: SyncSender<Answer>,
-}
 
 /// What the VMM answers a command with.
 #[derive(Debug)]
@@ -119,43 +118,241 @@ pub fn open_image(path: &Path, read_only: bool) -> OpenedImage {
     }
 }
 
-/// Hands one request to the VMM and waits for its answer; opens the image
-/// the VMM asks for, if it does, and hands the request over again with it.
-pub fn ask(vmm: &Sender<ApiCommand>, wake: Option<&EventFd>, request: ApiRequest) -> Response {
-    let (path, read_only) = match exchange(vmm, wake, request.clone(), None) {
-        Answer::Reply(r) => return r,
-        Answer::Open { path, read_only } => (path, read_only),
-    };
-    let image = open_image(&path, read_only);
-    match exchange(vmm, wake, request, Some(image)) {
-        Answer::Reply(r) => r,
-        Answer::Open { .. } => Response::fault("the VMM asked for the image again"),
+/// Where a command stands; see the module doc.
+#[derive(Debug)]
+enum State {
+    Pending,
+    Taken,
+    Answered(Answer),
+    Abandoned,
+    Collected,
+}
+
+#[derive(Debug)]
+struct Slot(Mutex<State>);
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A thread that panicked holding the lock ended the process (the
+        // panic hook); the state it left is still a valid one.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// One command to the VMM and its answer (a fault after [`VMM_TIMEOUT`]).
-fn exchange(
-    vmm: &Sender<ApiCommand>,
-    wake: Option<&EventFd>,
+/// One request for the VMM and where its answer goes.
+#[derive(Debug)]
+pub struct ApiCommand {
     request: ApiRequest,
     image: Option<OpenedImage>,
-) -> Answer {
-    let (reply, answer): (SyncSender<Answer>, Receiver<Answer>) = mpsc::sync_channel(1);
-    if vmm
-        .send(ApiCommand {
+    reply: Reply,
+}
+
+/// A command the VMM claimed: it applies the request and answers through
+/// `reply`.
+#[derive(Debug)]
+pub struct Claimed {
+    /// What the client asked.
+    pub request: ApiRequest,
+    /// The disk image the API thread opened for the request, when an
+    /// earlier answer asked for one ([`Answer::Open`]).
+    pub image: Option<OpenedImage>,
+    /// Where the answer goes.
+    pub reply: Reply,
+}
+
+impl ApiCommand {
+    /// A command for `request` (with the `image` the VMM asked for, on a
+    /// second trip) and the API thread's ticket for its answer; `wake` is
+    /// signalled after the answer is in.
+    pub fn new(
+        request: ApiRequest,
+        image: Option<OpenedImage>,
+        wake: Option<Arc<EventFd>>,
+    ) -> (ApiCommand, Ticket) {
+        let slot = Arc::new(Slot(Mutex::new(State::Pending)));
+        let ticket = Ticket { slot: slot.clone() };
+        let reply = Reply { slot, wake };
+        let cmd = ApiCommand {
             request,
             image,
             reply,
+        };
+        (cmd, ticket)
+    }
+
+    /// What the client asked.
+    pub fn request(&self) -> &ApiRequest {
+        &self.request
+    }
+
+    /// The VMM's side of the decision: the request to apply, or `None`
+    /// when the API thread gave up on it first and told the client it was
+    /// not applied (then the VMM must drop it).
+    pub fn claim(self) -> Option<Claimed> {
+        {
+            let mut state = self.reply.slot.lock();
+            if !matches!(*state, State::Pending) {
+                return None;
+            }
+            *state = State::Taken;
+        }
+        Some(Claimed {
+            request: self.request,
+            image: self.image,
+            reply: self.reply,
         })
-        .is_err()
-    {
-        return Response::fault("the VMM is shutting down").into();
     }
-    if let Some(w) = wake {
-        // A full counter means a wake-up is pending already.
-        let _ = w.write(1);
+}
+
+/// The VMM's way back to the API thread for one claimed command.
+#[derive(Debug)]
+pub struct Reply {
+    slot: Arc<Slot>,
+    wake: Option<Arc<EventFd>>,
+}
+
+impl Reply {
+    /// Answers the command and wakes the API thread.
+    pub fn send(mut self, answer: impl Into<Answer>) {
+        self.finish(answer.into());
     }
-    answer
-        .recv_timeout(VMM_TIMEOUT)
-        .unwrap_or_else(|_| Response::fault("the VMM did not answer in time").into())
+
+    fn finish(&mut self, answer: Answer) {
+        {
+            let mut state = self.slot.lock();
+            if !matches!(*state, State::Taken) {
+                return;
+            }
+            *state = State::Answered(answer);
+        }
+        if let Some(w) = &self.wake {
+            // A full counter means a wake-up is pending already.
+            let _ = w.write(1);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        // Claimed and never answered: the client still gets an answer.
+        self.finish(Response::fault("the VMM dropped the request without answering it").into());
+    }
+}
+
+/// The API thread's side of one command.
+#[derive(Debug)]
+pub struct Ticket {
+    slot: Arc<Slot>,
+}
+
+impl Ticket {
+    /// The VMM's answer, once it is in (taken from the slot: a second call
+    /// returns `None`).
+    pub fn answer(&self) -> Option<Answer> {
+        let mut state = self.slot.lock();
+        if !matches!(*state, State::Answered(_)) {
+            return None;
+        }
+        match std::mem::replace(&mut *state, State::Collected) {
+            State::Answered(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The API thread's side of the decision: gives up on a command the VMM
+    /// has not claimed, which it then never applies (true); false when the
+    /// VMM claimed it already, and its answer is or will be here.
+    pub fn abandon(&self) -> bool {
+        let mut state = self.slot.lock();
+        if matches!(*state, State::Pending) {
+            *state = State::Abandoned;
+            return true;
+        }
+        false
+    }
+
+    /// Whether the VMM still holds the command (in its queue, or working
+    /// on it): what the API thread counts to bound the queue.
+    pub fn held_by_vmm(&self) -> bool {
+        Arc::strong_count(&self.slot) > 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command() -> (ApiCommand, Ticket) {
+        ApiCommand::new(ApiRequest::GetVersion, None, None)
+    }
+
+    fn status(a: Option<Answer>) -> Option<u16> {
+        match a {
+            Some(Answer::Reply(r)) => Some(r.status),
+            Some(Answer::Open { .. }) => Some(0),
+            None => None,
+        }
+    }
+
+    #[test]
+    fn a_claimed_command_is_answered_once_and_cannot_be_abandoned() {
+        let (cmd, ticket) = command();
+        assert!(ticket.held_by_vmm());
+        assert_eq!(cmd.request(), &ApiRequest::GetVersion);
+        let claimed = cmd.claim().expect("pending");
+        assert!(!ticket.abandon(), "abandoned after the VMM took it");
+        assert_eq!(status(ticket.answer()), None, "answered before the VMM did");
+        claimed.reply.send(Response::no_content());
+        assert!(!ticket.held_by_vmm());
+        assert_eq!(status(ticket.answer()), Some(204));
+        assert_eq!(status(ticket.answer()), None, "answered twice");
+        assert!(!ticket.abandon());
+    }
+
+    #[test]
+    fn an_abandoned_command_is_never_claimed() {
+        let (cmd, ticket) = command();
+        assert!(ticket.abandon());
+        assert!(ticket.held_by_vmm(), "still in the VMM's queue");
+        assert!(cmd.claim().is_none(), "claimed after the time-out answer");
+        assert!(!ticket.held_by_vmm());
+        assert_eq!(status(ticket.answer()), None);
+        assert!(!ticket.abandon(), "abandoned twice");
+    }
+
+    #[test]
+    fn a_claimed_command_dropped_unanswered_is_answered_with_a_fault() {
+        let (cmd, ticket) = command();
+        drop(cmd.claim());
+        match ticket.answer() {
+            Some(Answer::Reply(r)) => {
+                assert_eq!(r.status, 400);
+                assert!(r.body.unwrap_or_default().contains("without answering"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Dropped unclaimed: nothing was applied and nothing answers.
+        let (cmd, ticket) = command();
+        drop(cmd);
+        assert_eq!(status(ticket.answer()), None);
+        assert!(
+            ticket.abandon(),
+            "an unclaimed command can still be abandoned"
+        );
+    }
+
+    #[test]
+    fn an_answer_wakes_the_api_thread() {
+        let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let (cmd, ticket) = ApiCommand::new(ApiRequest::GetVersion, None, Some(wake.clone()));
+        assert!(wake.read().is_err(), "woken before the answer");
+        let claimed = cmd.claim().unwrap();
+        assert!(wake.read().is_err(), "woken by the claim");
+        claimed.reply.send(Answer::Open {
+            path: "/x".into(),
+            read_only: true,
+        });
+        assert_eq!(wake.read().unwrap(), 1);
+        assert_eq!(status(ticket.answer()), Some(0));
+    }
 }

@@ -7,10 +7,12 @@
 //!   the checks that need no VMM state (id in the path against the body,
 //!   the `/actions` and `/vm` bodies, features minivmm does not have).
 //!
-//! - [`server`]: the socket on its own thread, epoll over bounded
-//!   connections, each routed request sent to the VMM as one command;
-//! - [`command`]: that command, its answer, and the two trips of a drive's
-//!   image swap (the API thread opens the image the event loop may not);
+//! - [`connections`]: every connection as a state machine over abstract
+//!   streams and time: bounded buffers, deadlines, the connection bound;
+//! - [`server`]: the socket on its own thread, epoll and the clock driving
+//!   [`connections`], each routed request sent to the VMM as one command;
+//! - [`command`]: a request on its way to the VMM and its answer back,
+//!   with the one decision between a time-out and the request's application;
 //! - [`preboot`]: the requests before `InstanceStart`, which build the
 //!   configuration in the config-file layout;
 //! - [`runtime`]: the requests once the VM runs, served on the event loop;
@@ -26,6 +28,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::process::seccomp::{self, Thread};
 
 pub mod command;
+pub mod connections;
 pub mod http;
 pub mod patch;
 pub mod preboot;

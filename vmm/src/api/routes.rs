@@ -8,11 +8,16 @@
 //! (Firecracker refuses `PUT /drives/a` with `"drive_id": "b"`), and the
 //! two small bodies whose whole shape is fixed here (`/actions`, `/vm`).
 //! The configuration bodies (`/boot-source`, `/machine-config`, `/drives`,
-//! `/network-interfaces`, `/logger`, `/metrics`) are passed on as JSON and
+//! `/network-interfaces`, `/logger`, `/metrics`, `/entropy`, `/vsock`) are passed on as JSON and
 //! decoded by the same code that reads them from a config file, so the
-//! file and the API cannot disagree on a field.
+//! file and the API cannot disagree on a field. A body with a key given
+//! twice is refused, at any depth, as Firecracker refuses it.
 //!
-//! Paths of features minivmm does not have (balloon, vsock, MMDS,
+//! `PUT /vsock` is taken with or without an id after it (`/vsock/vsock0`,
+//! as clients that still send the deprecated `vsock_id` write it); a
+//! `vsock_id` in the body must then be that id.
+//!
+//! Paths of features minivmm does not have (balloon, MMDS,
 //! snapshots, CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
@@ -72,6 +77,8 @@ pub enum ApiRequest {
     PutMetrics(Value),
     /// `PUT /entropy`.
     PutEntropy(Value),
+    /// `PUT /vsock` or `PUT /vsock/{id}`.
+    PutVsock(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -81,7 +88,6 @@ pub enum ApiRequest {
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("balloon", "the balloon device"),
-    ("vsock", "vsock"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
     ("cpu-config", "CPU templates"),
@@ -138,6 +144,8 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("logger", None, Method::Put) => ApiRequest::PutLogger(json(req)?),
         ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
         ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
+        ("vsock", None, Method::Put) => ApiRequest::PutVsock(json(req)?),
+        ("vsock", Some(id), Method::Put) => ApiRequest::PutVsock(vsock_body(req, id)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -148,7 +156,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "vsock" | "actions" | "vm",
             _,
             _,
         ) if known_path(first, second) => {
@@ -172,6 +180,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
         "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "entropy"
         | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
+        "vsock" => true,
         "vm" => matches!(second, None | Some("config")),
         _ => false,
     }
@@ -198,8 +207,8 @@ fn json(req: &Request) -> Result<Value, String> {
             req.path
         ));
     }
-    let v: Value =
-        serde_json::from_slice(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
+    let v =
+        crate::config::json::parse(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
     if !v.is_object() {
         return Err("the JSON body must be an object".into());
     }
@@ -209,6 +218,16 @@ fn json(req: &Request) -> Result<Value, String> {
 fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
     let v = json(req)?;
     serde_json::from_value(v).map_err(|e| format!("invalid body: {e}"))
+}
+
+/// The body of `PUT /vsock/{id}`: its `vsock_id`, deprecated and optional
+/// (Firecracker reads the body alone), must be `id` when it is given.
+fn vsock_body(req: &Request, id: &str) -> Result<Value, String> {
+    let v = json(req)?;
+    if v.get("vsock_id").is_none_or(Value::is_null) {
+        return Ok(v);
+    }
+    with_id(req, id, "vsock_id")
 }
 
 /// The body, whose `field`, when present, must equal the id in the path.
@@ -269,6 +288,26 @@ mod tests {
             (
                 req(Put, "/entropy", r#"{"rate_limiter":null}"#),
                 "PutEntropy",
+            ),
+            (
+                req(Put, "/vsock", r#"{"guest_cid":3,"uds_path":"v.sock"}"#),
+                "PutVsock",
+            ),
+            (
+                req(
+                    Put,
+                    "/vsock/vsock0",
+                    r#"{"vsock_id":"vsock0","guest_cid":3,"uds_path":"v.sock"}"#,
+                ),
+                "PutVsock",
+            ),
+            (
+                req(
+                    Put,
+                    "/vsock/vsock0",
+                    r#"{"guest_cid":3,"uds_path":"v.sock"}"#,
+                ),
+                "PutVsock",
             ),
             (req(Get, "/machine-config", ""), "GetMachineConfig"),
             (req(Get, "/", ""), "GetInstanceInfo"),
@@ -352,6 +391,15 @@ mod tests {
                 "iface_id must be a string",
             ),
             (req(Get, "/", "x"), "GET / takes no body"),
+            (
+                req(Put, "/vsock/a", r#"{"vsock_id":"b","guest_cid":3}"#),
+                "the vsock_id in the body (b) differs from the one in the path (a)",
+            ),
+            (
+                req(Get, "/vsock", ""),
+                "invalid request method GET for /vsock",
+            ),
+            (req(Put, "/vsock", ""), "PUT /vsock needs a JSON body"),
         ];
         for (r, want) in cases {
             assert_eq!(
@@ -364,7 +412,6 @@ mod tests {
         }
         for (path, feature) in [
             ("/balloon", "the balloon device"),
-            ("/vsock", "vsock"),
             ("/snapshot/create", "snapshots"),
             ("/mmds", "MMDS (the microVM metadata service)"),
         ] {
@@ -376,6 +423,10 @@ mod tests {
         }
         for (body, starts) in [
             ("{", "malformed JSON body"),
+            (
+                r#"{"action_type":"FlushMetrics","action_type":"InstanceStart"}"#,
+                "malformed JSON body: duplicate field `action_type` at line 1 column",
+            ),
             (
                 r#"{"action_type":"Reboot"}"#,
                 "invalid body: unknown variant `Reboot`",

@@ -4,9 +4,10 @@
 //! A Firecracker user's file works as written when it uses what minivmm has:
 //! `boot-source`, `machine-config`, `network-interfaces` (with
 //! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
-//! `entropy` (with `rate_limiter`), `metrics` and `logger`; every other Firecracker section may be `null` (as
+//! `entropy` (with `rate_limiter`), `vsock` (with the deprecated `vsock_id`,
+//! accepted and ignored), `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
-//! a vhost-user drive (`socket`), a `vsock`, `balloon`, `mmds-config` and so on, or
+//! a vhost-user drive (`socket`), a `balloon`, `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
 //! the section they belong to (documented in the README): `cmdline_extra` in
@@ -17,7 +18,8 @@
 //! `GET /vm/config` writes it (and so does [`super::render`]).
 //!
 //! Each section is deserialized on its own (serde, `deny_unknown_fields`) so
-//! that an error names the section it is in.
+//! that an error names the section it is in. A key given twice anywhere in
+//! the file is refused ([`super::json`]), as Firecracker refuses it.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +34,7 @@ use super::error::ConfigError;
 use super::net::{parse_offloads, MacAddr, NetSpec};
 use super::parse::{parse_host_quirks, parse_io_engine, parse_level};
 use super::settings::Settings;
+use super::vsock::VsockSpec;
 
 /// Errors reading a config file; each names what it is about.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +76,6 @@ const UNSUPPORTED: &[&str] = &[
     "mmds-config",
     "pmem",
     "serial",
-    "vsock",
 ];
 
 #[derive(Debug, Deserialize)]
@@ -174,6 +176,18 @@ struct Entropy {
     rate_limiter: Option<Limiter>,
 }
 
+/// Firecracker's `VsockDeviceConfig`; the CID is read as 64 bits so that
+/// one out of range gets the check's own message.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Vsock {
+    /// Deprecated in Firecracker, which accepts and ignores it.
+    #[allow(dead_code)]
+    vsock_id: Option<String>,
+    guest_cid: u64,
+    uds_path: PathBuf,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Metrics {
@@ -209,7 +223,7 @@ pub fn load(path: &Path) -> Result<Settings, FileError> {
 
 /// Parses a config file's text into what it says (no defaults applied).
 pub fn parse(text: &str) -> Result<Settings, FileError> {
-    let top: Value = serde_json::from_str(text).map_err(FileError::Json)?;
+    let top = super::json::parse(text.as_bytes()).map_err(FileError::Json)?;
     let Value::Object(top) = top else {
         return Err(FileError::NotObject);
     };
@@ -237,13 +251,20 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                     rate_limiter: e.rate_limiter.map(Into::into),
                 });
             }
+            "vsock" if !value.is_null() => {
+                let v: Vsock = section(&key, value)?;
+                s.vsock = Some(VsockSpec {
+                    guest_cid: v.guest_cid,
+                    uds_path: v.uds_path,
+                });
+            }
             "metrics" if !value.is_null() => {
                 let m: Metrics = section(&key, value)?;
                 s.metrics_path = Some(m.metrics_path);
                 s.metrics_interval_s = m.interval_s;
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
-            "metrics" | "logger" | "entropy" => {}
+            "metrics" | "logger" | "entropy" | "vsock" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
@@ -510,13 +531,30 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             ("{".into(), "not valid JSON"),
             ("[]".into(), "top level must be a JSON object"),
+            // A key given twice, at the top or inside a section or a list.
+            (
+                format!(r#"{{{boot}, {boot}}}"#),
+                "not valid JSON: duplicate field `boot-source`",
+            ),
+            (
+                net(r#", "rx_rate_limiter": {"ops": {"size": 1, "refill_time": 1, "size": 2}}"#),
+                "not valid JSON: duplicate field `size` at line 1",
+            ),
             (
                 format!(r#"{{{boot}, "bogus": 1}}"#),
                 "unknown section 'bogus'",
             ),
             (
-                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "uds_path": "v.sock"}}}}"#),
-                "section 'vsock' is not supported",
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "path": "v.sock"}}}}"#),
+                "in 'vsock': unknown field `path`",
+            ),
+            (
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3}}}}"#),
+                "in 'vsock': missing field `uds_path`",
+            ),
+            (
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 1, "uds_path": "v.sock"}}}}"#),
+                "vsock: guest_cid 1 is reserved",
             ),
             (
                 format!(r#"{{{boot}, "mmds-config": {{"network_interfaces": []}}}}"#),
@@ -720,6 +758,23 @@ mod tests {
     }
 
     #[test]
+    fn the_vsock_section_is_firecrackers_with_or_without_vsock_id() {
+        assert_eq!(parse(r#"{"vsock": null}"#).unwrap(), Settings::default());
+        let want = Some(VsockSpec {
+            guest_cid: 3,
+            uds_path: "./v.sock".into(),
+        });
+        for text in [
+            r#"{"vsock": {"guest_cid": 3, "uds_path": "./v.sock"}}"#,
+            r#"{"vsock": {"vsock_id": "vsock0", "guest_cid": 3, "uds_path": "./v.sock"}}"#,
+        ] {
+            assert_eq!(parse(text).unwrap().vsock, want, "{text}");
+        }
+        let line = crate::error_line(&parse(r#"{"vsock": []}"#).unwrap_err());
+        assert!(line.contains("in 'vsock'"), "{line}");
+    }
+
+    #[test]
     fn pmem_may_be_the_empty_list_firecracker_answers_with() {
         assert_eq!(parse(r#"{"pmem": []}"#).unwrap(), Settings::default());
         for refused in [
@@ -733,8 +788,11 @@ mod tests {
             );
         }
         // Only pmem: the other sections are objects in Firecracker's layout.
-        let line = crate::error_line(&parse(r#"{"vsock": []}"#).unwrap_err());
-        assert!(line.contains("section 'vsock' is not supported"), "{line}");
+        let line = crate::error_line(&parse(r#"{"balloon": []}"#).unwrap_err());
+        assert!(
+            line.contains("section 'balloon' is not supported"),
+            "{line}"
+        );
     }
 
     #[test]

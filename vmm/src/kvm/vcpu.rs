@@ -194,6 +194,12 @@ impl Vcpu {
         }
     }
 
+    /// Whether this vCPU recovers the PVM host's INT3 emulation failures
+    /// (which takes calls its seccomp filter allows only then).
+    pub fn recovers_int3(&self) -> bool {
+        self.recover_int3
+    }
+
     /// Makes this vCPU honour `gate`'s pause requests (shared by all vCPUs
     /// of the VM).
     pub fn set_pause_gate(&mut self, gate: Arc<PauseGate>) {
@@ -912,8 +918,9 @@ mod tests {
 
         /// On a PVM host only: runs the IDT guest whose code starts with
         /// `first` (an INT3, or another instruction the emulator fails) with
-        /// INT3 recovery on or off, and returns how the run ended and what
-        /// reached the bus. `None` (after a printed SKIP) elsewhere.
+        /// INT3 recovery on or off, under the vCPU filter such a VM gets,
+        /// and returns how the run ended and what reached the bus. `None`
+        /// (after a printed SKIP) elsewhere.
         fn run_emulation_failure(
             first: &[u8],
             recover_int3: bool,
@@ -924,8 +931,26 @@ mod tests {
             }
             let bus = Arc::new(Recorder::default());
             let vcpu = vcpu(&vm, 0, 1, &[], bus.clone(), recover_int3);
+            assert_eq!(vcpu.recovers_int3(), recover_int3);
             int3_guest(&vm, &vcpu, first);
-            Some((run_to_end(vcpu), bus))
+            // Under the filter a VM with these vCPUs gets: the recovery's
+            // calls are allowed only with the recovery on, so a recovery
+            // that needed another call, or one run without it, would end
+            // the test binary with 148.
+            use crate::process::seccomp::{self, Filters, SeccompMode, Thread};
+            seccomp::install_sigsys_handler().unwrap();
+            let prog = Filters::new(SeccompMode::On)
+                .unwrap()
+                .for_vm(vcpu.recovers_int3())
+                .unwrap()
+                .vcpu;
+            let exit = ExitLatch::new().unwrap();
+            let latch = exit.clone();
+            let thread = std::thread::spawn(move || {
+                seccomp::apply(Thread::Vcpu, prog.as_ref()).unwrap();
+                vcpu.run(latch)
+            });
+            Some((wait_for_end(&exit, thread, Instant::now()), bus))
         }
 
         #[test]

@@ -26,9 +26,21 @@
 //! lists apart), and no vCPU enters `KVM_RUN` before both are in place
 //! ([`Gate`]). The API thread installs its own before it reads a byte. With `--seccomp on`
 //! a call outside the list raises SIGSYS, whose handler writes one line naming
-//! the call and ends the process with [`BAD_SYSCALL_EXIT_STATUS`] (148, as
-//! Firecracker does); `--seccomp log` lets the call through and has the kernel
-//! log it (the audit log, `dmesg`), and `--seccomp off` installs nothing.
+//! the call (number and name) and ends the process with
+//! [`BAD_SYSCALL_EXIT_STATUS`] (148, as Firecracker does); `--seccomp log`
+//! lets the call through and has the kernel log it (the audit log, `dmesg`),
+//! and `--seccomp off` installs nothing.
+//!
+//! The lists are as narrow as Firecracker's where it matters: memory is
+//! mapped and protected without `PROT_EXEC` (no new code once running),
+//! `futex` takes the three private operations std and glibc use, the event
+//! loop signals only threads of minivmm itself, and the vCPU calls that only
+//! the PVM host's recoveries make are allowed only where those recoveries are
+//! on. Two of these depend on the running process ([`Context`]), so the VM's
+//! filters are compiled once the process is what it will stay (after the jail)
+//! and the VM is built ([`Filters::for_vm`]). Every thread may
+//! `restart_syscall`: the kernel makes that call itself when a stopped thread
+//! (SIGSTOP, a cgroup freezer, a debugger) resumes a timed wait.
 //!
 //! # Adding and regenerating entries
 //!
@@ -98,6 +110,12 @@ pub enum Thread {
     EventLoop,
     /// The API socket's thread: accepts, reads and answers requests.
     Api,
+    /// The process `--jail` leaves outside its PID namespace: waits for the
+    /// jailed minivmm and forwards signals to it.
+    Supervisor,
+    /// The process that removes the vsock socket when minivmm ends
+    /// (`process::remover`): it waits on a pipe and unlinks one path.
+    Remover,
 }
 
 /// Errors building or installing a filter. None is caused by the guest.
@@ -120,6 +138,29 @@ pub enum SeccompError {
 /// One allowlist entry: a system call and the argument conditions under
 /// which it is allowed (no rule: any arguments).
 type Entry = (i64, Vec<SeccompRule>);
+
+/// What narrows the lists beyond the thread's kind: facts of the running
+/// process and of the VM it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Context {
+    /// minivmm's pid as its own threads see it (`getpid`): the one thread
+    /// group the event loop may signal. Read when the filter is compiled,
+    /// so compile it in the process (and PID namespace) that runs the VM.
+    pub pid: u32,
+    /// Whether the vCPUs recover the PVM host's emulation failures, whose
+    /// calls (setting registers and events) no other host needs.
+    pub pvm_recoveries: bool,
+}
+
+impl Context {
+    /// This process as it is now, with or without the PVM recoveries.
+    pub fn current(pvm_recoveries: bool) -> Context {
+        Context {
+            pid: std::process::id(),
+            pvm_recoveries,
+        }
+    }
+}
 
 fn allow(syscall: libc::c_long) -> Entry {
     (syscall, Vec::new())
@@ -221,6 +262,54 @@ ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
 
+/// `(arg & PROT_EXEC) == 0`: a protection without execute permission.
+fn no_exec(arg: u8) -> SeccompCondition {
+    SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
+        0,
+    )
+    .expect("argument indexes 0 to 5 are valid")
+}
+
+/// `mmap(addr, len, prot, flags, fd, off)` of private anonymous memory only
+/// (glibc's malloc: `MAP_PRIVATE | MAP_ANONYMOUS` for a large block, with
+/// `MAP_NORESERVE` for a thread arena's reservation), never executable. No
+/// file is mapped once running, shared memory is not made, and no code.
+fn allow_mmap_data() -> Entry {
+    let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let rules = [anon, anon | libc::MAP_NORESERVE as u64]
+        .into_iter()
+        .map(|flags| all_of(vec![arg_eq(3, flags), no_exec(2)]))
+        .collect();
+    (libc::SYS_mmap, rules)
+}
+
+/// `mprotect(addr, len, prot)` without `PROT_EXEC` (an arena growing into
+/// its reservation): nothing becomes executable.
+fn allow_mprotect_data() -> Entry {
+    (libc::SYS_mprotect, vec![all_of(vec![no_exec(2)])])
+}
+
+/// `futex` with the private operations std and glibc use: std's Mutex,
+/// Condvar, Barrier, channels and thread parking wait with
+/// `FUTEX_WAIT_BITSET_PRIVATE` (an absolute deadline, or none) and wake with
+/// `FUTEX_WAKE_PRIVATE`; glibc's internal locks (malloc's arenas, a thread's
+/// exit) wait with `FUTEX_WAIT_PRIVATE`. No shared futex, no requeue, no
+/// priority inheritance, no `FUTEX_CLOCK_REALTIME`.
+fn allow_futex_private() -> Entry {
+    allow_arg_in(
+        libc::SYS_futex,
+        1,
+        &[
+            (libc::FUTEX_WAIT_BITSET | libc::FUTEX_PRIVATE_FLAG) as u64,
+            (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64,
+            (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
+        ],
+    )
+}
+
 /// What every minivmm thread calls, whatever its job.
 fn common_rules() -> Vec<Entry> {
     vec![
@@ -228,15 +317,21 @@ fn common_rules() -> Vec<Entry> {
         // it grows (mprotect) and trims (madvise, munmap); the main arena
         // grows with brk; blocks above the mmap threshold are mmap'ed and
         // resized with mremap. Which of these a thread needs depends on the
-        // guest's traffic, not on the code path, so all are allowed.
+        // guest's traffic, not on the code path, so all are allowed, for
+        // data only: nothing is mapped or made executable.
         allow(libc::SYS_brk),
-        allow(libc::SYS_mmap),
-        allow(libc::SYS_mprotect),
+        allow_mmap_data(),
+        allow_mprotect_data(),
         allow(libc::SYS_madvise),
         allow(libc::SYS_mremap),
         allow(libc::SYS_munmap),
-        // std's Mutex, Condvar, Barrier and thread parking.
-        allow(libc::SYS_futex),
+        // std's Mutex, Condvar, Barrier, channels and thread parking.
+        allow_futex_private(),
+        // Made by the kernel, not by minivmm: a thread stopped (SIGSTOP, a
+        // cgroup freezer, a debugger) inside a timed wait (a futex with a
+        // deadline, a sleep) resumes it with this call once continued.
+        // Without it an operator's SIGSTOP/SIGCONT ends minivmm with 148.
+        allow(libc::SYS_restart_syscall),
         // Log lines (stderr), console output (stdout), eventfd signals
         // (irqfds, queue kicks, the event handler's own wake-ups).
         allow(libc::SYS_write),
@@ -269,21 +364,26 @@ fn common_rules() -> Vec<Entry> {
 }
 
 /// A vCPU thread, after it installed its filter.
-pub fn vcpu_rules() -> Vec<Entry> {
+pub fn vcpu_rules(ctx: &Context) -> Vec<Entry> {
+    let mut ioctls = vec![
+        KVM_RUN(),
+        // An emulation failure is reported with the guest's RIP, on any
+        // host (reading registers changes nothing).
+        KVM_GET_REGS(),
+        // The guest's DRIVER_OK reaches the net device on this thread,
+        // which tells the TAP what offloads the guest accepts.
+        ioctl_nr(libc::TUNSETOFFLOAD),
+    ];
+    if ctx.pvm_recoveries {
+        // The INT3 recovery on a PVM host (vcpu.rs): skip the byte and
+        // inject #BP. Only where the recoveries are on.
+        ioctls.extend([KVM_SET_REGS(), KVM_GET_VCPU_EVENTS(), KVM_SET_VCPU_EVENTS()]);
+    }
     vec![
-        allow_ioctls(&[
-            KVM_RUN(),
-            // The INT3 recovery on a PVM host (vcpu.rs): skip the byte and
-            // inject #BP.
-            KVM_GET_REGS(),
-            KVM_SET_REGS(),
-            KVM_GET_VCPU_EVENTS(),
-            KVM_SET_VCPU_EVENTS(),
-            // The guest's DRIVER_OK reaches the net device on this thread,
-            // which tells the TAP what offloads the guest accepts.
-            ioctl_nr(libc::TUNSETOFFLOAD),
-        ]),
-        // An AP waiting for its start-up IPI backs off with thread::sleep.
+        allow_ioctls(&ioctls),
+        // An AP waiting for its start-up IPI backs off with thread::sleep
+        // (KVM_RUN returns EAGAIN between INIT and SIPI on any host, and
+        // for the whole wait on a PVM host).
         allow(libc::SYS_clock_nanosleep),
         // A guest resetting its block device reaches the device on this
         // thread, which waits for the requests its io_uring still holds
@@ -293,8 +393,8 @@ pub fn vcpu_rules() -> Vec<Entry> {
 }
 
 /// The main thread's event loop, after it spawned the vCPUs.
-pub fn event_loop_rules() -> Vec<Entry> {
-    vec![
+pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
+    let mut rules = vec![
         // The loop itself, and the net device (de)registering its TAP and
         // requeue events when the guest activates or resets it.
         allow(libc::SYS_epoll_wait),
@@ -317,7 +417,8 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // kernel's generator, never waiting for it (GRND_NONBLOCK).
         allow_arg_in(libc::SYS_getrandom, 2, &[libc::GRND_NONBLOCK as u64]),
         // A rate limiter that holds a frame back arms its timerfd for when
-        // the frame fits (the metrics timer is armed before the filter).
+        // the frame fits (the metrics timer is armed before the filter);
+        // the vsock device arms its connection time-out.
         allow(libc::SYS_timerfd_settime),
         // `PATCH /network-interfaces` on a card without a limiter makes
         // one, with its timer: monotonic, non-blocking, close-on-exec only.
@@ -326,10 +427,47 @@ pub fn event_loop_rules() -> Vec<Entry> {
         // (pthread_kill: tgkill to a thread of this process, found by
         // getpid).
         allow(libc::SYS_getpid),
-        allow_tgkill_kick(),
+        allow_tgkill_kick(ctx.pid),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
+    ];
+    // The vsock device (`devices::virtio::vsock::backend`): a host agent's
+    // connection accepted on the listener at `uds_path`, a guest's
+    // connection to the listener at `<uds_path>_<port>` (only Unix stream
+    // sockets are made, non-blocking, so `connect` reaches nothing but a
+    // Unix socket path and never waits), and the write side shut once the
+    // guest sends no more. Data moves with read/write/readv/writev, as for
+    // the TAP.
+    rules.extend(allow_vsock_sockets());
+    rules
+}
+
+/// What the vsock device calls on its sockets (see `event_loop_rules`):
+/// `accept4(fd, _, _, SOCK_NONBLOCK | SOCK_CLOEXEC)`, `socket(AF_UNIX,
+/// SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)`, `connect` (its address
+/// is a pointer, which a filter cannot read) and `shutdown(fd, SHUT_WR)`.
+fn allow_vsock_sockets() -> Vec<Entry> {
+    let flags = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64;
+    let stream = libc::SOCK_STREAM as u64 | flags;
+    let unix = all_of(vec![
+        arg_eq(0, libc::AF_UNIX as u64),
+        arg_eq(1, stream),
+        arg_eq(2, 0),
+    ]);
+    vec![
+        allow_arg_in(libc::SYS_accept4, 3, &[flags]),
+        (libc::SYS_socket, vec![unix]),
+        allow(libc::SYS_connect),
+        allow_arg_in(libc::SYS_shutdown, 1, &[libc::SHUT_WR as u64]),
     ]
+}
+
+/// The remover process (`process::remover`): it blocks every signal and
+/// closes every descriptor but its two pipe ends before its filter, then
+/// says it is ready (`write`, common), waits (`read`, common), unlinks its
+/// one path and exits (common).
+pub fn remover_rules() -> Vec<Entry> {
+    vec![allow(libc::SYS_unlink)]
 }
 
 /// `timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)` only.
@@ -341,15 +479,15 @@ fn allow_timerfd_create() -> Entry {
     (libc::SYS_timerfd_create, vec![rule])
 }
 
-/// `tgkill(getpid(), tid, kick)`: the vCPU kick signal and nothing else
-/// (the thread group is the caller's own; the kernel refuses a tid that is
-/// not in it).
-fn allow_tgkill_kick() -> Entry {
-    allow_arg_in(
-        libc::SYS_tgkill,
-        2,
-        &[crate::kvm::pause::kick_signal() as u64],
-    )
+/// `tgkill(pid, tid, kick)`: the vCPU kick signal to a thread of minivmm
+/// itself and nothing else: the thread group must be `pid` (minivmm's own,
+/// [`Context::pid`]), and the kernel refuses a tid that is not in it.
+fn allow_tgkill_kick(pid: u32) -> Entry {
+    let rule = all_of(vec![
+        arg_eq(0, u64::from(pid)),
+        arg_eq(2, crate::kvm::pause::kick_signal() as u64),
+    ]);
+    (libc::SYS_tgkill, vec![rule])
 }
 
 /// `syscall` when argument `arg` (32 bits) is one of `values`.
@@ -418,6 +556,29 @@ pub fn api_rules() -> Vec<Entry> {
     ]
 }
 
+/// The supervisor `--jail` leaves outside its PID namespace
+/// (`jail::pidns`), after it dropped its privileges and closed every
+/// descriptor but stdio: it waits for signals and for the jailed minivmm's
+/// end, and signals it.
+pub fn supervisor_rules() -> Vec<Entry> {
+    vec![
+        // sigwaitinfo: the forwarded signals and SIGCHLD.
+        allow(libc::SYS_rt_sigtimedwait),
+        // The supervisor stopped and continued (SIGSTOP, a frozen cgroup)
+        // inside sigwaitinfo resumes the call through restart_syscall.
+        allow(libc::SYS_restart_syscall),
+        // waitpid(child, WNOHANG) on SIGCHLD.
+        allow(libc::SYS_wait4),
+        // The forwarded stop and metrics signals, and SIGKILL for those
+        // whose default action would have ended an unjailed minivmm.
+        allow_arg_in(
+            libc::SYS_kill,
+            1,
+            &[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1, libc::SIGKILL].map(|s| s as u64),
+        ),
+    ]
+}
+
 /// Merges entries by system call. An unconditional entry wins over rules
 /// for the same call (it allows more).
 fn merge(entries: impl IntoIterator<Item = Entry>) -> BTreeMap<i64, Vec<SeccompRule>> {
@@ -436,25 +597,39 @@ fn merge(entries: impl IntoIterator<Item = Entry>) -> BTreeMap<i64, Vec<SeccompR
         .collect()
 }
 
-/// The allowlist of `thread`, common entries included.
-pub fn rules(thread: Thread) -> BTreeMap<i64, Vec<SeccompRule>> {
+/// The allowlist of `thread` in `ctx`, common entries included.
+pub fn rules(thread: Thread, ctx: &Context) -> BTreeMap<i64, Vec<SeccompRule>> {
     let own = match thread {
-        Thread::Vcpu => vcpu_rules(),
-        Thread::EventLoop => event_loop_rules(),
+        Thread::Vcpu => vcpu_rules(ctx),
+        Thread::EventLoop => event_loop_rules(ctx),
         Thread::Api => api_rules(),
+        Thread::Supervisor => supervisor_rules(),
+        Thread::Remover => remover_rules(),
     };
     merge(common_rules().into_iter().chain(own))
 }
 
-/// Compiles the filter of `thread` for `mode` (`None` when off).
+/// Compiles the filter of `thread` for `mode` (`None` when off), for this
+/// process as it is now with the PVM recoveries' calls allowed: the widest
+/// list of each thread, for a thread that needs no narrower one (the API
+/// thread) and for checking that every list compiles.
 pub fn filter(thread: Thread, mode: SeccompMode) -> Result<Option<BpfProgram>, SeccompError> {
+    filter_in(thread, mode, &Context::current(true))
+}
+
+/// Compiles the filter of `thread` in `ctx` for `mode` (`None` when off).
+pub fn filter_in(
+    thread: Thread,
+    mode: SeccompMode,
+    ctx: &Context,
+) -> Result<Option<BpfProgram>, SeccompError> {
     let mismatch = match mode {
         SeccompMode::On => SeccompAction::Trap,
         SeccompMode::Log => SeccompAction::Log,
         SeccompMode::Off => return Ok(None),
     };
     let filter = SeccompFilter::new(
-        rules(thread),
+        rules(thread, ctx),
         mismatch,
         SeccompAction::Allow,
         TargetArch::x86_64,
@@ -466,8 +641,10 @@ pub fn filter(thread: Thread, mode: SeccompMode) -> Result<Option<BpfProgram>, S
     Ok(Some(prog))
 }
 
-/// Both threads' filters, compiled before any thread starts so that a
+/// Every thread's filter, compiled before any thread starts so that a
 /// mistake in a list is a configuration error (status 1), not a run-time one.
+/// The VM's two are compiled again for the process and VM that run them
+/// ([`Filters::for_vm`]).
 #[derive(Debug, Clone, Default)]
 pub struct Filters {
     /// The mode they were built for.
@@ -481,13 +658,27 @@ pub struct Filters {
 }
 
 impl Filters {
-    /// Compiles both filters for `mode`.
+    /// Compiles every filter for `mode`, each thread's widest list.
     pub fn new(mode: SeccompMode) -> Result<Self, SeccompError> {
         Ok(Filters {
             mode,
             vcpu: filter(Thread::Vcpu, mode)?,
             event_loop: filter(Thread::EventLoop, mode)?,
             api: filter(Thread::Api, mode)?,
+        })
+    }
+
+    /// The vCPU and event-loop filters compiled for the VM about to run in
+    /// this process: its pid now (after the jail, whatever PID namespace
+    /// that put it in) and whether its vCPUs make the PVM host's
+    /// recoveries. The API thread's filter stays as it was.
+    pub fn for_vm(&self, pvm_recoveries: bool) -> Result<Self, SeccompError> {
+        let ctx = Context::current(pvm_recoveries);
+        Ok(Filters {
+            mode: self.mode,
+            vcpu: filter_in(Thread::Vcpu, self.mode, &ctx)?,
+            event_loop: filter_in(Thread::EventLoop, self.mode, &ctx)?,
+            api: self.api.clone(),
         })
     }
 }
@@ -552,8 +743,9 @@ impl Gate {
 const SI_SYSCALL_OFFSET: usize = 24;
 
 /// The SIGSYS handler: the terminal's mode back, one line naming the call
-/// on stderr, then [`BAD_SYSCALL_EXIT_STATUS`]. Async-signal-safe: no
-/// allocation, no lock, only tcsetattr on fd 0 (TCSETS, TCGETS), write(2) and _exit(2), all in
+/// (its number and, from a static table, its name) on stderr, then
+/// [`BAD_SYSCALL_EXIT_STATUS`]. Async-signal-safe: no allocation, no lock,
+/// only tcsetattr on fd 0 (TCSETS, TCGETS), write(2) and _exit(2), all in
 /// every allowlist.
 extern "C" fn sigsys_handler(
     _sig: libc::c_int,
@@ -570,7 +762,7 @@ extern "C" fn sigsys_handler(
             .cast::<i32>()
             .read_unaligned()
     };
-    let mut line = [0u8; 96];
+    let mut line = [0u8; LINE_MAX];
     let len = bad_syscall_line(nr, &mut line);
     crate::process::terminal::restore_at_crash();
     // SAFETY: `line[..len]` is initialised memory owned by this frame; fd 2
@@ -582,9 +774,14 @@ extern "C" fn sigsys_handler(
     }
 }
 
-/// Formats "minivmm: error: forbidden system call N (seccomp), exiting with
-/// status 148\n" into `buf` without allocating; returns its length.
-fn bad_syscall_line(nr: i32, buf: &mut [u8; 96]) -> usize {
+/// The longest SIGSYS line: the text, 11 digits and a sign, and a name
+/// (the longest is under 30 bytes).
+const LINE_MAX: usize = 160;
+
+/// Formats "minivmm: error: forbidden system call N (NAME) under seccomp,
+/// exiting with status 148\n" (without " (NAME)" for a call that has no
+/// name) into `buf` without allocating; returns its length.
+fn bad_syscall_line(nr: i32, buf: &mut [u8; LINE_MAX]) -> usize {
     let mut len = 0;
     let mut put = |bytes: &[u8]| {
         for &b in bytes {
@@ -610,7 +807,12 @@ fn bad_syscall_line(nr: i32, buf: &mut [u8; 96]) -> usize {
         put(b"-");
     }
     put(&digits[i..]);
-    put(b" (seccomp), exiting with status 148\n");
+    if let Some(name) = crate::process::syscall_names::name(libc::c_long::from(nr)) {
+        put(b" (");
+        put(name.as_bytes());
+        put(b")");
+    }
+    put(b" under seccomp, exiting with status 148\n");
     len
 }
 
@@ -641,7 +843,25 @@ mod tests {
     /// process only async-signal-safe calls are allowed, and `f` makes only
     /// raw system calls.
     fn in_filtered_child(thread: Thread, mode: SeccompMode, f: fn()) -> libc::c_int {
-        let prog = filter(thread, mode).unwrap();
+        in_child_under(thread, filter(thread, mode).unwrap(), f)
+    }
+
+    /// [`in_filtered_child`] with the filter compiled for `ctx`.
+    fn in_child_in(thread: Thread, ctx: Context, f: fn()) -> libc::c_int {
+        in_child_under(thread, filter_in(thread, SeccompMode::On, &ctx).unwrap(), f)
+    }
+
+    /// Runs `f` in a forked child under `prog` and returns its wait status.
+    fn in_child_under(thread: Thread, prog: Option<BpfProgram>, f: fn()) -> libc::c_int {
+        wait_child(spawn_child_under(thread, prog, f))
+    }
+
+    /// Forks a child that installs the SIGSYS handler and `prog`, runs `f`
+    /// and exits 0 (99 if the filter could not be installed); returns its
+    /// pid. The filter is compiled before the fork: in the child of a
+    /// multi-threaded process only async-signal-safe calls are allowed, and
+    /// `f` makes only raw system calls.
+    fn spawn_child_under(thread: Thread, prog: Option<BpfProgram>, f: fn()) -> libc::pid_t {
         // SAFETY: fork has no memory-safety preconditions; the child below
         // only makes system calls (sigaction, prctl, seccomp, the call under
         // test, _exit) and touches memory that was set up before the fork.
@@ -659,6 +879,10 @@ mod tests {
             // handlers or unwinding into the test harness.
             unsafe { libc::_exit(code) };
         }
+        pid
+    }
+
+    fn wait_child(pid: libc::pid_t) -> libc::c_int {
         let mut status = 0;
         // SAFETY: `pid` is our child and `status` a live int.
         let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -690,7 +914,12 @@ mod tests {
 
     #[test]
     fn a_forbidden_call_ends_the_process_with_148() {
-        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+        for thread in [
+            Thread::Vcpu,
+            Thread::EventLoop,
+            Thread::Api,
+            Thread::Supervisor,
+        ] {
             let status = in_filtered_child(thread, SeccompMode::On, forbidden_syscall);
             assert_eq!(
                 exit_status(status),
@@ -716,6 +945,55 @@ mod tests {
         // SAFETY: every caller passes fd -1 and null or zero pointers, so
         // the kernel answers EBADF (or EFAULT) and touches no memory.
         unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    }
+
+    /// The vsock device's socket calls with the arguments it uses, and
+    /// nothing wider: no other socket family or type, no blocking socket,
+    /// no other shutdown; none on a vCPU thread. The remover may unlink,
+    /// and no other thread may.
+    #[test]
+    fn the_event_loop_may_serve_vsock_sockets_and_nothing_more() {
+        const UNIX: libc::c_long = libc::AF_UNIX as _;
+        const NB: libc::c_long = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as _;
+        const STREAM: libc::c_long = libc::SOCK_STREAM as libc::c_long | NB;
+        const WR: libc::c_long = libc::SHUT_WR as _;
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, NB, 0, 0]),
+            || raw(libc::SYS_socket, [UNIX, STREAM, 0, 0, 0, 0]),
+            || raw(libc::SYS_connect, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_shutdown, [-1, WR, 0, 0, 0, 0]),
+        ];
+        for (i, f) in allowed.iter().enumerate() {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0), "allowed call {i}");
+        }
+        let forbidden: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_accept, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [libc::AF_INET as _, STREAM, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [UNIX, libc::SOCK_STREAM as _, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_socket,
+                    [UNIX, libc::SOCK_DGRAM as libc::c_long | NB, 0, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_shutdown, [-1, libc::SHUT_RDWR as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_recvfrom, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_unlink, [0, 0, 0, 0, 0, 0]),
+        ];
+        for (i, f) in forbidden.iter().enumerate() {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(148), "forbidden call {i}");
+        }
+        let on_vcpu = || raw(libc::SYS_socket, [UNIX, STREAM, 0, 0, 0, 0]);
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, on_vcpu);
+        assert_eq!(exit_status(status), Some(148));
+        let unlink = || raw(libc::SYS_unlink, [0, 0, 0, 0, 0, 0]);
+        let status = in_filtered_child(Thread::Remover, SeccompMode::On, unlink);
+        assert_eq!(exit_status(status), Some(0));
+        let status = in_filtered_child(Thread::Remover, SeccompMode::On, on_vcpu);
+        assert_eq!(exit_status(status), Some(148));
     }
 
     #[test]
@@ -776,17 +1054,12 @@ mod tests {
         const MONO: libc::c_long = libc::CLOCK_MONOTONIC as _;
         let allowed: &[fn()] = &[
             || raw(libc::SYS_timerfd_create, [MONO, FLAGS, 0, 0, 0, 0]),
-            // tid -1 does not exist: ESRCH (or EINVAL), no signal sent.
-            || {
-                raw(
-                    libc::SYS_tgkill,
-                    [0, -1, crate::kvm::pause::kick_signal() as _, 0, 0, 0],
-                )
-            },
+            // tid -1 is refused (EINVAL) before any lookup: no signal sent.
+            || raw(libc::SYS_tgkill, [TEST_PID, -1, kick(), 0, 0, 0]),
             || raw(libc::SYS_getpid, [0; 6]),
         ];
         for f in allowed {
-            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            let status = in_child_in(Thread::EventLoop, test_ctx(false), *f);
             assert_eq!(exit_status(status), Some(0));
         }
         let forbidden: &[fn()] = &[
@@ -803,10 +1076,18 @@ mod tests {
                     [libc::CLOCK_REALTIME as _, FLAGS, 0, 0, 0, 0],
                 )
             },
-            || raw(libc::SYS_tgkill, [0, -1, libc::SIGKILL as _, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_tgkill,
+                    [TEST_PID, -1, libc::SIGKILL as _, 0, 0, 0],
+                )
+            },
+            // The kick to a thread group that is not minivmm's.
+            || raw(libc::SYS_tgkill, [TEST_PID + 1, -1, kick(), 0, 0, 0]),
+            || raw(libc::SYS_tgkill, [1, -1, kick(), 0, 0, 0]),
         ];
         for f in forbidden {
-            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            let status = in_child_in(Thread::EventLoop, test_ctx(false), *f);
             assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
         }
         // A vCPU neither makes timers nor kicks.
@@ -814,6 +1095,402 @@ mod tests {
             raw(libc::SYS_timerfd_create, [MONO, FLAGS, 0, 0, 0, 0])
         });
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    /// The pid the tests' contexts name: the filter compares the number
+    /// only, and `tgkill` with tid -1 fails before it looks the pid up.
+    const TEST_PID: libc::c_long = 4242;
+
+    fn test_ctx(pvm_recoveries: bool) -> Context {
+        Context {
+            pid: TEST_PID as u32,
+            pvm_recoveries,
+        }
+    }
+
+    fn kick() -> libc::c_long {
+        crate::kvm::pause::kick_signal() as _
+    }
+
+    /// The real kick, as `PATCH /vm` sends it (`pthread_kill`, which asks
+    /// `getpid` for the thread group), from a thread under the event loop's
+    /// filter compiled for this process: allowed, and delivered.
+    #[test]
+    fn the_event_loop_kicks_a_thread_of_its_own_process() {
+        use std::sync::atomic::AtomicUsize;
+        use vmm_sys_util::signal::{register_signal_handler, Killable};
+        static KICKED: AtomicUsize = AtomicUsize::new(0);
+        extern "C" fn count(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+            KICKED.fetch_add(1, Ordering::SeqCst);
+        }
+        register_signal_handler(crate::kvm::pause::kick_signal(), count).unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let target = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        install_sigsys_handler().unwrap();
+        let prog = Filters::new(SeccompMode::On)
+            .unwrap()
+            .for_vm(false)
+            .unwrap()
+            .event_loop;
+        let target = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            target.kill(crate::kvm::pause::kick_signal()).unwrap();
+            target
+        })
+        .join()
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while KICKED.load(Ordering::SeqCst) == 0 {
+            assert!(std::time::Instant::now() < deadline, "the kick never came");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        stop.store(true, Ordering::SeqCst);
+        target.join().unwrap();
+    }
+
+    #[test]
+    fn a_vm_filter_names_this_process_and_its_recoveries() {
+        let ctx = Context::current(true);
+        assert_eq!(ctx.pid, std::process::id());
+        assert!(ctx.pvm_recoveries);
+        assert!(!Context::current(false).pvm_recoveries);
+        let all = Filters::new(SeccompMode::On).unwrap();
+        assert!(all.vcpu.is_some() && all.event_loop.is_some() && all.api.is_some());
+        let vm = all.for_vm(false).unwrap();
+        assert_eq!(vm.mode, SeccompMode::On);
+        assert_eq!(vm.api, all.api);
+        assert_eq!(
+            vm.vcpu,
+            filter_in(Thread::Vcpu, SeccompMode::On, &Context::current(false)).unwrap()
+        );
+        assert_ne!(vm.vcpu, all.vcpu, "the recoveries' ioctls are still in");
+        assert_eq!(all.for_vm(true).unwrap().vcpu, all.vcpu);
+        let off = Filters::new(SeccompMode::Off)
+            .unwrap()
+            .for_vm(true)
+            .unwrap();
+        assert_eq!(off.mode, SeccompMode::Off);
+        assert!(off.vcpu.is_none() && off.event_loop.is_none() && off.api.is_none());
+        let log = Filters::new(SeccompMode::Log)
+            .unwrap()
+            .for_vm(false)
+            .unwrap();
+        assert_eq!(log.mode, SeccompMode::Log);
+        assert!(log.event_loop.is_some());
+    }
+
+    #[test]
+    fn the_pvm_recoveries_calls_are_allowed_only_with_the_recoveries() {
+        fn ioctl(request: u64) {
+            // SAFETY: an invalid fd: the kernel answers EBADF.
+            unsafe { libc::syscall(libc::SYS_ioctl, -1, request, 0usize) };
+        }
+        let recoveries: &[fn()] = &[
+            || ioctl(KVM_SET_REGS()),
+            || ioctl(KVM_GET_VCPU_EVENTS()),
+            || ioctl(KVM_SET_VCPU_EVENTS()),
+        ];
+        for (i, f) in recoveries.iter().enumerate() {
+            let with = in_child_in(Thread::Vcpu, test_ctx(true), *f);
+            assert_eq!(exit_status(with), Some(0), "ioctl {i} with the recoveries");
+            let without = in_child_in(Thread::Vcpu, test_ctx(false), *f);
+            assert_eq!(
+                exit_status(without),
+                Some(BAD_SYSCALL_EXIT_STATUS),
+                "ioctl {i} without the recoveries"
+            );
+        }
+        // Every host: running the guest, reporting a failure's RIP, and
+        // the net device's offloads.
+        let always: &[fn()] = &[
+            || ioctl(KVM_RUN()),
+            || ioctl(KVM_GET_REGS()),
+            || ioctl(ioctl_nr(libc::TUNSETOFFLOAD)),
+        ];
+        for (i, f) in always.iter().enumerate() {
+            let status = in_child_in(Thread::Vcpu, test_ctx(false), *f);
+            assert_eq!(exit_status(status), Some(0), "ioctl {i}");
+        }
+    }
+
+    const RW: libc::c_long = (libc::PROT_READ | libc::PROT_WRITE) as _;
+    const RX: libc::c_long = (libc::PROT_READ | libc::PROT_EXEC) as _;
+    const ANON: libc::c_long = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as _;
+    const NORESERVE: libc::c_long = libc::MAP_NORESERVE as _;
+
+    /// A raw `mmap` of one page (the child leaks it; it ends at once).
+    fn map(prot: libc::c_long, flags: libc::c_long, fd: libc::c_long) {
+        raw(libc::SYS_mmap, [0, 4096, prot, flags, fd, 0]);
+    }
+
+    #[test]
+    fn every_thread_maps_data_and_never_code() {
+        let allowed: &[fn()] = &[
+            || map(RW, ANON, -1),
+            || map(libc::PROT_NONE as _, ANON | NORESERVE, -1),
+            || map(libc::PROT_READ as _, ANON, -1),
+            // An arena growing into its reservation: mprotect on an address
+            // that is not mapped fails (ENOMEM) after the filter let it by.
+            || raw(libc::SYS_mprotect, [0, 4096, RW, 0, 0, 0]),
+            || raw(libc::SYS_mprotect, [0, 4096, libc::PROT_NONE as _, 0, 0, 0]),
+        ];
+        let forbidden: &[fn()] = &[
+            // Code: executable memory mapped or made so.
+            || map(RX, ANON, -1),
+            || {
+                map(
+                    (libc::PROT_EXEC | libc::PROT_READ | libc::PROT_WRITE) as _,
+                    ANON,
+                    -1,
+                )
+            },
+            || map(libc::PROT_EXEC as _, ANON | NORESERVE, -1),
+            || raw(libc::SYS_mprotect, [0, 4096, RX, 0, 0, 0]),
+            || raw(libc::SYS_mprotect, [0, 4096, libc::PROT_EXEC as _, 0, 0, 0]),
+            // A file or shared memory mapped (fd 0 is whatever stdin is).
+            || map(libc::PROT_READ as _, libc::MAP_PRIVATE as _, 0),
+            || map(RW, (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as _, -1),
+            || map(RW, ANON | libc::MAP_FIXED as libc::c_long, -1),
+        ];
+        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+            for (i, f) in allowed.iter().enumerate() {
+                let status = in_filtered_child(thread, SeccompMode::On, *f);
+                assert_eq!(exit_status(status), Some(0), "{thread:?}: allowed {i}");
+            }
+            for (i, f) in forbidden.iter().enumerate() {
+                let status = in_filtered_child(thread, SeccompMode::On, *f);
+                assert_eq!(
+                    exit_status(status),
+                    Some(BAD_SYSCALL_EXIT_STATUS),
+                    "{thread:?}: forbidden {i}"
+                );
+            }
+        }
+    }
+
+    /// A raw `futex` on a null address: the kernel answers EFAULT (or
+    /// EINVAL, ENOSYS for an operation it does not know) without waiting.
+    fn futex(op: libc::c_int) {
+        raw(libc::SYS_futex, [0, op as _, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn every_thread_may_use_the_private_futex_operations_only() {
+        let allowed: &[fn()] = &[
+            || futex(libc::FUTEX_WAIT_BITSET | libc::FUTEX_PRIVATE_FLAG),
+            || futex(libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG),
+            || futex(libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG),
+        ];
+        let forbidden: &[fn()] = &[
+            // Shared futexes, requeues, PI, a realtime-clock deadline.
+            || futex(libc::FUTEX_WAIT),
+            || futex(libc::FUTEX_WAKE),
+            || futex(libc::FUTEX_WAIT_BITSET),
+            || futex(libc::FUTEX_CMP_REQUEUE | libc::FUTEX_PRIVATE_FLAG),
+            || futex(libc::FUTEX_REQUEUE | libc::FUTEX_PRIVATE_FLAG),
+            || futex(libc::FUTEX_WAKE_OP | libc::FUTEX_PRIVATE_FLAG),
+            || futex(libc::FUTEX_LOCK_PI | libc::FUTEX_PRIVATE_FLAG),
+            || {
+                futex(
+                    libc::FUTEX_WAIT_BITSET | libc::FUTEX_PRIVATE_FLAG | libc::FUTEX_CLOCK_REALTIME,
+                )
+            },
+        ];
+        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+            for (i, f) in allowed.iter().enumerate() {
+                let status = in_filtered_child(thread, SeccompMode::On, *f);
+                assert_eq!(exit_status(status), Some(0), "{thread:?}: allowed {i}");
+            }
+            for (i, f) in forbidden.iter().enumerate() {
+                let status = in_filtered_child(thread, SeccompMode::On, *f);
+                assert_eq!(
+                    exit_status(status),
+                    Some(BAD_SYSCALL_EXIT_STATUS),
+                    "{thread:?}: forbidden {i}"
+                );
+            }
+        }
+    }
+
+    /// The futex word the stopped children wait on (never woken: each
+    /// wait ends at its time-out).
+    static WAIT_WORD: u32 = 0;
+
+    /// What std's timed waits do (`recv_timeout`, `Condvar::wait_timeout`):
+    /// a private futex wait with a deadline, here 500 ms from now.
+    fn timed_futex_wait() {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 500_000_000,
+        };
+        // SAFETY: the word is a static that outlives the call, `ts` a live
+        // timespec; the wait ends at its time-out (nobody wakes the word).
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                &WAIT_WORD as *const u32,
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                0u32,
+                &ts as *const libc::timespec,
+            )
+        };
+    }
+
+    /// What `thread::sleep` does: 500 ms of `clock_nanosleep`.
+    fn nanosleep() {
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 500_000_000,
+        };
+        // SAFETY: `ts` is a live timespec; no remainder is asked for.
+        unsafe {
+            libc::syscall(
+                libc::SYS_clock_nanosleep,
+                libc::CLOCK_MONOTONIC,
+                0,
+                &ts as *const libc::timespec,
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+    }
+
+    /// Field `n` (1-based, after the command's parentheses) of
+    /// `/proc/<pid>/stat`, or "" once it is gone.
+    fn proc_stat_field(pid: libc::pid_t, n: usize) -> String {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split_whitespace().nth(n - 3))
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Stops `pid` with SIGSTOP while it sits in the system call `nr`, and
+    /// continues it once the kernel shows it stopped.
+    fn stop_and_continue_inside(pid: libc::pid_t, nr: libc::c_long) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let inside = format!("{nr} ");
+        while !std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .unwrap_or_default()
+            .starts_with(&inside)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never waited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: `pid` is our own child, still running (not reaped).
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        while proc_stat_field(pid, 3) != "T" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never stopped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+
+    /// SIGSTOP and SIGCONT (what an operator, a cgroup freezer or a
+    /// debugger does) while a thread of every kind sits in a timed wait:
+    /// the kernel resumes the wait with `restart_syscall`, which every list
+    /// allows. Before it did, each of these children ended with 148.
+    #[test]
+    fn a_thread_stopped_and_continued_in_a_timed_wait_carries_on() {
+        let waits: [(libc::c_long, fn()); 2] = [
+            (libc::SYS_futex, timed_futex_wait),
+            (libc::SYS_clock_nanosleep, nanosleep),
+        ];
+        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+            for (nr, wait) in waits {
+                // Only a vCPU sleeps (an AP's back-off).
+                if nr == libc::SYS_clock_nanosleep && thread != Thread::Vcpu {
+                    continue;
+                }
+                let pid = spawn_child_under(thread, filter(thread, SeccompMode::On).unwrap(), wait);
+                stop_and_continue_inside(pid, nr);
+                let status = wait_child(pid);
+                assert_eq!(exit_status(status), Some(0), "{thread:?} in call {nr}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_thread_may_restart_a_system_call() {
+        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+            // With nothing to restart the kernel answers EINTR.
+            let status = in_filtered_child(thread, SeccompMode::On, || {
+                raw(libc::SYS_restart_syscall, [0; 6])
+            });
+            assert_eq!(exit_status(status), Some(0), "{thread:?}");
+        }
+    }
+
+    #[test]
+    fn the_jail_supervisor_may_wait_and_signal_and_nothing_more() {
+        // The signals go to pid INT_MAX, which no process has: the calls
+        // fail with ESRCH, harmlessly, once the filter let them through.
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_rt_sigtimedwait, [0, 0, 0, 8, 0, 0]),
+            || raw(libc::SYS_wait4, [-1, 0, libc::WNOHANG as _, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGTERM as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGINT as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGUSR1 as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGKILL as _, 0, 0, 0, 0],
+                )
+            },
+        ];
+        for f in allowed {
+            let status = in_filtered_child(Thread::Supervisor, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        // No other signal, no file, no process, no KVM.
+        let forbidden: &[fn()] = &[
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGSTOP as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_tgkill,
+                    [i32::MAX as _, 1, libc::SIGTERM as _, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_openat, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_clone, [0, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_RUN() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_setuid, [0, 0, 0, 0, 0, 0]),
+        ];
+        for f in forbidden {
+            let status = in_filtered_child(Thread::Supervisor, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
     }
 
     #[test]
@@ -1041,6 +1718,41 @@ mod tests {
         assert_eq!(rt.config().drives[0].device.path, b);
     }
 
+    /// The exit's last metrics line into a FIFO whose reader stalled, under
+    /// the event loop's real filter: nothing may wait there (a sleep ended
+    /// minivmm with 148 on SIGTERM), and what the FIFO did not take is
+    /// counted.
+    #[test]
+    fn the_exit_flush_into_a_stalled_fifo_runs_under_the_event_loops_filter() {
+        let p = std::env::temp_dir().join(format!("minivmm-seccomp-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap()
+            .success());
+        let mut m = crate::metrics::Metrics::open(&p).unwrap();
+        let _stalled_reader = std::fs::File::open(&p).unwrap();
+        // Far more than the pipe holds: lines wait for the reader.
+        for _ in 0..1000 {
+            m.flush();
+        }
+        install_sigsys_handler().unwrap();
+        let prog = Filters::new(SeccompMode::On)
+            .unwrap()
+            .for_vm(false)
+            .unwrap()
+            .event_loop;
+        let lost = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            m.finish()
+        })
+        .join()
+        .unwrap();
+        assert!(lost >= 2, "{lost}");
+        std::fs::remove_file(&p).unwrap();
+    }
+
     /// The entropy device's pass on the event loop (a request filled from
     /// getrandom, its interrupt) under the loop's real filter, and the one
     /// call it adds allowed with GRND_NONBLOCK only.
@@ -1138,20 +1850,31 @@ mod tests {
 
     #[test]
     fn the_sigsys_line_names_the_call() {
-        let mut buf = [0u8; 96];
+        let mut buf = [0u8; LINE_MAX];
         let n = bad_syscall_line(63, &mut buf);
         assert_eq!(
             std::str::from_utf8(&buf[..n]).unwrap(),
-            "minivmm: error: forbidden system call 63 (seccomp), exiting with status 148\n"
+            "minivmm: error: forbidden system call 63 (uname) under seccomp, \
+             exiting with status 148\n"
         );
+        let n = bad_syscall_line(219, &mut buf);
+        assert!(std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .contains("call 219 (restart_syscall) under seccomp"));
+        // No name: the number alone.
         let n = bad_syscall_line(-1, &mut buf);
         assert!(std::str::from_utf8(&buf[..n])
             .unwrap()
-            .contains("call -1 (seccomp)"));
+            .contains("call -1 under seccomp"));
         let n = bad_syscall_line(i32::MIN, &mut buf);
         assert!(std::str::from_utf8(&buf[..n])
             .unwrap()
-            .contains("call -2147483648 (seccomp)"));
+            .contains("call -2147483648 under seccomp"));
+        // The longest name fits whole, with the end of the line.
+        let n = bad_syscall_line(libc::SYS_sched_get_priority_max as i32, &mut buf);
+        assert!(std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .ends_with("(sched_get_priority_max) under seccomp, exiting with status 148\n"));
     }
 
     #[test]
