@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
+use devices::mmds::SharedMmds;
 use event_manager::SubscriberOps;
 use kvm_ioctls::{Kvm, VmFd};
 use log::info;
@@ -75,6 +76,8 @@ pub(crate) struct Devices {
     pub(crate) panicked: Arc<AtomicBool>,
     /// The vsock device's socket, removed when the last holder drops it.
     pub(crate) vsock_socket: Option<Arc<VsockSocket>>,
+    /// The MMDS store the cards it serves read (the API's `/mmds`).
+    pub(crate) mmds: SharedMmds,
 }
 
 /// A built VM, ready to run.
@@ -90,6 +93,7 @@ pub struct Vmm {
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
     api: Option<ApiSetup>,
+    mmds: SharedMmds,
     /// Held until the VM has ended: its drop removes the socket (the last
     /// field, so the device's own listener is closed first).
     _vsock_socket: Option<Arc<VsockSocket>>,
@@ -126,6 +130,7 @@ impl Vmm {
             metrics,
             metrics_interval_s,
             api: None,
+            mmds: devices.mmds,
             _vsock_socket: devices.vsock_socket,
         }
     }
@@ -187,6 +192,7 @@ impl Vmm {
                 metrics: metrics.clone(),
                 i8042: self.i8042.clone(),
                 devices: self.devices.virtio().controls(),
+                mmds: self.mmds.clone(),
             };
             control = control.with_api(api.channel, runtime);
         }
@@ -299,6 +305,7 @@ mod tests {
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             panicked: Arc::default(),
             vsock_socket: None,
+            mmds: Default::default(),
         };
         let mut vmm = Vmm::new(
             KvmVm::new(kvm, fd, mem),

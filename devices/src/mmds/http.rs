@@ -268,7 +268,10 @@ fn get(mmds: &Mmds, req: &Request<'_>, now: Instant, m: &MmdsMetrics) -> Respons
 
 fn put(mmds: &mut Mmds, req: &Request<'_>, now: Instant, m: &MmdsMetrics) -> Response {
     if req.forwarded {
-        return Response::text(400, "Invalid header. Reason: Unsupported header name. Key: X-Forwarded-For");
+        return Response::text(
+            400,
+            "Invalid header. Reason: Unsupported header name. Key: X-Forwarded-For",
+        );
     }
     let collapsed: String = {
         let mut s = String::new();
@@ -341,14 +344,20 @@ mod tests {
         assert_eq!(parse(b"GET /  HTTP/1.1\r\n\r\n"), Parsed::Bad(19));
         assert_eq!(parse(b"GET / HTTP/1.1\r\nnocolon\r\n\r\n"), Parsed::Bad(27));
         assert_eq!(parse(b"GET / HTTP/1.1\r\nA B: c\r\n\r\n"), Parsed::Bad(26));
-        assert_eq!(parse(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"), Parsed::Bad(37));
+        assert_eq!(
+            parse(b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
+            Parsed::Bad(37)
+        );
         assert_eq!(
             parse(b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
             Parsed::Bad(46)
         );
         assert_eq!(parse(b"\xff / HTTP/1.1\r\n\r\n"), Parsed::Bad(16));
         // A body is waited for, and one that cannot fit is too large.
-        assert_eq!(parse(b"PUT / HTTP/1.1\r\nContent-Length: 3\r\n\r\nab"), Parsed::Incomplete);
+        assert_eq!(
+            parse(b"PUT / HTTP/1.1\r\nContent-Length: 3\r\n\r\nab"),
+            Parsed::Incomplete
+        );
         let whole = b"PUT / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET";
         assert!(matches!(parse(whole), Parsed::Request(_, n) if n == whole.len() - 3));
         assert_eq!(
@@ -383,7 +392,12 @@ mod tests {
         let mut s = store(MmdsVersion::V1);
         let m = MmdsMetrics::default();
         let now = Instant::now();
-        let r = ask(&mut s, "GET /latest/meta-data/ami-id HTTP/1.1\r\n\r\n", now, &m);
+        let r = ask(
+            &mut s,
+            "GET /latest/meta-data/ami-id HTTP/1.1\r\n\r\n",
+            now,
+            &m,
+        );
         assert_eq!((r.status, r.body.as_str(), r.json), (200, "ami-1", false));
         let r = ask(
             &mut s,
@@ -424,7 +438,10 @@ mod tests {
         let ok = ask(&mut s, &get, t0 + Duration::from_secs(1), &m);
         assert_eq!((ok.status, ok.body.as_str()), (200, "1"));
         let late = ask(&mut s, &get, t0 + Duration::from_secs(2), &m);
-        assert_eq!((late.status, late.body.as_str()), (401, "MMDS token not valid."));
+        assert_eq!(
+            (late.status, late.body.as_str()),
+            (401, "MMDS token not valid.")
+        );
         assert_eq!(m.mmds_tokens_issued.load(Ordering::Relaxed), 1);
         assert_eq!(m.mmds_rx_invalid_token.load(Ordering::Relaxed), 1);
         assert_eq!(m.mmds_requests_refused.load(Ordering::Relaxed), 2);
@@ -482,7 +499,10 @@ mod tests {
         let m = MmdsMetrics::default();
         let now = Instant::now();
         let r = ask(&mut s, "GET /x/y HTTP/1.1\r\n\r\n", now, &m);
-        assert_eq!((r.status, r.body.as_str()), (404, "Resource not found: /x/y."));
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (404, "Resource not found: /x/y.")
+        );
         let r = ask(&mut s, "GET /n HTTP/1.1\r\n\r\n", now, &m);
         assert_eq!(r.status, 501);
     }

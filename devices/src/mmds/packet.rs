@@ -385,7 +385,11 @@ mod tests {
 
     #[test]
     fn test_tcp_round_trip_and_checksums() {
-        let f = guest_segment(b"GET / HTTP/1.1\r\n\r\n", flags::ACK | flags::PSH, Some(1460));
+        let f = guest_segment(
+            b"GET / HTTP/1.1\r\n\r\n",
+            flags::ACK | flags::PSH,
+            Some(1460),
+        );
         let mut prefix = [0u8; CLAIM_PREFIX];
         prefix.copy_from_slice(&f[..CLAIM_PREFIX]);
         assert!(is_for(&prefix, f.len(), MMDS_IP));
@@ -397,7 +401,10 @@ mod tests {
             (s.mac, s.ip, s.sport, s.dport, s.seq, s.ack),
             (GUEST_MAC, GUEST_IP, 40000, 80, 1000, 7)
         );
-        assert_eq!((s.flags, s.window, s.mss), (flags::ACK | flags::PSH, 29200, Some(1460)));
+        assert_eq!(
+            (s.flags, s.window, s.mss),
+            (flags::ACK | flags::PSH, 29200, Some(1460))
+        );
         assert_eq!(s.payload, b"GET / HTTP/1.1\r\n\r\n");
         // A flipped payload bit is a checksum failure, unless the guest
         // left the checksum to the device.
@@ -462,7 +469,13 @@ mod tests {
         let Ok(Inbound::Arp(a)) = parse(&req, MMDS_IP) else {
             panic!("an ARP request");
         };
-        assert_eq!(a, ArpRequest { sha: GUEST_MAC, spa: GUEST_IP });
+        assert_eq!(
+            a,
+            ArpRequest {
+                sha: GUEST_MAC,
+                spa: GUEST_IP
+            }
+        );
         let mut out = Vec::new();
         arp_reply(&mut out, &a, MMDS_IP);
         let f = &out[VNET_HDR_LEN..];
@@ -491,7 +504,10 @@ mod tests {
     #[test]
     fn test_checksum_odd_length() {
         // RFC 1071's example words, and an odd tail padded with zero.
-        assert_eq!(checksum(&[&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]]), !0xddf2);
+        assert_eq!(
+            checksum(&[&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]]),
+            !0xddf2
+        );
         assert_eq!(checksum(&[&[0x12]]), !0x1200);
     }
 }

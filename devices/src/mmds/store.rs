@@ -64,6 +64,13 @@ pub struct Mmds {
     tokens: TokenAuthority,
 }
 
+impl Default for Mmds {
+    /// An empty store at Firecracker's default bound.
+    fn default() -> Self {
+        Mmds::new(super::DEFAULT_SIZE_LIMIT)
+    }
+}
+
 impl Mmds {
     /// An empty store bounded at `limit` bytes of compact JSON.
     pub fn new(limit: usize) -> Self {
@@ -142,7 +149,11 @@ impl Mmds {
     /// forcing IMDS.
     pub fn get(&self, path: &str, format: OutputFormat) -> Result<String, MmdsError> {
         let pointer = json_pointer(path);
-        let data = if self.initialized { &self.data } else { &Value::Null };
+        let data = if self.initialized {
+            &self.data
+        } else {
+            &Value::Null
+        };
         let value = if pointer.is_empty() && !self.initialized {
             return Err(MmdsError::NotFound);
         } else {
@@ -241,7 +252,11 @@ mod tests {
             (json!({"a":"b"}), json!({"a":"c"}), json!({"a":"c"})),
             (json!({"a":"b"}), json!({"b":"c"}), json!({"a":"b","b":"c"})),
             (json!({"a":"b"}), json!({"a":null}), json!({})),
-            (json!({"a":"b","b":"c"}), json!({"a":null}), json!({"b":"c"})),
+            (
+                json!({"a":"b","b":"c"}),
+                json!({"a":null}),
+                json!({"b":"c"}),
+            ),
             (json!({"a":["b"]}), json!({"a":"c"}), json!({"a":"c"})),
             (json!({"a":"c"}), json!({"a":["b"]}), json!({"a":["b"]})),
             (
@@ -250,13 +265,17 @@ mod tests {
                 json!({"a":{"b":"d"}}),
             ),
             (json!({"a":[{"b":"c"}]}), json!({"a":[1]}), json!({"a":[1]})),
-            (json!(["a","b"]), json!(["c","d"]), json!(["c","d"])),
+            (json!(["a", "b"]), json!(["c", "d"]), json!(["c", "d"])),
             (json!({"a":"b"}), json!(["c"]), json!(["c"])),
             (json!({"a":"foo"}), json!(null), json!(null)),
             (json!({"a":"foo"}), json!("bar"), json!("bar")),
             (json!({"e":null}), json!({"a":1}), json!({"e":null,"a":1})),
-            (json!([1,2]), json!({"a":"b","c":null}), json!({"a":"b"})),
-            (json!({}), json!({"a":{"bb":{"ccc":null}}}), json!({"a":{"bb":{}}})),
+            (json!([1, 2]), json!({"a":"b","c":null}), json!({"a":"b"})),
+            (
+                json!({}),
+                json!({"a":{"bb":{"ccc":null}}}),
+                json!({"a":{"bb":{}}}),
+            ),
         ];
         for (target, patch, want) in cases {
             let mut t = target.clone();
@@ -269,12 +288,17 @@ mod tests {
     fn test_over_limit_changes_nothing() {
         let mut m = Mmds::new(20);
         assert_eq!(m.patch(&json!({"a":1})), Err(MmdsError::NotInitialized));
-        m.put(json!({"a":"0123456789"})).expect("18 bytes fit in 20");
-        assert_eq!(m.put(json!({"a":"0123456789xyz"})), Err(MmdsError::SizeLimit));
+        m.put(json!({"a":"0123456789"}))
+            .expect("18 bytes fit in 20");
+        assert_eq!(
+            m.put(json!({"a":"0123456789xyz"})),
+            Err(MmdsError::SizeLimit)
+        );
         assert_eq!(m.patch(&json!({"b":1})), Err(MmdsError::SizeLimit));
         assert_eq!(m.data(), json!({"a":"0123456789"}));
         // Exactly at the bound fits.
-        m.put(json!({"a":"0123456789AB"})).expect("20 bytes fit in 20");
+        m.put(json!({"a":"0123456789AB"}))
+            .expect("20 bytes fit in 20");
         assert_eq!(m.limit(), 20);
     }
 
@@ -283,12 +307,21 @@ mod tests {
         let m = store(json!({"latest":{"meta-data":{"ami-id":"ami-1","n":3,"r":"r-1"}}}));
         let j = OutputFormat::Json;
         let i = OutputFormat::Imds;
-        assert_eq!(m.get("/latest/meta-data/ami-id", j).as_deref(), Ok("\"ami-1\""));
+        assert_eq!(
+            m.get("/latest/meta-data/ami-id", j).as_deref(),
+            Ok("\"ami-1\"")
+        );
         assert_eq!(m.get("/latest/meta-data/ami-id", i).as_deref(), Ok("ami-1"));
         assert_eq!(m.get("/latest", i).as_deref(), Ok("meta-data/"));
-        assert_eq!(m.get("//latest//meta-data/", i).as_deref(), Ok("ami-id\nn\nr"));
+        assert_eq!(
+            m.get("//latest//meta-data/", i).as_deref(),
+            Ok("ami-id\nn\nr")
+        );
         assert_eq!(m.get("/latest/meta-data/n", j).as_deref(), Ok("3"));
-        assert_eq!(m.get("/latest/meta-data/n", i), Err(MmdsError::UnsupportedValueType));
+        assert_eq!(
+            m.get("/latest/meta-data/n", i),
+            Err(MmdsError::UnsupportedValueType)
+        );
         assert_eq!(m.get("/latest/nothing", j), Err(MmdsError::NotFound));
         assert_eq!(
             m.get("/", j).as_deref(),
@@ -305,7 +338,10 @@ mod tests {
         assert!(m.imds_compat());
         let empty = Mmds::new(100);
         assert_eq!(empty.get("/", OutputFormat::Json), Err(MmdsError::NotFound));
-        assert_eq!(empty.get("/a", OutputFormat::Json), Err(MmdsError::NotFound));
+        assert_eq!(
+            empty.get("/a", OutputFormat::Json),
+            Err(MmdsError::NotFound)
+        );
         assert_eq!(empty.data(), json!({}));
     }
 }

@@ -267,7 +267,10 @@ impl Tcp {
     /// Bytes held for connections (receive buffers and responses): what
     /// the fuzz target bounds.
     pub fn held_bytes(&self) -> usize {
-        self.conns.iter().map(|c| c.rx.capacity() + c.tx.len()).sum()
+        self.conns
+            .iter()
+            .map(|c| c.rx.capacity() + c.tx.len())
+            .sum()
     }
 
     /// Forgets every connection (the device was reset).
@@ -329,7 +332,9 @@ impl Tcp {
         if crate::virtio::iov::fill_random(&mut iss).is_err() {
             // Without the kernel's generator, a clock-derived start still
             // differs between connections.
-            iss = (self.clock as u32).wrapping_mul(2_654_435_761).to_be_bytes();
+            iss = (self.clock as u32)
+                .wrapping_mul(2_654_435_761)
+                .to_be_bytes();
         }
         let iss = u32::from_be_bytes(iss);
         MmdsMetrics::inc(&m.mmds_connections_opened);

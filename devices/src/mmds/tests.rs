@@ -62,7 +62,10 @@ impl Rig {
     /// Opens a connection as a guest's kernel does; returns MMDS's ISS.
     fn connect(&mut self, c: &mut GuestClient) -> u32 {
         let r = self.send(&c.send(SYN, b""));
-        let [Reply::Tcp { seq, ack, flags, .. }] = r[..] else {
+        let [Reply::Tcp {
+            seq, ack, flags, ..
+        }] = r[..]
+        else {
             panic!("one SYN-ACK, got {r:?}");
         };
         assert_eq!((flags, ack), (SYN | ACK, c.seq));
@@ -79,11 +82,19 @@ impl Rig {
     }
 
     /// Reads the rest of a response from `replies` on, after `got`.
-    fn collect(&mut self, c: &mut GuestClient, mut replies: Vec<Reply>, mut got: Vec<u8>) -> String {
+    fn collect(
+        &mut self,
+        c: &mut GuestClient,
+        mut replies: Vec<Reply>,
+        mut got: Vec<u8>,
+    ) -> String {
         for _ in 0..1000 {
             let mut progressed = false;
             for r in std::mem::take(&mut replies) {
-                let Reply::Tcp { seq, payload, port, .. } = r else {
+                let Reply::Tcp {
+                    seq, payload, port, ..
+                } = r
+                else {
                     panic!("not TCP: {r:?}");
                 };
                 assert_eq!(port, c.port);
@@ -127,7 +138,10 @@ fn test_arp_request_answered_with_mmds_mac() {
     let c = GuestClient::new(IP, 40000);
     assert_eq!(
         r.send(&c.arp_request()),
-        vec![Reply::Arp { mac: MMDS_MAC, ip: IP }]
+        vec![Reply::Arp {
+            mac: MMDS_MAC,
+            ip: IP
+        }]
     );
     // Only the last request is remembered: two give one reply.
     r.stack.receive(&c.arp_request(), r.now, &r.m);
@@ -143,10 +157,7 @@ fn test_v1_get_over_tcp_then_close() {
     assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
     assert_eq!(body(&resp), "ami-id\nreservation-id");
     // A second request on the same connection (keep-alive), in JSON.
-    let resp = r.request(
-        &mut c,
-        "GET / HTTP/1.1\r\nAccept: application/json\r\n\r\n",
-    );
+    let resp = r.request(&mut c, "GET / HTTP/1.1\r\nAccept: application/json\r\n\r\n");
     assert!(resp.contains("Content-Type: application/json"));
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(body(&resp)).expect("JSON"),
@@ -155,7 +166,10 @@ fn test_v1_get_over_tcp_then_close() {
     // The guest closes: MMDS acknowledges and closes too; the last ACK
     // ends the connection.
     let replies = r.send(&c.send(FIN | ACK, b""));
-    let [Reply::Tcp { flags, ack, seq, .. }] = replies[..] else {
+    let [Reply::Tcp {
+        flags, ack, seq, ..
+    }] = replies[..]
+    else {
         panic!("one FIN, got {replies:?}");
     };
     assert_eq!((flags, ack), (FIN | ACK, c.seq));
@@ -179,7 +193,10 @@ fn test_v2_token_then_get_and_expiry() {
         &mut c,
         "PUT /latest/api/token HTTP/1.1\r\nX-metadata-token-ttl-seconds: 3\r\n\r\n",
     );
-    assert!(resp.contains("X-metadata-token-ttl-seconds: 3\r\n"), "{resp}");
+    assert!(
+        resp.contains("X-metadata-token-ttl-seconds: 3\r\n"),
+        "{resp}"
+    );
     let token = body(&resp).to_string();
     let get = format!("GET /latest/meta-data/ami-id HTTP/1.1\r\nX-metadata-token: {token}\r\n\r\n");
     assert_eq!(body(&r.request(&mut c, &get)), "ami-87654321");
@@ -240,7 +257,10 @@ fn test_connection_table_bounded_lru_reset() {
         r.send(&c.send(SYN, b""));
     }
     assert_eq!(r.stack.connections(), MAX_CONNECTIONS);
-    assert_eq!(r.count(|m| &m.mmds_connections_reset), MAX_CONNECTIONS as u64 + 1);
+    assert_eq!(
+        r.count(|m| &m.mmds_connections_reset),
+        MAX_CONNECTIONS as u64 + 1
+    );
     // The first connection was reset: its request gets a reset back.
     let replies = r.send(&first.send(ACK | PSH, b"GET / HTTP/1.1\r\n\r\n"));
     assert!(
@@ -315,7 +335,10 @@ fn test_other_ports_and_strays_get_bounded_resets() {
     syn22[12 + 14 + 20 + 2..12 + 14 + 20 + 4].copy_from_slice(&22u16.to_be_bytes());
     syn22[0] = 1;
     let replies = r.send(&syn22);
-    assert!(matches!(replies[..], [Reply::Tcp { flags, .. }] if flags == RST | ACK), "{replies:?}");
+    assert!(
+        matches!(replies[..], [Reply::Tcp { flags, .. }] if flags == RST | ACK),
+        "{replies:?}"
+    );
     // A flood of strays queues at most MAX_PENDING_RESETS resets.
     for i in 0..100u32 {
         let mut s = c.clone();

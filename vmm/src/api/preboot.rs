@@ -27,7 +27,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
+use devices::mmds::SharedMmds;
+
 use super::http::Response;
+use super::mmds;
 use super::routes::{Action, ApiRequest};
 use crate::config::file;
 use crate::config::settings::Settings;
@@ -90,6 +93,8 @@ pub struct Preboot {
     vsock: Option<Arc<VsockSocket>>,
     /// The filter of the process that removes that socket.
     seccomp: SeccompMode,
+    /// The MMDS store (`PUT`, `PATCH`, `GET /mmds`), the process's.
+    mmds: SharedMmds,
 }
 
 /// An error line of the file parser as an API fault: the API has no file,
@@ -127,6 +132,12 @@ impl Preboot {
         }
     }
 
+    /// The same configuration serving `PUT`, `PATCH` and `GET /mmds` on
+    /// `mmds` (the process's store).
+    pub fn with_mmds(self, mmds: SharedMmds) -> Self {
+        Preboot { mmds, ..self }
+    }
+
     /// The socket `PUT /vsock` bound, for the builder.
     pub fn vsock_socket(&self) -> Option<Arc<VsockSocket>> {
         self.vsock.clone()
@@ -150,6 +161,10 @@ impl Preboot {
             ApiRequest::PutMetrics(v) => self.put("metrics", v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
             ApiRequest::PutVsock(v) => self.put_vsock(v),
+            ApiRequest::PutMmdsConfig(v) => self.put("mmds-config", v),
+            ApiRequest::PutMmds(v) => mmds::put(&self.mmds, v),
+            ApiRequest::PatchMmds(v) => mmds::patch(&self.mmds, &v),
+            ApiRequest::GetMmds => mmds::get(&self.mmds),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
                 Ok(s) => return Step::Start(Box::new(s)),
                 Err(r) => r,

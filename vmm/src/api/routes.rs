@@ -17,7 +17,10 @@
 //! as clients that still send the deprecated `vsock_id` write it); a
 //! `vsock_id` in the body must then be that id.
 //!
-//! Paths of features minivmm does not have (balloon, MMDS,
+//! `/mmds` (`PUT`, `PATCH`, `GET`) takes any JSON value as the store, as
+//! Firecracker does; `/mmds/config` an object.
+//!
+//! Paths of features minivmm does not have (balloon,
 //! snapshots, CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
@@ -79,6 +82,14 @@ pub enum ApiRequest {
     PutEntropy(Value),
     /// `PUT /vsock` or `PUT /vsock/{id}`.
     PutVsock(Value),
+    /// `PUT /mmds`: the whole store.
+    PutMmds(Value),
+    /// `PATCH /mmds`: a merge patch of the store.
+    PatchMmds(Value),
+    /// `GET /mmds`.
+    GetMmds,
+    /// `PUT /mmds/config`.
+    PutMmdsConfig(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -88,7 +99,6 @@ pub enum ApiRequest {
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("balloon", "the balloon device"),
-    ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
     ("cpu-config", "CPU templates"),
     ("hotplug", "hotplug"),
@@ -146,6 +156,10 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
         ("vsock", None, Method::Put) => ApiRequest::PutVsock(json(req)?),
         ("vsock", Some(id), Method::Put) => ApiRequest::PutVsock(vsock_body(req, id)?),
+        ("mmds", None, Method::Put) => ApiRequest::PutMmds(any_json(req)?),
+        ("mmds", None, Method::Patch) => ApiRequest::PatchMmds(any_json(req)?),
+        ("mmds", None, Method::Get) => ApiRequest::GetMmds,
+        ("mmds", Some("config"), Method::Put) => ApiRequest::PutMmdsConfig(json(req)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -156,7 +170,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "vsock" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "vsock" | "actions" | "vm" | "mmds",
             _,
             _,
         ) if known_path(first, second) => {
@@ -181,7 +195,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
         | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
         "vsock" => true,
-        "vm" => matches!(second, None | Some("config")),
+        "vm" | "mmds" => matches!(second, None | Some("config")),
         _ => false,
     }
 }
@@ -213,6 +227,19 @@ fn json(req: &Request) -> Result<Value, String> {
         return Err("the JSON body must be an object".into());
     }
     Ok(v)
+}
+
+/// A JSON body of any kind (the MMDS store may be any JSON value), keys
+/// given twice refused as everywhere.
+fn any_json(req: &Request) -> Result<Value, String> {
+    if req.body.is_empty() {
+        return Err(format!(
+            "{} {} needs a JSON body",
+            method_name(&req.method),
+            req.path
+        ));
+    }
+    crate::config::json::parse(&req.body).map_err(|e| format!("malformed JSON body: {e}"))
 }
 
 fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
@@ -329,6 +356,11 @@ mod tests {
                 req(Patch, "/machine-config", r#"{"vcpu_count":2}"#),
                 "PatchMachineConfig",
             ),
+            (req(Get, "/mmds", ""), "GetMmds"),
+            (
+                req(Put, "/mmds/config", r#"{"network_interfaces":["eth0"]}"#),
+                "PutMmdsConfig",
+            ),
         ];
         for (r, want) in cases {
             let got =
@@ -349,6 +381,15 @@ mod tests {
         assert_eq!(
             route(&req(Patch, "/vm", r#"{"state":"Paused"}"#)),
             Ok(ApiRequest::PatchVm(VmState::Paused))
+        );
+        // The store may be any JSON value, not only an object.
+        assert_eq!(
+            route(&req(Put, "/mmds", r#""text""#)),
+            Ok(ApiRequest::PutMmds(serde_json::json!("text")))
+        );
+        assert_eq!(
+            route(&req(Patch, "/mmds", r#"{"a":null}"#)),
+            Ok(ApiRequest::PatchMmds(serde_json::json!({"a":null})))
         );
     }
 
@@ -400,6 +441,23 @@ mod tests {
                 "invalid request method GET for /vsock",
             ),
             (req(Put, "/vsock", ""), "PUT /vsock needs a JSON body"),
+            (req(Put, "/mmds", ""), "PUT /mmds needs a JSON body"),
+            (
+                req(Patch, "/mmds", "{"),
+                "malformed JSON body: EOF while parsing an object at line 1 column 1",
+            ),
+            (
+                req(Put, "/mmds/config", "[]"),
+                "the JSON body must be an object",
+            ),
+            (
+                req(Get, "/mmds/config", ""),
+                "invalid request method GET for /mmds/config",
+            ),
+            (
+                req(Get, "/mmds/x", ""),
+                "invalid request: unknown path /mmds/x",
+            ),
         ];
         for (r, want) in cases {
             assert_eq!(
@@ -413,7 +471,6 @@ mod tests {
         for (path, feature) in [
             ("/balloon", "the balloon device"),
             ("/snapshot/create", "snapshots"),
-            ("/mmds", "MMDS (the microVM metadata service)"),
         ] {
             assert_eq!(
                 route(&req(Put, path, "{}")),

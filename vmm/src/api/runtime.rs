@@ -24,7 +24,10 @@ use devices::legacy::i8042::I8042;
 use serde_json::{json, Value};
 
 use super::command::{Answer, OpenedImage};
+use devices::mmds::SharedMmds;
+
 use super::http::Response;
+use super::mmds;
 use super::patch::patch_device;
 use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
@@ -54,6 +57,8 @@ pub struct Runtime {
     pub(crate) i8042: Arc<Mutex<I8042>>,
     /// The controls of the devices the API may change, by kind and id.
     pub(crate) devices: Controls,
+    /// The MMDS store (`PUT`, `PATCH`, `GET /mmds`).
+    pub(crate) mmds: SharedMmds,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -137,6 +142,9 @@ impl Runtime {
             ApiRequest::Action(Action::InstanceStart) => {
                 Response::fault("InstanceStart: the microVM is already running")
             }
+            ApiRequest::PutMmds(v) => mmds::put(&self.mmds, v),
+            ApiRequest::PatchMmds(v) => mmds::patch(&self.mmds, &v),
+            ApiRequest::GetMmds => mmds::get(&self.mmds),
             ApiRequest::PutBootSource(_)
             | ApiRequest::PutMachineConfig(_)
             | ApiRequest::PatchMachineConfig(_)
@@ -145,7 +153,8 @@ impl Runtime {
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
             | ApiRequest::PutEntropy(_)
-            | ApiRequest::PutVsock(_) => Response::fault(
+            | ApiRequest::PutVsock(_)
+            | ApiRequest::PutMmdsConfig(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -277,6 +286,7 @@ mod tests {
                 metrics,
                 i8042: kbd.clone(),
                 devices,
+                mmds: Default::default(),
             };
             Rig {
                 rt,
@@ -654,6 +664,7 @@ pub(crate) mod drive_tests {
             drives: configs,
             entropy: None,
             vsock: None,
+            mmds: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
@@ -667,6 +678,7 @@ pub(crate) mod drive_tests {
             metrics: None,
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             devices,
+            mmds: Default::default(),
         };
         (rt, blocks)
     }

@@ -35,6 +35,7 @@ pub mod error;
 pub mod file;
 pub mod ids;
 pub mod json;
+pub mod mmds;
 pub mod net;
 pub mod parse;
 pub mod render;
@@ -226,6 +227,8 @@ pub struct VmmConfig {
     /// The vsock device, if there is one (after the entropy device), under
     /// [`vsock::VSOCK_ID`].
     pub vsock: Option<devices::virtio::vsock::VsockConfig>,
+    /// MMDS, if it serves any card.
+    pub mmds: Option<mmds::MmdsConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.

@@ -16,6 +16,7 @@ use super::drive::{finish_drives, DriveSpec};
 use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
 use super::ids::check_unique_ids;
+use super::mmds::{finish_mmds, MmdsSpec};
 use super::net::{check_unique, finish_net, NetSpec};
 use super::vsock::{finish_vsock, VsockSpec};
 use super::{
@@ -50,6 +51,8 @@ pub struct Settings {
     pub entropy: Option<EntropySpec>,
     /// The vsock device, if asked for.
     pub vsock: Option<VsockSpec>,
+    /// MMDS, if configured (`mmds-config`).
+    pub mmds: Option<MmdsSpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -97,6 +100,7 @@ impl Settings {
             // One device, given whole by either input: the command line's
             // replaces the file's.
             vsock: over.vsock.or(self.vsock),
+            mmds: over.mmds.or(self.mmds),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -129,6 +133,7 @@ impl Settings {
         let drives = finish_drives(self.drives)?;
         let entropy = self.entropy.map(finish_entropy).transpose()?;
         let vsock = self.vsock.map(finish_vsock).transpose()?;
+        let mmds = self.mmds.map(|m| finish_mmds(m, &nets)).transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -149,6 +154,7 @@ impl Settings {
             drives,
             entropy,
             vsock,
+            mmds,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,

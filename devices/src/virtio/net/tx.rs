@@ -540,7 +540,12 @@ impl TxVirtio {
                 if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
                     break 'pass TxStatus::Blocked;
                 }
-                let fill = match self.fill(limiter.as_deref_mut(), mmds.as_deref_mut(), &mut pass, metrics) {
+                let fill = match self.fill(
+                    limiter.as_deref_mut(),
+                    mmds.as_deref_mut(),
+                    &mut pass,
+                    metrics,
+                ) {
                     Ok(fill) => fill,
                     Err(e) => {
                         // What was walked before the failure still goes out.

@@ -56,7 +56,10 @@ fn test_arp_answered_and_never_reaches_the_backend() {
     let c = GuestClient::new(IP, 40000);
     assert_eq!(
         guest_sends(&mut h, &c, &c.arp_request()),
-        vec![Reply::Arp { mac: MMDS_MAC, ip: IP }]
+        vec![Reply::Arp {
+            mac: MMDS_MAC,
+            ip: IP
+        }]
     );
     assert!(h.peer_frames().is_empty());
     // The TX chain went back to the guest with length 0, as any sent frame.
@@ -125,8 +128,14 @@ fn test_http_get_through_the_rings() {
         lock(&mmds).data()
     );
     let r = guest_sends(&mut h, &c.clone(), &c.send(FIN | ACK, b""));
-    assert!(matches!(r[..], [Reply::Tcp { flags, .. }] if flags == FIN | ACK), "{r:?}");
-    assert!(h.peer_frames().is_empty(), "nothing of MMDS reached the backend");
+    assert!(
+        matches!(r[..], [Reply::Tcp { flags, .. }] if flags == FIN | ACK),
+        "{r:?}"
+    );
+    assert!(
+        h.peer_frames().is_empty(),
+        "nothing of MMDS reached the backend"
+    );
     assert_eq!(h.metric(|m| &m.mmds.mmds_tokens_issued), 1);
     assert_eq!(h.metric(|m| &m.mmds.mmds_requests_accepted), 2);
     assert_eq!(h.metric(|m| &m.mmds.mmds_connections_opened), 1);
@@ -152,7 +161,10 @@ fn test_mmds_answers_go_ahead_of_backend_frames() {
     assert_eq!(got.len(), 2);
     assert_eq!(
         read_reply(&got[0].data, c.mac, c.ip),
-        Some(Reply::Arp { mac: MMDS_MAC, ip: IP })
+        Some(Reply::Arp {
+            mac: MMDS_MAC,
+            ip: IP
+        })
     );
     got[1].assert_is(&from_tap);
 }
