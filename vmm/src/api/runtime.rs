@@ -326,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn the_store_changes_while_the_vm_runs_but_its_configuration_does_not() {
+        let mut rt = super::drive_tests::runtime(&[]);
+        let e = fault(&rt.handle(ApiRequest::PutMmdsConfig(
+            json!({"network_interfaces": ["eth0"]}),
+        )));
+        assert!(e.contains("not allowed after it started"), "{e}");
+        assert_eq!(rt.handle(ApiRequest::PutMmds(json!({"a": {"b": 1}}))).status, 204);
+        assert_eq!(rt.handle(ApiRequest::PatchMmds(json!({"a": {"c": 2}}))).status, 204);
+        assert_eq!(
+            body(&rt.handle(ApiRequest::GetMmds)),
+            json!({"a": {"b": 1, "c": 2}})
+        );
+        assert_eq!(devices::mmds::lock(&rt.mmds).data(), json!({"a": {"b": 1, "c": 2}}));
+    }
+
+    #[test]
     fn pause_parks_every_vcpu_and_resume_lets_them_go() {
         let mut rig = Rig::new(2, None);
         assert_eq!(rig.state(), "Running");
