@@ -156,7 +156,13 @@ fn launcher_flags_behave_as_firecrackers() {
     // The store's first content is read at start: a missing file is one
     // line, before anything else.
     one_line_error(
-        &minivmm(&["--no-api", "--metadata", "/nonexistent/x.json", "--kernel", "/k"]),
+        &minivmm(&[
+            "--no-api",
+            "--metadata",
+            "/nonexistent/x.json",
+            "--kernel",
+            "/k",
+        ]),
         "--metadata: cannot read '/nonexistent/x.json'",
     );
     one_line_error(&minivmm(&["--id", "no spaces", "--kernel", "/k"]), "--id");
@@ -327,7 +333,13 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
         Some(r#"{"network_interfaces":["eth0"]}"#),
         "does not correspond to any existing network interface",
     );
-    refused(&sock, "PATCH", "/mmds", Some(r#"{"a":1}"#), "not initialized");
+    refused(
+        &sock,
+        "PATCH",
+        "/mmds",
+        Some(r#"{"a":1}"#),
+        "not initialized",
+    );
     put(&sock, "/mmds", json!({"latest": {"ami-id": "ami-1"}}));
     let big = format!(r#"{{"latest":"{}"}}"#, "x".repeat(64));
     refused(&sock, "PUT", "/mmds", Some(&big), "doesn't fit");

@@ -30,6 +30,7 @@ pub mod config_file;
 pub mod config_oracles;
 pub mod datapath;
 pub mod legacy;
+pub mod mmds;
 pub mod mmio;
 pub mod net_rig;
 pub mod race;
@@ -103,5 +104,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "api_server",
         run: api_server::run,
+    },
+    Target {
+        name: "mmds_datapath",
+        run: mmds::run,
     },
 ];

@@ -162,3 +162,8 @@ fn every_target_has_a_test_here() {
         );
     }
 }
+
+#[test]
+fn mmds_datapath() {
+    replay("mmds_datapath");
+}

@@ -559,17 +559,29 @@ mod tests {
         let mut p = Preboot::new().with_mmds(store.clone());
         let cfg = json!({"network_interfaces": ["eth0"], "version": "V2"});
         let e = fault_of(&reply(&mut p, ApiRequest::PutMmdsConfig(cfg.clone())));
-        assert!(e.starts_with("mmds-config: The list of network interface IDs"), "{e}");
+        assert!(
+            e.starts_with("mmds-config: The list of network interface IDs"),
+            "{e}"
+        );
         let nic = json!({"iface_id": "eth0", "host_dev_name": "tap0"});
         let r = reply(&mut p, ApiRequest::PutNetworkInterface("eth0".into(), nic));
         assert_eq!(r.status, 204);
         let bad_ip = json!({"network_interfaces": ["eth0"], "ipv4_address": "10.0.0.1"});
         let e = fault_of(&reply(&mut p, ApiRequest::PutMmdsConfig(bad_ip)));
         assert!(e.contains("not link local"), "{e}");
-        let e = fault_of(&reply(&mut p, ApiRequest::PutMmdsConfig(json!({"version": "V3", "network_interfaces": ["eth0"]}))));
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutMmdsConfig(json!({"version": "V3", "network_interfaces": ["eth0"]})),
+        ));
         assert!(e.contains("V3"), "{e}");
-        assert_eq!(reply(&mut p, ApiRequest::PutMmdsConfig(cfg.clone())).status, 204);
-        assert_eq!(body(&reply(&mut p, ApiRequest::GetVmConfig))["mmds-config"], cfg);
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutMmdsConfig(cfg.clone())).status,
+            204
+        );
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["mmds-config"],
+            cfg
+        );
         let settings = p.settings().expect("settings");
         let mmds = settings.mmds.expect("mmds-config");
         assert_eq!(mmds.version, devices::mmds::MmdsVersion::V2);

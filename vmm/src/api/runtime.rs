@@ -332,13 +332,24 @@ mod tests {
             json!({"network_interfaces": ["eth0"]}),
         )));
         assert!(e.contains("not allowed after it started"), "{e}");
-        assert_eq!(rt.handle(ApiRequest::PutMmds(json!({"a": {"b": 1}}))).status, 204);
-        assert_eq!(rt.handle(ApiRequest::PatchMmds(json!({"a": {"c": 2}}))).status, 204);
+        assert_eq!(
+            rt.handle(ApiRequest::PutMmds(json!({"a": {"b": 1}})))
+                .status,
+            204
+        );
+        assert_eq!(
+            rt.handle(ApiRequest::PatchMmds(json!({"a": {"c": 2}})))
+                .status,
+            204
+        );
         assert_eq!(
             body(&rt.handle(ApiRequest::GetMmds)),
             json!({"a": {"b": 1, "c": 2}})
         );
-        assert_eq!(devices::mmds::lock(&rt.mmds).data(), json!({"a": {"b": 1, "c": 2}}));
+        assert_eq!(
+            devices::mmds::lock(&rt.mmds).data(),
+            json!({"a": {"b": 1, "c": 2}})
+        );
     }
 
     #[test]
