@@ -51,10 +51,6 @@ pub mod flags {
     pub const ACK: u8 = 0x10;
 }
 
-/// Bytes of a TX chain (vnet header, Ethernet, up to the ARP target
-/// address) that tell whether a frame is for MMDS.
-pub const CLAIM_PREFIX: usize = VNET_HDR_LEN + ETH_HLEN + ARP_LEN;
-
 fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
@@ -63,18 +59,40 @@ fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// Whether a TX chain whose first bytes are `prefix` (vnet header
-/// included; zeros past the chain's end) carries a frame for `ip`: an ARP
-/// packet whose target is `ip`, or an IPv4 packet to `ip`. A frame that says
-/// neither goes to the TAP untouched.
+/// Whether a TX chain of `len` bytes (vnet header included) carries a
+/// frame for `ip`: an ARP packet whose target is `ip`, or an IPv4 packet to
+/// `ip`. A frame that says neither goes to the TAP untouched. `read(offset,
+/// out)` reads bytes of the chain at `offset` and returns how many it read:
+/// the EtherType, then, for IPv4 or ARP only, the four bytes of the address
+/// (six bytes in all, so a card MMDS serves pays little for other frames).
 #[inline]
-pub fn is_for(prefix: &[u8; CLAIM_PREFIX], len: usize, ip: [u8; 4]) -> bool {
-    let f = &prefix[VNET_HDR_LEN..];
-    match be16(f, 12) {
-        ETHERTYPE_IPV4 => len >= VNET_HDR_LEN + ETH_HLEN + IPV4_HLEN && f[30..34] == ip,
-        ETHERTYPE_ARP => len >= CLAIM_PREFIX && f[38..42] == ip,
-        _ => false,
+pub fn is_for(mut read: impl FnMut(usize, &mut [u8]) -> usize, len: usize, ip: [u8; 4]) -> bool {
+    let mut ethertype = [0u8; 2];
+    if read(VNET_HDR_LEN + 12, &mut ethertype) < 2 {
+        return false;
     }
+    // Where the address is, and the shortest frame that holds the header.
+    let (at, min) = match u16::from_be_bytes(ethertype) {
+        ETHERTYPE_IPV4 => (30, ETH_HLEN + IPV4_HLEN),
+        ETHERTYPE_ARP => (38, ETH_HLEN + ARP_LEN),
+        _ => return false,
+    };
+    let mut addr = [0u8; 4];
+    len >= VNET_HDR_LEN + min && read(VNET_HDR_LEN + at, &mut addr) == 4 && addr == ip
+}
+
+/// [`is_for`] over a chain's bytes in one slice.
+pub fn slice_is_for(chain: &[u8], ip: [u8; 4]) -> bool {
+    is_for(
+        |at, out| {
+            let src = chain.get(at..).unwrap_or_default();
+            let n = out.len().min(src.len());
+            out[..n].copy_from_slice(&src[..n]);
+            n
+        },
+        chain.len(),
+        ip,
+    )
 }
 
 /// An ARP request for the MMDS address.
@@ -390,10 +408,9 @@ mod tests {
             flags::ACK | flags::PSH,
             Some(1460),
         );
-        let mut prefix = [0u8; CLAIM_PREFIX];
-        prefix.copy_from_slice(&f[..CLAIM_PREFIX]);
-        assert!(is_for(&prefix, f.len(), MMDS_IP));
-        assert!(!is_for(&prefix, f.len(), [169, 254, 169, 253]));
+        assert!(slice_is_for(&f, MMDS_IP));
+        assert!(!slice_is_for(&f, [169, 254, 169, 253]));
+        assert!(!slice_is_for(&f[..VNET_HDR_LEN + ETH_HLEN + 19], MMDS_IP));
         let Ok(Inbound::Tcp(s)) = parse(&f, MMDS_IP) else {
             panic!("parses");
         };
@@ -462,10 +479,11 @@ mod tests {
         req.extend_from_slice(&GUEST_IP);
         req.extend_from_slice(&[0; 6]);
         req.extend_from_slice(&MMDS_IP);
-        let mut prefix = [0u8; CLAIM_PREFIX];
-        prefix.copy_from_slice(&req[..CLAIM_PREFIX]);
-        assert!(is_for(&prefix, req.len(), MMDS_IP));
-        assert!(!is_for(&prefix, req.len() - 1, MMDS_IP));
+        assert!(slice_is_for(&req, MMDS_IP));
+        assert!(!slice_is_for(&req[..req.len() - 1], MMDS_IP));
+        let mut other = req.clone();
+        other[VNET_HDR_LEN + 12] = 0x86;
+        assert!(!slice_is_for(&other, MMDS_IP));
         let Ok(Inbound::Arp(a)) = parse(&req, MMDS_IP) else {
             panic!("an ARP request");
         };

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! [`MmdsStack`]: MMDS on one network card.
 //!
-//! The TX path asks [`MmdsStack::claims`] of every frame, from the first
-//! [`CLAIM_PREFIX`] bytes of its chain; a claimed frame is handed to
+//! The TX path asks [`MmdsStack::claims`] of every frame (six bytes of its
+//! chain read); a claimed frame is handed to
 //! [`MmdsStack::receive`] and never reaches the TAP. The RX path asks
 //! [`MmdsStack::poll`] for a frame before each read from the TAP while
 //! [`MmdsStack::has_output`] says there may be one, so MMDS's answers go
@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use super::metrics::MmdsMetrics;
-use super::packet::{self, arp_reply, ArpRequest, Inbound, CLAIM_PREFIX};
+use super::packet::{self, arp_reply, ArpRequest, Inbound};
 use super::tcp::Tcp;
 use super::SharedMmds;
 
@@ -57,11 +57,11 @@ impl MmdsStack {
         self.ip
     }
 
-    /// Whether a TX chain of `len` bytes starting with `prefix` carries a
-    /// frame for MMDS.
+    /// Whether a TX chain of `len` bytes carries a frame for MMDS, reading
+    /// it through `read` (see [`packet::is_for`]).
     #[inline]
-    pub fn claims(&self, prefix: &[u8; CLAIM_PREFIX], len: usize) -> bool {
-        packet::is_for(prefix, len, self.ip)
+    pub fn claims(&self, read: impl FnMut(usize, &mut [u8]) -> usize, len: usize) -> bool {
+        packet::is_for(read, len, self.ip)
     }
 
     /// The buffer a claimed chain is copied into before

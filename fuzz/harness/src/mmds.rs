@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use arbitrary::Arbitrary;
 use devices::mmds::guest::GuestClient;
 use devices::mmds::http::MAX_REQUEST_LEN;
-use devices::mmds::packet::{self, flags, Inbound, CLAIM_PREFIX, ETH_HLEN};
+use devices::mmds::packet::{self, flags, Inbound, ETH_HLEN};
 use devices::mmds::tcp::MAX_CONNECTIONS;
 use devices::mmds::token::TOKEN_LEN;
 use devices::mmds::{
@@ -218,10 +218,15 @@ impl Rig {
     /// The guest sends `chain`: claimed exactly when addressed to MMDS,
     /// then everything MMDS answers is read as the guest would.
     fn send(&mut self, chain: &[u8]) {
-        let mut prefix = [0u8; CLAIM_PREFIX];
-        let n = chain.len().min(CLAIM_PREFIX);
-        prefix[..n].copy_from_slice(&chain[..n]);
-        let claimed = self.stack.claims(&prefix, chain.len());
+        let claimed = self.stack.claims(
+            |at, out| {
+                let src = chain.get(at..).unwrap_or_default();
+                let n = out.len().min(src.len());
+                out[..n].copy_from_slice(&src[..n]);
+                n
+            },
+            chain.len(),
+        );
         assert_eq!(
             claimed,
             addressed_to_mmds(chain),

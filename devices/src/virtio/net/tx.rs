@@ -25,7 +25,6 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
-use crate::mmds::packet::CLAIM_PREFIX;
 use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
@@ -267,8 +266,8 @@ impl TxVirtio {
         len: usize,
         metrics: &NetMetrics,
     ) -> bool {
-        let (prefix, _) = iov::read_array::<CLAIM_PREFIX>(&self.batch.segs[start..], 0);
-        if !m.claims(&prefix, len) {
+        let segs = &self.batch.segs[start..];
+        if !m.claims(|at, out| iov::read_bytes_at(segs, at, out), len) {
             return false;
         }
         iov::copy_from_segs(&self.batch.segs[start..], m.inbound());
