@@ -180,7 +180,10 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut net = Net::with_backend(dev_end.with_batched_writes(), cfg, mem.clone())?;
     if a.mmds {
         let store = Arc::new(Mutex::new(devices::mmds::Mmds::default()));
-        net.set_mmds(Some(devices::mmds::MmdsStack::new(devices::mmds::DEFAULT_IPV4, store)));
+        net.set_mmds(Some(devices::mmds::MmdsStack::new(
+            devices::mmds::DEFAULT_IPV4,
+            store,
+        )));
     }
     let net = Arc::new(Mutex::new(net));
     let metrics = net.lock().map_err(|_| "poisoned")?.metrics();

@@ -73,8 +73,10 @@ impl Guest {
     /// their buffers.
     fn exchange(&mut self, frame: &[u8], want: usize) -> Result<Vec<Reply>, Error> {
         self.drv.write_mem(self.tx_slot, frame)?;
-        self.drv
-            .add_chain(TX_INDEX, &[Segment::readable(self.tx_slot, frame.len() as u32)])?;
+        self.drv.add_chain(
+            TX_INDEX,
+            &[Segment::readable(self.tx_slot, frame.len() as u32)],
+        )?;
         self.drv.publish(TX_INDEX)?;
         self.tx_kick.write(1)?;
         let mut out = Vec::new();
@@ -94,7 +96,9 @@ impl Guest {
                 let bytes = self.drv.read_mem(slot, e.len as usize)?;
                 let c = &self.client;
                 out.push(read_reply(&bytes, c.mac, c.ip).ok_or("a malformed MMDS frame")?);
-                let head = self.drv.add_chain(RX_INDEX, &[Segment::writable(slot, RX_BUF_LEN)])?;
+                let head = self
+                    .drv
+                    .add_chain(RX_INDEX, &[Segment::writable(slot, RX_BUF_LEN)])?;
                 self.rx_slots.insert(u32::from(head), slot);
             }
             self.drv.publish(RX_INDEX)?;
@@ -106,7 +110,13 @@ impl Guest {
     fn take(&mut self, replies: &[Reply]) -> Vec<u8> {
         let mut data = Vec::new();
         for r in replies {
-            if let Reply::Tcp { seq, flags, payload, .. } = r {
+            if let Reply::Tcp {
+                seq,
+                flags,
+                payload,
+                ..
+            } = r
+            {
                 if flags & SYN != 0 {
                     self.client.ack = seq.wrapping_add(1);
                 } else if *seq == self.client.ack {
@@ -161,13 +171,16 @@ fn run(gets: usize, v2: bool) -> Result<(), Error> {
     let stop = Arc::new(AtomicBool::new(false));
     let dev = {
         let (net, stop) = (net.clone(), stop.clone());
-        std::thread::Builder::new().name("net-device".into()).spawn(move || {
-            let mut em = EventManager::<Arc<Mutex<Net<SeqPacket>>>>::new().expect("event manager");
-            em.add_subscriber(net);
-            while !stop.load(Ordering::Relaxed) {
-                em.run_with_timeout(20).expect("event loop");
-            }
-        })?
+        std::thread::Builder::new()
+            .name("net-device".into())
+            .spawn(move || {
+                let mut em =
+                    EventManager::<Arc<Mutex<Net<SeqPacket>>>>::new().expect("event manager");
+                em.add_subscriber(net);
+                while !stop.load(Ordering::Relaxed) {
+                    em.run_with_timeout(20).expect("event loop");
+                }
+            })?
     };
 
     let transport = MmioTransport::new(mem.clone(), net.clone())?;

@@ -135,7 +135,12 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
                                                 "reservation-id": "r-fea54097"}},
                        "user-data": "#cloud-config"});
     ok(&sock, "PUT", "/mmds", store.clone());
-    ok(&sock, "PUT", "/metrics", json!({"metrics_path": path(&metrics)}));
+    ok(
+        &sock,
+        "PUT",
+        "/metrics",
+        json!({"metrics_path": path(&metrics)}),
+    );
     let (code, cfg) = api(&sock, "GET", "/vm/config", None);
     assert_eq!(code, 200);
     let cfg: Value = serde_json::from_str(&cfg).unwrap();
@@ -143,9 +148,18 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
         cfg["mmds-config"],
         json!({"version": "V2", "ipv4_address": "169.254.169.254", "network_interfaces": ["eth0"]})
     );
-    ok(&sock, "PUT", "/actions", json!({"action_type": "InstanceStart"}));
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
 
-    assert!(vm.wait_for(READY, BOOT_TIMEOUT), "no {READY}\n{}", vm.report());
+    assert!(
+        vm.wait_for(READY, BOOT_TIMEOUT),
+        "no {READY}\n{}",
+        vm.report()
+    );
     wait_for_store(&mut vm, &store, BOOT_TIMEOUT);
     eprintln!("FIGURE mmds: first fetch {:.1} s after start", vm.uptime());
 
@@ -159,7 +173,10 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
     let merged = json!({"latest": {"meta-data": {"ami-id": "ami-87654321"}},
                         "user-data": "#cloud-config"});
     let (code, got) = api(&sock, "GET", "/mmds", None);
-    assert_eq!((code, serde_json::from_str::<Value>(&got).unwrap()), (200, merged.clone()));
+    assert_eq!(
+        (code, serde_json::from_str::<Value>(&got).unwrap()),
+        (200, merged.clone())
+    );
     wait_for_store(&mut vm, &merged, REFETCH_TIMEOUT);
     // After boot the configuration stays as it is.
     let (code, _) = api(
@@ -170,7 +187,12 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
     );
     assert_eq!(code, 400);
 
-    ok(&sock, "PUT", "/actions", json!({"action_type": "FlushMetrics"}));
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "FlushMetrics"}),
+    );
     let m = last_metrics(&metrics);
     // Each fetch is a token and a GET, under the card's id.
     assert!(metric(&m, "eth0", "mmds_tokens_issued") >= 2, "{m}");
@@ -213,7 +235,11 @@ fn metadata_file_and_the_config_files_mmds_config_serve_without_an_api() {
         "on",
     ]);
     let mut vm = Vm::spawn(&args, Some(&ns.name)).unwrap();
-    assert!(vm.wait_for(READY, BOOT_TIMEOUT), "no {READY}\n{}", vm.report());
+    assert!(
+        vm.wait_for(READY, BOOT_TIMEOUT),
+        "no {READY}\n{}",
+        vm.report()
+    );
     wait_for_store(&mut vm, &store, BOOT_TIMEOUT);
     vm.terminate(Duration::from_secs(30));
     vm.assert_no_crash();

@@ -1842,7 +1842,7 @@ mod tests {
             let mut stack = MmdsStack::new(devices::mmds::DEFAULT_IPV4, store);
             let m = MmdsMetrics::default();
             let mut c = GuestClient::new(devices::mmds::DEFAULT_IPV4, 40000);
-            let mut exchange = |stack: &mut MmdsStack, frame: Vec<u8>, c: &mut GuestClient| {
+            let exchange = |stack: &mut MmdsStack, frame: Vec<u8>, c: &mut GuestClient| {
                 stack.receive(&frame, std::time::Instant::now(), &m);
                 let mut data = Vec::new();
                 while let Some(f) = stack.poll() {

@@ -371,7 +371,7 @@ impl RxVirtio {
             // MMDS's answers go ahead of the backend's frames; without MMDS
             // on the card this is one branch per frame.
             if let Some(m) = mmds.as_deref_mut().filter(|m| m.has_output()) {
-                if self.from_mmds(m, &mut pass, metrics) {
+                if self.deliver_mmds(m, &mut pass, metrics) {
                     continue;
                 }
             }
@@ -394,7 +394,7 @@ impl RxVirtio {
     /// whether it had one. A frame the buffers cannot hold is dropped and
     /// counted (MMDS sends again what the guest asks for again).
     #[inline(never)]
-    fn from_mmds(&mut self, m: &mut MmdsStack, pass: &mut Pass, metrics: &NetMetrics) -> bool {
+    fn deliver_mmds(&mut self, m: &mut MmdsStack, pass: &mut Pass, metrics: &NetMetrics) -> bool {
         let Some(frame) = m.poll() else {
             return false;
         };

@@ -258,7 +258,7 @@ impl TxVirtio {
     /// no TAP bandwidth); the pass's weights and budget bound them as any
     /// frame.
     #[inline(never)]
-    fn to_mmds(
+    fn hand_to_mmds(
         &mut self,
         m: &mut MmdsStack,
         head: u16,
@@ -326,7 +326,7 @@ impl TxVirtio {
                     pass.bytes += chain.len as u64;
                     // Without MMDS on the card this is one branch per frame.
                     if let Some(m) = mmds.as_deref_mut() {
-                        if self.to_mmds(m, head, start, chain.len, metrics) {
+                        if self.hand_to_mmds(m, head, start, chain.len, metrics) {
                             continue;
                         }
                     }
