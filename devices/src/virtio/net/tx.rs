@@ -252,6 +252,23 @@ impl TxVirtio {
         }
     }
 
+    /// [`hand_to_mmds`](Self::hand_to_mmds) on a card MMDS serves; without
+    /// MMDS, one branch per frame.
+    #[inline(always)]
+    fn claimed_by(
+        &mut self,
+        mmds: Option<&mut MmdsStack>,
+        head: u16,
+        start: usize,
+        len: usize,
+        metrics: &NetMetrics,
+    ) -> bool {
+        match mmds {
+            None => false,
+            Some(m) => self.hand_to_mmds(m, head, start, len, metrics),
+        }
+    }
+
     /// Hands the chain just walked (its segments from `start` on) to MMDS
     /// if its frame is for MMDS, and returns it to the guest: such a frame
     /// never reaches the backend. MMDS frames pay no TX limiter (they use
@@ -324,11 +341,8 @@ impl TxVirtio {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
-                    // Without MMDS on the card this is one branch per frame.
-                    if let Some(m) = mmds.as_deref_mut() {
-                        if self.hand_to_mmds(m, head, start, chain.len, metrics) {
-                            continue;
-                        }
+                    if self.claimed_by(mmds.as_deref_mut(), head, start, chain.len, metrics) {
+                        continue;
                     }
                     // Without a limiter this is one branch per frame.
                     let paid = match limiter.as_deref_mut() {
