@@ -59,40 +59,42 @@ fn be32(b: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+/// Bytes of a TX chain read where they lie: a chain in guest memory, or a
+/// slice.
+pub trait ChainBytes {
+    /// The `N` bytes at `offset`, or `None` when the chain ends first.
+    fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]>;
+}
+
+impl ChainBytes for [u8] {
+    fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        let end = offset.checked_add(N)?;
+        self.get(offset..end)?.try_into().ok()
+    }
+}
+
 /// Whether a TX chain of `len` bytes (vnet header included) carries a
 /// frame for `ip`: an ARP packet whose target is `ip`, or an IPv4 packet to
-/// `ip`. A frame that says neither goes to the TAP untouched. `read(offset,
-/// out)` reads bytes of the chain at `offset` and returns how many it read:
-/// the EtherType, then, for IPv4 or ARP only, the four bytes of the address
-/// (six bytes in all, so a card MMDS serves pays little for other frames).
-#[inline]
-pub fn is_for(mut read: impl FnMut(usize, &mut [u8]) -> usize, len: usize, ip: [u8; 4]) -> bool {
-    let mut ethertype = [0u8; 2];
-    if read(VNET_HDR_LEN + 12, &mut ethertype) < 2 {
+/// `ip`. A frame that says neither goes to the TAP untouched. Two reads: the
+/// EtherType, then, for IPv4 or ARP only, the four bytes of the address, so
+/// a card MMDS serves pays little for every other frame.
+#[inline(always)]
+pub fn is_for<C: ChainBytes + ?Sized>(chain: &C, len: usize, ip: [u8; 4]) -> bool {
+    let Some(ethertype) = chain.bytes::<2>(VNET_HDR_LEN + 12) else {
         return false;
-    }
+    };
     // Where the address is, and the shortest frame that holds the header.
     let (at, min) = match u16::from_be_bytes(ethertype) {
         ETHERTYPE_IPV4 => (30, ETH_HLEN + IPV4_HLEN),
         ETHERTYPE_ARP => (38, ETH_HLEN + ARP_LEN),
         _ => return false,
     };
-    let mut addr = [0u8; 4];
-    len >= VNET_HDR_LEN + min && read(VNET_HDR_LEN + at, &mut addr) == 4 && addr == ip
+    len >= VNET_HDR_LEN + min && chain.bytes::<4>(VNET_HDR_LEN + at) == Some(ip)
 }
 
 /// [`is_for`] over a chain's bytes in one slice.
 pub fn slice_is_for(chain: &[u8], ip: [u8; 4]) -> bool {
-    is_for(
-        |at, out| {
-            let src = chain.get(at..).unwrap_or_default();
-            let n = out.len().min(src.len());
-            out[..n].copy_from_slice(&src[..n]);
-            n
-        },
-        chain.len(),
-        ip,
-    )
+    is_for(chain, chain.len(), ip)
 }
 
 /// An ARP request for the MMDS address.

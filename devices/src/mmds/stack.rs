@@ -17,7 +17,7 @@
 use std::time::Instant;
 
 use super::metrics::MmdsMetrics;
-use super::packet::{self, arp_reply, ArpRequest, Inbound};
+use super::packet::{self, arp_reply, ArpRequest, ChainBytes, Inbound};
 use super::tcp::Tcp;
 use super::SharedMmds;
 
@@ -57,11 +57,11 @@ impl MmdsStack {
         self.ip
     }
 
-    /// Whether a TX chain of `len` bytes carries a frame for MMDS, reading
-    /// it through `read` (see [`packet::is_for`]).
-    #[inline]
-    pub fn claims(&self, read: impl FnMut(usize, &mut [u8]) -> usize, len: usize) -> bool {
-        packet::is_for(read, len, self.ip)
+    /// Whether a TX chain of `len` bytes carries a frame for MMDS (see
+    /// [`packet::is_for`]).
+    #[inline(always)]
+    pub fn claims<C: ChainBytes + ?Sized>(&self, chain: &C, len: usize) -> bool {
+        packet::is_for(chain, len, self.ip)
     }
 
     /// The buffer a claimed chain is copied into before

@@ -218,15 +218,7 @@ impl Rig {
     /// The guest sends `chain`: claimed exactly when addressed to MMDS,
     /// then everything MMDS answers is read as the guest would.
     fn send(&mut self, chain: &[u8]) {
-        let claimed = self.stack.claims(
-            |at, out| {
-                let src = chain.get(at..).unwrap_or_default();
-                let n = out.len().min(src.len());
-                out[..n].copy_from_slice(&src[..n]);
-                n
-            },
-            chain.len(),
-        );
+        let claimed = self.stack.claims(chain, chain.len());
         assert_eq!(
             claimed,
             addressed_to_mmds(chain),

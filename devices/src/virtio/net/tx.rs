@@ -25,6 +25,7 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
+use crate::mmds::packet::ChainBytes;
 use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
@@ -69,6 +70,16 @@ fn tx_consume(l: &mut RateLimiter, len: usize, metrics: &NetMetrics) -> bool {
         &metrics.tx_throttled_ns,
         metrics.host_errors(),
     )
+}
+
+/// A walked chain's segments, read in place for MMDS's claim.
+struct GuestChain<'a>(&'a [IoSeg]);
+
+impl ChainBytes for GuestChain<'_> {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        iov::read_small(self.0, offset)
+    }
 }
 
 /// How a TX pass ended.
@@ -283,8 +294,7 @@ impl TxVirtio {
         len: usize,
         metrics: &NetMetrics,
     ) -> bool {
-        let segs = &self.batch.segs[start..];
-        if !m.claims(|at, out| iov::read_bytes_at(segs, at, out), len) {
+        if !m.claims(&GuestChain(&self.batch.segs[start..]), len) {
             return false;
         }
         iov::copy_from_segs(&self.batch.segs[start..], m.inbound());

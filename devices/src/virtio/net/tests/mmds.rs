@@ -74,6 +74,35 @@ fn test_arp_answered_and_never_reaches_the_backend() {
 }
 
 #[test]
+fn test_a_frame_split_anywhere_is_claimed_all_the_same() {
+    let (mut h, _) = rig(MmdsVersion::V1);
+    let c = GuestClient::new(IP, 40000);
+    let arp = c.arp_request();
+    // Cuts inside the EtherType and inside the target address.
+    for split in [&[25usize][..], &[12, 13, 26], &[51], &[12, 40, 1]] {
+        keep_rx(&mut h, 8);
+        h.post_tx(&arp, split);
+        h.kick_tx();
+        h.run_until_idle();
+        let got = h.take_rx_frames();
+        assert_eq!(got.len(), 1, "split {split:?}");
+        assert_eq!(
+            read_reply(&got[0].data, c.mac, c.ip),
+            Some(Reply::Arp { mac: MMDS_MAC, ip: IP })
+        );
+    }
+    assert!(h.peer_frames().is_empty());
+    // An IPv4 frame to another address, split the same ways, goes out.
+    let mut other = c.clone();
+    other.mmds_ip = [169, 254, 169, 253];
+    let syn = other.segment(SYN, b"", None);
+    h.post_tx(&syn, &[25, 17]);
+    h.kick_tx();
+    h.run_until_idle();
+    assert_eq!(h.peer_frames(), vec![syn]);
+}
+
+#[test]
 fn test_http_get_through_the_rings() {
     let (mut h, mmds) = rig(MmdsVersion::V2);
     let mut c = GuestClient::new(IP, 40000);
