@@ -286,19 +286,23 @@ pub(crate) fn read_array<const N: usize>(segs: &[IoSeg], offset: usize) -> ([u8;
 
 /// The `N` bytes at byte `offset` of the segments, or `None` when the
 /// segments end first. When the first segment holds them all (the usual
-/// case for a header field), one volatile load of a byte array, which any
-/// address may hold; otherwise [`read_bytes_at`]. Read once, as there.
+/// case for a header field), `N` volatile byte loads with no segment walk
+/// (unrolled: `N` is a constant); otherwise [`read_bytes_at`]. Read once,
+/// as there.
 #[inline(always)]
 pub(crate) fn read_small<const N: usize>(segs: &[IoSeg], offset: usize) -> Option<[u8; N]> {
     if let Some(seg) = segs.first() {
         if offset.checked_add(N).is_some_and(|end| end <= seg.len()) {
-            // SAFETY: [base + offset, base + offset + N) lies inside the
-            // segment (checked above): mapped guest memory (module docs). A
-            // `[u8; N]` has alignment 1, so the address needs none. Volatile
-            // because the guest may write it concurrently.
-            return Some(unsafe {
-                std::ptr::read_volatile((seg.base() + offset) as *const [u8; N])
-            });
+            let at = seg.base() + offset;
+            let mut out = [0u8; N];
+            for (i, b) in out.iter_mut().enumerate() {
+                // SAFETY: at + i < base + offset + N, inside the segment
+                // (checked above): mapped guest memory (module docs); a byte
+                // needs no alignment. Volatile because the guest may write
+                // it concurrently.
+                *b = unsafe { std::ptr::read_volatile((at + i) as *const u8) };
+            }
+            return Some(out);
         }
     }
     let mut out = [0u8; N];

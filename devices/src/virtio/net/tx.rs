@@ -263,8 +263,9 @@ impl TxVirtio {
         }
     }
 
-    /// [`hand_to_mmds`](Self::hand_to_mmds) on a card MMDS serves; without
-    /// MMDS, one branch per frame.
+    /// Whether the chain just walked went to MMDS ([`hand_to_mmds`](
+    /// Self::hand_to_mmds)): on a card MMDS serves, two header fields read
+    /// in place; without MMDS, one branch per frame.
     #[inline(always)]
     fn claimed_by(
         &mut self,
@@ -275,33 +276,25 @@ impl TxVirtio {
         metrics: &NetMetrics,
     ) -> bool {
         match mmds {
-            None => false,
-            Some(m) => self.hand_to_mmds(m, head, start, len, metrics),
+            Some(m) if m.claims(&GuestChain(&self.batch.segs[start..]), len) => {
+                self.hand_to_mmds(m, head, start, metrics);
+                true
+            }
+            _ => false,
         }
     }
 
-    /// Hands the chain just walked (its segments from `start` on) to MMDS
-    /// if its frame is for MMDS, and returns it to the guest: such a frame
-    /// never reaches the backend. MMDS frames pay no TX limiter (they use
-    /// no TAP bandwidth); the pass's weights and budget bound them as any
-    /// frame.
+    /// Hands the chain just walked (its segments from `start` on), whose
+    /// frame is for MMDS, to the stack and returns it to the guest: such a
+    /// frame never reaches the backend. MMDS frames pay no TX limiter (they
+    /// use no TAP bandwidth); the pass's weights and budget bound them as
+    /// any frame. Out of line: only MMDS's own frames come here.
     #[inline(never)]
-    fn hand_to_mmds(
-        &mut self,
-        m: &mut MmdsStack,
-        head: u16,
-        start: usize,
-        len: usize,
-        metrics: &NetMetrics,
-    ) -> bool {
-        if !m.claims(&GuestChain(&self.batch.segs[start..]), len) {
-            return false;
-        }
+    fn hand_to_mmds(&mut self, m: &mut MmdsStack, head: u16, start: usize, metrics: &NetMetrics) {
         iov::copy_from_segs(&self.batch.segs[start..], m.inbound());
         self.batch.segs.truncate(start);
         m.receive_inbound(std::time::Instant::now(), &metrics.mmds);
         self.queue.add_used(head, 0);
-        true
     }
 
     /// Walks chains into the batch until it is full, the ring is empty, the

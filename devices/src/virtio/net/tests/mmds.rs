@@ -88,7 +88,10 @@ fn test_a_frame_split_anywhere_is_claimed_all_the_same() {
         assert_eq!(got.len(), 1, "split {split:?}");
         assert_eq!(
             read_reply(&got[0].data, c.mac, c.ip),
-            Some(Reply::Arp { mac: MMDS_MAC, ip: IP })
+            Some(Reply::Arp {
+                mac: MMDS_MAC,
+                ip: IP
+            })
         );
     }
     assert!(h.peer_frames().is_empty());
