@@ -213,16 +213,9 @@ fn unknown(req: &Request) -> String {
     format!("invalid request: unknown path {}", req.path)
 }
 
+/// A JSON object body.
 fn json(req: &Request) -> Result<Value, String> {
-    if req.body.is_empty() {
-        return Err(format!(
-            "{} {} needs a JSON body",
-            method_name(&req.method),
-            req.path
-        ));
-    }
-    let v =
-        crate::config::json::parse(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
+    let v = any_json(req)?;
     if !v.is_object() {
         return Err("the JSON body must be an object".into());
     }
