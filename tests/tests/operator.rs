@@ -100,7 +100,13 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
         std::fs::write(&p, json).unwrap();
         p
     };
-    let boot = r#""boot-source": {"kernel_image_path": "vmlinux"}"#;
+    // A kernel that opens, so that the drives' images are what fails.
+    let kernel = tmp("kernel");
+    write_halting_kernel(&kernel).unwrap();
+    let boot = format!(
+        r#""boot-source": {{"kernel_image_path": "{}"}}"#,
+        kernel.display()
+    );
     let iface = |extra: &str| format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0"{extra}}}"#);
     let cases = [
         ("json", "{ not json".to_string(), "config file is not valid JSON"),
@@ -185,7 +191,11 @@ fn bad_drives_are_one_line_and_exit_1() {
     };
     let (a, b) = (img("a.img"), img("b.img"));
     let d = dir.to_str().unwrap().to_string();
-    let disk = |spec: &str| cli_args(&["--kernel", "k", "--disk", spec]);
+    // A kernel that opens, so that the drives' images are what fails.
+    let kernel = dir.join("kernel");
+    write_halting_kernel(&kernel).unwrap();
+    let k = kernel.to_str().unwrap();
+    let disk = |spec: &str| cli_args(&["--kernel", k, "--disk", spec]);
     assert_config_error(
         &disk(&format!("path={d}/missing.img")),
         &format!("drive 'disk0': disk image {d}/missing.img: No such file or directory"),
@@ -197,7 +207,7 @@ fn bad_drives_are_one_line_and_exit_1() {
     assert_config_error(
         &cli_args(&[
             "--kernel",
-            "k",
+            k,
             "--disk",
             &format!("path={a},root=on"),
             "--disk",
@@ -208,7 +218,7 @@ fn bad_drives_are_one_line_and_exit_1() {
     assert_config_error(
         &cli_args(&[
             "--kernel",
-            "k",
+            k,
             "--disk",
             &format!("path={a}"),
             "--disk",

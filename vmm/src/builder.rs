@@ -770,7 +770,8 @@ mod tests {
                 (DeviceKind::Rng, ENTROPY_ID, layout::IRQ_BASE + 1),
             ]
         );
-        assert_eq!(devices.manager.cmdline_words().len(), 2);
+        // One word per virtio device, and the pvpanic register's.
+        assert_eq!(devices.manager.cmdline_words().len(), 3);
         // The drive takes PATCH; the entropy device has nothing to change.
         let controls = devices.manager.virtio().controls();
         assert!(controls.get(DeviceKind::Block, "data").is_some());

@@ -456,7 +456,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             let mut c = UnixStream::connect(&srv.path).unwrap();
             let r = exchange(&mut c, b"GET /vsock HTTP/1.1\r\n\r\n");
-            assert!(r.contains("vsock is not supported"), "{r}");
+            assert!(
+                r.starts_with("HTTP/1.1 400") && r.contains("fault_message"),
+                "{r}"
+            );
             assert!(closed(old, Duration::from_secs(2)), "idle {i} stayed");
             newcomers.push(c);
         }
