@@ -16,7 +16,7 @@ pub struct MmdsMetrics {
     /// Of those, frames dropped: malformed, bad checksum, fragments, not
     /// TCP or ARP, or not for port 80.
     pub mmds_rx_dropped: AtomicU64,
-    /// Frames MMDS put on the card's RX path.
+    /// Frames MMDS put on the card's RX path (counted in `rx_frames` too).
     pub mmds_tx_frames: AtomicU64,
     /// MMDS frames the guest's posted buffers could not hold (dropped).
     pub mmds_tx_dropped: AtomicU64,

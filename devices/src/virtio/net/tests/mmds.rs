@@ -66,6 +66,9 @@ fn test_arp_answered_and_never_reaches_the_backend() {
     assert_eq!(h.txq.take_used(&h.mem).len(), 1);
     assert_eq!(h.metric(|m| &m.mmds.mmds_rx_frames), 1);
     assert_eq!(h.metric(|m| &m.mmds.mmds_tx_frames), 1);
+    // Delivered as any frame: counted, and the pass drained, not starved.
+    assert_eq!(h.metric(|m| &m.rx_frames), 1);
+    assert_eq!(h.metric(|m| &m.rx_no_avail_buffer), 0);
     assert_eq!(h.metric(|m| &m.tx_frames), 0);
     // Any other frame goes to the backend untouched.
     let f = frame(12 + 100, 7);
