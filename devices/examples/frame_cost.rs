@@ -28,9 +28,10 @@
 //! nearly every pass after a few frames, which no real run does.
 //! `--time-budget-us N` sets another budget (0: none). TX frames go out in
 //! io_uring batches (the default `IoEngine::Async`), or with `--sync` one
-//! `writev` each.
+//! `writev` each. `--mmds` puts MMDS on the card, unused (the frames are not
+//! for its address): what a card MMDS serves pays for every other frame.
 //!
-//! Usage: `frame_cost tx|rx FRAME_BYTES FRAMES [BATCH] [--event-idx] [--bounce] [--sync] [--time-budget-us N]`
+//! Usage: `frame_cost tx|rx FRAME_BYTES FRAMES [BATCH] [--event-idx] [--bounce] [--sync] [--mmds] [--time-budget-us N]`
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +67,7 @@ struct Args {
     event_idx: bool,
     bounce: bool,
     sync: bool,
+    mmds: bool,
     time_budget_us: u64,
 }
 
@@ -75,9 +77,9 @@ const NEVER_REACHED_US: u64 = 10_000_000;
 
 fn parse() -> Result<Args, String> {
     let usage = "usage: frame_cost tx|rx FRAME_BYTES FRAMES [BATCH] [--event-idx] [--bounce] \
-                 [--sync] [--time-budget-us N]";
+                 [--sync] [--mmds] [--time-budget-us N]";
     let mut pos = Vec::new();
-    let (mut event_idx, mut bounce, mut sync) = (false, false, false);
+    let (mut event_idx, mut bounce, mut sync, mut mmds) = (false, false, false, false);
     let mut time_budget_us = NEVER_REACHED_US;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -85,6 +87,7 @@ fn parse() -> Result<Args, String> {
             "--event-idx" => event_idx = true,
             "--bounce" => bounce = true,
             "--sync" => sync = true,
+            "--mmds" => mmds = true,
             "--time-budget-us" => {
                 time_budget_us = args
                     .next()
@@ -122,6 +125,7 @@ fn parse() -> Result<Args, String> {
         event_idx,
         bounce,
         sync,
+        mmds,
         time_budget_us,
     })
 }
@@ -173,11 +177,15 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     // The peer keeps up (a round always fits its buffer): batching may not
     // reorder anything here.
-    let net = Arc::new(Mutex::new(Net::with_backend(
-        dev_end.with_batched_writes(),
-        cfg,
-        mem.clone(),
-    )?));
+    let mut net = Net::with_backend(dev_end.with_batched_writes(), cfg, mem.clone())?;
+    if a.mmds {
+        let store = Arc::new(Mutex::new(devices::mmds::Mmds::default()));
+        net.set_mmds(Some(devices::mmds::MmdsStack::new(
+            devices::mmds::DEFAULT_IPV4,
+            store,
+        )));
+    }
+    let net = Arc::new(Mutex::new(net));
     let metrics = net.lock().map_err(|_| "poisoned")?.metrics();
     let kick = {
         let n = net.lock().map_err(|_| "poisoned")?;

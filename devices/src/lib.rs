@@ -11,6 +11,7 @@
 #![deny(unsafe_code)]
 
 pub mod legacy;
+pub mod mmds;
 pub mod rate_limiter;
 pub mod virtio;
 mod warn;

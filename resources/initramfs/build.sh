@@ -5,8 +5,9 @@
 #  - the initramfs, an uncompressed newc cpio holding static busybox (and the
 #    applet links init uses), /init (also as /sbin/init), /dev/console, when
 #    the netperf crate builds, the static /bin/mvperf, and Debian's iperf3
-#    with the shared libraries and dynamic loader it needs (at the paths ldd
-#    names), so the guest can serve iperf3 as well as mvperf;
+#    and curl with the shared libraries and dynamic loader they need (at the
+#    paths ldd names), so the guest can serve iperf3 as well as mvperf and
+#    read MMDS as a guest on Firecracker does (`minivmm.mmds=`, see init);
 #  - the root disk, an ext4 image of the same files with free space for the
 #    guest to write, booted with `--disk path=COPY,root=on` and no initramfs
 #    (the kernel runs /sbin/init from a disk root).
@@ -14,7 +15,8 @@
 # The tree and the cpio are always rebuilt (seconds); the cargo build of
 # mvperf is incremental in the checkout's target/. Set MINIVMM_REQUIRE_MVPERF=1
 # to make a failed mvperf build an error instead of a warning, and
-# MINIVMM_REQUIRE_IPERF3=1 to make a missing iperf3 one.
+# MINIVMM_REQUIRE_IPERF3=1 (MINIVMM_REQUIRE_CURL=1) to make a missing iperf3
+# (curl) one.
 #
 # The archive is reproducible and named by its content hash, so checkouts that
 # share $MINIVMM_CACHE (with different init scripts or mvperf versions) never
@@ -45,6 +47,16 @@ elif [ "${MINIVMM_REQUIRE_IPERF3:-0}" = 1 ]; then
     die "iperf3 (Debian package iperf3) is not installed"
 else
     log "WARNING: iperf3 is not installed; the initramfs has no /bin/iperf3"
+fi
+# curl: the client MMDS's guides use; without it init reports the MMDS
+# fetch as failed.
+CURL=
+if try_packages curl && [ -x /usr/bin/curl ]; then
+    CURL=/usr/bin/curl
+elif [ "${MINIVMM_REQUIRE_CURL:-0}" = 1 ]; then
+    die "curl (Debian package curl) is not installed"
+else
+    log "WARNING: curl is not installed; the initramfs has no /bin/curl"
 fi
 
 BUSYBOX=/bin/busybox
@@ -105,19 +117,22 @@ install -m 0755 "$HERE/init" "$ROOT/init"
 ln -s ../init "$ROOT/sbin/init"
 # The release profile keeps debug info; the guest does not need it.
 if [ -n "$MVPERF" ]; then strip -o "$ROOT/bin/mvperf" "$MVPERF"; fi
-if [ -n "$IPERF3" ]; then
-    # The binary, every library ldd resolves and the loader, each at the path
-    # the loader will look for it (no ld.so.cache in the guest: the loader's
-    # built-in /lib/x86_64-linux-gnu covers Debian's multiarch libraries).
-    cp "$IPERF3" "$ROOT/bin/iperf3"
-    ldd "$IPERF3" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
+# carry BINARY NAME: BINARY as /bin/NAME with every library ldd resolves and
+# the loader, each at the path the loader will look for it (no ld.so.cache in
+# the guest: the loader's built-in /lib/x86_64-linux-gnu covers Debian's
+# multiarch libraries).
+carry() {
+    cp "$1" "$ROOT/bin/$2"
+    ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
         while read -r lib; do
             mkdir -p "$ROOT$(dirname "$lib")"
             cp -L "$lib" "$ROOT$lib"
         done
-    interp=$(readelf -l "$IPERF3" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
-    [ -n "$interp" ] && [ -e "$ROOT$interp" ] || die "iperf3's loader ${interp:-?} did not make it into the image"
-fi
+    interp=$(readelf -l "$1" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+    [ -n "$interp" ] && [ -e "$ROOT$interp" ] || die "$2's loader ${interp:-?} did not make it into the image"
+}
+if [ -n "$IPERF3" ]; then carry "$IPERF3" iperf3; fi
+if [ -n "$CURL" ]; then carry "$CURL" curl; fi
 # The kernel opens /dev/console for init before anything can mount devtmpfs.
 # Only root can make the node; init copes without it (it reopens its stdio
 # from devtmpfs).
@@ -139,7 +154,7 @@ mv "$WORK/initramfs.cpio" "$OUT"
 # Images of other versions are a few MB each; a week-old one is nobody's.
 find "$OUTDIR" -maxdepth 1 -name 'minivmm-initramfs-*.cpio' -mtime +7 -delete
 touch "$OUT"
-log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}${IPERF3:+, with iperf3})"
+log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}${IPERF3:+, with iperf3}${CURL:+, with curl})"
 
 # The root disk: the same tree as an ext4 file system. 4 KiB blocks (mke2fs
 # would pick 1 KiB for a file system this small) so a guest page is one

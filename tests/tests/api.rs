@@ -70,6 +70,8 @@ fn get(sock: &Path, path: &str) -> Value {
         "/balloon" => validate("Balloon", &v),
         "/balloon/statistics" => validate("BalloonStats", &v),
         "/balloon/hinting/status" => validate("BalloonHintingStatus", &v),
+        // The store: free-form JSON, which the description does not type.
+        "/mmds" => Ok(()),
         other => panic!("no schema for GET {other}"),
     };
     if let Err(e) = checked {
@@ -136,9 +138,17 @@ fn launcher_flags_behave_as_firecrackers() {
         text.starts_with(&format!("minivmm v{}", env!("CARGO_PKG_VERSION"))),
         "{text}"
     );
+    // The store's first content is read at start: a missing file is one
+    // line, before anything else.
     one_line_error(
-        &minivmm(&["--no-api", "--metadata", "/x.json", "--kernel", "/k"]),
-        "MMDS",
+        &minivmm(&[
+            "--no-api",
+            "--metadata",
+            "/nonexistent/x.json",
+            "--kernel",
+            "/k",
+        ]),
+        "--metadata: cannot read '/nonexistent/x.json'",
     );
     one_line_error(&minivmm(&["--id", "no spaces", "--kernel", "/k"]), "--id");
     one_line_error(
@@ -182,6 +192,8 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
             sock.display().to_string(),
             "--id".into(),
             "api-errors".into(),
+            "--mmds-size-limit".into(),
+            "64".into(),
         ],
         None,
     )
@@ -259,7 +271,6 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     );
     // What minivmm has not, named as such.
     refused(&sock, "PUT", "/vsock", Some("{}"), "vsock");
-    refused(&sock, "PUT", "/mmds", Some("{}"), "MMDS");
     refused(&sock, "PUT", "/snapshot/create", Some("{}"), "snapshots");
     // The balloon: Firecracker's body, and its run-time paths only once
     // the VM runs.
@@ -342,6 +353,32 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
         "kernel",
     );
 
+    // MMDS: a configuration naming no card, a patch before any content,
+    // a store over --mmds-size-limit (64 bytes here) changing nothing.
+    refused(
+        &sock,
+        "PUT",
+        "/mmds/config",
+        Some(r#"{"network_interfaces":["eth0"]}"#),
+        "does not correspond to any existing network interface",
+    );
+    refused(
+        &sock,
+        "PATCH",
+        "/mmds",
+        Some(r#"{"a":1}"#),
+        "not initialized",
+    );
+    put(&sock, "/mmds", json!({"latest": {"ami-id": "ami-1"}}));
+    let big = format!(r#"{{"latest":"{}"}}"#, "x".repeat(64));
+    refused(&sock, "PUT", "/mmds", Some(&big), "doesn't fit");
+    refused(&sock, "PATCH", "/mmds", Some(&big), "doesn't fit");
+    patch(&sock, "/mmds", json!({"latest": {"user-data": "u"}}));
+    assert_eq!(
+        get(&sock, "/mmds"),
+        json!({"latest": {"ami-id": "ami-1", "user-data": "u"}})
+    );
+
     // What was accepted is what GET /vm/config returns; refused requests
     // left no trace.
     put(
@@ -358,6 +395,7 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     assert_eq!(cfg["vsock"], Value::Null);
     assert_eq!(cfg["entropy"], Value::Null);
     assert_eq!(cfg["balloon"], Value::Null);
+    assert_eq!(cfg["mmds-config"], Value::Null);
     assert!(cfg.get("boot-source").is_none(), "{cfg}");
     // A balloon put before boot: Firecracker's body with its defaults.
     put(

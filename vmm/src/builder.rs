@@ -29,6 +29,7 @@ use arch::x86_64::layout::{
 };
 use arch::x86_64::{arch_memory_regions, setup_mptable};
 use devices::legacy::serial::SerialDevice;
+use devices::mmds::{lock, MmdsStack, SharedMmds};
 use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::{Net, Tap, TapError};
@@ -322,6 +323,7 @@ pub fn build(
     mut tap_fds: TapFds,
     boot_timer: Option<Instant>,
     vsock: Option<Arc<VsockSocket>>,
+    mmds: SharedMmds,
 ) -> Result<Vmm, BuildError> {
     let mut steps = Steps::new();
     // The files first: a typo in a path is the commonest mistake; say so
@@ -337,7 +339,7 @@ pub fn build(
     steps.done("irqchip");
     let quirks = host_quirks(cfg.host_quirks);
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
-    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, files.vsock)?;
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, files.vsock, mmds)?;
     steps.done("devices");
 
     let loaded = files.kernel.load(&mem)?;
@@ -424,6 +426,7 @@ pub(crate) fn attach_devices(
     tap_fds: &mut TapFds,
     boot_timer: Option<Instant>,
     vsock: Option<Arc<VsockSocket>>,
+    mmds: SharedMmds,
 ) -> Result<Devices, BuildError> {
     let mut events: Events = EventManager::new()
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
@@ -443,6 +446,7 @@ pub(crate) fn attach_devices(
         cfg,
         tap_fds,
         vsock.as_deref(),
+        &mmds,
     )?;
     if let Some(start) = boot_timer {
         manager.enable_boot_timer(start);
@@ -454,6 +458,7 @@ pub(crate) fn attach_devices(
         i8042,
         panicked,
         vsock_socket: vsock,
+        mmds,
     })
 }
 
@@ -468,12 +473,24 @@ fn attach_virtio(
     cfg: &VmmConfig,
     tap_fds: &mut TapFds,
     vsock: Option<&VsockSocket>,
+    mmds: &SharedMmds,
 ) -> Result<(), BuildError> {
     let mem = env.mem;
     let mut taps = HashSet::new();
+    if let Some(m) = &cfg.mmds {
+        lock(mmds).configure(m.version, m.imds_compat);
+    }
     for nic in &cfg.nets {
         let tap = open_tap(nic, tap_fds, &mut taps)?;
-        let net = Net::with_backend(tap, nic.device.clone(), mem.clone());
+        let stack = cfg
+            .mmds
+            .as_ref()
+            .and_then(|m| m.address_on(&nic.id))
+            .map(|ip| MmdsStack::new(ip, mmds.clone()));
+        let net = Net::with_backend(tap, nic.device.clone(), mem.clone()).map(|mut n| {
+            n.set_mmds(stack);
+            n
+        });
         virtio.attach_controlled(env, DeviceKind::Net, &nic.id, net)?;
     }
     for drive in &cfg.drives {
@@ -746,7 +763,16 @@ mod tests {
             .finish()
             .unwrap()
         };
-        let devices = attach_devices(&cfg, &vm, &mem, &mut TapFds::new(), None, None).unwrap();
+        let devices = attach_devices(
+            &cfg,
+            &vm,
+            &mem,
+            &mut TapFds::new(),
+            None,
+            None,
+            Default::default(),
+        )
+        .unwrap();
         let slots: Vec<(DeviceKind, &str, u32)> = devices
             .manager
             .virtio()
@@ -818,23 +844,36 @@ mod tests {
             entropy: None,
             balloon: None,
             vsock: None,
+            mmds: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
             seccomp: crate::process::seccomp::SeccompMode::Off,
         };
-        let err = build(&cfg("/nonexistent/bzImage"), TapFds::new(), None, None)
-            .err()
-            .unwrap();
+        let err = build(
+            &cfg("/nonexistent/bzImage"),
+            TapFds::new(),
+            None,
+            None,
+            Default::default(),
+        )
+        .err()
+        .unwrap();
         assert!(
             matches!(err, BuildError::Kernel(KernelError::Open(..))),
             "{err}"
         );
         let dir = std::env::temp_dir().join(format!("minivmm-garbage-{}", std::process::id()));
         std::fs::write(&dir, b"this is not a kernel").unwrap();
-        let err = build(&cfg(dir.to_str().unwrap()), TapFds::new(), None, None)
-            .err()
-            .unwrap();
+        let err = build(
+            &cfg(dir.to_str().unwrap()),
+            TapFds::new(),
+            None,
+            None,
+            Default::default(),
+        )
+        .err()
+        .unwrap();
         std::fs::remove_file(&dir).unwrap();
         assert!(
             matches!(err, BuildError::Kernel(KernelError::Format(_))),

@@ -19,6 +19,7 @@ use clap::error::ErrorKind;
 use clap::Parser;
 use log::{error, info};
 
+use devices::mmds::SharedMmds;
 use vmm::api::http::Response;
 use vmm::api::preboot::{Preboot, SnapshotLoad, Step};
 use vmm::api::ApiChannel;
@@ -73,14 +74,15 @@ fn prepare(
     start: Instant,
     logger_ready: &mut bool,
     vsock: Option<Arc<VsockSocket>>,
+    mmds: &SharedMmds,
 ) -> Result<vmm::vmm::Vmm, String> {
     // Inherited TAP descriptors are claimed before this process opens any
     // file, so a number the user names cannot be one of ours.
     let tap_fds = vmm::builder::claim_tap_fds(config).map_err(|e| error_line(&e))?;
     init_logger(config, logger_ready)?;
     let boot_timer = launch.boot_timer.then_some(start);
-    let mut vmm =
-        vmm::builder::build(config, tap_fds, boot_timer, vsock).map_err(|e| error_line(&e))?;
+    let mut vmm = vmm::builder::build(config, tap_fds, boot_timer, vsock, mmds.clone())
+        .map_err(|e| error_line(&e))?;
     vmm.set_id(&launch.id);
     Ok(vmm)
 }
@@ -182,7 +184,13 @@ fn log_startup(launch: &Launch) {
 
 /// minivmm with `--api-sock`: the socket first, then either the VM the
 /// flags or the file describe, or the one the API configures.
-fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path) -> ExitCode {
+fn main_with_api(
+    start: Instant,
+    parts: CliParts,
+    filters: Filters,
+    sock: &Path,
+    mmds: SharedMmds,
+) -> ExitCode {
     // Before the API thread exists, so that it inherits the mask: a stop
     // signal before InstanceStart is read here, not the default action.
     let signals = match SignalFd::new(&[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1]) {
@@ -193,7 +201,7 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
     };
-    serve(start, parts, filters, channel, &signals, sock)
+    serve(start, parts, filters, channel, &signals, sock, &mmds)
 }
 
 fn serve(
@@ -203,6 +211,7 @@ fn serve(
     channel: ApiChannel,
     signals: &SignalFd,
     sock: &Path,
+    mmds: &SharedMmds,
 ) -> ExitCode {
     let id = parts.launch.id.clone();
     let mut logger_ready = false;
@@ -213,12 +222,18 @@ fn serve(
             Ok(c) => c,
             Err(e) => return fail(&error_line(&e)),
         };
-        match prepare(&config, &parts.launch, start, &mut logger_ready, None) {
+        match prepare(&config, &parts.launch, start, &mut logger_ready, None, mmds) {
             Ok(v) => (v, config),
             Err(msg) => return fail(&msg),
         }
     } else {
-        match configure_by_api(&parts, &channel, signals, sock, start, &mut logger_ready) {
+        let api = PrebootApi {
+            channel: &channel,
+            signals,
+            sock,
+            mmds,
+        };
+        match configure_by_api(&parts, &api, start, &mut logger_ready) {
             Ok(built) => built,
             Err(code) => return code,
         }
@@ -233,32 +248,52 @@ fn serve(
     )
 }
 
+/// What the pre-boot API loop reads from and serves.
+#[derive(Clone, Copy)]
+struct PrebootApi<'a> {
+    channel: &'a ApiChannel,
+    signals: &'a SignalFd,
+    sock: &'a Path,
+    mmds: &'a SharedMmds,
+}
+
+/// Whether a stop signal came before any VM ran: a clean end, and the API
+/// socket goes with it. (Once a VM ran, the main thread's seccomp filter
+/// allows no unlink: the socket stays, as Firecracker's does. The vsock
+/// socket has a remover of its own: the pre-boot state drops it.)
+fn stop_requested(signals: &SignalFd, sock: &Path) -> bool {
+    match signals.read() {
+        Ok(Some(sig)) if sig != libc::SIGUSR1 => {
+            let _ = std::fs::remove_file(sock);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Answers the pre-boot API until an InstanceStart builds a VM, which it
 /// returns with its configuration; or the exit status when a stop signal
 /// or the API thread's end comes first.
 fn configure_by_api(
     parts: &CliParts,
-    channel: &ApiChannel,
-    signals: &SignalFd,
-    sock: &Path,
+    api: &PrebootApi<'_>,
     start: Instant,
     logger_ready: &mut bool,
 ) -> Result<(vmm::vmm::Vmm, VmmConfig), ExitCode> {
-    let mut pre = Preboot::with_seccomp(parts.flags.seccomp.unwrap_or_default());
+    let PrebootApi {
+        channel,
+        signals,
+        sock,
+        mmds,
+    } = *api;
+    let mut pre =
+        Preboot::with_seccomp(parts.flags.seccomp.unwrap_or_default()).with_mmds(mmds.clone());
     loop {
         let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
             Ok(cmd) => cmd,
             Err(RecvTimeoutError::Timeout) => {
-                if let Ok(Some(sig)) = signals.read() {
-                    if sig != libc::SIGUSR1 {
-                        // Nothing runs yet: a stop request is a clean end,
-                        // and the socket goes with it. (Once a VM ran, the
-                        // main thread's seccomp filter allows no unlink: the
-                        // socket stays, as Firecracker's does. The vsock
-                        // socket has a remover of its own: `pre` drops it.)
-                        let _ = std::fs::remove_file(sock);
-                        return Err(ExitCode::SUCCESS);
-                    }
+                if stop_requested(signals, sock) {
+                    return Err(ExitCode::SUCCESS);
                 }
                 continue;
             }
@@ -300,6 +335,7 @@ fn configure_by_api(
                     start,
                     logger_ready,
                     pre.vsock_socket(),
+                    mmds,
                 )
                 .map(|v| (v, config))
             });
@@ -385,8 +421,17 @@ fn main() -> ExitCode {
     if parts.launch.id != vmm::config::ids::DEFAULT_ID {
         vmm::logger::set_instance_id(&parts.launch.id);
     }
+    // The store outlives the pre-boot API: made before it, filled from
+    // --metadata, a bad file one line and exit 1.
+    let mmds = match vmm::config::mmds::initial_store(
+        parts.launch.metadata.as_deref(),
+        parts.launch.mmds_size_limit,
+    ) {
+        Ok(m) => m,
+        Err(e) => return fail(&error_line(&e)),
+    };
     if let Some(sock) = parts.launch.api_sock.clone() {
-        return main_with_api(start, parts, filters, &sock);
+        return main_with_api(start, parts, filters, &sock, mmds);
     }
     let launch = parts.launch.clone();
     let config = match parts.file.overlay(parts.flags).finish() {
@@ -394,7 +439,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(&error_line(&e)),
     };
     let mut logger_ready = false;
-    let vmm = match prepare(&config, &launch, start, &mut logger_ready, None) {
+    let vmm = match prepare(&config, &launch, start, &mut logger_ready, None, &mmds) {
         Ok(v) => v,
         Err(msg) => return fail(&msg),
     };

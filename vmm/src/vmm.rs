@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
+use devices::mmds::SharedMmds;
 use event_manager::SubscriberOps;
 use kvm_ioctls::{Kvm, VmFd};
 use log::info;
@@ -78,6 +79,8 @@ pub(crate) struct Devices {
     pub(crate) panicked: Arc<AtomicBool>,
     /// The vsock device's socket, removed when the last holder drops it.
     pub(crate) vsock_socket: Option<Arc<VsockSocket>>,
+    /// The MMDS store the cards it serves read (the API's `/mmds`).
+    pub(crate) mmds: SharedMmds,
 }
 
 /// A built VM, ready to run.
@@ -98,6 +101,7 @@ pub struct Vmm {
     start_paused: bool,
     /// The devices' dirty-page log, when the VM tracks dirty pages.
     dirty: Option<Arc<DirtyPages>>,
+    mmds: SharedMmds,
     /// Held until the VM has ended: its drop removes the socket (the last
     /// field, so the device's own listener is closed first).
     _vsock_socket: Option<Arc<VsockSocket>>,
@@ -136,6 +140,7 @@ impl Vmm {
             api: None,
             start_paused: false,
             dirty: None,
+            mmds: devices.mmds,
             _vsock_socket: devices.vsock_socket,
         }
     }
@@ -223,6 +228,7 @@ impl Vmm {
                     vcpu_states: states,
                     dirty: self.dirty.clone(),
                 }),
+                mmds: self.mmds.clone(),
             };
             control = control.with_api(api.channel, runtime);
         }
@@ -337,6 +343,7 @@ mod tests {
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             panicked: Arc::default(),
             vsock_socket: None,
+            mmds: Default::default(),
         };
         let mut vmm = Vmm::new(
             KvmVm::new(kvm, fd, mem),

@@ -242,6 +242,21 @@ pub(crate) fn with_tail<R>(
     r
 }
 
+/// Fills `buf` from `getrandom(2)` (the kernel's CSPRNG), asking again
+/// after a short return: MMDS's session tokens and sequence numbers.
+pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match host_buf(&mut buf[done..], |io| io.getrandom()) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Calls `f` with a host buffer as the only segment (the bounce-buffer
 /// baseline).
 pub(crate) fn host_buf<R>(buf: &mut [u8], f: impl FnOnce(IoVecs<'_>) -> R) -> R {
@@ -327,6 +342,31 @@ pub(crate) fn read_array<const N: usize>(segs: &[IoSeg], offset: usize) -> ([u8;
     let mut out = [0u8; N];
     let n = read_bytes_at(segs, offset, &mut out);
     (out, n)
+}
+
+/// The `N` bytes at byte `offset` of the segments, or `None` when the
+/// segments end first. When the first segment holds them all (the usual
+/// case for a header field), `N` volatile byte loads with no segment walk
+/// (unrolled: `N` is a constant); otherwise [`read_bytes_at`]. Read once,
+/// as there.
+#[inline(always)]
+pub(crate) fn read_small<const N: usize>(segs: &[IoSeg], offset: usize) -> Option<[u8; N]> {
+    if let Some(seg) = segs.first() {
+        if offset.checked_add(N).is_some_and(|end| end <= seg.len()) {
+            let at = seg.base() + offset;
+            let mut out = [0u8; N];
+            for (i, b) in out.iter_mut().enumerate() {
+                // SAFETY: at + i < base + offset + N, inside the segment
+                // (checked above): mapped guest memory (module docs); a byte
+                // needs no alignment. Volatile because the guest may write
+                // it concurrently.
+                *b = unsafe { std::ptr::read_volatile((at + i) as *const u8) };
+            }
+            return Some(out);
+        }
+    }
+    let mut out = [0u8; N];
+    (read_bytes_at(segs, offset, &mut out) == N).then_some(out)
 }
 
 /// Reads `out.len()` bytes at byte `offset` of the segments, in order;

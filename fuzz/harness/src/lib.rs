@@ -31,6 +31,7 @@ pub mod config_file;
 pub mod config_oracles;
 pub mod datapath;
 pub mod legacy;
+pub mod mmds;
 pub mod mmio;
 pub mod net_rig;
 pub mod race;
@@ -113,5 +114,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "balloon_datapath",
         run: balloon::run,
+    },
+    Target {
+        name: "mmds_datapath",
+        run: mmds::run,
     },
 ];

@@ -172,3 +172,8 @@ fn every_target_has_a_test_here() {
 fn snapshot_state() {
     replay("snapshot_state");
 }
+
+#[test]
+fn mmds_datapath() {
+    replay("mmds_datapath");
+}

@@ -16,6 +16,8 @@
 //! - [`preboot`]: the requests before `InstanceStart`, which build the
 //!   configuration in the config-file layout;
 //! - [`runtime`]: the requests once the VM runs, served on the event loop;
+//! - [`mmds`]: `PUT`, `PATCH` and `GET /mmds` on the store, before and
+//!   after boot alike;
 //! - [`patch`]: `PATCH` on a running device, whatever its kind, through its
 //!   control;
 //! - [`balloon`]: the balloon's paths once the VM runs.
@@ -32,6 +34,7 @@ pub mod balloon;
 pub mod command;
 pub mod connections;
 pub mod http;
+pub mod mmds;
 pub mod patch;
 pub mod preboot;
 pub mod routes;

@@ -28,7 +28,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use devices::mmds::SharedMmds;
+
 use super::http::Response;
+use super::mmds;
 use super::routes::{Action, ApiRequest, BalloonRequest, NO_BALLOON};
 use crate::config::balloon::{render, BalloonSpec};
 use crate::config::file;
@@ -106,6 +109,8 @@ pub struct Preboot {
     vsock: Option<Arc<VsockSocket>>,
     /// The filter of the process that removes that socket.
     seccomp: SeccompMode,
+    /// The MMDS store (`PUT`, `PATCH`, `GET /mmds`), the process's.
+    mmds: SharedMmds,
 }
 
 /// An error line of the file parser as an API fault: the API has no file,
@@ -167,6 +172,12 @@ impl Preboot {
         }
     }
 
+    /// The same configuration serving `PUT`, `PATCH` and `GET /mmds` on
+    /// `mmds` (the process's store).
+    pub fn with_mmds(self, mmds: SharedMmds) -> Self {
+        Preboot { mmds, ..self }
+    }
+
     /// The socket `PUT /vsock` bound, for the builder.
     pub fn vsock_socket(&self) -> Option<Arc<VsockSocket>> {
         self.vsock.clone()
@@ -190,6 +201,10 @@ impl Preboot {
             ApiRequest::PutMetrics(v) => self.put("metrics", v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
             ApiRequest::PutVsock(v) => self.put_vsock(v),
+            ApiRequest::PutMmdsConfig(v) => self.put("mmds-config", v),
+            ApiRequest::PutMmds(v) => mmds::put(&self.mmds, v),
+            ApiRequest::PatchMmds(v) => mmds::patch(&self.mmds, &v),
+            ApiRequest::GetMmds => mmds::get(&self.mmds),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
                 Ok(s) => return Step::Start(Box::new(s)),
                 Err(r) => r,
@@ -655,6 +670,47 @@ mod tests {
         assert_eq!(cfg["network-interfaces"].as_array().expect("list").len(), 2);
         assert_eq!(cfg["vsock"], Value::Null);
         assert_eq!(cfg["drives"], json!([]));
+    }
+
+    #[test]
+    fn mmds_config_needs_its_cards_and_the_store_is_the_one_handed_in() {
+        let store: devices::mmds::SharedMmds = Default::default();
+        let mut p = Preboot::new().with_mmds(store.clone());
+        let cfg = json!({"network_interfaces": ["eth0"], "version": "V2"});
+        let e = fault_of(&reply(&mut p, ApiRequest::PutMmdsConfig(cfg.clone())));
+        assert!(
+            e.starts_with("mmds-config: The list of network interface IDs"),
+            "{e}"
+        );
+        let nic = json!({"iface_id": "eth0", "host_dev_name": "tap0"});
+        let r = reply(&mut p, ApiRequest::PutNetworkInterface("eth0".into(), nic));
+        assert_eq!(r.status, 204);
+        let bad_ip = json!({"network_interfaces": ["eth0"], "ipv4_address": "10.0.0.1"});
+        let e = fault_of(&reply(&mut p, ApiRequest::PutMmdsConfig(bad_ip)));
+        assert!(e.contains("not link local"), "{e}");
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutMmdsConfig(json!({"version": "V3", "network_interfaces": ["eth0"]})),
+        ));
+        assert!(e.contains("V3"), "{e}");
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutMmdsConfig(cfg.clone())).status,
+            204
+        );
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["mmds-config"],
+            cfg
+        );
+        let settings = p.settings().expect("settings");
+        let mmds = settings.mmds.expect("mmds-config");
+        assert_eq!(mmds.version, devices::mmds::MmdsVersion::V2);
+        // The store requests reach the store handed in.
+        let data = json!({"latest": {"meta-data": {"ami-id": "ami-1"}}});
+        assert_eq!(reply(&mut p, ApiRequest::PutMmds(data.clone())).status, 204);
+        assert_eq!(devices::mmds::lock(&store).data(), data);
+        let r = reply(&mut p, ApiRequest::PatchMmds(json!({"latest": null})));
+        assert_eq!(r.status, 204);
+        assert_eq!(body(&reply(&mut p, ApiRequest::GetMmds)), json!({}));
     }
 
     #[test]

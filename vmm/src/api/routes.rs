@@ -20,8 +20,10 @@
 //! as clients that still send the deprecated `vsock_id` write it); a
 //! `vsock_id` in the body must then be that id.
 //!
-//! Paths of features minivmm does not have (MMDS,
-//! CPU templates, hotplug, serial) are refused with a
+//! `/mmds` (`PUT`, `PATCH`, `GET`) takes any JSON value as the store, as
+//! Firecracker does; `/mmds/config` an object.
+//!
+//! Paths of features minivmm does not have (CPU templates, hotplug, serial) are refused with a
 //! message that names the feature, not as unknown paths.
 
 use serde::Deserialize;
@@ -82,6 +84,14 @@ pub enum ApiRequest {
     PutEntropy(Value),
     /// `PUT /vsock` or `PUT /vsock/{id}`.
     PutVsock(Value),
+    /// `PUT /mmds`: the whole store.
+    PutMmds(Value),
+    /// `PATCH /mmds`: a merge patch of the store.
+    PatchMmds(Value),
+    /// `GET /mmds`.
+    GetMmds,
+    /// `PUT /mmds/config`.
+    PutMmdsConfig(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -98,7 +108,6 @@ pub enum ApiRequest {
 
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("mmds", "MMDS (the microVM metadata service)"),
     ("cpu-config", "CPU templates"),
     ("hotplug", "hotplug"),
     ("serial", "serial output redirection"),
@@ -159,6 +168,10 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
         ("vsock", None, Method::Put) => ApiRequest::PutVsock(json(req)?),
         ("vsock", Some(id), Method::Put) => ApiRequest::PutVsock(vsock_body(req, id)?),
+        ("mmds", None, Method::Put) => ApiRequest::PutMmds(any_json(req)?),
+        ("mmds", None, Method::Patch) => ApiRequest::PatchMmds(any_json(req)?),
+        ("mmds", None, Method::Get) => ApiRequest::GetMmds,
+        ("mmds", Some("config"), Method::Put) => ApiRequest::PutMmdsConfig(json(req)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -171,7 +184,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("snapshot", Some("load"), Method::Put) => ApiRequest::LoadSnapshot(json(req)?),
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "vsock" | "actions" | "vm" | "snapshot",
+            | "logger" | "metrics" | "entropy" | "vsock" | "actions" | "vm" | "snapshot" | "mmds",
             _,
             _,
         ) if known_path(first, second) => {
@@ -283,7 +296,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
         | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
         "vsock" => true,
-        "vm" => matches!(second, None | Some("config")),
+        "vm" | "mmds" => matches!(second, None | Some("config")),
         "snapshot" => matches!(second, Some("create" | "load")),
         _ => false,
     }
@@ -302,7 +315,18 @@ fn unknown(req: &Request) -> String {
     format!("invalid request: unknown path {}", req.path)
 }
 
+/// A JSON object body.
 pub(super) fn json(req: &Request) -> Result<Value, String> {
+    let v = any_json(req)?;
+    if !v.is_object() {
+        return Err("the JSON body must be an object".into());
+    }
+    Ok(v)
+}
+
+/// A JSON body of any kind (the MMDS store may be any JSON value), keys
+/// given twice refused as everywhere.
+fn any_json(req: &Request) -> Result<Value, String> {
     if req.body.is_empty() {
         return Err(format!(
             "{} {} needs a JSON body",
@@ -310,12 +334,7 @@ pub(super) fn json(req: &Request) -> Result<Value, String> {
             req.path
         ));
     }
-    let v =
-        crate::config::json::parse(&req.body).map_err(|e| format!("malformed JSON body: {e}"))?;
-    if !v.is_object() {
-        return Err("the JSON body must be an object".into());
-    }
-    Ok(v)
+    crate::config::json::parse(&req.body).map_err(|e| format!("malformed JSON body: {e}"))
 }
 
 pub(super) fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
@@ -432,6 +451,11 @@ mod tests {
                 req(Patch, "/machine-config", r#"{"vcpu_count":2}"#),
                 "PatchMachineConfig",
             ),
+            (req(Get, "/mmds", ""), "GetMmds"),
+            (
+                req(Put, "/mmds/config", r#"{"network_interfaces":["eth0"]}"#),
+                "PutMmdsConfig",
+            ),
         ];
         for (r, want) in cases {
             let got =
@@ -452,6 +476,15 @@ mod tests {
         assert_eq!(
             route(&req(Patch, "/vm", r#"{"state":"Paused"}"#)),
             Ok(ApiRequest::PatchVm(VmState::Paused))
+        );
+        // The store may be any JSON value, not only an object.
+        assert_eq!(
+            route(&req(Put, "/mmds", r#""text""#)),
+            Ok(ApiRequest::PutMmds(serde_json::json!("text")))
+        );
+        assert_eq!(
+            route(&req(Patch, "/mmds", r#"{"a":null}"#)),
+            Ok(ApiRequest::PatchMmds(serde_json::json!({"a":null})))
         );
     }
 
@@ -503,6 +536,23 @@ mod tests {
                 "invalid request method GET for /vsock",
             ),
             (req(Put, "/vsock", ""), "PUT /vsock needs a JSON body"),
+            (req(Put, "/mmds", ""), "PUT /mmds needs a JSON body"),
+            (
+                req(Patch, "/mmds", "{"),
+                "malformed JSON body: EOF while parsing an object at line 1 column 1",
+            ),
+            (
+                req(Put, "/mmds/config", "[]"),
+                "the JSON body must be an object",
+            ),
+            (
+                req(Get, "/mmds/config", ""),
+                "invalid request method GET for /mmds/config",
+            ),
+            (
+                req(Get, "/mmds/x", ""),
+                "invalid request: unknown path /mmds/x",
+            ),
         ];
         for (r, want) in cases {
             assert_eq!(
@@ -513,10 +563,6 @@ mod tests {
                 r.path
             );
         }
-        assert_eq!(
-            route(&req(Put, "/mmds", "{}")),
-            Err("MMDS (the microVM metadata service) is not supported by minivmm".to_string()),
-        );
         // The snapshot paths carry their body; anything else under
         // /snapshot is unknown, and only PUT is a method for them.
         assert_eq!(

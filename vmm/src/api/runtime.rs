@@ -24,7 +24,10 @@ use devices::legacy::i8042::I8042;
 use serde_json::{json, Value};
 
 use super::command::{Answer, OpenedImage};
+use devices::mmds::SharedMmds;
+
 use super::http::Response;
+use super::mmds;
 use super::patch::patch_device;
 use super::preboot::{instance_info, version};
 use super::routes::{Action, ApiRequest, VmState};
@@ -58,6 +61,8 @@ pub struct Runtime {
     /// What `PUT /snapshot/create` reads (none in the tests that build a
     /// runtime without a VM).
     pub(crate) snapshot: Option<SnapshotSources>,
+    /// The MMDS store (`PUT`, `PATCH`, `GET /mmds`).
+    pub(crate) mmds: SharedMmds,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -147,6 +152,9 @@ impl Runtime {
                 "snapshot/load: not allowed after the microVM started; load a snapshot in a \
                  fresh minivmm",
             ),
+            ApiRequest::PutMmds(v) => mmds::put(&self.mmds, v),
+            ApiRequest::PatchMmds(v) => mmds::patch(&self.mmds, &v),
+            ApiRequest::GetMmds => mmds::get(&self.mmds),
             ApiRequest::PutBootSource(_)
             | ApiRequest::PutMachineConfig(_)
             | ApiRequest::PatchMachineConfig(_)
@@ -156,7 +164,8 @@ impl Runtime {
             | ApiRequest::PutMetrics(_)
             | ApiRequest::PutEntropy(_)
             | ApiRequest::PutVsock(_)
-            | ApiRequest::PutBalloon(_) => Response::fault(
+            | ApiRequest::PutBalloon(_)
+            | ApiRequest::PutMmdsConfig(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -305,6 +314,7 @@ mod tests {
                 i8042: kbd.clone(),
                 devices,
                 snapshot: None,
+                mmds: Default::default(),
             };
             Rig {
                 rt,
@@ -341,6 +351,33 @@ mod tests {
             .as_str()
             .expect("fault_message")
             .to_string()
+    }
+
+    #[test]
+    fn the_store_changes_while_the_vm_runs_but_its_configuration_does_not() {
+        let mut rt = super::drive_tests::runtime(&[]);
+        let e = fault(&rt.handle(ApiRequest::PutMmdsConfig(
+            json!({"network_interfaces": ["eth0"]}),
+        )));
+        assert!(e.contains("not allowed after it started"), "{e}");
+        assert_eq!(
+            rt.handle(ApiRequest::PutMmds(json!({"a": {"b": 1}})))
+                .status,
+            204
+        );
+        assert_eq!(
+            rt.handle(ApiRequest::PatchMmds(json!({"a": {"c": 2}})))
+                .status,
+            204
+        );
+        assert_eq!(
+            body(&rt.handle(ApiRequest::GetMmds)),
+            json!({"a": {"b": 1, "c": 2}})
+        );
+        assert_eq!(
+            devices::mmds::lock(&rt.mmds).data(),
+            json!({"a": {"b": 1, "c": 2}})
+        );
     }
 
     #[test]
@@ -683,6 +720,7 @@ pub(crate) mod drive_tests {
             entropy: None,
             balloon: None,
             vsock: None,
+            mmds: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
@@ -697,6 +735,7 @@ pub(crate) mod drive_tests {
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             devices,
             snapshot: None,
+            mmds: Default::default(),
         };
         (rt, blocks)
     }

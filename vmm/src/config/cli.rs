@@ -64,6 +64,10 @@ pub struct Launch {
     pub boot_timer: bool,
     /// Where and as whom to run jailed.
     pub jail: Option<JailConfig>,
+    /// The MMDS store's first content (`--metadata`).
+    pub metadata: Option<PathBuf>,
+    /// The MMDS store's bound (`--mmds-size-limit`).
+    pub mmds_size_limit: usize,
 }
 
 /// The command line taken apart: the file's settings (empty without
@@ -270,9 +274,15 @@ pub struct Cli {
     /// --rebase-snap: the Diff snapshot's memory file.
     #[arg(long, value_name = "PATH", requires = "rebase_snap")]
     pub diff_file: Option<PathBuf>,
-    /// MMDS metadata (Firecracker's --metadata): refused, minivmm has no MMDS.
+    /// The MMDS store's first content: a JSON file (Firecracker's
+    /// --metadata). It is served on the cards `mmds-config` names.
     #[arg(long, value_name = "PATH")]
     pub metadata: Option<PathBuf>,
+    /// The MMDS store's bound in bytes of compact JSON (Firecracker's
+    /// --mmds-size-limit); a PUT or PATCH /mmds over it is refused.
+    #[arg(long, value_name = "BYTES", value_parser = number,
+          default_value_t = devices::mmds::DEFAULT_SIZE_LIMIT as u64)]
+    pub mmds_size_limit: u64,
     /// Run jailed before opening any file: DIR as the root of a new mount
     /// namespace, new PID namespace and session, a cgroup of its own, as
     /// --uid and --gid with no capability and no_new_privs (see the README's
@@ -316,13 +326,13 @@ impl Cli {
     /// The launch options alone, checked, without reading any file: what a
     /// jailed minivmm needs before it enters its jail.
     pub fn launch(&self) -> Result<Launch, CliError> {
-        if self.metadata.is_some() {
-            return Err(CliError::Launch(
-                "--metadata: MMDS (the microVM metadata service) is not supported by minivmm"
-                    .into(),
-            ));
-        }
         check_id(&self.id)?;
+        let mmds_size_limit = usize::try_from(self.mmds_size_limit).map_err(|_| {
+            CliError::Launch(format!(
+                "--mmds-size-limit: {} is out of range",
+                self.mmds_size_limit
+            ))
+        })?;
         let jail = match &self.jail {
             Some(root) => Some(self.jail_config(root)?),
             None => None,
@@ -335,6 +345,8 @@ impl Cli {
             start_time_cpu_us: self.start_time_cpu_us,
             parent_cpu_time_us: self.parent_cpu_time_us,
             boot_timer: self.boot_timer,
+            metadata: self.metadata.clone(),
+            mmds_size_limit,
         })
     }
 
@@ -431,6 +443,7 @@ impl Cli {
             entropy: self.rng.as_deref().map(parse_rng).transpose()?,
             balloon: None,
             vsock: self.vsock.as_deref().map(parse_vsock).transpose()?,
+            mmds: None,
             metrics_path: self.metrics,
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,

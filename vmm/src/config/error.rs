@@ -151,6 +151,9 @@ pub enum ConfigError {
     /// A bad rate limiter bucket of the entropy device.
     #[error("entropy device: rate_limiter")]
     Entropy(#[source] RateLimiterError),
+    /// An MMDS configuration that does not fit the VM.
+    #[error("mmds-config")]
+    Mmds(#[from] super::mmds::MmdsConfigError),
     /// A log level that does not parse.
     #[error("invalid log level '{0}': expected off, error, warn(ing), info, debug or trace")]
     LogLevel(String),

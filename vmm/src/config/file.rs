@@ -5,9 +5,9 @@
 //! `boot-source`, `machine-config`, `network-interfaces` (with
 //! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
 //! `entropy` (with `rate_limiter`), `vsock` (with the deprecated `vsock_id`,
-//! accepted and ignored), `balloon`, `metrics` and `logger`; every other Firecracker section may be `null` (as
+//! accepted and ignored), `balloon`, `mmds-config`, `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
-//! a vhost-user drive (`socket`), `mmds-config` and so on, or
+//! a vhost-user drive (`socket`) and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
 //! the section they belong to (documented in the README): `cmdline_extra` in
@@ -69,13 +69,7 @@ pub enum FileError {
 
 /// Sections a Firecracker file may carry that minivmm does not implement;
 /// `null` is accepted for each.
-const UNSUPPORTED: &[&str] = &[
-    "cpu-config",
-    "memory-hotplug",
-    "mmds-config",
-    "pmem",
-    "serial",
-];
+const UNSUPPORTED: &[&str] = &["cpu-config", "memory-hotplug", "pmem", "serial"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -264,7 +258,8 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
             "balloon" if !value.is_null() => s.balloon = Some(section(&key, value)?),
-            "metrics" | "logger" | "entropy" | "vsock" | "balloon" => {}
+            "mmds-config" if !value.is_null() => s.mmds = Some(section(&key, value)?),
+            "metrics" | "logger" | "entropy" | "vsock" | "balloon" | "mmds-config" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
@@ -557,8 +552,8 @@ mod tests {
                 "vsock: guest_cid 1 is reserved",
             ),
             (
-                format!(r#"{{{boot}, "mmds-config": {{"network_interfaces": []}}}}"#),
-                "section 'mmds-config' is not supported",
+                format!(r#"{{{boot}, "mmds-config": {{"network_interfaces": [], "ip": 1}}}}"#),
+                "in 'mmds-config': unknown field `ip`",
             ),
             (
                 format!(r#"{{{boot}, "balloon": {{"amount_mib": 1}}}}"#),
@@ -802,9 +797,9 @@ mod tests {
             );
         }
         // Only pmem: the other sections are objects in Firecracker's layout.
-        let line = crate::error_line(&parse(r#"{"mmds-config": []}"#).unwrap_err());
+        let line = crate::error_line(&parse(r#"{"cpu-config": []}"#).unwrap_err());
         assert!(
-            line.contains("section 'mmds-config' is not supported"),
+            line.contains("section 'cpu-config' is not supported"),
             "{line}"
         );
     }

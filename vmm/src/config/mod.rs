@@ -36,6 +36,7 @@ pub mod error;
 pub mod file;
 pub mod ids;
 pub mod json;
+pub mod mmds;
 pub mod net;
 pub mod parse;
 pub mod render;
@@ -236,6 +237,8 @@ pub struct VmmConfig {
     /// [`balloon::BALLOON_ID`]; its target and statistics interval follow
     /// the API's changes while the VM runs.
     pub balloon: Option<devices::virtio::balloon::BalloonConfig>,
+    /// MMDS, if it serves any card.
+    pub mmds: Option<mmds::MmdsConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.

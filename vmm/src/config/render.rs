@@ -35,13 +35,16 @@
 //!   with it, without the deprecated `vsock_id`, as Firecracker writes it;
 //!   `balloon` likewise, with Firecracker's five fields when there is one,
 //!   its target and statistics interval as the API last set them.
+//!   `mmds-config` is `null` without MMDS and Firecracker's `MmdsConfig`
+//!   with it (`version`, `network_interfaces`, `ipv4_address`,
+//!   `imds_compat`, the defaults written out).
 //!   `boot-source` carries `cmdline_extra` (`--cmdline`, words after
 //!   everything minivmm adds) only when set; it is a minivmm key of the
 //!   file like `host_quirks`, since folding the words into `boot_args` would
 //!   move them before the device and root words and change the command line.
 //! - Firecracker's sections minivmm does not have are written as
 //!   Firecracker's own answer has them (its `VmmConfig`):
-//!   `cpu-config`, `memory-hotplug` and `mmds-config` `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
+//!   `cpu-config` and `memory-hotplug` `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
 //!   it); `serial`, which Firecracker never answers with, is left out.
 //! - `logger.level` uses the spellings of Firecracker's enum (`Warning`, not
 //!   `warn`); `show_level` is `true` because minivmm always shows it.
@@ -74,6 +77,7 @@ use devices::virtio::vsock::VsockConfig;
 use log::LevelFilter;
 use serde_json::{json, Value};
 
+use super::mmds::MmdsConfig;
 use super::net::MacAddr;
 use super::{
     DriveConfig, HostQuirks, LoggerConfig, MetricsConfig, NicConfig, TapBackend, VmmConfig,
@@ -111,7 +115,7 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
         "cpu-config": null,
         "entropy": cfg.entropy.as_ref().map(entropy),
         "memory-hotplug": null,
-        "mmds-config": null,
+        "mmds-config": cfg.mmds.as_ref().map(mmds),
         "pmem": [],
         "vsock": cfg.vsock.as_ref().map(vsock),
     })
@@ -233,6 +237,16 @@ fn drive(d: &DriveConfig) -> Value {
 
 fn entropy(e: &RngConfig) -> Value {
     json!({ "rate_limiter": limiter(&e.rate_limiter) })
+}
+
+/// Firecracker's `MmdsConfig`, every field written.
+fn mmds(m: &MmdsConfig) -> Value {
+    json!({
+        "version": m.version,
+        "network_interfaces": m.network_interfaces,
+        "ipv4_address": m.ipv4_address.to_string(),
+        "imds_compat": m.imds_compat,
+    })
 }
 
 fn vsock(v: &VsockConfig) -> Value {
@@ -392,6 +406,12 @@ mod tests {
                 parse_rng("bw_size=1000,bw_one_time_burst=10,bw_refill_time=100").unwrap(),
             ),
             vsock: Some(parse_vsock("cid=0xfffffffe,socket=/run/minivmm/v.sock").unwrap()),
+            mmds: Some(crate::config::mmds::MmdsSpec {
+                version: devices::mmds::MmdsVersion::V2,
+                network_interfaces: vec!["lan".into(), "wan".into()],
+                ipv4_address: Some([169, 254, 170, 2].into()),
+                imds_compat: true,
+            }),
             metrics_path: Some("/run/minivmm/metrics.fifo".into()),
             metrics_interval_s: Some(0),
             log_path: Some("/var/log/minivmm.log".into()),
@@ -426,7 +446,7 @@ mod tests {
           "logger": {"log_path": "minivmm.log", "level": "Info", "show_level": true, "show_log_origin": false},
           "entropy": {"rate_limiter": {"ops": {"size": 100, "refill_time": 1000}}},
           "vsock": {"vsock_id": "vsock0", "guest_cid": 3, "uds_path": "v.sock"},
-          "balloon": null, "mmds-config": null
+          "balloon": null, "mmds-config": {"network_interfaces": ["eth1"], "version": "V2"}
         }"#;
         std::fs::write(&file, text).unwrap();
         let disk = format!("path={},io_engine=sync", img.file("cli.img"));

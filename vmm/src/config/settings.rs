@@ -17,6 +17,7 @@ use super::drive::{finish_drives, DriveSpec};
 use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
 use super::ids::check_unique_ids;
+use super::mmds::{finish_mmds, MmdsSpec};
 use super::net::{check_unique, finish_net, NetSpec};
 use super::vsock::{finish_vsock, VsockSpec};
 use super::{
@@ -54,6 +55,8 @@ pub struct Settings {
     /// The balloon, if asked for (the config file and `PUT /balloon`
     /// only: no flag has one, as in Firecracker).
     pub balloon: Option<BalloonSpec>,
+    /// MMDS, if configured (`mmds-config`).
+    pub mmds: Option<MmdsSpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -102,6 +105,7 @@ impl Settings {
             // replaces the file's.
             vsock: over.vsock.or(self.vsock),
             balloon: over.balloon.or(self.balloon),
+            mmds: over.mmds.or(self.mmds),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             log_path: over.log_path.or(self.log_path),
@@ -140,6 +144,7 @@ impl Settings {
             .balloon
             .map(|b| finish_balloon(b, mem_mib))
             .transpose()?;
+        let mmds = self.mmds.map(|m| finish_mmds(m, &nets)).transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -161,6 +166,7 @@ impl Settings {
             entropy,
             vsock,
             balloon,
+            mmds,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,

@@ -2025,6 +2025,79 @@ mod tests {
         );
     }
 
+    /// MMDS on the event loop (a guest's ARP, a connection, a V2 token
+    /// from getrandom, a GET answered from the shared store) under the
+    /// loop's real filter, and the API thread's PUT, PATCH and GET /mmds
+    /// under the API's: neither needs a call its list lacks.
+    #[test]
+    fn mmds_runs_under_the_event_loops_and_the_apis_filters() {
+        use devices::mmds::guest::{read_reply, GuestClient, Reply};
+        use devices::mmds::packet::flags::{ACK, PSH, SYN};
+        use devices::mmds::{lock, MmdsMetrics, MmdsStack, MmdsVersion, SharedMmds};
+        let store: SharedMmds = Default::default();
+        lock(&store).configure(MmdsVersion::V2, false);
+        install_sigsys_handler().unwrap();
+        let api = filter(Thread::Api, SeccompMode::On).unwrap();
+        let api_store = store.clone();
+        std::thread::spawn(move || {
+            apply(Thread::Api, api.as_ref()).unwrap();
+            let put = crate::api::mmds::put(&api_store, serde_json::json!({"k": "v"}));
+            let patch = crate::api::mmds::patch(&api_store, &serde_json::json!({"n": 1}));
+            let get = crate::api::mmds::get(&api_store);
+            assert_eq!((put.status, patch.status, get.status), (204, 204, 200));
+        })
+        .join()
+        .unwrap();
+        let prog = filter(Thread::EventLoop, SeccompMode::On).unwrap();
+        let body = std::thread::spawn(move || {
+            apply(Thread::EventLoop, prog.as_ref()).unwrap();
+            let mut stack = MmdsStack::new(devices::mmds::DEFAULT_IPV4, store);
+            let m = MmdsMetrics::default();
+            let mut c = GuestClient::new(devices::mmds::DEFAULT_IPV4, 40000);
+            let exchange = |stack: &mut MmdsStack, frame: Vec<u8>, c: &mut GuestClient| {
+                stack.receive(&frame, std::time::Instant::now(), &m);
+                let mut data = Vec::new();
+                while let Some(f) = stack.poll() {
+                    if let Some(Reply::Tcp {
+                        seq,
+                        flags,
+                        payload,
+                        ..
+                    }) = read_reply(f, c.mac, c.ip)
+                    {
+                        if flags & SYN != 0 {
+                            c.ack = seq.wrapping_add(1);
+                        } else if !payload.is_empty() {
+                            c.ack = seq.wrapping_add(payload.len() as u32);
+                            data.extend_from_slice(&payload);
+                        }
+                    }
+                }
+                String::from_utf8(data).unwrap()
+            };
+            exchange(&mut stack, c.arp_request(), &mut c);
+            let syn = c.send(SYN, b"");
+            exchange(&mut stack, syn, &mut c);
+            let ack = c.send(ACK, b"");
+            exchange(&mut stack, ack, &mut c);
+            let put = c.send(
+                ACK | PSH,
+                b"PUT /latest/api/token HTTP/1.1\r\nX-metadata-token-ttl-seconds: 5\r\n\r\n",
+            );
+            let resp = exchange(&mut stack, put, &mut c);
+            let token = resp.split("\r\n\r\n").nth(1).unwrap().to_string();
+            let get = format!(
+                "GET /k HTTP/1.1\r\nAccept: application/json\r\nX-metadata-token: {token}\r\n\r\n"
+            );
+            let get = c.send(ACK | PSH, get.as_bytes());
+            exchange(&mut stack, get, &mut c)
+        })
+        .join()
+        .unwrap();
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(body.ends_with("\r\n\r\n\"v\""), "{body}");
+    }
+
     fn terminal_ioctl(fd: libc::c_int, request: libc::Ioctl) {
         // SAFETY: a null termios makes the kernel fail with EFAULT (or
         // ENOTTY when `fd` is no terminal) before it changes anything.

@@ -147,7 +147,15 @@ pub fn restore(
         Some(v) => Some(Arc::new(VsockSocket::bind(&v.uds_path, cfg.seccomp)?)),
         None => None,
     };
-    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None, vsock)?;
+    let devices = attach_devices(
+        cfg,
+        &vm,
+        &mem,
+        &mut tap_fds,
+        None,
+        vsock,
+        Default::default(),
+    )?;
     // Before any device is activated: their queues take the log then.
     let dirty = params.track_dirty_pages.then(|| {
         let log = Arc::new(DirtyPages::new(&mem));

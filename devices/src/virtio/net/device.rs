@@ -22,6 +22,7 @@ use super::{
     IoEngine, NetConfig, NetConfigError, Offloads, MAX_FRAME_GSO, MAX_FRAME_NO_GSO, NUM_QUEUES,
     RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
+use crate::mmds::MmdsStack;
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::events::{self, Activation};
 use crate::virtio::io_engine::WriteRing;
@@ -165,6 +166,8 @@ pub struct Net<B: NetBackend = Tap> {
     pub(crate) tx_ring: Option<WriteRing>,
     /// What the event handler currently has registered.
     pub(crate) registered: Registered,
+    /// MMDS on this card, if it serves it.
+    pub(crate) mmds: Option<MmdsStack>,
 }
 
 impl std::fmt::Debug for Net<Tap> {
@@ -254,7 +257,19 @@ impl<B: NetBackend> Net<B> {
             tx_ring,
             active: None,
             registered: Default::default(),
+            mmds: None,
         })
+    }
+
+    /// Makes this card serve MMDS (or stop, with `None`): frames to the
+    /// stack's address are answered by it and never reach the backend.
+    pub fn set_mmds(&mut self, stack: Option<MmdsStack>) {
+        self.mmds = stack;
+    }
+
+    /// MMDS on this card, if it serves it.
+    pub fn mmds(&self) -> Option<&MmdsStack> {
+        self.mmds.as_ref()
     }
 
     /// The device's counters, shared with the caller.
@@ -433,6 +448,9 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
     fn reset(&mut self) {
         if let Some(mut old) = self.active.take() {
             old.rx.end_starvation(&self.metrics);
+        }
+        if let Some(m) = self.mmds.as_mut() {
+            m.reset();
         }
         self.common.acked_features = 0;
         // A backend that hung up is polled again: a reset is the driver's

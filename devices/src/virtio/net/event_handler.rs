@@ -109,6 +109,7 @@ impl<B: NetBackend> Net<B> {
         let status = a.rx.process(
             &self.backend,
             self.rx_limiter.as_mut(),
+            self.mmds.as_mut(),
             &self.metrics,
             &*a.activation.interrupt,
         );
@@ -145,6 +146,7 @@ impl<B: NetBackend> Net<B> {
             &self.backend,
             &mut self.tx_ring,
             self.tx_limiter.as_mut(),
+            self.mmds.as_mut(),
             &self.metrics,
             &*a.activation.interrupt,
         );
@@ -152,6 +154,11 @@ impl<B: NetBackend> Net<B> {
             TxStatus::WeightHit => self.requeue(TX_INDEX),
             TxStatus::Broken => a.activation.device_error(),
             TxStatus::Done | TxStatus::Blocked | TxStatus::Throttled => {}
+        }
+        // Frames MMDS took may have answers: they go to the guest now, not
+        // at the next backend or RX queue event.
+        if self.mmds.as_ref().is_some_and(|m| m.has_output()) {
+            self.run_rx(false);
         }
         Some(status)
     }

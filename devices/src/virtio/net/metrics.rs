@@ -23,6 +23,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
+use crate::mmds::MmdsMetrics;
 use crate::virtio::metrics::Counters;
 
 pub use crate::virtio::time_counter::TimeCounter;
@@ -120,6 +121,10 @@ pub struct NetMetrics {
     /// TX batches handed to the backend with one `io_uring_enter` (0 with
     /// `io_engine` Sync); `tx_frames / tx_batches` is frames per system call.
     pub tx_batches: AtomicU64,
+    /// What MMDS did on this card (keys `mmds_*`, all 0 on a card MMDS
+    /// does not serve).
+    #[serde(flatten)]
+    pub mmds: MmdsMetrics,
 }
 
 impl Counters for NetMetrics {
@@ -139,7 +144,7 @@ mod tests {
 
     /// Every key the JSON had when it was listed by hand, then the
     /// limiter's: a renamed field fails here.
-    const KEYS: [&str; 33] = [
+    const KEYS: [&str; 44] = [
         "rx_frames",
         "rx_bytes",
         "rx_buffers",
@@ -173,6 +178,17 @@ mod tests {
         "tx_throttled_ns",
         "tx_batches",
         "interrupts_coalesced",
+        "mmds_rx_frames",
+        "mmds_rx_dropped",
+        "mmds_tx_frames",
+        "mmds_tx_dropped",
+        "mmds_connections_opened",
+        "mmds_connections_reset",
+        "mmds_requests_accepted",
+        "mmds_requests_refused",
+        "mmds_tokens_issued",
+        "mmds_rx_invalid_token",
+        "mmds_rx_no_token",
     ];
 
     #[test]

@@ -25,6 +25,8 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
+use crate::mmds::packet::ChainBytes;
+use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
@@ -68,6 +70,16 @@ fn tx_consume(l: &mut RateLimiter, len: usize, metrics: &NetMetrics) -> bool {
         &metrics.tx_throttled_ns,
         metrics.host_errors(),
     )
+}
+
+/// A walked chain's segments, read in place for MMDS's claim.
+struct GuestChain<'a>(&'a [IoSeg]);
+
+impl ChainBytes for GuestChain<'_> {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        iov::read_small(self.0, offset)
+    }
 }
 
 /// How a TX pass ended.
@@ -251,12 +263,47 @@ impl TxVirtio {
         }
     }
 
+    /// Whether the chain just walked went to MMDS ([`hand_to_mmds`](
+    /// Self::hand_to_mmds)): on a card MMDS serves, two header fields read
+    /// in place; without MMDS, one branch per frame.
+    #[inline(always)]
+    fn claimed_by(
+        &mut self,
+        mmds: Option<&mut MmdsStack>,
+        head: u16,
+        start: usize,
+        len: usize,
+        metrics: &NetMetrics,
+    ) -> bool {
+        match mmds {
+            Some(m) if m.claims(&GuestChain(&self.batch.segs[start..]), len) => {
+                self.hand_to_mmds(m, head, start, metrics);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Hands the chain just walked (its segments from `start` on), whose
+    /// frame is for MMDS, to the stack and returns it to the guest: such a
+    /// frame never reaches the backend. MMDS frames pay no TX limiter (they
+    /// use no TAP bandwidth); the pass's weights and budget bound them as
+    /// any frame. Out of line: only MMDS's own frames come here.
+    #[inline(never)]
+    fn hand_to_mmds(&mut self, m: &mut MmdsStack, head: u16, start: usize, metrics: &NetMetrics) {
+        iov::copy_from_segs(&self.batch.segs[start..], m.inbound());
+        self.batch.segs.truncate(start);
+        m.receive_inbound(std::time::Instant::now(), &metrics.mmds);
+        self.queue.add_used(head, 0);
+    }
+
     /// Walks chains into the batch until it is full, the ring is empty, the
     /// pass must yield or the rate limiter holds a chain back. A chain the
     /// limiter held back before is paid for first.
     fn fill(
         &mut self,
         mut limiter: Option<&mut RateLimiter>,
+        mut mmds: Option<&mut MmdsStack>,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<TxFill, QueueError> {
@@ -297,6 +344,9 @@ impl TxVirtio {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
+                    if self.claimed_by(mmds.as_deref_mut(), head, start, chain.len, metrics) {
+                        continue;
+                    }
                     // Without a limiter this is one branch per frame.
                     let paid = match limiter.as_deref_mut() {
                         None => true,
@@ -486,6 +536,7 @@ impl TxVirtio {
         backend: &B,
         ring: &mut Option<WriteRing>,
         mut limiter: Option<&mut RateLimiter>,
+        mut mmds: Option<&mut MmdsStack>,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
     ) -> TxStatus {
@@ -505,7 +556,12 @@ impl TxVirtio {
                 if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
                     break 'pass TxStatus::Blocked;
                 }
-                let fill = match self.fill(limiter.as_deref_mut(), &mut pass, metrics) {
+                let fill = match self.fill(
+                    limiter.as_deref_mut(),
+                    mmds.as_deref_mut(),
+                    &mut pass,
+                    metrics,
+                ) {
                     Ok(fill) => fill,
                     Err(e) => {
                         // What was walked before the failure still goes out.

@@ -27,6 +27,7 @@ mod broken_device;
 mod fault_injection;
 pub(super) mod fixture;
 mod io_engine;
+mod mmds;
 mod pass;
 mod rate_limiter;
 mod robustness;
