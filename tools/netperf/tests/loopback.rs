@@ -146,8 +146,10 @@ fn udp_rr_counts_lost_requests_and_keeps_going() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(num(&v, &["lost"]) >= 1.0, "nothing counted as lost: {v}");
     assert!(num(&v, &["transactions"]) > 0.0, "{v}");
-    // The stall shows in the tail latency but not as a completed transaction of 300 ms.
-    assert!(num(&v, &["latency_us", "max"]) < 50_000.0 * 1.5, "{v}");
+    // The stall shows as lost requests, not as a completed transaction of 300 ms. (A response
+    // that came in time but found the client waiting for a CPU counts, with the time it
+    // waited: on a loaded host one took 115 ms, past the 50 ms timeout.)
+    assert!(num(&v, &["latency_us", "max"]) < 300_000.0, "{v}");
 }
 
 /// Runs `test` for 1.5 s (grace 1.5 s) and applies `sig` to the server 0.4 s in; the client
