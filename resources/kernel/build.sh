@@ -39,17 +39,25 @@ KEY=$( { cat "$FRAGMENT"; grep -v '^[[:space:]]*#' "$HERE/build.sh"; echo "$SRC_
     echo "patches $PATCH_KEY"; } | sha256sum | cut -c1-16)
 OUT=$MINIVMM_CACHE/kernel-$KEY
 
+reuse_cached() {
+    if [ -s "$OUT/vmlinux" ] && [ -s "$OUT/bzImage" ]; then
+        log "reusing cached kernel $OUT"
+        echo "$OUT/vmlinux"
+        echo "$OUT/bzImage"
+        exit 0
+    fi
+}
+
+# A finished kernel appears by rename, whole or not at all, so a cached one
+# is taken without the lock: a run that needs no build never waits behind
+# another checkout's build of a different kernel.
+reuse_cached
 mkdir -p "$MINIVMM_CACHE"
 # Two builds racing on the same cache would trample each other's tree.
 exec 9>"$MINIVMM_CACHE/.kernel.lock"
 flock 9
-
-if [ -s "$OUT/vmlinux" ] && [ -s "$OUT/bzImage" ]; then
-    log "reusing cached kernel $OUT"
-    echo "$OUT/vmlinux"
-    echo "$OUT/bzImage"
-    exit 0
-fi
+# The build this run waited for may have been this very kernel.
+reuse_cached
 
 # Extract (and patch) the source once per package version and patch set, in
 # a directory of its own: other checkouts may build from the same cache with

@@ -269,9 +269,15 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
         Some(r#"{"src":"/dev/urandom"}"#),
         "src",
     );
-    // What minivmm has not, named as such.
+    // A body missing its fields, and a snapshot of a VM not yet started.
     refused(&sock, "PUT", "/vsock", Some("{}"), "vsock");
-    refused(&sock, "PUT", "/snapshot/create", Some("{}"), "snapshots");
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        Some(r#"{"snapshot_path":"s","mem_file_path":"m"}"#),
+        "before the microVM is started",
+    );
     // The balloon: Firecracker's body, and its run-time paths only once
     // the VM runs.
     refused(
