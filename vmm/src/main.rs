@@ -25,7 +25,9 @@ use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::VmmConfig;
 use vmm::error_line;
 use vmm::kvm::vm_exit::VmExit;
-use vmm::process::seccomp::{self, Filters};
+use vmm::config::fc_flags::PCI_WARNING;
+use vmm::process::seccomp::{self, Filters, SeccompMode};
+use vmm::process::seccomp_file;
 use vmm::process::signals::SignalFd;
 
 /// Bad usage or configuration, or a failure before the guest runs.
@@ -132,7 +134,7 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
             return fail(&error_line(&e));
         }
     }
-    let channel = match vmm::api::start(sock, filters.api.clone()) {
+    let channel = match vmm::api::start(sock, filters.api.clone(), parts.launch.api_payload_limit) {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
     };
@@ -239,6 +241,32 @@ fn configure_by_api(
     }
 }
 
+/// Firecracker's flags that end minivmm or only warn, before anything
+/// starts: the snapshot queries (minivmm has no snapshots yet) and
+/// `--enable-pci` (its devices stay on virtio-MMIO).
+fn firecracker_notices(cli: &Cli) -> Option<ExitCode> {
+    if let Some(line) = cli.firecracker.snapshot_query() {
+        return Some(fail(&line));
+    }
+    if cli.firecracker.enable_pci {
+        eprintln!("minivmm: warning: {PCI_WARNING}");
+    }
+    None
+}
+
+/// Every thread's filter, the file's (`--seccomp-filter`) or minivmm's own
+/// lists for `mode`: compiled before anything starts, so a broken list is a
+/// setup error; installed by the threads themselves (the API thread at its
+/// start, the others in Vmm::run).
+fn thread_filters(launch: &Launch, mode: SeccompMode) -> Result<Filters, String> {
+    let filters = match &launch.seccomp_filter {
+        Some(path) => seccomp_file::filters_from_file(path).map_err(|e| error_line(&e))?,
+        None => Filters::new(mode).map_err(|e| error_line(&e))?,
+    };
+    seccomp::install_sigsys_handler().map_err(|e| error_line(&e))?;
+    Ok(filters)
+}
+
 fn main() -> ExitCode {
     let start = Instant::now();
     // Before anything can panic: a panic on any thread ends the process.
@@ -252,20 +280,17 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&clap_line(&e)),
     };
-    let mode = cli.seccomp;
+    if let Some(code) = firecracker_notices(&cli) {
+        return code;
+    }
+    let mode = cli.seccomp_mode();
     let parts = match cli.into_parts() {
         Ok(p) => p,
         Err(e) => return fail(&error_line(&e)),
     };
-    // Compiled before anything starts, so a broken list is a setup error;
-    // installed by the threads themselves (the API thread at its start,
-    // the others in Vmm::run).
-    let filters = match Filters::new(mode).and_then(|f| {
-        seccomp::install_sigsys_handler()?;
-        Ok(f)
-    }) {
+    let filters = match thread_filters(&parts.launch, mode) {
         Ok(f) => f,
-        Err(e) => return fail(&error_line(&e)),
+        Err(msg) => return fail(&msg),
     };
     if parts.launch.id != vmm::config::ids::DEFAULT_ID {
         vmm::logger::set_instance_id(&parts.launch.id);

@@ -13,9 +13,12 @@
 //! file and the API cannot disagree on a field. A body with a key given
 //! twice is refused, at any depth, as Firecracker refuses it.
 //!
-//! Paths of features minivmm does not have (balloon, vsock, MMDS,
-//! snapshots, CPU templates, hotplug, serial) are refused with a
-//! message that names the feature, not as unknown paths.
+//! Paths of features minivmm does not have (vsock, MMDS, snapshots, CPU
+//! templates, pmem, memory hotplug) are refused with a message that names
+//! the feature, not as unknown paths; every path of Firecracker's API
+//! description is known here, whatever its depth (`/balloon/hinting/start`).
+//! The balloon's paths go to [`balloon`], where the balloon device's
+//! requests are routed.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -73,6 +76,8 @@ pub enum ApiRequest {
     PutMetrics(Value),
     /// `PUT /entropy`.
     PutEntropy(Value),
+    /// `PUT /serial`.
+    PutSerial(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -81,15 +86,29 @@ pub enum ApiRequest {
 
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("balloon", "the balloon device"),
     ("vsock", "vsock"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
     ("cpu-config", "CPU templates"),
-    ("hotplug", "hotplug"),
-    ("serial", "serial output redirection"),
-    ("pmem", "pmem devices"),
+    (
+        "hotplug",
+        "memory hotplug (it needs a virtio-mem device, which minivmm does not have)",
+    ),
+    (
+        "pmem",
+        "pmem (it needs a virtio-pmem device, which minivmm does not have)",
+    ),
 ];
+
+/// What the balloon's paths answer until the balloon device is built.
+pub const BALLOON_MISSING: &str = "the balloon device is not built yet";
+
+/// Routes the balloon's paths (`/balloon`, `/balloon/statistics`,
+/// `/balloon/hinting/{start,status,stop}`); `rest` is the path after
+/// `/balloon`. This is where the balloon device's requests are decoded.
+fn balloon(_req: &Request, _rest: &[&str]) -> Result<ApiRequest, String> {
+    Err(BALLOON_MISSING.to_string())
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -106,15 +125,18 @@ struct VmBody {
 /// Routes one request; `Err` is the fault message of a `400`.
 pub fn route(req: &Request) -> Result<ApiRequest, String> {
     let path = req.path.trim_end_matches('/');
-    let mut parts = path.split('/').skip(1);
-    let first = parts.next().unwrap_or("");
-    let second = parts.next();
-    if parts.next().is_some() {
-        return Err(unknown(req));
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let first = segments.first().copied().unwrap_or("");
+    if first == "balloon" {
+        return balloon(req, &segments[1..]);
     }
     if let Some((_, name)) = UNSUPPORTED.iter().find(|(p, _)| *p == first) {
         return Err(format!("{name} is not supported by minivmm"));
     }
+    if segments.len() > 2 {
+        return Err(unknown(req));
+    }
+    let second = segments.get(1).copied();
     let m = &req.method;
     let r = match (first, second, m) {
         ("", None, Method::Get) => ApiRequest::GetInstanceInfo,
@@ -139,6 +161,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("logger", None, Method::Put) => ApiRequest::PutLogger(json(req)?),
         ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
         ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
+        ("serial", None, Method::Put) => ApiRequest::PutSerial(json(req)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -149,7 +172,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "serial" | "actions" | "vm",
             _,
             _,
         ) if known_path(first, second) => {
@@ -171,7 +194,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
 fn known_path(first: &str, second: Option<&str>) -> bool {
     match first {
         "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "entropy"
-        | "actions" => second.is_none(),
+        | "serial" | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
         "vm" => matches!(second, None | Some("config")),
         _ => false,
@@ -364,10 +387,14 @@ mod tests {
             );
         }
         for (path, feature) in [
-            ("/balloon", "the balloon device"),
             ("/vsock", "vsock"),
             ("/snapshot/create", "snapshots"),
             ("/mmds", "MMDS (the microVM metadata service)"),
+            ("/pmem/pmem0", "pmem (it needs a virtio-pmem device, which minivmm does not have)"),
+            (
+                "/hotplug/memory",
+                "memory hotplug (it needs a virtio-mem device, which minivmm does not have)",
+            ),
         ] {
             assert_eq!(
                 route(&req(Put, path, "{}")),
@@ -375,6 +402,30 @@ mod tests {
                 "PUT {path}"
             );
         }
+        // Every balloon path, however deep, reaches the balloon's router.
+        for path in [
+            "/balloon",
+            "/balloon/statistics",
+            "/balloon/hinting/start",
+            "/balloon/hinting/status",
+            "/balloon/hinting/stop",
+        ] {
+            assert_eq!(
+                route(&req(Patch, path, "{}")),
+                Err(BALLOON_MISSING.to_string()),
+                "PATCH {path}"
+            );
+        }
+        assert_eq!(
+            route(&req(Put, "/serial", r#"{"serial_out_path":"s"}"#)),
+            Ok(ApiRequest::PutSerial(
+                serde_json::json!({"serial_out_path": "s"})
+            ))
+        );
+        assert_eq!(
+            route(&req(Get, "/serial", "")),
+            Err("invalid request method GET for /serial".to_string())
+        );
         for (body, starts) in [
             ("{", "malformed JSON body"),
             (

@@ -17,6 +17,7 @@ use log::LevelFilter;
 use super::drive::parse_disk;
 use super::entropy::parse_rng;
 use super::error::ConfigError;
+use super::fc_flags::{FirecrackerFlags, DEFAULT_API_SOCK};
 use super::file::{self, FileError};
 use super::ids::DEFAULT_ID;
 use super::net::{parse_offloads, MacAddr, NetSpec};
@@ -62,6 +63,15 @@ pub struct Launch {
     pub boot_timer: bool,
     /// Where and as whom to run jailed.
     pub jail: Option<crate::process::jail::JailConfig>,
+    /// Firecracker's seccompiler JSON to take the threads' filters from.
+    pub seccomp_filter: Option<PathBuf>,
+    /// Most bytes of an API request body.
+    pub api_payload_limit: usize,
+    /// Most bytes of the MMDS data store (`--mmds-size-limit`, by default
+    /// the payload limit, as Firecracker has it): for the MMDS code.
+    pub mmds_size_limit: usize,
+    /// `--enable-pci` was given (devices stay on virtio-MMIO; one warning).
+    pub enable_pci: bool,
 }
 
 /// The command line taken apart: the file's settings (empty without
@@ -130,7 +140,9 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub config_file: Option<PathBuf>,
     /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
-    #[arg(long, value_name = "PATH", required_unless_present_any = ["config_file", "api_sock"])]
+    /// Without it, --config-file or --api-sock, the API is served on
+    /// /run/firecracker.socket (Firecracker's default).
+    #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Initramfs (cpio archive, optionally compressed) loaded below the top of low memory.
     #[arg(long, value_name = "PATH")]
@@ -140,7 +152,7 @@ pub struct Cli {
     /// file's boot_args).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
-    /// Guest memory in MiB [default: 256].
+    /// Guest memory in MiB [default: 128, as Firecracker's].
     #[arg(long, value_name = "MIB", value_parser = number)]
     pub mem: Option<u64>,
     /// Number of vCPUs; more than one boots SMP through an MP table [default: 1].
@@ -196,7 +208,7 @@ pub struct Cli {
     pub no_mrg_rxbuf: bool,
     /// Append one JSON line of metrics to this file or FIFO per interval, on
     /// SIGUSR1 and at exit.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", visible_alias = "metrics-path")]
     pub metrics: Option<PathBuf>,
     /// Seconds between metrics lines; 0 writes only on SIGUSR1 and at exit [default: 60].
     #[arg(long, value_name = "SECS", value_parser = number)]
@@ -204,9 +216,10 @@ pub struct Cli {
     /// Write log lines to this file or FIFO instead of stderr.
     #[arg(long, value_name = "PATH")]
     pub log_path: Option<PathBuf>,
-    /// Log level: off, error, warn, info, debug or trace; RUST_LOG-style module
-    /// filters in RUST_LOG apply on top [default: warn].
-    #[arg(long, value_name = "LEVEL", value_parser = level)]
+    /// Log level: off, error, warn (Warning), info, debug or trace, in any case
+    /// (Firecracker's names too); RUST_LOG-style module filters in RUST_LOG
+    /// apply on top [default: warn].
+    #[arg(long, value_name = "LEVEL", value_parser = level, visible_alias = "level")]
     pub log_level: Option<LevelFilter>,
     /// Recoveries for a PVM-backed KVM host (guest command-line words, INT3
     /// emulation recovery): auto detects the host, on/off force them [default: auto].
@@ -221,8 +234,8 @@ pub struct Cli {
     /// through it and starts on `PUT /actions` `InstanceStart`.
     #[arg(long, value_name = "PATH", conflicts_with = "no_api")]
     pub api_sock: Option<PathBuf>,
-    /// No API socket (Firecracker's flag; minivmm serves none unless
-    /// --api-sock is given).
+    /// No API socket (Firecracker's flag): the VM comes from --config-file
+    /// or --kernel alone.
     #[arg(long)]
     pub no_api: bool,
     /// The instance id, in `GET /` and every log line.
@@ -255,9 +268,39 @@ pub struct Cli {
     /// The gid a jailed minivmm runs as.
     #[arg(long, value_name = "GID", requires = "jail", value_parser = number)]
     pub gid: Option<u64>,
+    /// Firecracker's launcher flags without a minivmm spelling.
+    #[command(flatten)]
+    pub firecracker: FirecrackerFlags,
 }
 
 impl Cli {
+    /// The system-call filter asked for: `--no-seccomp` is `--seccomp off`.
+    pub fn seccomp_mode(&self) -> SeccompMode {
+        if self.firecracker.no_seccomp {
+            SeccompMode::Off
+        } else {
+            self.seccomp
+        }
+    }
+
+    /// Where the API is served: `--api-sock`, or Firecracker's default socket
+    /// when nothing else says how the VM is configured.
+    fn api_socket(&self) -> Result<Option<PathBuf>, CliError> {
+        if self.api_sock.is_some() {
+            return Ok(self.api_sock.clone());
+        }
+        let described = self.kernel.is_some() || self.config_file.is_some();
+        match (described, self.no_api) {
+            (true, _) => Ok(None),
+            (false, false) => Ok(Some(PathBuf::from(DEFAULT_API_SOCK))),
+            (false, true) => Err(CliError::Launch(
+                "--no-api needs --config-file (or --kernel): without the API nothing else \
+                 configures the VM"
+                    .into(),
+            )),
+        }
+    }
+
     /// Validates the command line (over the config file, if any) into a VM
     /// configuration.
     pub fn into_config(self) -> Result<VmmConfig, CliError> {
@@ -292,9 +335,14 @@ impl Cli {
             }),
             None => None,
         };
+        let limits = self.firecracker.limits().map_err(CliError::Launch)?;
         let launch = Launch {
             jail,
-            api_sock: self.api_sock.clone(),
+            api_sock: self.api_socket()?,
+            seccomp_filter: self.firecracker.seccomp_filter.clone(),
+            api_payload_limit: limits.api_payload_limit,
+            mmds_size_limit: limits.mmds_size_limit,
+            enable_pci: self.firecracker.enable_pci,
             id: self.id.clone(),
             start_time_us: self.start_time_us,
             start_time_cpu_us: self.start_time_cpu_us,
@@ -312,6 +360,7 @@ impl Cli {
 
     /// What the command line itself says.
     pub fn into_settings(self) -> Result<Settings, ConfigError> {
+        let seccomp = self.seccomp_mode();
         let mut nets = self
             .net
             .iter()
@@ -355,14 +404,15 @@ impl Cli {
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,
             log_level: self.log_level,
-            log_module: None,
-            log_show_origin: None,
+            log_module: self.firecracker.module.clone(),
+            log_show_origin: self.firecracker.show_log_origin.then_some(true),
+            log_show_level: self.firecracker.show_level.then_some(true),
             host_quirks: self
                 .host_quirks
                 .as_deref()
                 .map(parse_host_quirks)
                 .transpose()?,
-            seccomp: Some(self.seccomp),
+            seccomp: Some(seccomp),
         })
     }
 }

@@ -372,7 +372,7 @@ fn interface(index: usize, value: Value) -> Result<NetSpec, FileError> {
 }
 
 fn logger(s: &mut Settings, l: Logger) -> Result<(), FileError> {
-    let _always_shown = l.show_level;
+    s.log_show_level = l.show_level;
     s.log_path = l.log_path;
     s.log_level = l.level.as_deref().map(parse_level).transpose()?;
     s.log_show_origin = l.show_log_origin;

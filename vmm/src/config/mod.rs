@@ -32,6 +32,7 @@ pub mod cli;
 pub mod drive;
 pub mod entropy;
 pub mod error;
+pub mod fc_flags;
 pub mod file;
 pub mod ids;
 pub mod json;
@@ -181,6 +182,9 @@ pub struct LoggerConfig {
     pub module: Option<String>,
     /// Add the source file and line to every line.
     pub show_origin: bool,
+    /// Show the level in every line (Firecracker's `show_level`; minivmm's
+    /// default is to show it, so only an explicit `false` hides it).
+    pub show_level: bool,
 }
 
 impl Default for LoggerConfig {
@@ -190,6 +194,7 @@ impl Default for LoggerConfig {
             level: LevelFilter::Warn,
             module: None,
             show_origin: false,
+            show_level: true,
         }
     }
 }

@@ -238,7 +238,7 @@ fn logger(l: &LoggerConfig) -> Value {
     json!({
         "log_path": l.path.as_deref().map(path),
         "level": level(l.level),
-        "show_level": true,
+        "show_level": l.show_level,
         "show_log_origin": l.show_origin,
         "module": l.module,
     })
@@ -387,6 +387,7 @@ mod tests {
             log_level: Some(LevelFilter::Trace),
             log_module: Some("devices::virtio::net".into()),
             log_show_origin: Some(true),
+            log_show_level: Some(false),
             host_quirks: Some(HostQuirks::On),
             seccomp: Some(SeccompMode::Log),
             ..Settings::default()
@@ -497,6 +498,7 @@ mod tests {
             ("log path", |c| c.logger.path.is_some()),
             ("log module", |c| c.logger.module.is_some()),
             ("log origin", |c| c.logger.show_origin),
+            ("log level hidden", |c| !c.logger.show_level),
             ("seccomp", |c| c.seccomp != SeccompMode::default()),
             ("fd with a name", |c| {
                 any_nic(c, |n| {

@@ -59,6 +59,8 @@ pub struct Settings {
     pub log_module: Option<String>,
     /// Log origins.
     pub log_show_origin: Option<bool>,
+    /// Log levels (shown unless said otherwise).
+    pub log_show_level: Option<bool>,
     /// PVM host recoveries.
     pub host_quirks: Option<HostQuirks>,
     /// The system-call filter.
@@ -97,6 +99,7 @@ impl Settings {
             log_level: over.log_level.or(self.log_level),
             log_module: over.log_module.or(self.log_module),
             log_show_origin: over.log_show_origin.or(self.log_show_origin),
+            log_show_level: over.log_show_level.or(self.log_show_level),
             host_quirks: over.host_quirks.or(self.host_quirks),
             seccomp: over.seccomp.or(self.seccomp),
         }
@@ -144,6 +147,7 @@ impl Settings {
                 level: self.log_level.unwrap_or(defaults.level),
                 module: self.log_module,
                 show_origin: self.log_show_origin.unwrap_or(defaults.show_origin),
+                show_level: self.log_show_level.unwrap_or(defaults.show_level),
             },
             host_quirks: self.host_quirks.unwrap_or_default(),
             seccomp: self.seccomp.unwrap_or_default(),

@@ -5,6 +5,8 @@
 //! - [`jail`]: the mount namespace, ids, rlimits and device nodes of
 //!   `--jail`;
 //! - [`seccomp`]: one system-call allowlist per kind of thread;
+//! - [`seccomp_file`]: `--seccomp-filter`, the filters from Firecracker's
+//!   seccompiler JSON instead;
 //! - [`signals`]: SIGTERM, SIGINT and SIGUSR1 as events on the event loop;
 //! - [`syscall_names`]: the system calls' names, for the SIGSYS handler's
 //!   line;
@@ -14,6 +16,7 @@
 
 pub mod jail;
 pub mod seccomp;
+pub mod seccomp_file;
 pub mod signals;
 pub mod syscall_names;
 pub mod terminal;

@@ -586,6 +586,9 @@ pub struct Filters {
     pub event_loop: Option<BpfProgram>,
     /// The API thread's filter.
     pub api: Option<BpfProgram>,
+    /// They came from `--seccomp-filter`: used as they are, never
+    /// recompiled for the VM.
+    pub from_file: bool,
 }
 
 impl Filters {
@@ -596,6 +599,7 @@ impl Filters {
             vcpu: filter(Thread::Vcpu, mode)?,
             event_loop: filter(Thread::EventLoop, mode)?,
             api: filter(Thread::Api, mode)?,
+            from_file: false,
         })
     }
 
@@ -604,12 +608,16 @@ impl Filters {
     /// that put it in) and whether its vCPUs make the PVM host's
     /// recoveries. The API thread's filter stays as it was.
     pub fn for_vm(&self, pvm_recoveries: bool) -> Result<Self, SeccompError> {
+        if self.from_file {
+            return Ok(self.clone());
+        }
         let ctx = Context::current(pvm_recoveries);
         Ok(Filters {
             mode: self.mode,
             vcpu: filter_in(Thread::Vcpu, self.mode, &ctx)?,
             event_loop: filter_in(Thread::EventLoop, self.mode, &ctx)?,
             api: self.api.clone(),
+            from_file: false,
         })
     }
 }
