@@ -68,10 +68,10 @@ run() {
 run_bin() {
     local status=0
     # The binary-level tests that boot no guest (the boots take minutes).
-    local tests=(--test api --test operator --test boot --
+    local tests=(--test api --test operator --test boot --test jail --test jailer --
         --skip a_jailed_guest --skip config_file_with_two_nics_and_rate_limiters_boots
-        --skip boots_to_ready)
-    echo "mutants.sh: the binary's own code (vmm/src/main.rs) against tests/"
+        --skip boots_to_ready --skip a_guest_booted_through_the_jailer --skip a_guest_kernel_panic)
+    echo "mutants.sh: the binaries' own code (vmm/src/main.rs, vmm/src/bin/) against tests/"
     # cargo-mutants (27.1) runs its baseline on the mutated package's tests,
     # not on --test-package's: the unmutated run is made here instead, and
     # the time-out is fixed (these tests take under a minute on a quiet
@@ -130,7 +130,7 @@ case "$mode" in
         fi
         ensure_cargo_mutants
         bin=no
-        grep -q '^+++ b/vmm/src/main.rs$' "$diff_file" && bin=yes
+        grep -qE '^\+\+\+ b/vmm/src/(main\.rs|bin/)' "$diff_file" && bin=yes
         run_both "$bin" --in-diff "$diff_file" "$@"
         ;;
     full) ensure_cargo_mutants; run_both yes "$@" ;;
@@ -139,7 +139,7 @@ case "$mode" in
         bin=no
         while [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; do
             args+=(--file "$1")
-            [ "$1" = vmm/src/main.rs ] && bin=yes
+            case "$1" in vmm/src/main.rs | vmm/src/bin/*) bin=yes ;; esac
             shift
         done
         ensure_cargo_mutants

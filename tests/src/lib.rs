@@ -195,6 +195,17 @@ pub const CRASH_MARKERS: [&str; 4] = [
     "Kernel panic",
 ];
 
+/// The kernel's panic banner as the guest's init prints it with `minivmm.panic=fake`, to
+/// /dev/console just before it reboots (`resources/initramfs/init`): what any guest process
+/// can print, which must not make minivmm report a panic.
+pub const FAKE_PANIC: &str =
+    "[    9.999999] Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100";
+
+/// What the guest kernel prints when it panics because init exited with status 1
+/// (`minivmm.panic=kernel`).
+pub const INIT_EXIT_PANIC: &str =
+    "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000100";
+
 /// The console lines that contain a [`CRASH_MARKERS`] entry.
 pub fn crash_lines(console: &str) -> Vec<&str> {
     console
@@ -243,8 +254,23 @@ pub fn exit_note(code: Option<i32>, stderr: &str) -> String {
 
 /// Runs `cargo build --release` for one package and returns the path of `bin`.
 fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
+    cargo_build(package, bin, &[], None)
+}
+
+/// Runs `cargo build --release` with `extra` arguments and `rustflags` (if
+/// given) for one package and returns the path of `bin`.
+fn cargo_build(
+    package: &str,
+    bin: &str,
+    extra: &[&str],
+    rustflags: Option<&str>,
+) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let mut cmd = Command::new(cargo);
+    if let Some(flags) = rustflags {
+        cmd.env("RUSTFLAGS", flags);
+    }
+    let out = cmd
         .current_dir(repo_root())
         .args([
             "build",
@@ -255,6 +281,7 @@ fn cargo_build_bin(package: &str, bin: &str) -> Result<PathBuf> {
             "--bin",
             bin,
         ])
+        .args(extra)
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo build")?;
@@ -279,6 +306,31 @@ pub fn minivmm_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| cargo_build_bin("vmm", "minivmm").expect("building minivmm"))
         .clone()
+}
+
+/// The target of the static builds (the guest image's `mvperf` is built
+/// the same way, `resources/initramfs/build.sh`).
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// The static release `minivmm` and `jailer` (`-C target-feature=+crt-static`,
+/// `--target` [`STATIC_TARGET`], kept apart from the ordinary build): a
+/// jail holds no shared library, so the binary the `jailer` copies into
+/// one must need none. Built once per test process.
+pub fn static_minivmm_and_jailer() -> (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let build = |bin| {
+            cargo_build(
+                "vmm",
+                bin,
+                &["--target", STATIC_TARGET],
+                Some("-C target-feature=+crt-static"),
+            )
+            .expect("building the static minivmm and jailer")
+        };
+        (build("minivmm"), build("jailer"))
+    })
+    .clone()
 }
 
 /// The release `mvperf` binary (host side of the netperf-style tests).
@@ -492,6 +544,48 @@ pub fn threads_of(pid: u32) -> Vec<(String, String)> {
     threads
 }
 
+/// The children of process `pid`, whichever of its threads forked them.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut kids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return kids;
+    };
+    for task in tasks.flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        kids.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    kids
+}
+
+/// The mount points of the cgroup hierarchies, v1 and v2 (`/proc/mounts`).
+pub fn cgroup_mounts() -> Vec<(PathBuf, bool)> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.get(2).copied() {
+                Some("cgroup2") => Some((PathBuf::from(f[1]), true)),
+                Some("cgroup") => Some((PathBuf::from(f[1]), false)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Removes cgroup `parent/id` (and `parent`, once empty) from every
+/// hierarchy: the leaf a jailed minivmm leaves behind when it ends, as
+/// Firecracker's jailer does.
+pub fn remove_cgroups(parent: &str, id: &str) {
+    for (mount, _) in cgroup_mounts() {
+        let _ = std::fs::remove_dir(mount.join(parent).join(id));
+        let _ = std::fs::remove_dir(mount.join(parent));
+    }
+}
+
 /// `words` as owned strings, the form [`Vm::spawn`] takes a command line in.
 pub fn cli_args(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
@@ -538,6 +632,8 @@ pub struct Vm {
     console: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
     started: Instant,
+    /// Crash lines the test provoked on purpose (see [`Vm::expect_crash_line`]).
+    expected_crashes: Vec<String>,
 }
 
 fn capture<R: Read + Send + 'static>(r: R, sink: Arc<Mutex<String>>, echo: &'static str) {
@@ -570,8 +666,15 @@ impl Vm {
             }
             None => Command::new(&bin),
         };
-        cmd.args(args)
-            .stdin(Stdio::null())
+        cmd.args(args);
+        Vm::spawn_command(cmd)
+    }
+
+    /// Starts `cmd` (minivmm, or a launcher that execs it in place, such as
+    /// the `jailer`) with stdin from /dev/null and its console and log
+    /// captured.
+    pub fn spawn_command(mut cmd: Command) -> Result<Vm> {
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().context("spawning minivmm")?;
@@ -592,6 +695,7 @@ impl Vm {
             console,
             stderr,
             started: Instant::now(),
+            expected_crashes: Vec::new(),
         })
     }
 
@@ -749,6 +853,13 @@ impl Vm {
         self.child.id()
     }
 
+    /// The pid of the jailed minivmm a `--jail` run started: minivmm's own
+    /// process stays outside the jail's PID namespace as its supervisor,
+    /// and the jailed minivmm is its only child.
+    pub fn jailed_pid(&self) -> Option<u32> {
+        children_of(self.pid()).first().copied()
+    }
+
     /// The name and `Seccomp:` mode of every thread of minivmm, sorted.
     pub fn threads(&self) -> Vec<(String, String)> {
         threads_of(self.pid())
@@ -789,10 +900,23 @@ impl Vm {
         );
     }
 
-    /// Fails if the console so far has a crash line ([`CRASH_MARKERS`]). Also run when the
-    /// VM is dropped, so a test that forgets it still fails on a crash.
+    /// Fails if the console so far has a crash line ([`CRASH_MARKERS`]) other than those the
+    /// test expects ([`Vm::expect_crash_line`]). Also run when the VM is dropped, so a test
+    /// that forgets it still fails on a crash.
     pub fn assert_no_crash(&self) {
-        assert_no_crash(&self.console(), &self.report());
+        let console = self.console();
+        let unexpected: String = console
+            .lines()
+            .filter(|l| !self.expected_crashes.iter().any(|e| l.contains(e.as_str())))
+            .flat_map(|l| [l, "\n"])
+            .collect();
+        assert_no_crash(&unexpected, &self.report());
+    }
+
+    /// Tells the crash checks that console lines containing `text` are the test's own doing
+    /// (a panic it provoked), not a crash. Every other crash line still fails the test.
+    pub fn expect_crash_line(&mut self, text: &str) {
+        self.expected_crashes.push(text.to_string());
     }
 
     /// A summary for assertion messages: the tail of the console and the log.

@@ -466,6 +466,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     ns.add_tap("tap0", &format!("{HOST_IP}/24"), Some(JAIL_ID))
         .unwrap();
     let jail = jail_dir(&img);
+    let cgroup_parent = format!("minivmm-api-test-{}", std::process::id());
     // Paths as the jailed process sees them, and as the host does.
     let sock = jail.join("api.sock");
     let metrics = jail.join("metrics.json");
@@ -482,14 +483,20 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
             id,
             "--id".into(),
             "jailed-api".into(),
+            "--parent-cgroup".into(),
+            cgroup_parent.clone(),
         ],
         Some(&ns.name),
     )
     .unwrap();
     wait_for_socket(&sock);
 
-    // The jail: the dropped ids, no capability, no_new_privs, the root.
-    let pid = vm.pid();
+    // The jail: the dropped ids, no capability, no_new_privs, the root. The
+    // process the test started supervises the jailed minivmm from outside
+    // its PID namespace.
+    let pid = vm
+        .jailed_pid()
+        .unwrap_or_else(|| panic!("no jailed minivmm\n{}", vm.report()));
     let ids = format!("{JAIL_ID}\t{JAIL_ID}\t{JAIL_ID}\t{JAIL_ID}");
     assert_eq!(status_field(pid, "Uid:"), ids);
     assert_eq!(status_field(pid, "Gid:"), ids);
@@ -573,7 +580,7 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
         vm.report()
     );
     // The API thread under its own filter (the default --seccomp on).
-    let threads = vm.threads();
+    let threads = minivmm_tests::threads_of(pid);
     assert!(
         threads.iter().any(|(n, s)| n == "fc_api" && s == "2"),
         "no filtered fc_api thread: {threads:?}"
@@ -720,4 +727,5 @@ fn a_jailed_guest_configured_started_paused_limited_and_stopped_through_the_api(
     assert_eq!(status.code(), Some(0), "{}", vm.report());
     vm.assert_no_crash();
     let _ = std::fs::remove_dir_all(&jail);
+    minivmm_tests::remove_cgroups(&cgroup_parent, "jailed-api");
 }

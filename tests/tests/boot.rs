@@ -15,9 +15,14 @@
 //! `minivmm.rng=check` must find it current in the guest's hw_random core
 //! and read 512 bytes from `/dev/hwrng`, and the metrics line minivmm writes
 //! at exit must count at least those bytes served (`entropy.entropy_bytes`;
-//! the guest kernel's own hwrng reads add to them). A kernel panic or any
-//! crash line on the console (`segfault at`, `traps:`, ...) is a failure on
-//! every host. Bad-input cases need no boot and run in well under a second
+//! the guest kernel's own hwrng reads add to them). Before it reboots, the
+//! vmlinux guest's init also prints the kernel's panic banner to
+//! /dev/console (`minivmm.panic=fake`), as any guest process could: minivmm
+//! must still exit 0, since only the guest kernel's pvpanic report means a
+//! panic. A third boot panics the guest kernel for real (init exits,
+//! `minivmm.panic=kernel`): minivmm must learn it from the kernel's pvpanic
+//! driver and exit 3. Any other kernel panic or crash line on the console
+//! (`segfault at`, `traps:`, ...) is a failure on every host. Bad-input cases need no boot and run in well under a second
 //! each.
 
 use std::path::Path;
@@ -25,8 +30,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use minivmm_tests::{
-    cli_args, exit_metrics, guest_image, guest_image_if, metric, minivmm_bin, Need, Vm, READY,
-    RNG_CHECK_BYTES, RNG_OK, SELFTEST_PASS,
+    cli_args, exit_metrics, guest_image, guest_image_if, metric, minivmm_bin, Need, Vm, FAKE_PANIC,
+    INIT_EXIT_PANIC, READY, RNG_CHECK_BYTES, RNG_OK, SELFTEST_PASS,
 };
 
 /// Generous: a boot is 30-90 s on a quiet PVM host, CI runs two at once on 2
@@ -41,19 +46,47 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// console (the self-test prints a line per phase).
 const EXIT_TIMEOUT: Duration = Duration::from_secs(660);
 
+/// What the guest kernel logs when it registers the pvpanic device minivmm
+/// announces (resources/kernel/pvpanic-mmio-cmdline.patch).
+const PVPANIC_DEVICE: &str = "pvpanic-mmio: device at 0xc0001000-0xc0001000 from the command line";
+
+/// What minivmm logs when the guest kernel's pvpanic driver reports a panic.
+const PVPANIC_REPORT: &str = "the guest kernel reported a panic through the pvpanic device";
+
+/// What a boot checks beside the self-test.
+#[derive(Default)]
+struct Extras<'a> {
+    /// `--boot-timer`.
+    boot_timer: bool,
+    /// The entropy device, with this metrics path.
+    entropy: Option<&'a Path>,
+    /// `minivmm.panic=fake`.
+    fake_panic: bool,
+}
+
 /// Boots `kernel` in self-test mode: init must print MINIVMM-READY, the
 /// self-test its PASS line, then init reboots and minivmm must exit 0 by
 /// itself. With `boot_timer` (`--boot-timer`) minivmm must log the guest's
 /// boot-complete write once, with a time between its first vCPU entry and
 /// MINIVMM-READY; without it, nothing of the boot timer may show. With
 /// `entropy` (a metrics path) the VM has the entropy device and the guest
-/// checks it (see the module doc). Returns the finished VM for more checks.
-fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, entropy: Option<&Path>) -> Vm {
+/// checks it (see the module doc). With `fake_panic` init prints the
+/// kernel's panic banner before it reboots, which must change nothing.
+/// Returns the finished VM for more checks.
+fn boot_to_ready(kernel: &Path, vcpus: &str, extras: Extras) -> Vm {
+    let Extras {
+        boot_timer,
+        entropy,
+        fake_panic,
+    } = extras;
     let img = guest_image();
-    let words = match entropy {
-        Some(_) => "minivmm.mode=selftest minivmm.rng=check",
-        None => "minivmm.mode=selftest",
-    };
+    let mut words = "minivmm.mode=selftest".to_string();
+    if entropy.is_some() {
+        words.push_str(" minivmm.rng=check");
+    }
+    if fake_panic {
+        words.push_str(" minivmm.panic=fake");
+    }
     let mut args = cli_args(&[
         "--kernel",
         kernel.to_str().unwrap(),
@@ -64,7 +97,7 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, entropy: Option<&
         "--mem",
         "256",
         "--cmdline",
-        words,
+        &words,
         "--log-level",
         "info",
     ]);
@@ -84,6 +117,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, entropy: Option<&
     }
     let name = kernel.file_name().unwrap().to_string_lossy().into_owned();
     let mut vm = Vm::spawn(&args, None).unwrap();
+    if fake_panic {
+        vm.expect_crash_line(FAKE_PANIC);
+    }
     let ready = vm.wait_for(READY, BOOT_TIMEOUT);
     let ready_at = vm.uptime();
     let status = vm.wait_exit(if ready {
@@ -104,6 +140,9 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, entropy: Option<&
          minivmm exited ({status}) after {:.1} s",
         vm.uptime()
     );
+    if fake_panic {
+        check_fake_panic(&vm, status.code(), &report);
+    }
     assert_eq!(status.code(), Some(0), "{report}");
     vm.assert_userspace_ran();
     let console = vm.console();
@@ -122,8 +161,12 @@ fn boot_to_ready(kernel: &Path, vcpus: &str, boot_timer: bool, entropy: Option<&
     );
     assert!(log.contains("run time:"), "no run-time report\n{report}");
     assert!(
-        !log.contains("after a kernel panic"),
+        !log.contains("after a kernel panic") && !log.contains(PVPANIC_REPORT),
         "minivmm saw a panic\n{report}"
+    );
+    assert!(
+        console.contains(PVPANIC_DEVICE),
+        "the guest kernel did not register the pvpanic device\n{report}"
     );
     check_boot_timer(&log, boot_timer, ready_at, &report);
     if let Some(metrics) = entropy {
@@ -161,6 +204,28 @@ fn check_entropy(console: &str, metrics: &Path, report: &str) {
         metric(&m, "entropy", "requests")
     );
     let _ = std::fs::remove_file(metrics);
+}
+
+/// The guest's init printed the kernel's panic banner to /dev/console and
+/// rebooted: minivmm must have seen the text (its log says so) and still
+/// ended with 0, since no guest process can speak for the kernel.
+fn check_fake_panic(vm: &Vm, code: Option<i32>, report: &str) {
+    let console = vm.console();
+    assert!(
+        console.lines().any(|l| l.trim_end() == FAKE_PANIC)
+            && console.contains("printed a fake kernel panic banner"),
+        "init did not print the fake panic banner\n{report}"
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "a panic banner printed by a guest process changed minivmm's exit status\n{report}"
+    );
+    assert!(
+        vm.stderr()
+            .contains("the guest console shows a kernel panic banner"),
+        "minivmm did not log the console's banner\n{report}"
+    );
 }
 
 /// Firecracker's boot-time line, which minivmm logs with `--boot-timer`.
@@ -231,7 +296,7 @@ fn bzimage_with_one_vcpu_boots_to_ready_and_exits_0() {
     let Some(img) = guest_image_if(&[Need::Kvm]) else {
         return;
     };
-    let vm = boot_to_ready(&img.bzimage, "1", false, None);
+    let vm = boot_to_ready(&img.bzimage, "1", Extras::default());
     assert!(
         vm.stderr().contains("bzImage kernel at 0x100200"),
         "{}",
@@ -246,12 +311,72 @@ fn vmlinux_with_two_vcpus_boots_to_ready_and_exits_0() {
     };
     let metrics =
         std::env::temp_dir().join(format!("minivmm-boot-rng-{}.json", std::process::id()));
-    let vm = boot_to_ready(&img.vmlinux, "2", true, Some(&metrics));
+    let extras = Extras {
+        boot_timer: true,
+        entropy: Some(&metrics),
+        fake_panic: true,
+    };
+    let vm = boot_to_ready(&img.vmlinux, "2", extras);
     assert!(
         vm.console().contains("Brought up 1 node, 2 CPUs"),
         "{}",
         vm.report()
     );
+}
+
+/// A real guest kernel panic: init exits after MINIVMM-READY, the kernel
+/// panics ("Attempted to kill init!"), its pvpanic driver writes the
+/// register, and with `panic=-1` it resets at once. minivmm must log the
+/// report and exit 3.
+#[test]
+fn a_guest_kernel_panic_reaches_minivmm_through_pvpanic_and_exits_3() {
+    let Some(img) = guest_image_if(&[Need::Kvm]) else {
+        return;
+    };
+    let args = cli_args(&[
+        "--kernel",
+        img.vmlinux.to_str().unwrap(),
+        "--initramfs",
+        img.initramfs.to_str().unwrap(),
+        "--cmdline",
+        "minivmm.panic=kernel",
+        "--log-level",
+        "info",
+    ]);
+    let mut vm = Vm::spawn(&args, None).unwrap();
+    vm.expect_crash_line(INIT_EXIT_PANIC);
+    let ready = vm.wait_for(READY, BOOT_TIMEOUT);
+    let status = vm.wait_exit(if ready {
+        EXIT_TIMEOUT
+    } else {
+        Duration::from_secs(1)
+    });
+    let report = vm.report();
+    assert!(ready, "no {READY} (minivmm status {status:?})\n{report}");
+    let status = status.unwrap_or_else(|| {
+        panic!("minivmm did not exit within {EXIT_TIMEOUT:?} of {READY}\n{report}")
+    });
+    eprintln!(
+        "FIGURE panic boot: minivmm exited ({status}) after {:.1} s",
+        vm.uptime()
+    );
+    vm.assert_userspace_ran();
+    let console = vm.console();
+    assert!(console.contains(PVPANIC_DEVICE), "{report}");
+    assert!(
+        console.contains(INIT_EXIT_PANIC),
+        "the guest kernel did not panic\n{report}"
+    );
+    let log = vm.stderr();
+    assert!(
+        log.contains(&format!("{PVPANIC_REPORT} (PANICKED)")),
+        "no pvpanic report in minivmm's log\n{report}"
+    );
+    assert!(
+        log.contains("guest reset the machine after a kernel panic"),
+        "{report}"
+    );
+    assert_eq!(status.code(), Some(3), "{report}");
 }
 
 /// Runs minivmm to completion and returns (exit code, stderr).

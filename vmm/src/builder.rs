@@ -43,7 +43,8 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use crate::config::drive::root_words;
 use crate::config::entropy::ENTROPY_ID;
 use crate::config::{DeviceKind, HostQuirks, NicConfig, TapBackend, VmmConfig};
-use crate::device_manager::{ConsoleOut, DeviceError, DeviceManager};
+use crate::device_manager::{DeviceError, DeviceManager};
+use crate::guest_panic::ConsoleOut;
 use crate::images::{check_images, ImageError};
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::memory::{self, MemoryError};
@@ -401,8 +402,9 @@ fn attach_devices(
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut manager = DeviceManager::new();
-    let serial = attach_serial(&mut manager, vm, panicked.clone())?;
+    let serial = attach_serial(&mut manager, vm)?;
     let i8042 = manager.attach_i8042(vm)?;
+    manager.attach_pvpanic(panicked.clone());
     let mut env = AttachEnv {
         vm,
         mem,
@@ -510,14 +512,12 @@ fn host_quirks(mode: HostQuirks) -> bool {
     quirks
 }
 
-/// Puts the console UART on stdout; `panicked` is set when the guest's
-/// console shows a kernel panic.
+/// Puts the console UART on stdout.
 fn attach_serial(
     devices: &mut DeviceManager,
     vm: &VmFd,
-    panicked: Arc<AtomicBool>,
 ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
-    let console = ConsoleOut::new(std::io::stdout(), panicked);
+    let console = ConsoleOut::new(std::io::stdout());
     Ok(devices.attach_serial(vm, Box::new(console))?)
 }
 

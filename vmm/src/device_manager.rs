@@ -15,6 +15,7 @@ use devices::legacy::i8042::I8042;
 use devices::legacy::serial::SerialDevice;
 use kvm_ioctls::VmFd;
 
+use crate::guest_panic::{pvpanic_word, PanicRegister};
 use crate::kvm::vcpu::ExitBus;
 use crate::metrics::VcpuExits;
 use crate::registry::{lock, Registry};
@@ -43,57 +44,12 @@ pub enum DeviceError {
     Irqfd(u32, #[source] kvm_ioctls::Error),
 }
 
-/// A writer for the serial console that also notices a guest kernel panic,
-/// so that the reset which follows can be reported as such.
-pub struct ConsoleOut<W: Write> {
-    out: W,
-    tail: Vec<u8>,
-    panicked: Arc<AtomicBool>,
-}
-
-/// What Linux prints first in every panic.
-const PANIC_MARK: &[u8] = b"Kernel panic - not syncing";
-
-impl<W: Write> ConsoleOut<W> {
-    /// Wraps `out`; `panicked` is set once the panic banner went through.
-    pub fn new(out: W, panicked: Arc<AtomicBool>) -> Self {
-        ConsoleOut {
-            out,
-            tail: Vec::with_capacity(2 * PANIC_MARK.len()),
-            panicked,
-        }
-    }
-}
-
-impl<W: Write> Write for ConsoleOut<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        // The UART hands us one byte at a time; keep just enough history to
-        // find the banner across writes.
-        self.tail.extend_from_slice(&buf[..n]);
-        if self.tail.windows(PANIC_MARK.len()).any(|w| w == PANIC_MARK) {
-            self.panicked.store(true, Ordering::SeqCst);
-        }
-        if self.tail.len() >= PANIC_MARK.len() {
-            self.tail.drain(..self.tail.len() + 1 - PANIC_MARK.len());
-        }
-        // Console output is interactive: show each line as soon as it ends.
-        if buf[..n].contains(&b'\n') {
-            self.out.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
-}
-
 /// All devices of a VM and the buses that reach them.
 #[derive(Default)]
 pub struct DeviceManager {
     serial: Option<Arc<Mutex<SerialDevice>>>,
     i8042: Option<Arc<Mutex<I8042>>>,
+    pvpanic: Option<PanicRegister>,
     virtio: Registry,
     cmdline_words: Vec<String>,
     exits: Arc<VcpuExits>,
@@ -133,6 +89,18 @@ impl DeviceManager {
         Ok(dev)
     }
 
+    /// Puts the pvpanic register at [`layout::PVPANIC_ADDR`] and announces
+    /// it on the kernel command line; the guest kernel's panic report
+    /// through it sets `panicked`.
+    pub fn attach_pvpanic(&mut self, panicked: Arc<AtomicBool>) {
+        self.pvpanic = Some(PanicRegister::new(panicked));
+        self.cmdline_words.push(pvpanic_word());
+    }
+
+    fn pvpanic_at(&self, addr: u64) -> Option<&PanicRegister> {
+        self.pvpanic.as_ref().filter(|r| r.contains(addr))
+    }
+
     /// The virtio devices.
     pub fn virtio(&self) -> &Registry {
         &self.virtio
@@ -144,7 +112,7 @@ impl DeviceManager {
     }
 
     /// Kernel command-line words: where each virtio device is, then those
-    /// of the other devices (the boot-timer register).
+    /// of the other devices (the pvpanic and boot-timer registers).
     pub fn cmdline_words(&self) -> Vec<String> {
         self.virtio
             .cmdline_words()
@@ -265,6 +233,9 @@ impl ExitBus for DeviceManager {
 
     fn mmio_read(&self, addr: u64, data: &mut [u8]) {
         count(&self.exits.mmio_read);
+        if let Some(reg) = self.pvpanic_at(addr) {
+            return reg.read(addr, data);
+        }
         match self.virtio.at(addr) {
             Some((slot, offset)) => lock(&slot.transport).read(offset, data),
             None => data.fill(0xff),
@@ -275,6 +246,10 @@ impl ExitBus for DeviceManager {
         count(&self.exits.mmio_write);
         if addr == layout::BOOT_TIMER_ADDR {
             self.boot_timer_write(data);
+            return;
+        }
+        if let Some(reg) = self.pvpanic_at(addr) {
+            reg.write(addr, data);
             return;
         }
         if let Some((slot, offset)) = self.virtio.at(addr) {
@@ -307,33 +282,6 @@ mod tests {
             SerialDevice::new(Box::new(out.clone())).unwrap(),
         )));
         (dm, out)
-    }
-
-    #[test]
-    fn console_notices_a_panic_split_across_writes() {
-        let flag = Arc::new(AtomicBool::new(false));
-        let sink = Shared::default();
-        let mut out = ConsoleOut::new(sink.clone(), flag.clone());
-        for b in b"[ 1.0] Run /init as init process\n[ 1.1] Kernel pan".iter() {
-            out.write_all(&[*b]).unwrap();
-        }
-        assert!(!flag.load(Ordering::SeqCst));
-        for b in b"ic - not syncing: Attempted to kill init!\n".iter() {
-            out.write_all(&[*b]).unwrap();
-        }
-        assert!(flag.load(Ordering::SeqCst));
-        assert!(String::from_utf8(sink.0.lock().unwrap().clone())
-            .unwrap()
-            .ends_with("init!\n"));
-    }
-
-    #[test]
-    fn console_without_panic_stays_clear() {
-        let flag = Arc::new(AtomicBool::new(false));
-        let mut out = ConsoleOut::new(Vec::new(), flag.clone());
-        out.write_all(b"Kernel panic? not this time - not syncing\n")
-            .unwrap();
-        assert!(!flag.load(Ordering::SeqCst));
     }
 
     #[test]
@@ -440,6 +388,30 @@ mod tests {
         // Once: a second boot-complete write logs nothing.
         assert_eq!(dm.boot_timer_write(&[layout::BOOT_COMPLETE]), None);
         assert_eq!(dm.vcpu_exits().mmio_write.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn the_pvpanic_register_is_on_the_bus_and_announced() {
+        let mut dm = DeviceManager::new();
+        let at = layout::PVPANIC_ADDR;
+        // Not attached: the address is nobody's.
+        let mut b = [0u8; 1];
+        dm.mmio_read(at, &mut b);
+        assert_eq!(b, [0xff]);
+        let panicked = Arc::new(AtomicBool::new(false));
+        dm.attach_pvpanic(panicked.clone());
+        assert_eq!(dm.cmdline_words(), ["pvpanic_mmio.device=1@0xc0001000"]);
+        dm.mmio_read(at, &mut b);
+        assert_eq!(b, [0b11]);
+        // The byte after the register is not its, nor is a virtio window.
+        dm.mmio_write(at + 1, &[1]);
+        dm.mmio_write(layout::VIRTIO_MMIO_BASE, &[1]);
+        assert!(!panicked.load(Ordering::SeqCst));
+        dm.mmio_write(at, &[1]);
+        assert!(panicked.load(Ordering::SeqCst));
+        let e = dm.vcpu_exits();
+        assert_eq!(e.mmio_read.load(Ordering::Relaxed), 2);
+        assert_eq!(e.mmio_write.load(Ordering::Relaxed), 3);
     }
 
     #[test]

@@ -50,7 +50,8 @@ pub struct ControlSources {
     pub signals: SignalFd,
     /// Where console input goes.
     pub serial: Arc<Mutex<SerialDevice>>,
-    /// Tells a reset after a guest kernel panic from a plain one.
+    /// Tells a reset after a guest kernel panic from a plain one: set by
+    /// the guest kernel's report through the pvpanic register only.
     pub panicked: Arc<AtomicBool>,
     /// Flushed on `metrics_timer` and SIGUSR1.
     pub metrics: Option<Arc<Mutex<Metrics>>>,

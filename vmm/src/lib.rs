@@ -10,6 +10,7 @@ pub mod config;
 pub mod control;
 pub mod device_manager;
 pub mod event_loop;
+pub mod guest_panic;
 pub mod images;
 pub mod kernel;
 pub mod kvm;

@@ -4,8 +4,8 @@
 //! Exit status: 0 when the guest reboots or powers off or minivmm is stopped
 //! by SIGTERM/SIGINT; 1 for bad usage or configuration (the argument parser's
 //! own errors included) or a failure before boot, always one line on stderr;
-//! 2 when the VM fails at run time; 3 when the guest reset after a kernel
-//! panic.
+//! 2 when the VM fails at run time; 3 when the guest reset after its kernel
+//! reported a panic through the pvpanic register.
 //! 101 when minivmm itself panicked, on any thread (a bug).
 //! 148 when a thread made a system call its seccomp filter forbids.
 
@@ -127,13 +127,6 @@ fn main_with_api(start: Instant, parts: CliParts, filters: Filters, sock: &Path)
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot set up the stop signals: {e}")),
     };
-    // Jailed before the socket exists: the socket, and every path the API
-    // is given later (kernel, drives, metrics, logs), is inside the jail.
-    if let Some(jail) = &parts.launch.jail {
-        if let Err(e) = vmm::process::jail::enter(jail) {
-            return fail(&error_line(&e));
-        }
-    }
     let channel = match vmm::api::start(sock, filters.api.clone(), parts.launch.api_payload_limit) {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
@@ -267,6 +260,20 @@ fn thread_filters(launch: &Launch, mode: SeccompMode) -> Result<Filters, String>
     Ok(filters)
 }
 
+/// Enters the jail `--jail` asks for, if any (whether it did, or the error
+/// line). The process that started returns only in the jailed child: it
+/// stays outside as its supervisor and exits with its status.
+fn enter_jail(cli: &Cli) -> Result<bool, String> {
+    let launch = cli.launch().map_err(|e| error_line(&e))?;
+    let Some(jail) = &launch.jail else {
+        return Ok(false);
+    };
+    // What needs the host's /sys, asked before the jail hides it.
+    let _ = vmm::kvm::pvm::is_pvm_host();
+    vmm::process::jail::enter(jail).map_err(|e| error_line(&e))?;
+    Ok(true)
+}
+
 fn main() -> ExitCode {
     let start = Instant::now();
     // Before anything can panic: a panic on any thread ends the process.
@@ -284,18 +291,17 @@ fn main() -> ExitCode {
         return code;
     }
     let mode = cli.seccomp_mode();
+    // Jailed before any file the user named is opened, the config file
+    // included: from here every path resolves inside the jail.
+    let jailed = match enter_jail(&cli) {
+        Ok(jailed) => jailed,
+        Err(msg) => return fail(&msg),
+    };
     let parts = match cli.into_parts() {
         Ok(p) => p,
         Err(e) => return fail(&error_line(&e)),
     };
-    let filters = match thread_filters(&parts.launch, mode) {
-        Ok(f) => f,
-        Err(msg) => return fail(&msg),
-    };
-    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
-        vmm::logger::set_instance_id(&parts.launch.id);
-    }
-    if parts.launch.jail.is_some() {
+    if jailed {
         // A jailed minivmm keeps only what it opens itself: inherited
         // descriptors go now, but stdio and the TAPs the configuration
         // names by number (`fd=N`).
@@ -307,10 +313,17 @@ fn main() -> ExitCode {
             .filter_map(|n| n.fd.and_then(|fd| i32::try_from(fd).ok()))
             .collect();
         if let Err(e) = vmm::process::jail::close_inherited(&keep) {
-            return fail(&format!("jail: cannot close inherited descriptors: {e}"));
+            return fail(&error_line(&e));
         }
-        // What needs the host's /sys, asked before the jail hides it.
-        let _ = vmm::kvm::pvm::is_pvm_host();
+    }
+    // After the jail, so that a filter naming minivmm's own pid has the
+    // one its PID namespace gives it.
+    let filters = match thread_filters(&parts.launch, mode) {
+        Ok(f) => f,
+        Err(msg) => return fail(&msg),
+    };
+    if parts.launch.id != vmm::config::ids::DEFAULT_ID {
+        vmm::logger::set_instance_id(&parts.launch.id);
     }
     if let Some(sock) = parts.launch.api_sock.clone() {
         return main_with_api(start, parts, filters, &sock);
@@ -325,12 +338,5 @@ fn main() -> ExitCode {
         Ok(v) => v,
         Err(msg) => return fail(&msg),
     };
-    if let Some(jail) = &launch.jail {
-        // Everything the VM needs is open; from here no path outside the
-        // jail resolves, and the process has no privilege left.
-        if let Err(e) = vmm::process::jail::enter(jail) {
-            return fail(&error_line(&e));
-        }
-    }
     boot(vmm, config, &launch, start, filters, None)
 }

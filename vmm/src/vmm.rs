@@ -70,7 +70,7 @@ pub(crate) struct Devices {
     pub(crate) serial: Arc<Mutex<SerialDevice>>,
     /// The keyboard controller (its reset line ends the VM).
     pub(crate) i8042: Arc<Mutex<I8042>>,
-    /// Set once the console saw a guest kernel panic.
+    /// Set once the guest kernel reported a panic (the pvpanic register).
     pub(crate) panicked: Arc<AtomicBool>,
 }
 

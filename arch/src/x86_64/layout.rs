@@ -91,6 +91,12 @@ pub const BOOT_TIMER_ADDR: u64 = MMIO_GAP_START;
 /// The value that says "boot complete" (Firecracker's magic number).
 pub const BOOT_COMPLETE: u8 = 123;
 
+/// The pvpanic register (QEMU's, one byte), through which the guest kernel reports a panic.
+/// The second page of the gap: a page of its own, so that the guest kernel's driver holding
+/// it busy keeps `/dev/mem` (with `IO_STRICT_DEVMEM`) off it, while the boot-timer page
+/// before it stays open to the guest's init.
+pub const PVPANIC_ADDR: u64 = MMIO_GAP_START + 0x1000;
+
 /// First GSI handed to virtio devices. 0..4 are the legacy PIT, keyboard, cascade, COM2 and
 /// COM1 (IRQ 4 for the serial console), so 5 is the first free ISA line.
 pub const IRQ_BASE: u32 = 5;
@@ -123,6 +129,8 @@ const _: () = {
     // Device windows lie inside the MMIO gap, clear of each other.
     assert!(VIRTIO_MMIO_BASE >= MMIO_GAP_START && VIRTIO_MMIO_BASE < IOAPIC_START);
     assert!(BOOT_TIMER_ADDR >= MMIO_GAP_START && BOOT_TIMER_ADDR + 0x1000 <= VIRTIO_MMIO_BASE);
+    assert!(PVPANIC_ADDR >= BOOT_TIMER_ADDR + 0x1000 && PVPANIC_ADDR + 0x1000 <= VIRTIO_MMIO_BASE);
+    assert!(PVPANIC_ADDR.is_multiple_of(0x1000));
     assert!(IOAPIC_START < APIC_START);
     assert!(KVM_TSS_ADDRESS >= APIC_START + 0x1000);
     assert!(KVM_TSS_ADDRESS + 3 * 0x1000 <= MMIO_GAP_END);

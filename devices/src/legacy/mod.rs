@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Legacy PC devices: the 8250 UART and the i8042 keyboard controller.
+//! Legacy PC devices: the 8250 UART, the i8042 keyboard controller and
+//! QEMU's pvpanic register.
 //!
-//! Both are 8-bit ISA devices. An x86 `in`/`out` of 2 or 4 bytes to such a
+//! The first two are 8-bit ISA devices. An x86 `in`/`out` of 2 or 4 bytes to such a
 //! device is split by the bus into byte cycles on consecutive ports, lowest
 //! byte first (`out 0x3f8, ax` writes AL to THR and AH to IER), so each
 //! device serves a wide access register by register through `split_read`
 //! and `split_write`. A byte that falls on a port the device does not
 //! decode reads as all ones (a floating ISA bus) and is dropped on write.
 pub mod i8042;
+pub mod pvpanic;
 pub mod serial;
 
 /// Fills `data` from consecutive registers starting at `offset`; `read`

@@ -121,6 +121,7 @@ impl Preboot {
             ApiRequest::PutLogger(v) => self.put("logger", v),
             ApiRequest::PutMetrics(v) => self.put("metrics", v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
+            ApiRequest::PutSerial(v) => self.put("serial", v),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
                 Ok(s) => return Step::Start(Box::new(s)),
                 Err(r) => r,

@@ -144,7 +144,8 @@ impl Runtime {
             | ApiRequest::PutDrive(..)
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
-            | ApiRequest::PutEntropy(_) => Response::fault(
+            | ApiRequest::PutEntropy(_)
+            | ApiRequest::PutSerial(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }

@@ -27,6 +27,7 @@ use super::parse::{
 };
 use super::settings::Settings;
 use super::VmmConfig;
+use crate::process::jail::JailConfig;
 use crate::process::seccomp::SeccompMode;
 
 /// Errors turning the command line, and the config file it names, into a
@@ -62,7 +63,7 @@ pub struct Launch {
     /// Log the time from start to the guest's boot-complete write.
     pub boot_timer: bool,
     /// Where and as whom to run jailed.
-    pub jail: Option<crate::process::jail::JailConfig>,
+    pub jail: Option<JailConfig>,
     /// Firecracker's seccompiler JSON to take the threads' filters from.
     pub seccomp_filter: Option<PathBuf>,
     /// Most bytes of an API request body.
@@ -90,7 +91,7 @@ pub struct CliParts {
 
 /// Firecracker's rule for an instance id: 1 to 64 characters, ASCII
 /// letters, digits and `-`.
-fn check_id(id: &str) -> Result<(), CliError> {
+pub fn check_id(id: &str) -> Result<(), CliError> {
     if id.is_empty() || id.len() > 64 || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     {
         return Err(CliError::Launch(format!(
@@ -106,7 +107,7 @@ Exit status:
   0  the guest rebooted or powered off, or SIGTERM/SIGINT stopped minivmm
   1  bad usage or configuration, or a failure before boot (one line on stderr)
   2  the VM failed at run time (KVM error, triple fault, emulation failure)
-  3  the guest reset after a kernel panic
+  3  the guest reset after its kernel reported a panic (pvpanic; console text never counts)
   101  minivmm panicked, on any thread: a bug (one line on stderr says where)
   148  a thread made a system call its seccomp filter forbids (--seccomp on)
 
@@ -258,8 +259,10 @@ pub struct Cli {
     /// MMDS metadata (Firecracker's --metadata): refused, minivmm has no MMDS.
     #[arg(long, value_name = "PATH")]
     pub metadata: Option<PathBuf>,
-    /// Run jailed: a new mount namespace with DIR as its root, as --uid and
-    /// --gid, no capabilities, no_new_privs (see the README's Jail section).
+    /// Run jailed before opening any file: DIR as the root of a new mount
+    /// namespace, new PID namespace and session, a cgroup of its own, as
+    /// --uid and --gid with no capability and no_new_privs (see the README's
+    /// Jail section); every path given resolves inside DIR.
     #[arg(long, value_name = "DIR", requires_all = ["uid", "gid"])]
     pub jail: Option<PathBuf>,
     /// The uid a jailed minivmm runs as.
@@ -268,6 +271,24 @@ pub struct Cli {
     /// The gid a jailed minivmm runs as.
     #[arg(long, value_name = "GID", requires = "jail", value_parser = number)]
     pub gid: Option<u64>,
+    /// Jailed: join this network namespace (e.g. /var/run/netns/NAME) first.
+    #[arg(long, value_name = "PATH", requires = "jail")]
+    pub netns: Option<PathBuf>,
+    /// Jailed: write VALUE into FILE of the VM's cgroup leaf (pids.max=64);
+    /// repeatable.
+    #[arg(long = "cgroup", value_name = "FILE=VALUE", requires = "jail")]
+    pub cgroup: Vec<String>,
+    /// Jailed: the cgroup hierarchy of the leaf, 1 or 2 [default: 2].
+    #[arg(long, value_name = "1|2", requires = "jail")]
+    pub cgroup_version: Option<String>,
+    /// Jailed: where the cgroup leaf goes, relative to the hierarchy's root
+    /// [default: minivmm]; the leaf is PARENT/ID.
+    #[arg(long, value_name = "PARENT", requires = "jail")]
+    pub parent_cgroup: Option<String>,
+    /// Jailed: fsize=BYTES (the largest offset a write reaches) or
+    /// no-file=N (open files, default 2048); repeatable.
+    #[arg(long = "resource-limit", value_name = "RESOURCE=N", requires = "jail")]
+    pub resource_limit: Vec<String>,
     /// Firecracker's launcher flags without a minivmm spelling.
     #[command(flatten)]
     pub firecracker: FirecrackerFlags,
@@ -308,9 +329,9 @@ impl Cli {
         Ok(parts.file.overlay(parts.flags).finish()?)
     }
 
-    /// Takes the command line apart (see [`CliParts`]), reading the
-    /// config file and checking the launch flags.
-    pub fn into_parts(self) -> Result<CliParts, CliError> {
+    /// The launch options alone, checked, without reading any file: what a
+    /// jailed minivmm needs before it enters its jail.
+    pub fn launch(&self) -> Result<Launch, CliError> {
         if self.metadata.is_some() {
             return Err(CliError::Launch(
                 "--metadata: MMDS (the microVM metadata service) is not supported by minivmm"
@@ -318,25 +339,12 @@ impl Cli {
             ));
         }
         check_id(&self.id)?;
-        let file = match &self.config_file {
-            Some(path) => file::load(path)?,
-            None => Settings::default(),
-        };
-        let id32 = |what: &str, v: Option<u64>| {
-            u32::try_from(v.unwrap_or(0)).map_err(|_| {
-                CliError::Launch(format!("--{what}: {} is out of range", v.unwrap_or(0)))
-            })
-        };
         let jail = match &self.jail {
-            Some(root) => Some(crate::process::jail::JailConfig {
-                root: root.clone(),
-                uid: id32("uid", self.uid)?,
-                gid: id32("gid", self.gid)?,
-            }),
+            Some(root) => Some(self.jail_config(root)?),
             None => None,
         };
         let limits = self.firecracker.limits().map_err(CliError::Launch)?;
-        let launch = Launch {
+        Ok(Launch {
             jail,
             api_sock: self.api_socket()?,
             seccomp_filter: self.firecracker.seccomp_filter.clone(),
@@ -348,6 +356,49 @@ impl Cli {
             start_time_cpu_us: self.start_time_cpu_us,
             parent_cpu_time_us: self.parent_cpu_time_us,
             boot_timer: self.boot_timer,
+        })
+    }
+
+    fn jail_config(&self, root: &std::path::Path) -> Result<JailConfig, CliError> {
+        use crate::process::jail::cgroup::{parse_file, parse_parent, CgroupVersion};
+        let id32 = |what: &str, v: Option<u64>| {
+            u32::try_from(v.unwrap_or(0)).map_err(|_| {
+                CliError::Launch(format!("--{what}: {} is out of range", v.unwrap_or(0)))
+            })
+        };
+        let launch = |e: &dyn std::error::Error| CliError::Launch(e.to_string());
+        let mut jail = JailConfig::new(
+            root.to_path_buf(),
+            id32("uid", self.uid)?,
+            id32("gid", self.gid)?,
+            &self.id,
+        );
+        jail.netns = self.netns.clone();
+        jail.seccomp = self.seccomp;
+        if let Some(v) = &self.cgroup_version {
+            jail.cgroup.version = CgroupVersion::parse(v).map_err(|e| launch(&e))?;
+        }
+        if let Some(p) = &self.parent_cgroup {
+            jail.cgroup.parent = parse_parent(p).map_err(|e| launch(&e))?;
+        }
+        for c in &self.cgroup {
+            jail.cgroup
+                .files
+                .push(parse_file(c).map_err(|e| launch(&e))?);
+        }
+        for r in &self.resource_limit {
+            jail.limits.set(r).map_err(|e| launch(&e))?;
+        }
+        Ok(jail)
+    }
+
+    /// Takes the command line apart (see [`CliParts`]), reading the
+    /// config file and checking the launch flags.
+    pub fn into_parts(self) -> Result<CliParts, CliError> {
+        let launch = self.launch()?;
+        let file = match &self.config_file {
+            Some(path) => file::load(path)?,
+            None => Settings::default(),
         };
         let has_file = self.config_file.is_some();
         Ok(CliParts {
@@ -413,6 +464,7 @@ impl Cli {
                 .map(parse_host_quirks)
                 .transpose()?,
             seccomp: Some(seccomp),
+            ..Settings::default()
         })
     }
 }
@@ -921,6 +973,113 @@ mod tests {
         assert_eq!(mode(&["--seccomp", "log"]).unwrap(), SeccompMode::Log);
         assert_eq!(mode(&["--seccomp", "off"]).unwrap(), SeccompMode::Off);
         assert!(mode(&["--seccomp", "maybe"]).is_err());
+    }
+
+    fn launch_of(args: &[&str]) -> Result<Launch, String> {
+        let cli = Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied()))
+            .map_err(|e| clap_line(&e))?;
+        cli.launch().map_err(|e| crate::error_line(&e))
+    }
+
+    #[test]
+    fn the_jail_flags_land_in_the_jail_config_without_reading_a_file() {
+        use crate::process::jail::cgroup::CgroupVersion;
+        use crate::process::jail::ResourceLimits;
+        let base = ["--kernel", "k", "--jail", "/j", "--uid", "7", "--gid", "8"];
+        let jail = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            launch_of(&args).map(|l| l.jail.expect("jailed"))
+        };
+        let j = jail(&["--id", "vm-1"]).unwrap();
+        assert_eq!(
+            (j.root.as_path(), j.uid, j.gid),
+            (std::path::Path::new("/j"), 7, 8)
+        );
+        assert_eq!(j.id, "vm-1");
+        assert_eq!(j.netns, None);
+        assert_eq!(j.cgroup.version, CgroupVersion::V2);
+        assert_eq!(j.cgroup.parent, std::path::Path::new("minivmm"));
+        assert!(j.cgroup.files.is_empty());
+        assert_eq!(j.limits, ResourceLimits::default());
+        assert_eq!(j.seccomp, SeccompMode::On);
+        let j = jail(&[
+            "--netns",
+            "/var/run/netns/a",
+            "--cgroup",
+            "pids.max=9",
+            "--cgroup",
+            "cpu.weight=50",
+            "--cgroup-version",
+            "1",
+            "--parent-cgroup",
+            "vms",
+            "--resource-limit",
+            "fsize=4096",
+            "--resource-limit",
+            "no-file=99",
+            "--seccomp",
+            "log",
+        ])
+        .unwrap();
+        assert_eq!(
+            j.netns.as_deref(),
+            Some(std::path::Path::new("/var/run/netns/a"))
+        );
+        assert_eq!(j.cgroup.version, CgroupVersion::V1);
+        assert_eq!(j.cgroup.parent, std::path::Path::new("vms"));
+        assert_eq!(
+            j.cgroup.files,
+            [
+                ("pids.max".into(), "9".into()),
+                ("cpu.weight".into(), "50".into())
+            ]
+        );
+        assert_eq!(
+            j.limits,
+            ResourceLimits {
+                fsize: Some(4096),
+                nofile: 99
+            }
+        );
+        assert_eq!(j.seccomp, SeccompMode::Log);
+        // The config file is not read by launch(): it may be the jail's.
+        let l = launch_of(&["--config-file", "/nonexistent/vm.json"]).unwrap();
+        assert_eq!(l.jail, None);
+        for (extra, want) in [
+            (
+                &["--cgroup", "pids"][..],
+                "--cgroup 'pids': expected FILE=VALUE",
+            ),
+            (
+                &["--cgroup-version", "3"],
+                "--cgroup-version '3': expected 1 or 2",
+            ),
+            (
+                &["--parent-cgroup", "/abs"],
+                "--parent-cgroup '/abs': expected a relative path",
+            ),
+            (
+                &["--resource-limit", "nproc=1"],
+                "--resource-limit 'nproc=1': expected",
+            ),
+        ] {
+            let e = jail(extra).unwrap_err();
+            assert!(e.starts_with(want), "{extra:?}: {e}");
+        }
+        // The jail's flags need --jail.
+        let e = launch_of(&["--kernel", "k", "--netns", "/n"]).unwrap_err();
+        assert!(e.contains("--jail"), "{e}");
+        let e = launch_of(&[
+            "--kernel",
+            "k",
+            "--jail",
+            "/j",
+            "--uid",
+            "4294967296",
+            "--gid",
+            "1",
+        ]);
+        assert_eq!(e.unwrap_err(), "--uid: 4294967296 is out of range");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::path::Path;
 use crate::config::HostQuirks;
 
 /// Where the PVM module shows itself.
-const PVM_MODULE: &str = "/sys/module/kvm_pvm";
+pub const PVM_MODULE: &str = "/sys/module/kvm_pvm";
 
 /// [`GUEST_NO_AVX_ENV`]'s text, once, for both constants (`concat!` takes literals only).
 macro_rules! guest_no_avx_env {

@@ -15,7 +15,8 @@ use vmm_sys_util::eventfd::EventFd;
 pub enum VmExit {
     /// The guest reset the machine (i8042 reset pulse or KVM reset event).
     Reset,
-    /// The guest reset the machine after a kernel panic was seen on its console.
+    /// The guest reset the machine after its kernel reported a panic
+    /// through the pvpanic register.
     PanicReset,
     /// The guest powered off.
     PowerOff,
@@ -46,7 +47,11 @@ impl VmExit {
     pub fn describe(&self) -> String {
         match self {
             VmExit::Reset => "guest reset the machine".to_string(),
-            VmExit::PanicReset => "guest reset the machine after a kernel panic".to_string(),
+            VmExit::PanicReset => {
+                "guest reset the machine after a kernel panic (reported by the guest kernel \
+                 through pvpanic)"
+                    .to_string()
+            }
             VmExit::PowerOff => "guest powered off".to_string(),
             VmExit::Signal(sig) => format!("stopped by signal {sig}"),
             VmExit::Fault(msg) => msg.clone(),
@@ -137,7 +142,7 @@ mod tests {
         assert_eq!(VmExit::Reset.describe(), "guest reset the machine");
         assert_eq!(
             VmExit::PanicReset.describe(),
-            "guest reset the machine after a kernel panic"
+            "guest reset the machine after a kernel panic (reported by the guest kernel through pvpanic)"
         );
         assert_eq!(VmExit::PowerOff.describe(), "guest powered off");
         assert_eq!(VmExit::Signal(15).describe(), "stopped by signal 15");

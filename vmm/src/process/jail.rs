@@ -1,48 +1,81 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A jail of minivmm's own, in the spirit of Firecracker's jailer: once the
-//! VM is built and before the guest runs, the process moves into a new mount
-//! namespace whose root is a directory the operator chose, drops to an
-//! unprivileged uid and gid, and keeps no capability.
+//! minivmm's own jail (`--jail DIR --uid UID --gid GID`), as strong as
+//! Firecracker's jailer, and the steps the `jailer` entry point shares
+//! with it ([`super::jailer`]).
 //!
-//! [`enter`] does, in this order, each step a one-line [`JailError`]:
-//! 1. a new mount namespace, with every mount made private so nothing the
-//!    process does there propagates to the host;
-//! 2. the jail directory bind-mounted on itself (pivot_root needs a mount
-//!    point), then `dev/kvm` and `dev/net/tun` made inside it, where the
-//!    host has them, as nodes of the same devices owned by the jail's uid
-//!    and gid, mode 0600 (as Firecracker's jailer makes them): the only
-//!    device nodes reachable, for the TAPs and the VM opened after the
-//!    jail (descriptors already open stay valid);
-//! 3. `pivot_root` into it and the old root detached, so no path resolves
-//!    outside the directory any more;
-//! 4. no supplementary groups, then the gid and the uid (real, effective
-//!    and saved), after which the kernel clears every capability of a
-//!    non-root uid; the capability sets are cleared explicitly too, so a jail
-//!    with uid 0 keeps none either;
-//! 5. `no_new_privs`, so no later exec can gain privileges;
-//! 6. rlimits: no core dumps (a core would hold guest memory) and a bound
-//!    on open files.
+//! [`enter`] runs at start-up, before minivmm opens any file the user
+//! named (the config file included), in every mode. In order, each step a
+//! one-line [`JailError`]:
+//! 1. the environment emptied, its strings overwritten (the launching
+//!    shell's variables, secrets among them, are not left in memory), but
+//!    `RUST_LOG`, which the log still reads;
+//! 2. the network namespace joined (`--netns PATH`), so the TAPs named
+//!    later are that namespace's and the host's sockets, abstract Unix
+//!    sockets and loopback ports included, are out of reach;
+//! 3. rlimits ([`ResourceLimits`]): no core dumps (a core would hold guest
+//!    memory), open files bounded (2048 unless `--resource-limit no-file=N`)
+//!    and, with `--resource-limit fsize=N`, the size of every file written
+//!    (SIGXFSZ ignored, so a write past it fails instead of killing the VM);
+//! 4. a cgroup leaf of its own with the limits given ([`cgroup`]);
+//! 5. the device nodes `dev/kvm` and `dev/net/tun` made inside DIR and a
+//!    mount namespace whose root is DIR ([`mount`]);
+//! 6. a PID namespace whose init is minivmm, in a session of its own
+//!    ([`pidns`]; the process the caller started stays outside as its
+//!    supervisor);
+//! 7. no privilege left ([`creds`]): the ids, no capability, not dumpable,
+//!    `no_new_privs`.
 //!
-//! What stays reachable: descriptors opened before (guest memory, KVM, the
-//! TAPs, the disk images, the API socket, log and metrics files), the
-//! jail directory's contents, and the two device nodes. Paths given later
-//! (through the API) resolve inside the directory.
-//!
-//! [`close_inherited`] is the other half: at start-up, before minivmm opens
-//! anything, it closes every descriptor it inherited but stdin, stdout,
-//! stderr and the ones the configuration names (`fd=N` TAPs), so what the
-//! jail keeps is only what minivmm itself owns.
+//! What stays reachable: the jail directory's contents, the two device
+//! nodes, the network namespace's devices, and the descriptors minivmm
+//! opens or inherits on purpose (stdio, `fd=N` TAPs; [`close_inherited`]
+//! closes the others once the configuration says which those are).
 #![allow(unsafe_code)]
 
-use std::ffi::CString;
+pub mod cgroup;
+pub mod creds;
+pub mod mount;
+pub mod pidns;
+pub mod sys;
+
+use std::ffi::OsString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-/// Open files a jailed minivmm may hold (Firecracker's jailer sets 2048).
+use self::cgroup::{CgroupError, CgroupSpec, CgroupVersion};
+use self::sys::{check, SysError};
+use crate::process::seccomp::SeccompMode;
+
+/// Open files a jailed process may hold unless told otherwise (Firecracker's
+/// jailer's default).
 pub const NOFILE_LIMIT: u64 = 2048;
 
-/// Where and as whom minivmm runs once jailed.
+/// Where the cgroup leaves of minivmm's own jail go, below each hierarchy's
+/// root, unless `--parent-cgroup` says otherwise.
+pub const DEFAULT_PARENT_CGROUP: &str = "minivmm";
+
+/// The environment variables a jailed process keeps.
+pub const KEPT_ENV: [&str; 1] = ["RUST_LOG"];
+
+/// The rlimits of a jail (`--resource-limit fsize=N|no-file=N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceLimits {
+    /// The largest offset a write may reach, in bytes (RLIMIT_FSIZE).
+    pub fsize: Option<u64>,
+    /// One more than the highest descriptor number (RLIMIT_NOFILE).
+    pub nofile: u64,
+}
+
+impl Default for ResourceLimits {
+    fn default() -> Self {
+        ResourceLimits {
+            fsize: None,
+            nofile: NOFILE_LIMIT,
+        }
+    }
+}
+
+/// Where, as whom and under which limits a jailed minivmm runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JailConfig {
     /// The new root: an existing directory.
@@ -51,6 +84,38 @@ pub struct JailConfig {
     pub uid: u32,
     /// The gid to run as.
     pub gid: u32,
+    /// The instance id: the name of the cgroup leaf.
+    pub id: String,
+    /// A network namespace to join (a path such as `/var/run/netns/NAME`).
+    pub netns: Option<PathBuf>,
+    /// The cgroup leaf and its limits.
+    pub cgroup: CgroupSpec,
+    /// The rlimits.
+    pub limits: ResourceLimits,
+    /// The seccomp mode of the supervisor left outside the PID namespace.
+    pub seccomp: SeccompMode,
+}
+
+impl JailConfig {
+    /// A jail in `root` as `uid`:`gid` for instance `id`, with the defaults:
+    /// no network namespace, a v2 leaf under [`DEFAULT_PARENT_CGROUP`] with
+    /// no limit, [`ResourceLimits::default`], seccomp on.
+    pub fn new(root: PathBuf, uid: u32, gid: u32, id: &str) -> Self {
+        JailConfig {
+            root,
+            uid,
+            gid,
+            id: id.to_string(),
+            netns: None,
+            cgroup: CgroupSpec {
+                version: CgroupVersion::V2,
+                parent: PathBuf::from(DEFAULT_PARENT_CGROUP),
+                files: Vec::new(),
+            },
+            limits: ResourceLimits::default(),
+            seccomp: SeccompMode::On,
+        }
+    }
 }
 
 /// Why the jail could not be entered; each names the step.
@@ -60,349 +125,145 @@ pub enum JailError {
     #[error("jail directory {}: not a directory", .0.display())]
     NotADirectory(PathBuf),
     /// A system call of one step failed.
-    #[error("jail: {step} failed: {source}")]
-    Step {
-        /// The step, as the module doc numbers them.
-        step: &'static str,
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    /// The cgroup could not be set up.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The network namespace could not be opened or joined.
+    #[error("jail: cannot join the network namespace {}", .path.display())]
+    Netns {
+        /// The namespace's path.
+        path: PathBuf,
         /// Why.
         #[source]
         source: io::Error,
     },
+    /// A `--resource-limit` argument is not `fsize=N` or `no-file=N`.
+    #[error("--resource-limit '{0}': expected fsize=BYTES or no-file=N")]
+    ResourceLimit(String),
+    /// The mount table could not be read.
+    #[error("jail: cannot read /proc/mounts")]
+    Mounts(#[source] io::Error),
 }
 
-fn check(step: &'static str, ret: libc::c_int) -> Result<(), JailError> {
-    if ret < 0 {
-        return Err(JailError::Step {
-            step,
-            source: io::Error::last_os_error(),
-        });
+impl ResourceLimits {
+    /// Takes one `--resource-limit` argument: `fsize=BYTES` or `no-file=N`
+    /// (decimal, as Firecracker's jailer reads them).
+    pub fn set(&mut self, spec: &str) -> Result<(), JailError> {
+        let bad = || JailError::ResourceLimit(spec.to_string());
+        let (name, value) = spec.split_once('=').ok_or_else(bad)?;
+        let value: u64 = value.parse().map_err(|_| bad())?;
+        match name {
+            "fsize" => self.fsize = Some(value),
+            "no-file" => self.nofile = value,
+            _ => return Err(bad()),
+        }
+        Ok(())
+    }
+
+    /// Sets the limits (soft and hard) and no core dumps; ignores SIGXFSZ
+    /// when the file size is bounded (the ignored disposition survives an
+    /// exec, so the `jailer`'s VMM gets it too).
+    pub fn apply(&self) -> Result<(), SysError> {
+        let limits = [
+            ("rlimit core", libc::RLIMIT_CORE, Some(0)),
+            ("rlimit nofile", libc::RLIMIT_NOFILE, Some(self.nofile)),
+            ("rlimit fsize", libc::RLIMIT_FSIZE, self.fsize),
+        ];
+        for (step, resource, limit) in limits {
+            let Some(limit) = limit else { continue };
+            let r = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            // SAFETY: a valid rlimit that lives for the call.
+            check(step, unsafe { libc::setrlimit(resource, &r) })?;
+        }
+        if self.fsize.is_some() {
+            // SAFETY: SIG_IGN for a signal that has no handler in minivmm.
+            if unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) } == libc::SIG_ERR {
+                return Err(SysError::last("ignore SIGXFSZ"));
+            }
+        }
+        Ok(())
+    }
+}
+
+extern "C" {
+    /// The C library's environment (environ(7)).
+    static mut environ: *const *mut libc::c_char;
+}
+
+/// Empties the environment but the variables named in `keep`, overwriting
+/// every string first, so that no variable of the launcher's is left in
+/// memory or in `/proc/PID/environ`. Single-threaded callers only.
+pub fn empty_environment(keep: &[&str]) {
+    let kept: Vec<(&str, OsString)> = keep
+        .iter()
+        .filter_map(|&k| std::env::var_os(k).map(|v| (k, v)))
+        .collect();
+    // SAFETY: the caller is single-threaded, so nothing reads the
+    // environment meanwhile; `environ` is null or a null-terminated array
+    // of NUL-terminated strings in writable memory (the initial stack, or
+    // the C library's copies), each overwritten within its own length
+    // before clearenv drops the array.
+    unsafe {
+        let mut p = environ;
+        while !p.is_null() && !(*p).is_null() {
+            let s = *p;
+            std::ptr::write_bytes(s, 0, libc::strlen(s));
+            p = p.add(1);
+        }
+        libc::clearenv();
+    }
+    for (k, v) in kept {
+        std::env::set_var(k, v);
+    }
+}
+
+/// Joins the network namespace at `path`.
+pub fn join_netns(path: &Path) -> Result<(), JailError> {
+    let err = |source| JailError::Netns {
+        path: path.to_path_buf(),
+        source,
+    };
+    let ns = std::fs::File::open(path).map_err(err)?;
+    // SAFETY: a namespace descriptor that lives for the call.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(err(io::Error::last_os_error()));
     }
     Ok(())
 }
 
-fn cpath(step: &'static str, p: &Path) -> Result<CString, JailError> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| JailError::Step {
-        step,
-        source: io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"),
-    })
-}
-
-fn bind(step: &'static str, from: &Path, to: &Path) -> Result<(), JailError> {
-    let (from, to) = (cpath(step, from)?, cpath(step, to)?);
-    // SAFETY: both are NUL-terminated paths that outlive the call; the
-    // null fstype and data are allowed for a bind mount.
-    let ret = unsafe {
-        libc::mount(
-            from.as_ptr(),
-            to.as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND | libc::MS_REC,
-            std::ptr::null(),
-        )
-    };
-    check(step, ret)
-}
-
-/// Enters the jail (see the module doc). Single-threaded callers only:
-/// `unshare(CLONE_NEWNS)` and the credential calls act on the calling
-/// thread, and threads created earlier would stay outside.
+/// Enters the jail (see the module doc). Single-threaded callers only: the
+/// namespace and credential calls act on the calling thread, and the PID
+/// namespace needs a fork. Returns in the jailed process; the process that
+/// called it stays outside as its supervisor and never returns.
 pub fn enter(cfg: &JailConfig) -> Result<(), JailError> {
     if !cfg.root.is_dir() {
         return Err(JailError::NotADirectory(cfg.root.clone()));
     }
-    // SAFETY: unshare takes flags only.
-    check("unshare(CLONE_NEWNS)", unsafe {
-        libc::unshare(libc::CLONE_NEWNS)
-    })?;
-    let slash = cpath("make / private", Path::new("/"))?;
-    // SAFETY: a NUL-terminated path; a propagation change takes no source,
-    // type or data.
-    check("make / private", unsafe {
-        libc::mount(
-            std::ptr::null(),
-            slash.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        )
-    })?;
-    bind("bind the jail directory", &cfg.root, &cfg.root)?;
-    for dev in ["kvm", "net/tun"] {
-        let host = Path::new("/dev").join(dev);
-        if host.exists() {
-            device_node(&host, &cfg.root.join("dev").join(dev), cfg.uid, cfg.gid)?;
-        }
+    empty_environment(&KEPT_ENV);
+    if let Some(ns) = &cfg.netns {
+        join_netns(ns)?;
     }
-    std::env::set_current_dir(&cfg.root).map_err(|source| JailError::Step {
-        step: "chdir into the jail",
-        source,
-    })?;
-    let dot = cpath("pivot_root", Path::new("."))?;
-    // SAFETY: pivot_root(".", ".") stacks the old root on the new one (see
-    // pivot_root(2)); both arguments are the same NUL-terminated path.
-    check("pivot_root", unsafe {
-        libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) as libc::c_int
-    })?;
-    // SAFETY: detaches the old root, now mounted on "."; a path and flags.
-    check("detach the old root", unsafe {
-        libc::umount2(dot.as_ptr(), libc::MNT_DETACH)
-    })?;
-    std::env::set_current_dir("/").map_err(|source| JailError::Step {
-        step: "chdir to the new root",
-        source,
-    })?;
-    drop_privileges(cfg.uid, cfg.gid)?;
-    set_rlimits()
-}
-
-/// A character device node at `inside` for the host's `host`, owned by
-/// `uid`:`gid` with mode 0600, as Firecracker's jailer makes them: the
-/// host's node is often root's alone, and the jailed uid must be able to
-/// open it (a TAP or a VM the API configures is opened after the jail).
-/// The jail directory must be on a file system that allows device nodes.
-fn device_node(host: &Path, inside: &Path, uid: u32, gid: u32) -> Result<(), JailError> {
-    use std::os::unix::fs::MetadataExt;
-    let step = |step: &'static str| move |source| JailError::Step { step, source };
-    let rdev = std::fs::metadata(host)
-        .map_err(step("stat a host device node"))?
-        .rdev();
-    if let Some(dir) = inside.parent() {
-        std::fs::create_dir_all(dir).map_err(step("create dev/ in the jail"))?;
-    }
-    match std::fs::remove_file(inside) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(step("replace a device node")(e)),
-    }
-    let path = cpath("create a device node", inside)?;
-    // SAFETY: a NUL-terminated path that outlives the call; mode and
-    // device number are integers.
-    check("create a device node", unsafe {
-        libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o600, rdev as libc::dev_t)
-    })?;
-    // SAFETY: the same path; plain integer ids.
-    check("chown a device node", unsafe {
-        libc::chown(path.as_ptr(), uid, gid)
-    })
-}
-
-fn drop_privileges(uid: u32, gid: u32) -> Result<(), JailError> {
-    // SAFETY: an empty group list; the pointer is not read for 0 entries.
-    check("setgroups", unsafe { libc::setgroups(0, std::ptr::null()) })?;
-    // SAFETY: plain integer arguments.
-    check("setresgid", unsafe { libc::setresgid(gid, gid, gid) })?;
-    // SAFETY: plain integer arguments.
-    check("setresuid", unsafe { libc::setresuid(uid, uid, uid) })?;
-    // The kernel clears the capabilities of a non-root uid by itself; a
-    // jail as uid 0 must not keep them either.
-    #[repr(C)]
-    struct CapHeader {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct CapData {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let data = [CapData {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: a version-3 header and the two data words it requires, both
-    // live for the call; pid 0 is the calling thread.
-    check("clear capabilities", unsafe {
-        libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) as libc::c_int
-    })?;
-    // SAFETY: prctl with integer arguments only.
-    check("no_new_privs", unsafe {
-        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    })?;
+    cfg.limits.apply()?;
+    let mounts = std::fs::read_to_string("/proc/mounts").map_err(JailError::Mounts)?;
+    cfg.cgroup
+        .plan(&cfg.id, &mounts, true)?
+        .apply(std::process::id())?;
+    mount::device_nodes(&cfg.root, cfg.uid, cfg.gid)?;
+    mount::pivot_into(&cfg.root)?;
+    pidns::supervised(cfg.uid, cfg.gid, cfg.seccomp)?;
     Ok(())
 }
 
-fn set_rlimits() -> Result<(), JailError> {
-    for (step, resource, limit) in [
-        ("rlimit core", libc::RLIMIT_CORE, 0),
-        ("rlimit nofile", libc::RLIMIT_NOFILE, NOFILE_LIMIT),
-    ] {
-        let r = libc::rlimit {
-            rlim_cur: limit,
-            rlim_max: limit,
-        };
-        // SAFETY: a valid rlimit that lives for the call.
-        check(step, unsafe { libc::setrlimit(resource, &r) })?;
-    }
-    Ok(())
-}
-
-/// Closes every inherited descriptor but 0, 1, 2 and `keep`.
-pub fn close_inherited(keep: &[i32]) -> io::Result<()> {
-    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    for fd in fds {
-        if fd > 2 && !keep.contains(&fd) {
-            // SAFETY: closing a descriptor number; the directory listing's
-            // own descriptor is already closed (the iterator is consumed),
-            // and nothing in this process owns the others yet.
-            unsafe { libc::close(fd) };
-        }
-    }
-    Ok(())
+/// Closes every inherited descriptor but 0, 1, 2 and `keep` (works in the
+/// jail, which has no `/proc`).
+pub fn close_inherited(keep: &[i32]) -> Result<(), SysError> {
+    sys::close_all_but(keep)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CHILD_ENV: &str = "MINIVMM_JAIL_TEST_DIR";
-
-    fn field(status: &str, name: &str) -> String {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_string())
-            .unwrap_or_default()
-    }
-
-    /// Runs in a child process (see below): enters the jail and reports
-    /// what the process looks like from inside.
-    #[test]
-    #[ignore = "the body of jailed_process_is_confined, run in a child process"]
-    fn jail_child() {
-        let Ok(dir) = std::env::var(CHILD_ENV) else {
-            return;
-        };
-        // Read before the jail hides /proc.
-        let status_before = std::fs::read_to_string("/proc/self/status").unwrap();
-        assert_eq!(
-            field(&status_before, "Uid:").split_whitespace().next(),
-            Some("0")
-        );
-        enter(&JailConfig {
-            root: dir.into(),
-            uid: 65534,
-            gid: 65534,
-        })
-        .unwrap();
-        let mut names: Vec<String> = std::fs::read_dir("/")
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        println!("ROOT {}", names.join(","));
-        println!("MARKER {}", std::fs::read_to_string("/marker").unwrap());
-        println!("ESCAPE {}", Path::new("/../../etc/passwd").exists());
-        // SAFETY: plain getters.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        println!("IDS {uid} {gid}");
-        println!(
-            "NNP {}",
-            // SAFETY: a getter with no pointer arguments.
-            unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) }
-        );
-        let mut r = libc::rlimit {
-            rlim_cur: 1,
-            rlim_max: 1,
-        };
-        // SAFETY: r lives for the call.
-        unsafe { libc::getrlimit(libc::RLIMIT_CORE, &mut r) };
-        println!("CORE {}", r.rlim_max);
-        let mut header = [0x2008_0522u32, 0];
-        let mut data = [0u32; 6];
-        // SAFETY: a version-3 header and room for its two data words.
-        let ret =
-            unsafe { libc::syscall(libc::SYS_capget, header.as_mut_ptr(), data.as_mut_ptr()) };
-        assert_eq!(ret, 0);
-        println!("CAPS {:x}", data.iter().fold(0, |a, w| a | w));
-        let opens = |p: &str| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(p)
-                .is_ok()
-        };
-        println!("KVM {}", opens("/dev/kvm"));
-        println!("TUN {}", opens("/dev/net/tun"));
-    }
-
-    #[test]
-    fn jailed_process_is_confined() {
-        // SAFETY: a getter.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: entering a jail needs root (CI runs as root)");
-            return;
-        }
-        let dir = std::env::temp_dir().join(format!("minivmm-jail-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("marker"), "inside").unwrap();
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "process::jail::tests::jail_child",
-                "--nocapture",
-            ])
-            .env(CHILD_ENV, &dir)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(
-            out.status.success(),
-            "{text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{k} ")))
-                .unwrap_or_else(|| panic!("no {k} line in {text}"))
-                .to_string()
-        };
-        let root = line("ROOT");
-        assert!(
-            root.split(',').all(|n| ["dev", "marker"].contains(&n)),
-            "{root}"
-        );
-        assert_eq!(line("MARKER"), "inside");
-        assert_eq!(line("ESCAPE"), "false");
-        assert_eq!(line("IDS"), "65534 65534");
-        assert_eq!(line("NNP"), "1");
-        assert_eq!(line("CORE"), "0");
-        assert_eq!(
-            line("CAPS"),
-            "0",
-            "no capability left, effective or permitted"
-        );
-        // The jail's own device nodes open for the dropped uid, where the
-        // host's (root's, mode 0600 here) would not.
-        for (dev, key) in [("/dev/kvm", "KVM"), ("/dev/net/tun", "TUN")] {
-            if Path::new(dev).exists() {
-                assert_eq!(line(key), "true", "{dev} from inside the jail");
-            }
-        }
-    }
-
-    #[test]
-    fn a_missing_directory_is_one_line() {
-        let e = enter(&JailConfig {
-            root: "/nonexistent/minivmm-jail".into(),
-            uid: 1,
-            gid: 1,
-        })
-        .unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "jail directory /nonexistent/minivmm-jail: not a directory"
-        );
-    }
-}
+mod tests;

@@ -15,6 +15,7 @@
 //! The VM's own kernel state (memory, vCPUs) is in [`crate::kvm`].
 
 pub mod jail;
+pub mod jailer;
 pub mod seccomp;
 pub mod seccomp_file;
 pub mod signals;

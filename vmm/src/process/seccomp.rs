@@ -110,6 +110,9 @@ pub enum Thread {
     EventLoop,
     /// The API socket's thread: accepts, reads and answers requests.
     Api,
+    /// The process `--jail` leaves outside its PID namespace: waits for the
+    /// jailed minivmm and forwards signals to it.
+    Supervisor,
 }
 
 /// Errors building or installing a filter. None is caused by the guest.
@@ -512,6 +515,29 @@ pub fn api_rules() -> Vec<Entry> {
     ]
 }
 
+/// The supervisor `--jail` leaves outside its PID namespace
+/// (`jail::pidns`), after it dropped its privileges and closed every
+/// descriptor but stdio: it waits for signals and for the jailed minivmm's
+/// end, and signals it.
+pub fn supervisor_rules() -> Vec<Entry> {
+    vec![
+        // sigwaitinfo: the forwarded signals and SIGCHLD.
+        allow(libc::SYS_rt_sigtimedwait),
+        // The supervisor stopped and continued (SIGSTOP, a frozen cgroup)
+        // inside sigwaitinfo resumes the call through restart_syscall.
+        allow(libc::SYS_restart_syscall),
+        // waitpid(child, WNOHANG) on SIGCHLD.
+        allow(libc::SYS_wait4),
+        // The forwarded stop and metrics signals, and SIGKILL for those
+        // whose default action would have ended an unjailed minivmm.
+        allow_arg_in(
+            libc::SYS_kill,
+            1,
+            &[libc::SIGTERM, libc::SIGINT, libc::SIGUSR1, libc::SIGKILL].map(|s| s as u64),
+        ),
+    ]
+}
+
 /// Merges entries by system call. An unconditional entry wins over rules
 /// for the same call (it allows more).
 fn merge(entries: impl IntoIterator<Item = Entry>) -> BTreeMap<i64, Vec<SeccompRule>> {
@@ -536,6 +562,7 @@ pub fn rules(thread: Thread, ctx: &Context) -> BTreeMap<i64, Vec<SeccompRule>> {
         Thread::Vcpu => vcpu_rules(ctx),
         Thread::EventLoop => event_loop_rules(ctx),
         Thread::Api => api_rules(),
+        Thread::Supervisor => supervisor_rules(),
     };
     merge(common_rules().into_iter().chain(own))
 }
@@ -853,7 +880,12 @@ mod tests {
 
     #[test]
     fn a_forbidden_call_ends_the_process_with_148() {
-        for thread in [Thread::Vcpu, Thread::EventLoop, Thread::Api] {
+        for thread in [
+            Thread::Vcpu,
+            Thread::EventLoop,
+            Thread::Api,
+            Thread::Supervisor,
+        ] {
             let status = in_filtered_child(thread, SeccompMode::On, forbidden_syscall);
             assert_eq!(
                 exit_status(status),
@@ -1314,6 +1346,67 @@ mod tests {
                 raw(libc::SYS_restart_syscall, [0; 6])
             });
             assert_eq!(exit_status(status), Some(0), "{thread:?}");
+        }
+    }
+
+    #[test]
+    fn the_jail_supervisor_may_wait_and_signal_and_nothing_more() {
+        // The signals go to pid INT_MAX, which no process has: the calls
+        // fail with ESRCH, harmlessly, once the filter let them through.
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_rt_sigtimedwait, [0, 0, 0, 8, 0, 0]),
+            || raw(libc::SYS_wait4, [-1, 0, libc::WNOHANG as _, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGTERM as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGINT as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGUSR1 as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGKILL as _, 0, 0, 0, 0],
+                )
+            },
+        ];
+        for f in allowed {
+            let status = in_filtered_child(Thread::Supervisor, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        // No other signal, no file, no process, no KVM.
+        let forbidden: &[fn()] = &[
+            || {
+                raw(
+                    libc::SYS_kill,
+                    [i32::MAX as _, libc::SIGSTOP as _, 0, 0, 0, 0],
+                )
+            },
+            || {
+                raw(
+                    libc::SYS_tgkill,
+                    [i32::MAX as _, 1, libc::SIGTERM as _, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_openat, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_clone, [0, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_RUN() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_setuid, [0, 0, 0, 0, 0, 0]),
+        ];
+        for f in forbidden {
+            let status = in_filtered_child(Thread::Supervisor, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
         }
     }
 
