@@ -29,8 +29,20 @@ use crate::images::check_images;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
-/// `vmm_version` in `GET /` and `firecracker_version` in `GET /version`.
+/// minivmm's own version: `vmm_version` in `GET /`, and the build
+/// metadata of `firecracker_version` in `GET /version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The Firecracker release whose API description minivmm implements.
+pub const FIRECRACKER_API: &str = "1.17.0";
+
+/// `firecracker_version` in `GET /version`: the Firecracker API version
+/// minivmm implements, with minivmm's own version as SemVer build metadata
+/// (`1.17.0+minivmm.0.1.0`). A client comparing versions sees 1.17.0
+/// (build metadata has no precedence), a person sees both, and the body
+/// keeps Firecracker's one-field shape.
+pub fn firecracker_version() -> String {
+    format!("{FIRECRACKER_API}+minivmm.{VERSION}")
+}
 
 /// Sections of Firecracker's full configuration that are `null` unless
 /// put (`entropy`) or that minivmm has not (the rest): `GET /vm/config`
@@ -52,7 +64,7 @@ pub fn instance_info(id: &str, state: &str) -> Response {
 
 /// `GET /version`: Firecracker's `FirecrackerVersion`.
 pub fn version() -> Response {
-    Response::json(json!({ "firecracker_version": VERSION }).to_string())
+    Response::json(json!({ "firecracker_version": firecracker_version() }).to_string())
 }
 
 /// A fault for a request that only makes sense once the VM runs.
@@ -275,7 +287,10 @@ mod tests {
                    "vmm_version": VERSION})
         );
         let r = reply(&mut p, ApiRequest::GetVersion);
-        assert_eq!(body(&r), json!({"firecracker_version": VERSION}));
+        assert_eq!(
+            body(&r),
+            json!({"firecracker_version": format!("1.17.0+minivmm.{}", env!("CARGO_PKG_VERSION"))})
+        );
     }
 
     #[test]

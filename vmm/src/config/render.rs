@@ -88,9 +88,9 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
     let mut machine = json!({
         "vcpu_count": cfg.vcpus,
         "mem_size_mib": cfg.mem_mib,
-        "smt": false,
+        "smt": cfg.smt,
         "track_dirty_pages": false,
-        "huge_pages": "None",
+        "huge_pages": cfg.huge_pages.name(),
     });
     if cfg.host_quirks != HostQuirks::Auto {
         machine["host_quirks"] = json!(host_quirks(cfg.host_quirks));
@@ -245,10 +245,15 @@ fn logger(l: &LoggerConfig) -> Value {
 }
 
 fn metrics(m: &MetricsConfig) -> Value {
-    json!({
+    let mut v = json!({
         "metrics_path": path(&m.path),
         "interval_s": m.interval_s,
-    })
+        "emit_id": m.emit_id,
+    });
+    if !m.properties.is_empty() {
+        v["properties"] = json!(m.properties);
+    }
+    v
 }
 
 #[cfg(test)]
