@@ -378,7 +378,12 @@ fn open_files(cfg: &VmmConfig) -> Result<Files, BuildError> {
     let metrics = cfg
         .metrics
         .as_ref()
-        .map(|m| Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e)))
+        .map(|m| {
+            let mut out =
+                Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e))?;
+            out.set_properties(m.properties.clone());
+            Ok::<_, BuildError>(out)
+        })
         .transpose()?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     check_images(&cfg.drives)?;
@@ -735,6 +740,9 @@ mod tests {
             cmdline_extra: None,
             mem_mib: 64,
             vcpus: 1,
+            smt: false,
+            huge_pages: Default::default(),
+            serial: Default::default(),
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,

@@ -22,10 +22,10 @@ use vmm::api::http::Response;
 use vmm::api::preboot::{Preboot, Step};
 use vmm::api::ApiChannel;
 use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
+use vmm::config::fc_flags::PCI_WARNING;
 use vmm::config::VmmConfig;
 use vmm::error_line;
 use vmm::kvm::vm_exit::VmExit;
-use vmm::config::fc_flags::PCI_WARNING;
 use vmm::process::seccomp::{self, Filters, SeccompMode};
 use vmm::process::seccomp_file;
 use vmm::process::signals::SignalFd;
@@ -182,7 +182,7 @@ fn configure_by_api(
     start: Instant,
     logger_ready: &mut bool,
 ) -> Result<(vmm::vmm::Vmm, VmmConfig), ExitCode> {
-    let mut pre = Preboot::new();
+    let mut pre = Preboot::with_flags(&parts.flags);
     loop {
         let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
             Ok(cmd) => cmd,

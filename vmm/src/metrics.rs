@@ -20,6 +20,7 @@
 //! between lines and a lost line loses nothing. The objects are serde
 //! serializations of the counter structs, so the keys are their field names.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -65,15 +66,20 @@ pub type DeviceCounters = (String, Arc<dyn DeviceMetrics>);
 struct Line<'a> {
     utc_timestamp_ms: u64,
     id: &'a str,
+    properties: &'a BTreeMap<String, String>,
     vmm: VmmLine<'a>,
     devices: &'a [DeviceCounters],
 }
 
 impl Serialize for Line<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(3 + self.devices.len()))?;
+        let props = usize::from(!self.properties.is_empty());
+        let mut map = s.serialize_map(Some(3 + props + self.devices.len()))?;
         map.serialize_entry("utc_timestamp_ms", &self.utc_timestamp_ms)?;
         map.serialize_entry("id", self.id)?;
+        if !self.properties.is_empty() {
+            map.serialize_entry("properties", self.properties)?;
+        }
         map.serialize_entry("vmm", &self.vmm)?;
         for (id, counters) in self.devices {
             map.serialize_entry(id, &counters.to_json())?;
@@ -94,6 +100,7 @@ pub struct Metrics {
     start: Instant,
     exits: Arc<VcpuExits>,
     devices: Vec<DeviceCounters>,
+    properties: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -114,6 +121,7 @@ impl Metrics {
             start: Instant::now(),
             exits: Arc::default(),
             devices: Vec::new(),
+            properties: BTreeMap::new(),
         })
     }
 
@@ -123,6 +131,12 @@ impl Metrics {
         self.exits = exits;
         self.devices = devices;
         self.start = start;
+    }
+
+    /// Writes `properties` (Firecracker's operator key-value pairs) under
+    /// `properties` in every line; none, no key.
+    pub fn set_properties(&mut self, properties: BTreeMap<String, String>) {
+        self.properties = properties;
     }
 
     /// Names the instance in every line (`--id`).
@@ -138,6 +152,7 @@ impl Metrics {
         let line = Line {
             utc_timestamp_ms,
             id: &self.id,
+            properties: &self.properties,
             vmm: VmmLine {
                 uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 vcpu_exits: &self.exits,
@@ -282,9 +297,11 @@ mod tests {
             .map(String::as_str)
             .collect();
         keys.sort_unstable();
+        // `properties` only when the operator gave some.
         let mut want: Vec<&str> = RESERVED_KEYS
             .iter()
             .copied()
+            .filter(|k| *k != "properties")
             .chain(["net0", "rootfs", "lan"])
             .collect();
         want.sort_unstable();
@@ -293,6 +310,22 @@ mod tests {
         let last = text.lines().last().unwrap();
         let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
         let order = ["utc_timestamp_ms", "id", "vmm", "net0", "rootfs", "lan"].map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
+        // Firecracker's `properties`: the operator's pairs, after the id.
+        m.set_properties(BTreeMap::from([
+            ("az".to_string(), "eu-1".to_string()),
+            ("host".to_string(), "h7".to_string()),
+        ]));
+        m.flush();
+        let lines = lines_of(&p);
+        assert_eq!(
+            lines[2]["properties"],
+            serde_json::json!({"az": "eu-1", "host": "h7"})
+        );
+        let text = std::fs::read_to_string(&p).unwrap();
+        let last = text.lines().last().unwrap();
+        let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
+        let order = ["utc_timestamp_ms", "id", "properties", "vmm", "net0"].map(at);
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
         std::fs::remove_file(&p).unwrap();
     }

@@ -365,7 +365,10 @@ mod tests {
         );
         assert_eq!(
             parse(big.as_bytes()),
-            Err(HttpError::BodyTooLarge(MAX_BODY_BYTES as u64 + 1, MAX_BODY_BYTES))
+            Err(HttpError::BodyTooLarge(
+                MAX_BODY_BYTES as u64 + 1,
+                MAX_BODY_BYTES
+            ))
         );
         // A larger limit (--http-api-max-payload-size) takes that body, and
         // refuses one byte more.

@@ -88,6 +88,8 @@ pub enum Step {
 #[derive(Debug, Default)]
 pub struct Preboot {
     doc: Map<String, Value>,
+    /// `--metrics-path` (or `--metrics`) set the metrics up already.
+    metrics_by_flag: bool,
 }
 
 /// An error line of the file parser as an API fault: the API has no file,
@@ -116,6 +118,31 @@ impl Preboot {
         Self::default()
     }
 
+    /// An empty configuration beside what the command line says, `flags`
+    /// (which win over the API's): metrics a flag set up cannot be put again.
+    pub fn with_flags(flags: &Settings) -> Self {
+        Preboot {
+            metrics_by_flag: flags.metrics_path.is_some(),
+            ..Self::default()
+        }
+    }
+
+    /// `PUT /metrics`: once, as Firecracker initializes its metrics once
+    /// (by `--metrics-path` or by this request).
+    fn put_metrics(&mut self, v: Value) -> Response {
+        if self.metrics_by_flag {
+            return Response::fault(
+                "the metrics were set up by --metrics-path already; they are set up once",
+            );
+        }
+        if self.doc.get("metrics").is_some_and(|m| !m.is_null()) {
+            return Response::fault(
+                "the metrics were set up by an earlier PUT /metrics; they are set up once",
+            );
+        }
+        self.put("metrics", v)
+    }
+
     /// Handles one request; `id` is the instance id for `GET /`.
     pub fn handle(&mut self, req: ApiRequest, id: &str) -> Step {
         let r = match req {
@@ -131,7 +158,7 @@ impl Preboot {
             }
             ApiRequest::PutDrive(id, v) => self.put_entry("drives", "drive_id", &id, v),
             ApiRequest::PutLogger(v) => self.put("logger", v),
-            ApiRequest::PutMetrics(v) => self.put("metrics", v),
+            ApiRequest::PutMetrics(v) => self.put_metrics(v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
             ApiRequest::PutSerial(v) => self.put("serial", v),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
@@ -336,12 +363,90 @@ mod tests {
     }
 
     #[test]
+    fn metrics_are_put_once_and_not_over_a_flag() {
+        let m =
+            json!({"metrics_path": "/tmp/m.json", "emit_id": true, "properties": {"az": "eu-1"}});
+        let mut p = Preboot::new();
+        assert_eq!(reply(&mut p, ApiRequest::PutMetrics(m.clone())).status, 204);
+        let e = fault_of(&reply(&mut p, ApiRequest::PutMetrics(m.clone())));
+        assert!(e.contains("an earlier PUT /metrics"), "{e}");
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap().metrics.unwrap();
+        assert!(cfg.emit_id);
+        assert_eq!(cfg.properties["az"], "eu-1");
+        let flags = Settings {
+            metrics_path: Some("/tmp/flag.json".into()),
+            ..Settings::default()
+        };
+        let mut p = Preboot::with_flags(&flags);
+        let e = fault_of(&reply(&mut p, ApiRequest::PutMetrics(m)));
+        assert!(e.contains("--metrics-path"), "{e}");
+        // The logger may be put again (Firecracker updates it).
+        let l = json!({"level": "Info", "show_level": false});
+        assert_eq!(reply(&mut p, ApiRequest::PutLogger(l.clone())).status, 204);
+        assert_eq!(reply(&mut p, ApiRequest::PutLogger(l)).status, 204);
+    }
+
+    #[test]
+    fn serial_smt_and_huge_pages_reach_the_configuration() {
+        let mut p = Preboot::new();
+        let serial = json!({"serial_out_path": "/tmp/console.out",
+                            "rate_limiter": {"size": 4096, "refill_time": 100}});
+        assert_eq!(reply(&mut p, ApiRequest::PutSerial(serial)).status, 204);
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutSerial(json!({"serial_out_path": 1})),
+        ));
+        assert!(e.contains("serial"), "{e}");
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutSerial(json!({"rate_limiter": {"size": 0, "refill_time": 100}})),
+        ));
+        assert!(e.starts_with("serial rate_limiter"), "{e}");
+        let mc = json!({"vcpu_count": 2, "mem_size_mib": 256, "smt": true, "huge_pages": "2M"});
+        assert_eq!(reply(&mut p, ApiRequest::PutMachineConfig(mc)).status, 204);
+        for (bad, why) in [
+            (
+                json!({"vcpu_count": 3, "mem_size_mib": 256, "smt": true}),
+                "1 or even",
+            ),
+            (
+                json!({"vcpu_count": 1, "mem_size_mib": 255, "huge_pages": "2M"}),
+                "multiple of 2 MiB",
+            ),
+            (
+                json!({"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "1G"}),
+                "'1G' is none of",
+            ),
+        ] {
+            let e = fault_of(&reply(&mut p, ApiRequest::PutMachineConfig(bad)));
+            assert!(e.contains(why), "{e}");
+        }
+        let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
+        assert_eq!(
+            (m["smt"].as_bool(), m["huge_pages"].as_str()),
+            (Some(true), Some("2M"))
+        );
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap();
+        assert!(cfg.smt);
+        assert_eq!(cfg.huge_pages, crate::config::HugePages::Hugetlbfs2M);
+        assert_eq!(
+            cfg.serial.out_path.as_deref(),
+            Some(std::path::Path::new("/tmp/console.out"))
+        );
+        assert_eq!(cfg.serial.rate_limiter.map(|b| b.size), Some(4096));
+    }
+
+    #[test]
     fn machine_config_defaults_put_and_patch() {
         let mut p = Preboot::new();
         let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
         assert_eq!(
             (m["vcpu_count"].as_u64(), m["mem_size_mib"].as_u64()),
-            (Some(1), Some(256))
+            (Some(1), Some(128))
         );
         let put = json!({"vcpu_count": 2, "mem_size_mib": 512});
         assert_eq!(reply(&mut p, ApiRequest::PutMachineConfig(put)).status, 204);
@@ -364,7 +469,7 @@ mod tests {
         assert!(e.contains("vCPU") || e.contains("vcpu"), "{e}");
         let e = fault_of(&reply(
             &mut p,
-            ApiRequest::PatchMachineConfig(json!({"smt": true})),
+            ApiRequest::PatchMachineConfig(json!({"smt": true, "vcpu_count": 3})),
         ));
         assert!(e.contains("smt"), "{e}");
         let e = fault_of(&reply(

@@ -390,7 +390,10 @@ mod tests {
             ("/vsock", "vsock"),
             ("/snapshot/create", "snapshots"),
             ("/mmds", "MMDS (the microVM metadata service)"),
-            ("/pmem/pmem0", "pmem (it needs a virtio-pmem device, which minivmm does not have)"),
+            (
+                "/pmem/pmem0",
+                "pmem (it needs a virtio-pmem device, which minivmm does not have)",
+            ),
             (
                 "/hotplug/memory",
                 "memory hotplug (it needs a virtio-mem device, which minivmm does not have)",

@@ -197,8 +197,9 @@ mod tests {
             describe_snapshot: Some("/tmp/vm.state".into()),
             ..FirecrackerFlags::default()
         };
-        assert!(d.snapshot_query().is_some_and(
-            |l| l.starts_with("--describe-snapshot '/tmp/vm.state': snapshots are not supported")
-        ));
+        assert!(d
+            .snapshot_query()
+            .is_some_and(|l| l
+                .starts_with("--describe-snapshot '/tmp/vm.state': snapshots are not supported")));
     }
 }

@@ -593,9 +593,9 @@ mod tests {
             ),
             (
                 format!(
-                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "smt": true}}}}"#
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 3, "mem_size_mib": 64, "smt": true}}}}"#
                 ),
-                "machine-config.smt: true is not supported",
+                "3 vCPUs with smt: the count must be 1 or even",
             ),
             (
                 format!(
@@ -605,9 +605,9 @@ mod tests {
             ),
             (
                 format!(
-                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "2M"}}}}"#
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "4M"}}}}"#
                 ),
-                "machine-config.huge_pages: '2M' is not supported",
+                "machine-config.huge_pages: '4M' is none of",
             ),
             (
                 format!(

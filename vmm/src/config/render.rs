@@ -388,6 +388,8 @@ mod tests {
             ),
             metrics_path: Some("/run/minivmm/metrics.fifo".into()),
             metrics_interval_s: Some(0),
+            metrics_emit_id: Some(true),
+            metrics_properties: Some([("az".to_string(), "eu-1".to_string())].into()),
             log_path: Some("/var/log/minivmm.log".into()),
             log_level: Some(LevelFilter::Trace),
             log_module: Some("devices::virtio::net".into()),
@@ -474,6 +476,8 @@ mod tests {
         c.metrics = Some(MetricsConfig {
             path: "m".into(),
             interval_s: DEFAULT_METRICS_INTERVAL_S,
+            emit_id: false,
+            properties: Default::default(),
         });
         c.vcpus = 254;
         c.entropy = Some(RngConfig::default());
@@ -658,7 +662,7 @@ mod tests {
         );
         assert_eq!(
             v["machine-config"],
-            json!({"vcpu_count": 1, "mem_size_mib": 256, "smt": false,
+            json!({"vcpu_count": 1, "mem_size_mib": 128, "smt": false,
                    "track_dirty_pages": false, "huge_pages": "None"})
         );
         // The seccomp mode is the process's, not the VM's.
@@ -755,12 +759,13 @@ mod tests {
         );
         assert_eq!(
             v["logger"],
-            json!({"log_path": "/var/log/minivmm.log", "level": "Trace", "show_level": true,
+            json!({"log_path": "/var/log/minivmm.log", "level": "Trace", "show_level": false,
                    "show_log_origin": true, "module": "devices::virtio::net"})
         );
         assert_eq!(
             v["metrics"],
-            json!({"metrics_path": "/run/minivmm/metrics.fifo", "interval_s": 0})
+            json!({"metrics_path": "/run/minivmm/metrics.fifo", "interval_s": 0,
+                   "emit_id": true, "properties": {"az": "eu-1"}})
         );
         assert_eq!(v["boot-source"]["initrd_path"], "/boot/initramfs.cpio");
         assert_eq!(

@@ -19,7 +19,7 @@ use super::error::ConfigError;
 use super::ids::check_unique_ids;
 use super::net::{check_unique, finish_net, NetSpec};
 use super::{
-    HugePages, SerialConfig, HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
+    HostQuirks, HugePages, LoggerConfig, MetricsConfig, SerialConfig, VmmConfig, DEFAULT_MEM_MIB,
     DEFAULT_METRICS_INTERVAL_S, MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB,
 };
 use crate::process::seccomp::SeccompMode;
@@ -331,7 +331,9 @@ mod tests {
             cfg.metrics,
             Some(MetricsConfig {
                 path: "m".into(),
-                interval_s: 5
+                interval_s: 5,
+                emit_id: false,
+                properties: Default::default(),
             })
         );
     }
@@ -468,7 +470,10 @@ mod tests {
             Err(ConfigError::MemTooSmall(31))
         ));
         assert_eq!(validate_mem(32, HugePages::None).unwrap(), 32);
-        assert_eq!(validate_mem(MAX_MEM_MIB, HugePages::None).unwrap(), MAX_MEM_MIB);
+        assert_eq!(
+            validate_mem(MAX_MEM_MIB, HugePages::None).unwrap(),
+            MAX_MEM_MIB
+        );
         assert!(matches!(
             validate_mem(MAX_MEM_MIB + 1, HugePages::None),
             Err(ConfigError::MemTooLarge(_))
@@ -497,7 +502,10 @@ mod tests {
 
     #[test]
     fn vcpu_bounds() {
-        assert!(matches!(validate_vcpus(0, false), Err(ConfigError::NoVcpus)));
+        assert!(matches!(
+            validate_vcpus(0, false),
+            Err(ConfigError::NoVcpus)
+        ));
         assert_eq!(validate_vcpus(1, false).unwrap(), 1);
         assert_eq!(validate_vcpus(254, false).unwrap(), 254);
         assert!(matches!(

@@ -159,7 +159,8 @@ mod tests {
 
     #[test]
     fn a_bad_file_is_one_line_saying_why() {
-        let line = |text: &str| crate::error_line(&filters_from_json(&p(), text.as_bytes()).unwrap_err());
+        let line =
+            |text: &str| crate::error_line(&filters_from_json(&p(), text.as_bytes()).unwrap_err());
         // Firecracker's compiled form (bitcode bytes) is not read.
         assert!(line("\u{3}vmm\u{0}\u{1}").contains("not JSON; minivmm takes the seccompiler JSON"));
         assert!(line("").contains("not JSON"));
@@ -179,7 +180,11 @@ mod tests {
             "--seccomp-filter 'f.json': unknown thread category 'jailer' (vmm, api and vcpu only)"
         );
         let bad_call = FIRECRACKER_STYLE.replace("getpid", "no_such_call");
-        assert!(line(&bad_call).starts_with("--seccomp-filter 'f.json': "), "{}", line(&bad_call));
+        assert!(
+            line(&bad_call).starts_with("--seccomp-filter 'f.json': "),
+            "{}",
+            line(&bad_call)
+        );
         assert!(line("{ not json").starts_with("--seccomp-filter 'f.json': "));
     }
 
