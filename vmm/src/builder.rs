@@ -317,7 +317,7 @@ pub fn build(
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
-    let mem = guest_memory(&vm, cfg.mem_mib)?;
+    let mem = guest_memory(&vm, cfg.mem_mib, cfg.huge_pages)?;
     steps.done("memory");
     create_irqchip(&vm)?;
     steps.done("irqchip");
@@ -339,7 +339,8 @@ pub fn build(
     steps.done("boot tables");
 
     let boot = (entry.0, ZERO_PAGE_START);
-    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices.manager, cfg.vcpus, boot, quirks)?;
+    let topology = (cfg.vcpus, cfg.smt);
+    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices.manager, topology, boot, quirks)?;
     steps.done("vcpus");
     steps.log();
     info!(
@@ -474,9 +475,13 @@ fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
 /// after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps in the kernel for 2
 /// to 14 ms on the development hosts (0.2 ms of CPU), the same call before
 /// them takes 0.2 ms.
-fn guest_memory(vm: &VmFd, mem_mib: u64) -> Result<GuestMemoryMmap, BuildError> {
+fn guest_memory(
+    vm: &VmFd,
+    mem_mib: u64,
+    pages: crate::config::HugePages,
+) -> Result<GuestMemoryMmap, BuildError> {
     let regions = arch_memory_regions(mem_mib << 20);
-    Ok(memory::create_guest_memory(vm, &regions, mem_mib)?)
+    Ok(memory::create_guest_memory(vm, &regions, mem_mib, pages)?)
 }
 
 /// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
@@ -586,7 +591,7 @@ fn create_vcpus(
     vm: &VmFd,
     mem: &GuestMemoryMmap,
     devices: &Arc<DeviceManager>,
-    count: u8,
+    (count, smt): (u8, bool),
     boot: (u64, u64),
     quirks: bool,
 ) -> Result<Vec<Vcpu>, BuildError> {
@@ -599,7 +604,7 @@ fn create_vcpus(
             .create_vcpu(u64::from(id))
             .map_err(|e| VcpuError::Create(id, e))?;
         let vcpu = Vcpu::new(fd, id, devices.clone(), quirks);
-        vcpu.configure(&base_cpuid, count, mem, (id == 0).then_some(boot))?;
+        vcpu.configure(&base_cpuid, (count, smt), mem, (id == 0).then_some(boot))?;
         vcpus.push(vcpu);
     }
     Ok(vcpus)
@@ -616,7 +621,7 @@ pub(crate) fn test_vm(mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
     }
     let vm = || -> Result<_, BuildError> {
         let (kvm, vm) = create_vm(1)?;
-        let mem = guest_memory(&vm, mem_mib)?;
+        let mem = guest_memory(&vm, mem_mib, crate::config::HugePages::None)?;
         create_irqchip(&vm)?;
         Ok((kvm, vm, mem))
     };
