@@ -21,6 +21,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::serial_out::SerialOut;
 use arch::x86_64::boot_params::{
     configure_zero_page, kernel_entry_point, write_cmdline, ZeroPageConfig,
 };
@@ -70,6 +71,9 @@ pub const DEFAULT_CMDLINE: &str =
 /// Errors building a VM; each is one line for the user.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The console's output (`PUT /serial`) cannot be opened.
+    #[error(transparent)]
+    SerialOut(#[from] crate::serial_out::SerialOutError),
     /// The kernel or initramfs cannot be opened or loaded.
     #[error(transparent)]
     Kernel(#[from] KernelError),
@@ -408,7 +412,7 @@ fn attach_devices(
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut manager = DeviceManager::new();
-    let serial = attach_serial(&mut manager, vm)?;
+    let serial = attach_serial(&mut manager, vm, &cfg.serial)?;
     let i8042 = manager.attach_i8042(vm)?;
     manager.attach_pvpanic(panicked.clone());
     let mut env = AttachEnv {
@@ -522,12 +526,14 @@ fn host_quirks(mode: HostQuirks) -> bool {
     quirks
 }
 
-/// Puts the console UART on stdout.
+/// Puts the console UART on stdout, or where `PUT /serial` said.
 fn attach_serial(
     devices: &mut DeviceManager,
     vm: &VmFd,
+    serial: &crate::config::SerialConfig,
 ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
-    let console = ConsoleOut::new(std::io::stdout());
+    let out = SerialOut::open(serial.out_path.as_deref(), serial.rate_limiter.as_ref())?;
+    let console = ConsoleOut::new(out);
     Ok(devices.attach_serial(vm, Box::new(console))?)
 }
 
