@@ -531,13 +531,7 @@ pub fn threads_of(pid: u32) -> Vec<(String, String)> {
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
             continue;
         };
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_string())
-                .unwrap_or_default()
-        };
+        let field = |name: &str| status_field(&status, name);
         threads.push((field("Name:"), field("Seccomp:")));
     }
     threads.sort();
@@ -584,6 +578,16 @@ pub fn remove_cgroups(parent: &str, id: &str) {
         let _ = std::fs::remove_dir(mount.join(parent).join(id));
         let _ = std::fs::remove_dir(mount.join(parent));
     }
+}
+
+/// The value of field `name` (with its colon: `Seccomp:`) of a `/proc/<pid>/status` text,
+/// trimmed; empty when it has none.
+pub fn status_field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// `words` as owned strings, the form [`Vm::spawn`] takes a command line in.

@@ -8,6 +8,11 @@
 //! - Metrics lines arrive on an interval, on SIGUSR1 and at exit, into a FIFO
 //!   and into a file, from a VM whose "kernel" is a three-byte ELF that halts
 //!   at once (seconds, not a guest boot).
+//! - The vsock device's socket, from a VM on the same halting kernel: it
+//!   appears, a host's `CONNECT` without a guest driver is closed and
+//!   counted, the remover process runs under its filter, and the socket is
+//!   gone when minivmm has ended, on SIGTERM and on SIGKILL; a path that
+//!   exists is refused.
 //! - One real guest boot from a config file with two NICs and rate limiters,
 //!   inside a network namespace this test creates: the guest's virtio-net
 //!   driver activates both NICs (their metrics carry the negotiated features)
@@ -66,6 +71,15 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
         "invalid number 'lots'",
     );
     assert_config_error(&cli_args(&["--kernel", "k", "--log-level", "loud"]), "loud");
+    // --vsock.
+    assert_config_error(
+        &cli_args(&["--kernel", "k", "--vsock", "cid=1,socket=/tmp/v.sock"]),
+        "vsock: guest_cid 1 is reserved",
+    );
+    assert_config_error(
+        &cli_args(&["--kernel", "k", "--vsock", "socket=/tmp/v.sock"]),
+        "--vsock 'socket=/tmp/v.sock': cid is missing",
+    );
     // --net.
     assert_config_error(
         &cli_args(&["--kernel", "k", "--net", "tap=t0", "--tap", "t0"]),
@@ -86,7 +100,13 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
         std::fs::write(&p, json).unwrap();
         p
     };
-    let boot = r#""boot-source": {"kernel_image_path": "vmlinux"}"#;
+    // A kernel that opens, so that the drives' images are what fails.
+    let kernel = tmp("kernel");
+    write_halting_kernel(&kernel).unwrap();
+    let boot = format!(
+        r#""boot-source": {{"kernel_image_path": "{}"}}"#,
+        kernel.display()
+    );
     let iface = |extra: &str| format!(r#"{{"iface_id": "eth0", "host_dev_name": "tap0"{extra}}}"#);
     let cases = [
         ("json", "{ not json".to_string(), "config file is not valid JSON"),
@@ -101,9 +121,14 @@ fn usage_and_config_errors_are_one_line_and_exit_1() {
             "unknown section 'gpu'",
         ),
         (
-            "vsock",
-            format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "uds_path": "/tmp/v.sock"}}}}"#),
-            "section 'vsock' is not supported by minivmm",
+            "vsock-cid",
+            format!(r#"{{{boot}, "vsock": {{"guest_cid": 2, "uds_path": "/tmp/v.sock"}}}}"#),
+            "vsock: guest_cid 2 is reserved",
+        ),
+        (
+            "vsock-key",
+            format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "uds": "/tmp/v.sock"}}}}"#),
+            "in 'vsock': unknown field `uds`",
         ),
         (
             "drives",
@@ -166,7 +191,11 @@ fn bad_drives_are_one_line_and_exit_1() {
     };
     let (a, b) = (img("a.img"), img("b.img"));
     let d = dir.to_str().unwrap().to_string();
-    let disk = |spec: &str| cli_args(&["--kernel", "k", "--disk", spec]);
+    // A kernel that opens, so that the drives' images are what fails.
+    let kernel = dir.join("kernel");
+    write_halting_kernel(&kernel).unwrap();
+    let k = kernel.to_str().unwrap();
+    let disk = |spec: &str| cli_args(&["--kernel", k, "--disk", spec]);
     assert_config_error(
         &disk(&format!("path={d}/missing.img")),
         &format!("drive 'disk0': disk image {d}/missing.img: No such file or directory"),
@@ -178,7 +207,7 @@ fn bad_drives_are_one_line_and_exit_1() {
     assert_config_error(
         &cli_args(&[
             "--kernel",
-            "k",
+            k,
             "--disk",
             &format!("path={a},root=on"),
             "--disk",
@@ -189,7 +218,7 @@ fn bad_drives_are_one_line_and_exit_1() {
     assert_config_error(
         &cli_args(&[
             "--kernel",
-            "k",
+            k,
             "--disk",
             &format!("path={a}"),
             "--disk",
@@ -367,6 +396,99 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     // Without --id, Firecracker's default id.
     assert_eq!(lines[0]["id"], "anonymous-instance");
     std::fs::remove_file(&file).unwrap();
+    std::fs::remove_file(&kernel).unwrap();
+}
+
+/// The processes whose parent is `pid`: (pid, name, `Seccomp:` mode).
+fn children_of(pid: u32) -> Vec<(u32, String, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{child}/status")) else {
+            continue;
+        };
+        let field = |name: &str| minivmm_tests::status_field(&status, name);
+        if field("PPid:") == pid.to_string() {
+            out.push((child, field("Name:"), field("Seccomp:")));
+        }
+    }
+    out
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_vsock_socket_appears_is_served_and_is_gone_when_minivmm_ends() {
+    if !require(&[Need::Kvm]) {
+        return;
+    }
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let kernel = halting_kernel();
+    let dir = tmp("vsock");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("v.sock");
+    let metrics = dir.join("metrics.json");
+    let mut args = halting_vm(&kernel, &metrics, "0");
+    let vsock = format!("cid=3,socket={}", sock.display());
+    args.extend(cli_args(&["--vsock", &vsock]));
+    let mut vm = Vm::spawn(&args, None).unwrap();
+    wait_until("the socket", Duration::from_secs(20), || sock.exists());
+    // The remover, a child of minivmm under its own filter.
+    let kids = children_of(vm.pid());
+    let remover = kids
+        .iter()
+        .find(|(_, name, _)| name == "minivmm-unlink")
+        .unwrap_or_else(|| panic!("no remover among {kids:?}"));
+    assert_eq!(remover.2, "2", "{kids:?}");
+    // No driver came up in the halting guest: a CONNECT is refused (the
+    // connection closed), on the event loop under its filter.
+    wait_until("the VM running", Duration::from_secs(20), || {
+        vm.stderr().is_empty() && !metrics.exists() || metrics.exists()
+    });
+    let mut agent = UnixStream::connect(&sock).unwrap();
+    agent.write_all(b"CONNECT 52\n").unwrap();
+    agent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut b = [0u8; 16];
+    assert_eq!(agent.read(&mut b).unwrap(), 0, "not closed");
+    vm.signal("USR1");
+    wait_until("a metrics line", Duration::from_secs(10), || {
+        !metrics_lines(&metrics).is_empty()
+    });
+    let line = &metrics_lines(&metrics)[0];
+    assert_eq!(line["vsock"]["conns_refused"], 1, "{line}");
+    assert_eq!(line["vsock"]["conns_active"], 0, "{line}");
+    vm.terminate(Duration::from_secs(10));
+    assert!(!sock.exists(), "the socket outlived minivmm");
+    // A path that exists is refused with one line, and left alone.
+    std::fs::write(&sock, b"not minivmm's").unwrap();
+    let (code, err) = run(&args);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read(&sock).unwrap(), b"not minivmm's");
+    std::fs::remove_file(&sock).unwrap();
+    // Killed outright, minivmm leaves the removal to the remover.
+    let mut vm = Vm::spawn(&args, None).unwrap();
+    wait_until("the socket", Duration::from_secs(20), || sock.exists());
+    vm.signal("KILL");
+    vm.wait_exit(Duration::from_secs(10))
+        .expect("minivmm ended");
+    wait_until("the socket removed", Duration::from_secs(10), || {
+        !sock.exists()
+    });
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::remove_file(&kernel).unwrap();
 }
 

@@ -3,8 +3,8 @@
 //!
 //! [`build`] runs named steps in an order that fails cheapest first: the
 //! kernel, initramfs and metrics files are opened, the kernel recognised
-//! ([`crate::kernel`]) and the drives' images checked ([`crate::images`])
-//! (`open_files`); KVM is checked and the VM created (`create_vm`); guest
+//! ([`crate::kernel`]), the drives' images checked ([`crate::images`]) and
+//! the vsock device's socket bound ([`crate::host_socket`]) (`open_files`); KVM is checked and the VM created (`create_vm`); guest
 //! memory is created (`guest_memory`), then the irqchip and PIT
 //! (`create_irqchip`); the devices are attached (`attach_devices`: the
 //! serial port, the i8042, then every virtio device through the registry's
@@ -33,6 +33,7 @@ use devices::legacy::serial::SerialDevice;
 use devices::virtio::block::Block;
 use devices::virtio::net::{Net, Tap, TapError};
 use devices::virtio::rng::Rng;
+use devices::virtio::vsock::Vsock;
 use event_manager::EventManager;
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VmFd};
@@ -43,9 +44,11 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::config::drive::root_words;
 use crate::config::entropy::ENTROPY_ID;
+use crate::config::vsock::VSOCK_ID;
 use crate::config::{DeviceKind, HostQuirks, NicConfig, TapBackend, VmmConfig};
 use crate::device_manager::{DeviceError, DeviceManager};
 use crate::guest_panic::ConsoleOut;
+use crate::host_socket::{HostSocketError, VsockSocket};
 use crate::images::{check_images, ImageError};
 use crate::kernel::{Initramfs, KernelError, KernelFormat, KernelImage};
 use crate::kvm::memory::{self, MemoryError};
@@ -139,6 +142,9 @@ pub enum BuildError {
     /// The metrics path cannot be opened.
     #[error("cannot open metrics path '{0}'")]
     Metrics(PathBuf, #[source] std::io::Error),
+    /// The vsock device's socket cannot be bound or handed over.
+    #[error(transparent)]
+    HostSocket(#[from] HostSocketError),
 }
 
 /// TAP descriptors inherited from the parent (`fd=N`), by number.
@@ -308,15 +314,18 @@ impl Steps {
 /// Builds a ready-to-run VM; `tap_fds` are the descriptors
 /// [`claim_tap_fds`] took. `boot_timer` (`--boot-timer`: when minivmm
 /// started) adds the boot-timer register, announced on the command line.
+/// `vsock` is the socket `PUT /vsock` bound, used if the configuration's
+/// `uds_path` is still its path (otherwise the build binds its own).
 pub fn build(
     cfg: &VmmConfig,
     mut tap_fds: TapFds,
     boot_timer: Option<Instant>,
+    vsock: Option<Arc<VsockSocket>>,
 ) -> Result<Vmm, BuildError> {
     let mut steps = Steps::new();
     // The files first: a typo in a path is the commonest mistake; say so
     // before anything else happens.
-    let mut files = open_files(cfg)?;
+    let mut files = open_files(cfg, vsock)?;
     steps.done("files");
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
@@ -327,7 +336,7 @@ pub fn build(
     steps.done("irqchip");
     let quirks = host_quirks(cfg.host_quirks);
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
-    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer)?;
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, files.vsock)?;
     steps.done("devices");
 
     let loaded = files.kernel.load(&mem)?;
@@ -373,12 +382,14 @@ struct Files {
     kernel: KernelImage,
     initramfs: Option<Initramfs>,
     metrics: Option<Metrics>,
+    vsock: Option<Arc<VsockSocket>>,
 }
 
 /// Opens the kernel (recognising its format), the metrics file or FIFO and
-/// the initramfs, and checks the drives' images, so that a bad path fails
-/// before anything else happens.
-fn open_files(cfg: &VmmConfig) -> Result<Files, BuildError> {
+/// the initramfs, checks the drives' images and binds the vsock device's
+/// socket (or takes the one `prebound` by the API, at the same path), so
+/// that a bad path fails before anything else happens.
+fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Files, BuildError> {
     let kernel = KernelImage::open(&cfg.kernel)?;
     let metrics = cfg
         .metrics
@@ -392,10 +403,16 @@ fn open_files(cfg: &VmmConfig) -> Result<Files, BuildError> {
         .transpose()?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     check_images(&cfg.drives)?;
+    let vsock = match (&cfg.vsock, prebound) {
+        (None, _) => None,
+        (Some(v), Some(s)) if s.path() == v.uds_path => Some(s),
+        (Some(v), _) => Some(Arc::new(VsockSocket::bind(&v.uds_path, cfg.seccomp)?)),
+    };
     Ok(Files {
         kernel,
         initramfs,
         metrics,
+        vsock,
     })
 }
 
@@ -407,6 +424,7 @@ fn attach_devices(
     mem: &GuestMemoryMmap,
     tap_fds: &mut TapFds,
     boot_timer: Option<Instant>,
+    vsock: Option<Arc<VsockSocket>>,
 ) -> Result<Devices, BuildError> {
     let mut events: Events = EventManager::new()
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
@@ -420,7 +438,13 @@ fn attach_devices(
         mem,
         events: &mut events,
     };
-    attach_virtio(manager.virtio_mut(), &mut env, cfg, tap_fds)?;
+    attach_virtio(
+        manager.virtio_mut(),
+        &mut env,
+        cfg,
+        tap_fds,
+        vsock.as_deref(),
+    )?;
     if let Some(start) = boot_timer {
         manager.enable_boot_timer(start);
     }
@@ -430,17 +454,20 @@ fn attach_devices(
         serial,
         i8042,
         panicked,
+        vsock_socket: vsock,
     })
 }
 
 /// Attaches every virtio device of `cfg` in MMIO window order, each kind
 /// with one line: the network cards (a bad TAP fails here, before boot),
-/// the drives (a locked image fails here), then the entropy device.
+/// the drives (a locked image fails here), the entropy device, then the
+/// vsock device over `vsock`, the socket `open_files` bound.
 fn attach_virtio(
     virtio: &mut Registry,
     env: &mut AttachEnv<'_>,
     cfg: &VmmConfig,
     tap_fds: &mut TapFds,
+    vsock: Option<&VsockSocket>,
 ) -> Result<(), BuildError> {
     let mem = env.mem;
     let mut taps = HashSet::new();
@@ -455,6 +482,10 @@ fn attach_virtio(
     }
     if let Some(rng) = cfg.entropy {
         virtio.attach(env, DeviceKind::Rng, ENTROPY_ID, Rng::new(rng, mem.clone()))?;
+    }
+    if let (Some(v), Some(socket)) = (&cfg.vsock, vsock) {
+        let dev = Vsock::with_listener(v.clone(), mem.clone(), socket.listener()?);
+        virtio.attach(env, DeviceKind::Vsock, VSOCK_ID, dev)?;
     }
     Ok(())
 }
@@ -714,7 +745,7 @@ mod tests {
             .finish()
             .unwrap()
         };
-        let devices = attach_devices(&cfg, &vm, &mem, &mut TapFds::new(), None).unwrap();
+        let devices = attach_devices(&cfg, &vm, &mem, &mut TapFds::new(), None, None).unwrap();
         let slots: Vec<(DeviceKind, &str, u32)> = devices
             .manager
             .virtio()
@@ -729,7 +760,8 @@ mod tests {
                 (DeviceKind::Rng, ENTROPY_ID, layout::IRQ_BASE + 1),
             ]
         );
-        assert_eq!(devices.manager.cmdline_words().len(), 2);
+        // One word per virtio device, and the pvpanic device's.
+        assert_eq!(devices.manager.cmdline_words().len(), 3);
         // The drive takes PATCH; the entropy device has nothing to change.
         let controls = devices.manager.virtio().controls();
         assert!(controls.get(DeviceKind::Block, "data").is_some());
@@ -757,12 +789,13 @@ mod tests {
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,
+            vsock: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,
             seccomp: crate::process::seccomp::SeccompMode::Off,
         };
-        let err = build(&cfg("/nonexistent/bzImage"), TapFds::new(), None)
+        let err = build(&cfg("/nonexistent/bzImage"), TapFds::new(), None, None)
             .err()
             .unwrap();
         assert!(
@@ -771,7 +804,7 @@ mod tests {
         );
         let dir = std::env::temp_dir().join(format!("minivmm-garbage-{}", std::process::id()));
         std::fs::write(&dir, b"this is not a kernel").unwrap();
-        let err = build(&cfg(dir.to_str().unwrap()), TapFds::new(), None)
+        let err = build(&cfg(dir.to_str().unwrap()), TapFds::new(), None, None)
             .err()
             .unwrap();
         std::fs::remove_file(&dir).unwrap();

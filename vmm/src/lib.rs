@@ -11,6 +11,7 @@ pub mod control;
 pub mod device_manager;
 pub mod event_loop;
 pub mod guest_panic;
+pub mod host_socket;
 pub mod images;
 pub mod kernel;
 pub mod kvm;

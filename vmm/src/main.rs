@@ -12,6 +12,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::error::ErrorKind;
@@ -25,6 +26,7 @@ use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::fc_flags::PCI_WARNING;
 use vmm::config::VmmConfig;
 use vmm::error_line;
+use vmm::host_socket::VsockSocket;
 use vmm::kvm::vm_exit::VmExit;
 use vmm::process::seccomp::{self, Filters, SeccompMode};
 use vmm::process::seccomp_file;
@@ -65,12 +67,14 @@ fn run_vm(vmm: vmm::vmm::Vmm, start: Instant, filters: Filters, log_to_file: boo
 
 /// Everything between a configuration and a VM ready to run: inherited
 /// TAP descriptors, the log (installed once per process: `logger_ready`)
-/// and the build. An error is one line.
+/// and the build (over the vsock socket `PUT /vsock` bound, if any). An
+/// error is one line.
 fn prepare(
     config: &VmmConfig,
     launch: &Launch,
     start: Instant,
     logger_ready: &mut bool,
+    vsock: Option<Arc<VsockSocket>>,
 ) -> Result<vmm::vmm::Vmm, String> {
     // Inherited TAP descriptors are claimed before this process opens any
     // file, so a number the user names cannot be one of ours.
@@ -80,7 +84,8 @@ fn prepare(
         *logger_ready = true;
     }
     let boot_timer = launch.boot_timer.then_some(start);
-    let mut vmm = vmm::builder::build(config, tap_fds, boot_timer).map_err(|e| error_line(&e))?;
+    let mut vmm =
+        vmm::builder::build(config, tap_fds, boot_timer, vsock).map_err(|e| error_line(&e))?;
     vmm.set_id(&launch.id);
     Ok(vmm)
 }
@@ -151,7 +156,7 @@ fn serve(
             Ok(c) => c,
             Err(e) => return fail(&error_line(&e)),
         };
-        match prepare(&config, &parts.launch, start, &mut logger_ready) {
+        match prepare(&config, &parts.launch, start, &mut logger_ready, None) {
             Ok(v) => (v, config),
             Err(msg) => return fail(&msg),
         }
@@ -182,7 +187,8 @@ fn configure_by_api(
     start: Instant,
     logger_ready: &mut bool,
 ) -> Result<(vmm::vmm::Vmm, VmmConfig), ExitCode> {
-    let mut pre = Preboot::with_flags(&parts.flags);
+    let mut pre =
+        Preboot::with_seccomp(parts.flags.seccomp.unwrap_or_default()).with_flags(&parts.flags);
     loop {
         let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
             Ok(cmd) => cmd,
@@ -192,7 +198,8 @@ fn configure_by_api(
                         // Nothing runs yet: a stop request is a clean end,
                         // and the socket goes with it. (Once a VM ran, the
                         // main thread's seccomp filter allows no unlink: the
-                        // socket stays, as Firecracker's does.)
+                        // socket stays, as Firecracker's does. The vsock
+                        // socket has a remover of its own: `pre` drops it.)
                         let _ = std::fs::remove_file(sock);
                         return Err(ExitCode::SUCCESS);
                     }
@@ -220,7 +227,14 @@ fn configure_by_api(
             .finish()
             .map_err(|e| error_line(&e))
             .and_then(|config| {
-                prepare(&config, &parts.launch, start, logger_ready).map(|v| (v, config))
+                prepare(
+                    &config,
+                    &parts.launch,
+                    start,
+                    logger_ready,
+                    pre.vsock_socket(),
+                )
+                .map(|v| (v, config))
             });
         match built {
             Ok(built) => {
@@ -334,7 +348,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(&error_line(&e)),
     };
     let mut logger_ready = false;
-    let vmm = match prepare(&config, &launch, start, &mut logger_ready) {
+    let vmm = match prepare(&config, &launch, start, &mut logger_ready, None) {
         Ok(v) => v,
         Err(msg) => return fail(&msg),
     };

@@ -27,6 +27,7 @@ use crate::api::ApiChannel;
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
+use crate::host_socket::VsockSocket;
 use crate::kvm::pause::{install_kick_handler, PauseGate};
 use crate::kvm::vcpu::Vcpu;
 use crate::kvm::vm_exit::{ExitLatch, VmExit};
@@ -72,6 +73,8 @@ pub(crate) struct Devices {
     pub(crate) i8042: Arc<Mutex<I8042>>,
     /// Set once the guest kernel reported a panic (the pvpanic register).
     pub(crate) panicked: Arc<AtomicBool>,
+    /// The vsock device's socket, removed when the last holder drops it.
+    pub(crate) vsock_socket: Option<Arc<VsockSocket>>,
 }
 
 /// A built VM, ready to run.
@@ -87,6 +90,9 @@ pub struct Vmm {
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
     api: Option<ApiSetup>,
+    /// Held until the VM has ended: its drop removes the socket (the last
+    /// field, so the device's own listener is closed first).
+    _vsock_socket: Option<Arc<VsockSocket>>,
 }
 
 /// What the running VM's API needs that the builder does not make.
@@ -120,6 +126,7 @@ impl Vmm {
             metrics,
             metrics_interval_s,
             api: None,
+            _vsock_socket: devices.vsock_socket,
         }
     }
 
@@ -291,6 +298,7 @@ mod tests {
             )),
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             panicked: Arc::default(),
+            vsock_socket: None,
         };
         let mut vmm = Vmm::new(
             KvmVm::new(kvm, fd, mem),

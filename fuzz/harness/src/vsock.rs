@@ -14,7 +14,7 @@
 //!   `MAX_QUEUED_RSTS` RSTs waiting;
 //! - every RX packet is well formed: from CID 2 to the guest's CID, a
 //!   stream type, an op the spec defines, a used length of header plus
-//!   `len`;
+//!   `len`; only a chain with no room for data comes back empty;
 //! - credit is never exceeded: on a connection whose credit the guest kept
 //!   honest (a fixed `buf_alloc`, a `fwd_cnt` that only counts what it
 //!   received), no RW packet carries more than the guest's room as it last
@@ -480,6 +480,14 @@ impl Rig {
                 "RX used length {} past the chain's {total}",
                 e.len
             );
+            if e.len == 0 {
+                // Refused: only a chain with no room for data may be.
+                assert!(
+                    total <= HDR_LEN as u32,
+                    "an RX chain of {total} bytes came back empty"
+                );
+                continue;
+            }
             let mut b = [0u8; HDR_LEN];
             self.mem
                 .read_slice(&mut b, GuestAddress(a))

@@ -41,7 +41,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::rig::host_mem::HostRange;
 use crate::rig::LeanRing;
 use crate::scenarios::Timing;
-use crate::stats::{median, ratio};
+use crate::stats::{medians, ratio, Medians, Window};
 use crate::sys;
 
 /// Requests in flight on the device (Linux's virtio-blk keeps up to the
@@ -571,17 +571,22 @@ fn cell(
             raw.push(raw_window(t, raw_file, w, file_len, &rig.data)?);
         }
     }
-    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
-    let (dp, rp) = (med(&dev, |s| s.per_s), med(&raw, |s| s.per_s));
-    let (dc, rc) = (med(&dev, |s| s.cpu_ns), med(&raw, |s| s.cpu_ns));
-    // The harness's wall time per request, least over the rounds: a
-    // preemption inside a turn inflates it, and only the turn's own work
-    // is the harness's cost.
-    let h = dev
-        .iter()
-        .map(|s| s.harness_ns)
-        .fold(f64::INFINITY, f64::min);
-    let h = if h.is_finite() { h } else { 0.0 };
+    let window = |s: &Sample| Window {
+        per_s: s.per_s,
+        cpu_ns: s.cpu_ns,
+        harness_ns: s.harness_ns,
+    };
+    let (dw, rw): (Vec<Window>, Vec<Window>) = (
+        dev.iter().map(window).collect(),
+        raw.iter().map(window).collect(),
+    );
+    let Medians {
+        dev_per_s: dp,
+        raw_per_s: rp,
+        dev_cpu_ns: dc,
+        raw_cpu_ns: rc,
+        harness_ns: h,
+    } = medians(&dw, &rw);
     // Without the harness: the thread is busy throughout, so a request
     // takes 1/dp of it, h of which are the driver's. (With direct I/O the
     // thread also waits; the figure then overstates the harness's share.)

@@ -27,6 +27,7 @@ mod startup;
 mod stats;
 #[allow(unsafe_code)]
 mod sys;
+mod vsock;
 
 use std::path::PathBuf;
 
@@ -47,7 +48,7 @@ pub struct Cli {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Run only these scenarios (limit, seed000, seed001, seed002, ratelimit,
-    /// startup, block, smoke); repeatable; default: all but smoke (startup only
+    /// startup, block, vsock, smoke); repeatable; default: all but smoke (startup only
     /// with --minivmm and --kernel).
     #[arg(long)]
     scenario: Vec<String>,
@@ -103,6 +104,10 @@ pub struct Cli {
     /// seqwrite_128k. Needs no root.
     #[arg(long, num_args = 3, value_names = ["MODE", "WORKLOAD", "N"])]
     block_cost: Option<Vec<String>>,
+    /// Run N units of one vsock cell on one side and nothing else, for strace, perf or
+    /// callgrind: CELL is tx_4k, tx_64k, rx_4k or rr_1, SIDE device or raw. Needs no root.
+    #[arg(long, num_args = 3, value_names = ["CELL", "SIDE", "N"])]
+    vsock_cost: Option<Vec<String>>,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -123,6 +128,7 @@ const ALL: &[&str] = &[
     "ratelimit",
     "startup",
     "block",
+    "vsock",
 ];
 /// Scenarios run only when named.
 const OPT_IN: &[&str] = &["smoke"];
@@ -165,6 +171,13 @@ fn run(cli: Cli) -> Result<i32> {
             .parse()
             .with_context(|| format!("{:?} is not a number", a[2]))?;
         block::cost(&a[0], &a[1], n)?;
+        return Ok(0);
+    }
+    if let Some(a) = &cli.vsock_cost {
+        let n = a[2]
+            .parse()
+            .with_context(|| format!("{:?} is not a number", a[2]))?;
+        vsock::cost(&a[0], &a[1], n)?;
         return Ok(0);
     }
     if let Some(ns) = cli.child.clone() {
@@ -286,6 +299,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,
             "ratelimit" => ratelimit::ratelimit(&t)?,
             "block" => block::block(&t)?,
+            "vsock" => vsock::vsock(&t)?,
             _ => continue,
         };
         out.insert((*s).to_string(), v);

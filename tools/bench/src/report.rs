@@ -442,6 +442,7 @@ pub fn table(out: &Value) -> String {
     startup_table(&mut s, &out["startup"]);
     ratelimit_table(&mut s, &out["ratelimit"]);
     crate::block::table(&mut s, &out["block"]);
+    crate::vsock::table(&mut s, &out["vsock"]);
     if let Some(load) = out["machine"]["loadavg_at_end"].as_str() {
         let _ = writeln!(s, "\nloadavg at the end: {load}");
     }

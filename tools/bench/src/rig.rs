@@ -242,6 +242,50 @@ pub(crate) mod host_mem {
             Ok(())
         }
 
+        /// One `write` (`write` true) of the `len` bytes at `off` of the range to
+        /// `fd`, or one `read` from `fd` into them: a raw relay's transfer, on
+        /// the very memory the device's packets use. The bytes moved.
+        pub fn fd_io(
+            &self,
+            fd: std::os::fd::RawFd,
+            off: usize,
+            len: usize,
+            write: bool,
+        ) -> std::io::Result<usize> {
+            assert!(off + len <= self.len);
+            let at = self.ptr.wrapping_add(off);
+            let n = if write {
+                // SAFETY: the kernel reads `len` bytes at `at`, inside the
+                // range (checked above), mapped while `self` lives.
+                unsafe { libc::write(fd, at.cast(), len) }
+            } else {
+                // SAFETY: the kernel writes `len` bytes at `at`, inside the
+                // range, which no Rust reference covers and the device does
+                // not touch while the raw relay runs.
+                unsafe { libc::read(fd, at.cast(), len) }
+            };
+            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+        }
+
+        /// Copies `data` to byte `off` of the range (a packet header).
+        pub fn write_bytes(&self, off: usize, data: &[u8]) {
+            assert!(off + data.len() <= self.len);
+            // SAFETY: the destination is inside the range (checked above),
+            // mapped while `self` lives; `data` is a distinct host slice.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
+        }
+
+        /// The first `N` bytes at `off`, read as plain bytes (a header the
+        /// device wrote and published before the used index the caller read).
+        pub fn read_array<const N: usize>(&self, off: usize) -> [u8; N] {
+            assert!(off + N <= self.len);
+            let mut out = [0u8; N];
+            // SAFETY: the source is inside the range and mapped; the device
+            // no longer writes a buffer it has put in the used ring.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), out.as_mut_ptr(), N) }
+            out
+        }
+
         /// The little-endian 16-bit value at byte `off`, at any alignment.
         pub fn read_u16_unaligned(&self, off: usize) -> u16 {
             assert!(off + 2 <= self.len);

@@ -68,6 +68,43 @@ pub fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
+/// One window of a device-against-raw cell: units per second, CPU ns per unit of the
+/// measured thread, and the driver harness's wall ns per unit (0 on the raw side).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Window {
+    pub per_s: f64,
+    pub cpu_ns: f64,
+    pub harness_ns: f64,
+}
+
+/// What interleaved rounds of a cell give: the medians of both sides' rates and CPU, and the
+/// harness's share, least over the device's rounds (a preemption inside a turn only inflates
+/// it; only the turn's own work is the harness's cost).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Medians {
+    pub dev_per_s: f64,
+    pub raw_per_s: f64,
+    pub dev_cpu_ns: f64,
+    pub raw_cpu_ns: f64,
+    pub harness_ns: f64,
+}
+
+/// The [`Medians`] of `dev`'s and `raw`'s windows.
+pub fn medians(dev: &[Window], raw: &[Window]) -> Medians {
+    let med = |v: &[Window], f: fn(&Window) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+    let h = dev
+        .iter()
+        .map(|s| s.harness_ns)
+        .fold(f64::INFINITY, f64::min);
+    Medians {
+        dev_per_s: med(dev, |s| s.per_s),
+        raw_per_s: med(raw, |s| s.per_s),
+        dev_cpu_ns: med(dev, |s| s.cpu_ns),
+        raw_cpu_ns: med(raw, |s| s.cpu_ns),
+        harness_ns: if h.is_finite() { h } else { 0.0 },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +134,29 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(ratio(9.0, 10.0), 0.9);
         assert_eq!(ratio(1.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn medians_of_rounds_and_the_least_harness() {
+        let w = |per_s, cpu_ns, harness_ns| Window {
+            per_s,
+            cpu_ns,
+            harness_ns,
+        };
+        let m = medians(
+            &[w(10.0, 5.0, 3.0), w(30.0, 7.0, 1.0), w(20.0, 6.0, 2.0)],
+            &[w(40.0, 1.0, 0.0), w(50.0, 2.0, 0.0)],
+        );
+        assert_eq!(
+            m,
+            Medians {
+                dev_per_s: 20.0,
+                raw_per_s: 45.0,
+                dev_cpu_ns: 6.0,
+                raw_cpu_ns: 1.5,
+                harness_ns: 1.0,
+            }
+        );
+        assert_eq!(medians(&[], &[]).harness_ns, 0.0);
     }
 }

@@ -2,7 +2,8 @@
 //! `mvperf`: a netperf-style network load tool, one static binary for host and guest.
 //!
 //! `mvperf server` plays netperf's `netserver`; `mvperf -t TEST -H HOST -l SECONDS` runs one
-//! client test (TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM, UDP_RR) and prints netperf-like text
+//! client test (TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM, UDP_RR; VSOCK_STREAM, VSOCK_MAERTS,
+//! VSOCK_RR with `--uds PATH` or `--cid CID` instead of `-H`) and prints netperf-like text
 //! or, with `--json`, one JSON object. Only std networking is used (no NSS, no async runtime) so
 //! the binary links statically and runs in a busybox initramfs.
 //!
@@ -18,6 +19,7 @@ mod selftest;
 mod server;
 mod sockopt;
 mod stats;
+mod vsock;
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -36,11 +38,23 @@ Tests (-t, netperf names, case-insensitive):
   TCP_RR       TCP request/response, one transaction in flight; latency per transaction
   UDP_STREAM   client sends UDP datagrams; throughput = bytes the server received (loss shown)
   UDP_RR       UDP request/response; a request unanswered within --udp-timeout-ms counts as lost
+  VSOCK_STREAM, VSOCK_MAERTS, VSOCK_RR
+               TCP_STREAM, TCP_MAERTS, TCP_RR over vsock connections, to a server reached with
+               --uds PATH (a Firecracker-style VMM's Unix socket: 'CONNECT PORT' and 'OK N'
+               lines) or --cid CID (AF_VSOCK, e.g. 2 from a guest to its host)
 
 Server:
-  mvperf server [--port 12865] [--bind 0.0.0.0]
+  mvperf server [--port 12865] [--bind 0.0.0.0] [--vsock | --uds BASE]
       Serves clients forever (one thread per test). Prints
       'mvperf server listening on ADDR:PORT' on stdout once bound; --port 0 picks a free port.
+      --vsock also takes VSOCK tests on AF_VSOCK port --port (12865 with 0), then prints
+      'mvperf server listening on vsock port PORT'; --uds BASE takes them on the Unix socket
+      BASE_PORT instead (the host's side of a guest's connections through the VMM).
+
+vsock hello (the guest image's minivmm.vsock_hello=PORT):
+  mvperf vsock-hello PORT
+      Connects to the host (CID 2) on vsock port PORT, writes 'MINIVMM-VSOCK-HELLO <own CID>'
+      and closes; prints the line it wrote.
 
 Self-test (the guest image's minivmm.mode=selftest):
   mvperf selftest [--timeout 600]
@@ -52,6 +66,7 @@ Examples:
   mvperf -t TCP_STREAM -H 10.0.0.2 -l 10
   mvperf -t TCP_RR -H 10.0.0.2 -l 5 -r 64,1024 --json
   mvperf -H 10.0.0.2 -t UDP_STREAM -- -m 1024     (netperf-style test-specific options)
+  mvperf -t VSOCK_RR --uds /run/v.sock -l 5       (the guest's vsock port 12865, through the VMM)
 
 --json prints one object: throughput_mbps for STREAM tests; transactions_per_s and
 latency_us {mean,p50,p99,min,max} for RR tests; plus test, bytes, elapsed_s, transactions, ...
@@ -70,7 +85,8 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
 
-    /// Test to run: TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM or UDP_RR.
+    /// Test to run: TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM, UDP_RR, VSOCK_STREAM,
+    /// VSOCK_MAERTS or VSOCK_RR.
     #[arg(
         short = 't',
         long = "test",
@@ -80,8 +96,18 @@ struct Cli {
     test: TestKind,
 
     /// Server host: a numeric IPv4/IPv6 address (names are resolved through libc).
-    #[arg(short = 'H', long = "host", value_name = "HOST", required = true)]
+    #[arg(short = 'H', long = "host", value_name = "HOST",
+          required_unless_present_any = ["uds", "cid"], conflicts_with_all = ["uds", "cid"])]
     host: Option<String>,
+
+    /// VSOCK tests: the server's vsock port is reached through this Unix socket of a
+    /// Firecracker-style VMM (its `uds_path`), with its CONNECT protocol.
+    #[arg(long, value_name = "PATH", conflicts_with = "cid")]
+    uds: Option<std::path::PathBuf>,
+
+    /// VSOCK tests: the server's vsock CID, reached with AF_VSOCK (2: the host).
+    #[arg(long, value_name = "CID")]
+    cid: Option<u32>,
 
     /// Test length in seconds.
     #[arg(short = 'l', long = "length", value_name = "SECONDS", default_value = "10",
@@ -146,6 +172,19 @@ enum Command {
         /// Address to listen on.
         #[arg(short = 'b', long, value_name = "ADDR", default_value = "0.0.0.0")]
         bind: IpAddr,
+        /// Also take VSOCK tests on AF_VSOCK port PORT (a machine without vsock says so on
+        /// stderr and serves TCP and UDP).
+        #[arg(long, conflicts_with = "uds")]
+        vsock: bool,
+        /// Also take VSOCK tests on the Unix socket BASE_PORT (the host's side of a guest's
+        /// connections through a Firecracker-style VMM whose uds_path is BASE).
+        #[arg(long, value_name = "BASE")]
+        uds: Option<std::path::PathBuf>,
+    },
+    /// Connect to the host's vsock port PORT, write `MINIVMM-VSOCK-HELLO <own CID>`, close.
+    VsockHello {
+        /// The host's vsock port.
+        port: u32,
     },
     /// Stress what userspace relies on (threads and their TLS, clone, fork, exec, signals,
     /// context switches), print one `MINIVMM-SELFTEST PASS|FAIL` line, exit 0 or 1.
@@ -221,14 +260,34 @@ fn main() -> ExitCode {
         Err(e) => return arg_error(e),
     };
     match cli.command {
-        Some(Command::Server { port, bind }) => {
-            let cfg = server::ServerConfig { bind, port };
+        Some(Command::Server {
+            port,
+            bind,
+            vsock,
+            uds,
+        }) => {
+            let vsock = match (vsock, uds) {
+                (_, Some(base)) => Some(server::VsockSide::Path(base)),
+                (true, None) => Some(server::VsockSide::Socket),
+                (false, None) => None,
+            };
+            let cfg = server::ServerConfig { bind, port, vsock };
             if let Err(e) = server::run(&cfg) {
                 eprintln!("mvperf server: {e:#}");
             }
             // `run` returns only when it could not start.
             ExitCode::FAILURE
         }
+        Some(Command::VsockHello { port }) => match vsock::hello(port) {
+            Ok(line) => match emit(&line) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(_) => ExitCode::FAILURE,
+            },
+            Err(e) => {
+                eprintln!("mvperf vsock-hello: host port {port}: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Command::Selftest {
             timeout,
             true_bin,
@@ -290,12 +349,23 @@ fn test_params(cli: &Cli, extra: &SizeArgs) -> Result<TestParams> {
 }
 
 fn client_main(cli: &Cli, params: TestParams) -> Result<()> {
-    let host = cli
-        .host
-        .as_deref()
-        .ok_or_else(|| anyhow::anyhow!("-H HOST is required"))?;
     let test = params.test;
-    let server = client::resolve(host, cli.port)?;
+    let (host, server) = match (&cli.host, &cli.uds, cli.cid) {
+        (Some(host), _, _) => (
+            host.clone(),
+            client::Target::Ip(client::resolve(host, cli.port)?),
+        ),
+        (None, Some(uds), _) => (
+            uds.display().to_string(),
+            client::Target::Vsock(vsock::VsockPeer::Uds(uds.clone()), u32::from(cli.port)),
+        ),
+        (None, None, Some(cid)) => (
+            format!("CID {cid}"),
+            client::Target::Vsock(vsock::VsockPeer::Cid(cid), u32::from(cli.port)),
+        ),
+        (None, None, None) => anyhow::bail!("-H HOST (or --uds PATH, --cid CID) is required"),
+    };
+    let host = host.as_str();
     if !cli.json {
         emit(&format!("{}\n", report::banner(test, host, &server)))?;
     }

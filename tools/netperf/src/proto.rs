@@ -18,10 +18,17 @@
 //!    echoed in its response) ahead of the request or response bytes.
 //! 4. server → client: its counts, e.g. `{"bytes":N,"messages":N,"transactions":N}`, so the
 //!    client reports what the receiver actually got, not what it handed to its own kernel.
+//!
+//! The VSOCK tests run the TCP tests' exchange over vsock stream connections ([`Conn`] is
+//! what both kinds of stream give): the control connection reaches the server's vsock port
+//! (`AF_VSOCK`, or through a Firecracker-style VMM's `CONNECT` protocol on its Unix socket),
+//! and `data_port` is a vsock port (32 bits).
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -58,19 +65,28 @@ pub enum TestKind {
     UdpStream,
     /// One UDP request datagram, one response datagram, repeated.
     UdpRr,
+    /// TCP_STREAM over vsock connections.
+    VsockStream,
+    /// TCP_MAERTS over vsock connections.
+    VsockMaerts,
+    /// TCP_RR over vsock connections.
+    VsockRr,
 }
 
 impl TestKind {
     /// Every test, in the order `--help` lists them.
-    pub const ALL: [TestKind; 5] = [
+    pub const ALL: [TestKind; 8] = [
         TestKind::TcpStream,
         TestKind::TcpMaerts,
         TestKind::TcpRr,
         TestKind::UdpStream,
         TestKind::UdpRr,
+        TestKind::VsockStream,
+        TestKind::VsockMaerts,
+        TestKind::VsockRr,
     ];
 
-    /// The netperf name.
+    /// The netperf name (the VSOCK tests' are ours).
     pub fn name(self) -> &'static str {
         match self {
             TestKind::TcpStream => "TCP_STREAM",
@@ -78,6 +94,9 @@ impl TestKind {
             TestKind::TcpRr => "TCP_RR",
             TestKind::UdpStream => "UDP_STREAM",
             TestKind::UdpRr => "UDP_RR",
+            TestKind::VsockStream => "VSOCK_STREAM",
+            TestKind::VsockMaerts => "VSOCK_MAERTS",
+            TestKind::VsockRr => "VSOCK_RR",
         }
     }
 
@@ -88,9 +107,72 @@ impl TestKind {
 
     /// Whether the test is request/response.
     pub fn is_rr(self) -> bool {
-        matches!(self, TestKind::TcpRr | TestKind::UdpRr)
+        matches!(self, TestKind::TcpRr | TestKind::UdpRr | TestKind::VsockRr)
+    }
+
+    /// Whether the test runs over vsock connections.
+    pub fn is_vsock(self) -> bool {
+        matches!(
+            self,
+            TestKind::VsockStream | TestKind::VsockMaerts | TestKind::VsockRr
+        )
+    }
+
+    /// The stream test whose data phase this one runs: a VSOCK test is its TCP namesake over
+    /// another kind of stream.
+    pub fn stream_kind(self) -> TestKind {
+        match self {
+            TestKind::VsockStream => TestKind::TcpStream,
+            TestKind::VsockMaerts => TestKind::TcpMaerts,
+            TestKind::VsockRr => TestKind::TcpRr,
+            other => other,
+        }
     }
 }
+
+/// A connected stream a test runs over: TCP, or a vsock connection (an `AF_VSOCK` socket, or
+/// the Unix socket of a Firecracker-style VMM once its `CONNECT` line is answered), both
+/// held as `UnixStream`, whose calls (read, write, `SO_RCVTIMEO`, shutdown) are the socket
+/// layer's and work on either family.
+pub trait Conn: io::Read + io::Write + AsRawFd + Send + Sized + 'static {
+    /// A second handle on the same connection.
+    fn try_clone_conn(&self) -> io::Result<Self>;
+    /// `SO_RCVTIMEO`.
+    fn read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    /// `SO_SNDTIMEO`.
+    fn write_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    /// Tells the peer no more data comes.
+    fn shutdown_write(&self) -> io::Result<()>;
+    /// `TCP_NODELAY` where there is such a thing (vsock sends at once anyway).
+    fn no_delay(&self) -> io::Result<()>;
+}
+
+/// `Conn` for a std stream type whose calls have the same names (`no_delay` given).
+macro_rules! std_conn {
+    ($t:ty, $no_delay:expr) => {
+        impl Conn for $t {
+            fn try_clone_conn(&self) -> io::Result<Self> {
+                self.try_clone()
+            }
+            fn read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+                self.set_read_timeout(d)
+            }
+            fn write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+                self.set_write_timeout(d)
+            }
+            fn shutdown_write(&self) -> io::Result<()> {
+                self.shutdown(Shutdown::Write)
+            }
+            fn no_delay(&self) -> io::Result<()> {
+                let f: fn(&Self) -> io::Result<()> = $no_delay;
+                f(self)
+            }
+        }
+    };
+}
+
+std_conn!(TcpStream, |s| s.set_nodelay(true));
+std_conn!(UnixStream, |_| Ok(()));
 
 impl fmt::Display for TestKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -134,6 +216,7 @@ impl TestParams {
             TestKind::UdpRr => MAX_UDP_MSG - RR_SEQ_LEN,
             TestKind::UdpStream => MAX_UDP_MSG,
             TestKind::TcpStream | TestKind::TcpMaerts | TestKind::TcpRr => MAX_TCP_MSG,
+            TestKind::VsockStream | TestKind::VsockMaerts | TestKind::VsockRr => MAX_TCP_MSG,
         };
         let check = |what: &str, v: usize| -> Result<()> {
             if v == 0 || v > max {
@@ -205,19 +288,19 @@ impl TestParams {
 }
 
 /// One end of a control connection: JSON lines with bounded length and timeouts.
-pub struct Control {
-    stream: TcpStream,
-    reader: BufReader<TcpStream>,
+pub struct Control<S: Conn = TcpStream> {
+    stream: S,
+    reader: BufReader<S>,
     /// The start of a line a timed-out `recv` had read, kept for the next call (callers that
     /// poll with short timeouts must not lose half a message).
     partial: String,
 }
 
-impl Control {
+impl<S: Conn> Control<S> {
     /// Wraps a connected stream; control messages are tiny, so Nagle only adds delay.
-    pub fn new(stream: TcpStream) -> io::Result<Self> {
-        stream.set_nodelay(true)?;
-        let reader = BufReader::new(stream.try_clone()?);
+    pub fn new(stream: S) -> io::Result<Self> {
+        stream.no_delay()?;
+        let reader = BufReader::new(stream.try_clone_conn()?);
         Ok(Self {
             stream,
             reader,
@@ -227,7 +310,7 @@ impl Control {
 
     /// Sends one object as a line, giving up after `timeout`.
     pub fn send(&mut self, v: &Value, timeout: Duration) -> io::Result<()> {
-        self.stream.set_write_timeout(Some(nonzero(timeout)))?;
+        self.stream.write_timeout(Some(nonzero(timeout)))?;
         let mut line = v.to_string();
         line.push('\n');
         self.stream.write_all(line.as_bytes())
@@ -237,7 +320,7 @@ impl Control {
     ///
     /// A closed connection is an error of kind `UnexpectedEof`.
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Value> {
-        self.stream.set_read_timeout(Some(nonzero(timeout)))?;
+        self.stream.read_timeout(Some(nonzero(timeout)))?;
         let room = MAX_LINE.saturating_sub(self.partial.len() as u64);
         // On an error (a timeout) read_line keeps what it read in `partial`.
         let n = (&mut self.reader).take(room).read_line(&mut self.partial)?;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use serde_json::{json, Value};
 
-use crate::client::{Measured, Outcome};
+use crate::client::{Measured, Outcome, Target};
 use crate::proto::TestKind;
 
 fn family(addr: &SocketAddr) -> &'static str {
@@ -23,13 +23,25 @@ fn family(addr: &SocketAddr) -> &'static str {
 }
 
 /// The banner netperf prints before a test starts.
-pub fn banner(test: TestKind, host: &str, server: &SocketAddr) -> String {
+pub fn banner(test: TestKind, host: &str, server: &Target) -> String {
     let what = match test {
         TestKind::TcpStream => "TCP STREAM",
         TestKind::TcpMaerts => "TCP MAERTS",
         TestKind::TcpRr => "TCP REQUEST/RESPONSE",
         TestKind::UdpStream => "UDP STREAM",
         TestKind::UdpRr => "UDP REQUEST/RESPONSE",
+        TestKind::VsockStream => "VSOCK STREAM",
+        TestKind::VsockMaerts => "VSOCK MAERTS",
+        TestKind::VsockRr => "VSOCK REQUEST/RESPONSE",
+    };
+    let server = match server {
+        Target::Ip(a) => a,
+        Target::Vsock(peer, port) => {
+            return format!(
+                "MIGRATED {what} TEST from port 0 AF_VSOCK to {host} ({}) port {port} AF_VSOCK",
+                peer.describe()
+            )
+        }
     };
     let (any, af) = if server.is_ipv6() {
         ("::", family(server))
@@ -87,9 +99,9 @@ pub fn text(o: &Outcome) -> String {
     let z = &o.sizes;
     let mut s = String::new();
     // `write!` into a String cannot fail.
-    match (&o.measured, o.params.test) {
+    match (&o.measured, o.params.test.stream_kind()) {
         (Measured::Stream(m), TestKind::TcpStream | TestKind::TcpMaerts) => {
-            let (recv, send) = if o.params.test == TestKind::TcpStream {
+            let (recv, send) = if o.params.test.stream_kind() == TestKind::TcpStream {
                 (z.remote_recv, z.local_send)
             } else {
                 (z.local_recv, z.remote_send)
@@ -267,7 +279,7 @@ mod tests {
                 req_size: 1,
                 resp_size: 1,
             },
-            server: "127.0.0.1:12865".parse().expect("addr"),
+            server: Target::Ip("127.0.0.1:12865".parse().expect("addr")),
             elapsed: Duration::from_secs(2),
             sizes: SockSizes::default(),
             udp_timeout: Duration::from_millis(250),
@@ -337,9 +349,15 @@ mod tests {
     fn banner_reads_like_netperf() {
         let a: SocketAddr = "127.0.0.1:12865".parse().expect("addr");
         assert_eq!(
-            banner(TestKind::TcpStream, "127.0.0.1", &a),
+            banner(TestKind::TcpStream, "127.0.0.1", &Target::Ip(a)),
             "MIGRATED TCP STREAM TEST from 0.0.0.0 (0.0.0.0) port 0 AF_INET to 127.0.0.1 \
              (127.0.0.1) port 12865 AF_INET"
+        );
+        let v = Target::Vsock(crate::vsock::VsockPeer::Uds("/run/v.sock".into()), 12865);
+        assert_eq!(
+            banner(TestKind::VsockRr, "guest", &v),
+            "MIGRATED VSOCK REQUEST/RESPONSE TEST from port 0 AF_VSOCK to guest (vsock through \
+             /run/v.sock) port 12865 AF_VSOCK"
         );
     }
 }

@@ -1082,8 +1082,8 @@ mod tests {
         // A malformed request: answered and closed; a bad path: answered.
         let (client, t) = connect(&mut c, S);
         let t = t.unwrap();
-        send(&mut c, &client, t, b"GET /vsock HTTP/1.1\r\n\r\n", S);
-        assert!(got(&client).contains("vsock is not supported"));
+        send(&mut c, &client, t, b"GET /mmds HTTP/1.1\r\n\r\n", S);
+        assert!(got(&client).contains("MMDS (the microVM metadata service) is not supported"));
         send(&mut c, &client, t, b"GET / HTTP/9\r\n\r\n", S);
         assert!(got(&client).contains("unsupported HTTP version"));
         assert!(client.borrow().closed);

@@ -15,6 +15,13 @@
 //! does not exist, two root drives, two cards on one TAP). A refused
 //! request leaves the document as it was. Only the kernel is left for
 //! `InstanceStart` to check, since it may be put last.
+//!
+//! `PUT /vsock` (`/vsock/{id}`) does more than check: it binds the
+//! device's socket at `uds_path` at once, as Firecracker does, since its
+//! clients wait for the file before they go on ([`crate::host_socket`]).
+//! Put again at another path, the new socket is bound first and the old
+//! one then removed; at the same path the socket stays. The deprecated
+//! `vsock_id` is not kept (Firecracker's `GET /vm/config` leaves it out).
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +31,11 @@ use super::http::Response;
 use super::routes::{Action, ApiRequest};
 use crate::config::file;
 use crate::config::settings::Settings;
-use crate::config::DEFAULT_MEM_MIB;
+use crate::config::{VmmConfig, DEFAULT_MEM_MIB};
+use crate::host_socket::VsockSocket;
 use crate::images::check_images;
+use crate::process::seccomp::SeccompMode;
+use std::sync::Arc;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
@@ -90,6 +100,10 @@ pub struct Preboot {
     doc: Map<String, Value>,
     /// `--metrics-path` (or `--metrics`) set the metrics up already.
     metrics_by_flag: bool,
+    /// The vsock socket `PUT /vsock` bound.
+    vsock: Option<Arc<VsockSocket>>,
+    /// The filter of the process that removes that socket.
+    seccomp: SeccompMode,
 }
 
 /// An error line of the file parser as an API fault: the API has no file,
@@ -118,11 +132,18 @@ impl Preboot {
         Self::default()
     }
 
-    /// An empty configuration beside what the command line says, `flags`
+    /// This configuration beside what the command line says, `flags`
     /// (which win over the API's): metrics a flag set up cannot be put again.
-    pub fn with_flags(flags: &Settings) -> Self {
+    pub fn with_flags(mut self, flags: &Settings) -> Self {
+        self.metrics_by_flag = flags.metrics_path.is_some();
+        self
+    }
+
+    /// An empty configuration whose vsock socket's remover runs under a
+    /// filter for `mode` (`--seccomp`).
+    pub fn with_seccomp(mode: SeccompMode) -> Self {
         Preboot {
-            metrics_by_flag: flags.metrics_path.is_some(),
+            seccomp: mode,
             ..Self::default()
         }
     }
@@ -143,6 +164,11 @@ impl Preboot {
         self.put("metrics", v)
     }
 
+    /// The socket `PUT /vsock` bound, for the builder.
+    pub fn vsock_socket(&self) -> Option<Arc<VsockSocket>> {
+        self.vsock.clone()
+    }
+
     /// Handles one request; `id` is the instance id for `GET /`.
     pub fn handle(&mut self, req: ApiRequest, id: &str) -> Step {
         let r = match req {
@@ -161,6 +187,7 @@ impl Preboot {
             ApiRequest::PutMetrics(v) => self.put_metrics(v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
             ApiRequest::PutSerial(v) => self.put("serial", v),
+            ApiRequest::PutVsock(v) => self.put_vsock(v),
             ApiRequest::Action(Action::InstanceStart) => match self.settings() {
                 Ok(s) => return Step::Start(Box::new(s)),
                 Err(r) => r,
@@ -214,38 +241,78 @@ impl Preboot {
 
     /// Accepts `candidate` as the new document if it checks out.
     fn commit(&mut self, candidate: Map<String, Value>) -> Response {
-        let settings = match file::parse(&Value::Object(candidate.clone()).to_string()) {
-            Ok(s) => s,
-            Err(e) => return fault(&e),
+        match check(&candidate) {
+            Ok(_) => {
+                self.doc = candidate;
+                Response::no_content()
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// `PUT /vsock`: the section checked, then its socket bound (see the
+    /// module doc).
+    fn put_vsock(&mut self, mut v: Value) -> Response {
+        if let Value::Object(m) = &mut v {
+            m.remove("vsock_id");
+        }
+        let mut candidate = self.doc.clone();
+        candidate.insert("vsock".into(), v);
+        let cfg = match check(&candidate) {
+            Ok(cfg) => cfg,
+            Err(r) => return r,
         };
-        // The values as the command line's are checked; the kernel alone
-        // may still be missing (a placeholder stands in, checked at start).
-        // The boot files must exist now, as Firecracker checks them at PUT.
-        let boot_files = [
-            ("kernel", &settings.kernel),
-            ("initrd", &settings.initramfs),
-        ];
-        for (what, path) in boot_files {
-            if let Some(fault) = path.as_deref().and_then(|p| boot_file_fault(what, p)) {
-                return fault;
+        let Some(path) = cfg.vsock.map(|v| v.uds_path) else {
+            // `null`: no device, and no socket.
+            if let Some(old) = self.vsock.take().and_then(|s| Arc::try_unwrap(s).ok()) {
+                old.remove_now();
             }
-        }
-        let mut settings = settings;
-        if settings.kernel.is_none() {
-            settings.kernel = Some(PathBuf::from("/"));
-        }
-        match settings.finish() {
-            Ok(cfg) => {
-                if let Err(e) = check_images(&cfg.drives) {
-                    return fault(&e);
-                }
+            self.doc = candidate;
+            return Response::no_content();
+        };
+        if self.vsock.as_ref().is_none_or(|s| s.path() != path) {
+            let new = match VsockSocket::bind(&path, self.seccomp) {
+                Ok(s) => Arc::new(s),
+                Err(e) => return fault(&e),
+            };
+            if let Some(old) = self
+                .vsock
+                .replace(new)
+                .and_then(|s| Arc::try_unwrap(s).ok())
+            {
+                old.remove_now();
             }
-            Err(e) => return fault(&e),
         }
         self.doc = candidate;
         Response::no_content()
     }
+}
 
+/// What `candidate` would make, checked as the command line's values are;
+/// the kernel alone may still be missing (a placeholder stands in, checked
+/// at start). The boot files must exist now, as Firecracker checks them
+/// at PUT.
+fn check(candidate: &Map<String, Value>) -> Result<VmmConfig, Response> {
+    let mut settings =
+        file::parse(&Value::Object(candidate.clone()).to_string()).map_err(|e| fault(&e))?;
+    let boot_files = [
+        ("kernel", &settings.kernel),
+        ("initrd", &settings.initramfs),
+    ];
+    for (what, path) in boot_files {
+        if let Some(fault) = path.as_deref().and_then(|p| boot_file_fault(what, p)) {
+            return Err(fault);
+        }
+    }
+    if settings.kernel.is_none() {
+        settings.kernel = Some(PathBuf::from("/"));
+    }
+    let cfg = settings.finish().map_err(|e| fault(&e))?;
+    check_images(&cfg.drives).map_err(|e| fault(&e))?;
+    Ok(cfg)
+}
+
+impl Preboot {
     fn put(&mut self, section: &str, v: Value) -> Response {
         let mut candidate = self.doc.clone();
         candidate.insert(section.into(), v);
@@ -283,6 +350,7 @@ impl Preboot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn reply(p: &mut Preboot, req: ApiRequest) -> Response {
         match p.handle(req, "vm0") {
@@ -379,7 +447,7 @@ mod tests {
             metrics_path: Some("/tmp/flag.json".into()),
             ..Settings::default()
         };
-        let mut p = Preboot::with_flags(&flags);
+        let mut p = Preboot::new().with_flags(&flags);
         let e = fault_of(&reply(&mut p, ApiRequest::PutMetrics(m)));
         assert!(e.contains("--metrics-path"), "{e}");
         // The logger may be put again (Firecracker updates it).
@@ -438,6 +506,80 @@ mod tests {
             Some(std::path::Path::new("/tmp/console.out"))
         );
         assert_eq!(cfg.serial.rate_limiter.map(|b| b.size), Some(4096));
+    }
+
+    #[test]
+    fn put_vsock_binds_the_socket_at_once_and_a_bad_one_changes_nothing() {
+        let dir =
+            std::env::temp_dir().join(format!("minivmm-preboot-vsock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+        let taken = dir.join("taken");
+        std::fs::write(&taken, b"").unwrap();
+        let mut p = Preboot::new();
+        let vsock = |cid: u64, path: &Path| json!({"guest_cid": cid, "uds_path": path});
+        let before = body(&reply(&mut p, ApiRequest::GetVmConfig));
+        for (bad, want) in [
+            (vsock(2, &a), "vsock: guest_cid 2 is reserved"),
+            (vsock(3, &taken), "exists"),
+            (json!({"guest_cid": 3}), "missing field `uds_path`"),
+            (
+                json!({"guest_cid": 3, "uds_path": a, "x": 1}),
+                "unknown field `x`",
+            ),
+        ] {
+            let e = fault_of(&reply(&mut p, ApiRequest::PutVsock(bad.clone())));
+            assert!(e.contains(want), "{bad}: {e}");
+            assert!(!a.exists(), "{bad}: bound anyway");
+            assert_eq!(body(&reply(&mut p, ApiRequest::GetVmConfig)), before);
+        }
+        // Firecracker's clients wait for the socket after the PUT.
+        let put = json!({"vsock_id": "vsock0", "guest_cid": 3, "uds_path": a});
+        assert_eq!(reply(&mut p, ApiRequest::PutVsock(put)).status, 204);
+        assert!(std::os::unix::net::UnixStream::connect(&a).is_ok());
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["vsock"],
+            vsock(3, &a),
+            "vsock_id is not kept"
+        );
+        // Again at the same path: the same socket stays.
+        let first = p.vsock_socket().unwrap();
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutVsock(vsock(4, &a))).status,
+            204
+        );
+        assert!(Arc::ptr_eq(&first, &p.vsock_socket().unwrap()));
+        drop(first);
+        // At another path: the new one is bound, the old one removed.
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutVsock(vsock(5, &b))).status,
+            204
+        );
+        assert!(b.exists() && !a.exists());
+        // InstanceStart hands the socket and the section to the builder.
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap();
+        let v = cfg.vsock.unwrap();
+        assert_eq!((v.guest_cid, v.uds_path.as_path()), (5, b.as_path()));
+        assert_eq!(p.vsock_socket().unwrap().path(), b);
+        // null: no device and no socket.
+        assert_eq!(reply(&mut p, ApiRequest::PutVsock(Value::Null)).status, 204);
+        assert!(!b.exists());
+        assert!(p.vsock_socket().is_none());
+        assert_eq!(
+            body(&reply(&mut p, ApiRequest::GetVmConfig))["vsock"],
+            Value::Null
+        );
+        // Dropped (minivmm ends before InstanceStart): the socket goes.
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutVsock(vsock(3, &a))).status,
+            204
+        );
+        drop(p);
+        assert!(!a.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -8,12 +8,16 @@
 //! (Firecracker refuses `PUT /drives/a` with `"drive_id": "b"`), and the
 //! two small bodies whose whole shape is fixed here (`/actions`, `/vm`).
 //! The configuration bodies (`/boot-source`, `/machine-config`, `/drives`,
-//! `/network-interfaces`, `/logger`, `/metrics`) are passed on as JSON and
+//! `/network-interfaces`, `/logger`, `/metrics`, `/entropy`, `/vsock`) are passed on as JSON and
 //! decoded by the same code that reads them from a config file, so the
 //! file and the API cannot disagree on a field. A body with a key given
 //! twice is refused, at any depth, as Firecracker refuses it.
 //!
-//! Paths of features minivmm does not have (vsock, MMDS, snapshots, CPU
+//! `PUT /vsock` is taken with or without an id after it (`/vsock/vsock0`,
+//! as clients that still send the deprecated `vsock_id` write it); a
+//! `vsock_id` in the body must then be that id.
+//!
+//! Paths of features minivmm does not have (MMDS, snapshots, CPU
 //! templates, pmem, memory hotplug) are refused with a message that names
 //! the feature, not as unknown paths; every path of Firecracker's API
 //! description is known here, whatever its depth (`/balloon/hinting/start`).
@@ -78,6 +82,8 @@ pub enum ApiRequest {
     PutEntropy(Value),
     /// `PUT /serial`.
     PutSerial(Value),
+    /// `PUT /vsock` or `PUT /vsock/{id}`.
+    PutVsock(Value),
     /// `PUT /actions`.
     Action(Action),
     /// `PATCH /vm`.
@@ -86,7 +92,6 @@ pub enum ApiRequest {
 
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("vsock", "vsock"),
     ("mmds", "MMDS (the microVM metadata service)"),
     ("snapshot", "snapshots"),
     ("cpu-config", "CPU templates"),
@@ -162,6 +167,8 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
         ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
         ("serial", None, Method::Put) => ApiRequest::PutSerial(json(req)?),
+        ("vsock", None, Method::Put) => ApiRequest::PutVsock(json(req)?),
+        ("vsock", Some(id), Method::Put) => ApiRequest::PutVsock(vsock_body(req, id)?),
         ("actions", None, Method::Put) => {
             let b: ActionBody = typed(req)?;
             ApiRequest::Action(b.action_type)
@@ -172,7 +179,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         }
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "serial" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "serial" | "vsock" | "actions" | "vm",
             _,
             _,
         ) if known_path(first, second) => {
@@ -196,6 +203,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
         "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "entropy"
         | "serial" | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
+        "vsock" => true,
         "vm" => matches!(second, None | Some("config")),
         _ => false,
     }
@@ -233,6 +241,16 @@ fn json(req: &Request) -> Result<Value, String> {
 fn typed<T: for<'de> Deserialize<'de>>(req: &Request) -> Result<T, String> {
     let v = json(req)?;
     serde_json::from_value(v).map_err(|e| format!("invalid body: {e}"))
+}
+
+/// The body of `PUT /vsock/{id}`: its `vsock_id`, deprecated and optional
+/// (Firecracker reads the body alone), must be `id` when it is given.
+fn vsock_body(req: &Request, id: &str) -> Result<Value, String> {
+    let v = json(req)?;
+    if v.get("vsock_id").is_none_or(Value::is_null) {
+        return Ok(v);
+    }
+    with_id(req, id, "vsock_id")
 }
 
 /// The body, whose `field`, when present, must equal the id in the path.
@@ -293,6 +311,26 @@ mod tests {
             (
                 req(Put, "/entropy", r#"{"rate_limiter":null}"#),
                 "PutEntropy",
+            ),
+            (
+                req(Put, "/vsock", r#"{"guest_cid":3,"uds_path":"v.sock"}"#),
+                "PutVsock",
+            ),
+            (
+                req(
+                    Put,
+                    "/vsock/vsock0",
+                    r#"{"vsock_id":"vsock0","guest_cid":3,"uds_path":"v.sock"}"#,
+                ),
+                "PutVsock",
+            ),
+            (
+                req(
+                    Put,
+                    "/vsock/vsock0",
+                    r#"{"guest_cid":3,"uds_path":"v.sock"}"#,
+                ),
+                "PutVsock",
             ),
             (req(Get, "/machine-config", ""), "GetMachineConfig"),
             (req(Get, "/", ""), "GetInstanceInfo"),
@@ -376,6 +414,15 @@ mod tests {
                 "iface_id must be a string",
             ),
             (req(Get, "/", "x"), "GET / takes no body"),
+            (
+                req(Put, "/vsock/a", r#"{"vsock_id":"b","guest_cid":3}"#),
+                "the vsock_id in the body (b) differs from the one in the path (a)",
+            ),
+            (
+                req(Get, "/vsock", ""),
+                "invalid request method GET for /vsock",
+            ),
+            (req(Put, "/vsock", ""), "PUT /vsock needs a JSON body"),
         ];
         for (r, want) in cases {
             assert_eq!(
@@ -387,7 +434,6 @@ mod tests {
             );
         }
         for (path, feature) in [
-            ("/vsock", "vsock"),
             ("/snapshot/create", "snapshots"),
             ("/mmds", "MMDS (the microVM metadata service)"),
             (

@@ -145,7 +145,8 @@ impl Runtime {
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
             | ApiRequest::PutEntropy(_)
-            | ApiRequest::PutSerial(_) => Response::fault(
+            | ApiRequest::PutSerial(_)
+            | ApiRequest::PutVsock(_) => Response::fault(
                 "this request configures the microVM and is not allowed after it started",
             ),
         }
@@ -554,6 +555,7 @@ mod tests {
             ApiRequest::PutLogger(json!({})),
             ApiRequest::PutMetrics(json!({})),
             ApiRequest::PutEntropy(json!({})),
+            ApiRequest::PutVsock(json!({})),
         ] {
             let msg = fault(&rig.rt.handle(req));
             assert!(msg.contains("not allowed after it started"), "{msg}");
@@ -655,6 +657,7 @@ pub(crate) mod drive_tests {
             nets: Vec::new(),
             drives: configs,
             entropy: None,
+            vsock: None,
             metrics: None,
             logger: Default::default(),
             host_quirks: crate::config::HostQuirks::Off,

@@ -387,7 +387,7 @@ mod tests {
         let bad = exchange(&mut c, b"GET /balloon HTTP/1.1\r\n\r\n");
         assert!(bad.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{bad}");
         assert!(
-            bad.ends_with(r#"{"fault_message":"the balloon device is not supported by minivmm"}"#),
+            bad.ends_with(r#"{"fault_message":"the balloon device is not built yet"}"#),
             "{bad}"
         );
         // Pipelined: answered in order, each once.
@@ -465,8 +465,11 @@ mod tests {
         for (i, old) in idle.iter_mut().take(2).enumerate() {
             std::thread::sleep(Duration::from_millis(50));
             let mut c = UnixStream::connect(&srv.path).unwrap();
-            let r = exchange(&mut c, b"GET /vsock HTTP/1.1\r\n\r\n");
-            assert!(r.contains("vsock is not supported"), "{r}");
+            let r = exchange(&mut c, b"GET /mmds HTTP/1.1\r\n\r\n");
+            assert!(
+                r.contains("MMDS (the microVM metadata service) is not supported"),
+                "{r}"
+            );
             assert!(closed(old, Duration::from_secs(2)), "idle {i} stayed");
             newcomers.push(c);
         }

@@ -26,6 +26,7 @@ use super::parse::{
     parse_level, parse_number, parse_option,
 };
 use super::settings::Settings;
+use super::vsock::parse_vsock;
 use super::VmmConfig;
 use crate::process::jail::JailConfig;
 use crate::process::seccomp::SeccompMode;
@@ -173,6 +174,12 @@ pub struct Cli {
     /// `bw_*`/`ops_*` limiter keys.
     #[arg(long, value_name = "KEY=VALUE,...", num_args = 0..=1, default_missing_value = "")]
     pub rng: Option<String>,
+    /// The vsock device (virtio-vsock with Firecracker's host side):
+    /// `cid=N,socket=PATH` (Cloud Hypervisor's form). Host processes connect
+    /// to PATH and write `CONNECT <port>\n`; the guest's connections to the
+    /// host's port P reach a listener at PATH_P. PATH must not exist.
+    #[arg(long, value_name = "cid=N,socket=PATH")]
+    pub vsock: Option<String>,
     /// Shorthand for `--net tap=NAME` (opened, or created with a warning if missing).
     #[arg(long, value_name = "NAME")]
     pub tap: Option<String>,
@@ -451,6 +458,7 @@ impl Cli {
                 .map(|s| parse_disk(s))
                 .collect::<Result<Vec<_>, _>>()?,
             entropy: self.rng.as_deref().map(parse_rng).transpose()?,
+            vsock: self.vsock.as_deref().map(parse_vsock).transpose()?,
             metrics_path: self.metrics,
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,
@@ -654,6 +662,30 @@ mod tests {
         // One device: its id is taken, as a card's or a drive's is.
         let e = parse(&["--kernel", "k", "--rng", "--net", "tap=t0,id=entropy"]).unwrap_err();
         assert!(e.contains("id 'entropy' is used twice"), "{e}");
+    }
+
+    #[test]
+    fn vsock_in_cloud_hypervisors_form_adds_the_vsock_device() {
+        assert!(parse(&["--kernel", "k"]).unwrap().vsock.is_none());
+        let cfg = parse(&["--kernel", "k", "--vsock", "cid=3,socket=/run/v.sock"]).unwrap();
+        let v = cfg.vsock.expect("the device");
+        assert_eq!((v.id.as_str(), v.guest_cid), ("vsock", 3));
+        assert_eq!(v.uds_path, PathBuf::from("/run/v.sock"));
+        let e = parse(&["--kernel", "k", "--vsock", "cid=2,socket=/v"]).unwrap_err();
+        assert!(e.starts_with("vsock: guest_cid 2 is reserved"), "{e}");
+        let e = parse(&["--kernel", "k", "--vsock", "cid=3"]).unwrap_err();
+        assert!(e.starts_with("--vsock 'cid=3': socket is missing"), "{e}");
+        // Its id is Firecracker's key for it, taken as a card's would be.
+        let e = parse(&[
+            "--kernel",
+            "k",
+            "--vsock",
+            "cid=3,socket=/v",
+            "--net",
+            "tap=t0,id=vsock",
+        ])
+        .unwrap_err();
+        assert!(e.contains("id 'vsock' is used twice"), "{e}");
     }
 
     #[test]

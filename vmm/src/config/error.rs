@@ -146,10 +146,14 @@ pub enum ConfigError {
     },
     /// More virtio devices than IRQ lines.
     #[error(
-        "{0} virtio devices (network interfaces, drives and the entropy device) is too many: \
+        "{0} virtio devices (network interfaces, drives, the entropy and vsock devices) is too many: \
          at most {MAX_NICS}"
     )]
     TooManyDevices(usize),
+    /// A vsock device the VMM cannot make (a reserved CID, a path that
+    /// cannot be a socket).
+    #[error("vsock: {0}")]
+    Vsock(String),
     /// A bad rate limiter bucket of the entropy device.
     #[error("entropy device: rate_limiter")]
     Entropy(#[source] RateLimiterError),

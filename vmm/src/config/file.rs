@@ -4,9 +4,10 @@
 //! A Firecracker user's file works as written when it uses what minivmm has:
 //! `boot-source`, `machine-config`, `network-interfaces` (with
 //! `rx_rate_limiter`/`tx_rate_limiter`), `drives` (with `rate_limiter`),
-//! `entropy` (with `rate_limiter`), `metrics` and `logger`; every other Firecracker section may be `null` (as
+//! `entropy` (with `rate_limiter`), `vsock` (with the deprecated `vsock_id`,
+//! accepted and ignored), `metrics` and `logger`; every other Firecracker section may be `null` (as
 //! Firecracker's own example files write them). Anything minivmm does not do,
-//! a vhost-user drive (`socket`), a `vsock`, `balloon`, `mmds-config` and so on, or
+//! a vhost-user drive (`socket`), a `balloon`, `mmds-config` and so on, or
 //! `smt: true`, is refused with one line naming it rather than ignored, and so
 //! is every unknown key. minivmm's own settings sit beside Firecracker's in
 //! the section they belong to (documented in the README): `cmdline_extra` in
@@ -33,6 +34,7 @@ use super::error::ConfigError;
 use super::net::{parse_offloads, MacAddr, NetSpec};
 use super::parse::{parse_host_quirks, parse_io_engine, parse_level};
 use super::settings::Settings;
+use super::vsock::VsockSpec;
 use super::{HugePages, SerialConfig};
 
 /// Errors reading a config file; each names what it is about.
@@ -74,7 +76,6 @@ const UNSUPPORTED: &[&str] = &[
     "memory-hotplug",
     "mmds-config",
     "pmem",
-    "vsock",
 ];
 
 #[derive(Debug, Deserialize)]
@@ -180,6 +181,18 @@ struct Entropy {
     rate_limiter: Option<Limiter>,
 }
 
+/// Firecracker's `VsockDeviceConfig`; the CID is read as 64 bits so that
+/// one out of range gets the check's own message.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Vsock {
+    /// Deprecated in Firecracker, which accepts and ignores it.
+    #[allow(dead_code)]
+    vsock_id: Option<String>,
+    guest_cid: u64,
+    uds_path: PathBuf,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Metrics {
@@ -254,6 +267,13 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                     rate_limiter: e.rate_limiter.map(Into::into),
                 });
             }
+            "vsock" if !value.is_null() => {
+                let v: Vsock = section(&key, value)?;
+                s.vsock = Some(VsockSpec {
+                    guest_cid: v.guest_cid,
+                    uds_path: v.uds_path,
+                });
+            }
             "metrics" if !value.is_null() => {
                 let m: Metrics = section(&key, value)?;
                 s.metrics_path = Some(m.metrics_path);
@@ -269,7 +289,7 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                 });
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
-            "metrics" | "logger" | "entropy" | "serial" => {}
+            "metrics" | "logger" | "entropy" | "serial" | "vsock" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
@@ -546,8 +566,16 @@ mod tests {
                 "unknown section 'bogus'",
             ),
             (
-                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "uds_path": "v.sock"}}}}"#),
-                "section 'vsock' is not supported",
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3, "path": "v.sock"}}}}"#),
+                "in 'vsock': unknown field `path`",
+            ),
+            (
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 3}}}}"#),
+                "in 'vsock': missing field `uds_path`",
+            ),
+            (
+                format!(r#"{{{boot}, "vsock": {{"guest_cid": 1, "uds_path": "v.sock"}}}}"#),
+                "vsock: guest_cid 1 is reserved",
             ),
             (
                 format!(r#"{{{boot}, "mmds-config": {{"network_interfaces": []}}}}"#),
@@ -751,6 +779,23 @@ mod tests {
     }
 
     #[test]
+    fn the_vsock_section_is_firecrackers_with_or_without_vsock_id() {
+        assert_eq!(parse(r#"{"vsock": null}"#).unwrap(), Settings::default());
+        let want = Some(VsockSpec {
+            guest_cid: 3,
+            uds_path: "./v.sock".into(),
+        });
+        for text in [
+            r#"{"vsock": {"guest_cid": 3, "uds_path": "./v.sock"}}"#,
+            r#"{"vsock": {"vsock_id": "vsock0", "guest_cid": 3, "uds_path": "./v.sock"}}"#,
+        ] {
+            assert_eq!(parse(text).unwrap().vsock, want, "{text}");
+        }
+        let line = crate::error_line(&parse(r#"{"vsock": []}"#).unwrap_err());
+        assert!(line.contains("in 'vsock'"), "{line}");
+    }
+
+    #[test]
     fn pmem_may_be_the_empty_list_firecracker_answers_with() {
         assert_eq!(parse(r#"{"pmem": []}"#).unwrap(), Settings::default());
         for refused in [
@@ -764,8 +809,11 @@ mod tests {
             );
         }
         // Only pmem: the other sections are objects in Firecracker's layout.
-        let line = crate::error_line(&parse(r#"{"vsock": []}"#).unwrap_err());
-        assert!(line.contains("section 'vsock' is not supported"), "{line}");
+        let line = crate::error_line(&parse(r#"{"balloon": []}"#).unwrap_err());
+        assert!(
+            line.contains("section 'balloon' is not supported"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! everything, network interfaces through [`net`], into one [`VmmConfig`].
 //! The builder consumes that; [`render`] writes one back in the file's
 //! layout (`GET /vm/config`). Dependencies point one way: `cli` → `file` →
-//! `settings` → the device sections (`net`, `drive`, `entropy`) → the shared pieces
+//! `settings` → the device sections (`net`, `drive`, `entropy`, `vsock`) → the shared pieces
 //! ([`parse`], the value parsers; [`ids`], the rule for instance and device
 //! ids) → `error` → this module, which depends on none of them (`render`
 //! reads `net` and this module only); [`json`] (the parser that refuses a
@@ -41,6 +41,7 @@ pub mod net;
 pub mod parse;
 pub mod render;
 pub mod settings;
+pub mod vsock;
 
 /// Smallest guest memory we accept. Below this even the tiny guest kernel
 /// cannot unpack itself and its initramfs, so fail before boot with a clear line.
@@ -54,8 +55,8 @@ pub const MAX_MEM_MIB: u64 = 64 * 1024;
 /// The largest vCPU count: APIC ids are one byte in the MP table and the
 /// IOAPIC id follows the last CPU.
 pub const MAX_VCPUS: u8 = 254;
-/// The most virtio devices (network cards, drives and the entropy device
-/// together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
+/// The most virtio devices (network cards, drives, the entropy and vsock
+/// devices together): one IRQ line each between the layout's IRQ_BASE and IRQ_MAX.
 pub const MAX_NICS: usize =
     (arch::x86_64::layout::IRQ_MAX - arch::x86_64::layout::IRQ_BASE + 1) as usize;
 /// The default metrics flush interval (Firecracker's).
@@ -82,6 +83,8 @@ pub enum DeviceKind {
     Block,
     /// The entropy device (virtio-rng).
     Rng,
+    /// The vsock device (virtio-vsock).
+    Vsock,
 }
 
 impl DeviceKind {
@@ -92,6 +95,7 @@ impl DeviceKind {
             DeviceKind::Net => "network interface",
             DeviceKind::Block => "drive",
             DeviceKind::Rng => "entropy device",
+            DeviceKind::Vsock => "vsock device",
         }
     }
 
@@ -101,16 +105,18 @@ impl DeviceKind {
             DeviceKind::Net => "a network interface",
             DeviceKind::Block => "a drive",
             DeviceKind::Rng => "the entropy device",
+            DeviceKind::Vsock => "the vsock device",
         }
     }
 
     /// The field of Firecracker's bodies that names a device of the kind
-    /// (`iface_id`, `drive_id`); none for the one entropy device.
+    /// (`iface_id`, `drive_id`); none for the one entropy device, nor for
+    /// the one vsock device (whose `vsock_id` is deprecated and ignored).
     pub fn id_key(self) -> Option<&'static str> {
         match self {
             DeviceKind::Net => Some("iface_id"),
             DeviceKind::Block => Some("drive_id"),
-            DeviceKind::Rng => None,
+            DeviceKind::Rng | DeviceKind::Vsock => None,
         }
     }
 
@@ -279,6 +285,9 @@ pub struct VmmConfig {
     /// The entropy device, if there is one (after the drives), under
     /// [`entropy::ENTROPY_ID`].
     pub entropy: Option<devices::virtio::rng::RngConfig>,
+    /// The vsock device, if there is one (after the entropy device), under
+    /// [`vsock::VSOCK_ID`].
+    pub vsock: Option<devices::virtio::vsock::VsockConfig>,
     /// Periodic metrics, if wanted.
     pub metrics: Option<MetricsConfig>,
     /// Logging.
@@ -302,7 +311,11 @@ impl VmmConfig {
             .entropy
             .as_ref()
             .map(|_| (DeviceKind::Rng, entropy::ENTROPY_ID));
-        nets.chain(drives).chain(entropy)
+        let vsock = self
+            .vsock
+            .as_ref()
+            .map(|v| (DeviceKind::Vsock, v.id.as_str()));
+        nets.chain(drives).chain(entropy).chain(vsock)
     }
 
     /// The rate limiter `name` (its field in Firecracker's layout) of the
@@ -329,6 +342,7 @@ impl VmmConfig {
             // Nothing of the entropy device changes while it runs (it has
             // no control).
             DeviceKind::Rng => None,
+            DeviceKind::Vsock => None,
         }
     }
 
@@ -340,7 +354,7 @@ impl VmmConfig {
                 let drive = self.drives.iter_mut().find(|d| d.device.id == id)?;
                 Some(&mut drive.device.path)
             }
-            DeviceKind::Net | DeviceKind::Rng => None,
+            DeviceKind::Net | DeviceKind::Rng | DeviceKind::Vsock => None,
         }
     }
 }

@@ -30,14 +30,16 @@
 //!   the common case is Firecracker's section exactly; `smt`,
 //!   `track_dirty_pages` and `huge_pages` are the only values minivmm
 //!   accepts (`false`, `"None"`). `entropy` is `null` without the device,
-//!   and `{"rate_limiter": ...}` with it, as Firecracker writes it.
+//!   and `{"rate_limiter": ...}` with it, as Firecracker writes it; `vsock`
+//!   is `null` without the device and `{"guest_cid": N, "uds_path": PATH}`
+//!   with it, without the deprecated `vsock_id`, as Firecracker writes it.
 //!   `boot-source` carries `cmdline_extra` (`--cmdline`, words after
 //!   everything minivmm adds) only when set; it is a minivmm key of the
 //!   file like `host_quirks`, since folding the words into `boot_args` would
 //!   move them before the device and root words and change the command line.
 //! - Firecracker's sections minivmm does not have are written as
 //!   Firecracker's own answer has them (its `VmmConfig`): `balloon`,
-//!   `cpu-config`, `memory-hotplug`, `mmds-config` and `vsock` `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
+//!   `cpu-config`, `memory-hotplug` and `mmds-config` `null`, `pmem` `[]` (a list there, and Firecracker refuses `null` for
 //!   it); `serial`, which Firecracker never answers with, is left out.
 //! - `logger.level` uses the spellings of Firecracker's enum (`Warning`, not
 //!   `warn`); `show_level` is `true` because minivmm always shows it.
@@ -66,6 +68,7 @@ use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use devices::virtio::block::CacheType;
 use devices::virtio::net::{IoEngine, Offloads};
 use devices::virtio::rng::RngConfig;
+use devices::virtio::vsock::VsockConfig;
 use log::LevelFilter;
 use serde_json::{json, Value};
 
@@ -108,7 +111,7 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
         "memory-hotplug": null,
         "mmds-config": null,
         "pmem": [],
-        "vsock": null,
+        "vsock": cfg.vsock.as_ref().map(vsock),
     })
 }
 
@@ -230,6 +233,10 @@ fn entropy(e: &RngConfig) -> Value {
     json!({ "rate_limiter": limiter(&e.rate_limiter) })
 }
 
+fn vsock(v: &VsockConfig) -> Value {
+    json!({ "guest_cid": v.guest_cid, "uds_path": path(&v.uds_path) })
+}
+
 /// `null` at the defaults (see the module doc).
 fn logger(l: &LoggerConfig) -> Value {
     if *l == LoggerConfig::default() {
@@ -272,6 +279,7 @@ mod tests {
     use crate::config::entropy::parse_rng;
     use crate::config::file;
     use crate::config::settings::Settings;
+    use crate::config::vsock::parse_vsock;
     use crate::config::{DEFAULT_MEM_MIB, DEFAULT_METRICS_INTERVAL_S};
     use crate::process::seccomp::SeccompMode;
 
@@ -386,6 +394,7 @@ mod tests {
             entropy: Some(
                 parse_rng("bw_size=1000,bw_one_time_burst=10,bw_refill_time=100").unwrap(),
             ),
+            vsock: Some(parse_vsock("cid=0xfffffffe,socket=/run/minivmm/v.sock").unwrap()),
             metrics_path: Some("/run/minivmm/metrics.fifo".into()),
             metrics_interval_s: Some(0),
             metrics_emit_id: Some(true),
@@ -422,7 +431,8 @@ mod tests {
           "metrics": {"metrics_path": "metrics.fifo", "interval_s": 10},
           "logger": {"log_path": "minivmm.log", "level": "Info", "show_level": true, "show_log_origin": false},
           "entropy": {"rate_limiter": {"ops": {"size": 100, "refill_time": 1000}}},
-          "vsock": null, "balloon": null, "mmds-config": null
+          "vsock": {"vsock_id": "vsock0", "guest_cid": 3, "uds_path": "v.sock"},
+          "balloon": null, "mmds-config": null
         }"#;
         std::fs::write(&file, text).unwrap();
         let disk = format!("path={},io_engine=sync", img.file("cli.img"));
@@ -615,6 +625,7 @@ mod tests {
             ("entropy ops", |c| {
                 c.entropy.is_some_and(|e| e.rate_limiter.ops.is_some())
             }),
+            ("vsock", |c| c.vsock.is_some()),
         ];
         for (what, covered) in checks {
             assert!(configs.iter().any(covered), "no configuration has {what}");
@@ -794,6 +805,25 @@ mod tests {
             plain.device_ids().collect::<Vec<_>>(),
             [(crate::config::DeviceKind::Rng, "entropy")]
         );
+    }
+
+    #[test]
+    fn the_vsock_device_is_firecrackers_section_without_vsock_id() {
+        let img = Images::new("vsock");
+        let cfg = from_the_command_line(&img);
+        let v = round_trip(&cfg);
+        assert_eq!(v["vsock"], json!({"guest_cid": 3, "uds_path": "v.sock"}));
+        assert_eq!(validate("Vsock", &v["vsock"]), Ok(()));
+        let all = round_trip(&everything(&img));
+        assert_eq!(
+            all["vsock"],
+            json!({"guest_cid": 4294967294u64, "uds_path": "/run/minivmm/v.sock"})
+        );
+        // The device takes a window, and its id, after the entropy device.
+        let ids: Vec<_> = cfg.device_ids().map(|(_, id)| id).collect();
+        assert_eq!(ids.last(), Some(&"vsock"));
+        assert_eq!(ids[ids.len() - 2], "entropy");
+        assert_eq!(round_trip(&minimal())["vsock"], Value::Null);
     }
 
     /// Every value `source` gives is in `rendered` at the same place; a

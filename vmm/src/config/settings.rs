@@ -18,6 +18,7 @@ use super::entropy::{finish_entropy, EntropySpec};
 use super::error::ConfigError;
 use super::ids::check_unique_ids;
 use super::net::{check_unique, finish_net, NetSpec};
+use super::vsock::{finish_vsock, VsockSpec};
 use super::{
     HostQuirks, HugePages, LoggerConfig, MetricsConfig, SerialConfig, VmmConfig, DEFAULT_MEM_MIB,
     DEFAULT_METRICS_INTERVAL_S, MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB,
@@ -54,6 +55,8 @@ pub struct Settings {
     pub drives: Vec<DriveSpec>,
     /// The entropy device, if asked for.
     pub entropy: Option<EntropySpec>,
+    /// The vsock device, if asked for.
+    pub vsock: Option<VsockSpec>,
     /// Metrics path.
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
@@ -107,6 +110,9 @@ impl Settings {
                 (Some(o), Some(s)) => Some(o.or(s)),
                 (o, s) => o.or(s),
             },
+            // One device, given whole by either input: the command line's
+            // replaces the file's.
+            vsock: over.vsock.or(self.vsock),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
             metrics_emit_id: over.metrics_emit_id.or(self.metrics_emit_id),
@@ -132,12 +138,16 @@ impl Settings {
             nets.push(finish_net(index, spec.or(&self.net_defaults))?);
         }
         check_unique(&nets)?;
-        let devices = nets.len() + self.drives.len() + usize::from(self.entropy.is_some());
+        let devices = nets.len()
+            + self.drives.len()
+            + usize::from(self.entropy.is_some())
+            + usize::from(self.vsock.is_some());
         if devices > MAX_NICS {
             return Err(ConfigError::TooManyDevices(devices));
         }
         let drives = finish_drives(self.drives)?;
         let entropy = self.entropy.map(finish_entropy).transpose()?;
+        let vsock = self.vsock.map(finish_vsock).transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
@@ -164,6 +174,7 @@ impl Settings {
             nets,
             drives,
             entropy,
+            vsock,
             metrics,
             logger: LoggerConfig {
                 path: self.log_path,

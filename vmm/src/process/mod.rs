@@ -4,6 +4,8 @@
 //!
 //! - [`jail`]: the mount namespace, ids, rlimits and device nodes of
 //!   `--jail`;
+//! - [`remover`]: the process that removes the vsock socket when minivmm
+//!   ends, however it ends;
 //! - [`seccomp`]: one system-call allowlist per kind of thread;
 //! - [`seccomp_file`]: `--seccomp-filter`, the filters from Firecracker's
 //!   seccompiler JSON instead;
@@ -16,6 +18,7 @@
 
 pub mod jail;
 pub mod jailer;
+pub mod remover;
 pub mod seccomp;
 pub mod seccomp_file;
 pub mod signals;

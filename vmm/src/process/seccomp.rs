@@ -113,6 +113,9 @@ pub enum Thread {
     /// The process `--jail` leaves outside its PID namespace: waits for the
     /// jailed minivmm and forwards signals to it.
     Supervisor,
+    /// The process that removes the vsock socket when minivmm ends
+    /// (`process::remover`): it waits on a pipe and unlinks one path.
+    Remover,
 }
 
 /// Errors building or installing a filter. None is caused by the guest.
@@ -391,7 +394,7 @@ pub fn vcpu_rules(ctx: &Context) -> Vec<Entry> {
 
 /// The main thread's event loop, after it spawned the vCPUs.
 pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
-    vec![
+    let mut rules = vec![
         // The loop itself, and the net device (de)registering its TAP and
         // requeue events when the guest activates or resets it.
         allow(libc::SYS_epoll_wait),
@@ -414,7 +417,8 @@ pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
         // kernel's generator, never waiting for it (GRND_NONBLOCK).
         allow_arg_in(libc::SYS_getrandom, 2, &[libc::GRND_NONBLOCK as u64]),
         // A rate limiter that holds a frame back arms its timerfd for when
-        // the frame fits (the metrics timer is armed before the filter).
+        // the frame fits (the metrics timer is armed before the filter);
+        // the vsock device arms its connection time-out.
         allow(libc::SYS_timerfd_settime),
         // `PATCH /network-interfaces` on a card without a limiter makes
         // one, with its timer: monotonic, non-blocking, close-on-exec only.
@@ -426,7 +430,44 @@ pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
         allow_tgkill_kick(ctx.pid),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
+    ];
+    // The vsock device (`devices::virtio::vsock::backend`): a host agent's
+    // connection accepted on the listener at `uds_path`, a guest's
+    // connection to the listener at `<uds_path>_<port>` (only Unix stream
+    // sockets are made, non-blocking, so `connect` reaches nothing but a
+    // Unix socket path and never waits), and the write side shut once the
+    // guest sends no more. Data moves with read/write/readv/writev, as for
+    // the TAP.
+    rules.extend(allow_vsock_sockets());
+    rules
+}
+
+/// What the vsock device calls on its sockets (see `event_loop_rules`):
+/// `accept4(fd, _, _, SOCK_NONBLOCK | SOCK_CLOEXEC)`, `socket(AF_UNIX,
+/// SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)`, `connect` (its address
+/// is a pointer, which a filter cannot read) and `shutdown(fd, SHUT_WR)`.
+fn allow_vsock_sockets() -> Vec<Entry> {
+    let flags = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64;
+    let stream = libc::SOCK_STREAM as u64 | flags;
+    let unix = all_of(vec![
+        arg_eq(0, libc::AF_UNIX as u64),
+        arg_eq(1, stream),
+        arg_eq(2, 0),
+    ]);
+    vec![
+        allow_arg_in(libc::SYS_accept4, 3, &[flags]),
+        (libc::SYS_socket, vec![unix]),
+        allow(libc::SYS_connect),
+        allow_arg_in(libc::SYS_shutdown, 1, &[libc::SHUT_WR as u64]),
     ]
+}
+
+/// The remover process (`process::remover`): it blocks every signal and
+/// closes every descriptor but its two pipe ends before its filter, then
+/// says it is ready (`write`, common), waits (`read`, common), unlinks its
+/// one path and exits (common).
+pub fn remover_rules() -> Vec<Entry> {
+    vec![allow(libc::SYS_unlink)]
 }
 
 /// `timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)` only.
@@ -563,6 +604,7 @@ pub fn rules(thread: Thread, ctx: &Context) -> BTreeMap<i64, Vec<SeccompRule>> {
         Thread::EventLoop => event_loop_rules(ctx),
         Thread::Api => api_rules(),
         Thread::Supervisor => supervisor_rules(),
+        Thread::Remover => remover_rules(),
     };
     merge(common_rules().into_iter().chain(own))
 }
@@ -911,6 +953,55 @@ mod tests {
         // SAFETY: every caller passes fd -1 and null or zero pointers, so
         // the kernel answers EBADF (or EFAULT) and touches no memory.
         unsafe { libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+    }
+
+    /// The vsock device's socket calls with the arguments it uses, and
+    /// nothing wider: no other socket family or type, no blocking socket,
+    /// no other shutdown; none on a vCPU thread. The remover may unlink,
+    /// and no other thread may.
+    #[test]
+    fn the_event_loop_may_serve_vsock_sockets_and_nothing_more() {
+        const UNIX: libc::c_long = libc::AF_UNIX as _;
+        const NB: libc::c_long = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as _;
+        const STREAM: libc::c_long = libc::SOCK_STREAM as libc::c_long | NB;
+        const WR: libc::c_long = libc::SHUT_WR as _;
+        let allowed: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, NB, 0, 0]),
+            || raw(libc::SYS_socket, [UNIX, STREAM, 0, 0, 0, 0]),
+            || raw(libc::SYS_connect, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_shutdown, [-1, WR, 0, 0, 0, 0]),
+        ];
+        for (i, f) in allowed.iter().enumerate() {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(0), "allowed call {i}");
+        }
+        let forbidden: &[fn()] = &[
+            || raw(libc::SYS_accept4, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_accept, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [libc::AF_INET as _, STREAM, 0, 0, 0, 0]),
+            || raw(libc::SYS_socket, [UNIX, libc::SOCK_STREAM as _, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_socket,
+                    [UNIX, libc::SOCK_DGRAM as libc::c_long | NB, 0, 0, 0, 0],
+                )
+            },
+            || raw(libc::SYS_shutdown, [-1, libc::SHUT_RDWR as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_recvfrom, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_unlink, [0, 0, 0, 0, 0, 0]),
+        ];
+        for (i, f) in forbidden.iter().enumerate() {
+            let status = in_filtered_child(Thread::EventLoop, SeccompMode::On, *f);
+            assert_eq!(exit_status(status), Some(148), "forbidden call {i}");
+        }
+        let on_vcpu = || raw(libc::SYS_socket, [UNIX, STREAM, 0, 0, 0, 0]);
+        let status = in_filtered_child(Thread::Vcpu, SeccompMode::On, on_vcpu);
+        assert_eq!(exit_status(status), Some(148));
+        let unlink = || raw(libc::SYS_unlink, [0, 0, 0, 0, 0, 0]);
+        let status = in_filtered_child(Thread::Remover, SeccompMode::On, unlink);
+        assert_eq!(exit_status(status), Some(0));
+        let status = in_filtered_child(Thread::Remover, SeccompMode::On, on_vcpu);
+        assert_eq!(exit_status(status), Some(148));
     }
 
     #[test]

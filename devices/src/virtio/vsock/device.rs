@@ -124,6 +124,46 @@ impl Vsock<UnixBackend> {
     pub fn new(cfg: VsockConfig, mem: GuestMemory) -> Result<Self, VsockError> {
         Self::with_backend(cfg, Tunables::default(), mem, UnixBackend)
     }
+
+    /// Builds the device with the default bounds over `listener`, which
+    /// the caller bound at `cfg.uds_path` (the VMM binds it when the
+    /// configuration is accepted, before the VM is built, so that a host
+    /// agent sees the socket appear as Firecracker's clients expect). It
+    /// is made non-blocking here, before seccomp.
+    pub fn with_listener(
+        cfg: VsockConfig,
+        mem: GuestMemory,
+        listener: UnixListener,
+    ) -> Result<Self, VsockError> {
+        let tun = Tunables::default();
+        check(&cfg, &tun)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| VsockError::Bind {
+                path: cfg.uds_path.clone(),
+                source,
+            })?;
+        Self::assemble(cfg, tun, mem, UnixBackend, listener)
+    }
+}
+
+/// The checks of a configuration and its bounds.
+fn check(cfg: &VsockConfig, tun: &Tunables) -> Result<(), VsockError> {
+    if cfg.guest_cid < MIN_GUEST_CID || cfg.guest_cid >= u64::from(u32::MAX) {
+        return Err(VsockError::Cid(cfg.guest_cid));
+    }
+    let qs = tun.queue_size;
+    if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
+        return Err(VsockError::Tunables(
+            "queue size must be a power of two up to 32768",
+        ));
+    }
+    if tun.max_connections == 0 || tun.buf_alloc == 0 {
+        return Err(VsockError::Tunables(
+            "connections and buffer must be above 0",
+        ));
+    }
+    Ok(())
 }
 
 impl<B: VsockBackend> Vsock<B> {
@@ -134,28 +174,15 @@ impl<B: VsockBackend> Vsock<B> {
         mem: GuestMemory,
         backend: B,
     ) -> Result<Self, VsockError> {
-        if cfg.guest_cid < MIN_GUEST_CID || cfg.guest_cid >= u64::from(u32::MAX) {
-            return Err(VsockError::Cid(cfg.guest_cid));
-        }
-        let qs = tun.queue_size;
-        if qs == 0 || !qs.is_power_of_two() || qs > crate::virtio::queue::MAX_QUEUE_SIZE {
-            return Err(VsockError::Tunables(
-                "queue size must be a power of two up to 32768",
-            ));
-        }
-        if tun.max_connections == 0 || tun.buf_alloc == 0 {
-            return Err(VsockError::Tunables(
-                "connections and buffer must be above 0",
-            ));
-        }
+        check(&cfg, &tun)?;
         let listener = bind_listener(&cfg.uds_path).map_err(|source| VsockError::Bind {
             path: cfg.uds_path.clone(),
             source,
         })?;
-        Self::with_listener(cfg, tun, mem, backend, listener)
+        Self::assemble(cfg, tun, mem, backend, listener)
     }
 
-    fn with_listener(
+    fn assemble(
         cfg: VsockConfig,
         tun: Tunables,
         mem: GuestMemory,

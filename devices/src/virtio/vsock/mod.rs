@@ -29,13 +29,16 @@
 //! **Features offered**: VERSION_1, EVENT_IDX, INDIRECT_DESC; stream sockets
 //! only (no `VIRTIO_VSOCK_F_SEQPACKET`: a SEQPACKET request is answered RST).
 //!
-//! **System calls.** In [`Vsock::new`], before seccomp: `socket`, `bind`,
-//! `listen`, `fcntl` (the listener), `eventfd2`, `timerfd_create`. On the
-//! event loop: `accept4` and `fcntl` (a host connection), `socket`,
-//! `connect` and `fcntl` (a guest's connection to `<uds_path>_P`),
-//! `read`, `readv`, `write`, `writev`, `shutdown`, `close` on the sockets,
-//! `read`/`write` on the eventfds, `timerfd_settime` and `read` on the
-//! time-out timer, `epoll_ctl`.
+//! **System calls.** In [`Vsock::new`] (or before it, for a listener the
+//! VMM bound itself: [`Vsock::with_listener`]), before seccomp: `socket`,
+//! `bind`, `listen`, `fcntl` (the listener), `eventfd2`, `timerfd_create`.
+//! On the event loop: `accept4` with `SOCK_NONBLOCK | SOCK_CLOEXEC` (a host
+//! connection), `socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK |
+//! SOCK_CLOEXEC, 0)` and `connect` (a guest's connection to
+//! `<uds_path>_P`), `read`, `readv`, `write`, `writev`,
+//! `shutdown(SHUT_WR)` and `close` on the sockets, `read`/`write` on the
+//! eventfds, `timerfd_settime` and `read` on the time-out timer,
+//! `epoll_ctl`. No `fcntl`, `recvfrom` or `sendto`.
 
 use std::path::PathBuf;
 use std::time::Duration;

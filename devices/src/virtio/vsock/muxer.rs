@@ -702,7 +702,13 @@ impl<B: VsockBackend> Muxer<B> {
             let hdr = Header::to_guest(self.guest_cid, host_port, guest_port, Op::Rst);
             return Some((hdr, 0));
         }
-        while let Some(slot) = self.rx_work.pop_front() {
+        // Each connection waiting at the start is asked once: one that owes
+        // nothing this chain can carry goes back to the end of the list
+        // (`settle`), and is not asked again in this call.
+        for _ in 0..self.rx_work.len() {
+            let Some(slot) = self.rx_work.pop_front() else {
+                break;
+            };
             let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
             };

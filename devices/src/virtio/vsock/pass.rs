@@ -16,9 +16,11 @@
 //! payload, cut into descriptors however the driver likes (Linux 6.1 puts
 //! the header in one descriptor and the payload in another; later kernels
 //! put both in one). An RX chain is device-writable, header first, payload
-//! after it, again cut anywhere. A chain that breaks the ring's rules, is
-//! shorter than the header or longer than the device accepts is returned
-//! with used length 0 and counted in `malformed_packets`.
+//! after it, again cut anywhere, with room for at least one byte of payload
+//! (a header-only chain could carry no data, and data waiting for it would
+//! wait for good). A chain that breaks the ring's rules, is shorter than
+//! that or longer than the device accepts is returned with used length 0
+//! and counted in `malformed_packets`.
 //!
 //! An RX chain taken from the ring when the muxer turned out to have
 //! nothing to put in it (a socket that had no data after all) is kept for
@@ -274,9 +276,12 @@ impl VsockVirtio {
         pass: &mut Pass,
         m: &VsockMetrics,
     ) -> Result<Option<Chain>, PassStatus> {
+        // Room for the header and at least one byte of data: a chain that
+        // could carry only control packets would hold data back for good
+        // (Linux posts 4 KiB of room).
         let rules = ChainRules {
             device_writes: true,
-            min_len: HDR_LEN,
+            min_len: HDR_LEN + 1,
             max_len: MAX_RX_CHAIN,
         };
         loop {

@@ -24,10 +24,13 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::virtio::iov::IoVecs;
 use crate::virtio::metrics::DeviceMetrics;
 use crate::virtio::queue::{GuestRegions, RingFeatures, SplitQueue};
-use crate::virtio::test_utils::{guest_memory, DriverQueue, Segment, TestIrq};
+use crate::virtio::test_utils::contract::ContractDevice;
+use crate::virtio::test_utils::{guest_memory, DriverQueue, MockDriver, Segment, TestIrq};
 use crate::virtio::vsock::backend::{UnixBackend, VsockBackend};
 use crate::virtio::vsock::device::features::*;
+use crate::virtio::vsock::device::CONFIG_LEN;
 use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, TYPE_STREAM};
+use crate::virtio::vsock::pass::TX_INDEX;
 use crate::virtio::vsock::{Tunables, Vsock, VsockConfig, VsockMetrics};
 use crate::virtio::{GuestMemory, Interrupt, VirtioDevice};
 
@@ -430,6 +433,21 @@ impl<B: VsockBackend + 'static> VsockFixture<B> {
         self.rx_bufs.len()
     }
 
+    /// The RX chains the device gave back since the last call without a
+    /// packet (used length 0: refused), forgotten as posted.
+    pub fn rx_refused(&mut self) -> Vec<u16> {
+        self.run_until_idle();
+        let used = self.qs[0].used(&self.mem).unwrap();
+        used.into_iter()
+            .map(|e| {
+                assert_eq!(e.len, 0, "a packet where a refusal was expected");
+                let head = e.id as u16;
+                self.rx_bufs.remove(&head).expect("a posted chain");
+                head
+            })
+            .collect()
+    }
+
     /// Connects to the device's listener as a host agent would.
     pub fn host_connect(&self) -> UnixStream {
         let s = UnixStream::connect(&self.uds).unwrap();
@@ -509,5 +527,41 @@ pub fn host_sees_eof(s: &mut UnixStream) -> bool {
         // Closed with bytes it had not read: the peer sees a reset.
         Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
         Ok(_) => false,
+    }
+}
+
+/// The vsock device in the contract suite: its TX queue, which it drains
+/// on a kick alone. A request is an RST for a connection that does not
+/// exist (which the device takes and answers with nothing), its header in
+/// the first buffer and a payload byte in each of the others.
+impl ContractDevice for Vsock<UnixBackend> {
+    type Keep = TempDir;
+    const QUEUE: usize = TX_INDEX;
+    const CONFIG_LEN: u64 = CONFIG_LEN as u64;
+    const REFUSED: &'static str = "malformed_packets";
+
+    fn make(mem: &GuestMemory) -> (Self, TempDir) {
+        let dir = TempDir::new();
+        let cfg = VsockConfig {
+            id: "vsock".into(),
+            guest_cid: CID,
+            uds_path: dir.0.join("v.sock"),
+        };
+        (Vsock::new(cfg, mem.clone()).unwrap(), dir)
+    }
+
+    fn request(drv: &mut MockDriver, bufs: usize) -> Vec<Segment> {
+        let payload = bufs - 1;
+        let hdr = Header {
+            len: payload as u32,
+            ..guest_hdr(1000, 52, Op::Rst)
+        };
+        let at = drv.alloc(HDR_LEN as u64, 8).unwrap();
+        drv.write_mem(at, &hdr.to_bytes()).unwrap();
+        let mut segs = vec![Segment::readable(at, HDR_LEN as u32)];
+        let data = drv.alloc(payload as u64, 8).unwrap();
+        drv.write_mem(data, &vec![0x5a; payload]).unwrap();
+        segs.extend((0..payload).map(|i| Segment::readable(GuestAddress(data.0 + i as u64), 1)));
+        segs
     }
 }

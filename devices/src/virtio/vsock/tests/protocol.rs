@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use vm_memory::Bytes;
 
 use super::fixture::*;
-use crate::virtio::vsock::packet::{Op, SHUTDOWN_RCV, SHUTDOWN_SEND};
+use crate::virtio::vsock::packet::{Op, HDR_LEN, SHUTDOWN_RCV, SHUTDOWN_SEND};
 use crate::virtio::vsock::{Tunables, UnixBackend};
 use crate::virtio::VirtioDevice;
 
@@ -500,6 +500,30 @@ fn rx_chains_of_any_shape_carry_the_header_and_data() {
         assert_eq!(pkts.len(), 1, "{shape:?}");
         assert_eq!(pkts[0].data, msg, "{shape:?}");
     }
+}
+
+/// A header-only RX chain could carry no data: with data waiting, it is
+/// refused (given back with length 0, counted) rather than kept, and the
+/// loop goes idle; the data goes into the next chain with room.
+#[test]
+fn a_header_only_rx_chain_is_refused_and_the_data_waits_for_room() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    while f.rx_outstanding() > 0 {
+        s.write_all(b"x").unwrap();
+        f.run_until_idle();
+        f.recv();
+    }
+    s.write_all(b"data").unwrap();
+    f.post_rx_shaped(&[HDR_LEN as u32]);
+    f.post_rx_shaped(&[20, HDR_LEN as u32 - 20]);
+    assert_eq!(f.rx_refused().len(), 2);
+    assert_eq!(f.metric(|m| &m.malformed_packets), 2);
+    f.post_rx(1, 4096);
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1);
+    assert_eq!(pkts[0].data, b"data");
 }
 
 #[test]
