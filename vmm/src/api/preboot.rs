@@ -229,6 +229,9 @@ impl Preboot {
     /// put in their empty form.
     fn vm_config(&self) -> Value {
         let mut doc = self.doc.clone();
+        // Firecracker's full configuration has no place for the console
+        // output (its `PUT /serial` is not part of it either).
+        doc.remove("serial");
         doc.insert("machine-config".into(), self.machine_config());
         for list in ["drives", "network-interfaces"] {
             doc.entry(list).or_insert_with(|| json!([]));

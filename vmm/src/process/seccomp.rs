@@ -1644,6 +1644,41 @@ mod tests {
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
     }
 
+    /// The console's output to a file (`PUT /serial`), through its rate
+    /// limiter, is written by a vCPU thread: the UART's bytes, a line at a
+    /// time, the limiter's clock and the drops, under the vCPU's real
+    /// filter (a call its list misses would end this test process with 148).
+    #[test]
+    fn the_consoles_file_output_and_limiter_run_under_the_vcpu_filter() {
+        use std::io::Write;
+        let path =
+            std::env::temp_dir().join(format!("minivmm-seccomp-serial-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let bucket = devices::rate_limiter::TokenBucketConfig {
+            size: 64,
+            one_time_burst: 0,
+            refill_time: 60_000,
+        };
+        let mut out = crate::serial_out::SerialOut::open(Some(&path), Some(&bucket)).unwrap();
+        install_sigsys_handler().unwrap();
+        let prog = filter_in(Thread::Vcpu, SeccompMode::On, &Context::current(false)).unwrap();
+        let dropped = std::thread::spawn(move || {
+            apply(Thread::Vcpu, prog.as_ref()).unwrap();
+            for b in b"console line\n".iter().chain(&[b'x'; 100]) {
+                out.write_all(&[*b]).unwrap();
+            }
+            out.flush().unwrap();
+            out.dropped_bytes()
+        })
+        .join()
+        .unwrap();
+        let text = std::fs::read(&path).unwrap();
+        assert!(text.starts_with(b"console line\n"), "{text:?}");
+        assert_eq!(text.len(), 64);
+        assert_eq!(dropped, 13 + 100 - 64);
+        std::fs::remove_file(&path).unwrap();
+    }
+
     /// The API thread's real open of an image, under its real filter: every
     /// outcome (opened, locked, missing, a directory, read-only), so that no
     /// path of std or glibc makes a call the list misses (which would end
