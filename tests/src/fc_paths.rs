@@ -137,6 +137,38 @@ pub fn description_version() -> Option<&'static str> {
         .find_map(|l| l.trim().strip_prefix("version: "))
 }
 
+/// Sends one request to the API socket at `sock` (HTTP/1.1, `Connection:
+/// close`, a JSON body if given) and returns the status and the body; `None`
+/// when the socket does not answer with a status line (refused, closed).
+pub fn request(
+    sock: &std::path::Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .ok()?;
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body.as_bytes()).ok()?;
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.get(9..12)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Some((status, body))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,36 +237,4 @@ mod tests {
         };
         assert_eq!(unclosed.concrete("x"), "/a/{id");
     }
-}
-
-/// Sends one request to the API socket at `sock` (HTTP/1.1, `Connection:
-/// close`, a JSON body if given) and returns the status and the body; `None`
-/// when the socket does not answer with a status line (refused, closed).
-pub fn request(
-    sock: &std::path::Path,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .ok()?;
-    let body = body.unwrap_or("");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body.as_bytes()).ok()?;
-    let mut answer = Vec::new();
-    let _ = s.read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer);
-    let status = text.get(9..12)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    Some((status, body))
 }

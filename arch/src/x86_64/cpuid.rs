@@ -163,7 +163,7 @@ fn update_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, topo: Top
 /// them; none are added.
 pub fn filter_cpuid(cpuid: &mut CpuId, vcpu_id: u8, nr_vcpus: u8, smt: bool) {
     let nr_vcpus = nr_vcpus.max(1);
-    let threads = if smt && nr_vcpus >= 2 && nr_vcpus % 2 == 0 {
+    let threads = if smt && nr_vcpus >= 2 && nr_vcpus.is_multiple_of(2) {
         2
     } else {
         1

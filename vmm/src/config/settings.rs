@@ -200,7 +200,7 @@ pub fn validate_mem(mib: u64, pages: HugePages) -> Result<u64, ConfigError> {
     if mib > MAX_MEM_MIB {
         return Err(ConfigError::MemTooLarge(mib));
     }
-    if pages == HugePages::Hugetlbfs2M && mib % 2 != 0 {
+    if pages == HugePages::Hugetlbfs2M && !mib.is_multiple_of(2) {
         return Err(ConfigError::MemNotHugePages(mib));
     }
     Ok(mib)
@@ -222,7 +222,7 @@ pub fn validate_vcpus(n: u64, smt: bool) -> Result<u8, ConfigError> {
         0 => Err(ConfigError::NoVcpus),
         n if n > u64::from(MAX_VCPUS) => Err(ConfigError::TooManyVcpus(n)),
         // Firecracker's rule: two threads per core need whole cores.
-        n if smt && n > 1 && n % 2 != 0 => Err(ConfigError::SmtOddVcpus(n)),
+        n if smt && n > 1 && !n.is_multiple_of(2) => Err(ConfigError::SmtOddVcpus(n)),
         // The match arm above bounds n to u8.
         n => Ok(n as u8),
     }
