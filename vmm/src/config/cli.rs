@@ -381,7 +381,7 @@ impl Cli {
             &self.id,
         );
         jail.netns = self.netns.clone();
-        jail.seccomp = self.seccomp;
+        jail.seccomp = self.seccomp_mode();
         if let Some(v) = &self.cgroup_version {
             jail.cgroup.version = CgroupVersion::parse(v).map_err(|e| launch(&e))?;
         }
@@ -714,6 +714,75 @@ mod tests {
         assert_eq!(net.rx_weight_packets, 256);
         assert!(net.offloads == Offloads::ALL && net.mrg_rxbuf);
         assert_eq!(net.mtu, None);
+    }
+
+    #[test]
+    fn firecrackers_flags_land_where_minivmms_would() {
+        let cli = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied())).unwrap()
+        };
+        let c = cli(&[
+            "--kernel",
+            "k",
+            "--level",
+            "Warning",
+            "--module",
+            "vmm::api",
+            "--show-level",
+            "--show-log-origin",
+            "--metrics-path",
+            "m.json",
+            "--no-seccomp",
+            "--http-api-max-payload-size",
+            "100000",
+            "--mmds-size-limit",
+            "4096",
+            "--enable-pci",
+        ]);
+        assert_eq!(c.seccomp_mode(), SeccompMode::Off);
+        let parts = c.into_parts().unwrap();
+        let l = &parts.launch;
+        assert_eq!(
+            (
+                l.api_payload_limit,
+                l.mmds_size_limit,
+                l.enable_pci,
+                &l.api_sock
+            ),
+            (100_000, 4096, true, &None)
+        );
+        let cfg = parts.file.overlay(parts.flags).finish().unwrap();
+        assert_eq!(cfg.logger.level, LevelFilter::Warn);
+        assert_eq!(cfg.logger.module.as_deref(), Some("vmm::api"));
+        assert!(cfg.logger.show_origin && cfg.logger.show_level);
+        assert_eq!(cfg.metrics.map(|m| m.path), Some(PathBuf::from("m.json")));
+        assert_eq!(cfg.seccomp, SeccompMode::Off);
+        // Without a kernel, a file or a socket: Firecracker's default socket.
+        let parts = cli(&["--id", "vm1"]).into_parts().unwrap();
+        assert_eq!(
+            parts.launch.api_sock,
+            Some(PathBuf::from("/run/firecracker.socket"))
+        );
+        assert_eq!(parts.launch.api_payload_limit, 51_200);
+        let parts = cli(&["--api-sock", "/tmp/a.sock"]).into_parts().unwrap();
+        assert_eq!(parts.launch.api_sock, Some(PathBuf::from("/tmp/a.sock")));
+        let parts = cli(&["--config-file", "/nonexistent.json"]).into_parts();
+        assert!(parts.is_err(), "the file is read");
+        let e = cli(&["--no-api"]).into_parts().unwrap_err();
+        assert!(error_line(&e).starts_with("--no-api needs --config-file"));
+        assert_eq!(
+            cli(&["--no-api", "--kernel", "k"])
+                .into_parts()
+                .unwrap()
+                .launch
+                .api_sock,
+            None
+        );
+        assert_eq!(cli(&["--kernel", "k"]).seccomp_mode(), SeccompMode::On);
+        assert_eq!(
+            cli(&["--kernel", "k", "--seccomp", "log"]).seccomp_mode(),
+            SeccompMode::Log
+        );
     }
 
     #[test]
