@@ -760,7 +760,7 @@ mod tests {
                 (DeviceKind::Rng, ENTROPY_ID, layout::IRQ_BASE + 1),
             ]
         );
-        // One word per virtio device, and the pvpanic device's.
+        // One word per virtio device, and the pvpanic register's.
         assert_eq!(devices.manager.cmdline_words().len(), 3);
         // The drive takes PATCH; the entropy device has nothing to change.
         let controls = devices.manager.virtio().controls();

@@ -465,9 +465,9 @@ mod tests {
         for (i, old) in idle.iter_mut().take(2).enumerate() {
             std::thread::sleep(Duration::from_millis(50));
             let mut c = UnixStream::connect(&srv.path).unwrap();
-            let r = exchange(&mut c, b"GET /mmds HTTP/1.1\r\n\r\n");
+            let r = exchange(&mut c, b"GET /vsock HTTP/1.1\r\n\r\n");
             assert!(
-                r.contains("MMDS (the microVM metadata service) is not supported"),
+                r.starts_with("HTTP/1.1 400") && r.contains("fault_message"),
                 "{r}"
             );
             assert!(closed(old, Duration::from_secs(2)), "idle {i} stayed");
