@@ -364,6 +364,18 @@ mod tests {
     }
 
     #[test]
+    fn amd_cache_and_topology_leaves_stay_as_intel_reports_them() {
+        // An Intel host may list 0x8000_001d and 0x8000_001e (as zeros, or
+        // whatever its microcode says): they are AMD's to rewrite only.
+        let mut entries = intel_cpuid().as_slice().to_vec();
+        entries.push(leaf(0x8000_001d, 1, 0x0000_0122, 0x01c0_003f, 0x3f, 0));
+        entries.push(leaf(0x8000_001e, 0, 0x11, 0x222, 0x333, 0));
+        let cpuid = filtered_smt(CpuId::from_entries(&entries).unwrap(), 3, 4);
+        assert_eq!(abc(&cpuid, 0x8000_001d, 1), (0x0000_0122, 0x01c0_003f, 0x3f));
+        assert_eq!(abc(&cpuid, 0x8000_001e, 0), (0x11, 0x222, 0x333));
+    }
+
+    #[test]
     fn amd_leaves_only_on_amd() {
         // Intel: 0x8000_0008 ECX untouched.
         let cpuid = filtered(intel_cpuid(), 1, 4);
