@@ -73,8 +73,8 @@ struct Line<'a> {
 
 impl Serialize for Line<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let props = usize::from(!self.properties.is_empty());
-        let mut map = s.serialize_map(Some(3 + props + self.devices.len()))?;
+        // No length hint: JSON writes none, and a wrong one could not be seen.
+        let mut map = s.serialize_map(None)?;
         map.serialize_entry("utc_timestamp_ms", &self.utc_timestamp_ms)?;
         map.serialize_entry("id", self.id)?;
         if !self.properties.is_empty() {
