@@ -68,9 +68,31 @@ fn run(args: &[&str]) -> Output {
         .expect("running minivmm")
 }
 
+/// A minivmm this test started, killed if the test fails before it ends it.
+struct Served(Option<Child>);
+
+impl Served {
+    fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+
+    fn take(mut self) -> Child {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// minivmm serving the API at `sock`, with `args` beside.
-fn serve(sock: &Path, args: &[&str]) -> Child {
-    let mut child = Command::new(minivmm_bin())
+fn serve(sock: &Path, args: &[&str]) -> Served {
+    let child = Command::new(minivmm_bin())
         .arg("--api-sock")
         .arg(sock)
         .args(args)
@@ -78,8 +100,11 @@ fn serve(sock: &Path, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(sock, &mut child);
-    child
+    let mut served = Served(Some(child));
+    if let Some(c) = served.0.as_mut() {
+        wait_for(sock, c);
+    }
+    served
 }
 
 fn wait_for(sock: &Path, child: &mut Child) {
@@ -97,8 +122,9 @@ fn wait_for(sock: &Path, child: &mut Child) {
     }
 }
 
-/// Stops `child` with SIGTERM; its status and stderr.
-fn stop(child: Child) -> (Option<i32>, String) {
+/// Stops `served` with SIGTERM; its status and stderr.
+fn stop(served: Served) -> (Option<i32>, String) {
+    let child = served.take();
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
@@ -161,7 +187,7 @@ fn no_flag_at_all_serves_the_api_on_firecrackers_default_socket() {
         return;
     }
     // A private /run, so the host's is never touched.
-    let mut child = Command::new("unshare")
+    let child = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!(
             "mount -t tmpfs none /run && exec {}",
@@ -173,7 +199,10 @@ fn no_flag_at_all_serves_the_api_on_firecrackers_default_socket() {
         .unwrap();
     // Through the namespace's root: /proc/PID/root/run/firecracker.socket.
     let sock = PathBuf::from(format!("/proc/{}/root/run/firecracker.socket", child.id()));
-    wait_for(&sock, &mut child);
+    let mut child = Served(Some(child));
+    if let Some(c) = child.0.as_mut() {
+        wait_for(&sock, c);
+    }
     let (status, body) = request(&sock, "GET", "/", None).unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"state\":\"Not started\""), "{body}");
@@ -300,7 +329,7 @@ fn seccomp_flags_choose_the_filters() {
     let child = serve(&sock, &["--seccomp-filter", file.to_str().unwrap()]);
     assert_eq!(api_thread_mode(child.id()), "2");
     let _ = std::os::unix::net::UnixStream::connect(&sock);
-    let out = child.wait_with_output().unwrap();
+    let out = child.take().wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(148), "{err}");
     assert!(err.contains("accept4"), "{err}");

@@ -371,7 +371,10 @@ mod tests {
         entries.push(leaf(0x8000_001d, 1, 0x0000_0122, 0x01c0_003f, 0x3f, 0));
         entries.push(leaf(0x8000_001e, 0, 0x11, 0x222, 0x333, 0));
         let cpuid = filtered_smt(CpuId::from_entries(&entries).unwrap(), 3, 4);
-        assert_eq!(abc(&cpuid, 0x8000_001d, 1), (0x0000_0122, 0x01c0_003f, 0x3f));
+        assert_eq!(
+            abc(&cpuid, 0x8000_001d, 1),
+            (0x0000_0122, 0x01c0_003f, 0x3f)
+        );
         assert_eq!(abc(&cpuid, 0x8000_001e, 0), (0x11, 0x222, 0x333));
     }
 
