@@ -336,7 +336,8 @@ pub fn build(
     steps.done("irqchip");
     let quirks = host_quirks(cfg.host_quirks);
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
-    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, files.vsock)?;
+    let console = (files.serial, files.vsock);
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, console)?;
     steps.done("devices");
 
     let loaded = files.kernel.load(&mem)?;
@@ -383,6 +384,8 @@ struct Files {
     initramfs: Option<Initramfs>,
     metrics: Option<Metrics>,
     vsock: Option<Arc<VsockSocket>>,
+    /// The console's output (stdout, or `PUT /serial`'s file or FIFO).
+    serial: SerialOut,
 }
 
 /// Opens the kernel (recognising its format), the metrics file or FIFO and
@@ -403,6 +406,14 @@ fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Fil
         .transpose()?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     check_images(&cfg.drives)?;
+    let serial = SerialOut::open(
+        cfg.serial.out_path.as_deref(),
+        cfg.serial.rate_limiter.as_ref(),
+    )?;
+    let mut metrics = metrics;
+    if let Some(m) = metrics.as_mut() {
+        m.set_uart_dropped(serial.dropped_counter());
+    }
     let vsock = match (&cfg.vsock, prebound) {
         (None, _) => None,
         (Some(v), Some(s)) if s.path() == v.uds_path => Some(s),
@@ -413,6 +424,7 @@ fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Fil
         initramfs,
         metrics,
         vsock,
+        serial,
     })
 }
 
@@ -424,13 +436,13 @@ fn attach_devices(
     mem: &GuestMemoryMmap,
     tap_fds: &mut TapFds,
     boot_timer: Option<Instant>,
-    vsock: Option<Arc<VsockSocket>>,
+    (serial, vsock): (SerialOut, Option<Arc<VsockSocket>>),
 ) -> Result<Devices, BuildError> {
     let mut events: Events = EventManager::new()
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut manager = DeviceManager::new();
-    let serial = attach_serial(&mut manager, vm, &cfg.serial)?;
+    let serial = attach_serial(&mut manager, vm, serial)?;
     let i8042 = manager.attach_i8042(vm)?;
     manager.attach_pvpanic(panicked.clone());
     let mut env = AttachEnv {
@@ -557,13 +569,12 @@ fn host_quirks(mode: HostQuirks) -> bool {
     quirks
 }
 
-/// Puts the console UART on stdout, or where `PUT /serial` said.
+/// Puts the console UART on `out`: stdout, or where `PUT /serial` said.
 fn attach_serial(
     devices: &mut DeviceManager,
     vm: &VmFd,
-    serial: &crate::config::SerialConfig,
+    out: SerialOut,
 ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
-    let out = SerialOut::open(serial.out_path.as_deref(), serial.rate_limiter.as_ref())?;
     let console = ConsoleOut::new(out);
     Ok(devices.attach_serial(vm, Box::new(console))?)
 }
@@ -745,7 +756,8 @@ mod tests {
             .finish()
             .unwrap()
         };
-        let devices = attach_devices(&cfg, &vm, &mem, &mut TapFds::new(), None, None).unwrap();
+        let console = (SerialOut::open(None, None).unwrap(), None);
+        let devices = attach_devices(&cfg, &vm, &mem, &mut TapFds::new(), None, console).unwrap();
         let slots: Vec<(DeviceKind, &str, u32)> = devices
             .manager
             .virtio()

@@ -67,6 +67,7 @@ struct Line<'a> {
     utc_timestamp_ms: u64,
     id: &'a str,
     properties: &'a BTreeMap<String, String>,
+    uart: Option<UartLine>,
     vmm: VmmLine<'a>,
     devices: &'a [DeviceCounters],
 }
@@ -81,6 +82,9 @@ impl Serialize for Line<'_> {
             map.serialize_entry("properties", self.properties)?;
         }
         map.serialize_entry("vmm", &self.vmm)?;
+        if let Some(uart) = &self.uart {
+            map.serialize_entry("uart", uart)?;
+        }
         for (id, counters) in self.devices {
             map.serialize_entry(id, &counters.to_json())?;
         }
@@ -101,6 +105,13 @@ pub struct Metrics {
     exits: Arc<VcpuExits>,
     devices: Vec<DeviceCounters>,
     properties: BTreeMap<String, String>,
+    uart_dropped: Option<Arc<AtomicU64>>,
+}
+
+/// Firecracker's `uart` object: the console bytes its rate limiter dropped.
+#[derive(Serialize)]
+struct UartLine {
+    rate_limiter_dropped_bytes: u64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -122,6 +133,7 @@ impl Metrics {
             exits: Arc::default(),
             devices: Vec::new(),
             properties: BTreeMap::new(),
+            uart_dropped: None,
         })
     }
 
@@ -139,6 +151,11 @@ impl Metrics {
         self.properties = properties;
     }
 
+    /// Reports the console's dropped bytes under `uart` in every line.
+    pub fn set_uart_dropped(&mut self, dropped: Arc<AtomicU64>) {
+        self.uart_dropped = Some(dropped);
+    }
+
     /// Names the instance in every line (`--id`).
     pub fn set_id(&mut self, id: &str) {
         self.id = id.to_string();
@@ -153,6 +170,9 @@ impl Metrics {
             utc_timestamp_ms,
             id: &self.id,
             properties: &self.properties,
+            uart: self.uart_dropped.as_ref().map(|d| UartLine {
+                rate_limiter_dropped_bytes: d.load(std::sync::atomic::Ordering::Relaxed),
+            }),
             vmm: VmmLine {
                 uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 vcpu_exits: &self.exits,
@@ -301,7 +321,7 @@ mod tests {
         let mut want: Vec<&str> = RESERVED_KEYS
             .iter()
             .copied()
-            .filter(|k| *k != "properties")
+            .filter(|k| !matches!(*k, "properties" | "uart"))
             .chain(["net0", "rootfs", "lan"])
             .collect();
         want.sort_unstable();
@@ -326,6 +346,21 @@ mod tests {
         let last = text.lines().last().unwrap();
         let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
         let order = ["utc_timestamp_ms", "id", "properties", "vmm", "net0"].map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
+        // Firecracker's `uart`: the console bytes the serial limiter dropped.
+        let dropped = Arc::new(AtomicU64::new(0));
+        m.set_uart_dropped(dropped.clone());
+        dropped.store(41, Ordering::Relaxed);
+        m.flush();
+        let lines = lines_of(&p);
+        assert_eq!(
+            lines[3]["uart"],
+            serde_json::json!({"rate_limiter_dropped_bytes": 41})
+        );
+        let text = std::fs::read_to_string(&p).unwrap();
+        let last = text.lines().last().unwrap();
+        let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
+        let order = ["vmm", "uart", "net0"].map(at);
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
         std::fs::remove_file(&p).unwrap();
     }

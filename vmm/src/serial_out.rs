@@ -9,12 +9,15 @@
 //! absent FIFO reader never stalls the vCPU that wrote the byte, and what it
 //! does not take in time is dropped and counted there. The bucket is
 //! charged per write, before anything is queued: a write it cannot pay for
-//! is dropped whole, as Firecracker drops it, and counted; the first drop is
+//! is dropped whole, as Firecracker drops it, and counted (in the metrics as
+//! Firecracker's `uart.rate_limiter_dropped_bytes`); the first drop is
 //! logged once (a guest flooding its console is the guest's doing, so one
 //! line, not one per byte).
 
 use std::io::{Stdout, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use devices::rate_limiter::{TokenBucket, TokenBucketConfig};
 
@@ -47,13 +50,13 @@ pub struct SerialOut {
     dest: Dest,
     limiter: Option<TokenBucket>,
     clock: fn() -> u64,
-    dropped_bytes: u64,
+    dropped_bytes: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for SerialOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SerialOut")
-            .field("dropped_bytes", &self.dropped_bytes)
+            .field("dropped_bytes", &self.dropped_bytes())
             .finish_non_exhaustive()
     }
 }
@@ -93,13 +96,18 @@ impl SerialOut {
             dest,
             limiter,
             clock,
-            dropped_bytes: 0,
+            dropped_bytes: Arc::default(),
         })
     }
 
     /// Bytes the rate limiter dropped so far.
     pub fn dropped_bytes(&self) -> u64 {
-        self.dropped_bytes
+        self.dropped_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The count of dropped bytes, for the metrics.
+    pub fn dropped_counter(&self) -> Arc<AtomicU64> {
+        self.dropped_bytes.clone()
     }
 
     /// Whether the bucket lets `n` bytes through now (and charges them).
@@ -110,13 +118,13 @@ impl SerialOut {
         if bucket.reduce(n as u64, (self.clock)()).is_ok() {
             return true;
         }
-        if self.dropped_bytes == 0 {
+        if self.dropped_bytes() == 0 {
             log::warn!(
                 "the guest's console output exceeds the serial rate limiter; what exceeds it \
                  is dropped"
             );
         }
-        self.dropped_bytes += n as u64;
+        self.dropped_bytes.fetch_add(n as u64, Ordering::Relaxed);
         false
     }
 }
@@ -215,6 +223,8 @@ mod tests {
         // Ten bytes went through; the other seven were dropped and counted.
         assert_eq!(std::fs::read(&p).unwrap(), b"0123456789");
         assert_eq!(out.dropped_bytes(), 7);
+        let counter = out.dropped_counter();
+        assert_eq!(counter.load(Ordering::Relaxed), 7);
         // A refill later, the next bytes pass again.
         NOW.fetch_add(100_000_000, Ordering::SeqCst);
         out.write_all(b"ok\n").unwrap();
