@@ -369,5 +369,12 @@ fn firecrackers_example_boots_with_its_launcher_flags_and_every_path_answers_aft
     assert!(lines
         .iter()
         .all(|m| m["rootfs"].is_object() && m["eth0"].is_object()));
+    // Firecracker's uart counter (no serial limiter here: nothing dropped).
+    assert!(
+        lines
+            .iter()
+            .all(|m| m["uart"]["rate_limiter_dropped_bytes"] == 0),
+        "{lines:?}"
+    );
     let _ = std::fs::remove_dir_all(&f.dir);
 }
