@@ -101,9 +101,9 @@ impl Runtime {
                 json!({
                     "vcpu_count": self.config.vcpus,
                     "mem_size_mib": self.config.mem_mib,
-                    "smt": false,
+                    "smt": self.config.smt,
                     "track_dirty_pages": false,
-                    "huge_pages": "None",
+                    "huge_pages": self.config.huge_pages.name(),
                 })
                 .to_string(),
             ),
@@ -259,7 +259,10 @@ mod tests {
                 "tap=t0,id=eth0",
             ])
             .expect("flags");
-            let config = cli.into_config().expect("config");
+            let mut config = cli.into_config().expect("config");
+            // What GET /machine-config reports of the machine.
+            config.smt = true;
+            config.huge_pages = crate::config::HugePages::Transparent;
             let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
             let (a, peer) = SeqPacket::pair().unwrap();
             let net: TestNet = Arc::new(Mutex::new(
@@ -538,6 +541,10 @@ mod tests {
         assert_eq!(
             (mc["vcpu_count"].clone(), mc["mem_size_mib"].clone()),
             (json!(2), json!(128))
+        );
+        assert_eq!(
+            (mc["smt"].clone(), mc["huge_pages"].clone()),
+            (json!(true), json!("Transparent"))
         );
         let v = body(&rig.rt.handle(ApiRequest::GetVersion));
         assert!(v["firecracker_version"].is_string(), "{v}");
