@@ -196,9 +196,15 @@ mod tests {
         assert_eq!(std::fs::read(&p).unwrap(), b"hello\n");
         out.write_all(b"ld\n").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"hello\nworld\n");
+        // One write holding the end of a line and the start of the next:
+        // the line goes out at its newline, the rest waits.
+        out.write_all(b"one\ntwo").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"hello\nworld\none\n");
+        out.write_all(b"\n").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"hello\nworld\none\ntwo\n");
         // A line that never ends goes out at the bound, and on flush.
         out.write_all(&[b'x'; MAX_LINE]).unwrap();
-        assert_eq!(std::fs::read(&p).unwrap().len(), 12 + MAX_LINE);
+        assert_eq!(std::fs::read(&p).unwrap().len(), 20 + MAX_LINE);
         out.write_all(b"tail").unwrap();
         out.flush().unwrap();
         assert!(std::fs::read(&p).unwrap().ends_with(b"xtail"));
@@ -230,6 +236,28 @@ mod tests {
         out.write_all(b"ok\n").unwrap();
         assert!(std::fs::read(&p).unwrap().ends_with(b"ok\n"));
         assert_eq!(out.dropped_bytes(), 7);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    /// The bucket refills on the monotonic clock: what was dropped a
+    /// moment ago passes once the refill time has gone by.
+    #[test]
+    fn the_real_clock_refills_the_bucket() {
+        let bucket = TokenBucketConfig {
+            size: 4,
+            one_time_burst: 0,
+            refill_time: 1,
+        };
+        let p = std::env::temp_dir().join(format!("minivmm-serial-clock-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let mut out = SerialOut::open(Some(&p), Some(&bucket)).unwrap();
+        out.write_all(b"abcd").unwrap();
+        out.write_all(b"e").unwrap();
+        assert_eq!(out.dropped_bytes(), 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        out.write_all(b"f\n").unwrap();
+        assert_eq!(out.dropped_bytes(), 1);
+        assert_eq!(std::fs::read(&p).unwrap(), b"abcdf\n");
         std::fs::remove_file(&p).unwrap();
     }
 
