@@ -4,6 +4,11 @@
 #
 #   bash fuzz/campaign.sh <target> [seconds] [jobs]
 #   FUZZ_FLAGS="-a -s none" bash fuzz/campaign.sh net_datapath 3600
+#   RUNS=1000000 bash fuzz/campaign.sh vsock_datapath 7200
+#
+# RUNS=N ends the campaign after N executions (libFuzzer's -runs) or the
+# seconds, whichever comes first: on a shared machine the rate varies, and
+# a campaign of a given size should not have to guess its time.
 #
 # Needs nightly and cargo-fuzz (`cargo install cargo-fuzz`). New inputs go to
 # the working corpus fuzz/libfuzzer/corpus/<target> (not committed);
@@ -35,6 +40,7 @@ status=0
 # shellcheck disable=SC2086
 cargo +nightly fuzz run --fuzz-dir "$fuzz_dir" -O ${FUZZ_FLAGS:-} "$target" "$work" "$seeds" -- \
     -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    $([ -n "${RUNS:-}" ] && echo "-runs=$RUNS") \
     $([ "$jobs" -gt 1 ] && echo "-jobs=$jobs -workers=$jobs") >"$log" 2>&1 || status=$?
 logs=("$log")
 for f in fuzz-*.log; do [ -e "$f" ] && logs+=("$f"); done

@@ -13,6 +13,10 @@
 //! - every path the user gives resolves inside the jail, in every mode: a
 //!   kernel named by its host path is not found, the config file and the
 //!   kernel it names are read from the jail;
+//! - the vsock socket (`--vsock cid=N,socket=PATH`) is bound inside the
+//!   jail, by the jail's uid (a host path is not found there), served, and
+//!   removed when minivmm ends by its remover, which runs in the jail's PID
+//!   namespace as the jail's uid under its own filter;
 //! - an inherited TAP descriptor (`--net fd=N`) survives the jail, while an
 //!   inherited descriptor the configuration does not name is closed.
 //!
@@ -28,8 +32,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    cgroup_mounts, cli_args, minivmm_bin, remove_cgroups, require, threads_of,
-    write_halting_kernel, Need, NetNs, Vm,
+    cgroup_mounts, children_of, cli_args, minivmm_bin, remove_cgroups, require, threads_of,
+    vsock_connect_is_closed, write_halting_kernel, Need, NetNs, Vm,
 };
 
 /// The uid and gid the jailed minivmm runs as (`nobody`).
@@ -322,6 +326,81 @@ fn every_path_the_user_gives_resolves_inside_the_jail() {
     let mut vm = Vm::spawn(&args, None).unwrap();
     wait_jailed(&mut vm);
     vm.terminate(Duration::from_secs(30));
+}
+
+#[test]
+fn the_vsock_socket_is_bound_served_and_removed_inside_the_jail() {
+    use std::os::unix::fs::FileTypeExt;
+    if !require(&[Need::Kvm, Need::Root]) {
+        return;
+    }
+    let dir = jail_dir("vsock");
+    let parent = parent_cgroup("vsock");
+    let _cleanup = Cleanup(dir.clone(), parent.clone(), "vsock".into());
+    // A directory the jail's uid may make its socket in.
+    std::fs::create_dir(dir.join("w")).unwrap();
+    std::os::unix::fs::chown(dir.join("w"), Some(JAIL_ID), Some(JAIL_ID)).unwrap();
+    let host_sock = dir.join("w/v.sock");
+    // Named by its host path, the socket's directory is not in the jail.
+    let vsock = format!("cid=3,socket={}", host_sock.display());
+    let (code, err) = run(&jailed_args(
+        &dir,
+        "vsock",
+        &parent,
+        &["--kernel", "/halt.elf", "--vsock", &vsock],
+    ));
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&*host_sock.to_string_lossy()) && err.contains("No such file"),
+        "{err}"
+    );
+    assert!(!host_sock.exists(), "bound outside the jail");
+    // Named by its jail path: made in the jail, by the jail's uid.
+    let args = jailed_args(
+        &dir,
+        "vsock",
+        &parent,
+        &["--kernel", "/halt.elf", "--vsock", "cid=3,socket=/w/v.sock"],
+    );
+    let mut vm = Vm::spawn(&args, None).unwrap();
+    let pid = wait_jailed(&mut vm);
+    let meta = std::fs::symlink_metadata(&host_sock).expect("the socket in the jail");
+    assert!(meta.file_type().is_socket(), "{meta:?}");
+    assert_eq!((meta.uid(), meta.gid()), (JAIL_ID, JAIL_ID));
+    // Its remover: minivmm's child, in the jail's PID namespace, the jail's
+    // uid, the signals blocked, under its own filter.
+    let remover = children_of(pid)
+        .into_iter()
+        .find(|k| proc_file(*k, "comm").trim() == "minivmm-unlink")
+        .unwrap_or_else(|| panic!("no remover among minivmm's children\n{}", vm.report()));
+    let status = proc_file(remover, "status");
+    let ids = format!("{JAIL_ID}\t{JAIL_ID}\t{JAIL_ID}\t{JAIL_ID}");
+    assert_eq!(field(&status, "Uid:"), ids, "{status}");
+    assert_eq!(field(&status, "Seccomp:"), "2", "{status}");
+    let blocked = u64::from_str_radix(&field(&status, "SigBlk:"), 16).unwrap();
+    for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGQUIT] {
+        assert_ne!(blocked & 1 << (sig - 1), 0, "signal {sig} not blocked");
+    }
+    let fds = std::fs::read_dir(format!("/proc/{remover}/fd"))
+        .unwrap()
+        .count();
+    assert_eq!(fds, 2, "it holds its two pipe ends and nothing else");
+    let nspid = field(&status, "NSpid:");
+    assert_eq!(
+        nspid.split('\t').count(),
+        2,
+        "not in the jail's PID namespace: {nspid}"
+    );
+    assert_eq!(ns(&remover.to_string(), "pid"), ns(&pid.to_string(), "pid"));
+    // Served: the halting guest has no driver, so a CONNECT is closed.
+    assert!(vsock_connect_is_closed(&host_sock), "not closed");
+    vm.terminate(Duration::from_secs(30));
+    assert!(
+        !host_sock.exists(),
+        "the socket outlived the jailed minivmm"
+    );
+    assert!(dir.join("w").exists());
 }
 
 /// A TAP in the namespace the calling thread is in, opened as minivmm

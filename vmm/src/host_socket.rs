@@ -96,6 +96,12 @@ impl VsockSocket {
             .map_err(|e| HostSocketError::Dup(self.path.clone(), e))
     }
 
+    /// The pid of the process that removes it.
+    #[cfg(test)]
+    fn remover_pid(&self) -> Option<libc::pid_t> {
+        self.remover.as_ref().map(Remover::pid)
+    }
+
     /// Removes the socket now (it is being replaced, before the VM runs).
     pub fn remove_now(mut self) {
         let _ = std::fs::remove_file(&self.path);
@@ -185,8 +191,15 @@ mod tests {
         let d = Scratch::new("now");
         let path = d.0.join("v.sock");
         let s = VsockSocket::bind(&path, SeccompMode::On).unwrap();
+        let pid = s.remover_pid().expect("a remover");
         s.remove_now();
         assert!(!path.exists());
+        // Its remover ended and was reaped (a socket replaced again and
+        // again leaves no zombie behind; dropped, it would stay one).
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "the remover {pid} was not reaped"
+        );
         // The old remover leaves alone what is bound there next.
         let again = VsockSocket::bind(&path, SeccompMode::On).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));

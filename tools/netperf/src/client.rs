@@ -5,11 +5,12 @@
 //! - Only completed work counts. STREAM throughput uses the bytes the *receiver* got (the server
 //!   reports its count for TCP_STREAM and UDP_STREAM); an RR transaction counts once its whole
 //!   response has arrived.
-//! - Nothing blocks without a timeout, and all timeouts come from one budget: the whole run
-//!   ends by (start) + `-l` + grace. Setup steps get the grace period each, cut short by that
-//!   deadline; data-phase reads and writes get whatever of the grace setup left over, so one
-//!   begun just before the data phase ends still finishes by the deadline. A server that goes
-//!   silent in any phase costs at most `-l` + grace.
+//! - Nothing blocks without a timeout, and every timeout follows progress: a wait fails after
+//!   the grace period without any (a connection made, a control message, a byte or transaction
+//!   moved, the server taking in what our socket still held), so a server that goes silent in
+//!   any phase fails the run one grace after its last sign of life, while one that is slow (an
+//!   emulated guest on a host loaded by other work) but keeps going is waited for. The whole
+//!   run is also capped at `-l` + [`CAP_GRACES`] graces, whatever the server does.
 //! - A peer that vanishes is an error with one line naming what was going on, not a result.
 
 use std::io;
@@ -52,7 +53,7 @@ pub struct ClientConfig {
     pub server: Target,
     /// Test and sizes.
     pub params: TestParams,
-    /// Bounded wait beyond the test length (and for each connect/step).
+    /// The longest any wait may go without progress (see the module docs).
     pub grace: Duration,
     /// How long a UDP_RR request waits for its response before it counts as lost.
     pub udp_timeout: Duration,
@@ -161,46 +162,47 @@ pub fn resolve(host: &str, port: u16) -> Result<SocketAddr> {
         .ok_or_else(|| anyhow!("host '{host}' has no address"))
 }
 
-/// Time left until `deadline`, or an error saying what we were waiting for.
-fn left(deadline: Instant, what: &str) -> Result<Duration> {
-    let d = deadline.saturating_duration_since(Instant::now());
-    if d.is_zero() {
-        bail!("{what}: server stopped responding (test length plus grace exceeded)");
-    }
-    Ok(d)
-}
+/// The whole run is capped at `-l` plus this many grace periods, progress or not.
+pub const CAP_GRACES: u32 = 10;
 
-/// The time budget of one run (see the module docs).
+/// The time budget of one run (see the module docs): the grace period for every wait, the
+/// test length, and the cap of the whole run.
 struct Budget {
-    hard: Instant,
     grace: Duration,
     length: Duration,
+    cap: Duration,
+    cap_at: Instant,
 }
 
 impl Budget {
     fn new(cfg: &ClientConfig) -> Self {
+        let cap = cfg.params.duration + cfg.grace * CAP_GRACES;
         Self {
-            hard: Instant::now() + cfg.params.duration + cfg.grace,
             grace: cfg.grace,
             length: cfg.params.duration,
+            cap,
+            cap_at: Instant::now() + cap,
         }
     }
 
-    /// Timeout for one setup step: the grace period, cut short by the overall deadline.
+    /// Timeout for one blocking step: the grace period, cut short by the cap; an error naming
+    /// `what` once the cap has passed.
     fn step(&self, what: &str) -> Result<Duration> {
-        Ok(left(self.hard, what)?.min(self.grace))
+        let left = self.cap_at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!(
+                "{what}: the run's cap passed ({:.1} s: the test length plus {CAP_GRACES} \
+                 graces) with the server still making progress",
+                self.cap.as_secs_f64()
+            );
+        }
+        Ok(left.min(self.grace))
     }
 
-    /// Starts the data phase now. Returns its start, its end, and the slack: how long one
-    /// blocked operation may take so that one begun before the end still ends by the deadline.
-    fn data_phase(&self) -> Result<(Instant, Instant, Duration)> {
+    /// Starts the data phase now: its start and end.
+    fn data_phase(&self) -> (Instant, Instant) {
         let start = Instant::now();
-        let end = start + self.length;
-        let slack = self.hard.saturating_duration_since(end);
-        if slack.is_zero() {
-            bail!("server too slow: setting up the test used up the grace period");
-        }
-        Ok((start, end, slack))
+        (start, start + self.length)
     }
 }
 
@@ -265,7 +267,7 @@ fn run_ip(cfg: &ClientConfig, b: &Budget, server: SocketAddr) -> Result<Ran> {
         None
     };
     let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
-    let mut request = p.to_json();
+    let mut request = request(cfg);
     if p.test == TestKind::UdpStream {
         // Count reports while we wait for results (see `udp_stream_finish`).
         request["progress"] = true.into();
@@ -317,7 +319,7 @@ fn run_vsock(cfg: &ClientConfig, b: &Budget, peer: &VsockPeer, port: u32) -> Res
         )
     })?;
     let mut ctrl = Control::new(ctrl_stream).context("control connection setup")?;
-    let (data_port, mut sizes) = negotiate(b, p, &mut ctrl, &p.to_json())?;
+    let (data_port, mut sizes) = negotiate(b, p, &mut ctrl, &request(cfg))?;
     let dial = |port: u32, g: Duration| peer.connect(port, g);
     let t = DataTest {
         cfg,
@@ -329,6 +331,14 @@ fn run_vsock(cfg: &ClientConfig, b: &Budget, peer: &VsockPeer, port: u32) -> Res
     };
     let (elapsed, measured) = t.stream_test()?;
     Ok((elapsed, sizes, measured))
+}
+
+/// The test request: the parameters, and our grace, which the server waits as long as for
+/// each step of ours.
+fn request(cfg: &ClientConfig) -> Value {
+    let mut request = cfg.params.to_json();
+    request["grace_s"] = cfg.grace.as_secs_f64().into();
+    request
 }
 
 /// Sends the test request and reads the server's answer: its data port and socket sizes.
@@ -386,13 +396,41 @@ fn set_tcp_timeouts(s: &impl Conn, t: Duration) -> Result<()> {
     Ok(())
 }
 
-/// Waits, until the `hard` deadline, for the server's report of the test
-/// (which it sends once its side of the data phase is over).
-fn await_report<S: Conn>(ctrl: &mut Control<S>, hard: Instant) -> Result<Value> {
-    let wait = left(hard, "waiting for results")?;
-    ctrl.recv(wait)
-        .map_err(|e| anyhow!("waiting for results: {}", describe(&e, "server", wait)))
+/// Waits for the server's report of the test (which it sends once its side of the data phase
+/// is over) while there is progress: `unacked` reads what our data socket still holds for the
+/// server, and any change in it is progress (a STREAM test's backlog draining into a slow
+/// receiver); without it (`None`), only the report itself is.
+fn await_report<S: Conn>(
+    ctrl: &mut Control<S>,
+    b: &Budget,
+    mut unacked: impl FnMut() -> Option<u64>,
+) -> Result<Value> {
+    let mut last = unacked();
+    let mut give_up = Instant::now() + b.grace;
+    loop {
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!(
+                "waiting for results: server stopped responding (no progress for {:.1} s)",
+                b.grace.as_secs_f64()
+            );
+        }
+        let wait = b.step("waiting for results")?.min(left).min(PROGRESS_POLL);
+        match ctrl.recv(wait) {
+            Ok(v) => return Ok(v),
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => bail!("waiting for results: {}", describe(&e, "server", b.grace)),
+        }
+        let now = unacked();
+        if now != last {
+            last = now;
+            give_up = Instant::now() + b.grace;
+        }
+    }
 }
+
+/// No progress to watch while waiting for a report but the report itself.
+const NO_PROBE: fn() -> Option<u64> = || None;
 
 /// What a TCP stream test (either direction) measured: bytes only, since
 /// TCP has no messages to count.
@@ -453,15 +491,17 @@ impl<S: Conn> DataTest<'_, S> {
     fn tcp_stream(mut self) -> Result<(Duration, Measured)> {
         let mut data = self.connect_tcp()?;
         let buf = vec![0x5au8; self.cfg.params.msg_size];
-        let (start, end, g) = self.budget.data_phase()?;
-        set_tcp_timeouts(&data, g)?;
+        let g = self.budget.grace;
+        let (start, end) = self.budget.data_phase();
+        // Every write that moves a byte is progress; one that blocks a grace long is not.
         let sent = send_stream(&mut data, &buf, end)
             .map_err(|e| anyhow!("sending data: {}", describe(&e, "server", g)))?;
         data.shutdown_write()
             .map_err(|e| anyhow!("ending the stream: {}", describe(&e, "server", g)))?;
         // The server replies once it has read everything up to our FIN, so the elapsed time
         // includes draining what was still queued: bytes and time describe the same delivery.
-        let report = await_report(self.ctrl, self.budget.hard)?;
+        // A slow receiver takes long for that; each byte it takes in is progress.
+        let report = await_report(self.ctrl, self.budget, || sockopt::unacked(&data))?;
         let elapsed = start.elapsed();
         let received = report_u64(&report, "bytes")?;
         if received > sent {
@@ -473,17 +513,15 @@ impl<S: Conn> DataTest<'_, S> {
     fn tcp_maerts(mut self) -> Result<(Duration, Measured)> {
         let mut data = self.connect_tcp()?;
         let mut buf = vec![0u8; self.cfg.params.msg_size.max(64 * 1024)];
-        let (start, _, g) = self.budget.data_phase()?;
-        set_tcp_timeouts(&data, g)?;
-        let received = receive_stream(&mut data, &mut buf, self.budget.hard)
+        let g = self.budget.grace;
+        let (start, _) = self.budget.data_phase();
+        let received = receive_stream(&mut data, &mut buf, self.budget.cap_at)
             .map_err(|e| anyhow!("receiving data: {}", describe(&e, "server", g)))?
-            .ok_or_else(|| {
-                anyhow!("receiving data: server kept sending past the test length plus grace")
-            })?;
+            .ok_or_else(|| anyhow!("receiving data: server kept sending past the run's cap"))?;
         let elapsed = start.elapsed();
         // A server killed mid-test also ends the stream with a FIN; only its report proves the
         // stream ended because the test did.
-        let report = await_report(self.ctrl, self.budget.hard)?;
+        let report = await_report(self.ctrl, self.budget, NO_PROBE)?;
         let sent = report_u64(&report, "bytes_sent")?;
         if sent != received {
             bail!("server sent {sent} bytes but {received} arrived");
@@ -497,8 +535,8 @@ impl<S: Conn> DataTest<'_, S> {
         let req = vec![0x5au8; self.cfg.params.req_size];
         let mut resp = vec![0u8; self.cfg.params.resp_size];
         let mut r = RrResult::default();
-        let (start, end, g) = self.budget.data_phase()?;
-        set_tcp_timeouts(&data, g)?;
+        let g = self.budget.grace;
+        let (start, end) = self.budget.data_phase();
         while Instant::now() < end {
             let t = Instant::now();
             data.write_all(&req)
@@ -514,7 +552,7 @@ impl<S: Conn> DataTest<'_, S> {
         let elapsed = start.elapsed();
         data.shutdown_write()
             .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", g)))?;
-        let report = await_report(self.ctrl, self.budget.hard)?;
+        let report = await_report(self.ctrl, self.budget, NO_PROBE)?;
         let served = report_u64(&report, "transactions")?;
         if served != r.transactions {
             bail!(
@@ -529,7 +567,8 @@ impl<S: Conn> DataTest<'_, S> {
         self.connect_udp(&sock, addr)?;
         let buf = vec![0x5au8; self.cfg.params.msg_size];
         let mut s = StreamResult::default();
-        let (start, end, g) = self.budget.data_phase()?;
+        let g = self.budget.grace;
+        let (start, end) = self.budget.data_phase();
         sock.set_write_timeout(Some(g))?;
         while Instant::now() < end {
             match sock.send(&buf) {
@@ -544,13 +583,7 @@ impl<S: Conn> DataTest<'_, S> {
             }
         }
         let elapsed = start.elapsed();
-        let report = udp_stream_finish(
-            self.ctrl,
-            &sock,
-            self.budget,
-            self.cfg.grace,
-            s.messages_sent,
-        )?;
+        let report = udp_stream_finish(self.ctrl, &sock, self.budget, s.messages_sent)?;
         s.drain = start.elapsed().saturating_sub(elapsed);
         s.messages_received = report_u64(&report, "messages")?;
         s.receive_span = report
@@ -571,9 +604,10 @@ impl<S: Conn> DataTest<'_, S> {
         let mut req = vec![0x5au8; RR_SEQ_LEN + p.req_size];
         let mut resp = vec![0u8; 65536];
         let mut r = RrResult::default();
-        let (start, end, g) = self.budget.data_phase()?;
+        let g = self.budget.grace;
+        let (start, end) = self.budget.data_phase();
         sock.set_write_timeout(Some(g))?;
-        // Never wait for one response past the run's deadline, however long --udp-timeout-ms is.
+        // Never wait for one response longer than a grace, however long --udp-timeout-ms is.
         let udp_timeout = self.cfg.udp_timeout.min(g);
         sock.set_read_timeout(Some(udp_timeout))?;
         let mut seq = 0u64;
@@ -614,7 +648,7 @@ impl<S: Conn> DataTest<'_, S> {
             }
         }
         let elapsed = start.elapsed();
-        let report = udp_finish(self.ctrl, self.budget.hard)?;
+        let report = udp_finish(self.ctrl, self.budget)?;
         let served = report_u64(&report, "transactions")?;
         if served < r.transactions {
             bail!(
@@ -648,11 +682,11 @@ fn check_received_le_sent(s: &StreamResult) -> Result<()> {
 }
 
 /// Tells the server the UDP data phase is over and collects its counts.
-fn udp_finish<S: Conn>(ctrl: &mut Control<S>, hard: Instant) -> Result<Value> {
-    let wait = left(hard, "ending the test")?;
+fn udp_finish<S: Conn>(ctrl: &mut Control<S>, b: &Budget) -> Result<Value> {
+    let wait = b.step("ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
-    await_report(ctrl, hard)
+    await_report(ctrl, b, NO_PROBE)
 }
 
 /// How long one wait for the results lasts before the progress datagrams are read.
@@ -660,21 +694,21 @@ const PROGRESS_POLL: Duration = Duration::from_millis(100);
 
 /// Ends a UDP_STREAM test and collects the server's counts, waiting as long as the server's
 /// count keeps growing. An unpaced sender can queue far more than a slow receiver takes in
-/// `-l` + grace (a TAP's 1000 frames ahead of an emulated guest: tens of seconds), and the
+/// a grace period (a TAP's 1000 frames ahead of an emulated guest: tens of seconds), and the
 /// end-of-test message waits behind that backlog; the server reports its count twice a second
 /// meanwhile (we asked for it with `"progress": true`). The reports come as datagrams to our
 /// data socket, not on the control connection: the server's TCP needs our ACKs to send, and
 /// those wait behind the same backlog (a flooded guest's reports were held for as long as the
 /// backlog took, and the client gave up). The wait fails only when no report shows progress
-/// for `grace`. It stays bounded: the count cannot pass `sent`.
+/// for a grace period, or at the run's cap.
 fn udp_stream_finish<S: Conn>(
     ctrl: &mut Control<S>,
     sock: &UdpSocket,
     b: &Budget,
-    grace: Duration,
     sent: u64,
 ) -> Result<Value> {
-    let wait = left(b.hard, "ending the test")?;
+    let grace = b.grace;
+    let wait = b.step("ending the test")?;
     ctrl.send(&json!({"done": true}), wait)
         .map_err(|e| anyhow!("ending the test: {}", describe(&e, "server", wait)))?;
     sock.set_nonblocking(true)?;
@@ -690,7 +724,7 @@ fn udp_stream_finish<S: Conn>(
                 grace.as_secs_f64()
             );
         }
-        match ctrl.recv(wait.min(PROGRESS_POLL)) {
+        match ctrl.recv(b.step("waiting for results")?.min(wait).min(PROGRESS_POLL)) {
             Ok(v) => return Ok(v),
             Err(e) if is_timeout(&e) => {}
             Err(e) => bail!("waiting for results: {}", describe(&e, "server", grace)),
@@ -729,6 +763,8 @@ fn answers(datagram: &[u8], seq: u64, resp_size: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
     use super::*;
 
     #[test]
@@ -802,13 +838,89 @@ mod tests {
         assert!(check_received_le_sent(&more_bytes).is_err());
     }
 
+    /// A budget of `grace` per wait whose cap is `cap` from now.
+    fn budget(grace: Duration, cap: Duration) -> Budget {
+        Budget {
+            grace,
+            length: Duration::from_secs(1),
+            cap,
+            cap_at: Instant::now() + cap,
+        }
+    }
+
     #[test]
-    fn left_errors_after_deadline() {
-        assert!(left(Instant::now() + Duration::from_secs(5), "x").is_ok());
-        let past = Instant::now();
-        std::thread::sleep(Duration::from_millis(2));
-        let e = left(past, "waiting").expect_err("past");
-        assert!(e.to_string().contains("waiting"));
+    fn negotiation_gives_the_data_port_and_the_servers_buffer_sizes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let server = std::thread::spawn(move || {
+            let mut ctrl = Control::new(server).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            let reply = json!({"ok": true, "data_port": 70000, "recv_buf": 111, "send_buf": 222});
+            ctrl.send(&reply, Duration::from_secs(5)).expect("reply");
+            req
+        });
+        let cfg = rr_config(
+            "127.0.0.1:1".parse().expect("addr"),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        let mut ctrl = Control::new(client).expect("control");
+        let b = Budget::new(&cfg);
+        let (port, sizes) = negotiate(&b, &cfg.params, &mut ctrl, &request(&cfg)).expect("ok");
+        // A vsock port may be past 65535.
+        assert_eq!(port, 70000);
+        assert_eq!((sizes.remote_recv, sizes.remote_send), (111, 222));
+        let req = server.join().expect("fake server");
+        assert_eq!(req["grace_s"].as_f64(), Some(2.0), "{req}");
+    }
+
+    #[test]
+    fn a_server_that_leaves_while_the_report_is_awaited_fails_at_once() {
+        // The grace is long: only a closed connection, not a silence, can end the wait soon.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        let b = budget(Duration::from_secs(20), Duration::from_secs(60));
+        let mut ctrl = Control::new(client).expect("control");
+        let leaving = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(server);
+        });
+        let t = Instant::now();
+        let e = await_report(&mut ctrl, &b, NO_PROBE).expect_err("the server left");
+        let took = t.elapsed();
+        leaving.join().expect("server thread");
+        assert!(
+            e.to_string()
+                .starts_with("waiting for results: server went away"),
+            "{e}"
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
+    fn a_step_waits_a_grace_until_the_cap() {
+        let b = budget(Duration::from_secs(2), Duration::from_secs(60));
+        assert_eq!(b.step("x").expect("before the cap"), Duration::from_secs(2));
+        let near = budget(Duration::from_secs(2), Duration::from_millis(500));
+        assert!(near.step("x").expect("before the cap") <= Duration::from_millis(500));
+        let past = budget(Duration::from_secs(2), Duration::ZERO);
+        let e = past.step("waiting").expect_err("past the cap").to_string();
+        assert!(e.starts_with("waiting: the run's cap passed"), "{e}");
+        let cfg = ClientConfig {
+            server: Target::Ip("127.0.0.1:1".parse().expect("addr")),
+            params: TestParams {
+                test: TestKind::TcpRr,
+                duration: Duration::from_secs(5),
+                msg_size: 1,
+                req_size: 1,
+                resp_size: 1,
+            },
+            grace: Duration::from_secs(60),
+            udp_timeout: Duration::from_millis(250),
+        };
+        assert_eq!(Budget::new(&cfg).cap, Duration::from_secs(605));
     }
     /// A server's end of `udp_stream_finish`: it reads `done`, then sends `reports` (counts)
     /// as progress datagrams `every` apart, then the result line if `result` is given.
@@ -847,13 +959,9 @@ mod tests {
             let _ = ctrl.recv(Duration::from_secs(10));
         });
         let mut ctrl = Control::new(client_ctrl).expect("control");
-        let b = Budget {
-            hard: Instant::now() + Duration::from_secs(30),
-            grace,
-            length: Duration::from_secs(1),
-        };
+        let b = budget(grace, Duration::from_secs(30));
         let t = Instant::now();
-        let out = udp_stream_finish(&mut ctrl, &client_udp, &b, grace, sent);
+        let out = udp_stream_finish(&mut ctrl, &client_udp, &b, sent);
         let took = t.elapsed();
         drop(ctrl);
         server.join().expect("fake server");
@@ -901,5 +1009,237 @@ mod tests {
         let (out, _) = finish_against(vec![21], Duration::from_millis(10), None, grace, 20);
         let e = out.expect_err("impossible count").to_string();
         assert!(e.contains("server claims 21 datagrams but only 20"), "{e}");
+    }
+
+    /// A TCP_RR server that takes `pause` before each of its steps (the setup reply, the data
+    /// connection, the report), as a guest on a loaded host does, serving transactions at once
+    /// in between. Returns its control address.
+    fn slow_rr_server(pause: Duration) -> SocketAddr {
+        let ctrl_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let addr = ctrl_listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            let (ctrl, _) = ctrl_listener.accept().expect("accept");
+            let mut ctrl = Control::new(ctrl).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            assert!(req["grace_s"].as_f64().is_some(), "{req}");
+            let data_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+            let port = data_listener.local_addr().expect("addr").port();
+            std::thread::sleep(pause);
+            ctrl.send(
+                &json!({"ok": true, "data_port": port}),
+                Duration::from_secs(5),
+            )
+            .expect("reply");
+            std::thread::sleep(pause);
+            let (mut data, _) = data_listener.accept().expect("data");
+            let mut byte = [0u8; 1];
+            let mut transactions = 0u64;
+            while read_full(&mut data, &mut byte).expect("request") {
+                data.write_all(&byte).expect("response");
+                transactions += 1;
+            }
+            std::thread::sleep(pause);
+            let report = json!({"transactions": transactions});
+            ctrl.send(&report, Duration::from_secs(5)).expect("report");
+            let _ = ctrl.recv(Duration::from_secs(10));
+        });
+        addr
+    }
+
+    fn rr_config(server: SocketAddr, length: Duration, grace: Duration) -> ClientConfig {
+        ClientConfig {
+            server: Target::Ip(server),
+            params: TestParams {
+                test: TestKind::TcpRr,
+                duration: length,
+                msg_size: 1,
+                req_size: 1,
+                resp_size: 1,
+            },
+            grace,
+            udp_timeout: Duration::from_millis(250),
+        }
+    }
+
+    /// A 0.3 s TCP_RR with a 1 s grace against [`slow_rr_server`] pausing `pause` at each
+    /// step: the run's configuration, outcome and time.
+    fn run_against_slow_server(pause: Duration) -> (ClientConfig, Result<Outcome>, Duration) {
+        let cfg = rr_config(
+            slow_rr_server(pause),
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+        );
+        let t = Instant::now();
+        let out = run(&cfg);
+        (cfg, out, t.elapsed())
+    }
+
+    #[test]
+    fn a_slow_server_that_keeps_going_is_waited_for() {
+        // Each of three steps takes 0.7 s, within the 1 s grace: the run takes longer than the
+        // test length plus one grace (the old fixed budget, which failed it) and passes.
+        let (cfg, out, took) = run_against_slow_server(Duration::from_millis(700));
+        let out = out.expect("a slow server still completes");
+        assert!(took > cfg.params.duration + cfg.grace, "took {took:?}");
+        let Measured::Rr(r) = out.measured else {
+            panic!("not an RR result")
+        };
+        assert!(r.transactions > 0);
+    }
+
+    #[test]
+    fn a_server_that_stops_fails_the_run_one_grace_later() {
+        let (_, out, took) = run_against_slow_server(Duration::from_secs(3));
+        let e = out.expect_err("a stalled server").to_string();
+        assert!(
+            e.contains("waiting for the server to accept the test: server stopped responding"),
+            "{e}"
+        );
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_millis(1800),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn a_stream_backlog_draining_into_a_slow_receiver_is_progress() {
+        // The server, its receive buffer small, reads 192 KiB every 100 ms and reports only
+        // after the client's FIN: the backlog the client queued in 0.3 s (megabytes) takes
+        // several graces of 0.4 s to drain, but every read shows as our socket holding less.
+        let ctrl_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let addr = ctrl_listener.local_addr().expect("addr");
+        let server = std::thread::spawn(move || {
+            let (ctrl, _) = ctrl_listener.accept().expect("accept");
+            let mut ctrl = Control::new(ctrl).expect("control");
+            ctrl.recv(Duration::from_secs(5)).expect("request");
+            let data_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+            // Accepted sockets inherit it; a small window moves with every read.
+            sockopt::set_recv_buf(&data_listener, 128 * 1024).expect("SO_RCVBUF");
+            let port = data_listener.local_addr().expect("addr").port();
+            ctrl.send(
+                &json!({"ok": true, "data_port": port}),
+                Duration::from_secs(5),
+            )
+            .expect("reply");
+            let (mut data, _) = data_listener.accept().expect("data");
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut total = 0u64;
+            'ticks: loop {
+                std::thread::sleep(Duration::from_millis(100));
+                let tick_end = total + 192 * 1024;
+                while total < tick_end {
+                    match std::io::Read::read(&mut data, &mut buf).expect("read") {
+                        0 => break 'ticks,
+                        n => total += n as u64,
+                    }
+                }
+            }
+            ctrl.send(&json!({"bytes": total}), Duration::from_secs(5))
+                .expect("report");
+            let _ = ctrl.recv(Duration::from_secs(10));
+        });
+        let cfg = backlog_config(Target::Ip(addr), TestKind::TcpStream, 65536);
+        let (out, took) = timed_run(&cfg);
+        server.join().expect("fake server");
+        assert_backlog_drained(&cfg, out, took);
+    }
+
+    /// A 0.3 s stream test of `msg_size` writes with a 0.4 s grace, against `server`.
+    fn backlog_config(server: Target, test: TestKind, msg_size: usize) -> ClientConfig {
+        ClientConfig {
+            server,
+            params: TestParams {
+                test,
+                duration: Duration::from_millis(300),
+                msg_size,
+                req_size: 1,
+                resp_size: 1,
+            },
+            grace: Duration::from_millis(400),
+            udp_timeout: Duration::from_millis(250),
+        }
+    }
+
+    fn timed_run(cfg: &ClientConfig) -> (Result<Outcome>, Duration) {
+        let t = Instant::now();
+        let out = run(cfg);
+        (out, t.elapsed())
+    }
+
+    /// The run passed, all that was sent arrived, and draining it took over two graces.
+    fn assert_backlog_drained(cfg: &ClientConfig, out: Result<Outcome>, took: Duration) {
+        let out = out.expect("the backlog drains");
+        assert!(
+            took > cfg.params.duration + cfg.grace * 2,
+            "the run took {took:?}: the backlog drained too fast to show anything"
+        );
+        let Measured::Stream(s) = out.measured else {
+            panic!("not a stream result")
+        };
+        assert_eq!(s.bytes_received, s.bytes_sent);
+    }
+
+    /// A VMM's side of a host connection to the guest's vsock port: reads the `CONNECT`
+    /// line a byte at a time (what follows is the test's), answers `OK`, and says the port.
+    fn uds_accept(l: &std::os::unix::net::UnixListener) -> (std::os::unix::net::UnixStream, u32) {
+        use std::io::Read;
+        let (mut s, _) = l.accept().expect("accept");
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while line.last() != Some(&b'\n') && s.read(&mut b).expect("CONNECT line") == 1 {
+            line.push(b[0]);
+        }
+        let line = String::from_utf8(line).expect("UTF-8");
+        let port = line
+            .strip_prefix("CONNECT ")
+            .and_then(|p| p.trim().parse().ok())
+            .expect("CONNECT <port>");
+        s.write_all(b"OK 1073741824\n").expect("OK");
+        (s, port)
+    }
+
+    #[test]
+    fn a_vsock_stream_backlog_draining_into_a_slow_guest_is_progress() {
+        // Through a VMM's Unix socket, the guest's server reads 16 KiB every 100 ms and reports
+        // only after the client's FIN: what the client's socket still holds (a Unix stream's
+        // send buffer) takes several graces of 0.4 s to drain, each read progress.
+        let dir = std::env::temp_dir().join(format!("mvperf-client-uds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let uds = dir.join("v.sock");
+        let l = std::os::unix::net::UnixListener::bind(&uds).expect("the VMM's socket");
+        let server = std::thread::spawn(move || {
+            let (ctrl, port) = uds_accept(&l);
+            assert_eq!(port, 12865);
+            let mut ctrl = Control::new(ctrl).expect("control");
+            let req = ctrl.recv(Duration::from_secs(5)).expect("request");
+            // The guest's server waits as long as the client does for each step.
+            assert_eq!(req["grace_s"].as_f64(), Some(0.4), "{req}");
+            ctrl.send(
+                &json!({"ok": true, "data_port": 1025}),
+                Duration::from_secs(5),
+            )
+            .expect("reply");
+            let (mut data, port) = uds_accept(&l);
+            assert_eq!(port, 1025);
+            let mut buf = vec![0u8; 16 * 1024];
+            let mut total = 0u64;
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+                match std::io::Read::read(&mut data, &mut buf).expect("read") {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            // A client that gave up is gone: its error is the test's.
+            let _ = ctrl.send(&json!({"bytes": total}), Duration::from_secs(5));
+            let _ = ctrl.recv(Duration::from_secs(10));
+        });
+        let target = Target::Vsock(VsockPeer::Uds(uds), 12865);
+        let cfg = backlog_config(target, TestKind::VsockStream, 16 * 1024);
+        let (out, took) = timed_run(&cfg);
+        server.join().expect("fake guest");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_backlog_drained(&cfg, out, took);
     }
 }

@@ -5,9 +5,12 @@
 //! may run tests concurrently. With `--vsock` it also takes the VSOCK tests on vsock port
 //! `--port` (`AF_VSOCK`, in a guest), or with `--uds BASE` on the Unix socket `BASE_<port>`
 //! (the host's side of a guest's connections through a Firecracker-style VMM); their data
-//! connections come to a fresh vsock port the same way. Every blocking call of a session has a timeout derived from the
-//! test length, and a session's failure (a client that vanishes, a bogus request) ends only that
-//! session: it is logged as one line on stderr and the accept loop carries on.
+//! connections come to a fresh vsock port the same way. Every blocking call of a session has a
+//! timeout that follows progress: a step (a read, a write, the data connection) fails after the
+//! step timeout without any, the client's grace when it names one (`grace_s`) and
+//! [`STEP_TIMEOUT`] at least, and a whole session is capped at the test length plus
+//! [`SESSION_CAP_STEPS`] steps. A session's failure (a client that vanishes, a bogus request)
+//! ends only that session: it is logged as one line on stderr and the accept loop carries on.
 
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -29,11 +32,15 @@ use crate::proto::{
 use crate::sockopt;
 use crate::vsock::VsockListener;
 
-/// How long a client may take for each step that does not depend on the test length: sending
-/// its request, connecting the data socket, any single read or write in the data phase.
+/// How long a client may take for each step without progress, at least: sending its request,
+/// connecting the data socket, any single read or write in the data phase, the end-of-test
+/// message after the last datagram. A client asks for more with its grace (`grace_s`).
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Slack beyond the test length before a session is abandoned as stuck.
-const SESSION_SLACK: Duration = Duration::from_secs(30);
+/// A session is abandoned as stuck after the test length plus this many step timeouts, even
+/// with a client that is still sending.
+const SESSION_CAP_STEPS: u32 = 10;
+/// The longest step timeout a client may ask for.
+const MAX_STEP: Duration = Duration::from_secs(3600);
 /// More concurrent sessions than this are refused, bounding threads and sockets.
 const MAX_SESSIONS: usize = 64;
 /// UDP receive timeout, the granularity at which a UDP worker notices it should stop.
@@ -244,25 +251,46 @@ fn serve<S: Accepted>(stream: S, side: DataSide) -> Result<String> {
             return Err(e.context("bad request"));
         }
     };
-    let deadline = Instant::now() + params.duration + SESSION_SLACK;
+    let step = step_timeout(&req);
+    let limits = Limits {
+        step,
+        cap: Instant::now() + params.duration + step * SESSION_CAP_STEPS,
+    };
     let result = match &side {
         DataSide::Ip { local_ip, peer_ip } if params.test.is_udp() => {
-            udp_session(&mut ctrl, &req, &params, *local_ip, *peer_ip, deadline)
+            udp_session(&mut ctrl, &req, &params, *local_ip, *peer_ip, limits)
         }
         _ => S::data_listener(&side, params.test)
-            .and_then(|l| stream_session(&mut ctrl, &params, l.as_ref(), deadline)),
+            .and_then(|l| stream_session(&mut ctrl, &params, l.as_ref(), limits)),
     };
     let report = match result {
         Ok(r) => r,
         Err(e) => {
             // Tell the client why, if it is still listening, so its error names the cause.
-            let _ = ctrl.send(&json!({"error": format!("{e:#}")}), STEP_TIMEOUT);
+            let _ = ctrl.send(&json!({"error": format!("{e:#}")}), step);
             return Err(e.context(format!("{} failed", params.test)));
         }
     };
-    ctrl.send(&report, STEP_TIMEOUT)
-        .map_err(|e| anyhow!("sending results: {}", describe(&e, "client", STEP_TIMEOUT)))?;
+    ctrl.send(&report, step)
+        .map_err(|e| anyhow!("sending results: {}", describe(&e, "client", step)))?;
     Ok(format!("{} done: {report}", params.test))
+}
+
+/// A session's time limits: each step's, and the cap of the whole session.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    step: Duration,
+    cap: Instant,
+}
+
+/// The step timeout for a request: the client's grace if it names one (`grace_s`), within
+/// [`STEP_TIMEOUT`] and [`MAX_STEP`].
+fn step_timeout(req: &Value) -> Duration {
+    // A negative grace is no duration, and no grace.
+    req.get("grace_s")
+        .and_then(Value::as_f64)
+        .and_then(|g| Duration::try_from_secs_f64(g.min(MAX_STEP.as_secs_f64())).ok())
+        .map_or(STEP_TIMEOUT, |g| g.clamp(STEP_TIMEOUT, MAX_STEP))
 }
 
 fn ok_reply(port: u16, sock: &impl std::os::fd::AsRawFd) -> Value {
@@ -278,8 +306,8 @@ fn ok_reply(port: u16, sock: &impl std::os::fd::AsRawFd) -> Value {
 trait DataListener<S> {
     /// The port the client connects to.
     fn data_port(&self) -> u32;
-    /// Waits for the client's data connection.
-    fn accept_data(&self) -> Result<S>;
+    /// Waits, up to `step`, for the client's data connection.
+    fn accept_data(&self, step: Duration) -> Result<S>;
     /// The listener's socket, for its buffer sizes.
     fn socket(&self) -> &dyn AsRawFd;
 }
@@ -321,12 +349,13 @@ impl DataListener<TcpStream> for (TcpListener, IpAddr) {
         self.0.local_addr().map_or(0, |a| u32::from(a.port()))
     }
 
-    /// Waits for the data connection from the same host as the control connection.
-    fn accept_data(&self) -> Result<TcpStream> {
+    /// Waits, up to `step`, for the data connection from the same host as the control
+    /// connection.
+    fn accept_data(&self, step: Duration) -> Result<TcpStream> {
         let (listener, peer_ip) = (&self.0, self.1);
         // std has no accept timeout: poll a non-blocking listener instead.
         listener.set_nonblocking(true)?;
-        let give_up = Instant::now() + STEP_TIMEOUT;
+        let give_up = Instant::now() + step;
         loop {
             match listener.accept() {
                 Ok((s, from)) if from.ip() == peer_ip => {
@@ -359,12 +388,11 @@ impl DataListener<UnixStream> for VsockListener {
 
     /// The first connection to the fresh port (a vsock port carries no address to check a
     /// second connection against; the test then fails on the stranger's bytes).
-    fn accept_data(&self) -> Result<UnixStream> {
-        self.accept_timeout(STEP_TIMEOUT)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::TimedOut => anyhow!("client never opened the data connection"),
-                _ => anyhow!(e).context("accepting the data connection"),
-            })
+    fn accept_data(&self, step: Duration) -> Result<UnixStream> {
+        self.accept_timeout(step).map_err(|e| match e.kind() {
+            io::ErrorKind::TimedOut => anyhow!("client never opened the data connection"),
+            _ => anyhow!(e).context("accepting the data connection"),
+        })
     }
 
     fn socket(&self) -> &dyn AsRawFd {
@@ -378,32 +406,28 @@ fn stream_session<S: Conn>(
     ctrl: &mut Control<S>,
     p: &TestParams,
     listener: &dyn DataListener<S>,
-    deadline: Instant,
+    limits: Limits,
 ) -> Result<Value> {
+    let Limits { step, cap } = limits;
     let reply = json!({
         "ok": true,
         "data_port": listener.data_port(),
         "recv_buf": sockopt::recv_buf(&listener.socket().as_raw_fd()),
         "send_buf": sockopt::send_buf(&listener.socket().as_raw_fd()),
     });
-    ctrl.send(&reply, STEP_TIMEOUT).map_err(|e| {
-        anyhow!(
-            "sending setup reply: {}",
-            describe(&e, "client", STEP_TIMEOUT)
-        )
-    })?;
-    let mut data = listener.accept_data()?;
-    data.read_timeout(Some(STEP_TIMEOUT))?;
-    data.write_timeout(Some(STEP_TIMEOUT))?;
+    ctrl.send(&reply, step)
+        .map_err(|e| anyhow!("sending setup reply: {}", describe(&e, "client", step)))?;
+    let mut data = listener.accept_data(step)?;
+    data.read_timeout(Some(step))?;
+    data.write_timeout(Some(step))?;
     let start = Instant::now();
-    let fail =
-        |what: &str, e: io::Error| anyhow!("{what}: {}", describe(&e, "client", STEP_TIMEOUT));
+    let fail = |what: &str, e: io::Error| anyhow!("{what}: {}", describe(&e, "client", step));
     match p.test.stream_kind() {
         TestKind::TcpStream => {
             let mut buf = vec![0u8; SINK_BUF];
-            let bytes = receive_stream(&mut data, &mut buf, deadline)
+            let bytes = receive_stream(&mut data, &mut buf, cap)
                 .map_err(|e| fail("receiving stream", e))?
-                .ok_or_else(|| anyhow!("client kept sending past the test length"))?;
+                .ok_or_else(|| anyhow!("client kept sending past the session's cap"))?;
             Ok(json!({"bytes": bytes, "elapsed_s": start.elapsed().as_secs_f64()}))
         }
         TestKind::TcpMaerts => {
@@ -424,8 +448,8 @@ fn stream_session<S: Conn>(
                 data.write_all(&resp)
                     .map_err(|e| fail("sending response", e))?;
                 transactions += 1;
-                if Instant::now() > deadline {
-                    bail!("client kept sending past the test length");
+                if Instant::now() > cap {
+                    bail!("client kept sending past the session's cap");
                 }
             }
             Ok(json!({"transactions": transactions, "elapsed_s": start.elapsed().as_secs_f64()}))
@@ -471,31 +495,38 @@ fn req_flag(req: &Value, key: &str) -> bool {
     req.get(key).and_then(Value::as_bool) == Some(true)
 }
 
-/// Waits for the client's end-of-test message while the worker reports its counts. A client
-/// that flooded a slow path sends that message behind its own backlog, which can take far
-/// longer than the test to drain, so the wait ends at `deadline` pushed back to
-/// [`SESSION_SLACK`] after the latest datagram, not at the test's end.
+/// Waits for the client's end-of-test message while the worker counts datagrams. The client
+/// sends it after its data phase, which starts after a setup a slow client takes long for, and
+/// a client that flooded a slow path sends it behind its own backlog, which can take far longer
+/// than the test to drain: so the wait lasts as long as datagrams keep coming, and fails one
+/// step after the test length and the latest datagram (or the session's start), or at the cap.
+/// The error carries how long the wait went without progress.
 fn wait_done_while_counting<S: Conn>(
     ctrl: &mut Control<S>,
     live: &Live,
-    mut deadline: Instant,
+    p: &TestParams,
+    limits: Limits,
 ) -> Result<Value, (io::Error, Duration)> {
-    let started = Instant::now();
-    let mut last = u64::MAX;
+    let mut deadline = Instant::now() + p.duration + limits.step;
+    let mut progressed = Instant::now();
+    let mut last = 0;
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline
+            .min(limits.cap)
+            .saturating_duration_since(Instant::now());
         if left.is_zero() {
             let e = io::Error::from(io::ErrorKind::TimedOut);
-            return Err((e, started.elapsed()));
+            return Err((e, progressed.elapsed()));
         }
         match ctrl.recv(left.min(PROGRESS_INTERVAL)) {
             Ok(v) => return Ok(v),
             Err(e) if is_timeout(&e) => {}
-            Err(e) => return Err((e, started.elapsed())),
+            Err(e) => return Err((e, progressed.elapsed())),
         }
         let messages = live.messages.load(Ordering::Relaxed);
         if messages != last {
-            deadline = deadline.max(Instant::now() + SESSION_SLACK);
+            progressed = Instant::now();
+            deadline = deadline.max(progressed + limits.step);
             last = messages;
         }
     }
@@ -507,7 +538,7 @@ fn udp_session<S: Conn>(
     p: &TestParams,
     local_ip: IpAddr,
     peer_ip: IpAddr,
-    deadline: Instant,
+    limits: Limits,
 ) -> Result<Value> {
     let peer = SocketAddr::new(peer_ip, client_data_port(ctrl_req)?);
     let sock = UdpSocket::bind(SocketAddr::new(local_ip, 0)).context("data socket")?;
@@ -516,7 +547,7 @@ fn udp_session<S: Conn>(
     sock.connect(peer)
         .with_context(|| format!("connecting the data socket to the client's {peer}"))?;
     sock.set_read_timeout(Some(UDP_POLL))?;
-    sock.set_write_timeout(Some(STEP_TIMEOUT))?;
+    sock.set_write_timeout(Some(limits.step))?;
     let reply = ok_reply(sock.local_addr()?.port(), &sock);
     let progress = p.test == TestKind::UdpStream && req_flag(ctrl_req, "progress");
     let report_every = progress.then_some(PROGRESS_INTERVAL);
@@ -531,14 +562,9 @@ fn udp_session<S: Conn>(
             .context("starting the UDP worker")?
     };
     // The socket is bound before the reply goes out, so no early datagram is refused.
-    let outcome = ctrl.send(&reply, STEP_TIMEOUT).and_then(|()| {
-        if progress {
-            wait_done_while_counting(ctrl, &live, deadline)
-        } else {
-            let waited = deadline.saturating_duration_since(Instant::now());
-            ctrl.recv(waited).map_err(|e| (e, waited))
-        }
-        .map_err(|(e, waited)| io::Error::new(e.kind(), describe(&e, "client", waited)))
+    let outcome = ctrl.send(&reply, limits.step).and_then(|()| {
+        wait_done_while_counting(ctrl, &live, p, limits)
+            .map_err(|(e, waited)| io::Error::new(e.kind(), describe(&e, "client", waited)))
     });
     stop.store(true, Ordering::SeqCst);
     let counts = worker.join().map_err(|_| anyhow!("UDP worker panicked"))?;
@@ -747,5 +773,18 @@ mod tests {
             "{seen:?}"
         );
         assert!(seen[0] <= 15, "{seen:?}");
+    }
+
+    #[test]
+    fn a_client_grace_sets_the_step_timeout_within_bounds() {
+        let with = |g: Value| step_timeout(&json!({"grace_s": g}));
+        assert_eq!(step_timeout(&json!({})), STEP_TIMEOUT);
+        assert_eq!(with(json!(60.0)), Duration::from_secs(60));
+        assert_eq!(with(json!(1.5)), STEP_TIMEOUT);
+        assert_eq!(with(json!(1e12)), MAX_STEP);
+        assert_eq!(with(json!(-3)), STEP_TIMEOUT);
+        assert_eq!(with(json!("sixty")), STEP_TIMEOUT);
+        assert_eq!(with(json!(0)), STEP_TIMEOUT);
+        assert_eq!(with(json!(1e300)), MAX_STEP);
     }
 }

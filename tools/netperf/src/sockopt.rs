@@ -57,8 +57,11 @@ pub fn set_recv_buf(fd: &impl AsRawFd, bytes: libc::c_int) -> std::io::Result<()
     }
 }
 
-/// The bytes a TCP socket holds that its peer has not acknowledged yet (`SIOCOUTQ`: unsent
-/// plus in flight); `None` if the kernel does not say.
+/// What a stream socket still holds for its peer (`SIOCOUTQ`): for TCP the bytes not yet
+/// acknowledged (unsent plus in flight), for a Unix stream what the peer has not read yet
+/// (counted as the kernel charges it, buffers and all), for `AF_VSOCK` the bytes not yet
+/// acknowledged on kernels that say; `None` where the kernel does not. Callers compare two
+/// readings: a change is the peer taking data in.
 pub fn unacked(fd: &impl AsRawFd) -> Option<u64> {
     let mut val: libc::c_int = 0;
     // SAFETY: `fd` is a live socket borrowed for the call; SIOCOUTQ (the same request number as
@@ -126,6 +129,24 @@ mod tests {
         // Not a TCP socket: the kernel says nothing useful, and nothing breaks.
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
         let _ = unacked(&udp);
+    }
+
+    #[test]
+    fn unacked_counts_what_a_unix_peer_has_not_read() {
+        // A VSOCK test's connection on the host is a Unix stream to the VMM.
+        use std::io::{Read, Write};
+        let (mut tx, mut rx) = std::os::unix::net::UnixStream::pair().expect("pair");
+        assert_eq!(unacked(&tx), Some(0));
+        tx.write_all(&[7u8; 4096]).expect("write");
+        tx.write_all(&[7u8; 4096]).expect("write");
+        let held = unacked(&tx).expect("SIOCOUTQ");
+        assert!(held >= 8192, "{held}");
+        let mut got = [0u8; 4096];
+        rx.read_exact(&mut got).expect("read");
+        let less = unacked(&tx).expect("SIOCOUTQ");
+        assert!(0 < less && less < held, "{less} of {held}");
+        rx.read_exact(&mut got).expect("read");
+        assert_eq!(unacked(&tx), Some(0));
     }
 
     #[test]

@@ -237,6 +237,18 @@ mod tests {
         s.rsplit_once(')')?.1.trim_start().chars().next()
     }
 
+    /// Whether `pid` is a zombie or gone within 5 s.
+    fn exits(pid: libc::pid_t) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if matches!(state(pid), Some('Z') | None) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        false
+    }
+
     #[test]
     fn dropping_it_removes_the_path_before_it_returns() {
         let d = scratch("drop");
@@ -264,8 +276,9 @@ mod tests {
         assert!(path.exists(), "removed too early");
         drop(r);
         assert!(!path.exists(), "not removed by the time drop returned");
-        // Not yet reaped (the owner's filter has no wait4), but gone.
-        assert!(matches!(state(pid), Some('Z') | None));
+        // Not yet reaped (the owner's filter has no wait4), but gone: its
+        // pipe end closes as it exits, a moment before it is a zombie.
+        assert!(exits(pid), "still running: {:?}", state(pid));
         // SAFETY: reaps our test's child.
         unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
         let _ = std::fs::remove_dir_all(&d);
@@ -340,6 +353,99 @@ mod tests {
         }
         assert!(!path.exists(), "the owner's death left the path");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Run by the next test in a process of its own: with no descriptor
+    /// number to spare (RLIMIT_NOFILE 3, stdio open), prints what `spawn`
+    /// returned. Returns at once when run with the others.
+    #[test]
+    fn no_descriptor_helper() {
+        if std::env::var_os("MINIVMM_REMOVER_NOFILE").is_none() {
+            return;
+        }
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit read and write the struct above.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+            lim.rlim_cur = 3;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+        let got = match Remover::spawn(Path::new("/nonexistent/v.sock"), SeccompMode::Off) {
+            Err(RemoverError::Spawn(e)) => format!("Spawn {:?}", e.raw_os_error()),
+            Err(e) => format!("other: {e}"),
+            Ok(_) => "started".into(),
+        };
+        println!("spawn: {got}");
+    }
+
+    #[test]
+    fn with_no_descriptor_to_spare_it_is_a_spawn_error() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "process::remover::tests::no_descriptor_helper",
+                "--nocapture",
+            ])
+            .env("MINIVMM_REMOVER_NOFILE", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = format!("spawn: Spawn Some({})", libc::EMFILE);
+        assert!(text.contains(&want), "{text}");
+    }
+
+    extern "C" fn nothing(_: libc::c_int) {}
+
+    #[test]
+    fn a_wait_a_signal_interrupts_goes_on_until_the_end_of_the_pipe() {
+        use std::os::unix::thread::JoinHandleExt;
+        use std::time::Duration;
+        // A real-time signal no other code here uses (the vCPU kick is
+        // SIGRTMIN + 5).
+        let sig = libc::SIGRTMIN() + 9;
+        // SAFETY: installs a handler that does nothing, without SA_RESTART,
+        // so that a blocked read(2) returns EINTR; the struct is zeroed
+        // and then filled.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+        }
+        let (r, w) = pipe().unwrap();
+        let fd = r.as_raw_fd();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: unblocks one signal for this thread, through a set
+            // on its stack.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, sig);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            }
+            let _ = tx.send(read_byte(fd));
+        });
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: the thread is joinable until joined below, so its
+            // handle is valid (an ended one gets ESRCH).
+            unsafe { libc::pthread_kill(t.as_pthread_t(), sig) };
+        }
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "a signal ended the wait"
+        );
+        drop(w);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)),
+            Ok(None),
+            "the end of the pipe did not end the wait"
+        );
+        t.join().unwrap();
     }
 
     #[test]

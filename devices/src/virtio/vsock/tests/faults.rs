@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Fault injection on the Unix sockets (EAGAIN, EPIPE, ECONNRESET, short
-//! writes, ECONNREFUSED, a failed accept) and the bounds of a pass under a
-//! flood. The oracles: the host receives the guest's bytes exactly once and
-//! in order whatever the socket refused; a failed socket resets its
-//! connection and nothing else; the device goes idle.
+//! writes, ECONNREFUSED, a failed accept), the bounds of a pass under a
+//! flood, and the memory a connection holds for a host that does not read.
+//! The oracles: the host receives the guest's bytes exactly once and in
+//! order whatever the socket refused; a failed socket resets its connection
+//! and nothing else; the device goes idle.
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 
 use super::fixture::*;
 use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::vsock::muxer::MAX_QUEUED_RSTS;
 use crate::virtio::vsock::packet::{Header, Op, SHUTDOWN_SEND};
+use crate::virtio::vsock::{Tunables, UnixBackend};
 
 const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
 
@@ -232,4 +235,87 @@ fn a_pass_stops_at_its_descriptor_budget_and_comes_back() {
     let max = f.metric(|m| &m.max_descs_per_pass);
     assert!(max >= 8192 && max <= u64::from(MAX_PASS_READS), "{max}");
     assert!(f.recv().is_empty(), "no answer to an RST");
+}
+
+/// Reads what `s` has without blocking, running the device between reads,
+/// until `n` bytes came (a bounded number of rounds).
+fn drain_host(f: &mut VsockFixture<UnixBackend>, s: &mut UnixStream, n: usize) -> Vec<u8> {
+    s.set_nonblocking(true).unwrap();
+    let mut got = Vec::with_capacity(n);
+    let mut buf = vec![0u8; 64 * 1024];
+    for _ in 0..10_000 {
+        if got.len() >= n {
+            break;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => panic!("the host saw EOF after {} of {n} bytes", got.len()),
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                f.run_until_idle();
+            }
+            Err(e) => panic!("host read: {e}"),
+        }
+    }
+    got
+}
+
+#[test]
+fn a_host_that_never_reads_holds_its_connection_to_buf_alloc_bytes() {
+    let buf_alloc = 16 * 1024u32;
+    let tun = Tunables {
+        buf_alloc,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.post_rx(8, 4096);
+    // An honest guest sends as long as the credit it last heard of allows;
+    // far more than the socket's buffer holds, were there no bound.
+    let (mut sent, mut fwd_seen) = (0u32, 0u32);
+    let mut want = Vec::new();
+    for i in 0..4000u32 {
+        let credit = buf_alloc - (sent - fwd_seen);
+        if credit == 0 {
+            break;
+        }
+        let chunk = bytes(credit.min(4000) as usize, i as u8);
+        f.send(&guest_hdr(1, 9, Op::Rw), &chunk);
+        sent += chunk.len() as u32;
+        want.extend_from_slice(&chunk);
+        let held = f.dev().pending_bytes();
+        assert!(
+            held <= buf_alloc as usize,
+            "{held} bytes held past buf_alloc {buf_alloc}"
+        );
+        for p in f.recv() {
+            assert_eq!(p.op(), Some(Op::CreditUpdate));
+            assert_eq!(p.hdr.buf_alloc, buf_alloc);
+            fwd_seen = p.hdr.fwd_cnt;
+            f.post_rx(1, 4096);
+        }
+    }
+    assert_eq!(sent - fwd_seen, buf_alloc, "the guest ran out of credit");
+    let held = f.dev().pending_bytes();
+    assert!(
+        held > 0 && held <= buf_alloc as usize,
+        "{held} bytes held: the socket's buffer filled, and no more than the credit"
+    );
+    assert_eq!(f.metric(|m| &m.credit_exceeded), 0);
+    assert!(f.metric(|m| &m.tx_credit_stalls) >= 1);
+    // The host reads at last: every byte arrives once and in order, and
+    // the guest gets all its credit back.
+    let got = drain_host(&mut f, &mut s, want.len());
+    assert!(
+        got == want,
+        "{} of {} bytes, or out of order",
+        got.len(),
+        want.len()
+    );
+    assert_eq!(f.dev().pending_bytes(), 0);
+    let pkts = f.recv();
+    let update = pkts.last().expect("a credit update once drained");
+    assert_eq!(update.op(), Some(Op::CreditUpdate));
+    assert_eq!(update.hdr.fwd_cnt, sent, "the whole credit back");
+    assert_eq!(f.dev().connections(), 1);
 }
