@@ -610,6 +610,29 @@ pub fn status_field(status: &str, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// One request to minivmm's API socket with curl, as the README writes it
+/// (`curl --unix-socket`); the HTTP status and the body.
+pub fn api_curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "--max-time", "60", "--unix-socket"])
+        .arg(sock)
+        .args(["-X", method, "-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    c.arg(format!("http://localhost{path}"));
+    let out = c.output().expect("running curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let code = code.trim().parse().unwrap_or_else(|_| {
+        panic!(
+            "curl {method} {path}: no status ({})",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, body.to_string())
+}
+
 /// `words` as owned strings, the form [`Vm::spawn`] takes a command line in.
 pub fn cli_args(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()

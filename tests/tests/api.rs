@@ -36,24 +36,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// One request with curl, as the README writes it; returns the status and
 /// the body.
 fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args(["-sS", "--max-time", "30", "--unix-socket"])
-        .arg(sock)
-        .args(["-X", method, "-w", "\n%{http_code}"]);
-    if let Some(b) = body {
-        c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
-    }
-    c.arg(format!("http://localhost{path}"));
-    let out = c.output().expect("running curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    let code = code.trim().parse().unwrap_or_else(|_| {
-        panic!(
-            "curl {method} {path}: no status ({})",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, body.to_string())
+    minivmm_tests::api_curl(sock, method, path, body)
 }
 
 /// A request that must succeed with `204` and no body.

@@ -142,6 +142,9 @@ pub enum BuildError {
     /// The metrics path cannot be opened.
     #[error("cannot open metrics path '{0}'")]
     Metrics(PathBuf, #[source] std::io::Error),
+    /// A snapshot cannot be restored: what of it, and why.
+    #[error("snapshot: {0}")]
+    Restore(String),
     /// The vsock device's socket cannot be bound or handed over.
     #[error(transparent)]
     HostSocket(#[from] HostSocketError),
@@ -279,13 +282,13 @@ pub fn compose_cmdline(
 
 /// How long each build step took: start-up time is their sum plus the
 /// vCPU thread's start, so `--log-level debug` shows where it goes.
-struct Steps {
+pub(crate) struct Steps {
     last: Instant,
     took: Vec<(&'static str, f64)>,
 }
 
 impl Steps {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Steps {
             last: Instant::now(),
             took: Vec::with_capacity(10),
@@ -293,14 +296,14 @@ impl Steps {
     }
 
     /// Ends step `name`.
-    fn done(&mut self, name: &'static str) {
+    pub(crate) fn done(&mut self, name: &'static str) {
         let now = Instant::now();
         self.took
             .push((name, (now - self.last).as_secs_f64() * 1e3));
         self.last = now;
     }
 
-    fn log(&self) {
+    pub(crate) fn log(&self) {
         let total: f64 = self.took.iter().map(|(_, ms)| ms).sum();
         let steps: Vec<String> = self
             .took
@@ -378,6 +381,19 @@ pub fn build(
     ))
 }
 
+/// Opens the metrics file or FIFO, if the configuration has one.
+pub(crate) fn open_metrics(cfg: &VmmConfig) -> Result<Option<Metrics>, BuildError> {
+    cfg.metrics
+        .as_ref()
+        .map(|m| {
+            let mut out =
+                Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e))?;
+            out.set_properties(m.properties.clone());
+            Ok(out)
+        })
+        .transpose()
+}
+
 /// What the build opens before it touches KVM.
 struct Files {
     kernel: KernelImage,
@@ -394,16 +410,7 @@ struct Files {
 /// that a bad path fails before anything else happens.
 fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Files, BuildError> {
     let kernel = KernelImage::open(&cfg.kernel)?;
-    let metrics = cfg
-        .metrics
-        .as_ref()
-        .map(|m| {
-            let mut out =
-                Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e))?;
-            out.set_properties(m.properties.clone());
-            Ok::<_, BuildError>(out)
-        })
-        .transpose()?;
+    let metrics = open_metrics(cfg)?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     check_images(&cfg.drives)?;
     let serial = SerialOut::open(
@@ -430,7 +437,7 @@ fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Fil
 
 /// Attaches every device: the console UART and the i8042, the virtio
 /// devices (see [`attach_virtio`]), and the boot-timer register if asked.
-fn attach_devices(
+pub(crate) fn attach_devices(
     cfg: &VmmConfig,
     vm: &VmFd,
     mem: &GuestMemoryMmap,
@@ -504,7 +511,7 @@ fn attach_virtio(
 
 /// Opens and checks KVM, checks the vCPU count against its limit, and
 /// creates the VM.
-fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
+pub(crate) fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
     let kvm = kvm::open_and_check()?;
     let max_vcpus = kvm.get_max_vcpus();
     if usize::from(vcpus) > max_vcpus {
@@ -533,7 +540,7 @@ fn guest_memory(
 
 /// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
 /// need, the irqchip (PIC, IOAPIC, LAPICs) and the PIT.
-fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
+pub(crate) fn create_irqchip(vm: &VmFd) -> Result<(), BuildError> {
     // A u64 guest address below 4 GiB, so it fits usize on x86_64.
     vm.set_tss_address(KVM_TSS_ADDRESS as usize)
         .map_err(|e| BuildError::Vm("set the TSS address", e))?;

@@ -258,6 +258,12 @@ impl ExitBus for DeviceManager {
     }
 }
 
+impl crate::snapshot::create::VirtioSlots for DeviceManager {
+    fn virtio_slots(&self) -> &[crate::registry::VirtioSlot] {
+        self.virtio().slots()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod process;
 pub mod registry;
 pub mod serial_out;
+pub mod snapshot;
 pub mod vmm;
 
 /// Formats an error and its causes on one line (`a: b: c`): every

@@ -20,7 +20,7 @@ use clap::Parser;
 use log::{error, info};
 
 use vmm::api::http::Response;
-use vmm::api::preboot::{Preboot, Step};
+use vmm::api::preboot::{Preboot, SnapshotLoad, Step};
 use vmm::api::ApiChannel;
 use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
 use vmm::config::fc_flags::PCI_WARNING;
@@ -79,15 +79,74 @@ fn prepare(
     // Inherited TAP descriptors are claimed before this process opens any
     // file, so a number the user names cannot be one of ours.
     let tap_fds = vmm::builder::claim_tap_fds(config).map_err(|e| error_line(&e))?;
-    if !*logger_ready {
-        vmm::logger::init(&config.logger).map_err(|e| error_line(&e))?;
-        *logger_ready = true;
-    }
+    init_logger(config, logger_ready)?;
     let boot_timer = launch.boot_timer.then_some(start);
     let mut vmm =
         vmm::builder::build(config, tap_fds, boot_timer, vsock).map_err(|e| error_line(&e))?;
     vmm.set_id(&launch.id);
     Ok(vmm)
+}
+
+/// `--snapshot-version` and `--describe-snapshot` (a version on stdout, as
+/// Firecracker prints it, `v` first) and `--rebase-snap`: done and exit,
+/// before anything else.
+fn snapshot_info(cli: &Cli) -> Option<ExitCode> {
+    use vmm::snapshot::format;
+    if cli.snapshot_version {
+        println!("v{}", format::SNAPSHOT_VERSION);
+        return Some(ExitCode::SUCCESS);
+    }
+    if let (true, Some(base), Some(diff)) = (cli.rebase_snap, &cli.base_file, &cli.diff_file) {
+        return Some(match vmm::snapshot::memory::rebase(base, diff) {
+            Ok(n) => {
+                println!(
+                    "{n} bytes of {} copied onto {}",
+                    diff.display(),
+                    base.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&error_line(&e)),
+        });
+    }
+    let path = cli.describe_snapshot.as_ref()?;
+    Some(
+        match format::read_file(path).and_then(|b| format::describe(&b)) {
+            Ok(v) => {
+                println!("v{v}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&error_line(&e)),
+        },
+    )
+}
+
+/// `PUT /snapshot/load` in the pre-boot loop: the snapshot's VM, ready to
+/// run, and its configuration; or the fault's line.
+fn load_snapshot(
+    req: &SnapshotLoad,
+    parts: &CliParts,
+    start: Instant,
+    logger_ready: &mut bool,
+) -> Result<(vmm::vmm::Vmm, VmmConfig), String> {
+    let (mut vmm, config) = vmm::snapshot::restore::load(req, parts.flags.clone(), |cfg| {
+        init_logger(cfg, logger_ready)
+    })?;
+    vmm.set_id(&parts.launch.id);
+    info!(
+        "snapshot loaded in {:.1} ms after start",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    Ok((vmm, config))
+}
+
+/// Installs the log `config` asks for, once per process (`logger_ready`).
+fn init_logger(config: &VmmConfig, logger_ready: &mut bool) -> Result<(), String> {
+    if !*logger_ready {
+        vmm::logger::init(&config.logger).map_err(|e| error_line(&e))?;
+        *logger_ready = true;
+    }
+    Ok(())
 }
 
 /// Runs a built VM, serving the API's run-time requests if `api` (its
@@ -221,6 +280,17 @@ fn configure_by_api(
                 continue;
             }
             Step::Start(s) => s,
+            Step::Load(req) => match load_snapshot(&req, parts, start, logger_ready) {
+                Ok(built) => {
+                    cmd.reply.send(Response::no_content());
+                    return Ok(built);
+                }
+                Err(msg) => {
+                    cmd.reply
+                        .send(Response::fault(&format!("snapshot/load: {msg}")));
+                    continue;
+                }
+            },
         };
         let built = settings
             .overlay(parts.flags.clone())
@@ -248,17 +318,12 @@ fn configure_by_api(
     }
 }
 
-/// Firecracker's flags that end minivmm or only warn, before anything
-/// starts: the snapshot queries (minivmm has no snapshots yet) and
+/// Firecracker's flags that only warn, before anything starts:
 /// `--enable-pci` (its devices stay on virtio-MMIO).
-fn firecracker_notices(cli: &Cli) -> Option<ExitCode> {
-    if let Some(line) = cli.firecracker.snapshot_query() {
-        return Some(fail(&line));
-    }
+fn firecracker_notices(cli: &Cli) {
     if cli.firecracker.enable_pci {
         eprintln!("minivmm: warning: {PCI_WARNING}");
     }
-    None
 }
 
 /// Every thread's filter, the file's (`--seccomp-filter`) or minivmm's own
@@ -301,9 +366,10 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&clap_line(&e)),
     };
-    if let Some(code) = firecracker_notices(&cli) {
+    if let Some(code) = snapshot_info(&cli) {
         return code;
     }
+    firecracker_notices(&cli);
     let mode = cli.seccomp_mode();
     // Jailed before any file the user named is opened, the config file
     // included: from here every path resolves inside the jail.

@@ -29,6 +29,7 @@ use crate::device_manager::DeviceManager;
 use crate::event_loop::{Control, ControlSources, LOG_TARGET};
 use crate::host_socket::VsockSocket;
 use crate::kvm::pause::{install_kick_handler, PauseGate};
+use crate::kvm::state::{saveable_msrs, VcpuStateSlots};
 use crate::kvm::vcpu::Vcpu;
 use crate::kvm::vm_exit::{ExitLatch, VmExit};
 use crate::metrics::{lock_metrics, Metrics};
@@ -36,27 +37,29 @@ use crate::process::seccomp::{Filters, Gate, Thread};
 use crate::process::signals::SignalFd;
 use crate::process::terminal::RawTerminal;
 use crate::registry::{lock, Events};
+use crate::snapshot::create::SnapshotSources;
+use devices::virtio::queue::dirty::DirtyPages;
 
 /// The metrics writer, shared by the event loop's timer, its signal and the
 /// API.
 type SharedMetrics = Option<Arc<Mutex<Metrics>>>;
 
-/// The KVM objects of a VM. Never read once the VM is built, only owned:
-/// the VM fd and guest memory must outlive the vCPU threads, which run until
-/// the process exits.
+/// The KVM objects of a VM. Owned for as long as the process lives: the VM
+/// fd and guest memory must outlive the vCPU threads, which run until the
+/// process exits; read only by a snapshot.
 pub(crate) struct KvmVm {
-    _kvm: Kvm,
-    _fd: VmFd,
-    _mem: vm_memory::GuestMemoryMmap<()>,
+    kvm: Kvm,
+    fd: Arc<VmFd>,
+    mem: vm_memory::GuestMemoryMmap<()>,
 }
 
 impl KvmVm {
     /// Keeps `kvm`, the VM `fd` and its guest memory `mem` alive.
     pub(crate) fn new(kvm: Kvm, fd: VmFd, mem: vm_memory::GuestMemoryMmap<()>) -> Self {
         KvmVm {
-            _kvm: kvm,
-            _fd: fd,
-            _mem: mem,
+            kvm,
+            fd: Arc::new(fd),
+            mem,
         }
     }
 }
@@ -79,7 +82,7 @@ pub(crate) struct Devices {
 
 /// A built VM, ready to run.
 pub struct Vmm {
-    _vm: KvmVm,
+    vm: KvmVm,
     devices: Arc<DeviceManager>,
     events: Events,
     serial: Arc<Mutex<SerialDevice>>,
@@ -90,6 +93,11 @@ pub struct Vmm {
     metrics: Option<Metrics>,
     metrics_interval_s: u64,
     api: Option<ApiSetup>,
+    /// Whether the vCPUs start parked (a snapshot loaded without
+    /// `resume_vm`).
+    start_paused: bool,
+    /// The devices' dirty-page log, when the VM tracks dirty pages.
+    dirty: Option<Arc<DirtyPages>>,
     /// Held until the VM has ended: its drop removes the socket (the last
     /// field, so the device's own listener is closed first).
     _vsock_socket: Option<Arc<VsockSocket>>,
@@ -115,7 +123,7 @@ impl Vmm {
         metrics_interval_s: u64,
     ) -> Vmm {
         Vmm {
-            _vm: vm,
+            vm,
             devices: devices.manager,
             events: devices.events,
             serial: devices.serial,
@@ -126,8 +134,22 @@ impl Vmm {
             metrics,
             metrics_interval_s,
             api: None,
+            start_paused: false,
+            dirty: None,
             _vsock_socket: devices.vsock_socket,
         }
+    }
+
+    /// The devices' dirty-page log of a VM that tracks dirty pages (its
+    /// memory slots log the guest's writes), for Diff snapshots.
+    pub(crate) fn track_dirty_pages(&mut self, log: Arc<DirtyPages>) {
+        self.dirty = Some(log);
+    }
+
+    /// Has the vCPUs wait, paused, for `PATCH /vm` `Resumed` before the
+    /// guest runs (a snapshot loaded with `resume_vm: false`).
+    pub fn start_paused(&mut self) {
+        self.start_paused = true;
     }
 
     /// Names the instance (`--id`) in its metrics lines.
@@ -165,10 +187,15 @@ impl Vmm {
         // threads waiting at the gate.
         let gate = Arc::new(Gate::new(self.vcpus.len() + 1));
         let pause = Arc::new(PauseGate::new());
+        if self.start_paused {
+            pause.hold();
+        }
         if self.api.is_some() {
             install_kick_handler()?;
         }
-        let threads = self.spawn_vcpus(start, &gate, &pause, &filters)?;
+        let msrs = saveable_msrs(&self.vm.kvm).map_err(io::Error::other)?;
+        let states = Arc::new(VcpuStateSlots::new(self.vcpus.len(), msrs));
+        let threads = self.spawn_vcpus(start, &gate, &pause, &filters, &states)?;
         let mut control = Control::new(ControlSources {
             exit: self.exit.clone(),
             reset_evt,
@@ -187,6 +214,15 @@ impl Vmm {
                 metrics: metrics.clone(),
                 i8042: self.i8042.clone(),
                 devices: self.devices.virtio().controls(),
+                snapshot: Some(SnapshotSources {
+                    vm: self.vm.fd.clone(),
+                    mem: self.vm.mem.clone(),
+                    devices: self.devices.clone(),
+                    serial: self.serial.clone(),
+                    i8042: self.i8042.clone(),
+                    vcpu_states: states,
+                    dirty: self.dirty.clone(),
+                }),
             };
             control = control.with_api(api.channel, runtime);
         }
@@ -247,6 +283,7 @@ impl Vmm {
         gate: &Arc<Gate>,
         pause: &Arc<PauseGate>,
         filters: &Filters,
+        states: &Arc<VcpuStateSlots>,
     ) -> io::Result<Vec<JoinHandle<()>>> {
         let mut threads = Vec::with_capacity(self.vcpus.len());
         for mut vcpu in self.vcpus.drain(..) {
@@ -255,6 +292,7 @@ impl Vmm {
             let gate = gate.clone();
             let filter = filters.vcpu.clone();
             vcpu.set_pause_gate(pause.clone());
+            vcpu.set_state_slots(states.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("fc_vcpu {}", vcpu.id()))

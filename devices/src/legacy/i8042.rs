@@ -89,6 +89,9 @@ pub enum I8042Error {
     /// bytes are queued and the guest sees them when it next reads.
     #[error("failed to signal the i8042 keyboard interrupt")]
     Interrupt(#[source] io::Error),
+    /// A saved controller state no guest could have produced.
+    #[error("invalid saved i8042 state: {0}")]
+    Restore(&'static str),
 }
 
 /// Offset of the data port (0x60) from the controller's base port.
@@ -614,8 +617,147 @@ impl I8042 {
     }
 }
 
+/// The controller and its keyboard in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct I8042Snapshot {
+    /// Internal RAM; byte 0 is the command byte.
+    pub ram: Vec<u8>,
+    /// The output port.
+    pub output_port: u8,
+    /// The status register's system flag.
+    pub sys_flag: bool,
+    /// The last write went to the command port.
+    pub last_write_command: bool,
+    /// A command waiting for its data byte.
+    pub awaiting_data: Option<u8>,
+    /// The output register: its byte and whether the keyboard sent it.
+    pub out: Option<(u8, bool)>,
+    /// The output register's last byte.
+    pub last_out: u8,
+    /// The keyboard's bytes not yet in the output register.
+    pub kbd_buffer: Vec<u8>,
+    /// Keyboard scanning on.
+    pub kbd_scanning: bool,
+    /// Scancode set (1 to 3).
+    pub kbd_set: u8,
+    /// LEDs.
+    pub kbd_leds: u8,
+    /// Typematic rate and delay.
+    pub kbd_typematic: u8,
+    /// A keyboard command waiting for its argument.
+    pub kbd_awaiting_arg: Option<u8>,
+    /// The keyboard's last byte, for resend.
+    pub kbd_last_sent: u8,
+    /// IRQ 1 as last signalled.
+    pub irq_level: bool,
+}
+
+impl I8042 {
+    /// The controller's state for a snapshot.
+    pub fn save(&self) -> I8042Snapshot {
+        I8042Snapshot {
+            ram: self.ram.to_vec(),
+            output_port: self.output_port,
+            sys_flag: self.sys_flag,
+            last_write_command: self.last_write_command,
+            awaiting_data: self.awaiting_data,
+            out: self.out.map(|o| (o.byte, o.from_kbd)),
+            last_out: self.last_out,
+            kbd_buffer: self.kbd.buffer.iter().copied().collect(),
+            kbd_scanning: self.kbd.scanning,
+            kbd_set: self.kbd.set,
+            kbd_leds: self.kbd.leds,
+            kbd_typematic: self.kbd.typematic,
+            kbd_awaiting_arg: self.kbd.awaiting_arg,
+            kbd_last_sent: self.kbd.last_sent,
+            irq_level: self.irq_level,
+        }
+    }
+
+    /// Takes back a saved state, keeping this controller's descriptors. A
+    /// state no guest could have produced (a RAM of another size, a
+    /// keyboard buffer over its bound, an unknown scancode set) is refused
+    /// and changes nothing.
+    pub fn restore(&mut self, saved: &I8042Snapshot) -> Result<(), I8042Error> {
+        let ram: [u8; 32] = saved
+            .ram
+            .as_slice()
+            .try_into()
+            .map_err(|_| I8042Error::Restore("RAM is not 32 bytes"))?;
+        if saved.kbd_buffer.len() > KBD_BUFFER_SIZE {
+            return Err(I8042Error::Restore("keyboard buffer over its bound"));
+        }
+        if !(1..=3).contains(&saved.kbd_set) {
+            return Err(I8042Error::Restore("unknown scancode set"));
+        }
+        self.ram = ram;
+        self.output_port = saved.output_port;
+        self.sys_flag = saved.sys_flag;
+        self.last_write_command = saved.last_write_command;
+        self.awaiting_data = saved.awaiting_data;
+        self.out = saved.out.map(|(byte, from_kbd)| Output { byte, from_kbd });
+        self.last_out = saved.last_out;
+        self.kbd.buffer = saved.kbd_buffer.iter().copied().collect();
+        self.kbd.scanning = saved.kbd_scanning;
+        self.kbd.set = saved.kbd_set;
+        self.kbd.leds = saved.kbd_leds;
+        self.kbd.typematic = saved.kbd_typematic;
+        self.kbd.awaiting_arg = saved.kbd_awaiting_arg;
+        self.kbd.last_sent = saved.kbd_last_sent;
+        self.irq_level = saved.irq_level;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_restored_controller_answers_as_the_saved_one() {
+        let mut a = I8042::new().unwrap();
+        // The guest writes the command byte, then Ctrl-Alt-Del is queued.
+        a.write(COMMAND_OFFSET as u8, 0x60);
+        a.write(DATA_OFFSET as u8, 0x47);
+        a.trigger_ctrl_alt_del().unwrap();
+        let saved = a.save();
+        let text = serde_json::to_string(&saved).unwrap();
+        let saved: I8042Snapshot = serde_json::from_str(&text).unwrap();
+        let mut b = I8042::new().unwrap();
+        b.restore(&saved).unwrap();
+        assert_eq!(b.save(), saved);
+        assert_eq!(b.pending_bytes(), a.pending_bytes());
+        for _ in 0..a.pending_bytes() {
+            assert_eq!(b.read(DATA_OFFSET as u8), a.read(DATA_OFFSET as u8));
+        }
+        for (bad, why) in [
+            (
+                I8042Snapshot {
+                    ram: vec![0; 31],
+                    ..saved.clone()
+                },
+                "RAM",
+            ),
+            (
+                I8042Snapshot {
+                    kbd_buffer: vec![0; KBD_BUFFER_SIZE + 1],
+                    ..saved.clone()
+                },
+                "bound",
+            ),
+            (
+                I8042Snapshot {
+                    kbd_set: 4,
+                    ..saved.clone()
+                },
+                "scancode",
+            ),
+        ] {
+            let before = b.save();
+            let err = b.restore(&bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+            assert_eq!(b.save(), before, "a refused state changed nothing");
+        }
+    }
     use super::*;
 
     fn cmd(i: &mut I8042, c: u8) {

@@ -16,7 +16,8 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 
-use vm_superio::serial::{Error as UartError, NoEvents};
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::{Error as UartError, NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -47,6 +48,9 @@ pub enum SerialError {
     /// Raising the interrupt failed.
     #[error("failed to raise the serial interrupt")]
     Trigger(#[source] io::Error),
+    /// A saved receive FIFO longer than the UART's.
+    #[error("the saved serial receive FIFO holds {0} bytes, more than the UART's")]
+    RestoreFifo(usize),
 }
 
 /// A `vm_superio::Trigger` that writes to an `EventFd` (a KVM irqfd under the
@@ -203,8 +207,130 @@ impl SerialDevice {
     }
 }
 
+/// The UART's registers and receive FIFO in a snapshot (host input not yet
+/// in the FIFO is not saved: it belongs to this process's stdin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SerialSnapshot {
+    /// Divisor latch, low and high byte.
+    pub divisor: [u8; 2],
+    /// IER.
+    pub interrupt_enable: u8,
+    /// IIR.
+    pub interrupt_identification: u8,
+    /// LCR.
+    pub line_control: u8,
+    /// LSR.
+    pub line_status: u8,
+    /// MCR.
+    pub modem_control: u8,
+    /// MSR.
+    pub modem_status: u8,
+    /// SCR.
+    pub scratch: u8,
+    /// The receive FIFO.
+    pub fifo: Vec<u8>,
+}
+
+impl SerialDevice {
+    /// The UART's state for a snapshot.
+    pub fn save(&self) -> SerialSnapshot {
+        let s = self.uart.state();
+        SerialSnapshot {
+            divisor: [s.baud_divisor_low, s.baud_divisor_high],
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            fifo: s.in_buffer,
+        }
+    }
+
+    /// Takes back a saved state, keeping this device's output and interrupt
+    /// descriptor; an interrupt the state shows pending is raised again. A
+    /// FIFO longer than the UART's is refused.
+    pub fn restore(&mut self, saved: &SerialSnapshot) -> Result<(), SerialError> {
+        if saved.fifo.len() > self.fifo_size {
+            return Err(SerialError::RestoreFifo(saved.fifo.len()));
+        }
+        let state = SerialState {
+            baud_divisor_low: saved.divisor[0],
+            baud_divisor_high: saved.divisor[1],
+            interrupt_enable: saved.interrupt_enable,
+            interrupt_identification: saved.interrupt_identification,
+            line_control: saved.line_control,
+            line_status: saved.line_status,
+            modem_control: saved.modem_control,
+            modem_status: saved.modem_status,
+            scratch: saved.scratch,
+            in_buffer: saved.fifo.clone(),
+        };
+        let evt = self
+            .irq_evt()
+            .try_clone()
+            .map_err(SerialError::CreateEventFd)?;
+        let out = std::mem::replace(self.uart.writer_mut(), Box::new(io::sink()));
+        match Serial::from_state(&state, EventFdTrigger(evt), NoEvents, out) {
+            Ok(uart) => {
+                self.uart = uart;
+                Ok(())
+            }
+            Err(UartError::Trigger(e)) => Err(SerialError::Trigger(e)),
+            Err(_) => Err(SerialError::RestoreFifo(saved.fifo.len())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_restored_uart_has_the_registers_and_fifo_and_raises_a_pending_interrupt() {
+        let mut a = SerialDevice::new(Box::new(io::sink())).unwrap();
+        // IER: receive-data interrupt on; LCR 8N1; scratch; two bytes in.
+        a.write(1, 0x01);
+        a.write(3, 0x03);
+        a.write(7, 0x5a);
+        a.enqueue_input(b"hi").unwrap();
+        let saved = a.save();
+        assert_eq!(saved.fifo, b"hi");
+        let text = serde_json::to_string(&saved).unwrap();
+        let saved: SerialSnapshot = serde_json::from_str(&text).unwrap();
+
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut b = SerialDevice::new(Box::new(Shared(out.clone()))).unwrap();
+        b.restore(&saved).unwrap();
+        assert_eq!(b.save(), saved);
+        // The pending receive interrupt is raised again on the same eventfd.
+        assert_eq!(b.irq_evt().read().unwrap(), 1);
+        assert_eq!(b.read(7), 0x5a);
+        assert_eq!(b.read(0), b'h');
+        assert_eq!(b.read(0), b'i');
+        // The restored UART still writes to this device's output.
+        b.write(0, b'x');
+        assert_eq!(*out.lock().unwrap(), b"x");
+
+        let too_long = SerialSnapshot {
+            fifo: vec![0; 65],
+            ..saved
+        };
+        assert!(matches!(
+            b.restore(&too_long),
+            Err(SerialError::RestoreFifo(65))
+        ));
+    }
     use super::*;
     use std::sync::{Arc, Mutex};
 

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod mmio;
 pub mod net;
 pub(crate) mod pass;
+pub mod persist;
 pub mod queue;
 pub(crate) mod request_queue;
 pub mod rng;
@@ -224,4 +225,38 @@ pub trait VirtioDevice: Send {
     /// The device's counters, shared with the VMM's metrics writer, which
     /// collects every device's through this one trait.
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics>;
+    /// Called once the transport re-activated a restored device over its
+    /// queues, before the guest runs again: what the device owes the guest
+    /// after a restore. The vsock device sends
+    /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (its host connections did not
+    /// survive); the default does nothing.
+    fn restored(&mut self) {}
+    /// Brings the device to a point a snapshot can be taken at, with the
+    /// vCPUs paused: every chain it took is either completed or among the
+    /// last it took, in order (see
+    /// [`SplitQueue::resume_from_ring`](queue::SplitQueue::resume_from_ring)).
+    /// A device that completes in order is there between any two passes
+    /// (the default); the block device waits for its requests in flight.
+    fn quiesce(&mut self) -> Result<(), persist::PersistError> {
+        Ok(())
+    }
+    /// The device's own state for a snapshot, beyond what the transport
+    /// saves (features, queues, interrupt status): see [`persist`]. A
+    /// device that keeps nothing more returns `null`, the default.
+    fn save_state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    /// Takes back what [`save_state`](Self::save_state) returned, before
+    /// the transport re-activates the device over its restored queues. The
+    /// value comes from a file: anything malformed is an error, never a
+    /// panic. The default takes only `null`.
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), persist::PersistError> {
+        if state.is_null() {
+            Ok(())
+        } else {
+            Err(persist::PersistError::Device(
+                "this device keeps no state of its own".into(),
+            ))
+        }
+    }
 }

@@ -34,6 +34,7 @@ pub mod mmio;
 pub mod net_rig;
 pub mod race;
 pub mod rng;
+pub mod snapshot;
 pub mod vsock;
 
 /// Turns `data` into a structured input and runs `f` on it; bytes that do
@@ -103,5 +104,9 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "api_server",
         run: api_server::run,
+    },
+    Target {
+        name: "snapshot_state",
+        run: snapshot::run,
     },
 ];

@@ -162,3 +162,8 @@ fn every_target_has_a_test_here() {
         );
     }
 }
+
+#[test]
+fn snapshot_state() {
+    replay("snapshot_state");
+}

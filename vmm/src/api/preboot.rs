@@ -35,6 +35,7 @@ use crate::config::{VmmConfig, DEFAULT_MEM_MIB};
 use crate::host_socket::VsockSocket;
 use crate::images::check_images;
 use crate::process::seccomp::SeccompMode;
+use crate::snapshot::load::LoadParams;
 use std::sync::Arc;
 
 /// `app_name` in `GET /`.
@@ -92,6 +93,19 @@ pub enum Step {
     /// Boot with these settings, then answer (`204`, or `400` if the build
     /// fails, after which the document is still here to be corrected).
     Start(Box<Settings>),
+    /// Load this snapshot, then answer as for `Start`.
+    Load(Box<SnapshotLoad>),
+}
+
+/// A `PUT /snapshot/load` the pre-boot API accepted.
+#[derive(Debug)]
+pub struct SnapshotLoad {
+    /// The checked body.
+    pub params: LoadParams,
+    /// The `logger` section put before it, if any.
+    pub logger: Option<Value>,
+    /// The `metrics` section put before it, if any.
+    pub metrics: Option<Value>,
 }
 
 /// The configuration the pre-boot requests have built so far.
@@ -196,8 +210,34 @@ impl Preboot {
             ApiRequest::PatchVm(_) => only_after_start("PATCH /vm"),
             ApiRequest::PatchNetworkInterface(..) => only_after_start("PATCH /network-interfaces"),
             ApiRequest::PatchDrive(..) => only_after_start("PATCH /drives"),
+            ApiRequest::CreateSnapshot(_) => only_after_start("PUT /snapshot/create"),
+            ApiRequest::LoadSnapshot(v) => return self.load(v),
         };
         Step::Reply(r)
+    }
+
+    /// `PUT /snapshot/load`: only in a process nothing but its logger and
+    /// metrics were configured in (as Firecracker: the snapshot brings the
+    /// VM's whole configuration).
+    fn load(&self, body: Value) -> Step {
+        if let Some(section) = self
+            .doc
+            .keys()
+            .find(|k| !matches!(k.as_str(), "logger" | "metrics"))
+        {
+            return Step::Reply(Response::fault(&format!(
+                "snapshot/load: not allowed after the microVM was configured ({section} was \
+                 put); a snapshot brings its whole configuration"
+            )));
+        }
+        match LoadParams::from_body(body) {
+            Ok(params) => Step::Load(Box::new(SnapshotLoad {
+                params,
+                logger: self.doc.get("logger").cloned(),
+                metrics: self.doc.get("metrics").cloned(),
+            })),
+            Err(msg) => Step::Reply(Response::fault(&msg)),
+        }
     }
 
     /// The settings the document says, for `InstanceStart`.
@@ -359,6 +399,52 @@ mod tests {
         match p.handle(req, "vm0") {
             Step::Reply(r) => r,
             Step::Start(_) => panic!("started"),
+            Step::Load(_) => panic!("loading"),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_loads_only_into_a_process_with_nothing_but_its_log_configured() {
+        let load = || {
+            ApiRequest::LoadSnapshot(json!({"snapshot_path": "/s",
+                "mem_backend": {"backend_type": "File", "backend_path": "/m"}, "resume_vm": true}))
+        };
+        let mut p = Preboot::new();
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutLogger(json!({"level": "Info"}))).status,
+            204
+        );
+        match p.handle(load(), "vm0") {
+            Step::Load(l) => {
+                assert_eq!(l.params.snapshot_path, PathBuf::from("/s"));
+                assert!(l.params.resume_vm);
+                assert_eq!(l.logger, Some(json!({"level": "Info"})));
+                assert_eq!(l.metrics, None);
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::CreateSnapshot(json!({"snapshot_path": "/s", "mem_file_path": "/m"})),
+        ));
+        assert!(
+            e.contains("not allowed before the microVM is started"),
+            "{e}"
+        );
+        assert_eq!(
+            reply(
+                &mut p,
+                ApiRequest::PutMachineConfig(json!({"vcpu_count": 1, "mem_size_mib": 64}))
+            )
+            .status,
+            204
+        );
+        match p.handle(load(), "vm0") {
+            Step::Reply(r) => {
+                let e = fault_of(&r);
+                assert!(e.contains("(machine-config was put)"), "{e}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 

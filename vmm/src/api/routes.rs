@@ -17,7 +17,7 @@
 //! as clients that still send the deprecated `vsock_id` write it); a
 //! `vsock_id` in the body must then be that id.
 //!
-//! Paths of features minivmm does not have (MMDS, snapshots, CPU
+//! Paths of features minivmm does not have (MMDS, CPU
 //! templates, pmem, memory hotplug) are refused with a message that names
 //! the feature, not as unknown paths; every path of Firecracker's API
 //! description is known here, whatever its depth (`/balloon/hinting/start`).
@@ -88,12 +88,15 @@ pub enum ApiRequest {
     Action(Action),
     /// `PATCH /vm`.
     PatchVm(VmState),
+    /// `PUT /snapshot/create`.
+    CreateSnapshot(Value),
+    /// `PUT /snapshot/load`.
+    LoadSnapshot(Value),
 }
 
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("mmds", "MMDS (the microVM metadata service)"),
-    ("snapshot", "snapshots"),
     ("cpu-config", "CPU templates"),
     (
         "hotplug",
@@ -177,9 +180,11 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
             let b: VmBody = typed(req)?;
             ApiRequest::PatchVm(b.state)
         }
+        ("snapshot", Some("create"), Method::Put) => ApiRequest::CreateSnapshot(json(req)?),
+        ("snapshot", Some("load"), Method::Put) => ApiRequest::LoadSnapshot(json(req)?),
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "serial" | "vsock" | "actions" | "vm",
+            | "logger" | "metrics" | "entropy" | "serial" | "vsock" | "actions" | "vm" | "snapshot",
             _,
             _,
         ) if known_path(first, second) => {
@@ -205,6 +210,7 @@ fn known_path(first: &str, second: Option<&str>) -> bool {
         "drives" | "network-interfaces" => second.is_some(),
         "vsock" => true,
         "vm" => matches!(second, None | Some("config")),
+        "snapshot" => matches!(second, Some("create" | "load")),
         _ => false,
     }
 }
@@ -434,7 +440,6 @@ mod tests {
             );
         }
         for (path, feature) in [
-            ("/snapshot/create", "snapshots"),
             ("/mmds", "MMDS (the microVM metadata service)"),
             (
                 "/pmem/pmem0",
@@ -474,6 +479,26 @@ mod tests {
         assert_eq!(
             route(&req(Get, "/serial", "")),
             Err("invalid request method GET for /serial".to_string())
+        );
+        // The snapshot paths carry their body; anything else under
+        // /snapshot is unknown, and only PUT is a method for them.
+        assert_eq!(
+            route(&req(Put, "/snapshot/create", r#"{"snapshot_path":"s"}"#)),
+            Ok(ApiRequest::CreateSnapshot(
+                serde_json::json!({"snapshot_path": "s"})
+            ))
+        );
+        assert!(matches!(
+            route(&req(Put, "/snapshot/load", "{}")),
+            Ok(ApiRequest::LoadSnapshot(_))
+        ));
+        assert_eq!(
+            route(&req(Get, "/snapshot/load", "")),
+            Err("invalid request method GET for /snapshot/load".to_string())
+        );
+        assert_eq!(
+            route(&req(Put, "/snapshot/other", "{}")),
+            Err("invalid request: unknown path /snapshot/other".to_string())
         );
         for (body, starts) in [
             ("{", "malformed JSON body"),

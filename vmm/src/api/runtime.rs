@@ -32,6 +32,7 @@ use crate::config::{DeviceKind, VmmConfig};
 use crate::control::Controls;
 use crate::kvm::pause::{kick_all, PauseGate};
 use crate::metrics::{lock_metrics, Metrics};
+use crate::snapshot::create::{create, CreateParams, SnapshotSources};
 
 /// How long `PATCH /vm` `Paused` waits for every vCPU to park.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -54,6 +55,9 @@ pub struct Runtime {
     pub(crate) i8042: Arc<Mutex<I8042>>,
     /// The controls of the devices the API may change, by kind and id.
     pub(crate) devices: Controls,
+    /// What `PUT /snapshot/create` reads (none in the tests that build a
+    /// runtime without a VM).
+    pub(crate) snapshot: Option<SnapshotSources>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -137,6 +141,11 @@ impl Runtime {
             ApiRequest::Action(Action::InstanceStart) => {
                 Response::fault("InstanceStart: the microVM is already running")
             }
+            ApiRequest::CreateSnapshot(body) => self.create_snapshot(body),
+            ApiRequest::LoadSnapshot(_) => Response::fault(
+                "snapshot/load: not allowed after the microVM started; load a snapshot in a \
+                 fresh minivmm",
+            ),
             ApiRequest::PutBootSource(_)
             | ApiRequest::PutMachineConfig(_)
             | ApiRequest::PatchMachineConfig(_)
@@ -171,6 +180,22 @@ impl Runtime {
         image: Option<OpenedImage>,
     ) -> Answer {
         patch_device(&mut self.config, &self.devices, kind, id, body, image)
+    }
+
+    /// `PUT /snapshot/create` (see [`crate::snapshot::create`]).
+    fn create_snapshot(&mut self, body: Value) -> Response {
+        let params: CreateParams = match serde_json::from_value(body) {
+            Ok(p) => p,
+            Err(e) => return Response::fault(&format!("snapshot/create: {e}")),
+        };
+        let Some(src) = &self.snapshot else {
+            return Response::fault("snapshot/create: this microVM has no state to save");
+        };
+        let live = self.vcpus.iter().filter(|t| !t.is_finished()).count();
+        match create(src, &self.pause, live, &self.config, &params) {
+            Ok(_) => Response::no_content(),
+            Err(msg) => Response::fault(&format!("snapshot/create: {}", crate::one_line(msg))),
+        }
     }
 
     fn pause(&mut self) -> Response {
@@ -281,6 +306,7 @@ mod tests {
                 metrics,
                 i8042: kbd.clone(),
                 devices,
+                snapshot: None,
             };
             Rig {
                 rt,
@@ -678,6 +704,7 @@ pub(crate) mod drive_tests {
             metrics: None,
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             devices,
+            snapshot: None,
         };
         (rt, blocks)
     }

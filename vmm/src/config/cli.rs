@@ -263,6 +263,26 @@ pub struct Cli {
     /// value to the boot-timer device (Firecracker's --boot-timer).
     #[arg(long)]
     pub boot_timer: bool,
+    /// Print the snapshot state layout version this minivmm writes and
+    /// reads, and exit (Firecracker's --snapshot-version).
+    #[arg(long)]
+    pub snapshot_version: bool,
+    /// Print the layout version of the snapshot state file PATH, and exit
+    /// (Firecracker's --describe-snapshot).
+    #[arg(long, value_name = "PATH")]
+    pub describe_snapshot: Option<PathBuf>,
+    /// Copy the pages of the Diff memory file --diff-file onto its base,
+    /// --base-file, which then loads as a Full memory file, and exit
+    /// (Firecracker's rebase-snap tool).
+    #[arg(long, requires_all = ["base_file", "diff_file"])]
+    pub rebase_snap: bool,
+    /// --rebase-snap: the base memory file (a Full snapshot's, or an
+    /// earlier rebase's), written in place.
+    #[arg(long, value_name = "PATH", requires = "rebase_snap")]
+    pub base_file: Option<PathBuf>,
+    /// --rebase-snap: the Diff snapshot's memory file.
+    #[arg(long, value_name = "PATH", requires = "rebase_snap")]
+    pub diff_file: Option<PathBuf>,
     /// MMDS metadata (Firecracker's --metadata): refused, minivmm has no MMDS.
     #[arg(long, value_name = "PATH")]
     pub metadata: Option<PathBuf>,

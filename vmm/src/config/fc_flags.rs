@@ -6,7 +6,7 @@
 //! where minivmm lacks the feature, says so in one line): the logger's
 //! `--show-level`, `--show-log-origin` and `--module`; `--no-seccomp` and
 //! `--seccomp-filter`; `--http-api-max-payload-size` and `--mmds-size-limit`;
-//! `--enable-pci`; `--snapshot-version` and `--describe-snapshot`. Those
+//! `--enable-pci` (the snapshot queries are `Cli`'s own). Those
 //! with a minivmm spelling are aliases on [`super::cli::Cli`]'s own fields
 //! (`--level` for `--log-level`, `--metrics-path` for `--metrics`).
 
@@ -22,11 +22,6 @@ pub const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
 /// The warning `--enable-pci` prints: minivmm has no PCI transport yet.
 pub const PCI_WARNING: &str = "--enable-pci: minivmm has no virtio-PCI transport yet; \
 its devices stay on virtio-MMIO, which the guest kernels Firecracker publishes also carry";
-
-/// What `--snapshot-version` and `--describe-snapshot` answer while
-/// minivmm has no snapshots.
-pub const SNAPSHOT_MISSING: &str = "snapshots are not supported yet: minivmm writes and \
-reads no snapshot state file, so it has no data format version to print";
 
 fn bytes(s: &str) -> Result<u64, String> {
     parse_number(s).map_err(|e| e.to_string())
@@ -61,12 +56,6 @@ pub struct FirecrackerFlags {
     /// Firecracker's PCIe switch: accepted with one warning; devices stay on virtio-MMIO.
     #[arg(long)]
     pub enable_pci: bool,
-    /// Print the snapshot data format version (not supported yet: exits 1).
-    #[arg(long)]
-    pub snapshot_version: bool,
-    /// Print a snapshot state file's data format version (not supported yet: exits 1).
-    #[arg(long, value_name = "PATH")]
-    pub describe_snapshot: Option<PathBuf>,
 }
 
 /// The launch values these flags give, checked.
@@ -93,16 +82,6 @@ impl FirecrackerFlags {
             api_payload_limit: payload,
             mmds_size_limit: mmds,
         })
-    }
-
-    /// The line to print and exit 1 with for a snapshot query, if one was asked.
-    pub fn snapshot_query(&self) -> Option<String> {
-        if self.snapshot_version {
-            return Some(format!("--snapshot-version: {SNAPSHOT_MISSING}"));
-        }
-        self.describe_snapshot
-            .as_ref()
-            .map(|p| format!("--describe-snapshot '{}': {SNAPSHOT_MISSING}", p.display()))
     }
 }
 
@@ -181,25 +160,5 @@ mod tests {
                 mmds_size_limit: 1
             })
         );
-    }
-
-    #[test]
-    fn snapshot_queries_say_what_is_missing() {
-        assert_eq!(FirecrackerFlags::default().snapshot_query(), None);
-        let v = FirecrackerFlags {
-            snapshot_version: true,
-            ..FirecrackerFlags::default()
-        };
-        assert!(v
-            .snapshot_query()
-            .is_some_and(|l| l.starts_with("--snapshot-version: snapshots are not supported yet")));
-        let d = FirecrackerFlags {
-            describe_snapshot: Some("/tmp/vm.state".into()),
-            ..FirecrackerFlags::default()
-        };
-        assert!(d
-            .snapshot_query()
-            .is_some_and(|l| l
-                .starts_with("--describe-snapshot '/tmp/vm.state': snapshots are not supported")));
     }
 }

@@ -9,7 +9,7 @@
 //! touches a page the pool cannot give.
 #![allow(unsafe_code)]
 
-use kvm_bindings::kvm_userspace_memory_region;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::VmFd;
 use vm_memory::mmap::{GuestRegionMmap, MmapRegion};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -83,6 +83,18 @@ pub fn create_guest_memory(
         HugePages::None | HugePages::Transparent => GuestMemoryMmap::<()>::from_ranges(regions)
             .map_err(|e| MemoryError::Allocate(mem_mib, e))?,
     };
+    register_guest_memory(vm, &mem, false)?;
+    Ok(mem)
+}
+
+/// Hands every region of `mem` to KVM as a slot, numbered in order;
+/// `dirty_log` has KVM track the pages the guest writes
+/// (`KVM_MEM_LOG_DIRTY_PAGES`, for Diff snapshots).
+pub fn register_guest_memory(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap<()>,
+    dirty_log: bool,
+) -> Result<(), MemoryError> {
     for (slot, region) in mem.iter().enumerate() {
         let slot = slot as u32;
         let host_addr = mem
@@ -94,9 +106,10 @@ pub fn create_guest_memory(
         // five 2 MiB faults instead of 2,150 4 KiB ones (4 to 5 ms of CPU on
         // the development hosts instead of 9 to 12, most of start-up), and
         // KVM can map the guest with large pages. Only advice: where THP is
-        // off, or this fails, only speed changes. (hugetlbfs pages are huge
-        // already; the advice does nothing to them.)
-        // SAFETY: the range is exactly the anonymous mapping `region` owns;
+        // off, or this fails, only speed changes (hugetlbfs pages are huge
+        // already, and a private file mapping, a restored guest's memory,
+        // takes no huge pages anyway).
+        // SAFETY: the range is exactly the mapping `region` owns;
         // MADV_HUGEPAGE only changes how the kernel backs it, not its
         // contents or permissions.
         let ret =
@@ -109,7 +122,11 @@ pub fn create_guest_memory(
         }
         let kvm_region = kvm_userspace_memory_region {
             slot,
-            flags: 0,
+            flags: if dirty_log {
+                KVM_MEM_LOG_DIRTY_PAGES
+            } else {
+                0
+            },
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: host_addr as u64,
@@ -122,7 +139,7 @@ pub fn create_guest_memory(
         unsafe { vm.set_user_memory_region(kvm_region) }
             .map_err(|e| MemoryError::Register(slot, e))?;
     }
-    Ok(mem)
+    Ok(())
 }
 
 #[cfg(test)]

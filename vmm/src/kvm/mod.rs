@@ -18,6 +18,7 @@ pub mod checks;
 pub mod memory;
 pub mod pause;
 pub mod pvm;
+pub mod state;
 pub mod vcpu;
 pub mod vm_exit;
 

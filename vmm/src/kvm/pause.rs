@@ -46,8 +46,20 @@ pub fn install_kick_handler() -> std::io::Result<()> {
 #[derive(Debug, Default)]
 pub struct PauseGate {
     requested: AtomicBool,
-    parked: Mutex<usize>,
+    parked: Mutex<Parked>,
     changed: Condvar,
+}
+
+/// What the parked vCPUs and the pauser share under the gate's lock.
+#[derive(Debug, Default)]
+struct Parked {
+    /// vCPUs parked now.
+    count: usize,
+    /// The number of the last errand asked of the parked vCPUs (a
+    /// snapshot's state read: [`PauseGate::run_errand`]).
+    errand: u64,
+    /// How many vCPUs ran it.
+    done: usize,
 }
 
 impl PauseGate {
@@ -56,29 +68,79 @@ impl PauseGate {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, usize> {
+    fn lock(&self) -> MutexGuard<'_, Parked> {
         self.parked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// vCPU side, before every `KVM_RUN`: parks while a pause is requested.
     /// Costs one atomic load when none is.
     pub fn check(&self) {
+        self.check_with(|| {});
+    }
+
+    /// As [`check`](Self::check); while parked, runs `errand` once for
+    /// each errand the pauser asks ([`run_errand`](Self::run_errand)),
+    /// outside the lock.
+    pub fn check_with(&self, mut errand: impl FnMut()) {
         if !self.requested.load(Ordering::Acquire) {
             return;
         }
         let mut parked = self.lock();
-        *parked += 1;
+        parked.count += 1;
+        let mut seen = parked.errand;
         self.changed.notify_all();
         while self.requested.load(Ordering::Acquire) {
+            if parked.errand != seen {
+                seen = parked.errand;
+                drop(parked);
+                errand();
+                parked = self.lock();
+                parked.done += 1;
+                self.changed.notify_all();
+                continue;
+            }
             parked = self.changed.wait(parked).unwrap_or_else(|p| p.into_inner());
         }
-        *parked -= 1;
+        parked.count -= 1;
         self.changed.notify_all();
+    }
+
+    /// Pauser side, with every vCPU parked: has each of the `count` parked
+    /// vCPUs run its errand once and waits for them, at most `timeout`;
+    /// `false` if they had not all run it by then (or the VM is not
+    /// paused).
+    pub fn run_errand(&self, count: usize, timeout: Duration) -> bool {
+        if !self.is_paused() {
+            return false;
+        }
+        let deadline = Instant::now() + timeout;
+        let mut parked = self.lock();
+        parked.errand = parked.errand.wrapping_add(1);
+        parked.done = 0;
+        self.changed.notify_all();
+        while parked.done < count {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            parked = self
+                .changed
+                .wait_timeout(parked, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
     }
 
     /// How many vCPUs are parked now.
     pub fn parked(&self) -> usize {
-        *self.lock()
+        self.lock().count
+    }
+
+    /// Requests a pause without waiting for anyone to park: for vCPUs
+    /// not started yet, which park before their first `KVM_RUN`.
+    pub fn hold(&self) {
+        self.requested.store(true, Ordering::Release);
     }
 
     /// Whether a pause is requested.
@@ -94,7 +156,7 @@ impl PauseGate {
         self.requested.store(true, Ordering::Release);
         let deadline = Instant::now() + timeout;
         let mut parked = self.lock();
-        while *parked < count {
+        while parked.count < count {
             let now = Instant::now();
             if now >= deadline {
                 drop(parked);
@@ -107,7 +169,7 @@ impl PauseGate {
             let wait = KICK_EVERY.min(deadline - now);
             parked = self
                 .changed
-                .wait_timeout_while(parked, wait, |p| *p < count)
+                .wait_timeout_while(parked, wait, |p| p.count < count)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -198,6 +260,39 @@ mod tests {
         let before = counts[0].0.load(Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(30));
         assert!(counts[0].0.load(Ordering::SeqCst) > before, "left parked");
+        stop.store(true, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn an_errand_runs_once_on_every_parked_runner_and_only_while_paused() {
+        let gate = Arc::new(PauseGate::new());
+        assert!(!gate.run_errand(2, Duration::from_millis(10)), "not paused");
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        for _ in 0..2 {
+            let (gate, ran, stop) = (gate.clone(), ran.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    gate.check_with(|| {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    });
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+        }
+        assert!(gate.pause(2, Duration::from_secs(5), || {}));
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            0,
+            "no errand before one is asked"
+        );
+        assert!(gate.run_errand(2, Duration::from_secs(5)));
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+        assert!(gate.run_errand(2, Duration::from_secs(5)));
+        assert_eq!(ran.load(Ordering::SeqCst), 4);
+        // Three runners asked for, two exist: the deadline ends the wait.
+        assert!(!gate.run_errand(3, Duration::from_millis(50)));
+        gate.resume();
         stop.store(true, Ordering::SeqCst);
     }
 

@@ -18,6 +18,7 @@ use log::{debug, info};
 
 use crate::kvm::pause::PauseGate;
 use crate::kvm::pvm;
+use crate::kvm::state::VcpuStateSlots;
 use crate::kvm::vm_exit::{ExitLatch, VmExit};
 
 /// Where port and MMIO exits go.
@@ -176,6 +177,8 @@ pub struct Vcpu {
     bus: Arc<dyn ExitBus>,
     recover_int3: bool,
     pause: Arc<PauseGate>,
+    /// Where this vCPU puts its state when a snapshot asks.
+    states: Option<Arc<VcpuStateSlots>>,
 }
 
 fn set_err(what: &'static str, id: u8) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
@@ -191,6 +194,7 @@ impl Vcpu {
             bus,
             recover_int3,
             pause: Arc::new(PauseGate::new()),
+            states: None,
         }
     }
 
@@ -206,9 +210,26 @@ impl Vcpu {
         self.pause = gate;
     }
 
+    /// Has this vCPU put its state into `slots` when a snapshot asks
+    /// while it is parked.
+    pub fn set_state_slots(&mut self, slots: Arc<VcpuStateSlots>) {
+        self.states = Some(slots);
+    }
+
     /// This vCPU's index (and APIC id).
     pub fn id(&self) -> u8 {
         self.id
+    }
+
+    /// The vCPU's KVM descriptor, for reading and writing its state.
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// The vCPU's KVM descriptor, for a test that drives it by hand.
+    #[cfg(test)]
+    pub fn into_fd(self) -> VcpuFd {
+        self.fd
     }
 
     /// Applies CPUID, MSRs, FPU and LAPIC LINT setup; the boot vCPU also gets
@@ -268,8 +289,17 @@ impl Vcpu {
     fn run_loop(&mut self) -> VmExit {
         loop {
             // Between two runs, never inside one: a paused vCPU is wholly
-            // out of the guest, with no exit half served.
-            self.pause.check();
+            // out of the guest, with no exit half served, and its state
+            // read there is whole.
+            if self.pause.is_paused() {
+                let (fd, id) = (&self.fd, self.id);
+                let states = self.states.as_deref();
+                self.pause.check_with(|| {
+                    if let Some(s) = states {
+                        s.save(id, fd);
+                    }
+                });
+            }
             let action = match self.fd.run() {
                 Ok(VcpuExit::IoIn(port, data)) => {
                     let (ptr, len) = (data.as_mut_ptr(), data.len());

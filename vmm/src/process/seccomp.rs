@@ -78,12 +78,16 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 
-use kvm_bindings::{kvm_regs, kvm_vcpu_events, KVMIO};
+use kvm_bindings::{
+    kvm_clock_data, kvm_cpuid2, kvm_debugregs, kvm_dirty_log, kvm_irqchip, kvm_lapic_state,
+    kvm_mp_state, kvm_msrs, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+    kvm_xsave, KVMIO,
+};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
-use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 /// The exit status of minivmm when a thread makes a forbidden system call
 /// (Firecracker's "bad syscall" status). Documented in the README.
@@ -261,6 +265,44 @@ ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
 ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
+ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
+ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
+ioctl_iowr_nr!(KVM_GET_CPUID2, KVMIO, 0x91, kvm_cpuid2);
+ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
+ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
+ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
+ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_xcrs);
+ioctl_iowr_nr!(KVM_GET_IRQCHIP, KVMIO, 0x62, kvm_irqchip);
+ioctl_ior_nr!(KVM_GET_PIT2, KVMIO, 0x9f, kvm_pit_state2);
+ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_clock_data);
+ioctl_iow_nr!(KVM_GET_DIRTY_LOG, KVMIO, 0x42, kvm_dirty_log);
+
+/// What a parked vCPU reads of itself for `PUT /snapshot/create`
+/// (`kvm::state::save_vcpu`): reads only, no state changes.
+fn vcpu_state_reads() -> [u64; 10] {
+    [
+        KVM_GET_REGS(),
+        KVM_GET_SREGS(),
+        KVM_GET_XSAVE(),
+        KVM_GET_XCRS(),
+        KVM_GET_MSRS(),
+        KVM_GET_LAPIC(),
+        KVM_GET_MP_STATE(),
+        KVM_GET_VCPU_EVENTS(),
+        KVM_GET_DEBUGREGS(),
+        KVM_GET_CPUID2(),
+    ]
+}
+
+/// `openat(dirfd, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)`
+/// only, what `File::create` makes: `PUT /snapshot/create` writes its two
+/// files from the event loop. Nothing is opened for reading, and no other
+/// flags (no O_PATH, no O_DIRECTORY, no O_APPEND) pass.
+fn allow_snapshot_file_create() -> Entry {
+    let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC) as u64;
+    allow_arg_in(libc::SYS_openat, 2, &[flags])
+}
 
 /// `(arg & PROT_EXEC) == 0`: a protection without execute permission.
 fn no_exec(arg: u8) -> SeccompCondition {
@@ -374,10 +416,13 @@ pub fn vcpu_rules(ctx: &Context) -> Vec<Entry> {
         // which tells the TAP what offloads the guest accepts.
         ioctl_nr(libc::TUNSETOFFLOAD),
     ];
+    // A parked vCPU reads its own state when a snapshot asks.
+    ioctls.extend(vcpu_state_reads());
     if ctx.pvm_recoveries {
         // The INT3 recovery on a PVM host (vcpu.rs): skip the byte and
-        // inject #BP. Only where the recoveries are on.
-        ioctls.extend([KVM_SET_REGS(), KVM_GET_VCPU_EVENTS(), KVM_SET_VCPU_EVENTS()]);
+        // inject #BP (it reads the events too, allowed above for the
+        // snapshot). Only where the recoveries are on.
+        ioctls.extend([KVM_SET_REGS(), KVM_SET_VCPU_EVENTS()]);
     }
     vec![
         allow_ioctls(&ioctls),
@@ -428,6 +473,16 @@ pub fn event_loop_rules(ctx: &Context) -> Vec<Entry> {
         // getpid).
         allow(libc::SYS_getpid),
         allow_tgkill_kick(ctx.pid),
+        // `PUT /snapshot/create` (snapshot::create): the VM's irqchip, PIT
+        // and clock read, and the memory and state files created and
+        // written (`write`, in the common rules).
+        allow_ioctls(&[KVM_GET_IRQCHIP(), KVM_GET_PIT2(), KVM_GET_CLOCK()]),
+        allow_snapshot_file_create(),
+        // A Diff snapshot: KVM's log of the pages the guest wrote (read and
+        // reset), and the sparse memory file sized whole (its pages go in
+        // with pwrite64, allowed above).
+        allow_ioctls(&[KVM_GET_DIRTY_LOG()]),
+        allow(libc::SYS_ftruncate),
         // Restoring the console's terminal mode at exit is in the common
         // rules (`allow_stdin_tcsetattr`).
     ];
@@ -1057,6 +1112,90 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_reads_kvm_state_and_creates_its_files_and_nothing_more() {
+        // On fd -1 every ioctl fails with EBADF after the filter let it by;
+        // the open of an empty path fails with ENOENT the same way.
+        const CREATE: libc::c_long =
+            (libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC) as _;
+        let on_loop: &[fn()] = &[
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_IRQCHIP() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_PIT2() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_CLOCK() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ioctl, [-1, KVM_GET_DIRTY_LOG() as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_ftruncate, [-1, 0, 0, 0, 0, 0]),
+            || {
+                raw(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as _, c"".as_ptr() as _, CREATE, 0o600, 0, 0],
+                )
+            },
+        ];
+        for f in on_loop {
+            let status = in_child_in(Thread::EventLoop, test_ctx(false), *f);
+            assert_eq!(exit_status(status), Some(0));
+        }
+        // A parked vCPU reads every piece of its state, without the PVM
+        // recoveries' entries too.
+        let status = in_child_in(Thread::Vcpu, test_ctx(false), || {
+            for nr in vcpu_state_reads() {
+                raw(libc::SYS_ioctl, [-1, nr as _, 0, 0, 0, 0]);
+            }
+        });
+        assert_eq!(exit_status(status), Some(0));
+        let forbidden: &[(Thread, fn())] = &[
+            // Opened for reading or appending, or as a path: not a snapshot's.
+            (Thread::EventLoop, || {
+                raw(
+                    libc::SYS_openat,
+                    [
+                        libc::AT_FDCWD as _,
+                        c"".as_ptr() as _,
+                        libc::O_RDONLY as _,
+                        0,
+                        0,
+                        0,
+                    ],
+                )
+            }),
+            (Thread::EventLoop, || {
+                let flags = (libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC)
+                    as libc::c_long;
+                raw(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as _, c"".as_ptr() as _, flags, 0, 0, 0],
+                )
+            }),
+            // The loop reads no vCPU's state, a vCPU no VM's, and neither
+            // sets any.
+            (Thread::EventLoop, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_SREGS() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_IRQCHIP() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_DIRTY_LOG() as _, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(libc::SYS_ftruncate, [-1, 0, 0, 0, 0, 0])
+            }),
+            (Thread::Vcpu, || {
+                raw(
+                    libc::SYS_openat,
+                    [libc::AT_FDCWD as _, c"".as_ptr() as _, CREATE, 0, 0, 0],
+                )
+            }),
+            (Thread::Api, || {
+                raw(libc::SYS_ioctl, [-1, KVM_GET_CLOCK() as _, 0, 0, 0, 0])
+            }),
+        ];
+        for (thread, f) in forbidden {
+            let status = in_child_in(*thread, test_ctx(false), *f);
+            assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+        }
+    }
+
+    #[test]
     fn the_event_loop_may_make_a_limiter_timer_and_kick_vcpus_and_nothing_more() {
         const FLAGS: libc::c_long = (libc::TFD_CLOEXEC | libc::TFD_NONBLOCK) as _;
         const MONO: libc::c_long = libc::CLOCK_MONOTONIC as _;
@@ -1198,11 +1337,9 @@ mod tests {
             // SAFETY: an invalid fd: the kernel answers EBADF.
             unsafe { libc::syscall(libc::SYS_ioctl, -1, request, 0usize) };
         }
-        let recoveries: &[fn()] = &[
-            || ioctl(KVM_SET_REGS()),
-            || ioctl(KVM_GET_VCPU_EVENTS()),
-            || ioctl(KVM_SET_VCPU_EVENTS()),
-        ];
+        // (KVM_GET_VCPU_EVENTS, which the recovery also reads, is allowed
+        // everywhere: a snapshot reads it.)
+        let recoveries: &[fn()] = &[|| ioctl(KVM_SET_REGS()), || ioctl(KVM_SET_VCPU_EVENTS())];
         for (i, f) in recoveries.iter().enumerate() {
             let with = in_child_in(Thread::Vcpu, test_ctx(true), *f);
             assert_eq!(exit_status(with), Some(0), "ioctl {i} with the recoveries");
@@ -1218,6 +1355,7 @@ mod tests {
         let always: &[fn()] = &[
             || ioctl(KVM_RUN()),
             || ioctl(KVM_GET_REGS()),
+            || ioctl(KVM_GET_VCPU_EVENTS()),
             || ioctl(ioctl_nr(libc::TUNSETOFFLOAD)),
         ];
         for (i, f) in always.iter().enumerate() {

@@ -494,6 +494,17 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
         self.rq.reset(self.metrics.host_errors());
     }
 
+    fn quiesce(&mut self) -> Result<(), crate::virtio::persist::PersistError> {
+        // io_uring completes out of order: a snapshot waits for every
+        // request in flight, so the ones left are only a held-back one.
+        self.complete_in_flight().map_err(|e| {
+            crate::virtio::persist::PersistError::Device(format!(
+                "drive {}: the requests in flight did not complete: {e}",
+                self.cfg.id
+            ))
+        })
+    }
+
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
         self.metrics.clone()
     }

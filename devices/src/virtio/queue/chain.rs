@@ -338,6 +338,9 @@ impl SplitQueue {
             if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
                 return Err(ChainError::OutsideMemory);
             }
+            if rules.device_writes {
+                self.mem.mark_written(d.addr, d.len);
+            }
             if bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
                 return Err(ChainError::TooManySegments);
             }
@@ -413,7 +416,9 @@ impl SplitQueue {
             if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
                 return Err(ChainError::OutsideMemory);
             }
-            if !writable {
+            if writable {
+                self.mem.mark_written(d.addr, d.len);
+            } else {
                 out.readable_segs = segs.len() - start;
             }
             if out.bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {

@@ -62,6 +62,9 @@ pub struct GuestRegions {
     regions: Box<[Region]>,
     /// Keeps every mapping alive as long as any translation from it is used.
     _mapped: GuestMemory,
+    /// Where the buffers a device may write are marked, when the VM tracks
+    /// dirty pages for Diff snapshots.
+    dirty: Option<std::sync::Arc<super::dirty::DirtyPages>>,
 }
 
 impl std::fmt::Debug for GuestRegions {
@@ -95,7 +98,24 @@ impl GuestRegions {
         Ok(GuestRegions {
             regions: regions.into_boxed_slice(),
             _mapped: mem.clone(),
+            dirty: None,
         })
+    }
+
+    /// Has every writable buffer translated through this view marked in
+    /// `log` (see [`super::dirty`]).
+    pub fn with_dirty_log(mut self, log: Option<std::sync::Arc<super::dirty::DirtyPages>>) -> Self {
+        self.dirty = log;
+        self
+    }
+
+    /// Marks `[gpa, gpa + len)` as possibly written by the device, when
+    /// dirty pages are tracked.
+    #[inline]
+    pub(crate) fn mark_written(&self, gpa: u64, len: u32) {
+        if let Some(log) = &self.dirty {
+            log.mark(gpa, u64::from(len));
+        }
     }
 
     /// Whether this snapshot was taken of the same mappings as `mem`.

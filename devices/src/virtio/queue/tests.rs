@@ -807,3 +807,47 @@ fn walk_matches_virtio_queue_on_random_chains() {
         assert_eq!(got, want);
     }
 }
+
+// ---- dirty pages ----
+
+#[test]
+fn the_buffers_a_device_may_write_are_marked_and_only_those() {
+    use crate::virtio::queue::dirty::DirtyPages;
+    let m = mem();
+    let log = Arc::new(DirtyPages::new(&m));
+    let regions = GuestRegions::new(&m)
+        .unwrap()
+        .with_dirty_log(Some(log.clone()));
+    let mut q = SplitQueue::new(Arc::new(regions), addrs(16), 16, RingFeatures::default()).unwrap();
+    let mut d = Driver::new(addrs(16));
+    // An RX chain over two pages and a bit of a third; a TX chain elsewhere.
+    d.desc(&m, 0, BUFS + 0xff0, 0x2000, VRING_DESC_F_WRITE as u16, 0);
+    d.publish(&m, 0);
+    d.desc(&m, 1, BUFS + 0x10000, 64, 0, 0);
+    d.publish(&m, 1);
+    let (r, _, _) = pop_walk(&mut q, &RX);
+    r.unwrap();
+    let (r, _, _) = pop_walk(&mut q, &TX);
+    r.unwrap();
+    for (gpa, marked) in [
+        (BUFS - 1, false),
+        (BUFS, true),
+        (BUFS + 0x1000, true),
+        (BUFS + 0x2000, true),
+        (BUFS + 0x3000, false),
+        (BUFS + 0x10000, false),
+    ] {
+        assert_eq!(log.is_marked(gpa), marked, "{gpa:#x}");
+    }
+    // A mixed chain (block): the readable header is not marked, the
+    // writable data and status are.
+    d.desc(&m, 2, BUFS + 0x20000, 16, VRING_DESC_F_NEXT as u16, 3);
+    d.desc(&m, 3, BUFS + 0x30000, 512, VRING_DESC_F_WRITE as u16, 0);
+    d.publish(&m, 2);
+    let mut b = Budget::new(u32::MAX);
+    let head = q.pop(&mut b).unwrap().unwrap();
+    q.walk_mixed(head, 1 << 20, &mut Vec::new(), &mut b)
+        .unwrap();
+    assert!(!log.is_marked(BUFS + 0x20000));
+    assert!(log.is_marked(BUFS + 0x30000));
+}

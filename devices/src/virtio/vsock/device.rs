@@ -308,6 +308,12 @@ impl<B: VsockBackend + 'static> VirtioDevice for Vsock<B> {
         &self.common
     }
 
+    fn restored(&mut self) {
+        // The connections the guest had went with the process that saved
+        // it: the guest's driver drops them on this event.
+        self.transport_reset();
+    }
+
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_space(&self.config_space, offset, data);
     }

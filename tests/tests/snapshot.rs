@@ -1,0 +1,623 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Snapshots through Firecracker's API: `PUT /snapshot/create` on a paused
+//! VM and `PUT /snapshot/load` in a fresh minivmm, driven with `curl
+//! --unix-socket` as the README shows them.
+//!
+//! - Without KVM: every refused request is a `400` with one line (load
+//!   with a Uffd backend, after a configuration, of a file that is no
+//!   snapshot; create before start); `--snapshot-version`
+//!   and `--describe-snapshot`.
+//! - With KVM, a guest that needs no boot (a loop that prints a console
+//!   line and counts): create refused while running; paused, snapshotted,
+//!   the process killed; a new one loads it paused, resumes, and the guest
+//!   goes on printing where it stopped; the files are not changed by a
+//!   load, so a second load works; a corrupted state file, another
+//!   version, a short memory file and a missing one, and a vsock override
+//!   for a VM without vsock, are refused with one line.
+//! - With KVM, root and TUN, the project's guest booted from its disk and
+//!   serving: a file written to its disk, paused, Full snapshot, minivmm
+//!   killed; a new minivmm loads with `resume_vm` and the guest answers
+//!   ping and an mvperf TCP_RR through the same TAP, its console goes on
+//!   (Ctrl-Alt-Del reaches its init, which reboots: minivmm exits 0), the
+//!   file is on the disk. The first restore tracks dirty pages and takes a
+//!   Diff snapshot; merged onto a copy of the Full memory file
+//!   (`--rebase-snap`), it loads, and that guest answers ping and TCP_RR
+//!   too. The load's answer time, the first ping and the create time are
+//!   printed as `FIGURE` lines (BENCHMARKS.md).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use minivmm_tests::{
+    debugfs_cat, disk_copy, disk_test_content, guest_image_if, minivmm_bin, mvperf_bin,
+    write_ticking_kernel, Need, NetNs, Vm, DISK_TEST_FILE, DISK_WRITE_OK,
+};
+use serde_json::{json, Value};
+
+const HOST_IP: &str = "10.0.9.1";
+const GUEST_IP: &str = "10.0.9.2";
+/// As the other boot tests: a boot is 30 to 120 s on a quiet PVM host.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// One request with curl; the status and the body.
+fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    minivmm_tests::api_curl(sock, method, path, body)
+}
+
+/// A request that must be answered `204`.
+fn ok(sock: &Path, method: &str, path: &str, body: Value) {
+    let (code, text) = curl(sock, method, path, Some(&body.to_string()));
+    assert_eq!((code, text.as_str()), (204, ""), "{method} {path} {body}");
+}
+
+/// A request that must be refused with one `fault_message` line holding
+/// `needle`.
+fn refused(sock: &Path, method: &str, path: &str, body: Value, needle: &str) {
+    let (code, text) = curl(sock, method, path, Some(&body.to_string()));
+    assert_eq!(code, 400, "{method} {path} {body} was not refused: {text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let msg = v["fault_message"].as_str().expect("fault_message");
+    assert!(!msg.contains('\n'), "{msg:?}");
+    assert!(
+        msg.contains(needle),
+        "{method} {path}: '{msg}' lacks '{needle}'"
+    );
+}
+
+fn state_of(sock: &Path) -> String {
+    let (code, text) = curl(sock, "GET", "/", None);
+    assert_eq!(code, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("GET / JSON");
+    v["state"].as_str().unwrap_or_default().to_string()
+}
+
+fn wait_for_socket(sock: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A scratch directory of this test, empty.
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("minivmm-snap-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// minivmm on an API socket in `dir` (inside `netns` if given).
+fn api_vmm(dir: &Path, name: &str, netns: Option<&str>) -> (Vm, PathBuf) {
+    let sock = dir.join(format!("{name}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let args = vec![
+        "--api-sock".to_string(),
+        sock.display().to_string(),
+        "--id".into(),
+        name.into(),
+    ];
+    let vm = Vm::spawn(&args, netns).unwrap();
+    wait_for_socket(&sock);
+    (vm, sock)
+}
+
+fn p(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn create_body(dir: &Path, tag: &str) -> Value {
+    json!({"snapshot_type": "Full", "snapshot_path": p(&dir.join(format!("{tag}.state"))),
+           "mem_file_path": p(&dir.join(format!("{tag}.mem")))})
+}
+
+fn load_body(dir: &Path, tag: &str, resume: bool) -> Value {
+    json!({"snapshot_path": p(&dir.join(format!("{tag}.state"))),
+           "mem_backend": {"backend_type": "File", "backend_path": p(&dir.join(format!("{tag}.mem")))},
+           "resume_vm": resume})
+}
+
+fn minivmm(args: &[&str]) -> std::process::Output {
+    Command::new(minivmm_bin())
+        .args(args)
+        .output()
+        .expect("running minivmm")
+}
+
+#[test]
+fn refused_requests_and_the_version_flags_need_no_kvm() {
+    let dir = scratch("refused");
+    let out = minivmm(&["--snapshot-version"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v1.0.0\n");
+    let junk = dir.join("junk");
+    std::fs::write(&junk, b"not a snapshot\n").unwrap();
+    let out = minivmm(&["--describe-snapshot", &p(&junk)]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "minivmm: error: not a minivmm snapshot state file (no snapshot header)\n"
+    );
+
+    let (mut vm, sock) = api_vmm(&dir, "refused", None);
+    let mem = p(&dir.join("mem"));
+    let cases = [
+        (
+            json!({"snapshot_path": p(&junk), "mem_backend":
+                {"backend_type": "Uffd", "backend_path": "/uffd.sock"}}),
+            "Uffd memory backend is not supported by minivmm yet",
+        ),
+        (
+            json!({"snapshot_path": p(&junk), "mem_file_path": mem}),
+            "not a minivmm snapshot state file",
+        ),
+        (
+            json!({"snapshot_path": p(&dir.join("missing")), "mem_file_path": mem}),
+            "cannot read the snapshot state file",
+        ),
+        (
+            json!({"snapshot_path": p(&junk)}),
+            "mem_backend (or mem_file_path) is required",
+        ),
+    ];
+    for (body, needle) in cases {
+        refused(&sock, "PUT", "/snapshot/load", body, needle);
+    }
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        create_body(&dir, "x"),
+        "not allowed before the microVM is started",
+    );
+    // After a configuration, a load is refused: the snapshot brings its own.
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 64}),
+    );
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        json!({"snapshot_path": p(&junk), "mem_file_path": mem}),
+        "not allowed after the microVM was configured (machine-config was put)",
+    );
+    assert_eq!(state_of(&sock), "Not started");
+    vm.terminate(Duration::from_secs(10));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// How long a test waits for the ticking guest's next lines: about a
+/// second each on a quiet PVM host, far more on a loaded one (the guest's
+/// kernel-mode loop is emulated); only a failing test waits this long.
+const TICK_PATIENCE: Duration = Duration::from_secs(600);
+
+/// Console lines printed so far (the ticking guest prints empty ones).
+fn lines(vm: &Vm) -> usize {
+    vm.console().matches('\n').count()
+}
+
+/// Waits until the console has more than `than` lines.
+fn wait_lines(vm: &mut Vm, than: usize, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if lines(vm) > than {
+            return true;
+        }
+        if vm.exited().is_some() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
+    if !minivmm_tests::require(&[Need::Kvm]) {
+        return;
+    }
+    let dir = scratch("tick");
+    let kernel = dir.join("ticking.elf");
+    write_ticking_kernel(&kernel).unwrap();
+    let (mut vm, sock) = api_vmm(&dir, "tick-a", None);
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 64}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/boot-source",
+        json!({"kernel_image_path": p(&kernel)}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
+    assert!(wait_lines(&mut vm, 1, TICK_PATIENCE), "{}", vm.report());
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        create_body(&dir, "a"),
+        "must be paused",
+    );
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        load_body(&dir, "a", true),
+        "not allowed after the microVM started",
+    );
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    let t = Instant::now();
+    ok(&sock, "PUT", "/snapshot/create", create_body(&dir, "a"));
+    eprintln!(
+        "FIGURE tick create (64 MiB): {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    // A booted VM does not track dirty pages (machine-config refuses it).
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        json!({"snapshot_type": "Diff", "snapshot_path": p(&dir.join("x.state")),
+               "mem_file_path": p(&dir.join("x.mem"))}),
+        "track_dirty_pages",
+    );
+    vm.signal("KILL");
+    vm.wait_exit(Duration::from_secs(10)).expect("killed");
+    let state = dir.join("a.state");
+    let mem = dir.join("a.mem");
+    assert_eq!(std::fs::metadata(&mem).unwrap().len(), 64 << 20);
+    let out = minivmm(&["--describe-snapshot", &p(&state)]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v1.0.0\n");
+    let before = (std::fs::read(&state).unwrap(), std::fs::read(&mem).unwrap());
+
+    for round in 0..2 {
+        let (mut vm, sock) = api_vmm(&dir, &format!("tick-b{round}"), None);
+        let t = Instant::now();
+        let mut body = load_body(&dir, "a", false);
+        // The first load tracks dirty pages, for a Diff snapshot below.
+        body["track_dirty_pages"] = json!(round == 0);
+        ok(&sock, "PUT", "/snapshot/load", body);
+        eprintln!(
+            "FIGURE tick load answered: {:.1} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+        assert_eq!(state_of(&sock), "Paused");
+        refused(
+            &sock,
+            "PUT",
+            "/snapshot/load",
+            load_body(&dir, "a", true),
+            "after the microVM",
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(lines(&vm), 0, "a paused restored guest ran");
+        ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+        assert_eq!(state_of(&sock), "Running");
+        assert!(
+            wait_lines(&mut vm, 1, TICK_PATIENCE),
+            "round {round}: the restored guest printed nothing\n{}",
+            vm.report()
+        );
+        if round == 0 {
+            diff_and_rebase(&dir, &mut vm, &sock);
+        }
+        vm.terminate(Duration::from_secs(10));
+        assert!(
+            (std::fs::read(&state).unwrap(), std::fs::read(&mem).unwrap()) == before,
+            "a load changed the snapshot files"
+        );
+    }
+
+    // Damaged files are refused before anything runs.
+    let text = std::fs::read(&state).unwrap();
+    let mut flipped = text.clone();
+    let at = flipped.len() - 10;
+    flipped[at] ^= 0x20;
+    std::fs::write(dir.join("bad.state"), &flipped).unwrap();
+    std::fs::copy(&mem, dir.join("bad.mem")).unwrap();
+    let version = String::from_utf8(text.clone())
+        .unwrap()
+        .replacen("\"1.0.0\"", "\"9.0.0\"", 1);
+    std::fs::write(dir.join("v9.state"), version).unwrap();
+    std::fs::copy(&mem, dir.join("v9.mem")).unwrap();
+    std::fs::write(dir.join("short.state"), &text).unwrap();
+    std::fs::write(dir.join("short.mem"), vec![0u8; 4096]).unwrap();
+    std::fs::write(dir.join("nomem.state"), &text).unwrap();
+    let (mut vm, sock) = api_vmm(&dir, "tick-c", None);
+    let mut vsock = load_body(&dir, "a", true);
+    vsock["vsock_override"] = json!({"uds_path": p(&dir.join("v.sock"))});
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/load",
+        vsock,
+        "the snapshot has no vsock device",
+    );
+    for (tag, needle) in [
+        ("bad", "the snapshot state file is corrupted: CRC-32"),
+        (
+            "v9",
+            "the snapshot state file is version 9.0.0; this minivmm reads only version 1.0.0",
+        ),
+        ("short", "the memory file holds 4096 bytes"),
+        ("nomem", "cannot open the memory file"),
+    ] {
+        refused(
+            &sock,
+            "PUT",
+            "/snapshot/load",
+            load_body(&dir, tag, true),
+            needle,
+        );
+    }
+    assert_eq!(state_of(&sock), "Not started");
+    vm.terminate(Duration::from_secs(10));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With the guest of `sock` running: paused, a Diff snapshot (sparse, the
+/// memory file's size), resumed; the Diff rebased onto a copy of the Full
+/// memory file `a.mem` loads in a new process, whose guest goes on.
+fn diff_and_rebase(dir: &Path, vm: &mut Vm, sock: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    ok(sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    let t = Instant::now();
+    let mut diff = create_body(dir, "d");
+    diff["snapshot_type"] = json!("Diff");
+    ok(sock, "PUT", "/snapshot/create", diff);
+    let meta = std::fs::metadata(dir.join("d.mem")).unwrap();
+    eprintln!(
+        "FIGURE tick Diff create: {:.1} ms, {} bytes allocated of {}",
+        t.elapsed().as_secs_f64() * 1e3,
+        meta.blocks() * 512,
+        meta.len()
+    );
+    assert_eq!(meta.len(), 64 << 20);
+    assert!(meta.blocks() * 512 < 8 << 20, "not sparse: {meta:?}");
+    ok(sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+    let printed = lines(vm);
+    assert!(wait_lines(vm, printed, TICK_PATIENCE), "{}", vm.report());
+
+    std::fs::copy(dir.join("a.mem"), dir.join("r.mem")).unwrap();
+    std::fs::copy(dir.join("d.state"), dir.join("r.state")).unwrap();
+    let out = minivmm(&[
+        "--rebase-snap",
+        "--base-file",
+        &p(&dir.join("r.mem")),
+        "--diff-file",
+        &p(&dir.join("d.mem")),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut rebased, rsock) = api_vmm(dir, "tick-rebased", None);
+    ok(&rsock, "PUT", "/snapshot/load", load_body(dir, "r", true));
+    assert!(
+        wait_lines(&mut rebased, 1, TICK_PATIENCE),
+        "the guest of a rebased Diff printed nothing\n{}",
+        rebased.report()
+    );
+    rebased.terminate(Duration::from_secs(10));
+}
+
+fn ping_until_answered(ns: &NetNs, deadline_s: u32) -> Option<Duration> {
+    let t = Instant::now();
+    let ok = ns
+        .command("ping")
+        .args([
+            "-c",
+            "1",
+            "-i",
+            "0.05",
+            "-w",
+            &deadline_s.to_string(),
+            GUEST_IP,
+        ])
+        .output()
+        .expect("ping")
+        .status
+        .success();
+    ok.then(|| t.elapsed())
+}
+
+fn tcp_rr(ns: &NetNs) -> Value {
+    let out = ns
+        .command(mvperf_bin())
+        .args([
+            "-t", "TCP_RR", "-H", GUEST_IP, "-l", "3", "--grace", "60", "--json",
+        ])
+        .output()
+        .expect("mvperf");
+    assert!(
+        out.status.success(),
+        "TCP_RR: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("mvperf JSON")
+}
+
+#[test]
+fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_disk() {
+    let Some(img) = guest_image_if(&[Need::Kvm, Need::Root, Need::Tun]) else {
+        return;
+    };
+    let _ = mvperf_bin();
+    let dir = scratch("served");
+    let disk = disk_copy(&dir, "rootfs.ext4").unwrap();
+    let seed = format!("snap{}", std::process::id());
+    let ns = NetNs::new("snap", "tap0", &format!("{HOST_IP}/24")).unwrap();
+    let (mut vm, sock) = api_vmm(&dir, "served-a", Some(&ns.name));
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 256}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/boot-source",
+        json!({"kernel_image_path": p(&img.vmlinux), "boot_args": format!(
+            "console=ttyS0 reboot=k panic=-1 pci=off minivmm.mode=serve \
+             minivmm.disk=write:{seed} ip={GUEST_IP}::{HOST_IP}:255.255.255.0::eth0:off")}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/drives/rootfs",
+        json!({"drive_id": "rootfs", "path_on_host": p(&disk), "is_root_device": true,
+               "is_read_only": false}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/network-interfaces/eth0",
+        json!({"iface_id": "eth0", "host_dev_name": ns.tap}),
+    );
+    ok(&sock, "PUT", "/entropy", json!({}));
+    let boot = Instant::now();
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
+    assert!(vm.wait_for(DISK_WRITE_OK, BOOT_TIMEOUT), "{}", vm.report());
+    assert!(
+        vm.wait_for("MINIVMM-SERVING", BOOT_TIMEOUT),
+        "{}",
+        vm.report()
+    );
+    eprintln!(
+        "FIGURE cold boot to MINIVMM-SERVING: {:.1} s",
+        boot.elapsed().as_secs_f64()
+    );
+    assert!(
+        ping_until_answered(&ns, 60).is_some(),
+        "no ping\n{}",
+        vm.report()
+    );
+    let before = tcp_rr(&ns);
+    eprintln!("FIGURE TCP_RR before the snapshot: {before}");
+
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    let t = Instant::now();
+    ok(&sock, "PUT", "/snapshot/create", create_body(&dir, "full"));
+    let create_ms = t.elapsed().as_secs_f64() * 1e3;
+    let state_len = std::fs::metadata(dir.join("full.state")).unwrap().len();
+    let mem_len = std::fs::metadata(dir.join("full.mem")).unwrap().len();
+    eprintln!(
+        "FIGURE Full snapshot of 256 MiB: create {create_ms:.1} ms, state {state_len} bytes, \
+         memory {mem_len} bytes"
+    );
+    assert_eq!(mem_len, 256 << 20);
+    let console_before = vm.console();
+    vm.signal("KILL");
+    vm.wait_exit(Duration::from_secs(10)).expect("killed");
+
+    // The file the guest wrote before the snapshot is on its disk.
+    assert_eq!(
+        debugfs_cat(&disk, DISK_TEST_FILE).unwrap(),
+        disk_test_content(&seed)
+    );
+
+    // Round 0 loads the Full snapshot (tracking dirty pages) and takes a
+    // Diff of it; round 1 loads that Diff rebased onto a copy of the Full
+    // memory file.
+    for (round, tag) in ["full", "rebased"].into_iter().enumerate() {
+        let (mut vm, sock) = api_vmm(&dir, &format!("served-b{round}"), Some(&ns.name));
+        let mut body = load_body(&dir, tag, true);
+        body["track_dirty_pages"] = json!(round == 0);
+        let t = Instant::now();
+        ok(&sock, "PUT", "/snapshot/load", body);
+        let answered = t.elapsed();
+        let first = ping_until_answered(&ns, 60);
+        let first = first.unwrap_or_else(|| panic!("round {round}: no ping\n{}", vm.report()));
+        eprintln!(
+            "FIGURE restore {tag}: load answered {:.1} ms, first ping answered {:.1} ms \
+             after the load request",
+            answered.as_secs_f64() * 1e3,
+            (answered + first).as_secs_f64() * 1e3
+        );
+        assert_eq!(state_of(&sock), "Running");
+        let rr = tcp_rr(&ns);
+        eprintln!("FIGURE TCP_RR after the {tag} restore: {rr}");
+        assert!(rr["transactions"].as_u64().unwrap_or(0) > 0, "{rr}");
+        if round == 0 {
+            ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+            let t = Instant::now();
+            let mut diff = create_body(&dir, "diff");
+            diff["snapshot_type"] = json!("Diff");
+            ok(&sock, "PUT", "/snapshot/create", diff);
+            let took = t.elapsed().as_secs_f64() * 1e3;
+            let meta = std::fs::metadata(dir.join("diff.mem")).unwrap();
+            {
+                use std::os::unix::fs::MetadataExt;
+                eprintln!(
+                    "FIGURE Diff snapshot of the restored 256 MiB guest: create {took:.1} ms, \
+                     {} bytes of data in a {} byte file",
+                    meta.blocks() * 512,
+                    meta.len()
+                );
+                assert!(
+                    meta.blocks() > 0,
+                    "an empty Diff of a guest that ran TCP_RR"
+                );
+            }
+            ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+            // The console goes on: Ctrl-Alt-Del reaches init, which says so
+            // and reboots, and minivmm exits 0.
+            ok(
+                &sock,
+                "PUT",
+                "/actions",
+                json!({"action_type": "SendCtrlAltDel"}),
+            );
+            assert!(
+                vm.wait_for("ctrl-alt-del: rebooting", Duration::from_secs(120)),
+                "{}",
+                vm.report()
+            );
+            let status = vm.wait_exit(Duration::from_secs(120)).expect("exits");
+            assert_eq!(status.code(), Some(0), "{}", vm.report());
+            vm.assert_no_crash();
+            assert!(!console_before.contains("ctrl-alt-del"));
+            std::fs::copy(dir.join("full.mem"), dir.join("rebased.mem")).unwrap();
+            std::fs::copy(dir.join("diff.state"), dir.join("rebased.state")).unwrap();
+            let out = Command::new(minivmm_bin())
+                .args(["--rebase-snap", "--base-file"])
+                .arg(dir.join("rebased.mem"))
+                .arg("--diff-file")
+                .arg(dir.join("diff.mem"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            vm.terminate(Duration::from_secs(30));
+            vm.assert_no_crash();
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

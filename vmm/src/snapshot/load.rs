@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `PUT /snapshot/load`: its body, and the configuration a snapshot
+//! rebuilds its VM from.
+//!
+//! The body is Firecracker's `LoadSnapshotParams`: `snapshot_path`, the
+//! memory as `mem_backend` (`File` only; `Uffd` is refused, not yet
+//! supported) or the deprecated `mem_file_path`, `track_dirty_pages` (or the
+//! deprecated `enable_diff_snapshots`: KVM's dirty log and the devices'
+//! for Diff snapshots), `resume_vm`, `network_overrides`
+//! (another TAP for a card, as a clone needs), `vsock_override` (another
+//! path for the vsock device's listener),
+//! `clock_realtime` (only `false`) and `huge_pages` (`Snapshot` or `None`).
+//!
+//! The configuration is the snapshot's own (the `GET /vm/config` document
+//! it saved, read by the config file's parser), with the overrides
+//! applied and with this process's logger and metrics (those of the
+//! process that saved it are that process's files).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::format;
+use super::SnapshotState;
+use crate::config::settings::Settings;
+
+/// Firecracker's `MemBackendType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum BackendType {
+    /// Guest memory mapped from a file.
+    File,
+    /// Guest memory served by a userfaultfd handler.
+    Uffd,
+}
+
+/// Firecracker's `MemBackendConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemBackend {
+    /// File or Uffd.
+    pub backend_type: BackendType,
+    /// The memory file (or the handler's socket).
+    pub backend_path: PathBuf,
+}
+
+/// Firecracker's `NetworkOverride`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverride {
+    /// The card.
+    pub iface_id: String,
+    /// Its new TAP.
+    pub host_dev_name: String,
+}
+
+/// Firecracker's `VsockOverride`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsockOverride {
+    /// The listener's new path.
+    pub uds_path: PathBuf,
+}
+
+/// The body of `PUT /snapshot/load` as sent.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadBody {
+    snapshot_path: PathBuf,
+    #[serde(default)]
+    mem_file_path: Option<PathBuf>,
+    #[serde(default)]
+    mem_backend: Option<MemBackend>,
+    #[serde(default)]
+    enable_diff_snapshots: Option<bool>,
+    #[serde(default)]
+    track_dirty_pages: Option<bool>,
+    #[serde(default)]
+    resume_vm: bool,
+    #[serde(default)]
+    network_overrides: Vec<NetworkOverride>,
+    #[serde(default)]
+    vsock_override: Option<VsockOverride>,
+    #[serde(default)]
+    clock_realtime: bool,
+    #[serde(default)]
+    huge_pages: Option<String>,
+}
+
+/// A checked `PUT /snapshot/load`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadParams {
+    /// The state file.
+    pub snapshot_path: PathBuf,
+    /// The memory file.
+    pub mem_path: PathBuf,
+    /// Track the pages the guest writes, for Diff snapshots.
+    pub track_dirty_pages: bool,
+    /// Run the guest at once (else it waits, paused, for `PATCH /vm`).
+    pub resume_vm: bool,
+    /// New TAPs for cards, by id.
+    pub network_overrides: Vec<NetworkOverride>,
+    /// A new path for the vsock device's listener.
+    pub vsock_override: Option<VsockOverride>,
+}
+
+impl LoadParams {
+    /// Reads and checks the body; `Err` is the fault message.
+    pub fn from_body(body: Value) -> Result<Self, String> {
+        let b: LoadBody =
+            serde_json::from_value(body).map_err(|e| format!("snapshot/load: {e}"))?;
+        let mem_path = match (b.mem_backend, b.mem_file_path) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "snapshot/load: give mem_backend or the deprecated mem_file_path, \
+                            not both"
+                        .into(),
+                )
+            }
+            (None, None) => {
+                return Err("snapshot/load: mem_backend (or mem_file_path) is required".into())
+            }
+            (Some(m), None) => match m.backend_type {
+                BackendType::File => m.backend_path,
+                BackendType::Uffd => {
+                    return Err(
+                        "snapshot/load: the Uffd memory backend is not supported by \
+                                minivmm yet; use a File backend"
+                            .into(),
+                    )
+                }
+            },
+            (None, Some(p)) => p,
+        };
+        if b.clock_realtime {
+            return Err(
+                "snapshot/load: clock_realtime is not supported by minivmm; the \
+                        guest clock goes on from where the snapshot left it"
+                    .into(),
+            );
+        }
+        if let Some(h) = b.huge_pages.filter(|h| h != "Snapshot" && h != "None") {
+            return Err(format!(
+                "snapshot/load: huge_pages {h:?} is not supported by minivmm (Snapshot or None)"
+            ));
+        }
+        let track_dirty_pages = match (b.track_dirty_pages, b.enable_diff_snapshots) {
+            (Some(t), Some(e)) if t != e => {
+                return Err("snapshot/load: track_dirty_pages and the deprecated \
+                            enable_diff_snapshots disagree"
+                    .into())
+            }
+            (t, e) => t.or(e).unwrap_or(false),
+        };
+        Ok(LoadParams {
+            snapshot_path: b.snapshot_path,
+            mem_path,
+            track_dirty_pages,
+            resume_vm: b.resume_vm,
+            network_overrides: b.network_overrides,
+            vsock_override: b.vsock_override,
+        })
+    }
+}
+
+/// Reads and checks the state file (see [`format`]).
+pub fn read_state(params: &LoadParams) -> Result<SnapshotState, String> {
+    let bytes = format::read_file(&params.snapshot_path).map_err(|e| crate::error_line(&e))?;
+    format::decode(&bytes).map_err(|e| crate::error_line(&e))
+}
+
+/// The settings the snapshot's VM is rebuilt from: its saved configuration
+/// with the overrides of `params` applied and `logger` and `metrics` (this
+/// process's sections, or none) in place of its own.
+pub fn settings(
+    state: &SnapshotState,
+    params: &LoadParams,
+    logger: Option<&Value>,
+    metrics: Option<&Value>,
+) -> Result<Settings, String> {
+    let overrides = &params.network_overrides;
+    let mut doc = state.config.clone();
+    let Some(obj) = doc.as_object_mut() else {
+        return Err("the snapshot's configuration is not a JSON object".into());
+    };
+    if let Some(v) = &params.vsock_override {
+        let Some(vsock) = obj.get_mut("vsock").and_then(Value::as_object_mut) else {
+            return Err("vsock_override: the snapshot has no vsock device".into());
+        };
+        let path = v.uds_path.to_string_lossy().into_owned();
+        vsock.insert("uds_path".into(), Value::String(path));
+    }
+    obj.insert("logger".into(), logger.cloned().unwrap_or(Value::Null));
+    obj.insert("metrics".into(), metrics.cloned().unwrap_or(Value::Null));
+    let cards = obj
+        .get_mut("network-interfaces")
+        .and_then(Value::as_array_mut);
+    let mut cards = cards.map(std::mem::take).unwrap_or_default();
+    for o in overrides {
+        let card = cards
+            .iter_mut()
+            .find(|c| c.get("iface_id").and_then(Value::as_str) == Some(o.iface_id.as_str()))
+            .ok_or_else(|| {
+                format!(
+                    "network_overrides: the snapshot has no network interface '{}'",
+                    o.iface_id
+                )
+            })?;
+        if let Some(card) = card.as_object_mut() {
+            card.insert(
+                "host_dev_name".into(),
+                Value::String(o.host_dev_name.clone()),
+            );
+            card.remove("host_dev_fd");
+        }
+    }
+    obj.insert("network-interfaces".into(), Value::Array(cards));
+    crate::config::file::parse(&doc.to_string())
+        .map_err(|e| format!("the snapshot's configuration: {}", crate::error_line(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn load(v: Value) -> Result<LoadParams, String> {
+        LoadParams::from_body(v)
+    }
+
+    #[test]
+    fn the_memory_comes_from_a_file_backend_or_the_deprecated_path() {
+        let p = load(json!({"snapshot_path": "s", "mem_backend":
+            {"backend_type": "File", "backend_path": "m"}, "resume_vm": true}))
+        .unwrap();
+        assert_eq!(p.mem_path, PathBuf::from("m"));
+        assert!(p.resume_vm && !p.track_dirty_pages);
+        let p = load(json!({"snapshot_path": "s", "mem_file_path": "m2",
+            "enable_diff_snapshots": true}))
+        .unwrap();
+        assert_eq!(p.mem_path, PathBuf::from("m2"));
+        assert!(p.track_dirty_pages && !p.resume_vm);
+    }
+
+    #[test]
+    fn what_minivmm_cannot_do_is_refused_by_name() {
+        let cases = [
+            (
+                json!({"snapshot_path": "s", "mem_backend":
+                    {"backend_type": "Uffd", "backend_path": "sock"}}),
+                "Uffd memory backend is not supported",
+            ),
+            (
+                json!({"snapshot_path": "s"}),
+                "mem_backend (or mem_file_path) is required",
+            ),
+            (
+                json!({"snapshot_path": "s", "mem_file_path": "m", "mem_backend":
+                    {"backend_type": "File", "backend_path": "m"}}),
+                "not both",
+            ),
+            (
+                json!({"snapshot_path": "s", "mem_file_path": "m", "clock_realtime": true}),
+                "clock_realtime",
+            ),
+            (
+                json!({"snapshot_path": "s", "mem_file_path": "m", "huge_pages": "2M"}),
+                "huge_pages",
+            ),
+            (
+                json!({"snapshot_path": "s", "mem_file_path": "m",
+                    "track_dirty_pages": true, "enable_diff_snapshots": false}),
+                "disagree",
+            ),
+            (
+                json!({"snapshot_path": "s", "mem_file_path": "m", "bogus": 1}),
+                "unknown field",
+            ),
+        ];
+        for (body, want) in cases {
+            let err = load(body.clone()).unwrap_err();
+            assert!(err.contains(want), "{body}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+}

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A VM rebuilt from a snapshot, in a fresh process, by the builder's own
+//! steps.
+//!
+//! The order: the files (metrics, the drives' images checked and the
+//! cards' TAPs looked for: a missing one is refused here, before anything
+//! else), the VM, guest memory mapped privately from the memory file, the
+//! irqchip and PIT, every device attached as at boot (TAPs opened, images
+//! locked), then the saved state: the VM's (irqchip, PIT, clock), each
+//! vCPU's into a fresh vCPU, and last the devices' (the UART, the i8042,
+//! then every virtio device, whose rings are validated as at DRIVER_OK and
+//! which raise an interrupt once restored, so the irqchip and the LAPICs
+//! that receive it are already in place). No kernel is loaded and no boot
+//! table written: the memory already holds the running guest.
+
+use std::fs::File;
+
+use std::sync::Arc;
+
+use devices::virtio::net::Tap;
+use devices::virtio::queue::dirty::DirtyPages;
+
+use super::load::LoadParams;
+use super::SnapshotState;
+use crate::builder::{
+    attach_devices, create_irqchip, create_vm, open_metrics, BuildError, Steps, TapFds,
+};
+use crate::config::{TapBackend, VmmConfig};
+use crate::host_socket::VsockSocket;
+use crate::images::check_images;
+use crate::kvm::memory::register_guest_memory;
+use crate::kvm::pvm;
+use crate::kvm::state::{restore_vcpu, restore_vm};
+use crate::kvm::vcpu::{Vcpu, VcpuError};
+use crate::kvm::vm_exit::ExitLatch;
+use crate::registry::lock;
+use crate::vmm::{Devices, KvmVm, Vmm};
+
+fn fail(what: impl std::fmt::Display) -> BuildError {
+    BuildError::Restore(what.to_string())
+}
+
+/// Checks that the state fits the configuration it carries and every
+/// card's TAP exists (a restore never creates one, unlike a boot).
+fn check(cfg: &VmmConfig, state: &SnapshotState) -> Result<(), BuildError> {
+    if state.vcpus.len() != usize::from(cfg.vcpus) || state.mem_mib != cfg.mem_mib {
+        return Err(fail(format!(
+            "the state holds {} vCPU(s) and {} MiB, its configuration says {} and {}",
+            state.vcpus.len(),
+            state.mem_mib,
+            cfg.vcpus,
+            cfg.mem_mib
+        )));
+    }
+    let ids: Vec<(String, &str)> = cfg
+        .device_ids()
+        .map(|(k, id)| (k.name().to_string(), id))
+        .collect();
+    let saved: Vec<(String, &str)> = state
+        .virtio
+        .iter()
+        .map(|d| (d.kind.clone(), d.id.as_str()))
+        .collect();
+    if ids != saved {
+        return Err(fail(format!(
+            "the state's devices {saved:?} are not its configuration's {ids:?}"
+        )));
+    }
+    for nic in &cfg.nets {
+        if let TapBackend::Named(name) = &nic.tap {
+            if !Tap::exists(name).unwrap_or(false) {
+                return Err(fail(format!(
+                    "network interface '{}': TAP '{name}' does not exist (create it, or name \
+                     another in network_overrides)",
+                    nic.id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Puts the saved device state into the attached devices.
+fn restore_devices(devices: &Devices, state: &SnapshotState) -> Result<(), BuildError> {
+    lock(&devices.serial)
+        .restore(&state.serial)
+        .map_err(|e| fail(crate::error_line(&e)))?;
+    lock(&devices.i8042)
+        .restore(&state.i8042)
+        .map_err(|e| fail(crate::error_line(&e)))?;
+    for (slot, saved) in devices.manager.virtio().slots().iter().zip(&state.virtio) {
+        lock(&slot.transport)
+            .restore(&saved.state)
+            .map_err(|e| fail(format!("{} '{}': {e}", slot.kind.name(), slot.id)))?;
+    }
+    Ok(())
+}
+
+/// Creates each vCPU of `state` and puts its saved state into it.
+fn restore_vcpus(
+    vm: &kvm_ioctls::VmFd,
+    devices: &Devices,
+    state: &SnapshotState,
+    quirks: bool,
+) -> Result<Vec<Vcpu>, BuildError> {
+    let mut vcpus = Vec::with_capacity(state.vcpus.len());
+    for (id, saved) in (0u8..).zip(&state.vcpus) {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(|e| VcpuError::Create(id, e))?;
+        restore_vcpu(&fd, saved)
+            .map_err(|e| fail(format!("vCPU {id}: {}", crate::error_line(&e))))?;
+        vcpus.push(Vcpu::new(fd, id, devices.manager.clone(), quirks));
+    }
+    Ok(vcpus)
+}
+
+/// Rebuilds the VM of `state` (configured as `cfg`) with its memory from
+/// `mem_file`; see the module doc.
+pub fn restore(
+    cfg: &VmmConfig,
+    state: &SnapshotState,
+    mem_file: &File,
+    params: &LoadParams,
+    mut tap_fds: TapFds,
+) -> Result<Vmm, BuildError> {
+    let mut steps = Steps::new();
+    check(cfg, state)?;
+    let mut metrics = open_metrics(cfg)?;
+    check_images(&cfg.drives)?;
+    // The console's output as at boot (stdout unless `PUT /serial` said).
+    let serial = crate::serial_out::SerialOut::open(
+        cfg.serial.out_path.as_deref(),
+        cfg.serial.rate_limiter.as_ref(),
+    )?;
+    if let Some(m) = metrics.as_mut() {
+        m.set_uart_dropped(serial.dropped_counter());
+    }
+    steps.done("files");
+    let (kvm, vm) = create_vm(cfg.vcpus)?;
+    steps.done("kvm");
+    let mem = super::memory::map_from_file(mem_file, state.mem_mib)
+        .map_err(|e| fail(crate::error_line(&e)))?;
+    register_guest_memory(&vm, &mem, params.track_dirty_pages)?;
+    steps.done("memory");
+    create_irqchip(&vm)?;
+    steps.done("irqchip");
+    // The recoveries of a PVM host apply to the running guest; the words
+    // they add to a command line were added when it booted.
+    let quirks = pvm::quirks_enabled(cfg.host_quirks, pvm::is_pvm_host());
+    let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
+    // The vsock device's listener at its `uds_path` (the snapshot's, or
+    // `vsock_override`'s), bound as at boot.
+    let vsock = match &cfg.vsock {
+        Some(v) => Some(Arc::new(VsockSocket::bind(&v.uds_path, cfg.seccomp)?)),
+        None => None,
+    };
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None, (serial, vsock))?;
+    // Before any device is activated: their queues take the log then.
+    let dirty = params.track_dirty_pages.then(|| {
+        let log = Arc::new(DirtyPages::new(&mem));
+        for slot in devices.manager.virtio().slots() {
+            lock(&slot.transport).set_dirty_log(log.clone());
+        }
+        log
+    });
+    steps.done("devices");
+    restore_vm(&vm, &state.vm).map_err(|e| fail(crate::error_line(&e)))?;
+    let vcpus = restore_vcpus(&vm, &devices, state, quirks)?;
+    steps.done("kvm state");
+    restore_devices(&devices, state)?;
+    steps.done("device state");
+    steps.log();
+    let mut vmm = Vmm::new(
+        KvmVm::new(kvm, vm, mem),
+        devices,
+        vcpus,
+        exit,
+        metrics,
+        cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
+    );
+    if !params.resume_vm {
+        vmm.start_paused();
+    }
+    if let Some(log) = dirty {
+        vmm.track_dirty_pages(log);
+    }
+    Ok(vmm)
+}
+
+/// `PUT /snapshot/load` in a fresh process: the state file read and
+/// checked, the configuration rebuilt from it (`flags`, the command line's
+/// settings, over it), the memory file opened, and the VM restored. The
+/// logger is installed by `init_logger` once the configuration is known,
+/// as for a boot. Returns the VM and its configuration, or one line.
+pub fn load(
+    req: &crate::api::preboot::SnapshotLoad,
+    flags: crate::config::settings::Settings,
+    init_logger: impl FnOnce(&VmmConfig) -> Result<(), String>,
+) -> Result<(Vmm, VmmConfig), String> {
+    let params = &req.params;
+    let state = super::load::read_state(params)?;
+    let settings =
+        super::load::settings(&state, params, req.logger.as_ref(), req.metrics.as_ref())?;
+    let cfg = settings
+        .overlay(flags)
+        .finish()
+        .map_err(|e| format!("the snapshot's configuration: {}", crate::error_line(&e)))?;
+    let tap_fds = crate::builder::claim_tap_fds(&cfg).map_err(|e| crate::error_line(&e))?;
+    init_logger(&cfg)?;
+    let mem_file = File::open(&params.mem_path).map_err(|e| {
+        format!(
+            "cannot open the memory file '{}': {e}",
+            params.mem_path.display()
+        )
+    })?;
+    let vmm =
+        restore(&cfg, &state, &mem_file, params, tap_fds).map_err(|e| crate::error_line(&e))?;
+    Ok((vmm, cfg))
+}
