@@ -19,7 +19,8 @@
 //!
 //! [`validate`] checks a body against one definition with the keywords
 //! those definitions use: `type`, `required`, `properties`,
-//! `additionalProperties`, `enum`, `items`, `$ref`, `minimum` and `maximum`
+//! `additionalProperties` (`true`, or a schema every unlisted property
+//! meets), `enum`, `items`, `$ref`, `minimum` and `maximum`
 //! (`vcpu_count` and `mtu` have one). Two rules follow how Firecracker's own
 //! tests read the description (`tests/framework/swagger_validator.py`):
 //!
@@ -241,7 +242,11 @@ impl Checker<'_> {
                 return Err(format!("{at}: missing required property '{req}'"));
             }
         }
-        let open = schema.get("additionalProperties") == Some(&Value::Bool(true));
+        let additional = schema.get("additionalProperties");
+        let open = additional == Some(&Value::Bool(true));
+        // A schema there (`properties` of `Metrics`: strings) checks every
+        // property the object does not list.
+        let each = additional.filter(|a| a.is_object());
         for (k, value) in map {
             if value.is_null() {
                 continue;
@@ -250,6 +255,11 @@ impl Checker<'_> {
             match props.get(k).or_else(|| extra.and_then(|e| e.get(k))) {
                 Some(s) => self.check(s, None, value, &here)?,
                 None if open => {}
+                None if each.is_some() => {
+                    if let Some(schema) = each {
+                        self.check(schema, None, value, &here)?;
+                    }
+                }
                 None => {
                     let whose = definition.unwrap_or("this object");
                     return Err(format!("{here}: unknown property (not in {whose})"));
@@ -654,6 +664,22 @@ mod tests {
         assert_eq!(
             c.check_definition("Open", &json!({"a": "1"}), "$"),
             Err("$.a: expected number, got string".into())
+        );
+        // Metrics' `properties`: any key, each a string.
+        let props = &definitions()["Metrics"];
+        let c = Checker {
+            defs: definitions(),
+            extensions: None,
+        };
+        let m = |p: Value| json!({"metrics_path": "m", "emit_id": true, "properties": p});
+        assert!(props.is_object());
+        assert_eq!(
+            c.check_definition("Metrics", &m(json!({"az": "eu-1", "host": "h7"})), "$"),
+            Ok(())
+        );
+        assert_eq!(
+            c.check_definition("Metrics", &m(json!({"az": 1})), "$"),
+            Err("$.properties.az: expected string, got integer".into())
         );
     }
 

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod fc_paths;
 pub mod fc_schema;
 pub mod progress;
 

@@ -206,7 +206,7 @@ fn before_boot_every_bad_request_is_a_400_with_one_fault_line() {
     assert_eq!(info["app_name"], "minivmm");
     assert_eq!(
         get(&sock, "/version")["firecracker_version"],
-        env!("CARGO_PKG_VERSION")
+        format!("1.17.0+minivmm.{}", env!("CARGO_PKG_VERSION"))
     );
     let m = get(&sock, "/machine-config");
     assert_eq!(

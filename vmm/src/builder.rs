@@ -21,6 +21,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::serial_out::SerialOut;
 use arch::x86_64::boot_params::{
     configure_zero_page, kernel_entry_point, write_cmdline, ZeroPageConfig,
 };
@@ -76,6 +77,9 @@ pub const DEFAULT_CMDLINE: &str =
 /// Errors building a VM; each is one line for the user.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The console's output (`PUT /serial`) cannot be opened.
+    #[error(transparent)]
+    SerialOut(#[from] crate::serial_out::SerialOutError),
     /// The kernel or initramfs cannot be opened or loaded.
     #[error(transparent)]
     Kernel(#[from] KernelError),
@@ -333,13 +337,14 @@ pub fn build(
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
-    let mem = guest_memory(&vm, cfg.mem_mib, cfg.balloon.is_none())?;
+    let mem = guest_memory(&vm, cfg.mem_mib, cfg.huge_pages, cfg.balloon.is_none())?;
     steps.done("memory");
     create_irqchip(&vm)?;
     steps.done("irqchip");
     let quirks = host_quirks(cfg.host_quirks);
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
-    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, files.vsock, mmds)?;
+    let console = (files.serial, files.vsock);
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, console, mmds)?;
     steps.done("devices");
 
     let loaded = files.kernel.load(&mem)?;
@@ -355,7 +360,8 @@ pub fn build(
     steps.done("boot tables");
 
     let boot = (entry.0, ZERO_PAGE_START);
-    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices.manager, cfg.vcpus, boot, quirks)?;
+    let topology = (cfg.vcpus, cfg.smt);
+    let vcpus = create_vcpus(&kvm, &vm, &mem, &devices.manager, topology, boot, quirks)?;
     steps.done("vcpus");
     steps.log();
     info!(
@@ -383,7 +389,12 @@ pub fn build(
 pub(crate) fn open_metrics(cfg: &VmmConfig) -> Result<Option<Metrics>, BuildError> {
     cfg.metrics
         .as_ref()
-        .map(|m| Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e)))
+        .map(|m| {
+            let mut out =
+                Metrics::open(&m.path).map_err(|e| BuildError::Metrics(m.path.clone(), e))?;
+            out.set_properties(m.properties.clone());
+            Ok(out)
+        })
         .transpose()
 }
 
@@ -393,6 +404,8 @@ struct Files {
     initramfs: Option<Initramfs>,
     metrics: Option<Metrics>,
     vsock: Option<Arc<VsockSocket>>,
+    /// The console's output (stdout, or `PUT /serial`'s file or FIFO).
+    serial: SerialOut,
 }
 
 /// Opens the kernel (recognising its format), the metrics file or FIFO and
@@ -404,6 +417,14 @@ fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Fil
     let metrics = open_metrics(cfg)?;
     let initramfs = cfg.initramfs.as_deref().map(Initramfs::open).transpose()?;
     check_images(&cfg.drives)?;
+    let serial = SerialOut::open(
+        cfg.serial.out_path.as_deref(),
+        cfg.serial.rate_limiter.as_ref(),
+    )?;
+    let mut metrics = metrics;
+    if let Some(m) = metrics.as_mut() {
+        m.set_uart_dropped(serial.dropped_counter());
+    }
     let vsock = match (&cfg.vsock, prebound) {
         (None, _) => None,
         (Some(v), Some(s)) if s.path() == v.uds_path => Some(s),
@@ -414,6 +435,7 @@ fn open_files(cfg: &VmmConfig, prebound: Option<Arc<VsockSocket>>) -> Result<Fil
         initramfs,
         metrics,
         vsock,
+        serial,
     })
 }
 
@@ -425,14 +447,14 @@ pub(crate) fn attach_devices(
     mem: &GuestMemoryMmap,
     tap_fds: &mut TapFds,
     boot_timer: Option<Instant>,
-    vsock: Option<Arc<VsockSocket>>,
+    (serial, vsock): (SerialOut, Option<Arc<VsockSocket>>),
     mmds: SharedMmds,
 ) -> Result<Devices, BuildError> {
     let mut events: Events = EventManager::new()
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut manager = DeviceManager::new();
-    let serial = attach_serial(&mut manager, vm)?;
+    let serial = attach_serial(&mut manager, vm, serial)?;
     let i8042 = manager.attach_i8042(vm)?;
     manager.attach_pvpanic(panicked.clone());
     let mut env = AttachEnv {
@@ -533,9 +555,16 @@ pub(crate) fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
 /// after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps in the kernel for 2
 /// to 14 ms on the development hosts (0.2 ms of CPU), the same call before
 /// them takes 0.2 ms.
-fn guest_memory(vm: &VmFd, mem_mib: u64, thp: bool) -> Result<GuestMemoryMmap, BuildError> {
+fn guest_memory(
+    vm: &VmFd,
+    mem_mib: u64,
+    pages: crate::config::HugePages,
+    thp: bool,
+) -> Result<GuestMemoryMmap, BuildError> {
     let regions = arch_memory_regions(mem_mib << 20);
-    Ok(memory::create_guest_memory(vm, &regions, mem_mib, thp)?)
+    Ok(memory::create_guest_memory(
+        vm, &regions, mem_mib, pages, thp,
+    )?)
 }
 
 /// The in-kernel interrupt controllers and timer: the TSS pages Intel hosts
@@ -576,12 +605,13 @@ fn host_quirks(mode: HostQuirks) -> bool {
     quirks
 }
 
-/// Puts the console UART on stdout.
+/// Puts the console UART on `out`: stdout, or where `PUT /serial` said.
 fn attach_serial(
     devices: &mut DeviceManager,
     vm: &VmFd,
+    out: SerialOut,
 ) -> Result<Arc<Mutex<SerialDevice>>, BuildError> {
-    let console = ConsoleOut::new(std::io::stdout());
+    let console = ConsoleOut::new(out);
     Ok(devices.attach_serial(vm, Box::new(console))?)
 }
 
@@ -645,7 +675,7 @@ fn create_vcpus(
     vm: &VmFd,
     mem: &GuestMemoryMmap,
     devices: &Arc<DeviceManager>,
-    count: u8,
+    (count, smt): (u8, bool),
     boot: (u64, u64),
     quirks: bool,
 ) -> Result<Vec<Vcpu>, BuildError> {
@@ -658,7 +688,7 @@ fn create_vcpus(
             .create_vcpu(u64::from(id))
             .map_err(|e| VcpuError::Create(id, e))?;
         let vcpu = Vcpu::new(fd, id, devices.clone(), quirks);
-        vcpu.configure(&base_cpuid, count, mem, (id == 0).then_some(boot))?;
+        vcpu.configure(&base_cpuid, (count, smt), mem, (id == 0).then_some(boot))?;
         vcpus.push(vcpu);
     }
     Ok(vcpus)
@@ -675,7 +705,7 @@ pub(crate) fn test_vm(mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
     }
     let vm = || -> Result<_, BuildError> {
         let (kvm, vm) = create_vm(1)?;
-        let mem = guest_memory(&vm, mem_mib, true)?;
+        let mem = guest_memory(&vm, mem_mib, crate::config::HugePages::None, true)?;
         create_irqchip(&vm)?;
         Ok((kvm, vm, mem))
     };
@@ -763,13 +793,14 @@ mod tests {
             .finish()
             .unwrap()
         };
+        let console = (SerialOut::open(None, None).unwrap(), None);
         let devices = attach_devices(
             &cfg,
             &vm,
             &mem,
             &mut TapFds::new(),
             None,
-            None,
+            console,
             Default::default(),
         )
         .unwrap();
@@ -816,7 +847,7 @@ mod tests {
         }
         for thp in [true, false] {
             let (_kvm, vm) = create_vm(1).unwrap();
-            let mem = guest_memory(&vm, 32, thp).unwrap();
+            let mem = guest_memory(&vm, 32, crate::config::HugePages::None, thp).unwrap();
             let host = vm_memory::GuestMemoryBackend::get_host_address(&mem, GuestAddress(0))
                 .unwrap() as usize;
             let flags = vm_flags(host);
@@ -839,6 +870,9 @@ mod tests {
             cmdline_extra: None,
             mem_mib: 64,
             vcpus: 1,
+            smt: false,
+            huge_pages: Default::default(),
+            serial: Default::default(),
             nets: Vec::new(),
             drives: Vec::new(),
             entropy: None,

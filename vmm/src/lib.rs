@@ -20,6 +20,7 @@ pub mod logger;
 pub mod metrics;
 pub mod process;
 pub mod registry;
+pub mod serial_out;
 pub mod snapshot;
 pub mod vmm;
 

@@ -6,7 +6,10 @@
 //! in a file or FIFO (see `line_writer`). The level comes from `--log-level` (or the
 //! file's `logger.level`, restricted to `logger.module` if given); `RUST_LOG`
 //! directives such as `devices::virtio::net=debug` are applied after it, so
-//! they win where they overlap.
+//! they win where they overlap. An explicit `show_level: false` (the file's
+//! or `PUT /logger`'s, as Firecracker spells it) leaves the level out;
+//! `--show-level` and `--show-log-origin` are Firecracker's flags for the
+//! level (shown by default here) and the source file and line.
 
 use std::io::Write;
 
@@ -53,9 +56,13 @@ pub fn builder(cfg: &LoggerConfig, rust_log: Option<&str>) -> Result<Builder, Lo
         b.parse_filters(spec);
     }
     let origin = cfg.show_origin;
+    let show_level = cfg.show_level;
     b.format(move |buf, record| {
         let ts = buf.timestamp_millis();
-        write!(buf, "{ts} {:<5} ", record.level())?;
+        write!(buf, "{ts} ")?;
+        if show_level {
+            write!(buf, "{:<5} ", record.level())?;
+        }
         if let Some(id) = INSTANCE_ID.get() {
             write!(buf, "[{id}] ")?;
         }
@@ -164,6 +171,7 @@ mod tests {
             level: LevelFilter::Info,
             module: Some("vmm::event_loop".into()),
             show_origin: true,
+            show_level: true,
         };
         let (logger, p) = logger_to_file("module", cfg, None);
         emit(&logger, Level::Error, "vmm::builder", "other module");
@@ -179,6 +187,22 @@ mod tests {
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(text.contains("INFO  vmm::event_loop [vmm/src/event_loop.rs:42]: ours"));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn show_level_false_leaves_the_level_out() {
+        let cfg = LoggerConfig {
+            level: LevelFilter::Info,
+            show_level: false,
+            ..LoggerConfig::default()
+        };
+        let (logger, p) = logger_to_file("nolevel", cfg, None);
+        emit(&logger, Level::Warn, "vmm::builder", "no level here");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let (ts, rest) = text.trim_end().split_once(' ').unwrap();
+        assert!(ts.ends_with('Z'), "{text}");
+        assert_eq!(rest, "vmm::builder: no level here");
         std::fs::remove_file(&p).unwrap();
     }
 

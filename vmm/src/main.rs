@@ -24,11 +24,13 @@ use vmm::api::http::Response;
 use vmm::api::preboot::{Preboot, SnapshotLoad, Step};
 use vmm::api::ApiChannel;
 use vmm::config::cli::{clap_line, Cli, CliParts, Launch};
+use vmm::config::fc_flags::PCI_WARNING;
 use vmm::config::VmmConfig;
 use vmm::error_line;
 use vmm::host_socket::VsockSocket;
 use vmm::kvm::vm_exit::VmExit;
-use vmm::process::seccomp::{self, Filters};
+use vmm::process::seccomp::{self, Filters, SeccompMode};
+use vmm::process::seccomp_file;
 use vmm::process::signals::SignalFd;
 
 /// Bad usage or configuration, or a failure before the guest runs.
@@ -197,7 +199,7 @@ fn main_with_api(
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot set up the stop signals: {e}")),
     };
-    let channel = match vmm::api::start(sock, filters.api.clone()) {
+    let channel = match vmm::api::start(sock, filters.api.clone(), parts.launch.api_payload_limit) {
         Ok(c) => c,
         Err(e) => return fail(&error_line(&e)),
     };
@@ -286,8 +288,9 @@ fn configure_by_api(
         sock,
         mmds,
     } = *api;
-    let mut pre =
-        Preboot::with_seccomp(parts.flags.seccomp.unwrap_or_default()).with_mmds(mmds.clone());
+    let mut pre = Preboot::with_seccomp(parts.flags.seccomp.unwrap_or_default())
+        .with_mmds(mmds.clone())
+        .with_flags(&parts.flags);
     loop {
         let cmd = match channel.commands.recv_timeout(SIGNAL_POLL) {
             Ok(cmd) => cmd,
@@ -351,6 +354,27 @@ fn configure_by_api(
     }
 }
 
+/// Firecracker's flags that only warn, before anything starts:
+/// `--enable-pci` (its devices stay on virtio-MMIO).
+fn firecracker_notices(cli: &Cli) {
+    if cli.firecracker.enable_pci {
+        eprintln!("minivmm: warning: {PCI_WARNING}");
+    }
+}
+
+/// Every thread's filter, the file's (`--seccomp-filter`) or minivmm's own
+/// lists for `mode`: compiled before anything starts, so a broken list is a
+/// setup error; installed by the threads themselves (the API thread at its
+/// start, the others in Vmm::run).
+fn thread_filters(launch: &Launch, mode: SeccompMode) -> Result<Filters, String> {
+    let filters = match &launch.seccomp_filter {
+        Some(path) => seccomp_file::filters_from_file(path).map_err(|e| error_line(&e))?,
+        None => Filters::new(mode).map_err(|e| error_line(&e))?,
+    };
+    seccomp::install_sigsys_handler().map_err(|e| error_line(&e))?;
+    Ok(filters)
+}
+
 /// Enters the jail `--jail` asks for, if any (whether it did, or the error
 /// line). The process that started returns only in the jailed child: it
 /// stays outside as its supervisor and exits with its status.
@@ -381,7 +405,8 @@ fn main() -> ExitCode {
     if let Some(code) = snapshot_info(&cli) {
         return code;
     }
-    let mode = cli.seccomp;
+    firecracker_notices(&cli);
+    let mode = cli.seccomp_mode();
     // Jailed before any file the user named is opened, the config file
     // included: from here every path resolves inside the jail.
     let jailed = match enter_jail(&cli) {
@@ -407,16 +432,11 @@ fn main() -> ExitCode {
             return fail(&error_line(&e));
         }
     }
-    // Compiled before anything starts, so a broken list is a setup error,
-    // and after the jail, so that a filter naming minivmm's own pid has the
-    // one its PID namespace gives it; installed by the threads themselves
-    // (the API thread at its start, the others in Vmm::run).
-    let filters = match Filters::new(mode).and_then(|f| {
-        seccomp::install_sigsys_handler()?;
-        Ok(f)
-    }) {
+    // After the jail, so that a filter naming minivmm's own pid has the
+    // one its PID namespace gives it.
+    let filters = match thread_filters(&parts.launch, mode) {
         Ok(f) => f,
-        Err(e) => return fail(&error_line(&e)),
+        Err(msg) => return fail(&msg),
     };
     if parts.launch.id != vmm::config::ids::DEFAULT_ID {
         vmm::logger::set_instance_id(&parts.launch.id);

@@ -20,6 +20,7 @@
 //! between lines and a lost line loses nothing. The objects are serde
 //! serializations of the counter structs, so the keys are their field names.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -65,16 +66,25 @@ pub type DeviceCounters = (String, Arc<dyn DeviceMetrics>);
 struct Line<'a> {
     utc_timestamp_ms: u64,
     id: &'a str,
+    properties: &'a BTreeMap<String, String>,
+    uart: Option<UartLine>,
     vmm: VmmLine<'a>,
     devices: &'a [DeviceCounters],
 }
 
 impl Serialize for Line<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(3 + self.devices.len()))?;
+        // No length hint: JSON writes none, and a wrong one could not be seen.
+        let mut map = s.serialize_map(None)?;
         map.serialize_entry("utc_timestamp_ms", &self.utc_timestamp_ms)?;
         map.serialize_entry("id", self.id)?;
+        if !self.properties.is_empty() {
+            map.serialize_entry("properties", self.properties)?;
+        }
         map.serialize_entry("vmm", &self.vmm)?;
+        if let Some(uart) = &self.uart {
+            map.serialize_entry("uart", uart)?;
+        }
         for (id, counters) in self.devices {
             map.serialize_entry(id, &counters.to_json())?;
         }
@@ -94,6 +104,14 @@ pub struct Metrics {
     start: Instant,
     exits: Arc<VcpuExits>,
     devices: Vec<DeviceCounters>,
+    properties: BTreeMap<String, String>,
+    uart_dropped: Option<Arc<AtomicU64>>,
+}
+
+/// Firecracker's `uart` object: the console bytes its rate limiter dropped.
+#[derive(Serialize)]
+struct UartLine {
+    rate_limiter_dropped_bytes: u64,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -114,6 +132,8 @@ impl Metrics {
             start: Instant::now(),
             exits: Arc::default(),
             devices: Vec::new(),
+            properties: BTreeMap::new(),
+            uart_dropped: None,
         })
     }
 
@@ -123,6 +143,17 @@ impl Metrics {
         self.exits = exits;
         self.devices = devices;
         self.start = start;
+    }
+
+    /// Writes `properties` (Firecracker's operator key-value pairs) under
+    /// `properties` in every line; none, no key.
+    pub fn set_properties(&mut self, properties: BTreeMap<String, String>) {
+        self.properties = properties;
+    }
+
+    /// Reports the console's dropped bytes under `uart` in every line.
+    pub fn set_uart_dropped(&mut self, dropped: Arc<AtomicU64>) {
+        self.uart_dropped = Some(dropped);
     }
 
     /// Names the instance in every line (`--id`).
@@ -138,6 +169,10 @@ impl Metrics {
         let line = Line {
             utc_timestamp_ms,
             id: &self.id,
+            properties: &self.properties,
+            uart: self.uart_dropped.as_ref().map(|d| UartLine {
+                rate_limiter_dropped_bytes: d.load(std::sync::atomic::Ordering::Relaxed),
+            }),
             vmm: VmmLine {
                 uptime_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 vcpu_exits: &self.exits,
@@ -282,9 +317,11 @@ mod tests {
             .map(String::as_str)
             .collect();
         keys.sort_unstable();
+        // `properties` only when the operator gave some.
         let mut want: Vec<&str> = RESERVED_KEYS
             .iter()
             .copied()
+            .filter(|k| !matches!(*k, "properties" | "uart"))
             .chain(["net0", "rootfs", "lan"])
             .collect();
         want.sort_unstable();
@@ -293,6 +330,37 @@ mod tests {
         let last = text.lines().last().unwrap();
         let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
         let order = ["utc_timestamp_ms", "id", "vmm", "net0", "rootfs", "lan"].map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
+        // Firecracker's `properties`: the operator's pairs, after the id.
+        m.set_properties(BTreeMap::from([
+            ("az".to_string(), "eu-1".to_string()),
+            ("host".to_string(), "h7".to_string()),
+        ]));
+        m.flush();
+        let lines = lines_of(&p);
+        assert_eq!(
+            lines[2]["properties"],
+            serde_json::json!({"az": "eu-1", "host": "h7"})
+        );
+        let text = std::fs::read_to_string(&p).unwrap();
+        let last = text.lines().last().unwrap();
+        let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
+        let order = ["utc_timestamp_ms", "id", "properties", "vmm", "net0"].map(at);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
+        // Firecracker's `uart`: the console bytes the serial limiter dropped.
+        let dropped = Arc::new(AtomicU64::new(0));
+        m.set_uart_dropped(dropped.clone());
+        dropped.store(41, Ordering::Relaxed);
+        m.flush();
+        let lines = lines_of(&p);
+        assert_eq!(
+            lines[3]["uart"],
+            serde_json::json!({"rate_limiter_dropped_bytes": 41})
+        );
+        let text = std::fs::read_to_string(&p).unwrap();
+        let last = text.lines().last().unwrap();
+        let at = |key: &str| last.find(&format!("\"{key}\":")).unwrap();
+        let order = ["vmm", "uart", "net0"].map(at);
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{last}");
         std::fs::remove_file(&p).unwrap();
     }

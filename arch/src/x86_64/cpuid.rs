@@ -6,7 +6,10 @@
 //! with two vCPUs reporting the same APIC id it refuses to bring up the second one. So each
 //! vCPU gets its own APIC id, and the topology leaves describe one socket with `nr_vcpus`
 //! single-threaded cores, matching the processor entries of the MP table
-//! ([`crate::x86_64::mptable`], where APIC id = vCPU index). Every other leaf is left exactly as
+//! ([`crate::x86_64::mptable`], where APIC id = vCPU index). With SMT (Firecracker's
+//! `machine-config.smt`, more than one vCPU) the same vCPUs are two threads per core: vCPUs
+//! 2k and 2k+1 are the threads of core k (APIC id bit 0 is the thread), and the caches of a
+//! core (L1, L2) are shared by its two threads. Every other leaf is left exactly as
 //! KVM reported it.
 //!
 //! Both vendors' topology paths are covered: Intel-style leaves 1, 4, 0xb and 0x1f, and on AMD
@@ -60,49 +63,63 @@ fn update_leaf1(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8) {
     }
 }
 
+/// The guest's topology: `nr_vcpus` logical processors in one package,
+/// `threads` (1 or 2) of them per core.
+#[derive(Debug, Clone, Copy)]
+struct Topology {
+    nr_vcpus: u8,
+    threads: u8,
+}
+
+impl Topology {
+    fn cores(self) -> u8 {
+        self.nr_vcpus / self.threads
+    }
+}
+
 /// How many vCPUs share the cache that EAX of a deterministic cache leaf describes, minus
-/// one (EAX[25:14]). Intel's leaf 4 and AMD's 0x8000_001d lay out EAX[7:0] alike. One thread
-/// per core: L1/L2 are private, L3 is shared by the whole package. `None` for the entry of
-/// cache type 0, which terminates the list and carries no topology.
-fn cache_sharing_minus_one(eax: u32, nr_vcpus: u8) -> Option<u32> {
+/// one (EAX[25:14]). Intel's leaf 4 and AMD's 0x8000_001d lay out EAX[7:0] alike. L1/L2 are
+/// private to a core (shared by its threads), L3 is shared by the whole package. `None` for
+/// the entry of cache type 0, which terminates the list and carries no topology.
+fn cache_sharing_minus_one(eax: u32, topo: Topology) -> Option<u32> {
     if eax & 0x1f == 0 {
         return None;
     }
     let level = (eax >> 5) & 0x7;
     Some(if level >= 3 {
-        u32::from(nr_vcpus - 1)
+        u32::from(topo.nr_vcpus - 1)
     } else {
-        0
+        u32::from(topo.threads - 1)
     })
 }
 
 /// Leaf 4 (Intel deterministic cache parameters), one entry per cache.
-fn update_leaf4(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
-    let Some(sharing_minus_one) = cache_sharing_minus_one(entry.eax, nr_vcpus) else {
+fn update_leaf4(entry: &mut kvm_cpuid_entry2, topo: Topology) {
+    let Some(sharing_minus_one) = cache_sharing_minus_one(entry.eax, topo) else {
         return;
     };
-    let cores_minus_one = u32::from(nr_vcpus - 1).min(0x3f);
+    let cores_minus_one = u32::from(topo.cores() - 1).min(0x3f);
     entry.eax = (entry.eax & 0x0000_3fff) | (sharing_minus_one << 14) | (cores_minus_one << 26);
 }
 
-/// Leaves 0xb and 0x1f (extended topology): SMT level of one thread, core level of
-/// `nr_vcpus` cores, x2APIC id = vCPU index in every subleaf.
+/// Leaves 0xb and 0x1f (extended topology): SMT level of `threads` threads, core level of
+/// `nr_vcpus` logical processors, x2APIC id = vCPU index in every subleaf.
 ///
 /// `complete` says whether KVM reported both subleaf 0 and subleaf 1 with a valid level.
 /// If not (an AMD host reports leaf 0xb as one all-zero subleaf), the leaf stays "not
 /// implemented" (EBX = 0): making only subleaf 0 valid would tell Linux that each vCPU is its
 /// own package, because the missing core level reads as zeros.
-fn update_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, nr_vcpus: u8, complete: bool) {
+fn update_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, topo: Topology, complete: bool) {
     let index = entry.index;
     match index {
         0 if complete => {
-            entry.eax = 0;
-            entry.ebx = 1;
+            entry.eax = apic_id_bits(u32::from(topo.threads));
+            entry.ebx = u32::from(topo.threads);
             entry.ecx = (LEVEL_TYPE_SMT << 8) | index;
         }
         1 if complete => {
-            entry.eax = apic_id_bits(u32::from(nr_vcpus));
-            entry.ebx = u32::from(nr_vcpus);
+            entry.eax = apic_id_bits(u32::from(topo.nr_vcpus));
+            entry.ebx = u32::from(topo.nr_vcpus);
             entry.ecx = (LEVEL_TYPE_CORE << 8) | index;
         }
         _ => {
@@ -122,28 +139,36 @@ fn update_amd_size_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
 }
 
 /// Leaf 0x8000_001d on AMD (cache topology): L1/L2 private to a core, L3 shared by all.
-fn update_amd_cache_leaf(entry: &mut kvm_cpuid_entry2, nr_vcpus: u8) {
-    let Some(sharing_minus_one) = cache_sharing_minus_one(entry.eax, nr_vcpus) else {
+fn update_amd_cache_leaf(entry: &mut kvm_cpuid_entry2, topo: Topology) {
+    let Some(sharing_minus_one) = cache_sharing_minus_one(entry.eax, topo) else {
         return;
     };
     entry.eax = (entry.eax & !(0xfff << 14)) | (sharing_minus_one << 14);
 }
 
 /// Leaf 0x8000_001e on AMD (extended APIC id, compute unit id, node id).
-fn update_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8) {
+fn update_amd_topology_leaf(entry: &mut kvm_cpuid_entry2, vcpu_id: u8, topo: Topology) {
     entry.eax = u32::from(vcpu_id);
-    // Threads per compute unit - 1 = 0 in EBX[15:8]; compute unit id = vCPU index.
-    entry.ebx = u32::from(vcpu_id);
+    // Threads per compute unit - 1 in EBX[15:8]; the compute unit (core) id below.
+    entry.ebx = (u32::from(topo.threads - 1) << 8) | u32::from(vcpu_id / topo.threads);
     // One node, node id 0.
     entry.ecx = 0;
 }
 
-/// Adjusts KVM's supported CPUID for vCPU `vcpu_id` of `nr_vcpus` (see the module docs).
+/// Adjusts KVM's supported CPUID for vCPU `vcpu_id` of `nr_vcpus`, two threads per core
+/// with `smt` (see the module docs).
 ///
-/// `nr_vcpus` of 0 is treated as 1. Subleaves are rewritten only where KVM reported them;
-/// none are added.
-pub fn filter_cpuid(cpuid: &mut CpuId, vcpu_id: u8, nr_vcpus: u8) {
+/// `nr_vcpus` of 0 is treated as 1; SMT needs an even count of at least two (one vCPU, or an
+/// odd count, stays one thread per core). Subleaves are rewritten only where KVM reported
+/// them; none are added.
+pub fn filter_cpuid(cpuid: &mut CpuId, vcpu_id: u8, nr_vcpus: u8, smt: bool) {
     let nr_vcpus = nr_vcpus.max(1);
+    let threads = if smt && nr_vcpus >= 2 && nr_vcpus.is_multiple_of(2) {
+        2
+    } else {
+        1
+    };
+    let topo = Topology { nr_vcpus, threads };
     let entries = cpuid.as_slice();
     let is_amd = entries
         .iter()
@@ -159,12 +184,12 @@ pub fn filter_cpuid(cpuid: &mut CpuId, vcpu_id: u8, nr_vcpus: u8) {
     for entry in cpuid.as_mut_slice() {
         match entry.function {
             0x1 => update_leaf1(entry, vcpu_id, nr_vcpus),
-            0x4 => update_leaf4(entry, nr_vcpus),
-            0xb => update_topology_leaf(entry, vcpu_id, nr_vcpus, complete_0xb),
-            0x1f => update_topology_leaf(entry, vcpu_id, nr_vcpus, complete_0x1f),
+            0x4 => update_leaf4(entry, topo),
+            0xb => update_topology_leaf(entry, vcpu_id, topo, complete_0xb),
+            0x1f => update_topology_leaf(entry, vcpu_id, topo, complete_0x1f),
             0x8000_0008 if is_amd => update_amd_size_leaf(entry, nr_vcpus),
-            0x8000_001d if is_amd => update_amd_cache_leaf(entry, nr_vcpus),
-            0x8000_001e if is_amd => update_amd_topology_leaf(entry, vcpu_id),
+            0x8000_001d if is_amd => update_amd_cache_leaf(entry, topo),
+            0x8000_001e if is_amd => update_amd_topology_leaf(entry, vcpu_id, topo),
             _ => {}
         }
     }
@@ -233,7 +258,13 @@ mod tests {
 
     /// `cpuid` as [`filter_cpuid`] leaves it for vCPU `vcpu_id` of `nr_vcpus`.
     fn filtered(mut cpuid: CpuId, vcpu_id: u8, nr_vcpus: u8) -> CpuId {
-        filter_cpuid(&mut cpuid, vcpu_id, nr_vcpus);
+        filter_cpuid(&mut cpuid, vcpu_id, nr_vcpus, false);
+        cpuid
+    }
+
+    /// The same with SMT.
+    fn filtered_smt(mut cpuid: CpuId, vcpu_id: u8, nr_vcpus: u8) -> CpuId {
+        filter_cpuid(&mut cpuid, vcpu_id, nr_vcpus, true);
         cpuid
     }
 
@@ -302,6 +333,49 @@ mod tests {
         assert_eq!(l3.eax & 0x3fff, 0x0163);
         // Terminator untouched.
         assert_eq!(get(&cpuid, 4, 4).eax, 0);
+    }
+
+    #[test]
+    fn smt_gives_two_threads_per_core_on_both_vendors() {
+        // Intel: 4 vCPUs are 2 cores of 2 threads; the thread is APIC id bit 0.
+        let cpuid = filtered_smt(intel_cpuid(), 3, 4);
+        assert_eq!(abc(&cpuid, 0xb, 0), (1, 2, 0x100));
+        assert_eq!(abc(&cpuid, 0xb, 1), (2, 4, 0x201));
+        assert_eq!(get(&cpuid, 0xb, 0).edx, 3);
+        for sub in 0..3 {
+            let e = get(&cpuid, 4, sub);
+            assert_eq!(e.eax >> 26, 1, "cores per package - 1, subleaf {sub}");
+            assert_eq!((e.eax >> 14) & 0xfff, 1, "L1/L2 per core, subleaf {sub}");
+        }
+        assert_eq!((get(&cpuid, 4, 3).eax >> 14) & 0xfff, 3);
+        // AMD: threads per compute unit and the core id.
+        let cpuid = filtered_smt(amd_cpuid(), 3, 4);
+        assert_eq!(abc(&cpuid, 0x8000_001e, 0), (3, 0x101, 0));
+        assert_eq!(get(&cpuid, 0x8000_0008, 0).ecx, 3);
+        assert_eq!((get(&cpuid, 0x8000_001d, 1).eax >> 14) & 0xfff, 1);
+        assert_eq!((get(&cpuid, 0x8000_001d, 3).eax >> 14) & 0xfff, 3);
+        // One vCPU, or an odd count, stays one thread per core.
+        for (id, n) in [(0, 1), (2, 3)] {
+            assert_eq!(
+                filtered_smt(intel_cpuid(), id, n).as_slice(),
+                filtered(intel_cpuid(), id, n).as_slice()
+            );
+        }
+    }
+
+    #[test]
+    fn amd_cache_and_topology_leaves_stay_as_intel_reports_them() {
+        // An Intel host may list 0x8000_001d and 0x8000_001e (as zeros, or
+        // whatever its microcode says): they are AMD's to rewrite only.
+        let mut entries = intel_cpuid().as_slice().to_vec();
+        entries.push(leaf(0x8000_001d, 1, 0x0000_0122, 0x01c0_003f, 0x3f, 0));
+        entries.push(leaf(0x8000_001e, 0, 0x11, 0x222, 0x333, 0));
+        let cpuid = filtered_smt(CpuId::from_entries(&entries).unwrap(), 3, 4);
+        assert_eq!(
+            abc(&cpuid, 0x8000_001d, 1),
+            (0x0000_0122, 0x01c0_003f, 0x3f)
+        );
+        assert_eq!(abc(&cpuid, 0x8000_001e, 0), (0x11, 0x222, 0x333));
     }
 
     #[test]

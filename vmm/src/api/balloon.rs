@@ -247,7 +247,7 @@ mod tests {
         );
         assert_eq!(
             fault_of(&r),
-            "balloon: amount_mib 300 is more than the guest's 256 MiB of memory"
+            "balloon: amount_mib 300 is more than the guest's 128 MiB of memory"
         );
         let r = reply(
             &mut p,
@@ -285,6 +285,25 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn a_balloon_and_hugetlbfs_pages_are_refused_in_either_order() {
+        let huge = |pages: &str| {
+            ApiRequest::PatchMachineConfig(json!({"vcpu_count": 1, "mem_size_mib": 128,
+                                                  "huge_pages": pages}))
+        };
+        let balloon = || ApiRequest::PutBalloon(json!({"amount_mib": 0, "deflate_on_oom": false}));
+        let incompatible = "huge pages support is incompatible with memory ballooning";
+        let mut p = Preboot::new();
+        assert_eq!(reply(&mut p, huge("2M")).status, 204);
+        assert!(fault_of(&reply(&mut p, balloon())).contains(incompatible));
+        assert_eq!(reply(&mut p, huge("None")).status, 204);
+        assert_eq!(reply(&mut p, balloon()).status, 204);
+        assert!(fault_of(&reply(&mut p, huge("2M"))).contains(incompatible));
+        // The refused request changed nothing.
+        let cfg = body(&reply(&mut p, ApiRequest::GetVmConfig));
+        assert_eq!(cfg["machine-config"]["huge_pages"], "None", "{cfg}");
     }
 
     /// A configuration with a balloon and the device behind its control.

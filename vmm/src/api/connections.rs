@@ -18,7 +18,8 @@
 //!   from the end of the previous answer, whatever it trickles; then it is
 //!   closed. A request is at most the parser's bounds, and a connection
 //!   reads nothing more while its request is with the VMM or its answer
-//!   is going out, so it buffers at most [`MAX_BUFFERED`] bytes;
+//!   is going out, so it buffers at most [`MAX_BUFFERED`] bytes (with a
+//!   larger payload limit, [`max_buffered`] of it);
 //! - **waiting** for the VMM, for at most [`VMM_TIMEOUT`] from the request:
 //!   then, if the VMM has not claimed the request, the request is abandoned
 //!   (never applied) and answered so; a request the VMM claimed is answered
@@ -62,7 +63,12 @@ pub const MAX_IN_FLIGHT: usize = 2 * MAX_CONNECTIONS;
 const READ_CHUNK: usize = 4096;
 /// Most bytes a connection reads ahead: a request at the parser's bounds
 /// (a longer one is refused), and the start of the next.
-pub const MAX_BUFFERED: usize = http::MAX_HEAD_BYTES + http::MAX_BODY_BYTES + READ_CHUNK;
+pub const MAX_BUFFERED: usize = max_buffered(http::MAX_BODY_BYTES);
+
+/// Most bytes a connection reads ahead when bodies may hold `body_limit`.
+pub const fn max_buffered(body_limit: usize) -> usize {
+    http::MAX_HEAD_BYTES + body_limit + READ_CHUNK
+}
 /// At most one log line about connections per this span.
 pub const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -213,6 +219,8 @@ pub struct Connections<S, V> {
     /// Requests given up on that the VMM still holds in its queue.
     abandoned: Vec<Ticket>,
     tally: Tally,
+    /// Most bytes of a request body (`--http-api-max-payload-size`).
+    body_limit: usize,
 }
 
 impl<S, V> std::fmt::Debug for Connections<S, V> {
@@ -233,7 +241,14 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
             next_token: 0,
             abandoned: Vec::new(),
             tally: Tally::default(),
+            body_limit: http::MAX_BODY_BYTES,
         }
+    }
+
+    /// Takes bodies of up to `limit` bytes instead of Firecracker's default.
+    pub fn with_body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
     }
 
     /// The VMM side, as given.
@@ -527,7 +542,7 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
         let Phase::Reading { continue_sent, .. } = &mut c.phase else {
             return false;
         };
-        match http::parse(&c.inbuf) {
+        match http::parse_limited(&c.inbuf, self.body_limit) {
             Ok(Parsed::Request(req, used)) => {
                 c.inbuf.drain(..used);
                 if c.inbuf.is_empty() {

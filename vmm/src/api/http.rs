@@ -8,9 +8,9 @@
 //! parser refuses everything else with an [`HttpError`] the connection
 //! answers with `400` and a fault message:
 //! - a request line and headers longer than [`MAX_HEAD_BYTES`] together, a
-//!   body longer than [`MAX_BODY_BYTES`] (Firecracker's default payload
-//!   limit), so a client cannot make minivmm hold more than one bounded
-//!   request per connection;
+//!   body longer than the payload limit ([`MAX_BODY_BYTES`], Firecracker's
+//!   default, or `--http-api-max-payload-size`), so a client cannot make
+//!   minivmm hold more than one bounded request per connection;
 //! - `Transfer-Encoding` (chunked bodies: no client of the API sends one),
 //!   two `Content-Length`s, a length that is not a decimal number;
 //! - bytes that are not ASCII in the request line or header names, a
@@ -27,6 +27,9 @@ use std::fmt::Write as _;
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// Most bytes of a body: Firecracker's default `--http-api-max-payload-size`.
 pub const MAX_BODY_BYTES: usize = 51_200;
+/// The largest `--http-api-max-payload-size` minivmm takes: every open
+/// connection may buffer a request this large, so the limit bounds memory.
+pub const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
 
 /// The methods of Firecracker's API; any other is kept by name so the
 /// router can say which it refused.
@@ -76,9 +79,9 @@ pub enum HttpError {
     /// The request line and headers exceed [`MAX_HEAD_BYTES`].
     #[error("the request line and headers exceed {MAX_HEAD_BYTES} bytes")]
     HeadTooLarge,
-    /// The body exceeds [`MAX_BODY_BYTES`].
-    #[error("the request body of {0} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")]
-    BodyTooLarge(u64),
+    /// The body exceeds the payload limit (the second number).
+    #[error("the request body of {0} bytes exceeds the limit of {1} bytes")]
+    BodyTooLarge(u64, usize),
     /// The request line is not `METHOD PATH VERSION`.
     #[error("malformed request line")]
     RequestLine,
@@ -96,8 +99,15 @@ pub enum HttpError {
     TransferEncoding,
 }
 
-/// Looks for a whole request at the front of `buf`.
+/// Looks for a whole request at the front of `buf`, with Firecracker's
+/// default payload limit.
 pub fn parse(buf: &[u8]) -> Result<Parsed, HttpError> {
+    parse_limited(buf, MAX_BODY_BYTES)
+}
+
+/// Looks for a whole request at the front of `buf`, whose body may hold
+/// at most `max_body` bytes.
+pub fn parse_limited(buf: &[u8], max_body: usize) -> Result<Parsed, HttpError> {
     let Some(head_len) = find_head_end(buf) else {
         if buf.len() >= MAX_HEAD_BYTES {
             return Err(HttpError::HeadTooLarge);
@@ -142,8 +152,8 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, HttpError> {
         }
     }
     let body_len = content_length.unwrap_or(0);
-    if body_len > MAX_BODY_BYTES as u64 {
-        return Err(HttpError::BodyTooLarge(body_len));
+    if body_len > max_body as u64 {
+        return Err(HttpError::BodyTooLarge(body_len, max_body));
     }
     let body_len = body_len as usize;
     let Some(body) = buf.get(head_len..head_len + body_len) else {
@@ -355,7 +365,20 @@ mod tests {
         );
         assert_eq!(
             parse(big.as_bytes()),
-            Err(HttpError::BodyTooLarge(MAX_BODY_BYTES as u64 + 1))
+            Err(HttpError::BodyTooLarge(
+                MAX_BODY_BYTES as u64 + 1,
+                MAX_BODY_BYTES
+            ))
+        );
+        // A larger limit (--http-api-max-payload-size) takes that body, and
+        // refuses one byte more.
+        assert!(matches!(
+            parse_limited(big.as_bytes(), MAX_BODY_BYTES + 1),
+            Ok(Parsed::Incomplete { .. })
+        ));
+        assert_eq!(
+            parse_limited(big.as_bytes(), 100),
+            Err(HttpError::BodyTooLarge(MAX_BODY_BYTES as u64 + 1, 100))
         );
         let at_limit =
             format!("PUT /boot-source HTTP/1.1\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n");
@@ -374,7 +397,7 @@ mod tests {
             Ok(Parsed::Incomplete { .. })
         ));
         let huge = b"PUT / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n";
-        assert!(matches!(parse(huge), Err(HttpError::BodyTooLarge(_))));
+        assert!(matches!(parse(huge), Err(HttpError::BodyTooLarge(..))));
     }
 
     #[test]

@@ -57,15 +57,20 @@ pub struct ApiChannel {
 }
 
 /// Binds the API socket at `path` and starts its thread (`fc_api`, as
-/// Firecracker names it), which installs `filter` before it reads a byte.
+/// Firecracker names it), which installs `filter` before it reads a byte
+/// and takes request bodies of up to `body_limit` bytes.
 /// Returns once the thread is filtered and serving; a filter the kernel
 /// refuses is an error here, before anything of the VM exists.
-pub fn start(path: &Path, filter: Option<BpfProgram>) -> Result<ApiChannel, ServerError> {
+pub fn start(
+    path: &Path,
+    filter: Option<BpfProgram>,
+    body_limit: usize,
+) -> Result<ApiChannel, ServerError> {
     let io = |source| ServerError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let server = ApiServer::bind(path)?;
+    let server = ApiServer::bind(path)?.with_body_limit(body_limit);
     let wake = EventFd::new(libc::EFD_NONBLOCK).map_err(io)?;
     let thread_wake = wake.try_clone().map_err(io)?;
     let (tx, commands) = mpsc::channel();

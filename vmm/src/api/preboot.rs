@@ -45,8 +45,20 @@ use std::sync::Arc;
 
 /// `app_name` in `GET /`.
 pub const APP_NAME: &str = "minivmm";
-/// `vmm_version` in `GET /` and `firecracker_version` in `GET /version`.
+/// minivmm's own version: `vmm_version` in `GET /`, and the build
+/// metadata of `firecracker_version` in `GET /version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The Firecracker release whose API description minivmm implements.
+pub const FIRECRACKER_API: &str = "1.17.0";
+
+/// `firecracker_version` in `GET /version`: the Firecracker API version
+/// minivmm implements, with minivmm's own version as SemVer build metadata
+/// (`1.17.0+minivmm.0.1.0`). A client comparing versions sees 1.17.0
+/// (build metadata has no precedence), a person sees both, and the body
+/// keeps Firecracker's one-field shape.
+pub fn firecracker_version() -> String {
+    format!("{FIRECRACKER_API}+minivmm.{VERSION}")
+}
 
 /// Sections of Firecracker's full configuration that are `null` unless
 /// put (`entropy`) or that minivmm has not (the rest): `GET /vm/config`
@@ -68,7 +80,7 @@ pub fn instance_info(id: &str, state: &str) -> Response {
 
 /// `GET /version`: Firecracker's `FirecrackerVersion`.
 pub fn version() -> Response {
-    Response::json(json!({ "firecracker_version": VERSION }).to_string())
+    Response::json(json!({ "firecracker_version": firecracker_version() }).to_string())
 }
 
 /// A fault for a request that only makes sense once the VM runs.
@@ -105,6 +117,8 @@ pub struct SnapshotLoad {
 #[derive(Debug, Default)]
 pub struct Preboot {
     doc: Map<String, Value>,
+    /// `--metrics-path` (or `--metrics`) set the metrics up already.
+    metrics_by_flag: bool,
     /// The vsock socket `PUT /vsock` bound.
     vsock: Option<Arc<VsockSocket>>,
     /// The filter of the process that removes that socket.
@@ -163,6 +177,13 @@ impl Preboot {
         Self::default()
     }
 
+    /// This configuration beside what the command line says, `flags`
+    /// (which win over the API's): metrics a flag set up cannot be put again.
+    pub fn with_flags(mut self, flags: &Settings) -> Self {
+        self.metrics_by_flag = flags.metrics_path.is_some();
+        self
+    }
+
     /// An empty configuration whose vsock socket's remover runs under a
     /// filter for `mode` (`--seccomp`).
     pub fn with_seccomp(mode: SeccompMode) -> Self {
@@ -176,6 +197,22 @@ impl Preboot {
     /// `mmds` (the process's store).
     pub fn with_mmds(self, mmds: SharedMmds) -> Self {
         Preboot { mmds, ..self }
+    }
+
+    /// `PUT /metrics`: once, as Firecracker initializes its metrics once
+    /// (by `--metrics-path` or by this request).
+    fn put_metrics(&mut self, v: Value) -> Response {
+        if self.metrics_by_flag {
+            return Response::fault(
+                "the metrics were set up by --metrics-path already; they are set up once",
+            );
+        }
+        if self.doc.get("metrics").is_some_and(|m| !m.is_null()) {
+            return Response::fault(
+                "the metrics were set up by an earlier PUT /metrics; they are set up once",
+            );
+        }
+        self.put("metrics", v)
     }
 
     /// The socket `PUT /vsock` bound, for the builder.
@@ -198,8 +235,9 @@ impl Preboot {
             }
             ApiRequest::PutDrive(id, v) => self.put_entry("drives", "drive_id", &id, v),
             ApiRequest::PutLogger(v) => self.put("logger", v),
-            ApiRequest::PutMetrics(v) => self.put("metrics", v),
+            ApiRequest::PutMetrics(v) => self.put_metrics(v),
             ApiRequest::PutEntropy(v) => self.put("entropy", v),
+            ApiRequest::PutSerial(v) => self.put("serial", v),
             ApiRequest::PutVsock(v) => self.put_vsock(v),
             ApiRequest::PutMmdsConfig(v) => self.put("mmds-config", v),
             ApiRequest::PutMmds(v) => mmds::put(&self.mmds, v),
@@ -274,6 +312,9 @@ impl Preboot {
     /// put in their empty form.
     fn vm_config(&self) -> Value {
         let mut doc = self.doc.clone();
+        // Firecracker's full configuration has no place for the console
+        // output (its `PUT /serial` is not part of it either).
+        doc.remove("serial");
         doc.insert("machine-config".into(), self.machine_config());
         for list in ["drives", "network-interfaces"] {
             doc.entry(list).or_insert_with(|| json!([]));
@@ -478,7 +519,10 @@ mod tests {
                    "vmm_version": VERSION})
         );
         let r = reply(&mut p, ApiRequest::GetVersion);
-        assert_eq!(body(&r), json!({"firecracker_version": VERSION}));
+        assert_eq!(
+            body(&r),
+            json!({"firecracker_version": format!("1.17.0+minivmm.{}", env!("CARGO_PKG_VERSION"))})
+        );
     }
 
     #[test]
@@ -521,6 +565,84 @@ mod tests {
         settings.kernel = Some("/vmlinux".into());
         let cfg = settings.finish().unwrap();
         assert!(cfg.entropy.is_some_and(|e| e.rate_limiter.is_unlimited()));
+    }
+
+    #[test]
+    fn metrics_are_put_once_and_not_over_a_flag() {
+        let m =
+            json!({"metrics_path": "/tmp/m.json", "emit_id": true, "properties": {"az": "eu-1"}});
+        let mut p = Preboot::new();
+        assert_eq!(reply(&mut p, ApiRequest::PutMetrics(m.clone())).status, 204);
+        let e = fault_of(&reply(&mut p, ApiRequest::PutMetrics(m.clone())));
+        assert!(e.contains("an earlier PUT /metrics"), "{e}");
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap().metrics.unwrap();
+        assert!(cfg.emit_id);
+        assert_eq!(cfg.properties["az"], "eu-1");
+        let flags = Settings {
+            metrics_path: Some("/tmp/flag.json".into()),
+            ..Settings::default()
+        };
+        let mut p = Preboot::new().with_flags(&flags);
+        let e = fault_of(&reply(&mut p, ApiRequest::PutMetrics(m)));
+        assert!(e.contains("--metrics-path"), "{e}");
+        // The logger may be put again (Firecracker updates it).
+        let l = json!({"level": "Info", "show_level": false});
+        assert_eq!(reply(&mut p, ApiRequest::PutLogger(l.clone())).status, 204);
+        assert_eq!(reply(&mut p, ApiRequest::PutLogger(l)).status, 204);
+    }
+
+    #[test]
+    fn serial_smt_and_huge_pages_reach_the_configuration() {
+        let mut p = Preboot::new();
+        let serial = json!({"serial_out_path": "/tmp/console.out",
+                            "rate_limiter": {"size": 4096, "refill_time": 100}});
+        assert_eq!(reply(&mut p, ApiRequest::PutSerial(serial)).status, 204);
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutSerial(json!({"serial_out_path": 1})),
+        ));
+        assert!(e.contains("serial"), "{e}");
+        let e = fault_of(&reply(
+            &mut p,
+            ApiRequest::PutSerial(json!({"rate_limiter": {"size": 0, "refill_time": 100}})),
+        ));
+        assert!(e.starts_with("serial rate_limiter"), "{e}");
+        let mc = json!({"vcpu_count": 2, "mem_size_mib": 256, "smt": true, "huge_pages": "2M"});
+        assert_eq!(reply(&mut p, ApiRequest::PutMachineConfig(mc)).status, 204);
+        for (bad, why) in [
+            (
+                json!({"vcpu_count": 3, "mem_size_mib": 256, "smt": true}),
+                "1 or even",
+            ),
+            (
+                json!({"vcpu_count": 1, "mem_size_mib": 255, "huge_pages": "2M"}),
+                "multiple of 2 MiB",
+            ),
+            (
+                json!({"vcpu_count": 1, "mem_size_mib": 256, "huge_pages": "1G"}),
+                "'1G' is none of",
+            ),
+        ] {
+            let e = fault_of(&reply(&mut p, ApiRequest::PutMachineConfig(bad)));
+            assert!(e.contains(why), "{e}");
+        }
+        let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
+        assert_eq!(
+            (m["smt"].as_bool(), m["huge_pages"].as_str()),
+            (Some(true), Some("2M"))
+        );
+        let mut settings = p.settings().unwrap();
+        settings.kernel = Some("/vmlinux".into());
+        let cfg = settings.finish().unwrap();
+        assert!(cfg.smt);
+        assert_eq!(cfg.huge_pages, crate::config::HugePages::Hugetlbfs2M);
+        assert_eq!(
+            cfg.serial.out_path.as_deref(),
+            Some(std::path::Path::new("/tmp/console.out"))
+        );
+        assert_eq!(cfg.serial.rate_limiter.map(|b| b.size), Some(4096));
     }
 
     #[test]
@@ -603,7 +725,7 @@ mod tests {
         let m = body(&reply(&mut p, ApiRequest::GetMachineConfig));
         assert_eq!(
             (m["vcpu_count"].as_u64(), m["mem_size_mib"].as_u64()),
-            (Some(1), Some(256))
+            (Some(1), Some(128))
         );
         let put = json!({"vcpu_count": 2, "mem_size_mib": 512});
         assert_eq!(reply(&mut p, ApiRequest::PutMachineConfig(put)).status, 204);
@@ -626,7 +748,7 @@ mod tests {
         assert!(e.contains("vCPU") || e.contains("vcpu"), "{e}");
         let e = fault_of(&reply(
             &mut p,
-            ApiRequest::PatchMachineConfig(json!({"smt": true})),
+            ApiRequest::PatchMachineConfig(json!({"smt": true, "vcpu_count": 3})),
         ));
         assert!(e.contains("smt"), "{e}");
         let e = fault_of(&reply(

@@ -23,8 +23,11 @@
 //! `/mmds` (`PUT`, `PATCH`, `GET`) takes any JSON value as the store, as
 //! Firecracker does; `/mmds/config` an object.
 //!
-//! Paths of features minivmm does not have (CPU templates, hotplug, serial) are refused with a
-//! message that names the feature, not as unknown paths.
+//! Paths of features minivmm does not have (CPU templates, pmem, memory
+//! hotplug) are refused with a message that names the feature, not as
+//! unknown paths; every path of Firecracker's API description is known here,
+//! whatever its depth (`/balloon/hinting/start`). The balloon's paths go to
+//! [`route_balloon`], where the balloon device's requests are decoded.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -82,6 +85,8 @@ pub enum ApiRequest {
     PutMetrics(Value),
     /// `PUT /entropy`.
     PutEntropy(Value),
+    /// `PUT /serial`.
+    PutSerial(Value),
     /// `PUT /vsock` or `PUT /vsock/{id}`.
     PutVsock(Value),
     /// `PUT /mmds`: the whole store.
@@ -109,9 +114,14 @@ pub enum ApiRequest {
 /// Paths of Firecracker features minivmm does not have, with their names.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("cpu-config", "CPU templates"),
-    ("hotplug", "hotplug"),
-    ("serial", "serial output redirection"),
-    ("pmem", "pmem devices"),
+    (
+        "hotplug",
+        "memory hotplug (it needs a virtio-mem device, which minivmm does not have)",
+    ),
+    (
+        "pmem",
+        "pmem (it needs a virtio-pmem device, which minivmm does not have)",
+    ),
 ];
 
 #[derive(Deserialize)]
@@ -166,6 +176,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("logger", None, Method::Put) => ApiRequest::PutLogger(json(req)?),
         ("metrics", None, Method::Put) => ApiRequest::PutMetrics(json(req)?),
         ("entropy", None, Method::Put) => ApiRequest::PutEntropy(json(req)?),
+        ("serial", None, Method::Put) => ApiRequest::PutSerial(json(req)?),
         ("vsock", None, Method::Put) => ApiRequest::PutVsock(json(req)?),
         ("vsock", Some(id), Method::Put) => ApiRequest::PutVsock(vsock_body(req, id)?),
         ("mmds", None, Method::Put) => ApiRequest::PutMmds(any_json(req)?),
@@ -184,7 +195,8 @@ pub fn route(req: &Request) -> Result<ApiRequest, String> {
         ("snapshot", Some("load"), Method::Put) => ApiRequest::LoadSnapshot(json(req)?),
         (
             "" | "version" | "machine-config" | "boot-source" | "drives" | "network-interfaces"
-            | "logger" | "metrics" | "entropy" | "vsock" | "actions" | "vm" | "snapshot" | "mmds",
+            | "logger" | "metrics" | "entropy" | "serial" | "vsock" | "actions" | "vm" | "snapshot"
+            | "mmds",
             _,
             _,
         ) if known_path(first, second) => {
@@ -293,7 +305,7 @@ fn route_balloon(req: &Request, rest: &[&str]) -> Result<ApiRequest, String> {
 fn known_path(first: &str, second: Option<&str>) -> bool {
     match first {
         "" | "version" | "machine-config" | "boot-source" | "logger" | "metrics" | "entropy"
-        | "actions" => second.is_none(),
+        | "serial" | "actions" => second.is_none(),
         "drives" | "network-interfaces" => second.is_some(),
         "vsock" => true,
         "vm" | "mmds" => matches!(second, None | Some("config")),
@@ -563,6 +575,32 @@ mod tests {
                 r.path
             );
         }
+        for (path, feature) in [
+            (
+                "/pmem/pmem0",
+                "pmem (it needs a virtio-pmem device, which minivmm does not have)",
+            ),
+            (
+                "/hotplug/memory",
+                "memory hotplug (it needs a virtio-mem device, which minivmm does not have)",
+            ),
+        ] {
+            assert_eq!(
+                route(&req(Put, path, "{}")),
+                Err(format!("{feature} is not supported by minivmm")),
+                "PUT {path}"
+            );
+        }
+        assert_eq!(
+            route(&req(Put, "/serial", r#"{"serial_out_path":"s"}"#)),
+            Ok(ApiRequest::PutSerial(
+                serde_json::json!({"serial_out_path": "s"})
+            ))
+        );
+        assert_eq!(
+            route(&req(Get, "/serial", "")),
+            Err("invalid request method GET for /serial".to_string())
+        );
         // The snapshot paths carry their body; anything else under
         // /snapshot is unknown, and only PUT is a method for them.
         assert_eq!(

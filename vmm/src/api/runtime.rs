@@ -110,9 +110,9 @@ impl Runtime {
                 json!({
                     "vcpu_count": self.config.vcpus,
                     "mem_size_mib": self.config.mem_mib,
-                    "smt": false,
+                    "smt": self.config.smt,
                     "track_dirty_pages": false,
-                    "huge_pages": "None",
+                    "huge_pages": self.config.huge_pages.name(),
                 })
                 .to_string(),
             ),
@@ -163,6 +163,7 @@ impl Runtime {
             | ApiRequest::PutLogger(_)
             | ApiRequest::PutMetrics(_)
             | ApiRequest::PutEntropy(_)
+            | ApiRequest::PutSerial(_)
             | ApiRequest::PutVsock(_)
             | ApiRequest::PutBalloon(_)
             | ApiRequest::PutMmdsConfig(_) => Response::fault(
@@ -294,7 +295,10 @@ mod tests {
                 "tap=t0,id=eth0",
             ])
             .expect("flags");
-            let config = cli.into_config().expect("config");
+            let mut config = cli.into_config().expect("config");
+            // What GET /machine-config reports of the machine.
+            config.smt = true;
+            config.huge_pages = crate::config::HugePages::Transparent;
             let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
             let (a, peer) = SeqPacket::pair().unwrap();
             let net: TestNet = Arc::new(Mutex::new(
@@ -603,6 +607,10 @@ mod tests {
             (mc["vcpu_count"].clone(), mc["mem_size_mib"].clone()),
             (json!(2), json!(128))
         );
+        assert_eq!(
+            (mc["smt"].clone(), mc["huge_pages"].clone()),
+            (json!(true), json!("Transparent"))
+        );
         let v = body(&rig.rt.handle(ApiRequest::GetVersion));
         assert!(v["firecracker_version"].is_string(), "{v}");
         let cfg = body(&rig.rt.handle(ApiRequest::GetVmConfig));
@@ -715,6 +723,9 @@ pub(crate) mod drive_tests {
             cmdline_extra: None,
             mem_mib: 1,
             vcpus: 1,
+            smt: false,
+            huge_pages: Default::default(),
+            serial: Default::default(),
             nets: Vec::new(),
             drives: configs,
             entropy: None,

@@ -98,6 +98,7 @@ pub struct ApiServer {
     epoll: Epoll,
     stop: EventFd,
     answers: Arc<EventFd>,
+    body_limit: usize,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -141,7 +142,15 @@ impl ApiServer {
             epoll,
             stop,
             answers: Arc::new(answers),
+            body_limit: super::http::MAX_BODY_BYTES,
         })
+    }
+
+    /// Takes request bodies of up to `limit` bytes
+    /// (`--http-api-max-payload-size`) instead of Firecracker's default.
+    pub fn with_body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
     }
 
     /// An `EventFd` whose signal makes [`serve`](Self::serve) return.
@@ -157,7 +166,8 @@ impl ApiServer {
             commands: vmm,
             wake,
             answers: self.answers.clone(),
-        });
+        })
+        .with_body_limit(self.body_limit);
         let mut events = vec![EpollEvent::default(); 32];
         let mut backlog = false;
         loop {

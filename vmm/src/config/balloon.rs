@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ConfigError;
+use super::HugePages;
 
 /// The balloon's id: its metrics key (Firecracker's), its name in log
 /// lines.
@@ -54,7 +55,16 @@ impl BalloonSpec {
 }
 
 /// The device configuration for `spec` in a guest of `mem_mib` MiB.
-pub fn finish_balloon(spec: BalloonSpec, mem_mib: u64) -> Result<BalloonConfig, ConfigError> {
+pub fn finish_balloon(
+    spec: BalloonSpec,
+    mem_mib: u64,
+    pages: HugePages,
+) -> Result<BalloonConfig, ConfigError> {
+    // The balloon gives pages back 4 KiB at a time; a hugetlbfs page cannot
+    // be given back in part (Firecracker refuses the pair the same way).
+    if pages == HugePages::Hugetlbfs2M {
+        return Err(ConfigError::BalloonHugePages);
+    }
     if u64::from(spec.amount_mib) > mem_mib {
         return Err(ConfigError::BalloonTooLarge(spec.amount_mib, mem_mib));
     }
@@ -80,16 +90,22 @@ mod tests {
     fn firecrackers_body_with_its_defaults_and_the_target_bounded_by_memory() {
         let s: BalloonSpec =
             serde_json::from_value(json!({"amount_mib": 64, "deflate_on_oom": true})).unwrap();
-        let b = finish_balloon(s, 128).unwrap();
+        let b = finish_balloon(s, 128, HugePages::None).unwrap();
         assert_eq!(
             render(&b),
             json!({"amount_mib": 64, "deflate_on_oom": true, "stats_polling_interval_s": 0,
                    "free_page_hinting": false, "free_page_reporting": false})
         );
-        let e = finish_balloon(s, 63).unwrap_err();
+        let e = finish_balloon(s, 63, HugePages::Transparent).unwrap_err();
         assert_eq!(
             e.to_string(),
             "balloon: amount_mib 64 is more than the guest's 63 MiB of memory"
+        );
+        let e = finish_balloon(s, 128, HugePages::Hugetlbfs2M).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "balloon: huge pages support is incompatible with memory ballooning \
+             (machine-config huge_pages \"2M\")"
         );
         for bad in [
             json!({"amount_mib": 1}),

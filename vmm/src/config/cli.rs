@@ -17,6 +17,7 @@ use log::LevelFilter;
 use super::drive::parse_disk;
 use super::entropy::parse_rng;
 use super::error::ConfigError;
+use super::fc_flags::{FirecrackerFlags, DEFAULT_API_SOCK};
 use super::file::{self, FileError};
 use super::ids::DEFAULT_ID;
 use super::net::{parse_offloads, MacAddr, NetSpec};
@@ -66,8 +67,15 @@ pub struct Launch {
     pub jail: Option<JailConfig>,
     /// The MMDS store's first content (`--metadata`).
     pub metadata: Option<PathBuf>,
-    /// The MMDS store's bound (`--mmds-size-limit`).
+    /// Firecracker's seccompiler JSON to take the threads' filters from.
+    pub seccomp_filter: Option<PathBuf>,
+    /// Most bytes of an API request body.
+    pub api_payload_limit: usize,
+    /// Most bytes of the MMDS data store (`--mmds-size-limit`, by default
+    /// the payload limit, as Firecracker has it): for the MMDS code.
     pub mmds_size_limit: usize,
+    /// `--enable-pci` was given (devices stay on virtio-MMIO; one warning).
+    pub enable_pci: bool,
 }
 
 /// The command line taken apart: the file's settings (empty without
@@ -136,7 +144,9 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub config_file: Option<PathBuf>,
     /// Guest kernel: a bzImage or an ELF vmlinux (detected from the file).
-    #[arg(long, value_name = "PATH", required_unless_present_any = ["config_file", "api_sock", "snapshot_version", "describe_snapshot", "rebase_snap"])]
+    /// Without it, --config-file or --api-sock, the API is served on
+    /// /run/firecracker.socket (Firecracker's default).
+    #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
     /// Initramfs (cpio archive, optionally compressed) loaded below the top of low memory.
     #[arg(long, value_name = "PATH")]
@@ -146,7 +156,7 @@ pub struct Cli {
     /// file's boot_args).
     #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
-    /// Guest memory in MiB [default: 256].
+    /// Guest memory in MiB [default: 128, as Firecracker's].
     #[arg(long, value_name = "MIB", value_parser = number)]
     pub mem: Option<u64>,
     /// Number of vCPUs; more than one boots SMP through an MP table [default: 1].
@@ -208,7 +218,7 @@ pub struct Cli {
     pub no_mrg_rxbuf: bool,
     /// Append one JSON line of metrics to this file or FIFO per interval, on
     /// SIGUSR1 and at exit.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", visible_alias = "metrics-path")]
     pub metrics: Option<PathBuf>,
     /// Seconds between metrics lines; 0 writes only on SIGUSR1 and at exit [default: 60].
     #[arg(long, value_name = "SECS", value_parser = number)]
@@ -216,9 +226,10 @@ pub struct Cli {
     /// Write log lines to this file or FIFO instead of stderr.
     #[arg(long, value_name = "PATH")]
     pub log_path: Option<PathBuf>,
-    /// Log level: off, error, warn, info, debug or trace; RUST_LOG-style module
-    /// filters in RUST_LOG apply on top [default: warn].
-    #[arg(long, value_name = "LEVEL", value_parser = level)]
+    /// Log level: off, error, warn (Warning), info, debug or trace, in any case
+    /// (Firecracker's names too); RUST_LOG-style module filters in RUST_LOG
+    /// apply on top [default: warn].
+    #[arg(long, value_name = "LEVEL", value_parser = level, visible_alias = "level")]
     pub log_level: Option<LevelFilter>,
     /// Recoveries for a PVM-backed KVM host (guest command-line words, INT3
     /// emulation recovery): auto detects the host, on/off force them [default: auto].
@@ -233,8 +244,8 @@ pub struct Cli {
     /// through it and starts on `PUT /actions` `InstanceStart`.
     #[arg(long, value_name = "PATH", conflicts_with = "no_api")]
     pub api_sock: Option<PathBuf>,
-    /// No API socket (Firecracker's flag; minivmm serves none unless
-    /// --api-sock is given).
+    /// No API socket (Firecracker's flag): the VM comes from --config-file
+    /// or --kernel alone.
     #[arg(long)]
     pub no_api: bool,
     /// The instance id, in `GET /` and every log line.
@@ -278,11 +289,6 @@ pub struct Cli {
     /// --metadata). It is served on the cards `mmds-config` names.
     #[arg(long, value_name = "PATH")]
     pub metadata: Option<PathBuf>,
-    /// The MMDS store's bound in bytes of compact JSON (Firecracker's
-    /// --mmds-size-limit); a PUT or PATCH /mmds over it is refused.
-    #[arg(long, value_name = "BYTES", value_parser = number,
-          default_value_t = devices::mmds::DEFAULT_SIZE_LIMIT as u64)]
-    pub mmds_size_limit: u64,
     /// Run jailed before opening any file: DIR as the root of a new mount
     /// namespace, new PID namespace and session, a cgroup of its own, as
     /// --uid and --gid with no capability and no_new_privs (see the README's
@@ -313,9 +319,39 @@ pub struct Cli {
     /// no-file=N (open files, default 2048); repeatable.
     #[arg(long = "resource-limit", value_name = "RESOURCE=N", requires = "jail")]
     pub resource_limit: Vec<String>,
+    /// Firecracker's launcher flags without a minivmm spelling.
+    #[command(flatten)]
+    pub firecracker: FirecrackerFlags,
 }
 
 impl Cli {
+    /// The system-call filter asked for: `--no-seccomp` is `--seccomp off`.
+    pub fn seccomp_mode(&self) -> SeccompMode {
+        if self.firecracker.no_seccomp {
+            SeccompMode::Off
+        } else {
+            self.seccomp
+        }
+    }
+
+    /// Where the API is served: `--api-sock`, or Firecracker's default socket
+    /// when nothing else says how the VM is configured.
+    fn api_socket(&self) -> Result<Option<PathBuf>, CliError> {
+        if self.api_sock.is_some() {
+            return Ok(self.api_sock.clone());
+        }
+        let described = self.kernel.is_some() || self.config_file.is_some();
+        match (described, self.no_api) {
+            (true, _) => Ok(None),
+            (false, false) => Ok(Some(PathBuf::from(DEFAULT_API_SOCK))),
+            (false, true) => Err(CliError::Launch(
+                "--no-api needs --config-file (or --kernel): without the API nothing else \
+                 configures the VM"
+                    .into(),
+            )),
+        }
+    }
+
     /// Validates the command line (over the config file, if any) into a VM
     /// configuration.
     pub fn into_config(self) -> Result<VmmConfig, CliError> {
@@ -327,26 +363,24 @@ impl Cli {
     /// jailed minivmm needs before it enters its jail.
     pub fn launch(&self) -> Result<Launch, CliError> {
         check_id(&self.id)?;
-        let mmds_size_limit = usize::try_from(self.mmds_size_limit).map_err(|_| {
-            CliError::Launch(format!(
-                "--mmds-size-limit: {} is out of range",
-                self.mmds_size_limit
-            ))
-        })?;
         let jail = match &self.jail {
             Some(root) => Some(self.jail_config(root)?),
             None => None,
         };
+        let limits = self.firecracker.limits().map_err(CliError::Launch)?;
         Ok(Launch {
             jail,
-            api_sock: self.api_sock.clone(),
+            api_sock: self.api_socket()?,
+            seccomp_filter: self.firecracker.seccomp_filter.clone(),
+            api_payload_limit: limits.api_payload_limit,
+            mmds_size_limit: limits.mmds_size_limit,
+            enable_pci: self.firecracker.enable_pci,
             id: self.id.clone(),
             start_time_us: self.start_time_us,
             start_time_cpu_us: self.start_time_cpu_us,
             parent_cpu_time_us: self.parent_cpu_time_us,
             boot_timer: self.boot_timer,
             metadata: self.metadata.clone(),
-            mmds_size_limit,
         })
     }
 
@@ -365,7 +399,7 @@ impl Cli {
             &self.id,
         );
         jail.netns = self.netns.clone();
-        jail.seccomp = self.seccomp;
+        jail.seccomp = self.seccomp_mode();
         if let Some(v) = &self.cgroup_version {
             jail.cgroup.version = CgroupVersion::parse(v).map_err(|e| launch(&e))?;
         }
@@ -402,6 +436,7 @@ impl Cli {
 
     /// What the command line itself says.
     pub fn into_settings(self) -> Result<Settings, ConfigError> {
+        let seccomp = self.seccomp_mode();
         let mut nets = self
             .net
             .iter()
@@ -448,14 +483,16 @@ impl Cli {
             metrics_interval_s: self.metrics_interval,
             log_path: self.log_path,
             log_level: self.log_level,
-            log_module: None,
-            log_show_origin: None,
+            log_module: self.firecracker.module.clone(),
+            log_show_origin: self.firecracker.show_log_origin.then_some(true),
+            log_show_level: self.firecracker.show_level.then_some(true),
             host_quirks: self
                 .host_quirks
                 .as_deref()
                 .map(parse_host_quirks)
                 .transpose()?,
-            seccomp: Some(self.seccomp),
+            seccomp: Some(seccomp),
+            ..Settings::default()
         })
     }
 }
@@ -675,7 +712,7 @@ mod tests {
     fn minimal_command_line_has_defaults() {
         let cfg = parse(&["--kernel", "bzImage"]).unwrap();
         assert_eq!(cfg.kernel, PathBuf::from("bzImage"));
-        assert_eq!(cfg.mem_mib, 256);
+        assert_eq!(cfg.mem_mib, 128);
         assert_eq!(cfg.vcpus, 1);
         assert!(cfg.nets.is_empty());
         assert_eq!(cfg.host_quirks, HostQuirks::Auto);
@@ -697,6 +734,75 @@ mod tests {
         assert_eq!(net.rx_weight_packets, 256);
         assert!(net.offloads == Offloads::ALL && net.mrg_rxbuf);
         assert_eq!(net.mtu, None);
+    }
+
+    #[test]
+    fn firecrackers_flags_land_where_minivmms_would() {
+        let cli = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("minivmm").chain(args.iter().copied())).unwrap()
+        };
+        let c = cli(&[
+            "--kernel",
+            "k",
+            "--level",
+            "Warning",
+            "--module",
+            "vmm::api",
+            "--show-level",
+            "--show-log-origin",
+            "--metrics-path",
+            "m.json",
+            "--no-seccomp",
+            "--http-api-max-payload-size",
+            "100000",
+            "--mmds-size-limit",
+            "4096",
+            "--enable-pci",
+        ]);
+        assert_eq!(c.seccomp_mode(), SeccompMode::Off);
+        let parts = c.into_parts().unwrap();
+        let l = &parts.launch;
+        assert_eq!(
+            (
+                l.api_payload_limit,
+                l.mmds_size_limit,
+                l.enable_pci,
+                &l.api_sock
+            ),
+            (100_000, 4096, true, &None)
+        );
+        let cfg = parts.file.overlay(parts.flags).finish().unwrap();
+        assert_eq!(cfg.logger.level, LevelFilter::Warn);
+        assert_eq!(cfg.logger.module.as_deref(), Some("vmm::api"));
+        assert!(cfg.logger.show_origin && cfg.logger.show_level);
+        assert_eq!(cfg.metrics.map(|m| m.path), Some(PathBuf::from("m.json")));
+        assert_eq!(cfg.seccomp, SeccompMode::Off);
+        // Without a kernel, a file or a socket: Firecracker's default socket.
+        let parts = cli(&["--id", "vm1"]).into_parts().unwrap();
+        assert_eq!(
+            parts.launch.api_sock,
+            Some(PathBuf::from("/run/firecracker.socket"))
+        );
+        assert_eq!(parts.launch.api_payload_limit, 51_200);
+        let parts = cli(&["--api-sock", "/tmp/a.sock"]).into_parts().unwrap();
+        assert_eq!(parts.launch.api_sock, Some(PathBuf::from("/tmp/a.sock")));
+        let parts = cli(&["--config-file", "/nonexistent.json"]).into_parts();
+        assert!(parts.is_err(), "the file is read");
+        let e = cli(&["--no-api"]).into_parts().unwrap_err();
+        assert!(error_line(&e).starts_with("--no-api needs --config-file"));
+        assert_eq!(
+            cli(&["--no-api", "--kernel", "k"])
+                .into_parts()
+                .unwrap()
+                .launch
+                .api_sock,
+            None
+        );
+        assert_eq!(cli(&["--kernel", "k"]).seccomp_mode(), SeccompMode::On);
+        assert_eq!(
+            cli(&["--kernel", "k", "--seccomp", "log"]).seccomp_mode(),
+            SeccompMode::Log
+        );
     }
 
     #[test]
@@ -1120,7 +1226,8 @@ mod tests {
             ),
             (&["--kernel", "k", "--host-quirks", "maybe"], "host quirks"),
             (&["--kernel", "k", "--mem", "lots"], "invalid value"),
-            (&["--tap", "t"], "required arguments were not provided"),
+            // The API on Firecracker's default socket configures the kernel.
+            (&["--tap", "t"], "no kernel"),
             (
                 &["--kernel", "k", "--mac", "02:00:00:00:00:01"],
                 "required arguments were not provided",

@@ -23,6 +23,15 @@ pub enum ConfigError {
     /// Memory size would not fit the address space we lay out.
     #[error("memory size {0} MiB is too large: at most {max} MiB", max = MAX_MEM_MIB)]
     MemTooLarge(u64),
+    /// 2 MiB pages cannot back an odd number of MiB.
+    #[error("memory size {0} MiB is not a multiple of 2 MiB, which huge_pages \"2M\" needs")]
+    MemNotHugePages(u64),
+    /// With SMT the vCPUs must fill whole cores.
+    #[error("{0} vCPUs with smt: the count must be 1 or even (two threads per core)")]
+    SmtOddVcpus(u64),
+    /// The console's rate limiter is invalid.
+    #[error("serial rate_limiter: {0}")]
+    Serial(String),
     /// vCPU count is zero.
     #[error("the vCPU count must be at least 1")]
     NoVcpus,
@@ -148,6 +157,12 @@ pub enum ConfigError {
     /// A balloon target above guest memory.
     #[error("balloon: amount_mib {0} is more than the guest's {1} MiB of memory")]
     BalloonTooLarge(u32, u64),
+    /// A balloon beside hugetlbfs guest memory.
+    #[error(
+        "balloon: huge pages support is incompatible with memory ballooning \
+         (machine-config huge_pages \"2M\")"
+    )]
+    BalloonHugePages,
     /// A bad rate limiter bucket of the entropy device.
     #[error("entropy device: rate_limiter")]
     Entropy(#[source] RateLimiterError),

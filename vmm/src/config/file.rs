@@ -35,6 +35,7 @@ use super::net::{parse_offloads, MacAddr, NetSpec};
 use super::parse::{parse_host_quirks, parse_io_engine, parse_level};
 use super::settings::Settings;
 use super::vsock::VsockSpec;
+use super::{HugePages, SerialConfig};
 
 /// Errors reading a config file; each names what it is about.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +70,7 @@ pub enum FileError {
 
 /// Sections a Firecracker file may carry that minivmm does not implement;
 /// `null` is accepted for each.
-const UNSUPPORTED: &[&str] = &["cpu-config", "memory-hotplug", "pmem", "serial"];
+const UNSUPPORTED: &[&str] = &["cpu-config", "memory-hotplug", "pmem"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -110,16 +111,21 @@ struct Limiter {
     ops: Option<Bucket>,
 }
 
+impl Bucket {
+    fn config(self) -> TokenBucketConfig {
+        TokenBucketConfig {
+            size: self.size,
+            one_time_burst: self.one_time_burst.unwrap_or(0),
+            refill_time: self.refill_time,
+        }
+    }
+}
+
 impl From<Limiter> for RateLimiterConfig {
     fn from(l: Limiter) -> Self {
-        let bucket = |b: Bucket| TokenBucketConfig {
-            size: b.size,
-            one_time_burst: b.one_time_burst.unwrap_or(0),
-            refill_time: b.refill_time,
-        };
         RateLimiterConfig {
-            bandwidth: l.bandwidth.map(bucket),
-            ops: l.ops.map(bucket),
+            bandwidth: l.bandwidth.map(Bucket::config),
+            ops: l.ops.map(Bucket::config),
         }
     }
 }
@@ -185,8 +191,19 @@ struct Vsock {
 #[serde(deny_unknown_fields)]
 struct Metrics {
     metrics_path: PathBuf,
+    emit_id: Option<bool>,
+    properties: Option<std::collections::BTreeMap<String, String>>,
     /// minivmm: seconds between lines.
     interval_s: Option<u64>,
+}
+
+/// `PUT /serial`'s body (Firecracker reads it from the API only; minivmm's
+/// file takes the same section).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Serial {
+    serial_out_path: Option<PathBuf>,
+    rate_limiter: Option<Bucket>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -255,11 +272,20 @@ pub fn parse(text: &str) -> Result<Settings, FileError> {
                 let m: Metrics = section(&key, value)?;
                 s.metrics_path = Some(m.metrics_path);
                 s.metrics_interval_s = m.interval_s;
+                s.metrics_emit_id = m.emit_id;
+                s.metrics_properties = m.properties;
+            }
+            "serial" if !value.is_null() => {
+                let c: Serial = section(&key, value)?;
+                s.serial = Some(SerialConfig {
+                    out_path: c.serial_out_path,
+                    rate_limiter: c.rate_limiter.map(Bucket::config),
+                });
             }
             "logger" if !value.is_null() => logger(&mut s, section(&key, value)?)?,
             "balloon" if !value.is_null() => s.balloon = Some(section(&key, value)?),
             "mmds-config" if !value.is_null() => s.mmds = Some(section(&key, value)?),
-            "metrics" | "logger" | "entropy" | "vsock" | "balloon" | "mmds-config" => {}
+            "metrics" | "logger" | "entropy" | "serial" | "vsock" | "balloon" | "mmds-config" => {}
             // A list in Firecracker's layout: its `GET /vm/config` answers
             // `[]` for no pmem device (and refuses `null` there).
             "pmem" if value.as_array().is_some_and(Vec::is_empty) => {}
@@ -285,25 +311,21 @@ fn boot_source(s: &mut Settings, value: Value) -> Result<(), FileError> {
 
 fn machine_config(s: &mut Settings, value: Value) -> Result<(), FileError> {
     let m: MachineConfig = section("machine-config", value)?;
-    // Firecracker's defaults are what minivmm does; anything else is not.
-    if m.smt == Some(true) {
-        return Err(unsupported_value(
-            "machine-config.smt",
-            "true is not supported",
-        ));
-    }
     if m.track_dirty_pages == Some(true) {
         return Err(unsupported_value(
             "machine-config.track_dirty_pages",
             "true is not supported (no snapshots)",
         ));
     }
-    if let Some(h) = m.huge_pages.filter(|h| h != "None") {
-        return Err(unsupported_value(
-            "machine-config.huge_pages",
-            &format!("'{h}' is not supported (only \"None\")"),
-        ));
+    if let Some(h) = m.huge_pages {
+        s.huge_pages = Some(HugePages::parse(&h).ok_or_else(|| {
+            unsupported_value(
+                "machine-config.huge_pages",
+                &format!("'{h}' is none of \"None\", \"Transparent\" and \"2M\""),
+            )
+        })?);
     }
+    s.smt = m.smt;
     if let Some(t) = m.cpu_template.filter(|t| t != "None") {
         return Err(unsupported_value(
             "machine-config.cpu_template",
@@ -387,7 +409,7 @@ fn interface(index: usize, value: Value) -> Result<NetSpec, FileError> {
 }
 
 fn logger(s: &mut Settings, l: Logger) -> Result<(), FileError> {
-    let _always_shown = l.show_level;
+    s.log_show_level = l.show_level;
     s.log_path = l.log_path;
     s.log_level = l.level.as_deref().map(parse_level).transpose()?;
     s.log_show_origin = l.show_log_origin;
@@ -595,9 +617,9 @@ mod tests {
             ),
             (
                 format!(
-                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "smt": true}}}}"#
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 3, "mem_size_mib": 64, "smt": true}}}}"#
                 ),
-                "machine-config.smt: true is not supported",
+                "3 vCPUs with smt: the count must be 1 or even",
             ),
             (
                 format!(
@@ -607,9 +629,9 @@ mod tests {
             ),
             (
                 format!(
-                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "2M"}}}}"#
+                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "4M"}}}}"#
                 ),
-                "machine-config.huge_pages: '2M' is not supported",
+                "machine-config.huge_pages: '4M' is none of",
             ),
             (
                 format!(

@@ -15,8 +15,9 @@ use super::DeviceKind;
 pub const DEFAULT_ID: &str = "anonymous-instance";
 
 /// The keys of a metrics line's own fields (the timestamp, the instance id,
-/// the VMM's counters), which no device id may take.
-pub const RESERVED_KEYS: [&str; 3] = ["utc_timestamp_ms", "id", "vmm"];
+/// the operator's `properties`, the VMM's counters, the console's `uart`),
+/// which no device id may take.
+pub const RESERVED_KEYS: [&str; 5] = ["utc_timestamp_ms", "id", "properties", "vmm", "uart"];
 
 /// Checks `id`, the id of a device `what` (its kind in words), against the
 /// rule for a device id, with `max_len` the kind's bound in bytes.

@@ -21,9 +21,10 @@
 //! tested without the host. The bounds below are the ones every accepted
 //! configuration is within.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use devices::rate_limiter::RateLimiterConfig;
+use devices::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use log::LevelFilter;
 
 use crate::process::seccomp::SeccompMode;
@@ -33,6 +34,7 @@ pub mod cli;
 pub mod drive;
 pub mod entropy;
 pub mod error;
+pub mod fc_flags;
 pub mod file;
 pub mod ids;
 pub mod json;
@@ -47,7 +49,7 @@ pub mod vsock;
 /// cannot unpack itself and its initramfs, so fail before boot with a clear line.
 pub const MIN_MEM_MIB: u64 = 32;
 /// The default guest memory size in MiB.
-pub const DEFAULT_MEM_MIB: u64 = 256;
+pub const DEFAULT_MEM_MIB: u64 = 128;
 
 /// The largest guest memory size: 64 GiB keeps our identity-mapped boot page
 /// tables and the e820 map simple, and is far above what a network test VM needs.
@@ -181,6 +183,55 @@ pub struct MetricsConfig {
     pub path: PathBuf,
     /// Seconds between lines; 0 writes only at exit and on SIGUSR1.
     pub interval_s: u64,
+    /// Firecracker's `emit_id`: accepted and kept; minivmm's lines carry
+    /// the `id` whatever it says.
+    pub emit_id: bool,
+    /// Firecracker's `properties`: operator key-value pairs written under
+    /// `properties` in every line.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Which pages back guest memory (Firecracker's `machine-config.huge_pages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HugePages {
+    /// Ordinary 4 KiB pages (`"None"`).
+    #[default]
+    None,
+    /// Transparent huge pages: the mapping is advised `MADV_HUGEPAGE`.
+    Transparent,
+    /// Explicit 2 MiB pages from the host's hugetlbfs pool (`"2M"`).
+    Hugetlbfs2M,
+}
+
+impl HugePages {
+    /// Firecracker's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            HugePages::None => "None",
+            HugePages::Transparent => "Transparent",
+            HugePages::Hugetlbfs2M => "2M",
+        }
+    }
+
+    /// Parses Firecracker's spelling (exactly as its API takes it).
+    pub fn parse(s: &str) -> Option<HugePages> {
+        [
+            HugePages::None,
+            HugePages::Transparent,
+            HugePages::Hugetlbfs2M,
+        ]
+        .into_iter()
+        .find(|h| h.name() == s)
+    }
+}
+
+/// Where the console's output goes (Firecracker's `PUT /serial`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SerialConfig {
+    /// A file (appended to) or FIFO; stdout when absent.
+    pub out_path: Option<PathBuf>,
+    /// Bytes of console output let through; what exceeds it is dropped.
+    pub rate_limiter: Option<TokenBucketConfig>,
 }
 
 /// How log lines are filtered and where they go.
@@ -194,6 +245,9 @@ pub struct LoggerConfig {
     pub module: Option<String>,
     /// Add the source file and line to every line.
     pub show_origin: bool,
+    /// Show the level in every line (Firecracker's `show_level`; minivmm's
+    /// default is to show it, so only an explicit `false` hides it).
+    pub show_level: bool,
 }
 
 impl Default for LoggerConfig {
@@ -203,6 +257,7 @@ impl Default for LoggerConfig {
             level: LevelFilter::Warn,
             module: None,
             show_origin: false,
+            show_level: true,
         }
     }
 }
@@ -223,6 +278,13 @@ pub struct VmmConfig {
     pub mem_mib: u64,
     /// Number of vCPUs.
     pub vcpus: u8,
+    /// Two threads per core in the topology the guest sees (Firecracker's
+    /// `smt`); one otherwise.
+    pub smt: bool,
+    /// Which pages back guest memory.
+    pub huge_pages: HugePages,
+    /// Where the console's output goes.
+    pub serial: SerialConfig,
     /// The network cards, in MMIO slot order.
     pub nets: Vec<NicConfig>,
     /// The drives, in MMIO slot order after the network cards.

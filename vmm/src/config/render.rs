@@ -97,9 +97,9 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
     let mut machine = json!({
         "vcpu_count": cfg.vcpus,
         "mem_size_mib": cfg.mem_mib,
-        "smt": false,
+        "smt": cfg.smt,
         "track_dirty_pages": false,
-        "huge_pages": "None",
+        "huge_pages": cfg.huge_pages.name(),
     });
     if cfg.host_quirks != HostQuirks::Auto {
         machine["host_quirks"] = json!(host_quirks(cfg.host_quirks));
@@ -261,17 +261,22 @@ fn logger(l: &LoggerConfig) -> Value {
     json!({
         "log_path": l.path.as_deref().map(path),
         "level": level(l.level),
-        "show_level": true,
+        "show_level": l.show_level,
         "show_log_origin": l.show_origin,
         "module": l.module,
     })
 }
 
 fn metrics(m: &MetricsConfig) -> Value {
-    json!({
+    let mut v = json!({
         "metrics_path": path(&m.path),
         "interval_s": m.interval_s,
-    })
+        "emit_id": m.emit_id,
+    });
+    if !m.properties.is_empty() {
+        v["properties"] = json!(m.properties);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -414,10 +419,13 @@ mod tests {
             }),
             metrics_path: Some("/run/minivmm/metrics.fifo".into()),
             metrics_interval_s: Some(0),
+            metrics_emit_id: Some(true),
+            metrics_properties: Some([("az".to_string(), "eu-1".to_string())].into()),
             log_path: Some("/var/log/minivmm.log".into()),
             log_level: Some(LevelFilter::Trace),
             log_module: Some("devices::virtio::net".into()),
             log_show_origin: Some(true),
+            log_show_level: Some(false),
             host_quirks: Some(HostQuirks::On),
             seccomp: Some(SeccompMode::Log),
             ..Settings::default()
@@ -500,6 +508,8 @@ mod tests {
         c.metrics = Some(MetricsConfig {
             path: "m".into(),
             interval_s: DEFAULT_METRICS_INTERVAL_S,
+            emit_id: false,
+            properties: Default::default(),
         });
         c.vcpus = 254;
         c.entropy = Some(RngConfig::default());
@@ -529,6 +539,7 @@ mod tests {
             ("log path", |c| c.logger.path.is_some()),
             ("log module", |c| c.logger.module.is_some()),
             ("log origin", |c| c.logger.show_origin),
+            ("log level hidden", |c| !c.logger.show_level),
             ("seccomp", |c| c.seccomp != SeccompMode::default()),
             ("fd with a name", |c| {
                 any_nic(c, |n| {
@@ -684,7 +695,7 @@ mod tests {
         );
         assert_eq!(
             v["machine-config"],
-            json!({"vcpu_count": 1, "mem_size_mib": 256, "smt": false,
+            json!({"vcpu_count": 1, "mem_size_mib": 128, "smt": false,
                    "track_dirty_pages": false, "huge_pages": "None"})
         );
         // The seccomp mode is the process's, not the VM's.
@@ -781,12 +792,13 @@ mod tests {
         );
         assert_eq!(
             v["logger"],
-            json!({"log_path": "/var/log/minivmm.log", "level": "Trace", "show_level": true,
+            json!({"log_path": "/var/log/minivmm.log", "level": "Trace", "show_level": false,
                    "show_log_origin": true, "module": "devices::virtio::net"})
         );
         assert_eq!(
             v["metrics"],
-            json!({"metrics_path": "/run/minivmm/metrics.fifo", "interval_s": 0})
+            json!({"metrics_path": "/run/minivmm/metrics.fifo", "interval_s": 0,
+                   "emit_id": true, "properties": {"az": "eu-1"}})
         );
         assert_eq!(v["boot-source"]["initrd_path"], "/boot/initramfs.cpio");
         assert_eq!(

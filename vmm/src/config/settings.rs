@@ -8,6 +8,7 @@
 //! one [`VmmConfig`]. The value parsers both inputs share are in
 //! [`super::parse`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use log::LevelFilter;
@@ -21,7 +22,7 @@ use super::mmds::{finish_mmds, MmdsSpec};
 use super::net::{check_unique, finish_net, NetSpec};
 use super::vsock::{finish_vsock, VsockSpec};
 use super::{
-    HostQuirks, LoggerConfig, MetricsConfig, VmmConfig, DEFAULT_MEM_MIB,
+    HostQuirks, HugePages, LoggerConfig, MetricsConfig, SerialConfig, VmmConfig, DEFAULT_MEM_MIB,
     DEFAULT_METRICS_INTERVAL_S, MAX_MEM_MIB, MAX_NICS, MAX_VCPUS, MIN_MEM_MIB,
 };
 use crate::process::seccomp::SeccompMode;
@@ -42,6 +43,12 @@ pub struct Settings {
     pub mem_mib: Option<u64>,
     /// vCPU count.
     pub vcpus: Option<u64>,
+    /// Two threads per core.
+    pub smt: Option<bool>,
+    /// Pages backing guest memory.
+    pub huge_pages: Option<HugePages>,
+    /// The console's output.
+    pub serial: Option<SerialConfig>,
     /// NICs in order.
     pub nets: Vec<NetSpec>,
     /// NIC settings for every NIC that does not set them itself.
@@ -61,6 +68,10 @@ pub struct Settings {
     pub metrics_path: Option<PathBuf>,
     /// Metrics interval in seconds.
     pub metrics_interval_s: Option<u64>,
+    /// Firecracker's metrics `emit_id`.
+    pub metrics_emit_id: Option<bool>,
+    /// Firecracker's metrics `properties`.
+    pub metrics_properties: Option<BTreeMap<String, String>>,
     /// Log path.
     pub log_path: Option<PathBuf>,
     /// Log level.
@@ -69,6 +80,8 @@ pub struct Settings {
     pub log_module: Option<String>,
     /// Log origins.
     pub log_show_origin: Option<bool>,
+    /// Log levels (shown unless said otherwise).
+    pub log_show_level: Option<bool>,
     /// PVM host recoveries.
     pub host_quirks: Option<HostQuirks>,
     /// The system-call filter.
@@ -94,6 +107,9 @@ impl Settings {
             },
             mem_mib: over.mem_mib.or(self.mem_mib),
             vcpus: over.vcpus.or(self.vcpus),
+            smt: over.smt.or(self.smt),
+            huge_pages: over.huge_pages.or(self.huge_pages),
+            serial: over.serial.or(self.serial),
             nets,
             net_defaults: over.net_defaults.or(&self.net_defaults),
             drives,
@@ -108,10 +124,13 @@ impl Settings {
             mmds: over.mmds.or(self.mmds),
             metrics_path: over.metrics_path.or(self.metrics_path),
             metrics_interval_s: over.metrics_interval_s.or(self.metrics_interval_s),
+            metrics_emit_id: over.metrics_emit_id.or(self.metrics_emit_id),
+            metrics_properties: over.metrics_properties.or(self.metrics_properties),
             log_path: over.log_path.or(self.log_path),
             log_level: over.log_level.or(self.log_level),
             log_module: over.log_module.or(self.log_module),
             log_show_origin: over.log_show_origin.or(self.log_show_origin),
+            log_show_level: over.log_show_level.or(self.log_show_level),
             host_quirks: over.host_quirks.or(self.host_quirks),
             seccomp: over.seccomp.or(self.seccomp),
         }
@@ -139,16 +158,20 @@ impl Settings {
         let drives = finish_drives(self.drives)?;
         let entropy = self.entropy.map(finish_entropy).transpose()?;
         let vsock = self.vsock.map(finish_vsock).transpose()?;
-        let mem_mib = validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB))?;
+        let smt = self.smt.unwrap_or(false);
+        let huge_pages = self.huge_pages.unwrap_or_default();
+        let mem_mib = validate_mem(self.mem_mib.unwrap_or(DEFAULT_MEM_MIB), huge_pages)?;
         let balloon = self
             .balloon
-            .map(|b| finish_balloon(b, mem_mib))
+            .map(|b| finish_balloon(b, mem_mib, huge_pages))
             .transpose()?;
         let mmds = self.mmds.map(|m| finish_mmds(m, &nets)).transpose()?;
         let metrics = match (self.metrics_path, self.metrics_interval_s) {
             (Some(path), interval) => Some(MetricsConfig {
                 path,
                 interval_s: interval.unwrap_or(DEFAULT_METRICS_INTERVAL_S),
+                emit_id: self.metrics_emit_id.unwrap_or(false),
+                properties: self.metrics_properties.unwrap_or_default(),
             }),
             (None, Some(_)) => return Err(ConfigError::IntervalWithoutMetrics),
             (None, None) => None,
@@ -160,7 +183,10 @@ impl Settings {
             boot_args: self.boot_args,
             cmdline_extra: self.cmdline_extra,
             mem_mib,
-            vcpus: validate_vcpus(self.vcpus.unwrap_or(1))?,
+            vcpus: validate_vcpus(self.vcpus.unwrap_or(1), smt)?,
+            smt,
+            huge_pages,
+            serial: validate_serial(self.serial.unwrap_or_default())?,
             nets,
             drives,
             entropy,
@@ -173,6 +199,7 @@ impl Settings {
                 level: self.log_level.unwrap_or(defaults.level),
                 module: self.log_module,
                 show_origin: self.log_show_origin.unwrap_or(defaults.show_origin),
+                show_level: self.log_show_level.unwrap_or(defaults.show_level),
             },
             host_quirks: self.host_quirks.unwrap_or_default(),
             seccomp: self.seccomp.unwrap_or_default(),
@@ -182,23 +209,38 @@ impl Settings {
     }
 }
 
-/// Checks the memory size.
-pub fn validate_mem(mib: u64) -> Result<u64, ConfigError> {
+/// Checks the memory size; 2 MiB pages need a whole number of them (as
+/// Firecracker checks).
+pub fn validate_mem(mib: u64, pages: HugePages) -> Result<u64, ConfigError> {
     if mib < MIN_MEM_MIB {
         return Err(ConfigError::MemTooSmall(mib));
     }
     if mib > MAX_MEM_MIB {
         return Err(ConfigError::MemTooLarge(mib));
     }
+    if pages == HugePages::Hugetlbfs2M && !mib.is_multiple_of(2) {
+        return Err(ConfigError::MemNotHugePages(mib));
+    }
     Ok(mib)
+}
+
+/// Checks the console's rate limiter (a bucket of bytes).
+fn validate_serial(serial: SerialConfig) -> Result<SerialConfig, ConfigError> {
+    if let Some(bucket) = &serial.rate_limiter {
+        devices::rate_limiter::TokenBucket::new("serial", bucket, 0)
+            .map_err(|e| ConfigError::Serial(e.to_string()))?;
+    }
+    Ok(serial)
 }
 
 /// Checks the vCPU count against what the boot tables support; the KVM limit
 /// is checked again by the builder once `/dev/kvm` is open.
-pub fn validate_vcpus(n: u64) -> Result<u8, ConfigError> {
+pub fn validate_vcpus(n: u64, smt: bool) -> Result<u8, ConfigError> {
     match n {
         0 => Err(ConfigError::NoVcpus),
         n if n > u64::from(MAX_VCPUS) => Err(ConfigError::TooManyVcpus(n)),
+        // Firecracker's rule: two threads per core need whole cores.
+        n if smt && n > 1 && !n.is_multiple_of(2) => Err(ConfigError::SmtOddVcpus(n)),
         // The match arm above bounds n to u8.
         n => Ok(n as u8),
     }
@@ -318,7 +360,9 @@ mod tests {
             cfg.metrics,
             Some(MetricsConfig {
                 path: "m".into(),
-                interval_s: 5
+                interval_s: 5,
+                emit_id: false,
+                properties: Default::default(),
             })
         );
     }
@@ -451,18 +495,28 @@ mod tests {
     #[test]
     fn mem_bounds() {
         assert!(matches!(
-            validate_mem(31),
+            validate_mem(31, HugePages::None),
             Err(ConfigError::MemTooSmall(31))
         ));
-        assert_eq!(validate_mem(32).unwrap(), 32);
-        assert_eq!(validate_mem(MAX_MEM_MIB).unwrap(), MAX_MEM_MIB);
+        assert_eq!(validate_mem(32, HugePages::None).unwrap(), 32);
+        assert_eq!(
+            validate_mem(MAX_MEM_MIB, HugePages::None).unwrap(),
+            MAX_MEM_MIB
+        );
         assert!(matches!(
-            validate_mem(MAX_MEM_MIB + 1),
+            validate_mem(MAX_MEM_MIB + 1, HugePages::None),
             Err(ConfigError::MemTooLarge(_))
         ));
         // What the README promises: up to 64 GiB.
-        assert_eq!(validate_mem(65536).unwrap(), 65536);
-        assert!(validate_mem(65537).is_err());
+        assert_eq!(validate_mem(65536, HugePages::None).unwrap(), 65536);
+        assert!(validate_mem(65537, HugePages::None).is_err());
+        // 2 MiB pages: a whole number of them.
+        assert!(matches!(
+            validate_mem(129, HugePages::Hugetlbfs2M),
+            Err(ConfigError::MemNotHugePages(129))
+        ));
+        assert_eq!(validate_mem(128, HugePages::Hugetlbfs2M).unwrap(), 128);
+        assert_eq!(validate_mem(129, HugePages::Transparent).unwrap(), 129);
     }
 
     #[test]
@@ -477,12 +531,56 @@ mod tests {
 
     #[test]
     fn vcpu_bounds() {
-        assert!(matches!(validate_vcpus(0), Err(ConfigError::NoVcpus)));
-        assert_eq!(validate_vcpus(1).unwrap(), 1);
-        assert_eq!(validate_vcpus(254).unwrap(), 254);
         assert!(matches!(
-            validate_vcpus(255),
+            validate_vcpus(0, false),
+            Err(ConfigError::NoVcpus)
+        ));
+        assert_eq!(validate_vcpus(1, false).unwrap(), 1);
+        assert_eq!(validate_vcpus(254, false).unwrap(), 254);
+        assert!(matches!(
+            validate_vcpus(255, false),
             Err(ConfigError::TooManyVcpus(255))
         ));
+        // SMT: 1 or an even count, as Firecracker takes them.
+        assert_eq!(validate_vcpus(1, true).unwrap(), 1);
+        assert_eq!(validate_vcpus(2, true).unwrap(), 2);
+        assert!(matches!(
+            validate_vcpus(3, true),
+            Err(ConfigError::SmtOddVcpus(3))
+        ));
+        assert_eq!(validate_vcpus(3, false).unwrap(), 3);
+    }
+
+    #[test]
+    fn a_serial_limiter_is_checked_and_defaults_are_firecrackers() {
+        let with = |serial| Settings {
+            kernel: Some("k".into()),
+            serial,
+            ..Settings::default()
+        };
+        let cfg = with(None).finish().unwrap();
+        assert_eq!(cfg.mem_mib, 128);
+        assert!(!cfg.smt);
+        assert_eq!(cfg.huge_pages, HugePages::None);
+        assert_eq!(cfg.serial, SerialConfig::default());
+        let bucket = |size| devices::rate_limiter::TokenBucketConfig {
+            size,
+            one_time_burst: 0,
+            refill_time: 100,
+        };
+        let bad = with(Some(SerialConfig {
+            out_path: None,
+            rate_limiter: Some(bucket(0)),
+        }));
+        assert!(bad
+            .finish()
+            .unwrap_err()
+            .to_string()
+            .starts_with("serial rate_limiter: "));
+        let good = SerialConfig {
+            out_path: Some("/tmp/serial.out".into()),
+            rate_limiter: Some(bucket(1000)),
+        };
+        assert_eq!(with(Some(good.clone())).finish().unwrap().serial, good);
     }
 }

@@ -310,7 +310,7 @@ mod tests {
         let bus: std::sync::Arc<dyn crate::kvm::vcpu::ExitBus> =
             std::sync::Arc::new(crate::device_manager::DeviceManager::new());
         let vcpu = crate::kvm::vcpu::Vcpu::new(fd, 0, bus, false);
-        vcpu.configure(&cpuid, 1, mem, Some((0x100_0000, 0x7000)))
+        vcpu.configure(&cpuid, (1, false), mem, Some((0x100_0000, 0x7000)))
             .unwrap();
         vcpu.into_fd()
     }

@@ -237,13 +237,13 @@ impl Vcpu {
     pub fn configure(
         &self,
         base_cpuid: &CpuId,
-        nr_vcpus: u8,
+        (nr_vcpus, smt): (u8, bool),
         mem: &vm_memory::GuestMemoryMmap<()>,
         boot: Option<(u64, u64)>,
     ) -> Result<(), VcpuError> {
         let id = self.id;
         let mut cpuid = base_cpuid.clone();
-        arch::x86_64::filter_cpuid(&mut cpuid, id, nr_vcpus);
+        arch::x86_64::filter_cpuid(&mut cpuid, id, nr_vcpus, smt);
         self.fd.set_cpuid2(&cpuid).map_err(set_err("CPUID", id))?;
 
         let entries = arch::x86_64::boot_msr_entries();
@@ -713,7 +713,8 @@ mod tests {
             let fd = vm.create_vcpu(u64::from(id)).unwrap();
             let vcpu = Vcpu::new(fd, id, bus, recover_int3);
             let boot = (id == 0).then_some((ENTRY, ZERO_PAGE_START));
-            vcpu.configure(&cpuid, nr_vcpus, mem, boot).unwrap();
+            vcpu.configure(&cpuid, (nr_vcpus, false), mem, boot)
+                .unwrap();
             vcpu
         }
 

@@ -7,6 +7,8 @@
 //! - [`remover`]: the process that removes the vsock socket when minivmm
 //!   ends, however it ends;
 //! - [`seccomp`]: one system-call allowlist per kind of thread;
+//! - [`seccomp_file`]: `--seccomp-filter`, the filters from Firecracker's
+//!   seccompiler JSON instead;
 //! - [`signals`]: SIGTERM, SIGINT and SIGUSR1 as events on the event loop;
 //! - [`syscall_names`]: the system calls' names, for the SIGSYS handler's
 //!   line;
@@ -18,6 +20,7 @@ pub mod jail;
 pub mod jailer;
 pub mod remover;
 pub mod seccomp;
+pub mod seccomp_file;
 pub mod signals;
 pub mod syscall_names;
 pub mod terminal;

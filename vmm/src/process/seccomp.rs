@@ -717,6 +717,9 @@ pub struct Filters {
     pub event_loop: Option<BpfProgram>,
     /// The API thread's filter.
     pub api: Option<BpfProgram>,
+    /// They came from `--seccomp-filter`: used as they are, never
+    /// recompiled for the VM.
+    pub from_file: bool,
 }
 
 impl Filters {
@@ -727,6 +730,7 @@ impl Filters {
             vcpu: filter(Thread::Vcpu, mode)?,
             event_loop: filter(Thread::EventLoop, mode)?,
             api: filter(Thread::Api, mode)?,
+            from_file: false,
         })
     }
 
@@ -735,12 +739,16 @@ impl Filters {
     /// that put it in) and whether its vCPUs make the PVM host's
     /// recoveries. The API thread's filter stays as it was.
     pub fn for_vm(&self, pvm_recoveries: bool) -> Result<Self, SeccompError> {
+        if self.from_file {
+            return Ok(self.clone());
+        }
         let ctx = Context::current(pvm_recoveries);
         Ok(Filters {
             mode: self.mode,
             vcpu: filter_in(Thread::Vcpu, self.mode, &ctx)?,
             event_loop: filter_in(Thread::EventLoop, self.mode, &ctx)?,
             api: self.api.clone(),
+            from_file: false,
         })
     }
 }
@@ -1779,6 +1787,41 @@ mod tests {
             raw(libc::SYS_openat, [CWD, missing(), RW, 0, 0, 0])
         });
         assert_eq!(exit_status(status), Some(BAD_SYSCALL_EXIT_STATUS));
+    }
+
+    /// The console's output to a file (`PUT /serial`), through its rate
+    /// limiter, is written by a vCPU thread: the UART's bytes, a line at a
+    /// time, the limiter's clock and the drops, under the vCPU's real
+    /// filter (a call its list misses would end this test process with 148).
+    #[test]
+    fn the_consoles_file_output_and_limiter_run_under_the_vcpu_filter() {
+        use std::io::Write;
+        let path =
+            std::env::temp_dir().join(format!("minivmm-seccomp-serial-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let bucket = devices::rate_limiter::TokenBucketConfig {
+            size: 64,
+            one_time_burst: 0,
+            refill_time: 60_000,
+        };
+        let mut out = crate::serial_out::SerialOut::open(Some(&path), Some(&bucket)).unwrap();
+        install_sigsys_handler().unwrap();
+        let prog = filter_in(Thread::Vcpu, SeccompMode::On, &Context::current(false)).unwrap();
+        let dropped = std::thread::spawn(move || {
+            apply(Thread::Vcpu, prog.as_ref()).unwrap();
+            for b in b"console line\n".iter().chain(&[b'x'; 100]) {
+                out.write_all(&[*b]).unwrap();
+            }
+            out.flush().unwrap();
+            out.dropped_bytes()
+        })
+        .join()
+        .unwrap();
+        let text = std::fs::read(&path).unwrap();
+        assert!(text.starts_with(b"console line\n"), "{text:?}");
+        assert_eq!(text.len(), 64);
+        assert_eq!(dropped, 13 + 100 - 64);
+        std::fs::remove_file(&path).unwrap();
     }
 
     /// The API thread's real open of an image, under its real filter: every

@@ -126,8 +126,16 @@ pub fn restore(
 ) -> Result<Vmm, BuildError> {
     let mut steps = Steps::new();
     check(cfg, state)?;
-    let metrics = open_metrics(cfg)?;
+    let mut metrics = open_metrics(cfg)?;
     check_images(&cfg.drives)?;
+    // The console's output as at boot (stdout unless `PUT /serial` said).
+    let serial = crate::serial_out::SerialOut::open(
+        cfg.serial.out_path.as_deref(),
+        cfg.serial.rate_limiter.as_ref(),
+    )?;
+    if let Some(m) = metrics.as_mut() {
+        m.set_uart_dropped(serial.dropped_counter());
+    }
     steps.done("files");
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
@@ -153,7 +161,7 @@ pub fn restore(
         &mem,
         &mut tap_fds,
         None,
-        vsock,
+        (serial, vsock),
         Default::default(),
     )?;
     // Before any device is activated: their queues take the log then.
