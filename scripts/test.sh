@@ -28,7 +28,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 # boots its guests one after the other.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace -- --nocapture 2>&1 | tee "$log"
+# --no-fail-fast: one run reports every failing binary, not just the first.
+cargo test --workspace --no-fail-fast -- --nocapture 2>&1 | tee "$log"
 # The mutants of the last commit (scripts/mutants.sh): a change's tests must
 # notice every single-point change cargo-mutants makes to its lines. A commit
 # that touches no arch, devices or vmm source costs nothing here.

@@ -3,8 +3,9 @@
 //! `--seccomp on` (KVM needed; no network).
 //!
 //! The guest (`minivmm.balloon=watch:MIB`, resources/initramfs/init) first
-//! writes and removes a file in its tmpfs, so its free memory is resident on
-//! the host, then prints its MemTotal whenever it changes. The test:
+//! fills all its free memory but 4 MiB with a file on a tmpfs of its own and
+//! unmounts it, so its free memory is resident on the host, then prints its
+//! MemTotal whenever it changes. The test:
 //!
 //! - waits for the driver's first statistics report (the driver sends one
 //!   at probe), then for a second one, a polling interval later;
@@ -28,7 +29,9 @@ use serde_json::{json, Value};
 
 /// Guest memory.
 const MEM_MIB: u64 = 128;
-/// What the guest touches first (written to its tmpfs and removed).
+/// The most the guest touches first (all its free memory but 4 MiB, written
+/// to a tmpfs and removed): about its whole free memory at this size, where
+/// every MiB costs the emulated guest kernel about 2 s.
 const FILL_MIB: u64 = 64;
 /// What the balloon takes.
 const INFLATE_MIB: u64 = 32;
@@ -74,7 +77,15 @@ fn last_memtotal(console: &str) -> Option<u64> {
         .rev()
         .find_map(|l| l.split("MINIVMM-BALLOON").nth(1))
         .and_then(|rest| rest.split("memtotal_kb=").nth(1))
-        .and_then(|n| n.trim().parse().ok())
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
+}
+
+/// The MiB the guest filled its free memory with (`filled_mib=`).
+fn filled_mib(console: &str) -> Option<u64> {
+    console
+        .split("filled_mib=")
+        .nth(1)
+        .and_then(|n| n.split_whitespace().next()?.parse().ok())
 }
 
 /// Polls `GET /balloon/statistics` until `done` holds of it, within `limit`.
@@ -96,6 +107,17 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+#[test]
+fn the_guests_lines_parse() {
+    let console = "minivmm-init: [1.0] x\nMINIVMM-BALLOON ready memtotal_kb=87036 filled_mib=41\n\
+                   MINIVMM-BALLOON memtotal_kb=54268\n";
+    assert_eq!(last_memtotal(console), Some(54268));
+    let ready = "MINIVMM-BALLOON ready memtotal_kb=87036 filled_mib=41\n";
+    assert_eq!(last_memtotal(ready), Some(87036));
+    assert_eq!(filled_mib(console), Some(41));
+    assert_eq!(filled_mib("MINIVMM-BALLOON ready memtotal_kb=1"), None);
 }
 
 #[test]
@@ -139,6 +161,13 @@ fn a_balloon_inflated_from_the_api_shows_in_the_guest_and_in_the_hosts_rss() {
         vm.report()
     );
     let before_kb = last_memtotal(&vm.console()).expect("a MemTotal");
+    // The RSS check below needs the pages the balloon takes to be resident:
+    // nearly all free memory must have been touched, well over the target.
+    let filled = filled_mib(&vm.console()).expect("filled_mib");
+    assert!(
+        filled >= 2 * INFLATE_MIB,
+        "the guest filled only {filled} MiB"
+    );
     // The driver's first report (sent at probe), then the next ones, a
     // polling interval apart.
     let first = stats_until(&sock, GUEST_TIMEOUT, |s| s["total_memory"].is_u64());
