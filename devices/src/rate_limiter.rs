@@ -29,6 +29,11 @@
 //! clocks. [`RateLimiter`] adds the monotonic clock and the timerfd that tells
 //! the device's event loop when tokens are due: a throttled direction sleeps in
 //! epoll, it never polls.
+//!
+//! A snapshot saves each bucket's tokens and the progress of its refill,
+//! and a restore takes them back (see [`persist`]).
+
+pub mod persist;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -209,8 +214,12 @@ impl TokenBucket {
         // The token that completes the frame is number `earned + missing`
         // since the origin; it is due at ceil(n * refill / size) from there.
         let n = self.earned + missing as u128;
-        let due = u128::from(self.origin_ns)
-            + (n * u128::from(self.refill_ns)).div_ceil(u128::from(self.size));
+        // Saturating: a debt restored from a file may be as large as a
+        // u64, and a product past u128 is a wait no caller reaches anyway.
+        let due = u128::from(self.origin_ns).saturating_add(
+            n.saturating_mul(u128::from(self.refill_ns))
+                .div_ceil(u128::from(self.size)),
+        );
         u64::try_from(due.saturating_sub(u128::from(now_ns)))
             .unwrap_or(u64::MAX)
             .max(1)
@@ -355,6 +364,9 @@ pub struct RateLimiter {
     limiter: Limiter,
     timer: TimerFd,
     epoch: Instant,
+    /// The buckets' time at `epoch`: 0, or after a restore the longest
+    /// refill progress a bucket brought (its origin lies that far back).
+    base_ns: u64,
     blocked: bool,
 }
 
@@ -367,12 +379,15 @@ impl RateLimiter {
             limiter,
             timer,
             epoch: Instant::now(),
+            base_ns: 0,
             blocked: false,
         })
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.base_ns)
     }
 
     /// Takes the tokens for one frame of `bytes`, or blocks the limiter and
