@@ -272,7 +272,12 @@ impl Limiter {
         now_ns: u64,
     ) -> Result<Self, BucketStateError> {
         Ok(Limiter {
-            bandwidth: restore_bucket("bandwidth", cfg.bandwidth, state.bandwidth.as_ref(), now_ns)?,
+            bandwidth: restore_bucket(
+                "bandwidth",
+                cfg.bandwidth,
+                state.bandwidth.as_ref(),
+                now_ns,
+            )?,
             ops: restore_bucket("ops", cfg.ops, state.ops.as_ref(), now_ns)?,
         })
     }
@@ -409,7 +414,11 @@ mod tests {
         // 25 ms later: 2500 tokens earned, 500 of them left after the debt.
         let s = b.save(25 * MS + 1);
         assert_eq!(s.budget, -2000 + 2500);
-        assert_eq!(s.refill_progress_ns, 5 * MS + 1, "saved modulo the refill time");
+        assert_eq!(
+            s.refill_progress_ns,
+            5 * MS + 1,
+            "saved modulo the refill time"
+        );
         let now = 6 * MS;
         let mut r = TokenBucket::restore("bandwidth", &c, &s, now).unwrap();
         assert_eq!(r.reduce(600, now), Err(MS - 1));
@@ -492,10 +501,7 @@ mod tests {
         };
         let saved = Limiter::new(&both, 0).unwrap().save(0);
         assert!(Limiter::restore(&both, &saved, 0).is_ok());
-        let bw_only = RateLimiterConfig {
-            ops: None,
-            ..both
-        };
+        let bw_only = RateLimiterConfig { ops: None, ..both };
         let err = Limiter::restore(&bw_only, &saved, 0).unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -21,8 +21,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use event_manager::EventOps;
 use vmm_sys_util::eventfd::EventFd;
 
+use serde::{Deserialize, Serialize};
+
+use crate::rate_limiter::persist::{restore_limiter, save_limiter, RateLimiterState};
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::events::{self, HostErrors};
+use crate::virtio::persist::{self, PersistError};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::time_counter::TimeCounter;
 use crate::virtio::{check_queues, ActivateError, GuestMemory, VirtioCommon};
@@ -82,7 +86,34 @@ pub(crate) struct RequestQueue {
     pub(crate) requeued: bool,
 }
 
+/// What a device with a request queue keeps in a snapshot besides its
+/// transport: its limiter's buckets.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestQueueState {
+    rate_limiter: RateLimiterState,
+}
+
 impl RequestQueue {
+    /// The device's own state for a snapshot (see [`persist`]).
+    pub(crate) fn save_state(&self) -> serde_json::Value {
+        persist::to_value(&RequestQueueState {
+            rate_limiter: save_limiter(self.limiter.as_ref()),
+        })
+    }
+
+    /// Takes back what [`Self::save_state`] returned into the limiter,
+    /// configured as `cfg`; anything malformed or forged is refused.
+    pub(crate) fn restore_state(
+        &mut self,
+        cfg: &RateLimiterConfig,
+        state: &serde_json::Value,
+    ) -> Result<(), PersistError> {
+        let s: RequestQueueState = persist::from_value(state)?;
+        restore_limiter(&mut self.limiter, cfg, &s.rate_limiter)
+            .map_err(|e| PersistError::Device(format!("rate_limiter: {e}")))
+    }
+
     /// A device of type `device_type` offering `features`, its one queue
     /// of `queue_size` entries, limited by `limiter` (see [`limiter_for`]).
     pub(crate) fn new(

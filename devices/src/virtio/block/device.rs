@@ -508,4 +508,15 @@ impl<B: BlockBackend + 'static> VirtioDevice for Block<B> {
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
         self.metrics.clone()
     }
+
+    fn save_state(&self) -> serde_json::Value {
+        self.rq.save_state()
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &serde_json::Value,
+    ) -> Result<(), crate::virtio::persist::PersistError> {
+        self.rq.restore_state(&self.cfg.rate_limiter, state)
+    }
 }

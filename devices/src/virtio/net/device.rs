@@ -23,10 +23,16 @@ use super::{
     RX_INDEX, TX_INDEX, VNET_HDR_LEN,
 };
 use crate::mmds::MmdsStack;
-use crate::rate_limiter::{RateLimiter, RateLimiterConfig, RateLimiterError};
+use serde::{Deserialize, Serialize};
+
+use crate::rate_limiter::persist::{
+    restore_limiter, save_limiter, BucketStateError, RateLimiterState,
+};
+use crate::rate_limiter::{Limiter, RateLimiter, RateLimiterConfig, RateLimiterError};
 use crate::virtio::events::{self, Activation};
 use crate::virtio::io_engine::WriteRing;
 use crate::virtio::metrics::Counters;
+use crate::virtio::persist::{self, PersistError};
 use crate::virtio::queue::SplitQueue;
 use crate::virtio::{
     check_queues, read_config_space, ActivateError, DeviceMetrics, GuestMemory, Interrupt,
@@ -471,6 +477,36 @@ impl<B: NetBackend + 'static> VirtioDevice for Net<B> {
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
         self.metrics.clone()
     }
+
+    fn save_state(&self) -> serde_json::Value {
+        persist::to_value(&NetState {
+            rx_rate_limiter: save_limiter(self.rx_limiter.as_ref()),
+            tx_rate_limiter: save_limiter(self.tx_limiter.as_ref()),
+        })
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), PersistError> {
+        let s: NetState = persist::from_value(state)?;
+        let err = |dir: &'static str| {
+            move |e: BucketStateError| PersistError::Device(format!("{dir}_rate_limiter: {e}"))
+        };
+        // Checked whole before either limiter changes.
+        let (rx_cfg, tx_cfg) = (self.cfg.rx_rate_limiter, self.cfg.tx_rate_limiter);
+        Limiter::restore(&rx_cfg, &s.rx_rate_limiter, 0).map_err(err("rx"))?;
+        Limiter::restore(&tx_cfg, &s.tx_rate_limiter, 0).map_err(err("tx"))?;
+        restore_limiter(&mut self.rx_limiter, &rx_cfg, &s.rx_rate_limiter).map_err(err("rx"))?;
+        restore_limiter(&mut self.tx_limiter, &tx_cfg, &s.tx_rate_limiter).map_err(err("tx"))
+    }
+}
+
+/// What a card keeps in a snapshot besides its transport: its limiters'
+/// buckets. (Its MMDS stack is not saved: its TCP connections end with
+/// the process, and the guest opens new ones.)
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetState {
+    rx_rate_limiter: RateLimiterState,
+    tx_rate_limiter: RateLimiterState,
 }
 
 #[cfg(test)]

@@ -186,4 +186,15 @@ impl<S: EntropySource + 'static> VirtioDevice for Rng<S> {
     fn device_metrics(&self) -> Arc<dyn DeviceMetrics> {
         self.metrics.clone()
     }
+
+    fn save_state(&self) -> serde_json::Value {
+        self.rq.save_state()
+    }
+
+    fn restore_state(
+        &mut self,
+        state: &serde_json::Value,
+    ) -> Result<(), crate::virtio::persist::PersistError> {
+        self.rq.restore_state(&self.cfg.rate_limiter, state)
+    }
 }

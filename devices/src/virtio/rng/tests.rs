@@ -579,3 +579,30 @@ fn test_a_pass_reads_up_to_the_shared_bound_and_no_more() {
     );
     assert_eq!(max, u64::from(MAX_PASS_READS) - 1);
 }
+
+#[test]
+fn test_a_restored_entropy_device_resumes_its_bucket() {
+    let mem = guest_memory(MEM_SIZE).unwrap();
+    let cfg = limit(false, 1024, 60_000);
+    let mut a = Rng::new(cfg, mem.clone()).unwrap();
+    assert!(a.rq.limiter.as_mut().unwrap().consume(1000).unwrap());
+    let state = a.save_state();
+    assert_eq!(state["rate_limiter"]["bandwidth"]["budget"], 24);
+    let mut b = Rng::new(cfg, mem.clone()).unwrap();
+    b.restore_state(&state).unwrap();
+    assert!(!b.rq.limiter.as_mut().unwrap().consume(100).unwrap());
+    let mut forged = state.clone();
+    forged["rate_limiter"]["bandwidth"]["refill_time"] = 1.into();
+    let err = Rng::new(cfg, mem.clone())
+        .unwrap()
+        .restore_state(&forged)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("refill_time 1 ms, the configured one 1024 and 60000 ms"),
+        "{err}"
+    );
+    // An unlimited device saves no bucket and takes back only that.
+    let free = Rng::new(RngConfig::default(), mem).unwrap();
+    assert!(free.save_state()["rate_limiter"]["bandwidth"].is_null());
+}

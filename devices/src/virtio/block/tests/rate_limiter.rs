@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::fixture::*;
 use crate::rate_limiter::RateLimiterConfig;
 use crate::virtio::block::IoEngine;
+use crate::virtio::VirtioDevice;
 
 const SECTOR: usize = 512;
 
@@ -113,4 +114,39 @@ fn test_a_reset_while_throttled_drops_the_held_request_and_the_next_activation_r
     h.kick();
     let (used, _) = h.collect(1);
     assert_eq!(used, vec![(u32::from(p.head), 513)]);
+}
+
+#[test]
+fn test_a_restored_drive_resumes_its_bucket_and_refuses_a_forged_one() {
+    let data = vec![0u8; 8 * SECTOR];
+    let limited = |c: &mut crate::virtio::block::BlockConfig| c.rate_limiter = ops_limit(2, 60_000);
+    let h = BlockFixture::new(&data, limited, BASE_FEATURES);
+    // One of two tokens spent.
+    let spent = {
+        let mut d = h.dev();
+        assert!(d.rq.limiter.as_mut().unwrap().consume(512).unwrap());
+        d.save_state()
+    };
+    assert_eq!(spent["rate_limiter"]["ops"]["budget"], 1);
+    let h2 = BlockFixture::new(&data, limited, BASE_FEATURES);
+    let mut d = h2.dev();
+    d.restore_state(&spent).unwrap();
+    let l = d.rq.limiter.as_mut().unwrap();
+    assert!(l.consume(512).unwrap());
+    assert!(!l.consume(512).unwrap(), "a full bucket came back");
+    // More tokens than the bucket holds, and a bucket the drive lacks.
+    let mut forged = spent.clone();
+    forged["rate_limiter"]["ops"]["budget"] = 3.into();
+    let err = d.restore_state(&forged).unwrap_err().to_string();
+    assert!(
+        err.contains("rate_limiter: the saved ops bucket holds 3 tokens, more than its size 2"),
+        "{err}"
+    );
+    let plain = BlockFixture::new(&data, |_| {}, BASE_FEATURES);
+    let err = plain.dev().restore_state(&spent).unwrap_err().to_string();
+    assert!(err.contains("the saved state has a ops bucket"), "{err}");
+    assert_eq!(
+        plain.dev().save_state()["rate_limiter"]["ops"],
+        serde_json::Value::Null
+    );
 }

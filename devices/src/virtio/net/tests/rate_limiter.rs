@@ -595,3 +595,93 @@ fn test_a_bad_live_limit_changes_nothing() {
     assert!(h.peer_frames().is_empty());
     assert!(tx_throttled(&h) && tx_chain_pending(&h));
 }
+
+#[test]
+fn test_a_restored_card_resumes_its_buckets() {
+    // One TX frame per minute, spent; a restored card must not send the
+    // next frame at once, as a card with full buckets would.
+    let h = tx_second_frame_held(60_000);
+    let state = h.dev().save_state();
+    let saved: serde_json::Value = state.clone();
+    assert_eq!(saved["tx_rate_limiter"]["ops"]["budget"], 0);
+    assert!(saved["rx_rate_limiter"]["ops"].is_null());
+
+    let mut restored = NetFixture::new_inactive(tx_limited(ops(1, 60_000)));
+    restored.dev().restore_state(&state).expect("restores");
+    restored.activate(MRG_FEATURES);
+    restored.post_tx(&frame(12 + 64, 3), &[]);
+    restored.kick_tx();
+    restored.run_until_idle();
+    assert!(
+        restored.peer_frames().is_empty(),
+        "the spent token came back"
+    );
+    assert!(tx_throttled(&restored) && tx_chain_pending(&restored));
+
+    // A card restored from a fresh card's state sends at once.
+    let fresh = NetFixture::new_inactive(tx_limited(ops(1, 60_000)));
+    let full = fresh.dev().save_state();
+    let mut other = NetFixture::new_inactive(tx_limited(ops(1, 60_000)));
+    other.dev().restore_state(&full).expect("restores");
+    other.activate(MRG_FEATURES);
+    other.post_tx(&frame(12 + 64, 4), &[]);
+    other.kick_tx();
+    other.run_until_idle();
+    assert_eq!(other.peer_frames().len(), 1);
+}
+
+#[test]
+fn test_a_forged_card_state_is_refused_and_changes_nothing() {
+    let h = tx_second_frame_held(60_000);
+    let good = h.dev().save_state();
+    let same = || NetFixture::new_inactive(tx_limited(ops(1, 60_000)));
+    // Another configuration's card: its RX bucket is not in the state.
+    let other = || {
+        NetFixture::new_inactive(NetConfig {
+            rx_rate_limiter: bw(1000, 100),
+            ..tx_limited(ops(1, 60_000))
+        })
+    };
+    let mut forged = good.clone();
+    forged["tx_rate_limiter"]["ops"]["budget"] = 2.into();
+    let mut extra = good.clone();
+    extra["mmds"] = 1.into();
+    // A valid RX half does not go in when the TX half is refused.
+    let mut half = other().dev().save_state();
+    half["rx_rate_limiter"]["bandwidth"]["budget"] = 500.into();
+    half["tx_rate_limiter"]["ops"]["budget"] = 2.into();
+    let cases = [
+        (
+            same(),
+            forged,
+            "tx_rate_limiter: the saved ops bucket holds 2 tokens",
+        ),
+        (
+            other(),
+            half,
+            "tx_rate_limiter: the saved ops bucket holds 2 tokens",
+        ),
+        (
+            other(),
+            good.clone(),
+            "rx_rate_limiter: the configuration has a bandwidth bucket",
+        ),
+        (
+            same(),
+            serde_json::Value::Null,
+            "invalid saved device state",
+        ),
+        (same(), extra, "unknown field"),
+    ];
+    for (target, state, want) in cases {
+        let before = target.dev().save_state();
+        let err = target.dev().restore_state(&state).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+        assert!(!err.contains('\n'));
+        assert_eq!(
+            target.dev().save_state(),
+            before,
+            "a refusal changed {want}"
+        );
+    }
+}
