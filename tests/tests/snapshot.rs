@@ -134,7 +134,7 @@ fn refused_requests_and_the_version_flags_need_no_kvm() {
     let dir = scratch("refused");
     let out = minivmm(&["--snapshot-version"]);
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "v1.0.0\n");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v2.0.0\n");
     let junk = dir.join("junk");
     std::fs::write(&junk, b"not a snapshot\n").unwrap();
     let out = minivmm(&["--describe-snapshot", &p(&junk)]);
@@ -283,7 +283,7 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     let mem = dir.join("a.mem");
     assert_eq!(std::fs::metadata(&mem).unwrap().len(), 64 << 20);
     let out = minivmm(&["--describe-snapshot", &p(&state)]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "v1.0.0\n");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v2.0.0\n");
     let before = (std::fs::read(&state).unwrap(), std::fs::read(&mem).unwrap());
 
     for round in 0..2 {
@@ -333,7 +333,7 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     std::fs::copy(&mem, dir.join("bad.mem")).unwrap();
     let version = String::from_utf8(text.clone())
         .unwrap()
-        .replacen("\"1.0.0\"", "\"9.0.0\"", 1);
+        .replacen("\"2.0.0\"", "\"9.0.0\"", 1);
     std::fs::write(dir.join("v9.state"), version).unwrap();
     std::fs::copy(&mem, dir.join("v9.mem")).unwrap();
     std::fs::write(dir.join("short.state"), &text).unwrap();
@@ -353,7 +353,7 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
         ("bad", "the snapshot state file is corrupted: CRC-32"),
         (
             "v9",
-            "the snapshot state file is version 9.0.0; this minivmm reads only version 1.0.0",
+            "the snapshot state file is version 9.0.0; this minivmm reads only version 2.0.0",
         ),
         ("short", "the memory file holds 4096 bytes"),
         ("nomem", "cannot open the memory file"),

@@ -454,6 +454,7 @@ pub(crate) fn attach_devices(
         .map_err(|e| BuildError::EventLoop(std::io::Error::other(e.to_string())))?;
     let panicked = Arc::new(AtomicBool::new(false));
     let mut manager = DeviceManager::new();
+    let serial_limiter = serial.limiter();
     let serial = attach_serial(&mut manager, vm, serial)?;
     let i8042 = manager.attach_i8042(vm)?;
     manager.attach_pvpanic(panicked.clone());
@@ -477,6 +478,7 @@ pub(crate) fn attach_devices(
         manager: Arc::new(manager),
         events,
         serial,
+        serial_limiter,
         i8042,
         panicked,
         vsock_socket: vsock,

@@ -12,13 +12,15 @@
 //! is dropped whole, as Firecracker drops it, and counted (in the metrics as
 //! Firecracker's `uart.rate_limiter_dropped_bytes`); the first drop is
 //! logged once (a guest flooding its console is the guest's doing, so one
-//! line, not one per byte).
+//! line, not one per byte). The bucket is shared ([`SerialLimiter`]) with
+//! the snapshot code, which saves it and takes it back.
 
 use std::io::{Stdout, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use devices::rate_limiter::persist::{restore_bucket, BucketStateError, TokenBucketState};
 use devices::rate_limiter::{TokenBucket, TokenBucketConfig};
 
 use crate::line_writer::NonBlockingLineWriter;
@@ -45,11 +47,45 @@ enum Dest {
     },
 }
 
+/// The console's bucket (none without a `rate_limiter`), shared by the
+/// output, which charges it on the vCPU thread, and the snapshot code,
+/// which reads and replaces it with the vCPUs paused (so the lock is never
+/// contended while the guest writes).
+#[derive(Clone)]
+pub struct SerialLimiter {
+    bucket: Arc<Mutex<Option<TokenBucket>>>,
+    clock: fn() -> u64,
+}
+
+impl SerialLimiter {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<TokenBucket>> {
+        // A bucket is changed by whole assignments: a panic elsewhere
+        // cannot leave it half written.
+        self.bucket.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The bucket's state now, for a snapshot.
+    pub fn save(&self) -> Option<TokenBucketState> {
+        self.lock().as_ref().map(|b| b.save((self.clock)()))
+    }
+
+    /// Takes back a saved bucket, configured as `cfg`; a forged one, or one
+    /// only one side has, is refused and nothing changes.
+    pub fn restore(
+        &self,
+        cfg: Option<&TokenBucketConfig>,
+        state: Option<&TokenBucketState>,
+    ) -> Result<(), BucketStateError> {
+        let bucket = restore_bucket("serial", cfg.copied(), state, (self.clock)())?;
+        *self.lock() = bucket;
+        Ok(())
+    }
+}
+
 /// The console's output: see the module doc.
 pub struct SerialOut {
     dest: Dest,
-    limiter: Option<TokenBucket>,
-    clock: fn() -> u64,
+    limiter: SerialLimiter,
     dropped_bytes: Arc<AtomicU64>,
 }
 
@@ -94,10 +130,17 @@ impl SerialOut {
             .map_err(|e| SerialOutError::Limiter(e.to_string()))?;
         Ok(SerialOut {
             dest,
-            limiter,
-            clock,
+            limiter: SerialLimiter {
+                bucket: Arc::new(Mutex::new(limiter)),
+                clock,
+            },
             dropped_bytes: Arc::default(),
         })
+    }
+
+    /// The bucket, for the snapshot code.
+    pub fn limiter(&self) -> SerialLimiter {
+        self.limiter.clone()
     }
 
     /// Bytes the rate limiter dropped so far.
@@ -112,12 +155,15 @@ impl SerialOut {
 
     /// Whether the bucket lets `n` bytes through now (and charges them).
     fn admit(&mut self, n: usize) -> bool {
-        let Some(bucket) = self.limiter.as_mut() else {
+        let clock = self.limiter.clock;
+        let mut bucket = self.limiter.lock();
+        let Some(b) = bucket.as_mut() else {
             return true;
         };
-        if bucket.reduce(n as u64, (self.clock)()).is_ok() {
+        if b.reduce(n as u64, clock()).is_ok() {
             return true;
         }
+        drop(bucket);
         if self.dropped_bytes() == 0 {
             log::warn!(
                 "the guest's console output exceeds the serial rate limiter; what exceeds it \
@@ -237,6 +283,52 @@ mod tests {
         assert!(std::fs::read(&p).unwrap().ends_with(b"ok\n"));
         assert_eq!(out.dropped_bytes(), 7);
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_restored_bucket_has_what_the_saved_one_had() {
+        // 10 bytes an hour: whatever other tests do to the clock, no byte
+        // is earned here.
+        let bucket = TokenBucketConfig {
+            size: 10,
+            one_time_burst: 0,
+            refill_time: 3_600_000,
+        };
+        let (p, mut out) = file_out("saved", Some(&bucket));
+        out.write_all(b"123456").unwrap();
+        let state = out.limiter().save();
+        assert_eq!(state.as_ref().map(|s| s.budget), Some(4));
+        let (q, mut back) = file_out("restored", Some(&bucket));
+        back.limiter()
+            .restore(Some(&bucket), state.as_ref())
+            .unwrap();
+        for b in b"abcdef\n" {
+            back.write_all(&[*b]).unwrap();
+        }
+        back.flush().unwrap();
+        assert_eq!(std::fs::read(&q).unwrap(), b"abcd");
+        assert_eq!(back.dropped_bytes(), 3);
+        // A bucket the configuration lacks, or more bytes than its size,
+        // is refused and the bucket kept.
+        let err = back.limiter().restore(None, state.as_ref()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the saved state has a serial bucket, the configuration has none"
+        );
+        let mut forged = state.clone().unwrap();
+        forged.budget = 11;
+        assert!(back
+            .limiter()
+            .restore(Some(&bucket), Some(&forged))
+            .is_err());
+        assert_eq!(back.limiter().save().map(|s| s.budget), Some(0));
+        // No bucket on either side: nothing to save or restore.
+        let (r, none) = file_out("none", None);
+        assert_eq!(none.limiter().save(), None);
+        assert!(none.limiter().restore(None, None).is_ok());
+        for f in [p, q, r] {
+            std::fs::remove_file(f).unwrap();
+        }
     }
 
     /// The bucket refills on the monotonic clock: what was dropped a

@@ -38,6 +38,7 @@ use crate::process::seccomp::{Filters, Gate, Thread};
 use crate::process::signals::SignalFd;
 use crate::process::terminal::RawTerminal;
 use crate::registry::{lock, Events};
+use crate::serial_out::SerialLimiter;
 use crate::snapshot::create::SnapshotSources;
 use devices::virtio::queue::dirty::DirtyPages;
 
@@ -73,6 +74,8 @@ pub(crate) struct Devices {
     pub(crate) events: Events,
     /// The console UART (its input comes from stdin).
     pub(crate) serial: Arc<Mutex<SerialDevice>>,
+    /// The console output's bucket (for snapshots).
+    pub(crate) serial_limiter: SerialLimiter,
     /// The keyboard controller (its reset line ends the VM).
     pub(crate) i8042: Arc<Mutex<I8042>>,
     /// Set once the guest kernel reported a panic (the pvpanic register).
@@ -89,6 +92,7 @@ pub struct Vmm {
     devices: Arc<DeviceManager>,
     events: Events,
     serial: Arc<Mutex<SerialDevice>>,
+    serial_limiter: SerialLimiter,
     i8042: Arc<Mutex<I8042>>,
     panicked: Arc<AtomicBool>,
     exit: ExitLatch,
@@ -131,6 +135,7 @@ impl Vmm {
             devices: devices.manager,
             events: devices.events,
             serial: devices.serial,
+            serial_limiter: devices.serial_limiter,
             i8042: devices.i8042,
             panicked: devices.panicked,
             exit,
@@ -224,6 +229,7 @@ impl Vmm {
                     mem: self.vm.mem.clone(),
                     devices: self.devices.clone(),
                     serial: self.serial.clone(),
+                    serial_limiter: self.serial_limiter.clone(),
                     i8042: self.i8042.clone(),
                     vcpu_states: states,
                     dirty: self.dirty.clone(),
@@ -340,6 +346,9 @@ mod tests {
             serial: Arc::new(Mutex::new(
                 SerialDevice::new(Box::new(std::io::sink())).unwrap(),
             )),
+            serial_limiter: crate::serial_out::SerialOut::open(None, None)
+                .unwrap()
+                .limiter(),
             i8042: Arc::new(Mutex::new(I8042::new().unwrap())),
             panicked: Arc::default(),
             vsock_socket: None,

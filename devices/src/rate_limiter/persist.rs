@@ -240,8 +240,9 @@ fn check(
     Ok(())
 }
 
-/// A bucket of `cfg` restored from `state` if both have it.
-fn restore_bucket(
+/// A bucket of `cfg` restored from `state` if both have it; `name`
+/// labels the errors.
+pub fn restore_bucket(
     name: &'static str,
     cfg: Option<TokenBucketConfig>,
     state: Option<&TokenBucketState>,

@@ -32,6 +32,7 @@ use crate::kvm::pause::PauseGate;
 use crate::kvm::state::{save_vm, VcpuStateSlots};
 use crate::registry::lock;
 use crate::registry::VirtioSlot;
+use crate::serial_out::SerialLimiter;
 use devices::virtio::queue::dirty::{DirtyPages, PAGE_SIZE};
 
 /// How long the vCPU threads have to read their state.
@@ -77,6 +78,8 @@ pub struct SnapshotSources {
     pub devices: Arc<dyn VirtioSlots>,
     /// The console UART.
     pub serial: Arc<Mutex<SerialDevice>>,
+    /// The console output's bucket.
+    pub serial_limiter: SerialLimiter,
     /// The keyboard controller.
     pub i8042: Arc<Mutex<I8042>>,
     /// Where the vCPU threads put their state.
@@ -141,6 +144,7 @@ pub fn collect(
         vm,
         vcpus,
         serial: lock(&src.serial).save(),
+        serial_rate_limiter: src.serial_limiter.save(),
         i8042: lock(&src.i8042).save(),
         virtio,
     })

@@ -2,7 +2,7 @@
 //! The state file's format: a header line, then the state as JSON.
 //!
 //! ```text
-//! {"format":"minivmm-snapshot","version":"1.0.0","length":123456,"crc32":305419896}\n
+//! {"format":"minivmm-snapshot","version":"2.0.0","length":123456,"crc32":305419896}\n
 //! {...the state, `length` bytes of JSON whose CRC-32 is `crc32`...}
 //! ```
 //!
@@ -27,8 +27,10 @@ use serde::{Deserialize, Serialize};
 
 /// The state layout this minivmm writes and reads (`--snapshot-version`).
 /// The major number changes with any change a reader of the previous one
-/// could not read.
-pub const SNAPSHOT_VERSION: &str = "1.0.0";
+/// could not read: 2.0.0 added the rate limiters' buckets (the network,
+/// block and entropy devices' own state, and the console's), which a 1.0.0
+/// reader refuses and a 1.0.0 file lacks.
+pub const SNAPSHOT_VERSION: &str = "2.0.0";
 
 /// What the header's `format` says.
 const FORMAT_NAME: &str = "minivmm-snapshot";
@@ -188,7 +190,7 @@ mod tests {
         assert_eq!(decode::<Sample>(&bytes).unwrap(), sample());
         assert_eq!(describe(&bytes).unwrap(), SNAPSHOT_VERSION);
         let text = String::from_utf8(bytes).unwrap();
-        assert!(text.starts_with(r#"{"format":"minivmm-snapshot","version":"1.0.0","#));
+        assert!(text.starts_with(r#"{"format":"minivmm-snapshot","version":"2.0.0","#));
     }
 
     #[test]
@@ -215,14 +217,15 @@ mod tests {
         ));
         // Another version: refused before the body is looked at.
         let text = String::from_utf8(good.clone()).unwrap();
-        let other = text.replacen("\"1.0.0\"", "\"2.0.0\"", 1);
+        // The previous layout, without the rate limiters' buckets.
+        let other = text.replacen("\"2.0.0\"", "\"1.0.0\"", 1);
         let err = decode::<Sample>(other.as_bytes()).unwrap_err();
-        assert!(matches!(&err, FormatError::Version { file } if file == "2.0.0"));
+        assert!(matches!(&err, FormatError::Version { file } if file == "1.0.0"));
         assert_eq!(
             err.to_string(),
-            "the snapshot state file is version 2.0.0; this minivmm reads only version 1.0.0"
+            "the snapshot state file is version 1.0.0; this minivmm reads only version 2.0.0"
         );
-        assert_eq!(describe(other.as_bytes()).unwrap(), "2.0.0");
+        assert_eq!(describe(other.as_bytes()).unwrap(), "1.0.0");
         // Not a snapshot at all.
         for junk in [
             &b""[..],

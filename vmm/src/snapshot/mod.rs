@@ -13,9 +13,16 @@
 //! The state ([`SnapshotState`]) is the configuration the VM was built
 //! from (in the config-file layout, so the load rebuilds the same devices
 //! through the builder's own steps), the VM's and every vCPU's KVM state
-//! ([`crate::kvm::state`]), the UART and the i8042, and every virtio
-//! device's transport and own state
-//! ([`devices::virtio::persist`]), in MMIO window order.
+//! ([`crate::kvm::state`]), the UART with its output's rate limiter bucket
+//! and the i8042, and every virtio device's transport and own state
+//! ([`devices::virtio::persist`]: the network, block and entropy devices'
+//! own state is their rate limiters' buckets), in MMIO window order.
+//!
+//! Not in it, as Firecracker keeps neither: the MMDS data store (the
+//! restored VM serves the new process's store, which the client fills
+//! before or after the load) and its V2 session tokens. MMDS's
+//! configuration (version, address, cards, `imds_compat`) is part of the
+//! configuration.
 
 pub mod create;
 pub mod format;
@@ -25,6 +32,7 @@ pub mod restore;
 
 use devices::legacy::i8042::I8042Snapshot;
 use devices::legacy::serial::SerialSnapshot;
+use devices::rate_limiter::persist::TokenBucketState;
 use devices::virtio::persist::VirtioState;
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +62,8 @@ pub struct SnapshotState {
     pub vcpus: Vec<VcpuState>,
     /// The console UART.
     pub serial: SerialSnapshot,
+    /// The console output's bucket (`PUT /serial`'s `rate_limiter`).
+    pub serial_rate_limiter: Option<TokenBucketState>,
     /// The keyboard controller.
     pub i8042: I8042Snapshot,
     /// The virtio devices, in MMIO window order.

@@ -136,6 +136,13 @@ pub fn restore(
     if let Some(m) = metrics.as_mut() {
         m.set_uart_dropped(serial.dropped_counter());
     }
+    serial
+        .limiter()
+        .restore(
+            cfg.serial.rate_limiter.as_ref(),
+            state.serial_rate_limiter.as_ref(),
+        )
+        .map_err(|e| fail(format!("serial rate_limiter: {}", crate::error_line(&e))))?;
     steps.done("files");
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
