@@ -111,6 +111,10 @@ pub struct SnapshotLoad {
     pub logger: Option<Value>,
     /// The `metrics` section put before it, if any.
     pub metrics: Option<Value>,
+    /// The process's MMDS store (`--metadata`, and what `PUT` and `PATCH
+    /// /mmds` put before the load): the one the restored VM serves, as
+    /// Firecracker's does (a snapshot holds no store).
+    pub mmds: SharedMmds,
 }
 
 /// The configuration the pre-boot requests have built so far.
@@ -278,6 +282,7 @@ impl Preboot {
                 params,
                 logger: self.doc.get("logger").cloned(),
                 metrics: self.doc.get("metrics").cloned(),
+                mmds: self.mmds.clone(),
             })),
             Err(msg) => Step::Reply(Response::fault(&msg)),
         }
@@ -457,17 +462,24 @@ mod tests {
             ApiRequest::LoadSnapshot(json!({"snapshot_path": "/s",
                 "mem_backend": {"backend_type": "File", "backend_path": "/m"}, "resume_vm": true}))
         };
-        let mut p = Preboot::new();
+        let store: devices::mmds::SharedMmds = Default::default();
+        let mut p = Preboot::new().with_mmds(store.clone());
         assert_eq!(
             reply(&mut p, ApiRequest::PutLogger(json!({"level": "Info"}))).status,
             204
         );
+        // The store is the process's, not the configuration's: filled
+        // before the load, it is the one the restored VM serves.
+        let data = json!({"clone": 2});
+        assert_eq!(reply(&mut p, ApiRequest::PutMmds(data.clone())).status, 204);
         match p.handle(load(), "vm0") {
             Step::Load(l) => {
                 assert_eq!(l.params.snapshot_path, PathBuf::from("/s"));
                 assert!(l.params.resume_vm);
                 assert_eq!(l.logger, Some(json!({"level": "Info"})));
                 assert_eq!(l.metrics, None);
+                assert!(Arc::ptr_eq(&l.mmds, &store));
+                assert_eq!(devices::mmds::lock(&l.mmds).data(), data);
             }
             other => panic!("{other:?}"),
         }

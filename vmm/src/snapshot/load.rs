@@ -14,7 +14,10 @@
 //! The configuration is the snapshot's own (the `GET /vm/config` document
 //! it saved, read by the config file's parser), with the overrides
 //! applied and with this process's logger and metrics (those of the
-//! process that saved it are that process's files).
+//! process that saved it are that process's files). MMDS's configuration
+//! (`mmds-config`: version, address, the cards it serves, `imds_compat`)
+//! comes back with it and is checked as a config file's is; its store
+//! does not (see [`super`]).
 
 use std::path::PathBuf;
 
@@ -178,8 +181,18 @@ pub fn settings(
     logger: Option<&Value>,
     metrics: Option<&Value>,
 ) -> Result<Settings, String> {
+    settings_from(&state.config, params, logger, metrics)
+}
+
+/// [`settings`] from the saved configuration `config`.
+fn settings_from(
+    config: &Value,
+    params: &LoadParams,
+    logger: Option<&Value>,
+    metrics: Option<&Value>,
+) -> Result<Settings, String> {
     let overrides = &params.network_overrides;
-    let mut doc = state.config.clone();
+    let mut doc = config.clone();
     let Some(obj) = doc.as_object_mut() else {
         return Err("the snapshot's configuration is not a JSON object".into());
     };
@@ -240,6 +253,79 @@ mod tests {
         .unwrap();
         assert_eq!(p.mem_path, PathBuf::from("m2"));
         assert!(p.track_dirty_pages && !p.resume_vm);
+    }
+
+    /// A saved configuration with one card and MMDS on it.
+    fn with_mmds(mmds: Value) -> Value {
+        json!({"boot-source": {"kernel_image_path": "/k"},
+               "network-interfaces": [{"iface_id": "eth0", "host_dev_name": "tap0"}],
+               "mmds-config": mmds})
+    }
+
+    fn params(overrides: Value) -> LoadParams {
+        load(json!({"snapshot_path": "s", "mem_file_path": "m",
+                    "network_overrides": overrides}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_mmds_configuration_comes_back_with_the_snapshot() {
+        use crate::config::mmds::MmdsConfig;
+        let saved = with_mmds(json!({"version": "V2", "network_interfaces": ["eth0"],
+            "ipv4_address": "169.254.1.2", "imds_compat": true}));
+        let first = settings_from(&saved, &params(json!([])), None, None)
+            .unwrap()
+            .finish()
+            .unwrap();
+        let want = MmdsConfig {
+            version: devices::mmds::MmdsVersion::V2,
+            network_interfaces: vec!["eth0".into()],
+            ipv4_address: std::net::Ipv4Addr::new(169, 254, 1, 2),
+            imds_compat: true,
+        };
+        assert_eq!(first.mmds.as_ref(), Some(&want));
+        // Saved again as a snapshot saves it, with the card on another TAP
+        // (a clone): MMDS still serves that card.
+        let again = crate::config::render::to_file_json(&first);
+        let clone = settings_from(
+            &again,
+            &params(json!([{"iface_id": "eth0", "host_dev_name": "tap1"}])),
+            None,
+            None,
+        )
+        .unwrap()
+        .finish()
+        .unwrap();
+        assert_eq!(clone.mmds, Some(want));
+        assert_eq!(
+            clone.nets[0].tap,
+            crate::config::TapBackend::Named("tap1".into())
+        );
+    }
+
+    #[test]
+    fn a_forged_mmds_configuration_is_refused_with_one_line() {
+        for (mmds, want) in [
+            (
+                json!({"network_interfaces": ["eth0"], "ipv4_address": "10.0.0.1"}),
+                "not link local",
+            ),
+            (
+                json!({"network_interfaces": ["eth9"]}),
+                "does not correspond to any existing network interface: 'eth9'",
+            ),
+            (json!({"network_interfaces": []}), "is empty"),
+            (
+                json!({"network_interfaces": ["eth0"], "version": "V9"}),
+                "V9",
+            ),
+        ] {
+            let err = settings_from(&with_mmds(mmds.clone()), &params(json!([])), None, None)
+                .and_then(|s| s.finish().map_err(|e| crate::error_line(&e)))
+                .unwrap_err();
+            assert!(err.contains(want), "{mmds}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]

@@ -4,19 +4,22 @@
 //!
 //! The order: the files (metrics, the drives' images checked and the
 //! cards' TAPs looked for: a missing one is refused here, before anything
-//! else), the VM, guest memory mapped privately from the memory file, the
+//! else; the console's output with its saved bucket), the VM, guest memory mapped privately from the memory file, the
 //! irqchip and PIT, every device attached as at boot (TAPs opened, images
 //! locked), then the saved state: the VM's (irqchip, PIT, clock), each
 //! vCPU's into a fresh vCPU, and last the devices' (the UART, the i8042,
 //! then every virtio device, whose rings are validated as at DRIVER_OK and
 //! which raise an interrupt once restored, so the irqchip and the LAPICs
 //! that receive it are already in place). No kernel is loaded and no boot
-//! table written: the memory already holds the running guest.
+//! table written: the memory already holds the running guest. The cards
+//! MMDS serves read the process's store (what `--metadata` and the API put
+//! in it), as Firecracker's restored VM does: a snapshot holds no store.
 
 use std::fs::File;
 
 use std::sync::Arc;
 
+use devices::mmds::SharedMmds;
 use devices::virtio::net::Tap;
 use devices::virtio::queue::dirty::DirtyPages;
 
@@ -116,13 +119,15 @@ fn restore_vcpus(
 }
 
 /// Rebuilds the VM of `state` (configured as `cfg`) with its memory from
-/// `mem_file`; see the module doc.
+/// `mem_file`, its cards over `tap_fds` where inherited and serving `mmds`
+/// (the process's store, configured as the snapshot's `mmds-config`); see
+/// the module doc.
 pub fn restore(
     cfg: &VmmConfig,
     state: &SnapshotState,
     mem_file: &File,
     params: &LoadParams,
-    mut tap_fds: TapFds,
+    (mut tap_fds, mmds): (TapFds, SharedMmds),
 ) -> Result<Vmm, BuildError> {
     let mut steps = Steps::new();
     check(cfg, state)?;
@@ -162,15 +167,7 @@ pub fn restore(
         Some(v) => Some(Arc::new(VsockSocket::bind(&v.uds_path, cfg.seccomp)?)),
         None => None,
     };
-    let devices = attach_devices(
-        cfg,
-        &vm,
-        &mem,
-        &mut tap_fds,
-        None,
-        (serial, vsock),
-        Default::default(),
-    )?;
+    let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None, (serial, vsock), mmds)?;
     // Before any device is activated: their queues take the log then.
     let dirty = params.track_dirty_pages.then(|| {
         let log = Arc::new(DirtyPages::new(&mem));
@@ -229,7 +226,7 @@ pub fn load(
             params.mem_path.display()
         )
     })?;
-    let vmm =
-        restore(&cfg, &state, &mem_file, params, tap_fds).map_err(|e| crate::error_line(&e))?;
+    let vmm = restore(&cfg, &state, &mem_file, params, (tap_fds, req.mmds.clone()))
+        .map_err(|e| crate::error_line(&e))?;
     Ok((vmm, cfg))
 }
