@@ -37,6 +37,7 @@ pub mod net_rig;
 pub mod race;
 pub mod rng;
 pub mod snapshot;
+pub mod snapshot_buckets;
 pub mod vsock;
 
 /// Turns `data` into a structured input and runs `f` on it; bytes that do

@@ -2,7 +2,7 @@
 //! Target `snapshot_state`: the snapshot loader, fed any bytes as a state
 //! file and any transport state a file could hold.
 //!
-//! An input is one of two kinds (its first byte says which):
+//! An input is one of three kinds (its first byte says which):
 //!
 //! 1. Bytes that go through the state file's reader as `PUT
 //!    /snapshot/load` reads them (`format::describe`, `format::decode` into
@@ -22,6 +22,9 @@
 //!    state put them, picked up at `used.idx`; and the device can then drain
 //!    its queues without a panic, every chain it takes being one the driver
 //!    could have posted (a head below the queue size).
+//! 3. A rate limiter's buckets saved after some traffic, edited as a
+//!    hostile file could, and restored (see [`crate::snapshot_buckets`]):
+//!    the device-owned state a state file carries besides the transport.
 
 use std::sync::{Arc, Mutex};
 
@@ -76,10 +79,14 @@ pub struct Input {
 
 /// Runs one input (see the module doc): an even first byte makes the
 /// rest a state file (part 1), so that a seed can be a real one after it;
-/// an odd one makes the rest a structured [`Input`] (part 2).
+/// one of 3 modulo 4 makes the rest a structured bucket input (part 3);
+/// any other odd one a structured [`Input`] (part 2).
 pub fn run(data: &[u8]) {
     match data.split_first() {
         Some((mode, rest)) if mode % 2 == 0 => raw_file(rest),
+        Some((mode, rest)) if mode % 4 == 3 => {
+            crate::with_input(rest, crate::snapshot_buckets::run);
+        }
         Some((_, rest)) => crate::with_input(rest, transport),
         None => {}
     }
@@ -299,6 +306,28 @@ fn accepted(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The corpus's real state files stay real under this layout (a
+    /// layout change that leaves them refused would leave part 1 fuzzing
+    /// only the refusals).
+    #[test]
+    fn the_seed_state_files_decode_and_the_previous_version_does_not() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../corpus/snapshot_state");
+        let read = |name: &str| std::fs::read(dir.join(name)).expect("a seed");
+        for name in ["raw-real-state", "raw-serial-bucket"] {
+            let bytes = read(name);
+            let state = format::decode::<SnapshotState>(&bytes[1..])
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(
+                state.serial_rate_limiter.is_some(),
+                name == "raw-serial-bucket"
+            );
+        }
+        let err = format::decode::<SnapshotState>(&read("raw-v1-state")[1..]).unwrap_err();
+        assert!(matches!(err, format::FormatError::Version { .. }), "{err}");
+        let err = format::decode::<SnapshotState>(&read("raw-serial-bucket-i128")[1..]);
+        assert!(matches!(err, Err(format::FormatError::Body(_))));
+    }
 
     #[test]
     fn an_unedited_state_restores_and_a_hostile_one_is_refused() {
