@@ -40,7 +40,7 @@ use crate::config::{VmmConfig, DEFAULT_MEM_MIB};
 use crate::host_socket::VsockSocket;
 use crate::images::check_images;
 use crate::process::seccomp::SeccompMode;
-use crate::snapshot::load::LoadParams;
+use crate::snapshot::load::{LoadParams, OWN_SECTIONS};
 use std::sync::Arc;
 
 /// `app_name` in `GET /`.
@@ -107,10 +107,9 @@ pub enum Step {
 pub struct SnapshotLoad {
     /// The checked body.
     pub params: LoadParams,
-    /// The `logger` section put before it, if any.
-    pub logger: Option<Value>,
-    /// The `metrics` section put before it, if any.
-    pub metrics: Option<Value>,
+    /// The sections put before it that stay this process's (`logger`,
+    /// `metrics`, `serial`: [`crate::snapshot::load::OWN_SECTIONS`]).
+    pub own: Map<String, Value>,
     /// The process's MMDS store (`--metadata`, and what `PUT` and `PATCH
     /// /mmds` put before the load): the one the restored VM serves, as
     /// Firecracker's does (a snapshot holds no store).
@@ -263,14 +262,14 @@ impl Preboot {
         Step::Reply(r)
     }
 
-    /// `PUT /snapshot/load`: only in a process nothing but its logger and
-    /// metrics were configured in (as Firecracker: the snapshot brings the
-    /// VM's whole configuration).
+    /// `PUT /snapshot/load`: only in a process nothing but its logger,
+    /// metrics and console were configured in (as Firecracker: the snapshot
+    /// brings the rest of the VM's configuration).
     fn load(&self, body: Value) -> Step {
         if let Some(section) = self
             .doc
             .keys()
-            .find(|k| !matches!(k.as_str(), "logger" | "metrics"))
+            .find(|k| !OWN_SECTIONS.contains(&k.as_str()))
         {
             return Step::Reply(Response::fault(&format!(
                 "snapshot/load: not allowed after the microVM was configured ({section} was \
@@ -280,8 +279,7 @@ impl Preboot {
         match LoadParams::from_body(body) {
             Ok(params) => Step::Load(Box::new(SnapshotLoad {
                 params,
-                logger: self.doc.get("logger").cloned(),
-                metrics: self.doc.get("metrics").cloned(),
+                own: self.doc.clone(),
                 mmds: self.mmds.clone(),
             })),
             Err(msg) => Step::Reply(Response::fault(&msg)),
@@ -472,12 +470,19 @@ mod tests {
         // before the load, it is the one the restored VM serves.
         let data = json!({"clone": 2});
         assert_eq!(reply(&mut p, ApiRequest::PutMmds(data.clone())).status, 204);
+        // So is the console, as in Firecracker.
+        let serial = json!({"rate_limiter": {"size": 100, "refill_time": 1000}});
+        assert_eq!(
+            reply(&mut p, ApiRequest::PutSerial(serial.clone())).status,
+            204
+        );
         match p.handle(load(), "vm0") {
             Step::Load(l) => {
                 assert_eq!(l.params.snapshot_path, PathBuf::from("/s"));
                 assert!(l.params.resume_vm);
-                assert_eq!(l.logger, Some(json!({"level": "Info"})));
-                assert_eq!(l.metrics, None);
+                assert_eq!(l.own.get("logger"), Some(&json!({"level": "Info"})));
+                assert_eq!(l.own.get("metrics"), None);
+                assert_eq!(l.own.get("serial"), Some(&serial));
                 assert!(Arc::ptr_eq(&l.mmds, &store));
                 assert_eq!(devices::mmds::lock(&l.mmds).data(), data);
             }

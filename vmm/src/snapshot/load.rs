@@ -13,8 +13,9 @@
 //!
 //! The configuration is the snapshot's own (the `GET /vm/config` document
 //! it saved, read by the config file's parser), with the overrides
-//! applied and with this process's logger and metrics (those of the
-//! process that saved it are that process's files). MMDS's configuration
+//! applied and with this process's logger, metrics and console (those of
+//! the process that saved it are that process's files; see
+//! [`OWN_SECTIONS`]). MMDS's configuration
 //! (`mmds-config`: version, address, the cards it serves, `imds_compat`)
 //! comes back with it and is checked as a config file's is; its store
 //! does not (see [`super`]).
@@ -172,24 +173,30 @@ pub fn read_state(params: &LoadParams) -> Result<SnapshotState, String> {
     format::decode(&bytes).map_err(|e| crate::error_line(&e))
 }
 
+/// The sections of the configuration that are the loading process's, not
+/// the snapshot's: its log, its metrics and its console (what `PUT
+/// /logger`, `/metrics` and `/serial` put before the load, as Firecracker
+/// takes them from the process that loads). No other may be put before a
+/// load.
+pub const OWN_SECTIONS: [&str; 3] = ["logger", "metrics", "serial"];
+
 /// The settings the snapshot's VM is rebuilt from: its saved configuration
-/// with the overrides of `params` applied and `logger` and `metrics` (this
-/// process's sections, or none) in place of its own.
+/// with the overrides of `params` applied and this process's sections
+/// ([`OWN_SECTIONS`], from `own`; absent ones at their defaults) in place
+/// of its own.
 pub fn settings(
     state: &SnapshotState,
     params: &LoadParams,
-    logger: Option<&Value>,
-    metrics: Option<&Value>,
+    own: &serde_json::Map<String, Value>,
 ) -> Result<Settings, String> {
-    settings_from(&state.config, params, logger, metrics)
+    settings_from(&state.config, params, own)
 }
 
 /// [`settings`] from the saved configuration `config`.
 fn settings_from(
     config: &Value,
     params: &LoadParams,
-    logger: Option<&Value>,
-    metrics: Option<&Value>,
+    own: &serde_json::Map<String, Value>,
 ) -> Result<Settings, String> {
     let overrides = &params.network_overrides;
     let mut doc = config.clone();
@@ -203,8 +210,10 @@ fn settings_from(
         let path = v.uds_path.to_string_lossy().into_owned();
         vsock.insert("uds_path".into(), Value::String(path));
     }
-    obj.insert("logger".into(), logger.cloned().unwrap_or(Value::Null));
-    obj.insert("metrics".into(), metrics.cloned().unwrap_or(Value::Null));
+    for name in OWN_SECTIONS {
+        let section = own.get(name).cloned().unwrap_or(Value::Null);
+        obj.insert(name.into(), section);
+    }
     let cards = obj
         .get_mut("network-interfaces")
         .and_then(Value::as_array_mut);
@@ -273,7 +282,7 @@ mod tests {
         use crate::config::mmds::MmdsConfig;
         let saved = with_mmds(json!({"version": "V2", "network_interfaces": ["eth0"],
             "ipv4_address": "169.254.1.2", "imds_compat": true}));
-        let first = settings_from(&saved, &params(json!([])), None, None)
+        let first = settings_from(&saved, &params(json!([])), &Default::default())
             .unwrap()
             .finish()
             .unwrap();
@@ -290,8 +299,7 @@ mod tests {
         let clone = settings_from(
             &again,
             &params(json!([{"iface_id": "eth0", "host_dev_name": "tap1"}])),
-            None,
-            None,
+            &Default::default(),
         )
         .unwrap()
         .finish()
@@ -301,6 +309,29 @@ mod tests {
             clone.nets[0].tap,
             crate::config::TapBackend::Named("tap1".into())
         );
+    }
+
+    #[test]
+    fn the_log_metrics_and_console_are_the_loading_process_s() {
+        let mut saved = with_mmds(json!({"network_interfaces": ["eth0"]}));
+        saved["logger"] = json!({"level": "Debug", "log_path": "/old.log"});
+        let mut own = serde_json::Map::new();
+        own.insert(
+            "serial".into(),
+            json!({"rate_limiter": {"size": 100, "refill_time": 1000}}),
+        );
+        let cfg = settings_from(&saved, &params(json!([])), &own)
+            .unwrap()
+            .finish()
+            .unwrap();
+        let bucket = cfg.serial.rate_limiter.expect("the process's console");
+        assert_eq!((bucket.size, bucket.refill_time), (100, 1000));
+        assert_eq!(cfg.logger, crate::config::LoggerConfig::default());
+        let cfg = settings_from(&saved, &params(json!([])), &Default::default())
+            .unwrap()
+            .finish()
+            .unwrap();
+        assert_eq!(cfg.serial.rate_limiter, None);
     }
 
     #[test]
@@ -320,9 +351,13 @@ mod tests {
                 "V9",
             ),
         ] {
-            let err = settings_from(&with_mmds(mmds.clone()), &params(json!([])), None, None)
-                .and_then(|s| s.finish().map_err(|e| crate::error_line(&e)))
-                .unwrap_err();
+            let err = settings_from(
+                &with_mmds(mmds.clone()),
+                &params(json!([])),
+                &Default::default(),
+            )
+            .and_then(|s| s.finish().map_err(|e| crate::error_line(&e)))
+            .unwrap_err();
             assert!(err.contains(want), "{mmds}: {err}");
             assert!(!err.contains('\n'), "{err}");
         }

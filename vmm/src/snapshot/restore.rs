@@ -4,7 +4,8 @@
 //!
 //! The order: the files (metrics, the drives' images checked and the
 //! cards' TAPs looked for: a missing one is refused here, before anything
-//! else; the console's output with its saved bucket), the VM, guest memory mapped privately from the memory file, the
+//! else; the console's output, its bucket resumed if it is the saved
+//! one), the VM, guest memory mapped privately from the memory file, the
 //! irqchip and PIT, every device attached as at boot (TAPs opened, images
 //! locked), then the saved state: the VM's (irqchip, PIT, clock), each
 //! vCPU's into a fresh vCPU, and last the devices' (the UART, the i8042,
@@ -20,6 +21,8 @@ use std::fs::File;
 use std::sync::Arc;
 
 use devices::mmds::SharedMmds;
+use devices::rate_limiter::persist::TokenBucketState;
+use devices::rate_limiter::TokenBucketConfig;
 use devices::virtio::net::Tap;
 use devices::virtio::queue::dirty::DirtyPages;
 
@@ -37,6 +40,7 @@ use crate::kvm::state::{restore_vcpu, restore_vm};
 use crate::kvm::vcpu::{Vcpu, VcpuError};
 use crate::kvm::vm_exit::ExitLatch;
 use crate::registry::lock;
+use crate::serial_out::SerialOut;
 use crate::vmm::{Devices, KvmVm, Vmm};
 
 fn fail(what: impl std::fmt::Display) -> BuildError {
@@ -81,6 +85,28 @@ fn check(cfg: &VmmConfig, state: &SnapshotState) -> Result<(), BuildError> {
         }
     }
     Ok(())
+}
+
+/// The console is this process's (`PUT /serial` before the load, as
+/// Firecracker's): its bucket resumes the saved one when it is the same
+/// bucket (size and refill time), checked as any saved bucket is; another
+/// bucket, or none, starts as configured, as a limit changed on a running
+/// device does.
+fn resume_console_bucket(
+    serial: &SerialOut,
+    configured: Option<&TokenBucketConfig>,
+    saved: Option<&TokenBucketState>,
+) -> Result<(), BuildError> {
+    let (Some(c), Some(s)) = (configured, saved) else {
+        return Ok(());
+    };
+    if (c.size, c.refill_time) != (s.size, s.refill_time) {
+        return Ok(());
+    }
+    serial
+        .limiter()
+        .restore(Some(c), Some(s))
+        .map_err(|e| fail(format!("serial rate_limiter: {}", crate::error_line(&e))))
 }
 
 /// Puts the saved device state into the attached devices.
@@ -134,20 +160,18 @@ pub fn restore(
     let mut metrics = open_metrics(cfg)?;
     check_images(&cfg.drives)?;
     // The console's output as at boot (stdout unless `PUT /serial` said).
-    let serial = crate::serial_out::SerialOut::open(
+    let serial = SerialOut::open(
         cfg.serial.out_path.as_deref(),
         cfg.serial.rate_limiter.as_ref(),
     )?;
     if let Some(m) = metrics.as_mut() {
         m.set_uart_dropped(serial.dropped_counter());
     }
-    serial
-        .limiter()
-        .restore(
-            cfg.serial.rate_limiter.as_ref(),
-            state.serial_rate_limiter.as_ref(),
-        )
-        .map_err(|e| fail(format!("serial rate_limiter: {}", crate::error_line(&e))))?;
+    resume_console_bucket(
+        &serial,
+        cfg.serial.rate_limiter.as_ref(),
+        state.serial_rate_limiter.as_ref(),
+    )?;
     steps.done("files");
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
@@ -212,8 +236,7 @@ pub fn load(
 ) -> Result<(Vmm, VmmConfig), String> {
     let params = &req.params;
     let state = super::load::read_state(params)?;
-    let settings =
-        super::load::settings(&state, params, req.logger.as_ref(), req.metrics.as_ref())?;
+    let settings = super::load::settings(&state, params, &req.own)?;
     let cfg = settings
         .overlay(flags)
         .finish()
@@ -229,4 +252,60 @@ pub fn load(
     let vmm = restore(&cfg, &state, &mem_file, params, (tap_fds, req.mmds.clone()))
         .map_err(|e| crate::error_line(&e))?;
     Ok((vmm, cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(size: u64, refill_time: u64) -> TokenBucketConfig {
+        TokenBucketConfig {
+            size,
+            one_time_burst: 0,
+            refill_time,
+        }
+    }
+
+    /// The state of a console with `b`'s bucket, `spent` bytes of it spent
+    /// (an hour's refill: none earned meanwhile).
+    fn saved(b: &TokenBucketConfig, spent: i128) -> TokenBucketState {
+        let out = SerialOut::open(None, Some(b)).unwrap();
+        let mut s = out.limiter().save().unwrap();
+        s.budget -= spent;
+        s
+    }
+
+    #[test]
+    fn the_console_resumes_its_bucket_only_when_it_is_the_saved_one() {
+        let hour = bucket(100, 3_600_000);
+        let state = saved(&hour, 60);
+        let budget = |out: &SerialOut| out.limiter().save().map(|s| s.budget);
+        // The same bucket: it resumes with 40 bytes left.
+        let same = SerialOut::open(None, Some(&hour)).unwrap();
+        resume_console_bucket(&same, Some(&hour), Some(&state)).unwrap();
+        assert_eq!(budget(&same), Some(40));
+        // Another size or refill time, or no bucket: as configured.
+        for other in [bucket(200, 3_600_000), bucket(100, 1000)] {
+            let out = SerialOut::open(None, Some(&other)).unwrap();
+            resume_console_bucket(&out, Some(&other), Some(&state)).unwrap();
+            assert_eq!(budget(&out), Some(other.size as i128));
+        }
+        let none = SerialOut::open(None, None).unwrap();
+        resume_console_bucket(&none, None, Some(&state)).unwrap();
+        assert_eq!(budget(&none), None);
+        // No saved bucket: the configured one, full.
+        let fresh = SerialOut::open(None, Some(&hour)).unwrap();
+        resume_console_bucket(&fresh, Some(&hour), None).unwrap();
+        assert_eq!(budget(&fresh), Some(100));
+        // The same bucket forged: refused with one line.
+        let mut forged = state.clone();
+        forged.budget = 101;
+        let err = resume_console_bucket(&same, Some(&hour), Some(&forged)).unwrap_err();
+        let line = crate::error_line(&err);
+        assert!(
+            line.contains("serial rate_limiter: the saved serial bucket holds 101 tokens"),
+            "{line}"
+        );
+        assert_eq!(budget(&same), Some(40));
+    }
 }
