@@ -13,13 +13,20 @@
 //!   goes on printing where it stopped; the files are not changed by a
 //!   load, so a second load works; a corrupted state file, another
 //!   version, a short memory file and a missing one, and a vsock override
-//!   for a VM without vsock, are refused with one line.
+//!   for a VM without vsock, are refused with one line. Its console has a
+//!   bucket of two bytes an hour, which its first lines spend: loaded into
+//!   a process whose console (`PUT /serial` before the load) has the same
+//!   bucket, the guest's next bytes are dropped (the metrics count them)
+//!   and none printed, where a fresh bucket would print two lines.
 //! - With KVM, root and TUN, the project's guest booted from its disk and
 //!   serving: a file written to its disk, paused, Full snapshot, minivmm
 //!   killed; a new minivmm loads with `resume_vm` and the guest answers
 //!   ping and an mvperf TCP_RR through the same TAP, its console goes on
 //!   (Ctrl-Alt-Del reaches its init, which reboots: minivmm exits 0), the
-//!   file is on the disk. The first restore tracks dirty pages and takes a
+//!   file is on the disk; MMDS's configuration came back, its store is the
+//!   new process's (filled before the first load, empty at the second), the
+//!   drive's and entropy device's buckets loaded. The first restore tracks
+//!   dirty pages and takes a
 //!   Diff snapshot; merged onto a copy of the Full memory file
 //!   (`--rebase-snap`), it loads, and that guest answers ping and TCP_RR
 //!   too. The load's answer time, the first ping and the create time are
@@ -240,6 +247,17 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
         "/boot-source",
         json!({"kernel_image_path": p(&kernel)}),
     );
+    // Buckets that go into the state file: an entropy device's (no driver
+    // takes it up: it is saved full) and the console's, two bytes an hour,
+    // which the guest's first two lines spend.
+    ok(
+        &sock,
+        "PUT",
+        "/entropy",
+        json!({"rate_limiter": {"bandwidth":
+            {"size": 1000, "one_time_burst": 100, "refill_time": 100}}}),
+    );
+    ok(&sock, "PUT", "/serial", console_bucket());
     ok(
         &sock,
         "PUT",
@@ -286,12 +304,17 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "v2.0.0\n");
     let before = (std::fs::read(&state).unwrap(), std::fs::read(&mem).unwrap());
 
-    for round in 0..2 {
+    for round in 0..3 {
         let (mut vm, sock) = api_vmm(&dir, &format!("tick-b{round}"), None);
+        if round == 2 {
+            spent_console_bucket_resumes(&dir, &mut vm, &sock);
+            continue;
+        }
         let t = Instant::now();
         let mut body = load_body(&dir, "a", false);
         // The first load tracks dirty pages, for a Diff snapshot below.
         body["track_dirty_pages"] = json!(round == 0);
+        // Its console is this process's: stdout, without the saved bucket.
         ok(&sock, "PUT", "/snapshot/load", body);
         eprintln!(
             "FIGURE tick load answered: {:.1} ms",
@@ -371,6 +394,56 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The console's bucket of the ticking guest: two bytes an hour.
+fn console_bucket() -> Value {
+    json!({"rate_limiter": {"size": 2, "refill_time": 3_600_000}})
+}
+
+/// Bytes the console's bucket dropped, as the metrics written to `path`
+/// last said.
+fn dropped_bytes(sock: &Path, path: &Path) -> u64 {
+    ok(
+        sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "FlushMetrics"}),
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let last = text.lines().last().unwrap_or("{}");
+    let v: Value = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"));
+    v["uart"]["rate_limiter_dropped_bytes"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// A load into a process whose console has the saved bucket (`PUT
+/// /serial` before the load, as Firecracker allows): the bucket the guest
+/// spent before the snapshot resumes spent, so the restored guest's first
+/// bytes are dropped, not printed (a fresh bucket would pass two).
+fn spent_console_bucket_resumes(dir: &Path, vm: &mut Vm, sock: &Path) {
+    let metrics = dir.join("tick-c.metrics");
+    ok(
+        sock,
+        "PUT",
+        "/metrics",
+        json!({"metrics_path": p(&metrics), "interval_s": 0}),
+    );
+    ok(sock, "PUT", "/serial", console_bucket());
+    ok(sock, "PUT", "/snapshot/load", load_body(dir, "a", true));
+    let deadline = Instant::now() + TICK_PATIENCE;
+    while dropped_bytes(sock, &metrics) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing dropped\n{}",
+            vm.report()
+        );
+        assert!(vm.exited().is_none(), "{}", vm.report());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(lines(vm), 0, "a spent console bucket came back full");
+    vm.terminate(Duration::from_secs(10));
+}
+
 /// With the guest of `sock` running: paused, a Diff snapshot (sparse, the
 /// memory file's size), resumed; the Diff rebased onto a copy of the Full
 /// memory file `a.mem` loads in a new process, whose guest goes on.
@@ -416,6 +489,30 @@ fn diff_and_rebase(dir: &Path, vm: &mut Vm, sock: &Path) {
         rebased.report()
     );
     rebased.terminate(Duration::from_secs(10));
+}
+
+/// MMDS on the served guest's card: V2 at an address of its own.
+fn mmds_config() -> Value {
+    json!({"network_interfaces": ["eth0"], "version": "V2", "ipv4_address": "169.254.170.2"})
+}
+
+/// After a load: MMDS's configuration is the snapshot's, its store the
+/// process's (`store`), never the saved VM's.
+fn mmds_after_load(sock: &Path, store: &Value) {
+    let (code, text) = curl(sock, "GET", "/mmds", None);
+    assert_eq!(code, 200, "{text}");
+    let got: Value = serde_json::from_str(&text).expect("GET /mmds JSON");
+    assert_eq!(&got, store);
+    let (code, text) = curl(sock, "GET", "/vm/config", None);
+    assert_eq!(code, 200, "{text}");
+    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    let mut want = mmds_config();
+    want["imds_compat"] = json!(false);
+    assert_eq!(cfg["mmds-config"], want);
+    assert_eq!(
+        cfg["drives"][0]["rate_limiter"]["ops"]["size"],
+        json!(100_000)
+    );
 }
 
 fn ping_until_answered(ns: &NetNs, deadline_s: u32) -> Option<Duration> {
@@ -479,12 +576,16 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
             "console=ttyS0 reboot=k panic=-1 pci=off minivmm.mode=serve \
              minivmm.disk=write:{seed} ip={GUEST_IP}::{HOST_IP}:255.255.255.0::eth0:off")}),
     );
+    // The drive and the entropy device have buckets too large to slow the
+    // guest down, which the state file carries and the load checks against
+    // the configuration.
     ok(
         &sock,
         "PUT",
         "/drives/rootfs",
         json!({"drive_id": "rootfs", "path_on_host": p(&disk), "is_root_device": true,
-               "is_read_only": false}),
+               "is_read_only": false, "rate_limiter": {"ops":
+               {"size": 100_000, "one_time_burst": 1000, "refill_time": 100}}}),
     );
     ok(
         &sock,
@@ -492,7 +593,14 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
         "/network-interfaces/eth0",
         json!({"iface_id": "eth0", "host_dev_name": ns.tap}),
     );
-    ok(&sock, "PUT", "/entropy", json!({}));
+    ok(
+        &sock,
+        "PUT",
+        "/entropy",
+        json!({"rate_limiter": {"bandwidth": {"size": 1_000_000, "refill_time": 100}}}),
+    );
+    ok(&sock, "PUT", "/mmds/config", mmds_config());
+    ok(&sock, "PUT", "/mmds", json!({"vm": "original"}));
     let boot = Instant::now();
     ok(
         &sock,
@@ -544,11 +652,21 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
     // memory file.
     for (round, tag) in ["full", "rebased"].into_iter().enumerate() {
         let (mut vm, sock) = api_vmm(&dir, &format!("served-b{round}"), Some(&ns.name));
+        // The store is the process's (Firecracker keeps none in a snapshot):
+        // the first clone's is filled before its load, the second's not.
+        let store = match round {
+            0 => json!({"vm": "clone"}),
+            _ => json!({}),
+        };
+        if round == 0 {
+            ok(&sock, "PUT", "/mmds", store.clone());
+        }
         let mut body = load_body(&dir, tag, true);
         body["track_dirty_pages"] = json!(round == 0);
         let t = Instant::now();
         ok(&sock, "PUT", "/snapshot/load", body);
         let answered = t.elapsed();
+        mmds_after_load(&sock, &store);
         let first = ping_until_answered(&ns, 60);
         let first = first.unwrap_or_else(|| panic!("round {round}: no ping\n{}", vm.report()));
         eprintln!(
