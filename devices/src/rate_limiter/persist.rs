@@ -446,7 +446,8 @@ mod tests {
     fn a_forged_bucket_is_refused_with_one_line() {
         let c = cfg(1000, 100, 100);
         let good = TokenBucket::new("bandwidth", &c, 0).unwrap().save(0);
-        let cases: [(fn(&mut TokenBucketState), &str); 7] = [
+        type Forge = fn(&mut TokenBucketState);
+        let cases: [(Forge, &str); 7] = [
             (
                 |s| s.budget = 1001,
                 "the saved bandwidth bucket holds 1001 tokens, more than its size 1000",
