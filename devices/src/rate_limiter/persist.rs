@@ -176,11 +176,12 @@ impl TokenBucket {
         check(name, cfg, state)?;
         b.burst = state.one_time_burst_left;
         b.budget = state.budget;
-        if b.budget < i128::from(b.size) {
-            let progress = state.refill_progress_ns;
-            b.origin_ns = now_ns.saturating_sub(progress);
-            b.earned = u128::from(progress) * u128::from(b.size) / u128::from(b.refill_ns);
-        }
+        // The refill began `progress` ago and has earned what that time is
+        // worth. (A full bucket's first refill moves its origin to then
+        // and forgets what it earned: full, it earns nothing.)
+        let progress = state.refill_progress_ns;
+        b.origin_ns = now_ns.saturating_sub(progress);
+        b.earned = u128::from(progress) * u128::from(b.size) / u128::from(b.refill_ns);
         Ok(b)
     }
 }
@@ -454,7 +455,8 @@ mod tests {
             ),
             (
                 |s| s.budget = -i128::from(u64::MAX) - 1,
-                "more than a u64 of them",
+                "the saved bandwidth bucket owes 18446744073709551616 tokens, more than a u64 \
+                 of them",
             ),
             (
                 |s| s.budget = 999,
