@@ -110,7 +110,7 @@ fn raw_file(raw: &[u8]) {
                 "snapshot_path": "s", "mem_file_path": "m",
                 "vsock_override": {"uds_path": "v.sock"}}))
             .expect("a valid body");
-            if let Err(e) = load::settings(&state, &params, &Default::default()) {
+            if let Err(e) = load::settings(&state.config, &params, &Default::default()) {
                 one_line(&e);
             }
         }

@@ -181,19 +181,10 @@ pub fn read_state(params: &LoadParams) -> Result<SnapshotState, String> {
 pub const OWN_SECTIONS: [&str; 3] = ["logger", "metrics", "serial"];
 
 /// The settings the snapshot's VM is rebuilt from: its saved configuration
-/// with the overrides of `params` applied and this process's sections
-/// ([`OWN_SECTIONS`], from `own`; absent ones at their defaults) in place
-/// of its own.
+/// (`config`, the state's) with the overrides of `params` applied and this
+/// process's sections ([`OWN_SECTIONS`], from `own`; absent ones at their
+/// defaults) in place of its own.
 pub fn settings(
-    state: &SnapshotState,
-    params: &LoadParams,
-    own: &serde_json::Map<String, Value>,
-) -> Result<Settings, String> {
-    settings_from(&state.config, params, own)
-}
-
-/// [`settings`] from the saved configuration `config`.
-fn settings_from(
     config: &Value,
     params: &LoadParams,
     own: &serde_json::Map<String, Value>,
@@ -282,7 +273,7 @@ mod tests {
         use crate::config::mmds::MmdsConfig;
         let saved = with_mmds(json!({"version": "V2", "network_interfaces": ["eth0"],
             "ipv4_address": "169.254.1.2", "imds_compat": true}));
-        let first = settings_from(&saved, &params(json!([])), &Default::default())
+        let first = settings(&saved, &params(json!([])), &Default::default())
             .unwrap()
             .finish()
             .unwrap();
@@ -296,7 +287,7 @@ mod tests {
         // Saved again as a snapshot saves it, with the card on another TAP
         // (a clone): MMDS still serves that card.
         let again = crate::config::render::to_file_json(&first);
-        let clone = settings_from(
+        let clone = settings(
             &again,
             &params(json!([{"iface_id": "eth0", "host_dev_name": "tap1"}])),
             &Default::default(),
@@ -320,14 +311,14 @@ mod tests {
             "serial".into(),
             json!({"rate_limiter": {"size": 100, "refill_time": 1000}}),
         );
-        let cfg = settings_from(&saved, &params(json!([])), &own)
+        let cfg = settings(&saved, &params(json!([])), &own)
             .unwrap()
             .finish()
             .unwrap();
         let bucket = cfg.serial.rate_limiter.expect("the process's console");
         assert_eq!((bucket.size, bucket.refill_time), (100, 1000));
         assert_eq!(cfg.logger, crate::config::LoggerConfig::default());
-        let cfg = settings_from(&saved, &params(json!([])), &Default::default())
+        let cfg = settings(&saved, &params(json!([])), &Default::default())
             .unwrap()
             .finish()
             .unwrap();
@@ -351,7 +342,7 @@ mod tests {
                 "V9",
             ),
         ] {
-            let err = settings_from(
+            let err = settings(
                 &with_mmds(mmds.clone()),
                 &params(json!([])),
                 &Default::default(),

@@ -236,7 +236,7 @@ pub fn load(
 ) -> Result<(Vmm, VmmConfig), String> {
     let params = &req.params;
     let state = super::load::read_state(params)?;
-    let settings = super::load::settings(&state, params, &req.own)?;
+    let settings = super::load::settings(&state.config, params, &req.own)?;
     let cfg = settings
         .overlay(flags)
         .finish()
