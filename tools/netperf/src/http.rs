@@ -658,7 +658,7 @@ mod tests {
         let half = MAX_BODY / 2 + 1;
         for _ in 0..2 {
             a.extend(format!("{half:x}\r\n").bytes());
-            a.extend(std::iter::repeat(b'x').take(half));
+            a.extend(std::iter::repeat_n(b'x', half));
             a.extend(b"\r\n");
         }
         a.extend(b"0\r\n\r\n");
