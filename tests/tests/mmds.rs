@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! MMDS boot tests: a guest reads the metadata store over its own network
-//! card, as a guest on Firecracker does, with curl (`minivmm.mmds=`, see
-//! resources/initramfs/init).
+//! card, as a guest on Firecracker does with curl, with the image's own
+//! client `mvperf http` (`minivmm.mmds=`, see resources/initramfs/init).
 //!
 //! Two boots (30 to 120 s each on a quiet PVM-backed host), run one at a
 //! time as every boot test:
@@ -28,7 +28,7 @@ const GUEST_IP: &str = "10.0.36.2";
 /// more under load.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// From the first fetch to one that shows a change: the repeat interval,
-/// two curl runs and the token under an emulated guest kernel.
+/// two `mvperf http` runs and the token under an emulated guest kernel.
 const REFETCH_TIMEOUT: Duration = Duration::from_secs(300);
 /// The guest fetches the store again this often (seconds).
 const REPEAT_S: u32 = 5;

@@ -633,7 +633,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n\
               4;ext=1\r\nWiki\r\nA\r\npedia in c\r\n0\r\nX-Trailer: t\r\n\r\nnext",
         );
-        // gzip is not chunked's partner here: only the last coding decides framing.
+        // Only the last transfer coding frames the body (gzip before it is not undone).
         assert_eq!(r.expect("answer").body, b"Wikipedia in c");
         let r = parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
             .expect("answer");
