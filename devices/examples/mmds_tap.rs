@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match tap.read(&mut buf) {
             Ok(n) => {
                 let chain = &buf[..n];
-                let claimed = stack.claims(chain, n);
+                let claimed = stack.claims(chain);
                 eprintln!("frame {n} bytes claimed={claimed} flags={:#x}", chain[0]);
                 if claimed {
                     stack.receive(chain, Instant::now(), &m);

@@ -4,10 +4,12 @@
 # Builds the minivmm guest userspace and packs the one tree twice:
 #  - the initramfs, an uncompressed newc cpio holding static busybox (and the
 #    applet links init uses), /init (also as /sbin/init), /dev/console, when
-#    the netperf crate builds, the static /bin/mvperf, and Debian's iperf3
-#    and curl with the shared libraries and dynamic loader they need (at the
-#    paths ldd names), so the guest can serve iperf3 as well as mvperf and
-#    read MMDS as a guest on Firecracker does (`minivmm.mmds=`, see init);
+#    the netperf crate builds, the static /bin/mvperf (also the guest's HTTP
+#    client for MMDS, `mvperf http`, see init's `minivmm.mmds=`), and
+#    Debian's iperf3 with the shared libraries and dynamic loader it needs
+#    (at the paths ldd names), so the guest can serve iperf3 as well as
+#    mvperf. No curl: it and its libraries doubled the archive every boot
+#    unpacks;
 #  - the root disk, an ext4 image of the same files with free space for the
 #    guest to write, booted with `--disk path=COPY,root=on` and no initramfs
 #    (the kernel runs /sbin/init from a disk root).
@@ -15,8 +17,7 @@
 # The tree and the cpio are always rebuilt (seconds); the cargo build of
 # mvperf is incremental in the checkout's target/. Set MINIVMM_REQUIRE_MVPERF=1
 # to make a failed mvperf build an error instead of a warning, and
-# MINIVMM_REQUIRE_IPERF3=1 (MINIVMM_REQUIRE_CURL=1) to make a missing iperf3
-# (curl) one.
+# MINIVMM_REQUIRE_IPERF3=1 to make a missing iperf3 one.
 #
 # The archive is reproducible and named by its content hash, so checkouts that
 # share $MINIVMM_CACHE (with different init scripts or mvperf versions) never
@@ -47,16 +48,6 @@ elif [ "${MINIVMM_REQUIRE_IPERF3:-0}" = 1 ]; then
     die "iperf3 (Debian package iperf3) is not installed"
 else
     log "WARNING: iperf3 is not installed; the initramfs has no /bin/iperf3"
-fi
-# curl: the client MMDS's guides use; without it init reports the MMDS
-# fetch as failed.
-CURL=
-if try_packages curl && [ -x /usr/bin/curl ]; then
-    CURL=/usr/bin/curl
-elif [ "${MINIVMM_REQUIRE_CURL:-0}" = 1 ]; then
-    die "curl (Debian package curl) is not installed"
-else
-    log "WARNING: curl is not installed; the initramfs has no /bin/curl"
 fi
 
 BUSYBOX=/bin/busybox
@@ -132,7 +123,6 @@ carry() {
     [ -n "$interp" ] && [ -e "$ROOT$interp" ] || die "$2's loader ${interp:-?} did not make it into the image"
 }
 if [ -n "$IPERF3" ]; then carry "$IPERF3" iperf3; fi
-if [ -n "$CURL" ]; then carry "$CURL" curl; fi
 # The kernel opens /dev/console for init before anything can mount devtmpfs.
 # Only root can make the node; init copes without it (it reopens its stdio
 # from devtmpfs).
@@ -154,7 +144,7 @@ mv "$WORK/initramfs.cpio" "$OUT"
 # Images of other versions are a few MB each; a week-old one is nobody's.
 find "$OUTDIR" -maxdepth 1 -name 'minivmm-initramfs-*.cpio' -mtime +7 -delete
 touch "$OUT"
-log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}${IPERF3:+, with iperf3}${CURL:+, with curl})"
+log "initramfs $OUT ($(stat -c %s "$OUT") bytes${MVPERF:+, with mvperf}${IPERF3:+, with iperf3})"
 
 # The root disk: the same tree as an ext4 file system. 4 KiB blocks (mke2fs
 # would pick 1 KiB for a file system this small) so a guest page is one

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! MMDS boot tests: a guest reads the metadata store over its own network
-//! card, as a guest on Firecracker does, with curl (`minivmm.mmds=`, see
-//! resources/initramfs/init).
+//! card, as a guest on Firecracker does with curl, with the image's own
+//! client `mvperf http` (`minivmm.mmds=`, see resources/initramfs/init).
 //!
 //! Two boots (30 to 120 s each on a quiet PVM-backed host), run one at a
 //! time as every boot test:
@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use minivmm_tests::{cli_args, guest_image_if, last_metrics, metric, Need, NetNs, Vm, READY};
+use minivmm_tests::{
+    cli_args, guest_image_if, last_metrics, metric, metrics_lines, Need, NetNs, Vm, READY,
+};
 use serde_json::{json, Value};
 
 const HOST_IP: &str = "10.0.36.1";
@@ -28,7 +30,7 @@ const GUEST_IP: &str = "10.0.36.2";
 /// more under load.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
 /// From the first fetch to one that shows a change: the repeat interval,
-/// two curl runs and the token under an emulated guest kernel.
+/// two `mvperf http` runs and the token under an emulated guest kernel.
 const REFETCH_TIMEOUT: Duration = Duration::from_secs(300);
 /// The guest fetches the store again this often (seconds).
 const REPEAT_S: u32 = 5;
@@ -70,9 +72,26 @@ fn ok(sock: &Path, method: &str, path: &str, body: Value) {
     assert_eq!((code, text.as_str()), (204, ""), "{method} {path} {body}");
 }
 
+/// The card's MMDS counters (and its frame counters) in metrics line `m`,
+/// for a failure message: whether the guest's frames reached MMDS and its
+/// answers the guest.
+fn mmds_counters(m: &Value) -> String {
+    m["eth0"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| k.starts_with("mmds_") || k.ends_with("_frames"))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| format!("no eth0 in {m}"))
+}
+
 /// Waits for a fetch that printed exactly `store` (compact, keys sorted:
-/// what serde_json writes and what MMDS answers).
-fn wait_for_store(vm: &mut Vm, store: &Value, timeout: Duration) {
+/// what serde_json writes and what MMDS answers); on failure says what the
+/// fetches printed and, from `counters`, what the card's MMDS saw.
+fn wait_for_store(vm: &mut Vm, store: &Value, timeout: Duration, counters: &dyn Fn() -> String) {
     let line = format!("{MMDS_LINE}{}", serde_json::to_string(store).unwrap());
     let seen = vm.wait_for(&line, timeout);
     let fetched: Vec<String> = vm
@@ -81,11 +100,22 @@ fn wait_for_store(vm: &mut Vm, store: &Value, timeout: Duration) {
         .filter(|l| l.starts_with("MINIVMM-MMDS"))
         .map(str::to_string)
         .collect();
-    assert!(
-        seen,
-        "no fetch printed {store}; fetches: {fetched:?}\n{}",
-        vm.report()
-    );
+    if !seen {
+        panic!(
+            "no fetch printed {store}; fetches: {fetched:?}\ncard: {}\n{}",
+            counters(),
+            vm.report()
+        );
+    }
+}
+
+/// The guest's uptime as init stamped it on the last console line that
+/// contains `text` (`minivmm-init: [UPTIME] ...`), if any.
+fn guest_stamp(vm: &Vm, text: &str) -> Option<f64> {
+    let console = vm.console();
+    let line = console.lines().rfind(|l| l.contains(text))?;
+    let stamp = line.strip_prefix("minivmm-init: [")?.split(']').next()?;
+    stamp.parse().ok()
 }
 
 fn wait_for_socket(sock: &Path) {
@@ -160,8 +190,27 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
         "no {READY}\n{}",
         vm.report()
     );
-    wait_for_store(&mut vm, &store, BOOT_TIMEOUT);
-    eprintln!("FIGURE mmds: first fetch {:.1} s after start", vm.uptime());
+    let ready = vm.uptime();
+    // On a failure the counters are flushed through the API and read back.
+    let counters = || {
+        let (code, _) = api(
+            &sock,
+            "PUT",
+            "/actions",
+            Some(&json!({"action_type": "FlushMetrics"})),
+        );
+        if code != 204 {
+            return format!("FlushMetrics answered {code}");
+        }
+        mmds_counters(&last_metrics(&metrics))
+    };
+    wait_for_store(&mut vm, &store, BOOT_TIMEOUT, &counters);
+    eprintln!(
+        "FIGURE mmds api: {READY} {ready:.1} s after start, the first fetch (V2: a token and a GET) \
+         {:.1} s; guest uptime {:?} s when it began reading",
+        vm.uptime(),
+        guest_stamp(&vm, "reading MMDS")
+    );
 
     // A change the guest's next fetch sees (RFC 7396: null removes a key).
     ok(
@@ -177,7 +226,11 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
         (code, serde_json::from_str::<Value>(&got).unwrap()),
         (200, merged.clone())
     );
-    wait_for_store(&mut vm, &merged, REFETCH_TIMEOUT);
+    wait_for_store(&mut vm, &merged, REFETCH_TIMEOUT, &counters);
+    eprintln!(
+        "FIGURE mmds api: the merged store fetched {:.1} s after start",
+        vm.uptime()
+    );
     // After boot the configuration stays as it is.
     let (code, _) = api(
         &sock,
@@ -194,6 +247,7 @@ fn a_guest_reads_the_store_put_through_the_api_and_a_patch_on_its_next_fetch() {
         json!({"action_type": "FlushMetrics"}),
     );
     let m = last_metrics(&metrics);
+    eprintln!("FIGURE mmds api: card counters {}", mmds_counters(&m));
     // Each fetch is a token and a GET, under the card's id.
     assert!(metric(&m, "eth0", "mmds_tokens_issued") >= 2, "{m}");
     assert!(metric(&m, "eth0", "mmds_requests_accepted") >= 4, "{m}");
@@ -216,13 +270,15 @@ fn metadata_file_and_the_config_files_mmds_config_serve_without_an_api() {
     let metadata = dir.join("metadata.json");
     std::fs::write(&metadata, serde_json::to_string_pretty(&store).unwrap()).unwrap();
     let config = dir.join("vm.json");
+    let metrics_file = dir.join("metrics.json");
     let file = json!({
         "boot-source": {"kernel_image_path": path(&img.vmlinux),
                         "initrd_path": path(&img.initramfs), "boot_args": boot_args("V1")},
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 256},
         "network-interfaces": [{"iface_id": "eth0", "host_dev_name": ns.tap,
                                 "guest_mac": "06:00:ac:10:00:02"}],
-        "mmds-config": {"network_interfaces": ["eth0"]}
+        "mmds-config": {"network_interfaces": ["eth0"]},
+        "metrics": {"metrics_path": path(&metrics_file)}
     });
     std::fs::write(&config, file.to_string()).unwrap();
     let args = cli_args(&[
@@ -240,8 +296,27 @@ fn metadata_file_and_the_config_files_mmds_config_serve_without_an_api() {
         "no {READY}\n{}",
         vm.report()
     );
-    wait_for_store(&mut vm, &store, BOOT_TIMEOUT);
+    let ready = vm.uptime();
+    // Without an API the counters are the last line minivmm wrote (every
+    // 60 s).
+    let counters = || match metrics_lines(&metrics_file).last() {
+        Some(m) => mmds_counters(m),
+        None => "no metrics line yet".to_string(),
+    };
+    wait_for_store(&mut vm, &store, BOOT_TIMEOUT, &counters);
+    eprintln!(
+        "FIGURE mmds file: {READY} {ready:.1} s after start, the fetch (V1, one GET) {:.1} s; \
+         guest uptime {:?} s when it began reading",
+        vm.uptime(),
+        guest_stamp(&vm, "reading MMDS")
+    );
     vm.terminate(Duration::from_secs(30));
     vm.assert_no_crash();
+    let m = last_metrics(&metrics_file);
+    eprintln!("FIGURE mmds file: card counters {}", mmds_counters(&m));
+    // One GET per fetch, answered without a token under V1 and counted.
+    assert!(metric(&m, "eth0", "mmds_requests_accepted") >= 1, "{m}");
+    assert!(metric(&m, "eth0", "mmds_rx_no_token") >= 1, "{m}");
+    assert_eq!(metric(&m, "eth0", "mmds_tokens_issued"), 0, "{m}");
     let _ = std::fs::remove_dir_all(&dir);
 }

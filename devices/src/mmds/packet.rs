@@ -64,6 +64,17 @@ fn be32(b: &[u8], at: usize) -> u32 {
 pub trait ChainBytes {
     /// The `N` bytes at `offset`, or `None` when the chain ends first.
     fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]>;
+
+    /// The `N` bytes at `a` and the `M` bytes at `b`, or `None` when the
+    /// chain ends before either ends.
+    #[inline(always)]
+    fn two<const N: usize, const M: usize>(
+        &self,
+        a: usize,
+        b: usize,
+    ) -> Option<([u8; N], [u8; M])> {
+        Some((self.bytes::<N>(a)?, self.bytes::<M>(b)?))
+    }
 }
 
 impl ChainBytes for [u8] {
@@ -73,28 +84,34 @@ impl ChainBytes for [u8] {
     }
 }
 
-/// Whether a TX chain of `len` bytes (vnet header included) carries a
-/// frame for `ip`: an ARP packet whose target is `ip`, or an IPv4 packet to
-/// `ip`. A frame that says neither goes to the TAP untouched. Two reads: the
-/// EtherType, then, for IPv4 or ARP only, the four bytes of the address, so
-/// a card MMDS serves pays little for every other frame.
+/// Whether a TX chain (vnet header included) carries a frame for `ip`: an
+/// ARP packet whose target is `ip`, or an IPv4 packet to `ip`. A frame that
+/// says neither goes to the TAP untouched. So that a card MMDS serves pays
+/// little for every other frame, one read takes the EtherType and the place
+/// of an IPv4 destination (one bounds check, both compared as they lie in
+/// the frame, no byte swap), and an ARP target is read only for ARP. No
+/// length to check: each address's four bytes end where the shortest header
+/// that holds it does (IPv4's 20 bytes, ARP's 28), and a chain too short to
+/// hold an IPv4 header holds no frame for MMDS at all.
 #[inline(always)]
-pub fn is_for<C: ChainBytes + ?Sized>(chain: &C, len: usize, ip: [u8; 4]) -> bool {
-    let Some(ethertype) = chain.bytes::<2>(VNET_HDR_LEN + 12) else {
+pub fn is_for<C: ChainBytes + ?Sized>(chain: &C, ip: [u8; 4]) -> bool {
+    const IPV4_DST: usize = VNET_HDR_LEN + ETH_HLEN + IPV4_HLEN - 4;
+    const ARP_TPA: usize = VNET_HDR_LEN + ETH_HLEN + ARP_LEN - 4;
+    let Some((ethertype, ipv4_dst)) = chain.two::<2, 4>(VNET_HDR_LEN + 12, IPV4_DST) else {
         return false;
     };
-    // Where the address is, and the shortest frame that holds the header.
-    let (at, min) = match u16::from_be_bytes(ethertype) {
-        ETHERTYPE_IPV4 => (30, ETH_HLEN + IPV4_HLEN),
-        ETHERTYPE_ARP => (38, ETH_HLEN + ARP_LEN),
-        _ => return false,
-    };
-    len >= VNET_HDR_LEN + min && chain.bytes::<4>(VNET_HDR_LEN + at) == Some(ip)
+    if ethertype == ETHERTYPE_IPV4.to_be_bytes() {
+        ipv4_dst == ip
+    } else if ethertype == ETHERTYPE_ARP.to_be_bytes() {
+        chain.bytes::<4>(ARP_TPA) == Some(ip)
+    } else {
+        false
+    }
 }
 
 /// [`is_for`] over a chain's bytes in one slice.
 pub fn slice_is_for(chain: &[u8], ip: [u8; 4]) -> bool {
-    is_for(chain, chain.len(), ip)
+    is_for(chain, ip)
 }
 
 /// An ARP request for the MMDS address.
@@ -486,6 +503,20 @@ mod tests {
         let mut other = req.clone();
         other[VNET_HDR_LEN + 12] = 0x86;
         assert!(!slice_is_for(&other, MMDS_IP));
+        // Each EtherType's address is read at its own place only: an ARP
+        // frame with the address where IPv4's destination lies is not for
+        // MMDS, nor an IPv4 frame with it where ARP's target lies.
+        let mut arp_elsewhere = req.clone();
+        arp_elsewhere[VNET_HDR_LEN + 38..].copy_from_slice(&[10, 0, 0, 1]);
+        arp_elsewhere[VNET_HDR_LEN + 30..VNET_HDR_LEN + 34].copy_from_slice(&MMDS_IP);
+        assert!(!slice_is_for(&arp_elsewhere, MMDS_IP));
+        let mut ipv4_elsewhere = req.clone();
+        ipv4_elsewhere[VNET_HDR_LEN + 12..VNET_HDR_LEN + 14]
+            .copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        assert!(!slice_is_for(&ipv4_elsewhere, MMDS_IP));
+        ipv4_elsewhere[VNET_HDR_LEN + 30..VNET_HDR_LEN + 34].copy_from_slice(&MMDS_IP);
+        assert!(slice_is_for(&ipv4_elsewhere, MMDS_IP));
+        assert!(slice_is_for(&ipv4_elsewhere[..VNET_HDR_LEN + 34], MMDS_IP));
         let Ok(Inbound::Arp(a)) = parse(&req, MMDS_IP) else {
             panic!("an ARP request");
         };

@@ -57,11 +57,11 @@ impl MmdsStack {
         self.ip
     }
 
-    /// Whether a TX chain of `len` bytes carries a frame for MMDS (see
+    /// Whether a TX chain carries a frame for MMDS (see
     /// [`packet::is_for`]).
     #[inline(always)]
-    pub fn claims<C: ChainBytes + ?Sized>(&self, chain: &C, len: usize) -> bool {
-        packet::is_for(chain, len, self.ip)
+    pub fn claims<C: ChainBytes + ?Sized>(&self, chain: &C) -> bool {
+        packet::is_for(chain, self.ip)
     }
 
     /// The buffer a claimed chain is copied into before

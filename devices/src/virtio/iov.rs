@@ -344,29 +344,85 @@ pub(crate) fn read_array<const N: usize>(segs: &[IoSeg], offset: usize) -> ([u8;
     (out, n)
 }
 
+/// A value read from an address of any alignment.
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+struct Unaligned<T: Copy>(T);
+
+/// The `N` bytes at `at`, read volatile: two or four bytes (an EtherType,
+/// an IPv4 address) in one load, as a volatile load of an array is one load
+/// per byte.
+///
+/// # Safety
+///
+/// `[at, at + N)` must lie inside one segment over mapped guest memory.
+#[inline(always)]
+unsafe fn load<const N: usize>(at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    match N {
+        2 => {
+            // SAFETY: [at, at + 2) is mapped guest memory (the caller's
+            // contract); `Unaligned` needs no alignment. Volatile because
+            // the guest may write it concurrently.
+            let v = unsafe { std::ptr::read_volatile(at as *const Unaligned<u16>) };
+            out.copy_from_slice(&{ v.0 }.to_ne_bytes());
+        }
+        4 => {
+            // SAFETY: as for two bytes, with [at, at + 4).
+            let v = unsafe { std::ptr::read_volatile(at as *const Unaligned<u32>) };
+            out.copy_from_slice(&{ v.0 }.to_ne_bytes());
+        }
+        _ => {
+            for (i, b) in out.iter_mut().enumerate() {
+                // SAFETY: at + i < at + N: mapped guest memory (the
+                // caller's contract); a byte needs no alignment. Volatile as
+                // above.
+                *b = unsafe { std::ptr::read_volatile((at + i) as *const u8) };
+            }
+        }
+    }
+    out
+}
+
 /// The `N` bytes at byte `offset` of the segments, or `None` when the
 /// segments end first. When the first segment holds them all (the usual
-/// case for a header field), `N` volatile byte loads with no segment walk
-/// (unrolled: `N` is a constant); otherwise [`read_bytes_at`]. Read once,
+/// case for a header field), one load (two or four bytes) or `N` volatile
+/// byte loads with no segment walk; otherwise [`read_bytes_at`]. Read once,
 /// as there.
 #[inline(always)]
 pub(crate) fn read_small<const N: usize>(segs: &[IoSeg], offset: usize) -> Option<[u8; N]> {
     if let Some(seg) = segs.first() {
         if offset.checked_add(N).is_some_and(|end| end <= seg.len()) {
-            let at = seg.base() + offset;
-            let mut out = [0u8; N];
-            for (i, b) in out.iter_mut().enumerate() {
-                // SAFETY: at + i < base + offset + N, inside the segment
-                // (checked above): mapped guest memory (module docs); a byte
-                // needs no alignment. Volatile because the guest may write
-                // it concurrently.
-                *b = unsafe { std::ptr::read_volatile((at + i) as *const u8) };
-            }
-            return Some(out);
+            // SAFETY: [base + offset, base + offset + N) lies inside the
+            // segment (checked above), mapped guest memory (module docs).
+            return Some(unsafe { load::<N>(seg.base() + offset) });
         }
     }
     let mut out = [0u8; N];
     (read_bytes_at(segs, offset, &mut out) == N).then_some(out)
+}
+
+/// The `N` bytes at byte `a` and the `M` bytes at byte `b` of the
+/// segments, or `None` when the segments end before either ends: two
+/// fields of a frame's headers with one bounds check when the first
+/// segment holds both (the usual case), else as two [`read_small`]s.
+#[inline(always)]
+pub(crate) fn read_two<const N: usize, const M: usize>(
+    segs: &[IoSeg],
+    a: usize,
+    b: usize,
+) -> Option<([u8; N], [u8; M])> {
+    if let (Some(seg), Some(end_a), Some(end_b)) =
+        (segs.first(), a.checked_add(N), b.checked_add(M))
+    {
+        if end_a.max(end_b) <= seg.len() {
+            let base = seg.base();
+            // SAFETY: both ranges lie inside the segment (checked above),
+            // mapped guest memory (module docs).
+            return Some(unsafe { (load::<N>(base + a), load::<M>(base + b)) });
+        }
+    }
+    Some((read_small::<N>(segs, a)?, read_small::<M>(segs, b)?))
 }
 
 /// Reads `out.len()` bytes at byte `offset` of the segments, in order;
@@ -586,6 +642,56 @@ mod tests {
         // The whole segment, and one byte past it.
         assert_eq!(read_array::<64>(&one, 0).1, 64);
         assert_eq!(read_array::<64>(&one, 8).1, 56);
+    }
+
+    /// Header fields (two and four bytes in one load, other sizes byte by
+    /// byte) read the same at any alignment, within one segment and across
+    /// segments, and not at all past the end; two fields at once likewise.
+    #[test]
+    fn test_small_fields_are_read_at_any_alignment_or_across_segments() {
+        let mut buf: [u8; 64] = std::array::from_fn(|i| i as u8);
+        let base = buf.as_mut_ptr() as usize;
+        // SAFETY: every segment lies inside `buf`, alive for the test.
+        let seg = |at: usize, n: usize| unsafe { IoSeg::new(base + at, n) };
+        let one = [seg(0, 64)];
+        for off in 0..8 {
+            let o = off as u8;
+            assert_eq!(read_small::<2>(&one, off), Some([o, o + 1]));
+            assert_eq!(read_small::<4>(&one, off), Some([o, o + 1, o + 2, o + 3]));
+            assert_eq!(read_small::<3>(&one, off), Some([o, o + 1, o + 2]));
+        }
+        assert_eq!(read_small::<4>(&one, 60), Some([60, 61, 62, 63]));
+        assert_eq!(read_small::<4>(&one, 61), None);
+        assert_eq!(read_small::<2>(&one, usize::MAX - 1), None);
+        assert_eq!(read_small::<2>(&[], 0), None);
+        let split = [seg(0, 41), seg(41, 2), seg(43, 21)];
+        assert_eq!(read_small::<4>(&split, 40), Some([40, 41, 42, 43]));
+        assert_eq!(read_small::<2>(&split, 42), Some([42, 43]));
+        assert_eq!(read_small::<4>(&split, 62), None);
+
+        // The EtherType and an IPv4 destination of a frame behind a vnet
+        // header, as MMDS's claim reads them.
+        let want = Some(([24, 25], [42, 43, 44, 45]));
+        assert_eq!(read_two::<2, 4>(&one, 24, 42), want);
+        assert_eq!(read_two::<2, 4>(&[seg(0, 46)], 24, 42), want);
+        assert_eq!(
+            read_two::<4, 2>(&[seg(0, 46)], 42, 24),
+            Some(([42, 43, 44, 45], [24, 25]))
+        );
+        for cuts in [
+            &[seg(0, 45), seg(45, 19)][..],
+            &[seg(0, 25), seg(25, 39)],
+            &[seg(0, 12), seg(12, 34)],
+        ] {
+            assert_eq!(read_two::<2, 4>(cuts, 24, 42), want, "{cuts:?}");
+        }
+        // One byte short of either field, in one segment or across two.
+        assert_eq!(read_two::<2, 4>(&[seg(0, 45)], 24, 42), None);
+        assert_eq!(read_two::<2, 4>(&[seg(0, 20), seg(20, 5)], 24, 42), None);
+        assert_eq!(read_two::<4, 2>(&[seg(0, 45)], 42, 24), None);
+        assert_eq!(read_two::<2, 4>(&one, usize::MAX, 0), None);
+        assert_eq!(read_two::<2, 4>(&one, 0, usize::MAX - 2), None);
+        assert_eq!(read_two::<2, 4>(&[], 0, 0), None);
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl Rig {
     /// The guest sends `chain`: claimed exactly when addressed to MMDS,
     /// then everything MMDS answers is read as the guest would.
     fn send(&mut self, chain: &[u8]) {
-        let claimed = self.stack.claims(chain, chain.len());
+        let claimed = self.stack.claims(chain);
         assert_eq!(
             claimed,
             addressed_to_mmds(chain),

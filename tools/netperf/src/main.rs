@@ -4,15 +4,18 @@
 //! `mvperf server` plays netperf's `netserver`; `mvperf -t TEST -H HOST -l SECONDS` runs one
 //! client test (TCP_STREAM, TCP_MAERTS, TCP_RR, UDP_STREAM, UDP_RR; VSOCK_STREAM, VSOCK_MAERTS,
 //! VSOCK_RR with `--uds PATH` or `--cid CID` instead of `-H`) and prints netperf-like text
-//! or, with `--json`, one JSON object. Only std networking is used (no NSS, no async runtime) so
+//! or, with `--json`, one JSON object; `mvperf http URL` is a small HTTP/1.1 client (the guest
+//! image's metadata-service reads). Only std networking is used (no NSS, no async runtime) so
 //! the binary links statically and runs in a busybox initramfs.
 //!
 //! Exit status: 0 when the test completed with traffic, 1 when it did not (server unreachable,
 //! refused, vanished, silent for a grace period, or nothing got through), 2 for a bad command
-//! line. Every failure is one line on stderr.
+//! line (for `http`: 0 for a 2xx answer, 1 for any other or none). Every failure is one line
+//! on stderr.
 #![deny(unsafe_code)]
 
 mod client;
+mod http;
 mod proto;
 mod report;
 mod selftest;
@@ -56,6 +59,12 @@ vsock hello (the guest image's minivmm.vsock_hello=PORT):
       Connects to the host (CID 2) on vsock port PORT, writes 'MINIVMM-VSOCK-HELLO <own CID>'
       and closes; prints the line it wrote.
 
+HTTP client (the guest image's MMDS reads, minivmm.mmds=):
+  mvperf http [-X METHOD] [-H 'Name: value']... [-d BODY] [--timeout 60] URL
+      One HTTP/1.1 request to an http:// URL; prints the answer's body on stdout. A non-2xx
+      answer prints 'mvperf http: METHOD URL: STATUS REASON: <body>' on stderr and exits 1,
+      as does a failed connection, a timeout or a malformed answer.
+
 Self-test (the guest image's minivmm.mode=selftest):
   mvperf selftest [--timeout 600]
       Threads with thread-local storage, clone with a new TLS, fork, exec, signals and context
@@ -67,6 +76,7 @@ Examples:
   mvperf -t TCP_RR -H 10.0.0.2 -l 5 -r 64,1024 --json
   mvperf -H 10.0.0.2 -t UDP_STREAM -- -m 1024     (netperf-style test-specific options)
   mvperf -t VSOCK_RR --uds /run/v.sock -l 5       (the guest's vsock port 12865, through the VMM)
+  mvperf http -X PUT -H 'X-metadata-token-ttl-seconds: 21600' http://169.254.169.254/latest/api/token
 
 --json prints one object: throughput_mbps for STREAM tests; transactions_per_s and
 latency_us {mean,p50,p99,min,max} for RR tests; plus test, bytes, elapsed_s, transactions, ...
@@ -186,6 +196,23 @@ enum Command {
         /// The host's vsock port.
         port: u32,
     },
+    /// One HTTP/1.1 request; the answer's body on stdout, exit 1 unless its status is 2xx.
+    Http {
+        /// The method.
+        #[arg(short = 'X', long, value_name = "METHOD", default_value = "GET")]
+        method: String,
+        /// An extra header, `Name: value` (repeatable).
+        #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// A body, sent with its Content-Length.
+        #[arg(short = 'd', long, value_name = "BODY")]
+        data: Option<String>,
+        /// Seconds for the whole exchange (connection, request and answer).
+        #[arg(long, value_name = "SECONDS", default_value = "60", value_parser = parse_secs)]
+        timeout: f64,
+        /// An http:// URL.
+        url: String,
+    },
     /// Stress what userspace relies on (threads and their TLS, clone, fork, exec, signals,
     /// context switches), print one `MINIVMM-SELFTEST PASS|FAIL` line, exit 0 or 1.
     Selftest {
@@ -288,6 +315,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Http {
+            method,
+            headers,
+            data,
+            timeout,
+            url,
+        }) => {
+            let body = data.map(String::into_bytes);
+            let req = match http::Request::new(&method, &url, &headers, body) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("mvperf http: {e:#} (see mvperf --help)");
+                    return ExitCode::from(2);
+                }
+            };
+            http_main(&req, Duration::from_secs_f64(timeout), &url)
+        }
         Some(Command::Selftest {
             timeout,
             true_bin,
@@ -383,6 +427,31 @@ fn client_main(cli: &Cli, params: TestParams) -> Result<()> {
     }
 }
 
+/// Runs one request: the body on stdout for a 2xx answer, one line on stderr otherwise.
+fn http_main(req: &http::Request, timeout: Duration, url: &str) -> ExitCode {
+    let what = format!("{} {url}", req.method);
+    match http::fetch(req, timeout) {
+        Ok(resp) if resp.is_success() => {
+            let mut out = std::io::stdout().lock();
+            match out.write_all(&resp.body).and_then(|()| out.flush()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mvperf http: {what}: writing the body to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Ok(resp) => {
+            eprintln!("mvperf http: {what}: {}", resp.error_line());
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("mvperf http: {what}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Writes to stdout; unlike `print!` a closed pipe is an error, not a panic.
 fn emit(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
@@ -420,6 +489,52 @@ mod tests {
         assert_eq!(cli.test, TestKind::UdpRr);
         let t = TestOptions::try_parse_from(&cli.test_options).expect("test options");
         assert_eq!(t.sizes.rr, Some((8, 16)));
+    }
+
+    #[test]
+    fn http_subcommand_takes_curl_style_options() {
+        let cli = Cli::try_parse_from([
+            "mvperf",
+            "http",
+            "-X",
+            "PUT",
+            "-H",
+            "A: 1",
+            "--header",
+            "B: 2",
+            "-d",
+            "x",
+            "--timeout",
+            "5",
+            "http://h/",
+        ])
+        .expect("parses");
+        let Some(Command::Http {
+            method,
+            headers,
+            data,
+            timeout,
+            url,
+        }) = cli.command
+        else {
+            panic!("not the http subcommand");
+        };
+        assert_eq!(
+            (method.as_str(), headers, data, timeout, url.as_str()),
+            (
+                "PUT",
+                vec!["A: 1".into(), "B: 2".into()],
+                Some("x".into()),
+                5.0,
+                "http://h/"
+            )
+        );
+        let cli = Cli::try_parse_from(["mvperf", "http", "http://h/"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Http { ref method, timeout, .. }) if method == "GET" && timeout == 60.0
+        ));
+        assert!(Cli::try_parse_from(["mvperf", "http"]).is_err());
     }
 
     #[test]

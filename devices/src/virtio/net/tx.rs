@@ -80,6 +80,15 @@ impl ChainBytes for GuestChain<'_> {
     fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
         iov::read_small(self.0, offset)
     }
+
+    #[inline(always)]
+    fn two<const N: usize, const M: usize>(
+        &self,
+        a: usize,
+        b: usize,
+    ) -> Option<([u8; N], [u8; M])> {
+        iov::read_two(self.0, a, b)
+    }
 }
 
 /// How a TX pass ended.
@@ -272,11 +281,10 @@ impl TxVirtio {
         mmds: Option<&mut MmdsStack>,
         head: u16,
         start: usize,
-        len: usize,
         metrics: &NetMetrics,
     ) -> bool {
         match mmds {
-            Some(m) if m.claims(&GuestChain(&self.batch.segs[start..]), len) => {
+            Some(m) if m.claims(&GuestChain(&self.batch.segs[start..])) => {
                 self.hand_to_mmds(m, head, start, metrics);
                 true
             }
@@ -344,7 +352,7 @@ impl TxVirtio {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
-                    if self.claimed_by(mmds.as_deref_mut(), head, start, chain.len, metrics) {
+                    if self.claimed_by(mmds.as_deref_mut(), head, start, metrics) {
                         continue;
                     }
                     // Without a limiter this is one branch per frame.
