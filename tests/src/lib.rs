@@ -611,12 +611,24 @@ pub fn status_field(status: &str, name: &str) -> String {
 }
 
 /// One request to minivmm's API socket with curl, as the README writes it
-/// (`curl --unix-socket`); the HTTP status and the body.
-pub fn api_curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+/// (`curl --unix-socket`), given `max_time_s` seconds; the HTTP status (0
+/// when curl got none: no socket, a time-out), the body and curl's stderr.
+pub fn api_curl_within(
+    sock: &Path,
+    max_time_s: u32,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String, String) {
     let mut c = Command::new("curl");
-    c.args(["-sS", "--max-time", "60", "--unix-socket"])
-        .arg(sock)
-        .args(["-X", method, "-w", "\n%{http_code}"]);
+    c.args([
+        "-sS",
+        "--max-time",
+        &max_time_s.to_string(),
+        "--unix-socket",
+    ])
+    .arg(sock)
+    .args(["-X", method, "-w", "\n%{http_code}"]);
     if let Some(b) = body {
         c.args(["-H", "Content-Type: application/json", "--data-binary", b]);
     }
@@ -624,13 +636,19 @@ pub fn api_curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u
     let out = c.output().expect("running curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    let code = code.trim().parse().unwrap_or_else(|_| {
-        panic!(
-            "curl {method} {path}: no status ({})",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, body.to_string())
+    (
+        code.trim().parse().unwrap_or(0),
+        body.to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`api_curl_within`] 60 s, where a request without an answer fails the
+/// test; the HTTP status and the body.
+pub fn api_curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let (code, body, stderr) = api_curl_within(sock, 60, method, path, body);
+    assert!(code != 0, "curl {method} {path}: no status ({stderr})");
+    (code, body)
 }
 
 /// `words` as owned strings, the form [`Vm::spawn`] takes a command line in.

@@ -16,7 +16,6 @@
 //!   the file's store.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use minivmm_tests::{
@@ -52,19 +51,9 @@ fn boot_args(version: &str) -> String {
 
 /// One request with curl on the API socket; the status and the body.
 fn api(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args(["-sS", "--max-time", "30", "--unix-socket"])
-        .arg(sock)
-        .args(["-X", method, "-w", "\n%{http_code}"]);
-    if let Some(b) = body {
-        c.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(b.to_string());
-    }
-    c.arg(format!("http://localhost{path}"));
-    let out = c.output().expect("running curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    let body = body.map(Value::to_string);
+    let (code, text, _) = minivmm_tests::api_curl_within(sock, 30, method, path, body.as_deref());
+    (code, text)
 }
 
 fn ok(sock: &Path, method: &str, path: &str, body: Value) {

@@ -35,19 +35,9 @@ const HELLO_PORT: u32 = 5000;
 const MVPERF_PORT: u32 = 12865;
 
 fn curl(sock: &Path, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-    let mut c = Command::new("curl");
-    c.args(["-sS", "--max-time", "30", "--unix-socket"])
-        .arg(sock)
-        .args(["-X", method, "-w", "\n%{http_code}"]);
-    if let Some(b) = body {
-        c.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(b.to_string());
-    }
-    c.arg(format!("http://localhost{path}"));
-    let out = c.output().expect("running curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    let body = body.map(Value::to_string);
+    let (code, text, _) = minivmm_tests::api_curl_within(sock, 30, method, path, body.as_deref());
+    (code, text)
 }
 
 fn put(sock: &Path, path: &str, body: Value) {
