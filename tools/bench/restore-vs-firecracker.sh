@@ -1,0 +1,298 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Snapshot restore, minivmm beside Firecracker, in one run on one machine
+# (BENCHMARKS.md, "Snapshot and restore"). Needs root, /dev/net/tun,
+# /dev/kvm, a Firecracker binary and a machine with nothing else booting
+# guests (the figures are wall-clock).
+#
+#   FIRECRACKER=PATH bash tools/bench/restore-vs-firecracker.sh [RUNS]
+#   bash tools/bench/restore-vs-firecracker.sh --firecracker PATH [RUNS]
+#
+# RUNS: restores per VMM (default 5). WORK (environment) is where the
+# snapshots, consoles and logs go (default: a new temporary directory); the
+# snapshots, disks and kernel copy are deleted at the end, the logs kept.
+#
+# Both VMMs get the same guest and the same client: the project's guest
+# kernel and root disk (resources/build.sh), 256 MiB, 1 vCPU, a card on a
+# TAP and the entropy device, booted with `minivmm.mode=serve`, configured
+# and driven through the same API requests with curl on the API socket.
+# In one network namespace the script creates (all traffic stays inside it):
+#
+# 1. minivmm, then Firecracker: a cold boot (InstanceStart until the guest
+#    prints MINIVMM-SERVING), a ping answered, PATCH /vm Paused, a timed
+#    PUT /snapshot/create (Full), the process killed.
+# 2. RUNS rounds, minivmm then Firecracker in each: a fresh process on an
+#    API socket, PUT /snapshot/load (File backend, resume_vm) timed until
+#    its answer (curl's time_total) and until the guest's first ping reply
+#    (ping every 10 ms from just before the request, the reply's time
+#    taken by `ping -D`), the process's RSS once that reply came, the
+#    process killed.
+# 3. A table: per VMM the median, min and max of each restore figure, the
+#    cold boot, the create time and the files' sizes; the CPU and the load
+#    average before and after.
+#
+# On a PVM-backed KVM (../shared/HOST-KVM.md in the project notes) the
+# guest needs two things minivmm does by itself and Firecracker does not:
+# the boot words minivmm adds there (taken from minivmm's own log of its
+# boot and given to Firecracker in boot_args, so both guests get the same
+# command line), and a way past Linux's boot-time INT3 self-test, whose
+# `int3` fails emulation there (minivmm steps over it; Firecracker stops).
+# Both VMMs therefore boot a copy of the kernel whose `int3; nop x4` at
+# `int3_selftest_ip` is `incl (%rdi); nop x3`: the self-test's handler
+# would have incremented that counter, so the test passes the same way.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+log() { echo "restore-vs-firecracker.sh: $*" >&2; }
+die() {
+    log "$*"
+    exit 1
+}
+
+runs=5
+fc=${FIRECRACKER:-}
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --firecracker)
+        [ $# -ge 2 ] || die "--firecracker needs a path"
+        fc=$2
+        shift 2
+        ;;
+    '' | *[!0-9]*) die "usage: FIRECRACKER=PATH bash $0 [RUNS] (RUNS a number, not '$1')" ;;
+    *)
+        runs=$1
+        shift
+        ;;
+    esac
+done
+[ "$runs" -ge 1 ] || die "RUNS must be at least 1"
+[ -n "$fc" ] || die "no Firecracker binary: set FIRECRACKER=PATH or pass --firecracker PATH"
+[ -x "$fc" ] || die "$fc is not an executable"
+fc=$(realpath "$fc")
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespace, TAP, /dev/kvm)"
+for tool in ip curl ping python3 nm; do
+    command -v "$tool" >/dev/null || die "needs $tool"
+done
+
+HOST_IP=10.0.38.1
+GUEST_IP=10.0.38.2
+GUEST_MAC=06:00:0a:00:26:02
+BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-900}
+BASE_ARGS="console=ttyS0 reboot=k panic=-1 pci=off minivmm.mode=serve \
+ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
+# shellcheck source=../../resources/common.sh
+. resources/common.sh
+
+log "building minivmm"
+cargo build --quiet --release -p vmm
+minivmm=$(realpath "${CARGO_TARGET_DIR:-target}/release/minivmm")
+log "guest kernel and root disk (resources/build.sh)"
+# The last four lines: vmlinux, bzImage, initramfs, root disk.
+images=$(bash resources/build.sh | tail -n 4)
+vmlinux=$(sed -n 1p <<<"$images")
+rootfs=$(sed -n 4p <<<"$images")
+
+WORK=${WORK:-$(mktemp -d -t minivmm-restore-vs-fc.XXXXXX)}
+mkdir -p "$WORK"
+WORK=$(realpath "$WORK")
+NS=minivmm-fcrestore-$$
+vmm_pid=
+cleanup() {
+    if [ -n "$vmm_pid" ]; then
+        kill -KILL "$vmm_pid" 2>/dev/null || true
+        wait "$vmm_pid" 2>/dev/null || true
+    fi
+    ip netns del "$NS" 2>/dev/null || true
+    rm -f "$WORK"/*.mem "$WORK"/*.state "$WORK"/*.ext4 "$WORK"/*.sock "$WORK/vmlinux"
+    log "logs in $WORK"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# patch_int3 IN OUT: OUT is a copy of the ELF kernel IN whose self-test
+# `int3; nop x4` is `incl (%rdi); nop x3` (the file offset found from the
+# symbol's address and the program headers; refused unless the bytes there
+# are the expected ones).
+patch_int3() {
+    local addr
+    addr=$(nm "$1" | awk '$3 == "int3_selftest_ip" { print $1 }')
+    [ -n "$addr" ] || die "$1 has no int3_selftest_ip symbol"
+    python3 - "$1" "$2" "$addr" <<'PY'
+import shutil, struct, sys
+src, dst, addr = sys.argv[1], sys.argv[2], int(sys.argv[3], 16)
+data = bytearray(open(src, "rb").read())
+phoff, = struct.unpack_from("<Q", data, 0x20)
+phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+for i in range(phnum):
+    p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(
+        "<IIQQQQ", data, phoff + i * phentsize)
+    if p_type == 1 and p_vaddr <= addr < p_vaddr + p_filesz:
+        off = p_offset + addr - p_vaddr
+        break
+else:
+    sys.exit("int3_selftest_ip is in no loaded segment")
+if data[off:off + 5] != b"\xcc\x90\x90\x90\x90":
+    sys.exit("int3_selftest_ip holds %s, not int3; nop x4" % data[off:off + 5].hex())
+data[off:off + 5] = b"\xff\x07\x90\x90\x90"
+open(dst, "wb").write(data)
+PY
+}
+
+# api SOCK METHOD PATH [BODY]: one request with curl; prints "STATUS
+# SECONDS" (curl's http_code and time_total) and fails unless the status
+# is 2xx.
+api() {
+    local out body=()
+    [ $# -ge 4 ] && body=(-H 'Content-Type: application/json' --data-binary "$4")
+    out=$(curl -sS --max-time 60 --unix-socket "$1" -X "$2" "${body[@]}" \
+        -o "$WORK/answer" -w '%{http_code} %{time_total}' "http://localhost$3") ||
+        die "$2 $3: curl failed"
+    case "$out" in
+    2*) echo "$out" ;;
+    *) die "$2 $3 ${4:-}: answered $out: $(cat "$WORK/answer")" ;;
+    esac
+}
+
+# start VMM NAME [ARGS...]: starts VMM (minivmm or firecracker) inside the
+# namespace on the API socket $WORK/NAME.sock, its stdout (the guest's
+# console) in $WORK/NAME.out and its stderr in $WORK/NAME.err; sets
+# vmm_pid (`ip netns exec` execs the VMM, so that is the VMM's pid) and
+# waits for the socket.
+start() {
+    local bin=$minivmm name=$2
+    [ "$1" = firecracker ] && bin=$fc
+    shift 2
+    rm -f "$WORK/$name.sock"
+    ip netns exec "$NS" "$bin" --api-sock "$WORK/$name.sock" --id "$name" "$@" \
+        </dev/null >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    vmm_pid=$!
+    local i
+    for i in $(seq 1 2000); do
+        [ -S "$WORK/$name.sock" ] && return 0
+        kill -0 "$vmm_pid" 2>/dev/null || die "$name exited: $(tail -n 5 "$WORK/$name.err" "$WORK/$name.out")"
+        sleep 0.005
+    done
+    die "$name: no API socket after 10 s"
+}
+
+stop() {
+    kill -KILL "$vmm_pid" 2>/dev/null || true
+    wait "$vmm_pid" 2>/dev/null || true
+    vmm_pid=
+}
+
+# The words minivmm adds to the guest command line on this host, from its
+# log at level Info (none on an ordinary host).
+pvm_words=
+# boot VMM: cold boot, ping, Full snapshot; writes "boot_s create_ms
+# state_bytes mem_bytes mem_allocated_bytes" to $WORK/VMM.boot.
+boot() {
+    local vmm=$1 s=$WORK/$1-boot.sock args=$BASE_ARGS
+    cp "$rootfs" "$WORK/$vmm.ext4"
+    [ "$vmm" = firecracker ] && [ -n "$pvm_words" ] && args="$args $pvm_words"
+    start "$vmm" "$vmm-boot" --level Info
+    api "$s" PUT /machine-config '{"vcpu_count": 1, "mem_size_mib": 256}' >/dev/null
+    api "$s" PUT /boot-source "{\"kernel_image_path\": \"$WORK/vmlinux\", \"boot_args\": \"$args\"}" >/dev/null
+    api "$s" PUT /drives/rootfs "{\"drive_id\": \"rootfs\", \"path_on_host\": \"$WORK/$vmm.ext4\",
+        \"is_root_device\": true, \"is_read_only\": false}" >/dev/null
+    api "$s" PUT /network-interfaces/eth0 "{\"iface_id\": \"eth0\", \"host_dev_name\": \"tap0\",
+        \"guest_mac\": \"$GUEST_MAC\"}" >/dev/null
+    api "$s" PUT /entropy '{}' >/dev/null
+    local t0 out=$WORK/$vmm-boot.out
+    t0=$(date +%s%N)
+    api "$s" PUT /actions '{"action_type": "InstanceStart"}' >/dev/null
+    progress_start
+    until grep -q MINIVMM-SERVING "$out"; do
+        kill -0 "$vmm_pid" 2>/dev/null || die "$vmm exited while booting: $(tail -n 20 "$out" "$WORK/$vmm-boot.err")"
+        ! stalled "$out" "$BOOT_TIMEOUT" || die "$vmm: the guest stalled: $(tail -n 20 "$out")"
+        sleep 0.05
+    done
+    local boot_ns=$(($(date +%s%N) - t0))
+    if [ "$vmm" = minivmm ]; then
+        pvm_words=$(sed -n "s/.*adding '\([^']*\)' to the guest command line.*/\1/p" "$WORK/$vmm-boot.err" | head -n 1)
+    fi
+    ip netns exec "$NS" ping -n -q -c 1 -i 0.05 -w 120 "$GUEST_IP" >/dev/null ||
+        die "$vmm: the served guest answers no ping"
+    api "$s" PATCH /vm '{"state": "Paused"}' >/dev/null
+    local created
+    created=$(api "$s" PUT /snapshot/create "{\"snapshot_type\": \"Full\",
+        \"snapshot_path\": \"$WORK/$vmm.state\", \"mem_file_path\": \"$WORK/$vmm.mem\"}")
+    stop
+    echo "$boot_ns ${created#* } $(stat -c %s "$WORK/$vmm.state") $(stat -c '%s %b %B' "$WORK/$vmm.mem")" |
+        awk '{ printf "%.1f %.1f %d %d %d\n", $1 / 1e9, $2 * 1e3, $3, $4, $5 * $6 }' >"$WORK/$vmm.boot"
+    log "$vmm: served after $(cut -d' ' -f1 "$WORK/$vmm.boot") s, snapshot taken"
+}
+
+# restore VMM ROUND: appends "load_ms first_ping_ms rss_kib rss_anon_kib
+# rss_file_kib" to $WORK/VMM.restores.
+restore() {
+    local vmm=$1 name=$1-r$2
+    local s=$WORK/$name.sock
+    start "$vmm" "$name"
+    local pings=$WORK/$name.ping ping_pid t_after out
+    # Pings from just before the request, every 10 ms, until one is
+    # answered (those sent before the guest runs are lost).
+    ip netns exec "$NS" ping -D -n -c 1 -i 0.01 -w 30 "$GUEST_IP" >"$pings" 2>&1 &
+    ping_pid=$!
+    out=$(api "$s" PUT /snapshot/load "{\"snapshot_path\": \"$WORK/$vmm.state\",
+        \"mem_backend\": {\"backend_type\": \"File\", \"backend_path\": \"$WORK/$vmm.mem\"},
+        \"resume_vm\": true}")
+    t_after=$(date +%s%N)
+    wait "$ping_pid" || die "$name: no ping answered within 30 s: $(tail -n 5 "$WORK/$name.err")"
+    local rss
+    rss=$(awk '/^(VmRSS|RssAnon|RssFile):/ { printf "%s ", $2 }' "/proc/$vmm_pid/status")
+    kill -0 "$vmm_pid" 2>/dev/null || die "$name exited"
+    stop
+    # The request went out time_total before its answer came back; the
+    # first reply's time is ping's -D stamp.
+    local first
+    first=$(sed -n 's/^\[\([0-9.]*\)\] [0-9]* bytes from.*/\1/p' "$pings" | head -n 1)
+    [ -n "$first" ] || die "$name: no reply line in $(cat "$pings")"
+    echo "${out#* } $t_after $first $rss" |
+        awk '{ sent = $2 / 1e9 - $1; printf "%.1f %.1f %d %d %d\n", $1 * 1e3, ($3 - sent) * 1e3, $4, $5, $6 }' \
+            >>"$WORK/$vmm.restores"
+    log "$name: $(tail -n 1 "$WORK/$vmm.restores") (load ms, first ping ms, RSS KiB, anon, file)"
+}
+
+# stats FILE COLUMN: "median min max" of one column.
+stats() {
+    cut -d' ' -f"$2" "$1" | sort -g | awk '{ v[NR] = $1 } END {
+        m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.1f (%.1f-%.1f)", m, v[1], v[NR] }'
+}
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+log "kernel copy with the INT3 self-test patched: $WORK/vmlinux"
+patch_int3 "$vmlinux" "$WORK/vmlinux"
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+ip -n "$NS" tuntap add dev tap0 mode tap
+ip -n "$NS" addr add "$HOST_IP/24" dev tap0
+ip -n "$NS" link set tap0 up
+rm -f "$WORK"/*.restores
+boot minivmm
+boot firecracker
+for round in $(seq 1 "$runs"); do
+    restore minivmm "$round"
+    restore firecracker "$round"
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+echo "Restore of a Full snapshot, 256 MiB, 1 vCPU, served guest; $runs restores per VMM, interleaved"
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; host kernel $(uname -r)"
+echo "load average before: $load_before; after: $load_after"
+echo "minivmm: $(git rev-parse --short HEAD); firecracker: $("$fc" --version 2>/dev/null | head -n 1)"
+echo
+echo "| figure | minivmm | Firecracker |"
+echo "|---|---|---|"
+row() { echo "| $1 | $2 | $3 |"; }
+field() { cut -d' ' -f"$2" "$WORK/$1.boot"; }
+row "cold boot, InstanceStart to MINIVMM-SERVING (s)" "$(field minivmm 1)" "$(field firecracker 1)"
+row "PUT /snapshot/create, Full (ms)" "$(field minivmm 2)" "$(field firecracker 2)"
+row "state file (bytes)" "$(field minivmm 3)" "$(field firecracker 3)"
+row "memory file (bytes; allocated)" "$(field minivmm 4); $(field minivmm 5)" "$(field firecracker 4); $(field firecracker 5)"
+for col in "1:PUT /snapshot/load answered (ms), median (min-max)" \
+    "2:first ping reply, from the load request (ms)" \
+    "3:RSS after the first ping (KiB)" "4:of it anonymous (KiB)" "5:of it file-backed (KiB)"; do
+    row "${col#*:}" "$(stats "$WORK/minivmm.restores" "${col%%:*}")" "$(stats "$WORK/firecracker.restores" "${col%%:*}")"
+done
