@@ -43,6 +43,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# shellcheck source=../../resources/common.sh
+. resources/common.sh
+# After common.sh, whose log and die say "resources:".
 log() { echo "restore-vs-firecracker.sh: $*" >&2; }
 die() {
     log "$*"
@@ -80,8 +83,6 @@ GUEST_MAC=06:00:0a:00:26:02
 BOOT_TIMEOUT=${MINIVMM_BOOT_TIMEOUT:-900}
 BASE_ARGS="console=ttyS0 reboot=k panic=-1 pci=off minivmm.mode=serve \
 ip=$GUEST_IP::$HOST_IP:255.255.255.0::eth0:off"
-# shellcheck source=../../resources/common.sh
-. resources/common.sh
 
 log "building minivmm"
 cargo build --quiet --release -p vmm
