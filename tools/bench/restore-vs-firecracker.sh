@@ -225,7 +225,7 @@ boot() {
 }
 
 # restore VMM ROUND: appends "load_ms first_ping_ms rss_kib rss_anon_kib
-# rss_file_kib" to $WORK/VMM.restores.
+# rss_file_kib loadavg_1min" to $WORK/VMM.restores.
 restore() {
     local vmm=$1 name=$1-r$2
     local s=$WORK/$name.sock
@@ -249,10 +249,11 @@ restore() {
     local first
     first=$(sed -n 's/^\[\([0-9.]*\)\] [0-9]* bytes from.*/\1/p' "$pings" | head -n 1)
     [ -n "$first" ] || die "$name: no reply line in $(cat "$pings")"
-    echo "${out#* } $t_after $first $rss" |
-        awk '{ sent = $2 / 1e9 - $1; printf "%.1f %.1f %d %d %d\n", $1 * 1e3, ($3 - sent) * 1e3, $4, $5, $6 }' \
+    echo "${out#* } $t_after $first $rss $(cut -d' ' -f1 /proc/loadavg)" |
+        awk '{ sent = $2 / 1e9 - $1
+            printf "%.1f %.1f %d %d %d %s\n", $1 * 1e3, ($3 - sent) * 1e3, $4, $5, $6, $7 }' \
             >>"$WORK/$vmm.restores"
-    log "$name: $(tail -n 1 "$WORK/$vmm.restores") (load ms, first ping ms, RSS KiB, anon, file)"
+    log "$name: $(tail -n 1 "$WORK/$vmm.restores") (load ms, first ping ms, RSS KiB, anon, file; load average)"
 }
 
 # stats FILE COLUMN: "median min max" of one column.
@@ -294,6 +295,7 @@ row "state file (bytes)" "$(field minivmm 3)" "$(field firecracker 3)"
 row "memory file (bytes; allocated)" "$(field minivmm 4); $(field minivmm 5)" "$(field firecracker 4); $(field firecracker 5)"
 for col in "1:PUT /snapshot/load answered (ms), median (min-max)" \
     "2:first ping reply, from the load request (ms)" \
-    "3:RSS after the first ping (KiB)" "4:of it anonymous (KiB)" "5:of it file-backed (KiB)"; do
+    "3:RSS after the first ping (KiB)" "4:of it anonymous (KiB)" "5:of it file-backed (KiB)" \
+    "6:load average (1 min) at the restores"; do
     row "${col#*:}" "$(stats "$WORK/minivmm.restores" "${col%%:*}")" "$(stats "$WORK/firecracker.restores" "${col%%:*}")"
 done
