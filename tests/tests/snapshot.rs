@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 
 use minivmm_tests::{
     debugfs_cat, disk_copy, disk_test_content, guest_image_if, minivmm_bin, mvperf_bin,
-    write_ticking_kernel, Need, NetNs, Vm, DISK_TEST_FILE, DISK_WRITE_OK,
+    write_counting_kernel, write_ticking_kernel, Need, NetNs, Patience, Vm, COUNT_BASE,
+    DISK_TEST_FILE, DISK_WRITE_OK,
 };
 use serde_json::{json, Value};
 
@@ -286,7 +287,7 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
         "FIGURE tick create (64 MiB): {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
-    // A booted VM does not track dirty pages (machine-config refuses it).
+    // A VM started without track_dirty_pages has no Diff to give.
     refused(
         &sock,
         "PUT",
@@ -391,6 +392,178 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     }
     assert_eq!(state_of(&sock), "Not started");
     vm.terminate(Duration::from_secs(10));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// How long the counting guest may print nothing before a wait for it
+/// fails, in minivmm's own time (a line is about a second of it on a PVM
+/// host, far less on hardware virtualization).
+const COUNT_STALL: Duration = Duration::from_secs(120);
+
+/// Waits, following the console, until the counting guest of `vm` has
+/// printed `more` counts beyond those it had.
+fn wait_counts(vm: &mut Vm, more: usize, what: &str) {
+    let want = lines(vm) + more;
+    let r = vm.wait_until(what, Patience::of(COUNT_STALL), &[], |c| {
+        c.matches('\n').count() >= want
+    });
+    assert!(r.is_ok(), "{what}: {r:?}\n{}", vm.report());
+}
+
+/// The counting guest's last count on `console` (its last character that
+/// is not a newline).
+fn last_count(console: &str) -> u8 {
+    console
+        .bytes()
+        .rev()
+        .find(|&b| b != b'\n')
+        .expect("a count on the console")
+}
+
+/// The count the counting guest prints after `c`.
+fn next_count(c: u8) -> u8 {
+    COUNT_BASE + (c - COUNT_BASE + 1) % 64
+}
+
+/// A snapshot of the paused VM of `sock`: `tag.state` and `tag.mem`;
+/// returns the memory file's bytes of data (a Diff's are its dirty pages).
+fn snapshot(sock: &Path, dir: &Path, tag: &str, kind: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut body = create_body(dir, tag);
+    body["snapshot_type"] = json!(kind);
+    let t = Instant::now();
+    ok(sock, "PUT", "/snapshot/create", body);
+    let meta = std::fs::metadata(dir.join(format!("{tag}.mem"))).unwrap();
+    eprintln!(
+        "FIGURE {kind} snapshot '{tag}': create {:.1} ms, {} bytes of data in a {} byte file",
+        t.elapsed().as_secs_f64() * 1e3,
+        meta.blocks() * 512,
+        meta.len()
+    );
+    meta.blocks() * 512
+}
+
+/// `minivmm --rebase-snap`: the Diff memory file `diff` copied onto `base`.
+fn rebase(base: &Path, diff: &Path) {
+    let out = minivmm(&[
+        "--rebase-snap",
+        "--base-file",
+        &p(base),
+        "--diff-file",
+        &p(diff),
+    ]);
+    assert!(
+        out.status.success(),
+        "rebasing {} onto {}: {}",
+        diff.display(),
+        base.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `track_dirty_pages` on a VM that was booted, never restored: Full, then
+/// two Diffs, each of a few pages; both rebased in order onto a copy of the
+/// Full memory give exactly the memory a Full snapshot of that moment
+/// holds, and the guest loaded from them counts on from its last count
+/// (its count is in memory, written between every two snapshots).
+#[test]
+fn a_booted_vm_tracking_dirty_pages_takes_diffs_that_rebase_in_order() {
+    if !minivmm_tests::require(&[Need::Kvm]) {
+        return;
+    }
+    let dir = scratch("count");
+    let kernel = dir.join("counting.elf");
+    write_counting_kernel(&kernel).unwrap();
+    let (mut vm, sock) = api_vmm(&dir, "count-a", None);
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true}),
+    );
+    let (code, text) = curl(&sock, "GET", "/machine-config", None);
+    assert_eq!(code, 200, "{text}");
+    let machine: Value = serde_json::from_str(&text).expect("GET /machine-config JSON");
+    assert_eq!(machine["track_dirty_pages"], json!(true), "{machine}");
+    ok(
+        &sock,
+        "PUT",
+        "/boot-source",
+        json!({"kernel_image_path": p(&kernel)}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
+    wait_counts(&mut vm, 2, "the first counts");
+    let (code, text) = curl(&sock, "GET", "/vm/config", None);
+    assert_eq!(code, 200, "{text}");
+    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(true));
+
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    assert_eq!(snapshot(&sock, &dir, "base", "Full"), 64 << 20);
+    for diff in ["d1", "d2"] {
+        ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+        wait_counts(&mut vm, 1, &format!("a count before {diff}"));
+        ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+        let data = snapshot(&sock, &dir, diff, "Diff");
+        // The count's page at least; far less than the 64 MiB.
+        assert!(data > 0 && data < 1 << 20, "{diff}: {data} bytes of data");
+        assert_eq!(
+            std::fs::metadata(dir.join(format!("{diff}.mem")))
+                .unwrap()
+                .len(),
+            64 << 20
+        );
+    }
+    // The same paused moment as d2, whole.
+    snapshot(&sock, &dir, "whole", "Full");
+    let console = vm.console();
+    vm.signal("KILL");
+    vm.wait_exit(Duration::from_secs(10)).expect("killed");
+
+    let chain = dir.join("chain.mem");
+    std::fs::copy(dir.join("base.mem"), &chain).unwrap();
+    rebase(&chain, &dir.join("d1.mem"));
+    rebase(&chain, &dir.join("d2.mem"));
+    let whole = std::fs::read(dir.join("whole.mem")).unwrap();
+    assert!(
+        std::fs::read(dir.join("base.mem")).unwrap() != whole,
+        "the guest wrote nothing after the Full snapshot"
+    );
+    assert!(
+        std::fs::read(&chain).unwrap() == whole,
+        "the Full memory with both Diffs rebased in order is not the memory at the second Diff"
+    );
+    std::fs::copy(dir.join("d2.state"), dir.join("chain.state")).unwrap();
+    let (mut restored, rsock) = api_vmm(&dir, "count-b", None);
+    ok(
+        &rsock,
+        "PUT",
+        "/snapshot/load",
+        load_body(&dir, "chain", true),
+    );
+    // Tracking is the load's to say; this one did not ask.
+    let (code, text) = curl(&rsock, "GET", "/vm/config", None);
+    assert_eq!(code, 200, "{text}");
+    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(false));
+    wait_counts(
+        &mut restored,
+        1,
+        "a count after the load of the rebased Diffs",
+    );
+    let after = restored.console();
+    let first = after.bytes().find(|&b| b != b'\n').expect("a count");
+    assert_eq!(
+        first as char,
+        next_count(last_count(&console)) as char,
+        "the guest did not count on from its last count"
+    );
+    restored.terminate(Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
