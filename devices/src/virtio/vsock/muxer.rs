@@ -87,6 +87,11 @@ pub(crate) struct Muxer<B: VsockBackend> {
     /// What each slot's socket is registered for, if it is.
     pub(crate) registered: Vec<Option<Interest>>,
     map: HashMap<Key, usize>,
+    /// The connection the last guest packet found in `map`, while it is in
+    /// service: a stream's packets come in runs, and hashing every key
+    /// (SipHash, as guest-chosen keys need) cost about 170 instructions a
+    /// packet.
+    last: Option<(Key, usize)>,
     rx_work: VecDeque<usize>,
     rsts: VecDeque<Key>,
     next_host_port: u32,
@@ -97,6 +102,8 @@ pub(crate) struct Muxer<B: VsockBackend> {
     pub(crate) deadlines_changed: bool,
     metrics: Arc<VsockMetrics>,
     scratch: Vec<IoSeg>,
+    /// The part of a packet a host socket refused, as segments.
+    rest: Vec<IoSeg>,
     copy: Vec<u8>,
 }
 
@@ -137,6 +144,7 @@ impl<B: VsockBackend> Muxer<B> {
             slots: Vec::new(),
             registered: Vec::new(),
             map: HashMap::new(),
+            last: None,
             rx_work: VecDeque::new(),
             rsts: VecDeque::new(),
             next_host_port: FIRST_HOST_PORT,
@@ -145,6 +153,7 @@ impl<B: VsockBackend> Muxer<B> {
             deadlines_changed: false,
             metrics,
             scratch: Vec::new(),
+            rest: Vec::new(),
             copy: Vec::new(),
         }
     }
@@ -216,6 +225,9 @@ impl<B: VsockBackend> Muxer<B> {
         let key = (conn.guest_port, conn.host_port);
         if self.map.get(&key) == Some(&slot) {
             self.map.remove(&key);
+        }
+        if self.last.is_some_and(|(_, s)| s == slot) {
+            self.last = None;
         }
         if conn.queued {
             self.rx_work.retain(|&s| s != slot);
@@ -300,7 +312,7 @@ impl<B: VsockBackend> Muxer<B> {
             self.refuse(key, hdr.op);
             return;
         }
-        let Some(&slot) = self.map.get(&key) else {
+        let Some(slot) = self.lookup(key) else {
             match op {
                 Op::Rst => {}
                 Op::Request => self.guest_connect(hdr),
@@ -320,6 +332,18 @@ impl<B: VsockBackend> Muxer<B> {
             }
             _ => self.on_conn_packet(slot, op, hdr, payload),
         }
+    }
+
+    /// The slot of the connection `key` names, if one is in service.
+    fn lookup(&mut self, key: Key) -> Option<usize> {
+        if let Some((k, slot)) = self.last {
+            if k == key {
+                return Some(slot);
+            }
+        }
+        let slot = *self.map.get(&key)?;
+        self.last = Some((key, slot));
+        Some(slot)
     }
 
     /// An RST for a packet the muxer cannot act on, unless it is one.
@@ -460,9 +484,8 @@ impl<B: VsockBackend> Muxer<B> {
             // What the socket refused waits in `pending` (bounded by the
             // credit just checked) for EPOLLOUT.
             inc(&self.metrics.tx_short_writes);
-            let mut rest = Vec::new();
-            take_range(payload, sent, len - sent, &mut rest);
-            copy_from_segs(&rest, &mut self.copy);
+            take_range(payload, sent, len - sent, &mut self.rest);
+            copy_from_segs(&self.rest, &mut self.copy);
             c.pending.extend(self.copy.iter());
         }
         if c.wants_credit_update() {
