@@ -299,7 +299,7 @@ impl<B: VsockBackend> Muxer<B> {
                 "virtio-vsock: unknown op {} answered RST",
                 hdr.op
             );
-            self.refuse(key, hdr.op);
+            self.reject(key, hdr.op);
             return;
         };
         if hdr.kind != TYPE_STREAM {
@@ -309,7 +309,7 @@ impl<B: VsockBackend> Muxer<B> {
                 "virtio-vsock: socket type {} answered RST",
                 hdr.kind
             );
-            self.refuse(key, hdr.op);
+            self.reject(key, hdr.op);
             return;
         }
         let Some(slot) = self.lookup(key) else {
@@ -344,6 +344,16 @@ impl<B: VsockBackend> Muxer<B> {
         let slot = *self.map.get(&key)?;
         self.last = Some((key, slot));
         Some(slot)
+    }
+
+    /// A packet the muxer cannot read: answered RST, and a connection its
+    /// key names is reset with it (the guest forgets the connection on the
+    /// RST, so its host socket must not stay open).
+    fn reject(&mut self, key: Key, op: u16) {
+        match self.lookup(key) {
+            Some(slot) => self.kill(slot, op != Op::Rst as u16),
+            None => self.refuse(key, op),
+        }
     }
 
     /// An RST for a packet the muxer cannot act on, unless it is one.

@@ -368,6 +368,38 @@ fn credit_updates_keep_a_streaming_guest_going() {
     assert_eq!(f.metric(|m| &m.tx_bytes), 40_000);
 }
 
+/// An unknown op or socket type on a live connection's key resets the
+/// connection both ways: the guest gets the RST, the host socket is closed.
+#[test]
+fn an_unknown_op_or_type_on_a_connection_resets_it() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(1234);
+    for (n, port) in [(1u64, 5000), (2, 5001)] {
+        let mut s = f.open_from_guest(&l, port, 1234);
+        f.post_rx(4, 4096);
+        let hdr = if n == 1 {
+            Header {
+                op: 42,
+                ..guest_hdr(port, 1234, Op::Rw)
+            }
+        } else {
+            Header {
+                kind: 2,
+                ..guest_hdr(port, 1234, Op::Rw)
+            }
+        };
+        f.send(&hdr, b"junk");
+        let pkts = f.recv();
+        assert_eq!(
+            pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+            [Some(Op::Rst)]
+        );
+        assert!(host_sees_eof(&mut s), "the host socket is closed");
+        assert_eq!(f.dev().connections(), 0);
+        assert_eq!(f.metric(|m| &m.unknown_ops) + f.metric(|m| &m.bad_types), n);
+    }
+}
+
 #[test]
 fn unknown_ops_and_types_are_answered_rst_bad_headers_dropped() {
     let mut f = VsockFixture::new();
