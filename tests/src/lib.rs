@@ -142,6 +142,39 @@ pub fn write_ticking_kernel(path: &Path) -> std::io::Result<()> {
     write_elf_kernel(path, &code)
 }
 
+/// Where [`write_counting_kernel`]'s guest keeps its count: guest-physical 3 MiB, a page
+/// nothing else writes.
+pub const COUNTER_GPA: u64 = 0x30_0000;
+
+/// The first of the 64 characters [`write_counting_kernel`]'s guest prints, `'0'` to `'o'`.
+pub const COUNT_BASE: u8 = b'0';
+
+/// A 64-bit ELF "kernel" like [`write_ticking_kernel`]'s, whose state is in guest memory: each
+/// round it adds one to the byte at [`COUNTER_GPA`] and prints the byte's low six bits as one
+/// character from [`COUNT_BASE`] (`'0'`, `'1'`, ... `'o'`, then `'0'` again), then a newline,
+/// then counts `0x100000` down. A restored guest prints the successor of the last character it
+/// printed before its snapshot only if the memory it was restored with holds its last count.
+pub fn write_counting_kernel(path: &Path) -> std::io::Result<()> {
+    let [a0, a1, a2, a3] = u32::try_from(COUNTER_GPA)
+        .expect("below 4 GiB")
+        .to_le_bytes();
+    let code = [
+        0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8 (COM1's data register)
+        0xfe, 0x04, 0x25, a0, a1, a2, a3, // inc byte [COUNTER_GPA]
+        0x8a, 0x04, 0x25, a0, a1, a2, a3, // mov al, [COUNTER_GPA]
+        0x24, 0x3f, // and al, 0x3f
+        0x04, COUNT_BASE, // add al, COUNT_BASE
+        0xee,       // out dx, al
+        0xb0, 0x0a, // mov al, '\n'
+        0xee, // out dx, al
+        0xb9, 0x00, 0x00, 0x10, 0x00, // mov ecx, 0x100000
+        0xff, 0xc9, // dec ecx
+        0x75, 0xfc, // jnz (the dec)
+        0xeb, 0xdb, // jmp (the start)
+    ];
+    write_elf_kernel(path, &code)
+}
+
 /// Writes a 64-bit ELF executable to `path` whose one segment, loaded at 2 MiB and entered
 /// there, is `code`.
 fn write_elf_kernel(path: &Path, code: &[u8]) -> std::io::Result<()> {

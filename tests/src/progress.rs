@@ -286,8 +286,10 @@ fn signal_group(pgid: u32, sig: libc::c_int) {
 const POLL: Duration = Duration::from_millis(100);
 /// How often a watched command's probe runs (it may start a process of its own).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
-/// How long a command ended by SIGINT gets to print its summary before SIGKILL.
-const INT_GRACE: Duration = Duration::from_secs(5);
+/// How long a command ended by SIGINT gets to print its summary before SIGKILL. A command
+/// answers SIGINT in a moment on a quiet host; beside two busy loops a shell's trap had not
+/// run 5 s after it, so the summary was lost. Only a command that ignores SIGINT waits it all.
+const INT_GRACE: Duration = Duration::from_secs(30);
 
 /// Runs `cmd` to its end, stdin empty and its output captured, in a process group of its own,
 /// under a [`Watch`] of `patience` over the threads of `pids`: its progress is any output byte

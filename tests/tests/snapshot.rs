@@ -18,27 +18,47 @@
 //!   a process whose console (`PUT /serial` before the load) has the same
 //!   bucket, the guest's next bytes are dropped (the metrics count them)
 //!   and none printed, where a fresh bucket would print two lines.
+//! - With KVM, a guest without a boot whose count is in memory, started
+//!   with `track_dirty_pages` (never restored): a Full snapshot, then two
+//!   Diffs of one page each; both rebased in order onto a copy of the Full
+//!   memory equal, byte for byte, a Full snapshot of the second Diff's
+//!   moment, and the guest loaded from them counts on from its last count.
 //! - With KVM, root and TUN, the project's guest booted from its disk and
-//!   serving: a file written to its disk, paused, Full snapshot, minivmm
-//!   killed; a new minivmm loads with `resume_vm` and the guest answers
-//!   ping and an mvperf TCP_RR through the same TAP, its console goes on
-//!   (Ctrl-Alt-Del reaches its init, which reboots: minivmm exits 0), the
-//!   file is on the disk; MMDS's configuration came back, its store is the
-//!   new process's (filled before the first load, empty at the second), the
-//!   drive's and entropy device's buckets loaded. The first restore tracks
-//!   dirty pages and takes a
+//!   serving, with `track_dirty_pages` and a vsock device: a file written
+//!   to its disk; a TCP connection to its mvperf server opened and used;
+//!   paused, Full snapshot; resumed, used, paused, Diff; again, a second
+//!   Diff (each far smaller than memory), then a request sent on the held
+//!   connection while the VM is paused; minivmm killed. The two Diffs
+//!   rebased in order onto a copy of the Full memory load into a new
+//!   minivmm on the same TAP with `resume_vm` and another vsock socket
+//!   (`vsock_override`): the held connection gets its answer (the host's
+//!   TCP retransmits) and goes on, and the guest's server counts every
+//!   transaction made on it, before and after; the vsock device sent one
+//!   transport reset (its metrics) and a `CONNECT` on the new socket
+//!   reaches the guest's server, VSOCK_RR runs. Then the Full snapshot
+//!   loads (on the saved vsock socket) and the guest answers ping and an
+//!   mvperf TCP_RR through the same TAP, the vsock device reset and
+//!   reached again, its console goes on (Ctrl-Alt-Del reaches its init,
+//!   which reboots: minivmm exits 0), the file is on the disk; MMDS's
+//!   configuration came back, its store is the new process's (filled
+//!   before that load, empty at the next), the drive's and entropy
+//!   device's buckets loaded. That restore tracks dirty pages and takes a
 //!   Diff snapshot; merged onto a copy of the Full memory file
-//!   (`--rebase-snap`), it loads, and that guest answers ping and TCP_RR
-//!   too. The load's answer time, the first ping and the create time are
-//!   printed as `FIGURE` lines (BENCHMARKS.md).
+//!   (`--rebase-snap`), it loads, and that guest answers ping, TCP_RR and
+//!   vsock too. The load's answer time, the first ping, the create times
+//!   and sizes are printed as `FIGURE` lines (BENCHMARKS.md).
 
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    debugfs_cat, disk_copy, disk_test_content, guest_image_if, minivmm_bin, mvperf_bin,
-    write_ticking_kernel, Need, NetNs, Vm, DISK_TEST_FILE, DISK_WRITE_OK,
+    debugfs_cat, disk_copy, disk_test_content, guest_image_if, last_metrics, metric, minivmm_bin,
+    mvperf_bin, write_counting_kernel, write_ticking_kernel, Need, NetNs, Patience, Vm, COUNT_BASE,
+    DISK_TEST_FILE, DISK_WRITE_OK,
 };
 use serde_json::{json, Value};
 
@@ -286,7 +306,7 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
         "FIGURE tick create (64 MiB): {:.1} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
-    // A booted VM does not track dirty pages (machine-config refuses it).
+    // A VM started without track_dirty_pages has no Diff to give.
     refused(
         &sock,
         "PUT",
@@ -391,6 +411,178 @@ fn a_guest_without_a_boot_goes_on_after_a_load_and_the_files_load_twice() {
     }
     assert_eq!(state_of(&sock), "Not started");
     vm.terminate(Duration::from_secs(10));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// How long the counting guest may print nothing before a wait for it
+/// fails, in minivmm's own time (a line is about a second of it on a PVM
+/// host, far less on hardware virtualization).
+const COUNT_STALL: Duration = Duration::from_secs(120);
+
+/// Waits, following the console, until the counting guest of `vm` has
+/// printed `more` counts beyond those it had.
+fn wait_counts(vm: &mut Vm, more: usize, what: &str) {
+    let want = lines(vm) + more;
+    let r = vm.wait_until(what, Patience::of(COUNT_STALL), &[], |c| {
+        c.matches('\n').count() >= want
+    });
+    assert!(r.is_ok(), "{what}: {r:?}\n{}", vm.report());
+}
+
+/// The counting guest's last count on `console` (its last character that
+/// is not a newline).
+fn last_count(console: &str) -> u8 {
+    console
+        .bytes()
+        .rev()
+        .find(|&b| b != b'\n')
+        .expect("a count on the console")
+}
+
+/// The count the counting guest prints after `c`.
+fn next_count(c: u8) -> u8 {
+    COUNT_BASE + (c - COUNT_BASE + 1) % 64
+}
+
+/// A snapshot of the paused VM of `sock`: `tag.state` and `tag.mem`;
+/// returns the memory file's bytes of data (a Diff's are its dirty pages).
+fn snapshot(sock: &Path, dir: &Path, tag: &str, kind: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut body = create_body(dir, tag);
+    body["snapshot_type"] = json!(kind);
+    let t = Instant::now();
+    ok(sock, "PUT", "/snapshot/create", body);
+    let meta = std::fs::metadata(dir.join(format!("{tag}.mem"))).unwrap();
+    eprintln!(
+        "FIGURE {kind} snapshot '{tag}': create {:.1} ms, {} bytes of data in a {} byte file",
+        t.elapsed().as_secs_f64() * 1e3,
+        meta.blocks() * 512,
+        meta.len()
+    );
+    meta.blocks() * 512
+}
+
+/// `minivmm --rebase-snap`: the Diff memory file `diff` copied onto `base`.
+fn rebase(base: &Path, diff: &Path) {
+    let out = minivmm(&[
+        "--rebase-snap",
+        "--base-file",
+        &p(base),
+        "--diff-file",
+        &p(diff),
+    ]);
+    assert!(
+        out.status.success(),
+        "rebasing {} onto {}: {}",
+        diff.display(),
+        base.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `track_dirty_pages` on a VM that was booted, never restored: Full, then
+/// two Diffs, each of a few pages; both rebased in order onto a copy of the
+/// Full memory give exactly the memory a Full snapshot of that moment
+/// holds, and the guest loaded from them counts on from its last count
+/// (its count is in memory, written between every two snapshots).
+#[test]
+fn a_booted_vm_tracking_dirty_pages_takes_diffs_that_rebase_in_order() {
+    if !minivmm_tests::require(&[Need::Kvm]) {
+        return;
+    }
+    let dir = scratch("count");
+    let kernel = dir.join("counting.elf");
+    write_counting_kernel(&kernel).unwrap();
+    let (mut vm, sock) = api_vmm(&dir, "count-a", None);
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true}),
+    );
+    let (code, text) = curl(&sock, "GET", "/machine-config", None);
+    assert_eq!(code, 200, "{text}");
+    let machine: Value = serde_json::from_str(&text).expect("GET /machine-config JSON");
+    assert_eq!(machine["track_dirty_pages"], json!(true), "{machine}");
+    ok(
+        &sock,
+        "PUT",
+        "/boot-source",
+        json!({"kernel_image_path": p(&kernel)}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
+    wait_counts(&mut vm, 2, "the first counts");
+    let (code, text) = curl(&sock, "GET", "/vm/config", None);
+    assert_eq!(code, 200, "{text}");
+    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(true));
+
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    assert_eq!(snapshot(&sock, &dir, "base", "Full"), 64 << 20);
+    for diff in ["d1", "d2"] {
+        ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+        wait_counts(&mut vm, 1, &format!("a count before {diff}"));
+        ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+        let data = snapshot(&sock, &dir, diff, "Diff");
+        // The count's page at least; far less than the 64 MiB.
+        assert!(data > 0 && data < 1 << 20, "{diff}: {data} bytes of data");
+        assert_eq!(
+            std::fs::metadata(dir.join(format!("{diff}.mem")))
+                .unwrap()
+                .len(),
+            64 << 20
+        );
+    }
+    // The same paused moment as d2, whole.
+    snapshot(&sock, &dir, "whole", "Full");
+    let console = vm.console();
+    vm.signal("KILL");
+    vm.wait_exit(Duration::from_secs(10)).expect("killed");
+
+    let chain = dir.join("chain.mem");
+    std::fs::copy(dir.join("base.mem"), &chain).unwrap();
+    rebase(&chain, &dir.join("d1.mem"));
+    rebase(&chain, &dir.join("d2.mem"));
+    let whole = std::fs::read(dir.join("whole.mem")).unwrap();
+    assert!(
+        std::fs::read(dir.join("base.mem")).unwrap() != whole,
+        "the guest wrote nothing after the Full snapshot"
+    );
+    assert!(
+        std::fs::read(&chain).unwrap() == whole,
+        "the Full memory with both Diffs rebased in order is not the memory at the second Diff"
+    );
+    std::fs::copy(dir.join("d2.state"), dir.join("chain.state")).unwrap();
+    let (mut restored, rsock) = api_vmm(&dir, "count-b", None);
+    ok(
+        &rsock,
+        "PUT",
+        "/snapshot/load",
+        load_body(&dir, "chain", true),
+    );
+    // Tracking is the load's to say; this one did not ask.
+    let (code, text) = curl(&rsock, "GET", "/vm/config", None);
+    assert_eq!(code, 200, "{text}");
+    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(false));
+    wait_counts(
+        &mut restored,
+        1,
+        "a count after the load of the rebased Diffs",
+    );
+    let after = restored.console();
+    let first = after.bytes().find(|&b| b != b'\n').expect("a count");
+    assert_eq!(
+        first as char,
+        next_count(last_count(&console)) as char,
+        "the guest did not count on from its last count"
+    );
+    restored.terminate(Duration::from_secs(10));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -551,6 +743,266 @@ fn tcp_rr(ns: &NetNs) -> Value {
     serde_json::from_slice(&out.stdout).expect("mvperf JSON")
 }
 
+/// The guest's mvperf server's port (TCP control connections and vsock).
+const MVPERF_PORT: u16 = 12865;
+
+/// How long a read from the guest may wait without progress before it
+/// fails, in minivmm's own time: an emulated guest kernel under load takes
+/// seconds per transaction, and the first one after a load waits for the
+/// host's TCP to retransmit (its backoff doubles up to tens of seconds).
+const GUEST_STALL: Duration = Duration::from_secs(180);
+
+/// Reads from `r` (whose read timeout is short) until `done(what was
+/// read)`, under a [`minivmm_tests::Watch`] over minivmm's process `pid`:
+/// the wait fails after [`GUEST_STALL`] of its own time without a byte.
+fn read_watched(r: &mut impl Read, pid: u32, what: &str, done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    let mut watch = minivmm_tests::Watch::new(Patience::of(GUEST_STALL), &[pid]);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !done(&got) {
+        match r.read(&mut buf) {
+            Ok(0) => panic!("{what}: the connection ended after {got:?}"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => panic!("{what}: {e} after {got:?}"),
+        }
+        if let Err(e) = watch.check(&[got.len() as u64]) {
+            panic!("{what}: {e} after {got:?}");
+        }
+    }
+    got
+}
+
+/// Connects to `port` of the guest from inside `ns` (on a thread that
+/// joined it; the socket stays there).
+fn connect_in(ns: &NetNs, port: u16) -> TcpStream {
+    let s = ns
+        .in_thread(move || TcpStream::connect((GUEST_IP, port)))
+        .join()
+        .expect("the connecting thread")
+        .expect("entering the namespace")
+        .unwrap_or_else(|e| panic!("connecting to {GUEST_IP}:{port}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    s
+}
+
+/// A TCP_RR session with the guest's mvperf server that the test drives by
+/// hand and holds open across snapshots, kills and loads (the protocol of
+/// tools/netperf/README.md: a JSON request on a control connection, the
+/// server's data port in its answer, 8-byte requests answered with 8
+/// bytes of `0xa5` on the data connection, the server's count of
+/// transactions on the control connection after a write shutdown).
+struct HeldRr {
+    ctrl: TcpStream,
+    data: TcpStream,
+    /// Requests sent.
+    sent: u64,
+    /// Responses read.
+    answered: u64,
+}
+
+const RR_SIZE: usize = 8;
+
+impl HeldRr {
+    fn open(ns: &NetNs, pid: u32) -> HeldRr {
+        let mut ctrl = connect_in(ns, MVPERF_PORT);
+        // Its steps wait for ours as long as our grace: longer than any gap.
+        let request = json!({"proto": 3, "test": "TCP_RR", "duration_s": 3600.0,
+            "msg_size": 1, "req_size": RR_SIZE, "resp_size": RR_SIZE, "grace_s": 3600.0});
+        ctrl.write_all(format!("{request}\n").as_bytes()).unwrap();
+        let line = read_watched(
+            &mut ctrl,
+            pid,
+            "the server's answer to the TCP_RR request",
+            |b| b.ends_with(b"\n"),
+        );
+        let reply: Value = serde_json::from_slice(&line).expect("the server's answer");
+        assert_eq!(reply["ok"], json!(true), "{reply}");
+        let port = reply["data_port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok());
+        let data = connect_in(ns, port.unwrap_or_else(|| panic!("no data port: {reply}")));
+        data.set_nodelay(true).unwrap();
+        HeldRr {
+            ctrl,
+            data,
+            sent: 0,
+            answered: 0,
+        }
+    }
+
+    /// Sends one request without waiting for its response.
+    fn send(&mut self) {
+        let req = [self.sent as u8; RR_SIZE];
+        self.data.write_all(&req).expect("sending a request");
+        self.sent += 1;
+    }
+
+    /// Reads the response to every request sent and not yet answered.
+    fn answers(&mut self, pid: u32, what: &str) {
+        let want = (self.sent - self.answered) as usize * RR_SIZE;
+        let got = read_watched(&mut self.data, pid, what, |b| b.len() >= want);
+        assert!(
+            got.len() == want && got.iter().all(|&b| b == 0xa5),
+            "{what}: {got:?}"
+        );
+        self.answered = self.sent;
+    }
+
+    /// `n` transactions, one at a time, as TCP_RR makes them.
+    fn transact(&mut self, n: u64, pid: u32, what: &str) {
+        for _ in 0..n {
+            self.send();
+            self.answers(pid, what);
+        }
+    }
+
+    /// Ends the test; the server's count of transactions.
+    fn close(mut self, pid: u32) -> u64 {
+        self.data.shutdown(Shutdown::Write).unwrap();
+        let line = read_watched(&mut self.ctrl, pid, "the server's count", |b| {
+            b.ends_with(b"\n")
+        });
+        let report: Value = serde_json::from_slice(&line).expect("the server's count");
+        report["transactions"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no count: {report}"))
+    }
+}
+
+/// `CONNECT` to the guest's mvperf server's vsock port through the vsock
+/// device's socket `uds`, as a host agent does; its `OK <port>` line.
+fn vsock_connect(uds: &Path, pid: u32) -> String {
+    let mut s =
+        UnixStream::connect(uds).unwrap_or_else(|e| panic!("connecting to {}: {e}", uds.display()));
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    s.write_all(format!("CONNECT {MVPERF_PORT}\n").as_bytes())
+        .unwrap();
+    let what = format!("the guest's answer to CONNECT on {}", uds.display());
+    let line = read_watched(&mut s, pid, &what, |b| b.ends_with(b"\n"));
+    String::from_utf8_lossy(&line).into_owned()
+}
+
+/// mvperf's VSOCK_RR through `uds` for two seconds, under a watch over
+/// minivmm's process `pid`; its JSON.
+fn vsock_rr(uds: &Path, pid: u32) -> Value {
+    let mut cmd = Command::new(mvperf_bin());
+    cmd.args(["-t", "VSOCK_RR", "--uds"])
+        .arg(uds)
+        .args(["-l", "2", "--grace", "60", "--json"]);
+    let out = minivmm_tests::run_watched(&mut cmd, Patience::of(GUEST_STALL), &[pid], Vec::new)
+        .expect("running mvperf");
+    assert!(out.success(), "VSOCK_RR: {}", out.stderr_text());
+    serde_json::from_slice(&out.stdout).expect("mvperf JSON")
+}
+
+/// A restored VM's vsock device, its socket at `uds`: a host connection
+/// made after the load reaches the guest's server (`OK`), and the device
+/// told the guest its old connections are gone (one
+/// `VIRTIO_VSOCK_EVENT_TRANSPORT_RESET`, in the metrics at `metrics`).
+fn vsock_after_load(sock: &Path, uds: &Path, metrics: &Path, pid: u32) -> u64 {
+    let ok_line = vsock_connect(uds, pid);
+    assert!(ok_line.starts_with("OK "), "CONNECT answered {ok_line:?}");
+    ok(
+        sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "FlushMetrics"}),
+    );
+    let m = last_metrics(metrics);
+    let resets = metric(&m, "vsock", "transport_resets");
+    assert_eq!(resets, 1, "transport resets after one load: {}", m["vsock"]);
+    resets
+}
+
+/// What the new process of a load brings along before it: its metrics
+/// file (the loading process's own, as Firecracker's).
+fn own_metrics(sock: &Path, dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.metrics"));
+    ok(
+        sock,
+        "PUT",
+        "/metrics",
+        json!({"metrics_path": p(&path), "interval_s": 0}),
+    );
+    path
+}
+
+/// The served guest booted with `track_dirty_pages` goes on after its Full
+/// snapshot: Diffs `b1` and `b2` of it (the second while a request of
+/// `held` is in flight: sent while the VM is paused), both with far less
+/// data than memory.
+fn booted_diffs(dir: &Path, sock: &Path, held: &mut HeldRr, pid: u32) {
+    for diff in ["b1", "b2"] {
+        ok(sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+        held.transact(2, pid, &format!("a transaction before Diff {diff}"));
+        ok(sock, "PATCH", "/vm", json!({"state": "Paused"}));
+        let data = snapshot(sock, dir, diff, "Diff");
+        assert!(
+            data > 0 && data < 32 << 20,
+            "Diff {diff} of the booted guest: {data} bytes of data of 256 MiB"
+        );
+    }
+    held.send();
+}
+
+/// The served guest's Full snapshot with both Diffs of the booted VM
+/// rebased in order (`chain`) loads into a process on the same TAP whose
+/// vsock socket is another (`vsock_override`): the TCP connection held
+/// across it gets the answer to the request sent while the VM was paused
+/// and goes on, and the server counts every transaction; the vsock device
+/// sent one transport reset and a new connection reaches the guest.
+fn chain_round(dir: &Path, ns: &NetNs, mut held: HeldRr) {
+    let full_mem = dir.join("chain.mem");
+    std::fs::copy(dir.join("full.mem"), &full_mem).unwrap();
+    rebase(&full_mem, &dir.join("b1.mem"));
+    rebase(&full_mem, &dir.join("b2.mem"));
+    std::fs::copy(dir.join("b2.state"), dir.join("chain.state")).unwrap();
+    let (mut vm, sock) = api_vmm(dir, "served-chain", Some(&ns.name));
+    let metrics = own_metrics(&sock, dir, "served-chain");
+    let uds = dir.join("v2.sock");
+    let mut body = load_body(dir, "chain", true);
+    body["vsock_override"] = json!({"uds_path": p(&uds)});
+    let t = Instant::now();
+    ok(&sock, "PUT", "/snapshot/load", body);
+    let loaded = t.elapsed();
+    let (code, text) = curl(&sock, "GET", "/vm/config", None);
+    assert_eq!(code, 200, "{text}");
+    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    assert_eq!(cfg["vsock"], json!({"guest_cid": 3, "uds_path": p(&uds)}));
+    held.answers(
+        vm.pid(),
+        "the answer to the request in flight across the snapshot, kill and load",
+    );
+    let first = t.elapsed();
+    held.transact(3, vm.pid(), "a transaction after the load");
+    let sent = held.sent;
+    let counted = held.close(vm.pid());
+    eprintln!(
+        "FIGURE held TCP connection: load answered {:.1} ms, the request in flight answered \
+         {:.1} ms after the load request; {sent} transactions, 4 of them after the load",
+        loaded.as_secs_f64() * 1e3,
+        first.as_secs_f64() * 1e3
+    );
+    assert_eq!(
+        counted, sent,
+        "the guest's server counted another number of transactions than were made"
+    );
+    let resets = vsock_after_load(&sock, &uds, &metrics, vm.pid());
+    let rr = vsock_rr(&uds, vm.pid());
+    eprintln!("FIGURE VSOCK_RR after the load: {rr}; transport resets {resets}");
+    assert!(rr["transactions"].as_u64().unwrap_or(0) > 0, "{rr}");
+    assert!(
+        ping_until_answered(ns, 60).is_some(),
+        "no ping\n{}",
+        vm.report()
+    );
+    vm.terminate(Duration::from_secs(30));
+    vm.assert_no_crash();
+}
+
+/// The served guest, booted with `track_dirty_pages`, a vsock device and
+/// MMDS (see the module doc for what each step shows).
 #[test]
 fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_disk() {
     let Some(img) = guest_image_if(&[Need::Kvm, Need::Root, Need::Tun]) else {
@@ -566,7 +1018,7 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
         &sock,
         "PUT",
         "/machine-config",
-        json!({"vcpu_count": 1, "mem_size_mib": 256}),
+        json!({"vcpu_count": 1, "mem_size_mib": 256, "track_dirty_pages": true}),
     );
     ok(
         &sock,
@@ -599,6 +1051,13 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
         "/entropy",
         json!({"rate_limiter": {"bandwidth": {"size": 1_000_000, "refill_time": 100}}}),
     );
+    let uds = dir.join("v.sock");
+    ok(
+        &sock,
+        "PUT",
+        "/vsock",
+        json!({"guest_cid": 3, "uds_path": p(&uds)}),
+    );
     ok(&sock, "PUT", "/mmds/config", mmds_config());
     ok(&sock, "PUT", "/mmds", json!({"vm": "original"}));
     let boot = Instant::now();
@@ -625,6 +1084,11 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
     );
     let before = tcp_rr(&ns);
     eprintln!("FIGURE TCP_RR before the snapshot: {before}");
+    let ok_line = vsock_connect(&uds, vm.pid());
+    assert!(ok_line.starts_with("OK "), "CONNECT answered {ok_line:?}");
+    // A TCP connection the test holds open from here to after the load.
+    let mut held = HeldRr::open(&ns, vm.pid());
+    held.transact(2, vm.pid(), "a transaction before the snapshot");
 
     ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
     let t = Instant::now();
@@ -637,6 +1101,7 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
          memory {mem_len} bytes"
     );
     assert_eq!(mem_len, 256 << 20);
+    booted_diffs(&dir, &sock, &mut held, vm.pid());
     let console_before = vm.console();
     vm.signal("KILL");
     vm.wait_exit(Duration::from_secs(10)).expect("killed");
@@ -646,12 +1111,15 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
         debugfs_cat(&disk, DISK_TEST_FILE).unwrap(),
         disk_test_content(&seed)
     );
+    chain_round(&dir, &ns, held);
 
     // Round 0 loads the Full snapshot (tracking dirty pages) and takes a
     // Diff of it; round 1 loads that Diff rebased onto a copy of the Full
-    // memory file.
+    // memory file. Both on the snapshot's own vsock socket.
     for (round, tag) in ["full", "rebased"].into_iter().enumerate() {
-        let (mut vm, sock) = api_vmm(&dir, &format!("served-b{round}"), Some(&ns.name));
+        let name = format!("served-b{round}");
+        let (mut vm, sock) = api_vmm(&dir, &name, Some(&ns.name));
+        let metrics = own_metrics(&sock, &dir, &name);
         // The store is the process's (Firecracker keeps none in a snapshot):
         // the first clone's is filled before its load, the second's not.
         let store = match round {
@@ -679,27 +1147,11 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
         let rr = tcp_rr(&ns);
         eprintln!("FIGURE TCP_RR after the {tag} restore: {rr}");
         assert!(rr["transactions"].as_u64().unwrap_or(0) > 0, "{rr}");
+        vsock_after_load(&sock, &uds, &metrics, vm.pid());
         if round == 0 {
             ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
-            let t = Instant::now();
-            let mut diff = create_body(&dir, "diff");
-            diff["snapshot_type"] = json!("Diff");
-            ok(&sock, "PUT", "/snapshot/create", diff);
-            let took = t.elapsed().as_secs_f64() * 1e3;
-            let meta = std::fs::metadata(dir.join("diff.mem")).unwrap();
-            {
-                use std::os::unix::fs::MetadataExt;
-                eprintln!(
-                    "FIGURE Diff snapshot of the restored 256 MiB guest: create {took:.1} ms, \
-                     {} bytes of data in a {} byte file",
-                    meta.blocks() * 512,
-                    meta.len()
-                );
-                assert!(
-                    meta.blocks() > 0,
-                    "an empty Diff of a guest that ran TCP_RR"
-                );
-            }
+            let data = snapshot(&sock, &dir, "diff", "Diff");
+            assert!(data > 0, "an empty Diff of a guest that ran TCP_RR");
             ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
             // The console goes on: Ctrl-Alt-Del reaches init, which says so
             // and reboots, and minivmm exits 0.
@@ -720,18 +1172,7 @@ fn a_served_guest_restored_in_a_new_process_answers_on_its_tap_and_keeps_its_dis
             assert!(!console_before.contains("ctrl-alt-del"));
             std::fs::copy(dir.join("full.mem"), dir.join("rebased.mem")).unwrap();
             std::fs::copy(dir.join("diff.state"), dir.join("rebased.state")).unwrap();
-            let out = Command::new(minivmm_bin())
-                .args(["--rebase-snap", "--base-file"])
-                .arg(dir.join("rebased.mem"))
-                .arg("--diff-file")
-                .arg(dir.join("diff.mem"))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            rebase(&dir.join("rebased.mem"), &dir.join("diff.mem"));
         } else {
             vm.terminate(Duration::from_secs(30));
             vm.assert_no_crash();

@@ -34,6 +34,7 @@ use devices::mmds::{lock, MmdsStack, SharedMmds};
 use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::{Net, Tap, TapError};
+use devices::virtio::queue::dirty::DirtyPages;
 use devices::virtio::rng::Rng;
 use devices::virtio::vsock::Vsock;
 use event_manager::EventManager;
@@ -337,7 +338,8 @@ pub fn build(
 
     let (kvm, vm) = create_vm(cfg.vcpus)?;
     steps.done("kvm");
-    let mem = guest_memory(&vm, cfg.mem_mib, cfg.huge_pages, cfg.balloon.is_none())?;
+    let thp = cfg.balloon.is_none();
+    let mem = guest_memory(&vm, cfg.mem_mib, cfg.huge_pages, thp, cfg.track_dirty_pages)?;
     steps.done("memory");
     create_irqchip(&vm)?;
     steps.done("irqchip");
@@ -345,6 +347,9 @@ pub fn build(
     let exit = ExitLatch::new().map_err(BuildError::EventLoop)?;
     let console = (files.serial, files.vsock);
     let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, boot_timer, console, mmds)?;
+    let dirty = cfg
+        .track_dirty_pages
+        .then(|| log_device_writes(&devices, &mem));
     steps.done("devices");
 
     let loaded = files.kernel.load(&mem)?;
@@ -375,14 +380,31 @@ pub fn build(
         cfg.vcpus
     );
 
-    Ok(Vmm::new(
+    let mut vmm = Vmm::new(
         KvmVm::new(kvm, vm, mem),
         devices,
         vcpus,
         exit,
         files.metrics,
         cfg.metrics.as_ref().map_or(0, |m| m.interval_s),
-    ))
+    );
+    if let Some(log) = dirty {
+        vmm.track_dirty_pages(log);
+    }
+    Ok(vmm)
+}
+
+/// Has every virtio device of `devices` log the guest pages it may write
+/// (the device-writable buffers of the chains it takes) in one log of
+/// `mem`, for Diff snapshots; KVM logs the vCPUs' writes (the memory slots
+/// were registered with a dirty log). Before any device is activated:
+/// their queues take the log then.
+pub(crate) fn log_device_writes(devices: &Devices, mem: &GuestMemoryMmap) -> Arc<DirtyPages> {
+    let log = Arc::new(DirtyPages::new(mem));
+    for slot in devices.manager.virtio().slots() {
+        crate::registry::lock(&slot.transport).set_dirty_log(log.clone());
+    }
+    log
 }
 
 /// Opens the metrics file or FIFO, if the configuration has one.
@@ -551,7 +573,8 @@ pub(crate) fn create_vm(vcpus: u8) -> Result<(Kvm, VmFd), BuildError> {
 
 /// Creates `mem_mib` MiB of guest memory laid out around the MMIO gap,
 /// backed by transparent huge pages when `thp` (not with a balloon:
-/// `memory::create_guest_memory` says why).
+/// `memory::create_guest_memory` says why), its writes logged by KVM when
+/// `dirty_log`.
 ///
 /// Before the irqchip (as Firecracker orders it): the first memory slot set
 /// after KVM_CREATE_IRQCHIP or KVM_SET_TSS_ADDR sleeps in the kernel for 2
@@ -562,10 +585,11 @@ fn guest_memory(
     mem_mib: u64,
     pages: crate::config::HugePages,
     thp: bool,
+    dirty_log: bool,
 ) -> Result<GuestMemoryMmap, BuildError> {
     let regions = arch_memory_regions(mem_mib << 20);
     Ok(memory::create_guest_memory(
-        vm, &regions, mem_mib, pages, thp,
+        vm, &regions, mem_mib, pages, thp, dirty_log,
     )?)
 }
 
@@ -707,7 +731,7 @@ pub(crate) fn test_vm(mem_mib: u64) -> Option<(Kvm, VmFd, GuestMemoryMmap)> {
     }
     let vm = || -> Result<_, BuildError> {
         let (kvm, vm) = create_vm(1)?;
-        let mem = guest_memory(&vm, mem_mib, crate::config::HugePages::None, true)?;
+        let mem = guest_memory(&vm, mem_mib, crate::config::HugePages::None, true, false)?;
         create_irqchip(&vm)?;
         Ok((kvm, vm, mem))
     };
@@ -849,11 +873,29 @@ mod tests {
         }
         for thp in [true, false] {
             let (_kvm, vm) = create_vm(1).unwrap();
-            let mem = guest_memory(&vm, 32, crate::config::HugePages::None, thp).unwrap();
+            let mem = guest_memory(&vm, 32, crate::config::HugePages::None, thp, false).unwrap();
             let host = vm_memory::GuestMemoryBackend::get_host_address(&mem, GuestAddress(0))
                 .unwrap() as usize;
             let flags = vm_flags(host);
             assert_eq!(flags.split_whitespace().any(|f| f == "hg"), thp, "{flags}");
+        }
+    }
+
+    /// `track_dirty_pages`: KVM keeps a dirty log of every slot (it has
+    /// none to give for a slot registered without one).
+    #[test]
+    fn guest_memory_has_a_dirty_log_only_when_tracking() {
+        if test_vm(32).is_none() {
+            return;
+        }
+        for dirty_log in [true, false] {
+            let (_kvm, vm) = create_vm(1).unwrap();
+            let mem = guest_memory(&vm, 32, crate::config::HugePages::None, true, dirty_log);
+            let len = vm_memory::GuestMemoryBackend::iter(&mem.unwrap())
+                .map(|r| vm_memory::GuestMemoryRegion::len(r) as usize)
+                .next()
+                .unwrap();
+            assert_eq!(vm.get_dirty_log(0, len).is_ok(), dirty_log);
         }
     }
 
@@ -874,6 +916,7 @@ mod tests {
             vcpus: 1,
             smt: false,
             huge_pages: Default::default(),
+            track_dirty_pages: false,
             serial: Default::default(),
             nets: Vec::new(),
             drives: Vec::new(),

@@ -111,7 +111,7 @@ impl Runtime {
                     "vcpu_count": self.config.vcpus,
                     "mem_size_mib": self.config.mem_mib,
                     "smt": self.config.smt,
-                    "track_dirty_pages": false,
+                    "track_dirty_pages": self.config.track_dirty_pages,
                     "huge_pages": self.config.huge_pages.name(),
                 })
                 .to_string(),
@@ -725,6 +725,7 @@ pub(crate) mod drive_tests {
             vcpus: 1,
             smt: false,
             huge_pages: Default::default(),
+            track_dirty_pages: false,
             serial: Default::default(),
             nets: Vec::new(),
             drives: configs,

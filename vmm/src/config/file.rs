@@ -311,12 +311,7 @@ fn boot_source(s: &mut Settings, value: Value) -> Result<(), FileError> {
 
 fn machine_config(s: &mut Settings, value: Value) -> Result<(), FileError> {
     let m: MachineConfig = section("machine-config", value)?;
-    if m.track_dirty_pages == Some(true) {
-        return Err(unsupported_value(
-            "machine-config.track_dirty_pages",
-            "true is not supported (no snapshots)",
-        ));
-    }
+    s.track_dirty_pages = m.track_dirty_pages;
     if let Some(h) = m.huge_pages {
         s.huge_pages = Some(HugePages::parse(&h).ok_or_else(|| {
             unsupported_value(
@@ -535,6 +530,23 @@ mod tests {
             Some("console=ttyS0 reboot=k panic=1")
         );
         assert_eq!(cfg.metrics, None);
+        assert!(!cfg.track_dirty_pages);
+    }
+
+    /// Firecracker's `track_dirty_pages`: a booted VM logs the pages
+    /// written, for Diff snapshots; absent, it does not.
+    #[test]
+    fn track_dirty_pages_is_taken_as_written() {
+        let file = |track: &str| {
+            format!(
+                r#"{{"boot-source": {{"kernel_image_path": "k"}}, "machine-config":
+                   {{"vcpu_count": 1, "mem_size_mib": 64{track}}}}}"#
+            )
+        };
+        let track = |text: String| parse(&text).unwrap().finish().unwrap().track_dirty_pages;
+        assert!(track(file(r#", "track_dirty_pages": true"#)));
+        assert!(!track(file(r#", "track_dirty_pages": false"#)));
+        assert!(!track(file("")));
     }
 
     #[test]
@@ -620,12 +632,6 @@ mod tests {
                     r#"{{{boot}, "machine-config": {{"vcpu_count": 3, "mem_size_mib": 64, "smt": true}}}}"#
                 ),
                 "3 vCPUs with smt: the count must be 1 or even",
-            ),
-            (
-                format!(
-                    r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true}}}}"#
-                ),
-                "machine-config.track_dirty_pages: true is not supported",
             ),
             (
                 format!(

@@ -283,6 +283,10 @@ pub struct VmmConfig {
     pub smt: bool,
     /// Which pages back guest memory.
     pub huge_pages: HugePages,
+    /// Whether KVM and the devices log the pages written to guest memory
+    /// (Firecracker's `track_dirty_pages`), so that a Diff snapshot can
+    /// write only those.
+    pub track_dirty_pages: bool,
     /// Where the console's output goes.
     pub serial: SerialConfig,
     /// The network cards, in MMIO slot order.

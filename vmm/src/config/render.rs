@@ -27,9 +27,8 @@
 //!   `null` for both whatever it was given (it keeps neither); minivmm keeps
 //!   them, and a file that leaves them out would boot without them.
 //!   `machine-config` carries `host_quirks` only when it is not `auto`, so
-//!   the common case is Firecracker's section exactly; `smt`,
-//!   `track_dirty_pages` and `huge_pages` are the only values minivmm
-//!   accepts (`false`, `"None"`). `entropy` is `null` without the device,
+//!   the common case is Firecracker's section exactly (`smt`,
+//!   `track_dirty_pages` and `huge_pages` as configured). `entropy` is `null` without the device,
 //!   and `{"rate_limiter": ...}` with it, as Firecracker writes it; `vsock`
 //!   is `null` without the device and `{"guest_cid": N, "uds_path": PATH}`
 //!   with it, without the deprecated `vsock_id`, as Firecracker writes it;
@@ -98,7 +97,7 @@ pub fn to_file_json(cfg: &VmmConfig) -> Value {
         "vcpu_count": cfg.vcpus,
         "mem_size_mib": cfg.mem_mib,
         "smt": cfg.smt,
-        "track_dirty_pages": false,
+        "track_dirty_pages": cfg.track_dirty_pages,
         "huge_pages": cfg.huge_pages.name(),
     });
     if cfg.host_quirks != HostQuirks::Auto {
@@ -378,6 +377,7 @@ mod tests {
             cmdline_extra: Some("ip=dhcp quiet".into()),
             mem_mib: Some(2048),
             vcpus: Some(4),
+            track_dirty_pages: Some(true),
             nets: vec![
                 net(
                     "tap=tap0,id=wan,mac=02:00:00:00:00:01,mtu=9000,queue_size=1024,\

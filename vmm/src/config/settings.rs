@@ -47,6 +47,8 @@ pub struct Settings {
     pub smt: Option<bool>,
     /// Pages backing guest memory.
     pub huge_pages: Option<HugePages>,
+    /// Log the pages written to guest memory, for Diff snapshots.
+    pub track_dirty_pages: Option<bool>,
     /// The console's output.
     pub serial: Option<SerialConfig>,
     /// NICs in order.
@@ -109,6 +111,7 @@ impl Settings {
             vcpus: over.vcpus.or(self.vcpus),
             smt: over.smt.or(self.smt),
             huge_pages: over.huge_pages.or(self.huge_pages),
+            track_dirty_pages: over.track_dirty_pages.or(self.track_dirty_pages),
             serial: over.serial.or(self.serial),
             nets,
             net_defaults: over.net_defaults.or(&self.net_defaults),
@@ -186,6 +189,7 @@ impl Settings {
             vcpus: validate_vcpus(self.vcpus.unwrap_or(1), smt)?,
             smt,
             huge_pages,
+            track_dirty_pages: self.track_dirty_pages.unwrap_or(false),
             serial: validate_serial(self.serial.unwrap_or_default())?,
             nets,
             drives,

@@ -72,7 +72,8 @@ fn huge_regions(
 
 /// Allocates `regions` of memory backed as `pages` says and hands each to
 /// KVM as a slot, asking for transparent huge pages when `thp` (and the
-/// pages are not hugetlbfs pages, huge already).
+/// pages are not hugetlbfs pages, huge already), with KVM's dirty log when
+/// `dirty_log` (`track_dirty_pages`).
 ///
 /// A VM with a balloon gets none: the balloon gives 4 KiB pages back with
 /// `MADV_DONTNEED`, which splits a huge page's mapping, and khugepaged
@@ -85,13 +86,14 @@ pub fn create_guest_memory(
     mem_mib: u64,
     pages: HugePages,
     thp: bool,
+    dirty_log: bool,
 ) -> Result<GuestMemoryMmap<()>, MemoryError> {
     let mem = match pages {
         HugePages::Hugetlbfs2M => huge_regions(regions, mem_mib)?,
         HugePages::None | HugePages::Transparent => GuestMemoryMmap::<()>::from_ranges(regions)
             .map_err(|e| MemoryError::Allocate(mem_mib, e))?,
     };
-    register_guest_memory(vm, &mem, false, thp && pages != HugePages::Hugetlbfs2M)?;
+    register_guest_memory(vm, &mem, dirty_log, thp && pages != HugePages::Hugetlbfs2M)?;
     Ok(mem)
 }
 

@@ -10,9 +10,9 @@
 //! requests in flight complete first), writes the memory file whole and
 //! then the state file. The state file is written last, so a state file
 //! never names memory that was not written. The VM stays paused. A Full
-//! snapshot writes all of guest memory; a Diff one (a VM loaded with
-//! `track_dirty_pages`) only the pages written since the last snapshot or
-//! the load, as a sparse file (see [`memory`]).
+//! snapshot writes all of guest memory; a Diff one (a VM started or loaded
+//! with `track_dirty_pages`) only the pages written since the last
+//! snapshot, the start or the load, as a sparse file (see [`memory`]).
 
 use std::fs::File;
 use std::io::Write;
@@ -85,7 +85,8 @@ pub struct SnapshotSources {
     /// Where the vCPU threads put their state.
     pub vcpu_states: Arc<VcpuStateSlots>,
     /// The pages the devices may have written, when the VM tracks dirty
-    /// pages (loaded with `track_dirty_pages`); KVM logs the guest's.
+    /// pages (started or loaded with `track_dirty_pages`); KVM logs the
+    /// guest's.
     pub dirty: Option<Arc<DirtyPages>>,
 }
 
@@ -207,8 +208,9 @@ pub fn create(
 ) -> Result<Created, String> {
     if params.snapshot_type == SnapshotType::Diff && src.dirty.is_none() {
         return Err(
-            "Diff snapshots need track_dirty_pages, which this microVM was not \
-                    loaded with (PUT /snapshot/load with track_dirty_pages: true)"
+            "Diff snapshots need track_dirty_pages, which this microVM was neither \
+             started nor loaded with (PUT /machine-config with track_dirty_pages: true \
+             before InstanceStart, or PUT /snapshot/load with track_dirty_pages: true)"
                 .into(),
         );
     }

@@ -181,7 +181,8 @@ pub fn read_state(params: &LoadParams) -> Result<SnapshotState, String> {
 pub const OWN_SECTIONS: [&str; 3] = ["logger", "metrics", "serial"];
 
 /// The settings the snapshot's VM is rebuilt from: its saved configuration
-/// (`config`, the state's) with the overrides of `params` applied and this
+/// (`config`, the state's) with the overrides of `params` applied (and its
+/// `track_dirty_pages`) and this
 /// process's sections ([`OWN_SECTIONS`], from `own`; absent ones at their
 /// defaults) in place of its own.
 pub fn settings(
@@ -204,6 +205,14 @@ pub fn settings(
     for name in OWN_SECTIONS {
         let section = own.get(name).cloned().unwrap_or(Value::Null);
         obj.insert(name.into(), section);
+    }
+    // Whether the restored VM tracks dirty pages is the load's to say, as
+    // in Firecracker, whatever the saved VM did.
+    if let Some(machine) = obj.get_mut("machine-config").and_then(Value::as_object_mut) {
+        machine.insert(
+            "track_dirty_pages".into(),
+            Value::Bool(params.track_dirty_pages),
+        );
     }
     let cards = obj
         .get_mut("network-interfaces")
@@ -323,6 +332,24 @@ mod tests {
             .finish()
             .unwrap();
         assert_eq!(cfg.serial.rate_limiter, None);
+    }
+
+    /// A VM started with `track_dirty_pages` saved: the load says whether
+    /// the restored one tracks (`GET /vm/config` shows the load's choice).
+    #[test]
+    fn the_load_says_whether_the_restored_vm_tracks_dirty_pages() {
+        let mut saved = with_mmds(Value::Null);
+        for (was, asked) in [(true, false), (false, true), (true, true)] {
+            saved["machine-config"] = json!({"vcpu_count": 1, "mem_size_mib": 64,
+                                             "track_dirty_pages": was});
+            let mut p = params(json!([]));
+            p.track_dirty_pages = asked;
+            let cfg = settings(&saved, &p, &Default::default())
+                .unwrap()
+                .finish()
+                .unwrap();
+            assert_eq!(cfg.track_dirty_pages, asked, "saved {was}, loaded {asked}");
+        }
     }
 
     #[test]

@@ -24,12 +24,12 @@ use devices::mmds::SharedMmds;
 use devices::rate_limiter::persist::TokenBucketState;
 use devices::rate_limiter::TokenBucketConfig;
 use devices::virtio::net::Tap;
-use devices::virtio::queue::dirty::DirtyPages;
 
 use super::load::LoadParams;
 use super::SnapshotState;
 use crate::builder::{
-    attach_devices, create_irqchip, create_vm, open_metrics, BuildError, Steps, TapFds,
+    attach_devices, create_irqchip, create_vm, log_device_writes, open_metrics, BuildError, Steps,
+    TapFds,
 };
 use crate::config::{TapBackend, VmmConfig};
 use crate::host_socket::VsockSocket;
@@ -193,13 +193,9 @@ pub fn restore(
     };
     let devices = attach_devices(cfg, &vm, &mem, &mut tap_fds, None, (serial, vsock), mmds)?;
     // Before any device is activated: their queues take the log then.
-    let dirty = params.track_dirty_pages.then(|| {
-        let log = Arc::new(DirtyPages::new(&mem));
-        for slot in devices.manager.virtio().slots() {
-            lock(&slot.transport).set_dirty_log(log.clone());
-        }
-        log
-    });
+    let dirty = params
+        .track_dirty_pages
+        .then(|| log_device_writes(&devices, &mem));
     steps.done("devices");
     restore_vm(&vm, &state.vm).map_err(|e| fail(crate::error_line(&e)))?;
     let vcpus = restore_vcpus(&vm, &devices, state, quirks)?;

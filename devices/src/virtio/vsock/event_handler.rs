@@ -187,7 +187,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         let mut dirty = std::mem::take(&mut self.muxer.dirty);
         dirty.sort_unstable();
         dirty.dedup();
-        for slot in dirty {
+        for &slot in &dirty {
             let Some(c) = self.muxer.conn(slot) else {
                 continue;
             };
@@ -218,6 +218,11 @@ impl<B: VsockBackend + 'static> Vsock<B> {
                 Err(e) => errors.ctl_result(Err(e), "a connection's socket"),
             }
         }
+        // Handed back empty with its room: a vector dropped here was
+        // allocated again by the next pass (twice a transaction of rr_1).
+        dirty.clear();
+        dirty.append(&mut self.muxer.dirty);
+        self.muxer.dirty = dirty;
     }
 
     fn sync_timer(&mut self) {

@@ -87,6 +87,11 @@ pub(crate) struct Muxer<B: VsockBackend> {
     /// What each slot's socket is registered for, if it is.
     pub(crate) registered: Vec<Option<Interest>>,
     map: HashMap<Key, usize>,
+    /// The connection the last guest packet found in `map`, while it is in
+    /// service: a stream's packets come in runs, and hashing every key
+    /// (SipHash, as guest-chosen keys need) cost about 170 instructions a
+    /// packet.
+    last: Option<(Key, usize)>,
     rx_work: VecDeque<usize>,
     rsts: VecDeque<Key>,
     next_host_port: u32,
@@ -97,6 +102,8 @@ pub(crate) struct Muxer<B: VsockBackend> {
     pub(crate) deadlines_changed: bool,
     metrics: Arc<VsockMetrics>,
     scratch: Vec<IoSeg>,
+    /// The part of a packet a host socket refused, as segments.
+    rest: Vec<IoSeg>,
     copy: Vec<u8>,
 }
 
@@ -137,6 +144,7 @@ impl<B: VsockBackend> Muxer<B> {
             slots: Vec::new(),
             registered: Vec::new(),
             map: HashMap::new(),
+            last: None,
             rx_work: VecDeque::new(),
             rsts: VecDeque::new(),
             next_host_port: FIRST_HOST_PORT,
@@ -145,6 +153,7 @@ impl<B: VsockBackend> Muxer<B> {
             deadlines_changed: false,
             metrics,
             scratch: Vec::new(),
+            rest: Vec::new(),
             copy: Vec::new(),
         }
     }
@@ -217,6 +226,9 @@ impl<B: VsockBackend> Muxer<B> {
         if self.map.get(&key) == Some(&slot) {
             self.map.remove(&key);
         }
+        if self.last.is_some_and(|(_, s)| s == slot) {
+            self.last = None;
+        }
         if conn.queued {
             self.rx_work.retain(|&s| s != slot);
         }
@@ -287,7 +299,7 @@ impl<B: VsockBackend> Muxer<B> {
                 "virtio-vsock: unknown op {} answered RST",
                 hdr.op
             );
-            self.refuse(key, hdr.op);
+            self.reject(key, hdr.op);
             return;
         };
         if hdr.kind != TYPE_STREAM {
@@ -297,10 +309,10 @@ impl<B: VsockBackend> Muxer<B> {
                 "virtio-vsock: socket type {} answered RST",
                 hdr.kind
             );
-            self.refuse(key, hdr.op);
+            self.reject(key, hdr.op);
             return;
         }
-        let Some(&slot) = self.map.get(&key) else {
+        let Some(slot) = self.lookup(key) else {
             match op {
                 Op::Rst => {}
                 Op::Request => self.guest_connect(hdr),
@@ -319,6 +331,28 @@ impl<B: VsockBackend> Muxer<B> {
                 self.kill(slot, true);
             }
             _ => self.on_conn_packet(slot, op, hdr, payload),
+        }
+    }
+
+    /// The slot of the connection `key` names, if one is in service.
+    fn lookup(&mut self, key: Key) -> Option<usize> {
+        if let Some((k, slot)) = self.last {
+            if k == key {
+                return Some(slot);
+            }
+        }
+        let slot = *self.map.get(&key)?;
+        self.last = Some((key, slot));
+        Some(slot)
+    }
+
+    /// A packet the muxer cannot read: answered RST, and a connection its
+    /// key names is reset with it (the guest forgets the connection on the
+    /// RST, so its host socket must not stay open).
+    fn reject(&mut self, key: Key, op: u16) {
+        match self.lookup(key) {
+            Some(slot) => self.kill(slot, op != Op::Rst as u16),
+            None => self.refuse(key, op),
         }
     }
 
@@ -460,9 +494,8 @@ impl<B: VsockBackend> Muxer<B> {
             // What the socket refused waits in `pending` (bounded by the
             // credit just checked) for EPOLLOUT.
             inc(&self.metrics.tx_short_writes);
-            let mut rest = Vec::new();
-            take_range(payload, sent, len - sent, &mut rest);
-            copy_from_segs(&rest, &mut self.copy);
+            take_range(payload, sent, len - sent, &mut self.rest);
+            copy_from_segs(&self.rest, &mut self.copy);
             c.pending.extend(self.copy.iter());
         }
         if c.wants_credit_update() {

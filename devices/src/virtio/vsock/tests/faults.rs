@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 use super::fixture::*;
 use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::vsock::muxer::MAX_QUEUED_RSTS;
-use crate::virtio::vsock::packet::{Header, Op, SHUTDOWN_SEND};
+use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND};
 use crate::virtio::vsock::{Tunables, UnixBackend};
 
 const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
@@ -50,6 +50,33 @@ fn refused_and_short_writes_reach_the_host_whole_and_in_order() {
         assert!(f.metric(|m| &m.tx_short_writes) >= 1, "{faults:?}");
         assert_eq!(f.metric(|m| &m.host_socket_errors), 0);
     }
+}
+
+/// A chain may hold more than its header's `len`: only `len` bytes reach
+/// the host, the part a short write left over included.
+#[test]
+fn bytes_past_the_header_s_len_never_reach_the_host_after_a_short_write() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Send, &[Fault::Short(700)]);
+    let a = bytes(2000, 1);
+    let mut chain = a.clone();
+    chain.extend_from_slice(&[0xee; 300]);
+    let hdr = Header {
+        len: 2000,
+        ..guest_hdr(1, 9, Op::Rw)
+    };
+    f.post_tx(&hdr, &chain, &[HDR_LEN]);
+    f.run_for(20);
+    f.send(&guest_hdr(1, 9, Op::Rw), b"end");
+    let mut want = a;
+    want.extend_from_slice(b"end");
+    assert_eq!(read_n(&mut s, 2003), want);
+    assert_eq!(f.metric(|m| &m.tx_short_writes), 1);
+    assert_eq!(f.dev().pending_bytes(), 0);
 }
 
 #[test]

@@ -149,6 +149,37 @@ fn the_guest_s_rst_closes_the_host_socket() {
     );
 }
 
+/// Packets of interleaved connections reach their own sockets, and a
+/// closed connection's key never reaches the connection that took its slot
+/// (the muxer remembers the last connection a packet was for).
+#[test]
+fn packets_reach_their_own_connection_and_never_a_closed_one_s_successor() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(1234);
+    let mut a = f.open_from_guest(&l, 5000, 1234);
+    let mut b = f.open_from_guest(&l, 5001, 1234);
+    for (port, data) in [(5000, b"to a 1"), (5001, b"to b 1"), (5000, b"to a 2")] {
+        f.send(&guest_hdr(port, 1234, Op::Rw), data);
+    }
+    assert_eq!(read_n(&mut a, 12), b"to a 1to a 2");
+    assert_eq!(read_n(&mut b, 6), b"to b 1");
+    // A is closed by the guest; C takes its slot.
+    f.send(&guest_hdr(5000, 1234, Op::Rst), &[]);
+    assert!(host_sees_eof(&mut a));
+    let mut c = f.open_from_guest(&l, 5002, 1234);
+    f.post_rx(4, 4096);
+    f.send(&guest_hdr(5000, 1234, Op::Rw), b"stale");
+    let pkts = f.recv();
+    assert_eq!(
+        pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+        [Some(Op::Rst)]
+    );
+    assert_eq!((pkts[0].hdr.src_port, pkts[0].hdr.dst_port), (1234, 5000));
+    f.send(&guest_hdr(5002, 1234, Op::Rw), b"to c");
+    assert_eq!(read_n(&mut c, 4), b"to c", "C got nothing of A's key");
+    assert_eq!(f.dev().connections(), 2);
+}
+
 #[test]
 fn a_guest_refusing_a_host_connect_closes_it() {
     let mut f = VsockFixture::new();
@@ -335,6 +366,38 @@ fn credit_updates_keep_a_streaming_guest_going() {
     }
     assert_eq!(f.metric(|m| &m.credit_exceeded), 0);
     assert_eq!(f.metric(|m| &m.tx_bytes), 40_000);
+}
+
+/// An unknown op or socket type on a live connection's key resets the
+/// connection both ways: the guest gets the RST, the host socket is closed.
+#[test]
+fn an_unknown_op_or_type_on_a_connection_resets_it() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(1234);
+    for (n, port) in [(1u64, 5000), (2, 5001)] {
+        let mut s = f.open_from_guest(&l, port, 1234);
+        f.post_rx(4, 4096);
+        let hdr = if n == 1 {
+            Header {
+                op: 42,
+                ..guest_hdr(port, 1234, Op::Rw)
+            }
+        } else {
+            Header {
+                kind: 2,
+                ..guest_hdr(port, 1234, Op::Rw)
+            }
+        };
+        f.send(&hdr, b"junk");
+        let pkts = f.recv();
+        assert_eq!(
+            pkts.iter().map(Pkt::op).collect::<Vec<_>>(),
+            [Some(Op::Rst)]
+        );
+        assert!(host_sees_eof(&mut s), "the host socket is closed");
+        assert_eq!(f.dev().connections(), 0);
+        assert_eq!(f.metric(|m| &m.unknown_ops) + f.metric(|m| &m.bad_types), n);
+    }
 }
 
 #[test]
