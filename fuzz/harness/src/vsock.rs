@@ -208,8 +208,25 @@ impl Drop for Rig {
     }
 }
 
+/// minivmm runs with `SIGPIPE` ignored (Rust's runtime sets it before
+/// `main`), so a write to a socket whose peer has gone fails with `EPIPE`,
+/// on the device's side and on the host's. A libFuzzer process starts from
+/// libFuzzer's own `main`, where the signal would end the campaign instead
+/// (it did, once the device closed host sockets on bad packets). The one
+/// `unsafe` of the harness: no safe call sets a signal's disposition.
+#[allow(unsafe_code)]
+fn ignore_sigpipe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: sets the disposition of one signal to "ignore"; no handler
+    // runs, and no other code of the process relies on SIGPIPE.
+    ONCE.call_once(|| unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    });
+}
+
 impl Rig {
     fn run(input: &Input) {
+        ignore_sigpipe();
         let dir = temp_dir();
         let uds = dir.join("v");
         let mem = GuestMemory::from_ranges(&[(GuestAddress(0), MEM_LEN)]).expect("guest memory");
