@@ -92,11 +92,18 @@ fn refused(sock: &Path, method: &str, path: &str, body: Value, needle: &str) {
     );
 }
 
+/// A GET that must be answered `200` with JSON; the JSON.
+fn get_json(sock: &Path, path: &str) -> Value {
+    let (code, text) = curl(sock, "GET", path, None);
+    assert_eq!(code, 200, "GET {path}: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: {e}: {text}"))
+}
+
 fn state_of(sock: &Path) -> String {
-    let (code, text) = curl(sock, "GET", "/", None);
-    assert_eq!(code, 200, "{text}");
-    let v: Value = serde_json::from_str(&text).expect("GET / JSON");
-    v["state"].as_str().unwrap_or_default().to_string()
+    get_json(sock, "/")["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn wait_for_socket(sock: &Path) {
@@ -500,9 +507,7 @@ fn a_booted_vm_tracking_dirty_pages_takes_diffs_that_rebase_in_order() {
         "/machine-config",
         json!({"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true}),
     );
-    let (code, text) = curl(&sock, "GET", "/machine-config", None);
-    assert_eq!(code, 200, "{text}");
-    let machine: Value = serde_json::from_str(&text).expect("GET /machine-config JSON");
+    let machine = get_json(&sock, "/machine-config");
     assert_eq!(machine["track_dirty_pages"], json!(true), "{machine}");
     ok(
         &sock,
@@ -517,9 +522,7 @@ fn a_booted_vm_tracking_dirty_pages_takes_diffs_that_rebase_in_order() {
         json!({"action_type": "InstanceStart"}),
     );
     wait_counts(&mut vm, 2, "the first counts");
-    let (code, text) = curl(&sock, "GET", "/vm/config", None);
-    assert_eq!(code, 200, "{text}");
-    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    let cfg = get_json(&sock, "/vm/config");
     assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(true));
 
     ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
@@ -566,9 +569,7 @@ fn a_booted_vm_tracking_dirty_pages_takes_diffs_that_rebase_in_order() {
         load_body(&dir, "chain", true),
     );
     // Tracking is the load's to say; this one did not ask.
-    let (code, text) = curl(&rsock, "GET", "/vm/config", None);
-    assert_eq!(code, 200, "{text}");
-    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    let cfg = get_json(&rsock, "/vm/config");
     assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(false));
     wait_counts(
         &mut restored,
@@ -691,13 +692,9 @@ fn mmds_config() -> Value {
 /// After a load: MMDS's configuration is the snapshot's, its store the
 /// process's (`store`), never the saved VM's.
 fn mmds_after_load(sock: &Path, store: &Value) {
-    let (code, text) = curl(sock, "GET", "/mmds", None);
-    assert_eq!(code, 200, "{text}");
-    let got: Value = serde_json::from_str(&text).expect("GET /mmds JSON");
+    let got = get_json(sock, "/mmds");
     assert_eq!(&got, store);
-    let (code, text) = curl(sock, "GET", "/vm/config", None);
-    assert_eq!(code, 200, "{text}");
-    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    let cfg = get_json(sock, "/vm/config");
     let mut want = mmds_config();
     want["imds_compat"] = json!(false);
     assert_eq!(cfg["mmds-config"], want);
@@ -966,9 +963,7 @@ fn chain_round(dir: &Path, ns: &NetNs, mut held: HeldRr) {
     let t = Instant::now();
     ok(&sock, "PUT", "/snapshot/load", body);
     let loaded = t.elapsed();
-    let (code, text) = curl(&sock, "GET", "/vm/config", None);
-    assert_eq!(code, 200, "{text}");
-    let cfg: Value = serde_json::from_str(&text).expect("GET /vm/config JSON");
+    let cfg = get_json(&sock, "/vm/config");
     assert_eq!(cfg["vsock"], json!({"guest_cid": 3, "uds_path": p(&uds)}));
     held.answers(
         vm.pid(),

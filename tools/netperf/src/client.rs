@@ -973,39 +973,25 @@ mod tests {
         (out, took)
     }
 
+    /// A backlog whose count keeps growing is waited for, also past the run's cap: the cap is
+    /// for a run that never ends, and a finite backlog whose count grows ends.
     #[test]
     fn udp_stream_waits_for_results_while_the_count_grows() {
         let grace = Duration::from_millis(400);
         let result = json!({"messages": 9, "bytes": 900});
-        // Nine reports 150 ms apart: the results come 1.35 s after `done`, three graces.
-        let (out, took) = finish_against(
-            (1..=9).collect(),
-            Duration::from_millis(150),
-            Some(result.clone()),
-            grace,
-            20,
-            Duration::from_secs(30),
-        );
-        assert_eq!(out.expect("results"), result);
-        assert!(took >= Duration::from_millis(1350), "took {took:?}");
-    }
-
-    /// A backlog that drains past the run's cap, counting on, is waited for: the cap is for
-    /// a run that never ends, and a finite backlog whose count grows ends.
-    #[test]
-    fn udp_stream_waits_past_the_run_s_cap_while_the_count_grows() {
-        let grace = Duration::from_millis(400);
-        let result = json!({"messages": 9, "bytes": 900});
-        let (out, took) = finish_against(
-            (1..=9).collect(),
-            Duration::from_millis(150),
-            Some(result.clone()),
-            grace,
-            20,
-            Duration::from_millis(500),
-        );
-        assert_eq!(out.expect("results"), result);
-        assert!(took >= Duration::from_millis(1350), "took {took:?}");
+        for cap in [Duration::from_secs(30), Duration::from_millis(500)] {
+            // Nine reports 150 ms apart: the results come 1.35 s after `done`, three graces.
+            let (out, took) = finish_against(
+                (1..=9).collect(),
+                Duration::from_millis(150),
+                Some(result.clone()),
+                grace,
+                20,
+                cap,
+            );
+            assert_eq!(out.expect("results"), result, "cap {cap:?}");
+            assert!(took >= Duration::from_millis(1350), "took {took:?}");
+        }
     }
 
     #[test]
