@@ -23,6 +23,13 @@
 //!   Diffs of one page each; both rebased in order onto a copy of the Full
 //!   memory equal, byte for byte, a Full snapshot of the second Diff's
 //!   moment, and the guest loaded from them counts on from its last count.
+//!   That restored VM, loaded again with `track_dirty_pages`, takes two
+//!   Diffs of its own, which rebase onto its loaded memory and load.
+//! - With KVM and root, the same guest under the jail (`--jail`, as
+//!   `nobody`): Full and Diff snapshots at the jail's paths (a host path
+//!   is not found), made by the jail's uid; rebased outside, the files load
+//!   in a new jailed minivmm, every thread under its filter, and its guest
+//!   counts on.
 //! - With KVM, root and TUN, the project's guest booted from its disk and
 //!   serving, with `track_dirty_pages` and a vsock device: a file written
 //!   to its disk; a TCP connection to its mvperf server opened and used;
