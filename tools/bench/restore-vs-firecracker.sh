@@ -30,9 +30,10 @@
 #    (Full), PATCH /vm Resumed; the process killed.
 # 2. RUNS rounds, minivmm then Firecracker in each: a fresh process on an
 #    API socket, PUT /snapshot/load (File backend, resume_vm) timed until
-#    its answer (curl's time_total) and until the guest's first ping reply
-#    (ping every 10 ms from just before the request, the reply's time
-#    taken by `ping -D`), the process's RSS once that reply came (and of
+#    its answer (curl's time_total) and, from a clock read just before
+#    curl starts, until the guest's first ping reply (ping every 10 ms
+#    from just before that, the reply's time taken by `ping -D`), the
+#    CPU time of each of its threads (in $WORK/NAME.threads), the process's RSS once that reply came (and of
 #    it the guest memory's mapping, from /proc/PID/smaps) and the CPU
 #    time its threads had used (the vCPU's running the guest is most of
 #    it: on a PVM host the guest kernel is emulated), the process killed.
@@ -117,7 +118,10 @@ cleanup() {
         wait "$vmm_pid" 2>/dev/null || true
     fi
     ip netns del "$NS" 2>/dev/null || true
-    rm -f "$WORK"/*.mem "$WORK"/*.state "$WORK"/*.ext4 "$WORK"/*.sock "$WORK/vmlinux"
+    # KEEP_SNAPSHOTS=1 keeps the snapshots and disks, to restore again.
+    [ "${KEEP_SNAPSHOTS:-0}" = 1 ] ||
+        rm -f "$WORK"/*.mem "$WORK"/*.state "$WORK"/*.ext4 "$WORK/vmlinux"
+    rm -f "$WORK"/*.sock
     log "logs in $WORK"
 }
 trap cleanup EXIT
@@ -252,15 +256,20 @@ restore() {
     local vmm=$1 name=$1-r$2 snap=$(($2 % snapshots + 1))
     local s=$WORK/$name.sock mem=$WORK/$1-$snap.mem
     start "$vmm" "$name"
-    local pings=$WORK/$name.ping ping_pid t_after out
+    local pings=$WORK/$name.ping ping_pid t_before out
     # Pings from just before the request, every 10 ms, until one is
     # answered (those sent before the guest runs are lost).
     ip netns exec "$NS" ping -D -n -c 1 -i 0.01 -w 30 "$GUEST_IP" >"$pings" 2>&1 &
     ping_pid=$!
+    # Taken before curl starts: the request leaves a few milliseconds later
+    # (curl's start), the same for both VMMs. (Counting back from after
+    # curl's exit by its time_total overstated when the request left by
+    # the time curl took to exit and the shell to fork, tens of
+    # milliseconds on a loaded machine: replies came "before" requests.)
+    t_before=$(date +%s%N)
     out=$(api "$s" PUT /snapshot/load "{\"snapshot_path\": \"$WORK/$vmm-$snap.state\",
         \"mem_backend\": {\"backend_type\": \"File\", \"backend_path\": \"$mem\"},
         \"resume_vm\": true}")
-    t_after=$(date +%s%N)
     wait "$ping_pid" || die "$name: no ping answered within 30 s: $(tail -n 5 "$WORK/$name.err")"
     local rss
     rss=$(awk '/^(VmRSS|RssAnon|RssFile):/ { printf "%s ", $2 }' "/proc/$vmm_pid/status")
@@ -273,16 +282,20 @@ restore() {
     # command's name, which may hold spaces: fields 12 and 13).
     local cpu_ticks
     cpu_ticks=$(sed 's/.*) //' "/proc/$vmm_pid/stat" | awk '{ print $12 + $13 }')
+    # The same per thread still running: "name utime stime" (ticks).
+    local t
+    for t in "/proc/$vmm_pid/task"/*; do
+        echo "$(tr ' ' _ <"$t/comm") $(sed 's/.*) //' "$t/stat" | cut -d' ' -f12,13)"
+    done >"$WORK/$name.threads"
     kill -0 "$vmm_pid" 2>/dev/null || die "$name exited"
     stop
-    # The request went out time_total before its answer came back; the
-    # first reply's time is ping's -D stamp.
+    # The first reply's time is ping's -D stamp.
     local first
     first=$(sed -n 's/^\[\([0-9.]*\)\] [0-9]* bytes from.*/\1/p' "$pings" | head -n 1)
     [ -n "$first" ] || die "$name: no reply line in $(cat "$pings")"
-    echo "${out#* } $t_after $first $rss $(cut -d' ' -f1 /proc/loadavg) $guest_rss $snap $cpu_ticks" |
-        awk -v hz="$(getconf CLK_TCK)" '{ sent = $2 / 1e9 - $1
-            printf "%.1f %.1f %d %d %d %s %d %d %d\n", $1 * 1e3, ($3 - sent) * 1e3, $4, $5, $6, $7, $8, $9,
+    echo "${out#* } $t_before $first $rss $(cut -d' ' -f1 /proc/loadavg) $guest_rss $snap $cpu_ticks" |
+        awk -v hz="$(getconf CLK_TCK)" '{
+            printf "%.1f %.1f %d %d %d %s %d %d %d\n", $1 * 1e3, ($3 - $2 / 1e9) * 1e3, $4, $5, $6, $7, $8, $9,
                 $10 * 1000 / hz }' \
             >>"$WORK/$vmm.restores"
     log "$name: $(tail -n 1 "$WORK/$vmm.restores") (load ms, first ping ms, RSS KiB, anon, file; load average; guest memory RSS KiB; snapshot; CPU ms)"
@@ -326,7 +339,7 @@ row "PUT /snapshot/create, Full (ms)" "$(field minivmm 2)" "$(field firecracker 
 row "state file (bytes)" "$(field minivmm 3)" "$(field firecracker 3)"
 row "memory file (bytes; allocated)" "$(field minivmm 4); $(field minivmm 5)" "$(field firecracker 4); $(field firecracker 5)"
 for col in "1:PUT /snapshot/load answered (ms), median (min-max)" \
-    "2:first ping reply, from the load request (ms)" \
+    "2:first ping reply, from just before the load request (ms)" \
     "3:RSS after the first ping (KiB)" "4:of it anonymous (KiB)" "5:of it file-backed (KiB)" \
     "7:of it the guest memory's mapping (KiB)" \
     "9:CPU time of the process until the first ping (ms, in clock ticks)" \
