@@ -20,7 +20,9 @@
 //! closed), and the timer (armed for the earliest deadline). A TX pass that
 //! leaves packets for the guest runs an RX pass after it; a pass that
 //! yields writes the re-queue eventfd, so every other ready event runs
-//! before the next pass.
+//! before the next pass. The passes of one event publish their used entries
+//! as they go and raise one interrupt at its end, if the driver wants one
+//! for any of them.
 
 use std::time::{Duration, Instant};
 
@@ -90,8 +92,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         }
         let a = self.active.as_mut().expect("runnable");
         a.rx_yielded = false;
-        let irq = a.activation.interrupt.clone();
-        let status = a.virtio.rx_pass(&mut self.muxer, &self.metrics, &*irq);
+        let status = a.virtio.rx_pass(&mut self.muxer, &self.metrics);
         self.after_pass(status, false);
     }
 
@@ -101,8 +102,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         }
         let a = self.active.as_mut().expect("runnable");
         a.tx_yielded = false;
-        let irq = a.activation.interrupt.clone();
-        let status = a.virtio.tx_pass(&mut self.muxer, &self.metrics, &*irq);
+        let status = a.virtio.tx_pass(&mut self.muxer, &self.metrics);
         self.after_pass(status, true);
         self.run_rx();
     }
@@ -112,8 +112,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
             return;
         }
         let a = self.active.as_mut().expect("runnable");
-        let irq = a.activation.interrupt.clone();
-        let status = a.virtio.event_pass(&self.metrics, &*irq);
+        let status = a.virtio.event_pass(&self.metrics);
         self.after_pass(status, false);
     }
 
@@ -251,6 +250,14 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         }
     }
 
+    /// Raises the one interrupt the passes of this event owe the driver.
+    fn raise_owed(&mut self) {
+        if let Some(a) = self.active.as_mut() {
+            let irq = &*a.activation.interrupt;
+            a.virtio.raise_owed(&self.metrics, irq);
+        }
+    }
+
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.runnable();
         let evts = &self.common.queue_evts;
@@ -280,6 +287,7 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
         if self.active.is_some() {
             self.process_activate_event();
         }
+        self.raise_owed();
         self.sync_registrations(ops);
     }
 
@@ -297,6 +305,7 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
             }
             other => self.metrics.host_errors().unknown_token(other),
         }
+        self.raise_owed();
         self.sync_registrations(ops);
     }
 }
