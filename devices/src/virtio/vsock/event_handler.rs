@@ -7,7 +7,7 @@
 //! | token | descriptor | registered |
 //! |---|---|---|
 //! | `PROCESS_ACTIVATE` | internal `activate_evt` | always (from `init`) |
-//! | `PROCESS_RXQ`, `PROCESS_TXQ`, `PROCESS_EVQ` | the queues' notify eventfds | while activated |
+//! | `PROCESS_RXQ`, `PROCESS_TXQ`, `PROCESS_EVQ` | the queues' notify eventfds, edge-triggered, never read | while activated |
 //! | `PROCESS_REQUEUE` | re-queue eventfd | while activated |
 //! | `PROCESS_LISTENER` | the listener on `uds_path` | always |
 //! | `PROCESS_TIMER` | the connection time-out timer | always |
@@ -130,10 +130,11 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         self.run_events();
     }
 
+    /// A kick. The queue eventfds are edge-triggered and never read: every
+    /// write the driver makes after epoll reported one brings the loop back
+    /// (the count only grows, and 2^64 kicks are out of reach), so a kick
+    /// costs the loop no `read`.
     fn process_queue_event(&mut self, index: usize) {
-        self.metrics
-            .host_errors()
-            .drain(&self.common.queue_evts[index], "queue");
         match index {
             0 => self.run_rx(),
             1 => self.run_tx(),
@@ -261,16 +262,23 @@ impl<B: VsockBackend + 'static> Vsock<B> {
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.runnable();
         let evts = &self.common.queue_evts;
-        self.metrics.host_errors().sync_queue_eventfds(
+        let errors = self.metrics.host_errors();
+        errors.sync_eventfds(
             ops,
             &[
                 (&evts[0], PROCESS_RXQ),
                 (&evts[1], PROCESS_TXQ),
                 (&evts[2], PROCESS_EVQ),
-                (&self.requeue_evt, PROCESS_REQUEUE),
             ],
+            EventSet::IN | EventSet::EDGE_TRIGGERED,
             want_queues,
             &mut self.registered.queues,
+        );
+        errors.sync_queue_eventfds(
+            ops,
+            &[(&self.requeue_evt, PROCESS_REQUEUE)],
+            want_queues,
+            &mut self.registered.requeue,
         );
         self.sync_connections(ops);
         self.sync_timer();

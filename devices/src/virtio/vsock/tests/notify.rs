@@ -7,12 +7,13 @@
 
 use std::io::Write;
 
-use super::fixture::{guest_hdr, test_tunables, VsockFixture};
+use super::fixture::{guest_hdr, read_n, test_tunables, VsockFixture};
 use crate::virtio::metrics::DeviceMetrics;
 use crate::virtio::queue::{VIRTQ_AVAIL_F_NO_INTERRUPT, VIRTQ_USED_F_NO_NOTIFY};
 use crate::virtio::vsock::device::features::VIRTIO_F_VERSION_1;
 use crate::virtio::vsock::packet::Op;
 use crate::virtio::vsock::UnixBackend;
+use crate::virtio::VirtioDevice;
 
 const GUEST_PORT: u32 = 1000;
 const HOST_PORT: u32 = 52;
@@ -95,4 +96,22 @@ fn a_driver_that_turned_interrupts_off_gets_none() {
     assert_eq!(pkts[0].op(), Some(Op::CreditUpdate));
     assert_eq!(f.irq.count() - before, 1);
     assert_eq!(f.metric(|m| &m.interrupts_suppressed), 3, "TX's");
+}
+
+#[test]
+fn kicks_are_never_read_and_each_brings_the_loop_back() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(HOST_PORT);
+    f.post_rx(8, 4096);
+    let mut host = f.open_from_guest(&l, GUEST_PORT, HOST_PORT);
+    // Each `send` kicks the TX queue once more and runs the loop until
+    // nothing is ready: a kick left unread must neither keep the loop busy
+    // (it goes idle) nor hide the kicks after it (each packet arrives).
+    for i in 0..3u8 {
+        f.send(&guest_hdr(GUEST_PORT, HOST_PORT, Op::Rw), &[b'0' + i]);
+    }
+    assert_eq!(read_n(&mut host, 3), b"012");
+    assert_eq!(f.metric(|m| &m.tx_packets), 4);
+    let kicks = f.dev().queue_events()[1].try_clone().unwrap();
+    assert_eq!(kicks.read().unwrap(), 4, "the REQUEST's kick and three more, unread");
 }
