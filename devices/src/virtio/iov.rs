@@ -13,7 +13,6 @@
 //! backend), but not keep past the call.
 #![allow(unsafe_code)]
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
@@ -460,45 +459,6 @@ pub(crate) fn read_bytes_at(segs: &[IoSeg], mut offset: usize, out: &mut [u8]) -
     done
 }
 
-/// Appends the segments' bytes, in order, to `out` with one copy from guest
-/// memory (a bounce buffer in between would be a second). The room is
-/// zeroed first: a `VecDeque` lends no uninitialised room, and a fill
-/// costs less than a second copy.
-pub(crate) fn append_from_segs(segs: &[IoSeg], out: &mut VecDeque<u8>) {
-    let old = out.len();
-    out.resize(old + segs.iter().map(IoSeg::len).sum::<usize>(), 0);
-    let (front, back) = out.as_mut_slices();
-    // The new bytes are the end of `front` from `old` on (if `old` is
-    // inside it), then `back` from what `front` lacks of `old` on.
-    let in_front = old.min(front.len());
-    let first = &mut front[in_front..];
-    let done = copy_segs_into(segs, 0, first);
-    let back_from = old - in_front;
-    copy_segs_into(segs, done, &mut back[back_from..]);
-}
-
-/// Copies bytes of the segments from byte `offset` on into `out`, whole
-/// segments with one copy each; returns the bytes copied.
-fn copy_segs_into(segs: &[IoSeg], mut offset: usize, out: &mut [u8]) -> usize {
-    let mut done = 0;
-    for seg in segs {
-        if done == out.len() {
-            break;
-        }
-        if offset >= seg.len() {
-            offset -= seg.len();
-            continue;
-        }
-        let n = (seg.len() - offset).min(out.len() - done);
-        if let Ok(src) = volatile(seg).subslice(offset, n) {
-            src.copy_to(&mut out[done..done + n]);
-        }
-        done += n;
-        offset = 0;
-    }
-    done
-}
-
 /// Copies the segments in order into `out` (bounce-buffer baseline).
 /// Every byte of `out` is written, so a buffer reused at the size it had
 /// is not cleared first (clearing it cost as much as the copy).
@@ -616,40 +576,6 @@ mod tests {
         assert_eq!(IoVecs::guest(&segs[1..]).getrandom().unwrap(), 2000);
         assert!(buf[3985..4049].iter().any(|&b| b != 0));
         assert_eq!(IoVecs::guest(&[]).getrandom().unwrap(), 0);
-    }
-
-    /// Appended to a deque whose room wraps around its buffer, in every
-    /// place the wrap can fall: before the old bytes' end, inside the new
-    /// bytes, inside a segment, and not at all.
-    #[test]
-    fn test_appends_land_in_order_wherever_the_deque_wraps() {
-        let mut buf = [0u8; 64];
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let base = buf.as_mut_ptr() as usize;
-        // SAFETY: both lie inside `buf`, alive for the test.
-        let segs = unsafe { [IoSeg::new(base, 10), IoSeg::new(base + 20, 7)] };
-        let want: Vec<u8> = (0..10).chain(20..27).collect();
-        for old in [0usize, 1, 5, 9, 15] {
-            for shift in 0..24 {
-                let mut d: VecDeque<u8> = VecDeque::with_capacity(32);
-                // Rotates the deque's start `shift` places into its buffer.
-                for _ in 0..shift {
-                    d.push_back(0xee);
-                    d.pop_front();
-                }
-                d.extend((0..old).map(|i| 100 + i as u8));
-                append_from_segs(&segs, &mut d);
-                let got: Vec<u8> = d.iter().copied().collect();
-                let mut exp: Vec<u8> = (0..old).map(|i| 100 + i as u8).collect();
-                exp.extend(&want);
-                assert_eq!(got, exp, "old {old}, shift {shift}");
-            }
-        }
-        let mut d = VecDeque::from(vec![1u8]);
-        append_from_segs(&[], &mut d);
-        assert_eq!(d, [1]);
     }
 
     #[test]

@@ -48,7 +48,7 @@ use super::metrics::VsockMetrics;
 use super::packet::{Header, Op, HDR_LEN, MAX_PAYLOAD, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::Tunables;
 use crate::virtio::events::{add, inc};
-use crate::virtio::iov::{append_from_segs, IoVecs};
+use crate::virtio::iov::{copy_from_segs, IoVecs};
 use crate::virtio::queue::{split_seg, IoSeg};
 use crate::warn::warn_rate_limited;
 
@@ -104,6 +104,7 @@ pub(crate) struct Muxer<B: VsockBackend> {
     scratch: Vec<IoSeg>,
     /// The part of a packet a host socket refused, as segments.
     rest: Vec<IoSeg>,
+    copy: Vec<u8>,
 }
 
 /// The segments of `segs` from byte `from` on, at most `len` bytes.
@@ -153,6 +154,7 @@ impl<B: VsockBackend> Muxer<B> {
             metrics,
             scratch: Vec::new(),
             rest: Vec::new(),
+            copy: Vec::new(),
         }
     }
 
@@ -493,7 +495,8 @@ impl<B: VsockBackend> Muxer<B> {
             // credit just checked) for EPOLLOUT.
             inc(&self.metrics.tx_short_writes);
             take_range(payload, sent, len - sent, &mut self.rest);
-            append_from_segs(&self.rest, &mut c.pending);
+            copy_from_segs(&self.rest, &mut self.copy);
+            c.pending.extend(self.copy.iter());
         }
         if c.wants_credit_update() {
             c.owed.credit_update = true;
