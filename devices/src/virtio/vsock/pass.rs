@@ -32,7 +32,7 @@ use super::backend::VsockBackend;
 use super::metrics::VsockMetrics;
 use super::muxer::{take_range, Muxer};
 use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
-use crate::virtio::events::{add, inc, notify_driver};
+use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{read_array, write_bytes_at};
 use crate::virtio::queue::{
     Budget, Chain, ChainRules, IoSeg, Notify, SplitQueue, PASS_DESC_BUDGET,
@@ -162,7 +162,8 @@ impl VsockVirtio {
     /// if any, counted in `interrupts`.
     pub(crate) fn raise_owed(&mut self, m: &VsockMetrics, irq: &dyn Interrupt) {
         if std::mem::take(&mut self.irq_owed) {
-            notify_driver(Notify::Interrupt, irq, &m.interrupts, &m.interrupts_suppressed);
+            inc(&m.interrupts);
+            irq.signal_used_queue();
         }
     }
 

@@ -113,5 +113,9 @@ fn kicks_are_never_read_and_each_brings_the_loop_back() {
     assert_eq!(read_n(&mut host, 3), b"012");
     assert_eq!(f.metric(|m| &m.tx_packets), 4);
     let kicks = f.dev().queue_events()[1].try_clone().unwrap();
-    assert_eq!(kicks.read().unwrap(), 4, "the REQUEST's kick and three more, unread");
+    assert_eq!(
+        kicks.read().unwrap(),
+        4,
+        "the REQUEST's kick and three more, unread"
+    );
 }
