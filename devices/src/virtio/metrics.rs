@@ -16,9 +16,10 @@
 //! - inside the crate a counter struct implements `Counters` (its device
 //!   name and its host-error counter), and gets [`DeviceMetrics`] and the
 //!   `HostErrors` sink of the event glue from it.
-//! - the devices that serve request queues through `virtio::pass` (block,
-//!   entropy, balloon) keep the counters of their passes in one
-//!   [`QueueCounters`], flattened into their own (the same keys).
+//! - the block, entropy, balloon and vsock devices keep the counters of
+//!   their passes in one [`QueueCounters`], flattened into their own (the
+//!   same keys); the network device counts its passes per direction
+//!   (`rx_passes`, `tx_passes`) and keeps its own.
 //!
 //! [`TimeCounter`]: super::time_counter::TimeCounter
 
@@ -28,8 +29,8 @@ use serde::Serialize;
 
 use crate::virtio::events::HostErrors;
 
-/// The counters of the passes over a device's queues, alike in every
-/// device that serves its queues through `virtio::pass`, serialized among
+/// The counters of the passes over a device's queues, alike in the block,
+/// entropy, balloon and vsock devices, serialized among
 /// the device's own counters (`#[serde(flatten)]`: the keys are these
 /// names).
 #[derive(Debug, Default, Serialize)]

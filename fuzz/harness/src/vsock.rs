@@ -572,7 +572,7 @@ impl Rig {
     fn check(&mut self) {
         let dev = self.dev.lock().expect("lock");
         let m = dev.metrics();
-        let max = m.max_descs_per_pass.load(Ordering::Relaxed);
+        let max = m.queue.max_descs_per_pass.load(Ordering::Relaxed);
         assert!(
             max <= u64::from(MAX_PASS_READS),
             "a pass read {max} descriptors"

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
-use crate::virtio::metrics::Counters;
+use crate::virtio::metrics::{Counters, QueueCounters};
 
 /// Lock-free counters of one vsock device.
 #[derive(Debug, Default, Serialize)]
@@ -79,23 +79,13 @@ pub struct VsockMetrics {
     pub host_socket_errors: AtomicU64,
     /// TRANSPORT_RESET events delivered to the guest.
     pub transport_resets: AtomicU64,
-    /// Ring entries and descriptors read by the datapath.
-    pub descs_walked: AtomicU64,
-    /// The most ring entries and descriptors one pass has read (a gauge).
-    pub max_descs_per_pass: AtomicU64,
-    /// Passes cut short by their budget and re-queued.
-    pub pass_yields: AtomicU64,
-    /// Passes over the RX and TX queues.
-    pub passes: AtomicU64,
-    /// Queue-level failures (avail index out of range); the queue stops
-    /// until the driver resets the device.
-    pub queue_errors: AtomicU64,
+    /// The counters of its passes (`passes`, `pass_yields`, `descs_walked`,
+    /// `max_descs_per_pass`, `queue_errors`, `interrupts`,
+    /// `interrupts_suppressed`).
+    #[serde(flatten)]
+    pub queue: QueueCounters,
     /// Host-side faults (eventfd, epoll, timer).
     pub host_errors: AtomicU64,
-    /// Used-buffer interrupts raised.
-    pub interrupts: AtomicU64,
-    /// Used-buffer interrupts the driver asked us not to raise.
-    pub interrupts_suppressed: AtomicU64,
     /// Guest writes to the read-only configuration space, ignored.
     pub config_writes_ignored: AtomicU64,
     /// The 64-bit feature word the driver acknowledged at activation.

@@ -91,11 +91,13 @@ impl Pass {
 
     fn finish(&self, m: &VsockMetrics, status: PassStatus) -> PassStatus {
         let spent = u64::from(self.budget.spent());
-        inc(&m.passes);
-        add(&m.descs_walked, spent);
-        m.max_descs_per_pass.fetch_max(spent, Ordering::Relaxed);
+        inc(&m.queue.passes);
+        add(&m.queue.descs_walked, spent);
+        m.queue
+            .max_descs_per_pass
+            .fetch_max(spent, Ordering::Relaxed);
         if status == PassStatus::Yield {
-            inc(&m.pass_yields);
+            inc(&m.queue.pass_yields);
         }
         status
     }
@@ -118,7 +120,7 @@ pub(crate) struct VsockVirtio {
 
 /// A queue-level failure: counted, and the pass reports a broken queue.
 fn queue_failed(m: &VsockMetrics, what: impl std::fmt::Display) -> PassStatus {
-    let n = inc(&m.queue_errors);
+    let n = inc(&m.queue.queue_errors);
     warn_rate_limited!(
         count = n,
         "virtio-vsock: {what}; the queue stops until a reset"
@@ -153,7 +155,7 @@ impl VsockVirtio {
     fn publish(&mut self, q: usize, m: &VsockMetrics) {
         match self.queues[q].publish_used() {
             Notify::Interrupt => self.irq_owed = true,
-            Notify::Suppressed => add(&m.interrupts_suppressed, 1),
+            Notify::Suppressed => add(&m.queue.interrupts_suppressed, 1),
             Notify::Nothing => {}
         }
     }
@@ -162,7 +164,7 @@ impl VsockVirtio {
     /// if any, counted in `interrupts`.
     pub(crate) fn raise_owed(&mut self, m: &VsockMetrics, irq: &dyn Interrupt) {
         if std::mem::take(&mut self.irq_owed) {
-            inc(&m.interrupts);
+            inc(&m.queue.interrupts);
             irq.signal_used_queue();
         }
     }

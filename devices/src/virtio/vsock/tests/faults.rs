@@ -224,7 +224,7 @@ fn a_flood_of_packets_for_no_connection_is_bounded() {
         f.metric(|m| &m.rsts_dropped),
         (total - MAX_QUEUED_RSTS) as u64
     );
-    assert!(f.metric(|m| &m.max_descs_per_pass) <= u64::from(MAX_PASS_READS));
+    assert!(f.metric(|m| &m.queue.max_descs_per_pass) <= u64::from(MAX_PASS_READS));
     f.post_rx(100, 64);
     let pkts = f.recv();
     assert_eq!(pkts.len(), 100);
@@ -256,10 +256,10 @@ fn a_pass_stops_at_its_descriptor_budget_and_comes_back() {
     f.kick(1);
     f.run_until_idle();
     assert_eq!(f.qs[1].used(&f.mem).unwrap().len(), 60);
-    assert_eq!(f.metric(|m| &m.pass_yields), 1);
+    assert_eq!(f.metric(|m| &m.queue.pass_yields), 1);
     assert_eq!(f.metric(|m| &m.tx_packets), 60);
     assert_eq!(f.metric(|m| &m.malformed_packets), 0);
-    let max = f.metric(|m| &m.max_descs_per_pass);
+    let max = f.metric(|m| &m.queue.max_descs_per_pass);
     assert!(max >= 8192 && max <= u64::from(MAX_PASS_READS), "{max}");
     assert!(f.recv().is_empty(), "no answer to an RST");
 }

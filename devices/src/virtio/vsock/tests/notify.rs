@@ -69,7 +69,7 @@ fn the_passes_of_one_event_raise_one_interrupt() {
     // goes out on RX in the same event.
     let _host = f.open_from_guest(&l, GUEST_PORT, HOST_PORT);
     assert_eq!(f.irq.count() - before, 1, "{}", f.metrics.to_json());
-    assert_eq!(f.metric(|m| &m.interrupts), f.irq.count());
+    assert_eq!(f.metric(|m| &m.queue.interrupts), f.irq.count());
     assert_eq!(f.metric(|m| &m.tx_packets), 1);
     assert_eq!(f.metric(|m| &m.rx_packets), 1);
 }
@@ -87,7 +87,11 @@ fn a_driver_that_turned_interrupts_off_gets_none() {
     let before = f.irq.count();
     let _host = f.open_from_guest(&l, GUEST_PORT, HOST_PORT);
     assert_eq!(f.irq.count(), before);
-    assert_eq!(f.metric(|m| &m.interrupts_suppressed), 2, "one a queue");
+    assert_eq!(
+        f.metric(|m| &m.queue.interrupts_suppressed),
+        2,
+        "one a queue"
+    );
     // Turned on again for RX only: its next packet interrupts.
     f.qs[0].set_avail_flags(&f.mem, 0).unwrap();
     f.send(&guest_hdr(GUEST_PORT, HOST_PORT, Op::CreditRequest), &[]);
@@ -95,7 +99,7 @@ fn a_driver_that_turned_interrupts_off_gets_none() {
     assert_eq!(pkts.len(), 1);
     assert_eq!(pkts[0].op(), Some(Op::CreditUpdate));
     assert_eq!(f.irq.count() - before, 1);
-    assert_eq!(f.metric(|m| &m.interrupts_suppressed), 3, "TX's");
+    assert_eq!(f.metric(|m| &m.queue.interrupts_suppressed), 3, "TX's");
 }
 
 #[test]
