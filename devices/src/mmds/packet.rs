@@ -84,28 +84,56 @@ impl ChainBytes for [u8] {
     }
 }
 
+/// Where a chain (vnet header first) holds the EtherType.
+const ETHERTYPE_AT: usize = VNET_HDR_LEN + 12;
+/// Where a chain holds an IPv4 header's destination address.
+const IPV4_DST_AT: usize = VNET_HDR_LEN + ETH_HLEN + IPV4_HLEN - 4;
+/// Where a chain holds an ARP packet's target protocol address.
+const ARP_TPA_AT: usize = VNET_HDR_LEN + ETH_HLEN + ARP_LEN - 4;
+
 /// Whether a TX chain (vnet header included) carries a frame for `ip`: an
 /// ARP packet whose target is `ip`, or an IPv4 packet to `ip`. A frame that
-/// says neither goes to the TAP untouched. So that a card MMDS serves pays
-/// little for every other frame, one read takes the EtherType and the place
-/// of an IPv4 destination (one bounds check, both compared as they lie in
-/// the frame, no byte swap), and an ARP target is read only for ARP. No
-/// length to check: each address's four bytes end where the shortest header
-/// that holds it does (IPv4's 20 bytes, ARP's 28), and a chain too short to
-/// hold an IPv4 header holds no frame for MMDS at all.
+/// says neither goes to the TAP untouched. One read takes the EtherType
+/// and the place of an IPv4 destination (one bounds check, both compared
+/// as they lie in the frame, no byte swap), and an ARP target is read only
+/// for ARP. No length to check: each address's four bytes end where the
+/// shortest header that holds it does (IPv4's 20 bytes, ARP's 28), and a
+/// chain too short to hold an IPv4 header holds no frame for MMDS at all.
 #[inline(always)]
 pub fn is_for<C: ChainBytes + ?Sized>(chain: &C, ip: [u8; 4]) -> bool {
-    const IPV4_DST: usize = VNET_HDR_LEN + ETH_HLEN + IPV4_HLEN - 4;
-    const ARP_TPA: usize = VNET_HDR_LEN + ETH_HLEN + ARP_LEN - 4;
-    let Some((ethertype, ipv4_dst)) = chain.two::<2, 4>(VNET_HDR_LEN + 12, IPV4_DST) else {
+    let Some((ethertype, ipv4_dst)) = chain.two::<2, 4>(ETHERTYPE_AT, IPV4_DST_AT) else {
         return false;
     };
     if ethertype == ETHERTYPE_IPV4.to_be_bytes() {
         ipv4_dst == ip
     } else if ethertype == ETHERTYPE_ARP.to_be_bytes() {
-        chain.bytes::<4>(ARP_TPA) == Some(ip)
+        chain.bytes::<4>(ARP_TPA_AT) == Some(ip)
     } else {
         false
+    }
+}
+
+/// Whether `head`, the first `head_len` bytes of a chain (its first
+/// segment), shows that the chain holds no frame for `ip`, whatever
+/// follows: `head` holds the EtherType and the place of an IPv4
+/// destination, and the frame is IPv4 to another address, or neither IPv4
+/// nor ARP. Where it is true [`is_for`] is false; where it is false (too
+/// short to tell, ARP, IPv4 to `ip`) ask [`is_for`] of the whole chain. The
+/// TX path asks this of every frame on a card MMDS serves, with the
+/// segment the walk just made: one length compare, then the EtherType and
+/// (for IPv4) the destination, each loaded only once the compare before it
+/// passed, so each is one compare and branch.
+#[inline(always)]
+pub fn rules_out<C: ChainBytes + ?Sized>(head: &C, head_len: usize, ip: [u8; 4]) -> bool {
+    if head_len < IPV4_DST_AT + 4 {
+        return false;
+    }
+    match head.bytes::<2>(ETHERTYPE_AT) {
+        Some(ethertype) if ethertype == ETHERTYPE_IPV4.to_be_bytes() => {
+            head.bytes::<4>(IPV4_DST_AT).is_some_and(|dst| dst != ip)
+        }
+        Some(ethertype) => ethertype != ETHERTYPE_ARP.to_be_bytes(),
+        None => false,
     }
 }
 

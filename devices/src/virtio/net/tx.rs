@@ -25,7 +25,7 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
-use crate::mmds::packet::ChainBytes;
+use crate::mmds::packet::{self, ChainBytes};
 use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
@@ -33,7 +33,7 @@ use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
 use crate::virtio::iov::{self, IoVecs};
 use crate::virtio::metrics::Counters;
 use crate::virtio::pass::{admitted, more_after_drained, queue_failed, refuse_chain};
-use crate::virtio::queue::{ChainRules, IoSeg, QueueError, SplitQueue};
+use crate::virtio::queue::{ChainRules, FirstSeg, IoSeg, QueueError, SplitQueue};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
@@ -88,6 +88,126 @@ impl ChainBytes for GuestChain<'_> {
         b: usize,
     ) -> Option<([u8; N], [u8; M])> {
         iov::read_two(self.0, a, b)
+    }
+}
+
+/// One segment, read in place: a chain's first, while the walk has it.
+struct SegBytes(IoSeg);
+
+impl ChainBytes for SegBytes {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        iov::seg_read(self.0, offset)
+    }
+
+    #[inline(always)]
+    fn two<const N: usize, const M: usize>(
+        &self,
+        a: usize,
+        b: usize,
+    ) -> Option<([u8; N], [u8; M])> {
+        iov::seg_read_two(self.0, a, b)
+    }
+}
+
+/// What a TX pass asks of the card's MMDS for each chain, compiled once
+/// per card kind: a card without MMDS ([`NoMmds`]) walks chains with a
+/// probe that is `()` and claims nothing, so it runs the code it would run
+/// if MMDS did not exist.
+trait TxClaim {
+    /// Shown each chain's first segment by the walk.
+    type Probe: FirstSeg;
+
+    /// A probe for the next chain.
+    fn probe(&self) -> Self::Probe;
+
+    /// The stack, if the chain just walked (`segs[start..]`, which `probe`
+    /// saw) is for MMDS.
+    fn claimed(
+        &mut self,
+        probe: &Self::Probe,
+        segs: &[IoSeg],
+        start: usize,
+    ) -> Option<&mut MmdsStack>;
+}
+
+/// A card without MMDS.
+struct NoMmds;
+
+impl TxClaim for NoMmds {
+    type Probe = ();
+
+    #[inline(always)]
+    fn probe(&self) {}
+
+    #[inline(always)]
+    fn claimed(&mut self, _: &(), _: &[IoSeg], _: usize) -> Option<&mut MmdsStack> {
+        None
+    }
+}
+
+/// A card MMDS serves, at `ip`.
+struct Mmds<'a> {
+    stack: &'a mut MmdsStack,
+    ip: [u8; 4],
+}
+
+/// A chain's first segment, kept as the walk made it so the claim need not
+/// find it in the batch again ([`IoSeg::EMPTY`] when the walk showed none:
+/// an empty first buffer, one over two memory regions).
+struct MmdsProbe {
+    first: IoSeg,
+}
+
+impl FirstSeg for MmdsProbe {
+    #[inline(always)]
+    fn seen(&mut self, seg: IoSeg) {
+        self.first = seg;
+    }
+}
+
+impl TxClaim for Mmds<'_> {
+    type Probe = MmdsProbe;
+
+    #[inline(always)]
+    fn probe(&self) -> MmdsProbe {
+        MmdsProbe {
+            first: IoSeg::EMPTY,
+        }
+    }
+
+    /// Most frames are ruled out by their first segment
+    /// ([`packet::rules_out`]); the whole chain is read only when that
+    /// segment leaves the question open (a header split over buffers, ARP,
+    /// IPv4 to MMDS).
+    #[inline(always)]
+    fn claimed(
+        &mut self,
+        probe: &MmdsProbe,
+        segs: &[IoSeg],
+        start: usize,
+    ) -> Option<&mut MmdsStack> {
+        let first = probe.first;
+        if packet::rules_out(&SegBytes(first), first.len(), self.ip) {
+            return None;
+        }
+        self.whole_chain_claimed(segs, start)
+    }
+}
+
+impl Mmds<'_> {
+    /// The stack, if the chain `segs[start..]` is for MMDS, read over all
+    /// its segments. Out of line: only frames whose first segment could not
+    /// rule them out come here.
+    #[cold]
+    #[inline(never)]
+    fn whole_chain_claimed(&mut self, segs: &[IoSeg], start: usize) -> Option<&mut MmdsStack> {
+        let chain = segs.get(start..).unwrap_or_default();
+        if self.stack.claims(&GuestChain(chain)) {
+            Some(self.stack)
+        } else {
+            None
+        }
     }
 }
 
@@ -272,26 +392,6 @@ impl TxVirtio {
         }
     }
 
-    /// Whether the chain just walked went to MMDS ([`hand_to_mmds`](
-    /// Self::hand_to_mmds)): on a card MMDS serves, two header fields read
-    /// in place; without MMDS, one branch per frame.
-    #[inline(always)]
-    fn claimed_by(
-        &mut self,
-        mmds: Option<&mut MmdsStack>,
-        head: u16,
-        start: usize,
-        metrics: &NetMetrics,
-    ) -> bool {
-        match mmds {
-            Some(m) if m.claims(&GuestChain(&self.batch.segs[start..])) => {
-                self.hand_to_mmds(m, head, start, metrics);
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// Hands the chain just walked (its segments from `start` on), whose
     /// frame is for MMDS, to the stack and returns it to the guest: such a
     /// frame never reaches the backend. MMDS frames pay no TX limiter (they
@@ -308,10 +408,10 @@ impl TxVirtio {
     /// Walks chains into the batch until it is full, the ring is empty, the
     /// pass must yield or the rate limiter holds a chain back. A chain the
     /// limiter held back before is paid for first.
-    fn fill(
+    fn fill<C: TxClaim>(
         &mut self,
         mut limiter: Option<&mut RateLimiter>,
-        mut mmds: Option<&mut MmdsStack>,
+        mut claim: C,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<TxFill, QueueError> {
@@ -345,14 +445,19 @@ impl TxVirtio {
                 return Ok(TxFill::Empty);
             };
             let start = self.batch.segs.len();
-            match self
-                .queue
-                .walk(head, &TX_RULES, &mut self.batch.segs, &mut pass.budget)
-            {
+            let mut probe = claim.probe();
+            match self.queue.walk_with(
+                head,
+                &TX_RULES,
+                &mut self.batch.segs,
+                &mut pass.budget,
+                &mut probe,
+            ) {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
-                    if self.claimed_by(mmds.as_deref_mut(), head, start, metrics) {
+                    if let Some(m) = claim.claimed(&probe, &self.batch.segs, start) {
+                        self.hand_to_mmds(m, head, start, metrics);
                         continue;
                     }
                     // Without a limiter this is one branch per frame.
@@ -564,12 +669,16 @@ impl TxVirtio {
                 if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
                     break 'pass TxStatus::Blocked;
                 }
-                let fill = match self.fill(
-                    limiter.as_deref_mut(),
-                    mmds.as_deref_mut(),
-                    &mut pass,
-                    metrics,
-                ) {
+                // One branch per batch: each card kind has its own `fill`.
+                let filled = match mmds.as_deref_mut() {
+                    None => self.fill(limiter.as_deref_mut(), NoMmds, &mut pass, metrics),
+                    Some(stack) => {
+                        let ip = stack.ip();
+                        let claim = Mmds { stack, ip };
+                        self.fill(limiter.as_deref_mut(), claim, &mut pass, metrics)
+                    }
+                };
+                let fill = match filled {
                     Ok(fill) => fill,
                     Err(e) => {
                         // What was walked before the failure still goes out.
