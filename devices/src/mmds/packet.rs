@@ -113,21 +113,32 @@ pub fn is_for<C: ChainBytes + ?Sized>(chain: &C, ip: [u8; 4]) -> bool {
     }
 }
 
-/// Whether `head`, the first `head_len` bytes of a chain (its first
-/// segment), shows that the chain holds no frame for `ip`, whatever
-/// follows: `head` holds the EtherType and the place of an IPv4
-/// destination, and the frame is IPv4 to another address, or neither IPv4
-/// nor ARP. Where it is true [`is_for`] is false; where it is false (too
-/// short to tell, ARP, IPv4 to `ip`) ask [`is_for`] of the whole chain. The
-/// TX path asks this of every frame on a card MMDS serves, with the
-/// segment the walk just made: one length compare, then the EtherType and
-/// (for IPv4) the destination, each loaded only once the compare before it
-/// passed, so each is one compare and branch.
+/// How many of a chain's first bytes [`rules_out`] reads: up to the end
+/// of an IPv4 header's destination address.
+pub const HEAD_LEN: usize = IPV4_DST_AT + 4;
+
+/// A chain's first [`HEAD_LEN`] bytes that [`rules_out`] can never rule
+/// out (zeros and the ARP EtherType): what the TX path reads for a chain
+/// whose first buffer was too short or in two memory regions, so that it
+/// needs no test of its own.
+pub static UNDECIDED_HEAD: [u8; HEAD_LEN] = {
+    let mut head = [0u8; HEAD_LEN];
+    let ethertype = ETHERTYPE_ARP.to_be_bytes();
+    head[ETHERTYPE_AT] = ethertype[0];
+    head[ETHERTYPE_AT + 1] = ethertype[1];
+    head
+};
+
+/// Whether `head`, a chain's first [`HEAD_LEN`] bytes (a `head` that ends
+/// sooner rules out nothing), shows that the chain holds no frame for `ip`
+/// whatever follows: the frame is IPv4 to another address, or neither IPv4
+/// nor ARP. Where it is true [`is_for`] is false; where it is false (ARP,
+/// IPv4 to `ip`) ask [`is_for`] of the whole chain. The TX path asks this
+/// of every frame on a card MMDS serves, of the first segment as the walk
+/// made it: the EtherType, then for IPv4 the destination, each one load,
+/// compare and branch.
 #[inline(always)]
-pub fn rules_out<C: ChainBytes + ?Sized>(head: &C, head_len: usize, ip: [u8; 4]) -> bool {
-    if head_len < IPV4_DST_AT + 4 {
-        return false;
-    }
+pub fn rules_out<C: ChainBytes + ?Sized>(head: &C, ip: [u8; 4]) -> bool {
     match head.bytes::<2>(ETHERTYPE_AT) {
         Some(ethertype) if ethertype == ETHERTYPE_IPV4.to_be_bytes() => {
             head.bytes::<4>(IPV4_DST_AT).is_some_and(|dst| dst != ip)

@@ -361,7 +361,8 @@ struct Unaligned<T: Copy>(T);
 ///
 /// # Safety
 ///
-/// `[at, at + N)` must lie inside one segment over mapped guest memory.
+/// `[at, at + N)` must lie inside one segment over mapped guest memory, or
+/// inside a static.
 #[inline(always)]
 unsafe fn load<const N: usize>(at: usize) -> [u8; N] {
     let mut out = [0u8; N];
@@ -418,6 +419,39 @@ pub(crate) fn seg_read_two<const N: usize, const M: usize>(
     // SAFETY: both ranges lie inside the segment (checked above), mapped
     // guest memory (module docs).
     Some(unsafe { (load::<N>(base + a), load::<M>(base + b)) })
+}
+
+/// The first `L` bytes of a segment, or of a static buffer, read in place:
+/// an address with at least `L` readable bytes behind it, so a read inside
+/// them has no bounds check left at run time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prefix<const L: usize>(usize);
+
+impl<const L: usize> Prefix<L> {
+    /// The first `L` bytes of `seg`, if it has that many.
+    #[inline(always)]
+    pub(crate) fn of(seg: IoSeg) -> Option<Self> {
+        (seg.len() >= L).then_some(Prefix(seg.base()))
+    }
+
+    /// The bytes of `buf`.
+    pub(crate) fn of_static(buf: &'static [u8; L]) -> Self {
+        Prefix(buf.as_ptr() as usize)
+    }
+
+    /// The `N` bytes at byte `offset`, or `None` when they end past `L`
+    /// (decided at compile time for a constant offset).
+    #[inline(always)]
+    pub(crate) fn read<const N: usize>(self, offset: usize) -> Option<[u8; N]> {
+        if offset.checked_add(N)? > L {
+            return None;
+        }
+        // SAFETY: [0, L) at the address is readable: a segment of at least
+        // L bytes (`of`: mapped guest memory, module docs) or a static of L
+        // bytes (`of_static`), and [offset, offset + N) lies inside it
+        // (checked above).
+        Some(unsafe { load::<N>(self.0 + offset) })
+    }
 }
 
 /// The `N` bytes at byte `offset` of the segments, or `None` when the

@@ -25,7 +25,7 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
-use crate::mmds::packet::{self, ChainBytes};
+use crate::mmds::packet::{self, ChainBytes, HEAD_LEN, UNDECIDED_HEAD};
 use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
@@ -91,22 +91,13 @@ impl ChainBytes for GuestChain<'_> {
     }
 }
 
-/// One segment, read in place: a chain's first, while the walk has it.
-struct SegBytes(IoSeg);
+/// A chain's first bytes, read in place.
+struct Head(iov::Prefix<HEAD_LEN>);
 
-impl ChainBytes for SegBytes {
+impl ChainBytes for Head {
     #[inline(always)]
     fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
-        iov::seg_read(self.0, offset)
-    }
-
-    #[inline(always)]
-    fn two<const N: usize, const M: usize>(
-        &self,
-        a: usize,
-        b: usize,
-    ) -> Option<([u8; N], [u8; M])> {
-        iov::seg_read_two(self.0, a, b)
+        self.0.read(offset)
     }
 }
 
@@ -116,19 +107,28 @@ impl ChainBytes for SegBytes {
 /// if MMDS did not exist.
 trait TxClaim {
     /// Shown each chain's first segment by the walk.
-    type Probe: FirstSeg;
+    type Probe: ClaimProbe;
 
-    /// A probe for the next chain.
+    /// A probe for the chains of one batch, copied fresh for each.
     fn probe(&self) -> Self::Probe;
 
-    /// The stack, if the chain just walked (`segs[start..]`, which `probe`
-    /// saw) is for MMDS.
-    fn claimed(
-        &mut self,
-        probe: &Self::Probe,
-        segs: &[IoSeg],
-        start: usize,
-    ) -> Option<&mut MmdsStack>;
+    /// The stack, if the chain `segs` (one its probe did not rule out) is
+    /// for MMDS, read over all its segments.
+    fn claimed(&mut self, segs: &[IoSeg]) -> Option<&mut MmdsStack>;
+}
+
+/// What the walk showed of one chain.
+trait ClaimProbe: FirstSeg + Copy {
+    /// Whether it shows the chain is not for MMDS: the test every frame
+    /// pays.
+    fn rules_out(&self) -> bool;
+}
+
+impl ClaimProbe for () {
+    #[inline(always)]
+    fn rules_out(&self) -> bool {
+        true
+    }
 }
 
 /// A card without MMDS.
@@ -141,28 +141,45 @@ impl TxClaim for NoMmds {
     fn probe(&self) {}
 
     #[inline(always)]
-    fn claimed(&mut self, _: &(), _: &[IoSeg], _: usize) -> Option<&mut MmdsStack> {
+    fn claimed(&mut self, _: &[IoSeg]) -> Option<&mut MmdsStack> {
         None
     }
 }
 
-/// A card MMDS serves, at `ip`.
+/// A card MMDS serves.
 struct Mmds<'a> {
     stack: &'a mut MmdsStack,
+}
+
+/// A chain's first [`HEAD_LEN`] bytes where they lie, kept as the walk
+/// found them so the claim need not find the segment in the batch again;
+/// [`UNDECIDED_HEAD`] when the walk showed none (a first buffer too short
+/// or over two memory regions), which cannot rule a chain out. It carries
+/// MMDS's address so that the batch's loop holds it in a local.
+#[derive(Clone, Copy)]
+struct MmdsProbe {
+    head: iov::Prefix<HEAD_LEN>,
     ip: [u8; 4],
 }
 
-/// A chain's first segment, kept as the walk made it so the claim need not
-/// find it in the batch again ([`IoSeg::EMPTY`] when the walk showed none:
-/// an empty first buffer, one over two memory regions).
-struct MmdsProbe {
-    first: IoSeg,
-}
-
 impl FirstSeg for MmdsProbe {
+    const MIN_LEN: u32 = HEAD_LEN as u32;
+
     #[inline(always)]
     fn seen(&mut self, seg: IoSeg) {
-        self.first = seg;
+        if let Some(head) = iov::Prefix::of(seg) {
+            self.head = head;
+        }
+    }
+}
+
+impl ClaimProbe for MmdsProbe {
+    /// Most frames are ruled out by their first bytes
+    /// ([`packet::rules_out`]); the rest (a header split over buffers,
+    /// ARP, IPv4 to MMDS) go to [`TxClaim::claimed`].
+    #[inline(always)]
+    fn rules_out(&self) -> bool {
+        packet::rules_out(&Head(self.head), self.ip)
     }
 }
 
@@ -172,38 +189,17 @@ impl TxClaim for Mmds<'_> {
     #[inline(always)]
     fn probe(&self) -> MmdsProbe {
         MmdsProbe {
-            first: IoSeg::EMPTY,
+            head: iov::Prefix::of_static(&UNDECIDED_HEAD),
+            ip: self.stack.ip(),
         }
     }
 
-    /// Most frames are ruled out by their first segment
-    /// ([`packet::rules_out`]); the whole chain is read only when that
-    /// segment leaves the question open (a header split over buffers, ARP,
-    /// IPv4 to MMDS).
-    #[inline(always)]
-    fn claimed(
-        &mut self,
-        probe: &MmdsProbe,
-        segs: &[IoSeg],
-        start: usize,
-    ) -> Option<&mut MmdsStack> {
-        let first = probe.first;
-        if packet::rules_out(&SegBytes(first), first.len(), self.ip) {
-            return None;
-        }
-        self.whole_chain_claimed(segs, start)
-    }
-}
-
-impl Mmds<'_> {
-    /// The stack, if the chain `segs[start..]` is for MMDS, read over all
-    /// its segments. Out of line: only frames whose first segment could not
-    /// rule them out come here.
+    /// Out of line: only frames whose first bytes could not rule them out
+    /// come here.
     #[cold]
     #[inline(never)]
-    fn whole_chain_claimed(&mut self, segs: &[IoSeg], start: usize) -> Option<&mut MmdsStack> {
-        let chain = segs.get(start..).unwrap_or_default();
-        if self.stack.claims(&GuestChain(chain)) {
+    fn claimed(&mut self, segs: &[IoSeg]) -> Option<&mut MmdsStack> {
+        if self.stack.claims(&GuestChain(segs)) {
             Some(self.stack)
         } else {
             None
@@ -411,7 +407,7 @@ impl TxVirtio {
     fn fill<C: TxClaim>(
         &mut self,
         mut limiter: Option<&mut RateLimiter>,
-        mut claim: C,
+        claim: &mut C,
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<TxFill, QueueError> {
@@ -431,6 +427,7 @@ impl TxVirtio {
         }
         // Chains left from the last pass count towards the byte bound too.
         let mut bytes: usize = self.batch.items.iter().map(|it| it.len).sum();
+        let fresh = claim.probe();
         loop {
             if self.batch.items.len() >= MAX_BATCH || bytes >= TX_BATCH_BYTES {
                 return Ok(TxFill::Full);
@@ -445,7 +442,7 @@ impl TxVirtio {
                 return Ok(TxFill::Empty);
             };
             let start = self.batch.segs.len();
-            let mut probe = claim.probe();
+            let mut probe = fresh;
             match self.queue.walk_with(
                 head,
                 &TX_RULES,
@@ -456,9 +453,11 @@ impl TxVirtio {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
-                    if let Some(m) = claim.claimed(&probe, &self.batch.segs, start) {
-                        self.hand_to_mmds(m, head, start, metrics);
-                        continue;
+                    if !probe.rules_out() {
+                        if let Some(m) = claim.claimed(&self.batch.segs[start..]) {
+                            self.hand_to_mmds(m, head, start, metrics);
+                            continue;
+                        }
                     }
                     // Without a limiter this is one branch per frame.
                     let paid = match limiter.as_deref_mut() {
@@ -648,8 +647,27 @@ impl TxVirtio {
         &mut self,
         backend: &B,
         ring: &mut Option<WriteRing>,
+        limiter: Option<&mut RateLimiter>,
+        mmds: Option<&mut MmdsStack>,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> TxStatus {
+        match mmds {
+            None => self.pass(backend, ring, limiter, &mut NoMmds, metrics, irq),
+            Some(stack) => self.pass(backend, ring, limiter, &mut Mmds { stack }, metrics, irq),
+        }
+    }
+
+    /// [`process`](Self::process), compiled once per card kind (`claim`):
+    /// each copy is a function of its own, so the code for a card with MMDS
+    /// does not change how the compiler lays out the one without.
+    #[inline(never)]
+    fn pass<B: NetBackend, C: TxClaim>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<WriteRing>,
         mut limiter: Option<&mut RateLimiter>,
-        mut mmds: Option<&mut MmdsStack>,
+        claim: &mut C,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
     ) -> TxStatus {
@@ -669,16 +687,7 @@ impl TxVirtio {
                 if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
                     break 'pass TxStatus::Blocked;
                 }
-                // One branch per batch: each card kind has its own `fill`.
-                let filled = match mmds.as_deref_mut() {
-                    None => self.fill(limiter.as_deref_mut(), NoMmds, &mut pass, metrics),
-                    Some(stack) => {
-                        let ip = stack.ip();
-                        let claim = Mmds { stack, ip };
-                        self.fill(limiter.as_deref_mut(), claim, &mut pass, metrics)
-                    }
-                };
-                let fill = match filled {
+                let fill = match self.fill(limiter.as_deref_mut(), claim, &mut pass, metrics) {
                     Ok(fill) => fill,
                     Err(e) => {
                         // What was walked before the failure still goes out.

@@ -297,13 +297,22 @@ impl<'q> DescCursor<'q> {
 /// without finding the segment again. `()` looks at nothing and compiles
 /// to nothing.
 pub trait FirstSeg {
-    /// The first host segment of the chain's first buffer, when that
-    /// buffer is not empty and lies in one memory region; not called
-    /// otherwise (the chain may still turn out refused).
+    /// The fewest bytes a first buffer must have to be shown; above 1, the
+    /// walk compares the buffer's length with this before the zero test
+    /// every buffer gets, so a long first buffer pays no more tests than
+    /// without a look (1: nothing is shown).
+    const MIN_LEN: u32;
+
+    /// The host segment of the chain's first buffer, when that buffer has
+    /// at least [`MIN_LEN`](Self::MIN_LEN) bytes and lies in one memory
+    /// region; not called otherwise (the chain may still turn out
+    /// refused).
     fn seen(&mut self, seg: IoSeg);
 }
 
 impl FirstSeg for () {
+    const MIN_LEN: u32 = 1;
+
     #[inline(always)]
     fn seen(&mut self, _: IoSeg) {}
 }
@@ -360,10 +369,10 @@ impl SplitQueue {
         let mut cursor = DescCursor::new(self, head)?;
         let mut walked = Walked { bufs: 0, len: 0 };
         let mut d = cursor.next_buffer(budget)?;
-        self.take_buffer(&d, rules, segs, start, &mut walked, |s| first.seen(s))?;
+        self.take_buffer(&d, rules, segs, start, &mut walked, first)?;
         while cursor.advance(&d)? {
             d = cursor.next_buffer(budget)?;
-            self.take_buffer(&d, rules, segs, start, &mut walked, |_| {})?;
+            self.take_buffer(&d, rules, segs, start, &mut walked, &mut ())?;
         }
         if walked.len < rules.min_len as u64 {
             return Err(ChainError::TooShort);
@@ -378,16 +387,16 @@ impl SplitQueue {
     }
 
     /// Checks one buffer of a chain against `rules` and appends its
-    /// segments (`seen` gets the segment if it is one).
+    /// segments, showing it to `first` as [`FirstSeg`] says.
     #[inline(always)]
-    fn take_buffer(
+    fn take_buffer<F: FirstSeg>(
         &self,
         d: &Desc,
         rules: &ChainRules,
         segs: &mut Vec<IoSeg>,
         start: usize,
         walked: &mut Walked,
-        seen: impl FnOnce(IoSeg),
+        first: &mut F,
     ) -> Result<(), ChainError> {
         if (d.flags & VIRTQ_DESC_F_WRITE != 0) != rules.device_writes {
             return Err(if rules.device_writes {
@@ -401,7 +410,17 @@ impl SplitQueue {
         if walked.len > rules.max_len as u64 {
             return Err(ChainError::TooLong);
         }
-        if d.len > 0 && !self.mem.push_segments_seen(d.addr, d.len, segs, seen) {
+        // With `()` the second arm is `d.len == 0`: an empty buffer adds
+        // no segment.
+        // With `()` only the second test is left, as every buffer has.
+        if F::MIN_LEN > 1 && d.len >= F::MIN_LEN {
+            if !self
+                .mem
+                .push_segments_seen(d.addr, d.len, segs, |s| first.seen(s))
+            {
+                return Err(ChainError::OutsideMemory);
+            }
+        } else if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
             return Err(ChainError::OutsideMemory);
         }
         if rules.device_writes {

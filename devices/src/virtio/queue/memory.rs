@@ -239,9 +239,6 @@ const _: () = assert!(std::mem::size_of::<IoSeg>() == std::mem::size_of::<libc::
 const _: () = assert!(std::mem::align_of::<IoSeg>() == std::mem::align_of::<libc::iovec>());
 
 impl IoSeg {
-    /// A segment of no bytes: nothing to read or write through it.
-    pub(crate) const EMPTY: IoSeg = IoSeg { base: 0, len: 0 };
-
     /// # Safety
     ///
     /// `[base, base + len)` must be host memory that the process may read and
