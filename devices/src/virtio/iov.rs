@@ -658,6 +658,30 @@ mod tests {
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 7);
     }
 
+    /// A prefix is made only of a segment that long, and reads only inside
+    /// its length, from a segment or a static alike.
+    #[test]
+    fn test_prefix_reads_inside_its_length_only() {
+        let mut buf: [u8; 50] = std::array::from_fn(|i| i as u8 + 1);
+        // SAFETY: the segment is `buf`, alive for the test.
+        let seg = unsafe { IoSeg::new(buf.as_mut_ptr() as usize, buf.len()) };
+        assert!(Prefix::<51>::of(seg).is_none());
+        let p = Prefix::<50>::of(seg).expect("50 bytes");
+        assert_eq!(p.read::<2>(0), Some([1, 2]));
+        assert_eq!(p.read::<4>(46), Some([47, 48, 49, 50]));
+        assert_eq!(p.read::<4>(47), None);
+        assert_eq!(p.read::<1>(usize::MAX), None);
+        // A shorter prefix of the same segment ends where it says.
+        let short = Prefix::<10>::of(seg).expect("10 of 50 bytes");
+        assert_eq!(short.read::<2>(8), Some([9, 10]));
+        assert_eq!(short.read::<2>(9), None);
+        static S: [u8; 4] = [9, 8, 7, 6];
+        let st = Prefix::of_static(&S);
+        assert_eq!(st.read::<2>(2), Some([7, 6]));
+        assert_eq!(st.read::<4>(0), Some(S));
+        assert_eq!(st.read::<2>(3), None);
+    }
+
     /// A header read in one segment and across segments gives the same
     /// bytes; what the segments do not hold is zero and not counted.
     #[test]
