@@ -567,7 +567,7 @@ mod tests {
                 assert!(!slice_is_for(&f, MMDS_IP), "{f:02x?}");
             }
         }
-        let mut ipv4 = vec![0u8; HEAD_LEN];
+        let mut ipv4 = [0u8; HEAD_LEN];
         ipv4[ETHERTYPE_AT..ETHERTYPE_AT + 2].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
         assert!(rules_out(&ipv4[..], MMDS_IP));
         // Without the whole destination, IPv4 is not ruled out.
