@@ -401,6 +401,33 @@ impl TxVirtio {
         self.queue.add_used(head, 0);
     }
 
+    /// What ends filling before it starts: the chain the limiter held back
+    /// is paid for first (and still refused: `Throttled`), and a pass with
+    /// no time left for a batch walks none.
+    #[inline(always)]
+    fn before_fill(
+        &mut self,
+        limiter: Option<&mut RateLimiter>,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Result<Option<TxFill>, QueueError> {
+        if let Some(last) = self.batch.items.last_mut().filter(|it| !it.paid) {
+            if let Some(l) = limiter {
+                if !tx_consume(l, last.len, metrics) {
+                    return Ok(Some(TxFill::Throttled));
+                }
+            }
+            last.paid = true;
+        }
+        if self.batch.items.is_empty() && pass.no_room_for_batch() {
+            if !self.queue.has_available()? {
+                return Ok(Some(TxFill::Empty));
+            }
+            return Ok(Some(TxFill::Yield(Yield::Time)));
+        }
+        Ok(None)
+    }
+
     /// Walks chains into the batch until it is full, the ring is empty, the
     /// pass must yield or the rate limiter holds a chain back. A chain the
     /// limiter held back before is paid for first.
@@ -411,19 +438,8 @@ impl TxVirtio {
         pass: &mut Pass,
         metrics: &NetMetrics,
     ) -> Result<TxFill, QueueError> {
-        if let Some(last) = self.batch.items.last_mut().filter(|it| !it.paid) {
-            if let Some(l) = limiter.as_deref_mut() {
-                if !tx_consume(l, last.len, metrics) {
-                    return Ok(TxFill::Throttled);
-                }
-            }
-            last.paid = true;
-        }
-        if self.batch.items.is_empty() && pass.no_room_for_batch() {
-            if !self.queue.has_available()? {
-                return Ok(TxFill::Empty);
-            }
-            return Ok(TxFill::Yield(Yield::Time));
+        if let Some(end) = self.before_fill(limiter.as_deref_mut(), pass, metrics)? {
+            return Ok(end);
         }
         // Chains left from the last pass count towards the byte bound too.
         let mut bytes: usize = self.batch.items.iter().map(|it| it.len).sum();
