@@ -23,6 +23,13 @@
 //!   Diffs of one page each; both rebased in order onto a copy of the Full
 //!   memory equal, byte for byte, a Full snapshot of the second Diff's
 //!   moment, and the guest loaded from them counts on from its last count.
+//!   That restored VM, loaded again with `track_dirty_pages`, takes two
+//!   Diffs of its own, which rebase onto its loaded memory and load.
+//! - With KVM and root, the same guest under the jail (`--jail`, as
+//!   `nobody`): Full and Diff snapshots at the jail's paths (a host path
+//!   is not found), made by the jail's uid; rebased outside, the files load
+//!   in a new jailed minivmm, every thread under its filter, and its guest
+//!   counts on.
 //! - With KVM, root and TUN, the project's guest booted from its disk and
 //!   serving, with `track_dirty_pages` and a vsock device: a file written
 //!   to its disk; a TCP connection to its mvperf server opened and used;
@@ -56,9 +63,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    debugfs_cat, disk_copy, disk_test_content, guest_image_if, last_metrics, metric, minivmm_bin,
-    mvperf_bin, write_counting_kernel, write_ticking_kernel, Need, NetNs, Patience, Vm, COUNT_BASE,
-    DISK_TEST_FILE, DISK_WRITE_OK,
+    cli_args, debugfs_cat, disk_copy, disk_test_content, guest_image_if, last_metrics, metric,
+    minivmm_bin, mvperf_bin, write_counting_kernel, write_ticking_kernel, Need, NetNs, Patience,
+    Vm, COUNT_BASE, DISK_TEST_FILE, DISK_WRITE_OK,
 };
 use serde_json::{json, Value};
 
@@ -576,14 +583,199 @@ fn a_booted_vm_tracking_dirty_pages_takes_diffs_that_rebase_in_order() {
         1,
         "a count after the load of the rebased Diffs",
     );
-    let after = restored.console();
+    counts_on(&restored, &console);
+    restored.terminate(Duration::from_secs(10));
+    diffs_of_a_restored_vm(&dir);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Asserts that the first count `vm` printed is the one after the last
+/// count on `before` (the console of the VM its snapshot was taken from).
+fn counts_on(vm: &Vm, before: &str) {
+    let after = vm.console();
     let first = after.bytes().find(|&b| b != b'\n').expect("a count");
     assert_eq!(
         first as char,
-        next_count(last_count(&console)) as char,
+        next_count(last_count(before)) as char,
         "the guest did not count on from its last count"
     );
+}
+
+/// A restored VM's own Diffs: `chain` (a Full memory with two Diffs
+/// rebased onto it) loaded with `track_dirty_pages`, two Diffs taken of
+/// it, each a few pages; rebased in order onto a copy of `chain.mem`, they
+/// load, and that guest counts on from the second Diff's moment.
+fn diffs_of_a_restored_vm(dir: &Path) {
+    let (mut vm, sock) = api_vmm(dir, "count-c", None);
+    let mut body = load_body(dir, "chain", true);
+    body["track_dirty_pages"] = json!(true);
+    ok(&sock, "PUT", "/snapshot/load", body);
+    let cfg = get_json(&sock, "/vm/config");
+    assert_eq!(cfg["machine-config"]["track_dirty_pages"], json!(true));
+    for diff in ["r1", "r2"] {
+        if diff != "r1" {
+            ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+        }
+        wait_counts(
+            &mut vm,
+            1,
+            &format!("a count of the restored VM before {diff}"),
+        );
+        ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+        let data = snapshot(&sock, dir, diff, "Diff");
+        assert!(data > 0 && data < 1 << 20, "{diff}: {data} bytes of data");
+    }
+    // Paused at r2's moment.
+    let console = vm.console();
+    vm.signal("KILL");
+    vm.wait_exit(Duration::from_secs(10)).expect("killed");
+    let again = dir.join("again.mem");
+    std::fs::copy(dir.join("chain.mem"), &again).unwrap();
+    rebase(&again, &dir.join("r1.mem"));
+    rebase(&again, &dir.join("r2.mem"));
+    std::fs::copy(dir.join("r2.state"), dir.join("again.state")).unwrap();
+    let (mut restored, rsock) = api_vmm(dir, "count-d", None);
+    ok(
+        &rsock,
+        "PUT",
+        "/snapshot/load",
+        load_body(dir, "again", true),
+    );
+    wait_counts(
+        &mut restored,
+        1,
+        "a count after the load of the restored VM's Diffs",
+    );
+    counts_on(&restored, &console);
     restored.terminate(Duration::from_secs(10));
+}
+
+/// The uid and gid of the jailed minivmms (`nobody`).
+const JAIL_ID: u32 = 65534;
+
+/// A jailed minivmm (`--jail dir`, as `nobody`, a cgroup leaf `id` under
+/// `parent`) on the API socket `/ID.sock` of its jail; the socket's host
+/// path.
+fn jailed_vmm(dir: &Path, id: &str, parent: &str) -> (Vm, PathBuf) {
+    let uid = JAIL_ID.to_string();
+    let args = cli_args(&[
+        "--jail",
+        &p(dir),
+        "--uid",
+        &uid,
+        "--gid",
+        &uid,
+        "--id",
+        id,
+        "--parent-cgroup",
+        parent,
+        "--api-sock",
+        &format!("/{id}.sock"),
+    ]);
+    let vm = Vm::spawn(&args, None).unwrap();
+    let sock = dir.join(format!("{id}.sock"));
+    wait_for_socket(&sock);
+    (vm, sock)
+}
+
+/// Snapshots under the jail, as Firecracker's jailed users take them:
+/// every path in the requests is the jail's (a host path is not found),
+/// the files are made there by the jail's uid, KVM's dirty log is read
+/// and the files written by threads under their filters; a new jailed
+/// minivmm on the same directory maps the memory file (the Full one with
+/// the Diff rebased onto it outside, owned by root, read-only to the jail)
+/// and loads the state, and its guest counts on.
+#[test]
+fn a_jailed_minivmm_snapshots_and_loads_inside_its_jail() {
+    use std::os::unix::fs::MetadataExt;
+    if !minivmm_tests::require(&[Need::Kvm, Need::Root]) {
+        return;
+    }
+    let dir = scratch("jail");
+    write_counting_kernel(&dir.join("counting.elf")).unwrap();
+    std::os::unix::fs::chown(&dir, Some(JAIL_ID), Some(JAIL_ID)).unwrap();
+    let parent = format!("minivmm-test-snapjail-{}", std::process::id());
+    let (mut vm, sock) = jailed_vmm(&dir, "jail-a", &parent);
+    ok(
+        &sock,
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 1, "mem_size_mib": 64, "track_dirty_pages": true}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/boot-source",
+        json!({"kernel_image_path": "/counting.elf"}),
+    );
+    ok(
+        &sock,
+        "PUT",
+        "/actions",
+        json!({"action_type": "InstanceStart"}),
+    );
+    wait_counts(&mut vm, 1, "the jailed guest's first count");
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    refused(
+        &sock,
+        "PUT",
+        "/snapshot/create",
+        create_body(&dir, "host"),
+        "No such file",
+    );
+    let jail_body = |tag: &str, kind: &str| {
+        json!({"snapshot_type": kind, "snapshot_path": format!("/{tag}.state"),
+               "mem_file_path": format!("/{tag}.mem")})
+    };
+    ok(&sock, "PUT", "/snapshot/create", jail_body("a", "Full"));
+    ok(&sock, "PATCH", "/vm", json!({"state": "Resumed"}));
+    wait_counts(&mut vm, 1, "a jailed count before the Diff");
+    ok(&sock, "PATCH", "/vm", json!({"state": "Paused"}));
+    ok(&sock, "PUT", "/snapshot/create", jail_body("d", "Diff"));
+    let console = vm.console();
+    vm.terminate(Duration::from_secs(30));
+    for file in ["a.state", "a.mem", "d.state", "d.mem"] {
+        let meta = std::fs::metadata(dir.join(file)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (JAIL_ID, JAIL_ID), "{file}");
+    }
+    let d = std::fs::metadata(dir.join("d.mem")).unwrap();
+    assert!(d.blocks() * 512 < 1 << 20, "the Diff is not sparse: {d:?}");
+
+    std::fs::copy(dir.join("a.mem"), dir.join("r.mem")).unwrap();
+    rebase(&dir.join("r.mem"), &dir.join("d.mem"));
+    std::fs::copy(dir.join("d.state"), dir.join("r.state")).unwrap();
+    let (mut restored, rsock) = jailed_vmm(&dir, "jail-b", &parent);
+    refused(
+        &rsock,
+        "PUT",
+        "/snapshot/load",
+        load_body(&dir, "r", true),
+        "No such file",
+    );
+    ok(
+        &rsock,
+        "PUT",
+        "/snapshot/load",
+        json!({"snapshot_path": "/r.state",
+               "mem_backend": {"backend_type": "File", "backend_path": "/r.mem"},
+               "resume_vm": true}),
+    );
+    wait_counts(&mut restored, 1, "a count after the jailed load");
+    counts_on(&restored, &console);
+    let jailed = restored.jailed_pid().expect("the jailed minivmm");
+    assert!(
+        restored
+            .threads()
+            .iter()
+            .chain(minivmm_tests::threads_of(jailed).iter())
+            .all(|(_, mode)| mode == "2"),
+        "a thread without its filter: {:?}",
+        minivmm_tests::threads_of(jailed)
+    );
+    restored.terminate(Duration::from_secs(30));
+    for id in ["jail-a", "jail-b"] {
+        minivmm_tests::remove_cgroups(&parent, id);
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

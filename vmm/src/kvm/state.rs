@@ -151,15 +151,23 @@ pub fn save_vcpu(fd: &VcpuFd, msr_indices: &[u32]) -> Result<VcpuState, StateErr
     })
 }
 
-/// Puts `state` into a fresh vCPU `fd`.
+/// Puts `state` into a fresh vCPU `fd`. The order is KVM's, not the
+/// struct's: the MP state before the registers (KVM decides from it what
+/// a pending INIT means), the special registers before the local APIC (they
+/// carry the APIC base), the local APIC before the MSRs (KVM drops a
+/// TSC-deadline write while the APIC timer is not in TSC-deadline mode, and
+/// an idle guest's one armed timer is that deadline), the events last (the
+/// register writes clear a pending exception they put back).
 #[allow(unsafe_code)]
 pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), StateError> {
     let cpuid = CpuId::from_entries(&state.cpuid).map_err(|_| StateError::TooLong("CPUID"))?;
     fd.set_cpuid2(&cpuid).map_err(ioctl("set the CPUID"))?;
-    fd.set_sregs(&state.sregs)
-        .map_err(ioctl("set the special registers"))?;
+    fd.set_mp_state(state.mp_state)
+        .map_err(ioctl("set the MP state"))?;
     fd.set_regs(&state.regs)
         .map_err(ioctl("set the registers"))?;
+    fd.set_sregs(&state.sregs)
+        .map_err(ioctl("set the special registers"))?;
     // SAFETY: `state.xsave` is a whole `kvm_xsave` (4 KiB), the size
     // KVM_SET_XSAVE reads; a host with a larger XSAVE area (AMX) would need
     // KVM_SET_XSAVE2, whose buffer this is not, and reports a larger
@@ -167,6 +175,10 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), StateError> {
     // KVM_GET_XSAVE into the same 4 KiB.
     unsafe { fd.set_xsave(&state.xsave) }.map_err(ioctl("set the XSAVE area"))?;
     fd.set_xcrs(&state.xcrs).map_err(ioctl("set the XCRs"))?;
+    fd.set_debug_regs(&state.debug_regs)
+        .map_err(ioctl("set the debug registers"))?;
+    fd.set_lapic(&state.lapic)
+        .map_err(ioctl("set the local APIC"))?;
     for chunk in state.msrs.chunks(kvm_bindings::KVM_MAX_MSR_ENTRIES) {
         let msrs = Msrs::from_entries(chunk).map_err(|_| StateError::TooLong("MSR"))?;
         let set = fd.set_msrs(&msrs).map_err(ioctl("set the MSRs"))?;
@@ -178,14 +190,8 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState) -> Result<(), StateError> {
             });
         }
     }
-    fd.set_mp_state(state.mp_state)
-        .map_err(ioctl("set the MP state"))?;
-    fd.set_lapic(&state.lapic)
-        .map_err(ioctl("set the local APIC"))?;
     fd.set_vcpu_events(&state.events)
         .map_err(ioctl("set the vCPU events"))?;
-    fd.set_debug_regs(&state.debug_regs)
-        .map_err(ioctl("set the debug registers"))?;
     Ok(())
 }
 
@@ -355,6 +361,65 @@ mod tests {
         );
         // The clock goes on from the saved value, never backwards.
         assert!(vm_back.clock.clock >= vm_saved.clock.clock);
+    }
+
+    /// The local APIC's timer register (LVT Timer) and its TSC-deadline
+    /// mode (bits 18:17 = 2), as the Intel SDM numbers them.
+    const APIC_LVTT: usize = 0x320;
+    const LVTT_TSC_DEADLINE: u32 = 2 << 17;
+    /// IA32_TSC_DEADLINE.
+    const MSR_IA32_TSC_DEADLINE: u32 = 0x6e0;
+
+    fn msr(fd: &VcpuFd, index: u32) -> u64 {
+        let mut msrs = Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .unwrap();
+        assert_eq!(fd.get_msrs(&mut msrs).unwrap(), 1);
+        msrs.as_slice()[0].data
+    }
+
+    /// An idle guest's one armed timer: the APIC timer in TSC-deadline
+    /// mode and a deadline ahead. Set in the order a guest sets them.
+    fn arm_tsc_deadline(fd: &VcpuFd) -> Option<u64> {
+        let mut lapic = fd.get_lapic().unwrap();
+        let lvtt = LVTT_TSC_DEADLINE | 0xec;
+        for (i, b) in lvtt.to_le_bytes().iter().enumerate() {
+            lapic.regs[APIC_LVTT + i] = *b as std::os::raw::c_char;
+        }
+        fd.set_lapic(&lapic).unwrap();
+        let deadline = msr(fd, arch::x86_64::msr::MSR_IA32_TSC) + (1 << 40);
+        let entry = kvm_bindings::kvm_msr_entry {
+            index: MSR_IA32_TSC_DEADLINE,
+            data: deadline,
+            ..Default::default()
+        };
+        fd.set_msrs(&Msrs::from_entries(&[entry]).unwrap()).unwrap();
+        // A host whose KVM gives no TSC-deadline timer to the guest keeps
+        // the write from taking.
+        (msr(fd, MSR_IA32_TSC_DEADLINE) == deadline).then_some(deadline)
+    }
+
+    /// The armed TSC deadline of a paused guest is armed again after a
+    /// restore: restored before the local APIC, KVM drops it and the guest
+    /// sleeps until some device interrupt wakes it.
+    #[test]
+    fn an_armed_tsc_deadline_survives_a_round_trip() {
+        let Some((kvm, vm, mem)) = crate::builder::test_vm(32) else {
+            return;
+        };
+        let fd = boot_vcpu(&kvm, &vm, &mem);
+        let Some(deadline) = arm_tsc_deadline(&fd) else {
+            minivmm_tests::print_skip("this host's KVM gives the guest no TSC-deadline timer");
+            return;
+        };
+        let saved = save_vcpu(&fd, &saveable_msrs(&kvm).unwrap()).unwrap();
+        let (_kvm2, vm2, _mem2) = crate::builder::test_vm(32).unwrap();
+        restore_vm(&vm2, &save_vm(&vm).unwrap()).unwrap();
+        let fd2 = vm2.create_vcpu(0).unwrap();
+        restore_vcpu(&fd2, &saved).unwrap();
+        assert_eq!(msr(&fd2, MSR_IA32_TSC_DEADLINE), deadline);
     }
 
     #[test]
