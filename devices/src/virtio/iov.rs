@@ -391,36 +391,6 @@ unsafe fn load<const N: usize>(at: usize) -> [u8; N] {
     out
 }
 
-/// The `N` bytes at byte `offset` of one segment, or `None` when it ends
-/// first: one load (two or four bytes) or `N` volatile byte loads.
-#[inline(always)]
-pub(crate) fn seg_read<const N: usize>(seg: IoSeg, offset: usize) -> Option<[u8; N]> {
-    if offset.checked_add(N)? > seg.len() {
-        return None;
-    }
-    // SAFETY: [base + offset, base + offset + N) lies inside the segment
-    // (checked above), mapped guest memory (module docs).
-    Some(unsafe { load::<N>(seg.base() + offset) })
-}
-
-/// The `N` bytes at byte `a` and the `M` bytes at byte `b` of one segment,
-/// or `None` when it ends before either ends: two fields of a frame's
-/// headers with one bounds check.
-#[inline(always)]
-pub(crate) fn seg_read_two<const N: usize, const M: usize>(
-    seg: IoSeg,
-    a: usize,
-    b: usize,
-) -> Option<([u8; N], [u8; M])> {
-    if a.checked_add(N)?.max(b.checked_add(M)?) > seg.len() {
-        return None;
-    }
-    let base = seg.base();
-    // SAFETY: both ranges lie inside the segment (checked above), mapped
-    // guest memory (module docs).
-    Some(unsafe { (load::<N>(base + a), load::<M>(base + b)) })
-}
-
 /// The first `L` bytes of a segment, or of a static buffer, read in place:
 /// an address with at least `L` readable bytes behind it, so a read inside
 /// them has no bounds check left at run time.
@@ -435,6 +405,7 @@ impl<const L: usize> Prefix<L> {
     }
 
     /// The bytes of `buf`.
+    #[inline(always)]
     pub(crate) fn of_static(buf: &'static [u8; L]) -> Self {
         Prefix(buf.as_ptr() as usize)
     }
@@ -456,12 +427,17 @@ impl<const L: usize> Prefix<L> {
 
 /// The `N` bytes at byte `offset` of the segments, or `None` when the
 /// segments end first. When the first segment holds them all (the usual
-/// case for a header field), [`seg_read`] with no segment walk; otherwise
-/// [`read_bytes_at`]. Read once, as there.
+/// case for a header field), one load (two or four bytes) or `N` volatile
+/// byte loads with no segment walk; otherwise [`read_bytes_at`]. Read once,
+/// as there.
 #[inline(always)]
 pub(crate) fn read_small<const N: usize>(segs: &[IoSeg], offset: usize) -> Option<[u8; N]> {
-    if let Some(out) = segs.first().and_then(|&seg| seg_read(seg, offset)) {
-        return Some(out);
+    if let Some(seg) = segs.first() {
+        if offset.checked_add(N).is_some_and(|end| end <= seg.len()) {
+            // SAFETY: [base + offset, base + offset + N) lies inside the
+            // segment (checked above), mapped guest memory (module docs).
+            return Some(unsafe { load::<N>(seg.base() + offset) });
+        }
     }
     let mut out = [0u8; N];
     (read_bytes_at(segs, offset, &mut out) == N).then_some(out)
@@ -470,16 +446,22 @@ pub(crate) fn read_small<const N: usize>(segs: &[IoSeg], offset: usize) -> Optio
 /// The `N` bytes at byte `a` and the `M` bytes at byte `b` of the
 /// segments, or `None` when the segments end before either ends: two
 /// fields of a frame's headers with one bounds check when the first
-/// segment holds both (the usual case, [`seg_read_two`]), else as two
-/// [`read_small`]s.
+/// segment holds both (the usual case), else as two [`read_small`]s.
 #[inline(always)]
 pub(crate) fn read_two<const N: usize, const M: usize>(
     segs: &[IoSeg],
     a: usize,
     b: usize,
 ) -> Option<([u8; N], [u8; M])> {
-    if let Some(out) = segs.first().and_then(|&seg| seg_read_two(seg, a, b)) {
-        return Some(out);
+    if let (Some(seg), Some(end_a), Some(end_b)) =
+        (segs.first(), a.checked_add(N), b.checked_add(M))
+    {
+        if end_a.max(end_b) <= seg.len() {
+            let base = seg.base();
+            // SAFETY: both ranges lie inside the segment (checked above),
+            // mapped guest memory (module docs).
+            return Some(unsafe { (load::<N>(base + a), load::<M>(base + b)) });
+        }
     }
     Some((read_small::<N>(segs, a)?, read_small::<M>(segs, b)?))
 }

@@ -746,3 +746,67 @@ impl TxVirtio {
         status
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::mmds::guest::GuestClient;
+    use crate::mmds::{Mmds as Store, DEFAULT_IPV4, DEFAULT_SIZE_LIMIT};
+    use crate::virtio::queue::GuestRegions;
+    use crate::virtio::GuestMemory;
+
+    /// A card without MMDS rules out every chain: it reads none.
+    #[test]
+    fn a_card_without_mmds_rules_out_every_chain() {
+        assert!(<NoMmds as TxClaim>::Probe::rules_out(&()));
+        assert!(NoMmds.claimed(&[]).is_none());
+    }
+
+    /// MMDS's probe rules a chain out by the head the walk showed it, and
+    /// rules out nothing it was not shown (or shown too short).
+    #[test]
+    fn the_mmds_probe_rules_out_by_the_head_it_was_shown() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x10000)]).expect("memory");
+        let regions = GuestRegions::new(&mem).expect("regions");
+        let mut stack = MmdsStack::new(
+            DEFAULT_IPV4,
+            Arc::new(Mutex::new(Store::new(DEFAULT_SIZE_LIMIT))),
+        );
+        let mut claim = Mmds { stack: &mut stack };
+        let fresh = claim.probe();
+        assert!(!fresh.rules_out(), "shown nothing");
+        let mut other = GuestClient::new(DEFAULT_IPV4, 40000);
+        other.mmds_ip = [10, 0, 0, 9];
+        let mine = GuestClient::new(DEFAULT_IPV4, 40000);
+        // (frame, bytes of it shown, whether the probe rules it out)
+        let cases = [
+            (other.segment(packet::flags::SYN, b"", None), None, true),
+            (
+                other.segment(packet::flags::SYN, b"", None),
+                Some(HEAD_LEN - 1),
+                false,
+            ),
+            (mine.segment(packet::flags::SYN, b"", None), None, false),
+            (other.arp_request(), None, false),
+            (mine.arp_request(), None, false),
+        ];
+        for (i, (f, shown, ruled_out)) in cases.into_iter().enumerate() {
+            let gpa = 0x1000 * (i as u64 + 1);
+            mem.write_slice(&f, GuestAddress(gpa)).expect("written");
+            let seg = regions
+                .segment(gpa, shown.unwrap_or(f.len()) as u64)
+                .expect("in memory");
+            let mut probe = fresh;
+            probe.seen(seg);
+            assert_eq!(probe.rules_out(), ruled_out, "case {i}");
+            // What the probe did not rule out, the whole chain decides.
+            let whole = regions.segment(gpa, f.len() as u64).expect("in memory");
+            let for_mmds = i == 2 || i == 4;
+            assert_eq!(claim.claimed(&[whole]).is_some(), for_mmds, "case {i}");
+        }
+    }
+}

@@ -297,10 +297,10 @@ impl<'q> DescCursor<'q> {
 /// without finding the segment again. `()` looks at nothing and compiles
 /// to nothing.
 pub trait FirstSeg {
-    /// The fewest bytes a first buffer must have to be shown; above 1, the
-    /// walk compares the buffer's length with this before the zero test
-    /// every buffer gets, so a long first buffer pays no more tests than
-    /// without a look (1: nothing is shown).
+    /// The fewest bytes a first buffer must have to be shown, at least 1:
+    /// the walk compares the buffer's length with this in place of the
+    /// zero test every buffer gets (a shorter one gets that test next), so
+    /// a first buffer long enough pays no more tests than without a look.
     const MIN_LEN: u32;
 
     /// The host segment of the chain's first buffer, when that buffer has
@@ -410,10 +410,9 @@ impl SplitQueue {
         if walked.len > rules.max_len as u64 {
             return Err(ChainError::TooLong);
         }
-        // With `()` the second arm is `d.len == 0`: an empty buffer adds
-        // no segment.
-        // With `()` only the second test is left, as every buffer has.
-        if F::MIN_LEN > 1 && d.len >= F::MIN_LEN {
+        // An empty buffer adds no segment. With `()` (MIN_LEN 1) the first
+        // test is that zero test and the second never passes.
+        if d.len >= F::MIN_LEN {
             if !self
                 .mem
                 .push_segments_seen(d.addr, d.len, segs, |s| first.seen(s))
