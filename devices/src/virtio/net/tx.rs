@@ -17,6 +17,14 @@
 //! but not used, so nothing is lost and the guest sees no completion. The
 //! pass then ends with `Throttled`, which counts no weight hit, and the event
 //! glue waits for the limiter's timer.
+//!
+//! **MMDS.** On a card MMDS serves, a chain for the MMDS address goes to the
+//! stack, never to the backend. The pass is compiled once per card kind
+//! (`TxClaim`): without MMDS the walk looks at nothing and no claim code
+//! runs. With it, the walk hands a probe the first buffer's segment while it
+//! has it ([`FirstSeg`]), the probe rules most frames out from those bytes
+//! ([`packet::rules_out`]), and only the rest (ARP, IPv4 to MMDS, headers
+//! split over buffers) are read whole, out of line.
 
 use std::io;
 use std::time::Duration;
