@@ -689,6 +689,27 @@ pub fn cli_args(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| w.to_string()).collect()
 }
 
+/// The uid and gid the jail tests run a jailed minivmm as (`nobody`).
+pub const JAIL_ID: u32 = 65534;
+
+/// `--jail dir --uid --gid` ([`JAIL_ID`]) `--id id --parent-cgroup parent`:
+/// a jailed minivmm's command line before its own words.
+pub fn jail_args(dir: &Path, id: &str, parent: &str) -> Vec<String> {
+    let uid = JAIL_ID.to_string();
+    cli_args(&[
+        "--jail",
+        &dir.display().to_string(),
+        "--uid",
+        &uid,
+        "--gid",
+        &uid,
+        "--id",
+        id,
+        "--parent-cgroup",
+        parent,
+    ])
+}
+
 /// The last line of the metrics file at `path`, parsed: minivmm writes one
 /// JSON line per flush (interval, SIGUSR1, exit), so the last is the newest.
 pub fn last_metrics(path: &Path) -> serde_json::Value {

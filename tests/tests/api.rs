@@ -25,7 +25,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::fc_schema::{validate, validate_minivmm};
-use minivmm_tests::{guest_image_if, last_metrics, minivmm_bin, mvperf_bin, Need, NetNs, Vm};
+use minivmm_tests::{
+    guest_image_if, last_metrics, minivmm_bin, mvperf_bin, Need, NetNs, Vm, JAIL_ID,
+};
 use serde_json::{json, Value};
 
 const HOST_IP: &str = "10.0.2.1";
@@ -455,9 +457,6 @@ fn ping_once(ns: &NetNs, deadline_s: u32) -> (bool, Duration) {
         .success();
     (ok, t.elapsed())
 }
-
-/// The uid and gid the jailed minivmm runs as (`nobody`).
-const JAIL_ID: u32 = 65534;
 
 /// A jail directory owned by [`JAIL_ID`], holding the kernel and initramfs
 /// (hard links where the file system allows, copies otherwise) and a marker.

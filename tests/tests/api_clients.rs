@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use minivmm_tests::{cli_args, minivmm_bin, require, write_halting_kernel, Need, Vm};
+use minivmm_tests::{cli_args, minivmm_bin, require, write_halting_kernel, Need, Vm, JAIL_ID};
 
 /// The README's idle time: a connection has this long for a whole request,
 /// and an answer this long to be read.
@@ -166,9 +166,6 @@ fn a_client_that_never_reads_its_answers_is_dropped_and_minivmm_serves_on() {
     assert!(body.contains("Not started"), "{body}");
     vm.terminate(Duration::from_secs(10));
 }
-
-/// The uid and gid the jailed minivmm runs as (`nobody`).
-const JAIL_ID: u32 = 65534;
 
 /// The running-VM case: jailed, on a kernel that halts at once (no guest
 /// boot), the log at warn level on stderr.

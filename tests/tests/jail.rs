@@ -32,12 +32,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    cgroup_mounts, children_of, cli_args, minivmm_bin, remove_cgroups, require, threads_of,
-    vsock_connect_is_closed, write_halting_kernel, Need, NetNs, Vm,
+    cgroup_mounts, children_of, cli_args, jail_args, minivmm_bin, remove_cgroups, require,
+    threads_of, vsock_connect_is_closed, write_halting_kernel, Need, NetNs, Vm, JAIL_ID,
 };
 
-/// The uid and gid the jailed minivmm runs as (`nobody`).
-const JAIL_ID: u32 = 65534;
 /// The file size limit the tests give.
 const FSIZE: u64 = 1 << 20;
 
@@ -52,21 +50,8 @@ fn jail_dir(tag: &str) -> PathBuf {
 
 /// `--jail DIR --uid --gid --id ID --parent-cgroup PARENT` and `extra`.
 fn jailed_args(dir: &Path, id: &str, parent: &str, extra: &[&str]) -> Vec<String> {
-    let uid = JAIL_ID.to_string();
-    let mut args = cli_args(&[
-        "--jail",
-        dir.to_str().unwrap(),
-        "--uid",
-        &uid,
-        "--gid",
-        &uid,
-        "--id",
-        id,
-        "--parent-cgroup",
-        parent,
-        "--mem",
-        "64",
-    ]);
+    let mut args = jail_args(dir, id, parent);
+    args.extend(cli_args(&["--mem", "64"]));
     args.extend(cli_args(extra));
     args
 }

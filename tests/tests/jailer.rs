@@ -24,11 +24,9 @@ use std::time::{Duration, Instant};
 
 use minivmm_tests::{
     guest_image_if, pvm_host, remove_cgroups, require, static_minivmm_and_jailer, threads_of,
-    write_halting_kernel, Need, NetNs, Vm,
+    write_halting_kernel, Need, NetNs, Vm, JAIL_ID,
 };
 
-/// The uid and gid the VMM runs as (`nobody`).
-const JAIL_ID: u32 = 65534;
 const HOST_IP: &str = "10.0.2.1";
 const GUEST_IP: &str = "10.0.2.2";
 /// See tests/netperf.rs: an emulated guest under load needs minutes.

@@ -63,9 +63,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use minivmm_tests::{
-    cli_args, debugfs_cat, disk_copy, disk_test_content, guest_image_if, last_metrics, metric,
-    minivmm_bin, mvperf_bin, write_counting_kernel, write_ticking_kernel, Need, NetNs, Patience,
-    Vm, COUNT_BASE, DISK_TEST_FILE, DISK_WRITE_OK,
+    cli_args, debugfs_cat, disk_copy, disk_test_content, guest_image_if, jail_args, last_metrics,
+    metric, minivmm_bin, mvperf_bin, write_counting_kernel, write_ticking_kernel, Need, NetNs,
+    Patience, Vm, COUNT_BASE, DISK_TEST_FILE, DISK_WRITE_OK, JAIL_ID,
 };
 use serde_json::{json, Value};
 
@@ -650,28 +650,12 @@ fn diffs_of_a_restored_vm(dir: &Path) {
     restored.terminate(Duration::from_secs(10));
 }
 
-/// The uid and gid of the jailed minivmms (`nobody`).
-const JAIL_ID: u32 = 65534;
-
 /// A jailed minivmm (`--jail dir`, as `nobody`, a cgroup leaf `id` under
 /// `parent`) on the API socket `/ID.sock` of its jail; the socket's host
 /// path.
 fn jailed_vmm(dir: &Path, id: &str, parent: &str) -> (Vm, PathBuf) {
-    let uid = JAIL_ID.to_string();
-    let args = cli_args(&[
-        "--jail",
-        &p(dir),
-        "--uid",
-        &uid,
-        "--gid",
-        &uid,
-        "--id",
-        id,
-        "--parent-cgroup",
-        parent,
-        "--api-sock",
-        &format!("/{id}.sock"),
-    ]);
+    let mut args = jail_args(dir, id, parent);
+    args.extend(cli_args(&["--api-sock", &format!("/{id}.sock")]));
     let vm = Vm::spawn(&args, None).unwrap();
     let sock = dir.join(format!("{id}.sock"));
     wait_for_socket(&sock);

@@ -8,7 +8,13 @@
 #   FIRECRACKER=PATH bash tools/bench/restore-vs-firecracker.sh [RUNS]
 #   bash tools/bench/restore-vs-firecracker.sh --firecracker PATH [RUNS]
 #
-# RUNS: restores per VMM (default 5). WORK (environment) is where the
+# RUNS: restores per VMM (default 5). SNAPSHOTS (environment, default 3):
+# Full snapshots per VMM, taken from its one boot a few seconds apart
+# (paused, snapshotted, resumed); the restores go through them in turn.
+# What a restored guest does first depends on the moment it was saved
+# (a timer due, work queued), and every restore of one snapshot replays
+# that moment, so with one snapshot per VMM the comparison rests on two
+# moments. WORK (environment) is where the
 # snapshots, consoles and logs go (default: a new temporary directory); the
 # snapshots, disks and kernel copy are deleted at the end, the logs kept.
 #
@@ -19,14 +25,18 @@
 # In one network namespace the script creates (all traffic stays inside it):
 #
 # 1. minivmm, then Firecracker: a cold boot (InstanceStart until the guest
-#    prints MINIVMM-SERVING), a ping answered, PATCH /vm Paused, a timed
-#    PUT /snapshot/create (Full), the process killed.
+#    prints MINIVMM-SERVING), a ping answered, then SNAPSHOTS times: a
+#    pause of 2 to 4 s, PATCH /vm Paused, a timed PUT /snapshot/create
+#    (Full), PATCH /vm Resumed; the process killed.
 # 2. RUNS rounds, minivmm then Firecracker in each: a fresh process on an
 #    API socket, PUT /snapshot/load (File backend, resume_vm) timed until
-#    its answer (curl's time_total) and until the guest's first ping reply
-#    (ping every 10 ms from just before the request, the reply's time
-#    taken by `ping -D`), the process's RSS once that reply came, the
-#    process killed.
+#    its answer (curl's time_total) and, from a clock read just before
+#    curl starts, until the guest's first ping reply (ping every 10 ms
+#    from just before that, the reply's time taken by `ping -D`), the
+#    CPU time of each of its threads (in $WORK/NAME.threads), the process's RSS once that reply came (and of
+#    it the guest memory's mapping, from /proc/PID/smaps) and the CPU
+#    time its threads had used (the vCPU's running the guest is most of
+#    it: on a PVM host the guest kernel is emulated), the process killed.
 # 3. A table: per VMM the median, min and max of each restore figure, the
 #    cold boot, the create time and the files' sizes; the CPU and the load
 #    average before and after.
@@ -69,6 +79,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$runs" -ge 1 ] || die "RUNS must be at least 1"
+snapshots=${SNAPSHOTS:-3}
+case "$snapshots" in
+'' | *[!0-9]* | 0) die "SNAPSHOTS must be a number of at least 1, not '$snapshots'" ;;
+esac
 [ -n "$fc" ] || die "no Firecracker binary: set FIRECRACKER=PATH or pass --firecracker PATH"
 [ -x "$fc" ] || die "$fc is not an executable"
 fc=$(realpath "$fc")
@@ -104,7 +118,10 @@ cleanup() {
         wait "$vmm_pid" 2>/dev/null || true
     fi
     ip netns del "$NS" 2>/dev/null || true
-    rm -f "$WORK"/*.mem "$WORK"/*.state "$WORK"/*.ext4 "$WORK"/*.sock "$WORK/vmlinux"
+    # KEEP_SNAPSHOTS=1 keeps the snapshots and disks, to restore again.
+    [ "${KEEP_SNAPSHOTS:-0}" = 1 ] ||
+        rm -f "$WORK"/*.mem "$WORK"/*.state "$WORK"/*.ext4 "$WORK/vmlinux"
+    rm -f "$WORK"/*.sock
     log "logs in $WORK"
 }
 trap cleanup EXIT
@@ -214,46 +231,74 @@ boot() {
     fi
     ip netns exec "$NS" ping -n -q -c 1 -i 0.05 -w 120 "$GUEST_IP" >/dev/null ||
         die "$vmm: the served guest answers no ping"
-    api "$s" PATCH /vm '{"state": "Paused"}' >/dev/null
-    local created
-    created=$(api "$s" PUT /snapshot/create "{\"snapshot_type\": \"Full\",
-        \"snapshot_path\": \"$WORK/$vmm.state\", \"mem_file_path\": \"$WORK/$vmm.mem\"}")
+    local i created create_ms=
+    for i in $(seq 1 "$snapshots"); do
+        # Moments apart: 2 to 4 s of the guest running.
+        sleep "$((2 + RANDOM % 3))"
+        api "$s" PATCH /vm '{"state": "Paused"}' >/dev/null
+        created=$(api "$s" PUT /snapshot/create "{\"snapshot_type\": \"Full\",
+            \"snapshot_path\": \"$WORK/$vmm-$i.state\", \"mem_file_path\": \"$WORK/$vmm-$i.mem\"}")
+        # The first one's time: the later ones find the memory file's pages cached.
+        [ -n "$create_ms" ] || create_ms=${created#* }
+        api "$s" PATCH /vm '{"state": "Resumed"}' >/dev/null
+    done
     stop
-    echo "$boot_ns ${created#* } $(stat -c %s "$WORK/$vmm.state") $(stat -c '%s %b %B' "$WORK/$vmm.mem")" |
+    echo "$boot_ns $create_ms $(stat -c %s "$WORK/$vmm-1.state") $(stat -c '%s %b %B' "$WORK/$vmm-1.mem")" |
         awk '{ printf "%.1f %.1f %d %d %d\n", $1 / 1e9, $2 * 1e3, $3, $4, $5 * $6 }' >"$WORK/$vmm.boot"
-    log "$vmm: served after $(cut -d' ' -f1 "$WORK/$vmm.boot") s, snapshot taken"
+    log "$vmm: served after $(cut -d' ' -f1 "$WORK/$vmm.boot") s, $snapshots snapshots taken"
 }
 
-# restore VMM ROUND: appends "load_ms first_ping_ms rss_kib rss_anon_kib
-# rss_file_kib loadavg_1min" to $WORK/VMM.restores.
+# restore VMM ROUND: a restore of the VMM's snapshot number ROUND modulo
+# SNAPSHOTS; appends "load_ms first_ping_ms rss_kib rss_anon_kib
+# rss_file_kib loadavg_1min guest_mem_rss_kib snapshot cpu_ms" to
+# $WORK/VMM.restores.
 restore() {
-    local vmm=$1 name=$1-r$2
-    local s=$WORK/$name.sock
+    local vmm=$1 name=$1-r$2 snap=$(($2 % snapshots + 1))
+    local s=$WORK/$name.sock mem=$WORK/$1-$snap.mem
     start "$vmm" "$name"
-    local pings=$WORK/$name.ping ping_pid t_after out
+    local pings=$WORK/$name.ping ping_pid t_before out
     # Pings from just before the request, every 10 ms, until one is
     # answered (those sent before the guest runs are lost).
     ip netns exec "$NS" ping -D -n -c 1 -i 0.01 -w 30 "$GUEST_IP" >"$pings" 2>&1 &
     ping_pid=$!
-    out=$(api "$s" PUT /snapshot/load "{\"snapshot_path\": \"$WORK/$vmm.state\",
-        \"mem_backend\": {\"backend_type\": \"File\", \"backend_path\": \"$WORK/$vmm.mem\"},
+    # Taken before curl starts: the request leaves a few milliseconds later
+    # (curl's start), the same for both VMMs. (Counting back from after
+    # curl's exit by its time_total overstated when the request left by
+    # the time curl took to exit and the shell to fork, tens of
+    # milliseconds on a loaded machine: replies came "before" requests.)
+    t_before=$(date +%s%N)
+    out=$(api "$s" PUT /snapshot/load "{\"snapshot_path\": \"$WORK/$vmm-$snap.state\",
+        \"mem_backend\": {\"backend_type\": \"File\", \"backend_path\": \"$mem\"},
         \"resume_vm\": true}")
-    t_after=$(date +%s%N)
     wait "$ping_pid" || die "$name: no ping answered within 30 s: $(tail -n 5 "$WORK/$name.err")"
     local rss
     rss=$(awk '/^(VmRSS|RssAnon|RssFile):/ { printf "%s ", $2 }' "/proc/$vmm_pid/status")
+    # The guest memory's part: the mapping of the memory file (its
+    # private copies of pages the guest wrote included).
+    local guest_rss
+    guest_rss=$(awk -v f="$mem" '/^[0-9a-f]+-[0-9a-f]+ / { m = ($NF == f) }
+        m && /^Rss:/ { s += $2 } END { print s + 0 }' "/proc/$vmm_pid/smaps")
+    # utime + stime of all its threads, in clock ticks (after the
+    # command's name, which may hold spaces: fields 12 and 13).
+    local cpu_ticks
+    cpu_ticks=$(sed 's/.*) //' "/proc/$vmm_pid/stat" | awk '{ print $12 + $13 }')
+    # The same per thread still running: "name utime stime" (ticks).
+    local t
+    for t in "/proc/$vmm_pid/task"/*; do
+        echo "$(tr ' ' _ <"$t/comm") $(sed 's/.*) //' "$t/stat" | cut -d' ' -f12,13)"
+    done >"$WORK/$name.threads"
     kill -0 "$vmm_pid" 2>/dev/null || die "$name exited"
     stop
-    # The request went out time_total before its answer came back; the
-    # first reply's time is ping's -D stamp.
+    # The first reply's time is ping's -D stamp.
     local first
     first=$(sed -n 's/^\[\([0-9.]*\)\] [0-9]* bytes from.*/\1/p' "$pings" | head -n 1)
     [ -n "$first" ] || die "$name: no reply line in $(cat "$pings")"
-    echo "${out#* } $t_after $first $rss $(cut -d' ' -f1 /proc/loadavg)" |
-        awk '{ sent = $2 / 1e9 - $1
-            printf "%.1f %.1f %d %d %d %s\n", $1 * 1e3, ($3 - sent) * 1e3, $4, $5, $6, $7 }' \
+    echo "${out#* } $t_before $first $rss $(cut -d' ' -f1 /proc/loadavg) $guest_rss $snap $cpu_ticks" |
+        awk -v hz="$(getconf CLK_TCK)" '{
+            printf "%.1f %.1f %d %d %d %s %d %d %d\n", $1 * 1e3, ($3 - $2 / 1e9) * 1e3, $4, $5, $6, $7, $8, $9,
+                $10 * 1000 / hz }' \
             >>"$WORK/$vmm.restores"
-    log "$name: $(tail -n 1 "$WORK/$vmm.restores") (load ms, first ping ms, RSS KiB, anon, file; load average)"
+    log "$name: $(tail -n 1 "$WORK/$vmm.restores") (load ms, first ping ms, RSS KiB, anon, file; load average; guest memory RSS KiB; snapshot; CPU ms)"
 }
 
 # stats FILE COLUMN: "median min max" of one column.
@@ -280,7 +325,7 @@ for round in $(seq 1 "$runs"); do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-echo "Restore of a Full snapshot, 256 MiB, 1 vCPU, served guest; $runs restores per VMM, interleaved"
+echo "Restore of a Full snapshot, 256 MiB, 1 vCPU, served guest; $runs restores per VMM, interleaved, of $snapshots snapshots each"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; host kernel $(uname -r)"
 echo "load average before: $load_before; after: $load_after"
 echo "minivmm: $(git rev-parse --short HEAD); firecracker: $("$fc" --version 2>/dev/null | head -n 1)"
@@ -294,8 +339,18 @@ row "PUT /snapshot/create, Full (ms)" "$(field minivmm 2)" "$(field firecracker 
 row "state file (bytes)" "$(field minivmm 3)" "$(field firecracker 3)"
 row "memory file (bytes; allocated)" "$(field minivmm 4); $(field minivmm 5)" "$(field firecracker 4); $(field firecracker 5)"
 for col in "1:PUT /snapshot/load answered (ms), median (min-max)" \
-    "2:first ping reply, from the load request (ms)" \
+    "2:first ping reply, from just before the load request (ms)" \
     "3:RSS after the first ping (KiB)" "4:of it anonymous (KiB)" "5:of it file-backed (KiB)" \
+    "7:of it the guest memory's mapping (KiB)" \
+    "9:CPU time of the process until the first ping (ms, in clock ticks)" \
     "6:load average (1 min) at the restores"; do
     row "${col#*:}" "$(stats "$WORK/minivmm.restores" "${col%%:*}")" "$(stats "$WORK/firecracker.restores" "${col%%:*}")"
+done
+echo
+echo "| first ping reply by snapshot (ms), median (min-max) | minivmm | Firecracker |"
+echo "|---|---|---|"
+by_snapshot() { awk -v n="$2" '$8 == n' "$WORK/$1.restores" >"$WORK/$1.snap$2"; stats "$WORK/$1.snap$2" 2; }
+for i in $(seq 1 "$snapshots"); do
+    [ "$runs" -ge "$i" ] || break
+    row "snapshot $i" "$(by_snapshot minivmm "$i")" "$(by_snapshot firecracker "$i")"
 done

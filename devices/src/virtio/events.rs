@@ -300,12 +300,25 @@ impl<'a> HostErrors<'a> {
         want: bool,
         registered: &mut bool,
     ) {
+        self.sync_eventfds(ops, fds, EventSet::IN, want, registered);
+    }
+
+    /// [`sync_queue_eventfds`](Self::sync_queue_eventfds) with the poll
+    /// set `set` (`IN | EDGE_TRIGGERED` for kicks a device never reads).
+    pub(crate) fn sync_eventfds(
+        self,
+        ops: &mut EventOps,
+        fds: &[(&EventFd, u32)],
+        set: EventSet,
+        want: bool,
+        registered: &mut bool,
+    ) {
         if want == *registered {
             return;
         }
         for &(evt, token) in fds {
             let res = if want {
-                ops.add(Events::with_data(evt, token, EventSet::IN))
+                ops.add(Events::with_data(evt, token, set))
             } else {
                 ops.remove(Events::empty(evt))
             };

@@ -16,6 +16,9 @@
 //! - inside the crate a counter struct implements `Counters` (its device
 //!   name and its host-error counter), and gets [`DeviceMetrics`] and the
 //!   `HostErrors` sink of the event glue from it.
+//! - the devices that serve request queues through `virtio::pass` (block,
+//!   entropy, balloon) keep the counters of their passes in one
+//!   [`QueueCounters`], flattened into their own (the same keys).
 //!
 //! [`TimeCounter`]: super::time_counter::TimeCounter
 
@@ -24,6 +27,31 @@ use std::sync::atomic::AtomicU64;
 use serde::Serialize;
 
 use crate::virtio::events::HostErrors;
+
+/// The counters of the passes over a device's queues, alike in every
+/// device that serves its queues through `virtio::pass`, serialized among
+/// the device's own counters (`#[serde(flatten)]`: the keys are these
+/// names).
+#[derive(Debug, Default, Serialize)]
+pub struct QueueCounters {
+    /// Passes over a queue.
+    pub passes: AtomicU64,
+    /// Passes cut short by a weight or the descriptor budget and re-queued
+    /// behind the other ready events.
+    pub pass_yields: AtomicU64,
+    /// Ring entries and descriptors read by the datapath.
+    pub descs_walked: AtomicU64,
+    /// The most ring entries and descriptors one pass has read (a gauge;
+    /// never above `queue::MAX_PASS_READS`).
+    pub max_descs_per_pass: AtomicU64,
+    /// Queue-level failures (avail index out of range); the queue stops
+    /// until the driver resets the device.
+    pub queue_errors: AtomicU64,
+    /// Used-buffer interrupts raised.
+    pub interrupts: AtomicU64,
+    /// Used-buffer interrupts the driver asked us not to raise.
+    pub interrupts_suppressed: AtomicU64,
+}
 
 /// A device's counters, as the VMM collects them.
 pub trait DeviceMetrics: Send + Sync + std::fmt::Debug {

@@ -13,26 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::rate_limiter::RateLimiterError;
 use crate::virtio::events::{self, HostErrors};
+use crate::virtio::metrics::QueueCounters;
 use crate::virtio::queue::{Budget, ChainError, QueueError, SplitQueue, PASS_DESC_BUDGET};
 use crate::virtio::time_counter::TimeCounter;
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
-
-/// The counters of the passes over one request queue, the same in every
-/// device that has such a queue (block, entropy), borrowed from its
-/// metrics for [`end`].
-pub(crate) struct PassCounters<'a> {
-    /// Passes cut short and re-queued.
-    pub(crate) pass_yields: &'a AtomicU64,
-    /// Ring entries and descriptors read.
-    pub(crate) descs_walked: &'a AtomicU64,
-    /// The most one pass read.
-    pub(crate) max_descs_per_pass: &'a AtomicU64,
-    /// Used-buffer interrupts raised.
-    pub(crate) interrupts: &'a AtomicU64,
-    /// Used-buffer interrupts the driver suppressed.
-    pub(crate) interrupts_suppressed: &'a AtomicU64,
-}
 
 /// The start of every pass over a request queue: none on a queue that
 /// broke (`None`); otherwise the pass is counted in `passes`, kicks are
@@ -54,17 +39,17 @@ pub(crate) fn end(
     budget: &Budget,
     yielded: bool,
     irq: &dyn Interrupt,
-    c: &PassCounters<'_>,
+    c: &QueueCounters,
 ) {
     if yielded {
-        events::inc(c.pass_yields);
+        events::inc(&c.pass_yields);
     }
-    count_reads(budget, c.descs_walked, c.max_descs_per_pass);
+    count_reads(budget, &c.descs_walked, &c.max_descs_per_pass);
     events::notify_driver(
         queue.publish_used(),
         irq,
-        c.interrupts,
-        c.interrupts_suppressed,
+        &c.interrupts,
+        &c.interrupts_suppressed,
     );
 }
 

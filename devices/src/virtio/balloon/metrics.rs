@@ -23,7 +23,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::Serialize;
 
-use crate::virtio::metrics::Counters;
+use crate::virtio::metrics::{Counters, QueueCounters};
 
 /// Lock-free counters of one balloon.
 #[derive(Debug, Default, Serialize)]
@@ -71,23 +71,11 @@ pub struct BalloonMetrics {
     pub malformed_chains: AtomicU64,
     /// Host-side faults (`madvise`, eventfd, epoll, the statistics timer).
     pub host_errors: AtomicU64,
-    /// Passes over a queue.
-    pub passes: AtomicU64,
-    /// Passes cut short by a weight or the descriptor budget and re-queued
-    /// behind the other ready events.
-    pub pass_yields: AtomicU64,
-    /// Ring entries and descriptors read by the datapath.
-    pub descs_walked: AtomicU64,
-    /// The most ring entries and descriptors one pass has read (a gauge;
-    /// never above `queue::MAX_PASS_READS`).
-    pub max_descs_per_pass: AtomicU64,
-    /// Queue-level failures (avail index out of range); the queue stops
-    /// until the driver resets the device.
-    pub queue_errors: AtomicU64,
-    /// Used-buffer interrupts raised.
-    pub interrupts: AtomicU64,
-    /// Used-buffer interrupts the driver asked us not to raise.
-    pub interrupts_suppressed: AtomicU64,
+    /// The counters of its passes (`passes`, `pass_yields`, `descs_walked`,
+    /// `max_descs_per_pass`, `queue_errors`, `interrupts`,
+    /// `interrupts_suppressed`).
+    #[serde(flatten)]
+    pub queue: QueueCounters,
     /// Guest writes to the configuration space outside `actual`, ignored.
     pub config_writes_ignored: AtomicU64,
     /// The 64-bit feature word the driver acknowledged at activation.

@@ -34,7 +34,7 @@ use super::{
 };
 use crate::virtio::events;
 use crate::virtio::iov::{self, whole_pages};
-use crate::virtio::pass::{self, more_after_drained, queue_failed, refuse_chain, PassCounters};
+use crate::virtio::pass::{self, more_after_drained, queue_failed, refuse_chain};
 use crate::virtio::queue::{
     Budget, Chain, ChainError, ChainRules, IoSeg, QueueError, SplitQueue, PASS_WEIGHT_CHAINS,
 };
@@ -167,7 +167,7 @@ impl BalloonVirtio {
         };
         let m = env.metrics;
         let q = &mut self.queues[i];
-        let Some(budget) = pass::begin(&mut q.queue, q.broken, &m.passes) else {
+        let Some(budget) = pass::begin(&mut q.queue, q.broken, &m.queue.passes) else {
             return PassStatus::Broken;
         };
         let mut p = Progress {
@@ -178,20 +178,19 @@ impl BalloonVirtio {
         let status = match self.drain(i, &mut p, env) {
             Ok(s) => s,
             Err(e) => {
-                queue_failed(&m.queue_errors, DEVICE, vq.name(), &e);
+                queue_failed(&m.queue.queue_errors, DEVICE, vq.name(), &e);
                 self.queues[i].broken = true;
                 PassStatus::Broken
             }
         };
-        let c = PassCounters {
-            pass_yields: &m.pass_yields,
-            descs_walked: &m.descs_walked,
-            max_descs_per_pass: &m.max_descs_per_pass,
-            interrupts: &m.interrupts,
-            interrupts_suppressed: &m.interrupts_suppressed,
-        };
         let yielded = status == PassStatus::Yield;
-        pass::end(&mut self.queues[i].queue, &p.budget, yielded, env.irq, &c);
+        pass::end(
+            &mut self.queues[i].queue,
+            &p.budget,
+            yielded,
+            env.irq,
+            &m.queue,
+        );
         status
     }
 
@@ -499,8 +498,8 @@ impl BalloonVirtio {
         events::notify_driver(
             q.queue.publish_used(),
             irq,
-            &metrics.interrupts,
-            &metrics.interrupts_suppressed,
+            &metrics.queue.interrupts,
+            &metrics.queue.interrupts_suppressed,
         );
         true
     }

@@ -25,7 +25,7 @@ use std::sync::atomic::AtomicU64;
 use serde::Serialize;
 
 use crate::virtio::events;
-use crate::virtio::metrics::Counters;
+use crate::virtio::metrics::{Counters, QueueCounters};
 
 use crate::virtio::time_counter::TimeCounter;
 
@@ -63,25 +63,13 @@ pub struct BlockMetrics {
     pub rate_limiter_throttled: AtomicU64,
     /// Nanoseconds requests waited for the rate limiter.
     pub throttled_ns: TimeCounter,
-    /// Ring entries and descriptors read by the datapath.
-    pub descs_walked: AtomicU64,
-    /// The most ring entries and descriptors one pass has read (a gauge;
-    /// never above `queue::MAX_PASS_READS`).
-    pub max_descs_per_pass: AtomicU64,
-    /// Passes cut short by their request or descriptor budget and
-    /// re-queued behind the other ready events.
-    pub pass_yields: AtomicU64,
-    /// Passes over the request queue.
-    pub passes: AtomicU64,
-    /// Queue-level failures (avail index out of range); the queue stops
-    /// until the driver resets the device.
-    pub queue_errors: AtomicU64,
+    /// The counters of its passes (`passes`, `pass_yields`, `descs_walked`,
+    /// `max_descs_per_pass`, `queue_errors`, `interrupts`,
+    /// `interrupts_suppressed`).
+    #[serde(flatten)]
+    pub queue: QueueCounters,
     /// Host-side faults (eventfd, epoll, io_uring submission).
     pub host_errors: AtomicU64,
-    /// Used-buffer interrupts raised.
-    pub interrupts: AtomicU64,
-    /// Used-buffer interrupts the driver asked us not to raise.
-    pub interrupts_suppressed: AtomicU64,
     /// `io_uring_enter` calls that submitted requests (0 with `Sync`).
     pub ring_submissions: AtomicU64,
     /// The most requests in flight on the io_uring at once (a gauge).

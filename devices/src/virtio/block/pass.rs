@@ -39,9 +39,7 @@ use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov;
 use crate::virtio::metrics::Counters;
-use crate::virtio::pass::{
-    self, admitted, more_after_drained, queue_failed, refuse_chain, PassCounters,
-};
+use crate::virtio::pass::{self, admitted, more_after_drained, queue_failed, refuse_chain};
 use crate::virtio::queue::{Budget, QueueError, SplitQueue, PASS_WEIGHT_CHAINS};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -81,17 +79,6 @@ pub struct BlockVirtio {
     pool: SegPool,
     /// Request counters of the pass or batch of completions under way.
     tally: Tally,
-}
-
-/// The drive's pass counters.
-fn counters(m: &BlockMetrics) -> PassCounters<'_> {
-    PassCounters {
-        pass_yields: &m.pass_yields,
-        descs_walked: &m.descs_walked,
-        max_descs_per_pass: &m.max_descs_per_pass,
-        interrupts: &m.interrupts,
-        interrupts_suppressed: &m.interrupts_suppressed,
-    }
 }
 
 /// Whether the limiter lets `req` run now; counts a refusal.
@@ -290,13 +277,14 @@ impl BlockVirtio {
         metrics: &BlockMetrics,
         irq: &dyn Interrupt,
     ) -> PassStatus {
-        let Some(mut budget) = pass::begin(&mut self.queue, self.broken, &metrics.passes) else {
+        let Some(mut budget) = pass::begin(&mut self.queue, self.broken, &metrics.queue.passes)
+        else {
             return PassStatus::Broken;
         };
         let status = match self.fill(&mut budget, backend, engine, limiter, metrics) {
             Ok(s) => s,
             Err(e) => {
-                queue_failed(&metrics.queue_errors, "virtio-blk", "", &e);
+                queue_failed(&metrics.queue.queue_errors, "virtio-blk", "", &e);
                 self.broken = true;
                 PassStatus::Broken
             }
@@ -328,7 +316,7 @@ impl BlockVirtio {
         }
         self.tally.flush(metrics);
         let yielded = status == PassStatus::Yield;
-        pass::end(&mut self.queue, &budget, yielded, irq, &counters(metrics));
+        pass::end(&mut self.queue, &budget, yielded, irq, &metrics.queue);
         status
     }
 
@@ -355,12 +343,12 @@ impl BlockVirtio {
     /// Publishes the used entries and raises the interrupt the driver asked
     /// for.
     fn publish(&mut self, irq: &dyn Interrupt, metrics: &BlockMetrics) {
-        let c = counters(metrics);
+        let c = &metrics.queue;
         events::notify_driver(
             self.queue.publish_used(),
             irq,
-            c.interrupts,
-            c.interrupts_suppressed,
+            &c.interrupts,
+            &c.interrupts_suppressed,
         );
     }
 }

@@ -29,9 +29,7 @@ use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
 use crate::virtio::iov::IoVecs;
 use crate::virtio::metrics::Counters;
-use crate::virtio::pass::{
-    self, admitted, more_after_drained, queue_failed, refuse_chain, PassCounters,
-};
+use crate::virtio::pass::{self, admitted, more_after_drained, queue_failed, refuse_chain};
 use crate::virtio::queue::{
     split_seg, Budget, ChainRules, IoSeg, QueueError, SplitQueue, PASS_WEIGHT_BYTES,
     PASS_WEIGHT_CHAINS,
@@ -111,7 +109,7 @@ impl RngVirtio {
         metrics: &RngMetrics,
         irq: &dyn Interrupt,
     ) -> PassStatus {
-        let Some(budget) = pass::begin(&mut self.queue, self.broken, &metrics.passes) else {
+        let Some(budget) = pass::begin(&mut self.queue, self.broken, &metrics.queue.passes) else {
             return PassStatus::Broken;
         };
         let mut p = Progress {
@@ -122,20 +120,13 @@ impl RngVirtio {
         let status = match self.fill(&mut p, source, limiter, metrics) {
             Ok(s) => s,
             Err(e) => {
-                queue_failed(&metrics.queue_errors, "virtio-rng", "", &e);
+                queue_failed(&metrics.queue.queue_errors, "virtio-rng", "", &e);
                 self.broken = true;
                 PassStatus::Broken
             }
         };
-        let c = PassCounters {
-            pass_yields: &metrics.pass_yields,
-            descs_walked: &metrics.descs_walked,
-            max_descs_per_pass: &metrics.max_descs_per_pass,
-            interrupts: &metrics.interrupts,
-            interrupts_suppressed: &metrics.interrupts_suppressed,
-        };
         let yielded = status == PassStatus::Yield;
-        pass::end(&mut self.queue, &p.budget, yielded, irq, &c);
+        pass::end(&mut self.queue, &p.budget, yielded, irq, &metrics.queue);
         status
     }
 

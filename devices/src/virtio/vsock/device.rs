@@ -83,8 +83,10 @@ pub(crate) struct Active {
 /// What the event handler has in the epoll set (only it changes this).
 #[derive(Debug, Default)]
 pub(crate) struct Registered {
-    /// The queue and re-queue eventfds.
+    /// The queue eventfds.
     pub(crate) queues: bool,
+    /// The re-queue eventfd.
+    pub(crate) requeue: bool,
     /// The re-queue eventfd holds a count.
     pub(crate) requeued: bool,
     /// What the time-out timer is armed for.

@@ -7,7 +7,7 @@
 //! | token | descriptor | registered |
 //! |---|---|---|
 //! | `PROCESS_ACTIVATE` | internal `activate_evt` | always (from `init`) |
-//! | `PROCESS_RXQ`, `PROCESS_TXQ`, `PROCESS_EVQ` | the queues' notify eventfds | while activated |
+//! | `PROCESS_RXQ`, `PROCESS_TXQ`, `PROCESS_EVQ` | the queues' notify eventfds, edge-triggered, never read | while activated |
 //! | `PROCESS_REQUEUE` | re-queue eventfd | while activated |
 //! | `PROCESS_LISTENER` | the listener on `uds_path` | always |
 //! | `PROCESS_TIMER` | the connection time-out timer | always |
@@ -20,7 +20,9 @@
 //! closed), and the timer (armed for the earliest deadline). A TX pass that
 //! leaves packets for the guest runs an RX pass after it; a pass that
 //! yields writes the re-queue eventfd, so every other ready event runs
-//! before the next pass.
+//! before the next pass. The passes of one event publish their used entries
+//! as they go and raise one interrupt at its end, if the driver wants one
+//! for any of them.
 
 use std::time::{Duration, Instant};
 
@@ -90,8 +92,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         }
         let a = self.active.as_mut().expect("runnable");
         a.rx_yielded = false;
-        let irq = a.activation.interrupt.clone();
-        let status = a.virtio.rx_pass(&mut self.muxer, &self.metrics, &*irq);
+        let status = a.virtio.rx_pass(&mut self.muxer, &self.metrics);
         self.after_pass(status, false);
     }
 
@@ -101,8 +102,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         }
         let a = self.active.as_mut().expect("runnable");
         a.tx_yielded = false;
-        let irq = a.activation.interrupt.clone();
-        let status = a.virtio.tx_pass(&mut self.muxer, &self.metrics, &*irq);
+        let status = a.virtio.tx_pass(&mut self.muxer, &self.metrics);
         self.after_pass(status, true);
         self.run_rx();
     }
@@ -112,8 +112,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
             return;
         }
         let a = self.active.as_mut().expect("runnable");
-        let irq = a.activation.interrupt.clone();
-        let status = a.virtio.event_pass(&self.metrics, &*irq);
+        let status = a.virtio.event_pass(&self.metrics);
         self.after_pass(status, false);
     }
 
@@ -131,10 +130,11 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         self.run_events();
     }
 
+    /// A kick. The queue eventfds are edge-triggered and never read: every
+    /// write the driver makes after epoll reported one brings the loop back
+    /// (the count only grows, and 2^64 kicks are out of reach), so a kick
+    /// costs the loop no `read`.
     fn process_queue_event(&mut self, index: usize) {
-        self.metrics
-            .host_errors()
-            .drain(&self.common.queue_evts[index], "queue");
         match index {
             0 => self.run_rx(),
             1 => self.run_tx(),
@@ -251,19 +251,34 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         }
     }
 
+    /// Raises the one interrupt the passes of this event owe the driver.
+    fn raise_owed(&mut self) {
+        if let Some(a) = self.active.as_mut() {
+            let irq = &*a.activation.interrupt;
+            a.virtio.raise_owed(&self.metrics, irq);
+        }
+    }
+
     fn sync_registrations(&mut self, ops: &mut EventOps) {
         let want_queues = self.runnable();
         let evts = &self.common.queue_evts;
-        self.metrics.host_errors().sync_queue_eventfds(
+        let errors = self.metrics.host_errors();
+        errors.sync_eventfds(
             ops,
             &[
                 (&evts[0], PROCESS_RXQ),
                 (&evts[1], PROCESS_TXQ),
                 (&evts[2], PROCESS_EVQ),
-                (&self.requeue_evt, PROCESS_REQUEUE),
             ],
+            EventSet::IN | EventSet::EDGE_TRIGGERED,
             want_queues,
             &mut self.registered.queues,
+        );
+        errors.sync_queue_eventfds(
+            ops,
+            &[(&self.requeue_evt, PROCESS_REQUEUE)],
+            want_queues,
+            &mut self.registered.requeue,
         );
         self.sync_connections(ops);
         self.sync_timer();
@@ -280,6 +295,7 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
         if self.active.is_some() {
             self.process_activate_event();
         }
+        self.raise_owed();
         self.sync_registrations(ops);
     }
 
@@ -297,6 +313,7 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
             }
             other => self.metrics.host_errors().unknown_token(other),
         }
+        self.raise_owed();
         self.sync_registrations(ops);
     }
 }

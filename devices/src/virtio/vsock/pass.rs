@@ -32,9 +32,11 @@ use super::backend::VsockBackend;
 use super::metrics::VsockMetrics;
 use super::muxer::{take_range, Muxer};
 use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
-use crate::virtio::events::{add, inc, notify_driver};
+use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{read_array, write_bytes_at};
-use crate::virtio::queue::{Budget, Chain, ChainRules, IoSeg, SplitQueue, PASS_DESC_BUDGET};
+use crate::virtio::queue::{
+    Budget, Chain, ChainRules, IoSeg, Notify, SplitQueue, PASS_DESC_BUDGET,
+};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
@@ -110,6 +112,8 @@ pub(crate) struct VsockVirtio {
     rx_segs: Vec<IoSeg>,
     /// A TRANSPORT_RESET waits for an event buffer.
     pub(crate) event_pending: bool,
+    /// A pass published used entries the driver wants an interrupt for.
+    irq_owed: bool,
 }
 
 /// A queue-level failure: counted, and the pass reports a broken queue.
@@ -137,14 +141,30 @@ impl VsockVirtio {
             spare: None,
             rx_segs: Vec::new(),
             event_pending: false,
+            irq_owed: false,
         }
     }
 
-    /// Publishes the used entries of queue `q` and interrupts the driver if
-    /// it wants.
-    fn publish(&mut self, q: usize, m: &VsockMetrics, irq: &dyn Interrupt) {
-        let notify = self.queues[q].publish_used();
-        notify_driver(notify, irq, &m.interrupts, &m.interrupts_suppressed);
+    /// Publishes the used entries of queue `q` and notes whether the driver
+    /// wants an interrupt for them; [`raise_owed`](Self::raise_owed) raises
+    /// it. The transport has one interrupt for all three queues, so the TX
+    /// pass and the RX pass it runs (and every pass of one event) share
+    /// one: the guest's handler looks at every queue.
+    fn publish(&mut self, q: usize, m: &VsockMetrics) {
+        match self.queues[q].publish_used() {
+            Notify::Interrupt => self.irq_owed = true,
+            Notify::Suppressed => add(&m.interrupts_suppressed, 1),
+            Notify::Nothing => {}
+        }
+    }
+
+    /// Raises the interrupt the passes since the last call owe the driver,
+    /// if any, counted in `interrupts`.
+    pub(crate) fn raise_owed(&mut self, m: &VsockMetrics, irq: &dyn Interrupt) {
+        if std::mem::take(&mut self.irq_owed) {
+            inc(&m.interrupts);
+            irq.signal_used_queue();
+        }
     }
 
     /// The next chain of queue `q`, re-enabling notifications when the ring
@@ -173,7 +193,6 @@ impl VsockVirtio {
         &mut self,
         mux: &mut Muxer<B>,
         m: &VsockMetrics,
-        irq: &dyn Interrupt,
     ) -> PassStatus {
         let mut pass = Pass::new();
         let rules = ChainRules {
@@ -204,7 +223,7 @@ impl VsockVirtio {
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "TX avail index out of range");
         }
-        self.publish(TX_INDEX, m, irq);
+        self.publish(TX_INDEX, m);
         pass.finish(m, status)
     }
 
@@ -232,9 +251,12 @@ impl VsockVirtio {
         &mut self,
         mux: &mut Muxer<B>,
         m: &VsockMetrics,
-        irq: &dyn Interrupt,
     ) -> PassStatus {
         let mut pass = Pass::new();
+        // The driver need not kick while buffers are left: the pass takes
+        // them from the ring when work comes. It asks for kicks again only
+        // when it runs out of buffers with work waiting (`next_head`).
+        self.queues[RX_INDEX].disable_notifications();
         let status = loop {
             if !mux.has_rx_work() {
                 break PassStatus::Done;
@@ -265,7 +287,7 @@ impl VsockVirtio {
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "RX avail index out of range");
         }
-        self.publish(RX_INDEX, m, irq);
+        self.publish(RX_INDEX, m);
         pass.finish(m, status)
     }
 
@@ -306,7 +328,7 @@ impl VsockVirtio {
 
     /// Delivers a pending TRANSPORT_RESET into an event buffer, if the guest
     /// posted one.
-    pub(crate) fn event_pass(&mut self, m: &VsockMetrics, irq: &dyn Interrupt) -> PassStatus {
+    pub(crate) fn event_pass(&mut self, m: &VsockMetrics) -> PassStatus {
         if !self.event_pending {
             return PassStatus::Done;
         }
@@ -342,7 +364,7 @@ impl VsockVirtio {
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "event avail index out of range");
         }
-        self.publish(EVT_INDEX, m, irq);
+        self.publish(EVT_INDEX, m);
         pass.finish(m, status)
     }
 }

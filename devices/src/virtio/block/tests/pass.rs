@@ -50,9 +50,9 @@ fn test_thousands_of_requests_get_bounded_passes_and_all_answers() {
     for (i, p) in posted.iter().enumerate().step_by(397) {
         assert_eq!(h.read(p.parts[1].0, 512), data[sector(i)..sector(i) + 512]);
     }
-    let yields = h.metric(|m| &m.pass_yields);
+    let yields = h.metric(|m| &m.queue.pass_yields);
     assert_eq!(yields, n / u64::from(PASS_REQUESTS), "{yields}");
-    assert!(h.metric(|m| &m.max_descs_per_pass) <= u64::from(MAX_PASS_READS));
+    assert!(h.metric(|m| &m.queue.max_descs_per_pass) <= u64::from(MAX_PASS_READS));
 }
 
 #[test]
@@ -154,14 +154,14 @@ fn test_page_cache_reads_are_answered_in_the_pass_that_submits_them() {
     let mut h = BlockFixture::new(&data, |c| c.io_engine = IoEngine::Async, BASE_FEATURES);
     assert!(h.dev().uses_io_uring());
     let reads: Vec<Posted> = (0..16).map(|i| h.post_read(i * 4, 2048)).collect();
-    let passes = h.metric(|m| &m.passes);
+    let passes = h.metric(|m| &m.queue.passes);
     h.kick();
     assert_eq!(h.run_once(0), 1, "one event: the kick");
     let used = h.used();
     assert_eq!(used.len(), 16, "every request answered by the first pass");
-    assert_eq!(h.metric(|m| &m.passes), passes + 1);
+    assert_eq!(h.metric(|m| &m.queue.passes), passes + 1);
     assert_eq!(h.metric(|m| &m.ring_submissions), 1);
-    assert_eq!(h.metric(|m| &m.interrupts), 1);
+    assert_eq!(h.metric(|m| &m.queue.interrupts), 1);
     assert_eq!(h.irq.used.load(Ordering::Relaxed), 1);
     assert_eq!(h.dev().engine.as_ref().unwrap().in_flight(), 0);
     assert_eq!(h.run_once(0), 0, "nothing left to wake the loop");

@@ -36,11 +36,11 @@ fn test_ops_bucket_holds_requests_back_in_order_then_releases_them() {
         );
         assert!(h.metric(|m| &m.rate_limiter_throttled) >= 1);
         // A kick while throttled starts no pass.
-        let passes = h.metric(|m| &m.passes);
+        let passes = h.metric(|m| &m.queue.passes);
         h.kick();
         h.run_once(0);
         assert_eq!(
-            h.metric(|m| &m.passes),
+            h.metric(|m| &m.queue.passes),
             passes,
             "a kick ran a throttled pass"
         );

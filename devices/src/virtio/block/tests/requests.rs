@@ -159,7 +159,7 @@ fn test_write_then_read_back() {
     assert_eq!(h.metric(|m| &m.read_bytes), 5120);
     // EVENT_IDX with used_event 0: one interrupt, the second suppressed.
     assert_eq!(h.irq.used.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert_eq!(h.metric(|m| &m.interrupts_suppressed), 1);
+    assert_eq!(h.metric(|m| &m.queue.interrupts_suppressed), 1);
     assert!(h.dev().uses_io_uring(), "Async is the default");
 }
 

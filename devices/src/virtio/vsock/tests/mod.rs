@@ -11,6 +11,7 @@
 //! - `protocol`: connections both ways, credit, half-close, time-outs, the
 //!   cap, hostile headers, TRANSPORT_RESET.
 //! - `faults`: fault injection on the Unix sockets and the bounds of a pass.
+//! - `notify`: when the device asks for kicks and raises interrupts.
 //! - `transport`: the device behind the real MMIO transport.
 
 use crate::virtio::test_utils::contract::contract_suite;
@@ -21,5 +22,6 @@ contract_suite!(Vsock<UnixBackend>);
 mod faults;
 #[allow(dead_code)]
 pub(super) mod fixture;
+mod notify;
 mod protocol;
 mod transport;
