@@ -84,28 +84,67 @@ impl ChainBytes for [u8] {
     }
 }
 
+/// Where a chain (vnet header first) holds the EtherType.
+const ETHERTYPE_AT: usize = VNET_HDR_LEN + 12;
+/// Where a chain holds an IPv4 header's destination address.
+const IPV4_DST_AT: usize = VNET_HDR_LEN + ETH_HLEN + IPV4_HLEN - 4;
+/// Where a chain holds an ARP packet's target protocol address.
+const ARP_TPA_AT: usize = VNET_HDR_LEN + ETH_HLEN + ARP_LEN - 4;
+
 /// Whether a TX chain (vnet header included) carries a frame for `ip`: an
 /// ARP packet whose target is `ip`, or an IPv4 packet to `ip`. A frame that
-/// says neither goes to the TAP untouched. So that a card MMDS serves pays
-/// little for every other frame, one read takes the EtherType and the place
-/// of an IPv4 destination (one bounds check, both compared as they lie in
-/// the frame, no byte swap), and an ARP target is read only for ARP. No
-/// length to check: each address's four bytes end where the shortest header
-/// that holds it does (IPv4's 20 bytes, ARP's 28), and a chain too short to
-/// hold an IPv4 header holds no frame for MMDS at all.
+/// says neither goes to the TAP untouched. One read takes the EtherType
+/// and the place of an IPv4 destination (one bounds check, both compared
+/// as they lie in the frame, no byte swap), and an ARP target is read only
+/// for ARP. No length to check: each address's four bytes end where the
+/// shortest header that holds it does (IPv4's 20 bytes, ARP's 28), and a
+/// chain too short to hold an IPv4 header holds no frame for MMDS at all.
 #[inline(always)]
 pub fn is_for<C: ChainBytes + ?Sized>(chain: &C, ip: [u8; 4]) -> bool {
-    const IPV4_DST: usize = VNET_HDR_LEN + ETH_HLEN + IPV4_HLEN - 4;
-    const ARP_TPA: usize = VNET_HDR_LEN + ETH_HLEN + ARP_LEN - 4;
-    let Some((ethertype, ipv4_dst)) = chain.two::<2, 4>(VNET_HDR_LEN + 12, IPV4_DST) else {
+    let Some((ethertype, ipv4_dst)) = chain.two::<2, 4>(ETHERTYPE_AT, IPV4_DST_AT) else {
         return false;
     };
     if ethertype == ETHERTYPE_IPV4.to_be_bytes() {
         ipv4_dst == ip
     } else if ethertype == ETHERTYPE_ARP.to_be_bytes() {
-        chain.bytes::<4>(ARP_TPA) == Some(ip)
+        chain.bytes::<4>(ARP_TPA_AT) == Some(ip)
     } else {
         false
+    }
+}
+
+/// How many of a chain's first bytes [`rules_out`] reads: up to the end
+/// of an IPv4 header's destination address.
+pub const HEAD_LEN: usize = IPV4_DST_AT + 4;
+
+/// A chain's first [`HEAD_LEN`] bytes that [`rules_out`] can never rule
+/// out (zeros and the ARP EtherType): what the TX path reads for a chain
+/// whose first buffer was too short or in two memory regions, so that it
+/// needs no test of its own.
+pub static UNDECIDED_HEAD: [u8; HEAD_LEN] = {
+    let mut head = [0u8; HEAD_LEN];
+    let ethertype = ETHERTYPE_ARP.to_be_bytes();
+    head[ETHERTYPE_AT] = ethertype[0];
+    head[ETHERTYPE_AT + 1] = ethertype[1];
+    head
+};
+
+/// Whether `head`, a chain's first [`HEAD_LEN`] bytes (a shorter `head`
+/// rules out only what its EtherType alone does), shows that the chain
+/// holds no frame for `ip` whatever follows: the frame is IPv4 to another address, or neither IPv4
+/// nor ARP. Where it is true [`is_for`] is false; where it is false (ARP,
+/// IPv4 to `ip`) ask [`is_for`] of the whole chain. The TX path asks this
+/// of every frame on a card MMDS serves, of the first segment as the walk
+/// made it: the EtherType, then for IPv4 the destination, each one load,
+/// compare and branch.
+#[inline(always)]
+pub fn rules_out<C: ChainBytes + ?Sized>(head: &C, ip: [u8; 4]) -> bool {
+    match head.bytes::<2>(ETHERTYPE_AT) {
+        Some(ethertype) if ethertype == ETHERTYPE_IPV4.to_be_bytes() => {
+            head.bytes::<4>(IPV4_DST_AT).is_some_and(|dst| dst != ip)
+        }
+        Some(ethertype) => ethertype != ETHERTYPE_ARP.to_be_bytes(),
+        None => false,
     }
 }
 
@@ -485,6 +524,63 @@ mod tests {
         let mut doff = f.clone();
         doff[ip + IPV4_HLEN + 12] = 0xf0;
         assert_eq!(parse(&doff, MMDS_IP), Err(Drop::Malformed));
+    }
+
+    /// What the TX path rules out from a chain's first bytes is exactly
+    /// what is not for MMDS among the frames those bytes decide (IPv4 to
+    /// another address, neither IPv4 nor ARP); a frame for MMDS is never
+    /// ruled out, whatever its other bytes.
+    #[test]
+    fn test_rules_out_exactly_what_the_head_decides() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let ethertypes = [
+            ETHERTYPE_IPV4.to_be_bytes(),
+            ETHERTYPE_ARP.to_be_bytes(),
+            [0x86, 0xdd],
+            [0x81, 0x00],
+            [0x08, 0x01],
+            [0x00, 0x08],
+        ];
+        for i in 0..30_000usize {
+            let mut f: Vec<u8> = (0..VNET_HDR_LEN + 64).map(|_| next() as u8).collect();
+            let et = ethertypes[i % ethertypes.len()];
+            f[ETHERTYPE_AT..ETHERTYPE_AT + 2].copy_from_slice(&et);
+            if i % 3 == 0 {
+                f[IPV4_DST_AT..IPV4_DST_AT + 4].copy_from_slice(&MMDS_IP);
+            }
+            if i % 4 == 0 {
+                f[ARP_TPA_AT..ARP_TPA_AT + 4].copy_from_slice(&MMDS_IP);
+            }
+            let is_ipv4 = et == ETHERTYPE_IPV4.to_be_bytes();
+            let is_arp = et == ETHERTYPE_ARP.to_be_bytes();
+            let to_mmds = f[IPV4_DST_AT..IPV4_DST_AT + 4] == MMDS_IP;
+            let want = (is_ipv4 && !to_mmds) || !(is_ipv4 || is_arp);
+            let got = rules_out(&f[..HEAD_LEN], MMDS_IP);
+            assert_eq!(got, want, "{:02x?}", &f[..HEAD_LEN]);
+            if got {
+                assert!(!slice_is_for(&f, MMDS_IP), "{f:02x?}");
+            }
+        }
+        let mut ipv4 = [0u8; HEAD_LEN];
+        ipv4[ETHERTYPE_AT..ETHERTYPE_AT + 2].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        assert!(rules_out(&ipv4[..], MMDS_IP));
+        // Without the whole destination, IPv4 is not ruled out.
+        assert!(!rules_out(&ipv4[..HEAD_LEN - 1], MMDS_IP));
+    }
+
+    /// The head the TX path reads when the walk showed it none rules out no
+    /// chain, whatever MMDS's address.
+    #[test]
+    fn test_the_undecided_head_rules_nothing_out() {
+        for ip in [MMDS_IP, [0; 4], [255; 4], [169, 254, 0, 1]] {
+            assert!(!rules_out(&UNDECIDED_HEAD[..], ip), "{ip:?}");
+        }
     }
 
     #[test]

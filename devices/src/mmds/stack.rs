@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 //! [`MmdsStack`]: MMDS on one network card.
 //!
-//! The TX path asks [`MmdsStack::claims`] of every frame (six bytes of its
-//! chain read); a claimed frame is handed to
-//! [`MmdsStack::receive`] and never reaches the TAP. The RX path asks
-//! [`MmdsStack::poll`] for a frame before each read from the TAP while
-//! [`MmdsStack::has_output`] says there may be one, so MMDS's answers go
-//! ahead of the TAP's frames. A card without MMDS has no stack, and pays a
-//! branch per frame in each direction.
+//! The TX path rules most frames out by their first bytes
+//! ([`packet::rules_out`], on the segment the chain walk hands it) and asks
+//! [`MmdsStack::claims`] of the rest (six bytes of the chain read); a
+//! claimed frame is handed to [`MmdsStack::receive`] and never reaches the
+//! TAP. The RX path asks [`MmdsStack::poll`] for a frame before each read
+//! from the TAP while [`MmdsStack::has_output`] says there may be one, so
+//! MMDS's answers go ahead of the TAP's frames. A card without MMDS has no
+//! stack: its TX pass is compiled without the claim, and its RX pass pays
+//! a branch per frame.
 //!
 //! Answers are made when the guest's frame arrives; `poll` only writes out
 //! what is due (an ARP reply first, then resets, then the connections in

@@ -361,7 +361,8 @@ struct Unaligned<T: Copy>(T);
 ///
 /// # Safety
 ///
-/// `[at, at + N)` must lie inside one segment over mapped guest memory.
+/// `[at, at + N)` must lie inside one segment over mapped guest memory, or
+/// inside a static.
 #[inline(always)]
 unsafe fn load<const N: usize>(at: usize) -> [u8; N] {
     let mut out = [0u8; N];
@@ -388,6 +389,40 @@ unsafe fn load<const N: usize>(at: usize) -> [u8; N] {
         }
     }
     out
+}
+
+/// The first `L` bytes of a segment, or of a static buffer, read in place:
+/// an address with at least `L` readable bytes behind it, so a read inside
+/// them has no bounds check left at run time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prefix<const L: usize>(usize);
+
+impl<const L: usize> Prefix<L> {
+    /// The first `L` bytes of `seg`, if it has that many.
+    #[inline(always)]
+    pub(crate) fn of(seg: IoSeg) -> Option<Self> {
+        (seg.len() >= L).then_some(Prefix(seg.base()))
+    }
+
+    /// The bytes of `buf`.
+    #[inline(always)]
+    pub(crate) fn of_static(buf: &'static [u8; L]) -> Self {
+        Prefix(buf.as_ptr() as usize)
+    }
+
+    /// The `N` bytes at byte `offset`, or `None` when they end past `L`
+    /// (decided at compile time for a constant offset).
+    #[inline(always)]
+    pub(crate) fn read<const N: usize>(self, offset: usize) -> Option<[u8; N]> {
+        if offset.checked_add(N)? > L {
+            return None;
+        }
+        // SAFETY: [0, L) at the address is readable: a segment of at least
+        // L bytes (`of`: mapped guest memory, module docs) or a static of L
+        // bytes (`of_static`), and [offset, offset + N) lies inside it
+        // (checked above).
+        Some(unsafe { load::<N>(self.0 + offset) })
+    }
 }
 
 /// The `N` bytes at byte `offset` of the segments, or `None` when the
@@ -603,6 +638,30 @@ mod tests {
         assert_eq!(mem.read_obj::<u16>(GuestAddress(0xfff)).unwrap(), 0x0605);
         write_bytes_at(&segs, 0x1ff, &[7, 8]);
         assert_eq!(mem.read_obj::<u8>(GuestAddress(0x10ff)).unwrap(), 7);
+    }
+
+    /// A prefix is made only of a segment that long, and reads only inside
+    /// its length, from a segment or a static alike.
+    #[test]
+    fn test_prefix_reads_inside_its_length_only() {
+        let mut buf: [u8; 50] = std::array::from_fn(|i| i as u8 + 1);
+        // SAFETY: the segment is `buf`, alive for the test.
+        let seg = unsafe { IoSeg::new(buf.as_mut_ptr() as usize, buf.len()) };
+        assert!(Prefix::<51>::of(seg).is_none());
+        let p = Prefix::<50>::of(seg).expect("50 bytes");
+        assert_eq!(p.read::<2>(0), Some([1, 2]));
+        assert_eq!(p.read::<4>(46), Some([47, 48, 49, 50]));
+        assert_eq!(p.read::<4>(47), None);
+        assert_eq!(p.read::<1>(usize::MAX), None);
+        // A shorter prefix of the same segment ends where it says.
+        let short = Prefix::<10>::of(seg).expect("10 of 50 bytes");
+        assert_eq!(short.read::<2>(8), Some([9, 10]));
+        assert_eq!(short.read::<2>(9), None);
+        static S: [u8; 4] = [9, 8, 7, 6];
+        let st = Prefix::of_static(&S);
+        assert_eq!(st.read::<2>(2), Some([7, 6]));
+        assert_eq!(st.read::<4>(0), Some(S));
+        assert_eq!(st.read::<2>(3), None);
     }
 
     /// A header read in one segment and across segments gives the same

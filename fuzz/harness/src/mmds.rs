@@ -16,7 +16,8 @@
 //! Oracles after every step, whatever the input:
 //! - the TAP never sees an MMDS frame: every frame whose EtherType and
 //!   destination (IPv4 destination, or ARP target) name the MMDS address is
-//!   claimed, and no other frame is;
+//!   claimed, and no other frame is; nor is such a frame ruled out by its
+//!   first bytes ([`packet::rules_out`], the device's first look);
 //! - every frame MMDS sends is well formed as the guest's kernel reads it:
 //!   a zeroed vnet header, MMDS's MAC as the source, and either an ARP
 //!   reply from the MMDS address or an IPv4 packet from it with TTL 1 and
@@ -224,6 +225,14 @@ impl Rig {
             addressed_to_mmds(chain),
             "a frame to MMDS would reach the TAP, or another frame would not"
         );
+        // The device's TX path first asks this of a chain's first bytes
+        // and reads the whole chain only when they do not rule it out.
+        if let Some(head) = chain.get(..packet::HEAD_LEN) {
+            assert!(
+                !(claimed && packet::rules_out(head, IP)),
+                "the first bytes would rule out a frame to MMDS"
+            );
+        }
         if claimed {
             self.stack.receive(chain, self.now, &self.m);
         }

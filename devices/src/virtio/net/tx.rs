@@ -17,6 +17,14 @@
 //! but not used, so nothing is lost and the guest sees no completion. The
 //! pass then ends with `Throttled`, which counts no weight hit, and the event
 //! glue waits for the limiter's timer.
+//!
+//! **MMDS.** On a card MMDS serves, a chain for the MMDS address goes to the
+//! stack, never to the backend. The pass is compiled once per card kind
+//! (`TxClaim`): without MMDS the walk looks at nothing and no claim code
+//! runs. With it, the walk hands a probe the first buffer's segment while it
+//! has it ([`FirstSeg`]), the probe rules most frames out from those bytes
+//! ([`packet::rules_out`]), and only the rest (ARP, IPv4 to MMDS, headers
+//! split over buffers) are read whole, out of line.
 
 use std::io;
 use std::time::Duration;
@@ -25,7 +33,7 @@ use super::metrics::NetMetrics;
 use super::pass::{Pass, Yield};
 use super::tap::NetBackend;
 use super::{MAX_FRAME_GSO, VNET_HDR_LEN};
-use crate::mmds::packet::ChainBytes;
+use crate::mmds::packet::{self, ChainBytes, HEAD_LEN, UNDECIDED_HEAD};
 use crate::mmds::MmdsStack;
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::events;
@@ -33,7 +41,7 @@ use crate::virtio::io_engine::{WriteRing, MAX_BATCH, NOT_TRIED};
 use crate::virtio::iov::{self, IoVecs};
 use crate::virtio::metrics::Counters;
 use crate::virtio::pass::{admitted, more_after_drained, queue_failed, refuse_chain};
-use crate::virtio::queue::{ChainRules, IoSeg, QueueError, SplitQueue};
+use crate::virtio::queue::{ChainRules, FirstSeg, IoSeg, QueueError, SplitQueue};
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
 
@@ -88,6 +96,122 @@ impl ChainBytes for GuestChain<'_> {
         b: usize,
     ) -> Option<([u8; N], [u8; M])> {
         iov::read_two(self.0, a, b)
+    }
+}
+
+/// A chain's first bytes, read in place.
+struct Head(iov::Prefix<HEAD_LEN>);
+
+impl ChainBytes for Head {
+    #[inline(always)]
+    fn bytes<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        self.0.read(offset)
+    }
+}
+
+/// What a TX pass asks of the card's MMDS for each chain, compiled once
+/// per card kind: a card without MMDS ([`NoMmds`]) walks chains with a
+/// probe that is `()` and claims nothing, so it runs the code it would run
+/// if MMDS did not exist.
+trait TxClaim {
+    /// Shown each chain's first segment by the walk.
+    type Probe: ClaimProbe;
+
+    /// A probe for the chains of one batch, copied fresh for each.
+    fn probe(&self) -> Self::Probe;
+
+    /// The stack, if the chain `segs` (one its probe did not rule out) is
+    /// for MMDS, read over all its segments.
+    fn claimed(&mut self, segs: &[IoSeg]) -> Option<&mut MmdsStack>;
+}
+
+/// What the walk showed of one chain.
+trait ClaimProbe: FirstSeg + Copy {
+    /// Whether it shows the chain is not for MMDS: the test every frame
+    /// pays.
+    fn rules_out(&self) -> bool;
+}
+
+impl ClaimProbe for () {
+    #[inline(always)]
+    fn rules_out(&self) -> bool {
+        true
+    }
+}
+
+/// A card without MMDS.
+struct NoMmds;
+
+impl TxClaim for NoMmds {
+    type Probe = ();
+
+    #[inline(always)]
+    fn probe(&self) {}
+
+    #[inline(always)]
+    fn claimed(&mut self, _: &[IoSeg]) -> Option<&mut MmdsStack> {
+        None
+    }
+}
+
+/// A card MMDS serves.
+struct Mmds<'a> {
+    stack: &'a mut MmdsStack,
+}
+
+/// A chain's first [`HEAD_LEN`] bytes where they lie, kept as the walk
+/// found them so the claim need not find the segment in the batch again;
+/// [`UNDECIDED_HEAD`] when the walk showed none (a first buffer too short
+/// or over two memory regions), which cannot rule a chain out. It carries
+/// MMDS's address so that the batch's loop holds it in a local.
+#[derive(Clone, Copy)]
+struct MmdsProbe {
+    head: iov::Prefix<HEAD_LEN>,
+    ip: [u8; 4],
+}
+
+impl FirstSeg for MmdsProbe {
+    const MIN_LEN: u32 = HEAD_LEN as u32;
+
+    #[inline(always)]
+    fn seen(&mut self, seg: IoSeg) {
+        if let Some(head) = iov::Prefix::of(seg) {
+            self.head = head;
+        }
+    }
+}
+
+impl ClaimProbe for MmdsProbe {
+    /// Most frames are ruled out by their first bytes
+    /// ([`packet::rules_out`]); the rest (a header split over buffers,
+    /// ARP, IPv4 to MMDS) go to [`TxClaim::claimed`].
+    #[inline(always)]
+    fn rules_out(&self) -> bool {
+        packet::rules_out(&Head(self.head), self.ip)
+    }
+}
+
+impl TxClaim for Mmds<'_> {
+    type Probe = MmdsProbe;
+
+    #[inline(always)]
+    fn probe(&self) -> MmdsProbe {
+        MmdsProbe {
+            head: iov::Prefix::of_static(&UNDECIDED_HEAD),
+            ip: self.stack.ip(),
+        }
+    }
+
+    /// Out of line: only frames whose first bytes could not rule them out
+    /// come here.
+    #[cold]
+    #[inline(never)]
+    fn claimed(&mut self, segs: &[IoSeg]) -> Option<&mut MmdsStack> {
+        if self.stack.claims(&GuestChain(segs)) {
+            Some(self.stack)
+        } else {
+            None
+        }
     }
 }
 
@@ -272,26 +396,6 @@ impl TxVirtio {
         }
     }
 
-    /// Whether the chain just walked went to MMDS ([`hand_to_mmds`](
-    /// Self::hand_to_mmds)): on a card MMDS serves, two header fields read
-    /// in place; without MMDS, one branch per frame.
-    #[inline(always)]
-    fn claimed_by(
-        &mut self,
-        mmds: Option<&mut MmdsStack>,
-        head: u16,
-        start: usize,
-        metrics: &NetMetrics,
-    ) -> bool {
-        match mmds {
-            Some(m) if m.claims(&GuestChain(&self.batch.segs[start..])) => {
-                self.hand_to_mmds(m, head, start, metrics);
-                true
-            }
-            _ => false,
-        }
-    }
-
     /// Hands the chain just walked (its segments from `start` on), whose
     /// frame is for MMDS, to the stack and returns it to the guest: such a
     /// frame never reaches the backend. MMDS frames pay no TX limiter (they
@@ -305,32 +409,49 @@ impl TxVirtio {
         self.queue.add_used(head, 0);
     }
 
-    /// Walks chains into the batch until it is full, the ring is empty, the
-    /// pass must yield or the rate limiter holds a chain back. A chain the
-    /// limiter held back before is paid for first.
-    fn fill(
+    /// What ends filling before it starts: the chain the limiter held back
+    /// is paid for first (and still refused: `Throttled`), and a pass with
+    /// no time left for a batch walks none.
+    #[inline(always)]
+    fn before_fill(
         &mut self,
-        mut limiter: Option<&mut RateLimiter>,
-        mut mmds: Option<&mut MmdsStack>,
+        limiter: Option<&mut RateLimiter>,
         pass: &mut Pass,
         metrics: &NetMetrics,
-    ) -> Result<TxFill, QueueError> {
+    ) -> Result<Option<TxFill>, QueueError> {
         if let Some(last) = self.batch.items.last_mut().filter(|it| !it.paid) {
-            if let Some(l) = limiter.as_deref_mut() {
+            if let Some(l) = limiter {
                 if !tx_consume(l, last.len, metrics) {
-                    return Ok(TxFill::Throttled);
+                    return Ok(Some(TxFill::Throttled));
                 }
             }
             last.paid = true;
         }
         if self.batch.items.is_empty() && pass.no_room_for_batch() {
             if !self.queue.has_available()? {
-                return Ok(TxFill::Empty);
+                return Ok(Some(TxFill::Empty));
             }
-            return Ok(TxFill::Yield(Yield::Time));
+            return Ok(Some(TxFill::Yield(Yield::Time)));
+        }
+        Ok(None)
+    }
+
+    /// Walks chains into the batch until it is full, the ring is empty, the
+    /// pass must yield or the rate limiter holds a chain back. A chain the
+    /// limiter held back before is paid for first.
+    fn fill<C: TxClaim>(
+        &mut self,
+        mut limiter: Option<&mut RateLimiter>,
+        claim: &mut C,
+        pass: &mut Pass,
+        metrics: &NetMetrics,
+    ) -> Result<TxFill, QueueError> {
+        if let Some(end) = self.before_fill(limiter.as_deref_mut(), pass, metrics)? {
+            return Ok(end);
         }
         // Chains left from the last pass count towards the byte bound too.
         let mut bytes: usize = self.batch.items.iter().map(|it| it.len).sum();
+        let fresh = claim.probe();
         loop {
             if self.batch.items.len() >= MAX_BATCH || bytes >= TX_BATCH_BYTES {
                 return Ok(TxFill::Full);
@@ -345,15 +466,22 @@ impl TxVirtio {
                 return Ok(TxFill::Empty);
             };
             let start = self.batch.segs.len();
-            match self
-                .queue
-                .walk(head, &TX_RULES, &mut self.batch.segs, &mut pass.budget)
-            {
+            let mut probe = fresh;
+            match self.queue.walk_with(
+                head,
+                &TX_RULES,
+                &mut self.batch.segs,
+                &mut pass.budget,
+                &mut probe,
+            ) {
                 Ok(chain) => {
                     pass.packets += 1;
                     pass.bytes += chain.len as u64;
-                    if self.claimed_by(mmds.as_deref_mut(), head, start, metrics) {
-                        continue;
+                    if !probe.rules_out() {
+                        if let Some(m) = claim.claimed(&self.batch.segs[start..]) {
+                            self.hand_to_mmds(m, head, start, metrics);
+                            continue;
+                        }
                     }
                     // Without a limiter this is one branch per frame.
                     let paid = match limiter.as_deref_mut() {
@@ -543,8 +671,27 @@ impl TxVirtio {
         &mut self,
         backend: &B,
         ring: &mut Option<WriteRing>,
+        limiter: Option<&mut RateLimiter>,
+        mmds: Option<&mut MmdsStack>,
+        metrics: &NetMetrics,
+        irq: &dyn Interrupt,
+    ) -> TxStatus {
+        match mmds {
+            None => self.pass(backend, ring, limiter, &mut NoMmds, metrics, irq),
+            Some(stack) => self.pass(backend, ring, limiter, &mut Mmds { stack }, metrics, irq),
+        }
+    }
+
+    /// [`process`](Self::process), compiled once per card kind (`claim`):
+    /// each copy is a function of its own, so the code for a card with MMDS
+    /// does not change how the compiler lays out the one without.
+    #[inline(never)]
+    fn pass<B: NetBackend, C: TxClaim>(
+        &mut self,
+        backend: &B,
+        ring: &mut Option<WriteRing>,
         mut limiter: Option<&mut RateLimiter>,
-        mut mmds: Option<&mut MmdsStack>,
+        claim: &mut C,
         metrics: &NetMetrics,
         irq: &dyn Interrupt,
     ) -> TxStatus {
@@ -564,12 +711,7 @@ impl TxVirtio {
                 if self.is_blocked() && !self.flush(backend, ring, &mut pass, metrics) {
                     break 'pass TxStatus::Blocked;
                 }
-                let fill = match self.fill(
-                    limiter.as_deref_mut(),
-                    mmds.as_deref_mut(),
-                    &mut pass,
-                    metrics,
-                ) {
+                let fill = match self.fill(limiter.as_deref_mut(), claim, &mut pass, metrics) {
                     Ok(fill) => fill,
                     Err(e) => {
                         // What was walked before the failure still goes out.
@@ -610,5 +752,69 @@ impl TxVirtio {
         events::add(&metrics.tx_bytes, pass.payload);
         pass.finish(&mut self.queue, irq, metrics, status == TxStatus::WeightHit);
         status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::mmds::guest::GuestClient;
+    use crate::mmds::{Mmds as Store, DEFAULT_IPV4, DEFAULT_SIZE_LIMIT};
+    use crate::virtio::queue::GuestRegions;
+    use crate::virtio::GuestMemory;
+
+    /// A card without MMDS rules out every chain: it reads none.
+    #[test]
+    fn a_card_without_mmds_rules_out_every_chain() {
+        assert!(<NoMmds as TxClaim>::Probe::rules_out(&()));
+        assert!(NoMmds.claimed(&[]).is_none());
+    }
+
+    /// MMDS's probe rules a chain out by the head the walk showed it, and
+    /// rules out nothing it was not shown (or shown too short).
+    #[test]
+    fn the_mmds_probe_rules_out_by_the_head_it_was_shown() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x10000)]).expect("memory");
+        let regions = GuestRegions::new(&mem).expect("regions");
+        let mut stack = MmdsStack::new(
+            DEFAULT_IPV4,
+            Arc::new(Mutex::new(Store::new(DEFAULT_SIZE_LIMIT))),
+        );
+        let mut claim = Mmds { stack: &mut stack };
+        let fresh = claim.probe();
+        assert!(!fresh.rules_out(), "shown nothing");
+        let mut other = GuestClient::new(DEFAULT_IPV4, 40000);
+        other.mmds_ip = [10, 0, 0, 9];
+        let mine = GuestClient::new(DEFAULT_IPV4, 40000);
+        // (frame, bytes of it shown, whether the probe rules it out)
+        let cases = [
+            (other.segment(packet::flags::SYN, b"", None), None, true),
+            (
+                other.segment(packet::flags::SYN, b"", None),
+                Some(HEAD_LEN - 1),
+                false,
+            ),
+            (mine.segment(packet::flags::SYN, b"", None), None, false),
+            (other.arp_request(), None, false),
+            (mine.arp_request(), None, false),
+        ];
+        for (i, (f, shown, ruled_out)) in cases.into_iter().enumerate() {
+            let gpa = 0x1000 * (i as u64 + 1);
+            mem.write_slice(&f, GuestAddress(gpa)).expect("written");
+            let seg = regions
+                .segment(gpa, shown.unwrap_or(f.len()) as u64)
+                .expect("in memory");
+            let mut probe = fresh;
+            probe.seen(seg);
+            assert_eq!(probe.rules_out(), ruled_out, "case {i}");
+            // What the probe did not rule out, the whole chain decides.
+            let whole = regions.segment(gpa, f.len() as u64).expect("in memory");
+            let for_mmds = i == 2 || i == 4;
+            assert_eq!(claim.claimed(&[whole]).is_some(), for_mmds, "case {i}");
+        }
     }
 }

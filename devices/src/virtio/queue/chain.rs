@@ -292,6 +292,37 @@ impl<'q> DescCursor<'q> {
     }
 }
 
+/// Looks at a chain's first segment while [`SplitQueue::walk_with`] has
+/// it in hand, so a device can decide something about a frame's headers
+/// without finding the segment again. `()` looks at nothing and compiles
+/// to nothing.
+pub trait FirstSeg {
+    /// The fewest bytes a first buffer must have to be shown, at least 1:
+    /// the walk compares the buffer's length with this in place of the
+    /// zero test every buffer gets (a shorter one gets that test next), so
+    /// a first buffer long enough pays no more tests than without a look.
+    const MIN_LEN: u32;
+
+    /// The host segment of the chain's first buffer, when that buffer has
+    /// at least [`MIN_LEN`](Self::MIN_LEN) bytes and lies in one memory
+    /// region; not called otherwise (the chain may still turn out
+    /// refused).
+    fn seen(&mut self, seg: IoSeg);
+}
+
+impl FirstSeg for () {
+    const MIN_LEN: u32 = 1;
+
+    #[inline(always)]
+    fn seen(&mut self, _: IoSeg) {}
+}
+
+/// What a walk has counted so far.
+struct Walked {
+    bufs: usize,
+    len: u64,
+}
+
 impl SplitQueue {
     /// Walks the chain at `head`, appending its segments to `segs` and
     /// charging every descriptor read to `budget`. On error `segs` is left
@@ -304,60 +335,100 @@ impl SplitQueue {
         segs: &mut Vec<IoSeg>,
         budget: &mut Budget,
     ) -> Result<Chain, ChainError> {
+        self.walk_with(head, rules, segs, budget, &mut ())
+    }
+
+    /// [`walk`](Self::walk), showing `first` the chain's first segment as
+    /// [`FirstSeg`] says.
+    #[inline(always)]
+    pub fn walk_with<F: FirstSeg>(
+        &self,
+        head: u16,
+        rules: &ChainRules,
+        segs: &mut Vec<IoSeg>,
+        budget: &mut Budget,
+        first: &mut F,
+    ) -> Result<Chain, ChainError> {
         undo_segs_on_error(segs, |segs, start| {
-            self.walk_inner(head, rules, segs, budget, start)
+            self.walk_inner(head, rules, segs, budget, start, first)
         })
     }
 
+    /// The walk, its first buffer taken before the loop so that only it is
+    /// shown to `first`.
     #[inline(always)]
-    fn walk_inner(
+    fn walk_inner<F: FirstSeg>(
         &self,
         head: u16,
         rules: &ChainRules,
         segs: &mut Vec<IoSeg>,
         budget: &mut Budget,
         start: usize,
+        first: &mut F,
     ) -> Result<Chain, ChainError> {
         let mut cursor = DescCursor::new(self, head)?;
-        let mut bufs = 0usize;
-        let mut len = 0u64;
-        loop {
-            let d = cursor.next_buffer(budget)?;
-            if (d.flags & VIRTQ_DESC_F_WRITE != 0) != rules.device_writes {
-                return Err(if rules.device_writes {
-                    ChainError::ReadOnlyOnRx
-                } else {
-                    ChainError::WriteOnlyOnTx
-                });
-            }
-            bufs += 1;
-            len += u64::from(d.len);
-            if len > rules.max_len as u64 {
-                return Err(ChainError::TooLong);
-            }
-            if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
-                return Err(ChainError::OutsideMemory);
-            }
-            if rules.device_writes {
-                self.mem.mark_written(d.addr, d.len);
-            }
-            if bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
-                return Err(ChainError::TooManySegments);
-            }
-            if !cursor.advance(&d)? {
-                break;
-            }
+        let mut walked = Walked { bufs: 0, len: 0 };
+        let mut d = cursor.next_buffer(budget)?;
+        self.take_buffer(&d, rules, segs, start, &mut walked, first)?;
+        while cursor.advance(&d)? {
+            d = cursor.next_buffer(budget)?;
+            self.take_buffer(&d, rules, segs, start, &mut walked, &mut ())?;
         }
-        if len < rules.min_len as u64 {
+        if walked.len < rules.min_len as u64 {
             return Err(ChainError::TooShort);
         }
         Ok(Chain {
             head,
             // At most MAX_CHAIN_SEGS buffers of u32::MAX bytes, or max_len.
-            len: len as usize,
+            len: walked.len as usize,
             nsegs: segs.len() - start,
             ring_descs: cursor.ring_descs,
         })
+    }
+
+    /// Checks one buffer of a chain against `rules` and appends its
+    /// segments, showing it to `first` as [`FirstSeg`] says.
+    #[inline(always)]
+    fn take_buffer<F: FirstSeg>(
+        &self,
+        d: &Desc,
+        rules: &ChainRules,
+        segs: &mut Vec<IoSeg>,
+        start: usize,
+        walked: &mut Walked,
+        first: &mut F,
+    ) -> Result<(), ChainError> {
+        if (d.flags & VIRTQ_DESC_F_WRITE != 0) != rules.device_writes {
+            return Err(if rules.device_writes {
+                ChainError::ReadOnlyOnRx
+            } else {
+                ChainError::WriteOnlyOnTx
+            });
+        }
+        walked.bufs += 1;
+        walked.len += u64::from(d.len);
+        if walked.len > rules.max_len as u64 {
+            return Err(ChainError::TooLong);
+        }
+        // An empty buffer adds no segment. With `()` (MIN_LEN 1) the first
+        // test is that zero test and the second never passes.
+        if d.len >= F::MIN_LEN {
+            if !self
+                .mem
+                .push_segments_seen(d.addr, d.len, segs, |s| first.seen(s))
+            {
+                return Err(ChainError::OutsideMemory);
+            }
+        } else if d.len > 0 && !self.mem.push_segments(d.addr, d.len, segs) {
+            return Err(ChainError::OutsideMemory);
+        }
+        if rules.device_writes {
+            self.mem.mark_written(d.addr, d.len);
+        }
+        if walked.bufs > MAX_CHAIN_SEGS || segs.len() - start > MAX_CHAIN_SEGS {
+            return Err(ChainError::TooManySegments);
+        }
+        Ok(())
     }
 
     /// Walks the chain at `head` whose device-readable buffers come before

@@ -173,6 +173,20 @@ impl GuestRegions {
     /// was, when any byte of the range is not guest memory.
     #[inline]
     pub(crate) fn push_segments(&self, gpa: u64, len: u32, out: &mut Vec<IoSeg>) -> bool {
+        self.push_segments_seen(gpa, len, out, |_| {})
+    }
+
+    /// [`push_segments`](Self::push_segments), handing `seen` the segment
+    /// when the range is one segment (the usual case) while it is still at
+    /// hand; a range over several regions is not shown to it.
+    #[inline(always)]
+    pub(crate) fn push_segments_seen(
+        &self,
+        gpa: u64,
+        len: u32,
+        out: &mut Vec<IoSeg>,
+        seen: impl FnOnce(IoSeg),
+    ) -> bool {
         let Some((r, off)) = self.find(gpa) else {
             return false;
         };
@@ -180,7 +194,9 @@ impl GuestRegions {
         if len <= r.len - off {
             // SAFETY: [host + off, host + off + len) lies inside region `r`,
             // which `self._mapped` keeps mapped.
-            out.push(unsafe { IoSeg::new(r.host + off as usize, len as usize) });
+            let seg = unsafe { IoSeg::new(r.host + off as usize, len as usize) };
+            seen(seg);
+            out.push(seg);
             return true;
         }
         self.push_split(gpa, len, out)

@@ -68,7 +68,7 @@ use virtio_bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
 };
 
-pub use chain::{split_seg, Chain, ChainError, ChainRules, MixedChain, MAX_CHAIN_SEGS};
+pub use chain::{split_seg, Chain, ChainError, ChainRules, FirstSeg, MixedChain, MAX_CHAIN_SEGS};
 pub(crate) use memory::HostArea;
 pub use memory::{GuestRegions, IoSeg, MemoryError, IOV_MAX};
 

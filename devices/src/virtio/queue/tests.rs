@@ -851,3 +851,62 @@ fn the_buffers_a_device_may_write_are_marked_and_only_those() {
     assert!(!log.is_marked(BUFS + 0x20000));
     assert!(log.is_marked(BUFS + 0x30000));
 }
+
+/// Records what [`SplitQueue::walk_with`] shows it.
+#[derive(Default)]
+struct Shown(Vec<IoSeg>);
+
+impl FirstSeg for Shown {
+    const MIN_LEN: u32 = 46;
+
+    fn seen(&mut self, seg: IoSeg) {
+        self.0.push(seg);
+    }
+}
+
+#[test]
+fn walk_with_shows_a_long_first_buffer_in_one_region_and_nothing_else() {
+    // Two regions, so a buffer can cross from one into the other.
+    let m =
+        GuestMemory::from_ranges(&[(GuestAddress(0), 0x80000), (GuestAddress(0x80000), 0x80000)])
+            .unwrap();
+    let a = RingAddrs {
+        size: 8,
+        desc_table: 0x1000,
+        avail_ring: 0x2000,
+        used_ring: 0x3000,
+    };
+    let mut q = queue_with(&m, a, RingFeatures::default());
+    let mut d = Driver::new(a);
+    let (b0, b1) = (0x10000, 0x20000);
+    let across = 0x80000 - 20;
+    // (buffers of the chain, whether its first is shown)
+    let cases: [(&[(u64, u32)], bool); 7] = [
+        (&[(b0, 60)], true),
+        (&[(b0, 46)], true),
+        (&[(b0, 45)], false),
+        (&[(b0, 46), (b1, 100)], true),
+        (&[(b0, 12), (b1, 100)], false),
+        (&[(b0, 0), (b1, 100)], false),
+        (&[(across, 100)], false),
+    ];
+    for (bufs, shown) in cases {
+        let n = bufs.len() as u16;
+        for (i, &(addr, len)) in (0..n).zip(bufs) {
+            let flags = if i + 1 < n { VIRTQ_DESC_F_NEXT } else { 0 };
+            d.desc(&m, i, addr, len, flags, i + 1);
+        }
+        d.publish(&m, 0);
+        let mut b = Budget::new(u32::MAX);
+        let head = q.pop(&mut b).unwrap().expect("a chain");
+        let (mut segs, mut look) = (Vec::new(), Shown::default());
+        let chain = q.walk_with(head, &TX, &mut segs, &mut b, &mut look);
+        // The same walk as without a look.
+        let mut plain = Vec::new();
+        assert_eq!(chain, q.walk(head, &TX, &mut plain, &mut b), "{bufs:?}");
+        assert_eq!(segs, plain, "{bufs:?}");
+        let expect = if shown { vec![segs[0]] } else { vec![] };
+        assert_eq!(look.0, expect, "{bufs:?}");
+        q.add_used(head, 0);
+    }
+}

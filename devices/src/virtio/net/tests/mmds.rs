@@ -108,6 +108,51 @@ fn test_a_frame_split_anywhere_is_claimed_all_the_same() {
     assert_eq!(h.peer_frames(), vec![syn]);
 }
 
+/// Whatever the layout of the guest's buffers (the headers in the first,
+/// one short of them, an empty buffer first, cut anywhere), every frame to
+/// MMDS is answered and none reaches the backend; frames to others,
+/// frames of other kinds and frames too short for any header all go out.
+#[test]
+fn test_every_layout_of_a_frame_for_mmds_is_claimed() {
+    let (mut h, _) = rig(MmdsVersion::V1);
+    // (first buffers; the rest of the frame is one more)
+    let splits: [&[usize]; 8] = [&[], &[46], &[45], &[0], &[0, 0], &[12], &[26, 20], &[50]];
+    for (i, split) in splits.into_iter().enumerate() {
+        let c = GuestClient::new(IP, 41000 + i as u16);
+        for f in [c.segment(SYN, b"", None), c.arp_request()] {
+            keep_rx(&mut h, 8);
+            h.post_tx(&f, split);
+            h.kick_tx();
+            h.run_until_idle();
+            let got = h.take_rx_frames();
+            assert_eq!(got.len(), 1, "split {split:?}");
+            assert!(
+                read_reply(&got[0].data, c.mac, c.ip).is_some(),
+                "split {split:?}"
+            );
+        }
+        assert!(h.peer_frames().is_empty(), "split {split:?}");
+        let mut other = c.clone();
+        other.mmds_ip = [10, 0, 0, 9];
+        let mut ipv6 = c.segment(SYN, b"", None);
+        ipv6[12 + 12..12 + 14].copy_from_slice(&[0x86, 0xdd]);
+        let tiny = frame(12 + 20, i as u8);
+        for f in [
+            other.segment(SYN, b"", None),
+            other.arp_request(),
+            ipv6,
+            tiny,
+        ] {
+            let fits = split.iter().sum::<usize>() <= f.len();
+            h.post_tx(&f, if fits { split } else { &[0] });
+            h.kick_tx();
+            h.run_until_idle();
+            assert_eq!(h.peer_frames(), vec![f], "split {split:?}");
+        }
+    }
+    assert_eq!(h.metric(|m| &m.mmds.mmds_rx_frames), 16);
+}
+
 #[test]
 fn test_http_get_through_the_rings() {
     let (mut h, mmds) = rig(MmdsVersion::V2);
