@@ -98,6 +98,12 @@ pub struct Cli {
     /// unless the device sets VRING_USED_F_NO_NOTIFY.
     #[arg(long, value_enum, default_value_t = OnOff::Off)]
     event_idx: OnOff,
+    /// On: every rig's card serves MMDS (an empty store at its default
+    /// address); the frames are not for it, so the cells show what such a
+    /// card pays for other traffic. Off (the default): no MMDS, as in
+    /// every figure but BENCHMARKS.md's MMDS section.
+    #[arg(long, value_enum, default_value_t = OnOff::Off)]
+    mmds: OnOff,
     /// Run N requests of one block cell and nothing else, for callgrind
     /// (`tools/bench/callgrind-block.sh`): MODE is sync, async or raw,
     /// WORKLOAD one of randread_4k, randwrite_4k, seqread_128k,
@@ -252,6 +258,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
     let smoke = wanted.contains(&"smoke");
     let t = Timing {
         event_idx: cli.event_idx == OnOff::On,
+        mmds: cli.mmds == OnOff::On,
         ..if smoke {
             Timing::smoke()
         } else if cli.quick {

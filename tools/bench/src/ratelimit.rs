@@ -190,6 +190,7 @@ fn one_run(
         tx_msg: tx_msg(case.frame),
         post_rx: case.dir == Dir::Rx,
         event_idx: t.event_idx,
+        mmds: t.mmds,
     };
     let mut rig = Rig::new(&cfg)?;
     let warmup = t.warmup.max(MIN_WARMUP);

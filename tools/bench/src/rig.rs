@@ -102,6 +102,9 @@ pub struct RigConfig {
     /// Negotiate VIRTIO_RING_F_EVENT_IDX, as every Linux guest does
     /// (`netbench --event-idx on`, [`crate::scenarios::Timing::event_idx`]).
     pub event_idx: bool,
+    /// The card serves MMDS at its default address, an empty store
+    /// (`netbench --mmds on`, [`crate::scenarios::Timing::mmds`]).
+    pub mmds: bool,
 }
 
 /// One queue as the lean driver sees it.
@@ -493,8 +496,15 @@ impl Rig {
             + cfg.tx_msg.len()
             + 64 * 1024;
         let mem = guest_memory(mem_len.next_power_of_two()).context("guest memory")?;
-        let net =
+        let mut net =
             Net::new(TAP_NAME, cfg.net.clone(), mem.clone()).context("Net::new on the TAP")?;
+        if cfg.mmds {
+            let store = Arc::new(Mutex::new(devices::mmds::Mmds::default()));
+            net.set_mmds(Some(devices::mmds::MmdsStack::new(
+                devices::mmds::DEFAULT_IPV4,
+                store,
+            )));
+        }
         let metrics = net.metrics();
         let kicks = {
             use devices::virtio::VirtioDevice;

@@ -53,6 +53,10 @@ pub struct Timing {
     /// Every rig's driver negotiates EVENT_IDX (`--event-idx on`; off in
     /// every figure of BENCHMARKS.md).
     pub event_idx: bool,
+    /// Every rig's card serves MMDS (`--mmds on`; off in every figure of
+    /// BENCHMARKS.md but the MMDS section's): its frames are not for MMDS,
+    /// so the run shows what a card MMDS serves pays for other traffic.
+    pub mmds: bool,
 }
 
 impl Timing {
@@ -65,6 +69,7 @@ impl Timing {
             window: Duration::from_millis(500),
             latency_window: Duration::from_millis(1200),
             event_idx: false,
+            mmds: false,
         }
     }
     /// The full run.
@@ -76,6 +81,7 @@ impl Timing {
             window: Duration::from_millis(1500),
             latency_window: Duration::from_secs(3),
             event_idx: false,
+            mmds: false,
         }
     }
     /// The smoke test's tiny run.
@@ -87,6 +93,7 @@ impl Timing {
             window: Duration::from_millis(300),
             latency_window: Duration::from_millis(600),
             event_idx: false,
+            mmds: false,
         }
     }
 }
@@ -238,6 +245,7 @@ fn one_limit_run(
                 tx_msg: tx_msg(size),
                 post_rx: dir == Dir::Rx,
                 event_idx: t.event_idx,
+                mmds: t.mmds,
             };
             let mut rig = Rig::new(&cfg)?;
             match dir {
@@ -394,6 +402,7 @@ fn buffers(t: &Timing, bufs: &[u32], gso: bool) -> Result<Value> {
                 tx_msg: tx_msg(64),
                 post_rx: true,
                 event_idx: t.event_idx,
+                mmds: t.mmds,
             };
             let mut rig = Rig::new(&cfg)?;
             let m = rig.run_rx(sender.counter(), t.warmup, t.window)?;
@@ -560,6 +569,7 @@ pub fn seed001(t: &Timing, weights: &[Weight], probe_us: u64) -> Result<Value> {
                 tx_msg: tiny.clone(),
                 post_rx: true,
                 event_idx: t.event_idx,
+                mmds: t.mmds,
             };
             let mut rig = Rig::new(&cfg)?;
             let (s, m) = rig.run_latency(window, *flood)?;
