@@ -98,9 +98,18 @@ impl Vmm for ChannelVmm {
 /// client that connects the moment the file appears (Firecracker's SDKs
 /// wait for the file, then send) could otherwise come between the bind and
 /// the listen and be refused. Where the hidden name does not fit a socket
-/// address (or is taken), or the file system takes no link, the listener is bound at
-/// `path` itself.
+/// address (or is taken), or the file system takes no link, the listener
+/// is bound at `path` itself.
 fn bind_listening(path: &Path) -> std::io::Result<UnixListener> {
+    bind_listening_with(path, |from, to| std::fs::hard_link(from, to))
+}
+
+/// [`bind_listening`] with the link made by `link` (a test's, to see a file
+/// system that takes none).
+fn bind_listening_with(
+    path: &Path,
+    link: impl FnOnce(&Path, &Path) -> std::io::Result<()>,
+) -> std::io::Result<UnixListener> {
     let Some(name) = path.file_name() else {
         return UnixListener::bind(path);
     };
@@ -112,7 +121,7 @@ fn bind_listening(path: &Path) -> std::io::Result<UnixListener> {
     let Ok(listener) = UnixListener::bind(&hidden) else {
         return UnixListener::bind(path);
     };
-    let linked = std::fs::hard_link(&hidden, path);
+    let linked = link(&hidden, path);
     let _ = std::fs::remove_file(&hidden);
     match linked {
         Ok(()) => Ok(listener),
@@ -646,6 +655,14 @@ mod tests {
         let long = dir.join("l".repeat(room));
         let _long = bind_listening(&long).unwrap();
         let _client = UnixStream::connect(&long).unwrap();
+
+        // A file system that takes no link: bound at the path itself.
+        let unlinked = dir.join("nolink.sock");
+        let _nolink = bind_listening_with(&unlinked, |_, _| {
+            Err(std::io::Error::from_raw_os_error(libc::EPERM))
+        })
+        .unwrap();
+        let _client = UnixStream::connect(&unlinked).unwrap();
 
         let taken = dir.join("taken.sock");
         std::fs::write(&taken, b"").unwrap();
