@@ -238,8 +238,8 @@ fn a_watched_command_leaves_no_process_behind() {
 
     // A command that stops making progress is ended after the stall window, with SIGINT
     // first: a shell trap sees it and prints. The shell sleeps in short steps rather than
-    // in `wait` for a background sleep: a SIGINT that came as dash entered `wait` was
-    // missed once in CI (the trap never ran, SIGKILL ended it 30 s later).
+    // in `wait` for a background sleep: in `wait` the trap once never ran in CI and
+    // SIGKILL ended it 30 s later (likely a SIGINT that came as dash entered `wait`).
     let started = Instant::now();
     let out = run_watched(
         Command::new("sh").args([
