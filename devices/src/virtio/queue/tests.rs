@@ -504,8 +504,9 @@ fn direct_chain_segments_in_order() {
     assert_eq!(reads, 4);
 }
 
-#[test]
-fn buffer_across_regions_becomes_two_segments() {
+/// Guest memory of two regions meeting at 0x80000 (so a buffer can cross
+/// from one into the other), a queue of 8 on it, and its driver.
+fn two_regions() -> (GuestMemory, SplitQueue, Driver) {
     let m =
         GuestMemory::from_ranges(&[(GuestAddress(0), 0x80000), (GuestAddress(0x80000), 0x80000)])
             .unwrap();
@@ -515,8 +516,13 @@ fn buffer_across_regions_becomes_two_segments() {
         avail_ring: 0x2000,
         used_ring: 0x3000,
     };
-    let mut q = queue_with(&m, a, RingFeatures::default());
-    let mut d = Driver::new(a);
+    let q = queue_with(&m, a, RingFeatures::default());
+    (m, q, Driver::new(a))
+}
+
+#[test]
+fn buffer_across_regions_becomes_two_segments() {
+    let (m, mut q, mut d) = two_regions();
     let data: Vec<u8> = (0..200).map(|i| i as u8).collect();
     m.write_slice(&data, GuestAddress(0x80000 - 50)).unwrap();
     d.desc(&m, 0, 0x80000 - 50, 200, 0, 0);
@@ -866,18 +872,7 @@ impl FirstSeg for Shown {
 
 #[test]
 fn walk_with_shows_a_long_first_buffer_in_one_region_and_nothing_else() {
-    // Two regions, so a buffer can cross from one into the other.
-    let m =
-        GuestMemory::from_ranges(&[(GuestAddress(0), 0x80000), (GuestAddress(0x80000), 0x80000)])
-            .unwrap();
-    let a = RingAddrs {
-        size: 8,
-        desc_table: 0x1000,
-        avail_ring: 0x2000,
-        used_ring: 0x3000,
-    };
-    let mut q = queue_with(&m, a, RingFeatures::default());
-    let mut d = Driver::new(a);
+    let (m, mut q, mut d) = two_regions();
     let (b0, b1) = (0x10000, 0x20000);
     let across = 0x80000 - 20;
     // (buffers of the chain, whether its first is shown)
