@@ -371,13 +371,9 @@ mod tests {
     const MSR_IA32_TSC_DEADLINE: u32 = 0x6e0;
 
     fn msr(fd: &VcpuFd, index: u32) -> u64 {
-        let mut msrs = Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
-            index,
-            ..Default::default()
-        }])
-        .unwrap();
-        assert_eq!(fd.get_msrs(&mut msrs).unwrap(), 1);
-        msrs.as_slice()[0].data
+        let read = read_msrs(fd, &[index]).unwrap();
+        assert_eq!(read.len(), 1, "MSR {index:#x} not read");
+        read[0].data
     }
 
     /// An idle guest's one armed timer: the APIC timer in TSC-deadline
