@@ -26,10 +26,14 @@
 //!   number of bytes buffered, and no deadline left behind by a tick;
 //! - at most one log line per second of the clock, and one to start;
 //!
+//! - nothing is written to a client after the server shut its writing side;
+//!
 //! and at the end, when the VMM answered everything and every client read
 //! everything with every event delivered: every whole request on a
-//! connection the server kept was answered (nothing waits for an edge that
-//! never comes), and a day later every connection is closed.
+//! connection the server kept reading was answered (nothing waits for an
+//! edge that never comes), a connection that lingers has answered exactly
+//! up to its closing request and shut its writing side, and a day later
+//! every connection is closed.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -42,7 +46,7 @@ use arbitrary::Arbitrary;
 use serde_json::{json, Value};
 use vmm::api::command::{Answer, ApiCommand, Claimed, OpenedImage, Ticket};
 use vmm::api::connections::{
-    Connections, PhaseKind, Vmm, MAX_BUFFERED, MAX_CONNECTIONS, MAX_IN_FLIGHT,
+    Connections, HalfClose, PhaseKind, Vmm, MAX_BUFFERED, MAX_CONNECTIONS, MAX_IN_FLIGHT,
 };
 use vmm::api::http::{self, Parsed, Response};
 use vmm::api::routes::{route, ApiRequest};
@@ -168,6 +172,8 @@ struct Pipe {
     shut: bool,
     gone: bool,
     closed: bool,
+    /// The server shut its writing side.
+    server_shut: bool,
 }
 
 /// The server's end.
@@ -194,6 +200,7 @@ impl Read for Stream {
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let mut p = self.0.borrow_mut();
+        assert!(!p.server_shut, "a write after the writing side was shut");
         if p.gone {
             return Err(ErrorKind::BrokenPipe.into());
         }
@@ -208,6 +215,12 @@ impl Write for Stream {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+impl HalfClose for Stream {
+    fn shut_write(&mut self) {
+        self.0.borrow_mut().server_shut = true;
     }
 }
 
@@ -626,9 +639,27 @@ impl World {
             let Some(p) = phases.iter().find(|p| p.0 == t) else {
                 continue;
             };
-            let whole = c.requests.len();
-            assert_eq!(p.1, PhaseKind::Reading, "connection {t} stuck in {:?}", p.1);
-            assert_eq!(c.answers, whole, "connection {t}: requests left unanswered");
+            match p.1 {
+                PhaseKind::Reading => {
+                    let whole = c.requests.len();
+                    assert_eq!(c.answers, whole, "connection {t}: requests left unanswered");
+                }
+                // Its last answer is the one to the first request that
+                // closes the connection, or to bytes the parser refused.
+                PhaseKind::Lingering => {
+                    let last = c
+                        .requests
+                        .iter()
+                        .position(|r| r.as_ref().is_ok_and(|r| r.close) || r.is_err());
+                    assert_eq!(
+                        Some(c.answers),
+                        last.map(|i| i + 1),
+                        "connection {t} lingers early"
+                    );
+                    assert!(c.pipe.borrow().server_shut, "connection {t} lingers unshut");
+                }
+                k => panic!("connection {t} stuck in {k:?}"),
+            }
         }
         self.now += Duration::from_secs(86_400);
         self.conns.tick(self.now);

@@ -27,7 +27,15 @@
 //! - **answering**: the answer goes out as the socket takes it, and must be
 //!   out within [`ANSWER_TIMEOUT`] of being ready; a client that does not
 //!   read it loses the connection. One answer is pending at most, and no
-//!   further request is read before it is out.
+//!   further request is read before it is out;
+//! - **lingering**, after the last answer of a connection that closes (a
+//!   refused request, `Connection: close`) while its client may still be
+//!   sending: the writing side is shut (the client reads the answer, then
+//!   the end), and what the client still sends is read and dropped, at
+//!   most [`LINGER_BYTES`] beyond the body limit and for at most
+//!   [`LINGER_TIMEOUT`], until the client closes. Closing at once would
+//!   fail the client's write of the rest of its body (`EPIPE`), and most
+//!   clients then report that instead of the answer they were sent.
 //!
 //! At most [`MAX_CONNECTIONS`] are open. A new one takes the place of the
 //! idle connection that has waited longest (reading, and preferably not
@@ -57,6 +65,11 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const VMM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client has to read an answer, from when it is ready.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a closing connection reads and drops what its client still
+/// sends.
+pub const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most bytes a closing connection reads and drops, beyond the body limit.
+pub const LINGER_BYTES: usize = 1 << 20;
 /// Most requests with the VMM or in its queue.
 pub const MAX_IN_FLIGHT: usize = 2 * MAX_CONNECTIONS;
 /// Bytes read per `read` call.
@@ -81,6 +94,20 @@ pub trait Vmm {
     fn open_image(&mut self, path: &Path, read_only: bool) -> OpenedImage;
 }
 
+/// A stream whose writing side can be shut, so that its client reads the
+/// end of the answers while it may still send.
+pub trait HalfClose {
+    /// Shuts the writing side; a failure is the end of the connection,
+    /// which the next read reports.
+    fn shut_write(&mut self);
+}
+
+impl HalfClose for std::os::unix::net::UnixStream {
+    fn shut_write(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
 /// Which phase a connection is in (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PhaseKind {
@@ -90,6 +117,8 @@ pub enum PhaseKind {
     Waiting,
     /// Its answer is going out.
     Answering,
+    /// Its last answer is out and it drops what its client still sends.
+    Lingering,
 }
 
 enum Phase {
@@ -109,6 +138,11 @@ enum Phase {
         close: bool,
         deadline: Duration,
     },
+    Lingering {
+        deadline: Duration,
+        /// Bytes it may still drop.
+        left: usize,
+    },
 }
 
 struct Conn<S> {
@@ -123,7 +157,9 @@ impl<S> Conn<S> {
     fn deadline(&self) -> Duration {
         match self.phase {
             Phase::Reading { since, .. } => since + IDLE_TIMEOUT,
-            Phase::Waiting { deadline, .. } | Phase::Answering { deadline, .. } => deadline,
+            Phase::Waiting { deadline, .. }
+            | Phase::Answering { deadline, .. }
+            | Phase::Lingering { deadline, .. } => deadline,
         }
     }
 }
@@ -232,7 +268,7 @@ impl<S, V> std::fmt::Debug for Connections<S, V> {
     }
 }
 
-impl<S: Read + Write, V: Vmm> Connections<S, V> {
+impl<S: Read + Write + HalfClose, V: Vmm> Connections<S, V> {
     /// No connection yet; requests go to `vmm`.
     pub fn new(vmm: V) -> Self {
         Connections {
@@ -295,7 +331,7 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
         let reading: Vec<u64> = self
             .conns
             .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Reading { .. }))
+            .filter(|(_, c)| matches!(c.phase, Phase::Reading { .. } | Phase::Lingering { .. }))
             .map(|(t, _)| *t)
             .collect();
         for t in reading {
@@ -304,11 +340,15 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
         if self.conns.len() < MAX_CONNECTIONS {
             return true;
         }
+        // A lingering connection has had its answers: it goes first.
         let idle = self
             .conns
             .iter()
             .filter_map(|(t, c)| match c.phase {
-                Phase::Reading { since, .. } => Some(((!c.inbuf.is_empty(), since), *t)),
+                Phase::Lingering { deadline, .. } => Some(((0, deadline), *t)),
+                Phase::Reading { since, .. } => {
+                    Some(((1 + u8::from(!c.inbuf.is_empty()), since), *t))
+                }
                 _ => None,
             })
             .min()
@@ -316,7 +356,11 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
         let Some(t) = idle else {
             return false;
         };
-        self.close(t, Why::Evicted, now);
+        let why = match self.conns.get(&t).map(|c| &c.phase) {
+            Some(Phase::Lingering { .. }) => Why::Done,
+            _ => Why::Evicted,
+        };
+        self.close(t, why, now);
         true
     }
 
@@ -408,6 +452,7 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
                     Phase::Reading { .. } => PhaseKind::Reading,
                     Phase::Waiting { .. } => PhaseKind::Waiting,
                     Phase::Answering { .. } => PhaseKind::Answering,
+                    Phase::Lingering { .. } => PhaseKind::Lingering,
                 };
                 (*t, kind, c.deadline())
             })
@@ -425,7 +470,7 @@ fn not_applied(why: &str) -> Response {
     Response::fault(&format!("{why}; the request was not applied"))
 }
 
-impl<S: Read + Write, V: Vmm> Connections<S, V> {
+impl<S: Read + Write + HalfClose, V: Vmm> Connections<S, V> {
     /// Closes `token` (dropping its stream closes it), for `why`. A request
     /// still waiting for the VMM is abandoned: applied only if the VMM
     /// claimed it already.
@@ -459,6 +504,8 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
             Phase::Reading { .. } if c.inbuf.is_empty() => self.close(token, Why::Done, now),
             Phase::Reading { .. } => self.close(token, Why::HalfRequest, now),
             Phase::Answering { .. } => self.close(token, Why::Unread, now),
+            // Its client had the answers, and the time to take them.
+            Phase::Lingering { .. } => self.close(token, Why::Done, now),
             Phase::Waiting {
                 ticket,
                 close,
@@ -517,8 +564,18 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
                         return;
                     }
                     if close {
-                        self.close(token, Why::Done, now);
-                        return;
+                        if c.eof {
+                            self.close(token, Why::Done, now);
+                            return;
+                        }
+                        c.stream.shut_write();
+                        // What was read ahead is dropped with the rest.
+                        c.inbuf = Vec::new();
+                        c.phase = Phase::Lingering {
+                            deadline: now + LINGER_TIMEOUT,
+                            left: self.body_limit + LINGER_BYTES,
+                        };
+                        continue;
                     }
                     c.phase = Phase::Reading {
                         since: now,
@@ -526,6 +583,7 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
                     };
                     true
                 }
+                Phase::Lingering { .. } => self.linger_step(token, now),
             };
             if !go_on {
                 return;
@@ -583,6 +641,31 @@ impl<S: Read + Write, V: Vmm> Connections<S, V> {
                 // answer and close.
                 self.answer(token, Response::fault(&e.to_string()), true, now);
                 true
+            }
+        }
+    }
+
+    /// Reads and drops what `token`'s client still sends, as far as it can
+    /// without blocking; closes the connection at its end or at the bound.
+    /// Always false: nothing follows but the close.
+    fn linger_step(&mut self, token: u64, now: Duration) -> bool {
+        let Some(c) = self.conns.get_mut(&token) else {
+            return false;
+        };
+        let Phase::Lingering { left, .. } = &mut c.phase else {
+            return false;
+        };
+        let mut chunk = [0u8; READ_CHUNK];
+        loop {
+            match c.stream.read(&mut chunk) {
+                Ok(n) if n > 0 && n < *left => *left -= n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+                // The end, an error, or the bound.
+                _ => {
+                    self.close(token, Why::Done, now);
+                    return false;
+                }
             }
         }
     }
@@ -715,6 +798,8 @@ mod tests {
         gone: bool,
         /// The server closed it.
         closed: bool,
+        /// The server shut its writing side.
+        server_shut: bool,
         /// The next read is interrupted (EINTR).
         interrupt_read: bool,
         /// The next write is interrupted.
@@ -751,6 +836,7 @@ mod tests {
     impl Write for Stream {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             let mut p = self.0.borrow_mut();
+            assert!(!p.server_shut, "a write after the writing side was shut");
             if p.gone {
                 return Err(ErrorKind::BrokenPipe.into());
             }
@@ -771,6 +857,12 @@ mod tests {
 
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    impl HalfClose for Stream {
+        fn shut_write(&mut self) {
+            self.0.borrow_mut().server_shut = true;
         }
     }
 
@@ -1088,7 +1180,15 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("fault_message"));
         send(&mut c, &client, t, b"GET / HTTP/9\r\n\r\n", S);
         assert!(got(&client).contains("unsupported HTTP version"));
-        assert!(client.borrow().closed);
+        // The client reads the end; what it sends after is dropped until
+        // it closes.
+        assert!(client.borrow().server_shut && !client.borrow().closed);
+        send(&mut c, &client, t, GET, S);
+        assert_eq!((c.vmm().commands.len(), c.buffered()), (0, 0));
+        assert_eq!(c.phases(), [(t, PhaseKind::Lingering, S + LINGER_TIMEOUT)]);
+        client.borrow_mut().gone = true;
+        c.ready(t, S);
+        assert!(client.borrow().closed && c.is_empty());
         // Connection: close.
         let (client, t) = connect(&mut c, S);
         let t = t.unwrap();
@@ -1101,7 +1201,73 @@ mod tests {
         );
         vmm_answers(&mut c, 204, S);
         assert!(got(&client).contains("Connection: close"));
-        assert!(client.borrow().closed);
+        assert!(client.borrow().server_shut);
+        // A client that never closes has the lingering time, no more.
+        c.tick(S + LINGER_TIMEOUT - MS);
+        assert!(!client.borrow().closed);
+        c.tick(S + LINGER_TIMEOUT);
+        assert!(client.borrow().closed && c.is_empty());
+        assert_eq!(c.log_lines(), 0, "a lingering close is not news");
+    }
+
+    #[test]
+    fn a_refused_body_is_dropped_before_the_close_within_bounds() {
+        let mut c = Conns::new(Queue::default()).with_body_limit(1000);
+        let (client, t) = connect(&mut c, Duration::ZERO);
+        let t = t.unwrap();
+        let head = b"PUT /boot-source HTTP/1.1\r\nContent-Length: 5000\r\n\r\n";
+        send(&mut c, &client, t, head, Duration::ZERO);
+        let answer = got(&client);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(client.borrow().server_shut && !client.borrow().closed);
+        // The body the client goes on writing is read and dropped: its
+        // writes succeed, and the answer waits for it in its socket.
+        send(&mut c, &client, t, &[b' '; 5000], MS);
+        assert!(
+            client.borrow().to_server.is_empty(),
+            "the body was not read"
+        );
+        assert_eq!(c.buffered(), 0);
+        assert!(c.vmm().commands.is_empty());
+        // It closes once it read the answer.
+        client.borrow_mut().gone = true;
+        c.ready(t, MS);
+        assert!(client.borrow().closed && c.is_empty());
+        // One that sends without end is closed at the bound: the body
+        // limit and LINGER_BYTES.
+        let (client, t) = connect(&mut c, S);
+        let t = t.unwrap();
+        send(&mut c, &client, t, head, S);
+        send(&mut c, &client, t, &vec![b' '; 1000 + LINGER_BYTES - 1], S);
+        assert!(!client.borrow().closed, "closed before the bound");
+        send(&mut c, &client, t, b" ", S);
+        assert!(client.borrow().closed && c.is_empty());
+        // Lingering connections make room before idle ones do.
+        let mut clients = Vec::new();
+        for i in 0..MAX_CONNECTIONS {
+            let (client, t) = connect(&mut c, S);
+            let t = t.unwrap();
+            if i % 2 == 1 {
+                send(
+                    &mut c,
+                    &client,
+                    t,
+                    b"GET / HTTP/9\r\n\r\n",
+                    S + MS * i as u32,
+                );
+            }
+            clients.push(client);
+        }
+        for i in 0..MAX_CONNECTIONS / 2 {
+            assert!(c.accept(Stream(Rc::default()), 2 * S).is_some());
+            // The oldest lingering one went.
+            assert!(clients[2 * i + 1].borrow().closed, "{i}");
+            assert!(!clients[2 * i].borrow().closed, "{i}");
+        }
+        assert_eq!(c.log_lines(), 0, "a lingering one's close is not news");
+        assert!(c.accept(Stream(Rc::default()), 3 * S).is_some());
+        assert!(clients[0].borrow().closed);
+        assert_eq!(c.log_lines(), 1, "an idle one's close is logged");
     }
 
     #[test]

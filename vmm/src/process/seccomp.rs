@@ -601,7 +601,8 @@ pub fn api_rules() -> Vec<Entry> {
         allow(libc::SYS_recvfrom),
         allow(libc::SYS_sendto),
         allow_ioctls(&[ioctl_nr(libc::FIONBIO)]),
-        allow(libc::SYS_shutdown),
+        // A closing connection shuts its writing side and reads on.
+        allow_arg_in(libc::SYS_shutdown, 1, &[libc::SHUT_WR as u64]),
         allow_arg_in(libc::SYS_openat, 2, &flags),
         allow_arg_in(libc::SYS_statx, 2, &empty_path),
         allow_arg_in(libc::SYS_newfstatat, 3, &empty_path),
@@ -1654,6 +1655,7 @@ mod tests {
             || raw(libc::SYS_sendto, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_epoll_wait, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_ioctl, [-1, libc::FIONBIO as _, 0, 0, 0, 0]),
+            || raw(libc::SYS_shutdown, [-1, libc::SHUT_WR as _, 0, 0, 0, 0]),
         ];
         for f in allowed {
             let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
@@ -1666,6 +1668,7 @@ mod tests {
             || raw(libc::SYS_openat, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_socket, [-1, 0, 0, 0, 0, 0]),
             || raw(libc::SYS_preadv, [-1, 0, 0, 0, 0, 0]),
+            || raw(libc::SYS_shutdown, [-1, libc::SHUT_RDWR as _, 0, 0, 0, 0]),
         ];
         for f in forbidden {
             let status = in_filtered_child(Thread::Api, SeccompMode::On, *f);
