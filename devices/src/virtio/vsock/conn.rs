@@ -19,13 +19,23 @@
 //! guest's `buf_alloc - (tx_cnt - peer_fwd_cnt)` ([`Conn::peer_free`]).
 //!
 //! **Memory.** Guest data goes from guest memory to the socket with one
-//! `writev`; only what the socket refused is copied into `pending`, which
-//! credit bounds by `buf_alloc` (a guest that sends past its credit is
-//! reset). Host data goes from the socket into guest buffers with one
-//! `readv` and is never held here.
+//! `writev`. What the socket refused stays in guest memory: the TX chain
+//! that carries it is held un-returned ([`Held`], its bytes in
+//! `held_segs`) and written from there when the socket takes more, up to
+//! the muxer's bounds on held chains; past them the rest is copied into
+//! `pending`. Credit bounds both by `buf_alloc` (a guest that sends past
+//! its credit is reset). Host data goes from the socket into guest buffers
+//! with one `readv` and is never held here.
+//!
+//! **Order.** The host gets a connection's bytes as the guest sent them:
+//! first the `OK` line (`pending_ctl` bytes at the front of `pending`),
+//! then the held chains, then the guest data in `pending`. So a chain is
+//! held only while `pending` holds no guest data.
 
 use std::collections::VecDeque;
 use std::time::Instant;
+
+use crate::virtio::queue::IoSeg;
 
 /// Longest `CONNECT <port>\n` line accepted (`CONNECT 4294967295\n` is 19
 /// bytes; a little slack for leading zeros).
@@ -55,6 +65,18 @@ pub struct Owed {
     pub credit_update: bool,
     /// CREDIT_REQUEST: the device has data for a guest without credit.
     pub credit_request: bool,
+}
+
+/// A TX chain kept un-returned while the host socket has not taken all
+/// of its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Its head: what the used entry returns.
+    pub head: u16,
+    /// Descriptors of the ring it holds (what the bounds count).
+    pub descs: usize,
+    /// Payload bytes the socket has not taken yet (at least 1).
+    pub left: usize,
 }
 
 /// One connection.
@@ -92,6 +114,11 @@ pub struct Conn<S> {
     /// Bytes at the front of `pending` that are not guest data (the `OK`
     /// line), which free no credit when written.
     pub pending_ctl: usize,
+    /// TX chains held for the host socket, oldest first.
+    pub held: VecDeque<Held>,
+    /// The payload the held chains still owe the host socket, as
+    /// segments of guest memory, in order.
+    pub held_segs: VecDeque<IoSeg>,
     /// The device's receive buffer, advertised in every header.
     pub buf_alloc: u32,
     /// Payload bytes received from the guest (wrapping).
@@ -127,6 +154,8 @@ impl<S> Conn<S> {
             deadline: None,
             pending: VecDeque::new(),
             pending_ctl: 0,
+            held: VecDeque::new(),
+            held_segs: VecDeque::new(),
             buf_alloc,
             rx_cnt: 0,
             fwd_cnt: 0,
@@ -174,7 +203,7 @@ impl<S> Conn<S> {
     pub fn finished(&self) -> bool {
         let host_done = self.host_eof || self.guest_shut_rcv;
         self.state == State::Established
-            && self.pending.is_empty()
+            && !self.owes_host()
             && self.guest_shut_send
             && host_done
             && !self.owed.response
@@ -189,7 +218,69 @@ impl<S> Conn<S> {
             State::LocalInit => false,
             State::Established => self.can_read_host() && !self.readable,
         };
-        (read, !self.pending.is_empty())
+        (read, self.owes_host())
+    }
+
+    /// Whether guest bytes (or the `OK` line) wait for the host socket.
+    pub fn owes_host(&self) -> bool {
+        !self.pending.is_empty() || !self.held.is_empty()
+    }
+
+    /// Whether `pending` holds guest data (beyond the `OK` line): a new
+    /// chain is then not held, as its bytes go after that data.
+    pub fn pending_data(&self) -> bool {
+        self.pending.len() > self.pending_ctl
+    }
+
+    /// Guest bytes the held chains still owe the host socket.
+    pub fn held_bytes(&self) -> usize {
+        self.held.iter().map(|h| h.left).sum()
+    }
+
+    /// The host socket took `n` more bytes of the held chains: drops them
+    /// from `held_segs`, and pushes the heads of the chains now written
+    /// whole onto `done`; returns the ring descriptors those chains held.
+    pub fn advance_held(&mut self, n: usize, done: &mut Vec<u16>) -> usize {
+        let mut k = n;
+        while k > 0 {
+            let Some(seg) = self.held_segs.front_mut() else {
+                break;
+            };
+            if seg.len() <= k {
+                k -= seg.len();
+                self.held_segs.pop_front();
+            } else {
+                *seg = crate::virtio::queue::split_seg(*seg, k).1;
+                k = 0;
+            }
+        }
+        let mut k = n;
+        let mut freed = 0;
+        while let Some(h) = self.held.front_mut() {
+            if h.left > k {
+                h.left -= k;
+                break;
+            }
+            k -= h.left;
+            freed += h.descs;
+            done.push(h.head);
+            self.held.pop_front();
+        }
+        freed
+    }
+
+    /// Gives up every held chain: their heads onto `done`; returns the ring
+    /// descriptors they held. What they still owed the host is dropped
+    /// unless the caller copied it first.
+    pub fn release_held(&mut self, done: &mut Vec<u16>) -> usize {
+        self.held_segs.clear();
+        self.held
+            .drain(..)
+            .map(|h| {
+                done.push(h.head);
+                h.descs
+            })
+            .sum()
     }
 }
 

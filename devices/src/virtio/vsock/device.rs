@@ -24,8 +24,8 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::backend::{bind_listener, UnixBackend, VsockBackend};
 use super::metrics::VsockMetrics;
-use super::muxer::Muxer;
-use super::pass::VsockVirtio;
+use super::muxer::{HoldLimits, Muxer};
+use super::pass::{VsockVirtio, TX_INDEX};
 use super::{Tunables, VsockConfig, MIN_GUEST_CID};
 use crate::virtio::events::{self, Activation};
 use crate::virtio::metrics::Counters;
@@ -302,12 +302,43 @@ impl<B: VsockBackend> Vsock<B> {
     fn deactivate(&mut self) {
         self.active = None;
         self.muxer.kill_all();
+        // The rings went with the reset: the chains held are forgotten
+        // with them, never written into a used ring the driver set up anew.
+        self.muxer.returned.clear();
+    }
+
+    /// Puts the held chains the muxer is done with in the TX used ring;
+    /// without a working ring (a broken queue waits for a reset) they are
+    /// forgotten.
+    pub(crate) fn return_held(&mut self) {
+        match self.active.as_mut() {
+            Some(a) if !a.broken => a.virtio.return_held(&mut self.muxer, &self.metrics),
+            _ => self.muxer.returned.clear(),
+        }
+    }
+
+    /// TX chains held for host sockets that have not taken their bytes.
+    pub fn held_chains(&self) -> usize {
+        self.muxer.held_chains()
     }
 }
 
 impl<B: VsockBackend + 'static> VirtioDevice for Vsock<B> {
     fn common(&self) -> &VirtioCommon {
         &self.common
+    }
+
+    /// A snapshot takes the rings as `used.idx` says: every chain taken
+    /// before it returned. The held chains are not, so what they still owe
+    /// their host sockets is copied into their connections (which go on
+    /// in this process) and they are returned now, with the interrupt.
+    fn quiesce(&mut self) -> Result<(), crate::virtio::persist::PersistError> {
+        self.muxer.spill_held();
+        self.return_held();
+        if let Some(a) = self.active.as_mut() {
+            a.virtio.raise_owed(&self.metrics, &*a.activation.interrupt);
+        }
+        Ok(())
     }
 
     fn restored(&mut self) {
@@ -343,6 +374,7 @@ impl<B: VsockBackend + 'static> VirtioDevice for Vsock<B> {
         let queues: [SplitQueue; 3] = queues
             .try_into()
             .map_err(|_| ActivateError::Backend("three queues expected".into()))?;
+        self.muxer.hold = HoldLimits::for_ring(queues[TX_INDEX].size());
         self.active = Some(Active {
             virtio: VsockVirtio::new(queues, self.cfg.guest_cid),
             activation: Activation::new(interrupt),

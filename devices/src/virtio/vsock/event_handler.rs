@@ -295,6 +295,7 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
         if self.active.is_some() {
             self.process_activate_event();
         }
+        self.return_held();
         self.raise_owed();
         self.sync_registrations(ops);
     }
@@ -313,6 +314,8 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
             }
             other => self.metrics.host_errors().unknown_token(other),
         }
+        // Held chains a socket event, a time-out or a reset let go of.
+        self.return_held();
         self.raise_owed();
         self.sync_registrations(ops);
     }

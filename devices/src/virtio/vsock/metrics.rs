@@ -16,6 +16,9 @@
 //! `protocol_errors`, `credit_exceeded` (both reset the connection).
 //! Credit: `rx_credit_stalls` (host data waited for a guest without room),
 //! `tx_credit_stalls` (the guest used all the credit it was given).
+//! Short writes: `tx_short_writes` (the host socket refused part of a
+//! packet), of which `tx_chains_held` kept their chain until the socket
+//! took the rest, and `tx_bytes_copied` the bytes copied instead.
 //! `max_descs_per_pass` is what a fuzzer checks the pass bound against.
 
 use std::sync::atomic::AtomicU64;
@@ -65,6 +68,11 @@ pub struct VsockMetrics {
     pub credit_exceeded: AtomicU64,
     /// Guest writes the host socket did not take whole (the rest waits).
     pub tx_short_writes: AtomicU64,
+    /// Of those, packets whose rest waited in their TX chain, held.
+    pub tx_chains_held: AtomicU64,
+    /// Bytes of the others' rest, copied because the chains held were at
+    /// their bound (or copied data waited before them).
+    pub tx_bytes_copied: AtomicU64,
     /// Chains or headers refused (short, wrong CID, length beyond the chain).
     pub malformed_packets: AtomicU64,
     /// Packets with an op the specification does not define, answered RST.
@@ -106,7 +114,7 @@ mod tests {
     use crate::virtio::metrics::{assert_counter_keys, DeviceMetrics};
 
     /// The contract's keys: a renamed field fails here.
-    const KEYS: [&str; 35] = [
+    const KEYS: [&str; 37] = [
         "conns_opened_host",
         "conns_opened_guest",
         "conns_refused",
@@ -125,6 +133,8 @@ mod tests {
         "tx_credit_stalls",
         "credit_exceeded",
         "tx_short_writes",
+        "tx_chains_held",
+        "tx_bytes_copied",
         "malformed_packets",
         "unknown_ops",
         "bad_types",

@@ -26,11 +26,27 @@
 //! **Bounds.** At most `max_connections` connections (host sockets waiting
 //! for their `CONNECT` line included); each holds at most `buf_alloc`
 //! bytes the host did not take (credit: a guest that sends past it is
-//! reset); RSTs owed for packets of no connection wait in a queue of
+//! reset), in held TX chains and in copies; RSTs owed for packets of no connection wait in a queue of
 //! [`MAX_QUEUED_RSTS`], beyond which they are dropped and counted. The muxer
 //! never polls a socket it cannot act on: a readable socket leaves the
 //! poll set until a read drains it, and one whose guest has no credit
 //! waits for the guest's credit before it is read again.
+//!
+//! **Held TX chains.** A packet whose payload the host socket did not take
+//! whole keeps its TX chain: the rest is written from guest memory when
+//! the socket polls writable, and the chain is returned once its last byte
+//! is written, out of order with the chains around it (the used ring
+//! allows it). The chains held are bounded within the TX ring the driver
+//! chose: a connection holds at most a quarter of its descriptors, the
+//! device at most half ([`HoldLimits`]); past that the rest of a packet is
+//! copied into the connection's `pending` and its chain returned at once,
+//! as it always was before. So a host that never reads keeps at most a
+//! quarter of the ring from the guest, and every such host together at
+//! most half: the other connections always have the rest. A held chain
+//! goes back (its heads on [`Muxer::returned`], put in the used ring at
+//! the end of the event) when its bytes are written, when its connection
+//! ends however it ends, or when [`Muxer::spill_held`] copies what it owes
+//! (a snapshot); a device reset forgets it with the rings.
 //!
 //! Sockets are closed only after the event handler took them out of the
 //! poll set (`graveyard`), so that no descriptor number is reused while
@@ -43,7 +59,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::backend::VsockBackend;
-use super::conn::{Conn, State, MAX_CONNECT_LINE};
+use super::conn::{Conn, Held, State, MAX_CONNECT_LINE};
 use super::metrics::VsockMetrics;
 use super::packet::{Header, Op, HDR_LEN, MAX_PAYLOAD, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::Tunables;
@@ -63,6 +79,38 @@ pub const ACCEPTS_PER_EVENT: usize = 16;
 
 /// First host port given to host-initiated connections (Firecracker's).
 pub const FIRST_HOST_PORT: u32 = 1 << 30;
+
+/// The most segments one write of held chains passes to `writev`.
+const HELD_IOVS: usize = 64;
+
+/// How many TX ring descriptors held chains may keep, from the size of
+/// the TX ring the driver chose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HoldLimits {
+    /// By one connection: a quarter of the ring.
+    pub(crate) per_conn: usize,
+    /// By all of them: half of the ring.
+    pub(crate) all: usize,
+}
+
+impl HoldLimits {
+    /// The limits for a TX ring of `size` descriptors.
+    pub(crate) fn for_ring(size: u16) -> Self {
+        HoldLimits {
+            per_conn: usize::from(size) / 4,
+            all: usize::from(size) / 2,
+        }
+    }
+}
+
+/// A TX chain as the muxer sees it: what it needs to hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TxChain {
+    /// Its head.
+    pub(crate) head: u16,
+    /// The ring descriptors it takes.
+    pub(crate) descs: usize,
+}
 
 /// A connection's key: (guest port, host port).
 type Key = (u32, u32);
@@ -105,6 +153,12 @@ pub(crate) struct Muxer<B: VsockBackend> {
     /// The part of a packet a host socket refused, as segments.
     rest: Vec<IoSeg>,
     copy: Vec<u8>,
+    /// How many ring descriptors held chains may keep.
+    pub(crate) hold: HoldLimits,
+    /// Ring descriptors the held chains of every connection keep.
+    pub(crate) held_descs: usize,
+    /// Heads of held chains now done with, to put in the TX used ring.
+    pub(crate) returned: Vec<u16>,
 }
 
 /// The segments of `segs` from byte `from` on, at most `len` bytes.
@@ -155,6 +209,9 @@ impl<B: VsockBackend> Muxer<B> {
             scratch: Vec::new(),
             rest: Vec::new(),
             copy: Vec::new(),
+            hold: HoldLimits::default(),
+            held_descs: 0,
+            returned: Vec::new(),
         }
     }
 
@@ -165,7 +222,35 @@ impl<B: VsockBackend> Muxer<B> {
 
     /// Bytes held for host sockets that did not take them, in all.
     pub(crate) fn pending_bytes(&self) -> usize {
-        self.slots.iter().flatten().map(|c| c.pending.len()).sum()
+        self.slots
+            .iter()
+            .flatten()
+            .map(|c| c.pending.len() + c.held_bytes())
+            .sum()
+    }
+
+    /// TX chains held for host sockets, in all.
+    pub(crate) fn held_chains(&self) -> usize {
+        self.slots.iter().flatten().map(|c| c.held.len()).sum()
+    }
+
+    /// Copies what every held chain still owes its host socket into the
+    /// connection's `pending`, in its place (after the `OK` line, before
+    /// the copies made after it), and gives the chains up onto
+    /// [`returned`](Self::returned): the rings then hold no chain taken
+    /// out of order, as a snapshot needs.
+    pub(crate) fn spill_held(&mut self) {
+        for c in self.slots.iter_mut().flatten() {
+            if c.held.is_empty() {
+                continue;
+            }
+            let segs: Vec<IoSeg> = c.held_segs.iter().copied().collect();
+            copy_from_segs(&segs, &mut self.copy);
+            let tail: Vec<u8> = c.pending.drain(c.pending_ctl..).collect();
+            c.pending.extend(self.copy.iter());
+            c.pending.extend(tail);
+            self.held_descs -= c.release_held(&mut self.returned);
+        }
     }
 
     /// RSTs waiting for RX buffers.
@@ -216,7 +301,7 @@ impl<B: VsockBackend> Muxer<B> {
     /// Takes the connection in `slot` out of service; an `rst` tells the
     /// guest (a connection it knows of).
     pub(crate) fn kill(&mut self, slot: usize, rst: bool) {
-        let Some(conn) = self.slots.get_mut(slot).and_then(Option::take) else {
+        let Some(mut conn) = self.slots.get_mut(slot).and_then(Option::take) else {
             return;
         };
         self.metrics
@@ -239,6 +324,7 @@ impl<B: VsockBackend> Muxer<B> {
             self.queue_rst(key);
         }
         let registered = self.registered[slot].take().is_some();
+        self.held_descs -= conn.release_held(&mut self.returned);
         self.graveyard.push(Grave {
             stream: conn.stream,
             registered,
@@ -289,8 +375,15 @@ impl<B: VsockBackend> Muxer<B> {
 
     /// One packet from the guest whose header passed
     /// [`Header::check_from_guest`]; `payload` is the chain after the header
-    /// (at least `hdr.len` bytes).
-    pub(crate) fn on_guest_packet(&mut self, hdr: &Header, payload: &[IoSeg]) {
+    /// (at least `hdr.len` bytes). Returns whether the muxer holds the
+    /// chain (it returns it later through [`returned`](Self::returned));
+    /// otherwise the caller returns it now.
+    pub(crate) fn on_guest_packet(
+        &mut self,
+        hdr: &Header,
+        payload: &[IoSeg],
+        chain: TxChain,
+    ) -> bool {
         let key = (hdr.src_port, hdr.dst_port);
         let Some(op) = Op::from_u16(hdr.op) else {
             let n = inc(&self.metrics.unknown_ops);
@@ -300,7 +393,7 @@ impl<B: VsockBackend> Muxer<B> {
                 hdr.op
             );
             self.reject(key, hdr.op);
-            return;
+            return false;
         };
         if hdr.kind != TYPE_STREAM {
             let n = inc(&self.metrics.bad_types);
@@ -310,7 +403,7 @@ impl<B: VsockBackend> Muxer<B> {
                 hdr.kind
             );
             self.reject(key, hdr.op);
-            return;
+            return false;
         }
         let Some(slot) = self.lookup(key) else {
             match op {
@@ -318,19 +411,21 @@ impl<B: VsockBackend> Muxer<B> {
                 Op::Request => self.guest_connect(hdr),
                 _ => self.refuse(key, hdr.op),
             }
-            return;
+            return false;
         };
         match op {
             Op::Rst => {
                 inc(&self.metrics.rsts_received);
                 self.kill(slot, false);
+                false
             }
             Op::Request => {
                 // A second REQUEST for a live connection: both ends reset.
                 inc(&self.metrics.protocol_errors);
                 self.kill(slot, true);
+                false
             }
-            _ => self.on_conn_packet(slot, op, hdr, payload),
+            _ => self.on_conn_packet(slot, op, hdr, payload, chain),
         }
     }
 
@@ -405,9 +500,16 @@ impl<B: VsockBackend> Muxer<B> {
         }
     }
 
-    fn on_conn_packet(&mut self, slot: usize, op: Op, hdr: &Header, payload: &[IoSeg]) {
+    fn on_conn_packet(
+        &mut self,
+        slot: usize,
+        op: Op,
+        hdr: &Header,
+        payload: &[IoSeg],
+        chain: TxChain,
+    ) -> bool {
         let Some(c) = self.slots[slot].as_mut() else {
-            return;
+            return false;
         };
         let was_stalled = c.credit_stalled && c.peer_free() == 0;
         c.peer_credit(hdr.buf_alloc, hdr.fwd_cnt);
@@ -416,7 +518,7 @@ impl<B: VsockBackend> Muxer<B> {
         }
         match op {
             Op::Response => self.guest_accepted(slot),
-            Op::Rw => self.guest_data(slot, hdr.len as usize, payload),
+            Op::Rw => return self.guest_data(slot, hdr.len as usize, payload, chain),
             Op::Shutdown => self.guest_shutdown(slot, hdr.flags),
             Op::CreditRequest => {
                 c.owed.credit_update = true;
@@ -425,6 +527,7 @@ impl<B: VsockBackend> Muxer<B> {
             Op::CreditUpdate => self.schedule(slot),
             Op::Request | Op::Rst => {}
         }
+        false
     }
 
     fn protocol_error(&mut self, slot: usize) {
@@ -454,19 +557,19 @@ impl<B: VsockBackend> Muxer<B> {
         self.flush(slot);
     }
 
-    fn guest_data(&mut self, slot: usize, len: usize, payload: &[IoSeg]) {
+    fn guest_data(&mut self, slot: usize, len: usize, payload: &[IoSeg], chain: TxChain) -> bool {
         let Some(c) = self.slots[slot].as_mut() else {
-            return;
+            return false;
         };
         if c.state != State::Established || c.guest_shut_send {
             self.protocol_error(slot);
-            return;
+            return false;
         }
         if len > c.guest_credit() as usize {
             let n = inc(&self.metrics.credit_exceeded);
             warn_rate_limited!(count = n, "virtio-vsock: guest sent past its credit, reset");
             self.kill(slot, true);
-            return;
+            return false;
         }
         // len <= buf_alloc, a u32.
         c.rx_cnt = c.rx_cnt.wrapping_add(len as u32);
@@ -474,9 +577,9 @@ impl<B: VsockBackend> Muxer<B> {
         if c.guest_credit() == 0 {
             inc(&self.metrics.tx_credit_stalls);
         }
-        take_range(payload, 0, len, &mut self.scratch);
         let mut sent = 0;
-        if c.pending.is_empty() && len > 0 {
+        if !c.owes_host() && len > 0 {
+            take_range(payload, 0, len, &mut self.scratch);
             match self
                 .backend
                 .send(&mut c.stream, IoVecs::guest(&self.scratch))
@@ -485,23 +588,56 @@ impl<B: VsockBackend> Muxer<B> {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => {
                     self.host_failed(slot, &e);
-                    return;
+                    return false;
                 }
             }
         }
         c.fwd_cnt = c.fwd_cnt.wrapping_add(sent as u32);
-        if sent < len {
-            // What the socket refused waits in `pending` (bounded by the
-            // credit just checked) for EPOLLOUT.
-            inc(&self.metrics.tx_short_writes);
-            take_range(payload, sent, len - sent, &mut self.rest);
-            copy_from_segs(&self.rest, &mut self.copy);
-            c.pending.extend(self.copy.iter());
-        }
+        let held = sent < len && self.keep_rest(slot, payload, sent, len, chain);
+        let c = self.slots[slot].as_mut().expect("slot checked above");
         if c.wants_credit_update() {
             c.owed.credit_update = true;
         }
         self.schedule(slot);
+        held
+    }
+
+    /// What the host socket of `slot` refused of a packet (bytes `sent..len`
+    /// of `payload`) waits for EPOLLOUT: in its chain, held, if the bounds
+    /// allow and no copied data waits before it (returns true), else copied
+    /// into `pending` (bounded by the credit the packet was checked
+    /// against).
+    fn keep_rest(
+        &mut self,
+        slot: usize,
+        payload: &[IoSeg],
+        sent: usize,
+        len: usize,
+        chain: TxChain,
+    ) -> bool {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return false;
+        };
+        inc(&self.metrics.tx_short_writes);
+        take_range(payload, sent, len - sent, &mut self.rest);
+        let room = c.held.iter().map(|h| h.descs).sum::<usize>() + chain.descs
+            <= self.hold.per_conn
+            && self.held_descs + chain.descs <= self.hold.all;
+        if room && !c.pending_data() {
+            c.held.push_back(Held {
+                head: chain.head,
+                descs: chain.descs,
+                left: len - sent,
+            });
+            c.held_segs.extend(self.rest.iter().copied());
+            self.held_descs += chain.descs;
+            inc(&self.metrics.tx_chains_held);
+            return true;
+        }
+        copy_from_segs(&self.rest, &mut self.copy);
+        c.pending.extend(self.copy.iter());
+        add(&self.metrics.tx_bytes_copied, (len - sent) as u64);
+        false
     }
 
     fn guest_shutdown(&mut self, slot: usize, flags: u32) {
@@ -515,7 +651,7 @@ impl<B: VsockBackend> Muxer<B> {
         }
         c.guest_shut_rcv |= flags & SHUTDOWN_RCV != 0;
         c.guest_shut_send |= flags & SHUTDOWN_SEND != 0;
-        if c.guest_shut_send && c.deadline.is_none() && !c.pending.is_empty() {
+        if c.guest_shut_send && c.deadline.is_none() && c.owes_host() {
             c.deadline = Some(Instant::now() + timeout);
             self.deadlines_changed = true;
         }
@@ -529,7 +665,7 @@ impl<B: VsockBackend> Muxer<B> {
         let Some(c) = self.slots[slot].as_mut() else {
             return;
         };
-        if c.guest_shut_send && c.pending.is_empty() && !c.host_write_shut {
+        if c.guest_shut_send && !c.owes_host() && !c.host_write_shut {
             c.host_write_shut = true;
             if let Err(e) = self.backend.shutdown_write(&mut c.stream) {
                 log::debug!("virtio-vsock: shutdown of a host socket: {e}");
@@ -672,28 +808,47 @@ impl<B: VsockBackend> Muxer<B> {
         }
     }
 
-    /// Writes what waits for the host socket of `slot`.
+    /// Writes what waits for the host socket of `slot`, in order: the `OK`
+    /// line, the held chains (from guest memory), the copied data.
     pub(crate) fn flush(&mut self, slot: usize) {
         let Some(c) = self.slots[slot].as_mut() else {
             return;
         };
-        while !c.pending.is_empty() {
-            let (front, _) = c.pending.as_slices();
-            match self.backend.write_bytes(&mut c.stream, front) {
+        while c.owes_host() {
+            let ctl = c.pending_ctl > 0 || c.held.is_empty();
+            let res = if ctl {
+                let (front, _) = c.pending.as_slices();
+                let n = if c.pending_ctl > 0 {
+                    c.pending_ctl.min(front.len())
+                } else {
+                    front.len()
+                };
+                self.backend.write_bytes(&mut c.stream, &front[..n])
+            } else {
+                let (front, _) = c.held_segs.as_slices();
+                let segs = &front[..front.len().min(HELD_IOVS)];
+                self.backend.send(&mut c.stream, IoVecs::guest(segs))
+            };
+            match res {
                 Ok(0) => break,
-                Ok(n) => {
-                    let n = n.min(front.len());
+                Ok(n) if ctl => {
+                    let n = n.min(c.pending.len());
                     c.pending.drain(..n);
                     // `OK <port>\n` is no guest data: it frees no credit.
                     let ctl = n.min(c.pending_ctl);
                     c.pending_ctl -= ctl;
                     c.fwd_cnt = c.fwd_cnt.wrapping_add((n - ctl) as u32);
                 }
+                Ok(n) => {
+                    let n = n.min(c.held_bytes());
+                    self.held_descs -= c.advance_held(n, &mut self.returned);
+                    c.fwd_cnt = c.fwd_cnt.wrapping_add(n as u32);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return self.host_failed(slot, &e),
             }
         }
-        if c.pending.is_empty() && c.guest_shut_send && c.deadline.is_some() {
+        if !c.owes_host() && c.guest_shut_send && c.deadline.is_some() {
             c.deadline = None;
             self.deadlines_changed = true;
         }

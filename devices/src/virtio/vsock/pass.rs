@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering;
 
 use super::backend::VsockBackend;
 use super::metrics::VsockMetrics;
-use super::muxer::{take_range, Muxer};
+use super::muxer::{take_range, Muxer, TxChain};
 use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
 use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{read_array, write_bytes_at};
@@ -216,12 +216,22 @@ impl VsockVirtio {
             inc(&m.tx_packets);
             self.segs.clear();
             let q = &self.queues[TX_INDEX];
-            match q.walk(head, &rules, &mut self.segs, &mut pass.budget) {
-                Ok(chain) => pass.bytes += self.tx_packet(chain.len, mux, m),
-                Err(e) => malformed(m, e),
+            let held = match q.walk(head, &rules, &mut self.segs, &mut pass.budget) {
+                Ok(chain) => {
+                    let (bytes, held) = self.tx_packet(chain, mux, m);
+                    pass.bytes += bytes;
+                    held
+                }
+                Err(e) => {
+                    malformed(m, e);
+                    false
+                }
+            };
+            if !held {
+                self.queues[TX_INDEX].add_used(head, 0);
             }
-            self.queues[TX_INDEX].add_used(head, 0);
         };
+        self.add_returned(mux);
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "TX avail index out of range");
         }
@@ -229,22 +239,47 @@ impl VsockVirtio {
         pass.finish(m, status)
     }
 
-    /// One packet of `len` bytes in `self.segs`; returns its payload bytes.
+    /// One packet in `self.segs`; returns its payload bytes and whether
+    /// the muxer holds its chain.
     fn tx_packet<B: VsockBackend>(
         &mut self,
-        len: usize,
+        chain: Chain,
         mux: &mut Muxer<B>,
         m: &VsockMetrics,
-    ) -> u64 {
+    ) -> (u64, bool) {
         let (bytes, _) = read_array::<HDR_LEN>(&self.segs, 0);
         let hdr = Header::parse(&bytes);
-        if let Err(e) = hdr.check_from_guest(self.guest_cid, len) {
+        if let Err(e) = hdr.check_from_guest(self.guest_cid, chain.len) {
             malformed(m, e);
-            return 0;
+            return (0, false);
         }
         take_range(&self.segs, HDR_LEN, hdr.len as usize, &mut self.payload);
-        mux.on_guest_packet(&hdr, &self.payload);
-        u64::from(hdr.len)
+        let tx = TxChain {
+            head: chain.head,
+            descs: chain.ring_descs,
+        };
+        let held = mux.on_guest_packet(&hdr, &self.payload, tx);
+        (u64::from(hdr.len), held)
+    }
+
+    /// Puts the held chains the muxer is done with in the TX used ring
+    /// (length 0, as every TX chain), after the chains returned before
+    /// them.
+    fn add_returned<B: VsockBackend>(&mut self, mux: &mut Muxer<B>) {
+        for head in mux.returned.drain(..) {
+            self.queues[TX_INDEX].add_used(head, 0);
+        }
+    }
+
+    /// Returns the held chains the muxer is done with outside a TX pass (a
+    /// host socket took their bytes, their connection ended), publishing
+    /// them; the caller raises the interrupt owed.
+    pub(crate) fn return_held<B: VsockBackend>(&mut self, mux: &mut Muxer<B>, m: &VsockMetrics) {
+        if mux.returned.is_empty() {
+            return;
+        }
+        self.add_returned(mux);
+        self.publish(TX_INDEX, m);
     }
 
     /// An RX pass: packets the muxer owes the guest, into the buffers the
