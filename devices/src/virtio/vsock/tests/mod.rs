@@ -11,6 +11,9 @@
 //! - `protocol`: connections both ways, credit, half-close, time-outs, the
 //!   cap, hostile headers, TRANSPORT_RESET.
 //! - `faults`: fault injection on the Unix sockets and the bounds of a pass.
+//! - `held`: TX chains held for host sockets that refused their bytes:
+//!   out-of-order return, the bounds, every path that ends a connection,
+//!   quiesce.
 //! - `notify`: when the device asks for kicks and raises interrupts.
 //! - `transport`: the device behind the real MMIO transport.
 
@@ -22,6 +25,7 @@ contract_suite!(Vsock<UnixBackend>);
 mod faults;
 #[allow(dead_code)]
 pub(super) mod fixture;
+mod held;
 mod notify;
 mod protocol;
 mod transport;

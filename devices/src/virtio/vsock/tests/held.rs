@@ -1,0 +1,329 @@
+// SPDX-License-Identifier: Apache-2.0
+//! TX chains held for host sockets that did not take their payload: returned
+//! out of order once written, bounded per connection and per device, and
+//! returned exactly once (or forgotten with the rings by a reset) by every
+//! path that ends a connection, and before a snapshot. The oracle of every
+//! test: a [`Ledger`] of the TX chains posted, which fails on a chain
+//! returned twice or never posted.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+
+use super::fixture::*;
+use crate::virtio::vsock::muxer::HoldLimits;
+use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND};
+use crate::virtio::vsock::{Tunables, UnixBackend, VsockBackend};
+use crate::virtio::VirtioDevice;
+
+/// Payload of every data packet.
+const PKT: usize = 4096;
+/// Packets sent to a host that never reads: more than its socket takes
+/// (about 200 KiB) plus a connection's bound of held chains.
+const FLOOD: usize = 120;
+/// The fixture's rings have 256 descriptors; Linux 6.1's packets take two.
+const LIMITS_PER_CONN_CHAINS: usize = 256 / 4 / 2;
+
+/// The TX chains posted and not yet returned.
+#[derive(Default)]
+struct Ledger {
+    out: HashSet<u16>,
+    /// Heads in the order they came back, since the last `take_order`.
+    order: Vec<u16>,
+}
+
+impl Ledger {
+    fn post<B: VsockBackend + 'static>(&mut self, f: &mut VsockFixture<B>, h: &Header, d: &[u8]) {
+        let hdr = Header {
+            len: d.len() as u32,
+            ..*h
+        };
+        let head = f.post_tx(&hdr, d, &[HDR_LEN]);
+        assert!(self.out.insert(head), "head {head} posted while out");
+    }
+
+    /// Reads the TX used ring: each entry must be a chain out.
+    fn collect<B: VsockBackend + 'static>(&mut self, f: &mut VsockFixture<B>) -> usize {
+        f.run_until_idle();
+        let used = f.qs[1].used(&f.mem).unwrap();
+        for e in &used {
+            assert_eq!(e.len, 0, "a TX chain came back with a length");
+            let head = e.id as u16;
+            assert!(
+                self.out.remove(&head),
+                "TX chain {head} returned twice or never posted"
+            );
+            self.order.push(head);
+        }
+        used.len()
+    }
+}
+
+fn bytes(n: usize, seed: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed as u8))
+        .collect()
+}
+
+fn big_credit() -> VsockFixture<UnixBackend> {
+    let tun = Tunables {
+        buf_alloc: 4 << 20,
+        ..test_tunables()
+    };
+    VsockFixture::with(tun, UnixBackend, true)
+}
+
+/// Sends `n` packets on guest port `gp` to host port 9, in batches the
+/// driver's ring has room for; returns what was sent, in order.
+fn flood<B: VsockBackend + 'static>(
+    f: &mut VsockFixture<B>,
+    led: &mut Ledger,
+    gp: u32,
+    n: usize,
+) -> Vec<u8> {
+    let mut sent = Vec::new();
+    for i in 0..n {
+        let d = bytes(PKT, i + gp as usize * 1000);
+        led.post(f, &guest_hdr(gp, 9, Op::Rw), &d);
+        sent.extend_from_slice(&d);
+        if i % 16 == 15 {
+            led.collect(f);
+        }
+    }
+    led.collect(f);
+    sent
+}
+
+/// Reads everything the device relays to `s` until `n` bytes came.
+fn drain<B: VsockBackend + 'static>(
+    f: &mut VsockFixture<B>,
+    led: &mut Ledger,
+    s: &mut UnixStream,
+    n: usize,
+) -> Vec<u8> {
+    s.set_nonblocking(true).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while got.len() < n {
+        assert!(std::time::Instant::now() < end, "only {} of {n}", got.len());
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => got.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                f.run_for(2);
+                led.collect(f);
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    led.collect(f);
+    got
+}
+
+#[test]
+fn the_limits_are_a_quarter_and_half_of_the_ring() {
+    assert_eq!(
+        HoldLimits::for_ring(256),
+        HoldLimits {
+            per_conn: 64,
+            all: 128
+        }
+    );
+    assert_eq!(
+        HoldLimits::for_ring(1),
+        HoldLimits {
+            per_conn: 0,
+            all: 0
+        }
+    );
+}
+
+#[test]
+fn a_refused_packet_s_chain_comes_back_after_later_ones_once_written() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let mut s1 = f.open_from_guest(&l, 1, 9);
+    let mut s2 = f.open_from_guest(&l, 2, 9);
+    let mut led = Ledger::default();
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Send, &[Fault::Errno(libc::EAGAIN)]);
+    let a = bytes(3000, 1);
+    let b = bytes(2000, 2);
+    // Both in one pass: the first is refused and held, the second written.
+    let ha = f.post_tx(
+        &Header {
+            len: 3000,
+            ..guest_hdr(1, 9, Op::Rw)
+        },
+        &a,
+        &[HDR_LEN],
+    );
+    let hb = f.post_tx(
+        &Header {
+            len: 2000,
+            ..guest_hdr(2, 9, Op::Rw)
+        },
+        &b,
+        &[HDR_LEN],
+    );
+    led.out.extend([ha, hb]);
+    led.collect(&mut f);
+    assert_eq!(led.order, [hb, ha], "the held chain returned after");
+    assert!(led.out.is_empty());
+    assert_eq!(read_n(&mut s1, 3000), a);
+    assert_eq!(read_n(&mut s2, 2000), b);
+    assert_eq!(f.metric(|m| &m.tx_chains_held), 1);
+    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 0);
+    assert_eq!(f.dev().held_chains(), 0);
+}
+
+#[test]
+fn a_short_write_holds_the_rest_and_writes_it_from_the_chain() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let mut led = Ledger::default();
+    // 700 bytes taken, then the socket refuses the rest once: the rest is
+    // held over two flushes, the chain returned after the last byte.
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Send, &[Fault::Short(700), Fault::Short(100)]);
+    let a = bytes(2000, 3);
+    led.post(&mut f, &guest_hdr(1, 9, Op::Rw), &a);
+    led.collect(&mut f);
+    assert!(led.out.is_empty(), "returned once written");
+    assert_eq!(read_n(&mut s, 2000), a);
+    assert_eq!(f.metric(|m| &m.tx_chains_held), 1);
+    assert_eq!(f.dev().pending_bytes(), 0);
+    // Credit counts only what the host took.
+    let pkts = f.recv();
+    let fwd = pkts.iter().map(|p| p.hdr.fwd_cnt).max().unwrap_or(2000);
+    assert_eq!(fwd, 2000, "{pkts:?}");
+}
+
+#[test]
+fn held_chains_are_bounded_per_connection_and_per_device_and_others_still_flow() {
+    let mut f = big_credit();
+    let l = f.host_listen(9);
+    let mut led = Ledger::default();
+    let mut hosts = Vec::new();
+    let mut sent = Vec::new();
+    for gp in 1..=3 {
+        hosts.push(f.open_from_guest(&l, gp, 9));
+        sent.push(flood(&mut f, &mut led, gp, FLOOD));
+        let held = f.dev().held_chains();
+        let want = LIMITS_PER_CONN_CHAINS * (gp as usize).min(2);
+        assert_eq!(held, want, "after connection {gp}");
+        assert_eq!(led.out.len(), held, "every chain not held came back");
+    }
+    assert!(
+        f.metric(|m| &m.tx_bytes_copied) > 0,
+        "past the bound: copies"
+    );
+    // A fourth connection, whose host reads, is not held back.
+    let mut s4 = f.open_from_guest(&l, 4, 9);
+    let d = bytes(PKT * 4, 9);
+    led.post(&mut f, &guest_hdr(4, 9, Op::Rw), &d);
+    led.collect(&mut f);
+    assert_eq!(read_n(&mut s4, d.len()), d);
+    assert_eq!(led.out.len(), 2 * LIMITS_PER_CONN_CHAINS);
+    // The first host reads all: its bytes in order, its chains back.
+    let got = drain(&mut f, &mut led, &mut hosts[0], sent[0].len());
+    assert!(got == sent[0], "connection 1's bytes out of order");
+    assert_eq!(led.out.len(), LIMITS_PER_CONN_CHAINS);
+    // The guest resets the second: its chains come back unwritten.
+    led.post(&mut f, &guest_hdr(2, 9, Op::Rst), &[]);
+    led.collect(&mut f);
+    assert!(led.out.is_empty(), "{:?}", led.out);
+    assert_eq!(f.dev().held_chains(), 0);
+    let got = drain(&mut f, &mut led, &mut hosts[2], sent[2].len());
+    assert!(got == sent[2], "connection 3's copies out of order");
+}
+
+/// Holds a connection's bound of chains for a host that never reads.
+fn hold_some() -> (VsockFixture<UnixBackend>, Ledger, UnixStream, Vec<u8>) {
+    let mut f = big_credit();
+    let l = f.host_listen(9);
+    let s = f.open_from_guest(&l, 1, 9);
+    let mut led = Ledger::default();
+    let sent = flood(&mut f, &mut led, 1, FLOOD);
+    assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
+    assert_eq!(led.out.len(), LIMITS_PER_CONN_CHAINS);
+    (f, led, s, sent)
+}
+
+#[test]
+fn a_host_that_goes_away_returns_the_held_chains() {
+    let (mut f, mut led, s, _) = hold_some();
+    drop(s);
+    led.collect(&mut f);
+    assert!(led.out.is_empty());
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(f.metric(|m| &m.host_socket_errors), 1);
+}
+
+#[test]
+fn a_transport_reset_returns_the_held_chains() {
+    let (mut f, mut led, _s, _) = hold_some();
+    f.dev().transport_reset();
+    led.collect(&mut f);
+    assert!(led.out.is_empty());
+    assert_eq!(f.dev().held_chains(), 0);
+}
+
+#[test]
+fn a_shutdown_the_host_never_drains_returns_the_held_chains_at_its_deadline() {
+    let (mut f, mut led, _s, _) = hold_some();
+    let shut = Header {
+        flags: SHUTDOWN_SEND,
+        ..guest_hdr(1, 9, Op::Shutdown)
+    };
+    led.post(&mut f, &shut, &[]);
+    led.collect(&mut f);
+    assert_eq!(led.out.len(), LIMITS_PER_CONN_CHAINS);
+    f.run_for(400);
+    led.collect(&mut f);
+    assert!(led.out.is_empty());
+    assert_eq!(f.metric(|m| &m.conns_timed_out), 1);
+}
+
+#[test]
+fn a_device_reset_forgets_the_held_chains_without_touching_the_used_ring() {
+    let (mut f, mut led, _s, _) = hold_some();
+    let before = f.qs[1].used_idx(&f.mem).unwrap();
+    f.dev().reset();
+    f.run_until_idle();
+    assert_eq!(f.qs[1].used_idx(&f.mem).unwrap(), before);
+    assert_eq!(f.dev().held_chains(), 0);
+    assert_eq!(f.dev().connections(), 0);
+    // Activated again over fresh rings: nothing from before comes back.
+    f.activate(FEATURES);
+    led.out.clear();
+    assert_eq!(led.collect(&mut f), 0);
+}
+
+#[test]
+fn quiesce_copies_what_held_chains_owe_and_returns_them_in_place() {
+    let (mut f, mut led, mut s, sent) = hold_some();
+    let pending = f.dev().pending_bytes();
+    // The driver asks for an interrupt at the next used entry.
+    let used = f.qs[1].used_idx(&f.mem).unwrap();
+    f.qs[1].set_used_event(&f.mem, used).unwrap();
+    let irqs = f.irq.count();
+    f.dev().quiesce().unwrap();
+    assert_eq!(f.dev().held_chains(), 0);
+    assert_eq!(f.dev().pending_bytes(), pending, "nothing lost");
+    assert!(f.irq.count() > irqs, "the driver is told at once");
+    // Every chain taken is counted in used.idx: what a restore resumes by.
+    let posted = f.qs[1].avail_idx(&f.mem).unwrap();
+    assert_eq!(f.qs[1].used_idx(&f.mem).unwrap(), posted);
+    led.collect(&mut f);
+    assert!(led.out.is_empty());
+    // The host still gets every byte, in order: the held chains' rest went
+    // before the copies made after them.
+    let got = drain(&mut f, &mut led, &mut s, sent.len());
+    assert!(got == sent, "bytes out of order after quiesce");
+    assert_eq!(f.dev().pending_bytes(), 0);
+}
