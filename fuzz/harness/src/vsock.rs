@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Target `vsock_datapath`: the real virtio-vsock device, on its event
 //! loop, behind its MMIO transport, over real Unix sockets in a temporary
-//! directory, driven by a guest that sends arbitrary packets (any op, type,
+//! directory (each of the device's sockets with the least send buffer the
+//! kernel allows, so that a host agent that does not read soon refuses the
+//! guest's bytes and the device holds TX chains), driven by a guest that sends arbitrary packets (any op, type,
 //! CID, port, length, credit, header cut anywhere) and host agents that
 //! connect with `CONNECT` lines (good and bad), listen on
 //! `<uds_path>_<port>`, write, read, half-close and go away.
@@ -19,11 +21,16 @@
 //!   honest (a fixed `buf_alloc`, a `fwd_cnt` that only counts what it
 //!   received), no RW packet carries more than the guest's room as it last
 //!   said it;
+//! - every TX chain is returned exactly once: a used entry names a chain
+//!   posted and not yet returned, with length 0; once the loop is idle the
+//!   chains not returned are exactly those the device holds for host
+//!   sockets that did not take their bytes, at most half the TX ring's
+//!   descriptors; a TRANSPORT_RESET returns them all;
 //!
-//! and at the end, no host descriptor leaks: after a driver reset the
-//! device holds no connection and no socket waiting to close, its
-//! `conns_active` gauge is 0, and every host agent's socket sees its end
-//! closed.
+//! and at the end, every TX chain was returned (a TRANSPORT_RESET first)
+//! and no host descriptor leaks: after a driver reset the device holds no
+//! connection and no socket waiting to close, its `conns_active` gauge is
+//! 0, and every host agent's socket sees its end closed.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -34,11 +41,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
+use devices::virtio::iov::IoVecs;
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::queue::MAX_PASS_READS;
 use devices::virtio::test_utils::{MockDriver, Segment};
 use devices::virtio::vsock::packet::{Header, Op, HDR_LEN, TYPE_STREAM};
-use devices::virtio::vsock::{Tunables, UnixBackend, Vsock, VsockConfig, MAX_QUEUED_RSTS};
+use devices::virtio::vsock::{
+    Tunables, UnixBackend, Vsock, VsockBackend, VsockConfig, MAX_QUEUED_RSTS,
+};
 use devices::virtio::{GuestMemory, VirtioDevice};
 use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
@@ -164,8 +174,8 @@ struct Rig {
     dir: PathBuf,
     uds: PathBuf,
     mem: GuestMemory,
-    dev: Arc<Mutex<Vsock>>,
-    em: EventManager<Arc<Mutex<Vsock>>>,
+    dev: Arc<Mutex<Vsock<SmallSendBuf>>>,
+    em: EventManager<Arc<Mutex<Vsock<SmallSendBuf>>>>,
     driver: MockDriver,
     features: u64,
     listeners: HashMap<u32, UnixListener>,
@@ -175,6 +185,8 @@ struct Rig {
     assigned: Vec<u32>,
     /// RX chains posted: head -> (buffer address, length).
     rx: HashMap<u16, (u64, u32)>,
+    /// TX chains posted and not yet returned: head -> ring descriptors.
+    tx: HashMap<u16, usize>,
     next_buf: u64,
     /// Driver resets so far: each lays out new rings from the driver's
     /// area, which holds [`MAX_RESETS`] of them.
@@ -208,12 +220,69 @@ impl Drop for Rig {
     }
 }
 
+/// The real backend, each socket it makes or accepts with the least send
+/// buffer the kernel allows (a few KiB): a host agent that does not read
+/// refuses the guest's bytes after a packet or two, as a slow agent does
+/// after 200 KiB, within the few steps of an input.
+#[derive(Debug, Default)]
+pub struct SmallSendBuf(UnixBackend);
+
+/// Sets `s`'s send buffer to the kernel's least.
+#[allow(unsafe_code)]
+fn shrink(s: &UnixStream) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes at `&one`, which
+    // lives across the call; the socket's fd is open. A failure leaves the
+    // default buffer, which the oracles hold to as well.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+impl VsockBackend for SmallSendBuf {
+    type Stream = UnixStream;
+
+    fn accept(&mut self, l: &UnixListener) -> std::io::Result<UnixStream> {
+        let s = self.0.accept(l)?;
+        shrink(&s);
+        Ok(s)
+    }
+    fn connect(&mut self, path: &std::path::Path) -> std::io::Result<UnixStream> {
+        let s = self.0.connect(path)?;
+        shrink(&s);
+        Ok(s)
+    }
+    fn recv(&mut self, s: &mut UnixStream, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        self.0.recv(s, bufs)
+    }
+    fn send(&mut self, s: &mut UnixStream, bufs: IoVecs<'_>) -> std::io::Result<usize> {
+        self.0.send(s, bufs)
+    }
+    fn read_bytes(&mut self, s: &mut UnixStream, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read_bytes(s, buf)
+    }
+    fn write_bytes(&mut self, s: &mut UnixStream, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write_bytes(s, buf)
+    }
+    fn shutdown_write(&mut self, s: &mut UnixStream) -> std::io::Result<()> {
+        self.0.shutdown_write(s)
+    }
+}
+
 /// minivmm runs with `SIGPIPE` ignored (Rust's runtime sets it before
 /// `main`), so a write to a socket whose peer has gone fails with `EPIPE`,
 /// on the device's side and on the host's. A libFuzzer process starts from
 /// libFuzzer's own `main`, where the signal would end the campaign instead
-/// (it did, once the device closed host sockets on bad packets). The one
-/// `unsafe` of the harness: no safe call sets a signal's disposition.
+/// (it did, once the device closed host sockets on bad packets). One of
+/// the harness's two `unsafe` blocks (with `shrink`'s): no safe call sets
+/// a signal's disposition.
 #[allow(unsafe_code)]
 fn ignore_sigpipe() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -244,7 +313,8 @@ impl Rig {
             guest_cid: CID,
             uds_path: uds.clone(),
         };
-        let dev = Vsock::with_backend(cfg, tun, mem.clone(), UnixBackend).expect("the device");
+        let dev = Vsock::with_backend(cfg, tun, mem.clone(), SmallSendBuf::default())
+            .expect("the device");
         let dev = Arc::new(Mutex::new(dev));
         let features = dev.lock().expect("lock").avail_features();
         let d: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
@@ -266,6 +336,7 @@ impl Rig {
             conns: HashMap::new(),
             assigned: Vec::new(),
             rx: HashMap::new(),
+            tx: HashMap::new(),
             next_buf: 0x8_0000,
             resets: 0,
         };
@@ -280,6 +351,8 @@ impl Rig {
     fn init(&mut self) {
         self.driver.reset();
         self.rx.clear();
+        // A reset forgets the chains the device held, with the rings.
+        self.tx.clear();
         self.conns.clear();
         self.driver
             .init_with_queue_size(self.features, Some(64))
@@ -300,6 +373,7 @@ impl Rig {
         for _ in 0..IDLE_ITERATIONS {
             if self.em.run_with_timeout(0).expect("epoll") == 0 {
                 self.collect_rx();
+                self.collect_tx();
                 return;
             }
         }
@@ -354,8 +428,7 @@ impl Rig {
             }
             Step::Run => {}
             Step::TransportReset => {
-                self.dev.lock().expect("lock").transport_reset();
-                self.conns.clear();
+                self.transport_reset();
                 if let Ok(a) = self.driver.alloc(4, 4) {
                     let _ = self.driver.submit(2, &[Segment::writable(a, 4)]);
                 }
@@ -473,13 +546,36 @@ impl Rig {
             segs.push(Segment::readable(GuestAddress(a), (end - at) as u32));
             at = end;
         }
-        if self.driver.submit(1, &segs).is_err() {
+        let Ok(head) = self.driver.submit(1, &segs) else {
             return;
-        }
+        };
+        let prev = self.tx.insert(head, segs.len());
+        assert!(prev.is_none(), "TX head {head} posted while out");
         self.idle();
+    }
+
+    /// Reads back every used TX chain: each one posted and out, length 0.
+    fn collect_tx(&mut self) {
         for e in self.driver.used(1).unwrap_or_default() {
             assert_eq!(e.len, 0, "a TX chain came back with a length");
+            assert!(
+                self.tx.remove(&(e.id as u16)).is_some(),
+                "TX chain {} returned twice or never posted",
+                e.id
+            );
         }
+    }
+
+    /// The device forgets every connection; the chains it held come back.
+    fn transport_reset(&mut self) {
+        self.dev.lock().expect("lock").transport_reset();
+        self.conns.clear();
+        self.idle();
+        assert!(
+            self.tx.is_empty(),
+            "TX chains {:?} not returned after a TRANSPORT_RESET",
+            self.tx
+        );
     }
 
     fn post_rx(&mut self, count: u8, room: u16, split: bool) {
@@ -596,9 +692,18 @@ impl Rig {
             0,
             "a socket left to close after an event"
         );
+        // The chains not returned are the ones held, within half the ring.
+        assert_eq!(
+            dev.held_chains(),
+            self.tx.len(),
+            "TX chains out that the device does not hold"
+        );
+        let descs: usize = self.tx.values().sum();
+        assert!(descs <= 64 / 2, "{descs} TX descriptors held");
     }
 
     fn finish(&mut self) {
+        self.transport_reset();
         self.driver.reset();
         self.idle();
         {
