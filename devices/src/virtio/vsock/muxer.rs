@@ -37,12 +37,12 @@
 //! the socket polls writable, and the chain is returned once its last byte
 //! is written, out of order with the chains around it (the used ring
 //! allows it). The chains held are bounded within the TX ring the driver
-//! chose: a connection holds at most a quarter of its descriptors, the
-//! device at most half ([`HoldLimits`]); past that the rest of a packet is
-//! copied into the connection's `pending` and its chain returned at once,
-//! as it always was before. So a host that never reads keeps at most a
-//! quarter of the ring from the guest, and every such host together at
-//! most half: the other connections always have the rest. A held chain
+//! chose: a connection holds at most half of its descriptors, the device
+//! at most three quarters ([`HoldLimits`]); past that the rest of a packet
+//! is copied into the connection's `pending` and its chain returned at
+//! once. So a host that never reads keeps at most half the ring from the
+//! guest, and every such host together at most three quarters: the other
+//! connections always have the rest. A held chain
 //! goes back (its heads on [`Muxer::returned`], put in the used ring at
 //! the end of the event) when its bytes are written, when its connection
 //! ends however it ends, or when [`Muxer::spill_held`] copies what it owes
@@ -85,20 +85,28 @@ const HELD_IOVS: usize = 64;
 
 /// How many TX ring descriptors held chains may keep, from the size of
 /// the TX ring the driver chose.
+///
+/// One connection may hold half the ring: Linux's 256 KiB of credit in
+/// 4 KiB packets of two descriptors each (its layout until 6.2) is 128
+/// descriptors, half of a 256-entry ring, so a connection whose host reads
+/// in bursts keeps its whole window in guest memory. All of them together
+/// may hold three quarters: whatever the hosts that do not read, a quarter
+/// of the ring always turns over for the others.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HoldLimits {
-    /// By one connection: a quarter of the ring.
+    /// By one connection.
     pub(crate) per_conn: usize,
-    /// By all of them: half of the ring.
+    /// By all of them.
     pub(crate) all: usize,
 }
 
 impl HoldLimits {
     /// The limits for a TX ring of `size` descriptors.
     pub(crate) fn for_ring(size: u16) -> Self {
+        let size = usize::from(size);
         HoldLimits {
-            per_conn: usize::from(size) / 4,
-            all: usize::from(size) / 2,
+            per_conn: size / 2,
+            all: size / 4 * 3,
         }
     }
 }
