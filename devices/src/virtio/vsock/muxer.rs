@@ -116,7 +116,8 @@ impl HoldLimits {
 pub(crate) struct TxChain {
     /// Its head.
     pub(crate) head: u16,
-    /// The ring descriptors it takes.
+    /// The ring descriptors it takes, or its buffers if more (an
+    /// indirect chain's): what the bounds count.
     pub(crate) descs: usize,
 }
 

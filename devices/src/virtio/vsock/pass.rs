@@ -254,9 +254,12 @@ impl VsockVirtio {
             return (0, false);
         }
         take_range(&self.segs, HDR_LEN, hdr.len as usize, &mut self.payload);
+        // Counted by its buffers as well as its ring descriptors: an
+        // indirect chain takes one of the ring but its segments are held
+        // (as I/O vectors) too, so the bound covers both.
         let tx = TxChain {
             head: chain.head,
-            descs: chain.ring_descs,
+            descs: chain.ring_descs.max(chain.nsegs),
         };
         let held = mux.on_guest_packet(&hdr, &self.payload, tx);
         (u64::from(hdr.len), held)

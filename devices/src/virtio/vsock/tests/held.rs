@@ -10,7 +10,10 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 
+use vm_memory::{Bytes, GuestAddress};
+
 use super::fixture::*;
+use crate::virtio::test_utils::Segment;
 use crate::virtio::vsock::muxer::HoldLimits;
 use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND};
 use crate::virtio::vsock::{Tunables, UnixBackend, VsockBackend};
@@ -335,4 +338,43 @@ fn quiesce_copies_what_held_chains_owe_and_returns_them_in_place() {
     let got = drain(&mut f, &mut led, &mut s, sent.len());
     assert!(got == sent, "bytes out of order after quiesce");
     assert_eq!(f.dev().pending_bytes(), 0);
+}
+
+/// A chain whose two buffers sit in an indirect table takes one ring
+/// descriptor but is counted by its buffers: a host that never reads still
+/// keeps at most the ring's half in buffers held.
+#[test]
+fn an_indirect_chain_is_counted_by_its_buffers() {
+    let mut f = big_credit();
+    let l = f.host_listen(9);
+    let _s = f.open_from_guest(&l, 1, 9);
+    let mut led = Ledger::default();
+    for i in 0..FLOOD {
+        let d = bytes(PKT, i);
+        let hdr = Header {
+            len: PKT as u32,
+            ..guest_hdr(1, 9, Op::Rw)
+        };
+        let (h, p) = (f.alloc(HDR_LEN as u64), f.alloc(PKT as u64));
+        f.mem.write_slice(&hdr.to_bytes(), GuestAddress(h)).unwrap();
+        f.mem.write_slice(&d, GuestAddress(p)).unwrap();
+        let table = GuestAddress(f.alloc(32));
+        let segs = [
+            Segment::readable(GuestAddress(h), HDR_LEN as u32),
+            Segment::readable(GuestAddress(p), PKT as u32),
+        ];
+        let head = f.qs[1].add_chain_indirect(&f.mem, &segs, 0, table).unwrap();
+        f.qs[1].publish(&f.mem).unwrap();
+        f.kick(1);
+        assert!(led.out.insert(head));
+        if i % 16 == 15 {
+            led.collect(&mut f);
+        }
+    }
+    led.collect(&mut f);
+    assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
+    assert_eq!(led.out.len(), LIMITS_PER_CONN_CHAINS);
+    f.dev().transport_reset();
+    led.collect(&mut f);
+    assert!(led.out.is_empty());
 }
