@@ -26,8 +26,9 @@
 //! **Bounds.** At most `max_connections` connections (host sockets waiting
 //! for their `CONNECT` line included); each holds at most `buf_alloc`
 //! bytes the host did not take (credit: a guest that sends past it is
-//! reset), in held TX chains and in copies; RSTs owed for packets of no connection wait in a queue of
-//! [`MAX_QUEUED_RSTS`], beyond which they are dropped and counted. The muxer
+//! reset), in held TX chains and in copies; RSTs owed for packets of no
+//! connection wait in a queue of [`MAX_QUEUED_RSTS`], beyond which they are
+//! dropped and counted. The muxer
 //! never polls a socket it cannot act on: a readable socket leaves the
 //! poll set until a read drains it, and one whose guest has no credit
 //! waits for the guest's credit before it is read again.
@@ -42,11 +43,11 @@
 //! is copied into the connection's `pending` and its chain returned at
 //! once. So a host that never reads keeps at most half the ring from the
 //! guest, and every such host together at most three quarters: the other
-//! connections always have the rest. A held chain
-//! goes back (its heads on [`Muxer::returned`], put in the used ring at
-//! the end of the event) when its bytes are written, when its connection
-//! ends however it ends, or when [`Muxer::spill_held`] copies what it owes
-//! (a snapshot); a device reset forgets it with the rings.
+//! connections always have the rest. A held chain goes back (its head on
+//! [`Muxer::returned`], put in the used ring at the end of the event) when
+//! its bytes are written, when its connection ends however it ends, or
+//! when [`Muxer::spill_held`] copies what it owes (a snapshot); a device
+//! reset forgets it with the rings.
 //!
 //! Sockets are closed only after the event handler took them out of the
 //! poll set (`graveyard`), so that no descriptor number is reused while
