@@ -334,6 +334,13 @@ mod tests {
         assert_eq!(c.interest(), (true, false));
         c.readable = true;
         assert_eq!(c.interest(), (false, false));
+        c.held.push_back(Held {
+            head: 0,
+            descs: 1,
+            left: 1,
+        });
+        assert_eq!(c.interest(), (false, true), "a held chain to write");
+        c.held.clear();
         c.pending.push_back(1);
         assert_eq!(c.interest(), (false, true));
         c.readable = false;
@@ -344,6 +351,78 @@ mod tests {
         assert_eq!(c.interest(), (false, false));
         c.state = State::AwaitLine(Vec::new());
         assert_eq!(c.interest(), (true, false));
+    }
+
+    /// `len` bytes at offset `at` of `buf`.
+    #[allow(unsafe_code)]
+    fn seg(buf: &mut [u8], at: usize, len: usize) -> IoSeg {
+        assert!(at + len <= buf.len());
+        // SAFETY: inside `buf`, which outlives every use in the test (the
+        // segments are only counted and split, never read).
+        unsafe { IoSeg::new(buf.as_mut_ptr() as usize + at, len) }
+    }
+
+    #[test]
+    fn held_chains_are_advanced_by_what_the_socket_took_and_returned_whole() {
+        let mut buf = vec![0u8; 0x3000];
+        let b = &mut buf[..];
+        let mut c = conn();
+        assert!(!c.owes_host());
+        c.held.push_back(Held {
+            head: 7,
+            descs: 2,
+            left: 10,
+        });
+        c.held.push_back(Held {
+            head: 3,
+            descs: 1,
+            left: 20,
+        });
+        c.held_segs.extend([seg(b, 0x1000, 10), seg(b, 0x2000, 20)]);
+        assert!(c.owes_host());
+        assert!(!c.pending_data());
+        assert_eq!(c.held_bytes(), 30);
+        let mut done = Vec::new();
+        // Exactly the first chain: its segment gone, its head returned.
+        assert_eq!(c.advance_held(10, &mut done), 2);
+        assert_eq!(done, [7]);
+        assert_eq!(c.held_segs, [seg(b, 0x2000, 20)]);
+        // Part of the second.
+        assert_eq!(c.advance_held(5, &mut done), 0);
+        assert_eq!(done, [7]);
+        assert_eq!(c.held_segs, [seg(b, 0x2005, 15)]);
+        assert_eq!(c.held.front().map(|h| h.left), Some(15));
+        assert_eq!(c.held_bytes(), 15);
+        assert_eq!(c.advance_held(15, &mut done), 1);
+        assert_eq!(done, [7, 3]);
+        assert!(c.held.is_empty() && c.held_segs.is_empty());
+        assert!(!c.owes_host());
+        // Several at once, and a release of what is left.
+        for (h, d) in [(1, 1), (2, 4), (5, 2)] {
+            c.held.push_back(Held {
+                head: h,
+                descs: d,
+                left: 4,
+            });
+            c.held_segs.push_back(seg(b, 0x100 * usize::from(h), 4));
+        }
+        done.clear();
+        assert_eq!(c.advance_held(9, &mut done), 5);
+        assert_eq!(done, [1, 2]);
+        assert_eq!(c.release_held(&mut done), 2);
+        assert_eq!(done, [1, 2, 5]);
+        assert!(c.held.is_empty() && c.held_segs.is_empty());
+    }
+
+    #[test]
+    fn copied_data_is_what_follows_the_ok_line() {
+        let mut c = conn();
+        c.pending.extend(b"OK 5\n");
+        c.pending_ctl = 5;
+        assert!(c.owes_host());
+        assert!(!c.pending_data(), "the OK line is no data");
+        c.pending.push_back(1);
+        assert!(c.pending_data());
     }
 
     #[test]
@@ -357,6 +436,13 @@ mod tests {
         c.pending.push_back(0);
         assert!(!c.finished(), "bytes still wait for the host");
         c.pending.clear();
+        c.held.push_back(Held {
+            head: 0,
+            descs: 1,
+            left: 1,
+        });
+        assert!(!c.finished(), "a held chain still waits for the host");
+        c.held.clear();
         c.owed.shutdown = true;
         assert!(!c.finished(), "the guest is still owed the host's SHUTDOWN");
         let mut d = conn();

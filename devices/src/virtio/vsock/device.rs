@@ -311,6 +311,9 @@ impl<B: VsockBackend> Vsock<B> {
     /// without a working ring (a broken queue waits for a reset) they are
     /// forgotten.
     pub(crate) fn return_held(&mut self) {
+        if self.muxer.returned.is_empty() {
+            return;
+        }
         match self.active.as_mut() {
             Some(a) if !a.broken => a.virtio.return_held(&mut self.muxer, &self.metrics),
             _ => self.muxer.returned.clear(),

@@ -295,7 +295,6 @@ impl<B: VsockBackend + 'static> MutEventSubscriber for Vsock<B> {
         if self.active.is_some() {
             self.process_activate_event();
         }
-        self.return_held();
         self.raise_owed();
         self.sync_registrations(ops);
     }

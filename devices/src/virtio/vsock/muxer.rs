@@ -629,7 +629,8 @@ impl<B: VsockBackend> Muxer<B> {
             return false;
         };
         inc(&self.metrics.tx_short_writes);
-        take_range(payload, sent, len - sent, &mut self.rest);
+        let rest = len - sent;
+        take_range(payload, sent, rest, &mut self.rest);
         let room = c.held.iter().map(|h| h.descs).sum::<usize>() + chain.descs
             <= self.hold.per_conn
             && self.held_descs + chain.descs <= self.hold.all;
@@ -637,7 +638,7 @@ impl<B: VsockBackend> Muxer<B> {
             c.held.push_back(Held {
                 head: chain.head,
                 descs: chain.descs,
-                left: len - sent,
+                left: rest,
             });
             c.held_segs.extend(self.rest.iter().copied());
             self.held_descs += chain.descs;
@@ -646,7 +647,7 @@ impl<B: VsockBackend> Muxer<B> {
         }
         copy_from_segs(&self.rest, &mut self.copy);
         c.pending.extend(self.copy.iter());
-        add(&self.metrics.tx_bytes_copied, (len - sent) as u64);
+        add(&self.metrics.tx_bytes_copied, rest as u64);
         false
     }
 

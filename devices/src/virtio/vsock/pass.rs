@@ -231,7 +231,6 @@ impl VsockVirtio {
                 self.queues[TX_INDEX].add_used(head, 0);
             }
         };
-        self.add_returned(mux);
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "TX avail index out of range");
         }
@@ -265,23 +264,14 @@ impl VsockVirtio {
         (u64::from(hdr.len), held)
     }
 
-    /// Puts the held chains the muxer is done with in the TX used ring
-    /// (length 0, as every TX chain), after the chains returned before
-    /// them.
-    fn add_returned<B: VsockBackend>(&mut self, mux: &mut Muxer<B>) {
+    /// Returns the held chains the muxer is done with (a host socket took
+    /// their bytes, their connection ended) to the TX used ring, length 0
+    /// as every TX chain, and publishes them; the caller raises the
+    /// interrupt owed.
+    pub(crate) fn return_held<B: VsockBackend>(&mut self, mux: &mut Muxer<B>, m: &VsockMetrics) {
         for head in mux.returned.drain(..) {
             self.queues[TX_INDEX].add_used(head, 0);
         }
-    }
-
-    /// Returns the held chains the muxer is done with outside a TX pass (a
-    /// host socket took their bytes, their connection ended), publishing
-    /// them; the caller raises the interrupt owed.
-    pub(crate) fn return_held<B: VsockBackend>(&mut self, mux: &mut Muxer<B>, m: &VsockMetrics) {
-        if mux.returned.is_empty() {
-            return;
-        }
-        self.add_returned(mux);
         self.publish(TX_INDEX, m);
     }
 

@@ -8,12 +8,12 @@
 
 use std::collections::HashSet;
 use std::io::Read;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 
 use vm_memory::{Bytes, GuestAddress};
 
 use super::fixture::*;
-use crate::virtio::test_utils::Segment;
+use crate::virtio::test_utils::{DriverQueue, Segment};
 use crate::virtio::vsock::muxer::HoldLimits;
 use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND};
 use crate::virtio::vsock::{Tunables, UnixBackend, VsockBackend};
@@ -252,10 +252,24 @@ fn held_chains_are_bounded_per_connection_and_per_device_and_others_still_flow()
     assert_eq!(f.dev().held_chains(), 0);
     let got = drain(&mut f, &mut led, &mut hosts[2], sent[2].len());
     assert!(got == sent[2], "connection 3's copies out of order");
+    // Every descriptor held was counted back: a new connection holds its
+    // whole bound again.
+    let _s5 = f.open_from_guest(&l, 5, 9);
+    flood(&mut f, &mut led, 5, FLOOD);
+    assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
 }
 
-/// Holds a connection's bound of chains for a host that never reads.
-fn hold_some() -> (VsockFixture<UnixBackend>, Ledger, UnixStream, Vec<u8>) {
+/// A device with a connection's bound of chains held for a host that
+/// never reads.
+struct Holding {
+    f: VsockFixture<UnixBackend>,
+    led: Ledger,
+    l: UnixListener,
+    s: UnixStream,
+    sent: Vec<u8>,
+}
+
+fn hold_some() -> Holding {
     let mut f = big_credit();
     let l = f.host_listen(9);
     let s = f.open_from_guest(&l, 1, 9);
@@ -263,31 +277,54 @@ fn hold_some() -> (VsockFixture<UnixBackend>, Ledger, UnixStream, Vec<u8>) {
     let sent = flood(&mut f, &mut led, 1, FLOOD);
     assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
     assert_eq!(led.out.len(), LIMITS_PER_CONN_CHAINS);
-    (f, led, s, sent)
+    Holding { f, led, l, s, sent }
+}
+
+impl Holding {
+    /// Once every chain is back, a new connection whose host does not
+    /// read holds its whole bound again: the device's count of held
+    /// descriptors went down by what was returned.
+    fn holds_again(&mut self, gp: u32) -> UnixStream {
+        assert!(self.led.out.is_empty());
+        // What the device owes the guest first (an RST).
+        self.f.recv();
+        let s = self.f.open_from_guest(&self.l, gp, 9);
+        flood(&mut self.f, &mut self.led, gp, FLOOD);
+        assert_eq!(self.f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
+        s
+    }
 }
 
 #[test]
 fn a_host_that_goes_away_returns_the_held_chains() {
-    let (mut f, mut led, s, _) = hold_some();
-    drop(s);
-    led.collect(&mut f);
-    assert!(led.out.is_empty());
-    assert_eq!(f.dev().connections(), 0);
-    assert_eq!(f.metric(|m| &m.host_socket_errors), 1);
+    let mut h = hold_some();
+    drop(std::mem::replace(&mut h.s, UnixStream::pair().unwrap().0));
+    h.led.collect(&mut h.f);
+    assert!(h.led.out.is_empty());
+    assert_eq!(h.f.dev().connections(), 0);
+    assert_eq!(h.f.metric(|m| &m.host_socket_errors), 1);
+    h.holds_again(2);
 }
 
 #[test]
 fn a_transport_reset_returns_the_held_chains() {
-    let (mut f, mut led, _s, _) = hold_some();
-    f.dev().transport_reset();
-    led.collect(&mut f);
-    assert!(led.out.is_empty());
-    assert_eq!(f.dev().held_chains(), 0);
+    let mut h = hold_some();
+    h.f.dev().transport_reset();
+    h.led.collect(&mut h.f);
+    assert!(h.led.out.is_empty());
+    assert_eq!(h.f.dev().held_chains(), 0);
+    h.holds_again(2);
 }
 
 #[test]
 fn a_shutdown_the_host_never_drains_returns_the_held_chains_at_its_deadline() {
-    let (mut f, mut led, _s, _) = hold_some();
+    // The host's end stays open (unread) to the end of the test.
+    let Holding {
+        mut f,
+        mut led,
+        s: _s,
+        ..
+    } = hold_some();
     let shut = Header {
         flags: SHUTDOWN_SEND,
         ..guest_hdr(1, 9, Op::Shutdown)
@@ -303,7 +340,13 @@ fn a_shutdown_the_host_never_drains_returns_the_held_chains_at_its_deadline() {
 
 #[test]
 fn a_device_reset_forgets_the_held_chains_without_touching_the_used_ring() {
-    let (mut f, mut led, _s, _) = hold_some();
+    // The host's end stays open (unread) to the end of the test.
+    let Holding {
+        mut f,
+        mut led,
+        s: _s,
+        ..
+    } = hold_some();
     let before = f.qs[1].used_idx(&f.mem).unwrap();
     f.dev().reset();
     f.run_until_idle();
@@ -318,7 +361,10 @@ fn a_device_reset_forgets_the_held_chains_without_touching_the_used_ring() {
 
 #[test]
 fn quiesce_copies_what_held_chains_owe_and_returns_them_in_place() {
-    let (mut f, mut led, mut s, sent) = hold_some();
+    let mut h = hold_some();
+    let Holding {
+        f, led, s, sent, ..
+    } = &mut h;
     let pending = f.dev().pending_bytes();
     // The driver asks for an interrupt at the next used entry.
     let used = f.qs[1].used_idx(&f.mem).unwrap();
@@ -331,13 +377,14 @@ fn quiesce_copies_what_held_chains_owe_and_returns_them_in_place() {
     // Every chain taken is counted in used.idx: what a restore resumes by.
     let posted = f.qs[1].avail_idx(&f.mem).unwrap();
     assert_eq!(f.qs[1].used_idx(&f.mem).unwrap(), posted);
-    led.collect(&mut f);
+    led.collect(f);
     assert!(led.out.is_empty());
     // The host still gets every byte, in order: the held chains' rest went
     // before the copies made after them.
-    let got = drain(&mut f, &mut led, &mut s, sent.len());
-    assert!(got == sent, "bytes out of order after quiesce");
+    let got = drain(f, led, s, sent.len());
+    assert!(got == *sent, "bytes out of order after quiesce");
     assert_eq!(f.dev().pending_bytes(), 0);
+    h.holds_again(2);
 }
 
 /// A chain whose two buffers sit in an indirect table takes one ring
@@ -377,4 +424,136 @@ fn an_indirect_chain_is_counted_by_its_buffers() {
     f.dev().transport_reset();
     led.collect(&mut f);
     assert!(led.out.is_empty());
+}
+
+/// The fixture with a TX ring of `size` descriptors (RX and events keep
+/// theirs) over `backend`.
+fn small_tx_ring<B: VsockBackend + 'static>(size: u16, backend: B) -> VsockFixture<B> {
+    let mut f = VsockFixture::with(test_tunables(), backend, false);
+    f.qs[1] = DriverQueue::packed(&f.mem, f.qs[1].layout().desc_table, size);
+    f.activate(FEATURES);
+    f
+}
+
+/// Posts a packet whose header and `nsegs - 1` payload pieces sit in an
+/// indirect table (one ring descriptor), without running the loop.
+fn post_indirect<B: VsockBackend + 'static>(
+    f: &mut VsockFixture<B>,
+    led: &mut Ledger,
+    hdr: &Header,
+    d: &[u8],
+    nsegs: usize,
+) {
+    let hdr = Header {
+        len: d.len() as u32,
+        ..*hdr
+    };
+    let h = f.alloc(HDR_LEN as u64);
+    f.mem.write_slice(&hdr.to_bytes(), GuestAddress(h)).unwrap();
+    let mut segs = vec![Segment::readable(GuestAddress(h), HDR_LEN as u32)];
+    let piece = d.len().div_ceil(nsegs - 1);
+    for part in d.chunks(piece) {
+        let p = f.alloc(part.len() as u64);
+        f.mem.write_slice(part, GuestAddress(p)).unwrap();
+        segs.push(Segment::readable(GuestAddress(p), part.len() as u32));
+    }
+    assert_eq!(segs.len(), nsegs);
+    let table = GuestAddress(f.alloc(16 * nsegs as u64));
+    let head = f.qs[1].add_chain_indirect(&f.mem, &segs, 0, table).unwrap();
+    f.qs[1].publish(&f.mem).unwrap();
+    f.kick(1);
+    assert!(led.out.insert(head));
+}
+
+/// Copies wait behind held chains, and a packet that comes after copies
+/// is copied too even when the bounds have room again (held, it would be
+/// written before them).
+#[test]
+fn a_packet_after_copied_data_is_copied_even_with_room_to_hold_it() {
+    // An 8-entry TX ring: a connection holds 4 descriptors, all 6.
+    let mut f = small_tx_ring(8, FaultyBackend::default());
+    let l = f.host_listen(9);
+    let mut s1 = f.open_from_guest(&l, 1, 9);
+    let mut s2 = f.open_from_guest(&l, 2, 9);
+    let mut led = Ledger::default();
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Send, &[Fault::Errno(libc::EAGAIN); 2]);
+    let (p1, x, y, z) = (bytes(300, 1), bytes(400, 2), bytes(500, 3), bytes(600, 4));
+    // All in one pass: p1 refused and held (4), x refused and held (6, all
+    // the device may), y copied (no room), the guest resets connection 1
+    // (p1 returned: 2 held), z copied although there is room again.
+    post_indirect(&mut f, &mut led, &guest_hdr(1, 9, Op::Rw), &p1, 4);
+    post_indirect(&mut f, &mut led, &guest_hdr(2, 9, Op::Rw), &x, 2);
+    post_indirect(&mut f, &mut led, &guest_hdr(2, 9, Op::Rw), &y, 2);
+    led.post(&mut f, &guest_hdr(1, 9, Op::Rst), &[]);
+    post_indirect(&mut f, &mut led, &guest_hdr(2, 9, Op::Rw), &z, 2);
+    led.collect(&mut f);
+    assert!(led.out.is_empty(), "{:?}", led.out);
+    let want = [x, y, z].concat();
+    assert_eq!(read_n(&mut s2, want.len()), want);
+    assert_eq!(f.metric(|m| &m.tx_chains_held), 2);
+    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 1100);
+    assert!(host_sees_eof(&mut s1), "connection 1 reset");
+}
+
+/// With a TX ring of 2 nothing may be held: the rest of a short write is
+/// copied, and counted to the byte.
+#[test]
+fn with_no_room_to_hold_the_rest_is_copied_and_counted() {
+    let mut f = small_tx_ring(2, FaultyBackend::default());
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.dev()
+        .backend_mut()
+        .inject(Op2::Send, &[Fault::Short(700)]);
+    let a = bytes(2000, 5);
+    f.send(&guest_hdr(1, 9, Op::Rw), &a);
+    assert_eq!(read_n(&mut s, 2000), a);
+    assert_eq!(f.metric(|m| &m.tx_chains_held), 0);
+    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 1300);
+    assert_eq!(f.dev().pending_bytes(), 0);
+}
+
+/// Chains held when the TX queue breaks are never written into its used
+/// ring: the device waits for a reset.
+#[test]
+fn held_chains_of_a_broken_queue_are_forgotten() {
+    let Holding {
+        mut f, mut led, s, ..
+    } = hold_some();
+    // An avail index past the ring's size: the next TX pass breaks.
+    let avail = f.qs[1].layout().avail_ring;
+    let idx = f.qs[1].avail_idx(&f.mem).unwrap();
+    f.mem
+        .write_obj(idx.wrapping_add(1000), GuestAddress(avail.0 + 2))
+        .unwrap();
+    f.kick(1);
+    f.run_until_idle();
+    assert_eq!(f.metric(|m| &m.queue.queue_errors), 1);
+    let used = f.qs[1].used_idx(&f.mem).unwrap();
+    drop(s);
+    f.run_until_idle();
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(f.dev().held_chains(), 0);
+    assert_eq!(f.qs[1].used_idx(&f.mem).unwrap(), used);
+    assert_eq!(led.collect(&mut f), 0);
+}
+
+/// A reset followed at once by an activation (no event between them)
+/// starts with nothing to return.
+#[test]
+fn an_activation_right_after_a_reset_returns_nothing_from_before() {
+    // The host's end stays open (unread) to the end of the test.
+    let Holding {
+        mut f,
+        mut led,
+        s: _s,
+        ..
+    } = hold_some();
+    f.dev().reset();
+    f.activate(FEATURES);
+    led.out.clear();
+    assert_eq!(led.collect(&mut f), 0);
+    assert_eq!(f.dev().held_chains(), 0);
 }
