@@ -281,17 +281,21 @@ fn hold_some() -> Holding {
 }
 
 impl Holding {
-    /// Once every chain is back, a new connection whose host does not
-    /// read holds its whole bound again: the device's count of held
-    /// descriptors went down by what was returned.
-    fn holds_again(&mut self, gp: u32) -> UnixStream {
+    /// Once every chain is back, two new connections whose hosts do not
+    /// read hold the device's whole bound again (the first its own bound,
+    /// the second the rest): the device's count of held descriptors went
+    /// down by exactly what was returned.
+    fn holds_again(&mut self, gp: u32) -> [UnixStream; 2] {
         assert!(self.led.out.is_empty());
         // What the device owes the guest first (an RST).
         self.f.recv();
-        let s = self.f.open_from_guest(&self.l, gp, 9);
-        flood(&mut self.f, &mut self.led, gp, FLOOD);
-        assert_eq!(self.f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
-        s
+        let hosts = [gp, gp + 1].map(|p| {
+            let s = self.f.open_from_guest(&self.l, p, 9);
+            flood(&mut self.f, &mut self.led, p, FLOOD);
+            s
+        });
+        assert_eq!(self.f.dev().held_chains(), LIMITS_ALL_CHAINS);
+        hosts
     }
 }
 

@@ -605,3 +605,20 @@ fn the_configuration_space_holds_the_guest_cid() {
     assert_eq!(f.dev().device_type(), 19);
     assert_eq!(f.dev().queue_max_sizes().len(), 3);
 }
+
+/// A REQUEST for a connection that is live resets it at both ends: an RST
+/// to the guest and the host socket closed, counted as a protocol error.
+#[test]
+fn a_second_request_on_a_live_connection_resets_both_ends() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.send(&guest_hdr(1, 9, Op::Request), &[]);
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1, "{pkts:?}");
+    assert_eq!(pkts[0].op(), Some(Op::Rst));
+    assert_eq!((pkts[0].hdr.src_port, pkts[0].hdr.dst_port), (9, 1));
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.dev().connections(), 0);
+    assert_eq!(f.metric(|m| &m.protocol_errors), 1);
+}
