@@ -346,3 +346,25 @@ fn a_host_that_never_reads_holds_its_connection_to_buf_alloc_bytes() {
     assert_eq!(update.hdr.fwd_cnt, sent, "the whole credit back");
     assert_eq!(f.dev().connections(), 1);
 }
+
+/// An RW packet with no payload costs the host socket no call.
+#[test]
+fn an_empty_rw_packet_makes_no_write() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    let _s = f.open_from_guest(&l, 1, 9);
+    let calls = |f: &VsockFixture<FaultyBackend>| {
+        f.dev()
+            .backend_mut()
+            .calls
+            .get(&Op2::Send)
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = calls(&f);
+    f.send(&guest_hdr(1, 9, Op::Rw), &[]);
+    assert_eq!(calls(&f), before);
+    f.send(&guest_hdr(1, 9, Op::Rw), b"x");
+    assert_eq!(calls(&f), before + 1);
+    assert_eq!(f.dev().connections(), 1);
+}
