@@ -7,7 +7,7 @@
 //! returned twice or never posted.
 
 use std::collections::HashSet;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 
 use vm_memory::{Bytes, GuestAddress};
@@ -560,4 +560,35 @@ fn an_activation_right_after_a_reset_returns_nothing_from_before() {
     led.out.clear();
     assert_eq!(led.collect(&mut f), 0);
     assert_eq!(f.dev().held_chains(), 0);
+}
+
+/// A host-initiated connection whose `OK` line the socket refused: the
+/// guest's first packets are held or copied behind it, and the host reads
+/// the line, then the held chain, then the copy.
+#[test]
+fn the_ok_line_goes_before_held_chains_and_copies() {
+    let mut f = small_tx_ring(8, FaultyBackend::default());
+    let mut s = f.host_connect();
+    s.write_all(b"CONNECT 20\n").unwrap();
+    f.post_rx(4, 4096);
+    let req = f.recv();
+    assert_eq!(req.len(), 1, "{req:?}");
+    let hp = req[0].hdr.src_port;
+    let mut led = Ledger::default();
+    f.dev()
+        .backend_mut()
+        .inject(Op2::WriteBytes, &[Fault::Errno(libc::EAGAIN)]);
+    // One pass: the RESPONSE (its OK line refused), a packet held behind
+    // the line (4 buffers: the connection's bound), one copied behind it.
+    let (a, b) = (bytes(700, 6), bytes(900, 7));
+    led.post(&mut f, &guest_hdr(20, hp, Op::Response), &[]);
+    post_indirect(&mut f, &mut led, &guest_hdr(20, hp, Op::Rw), &a, 4);
+    post_indirect(&mut f, &mut led, &guest_hdr(20, hp, Op::Rw), &b, 2);
+    led.collect(&mut f);
+    assert!(led.out.is_empty(), "{:?}", led.out);
+    let ok = format!("OK {hp}\n").into_bytes();
+    let want = [ok, a, b].concat();
+    assert_eq!(read_n(&mut s, want.len()), want);
+    assert_eq!(f.metric(|m| &m.tx_chains_held), 1);
+    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 900);
 }

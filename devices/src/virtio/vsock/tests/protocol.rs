@@ -622,3 +622,32 @@ fn a_second_request_on_a_live_connection_resets_both_ends() {
     assert_eq!(f.dev().connections(), 0);
     assert_eq!(f.metric(|m| &m.protocol_errors), 1);
 }
+
+/// A guest that shuts down only its receiving side may still send; one
+/// that shuts its sending side with nothing waiting for the host gets no
+/// deadline: the host may answer for as long as it likes.
+#[test]
+fn a_shutdown_sets_only_the_directions_it_names_and_no_deadline_with_nothing_waiting() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let rcv = Header {
+        flags: SHUTDOWN_RCV,
+        ..guest_hdr(1, 9, Op::Shutdown)
+    };
+    f.send(&rcv, &[]);
+    f.send(&guest_hdr(1, 9, Op::Rw), b"still sending");
+    assert_eq!(read_n(&mut s, 13), b"still sending");
+    assert_eq!(f.metric(|m| &m.protocol_errors), 0);
+    let mut t = f.open_from_guest(&l, 2, 9);
+    let send = Header {
+        flags: SHUTDOWN_SEND,
+        ..guest_hdr(2, 9, Op::Shutdown)
+    };
+    f.send(&send, &[]);
+    assert!(host_sees_eof(&mut t));
+    // Past the shutdown time-out (200 ms in the tests) both are there.
+    f.run_for(400);
+    assert_eq!(f.metric(|m| &m.conns_timed_out), 0);
+    assert_eq!(f.dev().connections(), 2);
+}
