@@ -368,3 +368,100 @@ fn an_empty_rw_packet_makes_no_write() {
     assert_eq!(calls(&f), before + 1);
     assert_eq!(f.dev().connections(), 1);
 }
+
+/// A TX pass stops after `PASS_BYTES` of payload: nine 64 KiB packets
+/// posted at once take two passes, the first yielding after eight.
+#[test]
+fn a_tx_pass_yields_after_its_bytes() {
+    let tun = Tunables {
+        buf_alloc: 4 << 20,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let yields = f.metric(|m| &m.queue.pass_yields);
+    let d = bytes(64 * 1024, 3);
+    for _ in 0..9 {
+        let hdr = Header {
+            len: d.len() as u32,
+            ..guest_hdr(1, 9, Op::Rw)
+        };
+        f.post_tx(&hdr, &d, &[HDR_LEN]);
+    }
+    f.run_until_idle();
+    assert_eq!(f.metric(|m| &m.queue.pass_yields), yields + 1);
+    assert_eq!(f.metric(|m| &m.tx_bytes), 9 * 64 * 1024);
+    for _ in 0..9 {
+        let mut got = vec![0u8; d.len()];
+        let mut at = 0;
+        while at < got.len() {
+            at += s.read(&mut got[at..]).unwrap();
+            f.run_until_idle();
+        }
+        assert!(got == d);
+    }
+}
+
+/// A guest that shut its sending side with bytes still waiting: once the
+/// host has taken them all, the shutdown deadline is off (the host may
+/// answer as long as it likes); while the host takes only part and stops,
+/// it stays on.
+#[test]
+fn the_shutdown_deadline_ends_only_when_every_byte_is_taken() {
+    // A deadline the hosts' reads below fit in however loaded the machine.
+    let tun = Tunables {
+        buf_alloc: 4 << 20,
+        shutdown_timeout: std::time::Duration::from_secs(1),
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let l = f.host_listen(9);
+    let shut = |gp| Header {
+        flags: SHUTDOWN_SEND,
+        ..guest_hdr(gp, 9, Op::Shutdown)
+    };
+    let d = bytes(60_000, 4);
+    let mut hosts = Vec::new();
+    for gp in [1, 2] {
+        let s = f.open_from_guest(&l, gp, 9);
+        for _ in 0..16 {
+            f.send(&guest_hdr(gp, 9, Op::Rw), &d);
+        }
+        assert!(f.dev().pending_bytes() > 0, "the socket took it all");
+        f.send(&shut(gp), &[]);
+        hosts.push(s);
+    }
+    // The first host takes everything; the second 300,000 bytes (the
+    // device writes more each time the socket has room), then stops.
+    let mut buf = vec![0u8; 65536];
+    for (h, want) in [(0, 16 * d.len()), (1, 300_000)] {
+        let mut all = Vec::new();
+        hosts[h].set_nonblocking(true).unwrap();
+        while all.len() < want {
+            let room = (want - all.len()).min(buf.len());
+            match hosts[h].read(&mut buf[..room]) {
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+                Err(_) => {
+                    f.run_until_idle();
+                }
+            }
+        }
+        assert!(all[..] == d.repeat(16)[..want]);
+    }
+    f.run_until_idle();
+    assert!(f.dev().pending_bytes() > 0, "the second still waits");
+    f.run_for(1200);
+    assert_eq!(f.metric(|m| &m.conns_timed_out), 1, "the second only");
+    assert_eq!(f.dev().connections(), 1);
+    // The first host's answer still reaches the guest.
+    hosts[0].set_nonblocking(false).unwrap();
+    hosts[0].write_all(b"answer").unwrap();
+    f.run_until_idle();
+    let pkts = f.recv();
+    assert!(
+        pkts.iter()
+            .any(|p| p.op() == Some(Op::Rw) && p.data == b"answer"),
+        "{pkts:?}"
+    );
+}
