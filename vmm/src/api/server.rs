@@ -439,6 +439,9 @@ mod tests {
             closed(&mut c, Duration::from_secs(5)),
             "the end follows the answer"
         );
+        // The end came from the shut writing side, not from a close at the
+        // lingering's end: the server still takes what the client sends.
+        c.write_all(b"more").expect("the server lingers");
         drop(c);
         // The connection is gone once the client is: the next client is
         // served with one connection open.
