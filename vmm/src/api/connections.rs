@@ -1306,6 +1306,12 @@ mod tests {
         send(&mut c, &client, t, GET, MS);
         vmm_answers(&mut c, 204, MS);
         assert!(c.is_empty());
+        // A read that fails ends the connection.
+        let (client, t) = connect(&mut c, S);
+        let t = t.unwrap();
+        client.borrow_mut().reset = true;
+        c.ready(t, S);
+        assert!(client.borrow().closed && c.is_empty());
         // A connection the caller could not poll is dropped without a word.
         let (client, t) = connect(&mut c, S);
         c.drop_connection(t.unwrap());
