@@ -211,7 +211,8 @@ impl Tally {
             (
                 self.half_requests,
                 format!(
-                    "connection(s) closed with half a request after {} s",
+                    "connection(s) ended with half a request (closed by the client, or \
+                     not whole after {} s)",
                     IDLE_TIMEOUT.as_secs()
                 ),
             ),
@@ -1342,7 +1343,8 @@ mod tests {
             t.take_line(2 * S).as_deref(),
             Some(
                 "API socket: 1 idle connection(s) closed for newer ones, \
-                 2 connection(s) closed with half a request after 5 s"
+                 2 connection(s) ended with half a request (closed by the client, or not \
+                 whole after 5 s)"
             )
         );
         assert_eq!(t.lines, 2);
