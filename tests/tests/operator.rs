@@ -455,13 +455,15 @@ fn the_vsock_socket_appears_is_served_and_is_gone_when_minivmm_ends() {
     args.extend(cli_args(&["--vsock", &vsock]));
     let mut vm = Vm::spawn(&args, None).unwrap();
     wait_until("the socket", Duration::from_secs(20), || sock.exists());
-    // The remover, a child of minivmm under its own filter.
-    let kids = children_of(vm.pid());
-    let remover = kids
-        .iter()
-        .find(|(_, name, _)| name == "minivmm-unlink")
-        .unwrap_or_else(|| panic!("no remover among {kids:?}"));
-    assert_eq!(remover.2, "2", "{kids:?}");
+    // The remover, a child of minivmm under its own filter: started once
+    // the socket is there, so it may come a moment after the file.
+    let remover = |kids: &[(u32, String, String)]| {
+        kids.iter()
+            .any(|(_, name, filter)| name == "minivmm-unlink" && filter == "2")
+    };
+    wait_until("the remover", Duration::from_secs(20), || {
+        remover(&children_of(vm.pid()))
+    });
     // No driver came up in the halting guest: a CONNECT is refused (the
     // connection closed), on the event loop under its filter.
     wait_until("the VM running", Duration::from_secs(20), || {

@@ -61,8 +61,12 @@ impl VsockSocket {
     /// Binds a non-blocking listener at `path` and starts its remover,
     /// whose filter follows `mode`. Before any seccomp filter.
     pub fn bind(path: &Path, mode: SeccompMode) -> Result<VsockSocket, HostSocketError> {
-        let listener = UnixListener::bind(path).map_err(|e| match e.kind() {
-            io::ErrorKind::AddrInUse => HostSocketError::Exists(path.to_path_buf()),
+        // Listening before the file appears: a host agent connects as soon
+        // as it sees the file.
+        let listener = crate::listen::bind_listening(path).map_err(|e| match e.kind() {
+            io::ErrorKind::AddrInUse | io::ErrorKind::AlreadyExists => {
+                HostSocketError::Exists(path.to_path_buf())
+            }
             _ => HostSocketError::Bind(path.to_path_buf(), e),
         })?;
         let remover = match Remover::spawn(path, mode) {

@@ -16,6 +16,7 @@ pub mod images;
 pub mod kernel;
 pub mod kvm;
 pub mod line_writer;
+pub mod listen;
 pub mod logger;
 pub mod metrics;
 pub mod process;

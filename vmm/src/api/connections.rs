@@ -211,7 +211,8 @@ impl Tally {
             (
                 self.half_requests,
                 format!(
-                    "connection(s) closed with half a request after {} s",
+                    "connection(s) ended with half a request (closed by the client, or \
+                     not whole after {} s)",
                     IDLE_TIMEOUT.as_secs()
                 ),
             ),
@@ -802,6 +803,8 @@ mod tests {
         server_shut: bool,
         /// The next read is interrupted (EINTR).
         interrupt_read: bool,
+        /// Reads fail (the connection was reset).
+        reset: bool,
         /// The next write is interrupted.
         interrupt_write: bool,
         /// Writes take nothing and say so (`Ok(0)`).
@@ -817,6 +820,9 @@ mod tests {
             let mut p = self.0.borrow_mut();
             if std::mem::take(&mut p.interrupt_read) {
                 return Err(ErrorKind::Interrupted.into());
+            }
+            if p.reset {
+                return Err(ErrorKind::ConnectionReset.into());
             }
             if p.to_server.is_empty() {
                 return if p.shut || p.gone {
@@ -1221,8 +1227,11 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
         assert!(client.borrow().server_shut && !client.borrow().closed);
         // The body the client goes on writing is read and dropped: its
-        // writes succeed, and the answer waits for it in its socket.
+        // writes succeed, and the answer waits for it in its socket. An
+        // interrupted read is read again.
+        client.borrow_mut().interrupt_read = true;
         send(&mut c, &client, t, &[b' '; 5000], MS);
+        assert!(!client.borrow().interrupt_read, "not read again");
         assert!(
             client.borrow().to_server.is_empty(),
             "the body was not read"
@@ -1231,6 +1240,14 @@ mod tests {
         assert!(c.vmm().commands.is_empty());
         // It closes once it read the answer.
         client.borrow_mut().gone = true;
+        c.ready(t, MS);
+        assert!(client.borrow().closed && c.is_empty());
+        // A read that fails ends it too.
+        let (client, t) = connect(&mut c, MS);
+        let t = t.unwrap();
+        send(&mut c, &client, t, head, MS);
+        assert!(!client.borrow().closed);
+        client.borrow_mut().reset = true;
         c.ready(t, MS);
         assert!(client.borrow().closed && c.is_empty());
         // One that sends without end is closed at the bound: the body
@@ -1290,6 +1307,12 @@ mod tests {
         send(&mut c, &client, t, GET, MS);
         vmm_answers(&mut c, 204, MS);
         assert!(c.is_empty());
+        // A read that fails ends the connection.
+        let (client, t) = connect(&mut c, S);
+        let t = t.unwrap();
+        client.borrow_mut().reset = true;
+        c.ready(t, S);
+        assert!(client.borrow().closed && c.is_empty());
         // A connection the caller could not poll is dropped without a word.
         let (client, t) = connect(&mut c, S);
         c.drop_connection(t.unwrap());
@@ -1320,7 +1343,8 @@ mod tests {
             t.take_line(2 * S).as_deref(),
             Some(
                 "API socket: 1 idle connection(s) closed for newer ones, \
-                 2 connection(s) closed with half a request after 5 s"
+                 2 connection(s) ended with half a request (closed by the client, or not \
+                 whole after 5 s)"
             )
         );
         assert_eq!(t.lines, 2);
