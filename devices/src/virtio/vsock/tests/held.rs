@@ -127,7 +127,7 @@ fn drain<B: VsockBackend + 'static>(
 }
 
 #[test]
-fn the_limits_are_a_quarter_and_half_of_the_ring() {
+fn the_limits_are_half_the_ring_for_one_connection_and_three_quarters_for_all() {
     assert_eq!(
         HoldLimits::for_ring(256),
         HoldLimits {
