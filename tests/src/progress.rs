@@ -295,7 +295,8 @@ const INT_GRACE: Duration = Duration::from_secs(30);
 /// under a [`Watch`] of `patience` over the threads of `pids`: its progress is any output byte
 /// or any change in the counters `probe` returns (frames on a TAP, say; asked once a second).
 /// When the watch expires
-/// the group gets SIGINT (ping and iperf3 print their summary on it), then SIGKILL. When the
+/// the group gets SIGINT (ping and iperf3 print their summary on it; the command starts with
+/// SIGINT at its default, whatever this process inherited), then SIGKILL. When the
 /// command has ended, by itself or not, its group gets SIGKILL too, so no process it started
 /// outlives it or holds its output open.
 pub fn run_watched(
@@ -306,6 +307,24 @@ pub fn run_watched(
 ) -> std::io::Result<Watched> {
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
+    // SAFETY: the closure runs in the child between fork and exec and calls
+    // only async-signal-safe functions (sigemptyset, sigaddset,
+    // sigprocmask, signal) on its own stack's set.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The watch's SIGINT must reach the command: a test run started
+            // in the background of a non-interactive shell (`.ci/run ... &`)
+            // inherits SIGINT ignored, and a shell cannot trap a signal that
+            // was ignored when it started, so its trap never ran and the
+            // SIGKILL 30 s later ended it instead.
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     let mut child = cmd
         .process_group(0)
         .stdin(Stdio::null())

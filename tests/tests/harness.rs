@@ -4,6 +4,7 @@
 //! does not count as a stall, a stopped VMM fails its wait within the stall window, and a
 //! watched command leaves no process behind.
 
+use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -237,15 +238,26 @@ fn a_watched_command_leaves_no_process_behind() {
     );
 
     // A command that stops making progress is ended after the stall window, with SIGINT
-    // first: a shell trap sees it and prints. The shell sleeps in short steps rather than
-    // in `wait` for a background sleep: in `wait` the trap once never ran in CI and
-    // SIGKILL ended it 30 s later (likely a SIGINT that came as dash entered `wait`).
+    // first: a shell trap sees it and prints. The command starts with SIGINT ignored, as
+    // everything a non-interactive shell starts in the background does (a CI run started
+    // with `&`): a shell cannot trap a signal ignored when it started, so the watch must
+    // give the command SIGINT at its default. Without that the trap never ran and SIGKILL
+    // ended the shell 30 s later, in two clean-clone runs started that way.
     let started = Instant::now();
+    let mut stalled = Command::new("sh");
+    stalled.args([
+        "-c",
+        "trap 'echo interrupted; exit 3' INT; echo hi; while :; do sleep 0.1; done",
+    ]);
+    // SAFETY: between fork and exec, `signal` only (async-signal-safe).
+    unsafe {
+        stalled.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
     let out = run_watched(
-        Command::new("sh").args([
-            "-c",
-            "trap 'echo interrupted; exit 3' INT; echo hi; while :; do sleep 0.1; done",
-        ]),
+        &mut stalled,
         Patience::new(secs(1), secs(60)),
         &[],
         Vec::new,
