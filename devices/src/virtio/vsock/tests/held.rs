@@ -186,8 +186,7 @@ fn a_refused_packet_s_chain_comes_back_after_later_ones_once_written() {
     assert!(led.out.is_empty());
     assert_eq!(read_n(&mut s1, 3000), a);
     assert_eq!(read_n(&mut s2, 2000), b);
-    assert_eq!(f.metric(|m| &m.tx_chains_held), 1);
-    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 0);
+    assert_eq!(held_and_copied(&f), (1, 0));
     assert_eq!(f.dev().held_chains(), 0);
 }
 
@@ -496,8 +495,7 @@ fn a_packet_after_copied_data_is_copied_even_with_room_to_hold_it() {
     assert!(led.out.is_empty(), "{:?}", led.out);
     let want = [x, y, z].concat();
     assert_eq!(read_n(&mut s2, want.len()), want);
-    assert_eq!(f.metric(|m| &m.tx_chains_held), 2);
-    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 1100);
+    assert_eq!(held_and_copied(&f), (2, 1100));
     assert!(host_sees_eof(&mut s1), "connection 1 reset");
 }
 
@@ -514,8 +512,7 @@ fn with_no_room_to_hold_the_rest_is_copied_and_counted() {
     let a = bytes(2000, 5);
     f.send(&guest_hdr(1, 9, Op::Rw), &a);
     assert_eq!(read_n(&mut s, 2000), a);
-    assert_eq!(f.metric(|m| &m.tx_chains_held), 0);
-    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 1300);
+    assert_eq!(held_and_copied(&f), (0, 1300));
     assert_eq!(f.dev().pending_bytes(), 0);
 }
 
@@ -589,6 +586,13 @@ fn the_ok_line_goes_before_held_chains_and_copies() {
     let ok = format!("OK {hp}\n").into_bytes();
     let want = [ok, a, b].concat();
     assert_eq!(read_n(&mut s, want.len()), want);
-    assert_eq!(f.metric(|m| &m.tx_chains_held), 1);
-    assert_eq!(f.metric(|m| &m.tx_bytes_copied), 900);
+    assert_eq!(held_and_copied(&f), (1, 900));
+}
+
+/// The device's counts of TX chains held and of bytes copied.
+fn held_and_copied<B: VsockBackend>(f: &VsockFixture<B>) -> (u64, u64) {
+    (
+        f.metric(|m| &m.tx_chains_held),
+        f.metric(|m| &m.tx_bytes_copied),
+    )
 }

@@ -15,13 +15,25 @@ use crate::virtio::mmio::MmioTransport;
 use crate::virtio::test_utils::{guest_memory, MockDriver, Segment};
 use crate::virtio::vsock::packet::{Header, Op, HDR_LEN};
 use crate::virtio::vsock::{Vsock, VsockConfig};
+use crate::virtio::GuestMemory;
 use crate::virtio::VirtioDevice;
 
-#[test]
-fn a_driver_sees_a_vsock_device_and_connects_through_it() {
+/// A vsock device behind the real transport, on an event manager, and a
+/// driver whose buffers take guest memory from 1 MiB, all but 4 MiB of it.
+struct Rig {
+    /// Holds the socket's directory.
+    dir: TempDir,
+    uds: std::path::PathBuf,
+    mem: GuestMemory,
+    dev: Arc<Mutex<Vsock>>,
+    em: EventManager<Arc<Mutex<Vsock>>>,
+    drv: MockDriver,
+}
+
+fn rig(mem_size: usize) -> Rig {
     let dir = TempDir::new();
     let uds = dir.0.join("v.sock");
-    let mem = guest_memory(8 << 20).unwrap();
+    let mem = guest_memory(mem_size).unwrap();
     let cfg = VsockConfig {
         id: "vsock0".into(),
         guest_cid: CID,
@@ -32,7 +44,28 @@ fn a_driver_sees_a_vsock_device_and_connects_through_it() {
     em.add_subscriber(dev.clone());
     let d: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
     let t = MmioTransport::new(mem.clone(), d).unwrap();
-    let mut drv = MockDriver::with_alloc_range(mem.clone(), t, GuestAddress(0x10_0000), 4 << 20);
+    let room = mem_size as u64 - (4 << 20);
+    let drv = MockDriver::with_alloc_range(mem.clone(), t, GuestAddress(0x10_0000), room);
+    Rig {
+        dir,
+        uds,
+        mem,
+        dev,
+        em,
+        drv,
+    }
+}
+
+#[test]
+fn a_driver_sees_a_vsock_device_and_connects_through_it() {
+    let Rig {
+        dir: _dir,
+        uds,
+        mem,
+        dev,
+        mut em,
+        mut drv,
+    } = rig(8 << 20);
     assert_eq!(drv.read_reg(0x008), 19, "DeviceID");
     assert_eq!(drv.device_features(), FEATURES);
     assert_eq!(drv.read_reg(0x100), CID as u32, "guest_cid, low half");
@@ -81,20 +114,14 @@ fn a_driver_sees_a_vsock_device_and_connects_through_it() {
 /// order, once it reads.
 #[test]
 fn a_snapshot_through_the_transport_returns_the_held_chains_first() {
-    let dir = TempDir::new();
-    let uds = dir.0.join("v.sock");
-    let mem = guest_memory(16 << 20).unwrap();
-    let cfg = VsockConfig {
-        id: "vsock0".into(),
-        guest_cid: CID,
-        uds_path: uds.clone(),
-    };
-    let dev = Arc::new(Mutex::new(Vsock::new(cfg, mem.clone()).unwrap()));
-    let mut em = EventManager::new().unwrap();
-    em.add_subscriber(dev.clone());
-    let d: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
-    let t = MmioTransport::new(mem.clone(), d).unwrap();
-    let mut drv = MockDriver::with_alloc_range(mem.clone(), t, GuestAddress(0x10_0000), 12 << 20);
+    let Rig {
+        dir: _dir,
+        uds,
+        mem,
+        dev,
+        mut em,
+        mut drv,
+    } = rig(16 << 20);
     drv.init(FEATURES).unwrap();
     let listener = std::os::unix::net::UnixListener::bind(format!("{}_9", uds.display())).unwrap();
     for _ in 0..4 {
