@@ -185,8 +185,11 @@ fn server_fails_mid_test(test: &str, sig: &'static str) {
         err.contains("server"),
         "error should name the server: {err}"
     );
+    // Ended by the grace after the test's length, not by waiting on: the
+    // margin is wide because a loaded 2-core CI host once took 3.9 s here
+    // (0.15 s over a 0.75 s margin).
     assert!(
-        took < Duration::from_secs_f64(1.5 + 1.5 + 0.75),
+        took < Duration::from_secs_f64(1.5 + 1.5 + 3.0),
         "{test} took {took:?} after SIG{sig}"
     );
     println!(
