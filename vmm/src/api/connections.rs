@@ -341,7 +341,8 @@ impl<S: Read + Write + HalfClose, V: Vmm> Connections<S, V> {
         if self.conns.len() < MAX_CONNECTIONS {
             return true;
         }
-        // A lingering connection has had its answers: it goes first.
+        // A lingering connection has had its answers: it goes first, and
+        // its close is not news (rank 0).
         let idle = self
             .conns
             .iter()
@@ -352,15 +353,11 @@ impl<S: Read + Write + HalfClose, V: Vmm> Connections<S, V> {
                 }
                 _ => None,
             })
-            .min()
-            .map(|(_, t)| t);
-        let Some(t) = idle else {
+            .min();
+        let Some(((rank, _), t)) = idle else {
             return false;
         };
-        let why = match self.conns.get(&t).map(|c| &c.phase) {
-            Some(Phase::Lingering { .. }) => Why::Done,
-            _ => Why::Evicted,
-        };
+        let why = if rank == 0 { Why::Done } else { Why::Evicted };
         self.close(t, why, now);
         true
     }
