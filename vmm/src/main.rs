@@ -393,6 +393,9 @@ fn main() -> ExitCode {
     let start = Instant::now();
     // Before anything can panic: a panic on any thread ends the process.
     vmm::process::terminal::install_panic_hook();
+    // While there is one thread and no filter: glibc's allocator would
+    // otherwise open files of its own later, under a filter.
+    vmm::process::allocator::settle();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {

@@ -2,6 +2,7 @@
 //! Process hardening: what stands between a compromised minivmm thread, or
 //! a hostile operator-side event, and the host.
 //!
+//! - [`allocator`]: the C library's allocator, settled before any filter;
 //! - [`jail`]: the mount namespace, ids, rlimits and device nodes of
 //!   `--jail`;
 //! - [`remover`]: the process that removes the vsock socket when minivmm
@@ -16,6 +17,7 @@
 //!
 //! The VM's own kernel state (memory, vCPUs) is in [`crate::kvm`].
 
+pub mod allocator;
 pub mod jail;
 pub mod jailer;
 pub mod remover;
