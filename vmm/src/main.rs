@@ -395,7 +395,7 @@ fn main() -> ExitCode {
     vmm::process::terminal::install_panic_hook();
     // While there is one thread and no filter: glibc's allocator would
     // otherwise open files of its own later, under a filter.
-    vmm::process::allocator::settle();
+    vmm::process::settle::process();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {

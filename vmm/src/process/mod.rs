@@ -2,7 +2,8 @@
 //! Process hardening: what stands between a compromised minivmm thread, or
 //! a hostile operator-side event, and the host.
 //!
-//! - [`allocator`]: the C library's allocator, settled before any filter;
+//! - [`settle`]: what the C library and std ask the system once, asked
+//!   before any filter;
 //! - [`jail`]: the mount namespace, ids, rlimits and device nodes of
 //!   `--jail`;
 //! - [`remover`]: the process that removes the vsock socket when minivmm
@@ -17,12 +18,12 @@
 //!
 //! The VM's own kernel state (memory, vCPUs) is in [`crate::kvm`].
 
-pub mod allocator;
 pub mod jail;
 pub mod jailer;
 pub mod remover;
 pub mod seccomp;
 pub mod seccomp_file;
+pub mod settle;
 pub mod signals;
 pub mod syscall_names;
 pub mod terminal;

@@ -754,8 +754,10 @@ impl Filters {
     }
 }
 
-/// Installs `prog` on the calling thread (nothing when it is `None`).
+/// Installs `prog` on the calling thread (nothing when it is `None`),
+/// after the thread's lazy first calls ([`super::settle::thread`]).
 pub fn apply(thread: Thread, prog: Option<&BpfProgram>) -> Result<(), SeccompError> {
+    super::settle::thread();
     match prog {
         Some(p) => seccompiler::apply_filter(p).map_err(|e| SeccompError::Install(thread, e)),
         None => Ok(()),

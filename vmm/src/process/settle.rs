@@ -1,24 +1,33 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The C library's allocator, settled before any seccomp filter.
+//! What the C library and Rust's std ask the system once, lazily, answered
+//! before any seccomp filter.
 //!
-//! glibc's `malloc` asks the system two questions of its own, each once per
-//! process and only when a thread first needs the answer, and each by
-//! opening a file, which no thread's filter allows:
+//! A library that makes a system call the first time something is needed
+//! makes it at a moment the traffic chooses, perhaps long after the thread
+//! went under its filter, where the call ends minivmm with status 148. Two
+//! kinds are known and answered here:
 //!
-//! - the first time a thread's heap (an arena other than the main one)
-//!   gives memory back, it reads `/proc/sys/vm/overcommit_memory` to choose
-//!   how;
-//! - the first time a thread needs a new arena while more than eight
-//!   exist, it counts the CPUs (`/sys/devices/system/cpu/online`) to bound
-//!   how many arenas there may be.
+//! - per process, in `main` ([`process`]): glibc's `malloc` asks two
+//!   questions of its own, each once per process and only when a thread
+//!   first needs the answer, each by opening a file, which no thread's
+//!   filter allows:
 //!
-//! Under a filter either open ends minivmm with status 148, at a moment the
-//! allocation pattern chooses: the API thread freeing the buffers of
-//! sixteen clients that pipelined requests and never read did it. So
-//! [`settle`] answers both before any filter: it gives the arena bound
-//! itself (the same bound glibc would compute) and makes one thread's heap
-//! shrink, so the first answer is cached for the process and every process
-//! forked from it.
+//!   - the first time a thread's heap (an arena other than the main one)
+//!     gives memory back, it reads `/proc/sys/vm/overcommit_memory` to
+//!     choose how;
+//!   - the first time a thread needs a new arena while more than eight
+//!     exist, it counts the CPUs (`/sys/devices/system/cpu/online`) to
+//!     bound how many arenas there may be.
+//!
+//!   The API thread freeing the buffers of sixteen clients that pipelined
+//!   requests and never read made the first open under its filter. So
+//!   [`process`] gives the arena bound itself (the one glibc would compute)
+//!   and makes one thread's heap shrink, so the first answer is cached for
+//!   the process and every process forked from it;
+//! - per thread, by [`super::seccomp::apply`] just before the filter
+//!   ([`thread`]): std seeds the hash maps of a thread from `getrandom` the
+//!   first time the thread makes one, which only the event loop's list
+//!   allows (and with other flags).
 #![allow(unsafe_code)]
 
 /// Arenas per CPU, glibc's own bound on 64-bit hosts.
@@ -27,7 +36,7 @@ const ARENAS_PER_CPU: libc::c_int = 8;
 /// Answers glibc's two lazy questions (see the module); call it first in
 /// `main`, while the process has one thread and no filter. Does nothing
 /// with a C library other than glibc.
-pub fn settle() {
+pub fn process() {
     #[cfg(target_env = "gnu")]
     {
         bound_arenas();
@@ -71,6 +80,14 @@ fn shrink_a_thread_heap() {
     }
 }
 
+/// Answers the calling thread's own lazy questions (see the module):
+/// call it on the thread, before its filter.
+pub fn thread() {
+    // The thread's hash-map keys, drawn now: every map the thread makes
+    // after this takes the next keys without a system call.
+    std::hint::black_box(std::hash::RandomState::new());
+}
+
 #[cfg(all(test, target_env = "gnu"))]
 mod tests {
     use std::process::Command;
@@ -80,7 +97,7 @@ mod tests {
     use crate::process::seccomp::{self, SeccompMode, Thread, BAD_SYSCALL_EXIT_STATUS};
 
     /// Set in a re-executed test binary: `<test> settled|unsettled`.
-    const CHILD_ENV: &str = "MINIVMM_ALLOCATOR_TEST_CHILD";
+    const CHILD_ENV: &str = "MINIVMM_SETTLE_TEST_CHILD";
     const THREADS: [Thread; 3] = [Thread::Vcpu, Thread::EventLoop, Thread::Api];
 
     /// Runs this test binary again as `test`, settled or not; returns its
@@ -107,11 +124,11 @@ mod tests {
         (name == test).then_some(mode == "settled")
     }
 
-    /// The SIGSYS handler, and `settle` if asked.
+    /// The SIGSYS handler, and [`process`] if asked.
     fn prepare(settled: bool) {
         seccomp::install_sigsys_handler().unwrap();
         if settled {
-            settle();
+            process();
         }
     }
 
@@ -136,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_filtered_thread_can_give_heap_memory_back() {
-        const NAME: &str = "process::allocator::tests::a_filtered_thread_can_give_heap_memory_back";
+        const NAME: &str = "process::settle::tests::a_filtered_thread_can_give_heap_memory_back";
         if let Some(settled) = in_child(NAME) {
             prepare(settled);
             // Each thread kind in turn, each on a new thread (a new arena,
@@ -155,6 +172,38 @@ mod tests {
         check(NAME, "overcommit_memory");
     }
 
+    #[test]
+    fn a_filtered_thread_can_make_its_first_hash_map() {
+        const NAME: &str = "process::settle::tests::a_filtered_thread_can_make_its_first_hash_map";
+        if let Some(settled) = in_child(NAME) {
+            seccomp::install_sigsys_handler().unwrap();
+            // Each thread kind on a new thread, whose first map comes
+            // after its filter: through `apply` (settled), or installed
+            // without it (unsettled), as before `apply` settled the thread.
+            for thread in THREADS {
+                let prog = seccomp::filter(thread, SeccompMode::On).unwrap().unwrap();
+                std::thread::spawn(move || {
+                    if settled {
+                        seccomp::apply(thread, Some(&prog)).unwrap();
+                    } else {
+                        seccompiler::apply_filter(&prog).unwrap();
+                    }
+                    let mut m = std::collections::HashMap::new();
+                    m.insert(1u32, 2u32);
+                    std::hint::black_box(m);
+                })
+                .join()
+                .unwrap();
+            }
+            std::process::exit(0);
+        }
+        let (code, stderr) = child(NAME, false);
+        assert_eq!(code, Some(BAD_SYSCALL_EXIT_STATUS), "stderr: {stderr}");
+        assert!(stderr.contains("(getrandom)"), "stderr: {stderr}");
+        let (code, stderr) = child(NAME, true);
+        assert_eq!(code, Some(0), "settled, still drew keys: {stderr}");
+    }
+
     /// Installs, on the calling thread and every thread it starts after,
     /// a filter that refuses `openat` alone (SIGSYS, then 148).
     fn refuse_openat() {
@@ -171,7 +220,7 @@ mod tests {
 
     #[test]
     fn threads_past_eight_arenas_open_nothing() {
-        const NAME: &str = "process::allocator::tests::threads_past_eight_arenas_open_nothing";
+        const NAME: &str = "process::settle::tests::threads_past_eight_arenas_open_nothing";
         if let Some(settled) = in_child(NAME) {
             prepare(settled);
             // A thread takes its arena at its first allocation, which the
