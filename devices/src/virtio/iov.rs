@@ -295,8 +295,40 @@ pub(crate) fn copy_to_segs(segs: &[IoSeg], mut offset: usize, data: &[u8]) -> us
 }
 
 /// Writes a few bytes (a header field) at byte `offset` of the segments.
-/// The same as [`copy_to_segs`] without the bulk-copy machinery.
+/// The same as [`copy_to_segs`] without the bulk-copy machinery. When the
+/// first segment holds them all (the usual case), eight bytes a store
+/// whatever their alignment: a vsock RX header byte by byte cost about 450
+/// instructions a packet.
 pub(crate) fn write_bytes_at(segs: &[IoSeg], mut offset: usize, data: &[u8]) {
+    if let Some(seg) = segs.first() {
+        if offset
+            .checked_add(data.len())
+            .is_some_and(|end| end <= seg.len())
+        {
+            let at = seg.base() + offset;
+            let mut words = data.chunks_exact(8);
+            for (i, word) in (&mut words).enumerate() {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(word);
+                // SAFETY: [at, at + data.len()) lies inside the segment
+                // (checked above): mapped guest memory (module docs);
+                // `Unaligned` needs no alignment. Volatile because the guest
+                // may access it concurrently.
+                unsafe {
+                    std::ptr::write_volatile(
+                        (at + 8 * i) as *mut Unaligned<u64>,
+                        Unaligned(u64::from_ne_bytes(w)),
+                    );
+                }
+            }
+            let tail = data.len() - data.len() % 8;
+            for (i, b) in words.remainder().iter().enumerate() {
+                // SAFETY: as above, one byte of the same range.
+                unsafe { std::ptr::write_volatile((at + tail + i) as *mut u8, *b) };
+            }
+            return;
+        }
+    }
     let mut bytes = data.iter();
     for seg in segs {
         if offset >= seg.len() {
@@ -721,6 +753,47 @@ mod tests {
         // The whole segment, and one byte past it.
         assert_eq!(read_array::<64>(&one, 0).1, 64);
         assert_eq!(read_array::<64>(&one, 8).1, 56);
+    }
+
+    /// A header written in one segment (words, then the tail) and across
+    /// segments lands on the same bytes and on no other, at any offset and
+    /// length; past the segments' end nothing is written.
+    #[test]
+    fn test_bytes_are_written_whole_or_across_segments_and_nowhere_else() {
+        let data: [u8; 44] = std::array::from_fn(|i| 0x80 | i as u8);
+        for offset in [0, 1, 3, 5, 8, 19] {
+            for len in [0, 1, 7, 8, 9, 16, 44] {
+                let mut want = [0u8; 72];
+                want[offset..offset + len].copy_from_slice(&data[..len]);
+                // 8-aligned storage, so offset 0 is an aligned word.
+                let mut words = [0u64; 9];
+                let base = words.as_mut_ptr() as usize;
+                // SAFETY: every segment lies inside `words`, alive while
+                // it is used.
+                let seg = |at: usize, n: usize| unsafe { IoSeg::new(base + at, n) };
+                for cuts in [
+                    vec![seg(0, 72)],
+                    vec![seg(0, offset + len)],
+                    vec![seg(0, offset + 1), seg(offset + 1, 71 - offset)],
+                    vec![seg(0, 9), seg(9, 1), seg(10, 62)],
+                ] {
+                    words = [0; 9];
+                    write_bytes_at(&cuts, offset, &data[..len]);
+                    let got: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                    assert_eq!(got, want, "offset {offset} len {len} {cuts:?}");
+                }
+            }
+        }
+        // Past the end: what fits, and nothing beyond the segments.
+        let mut words = [0u64; 2];
+        let base = words.as_mut_ptr() as usize;
+        // SAFETY: the segments lie inside `words`, alive for the test.
+        let segs = unsafe { [IoSeg::new(base, 4), IoSeg::new(base + 4, 2)] };
+        write_bytes_at(&segs, 3, &[1, 2, 3, 4, 5]);
+        assert_eq!(words[0].to_ne_bytes(), [0, 0, 0, 1, 2, 3, 0, 0]);
+        assert_eq!(words[1], 0);
+        write_bytes_at(&segs, usize::MAX - 2, &[9; 8]);
+        assert_eq!(words[0].to_ne_bytes(), [0, 0, 0, 1, 2, 3, 0, 0]);
     }
 
     /// Header fields (two and four bytes in one load, other sizes byte by
