@@ -413,6 +413,58 @@ fn metrics_lines_on_an_interval_on_sigusr1_and_at_exit() {
     std::fs::remove_file(&kernel).unwrap();
 }
 
+/// A script that starts minivmm in the background (`minivmm ... &` in a
+/// non-interactive shell) starts it with SIGINT ignored. minivmm still stops
+/// on SIGINT, with 0: its stop signals are blocked and read from a
+/// signalfd, and a blocked signal is queued whatever its disposition.
+#[test]
+fn sigint_stops_minivmm_started_with_sigint_ignored() {
+    if !require(&[Need::Kvm]) {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let kernel = tmp("sigint-halt.elf");
+    write_halting_kernel(&kernel).unwrap();
+    let metrics = tmp("sigint-ignored.json");
+    std::fs::write(&metrics, "").unwrap();
+    let mut cmd = Command::new(minivmm_bin());
+    cmd.args(halting_vm(&kernel, &metrics, "0"))
+        .args(["--log-level", "info"]);
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut vm = Vm::spawn_command(cmd).unwrap();
+    wait_until("the first vCPU entry", Duration::from_secs(20), || {
+        vm.stderr().contains("first vCPU entry")
+    });
+    let ignored = std::fs::read_to_string(format!("/proc/{}/status", vm.pid()))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("SigIgn:")
+                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        })
+        .unwrap();
+    assert_ne!(
+        ignored & (1 << (libc::SIGINT - 1)),
+        0,
+        "SIGINT is not ignored"
+    );
+    vm.signal("INT");
+    let status = vm
+        .wait_exit(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("minivmm ignored SIGINT\n{}", vm.report()));
+    assert_eq!(status.code(), Some(0), "{}", vm.report());
+    // Stopped as by SIGTERM: the exit's metrics line.
+    assert_eq!(metrics_lines(&metrics).len(), 1);
+    std::fs::remove_file(&metrics).unwrap();
+    std::fs::remove_file(&kernel).unwrap();
+}
+
 /// The processes whose parent is `pid`: (pid, name, `Seccomp:` mode).
 fn children_of(pid: u32) -> Vec<(u32, String, String)> {
     let mut out = Vec::new();

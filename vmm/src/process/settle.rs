@@ -91,9 +91,8 @@ pub fn thread() {
 // Plain `cfg(test)`, which cargo-mutants knows to leave alone: a mutant
 // of `in_child` made each child start another, without end.
 #[cfg(test)]
+#[cfg(target_env = "gnu")]
 mod tests {
-    #![cfg(target_env = "gnu")]
-
     use std::process::Command;
     use std::sync::{Arc, Barrier};
 
