@@ -658,6 +658,7 @@ fn cell(t: &Timing, cell: Cell) -> Result<Value> {
             "tx_short_writes": m["tx_short_writes"], "rx_credit_stalls": m["rx_credit_stalls"],
             "interrupts": m["interrupts"], "passes": m["passes"],
             "tx_credit_stalls": m["tx_credit_stalls"], "tx_bytes": m["tx_bytes"],
+            "credit_grown": m["credit_grown"],
         },
     }))
 }

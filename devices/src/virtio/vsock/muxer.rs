@@ -67,7 +67,7 @@ use std::time::Instant;
 use super::backend::VsockBackend;
 use super::conn::{Conn, Held, State, MAX_CONNECT_LINE};
 use super::metrics::VsockMetrics;
-use super::packet::{Header, Op, HDR_LEN, MAX_PAYLOAD, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
+use super::packet::{Header, Op, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::Tunables;
 use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{copy_from_segs, IoVecs};
@@ -931,10 +931,12 @@ impl<B: VsockBackend> Muxer<B> {
 
     // ---- packets for the guest -----------------------------------------
 
-    /// Writes the next packet owed to the guest into an RX chain: its header
-    /// at the start of `segs` and, for data, up to `room` payload bytes read
-    /// from the host socket straight after it. `None` when nothing is owed.
-    pub(crate) fn next_rx(&mut self, segs: &[IoSeg], room: usize) -> Option<(Header, usize)> {
+    /// The next packet owed to the guest: its header, and for data how many
+    /// bytes (at most `room`) were read from the host socket straight into
+    /// `payload`, the payload room of the RX buffers ready, in order (the
+    /// caller cuts them into a packet a buffer). `None` when nothing is
+    /// owed.
+    pub(crate) fn next_rx(&mut self, payload: &[IoSeg], room: usize) -> Option<(Header, usize)> {
         if let Some((guest_port, host_port)) = self.rsts.pop_front() {
             inc(&self.metrics.rsts_sent);
             let hdr = Header::to_guest(self.guest_cid, host_port, guest_port, Op::Rst);
@@ -951,7 +953,7 @@ impl<B: VsockBackend> Muxer<B> {
                 continue;
             };
             c.queued = false;
-            if let Some(out) = self.conn_rx(slot, segs, room) {
+            if let Some(out) = self.conn_rx(slot, payload, room) {
                 self.settle(slot);
                 return Some(out);
             }
@@ -961,7 +963,7 @@ impl<B: VsockBackend> Muxer<B> {
     }
 
     /// The packet connection `slot` owes the guest, if any.
-    fn conn_rx(&mut self, slot: usize, segs: &[IoSeg], room: usize) -> Option<(Header, usize)> {
+    fn conn_rx(&mut self, slot: usize, payload: &[IoSeg], room: usize) -> Option<(Header, usize)> {
         let cid = self.guest_cid;
         let c = self.slots[slot].as_mut()?;
         let op = if std::mem::take(&mut c.owed.request) {
@@ -969,7 +971,7 @@ impl<B: VsockBackend> Muxer<B> {
         } else if std::mem::take(&mut c.owed.response) {
             Op::Response
         } else if c.readable && c.can_read_host() && c.peer_free() > 0 && room > 0 {
-            return self.read_host(slot, segs, room);
+            return self.read_host(slot, payload, room);
         } else if std::mem::take(&mut c.owed.shutdown) {
             Op::Shutdown
         } else if std::mem::take(&mut c.owed.credit_update) {
@@ -1001,13 +1003,17 @@ impl<B: VsockBackend> Muxer<B> {
         hdr
     }
 
-    /// One `readv` from the host socket of `slot` into the payload part of
-    /// `segs`.
-    fn read_host(&mut self, slot: usize, segs: &[IoSeg], room: usize) -> Option<(Header, usize)> {
+    /// One `readv` from the host socket of `slot` into `payload`.
+    fn read_host(
+        &mut self,
+        slot: usize,
+        payload: &[IoSeg],
+        room: usize,
+    ) -> Option<(Header, usize)> {
         let cid = self.guest_cid;
         let c = self.slots[slot].as_mut()?;
-        let want = room.min(c.peer_free() as usize).min(MAX_PAYLOAD as usize);
-        take_range(segs, HDR_LEN, want, &mut self.scratch);
+        let want = room.min(c.peer_free() as usize);
+        take_range(payload, 0, want, &mut self.scratch);
         match self
             .backend
             .recv(&mut c.stream, IoVecs::guest(&self.scratch))
@@ -1038,7 +1044,7 @@ impl<B: VsockBackend> Muxer<B> {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 c.readable = false;
                 // Another packet it owes, if any.
-                self.conn_rx(slot, segs, 0)
+                self.conn_rx(slot, payload, 0)
             }
             Err(e) => {
                 self.host_failed(slot, &e);

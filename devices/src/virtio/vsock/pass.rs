@@ -22,10 +22,20 @@
 //! that or longer than the device accepts is returned with used length 0
 //! and counted in `malformed_packets`.
 //!
-//! An RX chain taken from the ring when the muxer turned out to have
-//! nothing to put in it (a socket that had no data after all) is kept for
-//! the next packet, not returned empty.
+//! **RX buffers in batches.** The RX pass keeps up to [`RX_BATCH`] chains
+//! (or [`RX_BATCH_BYTES`] of payload room) taken from the ring and not used
+//! yet, in ring order, and hands the muxer all their payload room at once:
+//! one `readv` from a host socket fills as many as the socket has data for,
+//! each becoming a packet of its own (Linux posts 4 KiB buffers, so a
+//! stream costs one call per 64 KiB rather than per 4 KiB). A control
+//! packet takes the first. The buffers past the first are taken without
+//! asking the driver for kicks, and buffers are used in the order they
+//! were taken, so a snapshot's "the chains from `used.idx` on" stays exact.
+//! A chain taken when the muxer turned out to have nothing to put in it (a
+//! socket that had no data after all) is kept for the next packet, not
+//! returned empty.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
 use super::backend::VsockBackend;
@@ -56,6 +66,11 @@ pub const PASS_BYTES: u64 = 0x80000;
 /// driver ever posts room for, with slack for a driver that posts a little
 /// more. Longer chains are refused.
 pub const MAX_RX_CHAIN: usize = 1 << 20;
+
+/// RX buffers the pass keeps ready for one read from a host socket.
+pub const RX_BATCH: usize = 16;
+/// Payload room past which the pass takes no more RX buffers for a read.
+pub const RX_BATCH_BYTES: usize = 64 * 1024;
 
 /// How a pass ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,15 +118,32 @@ impl Pass {
     }
 }
 
+/// An RX chain taken from the ring and not used yet.
+struct RxBuf {
+    chain: Chain,
+    /// Its segments, the header's first.
+    segs: Vec<IoSeg>,
+    /// The payload it carries at most: its room after the header, up to
+    /// the largest packet.
+    room: usize,
+    /// Its entries in `VsockVirtio::rx_payload`.
+    nsegs: usize,
+}
+
 /// The three queues of one activation.
 pub(crate) struct VsockVirtio {
     pub(crate) queues: [SplitQueue; 3],
     guest_cid: u64,
     segs: Vec<IoSeg>,
     payload: Vec<IoSeg>,
-    /// An RX chain taken and not used; its segments are `rx_segs`.
-    spare: Option<Chain>,
-    rx_segs: Vec<IoSeg>,
+    /// RX chains taken and not used, in ring order.
+    rx_bufs: VecDeque<RxBuf>,
+    /// Their payload parts, in the same order.
+    rx_payload: VecDeque<IoSeg>,
+    /// Their `room`, summed.
+    rx_room: usize,
+    /// Segment vectors of used RX chains, to take the next ones into.
+    seg_pool: Vec<Vec<IoSeg>>,
     /// A TRANSPORT_RESET waits for an event buffer.
     pub(crate) event_pending: bool,
     /// A pass published used entries the driver wants an interrupt for.
@@ -140,8 +172,10 @@ impl VsockVirtio {
             guest_cid,
             segs: Vec::new(),
             payload: Vec::new(),
-            spare: None,
-            rx_segs: Vec::new(),
+            rx_bufs: VecDeque::new(),
+            rx_payload: VecDeque::new(),
+            rx_room: 0,
+            seg_pool: Vec::new(),
             event_pending: false,
             irq_owed: false,
         }
@@ -287,32 +321,60 @@ impl VsockVirtio {
         // them from the ring when work comes. It asks for kicks again only
         // when it runs out of buffers with work waiting (`next_head`).
         self.queues[RX_INDEX].disable_notifications();
-        let status = loop {
+        let status = 'pass: loop {
             if !mux.has_rx_work() {
                 break PassStatus::Done;
             }
             if pass.must_yield() {
                 break PassStatus::Yield;
             }
-            let chain = match self.spare.take() {
-                Some(c) => c,
-                None => match self.take_rx_chain(&mut pass, m) {
-                    Ok(Some(c)) => c,
-                    Ok(None) => break PassStatus::Done,
+            if self.rx_bufs.is_empty() {
+                match self.take_rx_buf(&mut pass, m, true) {
+                    Ok(true) => {}
+                    Ok(false) => break PassStatus::Done,
                     Err(s) => break s,
-                },
-            };
-            let room = chain.len - HDR_LEN;
-            let Some((hdr, n)) = mux.next_rx(&self.rx_segs, room) else {
-                self.spare = Some(chain);
+                }
+            }
+            // More for one read to fill, within what the pass has left.
+            while self.rx_bufs.len() < RX_BATCH && self.rx_room < RX_BATCH_BYTES {
+                let packets_left = PASS_PACKETS.saturating_sub(pass.packets) as usize;
+                if self.rx_bufs.len() >= packets_left || pass.budget.exhausted() {
+                    break;
+                }
+                match self.take_rx_buf(&mut pass, m, false) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(s) => break 'pass s,
+                }
+            }
+            // PASS_BYTES - bytes >= 1: the pass did not yield.
+            let room = self
+                .rx_room
+                .min((PASS_BYTES.saturating_sub(pass.bytes)) as usize);
+            let Some((mut hdr, n)) = mux.next_rx(self.rx_payload.make_contiguous(), room) else {
                 break PassStatus::Done;
             };
-            write_bytes_at(&self.rx_segs, 0, &hdr.to_bytes());
-            // HDR_LEN + n <= chain.len <= MAX_RX_CHAIN.
-            self.queues[RX_INDEX].add_used(chain.head, (HDR_LEN + n) as u32);
-            inc(&m.rx_packets);
-            pass.packets += 1;
-            pass.bytes += n as u64;
+            // The bytes read fill the buffers in order, a packet each; a
+            // packet with no data takes the first.
+            let mut left = n;
+            while let Some(buf) = self.rx_bufs.pop_front() {
+                let len = left.min(buf.room);
+                // len <= room <= MAX_PAYLOAD.
+                hdr.len = len as u32;
+                write_bytes_at(&buf.segs, 0, &hdr.to_bytes());
+                // HDR_LEN + len <= chain.len <= MAX_RX_CHAIN.
+                self.queues[RX_INDEX].add_used(buf.chain.head, (HDR_LEN + len) as u32);
+                self.rx_payload.drain(..buf.nsegs);
+                self.rx_room -= buf.room;
+                self.seg_pool.push(buf.segs);
+                inc(&m.rx_packets);
+                pass.packets += 1;
+                pass.bytes += len as u64;
+                left -= len;
+                if left == 0 {
+                    break;
+                }
+            }
         };
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "RX avail index out of range");
@@ -321,13 +383,15 @@ impl VsockVirtio {
         pass.finish(m, status)
     }
 
-    /// The next good RX chain, its segments in `rx_segs`; refused chains
-    /// are returned with length 0 on the way.
-    fn take_rx_chain(
+    /// Takes the next good RX chain onto `rx_bufs`; refused chains are
+    /// returned with length 0 on the way. `false` when the ring has none;
+    /// with `wait`, the driver is then asked to kick when it posts more.
+    fn take_rx_buf(
         &mut self,
         pass: &mut Pass,
         m: &VsockMetrics,
-    ) -> Result<Option<Chain>, PassStatus> {
+        wait: bool,
+    ) -> Result<bool, PassStatus> {
         // Room for the header and at least one byte of data: a chain that
         // could carry only control packets would hold data back for good
         // (Linux posts 4 KiB of room).
@@ -340,14 +404,35 @@ impl VsockVirtio {
             if pass.must_yield() {
                 return Err(PassStatus::Yield);
             }
-            let Some(head) = self.next_head(RX_INDEX, pass)? else {
-                return Ok(None);
+            let head = if wait {
+                self.next_head(RX_INDEX, pass)?
+            } else {
+                self.queues[RX_INDEX]
+                    .pop(&mut pass.budget)
+                    .map_err(|_| PassStatus::Broken)?
             };
-            self.rx_segs.clear();
+            let Some(head) = head else {
+                return Ok(false);
+            };
+            let mut segs = self.seg_pool.pop().unwrap_or_default();
+            segs.clear();
             let q = &self.queues[RX_INDEX];
-            match q.walk(head, &rules, &mut self.rx_segs, &mut pass.budget) {
-                Ok(chain) => return Ok(Some(chain)),
+            match q.walk(head, &rules, &mut segs, &mut pass.budget) {
+                Ok(chain) => {
+                    let room = (chain.len - HDR_LEN).min(MAX_PAYLOAD as usize);
+                    take_range(&segs, HDR_LEN, room, &mut self.payload);
+                    self.rx_payload.extend(self.payload.iter().copied());
+                    self.rx_room += room;
+                    self.rx_bufs.push_back(RxBuf {
+                        chain,
+                        segs,
+                        room,
+                        nsegs: self.payload.len(),
+                    });
+                    return Ok(true);
+                }
                 Err(e) => {
+                    self.seg_pool.push(segs);
                     pass.packets += 1;
                     malformed(m, e);
                     self.queues[RX_INDEX].add_used(head, 0);

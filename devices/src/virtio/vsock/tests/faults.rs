@@ -13,6 +13,7 @@ use super::fixture::*;
 use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::vsock::muxer::MAX_QUEUED_RSTS;
 use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND};
+use crate::virtio::vsock::pass::{RX_BATCH, RX_BATCH_BYTES};
 use crate::virtio::vsock::{Tunables, UnixBackend};
 
 const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
@@ -465,5 +466,128 @@ fn the_shutdown_deadline_ends_only_when_every_byte_is_taken() {
         pkts.iter()
             .any(|p| p.op() == Some(Op::Rw) && p.data == b"answer"),
         "{pkts:?}"
+    );
+}
+
+/// Uses up the RX buffers the fixture posted, a byte each.
+fn use_up_rx(f: &mut VsockFixture<FaultyBackend>, s: &mut UnixStream) {
+    while f.rx_outstanding() > 0 {
+        s.write_all(b"x").unwrap();
+        f.recv();
+    }
+}
+
+/// How many `readv`s the backend has been asked for.
+fn recv_calls(f: &VsockFixture<FaultyBackend>) -> u64 {
+    f.dev()
+        .backend_mut()
+        .calls
+        .get(&Op2::Recv)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// The host's bytes fill the RX buffers the guest posted in order, a
+/// packet each, with one `readv` for as many as the socket has data for.
+#[test]
+fn one_read_fills_several_rx_buffers_in_order() {
+    let mut f = VsockFixture::faulty();
+    let (mut s, host_port) = f.open_from_host(52);
+    use_up_rx(&mut f, &mut s);
+    f.post_rx(16, 4096);
+    let msg = bytes(40_000, 5);
+    s.write_all(&msg).unwrap();
+    let before = recv_calls(&f);
+    let rx_bytes = f.metric(|m| &m.rx_bytes);
+    let pkts = f.recv();
+    assert_eq!(recv_calls(&f) - before, 1, "one read for all of it");
+    let lens: Vec<u32> = pkts.iter().map(|p| p.hdr.len).collect();
+    assert_eq!(
+        lens,
+        [4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 4096, 3136]
+    );
+    for p in &pkts {
+        assert_eq!(p.op(), Some(Op::Rw));
+        assert_eq!((p.hdr.src_port, p.hdr.dst_port), (host_port, 52));
+    }
+    let got: Vec<u8> = pkts.iter().flat_map(|p| p.data.clone()).collect();
+    assert!(got == msg, "in order, each byte once");
+    assert_eq!(f.metric(|m| &m.rx_bytes) - rx_bytes, 40_000);
+    // The six buffers left carry what comes next, control packets too.
+    s.write_all(b"more").unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let pkts = f.recv();
+    assert_eq!(pkts[0].data, b"more");
+    assert_eq!(pkts.last().and_then(Pkt::op), Some(Op::Shutdown));
+    assert!(f.rx_outstanding() >= 4, "{}", f.rx_outstanding());
+}
+
+/// One read fills at most `RX_BATCH` buffers and `RX_BATCH_BYTES` of room.
+#[test]
+fn a_read_is_bounded_by_the_batch() {
+    let mut f = VsockFixture::faulty();
+    let (mut s, _) = f.open_from_host(52);
+    use_up_rx(&mut f, &mut s);
+    // Small buffers: the batch's count binds.
+    f.post_rx(64, 1000);
+    let msg = bytes(48_000, 9);
+    s.write_all(&msg).unwrap();
+    let before = recv_calls(&f);
+    let pkts = f.recv();
+    let reads = recv_calls(&f) - before;
+    assert!(
+        (3..=4).contains(&reads),
+        "{reads} reads for 48 buffers of {RX_BATCH}"
+    );
+    assert_eq!(pkts.len(), 48);
+    assert!(pkts.iter().all(|p| p.hdr.len == 1000));
+    let got: Vec<u8> = pkts.iter().flat_map(|p| p.data.clone()).collect();
+    assert!(got == msg);
+    // Large buffers: the batch's room binds.
+    f.post_rx(8, 32 * 1024);
+    let msg = bytes(200_000, 1);
+    s.write_all(&msg).unwrap();
+    let before = recv_calls(&f);
+    let mut got = Vec::new();
+    while got.len() < msg.len() {
+        let pkts = f.recv();
+        assert!(!pkts.is_empty(), "stalled at {} bytes", got.len());
+        f.post_rx(pkts.len(), 32 * 1024);
+        got.extend(pkts.iter().flat_map(|p| p.data.clone()));
+    }
+    assert!(got == msg);
+    let reads = recv_calls(&f) - before;
+    assert!(reads >= 200_000 / RX_BATCH_BYTES as u64, "{reads} reads");
+}
+
+/// A guest with room for two and a half buffers gets exactly that, in one
+/// read, then is asked for credit.
+#[test]
+fn a_read_into_several_buffers_stops_at_the_guest_s_credit() {
+    let mut f = VsockFixture::faulty();
+    let l = f.host_listen(9);
+    f.send(
+        &Header {
+            buf_alloc: 2500,
+            ..guest_hdr(7, 9, Op::Request)
+        },
+        &[],
+    );
+    f.post_rx(16, 1000);
+    assert_eq!(f.recv()[0].op(), Some(Op::Response));
+    let (mut g, _) = l.accept().unwrap();
+    g.write_all(&bytes(10_000, 2)).unwrap();
+    let before = recv_calls(&f);
+    let pkts = f.recv();
+    assert_eq!(recv_calls(&f) - before, 1);
+    let lens: Vec<_> = pkts.iter().map(|p| (p.op(), p.hdr.len)).collect();
+    assert_eq!(
+        lens,
+        [
+            (Some(Op::Rw), 1000),
+            (Some(Op::Rw), 1000),
+            (Some(Op::Rw), 500),
+            (Some(Op::CreditRequest), 0)
+        ]
     );
 }
