@@ -107,6 +107,9 @@ pub struct Conn<S> {
     pub queued: bool,
     /// The device waits on credit to read for the guest (a stall counted).
     pub credit_stalled: bool,
+    /// Its held chains were not offered to the host socket yet: they are
+    /// written together at the end of the TX pass.
+    pub deferred: bool,
     /// When it is reset if it has not moved on (the `CONNECT` line, the
     /// guest's RESPONSE, draining after a SHUTDOWN).
     pub deadline: Option<Instant>,
@@ -155,6 +158,7 @@ impl<S> Conn<S> {
             readable: false,
             queued: false,
             credit_stalled: false,
+            deferred: false,
             deadline: None,
             pending: VecDeque::new(),
             pending_ctl: 0,

@@ -38,6 +38,15 @@
 //! poll set until a read drains it, and one whose guest has no credit
 //! waits for the guest's credit before it is read again.
 //!
+//! **Deferred TX chains.** A connection's packets of one TX pass go to its
+//! host socket together: each chain is held unwritten as it comes (within
+//! the bounds below), and at the end of the pass one `writev` takes them
+//! all, up to `HELD_IOVS` segments a call, so a stream of 4 KiB packets
+//! costs a call per pass rather than per packet. A packet of another kind
+//! (SHUTDOWN, RST, ...) first writes what its connection deferred, so the
+//! host sees every byte sent before it, as if nothing had waited. What the
+//! socket refuses of them stays held as below.
+//!
 //! **Held TX chains.** A packet whose payload the host socket did not take
 //! whole keeps its TX chain: the rest is written from guest memory when
 //! the socket polls writable, and the chain is returned once its last byte
@@ -177,6 +186,8 @@ pub(crate) struct Muxer<B: VsockBackend> {
     /// What the connections' buffers grew by beyond `buf_alloc`, in all
     /// (at most `credit_boost`).
     pub(crate) boost_used: usize,
+    /// Slots whose held chains wait for the end of the TX pass, unwritten.
+    deferred: Vec<usize>,
 }
 
 /// The segments of `segs` from byte `from` on, at most `len` bytes.
@@ -231,6 +242,7 @@ impl<B: VsockBackend> Muxer<B> {
             held_descs: 0,
             returned: Vec::new(),
             boost_used: 0,
+            deferred: Vec::new(),
         }
     }
 
@@ -426,7 +438,16 @@ impl<B: VsockBackend> Muxer<B> {
             self.reject(key, hdr.op);
             return false;
         }
-        let Some(slot) = self.lookup(key) else {
+        let mut found = self.lookup(key);
+        if let Some(slot) = found {
+            // What the guest sent before this packet reaches the host first
+            // (the socket may fail on it and end the connection).
+            if op != Op::Rw && self.slots[slot].as_ref().is_some_and(|c| c.deferred) {
+                self.flush(slot);
+                found = self.lookup(key);
+            }
+        }
+        let Some(slot) = found else {
             match op {
                 Op::Rst => {}
                 Op::Request => self.guest_connect(hdr),
@@ -598,6 +619,19 @@ impl<B: VsockBackend> Muxer<B> {
         if c.guest_credit() == 0 {
             inc(&self.metrics.tx_credit_stalls);
         }
+        if len > 0 && self.defer(slot, payload, len, chain) {
+            return true;
+        }
+        let Some(c) = self.slots[slot].as_mut() else {
+            return false;
+        };
+        if c.deferred {
+            // No room to defer it: what was deferred goes first.
+            self.flush(slot);
+        }
+        let Some(c) = self.slots[slot].as_mut() else {
+            return false;
+        };
         let mut sent = 0;
         if !c.owes_host() && len > 0 {
             take_range(payload, 0, len, &mut self.scratch);
@@ -648,6 +682,54 @@ impl<B: VsockBackend> Muxer<B> {
         c.buf_alloc += grow as u32;
         self.boost_used += grow;
         inc(&self.metrics.credit_grown);
+    }
+
+    /// Holds a packet's chain unwritten, to go to the host socket with the
+    /// connection's next packets in one `writev` at the end of the TX pass
+    /// ([`flush_deferred`](Self::flush_deferred)): when the connection owes
+    /// the host nothing but chains deferred so (bytes the socket refused
+    /// wait for it to poll writable instead) and the bounds on held chains
+    /// allow. Returns whether it did.
+    fn defer(&mut self, slot: usize, payload: &[IoSeg], len: usize, chain: TxChain) -> bool {
+        let Some(c) = self.slots[slot].as_mut() else {
+            return false;
+        };
+        if c.owes_host() && !c.deferred {
+            return false;
+        }
+        let room = c.held.iter().map(|h| h.descs).sum::<usize>() + chain.descs
+            <= self.hold.per_conn
+            && self.held_descs + chain.descs <= self.hold.all;
+        if !room {
+            return false;
+        }
+        c.held.push_back(Held {
+            head: chain.head,
+            descs: chain.descs,
+            left: len,
+        });
+        take_range(payload, 0, len, &mut self.rest);
+        c.held_segs.extend(self.rest.iter().copied());
+        self.held_descs += chain.descs;
+        if !c.deferred {
+            c.deferred = true;
+            self.deferred.push(slot);
+        }
+        true
+    }
+
+    /// Writes what the TX pass deferred, a `writev` per connection for
+    /// up to `HELD_IOVS` packets ([`flush`](Self::flush)).
+    pub(crate) fn flush_deferred(&mut self) {
+        let mut slots = std::mem::take(&mut self.deferred);
+        // In the order the connections' first packets came.
+        for &slot in &slots {
+            if self.conn(slot).is_some_and(|c| c.deferred) {
+                self.flush(slot);
+            }
+        }
+        slots.clear();
+        self.deferred = slots;
     }
 
     /// What the host socket of `slot` refused of a packet (bytes `sent..len`
@@ -858,26 +940,35 @@ impl<B: VsockBackend> Muxer<B> {
     }
 
     /// Writes what waits for the host socket of `slot`, in order: the `OK`
-    /// line, the held chains (from guest memory), the copied data.
+    /// line, the held chains (from guest memory), the copied data; until the
+    /// socket takes less than it was offered (its buffer is full: the rest
+    /// waits for it to poll writable).
     pub(crate) fn flush(&mut self, slot: usize) {
         let Some(c) = self.slots[slot].as_mut() else {
             return;
         };
-        while c.owes_host() {
+        let deferred = std::mem::take(&mut c.deferred);
+        let mut short = false;
+        while c.owes_host() && !short {
             let ctl = c.pending_ctl > 0 || c.held.is_empty();
-            let res = if ctl {
+            let (res, offered) = if ctl {
                 let (front, _) = c.pending.as_slices();
                 let n = if c.pending_ctl > 0 {
                     c.pending_ctl.min(front.len())
                 } else {
                     front.len()
                 };
-                self.backend.write_bytes(&mut c.stream, &front[..n])
+                (self.backend.write_bytes(&mut c.stream, &front[..n]), n)
             } else {
                 let (front, _) = c.held_segs.as_slices();
                 let segs = &front[..front.len().min(HELD_IOVS)];
-                self.backend.send(&mut c.stream, IoVecs::guest(segs))
+                let offered = segs.iter().map(|s| s.len()).sum();
+                (
+                    self.backend.send(&mut c.stream, IoVecs::guest(segs)),
+                    offered,
+                )
             };
+            short = res.as_ref().is_ok_and(|&n| n < offered);
             match res {
                 Ok(0) => break,
                 Ok(n) if ctl => {
@@ -896,6 +987,12 @@ impl<B: VsockBackend> Muxer<B> {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return self.host_failed(slot, &e),
             }
+        }
+        if deferred && !c.held.is_empty() {
+            // Deferred chains the socket did not take wait for it as
+            // refused ones do, counted as they are.
+            inc(&self.metrics.tx_short_writes);
+            add(&self.metrics.tx_chains_held, c.held.len() as u64);
         }
         if !c.owes_host() && c.guest_shut_send && c.deadline.is_some() {
             c.deadline = None;

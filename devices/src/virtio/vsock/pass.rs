@@ -268,6 +268,12 @@ impl VsockVirtio {
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "TX avail index out of range");
         }
+        // The packets each connection deferred, one write each; the
+        // chains written go back with the others.
+        mux.flush_deferred();
+        for head in mux.returned.drain(..) {
+            self.queues[TX_INDEX].add_used(head, 0);
+        }
         self.publish(TX_INDEX, m);
         pass.finish(m, status)
     }

@@ -596,3 +596,108 @@ fn held_and_copied<B: VsockBackend>(f: &VsockFixture<B>) -> (u64, u64) {
         f.metric(|m| &m.tx_bytes_copied),
     )
 }
+
+/// The `writev`s the backend has been asked for.
+fn sends(f: &VsockFixture<FaultyBackend>) -> u64 {
+    f.dev()
+        .backend_mut()
+        .calls
+        .get(&Op2::Send)
+        .copied()
+        .unwrap_or(0)
+}
+
+fn faulty_big_credit() -> VsockFixture<FaultyBackend> {
+    let tun = Tunables {
+        buf_alloc: 4 << 20,
+        ..test_tunables()
+    };
+    VsockFixture::with(tun, FaultyBackend::default(), true)
+}
+
+/// A connection's packets of one pass reach its host socket in one
+/// `writev`, in order, and every chain comes back once it is written,
+/// in the pass that brought it.
+#[test]
+fn a_pass_s_packets_go_to_their_host_in_one_write() {
+    let mut f = faulty_big_credit();
+    let l = f.host_listen(9);
+    let mut s1 = f.open_from_guest(&l, 1, 9);
+    let mut s2 = f.open_from_guest(&l, 2, 9);
+    let mut led = Ledger::default();
+    let before = sends(&f);
+    let (mut want1, mut want2) = (Vec::new(), Vec::new());
+    for i in 0..12 {
+        let d = bytes(PKT, i);
+        let (gp, want) = if i % 3 == 2 {
+            (2, &mut want2)
+        } else {
+            (1, &mut want1)
+        };
+        led.post(&mut f, &guest_hdr(gp, 9, Op::Rw), &d);
+        want.extend_from_slice(&d);
+    }
+    assert_eq!(led.collect(&mut f), 12, "every chain back in the pass");
+    assert_eq!(sends(&f) - before, 2, "a write for each connection");
+    assert_eq!(read_n(&mut s1, want1.len()), want1);
+    assert_eq!(read_n(&mut s2, want2.len()), want2);
+    assert_eq!(f.metric(|m| &m.tx_short_writes), 0);
+    assert_eq!(held_and_copied(&f), (0, 0));
+    assert_eq!(f.dev().held_chains(), 0);
+    // The credit counts all of it.
+    f.send(&guest_hdr(1, 9, Op::CreditRequest), &[]);
+    let pkts = f.recv();
+    assert_eq!(pkts.len(), 1);
+    assert_eq!(pkts[0].op(), Some(Op::CreditUpdate));
+    assert_eq!(pkts[0].hdr.fwd_cnt as usize, want1.len());
+}
+
+/// Past the bound on held chains, what was deferred is written first and
+/// the rest go on in order, a write each time the bound is reached.
+#[test]
+fn deferring_stops_at_the_bound_on_held_chains() {
+    let mut f = faulty_big_credit();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let mut led = Ledger::default();
+    let before = sends(&f);
+    let mut want = Vec::new();
+    // More packets than a connection may hold, all in one pass.
+    let n = LIMITS_PER_CONN_CHAINS + LIMITS_PER_CONN_CHAINS / 2;
+    for i in 0..n {
+        let d = bytes(1000, i);
+        led.post(&mut f, &guest_hdr(1, 9, Op::Rw), &d);
+        want.extend_from_slice(&d);
+    }
+    assert_eq!(led.collect(&mut f), n);
+    assert_eq!(read_n(&mut s, want.len()), want);
+    let writes = sends(&f) - before;
+    assert!(
+        (2..=4).contains(&writes),
+        "{writes} writes for {n} packets, {LIMITS_PER_CONN_CHAINS} held at most"
+    );
+    assert_eq!(f.dev().held_chains(), 0);
+}
+
+/// A packet of another kind writes what its connection deferred before
+/// it acts: SHUTDOWN's EOF and RST's close come after the data.
+#[test]
+fn a_control_packet_lets_what_came_before_it_reach_the_host_first() {
+    for op in [Op::Shutdown, Op::Rst] {
+        let mut f = faulty_big_credit();
+        let l = f.host_listen(9);
+        let mut s = f.open_from_guest(&l, 1, 9);
+        let mut led = Ledger::default();
+        let a = bytes(3000, 1);
+        led.post(&mut f, &guest_hdr(1, 9, Op::Rw), &a);
+        let hdr = Header {
+            flags: SHUTDOWN_SEND,
+            ..guest_hdr(1, 9, op)
+        };
+        led.post(&mut f, &hdr, &[]);
+        led.collect(&mut f);
+        assert!(led.out.is_empty(), "{op:?}");
+        assert_eq!(read_n(&mut s, 3000), a, "{op:?}");
+        assert!(host_sees_eof(&mut s), "{op:?}");
+    }
+}
