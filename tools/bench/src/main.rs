@@ -111,7 +111,7 @@ pub struct Cli {
     #[arg(long, num_args = 3, value_names = ["MODE", "WORKLOAD", "N"])]
     block_cost: Option<Vec<String>>,
     /// Run N units of one vsock cell on one side and nothing else, for strace, perf or
-    /// callgrind: CELL is tx_4k, tx_64k, rx_4k or rr_1, SIDE device or raw. Needs no root.
+    /// callgrind: CELL is tx_4k, tx_64k, rx_4k or rr_1, SIDE device, raw or raw-batched. Needs no root.
     #[arg(long, num_args = 3, value_names = ["CELL", "SIDE", "N"])]
     vsock_cost: Option<Vec<String>>,
     /// Internal: we are the re-executed child inside namespace NAME.

@@ -270,6 +270,16 @@ pub(crate) mod host_mem {
             usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
         }
 
+        /// The `len` bytes at `off` of the range as an I/O vector, for a
+        /// raw relay's `readv`/`writev` over several buffers.
+        pub fn iovec(&self, off: usize, len: usize) -> libc::iovec {
+            assert!(off + len <= self.len);
+            libc::iovec {
+                iov_base: self.ptr.wrapping_add(off).cast(),
+                iov_len: len,
+            }
+        }
+
         /// Copies `data` to byte `off` of the range (a packet header).
         pub fn write_bytes(&self, off: usize, data: &[u8]) {
             assert!(off + data.len() <= self.len);

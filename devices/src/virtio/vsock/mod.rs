@@ -58,7 +58,8 @@ mod tests;
 pub use backend::{UnixBackend, VsockBackend};
 pub use device::{Vsock, VsockError};
 pub use metrics::VsockMetrics;
-pub use muxer::MAX_QUEUED_RSTS;
+pub use muxer::{HELD_IOVS, MAX_QUEUED_RSTS};
+pub use pass::{RX_BATCH, RX_BATCH_BYTES};
 
 /// The lowest CID a guest may have: 0 and 1 are reserved, 2 is the host
 /// (virtio 1.2 §5.10.4).

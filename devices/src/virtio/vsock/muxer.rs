@@ -96,7 +96,7 @@ pub const ACCEPTS_PER_EVENT: usize = 16;
 pub const FIRST_HOST_PORT: u32 = 1 << 30;
 
 /// The most segments one write of held chains passes to `writev`.
-const HELD_IOVS: usize = 64;
+pub const HELD_IOVS: usize = 64;
 
 /// How many TX ring descriptors held chains may keep, from the size of
 /// the TX ring the driver chose.
