@@ -270,14 +270,40 @@ pub(crate) mod host_mem {
             usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
         }
 
-        /// The `len` bytes at `off` of the range as an I/O vector, for a
-        /// raw relay's `readv`/`writev` over several buffers.
-        pub fn iovec(&self, off: usize, len: usize) -> libc::iovec {
-            assert!(off + len <= self.len);
-            libc::iovec {
-                iov_base: self.ptr.wrapping_add(off).cast(),
-                iov_len: len,
+        /// One `writev` (`write` true) to `fd` of the parts, each `(range,
+        /// off, len)`, in order, or one `readv` from `fd` into them: a
+        /// batched raw relay's transfer, on the very memory the device's
+        /// packets use. The bytes moved. At most 64 parts.
+        pub fn fd_io_vectored(
+            fd: std::os::fd::RawFd,
+            parts: &[(&HostRange, usize, usize)],
+            write: bool,
+        ) -> std::io::Result<usize> {
+            let mut iov = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; 64];
+            assert!(parts.len() <= iov.len());
+            for (v, &(r, off, len)) in iov.iter_mut().zip(parts) {
+                assert!(off + len <= r.len);
+                *v = libc::iovec {
+                    iov_base: r.ptr.wrapping_add(off).cast(),
+                    iov_len: len,
+                };
             }
+            let n = parts.len() as libc::c_int;
+            let res = if write {
+                // SAFETY: each of the first `n` vectors lies inside its range
+                // (checked above), mapped while the ranges live; the kernel
+                // only reads them.
+                unsafe { libc::writev(fd, iov.as_ptr(), n) }
+            } else {
+                // SAFETY: as above; the kernel writes into the ranges, which
+                // no Rust reference covers and the device does not touch
+                // while the raw relay runs.
+                unsafe { libc::readv(fd, iov.as_ptr(), n) }
+            };
+            usize::try_from(res).map_err(|_| std::io::Error::last_os_error())
         }
 
         /// Copies `data` to byte `off` of the range (a packet header).

@@ -658,33 +658,20 @@ fn raw_step(cell: Cell, rig: &VsockRig, fd: std::os::fd::RawFd, i: usize) -> Res
 /// turn (`i`), in one `writev` or `readv`; the bytes it put in guest buffers.
 fn raw_batch_step(cell: Cell, rig: &VsockRig, fd: std::os::fd::RawFd, i: usize) -> Result<u64> {
     let k = batch(cell);
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; HELD_IOVS];
-    let n = match cell {
-        Cell::Rr => return raw_step(cell, rig, fd, i),
-        Cell::Tx(p) => {
-            for (j, v) in iov.iter_mut().take(k).enumerate() {
-                *v = rig.tx_data[(i * k + j) % TX_SLOTS].iovec(0, p);
-            }
-            // SAFETY: the first `k` vectors each cover a payload buffer of the rig's guest
-            // memory, mapped while `rig` lives; the kernel only reads them.
-            unsafe { libc::writev(fd, iov.as_ptr(), k as libc::c_int) }
-        }
-        Cell::Rx(p) => {
-            for (j, v) in iov.iter_mut().take(k).enumerate() {
-                *v = rig.rx_bufs[(i * k + j) % RX_SLOTS].iovec(HDR_LEN, p);
-            }
-            // SAFETY: the first `k` vectors each cover the payload part of an RX buffer of the
-            // rig's guest memory, mapped while `rig` lives, which no Rust reference covers and
-            // the device does not touch while the relay runs.
-            unsafe { libc::readv(fd, iov.as_ptr(), k as libc::c_int) }
-        }
-    };
-    let n = usize::try_from(n).map_err(|_| std::io::Error::last_os_error())?;
+    // On the stack: an allocation a call would be the relay's cost, not the kernel's.
+    let mut parts = [(&rig.tx_data[0], 0, 0); HELD_IOVS];
+    for (j, part) in parts.iter_mut().take(k).enumerate() {
+        *part = match cell {
+            Cell::Rr => return raw_step(cell, rig, fd, i),
+            Cell::Tx(p) => (&rig.tx_data[(i * k + j) % TX_SLOTS], 0, p),
+            // Into the payload parts, where the device's readv puts it.
+            Cell::Rx(p) => (&rig.rx_bufs[(i * k + j) % RX_SLOTS], HDR_LEN, p),
+        };
+    }
+    let write = matches!(cell, Cell::Tx(_));
+    let n = HostRange::fd_io_vectored(fd, &parts[..k], write)?;
     ensure!(n > 0, "the peer went away");
-    Ok(if matches!(cell, Cell::Rx(_)) { n as u64 } else { 0 })
+    Ok(if write { 0 } else { n as u64 })
 }
 
 /// One cell: interleaved rounds of the raw relays and the device, the medians and ratios.
@@ -729,7 +716,6 @@ fn cell(t: &Timing, cell: Cell) -> Result<Value> {
             "tx_short_writes": m["tx_short_writes"], "rx_credit_stalls": m["rx_credit_stalls"],
             "interrupts": m["interrupts"], "passes": m["passes"],
             "tx_credit_stalls": m["tx_credit_stalls"], "tx_bytes": m["tx_bytes"],
-            "credit_grown": m["credit_grown"],
         },
     }))
 }

@@ -9,9 +9,8 @@
 //! RESPONSE goes out before any data). Half-closes are flags beside the
 //! state: the guest's SHUTDOWN bits and the host's EOF.
 //!
-//! **Credit.** The guest may have at most `buf_alloc` bytes (as it last
-//! heard it: the buffer only grows) in the device's hands that the host
-//! socket has not taken (`rx_cnt - fwd_cnt`);
+//! **Credit.** The guest may have at most `buf_alloc` bytes in the
+//! device's hands that the host socket has not taken (`rx_cnt - fwd_cnt`);
 //! the guest learns `fwd_cnt` from every header the device sends, and a
 //! CREDIT_UPDATE goes out unasked once half the buffer has been freed
 //! since the last one it saw ([`Conn::wants_credit_update`]), so a guest
@@ -123,11 +122,8 @@ pub struct Conn<S> {
     /// The payload the held chains still owe the host socket, as
     /// segments of guest memory, in order.
     pub held_segs: VecDeque<IoSeg>,
-    /// The device's receive buffer, advertised in every header; it only
-    /// grows (see the muxer's bounds).
+    /// The device's receive buffer, advertised in every header.
     pub buf_alloc: u32,
-    /// `buf_alloc` as the guest last saw it.
-    pub adv_buf_alloc: u32,
     /// Payload bytes received from the guest (wrapping).
     pub rx_cnt: u32,
     /// Payload bytes handed to the host socket (wrapping).
@@ -165,7 +161,6 @@ impl<S> Conn<S> {
             held: VecDeque::new(),
             held_segs: VecDeque::new(),
             buf_alloc,
-            adv_buf_alloc: buf_alloc,
             rx_cnt: 0,
             fwd_cnt: 0,
             adv_fwd_cnt: 0,
@@ -192,7 +187,7 @@ impl<S> Conn<S> {
     /// was told (what it may send without breaking the protocol).
     pub fn guest_credit(&self) -> u32 {
         let in_flight = self.rx_cnt.wrapping_sub(self.adv_fwd_cnt);
-        self.adv_buf_alloc.saturating_sub(in_flight)
+        self.buf_alloc.saturating_sub(in_flight)
     }
 
     /// Whether the device should tell the guest its `fwd_cnt` unasked:

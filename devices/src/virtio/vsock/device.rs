@@ -251,12 +251,6 @@ impl<B: VsockBackend> Vsock<B> {
         self.muxer.pending_bytes()
     }
 
-    /// What the connections' buffers have grown by beyond `buf_alloc`, in
-    /// all (at most `Tunables::credit_boost`).
-    pub fn credit_boost_used(&self) -> usize {
-        self.muxer.boost_used
-    }
-
     /// RSTs waiting for RX buffers.
     pub fn queued_rsts(&self) -> usize {
         self.muxer.queued_rsts()

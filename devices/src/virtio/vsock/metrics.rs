@@ -15,8 +15,7 @@
 //! chains), `unknown_ops` and `bad_types` (answered RST),
 //! `protocol_errors`, `credit_exceeded` (both reset the connection).
 //! Credit: `rx_credit_stalls` (host data waited for a guest without room),
-//! `tx_credit_stalls` (the guest used all the credit it was given),
-//! `credit_grown` (a connection's buffer grew while its host kept up).
+//! `tx_credit_stalls` (the guest used all the credit it was given).
 //! Short writes: `tx_short_writes` (the host socket refused part of a
 //! packet), of which `tx_chains_held` kept their chain until the socket
 //! took the rest, and `tx_bytes_copied` the bytes copied instead.
@@ -65,8 +64,6 @@ pub struct VsockMetrics {
     pub rx_credit_stalls: AtomicU64,
     /// Packets from the guest that used up the credit it had been given.
     pub tx_credit_stalls: AtomicU64,
-    /// Times a connection's buffer (`buf_alloc`) grew while its host kept up.
-    pub credit_grown: AtomicU64,
     /// Packets whose payload went past the guest's credit (connection reset).
     pub credit_exceeded: AtomicU64,
     /// Guest writes the host socket did not take whole (the rest waits).
@@ -117,7 +114,7 @@ mod tests {
     use crate::virtio::metrics::{assert_counter_keys, DeviceMetrics};
 
     /// The contract's keys: a renamed field fails here.
-    const KEYS: [&str; 38] = [
+    const KEYS: [&str; 37] = [
         "conns_opened_host",
         "conns_opened_guest",
         "conns_refused",
@@ -134,7 +131,6 @@ mod tests {
         "rsts_dropped",
         "rx_credit_stalls",
         "tx_credit_stalls",
-        "credit_grown",
         "credit_exceeded",
         "tx_short_writes",
         "tx_chains_held",

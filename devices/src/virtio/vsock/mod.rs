@@ -84,19 +84,9 @@ pub struct Tunables {
     /// their `CONNECT` line included; more are refused and counted.
     pub max_connections: usize,
     /// The device's receive buffer per connection, advertised to the guest
-    /// as `buf_alloc`: what a connection starts with, the most guest data
-    /// it holds for a host socket that does not read unless its buffer grew.
+    /// as `buf_alloc`: the most guest data a connection holds for a host
+    /// socket that does not read.
     pub buf_alloc: u32,
-    /// What a connection's buffer may grow to while its host socket keeps
-    /// up (none at or below `buf_alloc`): a stream paced by its credit rather than
-    /// by its host gets a larger window, as TCP's autotuning gives one.
-    pub buf_alloc_max: u32,
-    /// Bytes of buffer beyond `buf_alloc` that all connections together
-    /// may grow by: with `max_connections`, the bound on the guest data the
-    /// device can be made to copy (`max_connections * buf_alloc +
-    /// credit_boost`). Growth stops when it is spent and never takes room
-    /// a new connection needs.
-    pub credit_boost: usize,
     /// How long a host connection may take to send its `CONNECT` line, and
     /// the guest to answer the REQUEST.
     pub connect_timeout: Duration,
@@ -112,8 +102,6 @@ impl Default for Tunables {
         Tunables {
             max_connections: 256,
             buf_alloc: 256 * 1024,
-            buf_alloc_max: 1024 * 1024,
-            credit_boost: 16 * 1024 * 1024,
             // Firecracker waits 2 s; an emulated guest kernel (see the
             // README on PVM hosts) can take longer to answer the first time.
             connect_timeout: Duration::from_secs(10),

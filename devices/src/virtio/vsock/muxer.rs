@@ -24,14 +24,9 @@
 //! (`EPIPE`, `ECONNRESET`) resets the connection; the guest's RST closes it.
 //!
 //! **Bounds.** At most `max_connections` connections (host sockets waiting
-//! for their `CONNECT` line included); each holds at most its `buf_alloc`
+//! for their `CONNECT` line included); each holds at most `buf_alloc`
 //! bytes the host did not take (credit: a guest that sends past it is
-//! reset), in held TX chains and in copies. A connection starts with
-//! `Tunables::buf_alloc`; one whose host socket has taken everything when
-//! its credit update is due has its buffer doubled, up to `buf_alloc_max`,
-//! while the device-wide `credit_boost` lasts, and keeps it until it ends
-//! (so all together hold at most `max_connections * buf_alloc +
-//! credit_boost`, and growth never refuses a connection). RSTs owed for packets of no
+//! reset), in held TX chains and in copies; RSTs owed for packets of no
 //! connection wait in a queue of [`MAX_QUEUED_RSTS`], beyond which they are
 //! dropped and counted. The muxer
 //! never polls a socket it cannot act on: a readable socket leaves the
@@ -183,9 +178,6 @@ pub(crate) struct Muxer<B: VsockBackend> {
     pub(crate) held_descs: usize,
     /// Heads of held chains now done with, to put in the TX used ring.
     pub(crate) returned: Vec<u16>,
-    /// What the connections' buffers grew by beyond `buf_alloc`, in all
-    /// (at most `credit_boost`).
-    pub(crate) boost_used: usize,
     /// Slots whose held chains wait for the end of the TX pass, unwritten.
     deferred: Vec<usize>,
 }
@@ -241,7 +233,6 @@ impl<B: VsockBackend> Muxer<B> {
             hold: HoldLimits::default(),
             held_descs: 0,
             returned: Vec::new(),
-            boost_used: 0,
             deferred: Vec::new(),
         }
     }
@@ -356,8 +347,6 @@ impl<B: VsockBackend> Muxer<B> {
         }
         let registered = self.registered[slot].take().is_some();
         self.held_descs -= conn.release_held(&mut self.returned);
-        let grown = conn.buf_alloc.saturating_sub(self.tun.buf_alloc) as usize;
-        self.boost_used = self.boost_used.saturating_sub(grown);
         self.graveyard.push(Grave {
             stream: conn.stream,
             registered,
@@ -652,36 +641,9 @@ impl<B: VsockBackend> Muxer<B> {
         let c = self.slots[slot].as_mut().expect("slot checked above");
         if c.wants_credit_update() {
             c.owed.credit_update = true;
-            self.grow_credit(slot);
         }
         self.schedule(slot);
         held
-    }
-
-    /// Grows the buffer of `slot`, whose credit update is due, if its host
-    /// socket has taken everything the guest sent: the guest's window, not
-    /// the host, paces that stream. The buffer doubles, up to
-    /// `buf_alloc_max`, out of what is left of `credit_boost`. It is never
-    /// lowered: a guest computes its credit as `buf_alloc` less what it has
-    /// in flight, in `u32` (Linux does), and a lowered buffer below that
-    /// would wrap into a vast credit.
-    fn grow_credit(&mut self, slot: usize) {
-        let Some(c) = self.slots[slot].as_mut() else {
-            return;
-        };
-        if c.owes_host() {
-            return;
-        }
-        let to_max = self.tun.buf_alloc_max.saturating_sub(c.buf_alloc) as usize;
-        let left = self.tun.credit_boost.saturating_sub(self.boost_used);
-        let grow = (c.buf_alloc as usize).min(to_max).min(left);
-        if grow == 0 {
-            return;
-        }
-        // grow <= buf_alloc_max - buf_alloc, a u32.
-        c.buf_alloc += grow as u32;
-        self.boost_used += grow;
-        inc(&self.metrics.credit_grown);
     }
 
     /// Holds a packet's chain unwritten, to go to the host socket with the
@@ -1000,7 +962,6 @@ impl<B: VsockBackend> Muxer<B> {
         }
         if c.wants_credit_update() {
             c.owed.credit_update = true;
-            self.grow_credit(slot);
         }
         self.shut_host_write(slot);
         self.settle(slot);
@@ -1094,7 +1055,6 @@ impl<B: VsockBackend> Muxer<B> {
     fn credit(c: &mut Conn<B::Stream>, mut hdr: Header) -> Header {
         hdr.buf_alloc = c.buf_alloc;
         hdr.fwd_cnt = c.fwd_cnt;
-        c.adv_buf_alloc = c.buf_alloc;
         c.adv_fwd_cnt = c.fwd_cnt;
         c.owed.credit_update = false;
         hdr

@@ -290,10 +290,8 @@ fn drain_host(f: &mut VsockFixture<UnixBackend>, s: &mut UnixStream, n: usize) -
 #[test]
 fn a_host_that_never_reads_holds_its_connection_to_buf_alloc_bytes() {
     let buf_alloc = 16 * 1024u32;
-    // The bound before any growth (`credit` tests the growth).
     let tun = Tunables {
         buf_alloc,
-        buf_alloc_max: buf_alloc,
         ..test_tunables()
     };
     let mut f = VsockFixture::with(tun, UnixBackend, true);

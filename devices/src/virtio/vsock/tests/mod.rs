@@ -10,7 +10,6 @@
 //!   backend.
 //! - `protocol`: connections both ways, credit, half-close, time-outs, the
 //!   cap, hostile headers, TRANSPORT_RESET.
-//! - `credit`: the buffer a connection grows to while its host keeps up.
 //! - `faults`: fault injection on the Unix sockets and the bounds of a pass.
 //! - `held`: TX chains held for host sockets that refused their bytes:
 //!   out-of-order return, the bounds, every path that ends a connection,
@@ -23,7 +22,6 @@ use crate::virtio::vsock::{UnixBackend, Vsock};
 
 contract_suite!(Vsock<UnixBackend>);
 
-mod credit;
 mod faults;
 #[allow(dead_code)]
 pub(super) mod fixture;
