@@ -593,11 +593,10 @@ enum Relay {
 /// have in flight.
 fn batch(cell: Cell) -> usize {
     match cell {
-        Cell::Rx(p) => RX_BATCH.min(RX_BATCH_BYTES / p).max(1),
-        Cell::Tx(p) => HELD_IOVS
-            .min(Tunables::default().buf_alloc as usize / p)
-            .min(TX_SLOTS)
-            .max(1),
+        Cell::Rx(p) => (RX_BATCH_BYTES / p).clamp(1, RX_BATCH),
+        Cell::Tx(p) => {
+            (Tunables::default().buf_alloc as usize / p).clamp(1, HELD_IOVS.min(TX_SLOTS))
+        }
         Cell::Rr => 1,
     }
 }
