@@ -354,19 +354,11 @@ fn an_empty_rw_packet_makes_no_write() {
     let mut f = VsockFixture::faulty();
     let l = f.host_listen(9);
     let _s = f.open_from_guest(&l, 1, 9);
-    let calls = |f: &VsockFixture<FaultyBackend>| {
-        f.dev()
-            .backend_mut()
-            .calls
-            .get(&Op2::Send)
-            .copied()
-            .unwrap_or(0)
-    };
-    let before = calls(&f);
+    let before = f.calls(Op2::Send);
     f.send(&guest_hdr(1, 9, Op::Rw), &[]);
-    assert_eq!(calls(&f), before);
+    assert_eq!(f.calls(Op2::Send), before);
     f.send(&guest_hdr(1, 9, Op::Rw), b"x");
-    assert_eq!(calls(&f), before + 1);
+    assert_eq!(f.calls(Op2::Send), before + 1);
     assert_eq!(f.dev().connections(), 1);
 }
 
@@ -475,16 +467,6 @@ fn use_up_rx(f: &mut VsockFixture<FaultyBackend>, s: &mut UnixStream) {
     }
 }
 
-/// How many `readv`s the backend has been asked for.
-fn recv_calls(f: &VsockFixture<FaultyBackend>) -> u64 {
-    f.dev()
-        .backend_mut()
-        .calls
-        .get(&Op2::Recv)
-        .copied()
-        .unwrap_or(0)
-}
-
 /// The host's bytes fill the RX buffers the guest posted in order, a
 /// packet each, with one `readv` for as many as the socket has data for.
 #[test]
@@ -495,10 +477,10 @@ fn one_read_fills_several_rx_buffers_in_order() {
     f.post_rx(16, 4096);
     let msg = bytes(40_000, 5);
     s.write_all(&msg).unwrap();
-    let before = recv_calls(&f);
+    let before = f.calls(Op2::Recv);
     let rx_bytes = f.metric(|m| &m.rx_bytes);
     let pkts = f.recv();
-    assert_eq!(recv_calls(&f) - before, 1, "one read for all of it");
+    assert_eq!(f.calls(Op2::Recv) - before, 1, "one read for all of it");
     let lens: Vec<u32> = pkts.iter().map(|p| p.hdr.len).collect();
     assert_eq!(
         lens,
@@ -530,9 +512,9 @@ fn a_read_is_bounded_by_the_batch() {
     f.post_rx(64, 1000);
     let msg = bytes(48_000, 9);
     s.write_all(&msg).unwrap();
-    let before = recv_calls(&f);
+    let before = f.calls(Op2::Recv);
     let pkts = f.recv();
-    let reads = recv_calls(&f) - before;
+    let reads = f.calls(Op2::Recv) - before;
     assert!(
         (3..=4).contains(&reads),
         "{reads} reads for 48 buffers of {RX_BATCH}"
@@ -545,7 +527,7 @@ fn a_read_is_bounded_by_the_batch() {
     f.post_rx(8, 32 * 1024);
     let msg = bytes(200_000, 1);
     s.write_all(&msg).unwrap();
-    let before = recv_calls(&f);
+    let before = f.calls(Op2::Recv);
     let mut got = Vec::new();
     while got.len() < msg.len() {
         let pkts = f.recv();
@@ -554,7 +536,7 @@ fn a_read_is_bounded_by_the_batch() {
         got.extend(pkts.iter().flat_map(|p| p.data.clone()));
     }
     assert!(got == msg);
-    let reads = recv_calls(&f) - before;
+    let reads = f.calls(Op2::Recv) - before;
     assert!(reads >= 200_000 / RX_BATCH_BYTES as u64, "{reads} reads");
 }
 
@@ -575,9 +557,9 @@ fn a_read_into_several_buffers_stops_at_the_guest_s_credit() {
     assert_eq!(f.recv()[0].op(), Some(Op::Response));
     let (mut g, _) = l.accept().unwrap();
     g.write_all(&bytes(10_000, 2)).unwrap();
-    let before = recv_calls(&f);
+    let before = f.calls(Op2::Recv);
     let pkts = f.recv();
-    assert_eq!(recv_calls(&f) - before, 1);
+    assert_eq!(f.calls(Op2::Recv) - before, 1);
     let lens: Vec<_> = pkts.iter().map(|p| (p.op(), p.hdr.len)).collect();
     assert_eq!(
         lens,

@@ -234,6 +234,16 @@ impl VsockFixture<FaultyBackend> {
     pub fn faulty() -> Self {
         Self::with(test_tunables(), FaultyBackend::default(), true)
     }
+
+    /// How many calls of kind `op` the backend has been asked for.
+    pub fn calls(&self, op: Op2) -> u64 {
+        self.dev()
+            .backend_mut()
+            .calls
+            .get(&op)
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl<B: VsockBackend + 'static> VsockFixture<B> {

@@ -597,16 +597,6 @@ fn held_and_copied<B: VsockBackend>(f: &VsockFixture<B>) -> (u64, u64) {
     )
 }
 
-/// The `writev`s the backend has been asked for.
-fn sends(f: &VsockFixture<FaultyBackend>) -> u64 {
-    f.dev()
-        .backend_mut()
-        .calls
-        .get(&Op2::Send)
-        .copied()
-        .unwrap_or(0)
-}
-
 fn faulty_big_credit() -> VsockFixture<FaultyBackend> {
     let tun = Tunables {
         buf_alloc: 4 << 20,
@@ -625,7 +615,7 @@ fn a_pass_s_packets_go_to_their_host_in_one_write() {
     let mut s1 = f.open_from_guest(&l, 1, 9);
     let mut s2 = f.open_from_guest(&l, 2, 9);
     let mut led = Ledger::default();
-    let before = sends(&f);
+    let before = f.calls(Op2::Send);
     let (mut want1, mut want2) = (Vec::new(), Vec::new());
     for i in 0..12 {
         let d = bytes(PKT, i);
@@ -638,7 +628,11 @@ fn a_pass_s_packets_go_to_their_host_in_one_write() {
         want.extend_from_slice(&d);
     }
     assert_eq!(led.collect(&mut f), 12, "every chain back in the pass");
-    assert_eq!(sends(&f) - before, 2, "a write for each connection");
+    assert_eq!(
+        f.calls(Op2::Send) - before,
+        2,
+        "a write for each connection"
+    );
     assert_eq!(read_n(&mut s1, want1.len()), want1);
     assert_eq!(read_n(&mut s2, want2.len()), want2);
     assert_eq!(f.metric(|m| &m.tx_short_writes), 0);
@@ -660,7 +654,7 @@ fn deferring_stops_at_the_bound_on_held_chains() {
     let l = f.host_listen(9);
     let mut s = f.open_from_guest(&l, 1, 9);
     let mut led = Ledger::default();
-    let before = sends(&f);
+    let before = f.calls(Op2::Send);
     let mut want = Vec::new();
     // More packets than a connection may hold, all in one pass.
     let n = LIMITS_PER_CONN_CHAINS + LIMITS_PER_CONN_CHAINS / 2;
@@ -671,7 +665,7 @@ fn deferring_stops_at_the_bound_on_held_chains() {
     }
     assert_eq!(led.collect(&mut f), n);
     assert_eq!(read_n(&mut s, want.len()), want);
-    let writes = sends(&f) - before;
+    let writes = f.calls(Op2::Send) - before;
     assert!(
         (2..=4).contains(&writes),
         "{writes} writes for {n} packets, {LIMITS_PER_CONN_CHAINS} held at most"
