@@ -190,10 +190,17 @@ impl<S> Conn<S> {
         self.buf_alloc.saturating_sub(in_flight)
     }
 
-    /// Whether the device should tell the guest its `fwd_cnt` unasked:
-    /// half the buffer freed since the guest last heard.
+    /// Whether the device should tell the guest its `fwd_cnt` unasked: half
+    /// the credit the guest can use freed since it last heard. That is the
+    /// device's buffer, or the guest's own if it is smaller: Linux (6.1.172,
+    /// `virtio_transport_tx_buf_size`) sends no more than its own
+    /// `buf_alloc` ahead, so a guest with a smaller buffer would otherwise
+    /// wait, all it may send in flight, for an update that needs more freed
+    /// than that.
     pub fn wants_credit_update(&self) -> bool {
-        self.fwd_cnt.wrapping_sub(self.adv_fwd_cnt) >= self.buf_alloc / 2
+        let usable = self.buf_alloc.min(self.peer_buf_alloc);
+        let freed = self.fwd_cnt.wrapping_sub(self.adv_fwd_cnt);
+        freed > 0 && freed >= usable / 2
     }
 
     /// Whether the connection may read from the host socket for the guest.
@@ -316,8 +323,34 @@ mod tests {
     }
 
     #[test]
+    fn an_update_is_due_at_half_the_credit_the_guest_can_use() {
+        let mut c = conn();
+        // A guest with a larger buffer than the device's: half the device's.
+        c.peer_credit(1 << 20, 0);
+        c.fwd_cnt = 2047;
+        assert!(!c.wants_credit_update());
+        c.fwd_cnt = 2048;
+        assert!(c.wants_credit_update());
+        // A guest whose own buffer is smaller sends no more than it ahead:
+        // half of it.
+        c.peer_credit(1000, 0);
+        c.fwd_cnt = 499;
+        assert!(!c.wants_credit_update());
+        c.fwd_cnt = 500;
+        assert!(c.wants_credit_update());
+        // A guest with no buffer: as soon as anything was freed, never for
+        // nothing.
+        c.peer_credit(0, 0);
+        c.adv_fwd_cnt = 500;
+        assert!(!c.wants_credit_update());
+        c.fwd_cnt = 501;
+        assert!(c.wants_credit_update());
+    }
+
+    #[test]
     fn the_device_s_credit_and_its_updates() {
         let mut c = conn();
+        c.peer_credit(1 << 20, 0);
         assert_eq!(c.guest_credit(), 4096);
         c.rx_cnt = 3000;
         assert_eq!(c.guest_credit(), 1096);

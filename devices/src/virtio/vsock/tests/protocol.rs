@@ -368,6 +368,46 @@ fn credit_updates_keep_a_streaming_guest_going() {
     assert_eq!(f.metric(|m| &m.tx_bytes), 40_000);
 }
 
+/// A guest whose own buffer is smaller than the device's sends no more than
+/// its own ahead (Linux 6.1.172 does): the device's updates come at half of
+/// that, so it never waits for one with everything it may send in flight.
+#[test]
+fn a_guest_with_a_smaller_buffer_than_the_device_s_keeps_streaming() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let own = 16 * 1024u32;
+    let hdr = |op| Header {
+        buf_alloc: own,
+        ..guest_hdr(1, 9, op)
+    };
+    f.send(&hdr(Op::Request), &[]);
+    f.post_rx(16, 4096);
+    let resp = f.recv();
+    assert_eq!(resp[0].op(), Some(Op::Response));
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .unwrap();
+    let (mut sent, mut fwd_seen, mut buf_seen) = (0u32, 0u32, resp[0].hdr.buf_alloc);
+    assert!(buf_seen > 2 * own, "the device's buffer is the larger");
+    for i in 0..100u8 {
+        let credit = buf_seen.min(own) - (sent - fwd_seen);
+        assert!(
+            credit >= 1000,
+            "the guest waits for an update at packet {i}"
+        );
+        f.send(&hdr(Op::Rw), &[i; 1000]);
+        sent += 1000;
+        assert_eq!(read_n(&mut s, 1000), [i; 1000]);
+        for p in f.recv() {
+            assert_eq!(p.op(), Some(Op::CreditUpdate));
+            fwd_seen = p.hdr.fwd_cnt;
+            buf_seen = p.hdr.buf_alloc;
+            f.post_rx(1, 4096);
+        }
+    }
+    assert_eq!(f.metric(|m| &m.credit_exceeded), 0);
+}
+
 /// An unknown op or socket type on a live connection's key resets the
 /// connection both ways: the guest gets the RST, the host socket is closed.
 #[test]
