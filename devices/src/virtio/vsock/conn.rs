@@ -12,7 +12,8 @@
 //! **Credit.** The guest may have at most `buf_alloc` bytes in the
 //! device's hands that the host socket has not taken (`rx_cnt - fwd_cnt`);
 //! the guest learns `fwd_cnt` from every header the device sends, and a
-//! CREDIT_UPDATE goes out unasked once half the buffer has been freed
+//! CREDIT_UPDATE goes out unasked once half the credit the guest can use
+//! (the smaller of the device's buffer and the guest's own) has been freed
 //! since the last one it saw ([`Conn::wants_credit_update`]), so a guest
 //! that streams never stops for want of credit while the host keeps up.
 //! The other way, the device reads from the host socket no more than the
