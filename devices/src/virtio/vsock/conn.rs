@@ -244,6 +244,11 @@ impl<S> Conn<S> {
         self.pending.len() > self.pending_ctl
     }
 
+    /// Ring descriptors its held chains keep.
+    pub fn held_descs(&self) -> usize {
+        self.held.iter().map(|h| h.descs).sum()
+    }
+
     /// Guest bytes the held chains still owe the host socket.
     pub fn held_bytes(&self) -> usize {
         self.held.iter().map(|h| h.left).sum()

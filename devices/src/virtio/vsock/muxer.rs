@@ -111,6 +111,12 @@ pub(crate) struct HoldLimits {
 }
 
 impl HoldLimits {
+    /// Whether a connection holding `conn` descriptors, on a device holding
+    /// `all`, may hold a chain of `descs` more.
+    pub(crate) fn allow(self, conn: usize, all: usize, descs: usize) -> bool {
+        conn + descs <= self.per_conn && all + descs <= self.all
+    }
+
     /// The limits for a TX ring of `size` descriptors.
     pub(crate) fn for_ring(size: u16) -> Self {
         let size = usize::from(size);
@@ -659,9 +665,9 @@ impl<B: VsockBackend> Muxer<B> {
         if c.owes_host() && !c.deferred {
             return false;
         }
-        let room = c.held.iter().map(|h| h.descs).sum::<usize>() + chain.descs
-            <= self.hold.per_conn
-            && self.held_descs + chain.descs <= self.hold.all;
+        let room = self
+            .hold
+            .allow(c.held_descs(), self.held_descs, chain.descs);
         if !room {
             return false;
         }
@@ -713,9 +719,9 @@ impl<B: VsockBackend> Muxer<B> {
         inc(&self.metrics.tx_short_writes);
         let rest = len - sent;
         take_range(payload, sent, rest, &mut self.rest);
-        let room = c.held.iter().map(|h| h.descs).sum::<usize>() + chain.descs
-            <= self.hold.per_conn
-            && self.held_descs + chain.descs <= self.hold.all;
+        let room = self
+            .hold
+            .allow(c.held_descs(), self.held_descs, chain.descs);
         if room && !c.pending_data() {
             c.held.push_back(Held {
                 head: chain.head,

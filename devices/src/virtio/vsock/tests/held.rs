@@ -695,3 +695,33 @@ fn a_control_packet_lets_what_came_before_it_reach_the_host_first() {
         assert!(host_sees_eof(&mut s), "{op:?}");
     }
 }
+
+/// Chains another connection holds for a host that does not read count
+/// against the device's bound on deferring, by their sum: with a
+/// connection's whole bound held elsewhere, a quarter of the ring is still
+/// there to defer into, and a pass's packets still go in one write.
+#[test]
+fn deferring_shares_the_device_s_bound_with_chains_held_elsewhere() {
+    let tun = Tunables {
+        buf_alloc: 4 << 20,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, FaultyBackend::default(), true);
+    let l = f.host_listen(9);
+    let mut led = Ledger::default();
+    let _stuck = f.open_from_guest(&l, 1, 9);
+    flood(&mut f, &mut led, 1, FLOOD);
+    assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
+    let mut s = f.open_from_guest(&l, 2, 9);
+    let before = f.calls(Op2::Send);
+    let mut want = Vec::new();
+    for i in 0..8 {
+        let d = bytes(PKT, 50 + i);
+        led.post(&mut f, &guest_hdr(2, 9, Op::Rw), &d);
+        want.extend_from_slice(&d);
+    }
+    led.collect(&mut f);
+    assert_eq!(f.calls(Op2::Send) - before, 1, "the 8 packets in one write");
+    assert_eq!(read_n(&mut s, want.len()), want);
+    assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
+}
