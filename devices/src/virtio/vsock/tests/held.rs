@@ -725,3 +725,31 @@ fn deferring_shares_the_device_s_bound_with_chains_held_elsewhere() {
     assert_eq!(read_n(&mut s, want.len()), want);
     assert_eq!(f.dev().held_chains(), LIMITS_PER_CONN_CHAINS);
 }
+
+/// More deferred segments than one `writev` takes: the flush writes on
+/// while the socket takes all it is offered, in the same event, and no
+/// short write is counted.
+#[test]
+fn a_flush_goes_on_while_the_socket_takes_all_it_is_offered() {
+    let mut f = faulty_big_credit();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let mut led = Ledger::default();
+    let before = f.calls(Op2::Send);
+    let mut want = Vec::new();
+    // 30 packets of three payload segments: 90 segments, 120 descriptors.
+    for i in 0..30 {
+        let d = bytes(3000, 70 + i);
+        let hdr = Header {
+            len: d.len() as u32,
+            ..guest_hdr(1, 9, Op::Rw)
+        };
+        let cuts = [HDR_LEN, HDR_LEN + 1000, HDR_LEN + 2000];
+        led.out.insert(f.post_tx(&hdr, &d, &cuts));
+        want.extend_from_slice(&d);
+    }
+    assert_eq!(led.collect(&mut f), 30);
+    assert_eq!(f.calls(Op2::Send) - before, 2, "64 segments, then 26");
+    assert_eq!(f.metric(|m| &m.tx_short_writes), 0);
+    assert_eq!(read_n(&mut s, want.len()), want);
+}
