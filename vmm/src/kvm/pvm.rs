@@ -30,11 +30,15 @@ macro_rules! guest_no_avx_env {
 /// no paravirtual hypercalls (a `vmcall` never completes), CPUID features
 /// hidden whose instructions (clac/stac, popcnt, rdrand...) fail emulation
 /// (masking them through KVM_SET_CPUID2 was measured not to take effect
-/// there, so the kernel is asked to ignore them), [`PVM_SYSCALL_FIXUP`] and
-/// [`GUEST_NO_AVX_ENV`].
+/// there, so the kernel is asked to ignore them), [`PVM_SYSCALL_FIXUP`],
+/// `no_timer_check` (the emulated kernel counts timer ticks in a busy loop
+/// at boot, and on a loaded host too few came: "IO-APIC + timer doesn't
+/// work!", a panic, in a clean-clone CI run; Kata Containers' guests boot
+/// with it too) and [`GUEST_NO_AVX_ENV`].
 pub const PVM_CMDLINE: &str = concat!(
     "noxsave nopv clearcpuid=smap,smep,umip,pku,popcnt,rdrand,rdseed,\
-fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup ",
+fsgsbase,movbe,bmi1,bmi2,avx,avx2,erms,fsrm,rdpid,clwb,clflushopt pvm_syscall_fixup \
+no_timer_check ",
     guest_no_avx_env!()
 );
 
@@ -151,6 +155,7 @@ mod tests {
         let words: Vec<&str> = PVM_CMDLINE.split_whitespace().collect();
         assert!(words.contains(&PVM_SYSCALL_FIXUP), "{PVM_CMDLINE}");
         assert!(words.contains(&"noxsave") && words.contains(&"nopv"));
+        assert!(words.contains(&"no_timer_check"), "{PVM_CMDLINE}");
         // One environment word for init: no '.' before its '=' (the kernel
         // treats such words as module parameters and keeps them from init),
         // and every AVX family glibc dispatches on is switched off.

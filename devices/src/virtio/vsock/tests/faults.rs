@@ -511,6 +511,7 @@ fn a_read_is_bounded_by_the_batch() {
     let mut f = VsockFixture::faulty();
     let (mut s, _) = f.open_from_host(52);
     use_up_rx(&mut f, &mut s);
+    f.dev().backend_mut().recv_room.clear();
     // Small buffers: the batch's count binds.
     f.post_rx(64, 1000);
     let msg = bytes(48_000, 9);
@@ -524,6 +525,9 @@ fn a_read_is_bounded_by_the_batch() {
     );
     assert_eq!(pkts.len(), 48);
     assert!(pkts.iter().all(|p| p.hdr.len == 1000));
+    // Sixteen buffers of 1000 bytes are the most a read is offered.
+    let rooms = std::mem::take(&mut f.dev().backend_mut().recv_room);
+    assert_eq!(rooms.iter().max(), Some(&(RX_BATCH * 1000)), "{rooms:?}");
     let got: Vec<u8> = pkts.iter().flat_map(|p| p.data.clone()).collect();
     assert!(got == msg);
     // Large buffers: the batch's room binds.
@@ -541,6 +545,9 @@ fn a_read_is_bounded_by_the_batch() {
     assert!(got == msg);
     let reads = f.calls(Op2::Recv) - before;
     assert!(reads >= 200_000 / RX_BATCH_BYTES as u64, "{reads} reads");
+    // Two buffers of 32 KiB are the most room a read is offered.
+    let rooms = std::mem::take(&mut f.dev().backend_mut().recv_room);
+    assert_eq!(rooms.iter().max(), Some(&RX_BATCH_BYTES), "{rooms:?}");
 }
 
 /// A guest with room for two and a half buffers gets exactly that, in one

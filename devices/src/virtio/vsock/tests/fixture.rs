@@ -95,6 +95,8 @@ pub struct FaultyBackend {
     pub inner: UnixBackend,
     pub faults: HashMap<Op2, VecDeque<Fault>>,
     pub calls: HashMap<Op2, u64>,
+    /// The bytes each `readv` offered room for, in order.
+    pub recv_room: Vec<usize>,
 }
 
 impl FaultyBackend {
@@ -139,6 +141,7 @@ impl VsockBackend for FaultyBackend {
         self.inner.connect(path)
     }
     fn recv(&mut self, s: &mut UnixStream, bufs: IoVecs<'_>) -> io::Result<usize> {
+        self.recv_room.push(bufs.len());
         match self.errno(Op2::Recv)? {
             None => self.inner.recv(s, bufs),
             Some(n) => {
