@@ -269,12 +269,9 @@ impl VsockVirtio {
             let _ = queue_failed(m, "TX avail index out of range");
         }
         // The packets each connection deferred, one write each; the
-        // chains written go back with the others.
+        // chains written go back with the others, in the one publish.
         mux.flush_deferred();
-        for head in mux.returned.drain(..) {
-            self.queues[TX_INDEX].add_used(head, 0);
-        }
-        self.publish(TX_INDEX, m);
+        self.return_held(mux, m);
         pass.finish(m, status)
     }
 

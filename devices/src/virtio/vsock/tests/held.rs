@@ -71,11 +71,16 @@ fn bytes(n: usize, seed: usize) -> Vec<u8> {
 }
 
 fn big_credit() -> VsockFixture<UnixBackend> {
+    big_credit_over(UnixBackend)
+}
+
+/// An activated device over `backend` whose credit never binds.
+fn big_credit_over<B: VsockBackend + 'static>(backend: B) -> VsockFixture<B> {
     let tun = Tunables {
         buf_alloc: 4 << 20,
         ..test_tunables()
     };
-    VsockFixture::with(tun, UnixBackend, true)
+    VsockFixture::with(tun, backend, true)
 }
 
 /// Sends `n` packets on guest port `gp` to host port 9, in batches the
@@ -598,11 +603,7 @@ fn held_and_copied<B: VsockBackend>(f: &VsockFixture<B>) -> (u64, u64) {
 }
 
 fn faulty_big_credit() -> VsockFixture<FaultyBackend> {
-    let tun = Tunables {
-        buf_alloc: 4 << 20,
-        ..test_tunables()
-    };
-    VsockFixture::with(tun, FaultyBackend::default(), true)
+    big_credit_over(FaultyBackend::default())
 }
 
 /// A connection's packets of one pass reach its host socket in one
@@ -702,11 +703,7 @@ fn a_control_packet_lets_what_came_before_it_reach_the_host_first() {
 /// there to defer into, and a pass's packets still go in one write.
 #[test]
 fn deferring_shares_the_device_s_bound_with_chains_held_elsewhere() {
-    let tun = Tunables {
-        buf_alloc: 4 << 20,
-        ..test_tunables()
-    };
-    let mut f = VsockFixture::with(tun, FaultyBackend::default(), true);
+    let mut f = faulty_big_credit();
     let l = f.host_listen(9);
     let mut led = Ledger::default();
     let _stuck = f.open_from_guest(&l, 1, 9);
