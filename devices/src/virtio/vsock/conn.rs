@@ -80,6 +80,113 @@ pub struct Held {
     pub left: usize,
 }
 
+/// A connection's held TX chains, oldest first, and the payload they still
+/// owe the host socket as segments of guest memory, in order; with their
+/// descriptors and bytes summed as they come and go, as the TX path asks
+/// for both on every packet.
+#[derive(Debug, Default)]
+pub struct HeldChains {
+    chains: VecDeque<Held>,
+    segs: VecDeque<IoSeg>,
+    descs: usize,
+    bytes: usize,
+}
+
+impl HeldChains {
+    /// Holds the chain `head` of `descs` descriptors, which still owes
+    /// the host `segs` (at least one byte).
+    pub fn push(&mut self, head: u16, descs: usize, segs: &[IoSeg]) {
+        let left: usize = segs.iter().map(|s| s.len()).sum();
+        debug_assert!(left > 0, "a held chain owes the host something");
+        self.chains.push_back(Held { head, descs, left });
+        self.segs.extend(segs.iter().copied());
+        self.descs += descs;
+        self.bytes += left;
+    }
+
+    /// Whether no chain is held.
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+    }
+
+    /// Chains held.
+    pub fn len(&self) -> usize {
+        self.chains.len()
+    }
+
+    /// Ring descriptors the held chains keep.
+    pub fn descs(&self) -> usize {
+        self.descs
+    }
+
+    /// Guest bytes the held chains still owe the host socket.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The held chains, oldest first.
+    pub fn chains(&self) -> impl Iterator<Item = &Held> {
+        self.chains.iter()
+    }
+
+    /// The payload still owed, in order; the first contiguous run of it
+    /// (what one `writev` offers).
+    pub fn segs(&self) -> &[IoSeg] {
+        self.segs.as_slices().0
+    }
+
+    /// All of the payload still owed, in order.
+    pub fn all_segs(&self) -> impl Iterator<Item = IoSeg> + '_ {
+        self.segs.iter().copied()
+    }
+
+    /// The host socket took `n` more bytes (at most [`bytes`](Self::bytes)):
+    /// drops them from the segments, and pushes the heads of the chains now
+    /// written whole onto `done`; returns the ring descriptors those chains
+    /// held.
+    pub fn advance(&mut self, n: usize, done: &mut Vec<u16>) -> usize {
+        let n = n.min(self.bytes);
+        self.bytes -= n;
+        let mut k = n;
+        while k > 0 {
+            let Some(seg) = self.segs.front_mut() else {
+                break;
+            };
+            if seg.len() <= k {
+                k -= seg.len();
+                self.segs.pop_front();
+            } else {
+                *seg = crate::virtio::queue::split_seg(*seg, k).1;
+                k = 0;
+            }
+        }
+        let mut k = n;
+        let mut freed = 0;
+        while let Some(h) = self.chains.front_mut() {
+            if h.left > k {
+                h.left -= k;
+                break;
+            }
+            k -= h.left;
+            freed += h.descs;
+            done.push(h.head);
+            self.chains.pop_front();
+        }
+        self.descs -= freed;
+        freed
+    }
+
+    /// Gives up every held chain: their heads onto `done`; returns the ring
+    /// descriptors they held. What they still owed the host is dropped
+    /// unless the caller copied it first.
+    pub fn release(&mut self, done: &mut Vec<u16>) -> usize {
+        self.segs.clear();
+        done.extend(self.chains.drain(..).map(|h| h.head));
+        self.bytes = 0;
+        std::mem::take(&mut self.descs)
+    }
+}
+
 /// One connection.
 #[derive(Debug)]
 pub struct Conn<S> {
@@ -118,11 +225,8 @@ pub struct Conn<S> {
     /// Bytes at the front of `pending` that are not guest data (the `OK`
     /// line), which free no credit when written.
     pub pending_ctl: usize,
-    /// TX chains held for the host socket, oldest first.
-    pub held: VecDeque<Held>,
-    /// The payload the held chains still owe the host socket, as
-    /// segments of guest memory, in order.
-    pub held_segs: VecDeque<IoSeg>,
+    /// TX chains held for the host socket.
+    pub held: HeldChains,
     /// The device's receive buffer, advertised in every header.
     pub buf_alloc: u32,
     /// Payload bytes received from the guest (wrapping).
@@ -159,8 +263,7 @@ impl<S> Conn<S> {
             deadline: None,
             pending: VecDeque::new(),
             pending_ctl: 0,
-            held: VecDeque::new(),
-            held_segs: VecDeque::new(),
+            held: HeldChains::default(),
             buf_alloc,
             rx_cnt: 0,
             fwd_cnt: 0,
@@ -243,62 +346,6 @@ impl<S> Conn<S> {
     pub fn pending_data(&self) -> bool {
         self.pending.len() > self.pending_ctl
     }
-
-    /// Ring descriptors its held chains keep.
-    pub fn held_descs(&self) -> usize {
-        self.held.iter().map(|h| h.descs).sum()
-    }
-
-    /// Guest bytes the held chains still owe the host socket.
-    pub fn held_bytes(&self) -> usize {
-        self.held.iter().map(|h| h.left).sum()
-    }
-
-    /// The host socket took `n` more bytes of the held chains: drops them
-    /// from `held_segs`, and pushes the heads of the chains now written
-    /// whole onto `done`; returns the ring descriptors those chains held.
-    pub fn advance_held(&mut self, n: usize, done: &mut Vec<u16>) -> usize {
-        let mut k = n;
-        while k > 0 {
-            let Some(seg) = self.held_segs.front_mut() else {
-                break;
-            };
-            if seg.len() <= k {
-                k -= seg.len();
-                self.held_segs.pop_front();
-            } else {
-                *seg = crate::virtio::queue::split_seg(*seg, k).1;
-                k = 0;
-            }
-        }
-        let mut k = n;
-        let mut freed = 0;
-        while let Some(h) = self.held.front_mut() {
-            if h.left > k {
-                h.left -= k;
-                break;
-            }
-            k -= h.left;
-            freed += h.descs;
-            done.push(h.head);
-            self.held.pop_front();
-        }
-        freed
-    }
-
-    /// Gives up every held chain: their heads onto `done`; returns the ring
-    /// descriptors they held. What they still owed the host is dropped
-    /// unless the caller copied it first.
-    pub fn release_held(&mut self, done: &mut Vec<u16>) -> usize {
-        self.held_segs.clear();
-        self.held
-            .drain(..)
-            .map(|h| {
-                done.push(h.head);
-                h.descs
-            })
-            .sum()
-    }
 }
 
 #[cfg(test)]
@@ -377,13 +424,10 @@ mod tests {
         assert_eq!(c.interest(), (true, false));
         c.readable = true;
         assert_eq!(c.interest(), (false, false));
-        c.held.push_back(Held {
-            head: 0,
-            descs: 1,
-            left: 1,
-        });
+        let mut byte = [0u8; 1];
+        c.held.push(0, 1, &[seg(&mut byte, 0, 1)]);
         assert_eq!(c.interest(), (false, true), "a held chain to write");
-        c.held.clear();
+        c.held.release(&mut Vec::new());
         c.pending.push_back(1);
         assert_eq!(c.interest(), (false, true));
         c.readable = false;
@@ -411,50 +455,42 @@ mod tests {
         let b = &mut buf[..];
         let mut c = conn();
         assert!(!c.owes_host());
-        c.held.push_back(Held {
-            head: 7,
-            descs: 2,
-            left: 10,
-        });
-        c.held.push_back(Held {
-            head: 3,
-            descs: 1,
-            left: 20,
-        });
-        c.held_segs.extend([seg(b, 0x1000, 10), seg(b, 0x2000, 20)]);
+        c.held.push(7, 2, &[seg(b, 0x1000, 10)]);
+        c.held.push(3, 1, &[seg(b, 0x2000, 12), seg(b, 0x2100, 8)]);
         assert!(c.owes_host());
         assert!(!c.pending_data());
-        assert_eq!(c.held_bytes(), 30);
+        assert_eq!((c.held.len(), c.held.descs(), c.held.bytes()), (2, 3, 30));
         let mut done = Vec::new();
         // Exactly the first chain: its segment gone, its head returned.
-        assert_eq!(c.advance_held(10, &mut done), 2);
+        assert_eq!(c.held.advance(10, &mut done), 2);
         assert_eq!(done, [7]);
-        assert_eq!(c.held_segs, [seg(b, 0x2000, 20)]);
-        // Part of the second.
-        assert_eq!(c.advance_held(5, &mut done), 0);
+        assert_eq!(c.held.segs(), [seg(b, 0x2000, 12), seg(b, 0x2100, 8)]);
+        assert_eq!((c.held.descs(), c.held.bytes()), (1, 20));
+        // Part of the second, across its segments.
+        assert_eq!(c.held.advance(15, &mut done), 0);
         assert_eq!(done, [7]);
-        assert_eq!(c.held_segs, [seg(b, 0x2005, 15)]);
-        assert_eq!(c.held.front().map(|h| h.left), Some(15));
-        assert_eq!(c.held_bytes(), 15);
-        assert_eq!(c.advance_held(15, &mut done), 1);
+        assert_eq!(c.held.segs(), [seg(b, 0x2103, 5)]);
+        assert_eq!(c.held.chains().next().map(|h| h.left), Some(5));
+        assert_eq!((c.held.descs(), c.held.bytes()), (1, 5));
+        // More than is owed takes what is owed.
+        assert_eq!(c.held.advance(9, &mut done), 1);
         assert_eq!(done, [7, 3]);
-        assert!(c.held.is_empty() && c.held_segs.is_empty());
+        assert!(c.held.is_empty() && c.held.segs().is_empty());
+        assert_eq!((c.held.descs(), c.held.bytes()), (0, 0));
         assert!(!c.owes_host());
         // Several at once, and a release of what is left.
         for (h, d) in [(1, 1), (2, 4), (5, 2)] {
-            c.held.push_back(Held {
-                head: h,
-                descs: d,
-                left: 4,
-            });
-            c.held_segs.push_back(seg(b, 0x100 * usize::from(h), 4));
+            c.held.push(h, d, &[seg(b, 0x100 * usize::from(h), 4)]);
         }
+        assert_eq!((c.held.len(), c.held.descs(), c.held.bytes()), (3, 7, 12));
         done.clear();
-        assert_eq!(c.advance_held(9, &mut done), 5);
+        assert_eq!(c.held.advance(9, &mut done), 5);
         assert_eq!(done, [1, 2]);
-        assert_eq!(c.release_held(&mut done), 2);
+        assert_eq!((c.held.descs(), c.held.bytes()), (2, 3));
+        assert_eq!(c.held.release(&mut done), 2);
         assert_eq!(done, [1, 2, 5]);
-        assert!(c.held.is_empty() && c.held_segs.is_empty());
+        assert!(c.held.is_empty() && c.held.segs().is_empty());
+        assert_eq!((c.held.descs(), c.held.bytes()), (0, 0));
     }
 
     #[test]
@@ -479,13 +515,10 @@ mod tests {
         c.pending.push_back(0);
         assert!(!c.finished(), "bytes still wait for the host");
         c.pending.clear();
-        c.held.push_back(Held {
-            head: 0,
-            descs: 1,
-            left: 1,
-        });
+        let mut byte = [0u8; 1];
+        c.held.push(0, 1, &[seg(&mut byte, 0, 1)]);
         assert!(!c.finished(), "a held chain still waits for the host");
-        c.held.clear();
+        c.held.release(&mut Vec::new());
         c.owed.shutdown = true;
         assert!(!c.finished(), "the guest is still owed the host's SHUTDOWN");
         let mut d = conn();

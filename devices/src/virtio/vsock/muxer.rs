@@ -69,7 +69,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::backend::VsockBackend;
-use super::conn::{Conn, Held, State, MAX_CONNECT_LINE};
+use super::conn::{Conn, State, MAX_CONNECT_LINE};
 use super::metrics::VsockMetrics;
 use super::packet::{Header, Op, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::Tunables;
@@ -253,7 +253,7 @@ impl<B: VsockBackend> Muxer<B> {
         self.slots
             .iter()
             .flatten()
-            .map(|c| c.pending.len() + c.held_bytes())
+            .map(|c| c.pending.len() + c.held.bytes())
             .sum()
     }
 
@@ -272,12 +272,12 @@ impl<B: VsockBackend> Muxer<B> {
             if c.held.is_empty() {
                 continue;
             }
-            let segs: Vec<IoSeg> = c.held_segs.iter().copied().collect();
+            let segs: Vec<IoSeg> = c.held.all_segs().collect();
             copy_from_segs(&segs, &mut self.copy);
             let tail: Vec<u8> = c.pending.drain(c.pending_ctl..).collect();
             c.pending.extend(self.copy.iter());
             c.pending.extend(tail);
-            self.held_descs -= c.release_held(&mut self.returned);
+            self.held_descs -= c.held.release(&mut self.returned);
         }
     }
 
@@ -352,7 +352,7 @@ impl<B: VsockBackend> Muxer<B> {
             self.queue_rst(key);
         }
         let registered = self.registered[slot].take().is_some();
-        self.held_descs -= conn.release_held(&mut self.returned);
+        self.held_descs -= conn.held.release(&mut self.returned);
         self.graveyard.push(Grave {
             stream: conn.stream,
             registered,
@@ -402,8 +402,8 @@ impl<B: VsockBackend> Muxer<B> {
     // ---- the guest's packets -------------------------------------------
 
     /// One packet from the guest whose header passed
-    /// [`Header::check_from_guest`]; `payload` is the chain after the header
-    /// (at least `hdr.len` bytes). Returns whether the muxer holds the
+    /// [`Header::check_from_guest`]; `payload` is its `hdr.len` bytes of
+    /// the chain after the header. Returns whether the muxer holds the
     /// chain (it returns it later through [`returned`](Self::returned));
     /// otherwise the caller returns it now.
     pub(crate) fn on_guest_packet(
@@ -412,6 +412,10 @@ impl<B: VsockBackend> Muxer<B> {
         payload: &[IoSeg],
         chain: TxChain,
     ) -> bool {
+        debug_assert_eq!(
+            payload.iter().map(|s| s.len()).sum::<usize>(),
+            hdr.len as usize
+        );
         let key = (hdr.src_port, hdr.dst_port);
         let Some(op) = Op::from_u16(hdr.op) else {
             let n = inc(&self.metrics.unknown_ops);
@@ -614,7 +618,7 @@ impl<B: VsockBackend> Muxer<B> {
         if c.guest_credit() == 0 {
             inc(&self.metrics.tx_credit_stalls);
         }
-        if len > 0 && self.defer(slot, payload, len, chain) {
+        if len > 0 && self.defer(slot, payload, chain) {
             return true;
         }
         let Some(c) = self.slots[slot].as_mut() else {
@@ -629,11 +633,7 @@ impl<B: VsockBackend> Muxer<B> {
         };
         let mut sent = 0;
         if !c.owes_host() && len > 0 {
-            take_range(payload, 0, len, &mut self.scratch);
-            match self
-                .backend
-                .send(&mut c.stream, IoVecs::guest(&self.scratch))
-            {
+            match self.backend.send(&mut c.stream, IoVecs::guest(payload)) {
                 Ok(n) => sent = n.min(len),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => {
@@ -658,7 +658,7 @@ impl<B: VsockBackend> Muxer<B> {
     /// the host nothing but chains deferred so (bytes the socket refused
     /// wait for it to poll writable instead) and the bounds on held chains
     /// allow. Returns whether it did.
-    fn defer(&mut self, slot: usize, payload: &[IoSeg], len: usize, chain: TxChain) -> bool {
+    fn defer(&mut self, slot: usize, payload: &[IoSeg], chain: TxChain) -> bool {
         let Some(c) = self.slots[slot].as_mut() else {
             return false;
         };
@@ -667,17 +667,11 @@ impl<B: VsockBackend> Muxer<B> {
         }
         let room = self
             .hold
-            .allow(c.held_descs(), self.held_descs, chain.descs);
+            .allow(c.held.descs(), self.held_descs, chain.descs);
         if !room {
             return false;
         }
-        c.held.push_back(Held {
-            head: chain.head,
-            descs: chain.descs,
-            left: len,
-        });
-        take_range(payload, 0, len, &mut self.rest);
-        c.held_segs.extend(self.rest.iter().copied());
+        c.held.push(chain.head, chain.descs, payload);
         self.held_descs += chain.descs;
         if !c.deferred {
             c.deferred = true;
@@ -721,14 +715,9 @@ impl<B: VsockBackend> Muxer<B> {
         take_range(payload, sent, rest, &mut self.rest);
         let room = self
             .hold
-            .allow(c.held_descs(), self.held_descs, chain.descs);
+            .allow(c.held.descs(), self.held_descs, chain.descs);
         if room && !c.pending_data() {
-            c.held.push_back(Held {
-                head: chain.head,
-                descs: chain.descs,
-                left: rest,
-            });
-            c.held_segs.extend(self.rest.iter().copied());
+            c.held.push(chain.head, chain.descs, &self.rest);
             self.held_descs += chain.descs;
             inc(&self.metrics.tx_chains_held);
             return true;
@@ -928,7 +917,7 @@ impl<B: VsockBackend> Muxer<B> {
                 };
                 (self.backend.write_bytes(&mut c.stream, &front[..n]), n)
             } else {
-                let (front, _) = c.held_segs.as_slices();
+                let front = c.held.segs();
                 let segs = &front[..front.len().min(HELD_IOVS)];
                 let offered = segs.iter().map(|s| s.len()).sum();
                 (
@@ -948,8 +937,8 @@ impl<B: VsockBackend> Muxer<B> {
                     c.fwd_cnt = c.fwd_cnt.wrapping_add((n - ctl) as u32);
                 }
                 Ok(n) => {
-                    let n = n.min(c.held_bytes());
-                    self.held_descs -= c.advance_held(n, &mut self.returned);
+                    let n = n.min(c.held.bytes());
+                    self.held_descs -= c.held.advance(n, &mut self.returned);
                     c.fwd_cnt = c.fwd_cnt.wrapping_add(n as u32);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
