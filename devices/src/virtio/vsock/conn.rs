@@ -96,10 +96,13 @@ impl HeldChains {
     /// Holds the chain `head` of `descs` descriptors, which still owes
     /// the host `segs` (at least one byte).
     pub fn push(&mut self, head: u16, descs: usize, segs: &[IoSeg]) {
-        let left: usize = segs.iter().map(|s| s.len()).sum();
+        let mut left = 0;
+        for &seg in segs {
+            left += seg.len();
+            self.segs.push_back(seg);
+        }
         debug_assert!(left > 0, "a held chain owes the host something");
         self.chains.push_back(Held { head, descs, left });
-        self.segs.extend(segs.iter().copied());
         self.descs += descs;
         self.bytes += left;
     }
@@ -129,10 +132,12 @@ impl HeldChains {
         self.chains.iter()
     }
 
-    /// The payload still owed, in order; the first contiguous run of it
-    /// (what one `writev` offers).
-    pub fn segs(&self) -> &[IoSeg] {
-        self.segs.as_slices().0
+    /// The payload still owed, in order, as one slice: what one `writev`
+    /// offers. Made contiguous when the queue has wrapped (a copy of at
+    /// most the held segments, against the second `writev` its two halves
+    /// would take).
+    pub fn segs(&mut self) -> &[IoSeg] {
+        self.segs.make_contiguous()
     }
 
     /// All of the payload still owed, in order.
@@ -491,6 +496,25 @@ mod tests {
         assert_eq!(done, [1, 2, 5]);
         assert!(c.held.is_empty() && c.held.segs().is_empty());
         assert_eq!((c.held.descs(), c.held.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn the_held_payload_is_offered_whole_when_its_queue_has_wrapped() {
+        let mut buf = vec![0u8; 0x1000];
+        let b = &mut buf[..];
+        let mut c = conn();
+        let mut done = Vec::new();
+        for h in 0..3 {
+            c.held.push(h, 1, &[seg(b, 0x100 * usize::from(h), 8)]);
+        }
+        c.held.advance(16, &mut done);
+        // The next chains go round the end of the queue's storage.
+        for h in 3..6 {
+            c.held.push(h, 1, &[seg(b, 0x100 * usize::from(h), 8)]);
+        }
+        let want: Vec<IoSeg> = (2..6).map(|h| seg(b, 0x100 * h, 8)).collect();
+        assert_eq!(c.held.segs(), &want[..], "one writev for all of it");
+        assert_eq!(c.held.bytes(), 32);
     }
 
     #[test]

@@ -247,7 +247,6 @@ impl VsockVirtio {
                 Err(s) => break s,
             };
             pass.packets += 1;
-            inc(&m.tx_packets);
             self.segs.clear();
             let q = &self.queues[TX_INDEX];
             let held = match q.walk(head, &rules, &mut self.segs, &mut pass.budget) {
@@ -265,6 +264,9 @@ impl VsockVirtio {
                 self.queues[TX_INDEX].add_used(head, 0);
             }
         };
+        // Counted once a pass: an atomic add a packet is cycles the
+        // datapath does not need.
+        add(&m.tx_packets, u64::from(pass.packets));
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "TX avail index out of range");
         }
@@ -289,7 +291,16 @@ impl VsockVirtio {
             malformed(m, e);
             return (0, false);
         }
-        take_range(&self.segs, HDR_LEN, hdr.len as usize, &mut self.payload);
+        let len = hdr.len as usize;
+        // Linux puts the header in a buffer of its own and the payload in
+        // the rest of the chain: the payload is then those segments as
+        // they are, and only other layouts are cut to it.
+        let payload = if self.segs[0].len() == HDR_LEN && chain.len == HDR_LEN + len {
+            &self.segs[1..]
+        } else {
+            take_range(&self.segs, HDR_LEN, len, &mut self.payload);
+            &self.payload[..]
+        };
         // Counted by its buffers as well as its ring descriptors: an
         // indirect chain takes one of the ring but its segments are held
         // (as I/O vectors) too, so the bound covers both.
@@ -297,7 +308,7 @@ impl VsockVirtio {
             head: chain.head,
             descs: chain.ring_descs.max(chain.nsegs),
         };
-        let held = mux.on_guest_packet(&hdr, &self.payload, tx);
+        let held = mux.on_guest_packet(&hdr, payload, tx);
         (u64::from(hdr.len), held)
     }
 
