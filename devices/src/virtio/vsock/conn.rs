@@ -150,7 +150,11 @@ impl HeldChains {
     /// written whole onto `done`; returns the ring descriptors those chains
     /// held.
     pub fn advance(&mut self, n: usize, done: &mut Vec<u16>) -> usize {
-        let n = n.min(self.bytes);
+        if n >= self.bytes {
+            // All of it, as a socket that keeps up takes it: no segment
+            // to cut.
+            return self.release(done);
+        }
         self.bytes -= n;
         let mut k = n;
         while k > 0 {
@@ -184,6 +188,7 @@ impl HeldChains {
     /// Gives up every held chain: their heads onto `done`; returns the ring
     /// descriptors they held. What they still owed the host is dropped
     /// unless the caller copied it first.
+    #[inline]
     pub fn release(&mut self, done: &mut Vec<u16>) -> usize {
         self.segs.clear();
         done.extend(self.chains.drain(..).map(|h| h.head));

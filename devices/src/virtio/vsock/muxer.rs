@@ -471,6 +471,7 @@ impl<B: VsockBackend> Muxer<B> {
     }
 
     /// The slot of the connection `key` names, if one is in service.
+    #[inline]
     fn lookup(&mut self, key: Key) -> Option<usize> {
         if let Some((k, slot)) = self.last {
             if k == key {
