@@ -314,6 +314,12 @@ impl Lean {
 }
 
 /// A header of the guest's connection.
+/// Offsets in the packet header (virtio 1.2 §5.10.6) of the fields a
+/// connection's packets differ in.
+const HDR_LEN_AT: usize = 24;
+const HDR_OP_AT: usize = 30;
+const HDR_FWD_CNT_AT: usize = 40;
+
 fn guest_hdr(op: Op, len: usize, fwd_cnt: u32) -> Header {
     Header {
         src_cid: GUEST_CID,
@@ -433,7 +439,12 @@ impl VsockRig {
                 let at = tx_layout.desc_table.0 + 16 * (u64::from(d) + i as u64);
                 mem.write_slice(&bytes, GuestAddress(at))?;
             }
-            tx_hdrs.push(HostRange::new(&mem, h, HDR_LEN)?);
+            let hdr = HostRange::new(&mem, h, HDR_LEN)?;
+            // What no packet of the connection changes, written once; `send`
+            // writes the fields that do, as Linux fills a packet's header
+            // field by field.
+            hdr.write_bytes(0, &guest_hdr(Op::Rw, 0, 0).to_bytes());
+            tx_hdrs.push(hdr);
             tx_data.push(HostRange::new(&mem, p, tx_p)?);
         }
         let mut kicks = kicks.into_iter();
@@ -488,8 +499,10 @@ impl VsockRig {
     /// Posts a packet of the guest's connection from a free TX slot.
     fn send(&mut self, op: Op, len: usize) -> Result<()> {
         let slot = self.tx_free.pop().context("no free TX slot")?;
-        let h = guest_hdr(op, len, self.guest_fwd);
-        self.tx_hdrs[usize::from(slot)].write_bytes(0, &h.to_bytes());
+        let hdr = &self.tx_hdrs[usize::from(slot)];
+        hdr.write_bytes(HDR_LEN_AT, &(len as u32).to_le_bytes());
+        hdr.write_bytes(HDR_OP_AT, &(op as u16).to_le_bytes());
+        hdr.write_bytes(HDR_FWD_CNT_AT, &self.guest_fwd.to_le_bytes());
         self.told_fwd = self.guest_fwd;
         self.tx.push(2 * slot);
         Ok(())
@@ -864,5 +877,21 @@ pub fn table(s: &mut String, v: &Value) {
                     .join(" ")
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fields_send_writes_are_where_the_header_has_them() {
+        let base = guest_hdr(Op::Rw, 0, 0).to_bytes();
+        let h = guest_hdr(Op::CreditUpdate, 0x0102_0304, 0x0a0b_0c0d).to_bytes();
+        let mut patched = base;
+        patched[HDR_LEN_AT..HDR_LEN_AT + 4].copy_from_slice(&0x0102_0304u32.to_le_bytes());
+        patched[HDR_OP_AT..HDR_OP_AT + 2].copy_from_slice(&(Op::CreditUpdate as u16).to_le_bytes());
+        patched[HDR_FWD_CNT_AT..HDR_FWD_CNT_AT + 4].copy_from_slice(&0x0a0b_0c0du32.to_le_bytes());
+        assert_eq!(patched, h);
     }
 }
