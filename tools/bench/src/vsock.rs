@@ -722,7 +722,9 @@ fn cell(t: &Timing, cell: Cell) -> Result<Value> {
         "batch": batch(cell),
         "ratio_batched": ratio(dp, batched.raw_per_s),
         "cpu_ratio_batched": ratio(dc, batched.raw_cpu_ns),
+        "cpu_ratio_batched_without_harness": ratio(dc - h, batched.raw_cpu_ns),
         "round_ratios": dev.iter().zip(&raw).map(|(d, r)| ratio(d.per_s, r.per_s)).collect::<Vec<_>>(),
+        "round_ratios_batched": dev.iter().zip(&rawb).map(|(d, r)| ratio(d.per_s, r.per_s)).collect::<Vec<_>>(),
         "device_metrics": {
             "tx_packets": m["tx_packets"], "rx_packets": m["rx_packets"],
             "tx_short_writes": m["tx_short_writes"], "rx_credit_stalls": m["rx_credit_stalls"],
@@ -803,7 +805,13 @@ pub fn vsock(t: &Timing) -> Result<Value> {
             row["cpu_ratio"].as_f64().unwrap_or(0.0),
             row["device_metrics"],
         );
-        for k in ["ratio", "cpu_ratio", "ratio_batched", "cpu_ratio_batched"] {
+        for k in [
+            "ratio",
+            "cpu_ratio",
+            "ratio_batched",
+            "cpu_ratio_batched",
+            "cpu_ratio_batched_without_harness",
+        ] {
             ratios.insert(format!("{}_{k}", c.name()), row[k].clone());
         }
         rows.push(row);
@@ -825,7 +833,7 @@ pub fn table(s: &mut String, v: &Value) {
     );
     let _ = writeln!(
         s,
-        "{:<8} {:>13} {:>13} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>13} {:>7} {:>7}",
+        "{:<8} {:>13} {:>13} {:>7} {:>9} {:>9} {:>7} {:>9} {:>7} {:>13} {:>7} {:>7} {:>9}",
         "cell",
         "device/s",
         "raw/s",
@@ -837,13 +845,14 @@ pub fn table(s: &mut String, v: &Value) {
         "cpu x-h",
         "batched/s",
         "ratio b",
-        "cpu x b"
+        "cpu x b",
+        "cpu x-h b"
     );
     for r in rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         let _ = writeln!(
             s,
-            "{:<8} {:>13.0} {:>13.0} {:>7.3} {:>9.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>13.0} {:>7.3} {:>7.3}",
+            "{:<8} {:>13.0} {:>13.0} {:>7.3} {:>9.3} {:>9.3} {:>7.3} {:>9.3} {:>7.3} {:>13.0} {:>7.3} {:>7.3} {:>9.3}",
             r["cell"].as_str().unwrap_or("?"),
             f("device_per_s"),
             f("raw_per_s"),
@@ -856,6 +865,7 @@ pub fn table(s: &mut String, v: &Value) {
             f("raw_batched_per_s"),
             f("ratio_batched"),
             f("cpu_ratio_batched"),
+            f("cpu_ratio_batched_without_harness"),
         );
     }
     let _ = writeln!(
@@ -863,19 +873,22 @@ pub fn table(s: &mut String, v: &Value) {
         "- /s: bytes per second for tx_* and rx_*, transactions per second for rr_1 (one in flight);\n\
          - dev ns, raw ns: CPU per byte (per transaction for rr_1) of the one thread running the device's\n  \
          event loop and the driver harness, or the relay; harn. ns: wall time per unit in the harness's\n  \
-         turns, least over the rounds; cpu x-h: the CPU ratio with the harness's time taken out."
+         turns, least over the rounds; cpu x-h, cpu x-h b: the CPU ratios with the harness's time\n  \
+         taken out."
     );
     for r in rows {
-        if let Some(rr) = r["round_ratios"].as_array() {
-            let _ = writeln!(
-                s,
-                "  rounds {}: {}",
-                r["cell"].as_str().unwrap_or("?"),
-                rr.iter()
-                    .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
+        for (key, label) in [("round_ratios", ""), ("round_ratios_batched", " batched")] {
+            if let Some(rr) = r[key].as_array() {
+                let _ = writeln!(
+                    s,
+                    "  rounds{label} {}: {}",
+                    r["cell"].as_str().unwrap_or("?"),
+                    rr.iter()
+                        .map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0)))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+            }
         }
     }
 }
