@@ -12,8 +12,8 @@ use std::os::unix::net::UnixStream;
 use super::fixture::*;
 use crate::virtio::queue::MAX_PASS_READS;
 use crate::virtio::vsock::muxer::MAX_QUEUED_RSTS;
-use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, SHUTDOWN_SEND};
-use crate::virtio::vsock::pass::{RX_BATCH, RX_BATCH_BYTES};
+use crate::virtio::vsock::packet::{Header, Op, HDR_LEN, MAX_PAYLOAD, SHUTDOWN_SEND};
+use crate::virtio::vsock::pass::{PASS_BYTES, PASS_PACKETS, RX_BATCH, RX_BATCH_BYTES};
 use crate::virtio::vsock::{Tunables, UnixBackend};
 
 const EAGAIN: Fault = Fault::Errno(libc::EAGAIN);
@@ -548,6 +548,84 @@ fn a_read_is_bounded_by_the_batch() {
     // Two buffers of 32 KiB are the most room a read is offered.
     let rooms = std::mem::take(&mut f.dev().backend_mut().recv_room);
     assert_eq!(rooms.iter().max(), Some(&RX_BATCH_BYTES), "{rooms:?}");
+}
+
+/// Runs the device's loop once, waiting for the host socket's data (one
+/// RX pass, which yields by writing an event the loop has not seen yet),
+/// and returns the packets it used and whether it yielded.
+fn one_rx_pass(f: &mut VsockFixture<FaultyBackend>) -> (Vec<Pkt>, bool) {
+    let passes = f.metric(|m| &m.queue.passes);
+    let yields = f.metric(|m| &m.queue.pass_yields);
+    f.evmgr.run_with_timeout(1000).unwrap();
+    assert_eq!(f.metric(|m| &m.queue.passes), passes + 1, "one pass");
+    let yielded = f.metric(|m| &m.queue.pass_yields) == yields + 1;
+    (f.rx_used(), yielded)
+}
+
+/// An RX pass ends at `PASS_PACKETS` packets, however many buffers and
+/// bytes are left, and the next pass goes on. A first buffer as large as a
+/// packet is a batch of its own and puts the batches of 16 out of step
+/// with the bound, so the last batch of the pass must stop at the packets
+/// the pass has left. The backend fills every read.
+#[test]
+fn an_rx_pass_ends_at_its_packets() {
+    let tun = Tunables {
+        queue_size: 1024,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, FaultyBackend::default(), true);
+    let (mut s, _) = f.open_from_host(52);
+    use_up_rx(&mut f, &mut s);
+    f.post_rx_shaped(&[HDR_LEN as u32, MAX_PAYLOAD]);
+    f.post_rx(399, 100);
+    f.run_until_idle();
+    f.dev().backend_mut().inject(Op2::Recv, &[Fault::Fill; 26]);
+    s.write_all(b"x").unwrap();
+    let (first, yielded) = one_rx_pass(&mut f);
+    assert_eq!(first.len(), PASS_PACKETS as usize);
+    assert!(yielded);
+    let lens: Vec<u32> = first.iter().map(|p| p.hdr.len).take(2).collect();
+    assert_eq!(lens, [MAX_PAYLOAD, 100]);
+    let rest = f.recv();
+    assert_eq!(
+        rest.len(),
+        400 - PASS_PACKETS as usize,
+        "the next pass goes on"
+    );
+    assert!(first
+        .iter()
+        .chain(&rest)
+        .all(|p| p.data.iter().all(|&b| b == 0xab)));
+}
+
+/// An RX pass ends at `PASS_BYTES` of payload with buffers and data left
+/// (more than a socket's buffer holds: the backend fills every read).
+#[test]
+fn an_rx_pass_ends_at_its_bytes() {
+    let mut f = VsockFixture::faulty();
+    let (mut s, host_port) = f.open_from_host(52);
+    use_up_rx(&mut f, &mut s);
+    // Credit for all of it.
+    let credit = Header {
+        buf_alloc: 4 << 20,
+        ..guest_hdr(52, host_port, Op::CreditUpdate)
+    };
+    f.send(&credit, &[]);
+    f.post_rx(100, 8192);
+    f.run_until_idle();
+    f.dev().backend_mut().inject(Op2::Recv, &[Fault::Fill; 13]);
+    s.write_all(b"x").unwrap();
+    let (first, yielded) = one_rx_pass(&mut f);
+    let bytes_of = |p: &[Pkt]| p.iter().map(|p| u64::from(p.hdr.len)).sum::<u64>();
+    assert_eq!(bytes_of(&first), PASS_BYTES);
+    assert_eq!(first.len(), 64);
+    assert!(yielded);
+    let rest = f.recv();
+    assert_eq!(bytes_of(&rest), 36 * 8192, "the next pass goes on");
+    assert!(first
+        .iter()
+        .chain(&rest)
+        .all(|p| p.data.iter().all(|&b| b == 0xab)));
 }
 
 /// A guest with room for two and a half buffers gets exactly that, in one

@@ -87,6 +87,10 @@ pub enum Fault {
     Errno(i32),
     /// Moves at most this many bytes.
     Short(usize),
+    /// A `recv` as from a socket with more data than the room offered:
+    /// fills it all with `0xab` and reads nothing from the socket (more
+    /// than a socket buffer holds can be in one pass so).
+    Fill,
 }
 
 /// The real backend, failing on demand.
@@ -113,7 +117,7 @@ impl FaultyBackend {
         match self.next(op) {
             Some(Fault::Errno(e)) => Err(io::Error::from_raw_os_error(e)),
             Some(Fault::Short(n)) => Ok(Some(n)),
-            None => Ok(None),
+            Some(Fault::Fill) | None => Ok(None),
         }
     }
 }
@@ -142,6 +146,10 @@ impl VsockBackend for FaultyBackend {
     }
     fn recv(&mut self, s: &mut UnixStream, bufs: IoVecs<'_>) -> io::Result<usize> {
         self.recv_room.push(bufs.len());
+        if self.faults.get(&Op2::Recv).and_then(|q| q.front()) == Some(&Fault::Fill) {
+            self.next(Op2::Recv);
+            return Ok(bufs.scatter(&vec![0xab; bufs.len()]));
+        }
         match self.errno(Op2::Recv)? {
             None => self.inner.recv(s, bufs),
             Some(n) => {
@@ -260,13 +268,17 @@ impl<B: VsockBackend + 'static> VsockFixture<B> {
             guest_cid: CID,
             uds_path: uds.clone(),
         };
+        // The driver's rings as large as the device allows (at most 1024:
+        // each has 64 KiB of guest memory).
+        let qsize = tun.queue_size;
+        assert!(qsize <= 1024);
         let dev = Vsock::with_backend(cfg, tun, mem.clone(), backend).unwrap();
         let metrics = dev.metrics();
         let dev = Arc::new(Mutex::new(dev));
         let mut evmgr = EventManager::new().unwrap();
         evmgr.add_subscriber(dev.clone());
         let qs = std::array::from_fn(|i| {
-            DriverQueue::packed(&mem, GuestAddress(0x10000 + 0x10000 * i as u64), 256)
+            DriverQueue::packed(&mem, GuestAddress(0x10000 + 0x10000 * i as u64), qsize)
         });
         let mut f = VsockFixture {
             dir,
@@ -419,6 +431,11 @@ impl<B: VsockBackend + 'static> VsockFixture<B> {
     /// The packets the device put in RX buffers since the last call.
     pub fn recv(&mut self) -> Vec<Pkt> {
         self.run_until_idle();
+        self.rx_used()
+    }
+
+    /// The packets in the RX used ring now, without running the loop.
+    pub fn rx_used(&mut self) -> Vec<Pkt> {
         let used = self.qs[0].used(&self.mem).unwrap();
         used.into_iter()
             .map(|e| {
