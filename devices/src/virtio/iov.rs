@@ -299,6 +299,7 @@ pub(crate) fn copy_to_segs(segs: &[IoSeg], mut offset: usize, data: &[u8]) -> us
 /// first segment holds them all (the usual case), eight bytes a store
 /// whatever their alignment: a vsock RX header byte by byte cost about 450
 /// instructions a packet.
+#[inline]
 pub(crate) fn write_bytes_at(segs: &[IoSeg], mut offset: usize, data: &[u8]) {
     if let Some(seg) = segs.first() {
         if offset

@@ -45,7 +45,7 @@ use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
 use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{read_array, write_bytes_at};
 use crate::virtio::queue::{
-    Budget, Chain, ChainRules, IoSeg, Notify, SplitQueue, PASS_DESC_BUDGET,
+    split_seg, Budget, Chain, ChainRules, IoSeg, Notify, SplitQueue, PASS_DESC_BUDGET,
 };
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -434,14 +434,36 @@ impl VsockVirtio {
             match q.walk(head, &rules, &mut segs, &mut pass.budget) {
                 Ok(chain) => {
                     let room = (chain.len - HDR_LEN).min(MAX_PAYLOAD as usize);
-                    take_range(&segs, HDR_LEN, room, &mut self.payload);
-                    self.rx_payload.extend(self.payload.iter().copied());
+                    let before = self.rx_payload.len();
+                    match segs.as_slice() {
+                        // The layouts Linux posts, taken as they are: the
+                        // header in a buffer of its own (6.1), or header
+                        // and payload in one (6.3 on).
+                        [hdr, payload @ ..]
+                            if hdr.len() == HDR_LEN && chain.len - HDR_LEN == room =>
+                        {
+                            for &seg in payload {
+                                self.rx_payload.push_back(seg);
+                            }
+                        }
+                        [one] => {
+                            let (_, rest) = split_seg(*one, HDR_LEN);
+                            self.rx_payload.push_back(split_seg(rest, room).0);
+                        }
+                        _ => {
+                            take_range(&segs, HDR_LEN, room, &mut self.payload);
+                            for &seg in &self.payload {
+                                self.rx_payload.push_back(seg);
+                            }
+                        }
+                    }
                     self.rx_room += room;
+                    let nsegs = self.rx_payload.len() - before;
                     self.rx_bufs.push_back(RxBuf {
                         chain,
                         segs,
                         room,
-                        nsegs: self.payload.len(),
+                        nsegs,
                     });
                     return Ok(true);
                 }
