@@ -191,7 +191,9 @@ impl HeldChains {
     #[inline]
     pub fn release(&mut self, done: &mut Vec<u16>) -> usize {
         self.segs.clear();
-        done.extend(self.chains.drain(..).map(|h| h.head));
+        // An iterator of known length: one capacity check, not one a head.
+        done.extend(self.chains.iter().map(|h| h.head));
+        self.chains.clear();
         self.bytes = 0;
         std::mem::take(&mut self.descs)
     }

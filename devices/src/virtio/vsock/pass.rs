@@ -205,6 +205,7 @@ impl VsockVirtio {
 
     /// The next chain of queue `q`, re-enabling notifications when the ring
     /// looks empty (and looking once more, charged to the budget).
+    #[inline]
     fn next_head(&mut self, q: usize, pass: &mut Pass) -> Result<Option<u16>, PassStatus> {
         let queue = &mut self.queues[q];
         loop {
