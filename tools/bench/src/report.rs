@@ -656,6 +656,29 @@ pub fn summary(dir: &std::path::Path) -> anyhow::Result<String> {
             );
         }
     }
+    for cell in ["tx_4k", "tx_64k", "rx_4k", "rr_1"] {
+        let v = &after["vsock"];
+        let (Some(r), Some(c)) = (
+            v[format!("{cell}_ratio_batched")].as_f64(),
+            v[format!("{cell}_cpu_ratio_batched")].as_f64(),
+        ) else {
+            continue;
+        };
+        let h = f(&v[format!("{cell}_cpu_ratio_batched_without_harness")]);
+        let _ = writeln!(
+            s,
+            "vsock.{cell}_ratio_batched = {r:.4} (>= 0.90: {}); cpu {c:.3} x the batched relay, \
+             {h:.3} without the harness (<= 1.15: {})",
+            if r >= 0.9 { "met" } else { "not met" },
+            if c <= 1.15 {
+                "met"
+            } else if h <= 1.15 {
+                "met without the harness"
+            } else {
+                "not met"
+            }
+        );
+    }
     if let Some(p) = after["seed001"]["p99_vs_idle_default"].as_f64() {
         let _ = writeln!(
             s,
