@@ -128,6 +128,7 @@ impl HeldChains {
     }
 
     /// The held chains, oldest first.
+    #[cfg(test)]
     pub fn chains(&self) -> impl Iterator<Item = &Held> {
         self.chains.iter()
     }
@@ -138,11 +139,6 @@ impl HeldChains {
     /// would take).
     pub fn segs(&mut self) -> &[IoSeg] {
         self.segs.make_contiguous()
-    }
-
-    /// All of the payload still owed, in order.
-    pub fn all_segs(&self) -> impl Iterator<Item = IoSeg> + '_ {
-        self.segs.iter().copied()
     }
 
     /// The host socket took `n` more bytes (at most [`bytes`](Self::bytes)):

@@ -71,7 +71,7 @@ use std::time::Instant;
 use super::backend::VsockBackend;
 use super::conn::{Conn, State, MAX_CONNECT_LINE};
 use super::metrics::VsockMetrics;
-use super::packet::{Header, Op, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
+use super::packet::{Header, Op, HDR_LEN, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::Tunables;
 use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{copy_from_segs, IoVecs};
@@ -207,6 +207,33 @@ pub(crate) fn take_range(segs: &[IoSeg], mut from: usize, mut len: usize, out: &
     }
 }
 
+/// The `len` bytes after the header of a chain of `total` bytes whose
+/// segments are `segs`, without cutting them where the layouts Linux posts
+/// allow: the header in a buffer of its own and exactly `len` bytes after it
+/// (its TX, and its RX before 6.3) gives the segments after it as they are;
+/// header and payload in one buffer (its RX from 6.3 on) is cut once; any
+/// other layout goes through [`take_range`] into `out`.
+#[inline]
+pub(crate) fn payload_segs<'a>(
+    segs: &'a [IoSeg],
+    total: usize,
+    len: usize,
+    out: &'a mut Vec<IoSeg>,
+) -> &'a [IoSeg] {
+    match segs {
+        [hdr, rest @ ..] if hdr.len() == HDR_LEN && total - HDR_LEN == len => rest,
+        [one] => {
+            out.clear();
+            out.push(split_seg(split_seg(*one, HDR_LEN).1, len).0);
+            out
+        }
+        _ => {
+            take_range(segs, HDR_LEN, len, out);
+            out
+        }
+    }
+}
+
 impl<B: VsockBackend> Muxer<B> {
     pub(crate) fn new(
         backend: B,
@@ -272,8 +299,7 @@ impl<B: VsockBackend> Muxer<B> {
             if c.held.is_empty() {
                 continue;
             }
-            let segs: Vec<IoSeg> = c.held.all_segs().collect();
-            copy_from_segs(&segs, &mut self.copy);
+            copy_from_segs(c.held.segs(), &mut self.copy);
             let tail: Vec<u8> = c.pending.drain(c.pending_ctl..).collect();
             c.pending.extend(self.copy.iter());
             c.pending.extend(tail);

@@ -40,12 +40,12 @@ use std::sync::atomic::Ordering;
 
 use super::backend::VsockBackend;
 use super::metrics::VsockMetrics;
-use super::muxer::{take_range, Muxer, TxChain};
+use super::muxer::{payload_segs, Muxer, TxChain};
 use super::packet::{Header, EVENT_TRANSPORT_RESET, HDR_LEN, MAX_PAYLOAD};
 use crate::virtio::events::{add, inc};
 use crate::virtio::iov::{read_array, write_bytes_at};
 use crate::virtio::queue::{
-    split_seg, Budget, Chain, ChainRules, IoSeg, Notify, SplitQueue, PASS_DESC_BUDGET,
+    Budget, Chain, ChainRules, IoSeg, Notify, SplitQueue, PASS_DESC_BUDGET,
 };
 use crate::virtio::Interrupt;
 use crate::warn::warn_rate_limited;
@@ -292,16 +292,7 @@ impl VsockVirtio {
             malformed(m, e);
             return (0, false);
         }
-        let len = hdr.len as usize;
-        // Linux puts the header in a buffer of its own and the payload in
-        // the rest of the chain: the payload is then those segments as
-        // they are, and only other layouts are cut to it.
-        let payload = if self.segs[0].len() == HDR_LEN && chain.len == HDR_LEN + len {
-            &self.segs[1..]
-        } else {
-            take_range(&self.segs, HDR_LEN, len, &mut self.payload);
-            &self.payload[..]
-        };
+        let payload = payload_segs(&self.segs, chain.len, hdr.len as usize, &mut self.payload);
         // Counted by its buffers as well as its ring descriptors: an
         // indirect chain takes one of the ring but its segments are held
         // (as I/O vectors) too, so the bound covers both.
@@ -436,27 +427,8 @@ impl VsockVirtio {
                 Ok(chain) => {
                     let room = (chain.len - HDR_LEN).min(MAX_PAYLOAD as usize);
                     let before = self.rx_payload.len();
-                    match segs.as_slice() {
-                        // The layouts Linux posts, taken as they are: the
-                        // header in a buffer of its own (6.1), or header
-                        // and payload in one (6.3 on).
-                        [hdr, payload @ ..]
-                            if hdr.len() == HDR_LEN && chain.len - HDR_LEN == room =>
-                        {
-                            for &seg in payload {
-                                self.rx_payload.push_back(seg);
-                            }
-                        }
-                        [one] => {
-                            let (_, rest) = split_seg(*one, HDR_LEN);
-                            self.rx_payload.push_back(split_seg(rest, room).0);
-                        }
-                        _ => {
-                            take_range(&segs, HDR_LEN, room, &mut self.payload);
-                            for &seg in &self.payload {
-                                self.rx_payload.push_back(seg);
-                            }
-                        }
+                    for &seg in payload_segs(&segs, chain.len, room, &mut self.payload) {
+                        self.rx_payload.push_back(seg);
                     }
                     self.rx_room += room;
                     let nsegs = self.rx_payload.len() - before;

@@ -39,11 +39,23 @@ struct Ledger {
 
 impl Ledger {
     fn post<B: VsockBackend + 'static>(&mut self, f: &mut VsockFixture<B>, h: &Header, d: &[u8]) {
+        self.post_cut(f, h, d, &[HDR_LEN]);
+    }
+
+    /// [`post`](Self::post) with the chain cut at `cuts` (offsets from the
+    /// header's start).
+    fn post_cut<B: VsockBackend + 'static>(
+        &mut self,
+        f: &mut VsockFixture<B>,
+        h: &Header,
+        d: &[u8],
+        cuts: &[usize],
+    ) {
         let hdr = Header {
             len: d.len() as u32,
             ..*h
         };
-        let head = f.post_tx(&hdr, d, &[HDR_LEN]);
+        let head = f.post_tx(&hdr, d, cuts);
         assert!(self.out.insert(head), "head {head} posted while out");
     }
 
@@ -737,12 +749,8 @@ fn a_flush_goes_on_while_the_socket_takes_all_it_is_offered() {
     // 30 packets of three payload segments: 90 segments, 120 descriptors.
     for i in 0..30 {
         let d = bytes(3000, 70 + i);
-        let hdr = Header {
-            len: d.len() as u32,
-            ..guest_hdr(1, 9, Op::Rw)
-        };
         let cuts = [HDR_LEN, HDR_LEN + 1000, HDR_LEN + 2000];
-        led.out.insert(f.post_tx(&hdr, &d, &cuts));
+        led.post_cut(&mut f, &guest_hdr(1, 9, Op::Rw), &d, &cuts);
         want.extend_from_slice(&d);
     }
     assert_eq!(led.collect(&mut f), 30);
