@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use devices::virtio::mmio::MmioTransport;
 use devices::virtio::net::{Net, NetConfig, NetMetrics, NUM_BUFFERS_OFFSET, RX_INDEX, TX_INDEX};
 use devices::virtio::queue::{VIRTQ_DESC_F_WRITE, VIRTQ_USED_F_NO_NOTIFY};
@@ -347,6 +347,16 @@ pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
+/// The offset in an avail (`entry` 2) or used (`entry` 8) ring of its
+/// entry for index `i`. A split ring's size is a power of two (virtio 1.1
+/// §2.6), so the index is masked, as Linux's driver does: a 16-bit `div`
+/// costs the measured thread tens of cycles, twice a packet.
+#[inline]
+pub(crate) fn ring_slot(i: u16, size: u16, entry: usize) -> usize {
+    debug_assert!(size.is_power_of_two());
+    4 + entry * usize::from(i & size.wrapping_sub(1))
+}
+
 /// A lean driver's view of one queue, as both benchmark rigs hold it:
 /// the avail and used rings through host pointers, and the kick eventfd.
 pub(crate) struct LeanRing<'a> {
@@ -393,6 +403,11 @@ impl Ring {
         kick: EventFd,
         event_idx: bool,
     ) -> Result<Ring> {
+        ensure!(
+            layout.size.is_power_of_two(),
+            "queue size {} is not a power of two",
+            layout.size
+        );
         let size = usize::from(layout.size);
         // virtio 1.1 §2.6: flags, idx, the entries and the event index.
         let avail = HostRange::new(mem, layout.avail_ring, 4 + 2 * size + 2)?;
@@ -429,7 +444,7 @@ impl Ring {
     }
 
     fn post(&mut self, id: u16) {
-        let slot = 4 + 2 * usize::from(self.next_avail % self.layout.size);
+        let slot = ring_slot(self.next_avail, self.layout.size, 2);
         // Published by the Release store of `avail.idx` in `publish`.
         self.avail.u16_at(slot).store(id.to_le(), Ordering::Relaxed);
         self.next_avail = self.next_avail.wrapping_add(1);
@@ -476,7 +491,7 @@ impl Ring {
     /// The used element at position `i`: (descriptor id, bytes written).
     /// Called after `used_idx` (Acquire) showed it.
     fn used_elem(&self, i: u16) -> Result<(u16, u32)> {
-        let off = 4 + 8 * usize::from(i % self.layout.size);
+        let off = ring_slot(i, self.layout.size, 8);
         let (id, len) = (self.used.read_u32(off), self.used.read_u32(off + 4));
         let id = u16::try_from(id).map_err(|_| anyhow!("used id {id} out of range"))?;
         if id >= self.layout.size {
@@ -868,7 +883,18 @@ impl Drop for Rig {
 
 #[cfg(test)]
 mod tests {
-    use super::need_event;
+    use super::{need_event, ring_slot};
+
+    #[test]
+    fn ring_slots_wrap_at_the_ring_size() {
+        // The first entry sits after flags and idx.
+        assert_eq!(ring_slot(0, 256, 2), 4);
+        assert_eq!(ring_slot(255, 256, 2), 4 + 2 * 255);
+        // Index 256 is slot 0 again, and the u16 index wraps with the ring.
+        assert_eq!(ring_slot(256, 256, 8), 4);
+        assert_eq!(ring_slot(259, 256, 8), 4 + 8 * 3);
+        assert_eq!(ring_slot(u16::MAX, 1024, 8), 4 + 8 * 1023);
+    }
 
     #[test]
     fn need_event_fires_when_the_index_crosses_the_event() {

@@ -56,7 +56,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rig::host_mem::HostRange;
-use crate::rig::LeanRing;
+use crate::rig::{ring_slot, LeanRing};
 use crate::scenarios::Timing;
 use crate::stats::{medians, ratio, Medians, Window};
 use crate::sys;
@@ -261,6 +261,11 @@ struct Lean {
 
 impl Lean {
     fn new(mem: &GuestMemory, layout: QueueLayout, kick: EventFd) -> Result<Lean> {
+        ensure!(
+            layout.size.is_power_of_two(),
+            "queue size {} is not a power of two",
+            layout.size
+        );
         let n = usize::from(layout.size);
         Ok(Lean {
             // virtio 1.1 §2.6: flags, idx, the entries and the event index.
@@ -277,7 +282,7 @@ impl Lean {
 
     /// Puts `head` in the next avail slot (visible at `publish`).
     fn push(&mut self, head: u16) {
-        let off = 4 + 2 * usize::from(self.next_avail % self.size);
+        let off = ring_slot(self.next_avail, self.size, 2);
         self.avail
             .u16_at(off)
             .store(head.to_le(), Ordering::Relaxed);
@@ -306,7 +311,7 @@ impl Lean {
         out.clear();
         let idx = u16::from_le(self.used.u16_at(2).load(Ordering::Acquire));
         while self.last_used != idx {
-            let off = 4 + 8 * usize::from(self.last_used % self.size);
+            let off = ring_slot(self.last_used, self.size, 8);
             out.push((self.used.read_u32(off) as u16, self.used.read_u32(off + 4)));
             self.last_used = self.last_used.wrapping_add(1);
         }
