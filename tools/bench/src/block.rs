@@ -382,7 +382,7 @@ impl DeviceRig {
         let used_idx = u16::from_le(self.used.u16_at(2).load(Ordering::Acquire));
         while self.last_used != used_idx {
             let off = 4 + 8 * usize::from(self.last_used % self.size);
-            let (id, len) = (self.used.read_u32(off), self.used.read_u32(off + 4));
+            let (id, len) = self.used.read_u32_pair(off);
             let slot = id as usize / DESCS;
             anyhow::ensure!(
                 (id as usize).is_multiple_of(DESCS) && slot < DEPTH,

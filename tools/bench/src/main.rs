@@ -114,6 +114,9 @@ pub struct Cli {
     /// callgrind: CELL is tx_4k, tx_64k, rx_4k or rr_1, SIDE device, raw or raw-batched. Needs no root.
     #[arg(long, num_args = 3, value_names = ["CELL", "SIDE", "N"])]
     vsock_cost: Option<Vec<String>>,
+    /// Cells of the vsock scenario (tx_4k, tx_64k, rx_4k, rr_1) [default: all]
+    #[arg(long, value_delimiter = ',')]
+    vsock_cells: Vec<String>,
     /// Internal: we are the re-executed child inside namespace NAME.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -306,7 +309,7 @@ fn child(cli: Cli, ns: &str) -> Result<()> {
             "seed002" => scenarios::seed002(&t, &[1526, 4096, scenarios::BIG_BUF])?,
             "ratelimit" => ratelimit::ratelimit(&t)?,
             "block" => block::block(&t)?,
-            "vsock" => vsock::vsock(&t)?,
+            "vsock" => vsock::vsock(&t, &cli.vsock_cells)?,
             _ => continue,
         };
         out.insert((*s).to_string(), v);

@@ -181,12 +181,14 @@ pub(crate) mod host_mem {
             unsafe { AtomicU16::from_ptr(self.ptr.add(off).cast()) }
         }
 
-        /// The little-endian 32-bit word at byte `off`, read volatile.
-        pub fn read_u32(&self, off: usize) -> u32 {
-            assert!(off + 4 <= self.len && (self.ptr as usize + off) & 3 == 0);
-            // SAFETY: in the range, mapped and aligned (as in `u16_at`);
-            // volatile because the device writes it concurrently.
-            u32::from_le(unsafe { self.ptr.add(off).cast::<u32>().read_volatile() })
+        /// The two little-endian 32-bit words at byte `off` (a used ring
+        /// element: id and length), read volatile with one check.
+        pub fn read_u32_pair(&self, off: usize) -> (u32, u32) {
+            assert!(off + 8 <= self.len && (self.ptr as usize + off) & 3 == 0);
+            // SAFETY: in the range, mapped and aligned for [u32; 2] (as in
+            // `u16_at`); volatile because the device writes it concurrently.
+            let [a, b] = unsafe { self.ptr.add(off).cast::<[u32; 2]>().read_volatile() };
+            (u32::from_le(a), u32::from_le(b))
         }
 
         /// Stores the little-endian 64-bit word `v` at byte `off`, volatile.
@@ -492,7 +494,7 @@ impl Ring {
     /// Called after `used_idx` (Acquire) showed it.
     fn used_elem(&self, i: u16) -> Result<(u16, u32)> {
         let off = ring_slot(i, self.layout.size, 8);
-        let (id, len) = (self.used.read_u32(off), self.used.read_u32(off + 4));
+        let (id, len) = self.used.read_u32_pair(off);
         let id = u16::try_from(id).map_err(|_| anyhow!("used id {id} out of range"))?;
         if id >= self.layout.size {
             return Err(anyhow!("used id {id} out of range"));

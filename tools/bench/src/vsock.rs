@@ -312,7 +312,8 @@ impl Lean {
         let idx = u16::from_le(self.used.u16_at(2).load(Ordering::Acquire));
         while self.last_used != idx {
             let off = ring_slot(self.last_used, self.size, 8);
-            out.push((self.used.read_u32(off) as u16, self.used.read_u32(off + 4)));
+            let (id, len) = self.used.read_u32_pair(off);
+            out.push((id as u16, len));
             self.last_used = self.last_used.wrapping_add(1);
         }
     }
@@ -793,11 +794,18 @@ pub fn cost(name: &str, side: &str, n: u64) -> Result<()> {
     Ok(())
 }
 
-/// Runs every cell; returns the rows and the ratios.
-pub fn vsock(t: &Timing) -> Result<Value> {
+/// Runs the cells named in `only` (every cell when it is empty); returns the rows and the
+/// ratios.
+pub fn vsock(t: &Timing, only: &[String]) -> Result<Value> {
+    if let Some(bad) = only.iter().find(|n| !CELLS.iter().any(|c| &c.name() == *n)) {
+        bail!("unknown vsock cell {bad:?} (tx_4k, tx_64k, rx_4k, rr_1)");
+    }
     let mut rows = Vec::new();
     let mut ratios = serde_json::Map::new();
-    for c in CELLS {
+    for c in CELLS
+        .into_iter()
+        .filter(|c| only.is_empty() || only.contains(&c.name()))
+    {
         let row = cell(t, c)?;
         eprintln!(
             "netbench: vsock {}: device {:.0}/s raw {:.0}/s ({:.3}), cpu {:.3} ns vs {:.3} ns ({:.3}), {}",

@@ -119,6 +119,7 @@ fn reclaim<T>(v: &mut Vec<T>, at: &mut usize) {
 impl HeldChains {
     /// Holds the chain `head` of `descs` descriptors, which still owes
     /// the host `segs` (at least one byte).
+    #[inline]
     pub fn push(&mut self, head: u16, descs: usize, segs: &[IoSeg]) {
         let mut left = 0;
         for &seg in segs {

@@ -268,6 +268,7 @@ impl VsockVirtio {
         // Counted once a pass: an atomic add a packet is cycles the
         // datapath does not need.
         add(&m.tx_packets, u64::from(pass.packets));
+        add(&m.tx_bytes, mux.take_tx_bytes());
         if status == PassStatus::Broken {
             let _ = queue_failed(m, "TX avail index out of range");
         }
