@@ -114,6 +114,12 @@ pub struct Cli {
     /// callgrind: CELL is tx_4k, tx_64k, rx_4k or rr_1, SIDE device, raw or raw-batched. Needs no root.
     #[arg(long, num_args = 3, value_names = ["CELL", "SIDE", "N"])]
     vsock_cost: Option<Vec<String>>,
+    /// Time N of each system call a device thread makes besides its I/O
+    /// (an eventfd write: a kick or an interrupt; an `epoll_wait` that
+    /// finds an event ready; and `getppid`, the cheapest) and print the
+    /// nanoseconds a call; no root.
+    #[arg(long, value_name = "N")]
+    syscall_cost: Option<u32>,
     /// Cells of the vsock scenario (tx_4k, tx_64k, rx_4k, rr_1) [default: all]
     #[arg(long, value_delimiter = ',')]
     vsock_cells: Vec<String>,
@@ -180,6 +186,10 @@ fn run(cli: Cli) -> Result<i32> {
             .parse()
             .with_context(|| format!("{:?} is not a number", a[2]))?;
         block::cost(&a[0], &a[1], n)?;
+        return Ok(0);
+    }
+    if let Some(n) = cli.syscall_cost {
+        sys::syscall_cost(n)?;
         return Ok(0);
     }
     if let Some(a) = &cli.vsock_cost {

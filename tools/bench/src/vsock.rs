@@ -696,7 +696,8 @@ fn raw_batch_step(cell: Cell, rig: &VsockRig, fd: std::os::fd::RawFd, i: usize) 
 fn cell(t: &Timing, cell: Cell) -> Result<Value> {
     let (mut rig, host) = VsockRig::new(cell)?;
     let (mut dev, mut raw, mut rawb) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..t.rounds {
+    // The cells carry the goals: as many rounds as the limit scenario's.
+    for round in 0..t.limit_rounds {
         // Every other round the device goes first.
         if round % 2 == 0 {
             raw.push(raw_window(t, cell, &rig, Relay::PerPacket)?);
