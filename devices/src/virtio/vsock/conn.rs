@@ -553,6 +553,27 @@ mod tests {
         assert_eq!(c.held.bytes(), 32);
     }
 
+    /// Written entries stay in place (a move of the index) until they are
+    /// more than half of a list, then go in one move.
+    #[test]
+    fn written_entries_are_reclaimed_once_they_are_more_than_half() {
+        let mut buf = vec![0u8; 0x1000];
+        let b = &mut buf[..];
+        let mut c = conn();
+        let mut done = Vec::new();
+        for h in 0..10 {
+            c.held.push(h, 1, &[seg(b, 0x10 * usize::from(h), 4)]);
+        }
+        c.held.advance(4, &mut done);
+        assert_eq!(c.held.stored(), (10, 10), "one written of ten stays");
+        c.held.advance(16, &mut done);
+        assert_eq!(c.held.stored(), (10, 10), "five of ten is half: they stay");
+        c.held.advance(4, &mut done);
+        assert_eq!(c.held.stored(), (4, 4), "six of ten go");
+        assert_eq!(done, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(c.held.segs()[0], seg(b, 0x60, 4));
+    }
+
     /// Thousands of pushes and partial writes against a model (the bytes
     /// owed, and each chain's head and what it owes): the same bytes in
     /// the same order, the same heads returned when their last byte goes,
