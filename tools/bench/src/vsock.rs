@@ -921,4 +921,11 @@ mod tests {
         patched[HDR_FWD_CNT_AT..HDR_FWD_CNT_AT + 4].copy_from_slice(&0x0a0b_0c0du32.to_le_bytes());
         assert_eq!(patched, h);
     }
+
+    #[test]
+    fn an_unknown_cell_is_refused_before_anything_runs() {
+        let err = vsock(&Timing::smoke(), &["tx_4k".into(), "tx_5k".into()])
+            .expect_err("tx_5k is no cell");
+        assert!(err.to_string().contains("\"tx_5k\""), "{err}");
+    }
 }

@@ -104,8 +104,8 @@ pub struct HeldChains {
 }
 
 /// Drops the `at` entries written from the front of `v` once they are
-/// more than half of it: each entry is moved at most once a time the list
-/// doubles, so the cost is amortised over the pushes.
+/// more than half of it: the live entries it then moves are fewer than the
+/// written ones it drops, so the cost is amortised over the writes.
 fn reclaim<T>(v: &mut Vec<T>, at: &mut usize) {
     if *at == v.len() {
         v.clear();
