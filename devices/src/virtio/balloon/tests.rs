@@ -684,6 +684,7 @@ fn test_a_reset_clears_what_the_driver_said_and_disarms_the_timer() {
         ..Default::default()
     };
     let (mut r, _) = rig(cfg);
+    assert!(r.dev().is_activated());
     post_stats(&mut r, &[(4, 5)]);
     r.drv
         .transport_mut()
@@ -693,6 +694,7 @@ fn test_a_reset_clears_what_the_driver_said_and_disarms_the_timer() {
     assert!(r.dev().glue.timer_armed);
     r.drv.reset();
     r.run_until_idle();
+    assert!(!r.dev().is_activated(), "activated after a reset");
     assert!(!r.dev().glue.timer_armed, "timer armed after a reset");
     assert_eq!(config(&mut r), [512, 0, FREE_PAGE_HINT_STOP]);
     let s = r.dev().latest_stats().unwrap();
@@ -706,4 +708,106 @@ fn test_a_reset_clears_what_the_driver_said_and_disarms_the_timer() {
     assert!(r.dev().glue.timer_armed);
     r.dev().start_hinting(true).unwrap();
     assert_eq!(config(&mut r)[2], 3);
+}
+
+#[test]
+fn test_the_queue_size_must_be_a_power_of_two_up_to_the_maximum() {
+    let mem = guest_memory(MEM_SIZE).unwrap();
+    let with = |queue_size| {
+        Balloon::new(
+            BalloonConfig {
+                queue_size,
+                ..Default::default()
+            },
+            mem.clone(),
+        )
+    };
+    for bad in [0, 3, 96, u16::MAX] {
+        assert!(
+            matches!(with(bad), Err(BalloonError::QueueSize(q)) if q == bad),
+            "queue size {bad} accepted"
+        );
+    }
+    for good in [1, 2, 256, crate::virtio::queue::MAX_QUEUE_SIZE] {
+        assert!(with(good).is_ok(), "queue size {good} refused");
+    }
+}
+
+#[test]
+fn test_the_features_offered_are_the_ring_s_and_the_configuration_s() {
+    use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+    let mem = guest_memory(MEM_SIZE).unwrap();
+    let ring = V1 | 1 << VIRTIO_RING_F_EVENT_IDX | 1 << VIRTIO_RING_F_INDIRECT_DESC;
+    let offered = |cfg| Balloon::new(cfg, mem.clone()).unwrap().avail_features();
+    assert_eq!(offered(BalloonConfig::default()), ring);
+    for (cfg, bit) in [
+        (
+            BalloonConfig {
+                deflate_on_oom: true,
+                ..Default::default()
+            },
+            VIRTIO_BALLOON_F_DEFLATE_ON_OOM,
+        ),
+        (
+            BalloonConfig {
+                stats_polling_interval_s: 1,
+                ..Default::default()
+            },
+            VIRTIO_BALLOON_F_STATS_VQ,
+        ),
+        (
+            BalloonConfig {
+                free_page_hinting: true,
+                ..Default::default()
+            },
+            VIRTIO_BALLOON_F_FREE_PAGE_HINT,
+        ),
+        (
+            BalloonConfig {
+                free_page_reporting: true,
+                ..Default::default()
+            },
+            VIRTIO_BALLOON_F_PAGE_REPORTING,
+        ),
+    ] {
+        assert_eq!(offered(cfg), ring | 1 << bit, "feature bit {bit}");
+    }
+}
+
+#[test]
+fn test_a_target_of_all_of_memory_is_accepted() {
+    let mem = guest_memory(MEM_SIZE).unwrap();
+    let all = BalloonConfig {
+        amount_mib: (MEM_SIZE >> 20) as u32,
+        ..Default::default()
+    };
+    assert!(Balloon::new(all, mem).is_ok());
+}
+
+#[test]
+fn test_the_statistics_carry_the_target_and_what_the_driver_holds() {
+    let cfg = BalloonConfig {
+        amount_mib: 6,
+        stats_polling_interval_s: 1,
+        ..Default::default()
+    };
+    let (mut r, _) = rig(cfg);
+    // The driver says it holds 5 MiB and a page.
+    r.drv
+        .transport_mut()
+        .write(CONFIG_SPACE_OFFSET + 4, &(5u32 * 256 + 1).to_le_bytes());
+    let s = r.dev().latest_stats().unwrap();
+    assert_eq!(
+        (s.target_pages, s.target_mib, s.actual_pages, s.actual_mib),
+        (6 * 256, 6, 5 * 256 + 1, 5)
+    );
+    // `metrics()` is the set the device counts into (the VMM's writer
+    // reads it): a write to the read-only target is counted there.
+    let m = r.dev().metrics();
+    r.drv.transport_mut().write(CONFIG_SPACE_OFFSET, &[0xff; 4]);
+    assert_eq!(
+        m.config_writes_ignored
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
