@@ -675,6 +675,32 @@ fn test_a_pass_yields_at_its_page_weight_and_every_chain_is_answered() {
     );
 }
 
+/// A yielded pass of a queue other than the first is run again too: each
+/// queue's pending bit is its own.
+#[test]
+fn test_a_yielded_deflate_pass_runs_again_until_every_chain_is_answered() {
+    let (mut r, _) = rig(BalloonConfig::default());
+    let p = pages(&mut r, 2048);
+    let chains = 40;
+    for _ in 0..chains {
+        let pfns: Vec<u32> = (0..MAX_PFNS_PER_CHAIN as u32).map(|k| p + 2 * k).collect();
+        let bytes: Vec<u8> = pfns.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let a = r.drv.alloc(bytes.len() as u64, 4).unwrap();
+        r.drv.write_mem(a, &bytes).unwrap();
+        r.drv
+            .add_chain(1, &[Segment::readable(a, bytes.len() as u32)])
+            .unwrap();
+    }
+    r.drv.publish(1).unwrap();
+    r.drv.kick(1);
+    r.run_once(0);
+    let first = r.drv.used(1).unwrap().len();
+    assert!(first < chains, "{first} chains in the first pass");
+    r.run_until_idle();
+    assert_eq!(first + r.drv.used(1).unwrap().len(), chains);
+    assert!(r.metric("pass_yields") >= 2, "{}", r.metrics());
+}
+
 #[test]
 fn test_a_reset_clears_what_the_driver_said_and_disarms_the_timer() {
     let cfg = BalloonConfig {
