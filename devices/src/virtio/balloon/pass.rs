@@ -155,11 +155,6 @@ impl BalloonVirtio {
         self.queues.iter().any(|q| q.vq == vq)
     }
 
-    /// Whether the device holds a statistics buffer.
-    pub fn holds_stats(&self) -> bool {
-        self.stats_head.is_some()
-    }
-
     /// One pass over queue `vq` (module doc).
     pub fn process<D: PageDiscard>(&mut self, vq: Vq, env: &mut PassEnv<'_, D>) -> PassStatus {
         let Some(i) = self.queues.iter().position(|q| q.vq == vq) else {
