@@ -39,7 +39,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rig::host_mem::HostRange;
-use crate::rig::LeanRing;
+use crate::rig::{ring_ranges, ring_slot, LeanRing};
 use crate::scenarios::Timing;
 use crate::stats::{medians, ratio, Medians, Window};
 use crate::sys;
@@ -304,10 +304,7 @@ impl DeviceRig {
             bufs.push(HostRange::new(&mem, data, size as usize)?);
             status.push(HostRange::new(&mem, st, 1)?);
         }
-        let n = usize::from(qsize);
-        // virtio 1.1 §2.6: flags, idx, the entries and the event index.
-        let avail = HostRange::new(&mem, layout.avail_ring, 4 + 2 * n + 2)?;
-        let used = HostRange::new(&mem, layout.used_ring, 4 + 8 * n + 2)?;
+        let (avail, used) = ring_ranges(&mem, &layout)?;
         Ok(DeviceRig {
             _driver: driver,
             em,
@@ -336,7 +333,7 @@ impl DeviceRig {
         h.write_u64(8, at / SECTOR);
         self.status[slot].write_u8(0, 0xff);
         let head = (slot * DESCS) as u16;
-        let off = 4 + 2 * usize::from(self.next_avail % self.size);
+        let off = ring_slot(self.next_avail, self.size, 2);
         // Published by the Release store of `avail.idx` in `publish`.
         self.avail
             .u16_at(off)
@@ -381,7 +378,7 @@ impl DeviceRig {
     fn reap(&mut self) -> Result<()> {
         let used_idx = u16::from_le(self.used.u16_at(2).load(Ordering::Acquire));
         while self.last_used != used_idx {
-            let off = 4 + 8 * usize::from(self.last_used % self.size);
+            let off = ring_slot(self.last_used, self.size, 8);
             let (id, len) = self.used.read_u32_pair(off);
             let slot = id as usize / DESCS;
             anyhow::ensure!(

@@ -359,6 +359,26 @@ pub(crate) fn ring_slot(i: u16, size: u16, entry: usize) -> usize {
     4 + entry * usize::from(i & size.wrapping_sub(1))
 }
 
+/// The avail and used rings of `layout` through host pointers, as every
+/// lean driver reaches them (virtio 1.1 §2.6: flags, idx, the entries and
+/// the event index). The size must be a power of two, as a split ring's
+/// is: [`ring_slot`] masks indexes with it.
+pub(crate) fn ring_ranges(
+    mem: &GuestMemory,
+    layout: &QueueLayout,
+) -> Result<(HostRange, HostRange)> {
+    ensure!(
+        layout.size.is_power_of_two(),
+        "queue size {} is not a power of two",
+        layout.size
+    );
+    let n = usize::from(layout.size);
+    Ok((
+        HostRange::new(mem, layout.avail_ring, 4 + 2 * n + 2)?,
+        HostRange::new(mem, layout.used_ring, 4 + 8 * n + 2)?,
+    ))
+}
+
 /// A lean driver's view of one queue, as both benchmark rigs hold it:
 /// the avail and used rings through host pointers, and the kick eventfd.
 pub(crate) struct LeanRing<'a> {
@@ -405,15 +425,7 @@ impl Ring {
         kick: EventFd,
         event_idx: bool,
     ) -> Result<Ring> {
-        ensure!(
-            layout.size.is_power_of_two(),
-            "queue size {} is not a power of two",
-            layout.size
-        );
-        let size = usize::from(layout.size);
-        // virtio 1.1 §2.6: flags, idx, the entries and the event index.
-        let avail = HostRange::new(mem, layout.avail_ring, 4 + 2 * size + 2)?;
-        let used = HostRange::new(mem, layout.used_ring, 4 + 8 * size + 2)?;
+        let (avail, used) = ring_ranges(mem, &layout)?;
         let buf_ptrs = match read_len {
             0 => Vec::new(),
             len => bufs

@@ -56,7 +56,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rig::host_mem::HostRange;
-use crate::rig::{ring_slot, LeanRing};
+use crate::rig::{ring_ranges, ring_slot, LeanRing};
 use crate::scenarios::Timing;
 use crate::stats::{medians, ratio, Medians, Window};
 use crate::sys;
@@ -261,16 +261,10 @@ struct Lean {
 
 impl Lean {
     fn new(mem: &GuestMemory, layout: QueueLayout, kick: EventFd) -> Result<Lean> {
-        ensure!(
-            layout.size.is_power_of_two(),
-            "queue size {} is not a power of two",
-            layout.size
-        );
-        let n = usize::from(layout.size);
+        let (avail, used) = ring_ranges(mem, &layout)?;
         Ok(Lean {
-            // virtio 1.1 §2.6: flags, idx, the entries and the event index.
-            avail: HostRange::new(mem, layout.avail_ring, 4 + 2 * n + 2)?,
-            used: HostRange::new(mem, layout.used_ring, 4 + 8 * n + 2)?,
+            avail,
+            used,
             size: layout.size,
             next_avail: 0,
             last_used: 0,
