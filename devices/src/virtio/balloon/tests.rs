@@ -648,24 +648,31 @@ fn test_queues_follow_the_negotiated_features() {
     assert_eq!(r.dev().active_queues(u64::MAX), 5);
 }
 
-#[test]
-fn test_a_pass_yields_at_its_page_weight_and_every_chain_is_answered() {
-    let (mut r, rec) = rig(BalloonConfig::default());
-    // 40 chains of 1,024 scattered page numbers: 40,960 pages, 2.5 times
-    // the page weight, every other page so no two are contiguous.
-    let p = pages(&mut r, 2048);
-    let chains = 40;
+/// Posts and kicks `chains` chains on queue `q`, each of
+/// `MAX_PFNS_PER_CHAIN` page numbers of every other page (no two
+/// contiguous), all in the same 2,048 pages.
+fn post_scattered_chains<D: PageDiscard + 'static>(r: &mut Rig<D>, q: usize, chains: usize) {
+    let p = pages(r, 2048);
     for _ in 0..chains {
         let pfns: Vec<u32> = (0..MAX_PFNS_PER_CHAIN as u32).map(|k| p + 2 * k).collect();
         let bytes: Vec<u8> = pfns.iter().flat_map(|x| x.to_le_bytes()).collect();
         let a = r.drv.alloc(bytes.len() as u64, 4).unwrap();
         r.drv.write_mem(a, &bytes).unwrap();
         r.drv
-            .add_chain(0, &[Segment::readable(a, bytes.len() as u32)])
+            .add_chain(q, &[Segment::readable(a, bytes.len() as u32)])
             .unwrap();
     }
-    r.drv.publish(0).unwrap();
-    r.drv.kick(0);
+    r.drv.publish(q).unwrap();
+    r.drv.kick(q);
+}
+
+#[test]
+fn test_a_pass_yields_at_its_page_weight_and_every_chain_is_answered() {
+    let (mut r, rec) = rig(BalloonConfig::default());
+    // 40 chains of 1,024 scattered page numbers: 40,960 pages, 2.5 times
+    // the page weight, every other page so no two are contiguous.
+    let chains = 40;
+    post_scattered_chains(&mut r, 0, chains);
     r.run_once(0);
     let first = rec.calls().len() as u64;
     assert!(
@@ -686,19 +693,8 @@ fn test_a_pass_yields_at_its_page_weight_and_every_chain_is_answered() {
 #[test]
 fn test_a_yielded_deflate_pass_runs_again_until_every_chain_is_answered() {
     let (mut r, _) = rig(BalloonConfig::default());
-    let p = pages(&mut r, 2048);
     let chains = 40;
-    for _ in 0..chains {
-        let pfns: Vec<u32> = (0..MAX_PFNS_PER_CHAIN as u32).map(|k| p + 2 * k).collect();
-        let bytes: Vec<u8> = pfns.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let a = r.drv.alloc(bytes.len() as u64, 4).unwrap();
-        r.drv.write_mem(a, &bytes).unwrap();
-        r.drv
-            .add_chain(1, &[Segment::readable(a, bytes.len() as u32)])
-            .unwrap();
-    }
-    r.drv.publish(1).unwrap();
-    r.drv.kick(1);
+    post_scattered_chains(&mut r, 1, chains);
     r.run_once(0);
     let first = r.drv.used(1).unwrap().len();
     assert!(first < chains, "{first} chains in the first pass");
