@@ -41,7 +41,7 @@ pub struct Timing {
     /// Rounds of the cells whose ratios carry goals (the `limit` scenario
     /// and the vsock cells): more than the others, because one window's
     /// rate moves by about 6 % on these shared cores (a vsock `tx_4k`
-    /// round's ratio 0.57 to 1.11) and the median of n rounds narrows that
+    /// round's ratio 0.57 to 1.31) and the median of n rounds narrows that
     /// by about 1.25/sqrt(n) (5 rounds left the 65000 GSO cells 0.85 to
     /// 0.96 run to run, and vsock `tx_4k` 0.76 to 0.94).
     pub limit_rounds: usize,
