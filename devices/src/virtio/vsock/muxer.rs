@@ -343,7 +343,7 @@ impl<B: VsockBackend> Muxer<B> {
         };
         self.slots[slot] = Some(conn);
         self.registered[slot] = None;
-        self.dirty.push(slot);
+        self.mark_dirty(slot);
         inc(&self.metrics.conns_active);
         slot
     }
@@ -400,12 +400,25 @@ impl<B: VsockBackend> Muxer<B> {
         self.rx_work.clear();
     }
 
+    /// Puts `slot` on the list whose poll interest is brought in line after
+    /// the event, once for a run of the same slot: a pass of one
+    /// connection's packets marks it once, not once a packet, for the sort
+    /// that dedups the list.
+    fn mark_dirty(&mut self, slot: usize) {
+        if self.dirty.last() != Some(&slot) {
+            self.dirty.push(slot);
+        }
+    }
+
     /// Puts `slot` on the RX work list if it owes the guest a packet.
     fn schedule(&mut self, slot: usize) {
         let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        self.dirty.push(slot);
+        // Not `mark_dirty`: `c` borrows the slots.
+        if self.dirty.last() != Some(&slot) {
+            self.dirty.push(slot);
+        }
         let data = c.readable && c.can_read_host();
         let owed = c.owed;
         let any = owed.request
