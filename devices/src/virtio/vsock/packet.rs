@@ -253,6 +253,27 @@ mod tests {
     }
 
     #[test]
+    fn every_field_is_read_from_its_own_bytes() {
+        // Every byte distinct: a field read one byte off, or from its
+        // neighbour's bytes, reads another value (a guest may set the high
+        // bytes a real connection leaves zero).
+        let b: [u8; HDR_LEN] = std::array::from_fn(|i| i as u8 + 1);
+        let h = Header::parse(&b);
+        let le32 = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        assert_eq!(h.src_cid, u64::from_le_bytes(b[0..8].try_into().unwrap()));
+        assert_eq!(h.dst_cid, u64::from_le_bytes(b[8..16].try_into().unwrap()));
+        assert_eq!(h.src_port, le32(16));
+        assert_eq!(h.dst_port, le32(20));
+        assert_eq!(h.len, le32(24));
+        assert_eq!(h.kind, u16::from_le_bytes([b[28], b[29]]));
+        assert_eq!(h.op, u16::from_le_bytes([b[30], b[31]]));
+        assert_eq!(h.flags, le32(32));
+        assert_eq!(h.buf_alloc, le32(36));
+        assert_eq!(h.fwd_cnt, le32(40));
+        assert_eq!(h.to_bytes(), b);
+    }
+
+    #[test]
     fn every_op_round_trips_and_no_other_value_is_one() {
         for v in 1..=7u16 {
             assert_eq!(Op::from_u16(v).map(|o| o as u16), Some(v));
