@@ -192,6 +192,17 @@ pub(crate) struct Muxer<B: VsockBackend> {
     tx_bytes: u64,
 }
 
+/// Puts `slot` on `dirty`, the list whose poll interest is brought in line
+/// after the event, once for a run of the same slot: a pass of one
+/// connection's packets marks it once, not once a packet, for the sort that
+/// dedups the list. A function of the list alone, so that it can be called
+/// while a connection in the slots is borrowed.
+fn mark_dirty(dirty: &mut Vec<usize>, slot: usize) {
+    if dirty.last() != Some(&slot) {
+        dirty.push(slot);
+    }
+}
+
 /// The segments of `segs` from byte `from` on, at most `len` bytes.
 pub(crate) fn take_range(segs: &[IoSeg], mut from: usize, mut len: usize, out: &mut Vec<IoSeg>) {
     out.clear();
@@ -343,7 +354,7 @@ impl<B: VsockBackend> Muxer<B> {
         };
         self.slots[slot] = Some(conn);
         self.registered[slot] = None;
-        self.mark_dirty(slot);
+        mark_dirty(&mut self.dirty, slot);
         inc(&self.metrics.conns_active);
         slot
     }
@@ -400,25 +411,12 @@ impl<B: VsockBackend> Muxer<B> {
         self.rx_work.clear();
     }
 
-    /// Puts `slot` on the list whose poll interest is brought in line after
-    /// the event, once for a run of the same slot: a pass of one
-    /// connection's packets marks it once, not once a packet, for the sort
-    /// that dedups the list.
-    fn mark_dirty(&mut self, slot: usize) {
-        if self.dirty.last() != Some(&slot) {
-            self.dirty.push(slot);
-        }
-    }
-
     /// Puts `slot` on the RX work list if it owes the guest a packet.
     fn schedule(&mut self, slot: usize) {
         let Some(c) = self.slots.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        // Not `mark_dirty`: `c` borrows the slots.
-        if self.dirty.last() != Some(&slot) {
-            self.dirty.push(slot);
-        }
+        mark_dirty(&mut self.dirty, slot);
         let data = c.readable && c.can_read_host();
         let owed = c.owed;
         let any = owed.request
