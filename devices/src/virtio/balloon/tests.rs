@@ -15,7 +15,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegio
 use super::device::CONFIG_LEN;
 use super::*;
 use crate::virtio::mmio::CONFIG_SPACE_OFFSET;
-use crate::virtio::queue::IoSeg;
+use crate::virtio::queue::{IoSeg, PASS_WEIGHT_CHAINS};
 use crate::virtio::test_utils::contract::{contract_suite, ContractDevice};
 use crate::virtio::test_utils::{guest_memory, DeviceRig, MockDriver, Segment, UsedElem};
 use crate::virtio::{status, GuestMemory, VirtioDevice, VIRTIO_MMIO_INT_CONFIG};
@@ -445,6 +445,29 @@ fn test_statistics_are_held_and_asked_for_again_at_the_polling_interval() {
     assert_eq!(r.dev().config().stats_polling_interval_s, 30);
 }
 
+/// A report of every statistic the device takes (`MAX_STATS` entries) is
+/// read to its last entry; a report one entry longer is refused.
+#[test]
+fn test_a_statistics_report_is_read_up_to_its_largest_size() {
+    let cfg = BalloonConfig {
+        stats_polling_interval_s: 1,
+        ..Default::default()
+    };
+    let (mut r, _) = rig(cfg);
+    let mut entries = vec![(5, 16 << 20); stats::MAX_STATS - 1];
+    entries.push((4, 7 << 20));
+    post_stats(&mut r, &entries);
+    r.run_until_idle();
+    assert_eq!(r.dev().latest_stats().unwrap().free_memory, Some(7 << 20));
+    assert_eq!(r.metric("stats_updates_count"), 1);
+    entries.push((4, 9 << 20));
+    post_stats(&mut r, &entries);
+    r.run_until_idle();
+    assert_eq!(r.dev().latest_stats().unwrap().free_memory, Some(7 << 20));
+    assert_eq!(r.metric("stats_updates_count"), 1);
+    assert_eq!(r.metric("malformed_chains"), 1, "{}", r.metrics());
+}
+
 #[test]
 fn test_statistics_are_refused_when_not_configured() {
     let (r, _) = rig(BalloonConfig::default());
@@ -505,6 +528,9 @@ fn test_a_hinting_run_gives_back_what_the_guest_hints_for_it_and_is_acknowledged
     r.dev().start_hinting(true).unwrap();
     assert_eq!(config(&mut r)[2], 2);
     post_cmd(&mut r, q, 2);
+    r.run_until_idle();
+    // The guest took the run's id: the run goes on until it says STOP.
+    assert_eq!(config(&mut r)[2], 2);
     let a = post_range(&mut r, q, 4);
     r.run_until_idle();
     assert_eq!(rec.calls(), [(host(&r, a), 4 * PAGE as usize)]);
@@ -701,6 +727,67 @@ fn test_a_yielded_deflate_pass_runs_again_until_every_chain_is_answered() {
     r.run_until_idle();
     assert_eq!(first + r.drv.used(1).unwrap().len(), chains);
     assert!(r.metric("pass_yields") >= 2, "{}", r.metrics());
+}
+
+/// A reported range weighs on its pass by the whole pages it names: 20
+/// chains of 1,024 pages each (the same range every time), and the first
+/// pass stops after the 16 that reach the page weight.
+#[test]
+fn test_reported_pages_count_against_the_pass_page_weight() {
+    let cfg = BalloonConfig {
+        free_page_reporting: true,
+        ..Default::default()
+    };
+    let (mut r, rec) = rig(cfg);
+    // Inflate, deflate, then reporting.
+    let q = 2;
+    let per_chain = MAX_PFNS_PER_CHAIN as u64;
+    let a = r.drv.alloc(per_chain * PAGE, PAGE).unwrap();
+    let chains = 20;
+    for _ in 0..chains {
+        r.drv
+            .add_chain(q, &[Segment::writable(a, (per_chain * PAGE) as u32)])
+            .unwrap();
+    }
+    r.drv.publish(q).unwrap();
+    r.drv.kick(q);
+    r.run_once(0);
+    let first = r.drv.used(q).unwrap().len();
+    assert_eq!(first as u64, PASS_WEIGHT_PAGES / per_chain);
+    assert_eq!(rec.calls().len(), first);
+    r.run_until_idle();
+    assert_eq!(first + r.drv.used(q).unwrap().len(), chains);
+    assert_eq!(r.metric("free_page_report_count"), chains as u64);
+    // One pass yielded; none of the others (the first passes of every
+    // queue at activation, the last one here) did.
+    assert_eq!(r.metric("pass_yields"), 1, "{}", r.metrics());
+}
+
+/// A pass answers at most `PASS_WEIGHT_CHAINS` chains, however light: 300
+/// inflate chains of one page each on a ring of 512.
+#[test]
+fn test_a_pass_yields_at_its_chain_weight() {
+    let cfg = BalloonConfig {
+        queue_size: 512,
+        ..Default::default()
+    };
+    let (mut r, _) = rig(cfg);
+    let pfn = pages(&mut r, 1);
+    let a = r.drv.alloc(4, 4).unwrap();
+    r.drv.write_mem(a, &pfn.to_le_bytes()).unwrap();
+    let chains = 300;
+    for _ in 0..chains {
+        r.drv.add_chain(0, &[Segment::readable(a, 4)]).unwrap();
+    }
+    r.drv.publish(0).unwrap();
+    r.drv.kick(0);
+    r.run_once(0);
+    let first = r.drv.used(0).unwrap().len();
+    assert_eq!(first, PASS_WEIGHT_CHAINS as usize);
+    r.run_until_idle();
+    assert_eq!(first + r.drv.used(0).unwrap().len(), chains);
+    assert_eq!(r.metric("pages_inflated"), chains as u64);
+    assert_eq!(r.metric("pass_yields"), 1, "{}", r.metrics());
 }
 
 #[test]
