@@ -73,9 +73,11 @@ pub enum VsockError {
 pub(crate) struct Active {
     pub(crate) virtio: VsockVirtio,
     pub(crate) activation: Activation,
-    /// The last TX or RX pass yielded: the re-queue event runs it again.
+    /// The last TX, RX or event pass yielded: the re-queue event runs it
+    /// again.
     pub(crate) tx_yielded: bool,
     pub(crate) rx_yielded: bool,
+    pub(crate) ev_yielded: bool,
     /// A queue broke; nothing runs until a reset.
     pub(crate) broken: bool,
 }
@@ -383,6 +385,7 @@ impl<B: VsockBackend + 'static> VirtioDevice for Vsock<B> {
             activation: Activation::new(interrupt),
             tx_yielded: false,
             rx_yielded: false,
+            ev_yielded: false,
             broken: false,
         });
         self.metrics

@@ -49,6 +49,14 @@ pub const PROCESS_TIMER: u32 = 6;
 /// The token of the connection in slot 0; slot N has this plus N.
 pub const FIRST_CONN_TOKEN: u32 = 16;
 
+/// The queue a pass served, for the re-queue event.
+#[derive(Clone, Copy)]
+enum Which {
+    Tx,
+    Rx,
+    Event,
+}
+
 /// Shortest time the timer is armed for: 0 would disarm it.
 const MIN_TIMER: Duration = Duration::from_millis(1);
 
@@ -59,19 +67,19 @@ impl<B: VsockBackend + 'static> Vsock<B> {
             .is_some_and(|a| a.activation.started && !a.broken)
     }
 
-    /// Notes how a pass ended: a yield re-queues it, a broken queue stops
-    /// the device until a reset.
-    fn after_pass(&mut self, status: PassStatus, tx: bool) {
+    /// Notes how a pass of queue `q` ended: a yield re-queues it, a broken
+    /// queue stops the device until a reset.
+    fn after_pass(&mut self, status: PassStatus, q: Which) {
         let Some(a) = self.active.as_mut() else {
             return;
         };
         match status {
             PassStatus::Yield => {
-                if tx {
-                    a.tx_yielded = true;
-                } else {
-                    a.rx_yielded = true;
-                }
+                *match q {
+                    Which::Tx => &mut a.tx_yielded,
+                    Which::Rx => &mut a.rx_yielded,
+                    Which::Event => &mut a.ev_yielded,
+                } = true;
                 self.metrics.host_errors().signal_once(
                     &self.requeue_evt,
                     &mut self.registered.requeued,
@@ -93,7 +101,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         let a = self.active.as_mut().expect("runnable");
         a.rx_yielded = false;
         let status = a.virtio.rx_pass(&mut self.muxer, &self.metrics);
-        self.after_pass(status, false);
+        self.after_pass(status, Which::Rx);
     }
 
     fn run_tx(&mut self) {
@@ -103,7 +111,7 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         let a = self.active.as_mut().expect("runnable");
         a.tx_yielded = false;
         let status = a.virtio.tx_pass(&mut self.muxer, &self.metrics);
-        self.after_pass(status, true);
+        self.after_pass(status, Which::Tx);
         self.run_rx();
     }
 
@@ -112,8 +120,9 @@ impl<B: VsockBackend + 'static> Vsock<B> {
             return;
         }
         let a = self.active.as_mut().expect("runnable");
+        a.ev_yielded = false;
         let status = a.virtio.event_pass(&self.metrics);
-        self.after_pass(status, false);
+        self.after_pass(status, Which::Event);
     }
 
     fn process_activate_event(&mut self) {
@@ -151,12 +160,15 @@ impl<B: VsockBackend + 'static> Vsock<B> {
         let Some(a) = self.active.as_ref() else {
             return;
         };
-        let (tx, rx) = (a.tx_yielded, a.rx_yielded);
+        let (tx, rx, ev) = (a.tx_yielded, a.rx_yielded, a.ev_yielded);
         if tx {
             self.run_tx();
         }
         if rx {
             self.run_rx();
+        }
+        if ev {
+            self.run_events();
         }
     }
 

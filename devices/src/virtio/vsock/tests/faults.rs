@@ -620,6 +620,94 @@ fn an_rx_pass_ends_at_its_packets() {
         .all(|p| p.data.iter().all(|&b| b == 0xab)));
 }
 
+/// RX buffers refused (too short for a header) weigh on the pass as
+/// packets do: a pass facing 300 of them gives back `PASS_PACKETS` and
+/// yields; the next pass goes on.
+#[test]
+fn refused_rx_buffers_count_against_the_pass_packets() {
+    let tun = Tunables {
+        queue_size: 1024,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, FaultyBackend::default(), true);
+    let (mut s, _) = f.open_from_host(52);
+    use_up_rx(&mut f, &mut s);
+    for _ in 0..300 {
+        f.post_rx_shaped(&[8]);
+    }
+    f.run_until_idle();
+    assert_eq!(
+        f.metric(|m| &m.malformed_packets),
+        0,
+        "taken only when needed"
+    );
+    s.write_all(b"x").unwrap();
+    let yields = f.metric(|m| &m.queue.pass_yields);
+    f.evmgr.run_with_timeout(1000).unwrap();
+    let first = f.qs[0].used(&f.mem).unwrap();
+    assert_eq!(first.len(), PASS_PACKETS as usize);
+    assert!(first.iter().all(|e| e.len == 0), "{first:?}");
+    assert_eq!(f.metric(|m| &m.queue.pass_yields), yields + 1);
+    f.run_until_idle();
+    let rest = f.qs[0].used(&f.mem).unwrap();
+    assert_eq!(rest.len(), 300 - PASS_PACKETS as usize);
+    assert_eq!(f.metric(|m| &m.malformed_packets), 300);
+}
+
+/// Event buffers refused weigh on the event pass the same way: with a
+/// TRANSPORT_RESET owed, 300 buffers too short for the event are given
+/// back `PASS_PACKETS` a pass.
+#[test]
+fn refused_event_buffers_count_against_the_pass_packets() {
+    let tun = Tunables {
+        queue_size: 1024,
+        ..test_tunables()
+    };
+    let mut f = VsockFixture::with(tun, UnixBackend, true);
+    let a = f.alloc(2);
+    for _ in 0..300 {
+        let seg = crate::virtio::test_utils::Segment::writable(vm_memory::GuestAddress(a), 2);
+        f.qs[2].add_chain(&f.mem, &[seg]).unwrap();
+    }
+    f.qs[2].publish(&f.mem).unwrap();
+    f.dev().transport_reset();
+    f.evmgr.run_with_timeout(1000).unwrap();
+    assert_eq!(f.qs[2].used(&f.mem).unwrap().len(), PASS_PACKETS as usize);
+    f.run_until_idle();
+    assert_eq!(
+        f.qs[2].used(&f.mem).unwrap().len(),
+        300 - PASS_PACKETS as usize
+    );
+    assert_eq!(f.metric(|m| &m.malformed_packets), 300);
+    assert_eq!(
+        f.metric(|m| &m.transport_resets),
+        0,
+        "no buffer could hold it"
+    );
+    assert_eq!(f.metric(|m| &m.queue.queue_errors), 0);
+}
+
+/// A TX chain longer than a header and the largest payload is refused,
+/// whatever its header says: nothing of it reaches the host.
+#[test]
+fn a_tx_chain_longer_than_the_largest_packet_is_refused() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let mut hdr = guest_hdr(1, 9, Op::Rw);
+    hdr.len = 10;
+    let data = vec![7u8; MAX_PAYLOAD as usize + 1];
+    f.post_tx(&hdr, &data, &[HDR_LEN]);
+    f.run_until_idle();
+    assert_eq!(f.metric(|m| &m.malformed_packets), 1);
+    assert_eq!(f.metric(|m| &m.tx_bytes), 0);
+    // The same header on a chain of exactly the largest packet is taken.
+    f.post_tx(&hdr, &data[..MAX_PAYLOAD as usize], &[HDR_LEN]);
+    f.run_until_idle();
+    assert_eq!(read_n(&mut s, 10), [7u8; 10]);
+    assert_eq!(f.metric(|m| &m.malformed_packets), 1);
+}
+
 /// An RX pass ends at `PASS_BYTES` of payload with buffers and data left
 /// (more than a socket's buffer holds: the backend fills every read).
 #[test]
