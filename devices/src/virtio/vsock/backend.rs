@@ -219,6 +219,22 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// The address handed to `connect` is as long as the path and its NUL:
+    /// a path of the most bytes `sun_path` holds (107) connects.
+    #[test]
+    fn a_path_as_long_as_sun_path_holds_connects() {
+        let d = dir("longest");
+        // sun_path's 108 bytes, less the NUL and the '/' before the name.
+        let room = 108 - 2 - d.as_os_str().len();
+        let path = d.join("p".repeat(room));
+        assert_eq!(path.as_os_str().len(), 107);
+        let l = bind_listener(&path).unwrap();
+        let mut b = UnixBackend;
+        let _ours = b.connect(&path).unwrap();
+        assert!(b.accept(&l).is_ok());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn a_connect_to_a_full_backlog_fails_at_once_instead_of_blocking() {
         let d = dir("backlog");

@@ -545,7 +545,10 @@ fn a_transport_reset_reaches_the_event_queue_and_closes_everything() {
     let mut f = VsockFixture::new();
     let (mut s, _) = f.open_from_host(52);
     f.dev().transport_reset();
+    // Out of service at once; closed once the loop took it out of epoll.
+    assert_eq!(f.dev().sockets_closing(), 1);
     f.run_until_idle();
+    assert_eq!(f.dev().sockets_closing(), 0);
     assert!(host_sees_eof(&mut s));
     assert_eq!(f.dev().connections(), 0);
     assert_eq!(f.metric(|m| &m.transport_resets), 0, "no event buffer yet");
@@ -569,12 +572,15 @@ fn a_transport_reset_reaches_the_event_queue_and_closes_everything() {
 fn a_reset_closes_every_host_socket() {
     let mut f = VsockFixture::new();
     let (mut s, _) = f.open_from_host(52);
+    assert!(f.dev().is_activated());
     f.dev().reset();
+    assert!(!f.dev().is_activated());
     f.run_until_idle();
     assert!(host_sees_eof(&mut s));
     assert_eq!(f.dev().connections(), 0);
     assert_eq!(f.metric(|m| &m.conns_active), 0);
     f.activate(FEATURES);
+    assert!(f.dev().is_activated());
     let (_s, _) = f.open_from_host(53);
 }
 
@@ -690,4 +696,57 @@ fn a_shutdown_sets_only_the_directions_it_names_and_no_deadline_with_nothing_wai
     f.run_for(400);
     assert_eq!(f.metric(|m| &m.conns_timed_out), 0);
     assert_eq!(f.dev().connections(), 2);
+}
+
+/// A CID a guest cannot have, a queue size that is not a power of two and
+/// bounds of zero are refused, before the socket is bound; the edges that
+/// are allowed build.
+#[test]
+fn bad_configurations_and_bounds_are_refused_before_the_socket_is_bound() {
+    use crate::virtio::vsock::{Vsock, VsockConfig, VsockError};
+    let dir = TempDir::new();
+    let uds = dir.0.join("v.sock");
+    let mem = crate::virtio::test_utils::guest_memory(1 << 20).unwrap();
+    let build = |cid: u64, tun: Tunables| {
+        let cfg = VsockConfig {
+            id: "vsock0".into(),
+            guest_cid: cid,
+            uds_path: uds.clone(),
+        };
+        let r = Vsock::with_backend(cfg, tun, mem.clone(), UnixBackend).map(|_| ());
+        let bound = uds.exists();
+        let _ = std::fs::remove_file(&uds);
+        (r, bound)
+    };
+    let t = test_tunables();
+    for cid in [0, 1, 2, u64::from(u32::MAX), u64::MAX] {
+        let (r, bound) = build(cid, t);
+        assert!(
+            matches!(r, Err(VsockError::Cid(c)) if c == cid),
+            "{cid}: {r:?}"
+        );
+        assert!(!bound, "{cid}");
+    }
+    let bad = [
+        Tunables { queue_size: 0, ..t },
+        Tunables { queue_size: 3, ..t },
+        Tunables {
+            queue_size: 768,
+            ..t
+        },
+        Tunables {
+            max_connections: 0,
+            ..t
+        },
+        Tunables { buf_alloc: 0, ..t },
+    ];
+    for tun in bad {
+        let (r, bound) = build(3, tun);
+        assert!(matches!(r, Err(VsockError::Tunables(_))), "{tun:?}: {r:?}");
+        assert!(!bound, "{tun:?}");
+    }
+    for (cid, queue_size) in [(3, 1), (u64::from(u32::MAX) - 1, 32768)] {
+        let (r, bound) = build(cid, Tunables { queue_size, ..t });
+        assert!(r.is_ok() && bound, "{cid}, {queue_size}: {r:?}");
+    }
 }
