@@ -584,13 +584,9 @@ fn one_rx_pass(f: &mut VsockFixture<FaultyBackend>) -> (Vec<Pkt>, bool) {
     (f.rx_used(), yielded)
 }
 
-/// An RX pass ends at `PASS_PACKETS` packets, however many buffers and
-/// bytes are left, and the next pass goes on. A first buffer as large as a
-/// packet is a batch of its own and puts the batches of 16 out of step
-/// with the bound, so the last batch of the pass must stop at the packets
-/// the pass has left. The backend fills every read.
-#[test]
-fn an_rx_pass_ends_at_its_packets() {
+/// A device with rings of 1,024 and a host connection that has used up the
+/// RX buffers posted so far.
+fn big_rings_and_a_connection() -> (VsockFixture<FaultyBackend>, UnixStream) {
     let tun = Tunables {
         queue_size: 1024,
         ..test_tunables()
@@ -598,6 +594,17 @@ fn an_rx_pass_ends_at_its_packets() {
     let mut f = VsockFixture::with(tun, FaultyBackend::default(), true);
     let (mut s, _) = f.open_from_host(52);
     use_up_rx(&mut f, &mut s);
+    (f, s)
+}
+
+/// An RX pass ends at `PASS_PACKETS` packets, however many buffers and
+/// bytes are left, and the next pass goes on. A first buffer as large as a
+/// packet is a batch of its own and puts the batches of 16 out of step
+/// with the bound, so the last batch of the pass must stop at the packets
+/// the pass has left. The backend fills every read.
+#[test]
+fn an_rx_pass_ends_at_its_packets() {
+    let (mut f, mut s) = big_rings_and_a_connection();
     f.post_rx_shaped(&[HDR_LEN as u32, MAX_PAYLOAD]);
     f.post_rx(399, 100);
     f.run_until_idle();
@@ -625,13 +632,7 @@ fn an_rx_pass_ends_at_its_packets() {
 /// yields; the next pass goes on.
 #[test]
 fn refused_rx_buffers_count_against_the_pass_packets() {
-    let tun = Tunables {
-        queue_size: 1024,
-        ..test_tunables()
-    };
-    let mut f = VsockFixture::with(tun, FaultyBackend::default(), true);
-    let (mut s, _) = f.open_from_host(52);
-    use_up_rx(&mut f, &mut s);
+    let (mut f, mut s) = big_rings_and_a_connection();
     for _ in 0..300 {
         f.post_rx_shaped(&[8]);
     }
