@@ -750,3 +750,20 @@ fn bad_configurations_and_bounds_are_refused_before_the_socket_is_bound() {
         assert!(r.is_ok() && bound, "{cid}, {queue_size}: {r:?}");
     }
 }
+
+/// A host agent that connects and sends its `CONNECT` line before the
+/// driver is ready is refused, as by a guest that listens on nothing (and
+/// no pass runs on rings that are not there); once the device is
+/// activated the next one goes through.
+#[test]
+fn a_connect_before_activation_is_refused_and_the_next_goes_through() {
+    let mut f = VsockFixture::with(test_tunables(), UnixBackend, false);
+    let mut s = f.host_connect();
+    s.write_all(b"CONNECT 52\n").unwrap();
+    f.run_until_idle();
+    assert!(host_sees_eof(&mut s));
+    assert_eq!(f.metric(|m| &m.conns_refused), 1);
+    assert_eq!(f.dev().connections(), 0);
+    f.activate(FEATURES);
+    let (_s, _) = f.open_from_host(52);
+}
