@@ -767,3 +767,19 @@ fn a_connect_before_activation_is_refused_and_the_next_goes_through() {
     f.activate(FEATURES);
     let (_s, _) = f.open_from_host(52);
 }
+
+/// A restored device tells the guest to forget its connections: the
+/// TRANSPORT_RESET goes into the first event buffer.
+#[test]
+fn a_restored_device_resets_the_transport() {
+    let mut f = VsockFixture::new();
+    f.dev().restored();
+    let a = f.alloc(4);
+    let seg = crate::virtio::test_utils::Segment::writable(vm_memory::GuestAddress(a), 4);
+    let head = f.qs[2].add_chain(&f.mem, &[seg]).unwrap();
+    f.qs[2].publish(&f.mem).unwrap();
+    f.kick(2);
+    f.run_until_idle();
+    assert_eq!(f.qs[2].used(&f.mem).unwrap(), [(u32::from(head), 4)]);
+    assert_eq!(f.metric(|m| &m.transport_resets), 1);
+}
