@@ -1177,6 +1177,35 @@ pub(crate) fn parse_connect(line: &[u8]) -> Option<u32> {
 mod tests {
     use super::*;
 
+    /// The layouts Linux posts are read without copying the segment list:
+    /// after a header in a segment of its own and exactly the payload, the
+    /// chain's own segments; any other layout, the same bytes cut into
+    /// `out`.
+    #[test]
+    #[allow(unsafe_code)]
+    fn payload_segs_take_linux_layouts_as_they_are() {
+        let buf = vec![0u8; 4096];
+        let b = buf.as_ptr() as usize;
+        // SAFETY: every segment lies inside `buf`, which outlives them;
+        // nothing is read or written through them.
+        let seg = |off: usize, len: usize| unsafe { IoSeg::new(b + off, len) };
+        let mut out = Vec::new();
+        let segs = [seg(0, HDR_LEN), seg(100, 300), seg(500, 200)];
+        let got = payload_segs(&segs, HDR_LEN + 500, 500, &mut out);
+        assert!(std::ptr::eq(got, &segs[1..]), "the chain's own segments");
+        // More room after the header than the payload: cut.
+        let got = payload_segs(&segs, HDR_LEN + 500, 350, &mut out);
+        assert_eq!(got, [seg(100, 300), seg(500, 50)]);
+        // Header and payload in one buffer.
+        let one = [seg(0, HDR_LEN + 1000)];
+        let got = payload_segs(&one, HDR_LEN + 1000, 600, &mut out);
+        assert_eq!(got, [seg(HDR_LEN, 600)]);
+        // A header split over two segments.
+        let split = [seg(0, 20), seg(40, 24 + 100)];
+        let got = payload_segs(&split, HDR_LEN + 100, 100, &mut out);
+        assert_eq!(got, [seg(64, 100)]);
+    }
+
     #[test]
     fn connect_lines() {
         assert_eq!(parse_connect(b"CONNECT 52\n"), Some(52));
