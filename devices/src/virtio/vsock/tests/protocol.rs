@@ -783,3 +783,76 @@ fn a_restored_device_resets_the_transport() {
     assert_eq!(f.qs[2].used(&f.mem).unwrap(), [(u32::from(head), 4)]);
     assert_eq!(f.metric(|m| &m.transport_resets), 1);
 }
+
+/// Data after the guest shut down its sending side is out of protocol: the
+/// connection is reset both ways and counted.
+#[test]
+fn data_after_the_guest_s_shutdown_resets_the_connection() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    f.send(
+        &Header {
+            flags: SHUTDOWN_SEND,
+            ..guest_hdr(1, 9, Op::Shutdown)
+        },
+        &[],
+    );
+    f.send(&guest_hdr(1, 9, Op::Rw), b"late");
+    assert!(host_sees_eof(&mut s));
+    let ops: Vec<_> = f.recv().iter().map(Pkt::op).collect();
+    assert_eq!(ops, [Some(Op::Rst)]);
+    assert_eq!(f.metric(|m| &m.protocol_errors), 1);
+    assert_eq!(f.dev().connections(), 0);
+}
+
+/// A connection reset while it and another wait for RX buffers takes only
+/// its own place in the queue of work: the other's data still comes once
+/// the guest posts buffers.
+#[test]
+fn a_reset_connection_leaves_the_others_waiting_work_in_place() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut a = f.open_from_guest(&l, 1, 9);
+    let mut b = f.open_from_guest(&l, 2, 9);
+    // Every RX buffer used up, then data on both.
+    while f.rx_outstanding() > 0 {
+        a.write_all(b"x").unwrap();
+        f.recv();
+    }
+    a.write_all(b"for a").unwrap();
+    b.write_all(b"for b").unwrap();
+    f.run_until_idle();
+    f.send(&guest_hdr(1, 9, Op::Rst), &[]);
+    assert!(host_sees_eof(&mut a));
+    f.post_rx(8, 4096);
+    let pkts = f.recv();
+    let to_b: Vec<u8> = pkts
+        .iter()
+        .filter(|p| p.hdr.dst_port == 2 && p.op() == Some(Op::Rw))
+        .flat_map(|p| p.data.clone())
+        .collect();
+    assert_eq!(to_b, b"for b", "{pkts:?}");
+    assert!(pkts.iter().all(|p| p.hdr.dst_port == 2), "{pkts:?}");
+}
+
+/// A credit stall is counted once, by the packet that uses the guest's
+/// last byte of credit: four packets of a quarter of the credit each, in
+/// one TX pass (the host socket takes them only at its end).
+#[test]
+fn a_credit_stall_is_counted_by_the_packet_that_uses_the_last_credit() {
+    let mut f = VsockFixture::new();
+    let l = f.host_listen(9);
+    let mut s = f.open_from_guest(&l, 1, 9);
+    let quarter = vec![3u8; test_tunables().buf_alloc as usize / 4];
+    let hdr = Header {
+        len: quarter.len() as u32,
+        ..guest_hdr(1, 9, Op::Rw)
+    };
+    for _ in 0..4 {
+        f.post_tx(&hdr, &quarter, &[HDR_LEN]);
+    }
+    f.run_until_idle();
+    assert_eq!(f.metric(|m| &m.tx_credit_stalls), 1);
+    assert_eq!(read_n(&mut s, 3), [3u8; 3]);
+}
