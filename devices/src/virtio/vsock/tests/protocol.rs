@@ -856,3 +856,23 @@ fn a_credit_stall_is_counted_by_the_packet_that_uses_the_last_credit() {
     assert_eq!(f.metric(|m| &m.tx_credit_stalls), 1);
     assert_eq!(read_n(&mut s, 3), [3u8; 3]);
 }
+
+/// A `CONNECT` line that comes in pieces waits for the rest: the socket
+/// having nothing more for now is not the end of the line.
+#[test]
+fn a_connect_line_in_pieces_waits_for_its_end() {
+    let mut f = VsockFixture::new();
+    let mut s = f.host_connect();
+    s.write_all(b"CONN").unwrap();
+    f.run_until_idle();
+    assert_eq!(f.dev().connections(), 1);
+    s.write_all(b"ECT 52\n").unwrap();
+    f.run_until_idle();
+    f.post_rx(8, 4096);
+    let pkts = f.recv();
+    let req = pkts
+        .iter()
+        .find(|p| p.op() == Some(Op::Request))
+        .expect("REQUEST");
+    assert_eq!(req.hdr.dst_port, 52);
+}
