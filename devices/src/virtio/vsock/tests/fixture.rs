@@ -501,6 +501,18 @@ impl<B: VsockBackend + 'static> VsockFixture<B> {
     pub fn open_from_host(&mut self, port: u32) -> (UnixStream, u32) {
         let mut s = self.host_connect();
         s.write_all(format!("CONNECT {port}\n").as_bytes()).unwrap();
+        let host_port = self.expect_request(port);
+        self.send(&guest_hdr(port, host_port, Op::Response), &[]);
+        let want = format!("OK {host_port}\n");
+        let mut got = vec![0u8; want.len()];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(String::from_utf8(got).unwrap(), want);
+        (s, host_port)
+    }
+
+    /// The REQUEST a host connection to guest port `port` sent the guest
+    /// (RX buffers posted first if none are left); its host port.
+    pub fn expect_request(&mut self, port: u32) -> u32 {
         self.run_until_idle();
         if self.rx_outstanding() == 0 {
             self.post_rx(8, 4096);
@@ -511,13 +523,26 @@ impl<B: VsockBackend + 'static> VsockFixture<B> {
             .find(|p| p.op() == Some(Op::Request))
             .expect("REQUEST");
         assert_eq!(req.hdr.dst_port, port);
-        let host_port = req.hdr.src_port;
-        self.send(&guest_hdr(port, host_port, Op::Response), &[]);
-        let want = format!("OK {host_port}\n");
-        let mut got = vec![0u8; want.len()];
-        s.read_exact(&mut got).unwrap();
-        assert_eq!(String::from_utf8(got).unwrap(), want);
-        (s, host_port)
+        req.hdr.src_port
+    }
+
+    /// Posts one 4-byte event buffer and runs the loop: the event the
+    /// device wrote into it, or `None` while it has none to give (the
+    /// buffer stays posted).
+    pub fn read_event(&mut self) -> Option<u32> {
+        let a = self.alloc(4);
+        self.mem.write_obj(u32::MAX, GuestAddress(a)).unwrap();
+        let seg = Segment::writable(GuestAddress(a), 4);
+        let head = self.qs[2].add_chain(&self.mem, &[seg]).unwrap();
+        self.qs[2].publish(&self.mem).unwrap();
+        self.kick(2);
+        self.run_until_idle();
+        let used = self.qs[2].used(&self.mem).unwrap();
+        if used.is_empty() {
+            return None;
+        }
+        assert_eq!(used, [(u32::from(head), 4)]);
+        Some(self.mem.read_obj(GuestAddress(a)).unwrap())
     }
 
     /// A guest connection from `guest_port` to the host listener `l` on
